@@ -1,0 +1,39 @@
+# Two commands for a newcomer: `make run` and `make test`. Everything else is optional.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+CORE_SRC := $(wildcard velocity_fast/_core/*.pyx velocity_fast/_core/*.pxd csrc/*.h)
+PYTEST_ARGS ?=
+
+.PHONY: run test test-fast bench build clean venv
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# Installs the package (editable) with the test and bench extras and the build tools.
+$(STAMP): $(BIN)/python pyproject.toml setup.py
+	$(BIN)/python -m pip install -q "setuptools>=68" wheel "Cython>=3.0"
+	$(BIN)/python -m pip install -q --no-build-isolation -e ".[test,bench]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# In-place rebuild of the compiled core (velocity_fast/_core/*.so).
+build: $(STAMP)
+	$(BIN)/python setup.py -q build_ext --inplace -j 2
+
+# The gateway on built-in sim engines (no GPU needed); real vLLM engines when GPUs are found.
+run: build
+	$(BIN)/velocityllm chargeVelocity
+
+test: build
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The quick benchmark set; each prints one summary (see bench/README.md).
+bench: build
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf build velocity_fast/_core/*.c velocity_fast/_core/*.so velocity_fast/_core/*.html
