@@ -1,0 +1,41 @@
+"""Shared test setup: every asyncio test runs on uvloop (what we ship) and fails
+if its loop saw an unhandled exception (a task that died unobserved, a callback
+that raised)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+_loop_errors: list[dict] = []
+
+
+def _record(loop, context) -> None:
+    _loop_errors.append(context)
+    loop.default_exception_handler(context)
+
+
+def _new_checked_loop():
+    loop = uvloop.new_event_loop()
+    loop.set_exception_handler(_record)
+    return loop
+
+
+def pytest_asyncio_loop_factories(config, item):
+    return {"uvloop": _new_checked_loop}
+
+
+@pytest.fixture(autouse=True)
+def _fail_on_loop_errors():
+    _loop_errors.clear()
+    yield
+    if _loop_errors:
+        msgs = [str(c.get("exception") or c.get("message")) for c in _loop_errors]
+        _loop_errors.clear()
+        pytest.fail(f"unhandled exceptions in the event loop: {msgs}")
