@@ -1,0 +1,48 @@
+"""AIMD concurrency limit: +1, x0.75 once per window, OOM to minimum with a freeze."""
+import pytest
+
+from velocity_fast._core.aimd import AimdLimit
+
+
+def test_increase_only_when_limit_holds_work_back():
+    a = AimdLimit(2, 10, initial=4)
+    assert not a.on_sample(False, True, True, 0.0)
+    assert not a.on_sample(True, False, True, 0.0)
+    assert not a.on_sample(True, True, False, 0.0)
+    assert a.on_sample(True, True, True, 0.0)
+    assert a.limit == 5
+    for _ in range(20):
+        a.on_sample(True, True, True, 0.0)
+    assert a.limit == 10
+
+
+def test_breach_cuts_by_a_quarter_once_per_window():
+    a = AimdLimit(2, 64, initial=32)
+    assert a.on_breach(0.0, 1.0)
+    assert a.limit == 24
+    # Same window: requests that started before the cut do not cut again.
+    assert not a.on_breach(0.5, 1.1)
+    assert a.on_breach(1.2, 2.0)
+    assert a.limit == 18
+    for t in range(3, 40):
+        a.on_breach(float(t), float(t) + 0.5)
+    assert a.limit == 2
+
+
+def test_oom_drops_to_minimum_and_freezes_then_recovers():
+    a = AimdLimit(1, 32, cooldown=5.0)
+    a.on_oom(10.0)
+    assert a.limit == 1 and a.frozen(12.0)
+    assert not a.on_sample(True, True, True, 12.0)
+    assert not a.frozen(15.1)
+    assert a.on_sample(True, True, True, 15.1)
+    assert a.limit == 2 and a.ooms == 1
+
+
+def test_bounds_are_checked():
+    with pytest.raises(ValueError):
+        AimdLimit(0, 4)
+    with pytest.raises(ValueError):
+        AimdLimit(5, 4)
+    assert AimdLimit(2, 8, initial=100).limit == 8
+    assert AimdLimit(2, 8).limit == 8

@@ -1,0 +1,85 @@
+"""Saturation: per endpoint and per pool, both lags closed, stale metrics tolerated."""
+import math
+
+import pytest
+
+from velocity_fast._core.saturation import EndpointLoad, Saturation
+
+
+def test_worse_of_queue_and_kv():
+    s = Saturation()
+    e = EndpointLoad(limit=32)
+    assert s.update(e, 4, 5, 0.2, 10.0, 10.0) == pytest.approx(1.0)
+    assert s.update(e, 4, 1, 0.6, 10.0, 10.0) == pytest.approx(0.75)
+    assert e.value == pytest.approx(0.75)
+
+
+def test_inflight_beyond_learned_capacity_counts_as_queued():
+    s = Saturation()
+    e = EndpointLoad(limit=64)
+    s.update(e, 8, 2, 0.1, 1.0, 1.0)  # a queue shows: 8 is the batch capacity
+    assert e.capacity == 8 and e.capacity_known
+    e.inflight = 18  # the scrape still says 2 waiting, but 10 of ours queue
+    assert s.endpoint(e, 1.05) == pytest.approx(2.0)
+
+
+def test_cold_endpoint_uses_limit_as_capacity():
+    s = Saturation()
+    e = EndpointLoad(limit=16)
+    s.update(e, 2, 0, 0.0, 1.0, 1.0)
+    e.inflight = 16
+    assert s.endpoint(e, 1.0) == 0.0
+    e.inflight = 21
+    assert s.endpoint(e, 1.0) == pytest.approx(1.0)
+
+
+def test_stale_metrics_fall_back_to_own_counts():
+    s = Saturation(stale_after=1.0)
+    e = EndpointLoad(limit=4)
+    s.update(e, 4, 50, 0.99, 1.0, 1.0)
+    assert s.endpoint(e, 1.5) >= 10
+    # Ten seconds later the scrape is stale: only the gateway's own count matters.
+    e.inflight = 2
+    assert s.endpoint(e, 11.0) == 0.0
+    never = EndpointLoad(limit=4)
+    assert s.endpoint(never, 5.0) == 0.0
+
+
+def test_pool_is_not_held_back_by_one_hot_endpoint():
+    s = Saturation()
+    hot, cool = EndpointLoad(limit=8), EndpointLoad(limit=8)
+    s.update(hot, 8, 40, 0.95, 1.0, 1.0)
+    s.update(cool, 1, 0, 0.1, 1.0, 1.0)
+    assert s.pool([hot, cool], 0, 1.0) < 0.2
+    cool.healthy = False
+    assert s.pool([hot, cool], 0, 1.0) > 5
+
+
+def test_pool_counts_outstanding_leases():
+    s = Saturation()
+    a, b = EndpointLoad(limit=4), EndpointLoad(limit=4)
+    assert s.pool([a, b], 0, 1.0) == 0.0
+    # 20 granted, not yet bound: 10 each, 6 over each limit-as-capacity.
+    assert s.pool([a, b], 20, 1.0) == pytest.approx(6 / 5)
+
+
+def test_pool_prefers_endpoints_with_room_and_is_infinite_without_health():
+    s = Saturation()
+    full, free = EndpointLoad(limit=2), EndpointLoad(limit=2)
+    full.inflight = 2
+    s.update(full, 2, 0, 0.0, 1.0, 1.0)
+    s.update(free, 0, 3, 0.0, 1.0, 1.0)
+    assert s.pool([full, free], 0, 1.0) == pytest.approx(0.6)
+    free.inflight = 2
+    assert s.pool([full, free], 0, 1.0) == pytest.approx(0.0)  # all full: all count
+    full.healthy = free.healthy = False
+    assert math.isinf(s.pool([full, free], 0, 1.0))
+    assert math.isinf(s.pool([], 0, 1.0))
+
+
+def test_thresholds_are_configurable_and_positive():
+    s = Saturation(queue_threshold=10, kv_threshold=0.5)
+    e = EndpointLoad()
+    assert s.update(e, 1, 5, 0.4, 1.0, 1.0) == pytest.approx(0.8)
+    with pytest.raises(ValueError):
+        Saturation(queue_threshold=0)

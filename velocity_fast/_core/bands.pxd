@@ -1,0 +1,84 @@
+# State and signatures of the band queues (see bands.pyx for the why).
+
+cdef extern from "admission_consts.h":
+    long long VF_REJECT_BAND_COUNT
+    long long VF_REJECT_BAND_BYTES
+    long long VF_REJECT_GLOBAL_COUNT
+    long long VF_REJECT_GLOBAL_BYTES
+    long long VF_REJECT_BAD_BAND
+    double VF_BYTES_PER_TOKEN
+
+
+cdef class Item:
+    cdef readonly object waiter
+    cdef readonly long long id
+    cdef readonly object tenant
+    cdef readonly int band
+    cdef readonly long long nbytes
+    cdef readonly double tokens
+    cdef readonly double deadline
+    cdef readonly double enqueued_at
+    cdef readonly double expires_at
+    cdef readonly bint queued
+    cdef long long seq
+    # Intrusive links: the tenant's FIFO and the band's age (enqueue-order) list.
+    cdef Item t_prev
+    cdef Item t_next
+    cdef Item a_prev
+    cdef Item a_next
+    cdef TenantQueue owner
+
+
+cdef class TenantQueue:
+    cdef readonly object name
+    cdef readonly Py_ssize_t count
+    cdef readonly double vtc
+    cdef Item head
+    cdef Item tail
+    cdef list heap
+    cdef bint active
+    cdef TenantQueue r_prev
+    cdef TenantQueue r_next
+
+
+cdef class BandQueue:
+    cdef readonly int index
+    cdef readonly Py_ssize_t count
+    cdef readonly long long nbytes
+    cdef readonly Py_ssize_t capacity
+    cdef readonly long long byte_capacity
+    cdef readonly double ttl
+    cdef readonly Py_ssize_t active_tenants
+    cdef dict tenants
+    cdef TenantQueue cursor
+    cdef Item age_head
+    cdef Item age_tail
+
+
+cdef class BandQueues:
+    cdef readonly int nbands
+    cdef readonly Py_ssize_t count
+    cdef readonly long long nbytes
+    cdef readonly Py_ssize_t capacity
+    cdef readonly long long byte_capacity
+    cdef readonly bint edf
+    cdef readonly bint token_fair
+    cdef readonly double aging_step
+    cdef list bands
+    cdef dict items
+    cdef long long next_id
+    cdef long long seq
+
+    cpdef long long enqueue(self, object waiter, object tenant, int band,
+                            long long nbytes, double tokens, double deadline,
+                            double now) except? -100
+    cpdef Item pop(self, int band, double now)
+    cpdef Item cancel(self, long long item_id)
+    cpdef list expire(self, double now)
+    cpdef list pop_hopeless(self, double now, double base_s, double per_token_s)
+    cpdef int effective_band(self, Item item, double now)
+    cdef Item _pop_aged(self, int band, double now)
+    cdef Item _pop_fair(self, BandQueue bq)
+    cdef void _activate(self, BandQueue bq, TenantQueue t)
+    cdef void _deactivate(self, BandQueue bq, TenantQueue t)
+    cdef void _remove(self, Item it)

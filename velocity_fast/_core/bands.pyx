@@ -1,0 +1,404 @@
+"""Priority bands of per-tenant queues: the registry of admission.
+
+Layout, per band: one queue per tenant and a ring of the tenants that have work.
+Between tenants the band picks by turns (round-robin: a tenant with a thousand
+requests takes one slot in the rotation) or by a virtual token counter (the tenant
+that was served the fewest tokens goes next, so long requests cannot take more than
+their share). Within a tenant the order is FIFO, or earliest deadline first.
+
+Every item also sits on its band's age list (enqueue order). Since a band has one
+TTL, the head of that list is both the oldest item and the first to expire, which
+makes TTL expiry and anti-starvation aging O(1) per item. Items are linked
+intrusively, so cancelling one by id is O(1); in EDF mode the tenant's heap keeps
+cancelled items until they surface (lazy deletion), and counts drop at once.
+
+Nothing here knows asyncio: an item carries an opaque waiter for the caller.
+"""
+
+from libc.math cimport INFINITY, floor
+
+REJECT_BAND_COUNT = VF_REJECT_BAND_COUNT
+REJECT_BAND_BYTES = VF_REJECT_BAND_BYTES
+REJECT_GLOBAL_COUNT = VF_REJECT_GLOBAL_COUNT
+REJECT_GLOBAL_BYTES = VF_REJECT_GLOBAL_BYTES
+REJECT_BAD_BAND = VF_REJECT_BAD_BAND
+BYTES_PER_TOKEN = VF_BYTES_PER_TOKEN
+
+
+cdef class Item:
+    """One queued request: the caller's waiter plus what scheduling needs."""
+
+    def __repr__(self):
+        return (f"Item(id={self.id}, tenant={self.tenant!r}, band={self.band}, "
+                f"nbytes={self.nbytes}, tokens={self.tokens}, queued={self.queued})")
+
+
+cdef class TenantQueue:
+    """The queue of one tenant inside one band."""
+
+    def __cinit__(self, object name):
+        self.name = name
+        self.heap = []
+
+
+cdef class BandQueue:
+    """One band: its tenants, its age list, its counts and limits."""
+
+    def __cinit__(self, int index, Py_ssize_t capacity, long long byte_capacity, double ttl):
+        self.index = index
+        self.capacity = capacity
+        self.byte_capacity = byte_capacity
+        self.ttl = ttl
+        self.tenants = {}
+
+    @property
+    def oldest_enqueued_at(self):
+        """Enqueue time of the oldest queued item, or None when empty."""
+        return None if self.age_head is None else self.age_head.enqueued_at
+
+
+cdef inline bint _earlier(Item a, Item b):
+    if a.deadline != b.deadline:
+        return a.deadline < b.deadline
+    return a.seq < b.seq
+
+
+cdef inline void _heap_push(list heap, Item it):
+    cdef Py_ssize_t i, parent
+    cdef Item p
+    heap.append(it)
+    i = len(heap) - 1
+    while i > 0:
+        parent = (i - 1) >> 1
+        p = <Item>heap[parent]
+        if not _earlier(it, p):
+            break
+        heap[i] = p
+        i = parent
+    heap[i] = it
+
+
+cdef inline Item _heap_pop(list heap):
+    cdef Item last = <Item>heap.pop()
+    cdef Py_ssize_t n = len(heap)
+    cdef Py_ssize_t i = 0, c
+    cdef Item top
+    if n == 0:
+        return last
+    top = <Item>heap[0]
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and _earlier(<Item>heap[c + 1], <Item>heap[c]):
+            c += 1
+        if not _earlier(<Item>heap[c], last):
+            break
+        heap[i] = heap[c]
+        i = c
+    heap[i] = last
+    return top
+
+
+cdef inline double _cost(Item it):
+    return it.tokens + it.nbytes / VF_BYTES_PER_TOKEN
+
+
+cdef class BandQueues:
+    """All bands of one admission controller.
+
+    ``bands`` is a list of ``(queue_capacity, queue_bytes, ttl_s)`` tuples, highest
+    priority first (index 0); ``queue_bytes`` <= 0 means no byte limit, ``ttl_s``
+    <= 0 means no TTL. ``capacity``/``byte_capacity`` bound all bands together
+    (<= 0: unbounded). ``edf`` orders a tenant's items by deadline instead of
+    arrival; ``token_fair`` picks tenants by virtual token counter instead of by
+    turns; ``aging_step`` (seconds, <= 0: off) raises an item's effective band by
+    one for every step it has waited.
+    """
+
+    def __cinit__(self, list bands, Py_ssize_t capacity=0, long long byte_capacity=0,
+                  bint edf=False, bint token_fair=False, double aging_step=0.0):
+        cdef int i
+        if not bands:
+            raise ValueError("at least one band is required")
+        self.bands = []
+        for i, spec in enumerate(bands):
+            cap, nbytes, ttl = spec
+            self.bands.append(BandQueue(i, cap, nbytes, ttl))
+        self.nbands = len(self.bands)
+        self.capacity = capacity
+        self.byte_capacity = byte_capacity
+        self.edf = edf
+        self.token_fair = token_fair
+        self.aging_step = aging_step
+        self.items = {}
+        self.next_id = 1
+
+    def __len__(self):
+        return self.count
+
+    def band(self, int index):
+        """The BandQueue at ``index`` (0 = highest)."""
+        return self.bands[index]
+
+    def get(self, long long item_id):
+        """The queued item with this id, or None."""
+        return self.items.get(item_id)
+
+    def __iter__(self):
+        """Queued items, band by band, oldest first (a snapshot)."""
+        cdef BandQueue bq
+        cdef Item it
+        out = []
+        for bq in self.bands:
+            it = bq.age_head
+            while it is not None:
+                out.append(it)
+                it = it.a_next
+        return iter(out)
+
+    cpdef long long enqueue(self, object waiter, object tenant, int band,
+                            long long nbytes, double tokens, double deadline,
+                            double now) except? -100:
+        """Queue one item; return its id (> 0) or a negative REJECT_* code."""
+        cdef BandQueue bq
+        cdef TenantQueue t
+        cdef Item it
+        if band < 0 or band >= self.nbands:
+            return VF_REJECT_BAD_BAND
+        bq = <BandQueue>self.bands[band]
+        if bq.capacity > 0 and bq.count >= bq.capacity:
+            return VF_REJECT_BAND_COUNT
+        if bq.byte_capacity > 0 and bq.nbytes + nbytes > bq.byte_capacity:
+            return VF_REJECT_BAND_BYTES
+        if self.capacity > 0 and self.count >= self.capacity:
+            return VF_REJECT_GLOBAL_COUNT
+        if self.byte_capacity > 0 and self.nbytes + nbytes > self.byte_capacity:
+            return VF_REJECT_GLOBAL_BYTES
+
+        it = Item.__new__(Item)
+        it.waiter = waiter
+        it.id = self.next_id
+        self.next_id += 1
+        it.tenant = tenant
+        it.band = band
+        it.nbytes = nbytes
+        it.tokens = tokens
+        it.deadline = deadline
+        it.enqueued_at = now
+        it.expires_at = now + bq.ttl if bq.ttl > 0 else INFINITY
+        it.seq = self.seq
+        self.seq += 1
+        it.queued = True
+
+        t = <TenantQueue>bq.tenants.get(tenant)
+        if t is None:
+            t = TenantQueue(tenant)
+            bq.tenants[tenant] = t
+        it.owner = t
+        if self.edf:
+            _heap_push(t.heap, it)
+        else:
+            it.t_prev = t.tail
+            if t.tail is None:
+                t.head = it
+            else:
+                t.tail.t_next = it
+            t.tail = it
+        t.count += 1
+        if not t.active:
+            self._activate(bq, t)
+
+        it.a_prev = bq.age_tail
+        if bq.age_tail is None:
+            bq.age_head = it
+        else:
+            bq.age_tail.a_next = it
+        bq.age_tail = it
+
+        bq.count += 1
+        bq.nbytes += nbytes
+        self.count += 1
+        self.nbytes += nbytes
+        self.items[it.id] = it
+        return it.id
+
+    cpdef int effective_band(self, Item item, double now):
+        """The band the item competes in at ``now``, after aging."""
+        cdef int raised
+        if self.aging_step <= 0:
+            return item.band
+        raised = <int>floor((now - item.enqueued_at) / self.aging_step)
+        return item.band - raised if raised < item.band else 0
+
+    cpdef Item pop(self, int band, double now):
+        """Remove and return the next item eligible for ``band`` at ``now``.
+
+        Items aged up from a lower band go first (they have waited the longest),
+        then the band's own items by tenant fairness. None when nothing is eligible.
+        """
+        cdef Item it
+        if band < 0 or band >= self.nbands:
+            return None
+        if self.aging_step > 0:
+            it = self._pop_aged(band, now)
+            if it is not None:
+                return it
+        return self._pop_fair(<BandQueue>self.bands[band])
+
+    cdef Item _pop_aged(self, int band, double now):
+        cdef int lower
+        cdef Item head, best = None
+        for lower in range(band + 1, self.nbands):
+            # The age head is the oldest of its band: if it has not aged enough,
+            # no item of that band has.
+            head = (<BandQueue>self.bands[lower]).age_head
+            if head is not None and self.effective_band(head, now) <= band:
+                if best is None or head.seq < best.seq:
+                    best = head
+        if best is not None:
+            self._remove(best)
+        return best
+
+    cdef Item _pop_fair(self, BandQueue bq):
+        cdef TenantQueue t, c
+        cdef Item it
+        if bq.cursor is None:
+            return None
+        t = bq.cursor
+        if self.token_fair:
+            c = t.r_next
+            while c is not bq.cursor:
+                if c.vtc < t.vtc:
+                    t = c
+                c = c.r_next
+        # Move the turn past the chosen tenant (ties in token mode rotate too).
+        bq.cursor = t.r_next
+        if self.edf:
+            it = _heap_pop(t.heap)
+            while not it.queued:
+                it = _heap_pop(t.heap)
+        else:
+            it = t.head
+        if self.token_fair:
+            t.vtc += _cost(it)
+        self._remove(it)
+        return it
+
+    cdef void _activate(self, BandQueue bq, TenantQueue t):
+        cdef TenantQueue c, low
+        if bq.cursor is None:
+            t.r_next = t
+            t.r_prev = t
+            bq.cursor = t
+        else:
+            if self.token_fair:
+                # A returning tenant starts level with the least-served active one,
+                # so time spent idle is not banked as credit (VTC's lift).
+                low = bq.cursor
+                c = low.r_next
+                while c is not bq.cursor:
+                    if c.vtc < low.vtc:
+                        low = c
+                    c = c.r_next
+                if t.vtc < low.vtc:
+                    t.vtc = low.vtc
+            # Insert just behind the cursor: the newcomer waits one full turn.
+            c = bq.cursor.r_prev
+            t.r_prev = c
+            t.r_next = bq.cursor
+            c.r_next = t
+            bq.cursor.r_prev = t
+        t.active = True
+        bq.active_tenants += 1
+
+    cdef void _deactivate(self, BandQueue bq, TenantQueue t):
+        if t.r_next is t:
+            bq.cursor = None
+        else:
+            t.r_prev.r_next = t.r_next
+            t.r_next.r_prev = t.r_prev
+            if bq.cursor is t:
+                bq.cursor = t.r_next
+        t.r_next = None
+        t.r_prev = None
+        t.active = False
+        bq.active_tenants -= 1
+        # Heap entries left are cancelled items: drop them with the last live one.
+        if t.heap:
+            t.heap = []
+
+    cdef void _remove(self, Item it):
+        cdef BandQueue bq = <BandQueue>self.bands[it.band]
+        cdef TenantQueue t = it.owner
+        it.queued = False
+        del self.items[it.id]
+        if it.a_prev is None:
+            bq.age_head = it.a_next
+        else:
+            it.a_prev.a_next = it.a_next
+        if it.a_next is None:
+            bq.age_tail = it.a_prev
+        else:
+            it.a_next.a_prev = it.a_prev
+        it.a_prev = None
+        it.a_next = None
+        if not self.edf:
+            if it.t_prev is None:
+                t.head = it.t_next
+            else:
+                it.t_prev.t_next = it.t_next
+            if it.t_next is None:
+                t.tail = it.t_prev
+            else:
+                it.t_next.t_prev = it.t_prev
+            it.t_prev = None
+            it.t_next = None
+        t.count -= 1
+        if t.count == 0:
+            self._deactivate(bq, t)
+        it.owner = None
+        bq.count -= 1
+        bq.nbytes -= it.nbytes
+        self.count -= 1
+        self.nbytes -= it.nbytes
+
+    cpdef Item cancel(self, long long item_id):
+        """Remove the item with this id at once; return it, or None if not queued."""
+        cdef Item it = <Item>self.items.get(item_id)
+        if it is None:
+            return None
+        self._remove(it)
+        return it
+
+    cpdef list expire(self, double now):
+        """Remove and return every item whose TTL has passed at ``now``."""
+        cdef list out = []
+        cdef BandQueue bq
+        cdef Item it
+        for bq in self.bands:
+            it = bq.age_head
+            while it is not None and it.expires_at <= now:
+                self._remove(it)
+                out.append(it)
+                it = bq.age_head
+        return out
+
+    cpdef list pop_hopeless(self, double now, double base_s, double per_token_s):
+        """Remove and return items that cannot finish by their deadline.
+
+        An item is hopeless when ``now + base_s + tokens * per_token_s`` is past
+        its deadline (``base_s``: the best expected wait + time to first token).
+        """
+        cdef list out = []
+        cdef BandQueue bq
+        cdef Item it, nxt
+        for bq in self.bands:
+            it = bq.age_head
+            while it is not None:
+                nxt = it.a_next
+                if now + base_s + it.tokens * per_token_s > it.deadline:
+                    self._remove(it)
+                    out.append(it)
+                it = nxt
+        return out

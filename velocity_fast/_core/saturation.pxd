@@ -1,0 +1,36 @@
+# State and signatures of the saturation model (see saturation.pyx for the why).
+
+cdef extern from "admission_consts.h":
+    double VF_QUEUE_THRESHOLD
+    double VF_KV_THRESHOLD
+    double VF_STALE_AFTER_S
+
+
+cdef class EndpointLoad:
+    # Last scrape of the engine (zero until the first one).
+    cdef readonly double running
+    cdef readonly double waiting
+    cdef readonly double kv
+    cdef readonly double scraped_at
+    # Learned batch capacity: high-water mark of observed running.
+    cdef readonly double capacity
+    # True once a scrape showed a queue, i.e. running was at the engine's ceiling.
+    cdef readonly bint capacity_known
+    # The gateway's own view, kept by admission.
+    cdef public long inflight
+    cdef public long limit
+    cdef public bint healthy
+    cdef readonly double value
+
+    cpdef void observe(self, double running, double waiting, double kv, double scraped_at)
+
+
+cdef class Saturation:
+    cdef readonly double queue_threshold
+    cdef readonly double kv_threshold
+    cdef readonly double stale_after
+
+    cpdef double endpoint(self, EndpointLoad load, double now, double extra=*)
+    cpdef double update(self, EndpointLoad load, double running, double waiting,
+                        double kv, double scraped_at, double now)
+    cpdef double pool(self, list loads, double pending, double now)

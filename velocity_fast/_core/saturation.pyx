@@ -1,0 +1,126 @@
+"""Saturation: how close an engine, and a pool of them, is to queueing work.
+
+Per endpoint the number is the worse of queue depth and KV-cache occupancy, each
+against its threshold (1.0 = saturated). Two lags of scraped metrics are closed:
+
+* Scrapes are an interval old, so the gateway's own in-flight count is held against
+  the engine's batch capacity, learned as the high-water mark of observed
+  ``running``: in-flight beyond that capacity is what really queues in the engine.
+  Until a scrape has shown a queue (proof that ``running`` hit the ceiling), the
+  concurrency limit stands in for the capacity, so a cold pool is not throttled by
+  a small early high-water mark.
+* A request granted but not yet dispatched is invisible to both; the pool number
+  takes those outstanding leases as extra in-flight work.
+
+The engine's own waiting count and the gateway's estimate are combined with max,
+not summed: the engine's count already includes the gateway's queued requests.
+A stale or missing scrape drops the engine terms and keeps the gateway's own count,
+so a scrape that hangs never halts dispatch.
+"""
+
+from libc.math cimport INFINITY
+
+QUEUE_THRESHOLD = VF_QUEUE_THRESHOLD
+KV_THRESHOLD = VF_KV_THRESHOLD
+STALE_AFTER_S = VF_STALE_AFTER_S
+
+
+cdef class EndpointLoad:
+    """What saturation knows of one endpoint: last scrape plus the gateway's counts."""
+
+    def __cinit__(self, long limit=1):
+        self.limit = limit
+        self.healthy = True
+
+    cpdef void observe(self, double running, double waiting, double kv, double scraped_at):
+        """Record one scrape of the engine's gauges."""
+        self.running = running
+        self.waiting = waiting
+        self.kv = kv
+        self.scraped_at = scraped_at
+        if running > self.capacity:
+            self.capacity = running
+        if waiting > 0 and running > 0:
+            self.capacity_known = True
+
+    def __repr__(self):
+        return (f"EndpointLoad(running={self.running}, waiting={self.waiting}, "
+                f"kv={self.kv}, inflight={self.inflight}, limit={self.limit}, "
+                f"capacity={self.capacity}, value={self.value:.3f})")
+
+
+cdef class Saturation:
+    """The saturation formula with its thresholds (defaults: 5 waiting, 0.8 KV)."""
+
+    def __cinit__(self, double queue_threshold=VF_QUEUE_THRESHOLD,
+                  double kv_threshold=VF_KV_THRESHOLD,
+                  double stale_after=VF_STALE_AFTER_S):
+        if queue_threshold <= 0 or kv_threshold <= 0:
+            raise ValueError("saturation thresholds must be positive")
+        self.queue_threshold = queue_threshold
+        self.kv_threshold = kv_threshold
+        self.stale_after = stale_after
+
+    cpdef double endpoint(self, EndpointLoad load, double now, double extra=0.0):
+        """Saturation of one endpoint at ``now`` with ``extra`` in-flight requests
+        (outstanding leases) on top of its own; also stored in ``load.value``."""
+        cdef double cap, queued, s, k
+        cap = load.capacity
+        if not load.capacity_known and cap < load.limit:
+            cap = load.limit
+        if cap < 1.0:
+            cap = 1.0
+        queued = load.inflight + extra - cap
+        if queued < 0.0:
+            queued = 0.0
+        if load.scraped_at > 0.0 and now - load.scraped_at <= self.stale_after:
+            if load.waiting > queued:
+                queued = load.waiting
+            s = queued / self.queue_threshold
+            k = load.kv / self.kv_threshold
+            if k > s:
+                s = k
+        else:
+            s = queued / self.queue_threshold
+        load.value = s
+        return s
+
+    cpdef double update(self, EndpointLoad load, double running, double waiting,
+                        double kv, double scraped_at, double now):
+        """Record a scrape and return the endpoint's new saturation."""
+        load.observe(running, waiting, kv, scraped_at)
+        return self.endpoint(load, now, 0.0)
+
+    cpdef double pool(self, list loads, double pending, double now):
+        """One number for a pool: the minimum over its eligible endpoints.
+
+        Minimum, not an average: the router sends the next request to an endpoint
+        with headroom, so the pool can take work while any healthy endpoint below
+        its limit is unsaturated; one hot engine must not hold back the others.
+        Eligible = healthy and in-flight below its limit; if none is below its
+        limit, every healthy endpoint counts. ``pending`` leases (granted, not yet
+        bound) are spread evenly over the eligible endpoints, which is where the
+        router will put them. No healthy endpoint: infinity.
+        """
+        cdef EndpointLoad e
+        cdef Py_ssize_t n = 0
+        cdef bint any_room = False
+        cdef double best = INFINITY, s, share
+        for e in loads:
+            if e.healthy and e.inflight < e.limit:
+                any_room = True
+                n += 1
+        if not any_room:
+            for e in loads:
+                if e.healthy:
+                    n += 1
+        if n == 0:
+            return INFINITY
+        share = pending / n
+        for e in loads:
+            if not e.healthy or (any_room and e.inflight >= e.limit):
+                continue
+            s = self.endpoint(e, now, share)
+            if s < best:
+                best = s
+        return best
