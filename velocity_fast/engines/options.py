@@ -1,0 +1,85 @@
+"""Flags for the engines that ``detect`` and ``chargeVelocity`` plan and start.
+
+Imports nothing heavy, so that ``--help`` and the other commands stay fast.
+"""
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_SIM_ENGINES = 2
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's own default
+DEFAULT_MAX_MODEL_LEN = 4096
+DEFAULT_ENGINE_BASE_PORT = 8100  # above the gateway's 8000 and clear of the admin 9090
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port: {value}")
+    return value
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the engine flags (model, mock, counts, vLLM sizing, ports, logs) to ``parser``."""
+    g = parser.add_argument_group("engines")
+    g.add_argument(
+        "--model-path",
+        default=None,
+        help="model folder holding config.json (else VELOCITY_MODEL_PATH, ./models, "
+        "~/velocity-models, a prompt on a terminal)",
+    )
+    g.add_argument(
+        "--mock",
+        action="store_true",
+        default=False,
+        help="start built-in sim engines even when GPUs are present",
+    )
+    g.add_argument(
+        "--engines",
+        type=_positive_int,
+        default=DEFAULT_SIM_ENGINES,
+        help=f"number of sim engines without GPUs or with --mock (default {DEFAULT_SIM_ENGINES})",
+    )
+    g.add_argument(
+        "--tensor-parallel-size",
+        type=_positive_int,
+        default=1,
+        help="GPUs per vLLM engine; one engine per group of this many GPUs (default 1)",
+    )
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=_fraction,
+        default=DEFAULT_GPU_MEMORY_UTILIZATION,
+        help=f"passed to vllm serve (default {DEFAULT_GPU_MEMORY_UTILIZATION})",
+    )
+    g.add_argument(
+        "--max-model-len",
+        type=_positive_int,
+        default=DEFAULT_MAX_MODEL_LEN,
+        help=f"passed to every engine (default {DEFAULT_MAX_MODEL_LEN})",
+    )
+    g.add_argument(
+        "--engine-base-port",
+        type=_port,
+        default=DEFAULT_ENGINE_BASE_PORT,
+        help=f"first engine port; engine i listens on base+i (default {DEFAULT_ENGINE_BASE_PORT})",
+    )
+    g.add_argument(
+        "--engine-log-dir",
+        default=None,
+        help="folder for each engine's output (default: <tmp>/velocityllm-<uid>/engines)",
+    )

@@ -1,0 +1,173 @@
+"""The engine plan: which engines ``chargeVelocity`` starts, with their command lines.
+
+vLLM with GPUs and a model (one ``vllm serve`` per GPU or per tensor-parallel group of
+consecutive GPUs, each with its own ``CUDA_VISIBLE_DEVICES`` and port); otherwise built-in
+sim engines. Pure: it reads nothing but PATH (to find ``vllm``) and starts nothing.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from .detect import GPU
+from .models import ModelChoice
+from .options import (
+    DEFAULT_ENGINE_BASE_PORT,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_MAX_MODEL_LEN,
+    DEFAULT_SIM_ENGINES,
+)
+
+# The served name of sim engines when no model folder was found.
+SIM_MODEL_NAME = "velocity-sim"
+ENGINE_HOST = "127.0.0.1"  # engines sit behind the gateway; never expose them
+
+
+class PlanError(ValueError):
+    """The engines cannot be planned as asked (GPU count vs TP size, vllm missing, ...)."""
+
+
+class VllmNotFound(PlanError):
+    """GPUs and a model are there, but no ``vllm`` executable is on PATH."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine to run: its command line, environment overrides, port and log file."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    port: int
+    model_name: str
+    log_path: Path
+    gpus: tuple[int, ...] = ()
+
+    @property
+    def url(self) -> str:
+        """The engine's base URL, as the gateway reaches it."""
+        return f"http://{ENGINE_HOST}:{self.port}"
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """The engines to start, their kind ("vllm" or "sim") and why this kind was chosen."""
+
+    kind: str
+    specs: tuple[EngineSpec, ...]
+    reason: str
+    model: ModelChoice | None = None
+    notes: tuple[str, ...] = field(default=())
+
+
+def default_log_dir() -> Path:
+    """Where engine logs go when no ``--engine-log-dir`` is given."""
+    return Path(tempfile.gettempdir()) / f"velocityllm-{os.getuid()}" / "engines"
+
+
+def tp_groups(gpus: Sequence[GPU], tp: int) -> list[tuple[GPU, ...]]:
+    """Cut the GPUs into consecutive groups of ``tp``; raise PlanError if they do not divide."""
+    if tp < 1:
+        raise PlanError(f"--tensor-parallel-size must be at least 1, got {tp}")
+    if len(gpus) % tp:
+        raise PlanError(
+            f"{len(gpus)} GPU(s) cannot be split into tensor-parallel groups of {tp}; "
+            f"choose a --tensor-parallel-size that divides {len(gpus)}"
+        )
+    return [tuple(gpus[i : i + tp]) for i in range(0, len(gpus), tp)]
+
+
+def plan_engines(
+    gpus: Sequence[GPU],
+    model: ModelChoice | None,
+    *,
+    mock: bool = False,
+    engines: int = DEFAULT_SIM_ENGINES,
+    tensor_parallel_size: int = 1,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+    base_port: int = DEFAULT_ENGINE_BASE_PORT,
+    log_dir: str | os.PathLike[str] | None = None,
+    api_key: str | None = None,
+    sim_args: Sequence[str] = (),
+    vllm_args: Sequence[str] = (),
+    path: str | None = None,
+) -> EnginePlan:
+    """Plan the engines for the GPUs and model found.
+
+    ``api_key`` is passed to every engine (``--api-key``), ``sim_args`` and ``vllm_args``
+    are appended to the sim / vLLM command lines, ``path`` overrides PATH for finding
+    ``vllm``. Raises PlanError when vLLM is wanted but cannot be started as asked.
+    """
+    logs = Path(log_dir) if log_dir is not None else default_log_dir()
+    if mock or not gpus or model is None:
+        if mock:
+            reason = "--mock: built-in sim engines"
+        elif not gpus:
+            reason = "no GPU found: built-in sim engines"
+        else:
+            reason = "no model found: built-in sim engines"
+        name = model.name if model is not None else SIM_MODEL_NAME
+        specs = [
+            _sim_spec(i, name, base_port + i, max_model_len, logs, api_key, sim_args)
+            for i in range(engines)
+        ]
+        return EnginePlan("sim", tuple(specs), reason, model)
+
+    groups = tp_groups(gpus, tensor_parallel_size)
+    exe = shutil.which("vllm", path=path)
+    if exe is None:
+        raise VllmNotFound(
+            f"{len(gpus)} GPU(s) and a model were found but the 'vllm' executable is not on "
+            "PATH; install it with: pip install 'velocityllm[gpu]' (or use --mock)"
+        )
+    specs = []
+    for i, group in enumerate(groups):
+        port = base_port + i
+        indices = tuple(g.index for g in group)
+        name = "vllm-gpu" + "-".join(str(x) for x in indices)
+        argv = [
+            exe, "serve", str(model.path),
+            "--host", ENGINE_HOST,
+            "--port", str(port),
+            "--served-model-name", model.name,
+            "--tensor-parallel-size", str(tensor_parallel_size),
+            "--gpu-memory-utilization", str(gpu_memory_utilization),
+            "--max-model-len", str(max_model_len),
+        ]
+        if api_key:
+            argv += ["--api-key", api_key]
+        argv += list(vllm_args)
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(str(x) for x in indices)}
+        specs.append(EngineSpec(name, tuple(argv), env, port, model.name, logs / f"{name}.log", indices))
+    per = "GPU" if tensor_parallel_size == 1 else f"tensor-parallel group of {tensor_parallel_size} GPUs"
+    reason = f"{len(gpus)} GPU(s) and a model: one vLLM engine per {per}"
+    return EnginePlan("vllm", tuple(specs), reason, model)
+
+
+def _sim_spec(
+    i: int,
+    model_name: str,
+    port: int,
+    max_model_len: int,
+    logs: Path,
+    api_key: str | None,
+    sim_args: Sequence[str],
+) -> EngineSpec:
+    name = f"sim-{i}"
+    argv = [
+        sys.executable, "-m", "velocity_fast.sim",
+        "--host", ENGINE_HOST,
+        "--port", str(port),
+        "--model", model_name,
+        "--max-model-len", str(max_model_len),
+    ]
+    if api_key:
+        argv += ["--api-key", api_key]
+    argv += list(sim_args)
+    return EngineSpec(name, tuple(argv), {}, port, model_name, logs / f"{name}.log")
