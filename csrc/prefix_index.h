@@ -1,0 +1,431 @@
+/*
+ * The prefix index: which endpoint was recently sent which block hashes.
+ *
+ * Up to 64 endpoints ("slots") share one index. Two open-addressing tables (linear
+ * probing, power-of-two sizes, deletion by backward shift so there are no tombstones):
+ *   entries: block hash -> 64-bit mask of the slots holding it. Matching a prompt is
+ *            one lookup per block for all endpoints at once: the set of endpoints still
+ *            matching is ANDed with each block's mask, and an endpoint's matched length
+ *            is the block at which it drops out.
+ *   refs:    (block hash, slot) -> node, to find the LRU node of a pair in O(1).
+ * Nodes live in one array (indices stay valid when it grows) and are linked into
+ * their slot's LRU list, most recent at the head; each slot has its own capacity.
+ * Insert, touch and evict are O(1) expected.
+ *
+ * Memory grows with what is stored (tables kept at most half full) and is kept at
+ * its high-water mark afterwards; a full index of N pairs uses about 24 + 8 + 32 bytes
+ * per pair in the worst case (every hash held by one endpoint only).
+ */
+#ifndef VELOCITY_PREFIX_INDEX_H
+#define VELOCITY_PREFIX_INDEX_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "prefix_hash.h"
+
+#define VP_MAX_SLOTS 64
+#define VP_NIL 0xFFFFFFFFu
+/* Node indices are 32-bit; refs store index + 1 so that 0 marks an empty bucket. */
+#define VP_MAX_NODES 0xFFFFFFF0u
+#define VP_MIN_TABLE 64
+/* Blocks looked up ahead of use while matching, to hide memory latency. */
+#define VP_PREFETCH 8
+
+typedef struct {
+    uint64_t key;
+    uint64_t mask; /* 0: empty bucket */
+} vp_entry;
+
+typedef struct {
+    uint64_t key;
+    uint32_t prev, next; /* toward head / toward tail; next doubles as the free-list link */
+    uint32_t slot;
+} vp_node;
+
+typedef struct {
+    uint32_t head, tail;
+    uint64_t count, capacity;
+} vp_lru;
+
+typedef struct {
+    vp_entry *ents;
+    uint64_t ents_mask, ents_used;
+    uint32_t *refs;
+    uint64_t refs_mask;
+    vp_node *nodes;
+    uint64_t nodes_cap, nodes_top; /* allocated, ever used */
+    uint32_t free_head;
+    uint64_t live; /* nodes in use = pairs stored */
+    vp_lru lru[VP_MAX_SLOTS];
+} vp_index;
+
+static inline uint64_t vp_ref_home(uint64_t key, uint32_t slot, uint64_t mask)
+{
+    return (key + (uint64_t)(slot + 1) * VP_K0) & mask;
+}
+
+static int vp_index_init(vp_index *ix)
+{
+    int s;
+    memset(ix, 0, sizeof *ix);
+    ix->ents = (vp_entry *)calloc(VP_MIN_TABLE, sizeof(vp_entry));
+    ix->refs = (uint32_t *)calloc(VP_MIN_TABLE, sizeof(uint32_t));
+    if (!ix->ents || !ix->refs) {
+        free(ix->ents);
+        free(ix->refs);
+        ix->ents = NULL;
+        ix->refs = NULL;
+        return -1;
+    }
+    ix->ents_mask = VP_MIN_TABLE - 1;
+    ix->refs_mask = VP_MIN_TABLE - 1;
+    ix->free_head = VP_NIL;
+    for (s = 0; s < VP_MAX_SLOTS; s++) {
+        ix->lru[s].head = VP_NIL;
+        ix->lru[s].tail = VP_NIL;
+    }
+    return 0;
+}
+
+static void vp_index_free(vp_index *ix)
+{
+    free(ix->ents);
+    free(ix->refs);
+    free(ix->nodes);
+    ix->ents = NULL;
+    ix->refs = NULL;
+    ix->nodes = NULL;
+}
+
+/* ---- entries: hash -> slot mask ---------------------------------------------- */
+
+static inline uint64_t vp_entry_mask(const vp_index *ix, uint64_t key)
+{
+    uint64_t i = key & ix->ents_mask;
+    for (;;) {
+        const vp_entry *e = &ix->ents[i];
+        if (e->mask == 0)
+            return 0;
+        if (e->key == key)
+            return e->mask;
+        i = (i + 1) & ix->ents_mask;
+    }
+}
+
+static int vp_entries_grow(vp_index *ix)
+{
+    uint64_t size = (ix->ents_mask + 1) * 2, mask = size - 1, i, j;
+    vp_entry *old = ix->ents, *neu = (vp_entry *)calloc(size, sizeof(vp_entry));
+    if (!neu)
+        return -1;
+    for (i = 0; i <= ix->ents_mask; i++) {
+        if (old[i].mask == 0)
+            continue;
+        j = old[i].key & mask;
+        while (neu[j].mask != 0)
+            j = (j + 1) & mask;
+        neu[j] = old[i];
+    }
+    free(old);
+    ix->ents = neu;
+    ix->ents_mask = mask;
+    return 0;
+}
+
+static int vp_entry_set(vp_index *ix, uint64_t key, uint32_t slot)
+{
+    uint64_t i;
+    if ((ix->ents_used + 1) * 2 > ix->ents_mask + 1 && vp_entries_grow(ix) < 0)
+        return -1;
+    i = key & ix->ents_mask;
+    for (;;) {
+        vp_entry *e = &ix->ents[i];
+        if (e->mask == 0) {
+            e->key = key;
+            e->mask = 1ULL << slot;
+            ix->ents_used++;
+            return 0;
+        }
+        if (e->key == key) {
+            e->mask |= 1ULL << slot;
+            return 0;
+        }
+        i = (i + 1) & ix->ents_mask;
+    }
+}
+
+static void vp_entry_clear(vp_index *ix, uint64_t key, uint32_t slot)
+{
+    uint64_t m = ix->ents_mask, i = key & m, j, home;
+    for (;;) {
+        vp_entry *e = &ix->ents[i];
+        if (e->mask == 0)
+            return;
+        if (e->key == key)
+            break;
+        i = (i + 1) & m;
+    }
+    ix->ents[i].mask &= ~(1ULL << slot);
+    if (ix->ents[i].mask != 0)
+        return;
+    /* Backward shift: pull later members of the probe run into the hole. */
+    ix->ents_used--;
+    j = i;
+    for (;;) {
+        j = (j + 1) & m;
+        if (ix->ents[j].mask == 0)
+            break;
+        home = ix->ents[j].key & m;
+        if (i <= j ? (i < home && home <= j) : (i < home || home <= j))
+            continue; /* its home lies between the hole and it: it may not move */
+        ix->ents[i] = ix->ents[j];
+        i = j;
+    }
+    ix->ents[i].mask = 0;
+}
+
+/* ---- refs: (hash, slot) -> node ----------------------------------------------- */
+
+static inline uint32_t vp_ref_find(const vp_index *ix, uint64_t key, uint32_t slot)
+{
+    uint64_t i = vp_ref_home(key, slot, ix->refs_mask);
+    for (;;) {
+        uint32_t r = ix->refs[i];
+        if (r == 0)
+            return VP_NIL;
+        if (ix->nodes[r - 1].key == key && ix->nodes[r - 1].slot == slot)
+            return r - 1;
+        i = (i + 1) & ix->refs_mask;
+    }
+}
+
+static int vp_refs_grow(vp_index *ix)
+{
+    uint64_t size = (ix->refs_mask + 1) * 2, mask = size - 1, i, j;
+    uint32_t *old = ix->refs, *neu = (uint32_t *)calloc(size, sizeof(uint32_t));
+    if (!neu)
+        return -1;
+    for (i = 0; i <= ix->refs_mask; i++) {
+        uint32_t r = old[i];
+        if (r == 0)
+            continue;
+        j = vp_ref_home(ix->nodes[r - 1].key, ix->nodes[r - 1].slot, mask);
+        while (neu[j] != 0)
+            j = (j + 1) & mask;
+        neu[j] = r;
+    }
+    free(old);
+    ix->refs = neu;
+    ix->refs_mask = mask;
+    return 0;
+}
+
+static void vp_ref_insert(vp_index *ix, uint32_t node)
+{
+    uint64_t i = vp_ref_home(ix->nodes[node].key, ix->nodes[node].slot, ix->refs_mask);
+    while (ix->refs[i] != 0)
+        i = (i + 1) & ix->refs_mask;
+    ix->refs[i] = node + 1;
+}
+
+static void vp_ref_delete(vp_index *ix, uint32_t node)
+{
+    uint64_t m = ix->refs_mask, i, j, home;
+    i = vp_ref_home(ix->nodes[node].key, ix->nodes[node].slot, m);
+    while (ix->refs[i] != node + 1)
+        i = (i + 1) & m;
+    j = i;
+    for (;;) {
+        uint32_t r;
+        j = (j + 1) & m;
+        r = ix->refs[j];
+        if (r == 0)
+            break;
+        home = vp_ref_home(ix->nodes[r - 1].key, ix->nodes[r - 1].slot, m);
+        if (i <= j ? (i < home && home <= j) : (i < home || home <= j))
+            continue;
+        ix->refs[i] = r;
+        i = j;
+    }
+    ix->refs[i] = 0;
+}
+
+/* ---- LRU lists ------------------------------------------------------------------ */
+
+static inline void vp_lru_unlink(vp_index *ix, uint32_t n)
+{
+    vp_node *x = &ix->nodes[n];
+    vp_lru *l = &ix->lru[x->slot];
+    if (x->prev != VP_NIL)
+        ix->nodes[x->prev].next = x->next;
+    else
+        l->head = x->next;
+    if (x->next != VP_NIL)
+        ix->nodes[x->next].prev = x->prev;
+    else
+        l->tail = x->prev;
+}
+
+static inline void vp_lru_push_head(vp_index *ix, uint32_t n)
+{
+    vp_node *x = &ix->nodes[n];
+    vp_lru *l = &ix->lru[x->slot];
+    x->prev = VP_NIL;
+    x->next = l->head;
+    if (l->head != VP_NIL)
+        ix->nodes[l->head].prev = n;
+    else
+        l->tail = n;
+    l->head = n;
+}
+
+static void vp_evict_tail(vp_index *ix, uint32_t slot)
+{
+    vp_lru *l = &ix->lru[slot];
+    uint32_t n = l->tail;
+    if (n == VP_NIL)
+        return;
+    vp_lru_unlink(ix, n);
+    vp_ref_delete(ix, n);
+    vp_entry_clear(ix, ix->nodes[n].key, slot);
+    ix->nodes[n].next = ix->free_head;
+    ix->free_head = n;
+    l->count--;
+    ix->live--;
+}
+
+static uint32_t vp_node_alloc(vp_index *ix)
+{
+    uint32_t n;
+    if (ix->free_head != VP_NIL) {
+        n = ix->free_head;
+        ix->free_head = ix->nodes[n].next;
+        return n;
+    }
+    if (ix->nodes_top == ix->nodes_cap) {
+        uint64_t cap = ix->nodes_cap ? ix->nodes_cap * 2 : 1024;
+        vp_node *grown;
+        if (cap > VP_MAX_NODES)
+            cap = VP_MAX_NODES;
+        if (cap <= ix->nodes_cap)
+            return VP_NIL;
+        grown = (vp_node *)realloc(ix->nodes, cap * sizeof(vp_node));
+        if (!grown)
+            return VP_NIL;
+        ix->nodes = grown;
+        ix->nodes_cap = cap;
+    }
+    return (uint32_t)ix->nodes_top++;
+}
+
+/*
+ * Mark key as recently sent to slot: move it to the head of the slot's LRU, or insert
+ * it there, evicting the slot's least recently used pair when at capacity.
+ * Returns 0, or -1 when memory ran out (the index is left consistent).
+ */
+static int vp_touch(vp_index *ix, uint32_t slot, uint64_t key)
+{
+    vp_lru *l = &ix->lru[slot];
+    uint32_t n;
+    if (l->capacity == 0)
+        return 0;
+    n = vp_ref_find(ix, key, slot);
+    if (n != VP_NIL) {
+        if (l->head != n) {
+            vp_lru_unlink(ix, n);
+            vp_lru_push_head(ix, n);
+        }
+        return 0;
+    }
+    if (l->count >= l->capacity)
+        vp_evict_tail(ix, slot);
+    if ((ix->live + 1) * 2 > ix->refs_mask + 1 && vp_refs_grow(ix) < 0)
+        return -1;
+    if (vp_entry_set(ix, key, slot) < 0)
+        return -1;
+    n = vp_node_alloc(ix);
+    if (n == VP_NIL) {
+        vp_entry_clear(ix, key, slot);
+        return -1;
+    }
+    ix->nodes[n].key = key;
+    ix->nodes[n].slot = slot;
+    vp_lru_push_head(ix, n);
+    vp_ref_insert(ix, n);
+    l->count++;
+    ix->live++;
+    return 0;
+}
+
+/* Touch a prompt's chain, last block first, so that its leading blocks end up the most
+ * recent and are evicted last (a longer prefix is useless once its head is gone;
+ * vLLM frees a sequence's blocks tail first for the same reason). */
+static int vp_touch_chain(vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n)
+{
+    size_t i = n;
+    while (i > 0) {
+        if (vp_touch(ix, slot, keys[--i]) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* How many leading keys of a chain slot already holds (the hit of one dispatch). */
+static size_t vp_leading_held(const vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        if (!((vp_entry_mask(ix, keys[i]) >> slot) & 1))
+            break;
+    }
+    return i;
+}
+
+/* A slot's keys from the most to the least recently used, at most cap of them. */
+static void vp_lru_keys(const vp_index *ix, uint32_t slot, uint64_t *out, size_t cap)
+{
+    uint32_t n = ix->lru[slot].head;
+    size_t i = 0;
+    while (n != VP_NIL && i < cap) {
+        out[i++] = ix->nodes[n].key;
+        n = ix->nodes[n].next;
+    }
+}
+
+static void vp_set_capacity(vp_index *ix, uint32_t slot, uint64_t capacity)
+{
+    vp_lru *l = &ix->lru[slot];
+    l->capacity = capacity;
+    while (l->count > capacity)
+        vp_evict_tail(ix, slot);
+}
+
+/*
+ * Matched leading blocks of every slot in `alive` in one pass over the chain:
+ * out[s] = number of leading keys that slot s holds, for each s in alive (others are
+ * left untouched). Stops as soon as no slot matches any more.
+ */
+static void vp_match(const vp_index *ix, const uint64_t *keys, size_t n, uint64_t alive,
+                     uint32_t *out)
+{
+    size_t i;
+    uint64_t dropped;
+    for (i = 0; i < n && alive; i++) {
+        if (i + VP_PREFETCH < n)
+            __builtin_prefetch(&ix->ents[keys[i + VP_PREFETCH] & ix->ents_mask]);
+        dropped = alive & ~vp_entry_mask(ix, keys[i]);
+        alive &= ~dropped;
+        while (dropped) {
+            out[__builtin_ctzll(dropped)] = (uint32_t)i;
+            dropped &= dropped - 1;
+        }
+    }
+    while (alive) {
+        out[__builtin_ctzll(alive)] = (uint32_t)i;
+        alive &= alive - 1;
+    }
+}
+
+#endif /* VELOCITY_PREFIX_INDEX_H */

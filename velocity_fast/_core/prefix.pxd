@@ -1,0 +1,64 @@
+# State and signatures of prefix hashing and the prefix index (see prefix.pyx for the why).
+
+from libc.stdint cimport uint32_t, uint64_t
+
+
+cdef extern from "prefix_hash.h":
+    size_t VP_STRIPE
+    size_t vp_hash_blocks(const unsigned char *data, size_t length, size_t block,
+                          uint64_t seed, uint64_t *out) nogil
+    uint64_t vp_hash_bytes(const unsigned char *data, size_t length, uint64_t seed) nogil
+    uint64_t vp_rendezvous(uint64_t key, uint64_t node) nogil
+
+
+cdef extern from "prefix_index.h":
+    int VP_MAX_SLOTS
+
+    ctypedef struct vp_lru:
+        uint64_t count
+        uint64_t capacity
+
+    ctypedef struct vp_index:
+        uint64_t ents_used
+        uint64_t ents_mask
+        uint64_t refs_mask
+        uint64_t nodes_cap
+        uint64_t live
+        vp_lru lru[64]
+
+    int vp_index_init(vp_index *ix) nogil
+    void vp_index_free(vp_index *ix) nogil
+    int vp_touch_chain(vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n) nogil
+    size_t vp_leading_held(const vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n) nogil
+    void vp_set_capacity(vp_index *ix, uint32_t slot, uint64_t capacity) nogil
+    void vp_match(const vp_index *ix, const uint64_t *keys, size_t n, uint64_t alive,
+                  uint32_t *out) nogil
+    void vp_lru_keys(const vp_index *ix, uint32_t slot, uint64_t *out, size_t cap) nogil
+
+
+cdef class BlockHashes:
+    cdef uint64_t *_h
+    cdef readonly Py_ssize_t n
+    cdef readonly uint64_t seed
+    cdef readonly Py_ssize_t block_bytes
+
+
+cdef class PrefixHasher:
+    cdef readonly Py_ssize_t block_bytes
+    cdef dict _seeds
+    cpdef uint64_t seed_for(self, str model) except? 0
+    cpdef BlockHashes hash(self, object data, str model)
+
+
+cdef class PrefixIndex:
+    cdef vp_index _ix
+    cdef bint _ready
+    cdef readonly uint64_t default_capacity
+    cdef dict _slots
+    cdef list _names
+    cdef uint64_t _active
+    cdef uint32_t _matched[64]
+    cpdef int slot(self, object name) except -2
+    cpdef int slot_of(self, object name)
+    cpdef Py_ssize_t touch(self, object name, BlockHashes hashes) except -1
+    cpdef list match(self, BlockHashes hashes)

@@ -1,0 +1,276 @@
+"""Prefix affinity, compiled: chained block hashes of a prompt and the per-endpoint index.
+
+A prompt's bytes are cut into blocks of ``block_bytes`` (default 64: at about 4 bytes a
+token that is one 16-token vLLM KV block); each full block is hashed and chained with
+its parent, seeded by the model name (csrc/prefix_hash.h). Only full blocks are hashed,
+as vLLM caches only full blocks: a trailing partial block would never be shared between
+requests, and its hash would change as soon as the prompt grows, so indexing it would
+only push useful entries out of the LRU.
+
+The index (csrc/prefix_index.h) remembers, per endpoint ("slot", at most 64 per index),
+the block hashes recently sent there, in an LRU bounded per endpoint; one pass over a
+prompt's hashes gives the matched leading blocks of every endpoint at once.
+
+Nothing here knows asyncio, endpoints or profiles: names are opaque keys.
+"""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from libc.stdint cimport uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
+
+MAX_SLOTS = VP_MAX_SLOTS
+STRIPE_BYTES = VP_STRIPE
+
+
+cdef inline uint64_t _hash_obj(object data, uint64_t seed) except? 0:
+    cdef Py_buffer view
+    cdef uint64_t h
+    if isinstance(data, str):
+        data = (<str>data).encode("utf-8", "surrogatepass")
+    if type(data) is bytes:
+        return vp_hash_bytes(<const unsigned char *>PyBytes_AS_STRING(data),
+                             <size_t>PyBytes_GET_SIZE(data), seed)
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        h = vp_hash_bytes(<const unsigned char *>view.buf, <size_t>view.len, seed)
+    finally:
+        PyBuffer_Release(&view)
+    return h
+
+
+def hash_bytes(data, seed=0):
+    """Stable 64-bit hash of bytes (a str is hashed as UTF-8); the same in every process."""
+    return _hash_obj(data, <uint64_t>seed)
+
+
+def rendezvous_weight(key, node):
+    """Rendezvous (highest random weight) score of a key on a node, both 64-bit hashes."""
+    return vp_rendezvous(<uint64_t>key, <uint64_t>node)
+
+
+cdef class BlockHashes:
+    """The chained hashes of a prompt's full blocks (h_i names the prefix up to block i)."""
+
+    def __dealloc__(self):
+        free(self._h)
+
+    @staticmethod
+    def of(values, seed=0, block_bytes=64):
+        """BlockHashes holding the given 64-bit values (for tests and benchmarks)."""
+        cdef BlockHashes out = BlockHashes.__new__(BlockHashes)
+        cdef Py_ssize_t i, n = len(values)
+        out._h = <uint64_t *>malloc(max(n, 1) * sizeof(uint64_t))
+        if out._h == NULL:
+            raise MemoryError()
+        for i in range(n):
+            out._h[i] = <uint64_t>values[i]
+        out.n = n
+        out.seed = <uint64_t>seed
+        out.block_bytes = block_bytes
+        return out
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, Py_ssize_t i):
+        if i < 0:
+            i += self.n
+        if i < 0 or i >= self.n:
+            raise IndexError("block index out of range")
+        return self._h[i]
+
+    def tolist(self):
+        """The hashes as a list of ints."""
+        return [self._h[i] for i in range(self.n)]
+
+    def __repr__(self):
+        return f"<BlockHashes n={self.n} block_bytes={self.block_bytes}>"
+
+
+cdef class PrefixHasher:
+    """Cuts bytes into blocks and chains their hashes, seeded per model name."""
+
+    def __init__(self, Py_ssize_t block_bytes=64):
+        if block_bytes < <Py_ssize_t>VP_STRIPE or block_bytes % <Py_ssize_t>VP_STRIPE:
+            raise ValueError(f"block_bytes must be a positive multiple of {VP_STRIPE}, got {block_bytes}")
+        self.block_bytes = block_bytes
+        self._seeds = {}
+
+    cpdef uint64_t seed_for(self, str model) except? 0:
+        """The chain seed of a model: its name hashed with the block size, so that chains of
+        different models (or block sizes) never share a hash."""
+        cached = self._seeds.get(model)
+        if cached is not None:
+            return <uint64_t>cached
+        cdef uint64_t seed = _hash_obj(model, <uint64_t>self.block_bytes)
+        if len(self._seeds) < 4096:  # model names come from config; the bound guards against junk
+            self._seeds[model] = seed
+        return seed
+
+    cpdef BlockHashes hash(self, object data, str model):
+        """Chained hashes of the full blocks of data (bytes-like) for this model."""
+        cdef Py_buffer view
+        cdef const unsigned char *p
+        cdef size_t length, n
+        cdef bint release = False
+        cdef BlockHashes out = BlockHashes.__new__(BlockHashes)
+        out.seed = self.seed_for(model)
+        out.block_bytes = self.block_bytes
+        if type(data) is bytes:
+            p = <const unsigned char *>PyBytes_AS_STRING(data)
+            length = <size_t>PyBytes_GET_SIZE(data)
+        else:
+            PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+            release = True
+            p = <const unsigned char *>view.buf
+            length = <size_t>view.len
+        try:
+            n = length // <size_t>self.block_bytes
+            out._h = <uint64_t *>malloc((n if n else 1) * sizeof(uint64_t))
+            if out._h == NULL:
+                raise MemoryError()
+            with nogil:
+                out.n = <Py_ssize_t>vp_hash_blocks(p, length, <size_t>self.block_bytes, out.seed, out._h)
+        finally:
+            if release:
+                PyBuffer_Release(&view)
+        return out
+
+
+cdef class PrefixIndex:
+    """Which endpoint was recently sent which block hashes: an LRU per endpoint.
+
+    Endpoints are named by any hashable key and get one of 64 slots on first use;
+    ``remove`` frees a slot. Capacity is in blocks, per endpoint.
+    """
+
+    def __cinit__(self):
+        if vp_index_init(&self._ix) < 0:
+            raise MemoryError()
+        self._ready = True
+
+    def __dealloc__(self):
+        if self._ready:
+            vp_index_free(&self._ix)
+
+    def __init__(self, default_capacity=16384):
+        if default_capacity < 0:
+            raise ValueError("default_capacity must be >= 0")
+        self.default_capacity = default_capacity
+        self._slots = {}
+        self._names = []
+        self._active = 0
+
+    cpdef int slot(self, object name) except -2:
+        """The slot of name, taken on first use; -1 when all 64 are in use."""
+        cdef object s = self._slots.get(name)
+        cdef int i
+        if s is not None:
+            return <int>s
+        for i in range(len(self._names)):
+            if self._names[i] is None:
+                break
+        else:
+            if len(self._names) >= VP_MAX_SLOTS:
+                return -1
+            self._names.append(None)
+            i = len(self._names) - 1
+        self._names[i] = name
+        self._slots[name] = i
+        self._active |= (<uint64_t>1) << i
+        vp_set_capacity(&self._ix, <uint32_t>i, self.default_capacity)
+        return i
+
+    cpdef int slot_of(self, object name):
+        """The slot of name, or -1 when it has none."""
+        cdef object s = self._slots.get(name)
+        return -1 if s is None else <int>s
+
+    def remove(self, name):
+        """Forget everything sent to name and free its slot."""
+        cdef object s = self._slots.pop(name, None)
+        if s is None:
+            return
+        cdef int i = <int>s
+        vp_set_capacity(&self._ix, <uint32_t>i, 0)
+        self._names[i] = None
+        self._active &= ~((<uint64_t>1) << i)
+
+    def set_capacity(self, name, capacity):
+        """Bound name's LRU to capacity blocks, evicting the least recent beyond it."""
+        if capacity < 0:
+            raise ValueError("capacity must be >= 0")
+        cdef int i = self.slot(name)
+        if i >= 0:
+            vp_set_capacity(&self._ix, <uint32_t>i, <uint64_t>capacity)
+
+    def capacity(self, name):
+        """name's capacity in blocks (the default if it has no slot yet)."""
+        cdef int i = self.slot_of(name)
+        return self.default_capacity if i < 0 else self._ix.lru[i].capacity
+
+    def size(self, name):
+        """Blocks currently held for name."""
+        cdef int i = self.slot_of(name)
+        return 0 if i < 0 else self._ix.lru[i].count
+
+    def __len__(self):
+        return self._ix.live
+
+    def names(self):
+        """The endpoints that hold a slot, in slot order."""
+        return [n for n in self._names if n is not None]
+
+    cpdef Py_ssize_t touch(self, object name, BlockHashes hashes) except -1:
+        """Record that hashes were sent to name; return how many leading blocks it already
+        held (0 when no slot is free for name)."""
+        cdef int i = self.slot(name)
+        cdef size_t held
+        if i < 0:
+            return 0
+        held = vp_leading_held(&self._ix, <uint32_t>i, hashes._h, <size_t>hashes.n)
+        if vp_touch_chain(&self._ix, <uint32_t>i, hashes._h, <size_t>hashes.n) < 0:
+            raise MemoryError()
+        return <Py_ssize_t>held
+
+    cpdef list match(self, BlockHashes hashes):
+        """Matched leading blocks of every slot, in one pass: a list indexed by slot."""
+        cdef Py_ssize_t i, nslots = len(self._names)
+        cdef list out
+        if nslots == 0:
+            return []
+        for i in range(nslots):
+            self._matched[i] = 0
+        vp_match(&self._ix, hashes._h, <size_t>hashes.n, self._active, self._matched)
+        out = [0] * nslots
+        for i in range(nslots):
+            if self._matched[i]:
+                out[i] = self._matched[i]
+        return out
+
+    def lru_keys(self, name):
+        """name's block hashes from the most to the least recently used."""
+        cdef int i = self.slot_of(name)
+        cdef uint64_t *buf
+        cdef size_t n
+        if i < 0:
+            return []
+        n = <size_t>self._ix.lru[i].count
+        buf = <uint64_t *>malloc((n if n else 1) * sizeof(uint64_t))
+        if buf == NULL:
+            raise MemoryError()
+        try:
+            vp_lru_keys(&self._ix, <uint32_t>i, buf, n)
+            return [buf[k] for k in range(n)]
+        finally:
+            free(buf)
+
+    def stats(self):
+        """Sizes: total blocks held, and per endpoint its blocks and capacity."""
+        return {
+            "blocks": self._ix.live,
+            "distinct_blocks": self._ix.ents_used,
+            "endpoints": {n: {"blocks": self._ix.lru[i].count, "capacity": self._ix.lru[i].capacity}
+                          for i, n in enumerate(self._names) if n is not None},
+        }
