@@ -1,0 +1,61 @@
+"""PNG plots of a policy comparison (only when matplotlib is installed)."""
+from __future__ import annotations
+
+
+def have_matplotlib() -> bool:
+    """True when matplotlib can be imported."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def write_plots(prefix: str, latencies: dict[str, list[float]], timelines: dict[str, list[tuple]]) -> list[str]:
+    """Write ``PREFIX_latency_cdf.png`` (latency CDF per policy, completed requests) and
+    ``PREFIX_timeline.png`` (concurrency limit and queue depth over time, per policy).
+    Returns the paths written."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed, and no GUI backend imported
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for policy, lat in latencies.items():
+        if not lat:
+            continue
+        xs = sorted(lat)
+        ys = [(i + 1) / len(xs) for i in range(len(xs))]
+        ax.step(xs, ys, where="post", label=policy)
+    ax.set_xlabel("latency (ms)")
+    ax.set_ylabel("fraction of completed requests")
+    ax.set_title("Latency CDF per policy")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    paths.append(f"{prefix}_latency_cdf.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    for policy, samples in timelines.items():
+        lim = [(t, l) for t, l, _ in samples if l is not None]
+        que = [(t, q) for t, _, q in samples if q is not None]
+        if lim:
+            top.plot(*zip(*lim), label=policy)
+        if que:
+            bottom.plot(*zip(*que), label=policy)
+    top.set_ylabel("concurrency limit (sum)")
+    bottom.set_ylabel("queued requests")
+    bottom.set_xlabel("time since start of run (s)")
+    top.set_title("Admission over time (from admin /stats)")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+    fig.tight_layout()
+    paths.append(f"{prefix}_timeline.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
