@@ -1,0 +1,50 @@
+"""Entry point of one sim engine process: ``main(args) -> int``."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from .config import SimConfig
+
+log = logging.getLogger("velocity.sim")
+
+#: Seconds in-flight requests get to finish after SIGTERM before connections close.
+SHUTDOWN_GRACE = 2.0
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run a sim engine until SIGTERM/SIGINT; 2 on bad flags, else 0."""
+    cfg = SimConfig.from_args(args)
+    try:
+        cfg.validate()
+    except ValueError as e:
+        print(f"sim-engine: {e}", file=sys.stderr)
+        return 2
+    from velocity_fast.server import HTTPServer, run_until_signalled
+
+    from .api import SimAPI
+    from .engine import Engine
+
+    async def start(stop: asyncio.Event):
+        # Like a loading model: the port refuses connections until this is over.
+        if cfg.startup_delay > 0:
+            await asyncio.sleep(cfg.startup_delay / cfg.time_scale)
+        engine = Engine(cfg)
+        engine.start()
+        api = SimAPI(cfg, engine)
+        server = HTTPServer(api.handle, name="sim")
+        await server.start(cfg.host, cfg.port)
+        # The one line on stdout: test helpers that pass --port 0 read the port from it.
+        print(f"sim engine {cfg.model!r} listening on http://{server.host}:{server.port}", flush=True)
+
+        async def cleanup() -> None:
+            await server.shutdown(grace=SHUTDOWN_GRACE)
+            await engine.stop()
+
+        return cleanup
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run_until_signalled(start)

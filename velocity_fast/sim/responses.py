@@ -1,0 +1,224 @@
+"""Where generated tokens go: SSE chunks in vLLM's shapes, or one JSON response.
+
+A stream's constant bytes (id, created, model, the JSON around the token text) are
+encoded once per request; a token chunk is then three byte strings joined. Chunks are
+written without awaiting (``write_nowait``); only a client that reads slowly makes
+its stream buffer, and the request's own task drains that buffer.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+
+from velocity_fast.server import Responder
+
+from .tokens import VOCAB_BYTES, render_text
+
+DONE = b"data: [DONE]\n\n"
+KEEP_ALIVE = b": keep-alive\n\n"
+
+
+class RequestMeta:
+    """The constant parts of one request's response."""
+
+    __slots__ = ("id", "created", "model", "chat", "prompt_tokens", "include_usage", "continuous_usage")
+
+    def __init__(self, id: str, created: int, model: str, chat: bool, prompt_tokens: int,
+                 include_usage: bool, continuous_usage: bool) -> None:
+        self.id = id
+        self.created = created
+        self.model = model
+        self.chat = chat
+        self.prompt_tokens = prompt_tokens
+        self.include_usage = include_usage
+        self.continuous_usage = continuous_usage
+
+    def usage(self, completion_tokens: int) -> dict:
+        p = self.prompt_tokens
+        return {"prompt_tokens": p, "total_tokens": p + completion_tokens, "completion_tokens": completion_tokens}
+
+
+def _usage_bytes(prompt_tokens: int, completion_tokens: int) -> bytes:
+    return b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (
+        prompt_tokens, prompt_tokens + completion_tokens, completion_tokens)
+
+
+def error_event(status: int, type: str, message: str) -> bytes:
+    """vLLM's error inside a started stream, followed by the end of the stream."""
+    return b"data: " + orjson.dumps({"error": {"message": message, "type": type, "param": None,
+                                               "code": status}}) + b"\n\n" + DONE
+
+
+class StreamSink:
+    """Turns tokens into SSE chunks and writes them to the client."""
+
+    __slots__ = ("resp", "meta", "head", "tail", "tail_open", "generated", "backlog", "closed",
+                 "waiter", "activity")
+
+    def __init__(self, resp: Responder, meta: RequestMeta) -> None:
+        self.resp = resp
+        self.meta = meta
+        model = orjson.dumps(meta.model)
+        rid = orjson.dumps(meta.id)
+        if meta.chat:
+            self.head = (b'data: {"id":' + rid + b',"object":"chat.completion.chunk","created":%d,"model":'
+                         % meta.created + model + b',"choices":[{"index":0,"delta":{"content":"')
+            self.tail = b'"},"logprobs":null,"finish_reason":null}]'
+            self.tail_open = b'"},"logprobs":null,"finish_reason":"%s","stop_reason":null}]'
+        else:
+            self.head = (b'data: {"id":' + rid + b',"object":"text_completion","created":%d,"model":'
+                         % meta.created + model + b',"choices":[{"index":0,"text":"')
+            self.tail = b'","logprobs":null,"finish_reason":null,"stop_reason":null}]'
+            self.tail_open = b'","logprobs":null,"finish_reason":"%s","stop_reason":null}]'
+        if not meta.continuous_usage:
+            self.tail += b"}\n\n"
+        self.generated = 0
+        self.backlog: list[bytes] | None = None
+        self.closed = False
+        self.waiter: asyncio.Future | None = None
+        self.activity = 0
+
+    def _envelope(self, choices: bytes) -> bytes:
+        m = self.meta
+        obj = b"chat.completion.chunk" if m.chat else b"text_completion"
+        return (b'data: {"id":' + orjson.dumps(m.id) + b',"object":"' + obj + b'","created":%d,"model":'
+                % m.created + orjson.dumps(m.model) + b',"choices":' + choices)
+
+    def opening(self) -> bytes:
+        """The first chunk: the assistant role (chat only; completions have none)."""
+        if not self.meta.chat:
+            return b""
+        out = self._envelope(b'[{"index":0,"delta":{"role":"assistant","content":""},'
+                             b'"logprobs":null,"finish_reason":null}]')
+        if self.meta.continuous_usage:
+            out += b',"usage":' + _usage_bytes(self.meta.prompt_tokens, 0)
+        return out + b"}\n\n"
+
+    # -- the engine's side -------------------------------------------------------
+    def token(self, tok: int, finish_reason: str | None) -> None:
+        self.generated += 1
+        self.activity += 1
+        meta = self.meta
+        if finish_reason is None:
+            if meta.continuous_usage:
+                data = (self.head + VOCAB_BYTES[tok] + self.tail + b',"usage":'
+                        + _usage_bytes(meta.prompt_tokens, self.generated) + b"}\n\n")
+            else:
+                data = self.head + VOCAB_BYTES[tok] + self.tail
+            self._push(data)
+            return
+        parts = [self.head, VOCAB_BYTES[tok], self.tail_open % finish_reason.encode()]
+        if meta.continuous_usage:
+            parts += [b',"usage":', _usage_bytes(meta.prompt_tokens, self.generated)]
+        parts.append(b"}\n\n")
+        if meta.include_usage:
+            parts += [self._envelope(b'[],"usage":'), _usage_bytes(meta.prompt_tokens, self.generated), b"}\n\n"]
+        parts.append(DONE)
+        self._push(b"".join(parts))
+        self._close()
+
+    def fail(self, status: int, type: str, message: str) -> None:
+        self._push(error_event(status, type, message))
+        self._close()
+
+    def aborted(self) -> None:
+        self._close()
+
+    def keep_alive(self) -> None:
+        """Send a comment line when nothing was sent since the last call."""
+        if self.activity == 0 and not self.closed:
+            self._push(KEEP_ALIVE)
+        self.activity = 0
+
+    def _push(self, data: bytes) -> None:
+        if self.backlog is not None:
+            self.backlog.append(data)
+            return
+        resp = self.resp
+        if resp.paused:
+            # The client reads slowly: keep the bytes and let the request's task drain.
+            self.backlog = [data]
+            self._wake()
+        else:
+            resp.write_nowait(data)
+
+    def _close(self) -> None:
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None:
+            self.waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    # -- the request's side ------------------------------------------------------
+    async def run(self, keep_alive_interval: float | None) -> None:
+        """Wait until the stream is over, draining the backlog of a slow client."""
+        loop = asyncio.get_running_loop()
+        resp = self.resp
+        while True:
+            if self.backlog:
+                data = b"".join(self.backlog)
+                self.backlog = []
+                await resp.write(data)
+                continue
+            self.backlog = None
+            if self.closed:
+                return
+            fut = self.waiter = loop.create_future()
+            if keep_alive_interval is None:
+                await fut
+            else:
+                done, _ = await asyncio.wait((fut,), timeout=keep_alive_interval)
+                if not done:
+                    self.waiter = None
+                    fut.cancel()
+                    self.keep_alive()
+
+
+class WholeSink:
+    """Collects a whole (non-streamed) response."""
+
+    __slots__ = ("meta", "tokens", "finish_reason", "error", "done")
+
+    def __init__(self, meta: RequestMeta, done: asyncio.Future) -> None:
+        self.meta = meta
+        self.tokens: list[int] = []
+        self.finish_reason: str | None = None
+        self.error: tuple[int, str, str] | None = None
+        self.done = done
+
+    def token(self, tok: int, finish_reason: str | None) -> None:
+        self.tokens.append(tok)
+        if finish_reason is not None:
+            self.finish_reason = finish_reason
+            self._set()
+
+    def fail(self, status: int, type: str, message: str) -> None:
+        self.error = (status, type, message)
+        self._set()
+
+    def aborted(self) -> None:
+        self._set()
+
+    def _set(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def body(self, system_fingerprint: str) -> dict:
+        """The response object in vLLM's shape."""
+        m = self.meta
+        text = render_text(self.tokens)
+        if m.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
+                      "logprobs": None, "finish_reason": self.finish_reason, "stop_reason": None}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish_reason,
+                      "stop_reason": None}
+            obj = "text_completion"
+        return {"id": m.id, "object": obj, "created": m.created, "model": m.model, "choices": [choice],
+                "system_fingerprint": system_fingerprint, "usage": m.usage(len(self.tokens))}

@@ -1,0 +1,92 @@
+"""Request bodies the sim engine reads: msgspec Structs with only the fields it uses.
+
+Unknown fields are ignored, as vLLM tolerates them; wrong types are a 400 naming the
+field. ``priority`` is decoded because vLLM refuses it without priority scheduling.
+"""
+from __future__ import annotations
+
+import msgspec
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+class ContentPart(msgspec.Struct):
+    type: str = "text"
+    text: str | None = None
+
+
+class Message(msgspec.Struct):
+    role: str
+    content: str | list[ContentPart] | None = None
+
+
+class _Common(msgspec.Struct):
+    model: str | None = None
+    max_tokens: int | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool | None = False
+    priority: int = 0
+
+
+class ChatRequest(_Common):
+    messages: list[Message] = msgspec.field(default_factory=list)
+    max_completion_tokens: int | None = None
+
+
+class CompletionRequest(_Common):
+    # str, a list of strings, or a list of token ids (vLLM accepts all three).
+    prompt: str | list | None = None
+
+
+class TokenizeRequest(msgspec.Struct):
+    model: str | None = None
+    prompt: str | list | None = None
+    messages: list[Message] | None = None
+
+
+chat_decoder = msgspec.json.Decoder(ChatRequest)
+completion_decoder = msgspec.json.Decoder(CompletionRequest)
+tokenize_decoder = msgspec.json.Decoder(TokenizeRequest)
+
+
+def render_chat(messages: list[Message]) -> bytes:
+    """The prompt a chat template would produce, as bytes (counted and hashed).
+
+    A fixed, simple template: the same messages give the same bytes, and a shared
+    leading conversation gives a shared byte prefix, which is what prefix caching needs.
+    """
+    parts: list[str] = []
+    for m in messages:
+        c = m.content
+        if c is None:
+            text = ""
+        elif isinstance(c, str):
+            text = c
+        else:
+            text = "".join(p.text or "" for p in c if p.type == "text")
+        parts.append(f"<|{m.role}|>\n{text}\n")
+    parts.append("<|assistant|>\n")
+    return "".join(parts).encode()
+
+
+def render_prompt(prompt: str | list | None) -> bytes:
+    """A completions prompt as bytes; raises ValueError for shapes vLLM refuses."""
+    if prompt is None:
+        raise ValueError("Either prompt or prompt_embeds must be provided.")
+    if isinstance(prompt, str):
+        return prompt.encode()
+    if not prompt:
+        raise ValueError("Prompt cannot be empty.")
+    if all(isinstance(t, str) for t in prompt):
+        if len(prompt) != 1:
+            # Batched prompts give several choices in vLLM; one is enough for a sim.
+            raise ValueError("The sim engine accepts one prompt per request.")
+        return prompt[0].encode()
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        # Token ids: four bytes each, so the count comes out as the number of ids.
+        return b"".join((t & 0xFFFFFFFF).to_bytes(4, "little") for t in prompt)
+    raise ValueError("prompt must be a string, a list of strings or a list of token ids.")

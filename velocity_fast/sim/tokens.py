@@ -1,0 +1,76 @@
+"""Token model of the sim engine: no tokenizer, about four bytes a token.
+
+Prompts are counted and hashed from their bytes; generated text is drawn from a fixed
+vocabulary of pseudo-words, so the same seed and request give the same text.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+
+#: Bytes per token when counting a prompt (DESIGN section 8).
+BYTES_PER_TOKEN = 4
+
+#: 2**VOCAB_BITS pseudo-words; a power of two so a token id is one getrandbits call.
+VOCAB_BITS = 10
+
+_ONSETS = ("", "b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "st", "tr", "pl", "gr")
+_VOWELS = ("a", "e", "i", "o", "u", "ae", "io", "ou")
+_CODAS = ("", "", "n", "r", "s", "m", "l", "t")
+
+
+def _build_vocab() -> tuple[tuple[str, ...], tuple[bytes, ...]]:
+    # A fixed generator (not the engine seed): the vocabulary is part of the "model".
+    rng = random.Random(0x5EED)
+    words: list[str] = []
+    seen: set[str] = set()
+    while len(words) < (1 << VOCAB_BITS) - 2:
+        w = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(rng.randint(1, 3)))
+        if w in seen:
+            continue
+        seen.add(w)
+        words.append(" " + w)
+    # Punctuation makes the text look like sentences; plain ASCII so no JSON escaping.
+    words += [".", ","]
+    return tuple(words), tuple(w.encode() for w in words)
+
+
+#: Token id -> text, and the same as bytes (ASCII letters, safe inside a JSON string).
+VOCAB, VOCAB_BYTES = _build_vocab()
+
+
+def count_tokens(data: bytes) -> int:
+    """Prompt tokens for ``data``: ceil(len / BYTES_PER_TOKEN), at least one."""
+    return max(1, -(-len(data) // BYTES_PER_TOKEN))
+
+
+def block_hashes(data: bytes, block_size: int, seed: bytes = b"") -> list[int]:
+    """Chained hashes of the prompt's full blocks (block_size tokens each).
+
+    Each hash covers its parent's hash and the block's bytes, so it names the whole
+    prefix up to that block, like vLLM's block hashes. ``seed`` (the model name) keeps
+    models apart. Python's ``hash`` is enough: the cache lives in one process.
+    """
+    step = block_size * BYTES_PER_TOKEN
+    out: list[int] = []
+    parent = hash(seed)
+    for i in range(0, len(data) - step + 1, step):
+        parent = hash((parent, data[i:i + step]))
+        out.append(parent)
+    return out
+
+
+def request_rng(seed: int, content: bytes) -> random.Random:
+    """The generator of one request, from the engine seed and the request content.
+
+    Arrival order does not enter, so the same request gets the same text however many
+    others run beside it.
+    """
+    digest = hashlib.blake2b(content, digest_size=16, key=seed.to_bytes(8, "little", signed=True)).digest()
+    return random.Random(int.from_bytes(digest, "little"))
+
+
+def render_text(token_ids: list[int]) -> str:
+    """The text of a list of token ids."""
+    v = VOCAB
+    return "".join([v[t] for t in token_ids])
