@@ -1,0 +1,120 @@
+"""The load generator against bench/upstream_fixed.py on 127.0.0.1: fast enough, SSE
+timing right, reports written, failures counted."""
+import argparse
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from velocity_fast.loadgen.app import loadgen_main
+from velocity_fast.loadgen.bench_cmd import BENCH_DEFAULTS, peak_rate
+from velocity_fast.loadgen.gateway_proc import free_port
+from velocity_fast.loadgen.mix import Mix, parse_dist
+from velocity_fast.loadgen.options import add_loadgen_arguments
+from velocity_fast.loadgen.runner import run_workload
+from velocity_fast.loadgen.stats import summarize
+from velocity_fast.loadgen.workload import WorkloadConfig, build_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_fixed(*extra):
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "upstream_fixed.py"), "--port", "0", *extra],
+                            stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    proc.stdout.close()
+    if not line.startswith("listening on"):
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"fixed upstream did not start: {line!r}")
+    return proc, int(line.rsplit(":", 1)[1])
+
+
+@pytest.fixture
+def fixed():
+    proc, port = start_fixed()
+    try:
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture
+def fixed_stream():
+    proc, port = start_fixed("--stream-chunks", "6", "--chunk-interval-ms", "10")
+    try:
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def test_sustains_five_times_the_bench_peak_rate(fixed):
+    need = 5 * peak_rate(BENCH_DEFAULTS["num_requests"], BENCH_DEFAULTS["duration"], BENCH_DEFAULTS["pattern"])
+    n = 3000
+    specs = build_workload(WorkloadConfig(num_requests=n, pattern="flood", duration=0.0, seed=1),
+                           Mix(prompt_tokens=parse_dist(BENCH_DEFAULTS["prompt_tokens"])))
+    out = await run_workload(specs, "127.0.0.1", fixed, concurrency=64, timeout=30)
+    s = summarize(specs, out.results, start=out.start, cpu_seconds=out.cpu_seconds)
+    assert s["completed"] == n
+    assert s["throughput_rps"] >= need, f"{s['throughput_rps']:.0f} req/s < {need:.0f}"
+    # Also paced: the burst pattern at 5x the bench rate is sent on schedule.
+    paced = build_workload(WorkloadConfig(num_requests=BENCH_DEFAULTS["num_requests"], pattern="burst",
+                                          duration=BENCH_DEFAULTS["duration"] / 5, seed=2), Mix())
+    out = await run_workload(paced, "127.0.0.1", fixed, concurrency=256, timeout=30)
+    s = summarize(paced, out.results, start=out.start, cpu_seconds=out.cpu_seconds)
+    assert s["completed"] == len(paced)
+    assert s["client_wait_ms"]["p99"] < 50.0
+
+
+async def test_sse_ttft_and_itl_against_the_stream(fixed_stream):
+    specs = build_workload(WorkloadConfig(num_requests=20, pattern="constant", duration=0.5, seed=3),
+                           Mix(stream_share=1.0))
+    out = await run_workload(specs, "127.0.0.1", fixed_stream, concurrency=8, timeout=30)
+    s = summarize(specs, out.results, start=out.start)
+    assert s["completed"] == 20
+    assert all(r.output_tokens == 6 and len(r.gaps) == 5 for r in out.results)
+    # Tokens are 10 ms apart (the role chunk comes 10 ms before the first token).
+    assert 5.0 < s["itl_ms"]["p50"] < 50.0
+    assert 5.0 < s["ttft_ms"]["p50"] < 50.0
+    assert s["latency_ms"]["p50"] > 50.0
+
+
+async def test_refused_connections_are_counted_not_raised():
+    specs = build_workload(WorkloadConfig(num_requests=5, pattern="flood", duration=0.0, seed=0), Mix())
+    out = await run_workload(specs, "127.0.0.1", free_port(), concurrency=2, timeout=5)
+    s = summarize(specs, out.results, start=out.start)
+    assert s["completed"] == 0 and s["rejections"]["by_status"] == {"0": 5}
+    assert list(s["rejections"]["by_reason"]) == ["ConnectionRefusedError"]
+
+
+def run_cli(*argv):
+    p = argparse.ArgumentParser()
+    add_loadgen_arguments(p)
+    return loadgen_main(p.parse_args(list(argv)))
+
+
+def test_cli_prints_summary_and_writes_json_and_csv(fixed_stream, tmp_path, capsys):
+    prefix = str(tmp_path / "run")
+    rc = run_cli("--url", f"http://127.0.0.1:{fixed_stream}", "-n", "40", "--pattern", "poisson",
+                 "--rate", "200", "--stream-share", "0.5", "--bands", "high:1,low:1", "--seed", "9",
+                 "--output", prefix)
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "throughput" in text and "loadgen cost:" in text and "TTFT ms" in text
+    summary = orjson.loads(Path(prefix + ".json").read_bytes())["summary"]
+    assert summary["completed"] == 40 and set(summary["by_band"]) == {"high", "low"}
+    with open(prefix + ".csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 40 and {r["status"] for r in rows} == {"200"}
+    assert all((r["ttft_ms"] != "") == (r["stream"] == "1") for r in rows)
+
+
+def test_cli_exit_codes(capsys):
+    assert run_cli("--url", f"http://127.0.0.1:{free_port()}", "-n", "2", "--pattern", "flood") == 1
+    assert run_cli("--url", "https://example.invalid", "-n", "2") == 2
+    assert "only http://" in capsys.readouterr().err
