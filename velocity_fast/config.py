@@ -1,0 +1,215 @@
+"""Settings: msgspec Structs, YAML loading, precedence and validation (DESIGN section 9).
+
+Precedence: command-line flag > VELOCITY_* environment variable > config file > default.
+Every error names the key that is wrong, in one line.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .routing.health import HealthSettings
+
+__all__ = ["Settings", "EndpointConfig", "BandConfig", "TenantConfig", "ModelConfig", "ServerSettings",
+           "ConfigError", "load_settings", "parse_endpoint_flag", "DEFAULT_BANDS"]
+
+
+class ConfigError(ValueError):
+    """A configuration problem, said in one line that names the key."""
+
+
+class _S(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class EndpointConfig(_S):
+    name: str
+    url: str
+    model: str
+    api_key: str | None = None   # the engine's own --api-key, sent upstream
+
+
+class ModelConfig(_S):
+    profile: str = "chat"
+
+
+class BandConfig(_S):
+    name: str
+    ceiling: float
+    queue_capacity: int = 1000
+    queue_bytes: int = 256 * 1024 * 1024
+    ttl_ms: float = 30000.0
+
+
+class TenantConfig(_S):
+    name: str
+    api_key: str | None = None
+    max_band: str | None = None       # the highest band this tenant may ask for
+    weight: float = 1.0
+    requests_per_second: float | None = None   # token-bucket rate limit (429 rate-limit)
+    burst: int | None = None
+
+
+class ServerSettings(_S):
+    """Client-facing HTTP limits of the gateway."""
+
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_header_bytes: int = 64 * 1024
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    keepalive_timeout_s: float = 75.0
+    shutdown_grace_s: float = 10.0
+    upstream_connect_timeout_s: float = 3.0
+
+
+DEFAULT_BANDS = [
+    BandConfig(name="high", ceiling=1.5, queue_capacity=1000, ttl_ms=60000),
+    BandConfig(name="normal", ceiling=1.0, queue_capacity=1000, ttl_ms=30000),
+    BandConfig(name="low", ceiling=0.8, queue_capacity=5000, ttl_ms=120000),
+]
+
+
+class Settings(_S):
+    policy: str = "dynamic"
+    model_path: str | None = None
+    host: str = "0.0.0.0"
+    port: int = 8000
+    admin_port: int = 9090
+    sla_ms: float = 3000.0
+    max_concurrency: int = 32
+    max_model_len: int = 4096
+    api_key: str | None = None
+    structured_logs: bool = False
+    log_level: str = "info"
+    endpoints: list[EndpointConfig] = msgspec.field(default_factory=list)
+    models: dict[str, ModelConfig] = msgspec.field(default_factory=dict)
+    bands: list[BandConfig] = msgspec.field(default_factory=lambda: list(DEFAULT_BANDS))
+    tenants: list[TenantConfig] = msgspec.field(default_factory=list)
+    admission: dict[str, Any] = msgspec.field(default_factory=dict)
+    routing: dict[str, Any] = msgspec.field(default_factory=dict)
+    health: HealthSettings = msgspec.field(default_factory=HealthSettings)
+    server: ServerSettings = msgspec.field(default_factory=ServerSettings)
+    sim: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def validate(self) -> "Settings":
+        if self.policy not in ("static", "dynamic", "smart"):
+            raise ConfigError(f"policy: must be static, dynamic or smart, not {self.policy!r}")
+        for key in ("port", "admin_port"):
+            v = getattr(self, key)
+            if not 0 <= v <= 65535:
+                raise ConfigError(f"{key}: {v} is not a TCP port")
+        if self.sla_ms <= 0:
+            raise ConfigError(f"sla_ms: must be positive, got {self.sla_ms}")
+        if self.max_concurrency < 1:
+            raise ConfigError(f"max_concurrency: must be at least 1, got {self.max_concurrency}")
+        if not self.bands:
+            raise ConfigError("bands: at least one band is needed")
+        names = [b.name for b in self.bands]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"bands: duplicate band names in {names}")
+        for i, b in enumerate(self.bands):
+            if b.ceiling <= 0:
+                raise ConfigError(f"bands[{i}].ceiling: must be positive, got {b.ceiling}")
+            if i and b.ceiling > self.bands[i - 1].ceiling:
+                raise ConfigError(
+                    f"bands[{i}].ceiling: band {b.name!r} has ceiling {b.ceiling} above the higher-priority "
+                    f"band {self.bands[i - 1].name!r} ({self.bands[i - 1].ceiling}); ceilings must not rise "
+                    "as priority falls")
+            if b.queue_capacity < 0 or b.ttl_ms <= 0:
+                raise ConfigError(f"bands[{i}]: queue_capacity must be >= 0 and ttl_ms > 0")
+        seen_ep = set()
+        for i, e in enumerate(self.endpoints):
+            if e.name in seen_ep:
+                raise ConfigError(f"endpoints[{i}].name: duplicate endpoint name {e.name!r}")
+            seen_ep.add(e.name)
+            if not e.url.startswith("http://"):
+                raise ConfigError(f"endpoints[{i}].url: must start with http://, got {e.url!r}")
+        keys = set()
+        for i, t in enumerate(self.tenants):
+            if t.max_band is not None and t.max_band not in names:
+                raise ConfigError(f"tenants[{i}].max_band: unknown band {t.max_band!r} (bands: {names})")
+            if t.api_key:
+                if t.api_key in keys:
+                    raise ConfigError(f"tenants[{i}].api_key: the same key is given to two tenants")
+                keys.add(t.api_key)
+        return self
+
+
+def parse_endpoint_flag(value: str) -> EndpointConfig:
+    """--endpoint NAME=URL=MODEL (the URL may hold '=' only in its query, which we do not use)."""
+    parts = value.split("=")
+    if len(parts) != 3 or not all(parts):
+        raise ConfigError(f"--endpoint: expected NAME=URL=MODEL, got {value!r}")
+    return EndpointConfig(name=parts[0], url=parts[1], model=parts[2])
+
+
+def _msgspec_error(err: Exception, source: str) -> ConfigError:
+    text = str(err)
+    # msgspec says e.g. "Object contains unknown field `foo` - at `$.bands[0]`": keep it, name the source.
+    return ConfigError(f"{source}: {text}")
+
+
+def _env_overrides(env: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    scalar = {f for f in Settings.__struct_fields__
+              if f not in ("endpoints", "models", "bands", "tenants", "admission", "routing", "health",
+                           "server", "sim")}
+    for key, value in env.items():
+        if not key.startswith("VELOCITY_"):
+            continue
+        name = key[len("VELOCITY_"):].lower()
+        if name in scalar:
+            out[name] = value
+        elif name == "endpoints":
+            out[name] = [msgspec.to_builtins(parse_endpoint_flag(v.strip())) for v in value.split(",") if v.strip()]
+    return out
+
+
+def load_settings(config_file: str | None = None, flags: dict[str, Any] | None = None,
+                  env: dict[str, str] | None = None) -> Settings:
+    """Merge default < file < environment < flags, then validate. Raises ConfigError."""
+    import yaml
+
+    env = dict(os.environ if env is None else env)
+    config_file = config_file or env.get("VELOCITY_CONFIG")
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if config_file:
+        source = str(config_file)
+        try:
+            text = Path(config_file).read_text()
+        except OSError as e:
+            raise ConfigError(f"{config_file}: cannot read: {e.strerror or e}") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"{config_file}: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{config_file}: the top level must be a mapping of keys")
+        data.update(loaded)
+    env_part = _env_overrides(env)
+    data.update(env_part)
+    for key, value in (flags or {}).items():
+        if value is None:
+            continue
+        if key == "endpoints":
+            data["endpoints"] = [msgspec.to_builtins(e) for e in value]
+        else:
+            data[key] = value
+    try:
+        settings = msgspec.convert(data, Settings, strict=False)
+    except msgspec.ValidationError as e:
+        where = source + (" (with VELOCITY_* environment)" if env_part else "")
+        raise _msgspec_error(e, where) from None
+    try:
+        return settings.validate()
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None

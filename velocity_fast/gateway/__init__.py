@@ -1,0 +1,1 @@
+"""The gateway app: routes, auth, request decoding, /stats, the admin port."""

@@ -1,0 +1,428 @@
+"""The gateway: routes of DESIGN section 3 on the client and admin ports, and the proxy path
+client -> api -> admission -> router -> upstream -> completion."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+import orjson
+
+from ..config import EndpointConfig, Settings
+from ..metrics import Registry
+from ..routing.endpoint import Endpoint, Pool
+from ..routing.health import EndpointMonitor
+from ..server import HTTPServer, Request, Responder, ServerLimits
+from ..upstream import UpstreamError, UpstreamPool, request_head
+from ..upstream.relay import relay_response
+from .auth import Identity
+from .observability import GatewayMetrics
+from .policy import Rejected, Ticket, make_admission, make_router
+from .requests import BadRequest, decode_generate, decode_proxy, strip_own_fields
+
+__all__ = ["Gateway"]
+
+log = logging.getLogger("velocity.gateway")
+
+_PROXY_ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}
+_JSON = [("content-type", "application/json")]
+
+
+def _new_request_id() -> str:
+    return "req-" + os.urandom(6).hex()
+
+
+class Gateway:
+    """One gateway process: client server, admin server, endpoint monitors, admission, router."""
+
+    def __init__(self, settings: Settings, *, backend: str = "endpoints", model_label: str | None = None) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.registry = Registry()
+        self.identity = Identity(settings)
+        self.endpoints: dict[str, Endpoint] = {}
+        self.pools: dict[str, Pool] = {}
+        self.default_model: str | None = None
+        self.model_label = model_label
+        self.started_at = time.monotonic()
+        self.metrics = GatewayMetrics(self.registry, self)
+        self.monitor = EndpointMonitor(settings.health, self._on_endpoint_change, self._on_metrics)
+        self.admission = make_admission(settings, self.pools, self.registry)
+        self.router = make_router(settings, self.registry)
+        self.band_names = [b.name for b in settings.bands]
+        self.client_server: HTTPServer | None = None
+        self.admin_server: HTTPServer | None = None
+        for cfg in settings.endpoints:
+            self.add_endpoint(cfg, watch=False)
+
+    # -- endpoints ---------------------------------------------------------------------
+    def add_endpoint(self, cfg: EndpointConfig, *, watch: bool = True) -> Endpoint:
+        if cfg.name in self.endpoints:
+            raise ValueError(f"endpoint {cfg.name!r} exists")
+        ep = Endpoint(cfg.name, cfg.url, cfg.model, api_key=cfg.api_key, limit=self.settings.max_concurrency)
+        ep.upstream = UpstreamPool(cfg.url, connect_timeout=self.settings.server.upstream_connect_timeout_s)
+        self.endpoints[ep.name] = ep
+        pool = self.pools.get(ep.model)
+        if pool is None:
+            pool = self.pools[ep.model] = Pool(ep.model)
+        pool.endpoints.append(ep)
+        if self.default_model is None:
+            self.default_model = ep.model
+        self.admission.add_endpoint(ep)
+        if watch:
+            self.monitor.watch(ep)
+        return ep
+
+    def remove_endpoint(self, name: str) -> None:
+        ep = self.endpoints.pop(name, None)
+        if ep is None:
+            return
+        self.monitor.unwatch(ep)
+        pool = self.pools[ep.model]
+        pool.endpoints.remove(ep)
+        if not pool.endpoints:
+            del self.pools[ep.model]
+            if self.default_model == ep.model:
+                self.default_model = next(iter(self.pools), None)
+        self.admission.remove_endpoint(ep)
+        ep.upstream.close()
+
+    def set_endpoint_available(self, name: str, available: bool) -> None:
+        """An engine supervisor's word: a restarting engine leaves routing at once."""
+        ep = self.endpoints.get(name)
+        if ep is None:
+            return
+        if not available and ep.healthy:
+            self.monitor.eject(ep, "engine restarting")
+
+    def _on_endpoint_change(self, ep: Endpoint, state: str) -> None:
+        self.admission.on_endpoint_change(ep)
+
+    def _on_metrics(self, ep: Endpoint) -> None:
+        self.admission.on_metrics(ep)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def start(self, host: str | None = None, port: int | None = None, admin_port: int | None = None) -> None:
+        s = self.settings
+        limits = ServerLimits(max_body_bytes=s.server.max_body_bytes, max_header_bytes=s.server.max_header_bytes,
+                              header_timeout=s.server.header_timeout_s, body_timeout=s.server.body_timeout_s,
+                              keepalive_timeout=s.server.keepalive_timeout_s)
+        host = s.host if host is None else host
+        self.client_server = HTTPServer(self.handle, limits=limits, name="gateway")
+        await self.client_server.start(host, s.port if port is None else port)
+        self.admin_server = HTTPServer(self.handle_admin, limits=limits, name="admin")
+        await self.admin_server.start(host, s.admin_port if admin_port is None else admin_port)
+        for ep in self.endpoints.values():
+            self.monitor.watch(ep)
+        self.admission.start()
+        log.info("gateway on %s:%d, admin on %s:%d, policy %s, %d endpoint(s)", host, self.client_server.port,
+                 host, self.admin_server.port, s.policy, len(self.endpoints))
+
+    @property
+    def port(self) -> int:
+        return self.client_server.port if self.client_server else 0
+
+    @property
+    def admin_port(self) -> int:
+        return self.admin_server.port if self.admin_server else 0
+
+    async def stop(self, grace: float | None = None) -> None:
+        grace = self.settings.server.shutdown_grace_s if grace is None else grace
+        servers = [s for s in (self.client_server, self.admin_server) if s is not None]
+        await asyncio.gather(*(s.shutdown(grace) for s in servers))
+        await self.monitor.stop()
+        await self.admission.stop()
+        for ep in self.endpoints.values():
+            ep.upstream.close()
+
+    # -- client port -----------------------------------------------------------------------------
+    async def handle(self, req: Request, resp: Responder) -> None:
+        path = req.path
+        if path == "/health":
+            return self._health(resp)
+        if self.identity.required:
+            ok, _ = self.identity.authenticate(req.headers)
+            if not ok:
+                return resp.send_error(401, "Missing or invalid API key.", type="AuthenticationError")
+        chat = _PROXY_ROUTES.get(path)
+        if chat is not None:
+            if req.method != "POST":
+                return resp.send_error(405, f"Use POST for {path}.")
+            return await self._proxy(req, resp, path, chat)
+        if path == "/generate":
+            if req.method != "POST":
+                return resp.send_error(405, "Use POST for /generate.")
+            return await self._generate(req, resp)
+        if path == "/v1/models" and req.method == "GET":
+            return self._models(resp)
+        if path == "/stats" and req.method == "GET":
+            return resp.send_json(200, self.stats())
+        return resp.send_error(404, f"No route for {req.method} {path}.")
+
+    def _health(self, resp: Responder) -> None:
+        healthy = any(e.healthy for e in self.endpoints.values())
+        resp.send_json(200, {"status": "ok" if healthy else "degraded", "policy": self.settings.policy,
+                             "backend": self.backend, "model": self.model_label or self.default_model,
+                             "uptime_seconds": round(time.monotonic() - self.started_at, 3),
+                             "healthy_endpoints": sum(e.healthy for e in self.endpoints.values()),
+                             "endpoints": len(self.endpoints)})
+
+    def _models(self, resp: Responder) -> None:
+        data = []
+        for model, pool in self.pools.items():
+            if pool.healthy():
+                data.append({"id": model, "object": "model", "created": int(self.started_at_wall),
+                             "owned_by": "velocityllm", "root": model, "parent": None,
+                             "max_model_len": self.settings.max_model_len})
+        resp.send_json(200, {"object": "list", "data": data})
+
+    @property
+    def started_at_wall(self) -> float:
+        return time.time() - (time.monotonic() - self.started_at)
+
+    # -- the proxy path ----------------------------------------------------------------------------
+    def _reject(self, resp: Responder, route: str, status: int, reason: str, message: str, band: str,
+                headers: list, retry_after: float | None = None) -> None:
+        hdrs = list(headers)
+        hdrs.append(("x-velocity-reject-reason", reason))
+        if retry_after is not None:
+            hdrs.append(("retry-after", str(max(1, int(retry_after + 0.999)))))
+        self.metrics.rejections.labels(reason, band).inc()
+        self.metrics.requests.labels(route, status, band).inc()
+        resp.send_error(status, message, headers=hdrs)
+
+    def _band_for(self, raw, tenant) -> str:
+        """The band a request asks for (header, then body), capped by its tenant's max_band."""
+        names = self.band_names
+        if raw is None or raw == "":
+            band = "normal" if "normal" in names else names[len(names) // 2]
+        elif isinstance(raw, int) and not isinstance(raw, bool):
+            band = names[min(max(raw, 0), len(names) - 1)]  # vLLM style: lower number, higher priority
+        else:
+            band = str(raw).strip().lower()
+            if band not in names:
+                raise BadRequest(f"Unknown priority band {raw!r}; bands are {names}.", "priority")
+        if tenant is not None and tenant.max_band is not None:
+            if names.index(band) < names.index(tenant.max_band):
+                band = tenant.max_band
+        return band
+
+    def _sla_for(self, header: str | None, body_value: float | None) -> float:
+        if header is not None:
+            try:
+                v = float(header)
+            except ValueError:
+                raise BadRequest(f"x-velocity-sla-ms must be a number of milliseconds, got {header!r}.",
+                                 "sla_ms") from None
+            if v <= 0:
+                raise BadRequest("x-velocity-sla-ms must be positive.", "sla_ms")
+            return v
+        return body_value if body_value is not None else self.settings.sla_ms
+
+    async def _proxy(self, req: Request, resp: Responder, route: str, chat: bool) -> None:
+        h = req.headers
+        rid = h.get("x-request-id") or _new_request_id()
+        base_headers = [("x-request-id", rid)]
+        band = "-"
+        try:
+            r = decode_proxy(req.body, chat)
+            _, bound = self.identity.authenticate(h)
+            tenant_name, tenant = self.identity.tenant_for(bound, h.get("x-velocity-tenant"), r.user)
+            prio = h.get("x-velocity-priority")
+            band = self._band_for(prio if prio is not None else r.priority, tenant)
+            sla_ms = self._sla_for(h.get("x-velocity-sla-ms"), r.sla_ms)
+            info = self.router.route_info(r.model or self.default_model, r, h)
+        except BadRequest as e:
+            self.metrics.requests.labels(route, 400, band).inc()
+            return resp.send_error(400, str(e), param=e.param, headers=base_headers)
+        model = r.model or self.default_model
+        pool = self.pools.get(model) if model else None
+        if pool is None:
+            self.metrics.requests.labels(route, 404, band).inc()
+            return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
+                                   param="model", headers=base_headers)
+        if tenant is not None:
+            wait = tenant.take()
+            if wait:
+                return self._reject(resp, route, 429, "rate-limit",
+                                    f"Tenant {tenant_name!r} is over its request rate.", band, base_headers, wait)
+        body = strip_own_fields(req.body, r)
+        max_tokens = r.max_completion_tokens or r.max_tokens or 256
+        ticket = Ticket(band=band, tenant=tenant_name, sla_ms=sla_ms, max_tokens=max_tokens,
+                        prompt_bytes=len(body), model=model)
+        await self._forward(req, resp, route, pool, ticket, info, body, req.path, rid, base_headers)
+
+    async def _forward(self, req: Request, resp: Responder, route: str, pool: Pool, ticket: Ticket, info,
+                       body: bytes, upstream_path: str, rid: str, base_headers: list,
+                       native: bool = False) -> None:
+        band = ticket.band
+        t0 = req.received_at
+        loop_time = asyncio.get_running_loop().time
+        task = asyncio.current_task()
+        resp.add_disconnect_callback(task.cancel)  # a client that leaves cancels its request, at any stage
+        lease = None
+        try:
+            try:
+                lease = await self.admission.admit(ticket)
+            except Rejected as e:
+                return self._reject(resp, route, e.status, e.reason, e.message, band, base_headers, e.retry_after)
+            queue_s = time.monotonic() - t0
+            tried: list[Endpoint] = []
+            while True:
+                ep = self.router.pick(pool, info, self.admission.has_room, tried)
+                if ep is None:
+                    lease.release("failed")
+                    lease = None
+                    return self._reject(resp, route, 503, "no-endpoint",
+                                        f"No healthy engine for model `{pool.model}`.", band, base_headers, 1.0)
+                lease.bind(ep)
+                headers = [("content-type", "application/json"), ("x-request-id", rid)]
+                if ep.api_key:
+                    headers.append(("authorization", f"Bearer {ep.api_key}"))
+                data = request_head("POST", ep.upstream.base_path + upstream_path, ep.upstream.host_header,
+                                    headers, len(body)) + body
+                try:
+                    conn = await ep.upstream.open_request(data)
+                except UpstreamError as e:
+                    self.metrics.upstream_errors.labels(ep.name, "connect" if e.connect else "reset").inc()
+                    self.monitor.passive_failure(ep, connect=True)
+                    tried.append(ep)
+                    if not e.received and len(tried) < 2:
+                        continue  # nothing reached the client: retry once on another endpoint
+                    lease.release("failed", error_text=str(e))
+                    lease = None
+                    return self._reject(resp, route, 502, "upstream",
+                                        f"The engine failed before answering: {e}", band, base_headers)
+                break
+            self.router.on_dispatch(ep, info)
+            out_headers = base_headers + [("x-velocity-endpoint", ep.name),
+                                          ("x-velocity-queue-ms", f"{queue_s * 1000:.1f}"), ("x-velocity-band", band)]
+
+            def first_byte() -> None:
+                lease.first_byte()
+                self.metrics.ttft.labels(band).observe(time.monotonic() - t0)
+
+            if native and conn.headers.get("content-type", "").startswith("application/json"):
+                out = await relay_response(ep.upstream, conn, resp, out_headers, on_first_byte=first_byte,
+                                           send_body=False)
+                self._send_native(resp, out, ticket, rid, queue_s, t0, out_headers)
+            else:
+                out = await relay_response(ep.upstream, conn, resp, out_headers, on_first_byte=first_byte)
+            if out.status >= 500 or out.engine_failed:
+                self.monitor.passive_failure(ep, connect=False)
+                ep.errors += 1
+            else:
+                self.monitor.passive_success(ep)
+            ep.served += 1
+            outcome = "completed" if out.ok else "failed"
+            lease.release(outcome, error_text=out.error_text, tokens=out.events or 0)
+            lease = None
+            self.metrics.outcomes.labels(outcome).inc()
+            self.metrics.requests.labels(route, out.status, band).inc()
+            self.metrics.latency.labels(route, band).observe(time.monotonic() - t0)
+        except asyncio.CancelledError:
+            if lease is not None:
+                lease.release("cancelled")
+                lease = None
+                self.metrics.outcomes.labels("cancelled").inc()
+            raise
+        except UpstreamError as e:  # the engine broke a non-streamed answer
+            if lease is not None:
+                lease.release("failed", error_text=str(e))
+                lease = None
+                self.metrics.outcomes.labels("failed").inc()
+            if not resp.started:
+                self._reject(resp, route, 502, "upstream", f"The engine failed while answering: {e}", band,
+                             base_headers)
+        finally:
+            if lease is not None:
+                lease.release("failed")
+                self.metrics.outcomes.labels("failed").inc()
+            resp.remove_disconnect_callback(task.cancel)
+
+    # -- native /generate ----------------------------------------------------------------------------------
+    async def _generate(self, req: Request, resp: Responder) -> None:
+        h = req.headers
+        rid = h.get("x-request-id") or _new_request_id()
+        base_headers = [("x-request-id", rid)]
+        band = "-"
+        try:
+            r = decode_generate(req.body)
+            _, bound = self.identity.authenticate(h)
+            tenant_name, tenant = self.identity.tenant_for(bound, h.get("x-velocity-tenant"), None)
+            prio = h.get("x-velocity-priority")
+            band = self._band_for(prio if prio is not None else r.priority, tenant)
+            sla_ms = self._sla_for(h.get("x-velocity-sla-ms"), r.sla_ms)
+        except BadRequest as e:
+            self.metrics.requests.labels("/generate", 400, band).inc()
+            return resp.send_error(400, str(e), param=e.param, headers=base_headers)
+        model = r.model or self.default_model
+        pool = self.pools.get(model) if model else None
+        if pool is None:
+            return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
+                                   param="model", headers=base_headers)
+        if tenant is not None:
+            wait = tenant.take()
+            if wait:
+                return self._reject(resp, "/generate", 429, "rate-limit",
+                                    f"Tenant {tenant_name!r} is over its request rate.", band, base_headers, wait)
+        payload = {"model": model, "prompt": r.prompt, "max_tokens": r.max_tokens, "stream": r.stream}
+        if r.temperature is not None:
+            payload["temperature"] = r.temperature
+        if r.stream:
+            payload["stream_options"] = {"include_usage": True}
+        body = orjson.dumps(payload)
+        info = self.router.route_info(model, r, h)
+        ticket = Ticket(band=band, tenant=tenant_name, sla_ms=sla_ms, max_tokens=r.max_tokens,
+                        prompt_bytes=len(body), model=model)
+        await self._forward(req, resp, "/generate", pool, ticket, info, body, "/v1/completions", rid,
+                            base_headers, native=True)
+
+    def _send_native(self, resp: Responder, out, ticket: Ticket, rid: str, queue_s: float, t0: float,
+                     headers: list) -> None:
+        if out.status != 200:
+            return resp.send(out.status, out.body, headers=headers)
+        try:
+            obj = orjson.loads(out.body)
+            text = obj["choices"][0].get("text", "")
+            tokens = int((obj.get("usage") or {}).get("completion_tokens") or 0)
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
+            out.ok = False
+            out.error_text = "engine answered with an unexpected body"
+            return resp.send_error(502, "The engine answered with an unexpected body.", headers=headers)
+        latency = time.monotonic() - t0
+        execution = max(latency - queue_s, 1e-9)
+        resp.send_json(200, {"request_id": rid, "response": text, "latency_seconds": round(latency, 6),
+                             "queue_time_seconds": round(queue_s, 6),
+                             "execution_time_seconds": round(execution, 6), "tokens_generated": tokens,
+                             "tokens_per_second": round(tokens / execution, 3),
+                             "sla_met": latency * 1000.0 <= ticket.sla_ms, "priority": ticket.band},
+                       headers=headers)
+
+    # -- admin port ----------------------------------------------------------------------------------------
+    async def handle_admin(self, req: Request, resp: Responder) -> None:
+        path = req.path
+        if path == "/health":
+            return self._health(resp)
+        if self.identity.required and path != "/metrics":
+            ok, _ = self.identity.authenticate(req.headers)
+            if not ok:
+                return resp.send_error(401, "Missing or invalid API key.", type="AuthenticationError")
+        if req.method != "GET":
+            return resp.send_error(405, f"Use GET for {path}.")
+        if path == "/metrics":
+            return resp.send(200, self.registry.render(), content_type="text/plain; version=0.0.4; charset=utf-8")
+        if path == "/ready":
+            n = sum(e.healthy for e in self.endpoints.values())
+            return resp.send_json(200 if n else 503, {"ready": bool(n), "healthy_endpoints": n})
+        if path == "/stats":
+            return resp.send_json(200, self.stats())
+        return resp.send_error(404, f"No route for {req.method} {path}.")
+
+    def stats(self) -> dict:
+        return {"policy": self.settings.policy, "uptime_seconds": round(time.monotonic() - self.started_at, 3),
+                "endpoints": [e.snapshot() for e in self.endpoints.values()],
+                "pools": {m: [e.name for e in p.endpoints] for m, p in self.pools.items()},
+                "admission": self.admission.stats(), "routing": self.router.stats()}

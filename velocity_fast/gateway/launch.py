@@ -1,0 +1,144 @@
+"""`velocityllm serve` and `velocityllm chargeVelocity`: settings, engines, gateway, shutdown."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import shlex
+import sys
+
+from ..config import ConfigError, EndpointConfig, Settings, load_settings
+from .options import flag_overrides
+
+__all__ = ["serve_main", "charge_main"]
+
+log = logging.getLogger("velocity.launch")
+
+
+def _settings(args: argparse.Namespace) -> Settings | None:
+    try:
+        return load_settings(args.config, flag_overrides(args))
+    except ConfigError as e:
+        print(f"velocityllm: config error: {e}", file=sys.stderr)
+        return None
+
+
+def _sim_flags(settings: Settings, extra: str | None) -> list[str]:
+    """The `sim:` config section (and --sim-args) as sim-engine flags."""
+    out: list[str] = []
+    for key, value in settings.sim.items():
+        flag = "--" + str(key).replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is False:
+            out.append("--no-" + flag[2:])
+        else:
+            out += [flag, str(value)]
+    if extra:
+        out += shlex.split(extra)
+    return out
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    """The gateway alone, in front of engines that already run (--endpoint / config)."""
+    from ..server import run_until_signalled
+    from .app import Gateway
+    from .observability import setup_logging
+
+    settings = _settings(args)
+    if settings is None:
+        return 2
+    if not settings.endpoints:
+        print("velocityllm: config error: no endpoints: give --endpoint NAME=URL=MODEL or `endpoints:` "
+              "in the config file", file=sys.stderr)
+        return 2
+    setup_logging(settings.structured_logs, settings.log_level)
+
+    async def main(stop: asyncio.Event):
+        gw = Gateway(settings, backend="endpoints")
+        await gw.start()
+        print(f"velocityllm: gateway http://{settings.host}:{gw.port} admin http://{settings.host}:{gw.admin_port} "
+              f"policy {settings.policy}, {len(settings.endpoints)} endpoint(s)", flush=True)
+        return gw.stop
+
+    return run_until_signalled(main)
+
+
+def charge_main(args: argparse.Namespace) -> int:
+    """Batteries included: engines per GPU (or sim engines) and the gateway in front."""
+    from ..engines.app import exit_code_for, prepare_engines
+    from ..engines.models import ModelPathError, ModelPromptAborted
+    from ..engines.plan import PlanError
+    from ..engines.supervisor import EngineStartError, EngineSupervisor
+    from ..server import run_until_signalled
+    from .app import Gateway
+    from .observability import setup_logging
+
+    settings = _settings(args)
+    if settings is None:
+        return 2
+    setup_logging(settings.structured_logs, settings.log_level)
+    if settings.model_path and not args.model_path:
+        args.model_path = settings.model_path
+    if args.max_model_len is None:
+        args.max_model_len = settings.max_model_len
+    try:
+        detection, plan = prepare_engines(args, api_key=None,
+                                          sim_args=_sim_flags(settings, getattr(args, "sim_args", None)))
+    except (ModelPathError, PlanError) as e:
+        print(f"velocityllm: {e}", file=sys.stderr)
+        return exit_code_for(e)
+    except ModelPromptAborted as e:
+        print(f"velocityllm: {e}", file=sys.stderr)
+        return exit_code_for(e)
+    if plan.kind == "sim" and not args.mock:
+        print(f"velocityllm: {plan.reason}; starting {len(plan.specs)} built-in sim engine(s) instead.",
+              flush=True)
+
+    for spec in plan.specs:
+        settings.endpoints.append(EndpointConfig(name=spec.name, url=spec.url, model=spec.model_name))
+    gw_box: list[Gateway] = []
+
+    def on_state(name: str, state: str) -> None:  # the supervisor logs each change itself
+        if gw_box:
+            gw_box[0].set_endpoint_available(name, state == "ready")
+
+    sup = EngineSupervisor(plan.specs, on_state_change=on_state)
+
+    async def main(stop: asyncio.Event):
+        try:
+            await sup.start()
+            gw = Gateway(settings, backend=plan.kind,
+                         model_label=plan.model.path.name if plan.model else (plan.specs[0].model_name
+                                                                            if plan.specs else None))
+            gw_box.append(gw)
+            await gw.start()
+        except BaseException:
+            await sup.stop()
+            raise
+        gpus = ", ".join(f"{g.name} ({g.memory_mib} MiB)" for g in detection.gpus) or "none"
+        lines = [
+            "velocityllm chargeVelocity",
+            f"  GPUs:     {gpus}",
+            f"  model:    {plan.model.path if plan.model else 'none (sim engines)'}",
+            f"  engines:  {plan.kind}: " + ", ".join(f"{s.name} {s.url}" for s in plan.specs),
+            f"  gateway:  http://{settings.host}:{gw.port}",
+            f"  admin:    http://{settings.host}:{gw.admin_port}  (/metrics /ready /stats)",
+            f"  policy:   {settings.policy}",
+        ]
+        print("\n".join(lines), flush=True)
+
+        async def cleanup() -> None:
+            try:
+                await gw.stop()
+            finally:
+                await sup.stop()
+
+        return cleanup
+
+    try:
+        return run_until_signalled(main)
+    except EngineStartError as e:
+        print(f"velocityllm: {e}", file=sys.stderr)
+        return 1

@@ -1,0 +1,82 @@
+"""The gateway's own metrics (DESIGN section 7) and its log format."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from ..metrics import Registry
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .app import Gateway
+
+__all__ = ["GatewayMetrics", "setup_logging", "LATENCY_BUCKETS"]
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0,
+                   5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+
+
+class GatewayMetrics:
+    """Per-request counters and histograms; per-endpoint values are read at scrape time."""
+
+    def __init__(self, reg: Registry, gw: "Gateway") -> None:
+        self.requests = reg.counter("velocity_requests_total", "Requests answered, by route, status and band.",
+                                    ("route", "status", "band"))
+        self.rejections = reg.counter("velocity_rejections_total",
+                                      "Requests declined by the gateway, by reason and band.", ("reason", "band"))
+        self.latency = reg.histogram("velocity_request_duration_seconds",
+                                     "End-to-end latency of proxied requests, by route and band.",
+                                     ("route", "band"), LATENCY_BUCKETS)
+        self.ttft = reg.histogram("velocity_ttft_seconds",
+                                  "Time from arrival to the first byte of the engine's answer, by band.",
+                                  ("band",), LATENCY_BUCKETS)
+        self.upstream_errors = reg.counter("velocity_upstream_errors_total",
+                                           "Engine connection failures, by endpoint and kind.", ("endpoint", "kind"))
+        self.outcomes = reg.counter("velocity_request_outcomes_total",
+                                    "Admitted requests by terminal outcome (completed, failed, cancelled).",
+                                    ("outcome",))
+        eps = lambda attr: lambda: [((e.name, e.model), float(getattr(e, attr))) for e in gw.endpoints.values()]  # noqa: E731
+        reg.gauge_fn("velocity_endpoint_inflight", "Gateway requests in flight on each endpoint.",
+                     eps("inflight"), ("endpoint", "model"))
+        reg.gauge_fn("velocity_endpoint_limit", "Current concurrency limit of each endpoint.",
+                     eps("limit"), ("endpoint", "model"))
+        reg.gauge_fn("velocity_endpoint_healthy", "1 when the endpoint is in routing, else 0.",
+                     eps("healthy"), ("endpoint", "model"))
+        reg.gauge_fn("velocity_endpoint_engine_running", "Engine-reported running requests (last scrape).",
+                     eps("running"), ("endpoint", "model"))
+        reg.gauge_fn("velocity_endpoint_engine_waiting", "Engine-reported waiting requests (last scrape).",
+                     eps("waiting"), ("endpoint", "model"))
+        reg.gauge_fn("velocity_endpoint_kv_usage", "Engine-reported KV-cache usage, 0..1 (last scrape).",
+                     eps("kv_usage"), ("endpoint", "model"))
+        started = time.monotonic()
+        reg.gauge_fn("velocity_uptime_seconds", "Seconds since the gateway started.",
+                     lambda: time.monotonic() - started)
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+               + f".{int(record.msecs):03d}Z",
+               "level": record.levelname.lower(), "logger": record.name,
+               "request_id": getattr(record, "request_id", None), "message": record.getMessage()}
+        for key in ("endpoint", "status", "reason", "band", "tenant"):
+            if hasattr(record, key):
+                out[key] = getattr(record, key)
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def setup_logging(structured: bool, level: str = "info") -> None:
+    """One JSON object a line with --structured-logs, plain text otherwise."""
+    handler = logging.StreamHandler(sys.stderr)
+    if structured:
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))

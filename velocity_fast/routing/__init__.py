@@ -1,0 +1,1 @@
+"""Where each request runs: pools, endpoint state and health, profiles, affinity."""

@@ -1,0 +1,148 @@
+"""Endpoint health: active checks and scrapes, passive ejection with backoff (DESIGN section 5)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable
+
+import msgspec
+
+from .endpoint import Endpoint
+from .scrape import MetricNames, parse_engine_metrics
+
+__all__ = ["HealthSettings", "EndpointMonitor"]
+
+log = logging.getLogger("velocity.health")
+
+
+class HealthSettings(msgspec.Struct, forbid_unknown_fields=True):
+    scrape_interval_ms: float = 100.0     # engine /metrics
+    scrape_timeout_ms: float = 500.0      # a hanging scrape is abandoned; metrics go stale
+    check_interval_ms: float = 1000.0     # engine /health while healthy
+    check_timeout_ms: float = 1000.0
+    eject_base_ms: float = 500.0          # first ejection; doubles on each repeat
+    eject_max_ms: float = 30000.0
+    eject_after_5xx: int = 3              # consecutive engine 5xx answers before ejection
+    metrics: MetricNames = msgspec.field(default_factory=MetricNames)
+
+
+class EndpointMonitor:
+    """One task per endpoint: health checks, and scrapes while it is healthy."""
+
+    def __init__(self, settings: HealthSettings, on_change: Callable[[Endpoint, str], None],
+                 on_metrics: Callable[[Endpoint], None]) -> None:
+        self.settings = settings
+        self.on_change = on_change
+        self.on_metrics = on_metrics
+        self._tasks: dict[str, asyncio.Task] = {}
+
+    def watch(self, ep: Endpoint) -> None:
+        if ep.name not in self._tasks:
+            self._tasks[ep.name] = asyncio.get_running_loop().create_task(self._watch(ep))
+
+    def unwatch(self, ep: Endpoint) -> None:
+        t = self._tasks.pop(ep.name, None)
+        if t is not None:
+            t.cancel()
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- state changes ------------------------------------------------------------------
+    def _set(self, ep: Endpoint, state: str) -> None:
+        if ep.state != state:
+            old, ep.state = ep.state, state
+            ep.healthy = state == "healthy"
+            if ep.healthy:
+                ep.up_since = time.monotonic()
+            log.info("endpoint %s: %s -> %s", ep.name, old, state)
+            self.on_change(ep, state)
+
+    def eject(self, ep: Endpoint, why: str) -> None:
+        s = self.settings
+        ep.eject_backoff = min(s.eject_max_ms, max(s.eject_base_ms, ep.eject_backoff * 2)) / 1000.0 \
+            if ep.eject_backoff else s.eject_base_ms / 1000.0
+        ep.ejected_until = time.monotonic() + ep.eject_backoff
+        if ep.state != "ejected":
+            log.warning("endpoint %s ejected for %.1fs: %s", ep.name, ep.eject_backoff, why)
+        self._set(ep, "ejected")
+
+    def passive_failure(self, ep: Endpoint, *, connect: bool) -> None:
+        """A request saw a connect error (eject now) or an engine 5xx (eject after a few)."""
+        ep.failures += 1
+        if connect or ep.failures >= self.settings.eject_after_5xx:
+            if ep.healthy:
+                self.eject(ep, "connect error" if connect else f"{ep.failures} consecutive 5xx")
+
+    @staticmethod
+    def passive_success(ep: Endpoint) -> None:
+        ep.failures = 0
+
+    # -- the loop ----------------------------------------------------------------------------
+    async def _check(self, ep: Endpoint) -> bool:
+        try:
+            status, _ = await ep.upstream.fetch("GET", "/health", timeout=self.settings.check_timeout_ms / 1000)
+            return status == 200
+        except (OSError, asyncio.TimeoutError):
+            return False
+
+    async def _scrape(self, ep: Endpoint) -> None:
+        try:
+            status, body = await ep.upstream.fetch("GET", "/metrics",
+                                                   timeout=self.settings.scrape_timeout_ms / 1000)
+        except (OSError, asyncio.TimeoutError):
+            return
+        if status != 200:
+            return
+        m = parse_engine_metrics(body, self.settings.metrics)
+        if not m.found:
+            return
+        ep.running, ep.waiting, ep.kv_usage = m.running, m.waiting, m.kv_usage
+        if m.running > ep.max_running_seen:
+            ep.max_running_seen = m.running
+        if m.num_gpu_blocks:
+            ep.num_gpu_blocks, ep.block_size = m.num_gpu_blocks, m.block_size
+        ep.scraped_at = time.monotonic()
+        self.on_metrics(ep)
+
+    async def _watch(self, ep: Endpoint) -> None:
+        s = self.settings
+        next_check = 0.0
+        while True:
+            try:
+                now = time.monotonic()
+                if ep.state == "ejected" and now < ep.ejected_until:
+                    await asyncio.sleep(min(ep.ejected_until - now, s.check_interval_ms / 1000))
+                    continue
+                if now >= next_check or not ep.healthy:
+                    ok = await self._check(ep)
+                    next_check = time.monotonic() + s.check_interval_ms / 1000
+                    if ok:
+                        ep.failures = 0
+                        if not ep.healthy:
+                            self._set(ep, "healthy")
+                        elif ep.eject_backoff and time.monotonic() - ep.up_since > 30.0:
+                            ep.eject_backoff = 0.0  # stable again: the next ejection starts short
+                    elif ep.healthy or ep.state == "ejected":
+                        self.eject(ep, "health check failed")
+                    elif ep.state == "unknown":
+                        self._set(ep, "down")
+                        await asyncio.sleep(s.eject_base_ms / 1000)
+                        continue
+                    else:
+                        await asyncio.sleep(s.eject_base_ms / 1000)
+                        continue
+                if ep.healthy:
+                    await self._scrape(ep)
+                await asyncio.sleep(s.scrape_interval_ms / 1000)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let one endpoint's monitor die silently
+                log.exception("monitor of endpoint %s failed; retrying", ep.name)
+                await asyncio.sleep(1.0)

@@ -1,0 +1,94 @@
+"""Reading an engine's /metrics: only the lines the gateway needs (DESIGN section 6)."""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = ["MetricNames", "EngineMetrics", "parse_engine_metrics"]
+
+
+class MetricNames(msgspec.Struct, forbid_unknown_fields=True):
+    """Names to read, each with alternatives (names drift between vLLM versions)."""
+
+    running: list[str] = msgspec.field(default_factory=lambda: ["vllm:num_requests_running"])
+    waiting: list[str] = msgspec.field(default_factory=lambda: ["vllm:num_requests_waiting"])
+    kv_usage: list[str] = msgspec.field(
+        default_factory=lambda: ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"])
+    cache_config: list[str] = msgspec.field(default_factory=lambda: ["vllm:cache_config_info"])
+
+
+class EngineMetrics:
+    __slots__ = ("running", "waiting", "kv_usage", "block_size", "num_gpu_blocks", "found")
+
+    def __init__(self) -> None:
+        self.running = 0.0
+        self.waiting = 0.0
+        self.kv_usage = 0.0
+        self.block_size: int | None = None
+        self.num_gpu_blocks: int | None = None
+        self.found = 0  # how many of running/waiting/kv were present
+
+
+def _label(labels: bytes, name: bytes) -> int | None:
+    i = labels.find(name + b'="')
+    if i < 0:
+        return None
+    j = labels.find(b'"', i + len(name) + 2)
+    try:
+        return int(float(labels[i + len(name) + 2:j]))
+    except ValueError:
+        return None
+
+
+def parse_engine_metrics(text: bytes, names: MetricNames) -> EngineMetrics:
+    """Sum each gauge over its label sets (data-parallel ranks); read cache_config_info labels.
+
+    The first name of each list that appears wins, so an engine exposing both an
+    old and a new name is not counted twice.
+    """
+    out = EngineMetrics()
+    fields = (("running", [n.encode() for n in names.running]),
+              ("waiting", [n.encode() for n in names.waiting]),
+              ("kv_usage", [n.encode() for n in names.kv_usage]))
+    wanted: dict[bytes, tuple[str, int]] = {}
+    for field, alts in fields:
+        for rank, n in enumerate(alts):
+            wanted[n] = (field, rank)
+    cache_names = tuple(n.encode() for n in names.cache_config)
+    best: dict[str, int] = {}
+    sums: dict[str, float] = {}
+    kv_count = 0
+    for line in text.split(b"\n"):
+        if not line or line[0] == 35:  # '#'
+            continue
+        brace = line.find(b"{")
+        space = line.find(b" ")
+        if space < 0:
+            continue
+        name = line[:brace] if 0 <= brace < space else line[:space]
+        hit = wanted.get(name)
+        if hit is not None:
+            field, rank = hit
+            if rank > best.get(field, 1 << 30):
+                continue
+            if rank < best.get(field, 1 << 30):
+                best[field] = rank
+                sums[field] = 0.0
+                if field == "kv_usage":
+                    kv_count = 0
+            try:
+                sums[field] += float(line[line.rfind(b" ", 0, len(line.rstrip())) + 1:])
+            except ValueError:
+                continue
+            if field == "kv_usage":
+                kv_count += 1
+        elif name in cache_names and brace >= 0:
+            labels = line[brace:line.rfind(b"}") + 1]
+            out.block_size = _label(labels, b"block_size")
+            out.num_gpu_blocks = _label(labels, b"num_gpu_blocks")
+    out.running = sums.get("running", 0.0)
+    out.waiting = sums.get("waiting", 0.0)
+    # KV usage is a fraction per rank: average, not sum, over data-parallel ranks.
+    out.kv_usage = sums.get("kv_usage", 0.0) / kv_count if kv_count else 0.0
+    out.found = len(sums)
+    return out

@@ -1,0 +1,131 @@
+"""A keep-alive connection pool per engine endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import urlsplit
+
+from .connection import UpstreamConnection, UpstreamError
+
+__all__ = ["UpstreamPool", "request_head"]
+
+
+def request_head(method: str, path: str, host: bytes, headers: list[tuple[str, str]], body_len: int) -> bytes:
+    """The request line and headers for one request with a Content-Length body."""
+    parts = [f"{method} {path} HTTP/1.1\r\n".encode("latin-1"), b"host: ", host, b"\r\n"]
+    for name, value in headers:
+        parts.append(f"{name}: {value}\r\n".encode("latin-1"))
+    if body_len or method == "POST":
+        parts.append(b"content-length: %d\r\n" % body_len)
+    parts.append(b"\r\n")
+    return b"".join(parts)
+
+
+class UpstreamPool:
+    """Idle keep-alive connections to one engine, reused most-recent first."""
+
+    def __init__(self, url: str, *, max_idle: int = 256, connect_timeout: float = 3.0) -> None:
+        u = urlsplit(url)
+        if u.scheme not in ("http", ""):
+            raise ValueError(f"only http:// engine URLs are supported, got {url!r}")
+        self.url = url.rstrip("/")
+        self.host = u.hostname or "127.0.0.1"
+        self.port = u.port or 80
+        self.base_path = u.path.rstrip("/")
+        self.host_header = (u.netloc or f"{self.host}:{self.port}").encode("latin-1")
+        self.max_idle = max_idle
+        self.connect_timeout = connect_timeout
+        self._idle: list[UpstreamConnection] = []
+        self._all: set[UpstreamConnection] = set()
+        self.connects = 0
+
+    def _forget(self, conn: UpstreamConnection) -> None:
+        self._all.discard(conn)
+        try:
+            self._idle.remove(conn)
+        except ValueError:
+            pass
+
+    async def connect(self) -> UpstreamConnection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: UpstreamConnection(self, loop), self.host, self.port),
+                self.connect_timeout)
+        except (OSError, asyncio.TimeoutError) as e:
+            raise UpstreamError(f"cannot connect to {self.url}: {e or 'timeout'}", connect=True) from None
+        self.connects += 1
+        self._all.add(conn)
+        return conn
+
+    def idle_connection(self) -> UpstreamConnection | None:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed:
+                return conn
+        return None
+
+    def release(self, conn: UpstreamConnection) -> None:
+        """Return a connection whose response completed; anything else is closed."""
+        if conn.closed:
+            return
+        if conn.done and conn.keep_alive and conn.error is None and len(self._idle) < self.max_idle:
+            conn.resume()
+            self._idle.append(conn)
+        else:
+            conn.abort()
+
+    async def open_request(self, data: bytes) -> UpstreamConnection:
+        """Send a request; returns the connection once the response head arrived.
+
+        A reused connection that the engine had closed while idle fails without any
+        response byte: the request is sent again on a fresh connection.
+        """
+        conn = self.idle_connection()
+        if conn is not None:
+            try:
+                await conn.send(data)
+                return conn
+            except UpstreamError as e:
+                conn.abort()
+                if e.received:
+                    raise
+        conn = await self.connect()
+        try:
+            await conn.send(data)
+        except BaseException:
+            conn.abort()
+            raise
+        return conn
+
+    async def fetch(self, method: str, path: str, *, body: bytes = b"",
+                    headers: list[tuple[str, str]] | None = None, timeout: float = 2.0) -> tuple[int, bytes]:
+        """A whole small request (health checks, scrapes, model lists): (status, body)."""
+        data = request_head(method, self.base_path + path, self.host_header, headers or [], len(body)) + body
+
+        async def go() -> tuple[int, bytes]:
+            conn = await self.open_request(data)
+            try:
+                parts = []
+                while True:
+                    await conn.wait_body()
+                    if conn.chunks:
+                        parts.append(conn.take())
+                    if conn.error is not None:
+                        raise conn.error
+                    if conn.done:
+                        break
+                return conn.status, b"".join(parts)
+            except BaseException:
+                conn.abort()
+                raise
+            finally:
+                self.release(conn)
+
+        return await asyncio.wait_for(go(), timeout)
+
+    def close(self) -> None:
+        for conn in list(self._all):
+            conn.abort()
+        self._idle.clear()
+        self._all.clear()
