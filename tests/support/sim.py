@@ -1,0 +1,345 @@
+"""Start a sim engine as a subprocess on 127.0.0.1 for a test, and stop it for sure.
+
+    with sim_engine("--max-num-seqs", "4", time_scale=20) as eng:
+        urlopen(eng.url + "/health")
+
+    eng = start_sim_engine(model="m2")      # in a fixture: yield eng, then eng.stop()
+
+The engine listens on a port it picks itself (``--port 0``) and prints it, so parallel
+tests never race for a port; pass ``port=`` to force one. Startup waits until
+``/health`` answers 200; a process that dies first raises with its stderr.
+"""
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+REPO = Path(__file__).resolve().parents[2]
+
+__all__ = ["SimEngine", "sim_engine", "start_sim_engine", "free_port", "sim_command", "open_request",
+           "http_request", "OpenStream", "HTTPResponse"]
+
+
+def free_port() -> int:
+    """A port that was free on 127.0.0.1 a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sim_command(*flags: str, model: str = "sim-model", port: int = 0, time_scale: float | None = None) -> list[str]:
+    """The command line of a sim engine (also what a fake `vllm` can exec)."""
+    cmd = [sys.executable, "-m", "velocity_fast.sim", "--host", "127.0.0.1", "--port", str(port),
+           "--model", model]
+    if time_scale is not None:
+        cmd += ["--time-scale", str(time_scale)]
+    return cmd + [str(f) for f in flags]
+
+
+class SimEngine:
+    """A running sim engine process; ``stop()`` (or leaving the ``with``) ends it."""
+
+    def __init__(self, *flags: str, model: str = "sim-model", port: int = 0, time_scale: float | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.flags = flags
+        self.model = model
+        self.port = port
+        self.time_scale = time_scale
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self._stderr = None
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:41234``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def stderr_text(self) -> str:
+        """What the process wrote to stderr so far."""
+        if self._stderr is None:
+            return ""
+        self._stderr.flush()
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")
+
+    def start(self, timeout: float = 20.0) -> "SimEngine":
+        """Start the process and wait until /health answers 200."""
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        if self.env:
+            env.update(self.env)
+        self._stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            sim_command(*self.flags, model=self.model, port=self.port, time_scale=self.time_scale),
+            stdout=subprocess.PIPE, stderr=self._stderr, stdin=subprocess.DEVNULL, env=env, cwd=str(REPO))
+        try:
+            deadline = time.monotonic() + timeout
+            self._read_port(deadline)
+            self._wait_healthy(deadline)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _read_port(self, deadline: float) -> None:
+        # The engine prints one line once it listens; its port is the last field.
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        buf = b""
+        try:
+            while b"\n" not in buf:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"sim engine did not start listening in time; stderr:\n{self.stderr_text}")
+                if not sel.select(min(left, 0.2)):
+                    if self.proc.poll() is not None:
+                        raise RuntimeError(f"sim engine exited with {self.proc.returncode}; stderr:\n{self.stderr_text}")
+                    continue
+                chunk = os.read(self.proc.stdout.fileno(), 4096)
+                if not chunk:
+                    raise RuntimeError(f"sim engine exited with {self.proc.wait()}; stderr:\n{self.stderr_text}")
+                buf += chunk
+        finally:
+            sel.close()
+        line = buf.split(b"\n", 1)[0].decode()
+        self.port = int(line.rsplit(":", 1)[1])
+
+    def _wait_healthy(self, deadline: float) -> None:
+        while True:
+            try:
+                status = self.get("/health", timeout=1.0)[0]
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sim engine exited with {self.proc.returncode}; stderr:\n{self.stderr_text}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"sim engine /health did not answer 200 in time; stderr:\n{self.stderr_text}")
+            time.sleep(0.02)
+
+    def get(self, path: str, headers: dict[str, str] | None = None, timeout: float = 10.0) -> tuple[int, bytes]:
+        """A blocking GET; returns (status, body)."""
+        return self.request("GET", path, None, headers, timeout)
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
+                timeout: float = 10.0) -> tuple[int, bytes]:
+        """A blocking request on a fresh connection; returns (status, body)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            r = conn.getresponse()
+            return r.status, r.read()
+        finally:
+            conn.close()
+
+    def metrics_text(self) -> str:
+        """The engine's /metrics text."""
+        status, body = self.get("/metrics")
+        if status != 200:
+            raise RuntimeError(f"/metrics answered {status}")
+        return body.decode()
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample's value from /metrics (sum over samples matching ``labels``)."""
+        total = 0.0
+        found = False
+        for line in self.metrics_text().splitlines():
+            if not line.startswith(name) or line.startswith("#"):
+                continue
+            head, _, value = line.rpartition(" ")
+            sample, _, lab = head.partition("{")
+            if sample != name:
+                continue
+            if all(f'{k}="{v}"' in lab for k, v in labels.items()):
+                total += float(value)
+                found = True
+        if not found:
+            raise KeyError(f"{name}{labels} not in /metrics")
+        return total
+
+    def stop(self, timeout: float = 5.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout``; returns the exit code."""
+        proc = self.proc
+        if proc is None:
+            return None
+        try:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout)
+        finally:
+            if proc.stdout is not None:
+                proc.stdout.close()
+            if self._stderr is not None:
+                self._stderr.close()
+                self._stderr = None
+        return proc.returncode
+
+    def __enter__(self) -> "SimEngine":
+        if self.proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_sim_engine(*flags: str, model: str = "sim-model", port: int = 0, time_scale: float | None = None,
+                     env: dict[str, str] | None = None, timeout: float = 20.0) -> SimEngine:
+    """Start a sim engine and return it once healthy; call ``.stop()`` when done
+    (in a fixture: ``eng = start_sim_engine(...); yield eng; eng.stop()``)."""
+    return SimEngine(*flags, model=model, port=port, time_scale=time_scale, env=env).start(timeout)
+
+
+@contextmanager
+def sim_engine(*flags: str, model: str = "sim-model", port: int = 0, time_scale: float | None = None,
+               env: dict[str, str] | None = None, timeout: float = 20.0) -> Iterator[SimEngine]:
+    """A sim engine for the duration of a ``with`` block, stopped even on failure."""
+    eng = SimEngine(*flags, model=model, port=port, time_scale=time_scale, env=env)
+    eng.start(timeout)
+    try:
+        yield eng
+    finally:
+        eng.stop()
+
+
+# -- a small asyncio HTTP/1.1 client for talking to the sim engine in async tests --------
+
+class HTTPResponse:
+    """Status, lower-case headers and body of one response."""
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def json(self):
+        return json.loads(self.body)
+
+
+class OpenStream:
+    """A request whose response is read as it arrives (SSE), on its own connection.
+
+    ``events()`` yields each SSE event's text without the ``data: `` prefix (comments
+    as they are); ``abort()`` drops the connection, as a client that goes away.
+    """
+
+    def __init__(self, reader, writer, status: int, headers: dict[str, str]) -> None:
+        self._reader = reader
+        self._writer = writer
+        self.status = status
+        self.headers = headers
+        self._buf = b""
+        self._eof = False
+
+    async def _read_more(self) -> bool:
+        r = self._reader
+        if self._eof:
+            return False
+        if self.headers.get("transfer-encoding") == "chunked":
+            line = await r.readline()
+            if not line:
+                self._eof = True
+                return False
+            size = int(line.split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                await r.readline()
+                self._eof = True
+                return False
+            data = await r.readexactly(size + 2)
+            self._buf += data[:-2]
+            return True
+        data = await r.read(65536)
+        if not data:
+            self._eof = True
+            return False
+        self._buf += data
+        return True
+
+    async def events(self):
+        """Yield SSE events (``data:`` payloads, or comment lines) until the body ends."""
+        while True:
+            while b"\n\n" in self._buf:
+                ev, self._buf = self._buf.split(b"\n\n", 1)
+                text = ev.decode()
+                yield text[6:] if text.startswith("data: ") else text
+            if not await self._read_more():
+                if self._buf.strip():
+                    yield self._buf.decode()
+                return
+
+    async def body(self) -> bytes:
+        """The rest of the body."""
+        while await self._read_more():
+            pass
+        out, self._buf = self._buf, b""
+        return out
+
+    def abort(self) -> None:
+        """Close the connection at once (the client goes away)."""
+        self._writer.transport.abort()
+
+    async def close(self) -> None:
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except OSError:
+            pass
+
+
+async def open_request(port: int, method: str, path: str, body: bytes | dict | None = None,
+                       headers: dict[str, str] | None = None, timeout: float = 10.0) -> OpenStream:
+    """Send one request on a new connection to 127.0.0.1:port and read the head."""
+    if isinstance(body, dict):
+        body = json.dumps(body).encode()
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
+    try:
+        h = {"host": f"127.0.0.1:{port}", "content-type": "application/json"}
+        h.update({k.lower(): v for k, v in (headers or {}).items()})
+        h["content-length"] = str(len(body or b""))
+        head = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in h.items()) + "\r\n"
+        writer.write(head.encode() + (body or b""))
+        raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+    except BaseException:
+        writer.transport.abort()
+        raise
+    lines = raw.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    hdrs = {}
+    for ln in lines[1:]:
+        if ":" in ln:
+            k, v = ln.split(":", 1)
+            hdrs[k.strip().lower()] = v.strip()
+    return OpenStream(reader, writer, status, hdrs)
+
+
+async def http_request(port: int, method: str, path: str, body: bytes | dict | None = None,
+                       headers: dict[str, str] | None = None, timeout: float = 10.0) -> HTTPResponse:
+    """One whole request/response on a new connection."""
+    s = await open_request(port, method, path, body, headers, timeout)
+    try:
+        if "content-length" in s.headers:
+            n = int(s.headers["content-length"])
+            data = await asyncio.wait_for(s._reader.readexactly(n), timeout) if n else b""
+        else:
+            data = await asyncio.wait_for(s.body(), timeout)
+    finally:
+        await s.close()
+    return HTTPResponse(s.status, s.headers, data)
