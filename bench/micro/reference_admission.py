@@ -75,6 +75,7 @@ def ref_update(load, running, waiting, kv, scraped_at, now,
         load.capacity_known = True
     cap = load.capacity if load.capacity_known else max(load.capacity, load.limit)
     queued = max(0.0, load.inflight - max(cap, 1.0))
+    use = load.inflight / load.limit if load.limit > 0 else 0.0
     if scraped_at > 0 and now - scraped_at <= stale_after:
-        return max(max(queued, waiting) / queue_threshold, kv / kv_threshold)
-    return queued / queue_threshold
+        return max(max(queued, waiting) / queue_threshold, kv / kv_threshold, use)
+    return max(queued / queue_threshold, use)

@@ -14,6 +14,14 @@ def test_worse_of_queue_and_kv():
     assert e.value == pytest.approx(0.75)
 
 
+def test_use_of_the_limit_is_a_term():
+    s = Saturation()
+    e = EndpointLoad(limit=10)
+    e.inflight = 8
+    assert s.endpoint(e, 0.0) == pytest.approx(0.8)
+    assert s.endpoint(e, 0.0, 2.0) == pytest.approx(1.0)
+
+
 def test_inflight_beyond_learned_capacity_counts_as_queued():
     s = Saturation()
     e = EndpointLoad(limit=64)
@@ -25,12 +33,12 @@ def test_inflight_beyond_learned_capacity_counts_as_queued():
 
 def test_cold_endpoint_uses_limit_as_capacity():
     s = Saturation()
-    e = EndpointLoad(limit=16)
+    e = EndpointLoad(limit=100)
     s.update(e, 2, 0, 0.0, 1.0, 1.0)
-    e.inflight = 16
-    assert s.endpoint(e, 1.0) == 0.0
-    e.inflight = 21
-    assert s.endpoint(e, 1.0) == pytest.approx(1.0)
+    e.inflight = 40  # a small early high-water mark (2) does not make this queue
+    assert s.endpoint(e, 1.0) == pytest.approx(0.4)  # only the use of the limit
+    e.inflight = 110
+    assert s.endpoint(e, 1.0) == pytest.approx(2.0)
 
 
 def test_stale_metrics_fall_back_to_own_counts():
@@ -40,7 +48,7 @@ def test_stale_metrics_fall_back_to_own_counts():
     assert s.endpoint(e, 1.5) >= 10
     # Ten seconds later the scrape is stale: only the gateway's own count matters.
     e.inflight = 2
-    assert s.endpoint(e, 11.0) == 0.0
+    assert s.endpoint(e, 11.0) == pytest.approx(0.5)  # half the limit, nothing queued
     never = EndpointLoad(limit=4)
     assert s.endpoint(never, 5.0) == 0.0
 
@@ -57,9 +65,12 @@ def test_pool_is_not_held_back_by_one_hot_endpoint():
 
 def test_pool_counts_outstanding_leases():
     s = Saturation()
-    a, b = EndpointLoad(limit=4), EndpointLoad(limit=4)
+    a, b = EndpointLoad(limit=40), EndpointLoad(limit=40)
     assert s.pool([a, b], 0, 1.0) == 0.0
-    # 20 granted, not yet bound: 10 each, 6 over each limit-as-capacity.
+    # 20 granted, not yet bound: 10 each, a quarter of each limit.
+    assert s.pool([a, b], 20, 1.0) == pytest.approx(0.25)
+    s.update(a, 4, 1, 0.0, 1.0, 1.0)
+    s.update(b, 4, 1, 0.0, 1.0, 1.0)  # both have shown a batch capacity of 4
     assert s.pool([a, b], 20, 1.0) == pytest.approx(6 / 5)
 
 
@@ -71,7 +82,7 @@ def test_pool_prefers_endpoints_with_room_and_is_infinite_without_health():
     s.update(free, 0, 3, 0.0, 1.0, 1.0)
     assert s.pool([full, free], 0, 1.0) == pytest.approx(0.6)
     free.inflight = 2
-    assert s.pool([full, free], 0, 1.0) == pytest.approx(0.0)  # all full: all count
+    assert s.pool([full, free], 0, 1.0) == pytest.approx(1.0)  # all full: all count
     full.healthy = free.healthy = False
     assert math.isinf(s.pool([full, free], 0, 1.0))
     assert math.isinf(s.pool([], 0, 1.0))

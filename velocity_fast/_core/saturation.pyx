@@ -12,6 +12,11 @@ against its threshold (1.0 = saturated). Two lags of scraped metrics are closed:
 * A request granted but not yet dispatched is invisible to both; the pool number
   takes those outstanding leases as extra in-flight work.
 
+The gateway's own use of the endpoint's concurrency limit, in-flight / limit, is a
+third term: a band ceiling of 1.0 then means "flow up to the healthy limit", and
+a ceiling of 0.8 keeps a fifth of every engine's slots free for higher bands, so
+that a short high request never waits behind a full house of low ones.
+
 The engine's own waiting count and the gateway's estimate are combined with max,
 not summed: the engine's count already includes the gateway's queued requests.
 A stale or missing scrape drops the engine terms and keeps the gateway's own count,
@@ -63,7 +68,9 @@ cdef class Saturation:
 
     cpdef double endpoint(self, EndpointLoad load, double now, double extra=0.0):
         """Saturation of one endpoint at ``now`` with ``extra`` in-flight requests
-        (outstanding leases) on top of its own; also stored in ``load.value``."""
+        (outstanding leases) on top of its own: the worst of queued / queue
+        threshold, KV / KV threshold (fresh scrapes only) and in-flight / limit.
+        Also stored in ``load.value``."""
         cdef double cap, queued, s, k
         cap = load.capacity
         if not load.capacity_known and cap < load.limit:
@@ -82,6 +89,10 @@ cdef class Saturation:
                 s = k
         else:
             s = queued / self.queue_threshold
+        if load.limit > 0:
+            k = (load.inflight + extra) / load.limit
+            if k > s:
+                s = k
         load.value = s
         return s
 
