@@ -1,0 +1,500 @@
+"""The admission controller: admit, queue, dispatch, reject; leases and AIMD glue.
+
+One dispatch cycle per pool: visit bands from the highest; a band dispatches while
+the pool's saturation is below its ceiling and some endpoint has room (in-flight
+below its limit, outstanding leases counted); stop at the first band that may not.
+Ceilings never rise as priority falls, so once a band may not go, no lower one may
+either: there is no priority inversion. Items aged up from a lower band are handed
+out under the ceiling of the band they have risen to.
+
+The cycle runs when a request arrives, when a lease ends, after a scrape
+(``on_metrics``) and on a housekeeping tick while anything is queued (TTL expiry,
+aging, hopeless requests). Queued requests wait on asyncio futures; cancelling the
+task that awaits ``admit`` removes its request from the queue at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+
+from .._core.aimd import AimdLimit
+from .._core.bands import REJECT_BAND_BYTES, REJECT_BAND_COUNT
+from .._core.saturation import EndpointLoad
+from .estimators import ServiceEstimate
+from .lease import Lease
+from .policies import Policy, make_policy
+from .settings import AdmissionSettings
+from .telemetry import Telemetry, percentiles
+from .ticket import Rejected, Ticket
+
+__all__ = ["Admission"]
+
+log = logging.getLogger("velocity.admission")
+
+_OOM_TEXT = "out of memory"
+
+
+class _EndpointState:
+    """Admission's private view of one endpoint."""
+
+    __slots__ = ("ep", "load", "aimd", "est")
+
+    def __init__(self, ep, limit: int, aimd: AimdLimit | None, alpha: float) -> None:
+        self.ep = ep
+        self.aimd = aimd
+        self.load = EndpointLoad(limit)
+        self.est = ServiceEstimate(alpha)
+        ep.limit = limit
+
+
+class _PoolState:
+    """One pool's queues and what is granted but not yet bound."""
+
+    __slots__ = ("pool", "queues", "pending", "states", "loads", "overload_until")
+
+    def __init__(self, pool, queues) -> None:
+        self.pool = pool
+        self.queues = queues
+        self.pending = 0
+        self.states: list[_EndpointState] = []
+        self.loads: list[EndpointLoad] = []
+        self.overload_until = 0.0
+
+
+class Admission:
+    """Whether and when each request runs. See docs/internals.md ("Admission").
+
+    ``settings``: AdmissionSettings, or the top-level Settings (converted);
+    ``pools``: model name -> Pool (shared with the router, may change);
+    ``policy``: "static" | "dynamic" | "smart" or a Policy object;
+    ``registry``: a metrics Registry (a private one when None).
+    """
+
+    def __init__(self, settings, pools: dict, policy: str | Policy = "dynamic", registry=None,
+                 clock=time.monotonic) -> None:
+        if not isinstance(settings, AdmissionSettings):
+            settings = AdmissionSettings.from_settings(settings)
+        self.settings = settings.validate()
+        self.policy = policy if isinstance(policy, Policy) else make_policy(policy, self.settings)
+        self.pools = pools
+        self.clock = clock
+        self.band_names = [b.name for b in self.policy.bands]
+        self._ceilings = [b.ceiling for b in self.policy.bands]
+        self._band_of = {n: i for i, n in enumerate(self.band_names)}
+        self._default_band = self._band_of.get(self.settings.default_band, len(self.band_names) // 2)
+        self._pools: dict[str, _PoolState] = {}
+        self._eps: dict[int, _EndpointState] = {}
+        self._tick: asyncio.TimerHandle | None = None
+        self._in_flight = 0
+        self.telemetry = Telemetry(registry, self.band_names, self.settings.latency_window,
+                                   self._depth_samples, self._saturation_samples, self._limit_samples,
+                                   self._inflight_samples)
+        for model in list(pools):
+            self._pool_state(model)
+
+    # -- the request path ------------------------------------------------------------
+
+    async def admit(self, ticket: Ticket) -> Lease:
+        """Grant a lease now or after a wait; raise Rejected when declined."""
+        now = self.clock()
+        ps = self._pool_state(ticket.model)
+        if ps is None or not self._sync(ps):
+            raise self._reject(503, "no-endpoint", "no healthy endpoint serves this model", 1)
+        band = self._band(ticket.band)
+        if self.policy.oom_throttle and band > 0 and now < ps.overload_until:
+            raise self._reject(503, "overload", "an engine ran out of memory; shedding non-high work",
+                               max(1, math.ceil(ps.overload_until - now)))
+        explicit = ticket.sla_ms is not None and ticket.sla_ms > 0
+        deadline = now + (ticket.sla_ms if explicit else self.settings.sla_ms) / 1000.0
+        if explicit and self.policy.sla_reject:
+            self._check_sla(ps, band, ticket, now)
+        q = ps.queues
+        if q.count == 0 and self._may_dispatch(ps, band, now):
+            return self._grant(ps, band, ticket.tenant, ticket.max_tokens, deadline, explicit, now, now)
+        if self.settings.global_capacity and self._queued_total() >= self.settings.global_capacity:
+            raise self._reject(503, "capacity", "admission queues are full", 1)
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        waiter = (fut, explicit)
+        rid = q.enqueue(waiter, ticket.tenant, band, ticket.prompt_bytes, float(ticket.max_tokens),
+                        deadline if explicit else math.inf, now)
+        if rid < 0:
+            what = "band" if rid in (REJECT_BAND_COUNT, REJECT_BAND_BYTES) else "admission"
+            raise self._reject(503, "capacity", f"{what} queue is full ({self.band_names[band]})", 1)
+        self._dispatch(ps)
+        if not fut.done():
+            self._arm_tick()
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if q.cancel(rid) is not None:
+                self.telemetry.queue_cancelled += 1
+            elif fut.done() and not fut.cancelled() and fut.exception() is None:
+                fut.result().release("cancelled")
+            raise
+
+    def has_room(self, ep) -> bool:
+        """True when ``ep`` may take one more request now (the router's filter)."""
+        return ep.healthy and ep.inflight < ep.limit
+
+    def on_metrics(self, ep) -> None:
+        """A scrape of ``ep`` landed: update saturation, check KV, maybe dispatch."""
+        st = self._eps.get(id(ep))
+        if st is None or st.ep is not ep:
+            return
+        now = self.clock()
+        st.load.observe(ep.running, ep.waiting, ep.kv_usage, ep.scraped_at)
+        if st.aimd is not None and ep.kv_usage > self.settings.kv_hard_limit:
+            # One cut per staleness window: a full cache stays full for a few scrapes.
+            if st.aimd.on_breach(now - self.settings.stale_after_ms / 1000.0, now):
+                ep.limit = st.aimd.limit
+        ps = self._pools.get(ep.model)
+        if ps is not None:
+            self._dispatch(ps)
+
+    # -- bands, pools, endpoints -----------------------------------------------------
+
+    def _band(self, name) -> int:
+        if self.policy.single_band:
+            return 0
+        return self._band_of.get(name, self._default_band) if name else self._default_band
+
+    def _pool_state(self, model) -> _PoolState | None:
+        if model is None or model not in self.pools:
+            if model is not None and model in self._pools:
+                return self._pools[model]
+            model = next(iter(self.pools), None) if model is None else model
+            if model is None or model not in self.pools:
+                return None
+        ps = self._pools.get(model)
+        if ps is None:
+            ps = self._pools[model] = _PoolState(self.pools[model], self.policy.make_queues(self.settings))
+        return ps
+
+    def _endpoint_state(self, ep) -> _EndpointState:
+        st = self._eps.get(id(ep))
+        if st is None or st.ep is not ep:
+            s = self.settings
+            if self.policy.adaptive:
+                aimd = AimdLimit(s.aimd_min, s.aimd_max, s.aimd_initial or s.aimd_max, s.oom_cooldown_ms / 1000.0)
+                st = _EndpointState(ep, aimd.limit, aimd, s.ewma_alpha)
+            else:
+                st = _EndpointState(ep, s.aimd_max, None, s.ewma_alpha)
+            self._eps[id(ep)] = st
+        return st
+
+    def _sync(self, ps: _PoolState) -> bool:
+        """Refresh the compiled loads from the endpoints; True if any is healthy."""
+        eps = ps.pool.endpoints
+        if len(ps.states) != len(eps) or any(s.ep is not e for s, e in zip(ps.states, eps)):
+            ps.states = [self._endpoint_state(e) for e in eps]
+            ps.loads = [s.load for s in ps.states]
+        any_healthy = False
+        for st in ps.states:
+            ep, load = st.ep, st.load
+            load.healthy = ep.healthy
+            load.inflight = ep.inflight
+            load.limit = ep.limit
+            if ep.scraped_at != load.scraped_at:
+                load.observe(ep.running, ep.waiting, ep.kv_usage, ep.scraped_at)
+            any_healthy = any_healthy or ep.healthy
+        return any_healthy
+
+    def _room(self, ps: _PoolState) -> int:
+        room = -ps.pending
+        for st in ps.states:
+            ep = st.ep
+            if ep.healthy and ep.inflight < ep.limit:
+                room += ep.limit - ep.inflight
+        return room
+
+    def _may_dispatch(self, ps: _PoolState, band: int, now: float) -> bool:
+        return (self._room(ps) > 0
+                and self.policy.saturation.pool(ps.loads, ps.pending, now) < self._ceilings[band])
+
+    def _queued_total(self) -> int:
+        return sum(ps.queues.count for ps in self._pools.values())
+
+    # -- the dispatch cycle ----------------------------------------------------------
+
+    def _dispatch(self, ps: _PoolState) -> None:
+        q = ps.queues
+        if q.count == 0:
+            return
+        now = self.clock()
+        if not self._sync(ps):
+            return
+        pool_sat = self.policy.saturation.pool
+        for band, ceiling in enumerate(self._ceilings):
+            while True:
+                if self._room(ps) <= 0 or pool_sat(ps.loads, ps.pending, now) >= ceiling:
+                    return
+                item = q.pop(band, now)
+                if item is None:
+                    break
+                fut, explicit = item.waiter
+                if fut.done():
+                    continue
+                fut.set_result(self._grant(ps, item.band, item.tenant, int(item.tokens),
+                                           item.deadline if explicit else item.enqueued_at
+                                           + self.settings.sla_ms / 1000.0,
+                                           explicit, item.enqueued_at, now))
+
+    def _grant(self, ps, band: int, tenant, max_tokens: int, deadline: float, explicit: bool,
+               arrived_at: float, now: float) -> Lease:
+        ps.pending += 1
+        self._in_flight += 1
+        self.telemetry.granted(band, now - arrived_at)
+        return Lease(self, ps, band, self.band_names[band], tenant, max_tokens, deadline, explicit,
+                     arrived_at, now)
+
+    # -- leases ----------------------------------------------------------------------
+
+    def _on_bind(self, lease: Lease, ep, rebind: bool = False) -> None:
+        if not rebind:
+            lease._ps.pending -= 1
+        ep.inflight += 1
+        self._endpoint_state(ep)
+
+    def _on_unbind(self, lease: Lease, ep) -> None:
+        ep.inflight -= 1
+        self._dispatch(lease._ps)
+
+    def _on_release(self, lease: Lease, outcome: str, error_text: str | None, tokens: int) -> None:
+        now = self.clock()
+        ps = lease._ps
+        ep = lease.endpoint
+        self._in_flight -= 1
+        ttft = lease.first_byte_at - lease.arrived_at if lease.first_byte_at else None
+        sla_met = None
+        if outcome == "completed":
+            sla_met = now <= lease.deadline
+        self.telemetry.finished(lease.band_index, outcome, now - lease.arrived_at, ttft, sla_met)
+        if ep is None:
+            ps.pending -= 1
+        else:
+            ep.inflight -= 1
+            self._learn(ps, lease, ep, outcome, error_text, tokens, now)
+        self._dispatch(ps)
+
+    def _learn(self, ps, lease: Lease, ep, outcome: str, error_text, tokens: int, now: float) -> None:
+        st = self._eps.get(id(ep))
+        if st is None:
+            return
+        engine_ttft = lease.first_byte_at - lease.bound_at if lease.first_byte_at else None
+        if outcome == "completed":
+            st.est.observe(engine_ttft, now - lease.bound_at, tokens or lease.max_tokens)
+        aimd = st.aimd
+        if aimd is None:
+            return
+        if error_text and _OOM_TEXT in error_text.lower():
+            self._on_oom(ps, st, now)
+            return
+        if outcome != "completed":
+            return
+        slow = engine_ttft is not None and engine_ttft * 1000.0 > self.settings.ttft_slo_ms
+        missed = lease.explicit_sla and now > lease.deadline
+        if slow or missed:
+            aimd.on_breach(lease.bound_at, now)
+        else:
+            kv_ok = st.load.kv <= self.settings.kv_hard_limit
+            at_limit = ep.inflight + 1 >= ep.limit
+            aimd.on_sample(ps.queues.count > 0, at_limit, kv_ok, now)
+        ep.limit = aimd.limit
+
+    def _on_oom(self, ps: _PoolState, st: _EndpointState, now: float) -> None:
+        st.aimd.on_oom(now)
+        st.ep.limit = st.aimd.limit
+        if not self.policy.oom_throttle:
+            return
+        ps.overload_until = max(ps.overload_until, st.aimd.frozen_until)
+        retry = max(1, math.ceil(ps.overload_until - now))
+        log.warning("engine %s ran out of memory: limit %d, shedding non-high work for %.1fs",
+                    getattr(st.ep, "name", "?"), st.aimd.limit, ps.overload_until - now)
+        shed = [it for it in ps.queues if it.band > 0]
+        for it in shed:
+            ps.queues.cancel(it.id)
+            self._fail_waiter(it, 503, "overload", "an engine ran out of memory; shedding non-high work", retry)
+
+    # -- SLA prediction --------------------------------------------------------------
+
+    def _check_sla(self, ps: _PoolState, band: int, ticket: Ticket, now: float) -> None:
+        q = ps.queues
+        if q.count == 0 and self._in_flight_in(ps) == 0:
+            return  # idle: never reject on a prediction
+        service = None
+        for st in ps.states:
+            if st.ep.healthy and st.est.known:
+                s = st.est.predict(ticket.max_tokens)
+                if s is not None and (service is None or s < service):
+                    service = s
+        if service is None:
+            return
+        wait = self._expected_wait(ps, band, now)
+        budget = ticket.sla_ms / 1000.0
+        tol = self.settings.sla_tolerance_high if band == 0 else self.settings.sla_tolerance
+        predicted = wait + service
+        if predicted > budget * (1.0 + tol):
+            raise self._reject(
+                429, "sla", f"predicted completion {predicted * 1000:.0f} ms exceeds the SLA of "
+                f"{ticket.sla_ms:.0f} ms", max(1, math.ceil(wait)))
+
+    def _in_flight_in(self, ps: _PoolState) -> int:
+        return ps.pending + sum(st.ep.inflight for st in ps.states)
+
+    def _expected_wait(self, ps: _PoolState, band: int, now: float) -> float:
+        """Queue wait ahead of a request of ``band``: the work queued at or above it,
+        beyond the free room, drained at the pool's concurrency."""
+        q = ps.queues
+        ahead = sum(q.band(b).count for b in range(band + 1))
+        room = self._room(ps)
+        blocked = self.policy.saturation.pool(ps.loads, ps.pending, now) >= self._ceilings[band]
+        if ahead < room and not blocked:
+            return 0.0
+        services = [st.est.service.value for st in ps.states if st.ep.healthy and st.est.known]
+        if not services:
+            return 0.0
+        concurrency = sum(st.ep.limit for st in ps.states if st.ep.healthy) or 1
+        return (ahead - max(room, 0) + 1) * (sum(services) / len(services)) / concurrency
+
+    # -- housekeeping ----------------------------------------------------------------
+
+    def _arm_tick(self) -> None:
+        if self._tick is None:
+            loop = asyncio.get_running_loop()
+            self._tick = loop.call_later(self.settings.tick_ms / 1000.0, self._on_tick)
+
+    def _on_tick(self) -> None:
+        self._tick = None
+        try:
+            self.housekeep()
+        except Exception:
+            log.exception("admission housekeeping failed")
+        if self._queued_total():
+            self._arm_tick()
+
+    def housekeep(self) -> None:
+        """Expire TTLs, decline hopeless requests (smart), then dispatch (aging)."""
+        now = self.clock()
+        for ps in self._pools.values():
+            q = ps.queues
+            if q.count == 0:
+                continue
+            for it in q.expire(now):
+                self._fail_waiter(it, 504, "ttl", "waited in the queue past its TTL", None)
+            if self.policy.drop_hopeless and q.count:
+                self._drop_hopeless(ps, now)
+            self._dispatch(ps)
+
+    def _drop_hopeless(self, ps: _PoolState, now: float) -> None:
+        base = tpot = None
+        for st in ps.states:
+            if not (st.ep.healthy and st.est.known):
+                continue
+            t = st.est.ttft.value if st.est.ttft.value is not None else st.est.service.value
+            p = st.est.tpot.value or 0.0
+            base = t if base is None else min(base, t)
+            tpot = p if tpot is None else min(tpot, p)
+        if base is None:
+            return
+        # Only the best case counts (no queue wait, fastest endpoint): what is dropped
+        # here could not have made it under any schedule.
+        for it in ps.queues.pop_hopeless(now, base, tpot):
+            self._fail_waiter(it, 429, "sla", "can no longer meet its SLA", 1)
+
+    def _fail_waiter(self, item, status: int, reason: str, message: str, retry_after) -> None:
+        fut = item.waiter[0]
+        rej = self._reject(status, reason, message, retry_after)
+        if not fut.done():
+            fut.set_exception(rej)
+
+    def _reject(self, status: int, reason: str, message: str, retry_after) -> Rejected:
+        self.telemetry.reject(reason)
+        return Rejected(status, reason, message, retry_after)
+
+    def close(self) -> None:
+        """Stop the housekeeping timer and fail whatever still waits (503)."""
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+        for ps in self._pools.values():
+            for it in list(ps.queues):
+                ps.queues.cancel(it.id)
+                self._fail_waiter(it, 503, "no-endpoint", "the gateway is shutting down", 1)
+
+    # -- visibility ------------------------------------------------------------------
+
+    def _depth_samples(self):
+        depth = [0] * len(self.band_names)
+        for ps in self._pools.values():
+            for i in range(len(depth)):
+                depth[i] += ps.queues.band(i).count
+        return [((n,), d) for n, d in zip(self.band_names, depth)]
+
+    def _saturation_samples(self):
+        now = self.clock()
+        out = []
+        for model, ps in self._pools.items():
+            self._sync(ps)
+            out.append(((model,), min(self.policy.saturation.pool(ps.loads, ps.pending, now), 1e9)))
+        return out
+
+    def _limit_samples(self):
+        return [((st.ep.name,), st.ep.limit) for st in self._eps.values()]
+
+    def _inflight_samples(self):
+        return [((st.ep.name,), st.ep.inflight) for st in self._eps.values()]
+
+    def stats(self) -> dict:
+        """Scheduler statistics for /stats."""
+        now = self.clock()
+        tel = self.telemetry
+        counts = tel.counts()
+        counts["in_flight"] = self._in_flight
+        bands = {}
+        for i, name in enumerate(self.band_names):
+            depth = nbytes = 0
+            oldest = None
+            for ps in self._pools.values():
+                b = ps.queues.band(i)
+                depth += b.count
+                nbytes += b.nbytes
+                if b.oldest_enqueued_at is not None:
+                    oldest = b.oldest_enqueued_at if oldest is None else min(oldest, b.oldest_enqueued_at)
+            bands[name] = {"depth": depth, "bytes": nbytes, "ceiling": self._ceilings[i],
+                           "oldest_wait_ms": None if oldest is None else round((now - oldest) * 1000.0, 3),
+                           "wait_ms": percentiles(tel.waits[i])}
+        pools = {}
+        for model, ps in self._pools.items():
+            self._sync(ps)
+            sat = self.policy.saturation.pool(ps.loads, ps.pending, now)
+            pools[model] = {"saturation": None if math.isinf(sat) else round(sat, 4), "queued": ps.queues.count,
+                            "pending_leases": ps.pending,
+                            "overload_s": round(max(0.0, ps.overload_until - now), 3)}
+        endpoints = {}
+        for st in self._eps.values():
+            ep = st.ep
+            endpoints[ep.name] = {
+                "limit": ep.limit, "inflight": ep.inflight,
+                "saturation": round(self.policy.saturation.endpoint(st.load, now), 4),
+                "batch_capacity": st.load.capacity,
+                "frozen": bool(st.aimd is not None and st.aimd.frozen(now)),
+                "estimates": st.est.snapshot()}
+        judged = tel.sla_met + tel.sla_missed
+        return {
+            "policy": self.policy.name,
+            "counters": counts,
+            "queued": self._queued_total(),
+            "queue_cancelled": tel.queue_cancelled,
+            "rejections": dict(tel.reasons),
+            "bands": bands,
+            "pools": pools,
+            "limits": {name: e["limit"] for name, e in endpoints.items()},
+            "endpoints": endpoints,
+            "sla": {"met": tel.sla_met, "missed": tel.sla_missed,
+                    "compliance": round(tel.sla_met / judged, 4) if judged else None},
+            "latency_ms": {"e2e": percentiles(tel.e2e), "ttft": percentiles(tel.ttfts)},
+        }
