@@ -286,7 +286,12 @@ class OpenStream:
                 return
 
     async def body(self) -> bytes:
-        """The rest of the body."""
+        """The rest of the body (Content-Length, chunked, or up to the close)."""
+        if "content-length" in self.headers and not self._eof:
+            self._eof = True
+            n = int(self.headers["content-length"]) - len(self._buf)
+            if n > 0:
+                self._buf += await self._reader.readexactly(n)
         while await self._read_more():
             pass
         out, self._buf = self._buf, b""
@@ -335,11 +340,7 @@ async def http_request(port: int, method: str, path: str, body: bytes | dict | N
     """One whole request/response on a new connection."""
     s = await open_request(port, method, path, body, headers, timeout)
     try:
-        if "content-length" in s.headers:
-            n = int(s.headers["content-length"])
-            data = await asyncio.wait_for(s._reader.readexactly(n), timeout) if n else b""
-        else:
-            data = await asyncio.wait_for(s.body(), timeout)
+        data = await asyncio.wait_for(s.body(), timeout)
     finally:
         await s.close()
     return HTTPResponse(s.status, s.headers, data)
