@@ -112,7 +112,8 @@ class Admission:
         if explicit and self.policy.sla_reject:
             self._check_sla(ps, band, ticket, now)
         q = ps.queues
-        if q.count == 0 and self._may_dispatch(ps, band, now):
+        # Nothing queued at or above this band: no one to overtake, go at once.
+        if (q.count == 0 or self._queued_at_or_above(q, band) == 0) and self._may_dispatch(ps, band, now):
             return self._grant(ps, band, ticket.tenant, ticket.max_tokens, deadline, explicit, now, now)
         if self.settings.global_capacity and self._queued_total() >= self.settings.global_capacity:
             raise self._reject(503, "capacity", "admission queues are full", 1)
@@ -214,6 +215,10 @@ class Admission:
     def _may_dispatch(self, ps: _PoolState, band: int, now: float) -> bool:
         return (self._room(ps) > 0
                 and self.policy.saturation.pool(ps.loads, ps.pending, now) < self._ceilings[band])
+
+    @staticmethod
+    def _queued_at_or_above(q, band: int) -> int:
+        return sum(q.band(b).count for b in range(band + 1))
 
     def _queued_total(self) -> int:
         return sum(ps.queues.count for ps in self._pools.values())
@@ -349,7 +354,7 @@ class Admission:
         """Queue wait ahead of a request of ``band``: the work queued at or above it,
         beyond the free room, drained at the pool's concurrency."""
         q = ps.queues
-        ahead = sum(q.band(b).count for b in range(band + 1))
+        ahead = self._queued_at_or_above(q, band)
         room = self._room(ps)
         blocked = self.policy.saturation.pool(ps.loads, ps.pending, now) >= self._ceilings[band]
         if ahead < room and not blocked:
