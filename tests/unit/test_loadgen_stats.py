@@ -74,8 +74,10 @@ def test_policy_medians_and_table():
                                               "latency_ms": {"p50": 5.0}}}
     runs = [run("static", 1.0), run("static", 3.0), run("static", 2.0), run("dynamic", 4.0)]
     m = medians(runs)
-    assert m["static"]["goodput req/s"] == 2.0 and m["static"]["runs"] == 3
-    assert m["dynamic"]["p50 ms"] == 5.0
+    assert m["static"]["goodput_rps"] == 2.0 and m["static"]["runs"] == 3
+    assert m["dynamic"]["latency_p50_ms"] == 5.0 and math.isnan(m["dynamic"]["ttft_p50_ms"])
     table = format_table(m, ["static", "dynamic", "smart"])
-    assert table.splitlines()[2].split()[0] == "static" and "smart" not in table
-    assert verdict(m) == ["dynamic: goodput 4.00 req/s vs static 2.00 (+100%)"]
+    assert table.splitlines()[2].split()[:4] == ["static", "3", "20.0", "2.00"]
+    assert "smart" not in table
+    assert verdict(m, ["static", "dynamic"]) == [
+        "dynamic: 40.0% of requests within SLA (4.00 req/s) vs static 20.0% (2.00 req/s): +20.0 points"]

@@ -46,7 +46,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(**BENCH_DEFAULTS)
     g = parser.add_argument_group("bench")
     g.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies to compare")
-    g.add_argument("--engines", type=int, default=2, help="sim engines per gateway (default 2)")
+    from velocity_fast.engines.options import DEFAULT_SIM_ENGINES
+
+    g.add_argument("--engines", type=int, default=DEFAULT_SIM_ENGINES,
+                   help=f"sim engines per gateway (default {DEFAULT_SIM_ENGINES}, as chargeVelocity)")
     g.add_argument("--repeats", type=int, default=3, help="runs per policy; the table shows medians")
     g.add_argument("--warmup-requests", type=int, default=16, help="requests sent before each run")
     g.add_argument("--stats-interval", type=float, default=0.25, help="seconds between /stats samples")
@@ -110,7 +113,7 @@ def bench_main(args) -> int:
     meds = medians(runs)
     print_to(sys.stdout, "")
     print_to(sys.stdout, format_table(meds, policies))
-    for line in verdict(meds):
+    for line in verdict(meds, policies):
         print_to(sys.stdout, line)
     write_json(args.output + ".json", {
         "config": {**vars(args), "duration_s": cfg.duration},
@@ -187,8 +190,7 @@ async def _bench(args, policies, cfg, mix, specs, logs):
                 while True:
                     st = await gw.stats()
                     if st is not None:
-                        limit, queued = gauges(st)
-                        timeline.append((time.perf_counter() - t0, limit, queued))
+                        timeline.append((time.perf_counter() - t0, *gauges(st)))
                     await asyncio.sleep(args.stats_interval)
 
             sampler = asyncio.get_running_loop().create_task(sample())

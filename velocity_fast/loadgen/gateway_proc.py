@@ -24,6 +24,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_range(count: int, tries: int = 50) -> int:
+    """The first of ``count`` consecutive free ports (engine i listens on base + i)."""
+    for _ in range(tries):
+        base = free_port()
+        if base + count > 65535:
+            continue
+        socks = []
+        try:
+            for p in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports found")
+
+
 async def http_get(host: str, port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
     """A one-shot GET (connection: close); off the measured path, so plain streams do."""
     async def go():
@@ -64,9 +85,12 @@ class GatewayProcess:
         self.port = free_port()
         self.admin_port = free_port()
         self.log_path = log_path
+        # Own engine ports and log folder, so that runs never meet each other's engines
+        # (or anyone's on the default 8100+).
         argv = ["chargeVelocity", "--mock", "--engines", str(engines), "--policy", policy,
                 "--host", "127.0.0.1", "--port", str(self.port), "--admin-port", str(self.admin_port),
-                *extra]
+                "--engine-base-port", str(free_port_range(engines)),
+                "--engine-log-dir", os.path.splitext(log_path)[0] + "-engines", *extra]
         self.argv = [*(command or [sys.executable, "-c", _LAUNCH]), *argv]
         self.proc: subprocess.Popen | None = None
 
@@ -133,20 +157,24 @@ class GatewayProcess:
         return ""
 
 
-def gauges(stats: dict) -> tuple[float | None, float | None]:
-    """(sum of the endpoints' concurrency limits, total queued requests) from ``/stats``.
+def gauges(stats: dict) -> tuple[float | None, float | None, float | None]:
+    """(sum of the endpoints' concurrency limits, total queued requests, requests in
+    flight on the engines) from ``/stats``.
 
     The document's exact shape belongs to the gateway; this looks for the documented
-    ideas (per endpoint ``limit``, per band queue depth) and tolerates their absence.
+    ideas (per endpoint ``limit``, per band queue depth) at the top level and under
+    ``admission``, and tolerates their absence.
     """
-    limit = None
+    adm = stats.get("admission")
+    if isinstance(adm, dict):
+        stats = {**adm, **stats}
+    limit = inflight = None
     eps = stats.get("endpoints")
     if isinstance(eps, dict):
         eps = list(eps.values())
     if isinstance(eps, list):
-        lims = [e.get("limit") for e in eps if isinstance(e, dict)]
-        lims = [x for x in lims if isinstance(x, (int, float))]
-        limit = float(sum(lims)) if lims else None
+        limit = _sum(e.get("limit") for e in eps if isinstance(e, dict))
+        inflight = _sum(e.get("inflight") for e in eps if isinstance(e, dict))
     if limit is None:
         for key in ("concurrency_limit", "limit_total", "concurrency_limits"):
             v = stats.get(key)
@@ -174,4 +202,9 @@ def gauges(stats: dict) -> tuple[float | None, float | None]:
         nums = [b.get("queue_depth", b.get("queued", b.get("depth"))) for b in bands if isinstance(b, dict)]
         nums = [x for x in nums if isinstance(x, (int, float))]
         queued = float(sum(nums)) if nums else None
-    return limit, queued
+    return limit, queued, inflight
+
+
+def _sum(values) -> float | None:
+    nums = [x for x in values if isinstance(x, (int, float)) and not isinstance(x, bool)]
+    return float(sum(nums)) if nums else None

@@ -13,7 +13,8 @@ def have_matplotlib() -> bool:
 
 def write_plots(prefix: str, latencies: dict[str, list[float]], timelines: dict[str, list[tuple]]) -> list[str]:
     """Write ``PREFIX_latency_cdf.png`` (latency CDF per policy, completed requests) and
-    ``PREFIX_timeline.png`` (concurrency limit and queue depth over time, per policy).
+    ``PREFIX_timeline.png`` (concurrency limit, in-flight requests and queue depth over
+    time, per policy; samples are ``(t, limit, queued, inflight)`` with None for unknown).
     Returns the paths written."""
     import matplotlib
 
@@ -39,14 +40,18 @@ def write_plots(prefix: str, latencies: dict[str, list[float]], timelines: dict[
     plt.close(fig)
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    for policy, samples in timelines.items():
-        lim = [(t, l) for t, l, _ in samples if l is not None]
-        que = [(t, q) for t, _, q in samples if q is not None]
+    for k, (policy, samples) in enumerate(timelines.items()):
+        color = f"C{k}"
+        lim = [(s[0], s[1]) for s in samples if s[1] is not None]
+        que = [(s[0], s[2]) for s in samples if s[2] is not None]
+        inf = [(s[0], s[3]) for s in samples if len(s) > 3 and s[3] is not None]
         if lim:
-            top.plot(*zip(*lim), label=policy)
+            top.plot(*zip(*lim), color=color, label=f"{policy} limit")
+        if inf:
+            top.plot(*zip(*inf), color=color, linestyle=":", label=f"{policy} in flight")
         if que:
-            bottom.plot(*zip(*que), label=policy)
-    top.set_ylabel("concurrency limit (sum)")
+            bottom.plot(*zip(*que), color=color, label=policy)
+    top.set_ylabel("requests (all engines)")
     bottom.set_ylabel("queued requests")
     bottom.set_xlabel("time since start of run (s)")
     top.set_title("Admission over time (from admin /stats)")
