@@ -469,7 +469,9 @@ class Admission:
                 nbytes += b.nbytes
                 if b.oldest_enqueued_at is not None:
                     oldest = b.oldest_enqueued_at if oldest is None else min(oldest, b.oldest_enqueued_at)
-            bands[name] = {"depth": depth, "bytes": nbytes, "ceiling": self._ceilings[i],
+            ceiling = self._ceilings[i]
+            bands[name] = {"depth": depth, "bytes": nbytes,
+                           "ceiling": ceiling if math.isfinite(ceiling) else None,
                            "oldest_wait_ms": None if oldest is None else round((now - oldest) * 1000.0, 3),
                            "wait_ms": percentiles(tel.waits[i])}
         pools = {}

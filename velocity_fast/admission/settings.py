@@ -54,8 +54,10 @@ class AdmissionSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     # KV above this on a scrape is a breach for AIMD (x0.75).
     kv_hard_limit: float = 0.95
     stale_after_ms: float = 1000.0
-    # Anti-starvation: a waiting request rises one band per step (0 = off).
-    aging_step_ms: float = 5000.0
+    # Anti-starvation: a waiting request rises one band per step (0 = off). A
+    # backstop, not a scheduler: a short step would let a deep low backlog rise
+    # into the headroom kept for higher bands.
+    aging_step_ms: float = 30000.0
     # Between tenants: "rr" (turns) or "tokens" (virtual token counter).
     fairness: str = "rr"
     # The default deadline, for SLA compliance and AIMD; prediction only rejects
