@@ -14,7 +14,7 @@ $(BIN)/python:
 
 # Installs the package (editable) with the test and bench extras and the build tools.
 $(STAMP): $(BIN)/python pyproject.toml setup.py
-	$(BIN)/python -m pip install -q "setuptools>=68" wheel "Cython>=3.0"
+	$(BIN)/python -m pip install -q "setuptools>=77" wheel "Cython>=3.0"
 	$(BIN)/python -m pip install -q --no-build-isolation -e ".[test,bench]"
 	touch $(STAMP)
 
