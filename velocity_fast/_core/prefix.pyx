@@ -17,10 +17,14 @@ Nothing here knows asyncio, endpoints or profiles: names are opaque keys.
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.stdint cimport uint32_t, uint64_t
+from libc.math cimport INFINITY
 from libc.stdlib cimport free, malloc
 
 MAX_SLOTS = VP_MAX_SLOTS
 STRIPE_BYTES = VP_STRIPE
+
+# Scores closer than this are a tie: float noise must not defeat the random tie-break.
+cdef double TIE_EPS = 1e-9
 
 
 cdef inline uint64_t _hash_obj(object data, uint64_t seed) except? 0:
@@ -274,3 +278,94 @@ cdef class PrefixIndex:
             "endpoints": {n: {"blocks": self._ix.lru[i].count, "capacity": self._ix.lru[i].capacity}
                           for i, n in enumerate(self._names) if n is not None},
         }
+
+
+cdef str _BASIS_PREFIX = "prefix"
+cdef str _BASIS_LOAD = "load"
+cdef str _BASIS_HOTSPOT = "hotspot"
+
+
+def choose_by_affinity(PrefixIndex index, BlockHashes hashes, list cands, list loads,
+                       double hotspot_gap, double load_weight, uint64_t rand):
+    """The chat profile's scoring, in one compiled pass over the candidates.
+
+    affinity(e) = matched leading blocks of e / blocks of the prompt;
+    score(e) = affinity(e) - load_weight * (load(e) - least load) / hotspot_gap.
+    The best score wins, unless its load exceeds the least load by more than
+    hotspot_gap: then the least loaded endpoints win (the most affine among them).
+    Without any affinity the least loaded wins. Ties go to ``rand`` (one 64-bit draw).
+    Candidates are objects with a ``name`` (the index key); loads are floats.
+    Returns (position in cands, basis): basis is "prefix", "load" or "hotspot".
+    """
+    cdef Py_ssize_t nc = len(cands), i, best
+    cdef Py_ssize_t n = hashes.n
+    cdef double *buf
+    cdef double *aff
+    cdef double *load
+    cdef double *score
+    cdef bint *all_ok
+    cdef bint *coolest
+    cdef double min_load, cost
+    cdef bint any_affinity = False
+    cdef object slot
+    cdef int k
+    if nc == 0 or len(loads) != nc:
+        raise ValueError("cands and loads must be non-empty and of the same length")
+    buf = <double *>malloc(3 * nc * sizeof(double) + 2 * nc * sizeof(bint))
+    if buf == NULL:
+        raise MemoryError()
+    aff = buf
+    load = buf + nc
+    score = buf + 2 * nc
+    all_ok = <bint *>(buf + 3 * nc)
+    coolest = all_ok + nc
+    try:
+        min_load = INFINITY
+        for i in range(nc):
+            load[i] = <double>loads[i]
+            if load[i] < min_load:
+                min_load = load[i]
+            aff[i] = 0.0
+            all_ok[i] = True
+        for i in range(nc):
+            coolest[i] = load[i] <= min_load + TIE_EPS
+        if n and index._active:
+            for k in range(len(index._names)):
+                index._matched[k] = 0
+            vp_match(&index._ix, hashes._h, <size_t>n, index._active, index._matched)
+            for i in range(nc):
+                slot = index._slots.get(cands[i].name)
+                if slot is not None and index._matched[<int>slot]:
+                    aff[i] = index._matched[<int>slot] / <double>n
+                    any_affinity = True
+        if not any_affinity:
+            return _nth_tie(aff, coolest, nc, rand), _BASIS_LOAD
+        cost = load_weight / hotspot_gap if hotspot_gap > 0 else load_weight
+        for i in range(nc):
+            score[i] = aff[i] - cost * (load[i] - min_load)
+        best = _nth_tie(score, all_ok, nc, rand)
+        if load[best] - min_load > hotspot_gap:
+            # Load wins: the least loaded endpoints, the most affine among them.
+            return _nth_tie(aff, coolest, nc, rand), _BASIS_HOTSPOT
+        return best, _BASIS_PREFIX
+    finally:
+        free(buf)
+
+
+cdef Py_ssize_t _nth_tie(double *score, bint *eligible, Py_ssize_t nc, uint64_t rand) noexcept:
+    """Position of the highest score among the eligible, ties (within TIE_EPS) at random."""
+    cdef Py_ssize_t i, ties = 0
+    cdef double top = -INFINITY
+    for i in range(nc):
+        if eligible[i] and score[i] > top:
+            top = score[i]
+    for i in range(nc):
+        if eligible[i] and score[i] >= top - TIE_EPS:
+            ties += 1
+    ties = <Py_ssize_t>(rand % <uint64_t>ties)
+    for i in range(nc):
+        if eligible[i] and score[i] >= top - TIE_EPS:
+            if ties == 0:
+                return i
+            ties -= 1
+    return 0

@@ -1,0 +1,78 @@
+"""Routing settings (the `routing:` section of the config, plus the per-model profiles).
+
+Defaults live here and nowhere else. Build them from the config file with
+``RoutingSettings.from_config(settings.routing, settings.models)``; an unknown key, a
+wrong type or an unknown profile name is a ValueError that names the key.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Mapping
+
+import msgspec
+
+__all__ = ["PROFILES", "ProfileName", "RoutingSettings"]
+
+PROFILES = ("chat", "batch", "long-context")
+ProfileName = Literal["chat", "batch", "long-context"]
+
+_Positive = Annotated[float, msgspec.Meta(gt=0)]
+_NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class RoutingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """How the router filters, scores and picks endpoints."""
+
+    # Prefix blocks: 64 bytes is about 16 tokens, one vLLM KV block. A multiple of 32.
+    block_bytes: Annotated[int, msgspec.Meta(ge=32, le=65536, multiple_of=32)] = 64
+    # Blocks remembered per endpoint while the engine's num_gpu_blocks is unknown.
+    index_capacity: Annotated[int, msgspec.Meta(ge=0)] = 16384
+    # Converts the engine's KV blocks (block_size tokens each) into index blocks.
+    bytes_per_token: _Positive = 4.0
+    # Hot-spot guard: once the affinity pick carries more than this many requests
+    # (engine waiting + gateway in flight) above the least loaded endpoint, load wins.
+    hotspot_gap: _NonNegative = 8.0
+    # Within the gap, how much load costs against affinity: a load gap of a full
+    # hotspot_gap costs this fraction of a perfect prefix match.
+    load_weight: _NonNegative = 0.25
+    # Session affinity's load guard, in the same units as hotspot_gap.
+    session_gap: _NonNegative = 8.0
+    # Saturated endpoints are filtered out (fail open when that would remove all):
+    # engine queue at or past this many waiting, or KV usage at or past this fraction.
+    saturation_waiting: _Positive = 5.0
+    saturation_kv: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.8
+    # Engine gauges older than this are ignored (the gateway's own counts stand in).
+    metrics_stale_s: _Positive = 2.0
+    default_profile: ProfileName = "chat"
+    # Per model (served name) profile; the x-velocity-profile header overrides it.
+    profiles: dict[str, ProfileName] = msgspec.field(default_factory=dict)
+    # Seed of the tie-breaking random generator; None draws one from the OS.
+    seed: int | None = None
+
+    @classmethod
+    def from_config(cls, routing: Mapping[str, Any] | None = None,
+                    models: Mapping[str, Any] | None = None) -> "RoutingSettings":
+        """Build from the config's `routing:` mapping and its `models: {name: {profile}}`.
+
+        A model entry may be a mapping or an object with a ``profile`` attribute.
+        Raises ValueError naming the offending key.
+        """
+        data = dict(routing or {})
+        profiles = dict(data.pop("profiles", None) or {})
+        for name, entry in (models or {}).items():
+            profile = entry.get("profile") if isinstance(entry, Mapping) else getattr(entry, "profile", None)
+            if profile is None:
+                continue
+            if profile not in PROFILES:
+                raise ValueError(f"models.{name}.profile: unknown profile {profile!r} "
+                                 f"(one of {', '.join(PROFILES)})")
+            profiles[name] = profile
+        data["profiles"] = profiles
+        try:
+            return msgspec.convert(data, cls)
+        except msgspec.ValidationError as e:
+            raise ValueError(f"routing: {e}") from None
+
+    def profile_for(self, model: str) -> str:
+        """The configured profile of a model (the default when the model has none)."""
+        return self.profiles.get(model, self.default_profile)
