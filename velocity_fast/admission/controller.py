@@ -53,7 +53,7 @@ class _EndpointState:
 class _PoolState:
     """One pool's queues and what is granted but not yet bound."""
 
-    __slots__ = ("pool", "queues", "pending", "states", "loads", "overload_until")
+    __slots__ = ("pool", "queues", "pending", "states", "loads", "seen", "overload_until")
 
     def __init__(self, pool, queues) -> None:
         self.pool = pool
@@ -61,6 +61,7 @@ class _PoolState:
         self.pending = 0
         self.states: list[_EndpointState] = []
         self.loads: list[EndpointLoad] = []
+        self.seen: list | None = None
         self.overload_until = 0.0
 
 
@@ -190,9 +191,12 @@ class Admission:
     def _sync(self, ps: _PoolState) -> bool:
         """Refresh the compiled loads from the endpoints; True if any is healthy."""
         eps = ps.pool.endpoints
-        if len(ps.states) != len(eps) or any(s.ep is not e for s, e in zip(ps.states, eps)):
+        # List equality falls back to identity for endpoints: a C-speed check that
+        # the pool has not changed since the last cycle.
+        if ps.seen != eps:
             ps.states = [self._endpoint_state(e) for e in eps]
             ps.loads = [s.load for s in ps.states]
+            ps.seen = list(eps)
         any_healthy = False
         for st in ps.states:
             ep, load = st.ep, st.load
