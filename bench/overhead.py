@@ -1,0 +1,731 @@
+"""The gateway's per-request overhead against a direct connection and nginx, in one run.
+
+Method
+------
+* One fast fixed-response upstream (bench/upstream_fixed.py, an "infinitely fast engine")
+  runs in its own process pinned to the LOAD core, together with the load client.
+* The proxy under test runs alone on the PROXY core, one at a time:
+  - the gateway, `velocityllm serve` with one endpoint and the default settings
+    (dynamic admission, routing, metrics: the whole scheduler path);
+  - nginx `proxy_pass` with 1 worker and upstream keep-alive, when nginx is installed.
+  The direct phase sends the same load to the upstream itself.
+* The load client is `wrk` (when installed; 1 thread) or else a lean closed-loop client
+  in this file (uvloop + httptools, one request in flight per connection), each in its
+  own process. Every request is a keep-alive POST /v1/chat/completions with a small body.
+* Throughput: requests/s at 64 connections for --duration seconds per phase, after a
+  short warm-up; --rounds rounds alternate the targets and the median is reported.
+* Latency: p50/p99 at 1 connection; "added" is the target's figure minus direct's.
+* CPU us/request: the proxy's own CPU time (utime+stime of every process of it, from
+  /proc/PID/stat) over the throughput phase, divided by the requests it served.
+* Busy %: how much of each pinned core the phase used (/proc/stat), and how much of it
+  was ours; a LOAD core near 100 % means the figure is bounded by the load side, and
+  "foreign" CPU on a core means other work on the machine disturbed the phase.
+* --profile SECONDS samples the gateway under the same 64-connection load with py-spy
+  (when installed) and prints the functions with the largest self and inclusive share.
+
+Every process runs on 127.0.0.1 and is stopped at the end, also on error or Ctrl-C.
+Usage::
+
+    python bench/overhead.py [--duration 5] [--rounds 2] [--json out.json] [--profile 5]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import http.client
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = "fixed"
+BODY = b'{"model":"fixed","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
+PATH = "/v1/chat/completions"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+# Targets of issue 3 (rps >= 0.5x nginx) and issue 8 (rps >= 1.0x nginx, CPU <= 1.0x nginx).
+TARGET_RPS_MIN = 0.5
+GOAL_RPS = 1.0
+GOAL_CPU = 1.0
+LOAD_BOUND_BUSY = 0.9
+
+NGINX_CONF = """\
+worker_processes 1;
+daemon off;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    upstream engine {{
+        server 127.0.0.1:{upstream};
+        keepalive 128;
+        keepalive_requests 1000000;
+    }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        keepalive_requests 1000000;
+        location / {{
+            proxy_pass http://engine;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+"""
+
+WRK_LUA = """\
+wrk.method = "POST"
+wrk.body = '{body}'
+wrk.headers["Content-Type"] = "application/json"
+done = function(summary, latency, requests)
+  io.write(string.format(
+    'OVERHEAD_JSON {{"requests":%d,"duration_s":%.6f,"non2xx":%d,"errors":%d,' ..
+    '"p50_us":%.1f,"p99_us":%.1f,"mean_us":%.1f}}\\n',
+    summary.requests, summary.duration / 1e6, summary.errors.status,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    latency:percentile(50), latency:percentile(99), latency.mean))
+end
+"""
+
+
+# -- processes -----------------------------------------------------------------------------------
+
+def _child_setup(cpu: int | None):
+    """preexec_fn: pin the child and have it killed if this script dies without cleaning up."""
+    def setup() -> None:
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    return setup
+
+
+class Procs:
+    """Every process this run started, each in its own session so that it can be stopped whole."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, argv: list[str], cpu: int | None, log: Path | None = None, **kw) -> subprocess.Popen:
+        out = open(log, "wb") if log is not None else subprocess.PIPE
+        try:
+            p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_child_setup(cpu),
+                                 start_new_session=True, **kw)
+        finally:
+            if log is not None:
+                out.close()
+        self.procs.append(p)
+        return p
+
+    def stop(self, p: subprocess.Popen, grace: float = 5.0) -> None:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                p.wait(grace)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(grace)
+        if p.stdout is not None:
+            p.stdout.close()
+        if p in self.procs:
+            self.procs.remove(p)
+
+    def stop_all(self) -> None:
+        for p in reversed(list(self.procs)):
+            self.stop(p)
+
+
+def _cpu_ticks(pid: int) -> int:
+    """utime+stime of one process (all its threads), in clock ticks; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _group_pids(root: int) -> list[int]:
+    """The process and its descendants (nginx's workers under its master)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def _core_times() -> dict[int, tuple[int, int]]:
+    """Per-CPU (busy, total) clock ticks from /proc/stat."""
+    out = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            m = re.match(r"cpu(\d+) (.*)", line)
+            if m:
+                v = [int(x) for x in m.group(2).split()]
+                idle = v[3] + v[4]
+                total = sum(v[:8])
+                out[int(m.group(1))] = (total - idle, total)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_line(p: subprocess.Popen, pattern: str, timeout: float, what: str) -> re.Match:
+    """Read the child's output until a line matches (it must print it once ready)."""
+    deadline = time.monotonic() + timeout
+    seen = []
+    os.set_blocking(p.stdout.fileno(), False)
+    buf = b""
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            break
+        chunk = p.stdout.read() or b""
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for raw in lines:
+            line = raw.decode(errors="replace")
+            seen.append(line)
+            m = re.search(pattern, line)
+            if m:
+                return m
+        if not chunk:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not start: " + " | ".join(seen[-5:]))
+
+
+def _post_ok(port: int, timeout: float = 2.0) -> bool:
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        try:
+            c.request("POST", PATH, BODY, {"content-type": "application/json"})
+            return c.getresponse().status == 200
+        finally:
+            c.close()
+    except OSError:
+        return False
+
+
+def _wait_ready(check, timeout: float, what: str, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    tail = log.read_text(errors="replace")[-800:] if log is not None and log.exists() else ""
+    raise RuntimeError(f"{what} not ready after {timeout:.0f} s. {tail}")
+
+
+# -- the targets ---------------------------------------------------------------------------------
+
+class Target:
+    """A thing to send load to: its port and the pid whose process tree is the proxy."""
+
+    def __init__(self, name: str, port: int, pid: int | None) -> None:
+        self.name = name
+        self.port = port
+        self.pid = pid
+
+    def cpu_ticks(self) -> int:
+        if self.pid is None:
+            return 0
+        return sum(_cpu_ticks(p) for p in _group_pids(self.pid))
+
+
+def start_upstream(procs: Procs, cpu: int | None) -> tuple[subprocess.Popen, int]:
+    p = procs.start([sys.executable, str(REPO / "bench" / "upstream_fixed.py"), "--port", "0"], cpu)
+    m = _wait_line(p, r"listening on 127\.0\.0\.1:(\d+)", 15, "the fixed upstream")
+    return p, int(m.group(1))
+
+
+def start_gateway(procs: Procs, cpu: int | None, upstream: int, policy: str, work: Path,
+                  extra: list[str]) -> Target:
+    port, admin = _free_port(), _free_port()
+    log = work / "gateway.log"
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    argv = [sys.executable, "-m", "velocity_fast", "serve", "--endpoint",
+            f"e1=http://127.0.0.1:{upstream}={MODEL}", "--host", "127.0.0.1", "--port", str(port),
+            "--admin-port", str(admin), "--policy", policy, *extra]
+    p = procs.start(argv, cpu, log=log, cwd=str(REPO), env=env)
+
+    def ready() -> bool:
+        if p.poll() is not None:
+            raise RuntimeError("the gateway exited: " + log.read_text(errors="replace")[-800:])
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", admin, timeout=1)
+            try:
+                c.request("GET", "/ready")
+                return c.getresponse().status == 200 and _post_ok(port)
+            finally:
+                c.close()
+        except OSError:
+            return False
+
+    _wait_ready(ready, 20, "the gateway", log)
+    return Target("gateway", port, p.pid)
+
+
+def start_nginx(procs: Procs, cpu: int | None, upstream: int, work: Path) -> Target | None:
+    exe = shutil.which("nginx") or next((x for x in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")
+                                         if os.access(x, os.X_OK)), None)
+    if exe is None:
+        return None
+    ndir = work / "nginx"
+    ndir.mkdir()
+    port = _free_port()
+    conf = ndir / "nginx.conf"
+    text = NGINX_CONF.format(dir=ndir, upstream=upstream, port=port)
+    if os.geteuid() == 0:
+        # As root nginx would switch its worker to nobody, who cannot enter our temp dir.
+        text = "user root;\n" + text
+    conf.write_text(text)
+    log = ndir / "stdout.log"
+    p = procs.start([exe, "-p", str(ndir), "-e", str(ndir / "error.log"), "-c", str(conf)], cpu, log=log)
+
+    def ready() -> bool:
+        if p.poll() is not None:
+            err = ndir / "error.log"
+            raise RuntimeError("nginx exited: " + (err.read_text(errors="replace")[-800:] if err.exists() else ""))
+        return _post_ok(port)
+
+    _wait_ready(ready, 10, "nginx", ndir / "error.log")
+    return Target("nginx", port, p.pid)
+
+
+# -- the load client -------------------------------------------------------------------------------
+
+def _wrk_cmd(work: Path) -> list[str] | None:
+    exe = shutil.which("wrk")
+    if exe is None:
+        return None
+    script = work / "post.lua"
+    if not script.exists():
+        script.write_text(WRK_LUA.format(body=BODY.decode()))
+    return [exe, "-t1", "--timeout", "5s", "-s", str(script)]
+
+
+def run_load(client: str, work: Path, port: int, conns: int, duration: float, cpu: int | None) -> dict:
+    """One closed-loop load run in its own process; returns its figures and its own CPU seconds."""
+    if client == "wrk":
+        argv = _wrk_cmd(work) + [f"-c{conns}", f"-d{max(1, round(duration))}s",
+                                 f"http://127.0.0.1:{port}{PATH}"]
+    else:
+        argv = [sys.executable, str(Path(__file__).resolve()), "--_client", str(port), str(conns), str(duration)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    p = subprocess.run(argv, capture_output=True, timeout=duration + 30, preexec_fn=_child_setup(cpu))
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = p.stdout.decode(errors="replace")
+    m = re.search(r"OVERHEAD_JSON (\{.*\})", out)
+    if p.returncode != 0 or m is None:
+        raise RuntimeError(f"load client failed ({p.returncode}): {out[-500:]} {p.stderr.decode()[-500:]}")
+    r = json.loads(m.group(1))
+    r["client_cpu_s"] = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return r
+
+
+async def _client_main(port: int, conns: int, duration: float) -> dict:
+    """The fallback load client: each connection sends its next request as soon as the last ends."""
+    import httptools
+
+    wire = (f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(BODY)}\r\n\r\n").encode() + BODY
+    loop = asyncio.get_running_loop()
+    clock = time.perf_counter
+    lat: list[float] = []
+    state = {"ok": 0, "non2xx": 0, "errors": 0, "stopping": False, "live": 0}
+    drained = loop.create_future()
+
+    class Conn(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.parser = httptools.HttpResponseParser(self)
+            self.transport = None
+            self.sent = 0.0
+
+        def connection_made(self, transport) -> None:
+            self.transport = transport
+            state["live"] += 1
+            self.send()
+
+        def send(self) -> None:
+            if state["stopping"]:
+                self.transport.close()
+                return
+            self.sent = clock()
+            self.transport.write(wire)
+
+        def data_received(self, data: bytes) -> None:
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                state["errors"] += 1
+                self.transport.close()
+
+        def on_message_complete(self) -> None:
+            lat.append(clock() - self.sent)
+            if 200 <= self.parser.get_status_code() < 300:
+                state["ok"] += 1
+            else:
+                state["non2xx"] += 1
+            self.send()
+
+        def connection_lost(self, exc) -> None:
+            state["live"] -= 1
+            if not state["stopping"]:
+                state["errors"] += 1
+            if state["live"] == 0 and not drained.done():
+                drained.set_result(None)
+
+    t0 = clock()
+    for _ in range(conns):
+        await loop.create_connection(Conn, "127.0.0.1", port)
+    await asyncio.sleep(duration - (clock() - t0))
+    state["stopping"] = True
+    counted = state["ok"] + state["non2xx"]
+    elapsed = clock() - t0
+    try:
+        await asyncio.wait_for(drained, 5)
+    except asyncio.TimeoutError:
+        pass
+    lat.sort()
+
+    def pct(q: float) -> float:
+        return lat[min(len(lat) - 1, int(q * len(lat)))] * 1e6 if lat else 0.0
+
+    return {"requests": counted, "duration_s": elapsed, "non2xx": state["non2xx"], "errors": state["errors"],
+            "p50_us": pct(0.50), "p99_us": pct(0.99), "mean_us": (sum(lat) / len(lat) * 1e6) if lat else 0.0}
+
+
+def client_entry(argv: list[str]) -> int:
+    port, conns, duration = int(argv[0]), int(argv[1]), float(argv[2])
+    try:
+        import uvloop
+        result = uvloop.run(_client_main(port, conns, duration))
+    except ImportError:
+        result = asyncio.run(_client_main(port, conns, duration))
+    print("OVERHEAD_JSON " + json.dumps(result), flush=True)
+    return 0
+
+
+# -- phases ---------------------------------------------------------------------------------------------
+
+def throughput(target: Target, args, work: Path, load_pids: list[int]) -> dict:
+    """One measured run at --connections against one target, with CPU accounting."""
+    cores0 = _core_times()
+    proxy0 = target.cpu_ticks()
+    load0 = sum(_cpu_ticks(p) for p in load_pids)
+    r = run_load(args.client, work, target.port, args.connections, args.duration, args.load_cpu)
+    proxy1 = target.cpu_ticks()
+    load1 = sum(_cpu_ticks(p) for p in load_pids)
+    cores1 = _core_times()
+    served = r["requests"]
+    wall = r["duration_s"]
+    proxy_s = (proxy1 - proxy0) / CLK_TCK
+    load_s = (load1 - load0) / CLK_TCK + r["client_cpu_s"]
+    out = {"rps": (served - r["non2xx"]) / wall if wall else 0.0, "requests": served, "non2xx": r["non2xx"],
+           "errors": r["errors"], "seconds": round(wall, 3), "p50_us": r["p50_us"], "p99_us": r["p99_us"]}
+    if target.pid is not None:
+        out["cpu_us_per_req"] = proxy_s / served * 1e6 if served else None
+        out["proxy_cpu_share"] = proxy_s / wall if wall else None
+    out["load_cpu_share"] = load_s / wall if wall else None
+    for name, cpu, ours in (("proxy_core", args.proxy_cpu, proxy_s if target.pid else 0.0),
+                            ("load_core", args.load_cpu, load_s)):
+        if cpu is None or cpu not in cores0 or (name == "proxy_core" and target.pid is None):
+            continue
+        busy = (cores1[cpu][0] - cores0[cpu][0]) / CLK_TCK
+        total = (cores1[cpu][1] - cores0[cpu][1]) / CLK_TCK
+        out[name + "_busy"] = busy / total if total else None
+        out[name + "_foreign"] = max(0.0, busy - ours) / total if total else None
+    return out
+
+
+def latency(target: Target, args, work: Path) -> dict:
+    r = run_load(args.client, work, target.port, 1, args.latency_duration, args.load_cpu)
+    return {"p50_us": r["p50_us"], "p99_us": r["p99_us"], "mean_us": r["mean_us"], "requests": r["requests"],
+            "non2xx": r["non2xx"]}
+
+
+def _median(rows: list[dict], key: str):
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+# Frames of the process's entry chain: in every stack, so they say nothing about the request path.
+_ENTRY_FRAMES = ("(<frozen runpy>)", "(asyncio/runners.py)", "(velocity_fast/__main__.py)",
+                 "(velocity_fast/cli.py)", "(velocity_fast/gateway/launch.py)", "(velocity_fast/server/run.py)")
+
+
+def profile_gateway(target: Target, args, work: Path) -> dict | None:
+    """Sample the gateway with py-spy under the throughput load; top functions by self and total share."""
+    spy = shutil.which("py-spy") or (str(Path(sys.executable).parent / "py-spy")
+                                     if (Path(sys.executable).parent / "py-spy").exists() else None)
+    if spy is None:
+        return {"error": "py-spy is not installed (pip install py-spy)"}
+    raw = Path(args.profile_out) if args.profile_out else work / "gateway.prof.txt"
+    cmd = [spy, "record", "--nonblocking", "--format", "raw", "-r", "250", "-d", str(max(1, round(args.profile))),
+           "-p", str(target.pid), "-o", str(raw)]
+    if args.profile_native:
+        cmd.insert(2, "--native")
+    spy_p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                             preexec_fn=_child_setup(args.load_cpu))
+    try:
+        time.sleep(0.5)
+        run_load(args.client, work, target.port, args.connections, args.profile, args.load_cpu)
+        out, _ = spy_p.communicate(timeout=args.profile + 30)
+    finally:
+        if spy_p.poll() is None:
+            os.killpg(spy_p.pid, signal.SIGKILL)
+            spy_p.wait()
+    if not raw.exists():
+        return {"error": "py-spy wrote nothing: " + out.decode(errors="replace")[-300:]}
+    self_c: Counter = Counter()
+    incl_c: Counter = Counter()
+    total = 0
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        n = int(n)
+        frames = [re.sub(r":\d+\)$", ")", f.replace(str(REPO) + "/", "")) for f in stack.split(";")]
+        frames = [f for f in frames if not f.startswith(("process ", "thread "))] or ["?"]
+        total += n
+        self_c[frames[-1]] += n
+        for f in set(frames):
+            incl_c[f] += n
+    if not total:
+        return {"error": "py-spy collected no samples"}
+    top = args.profile_top
+    inclusive = [(f, c) for f, c in incl_c.most_common() if not f.endswith(_ENTRY_FRAMES)][:top]
+    return {"samples": total, "raw": str(raw),
+            "self": [(f, round(100 * c / total, 1)) for f, c in self_c.most_common(top)],
+            "inclusive": [(f, round(100 * c / total, 1)) for f, c in inclusive]}
+
+
+# -- report -----------------------------------------------------------------------------------------------
+
+def _f(v, fmt: str = "{:.0f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def summarize(res: dict) -> str:
+    lines = [__doc__.split("Every process runs")[0].strip(), ""]
+    h = res["host"]
+    lines.append(f"Host: {h['cpus']} CPU(s) {h['cpu_model']}, python {h['python']}, load average {h['loadavg']}; "
+                 f"proxy core {h['proxy_cpu']}, load core {h['load_cpu']}; client {res['config']['client']}; "
+                 f"{res['config']['connections']} connections x {res['config']['duration']} s x "
+                 f"{res['config']['rounds']} round(s); nginx: {h['nginx'] or 'not installed (reference missing)'}")
+    lines.append("")
+    hdr = (f"{'target':<8} {'req/s@64':>9} {'CPU us/req':>10} {'p50@1 us':>9} {'p99@1 us':>9} "
+           f"{'+p50 us':>8} {'+p99 us':>8} {'proxy core':>10} {'load core':>9} {'foreign':>8}  rounds req/s")
+    lines.append(hdr)
+    direct = res["targets"].get("direct")
+    for name, t in res["targets"].items():
+        lat = t["latency"]
+        add50 = lat["p50_us"] - direct["latency"]["p50_us"] if name != "direct" else None
+        add99 = lat["p99_us"] - direct["latency"]["p99_us"] if name != "direct" else None
+        foreign = max(t.get("proxy_core_foreign") or 0, t.get("load_core_foreign") or 0)
+        lines.append(f"{name:<8} {_f(t['rps']):>9} {_f(t.get('cpu_us_per_req'), '{:.1f}'):>10} "
+                     f"{_f(lat['p50_us']):>9} {_f(lat['p99_us']):>9} {_f(add50):>8} {_f(add99):>8} "
+                     f"{_f(t.get('proxy_core_busy'), '{:.0%}'):>10} {_f(t.get('load_core_busy'), '{:.0%}'):>9} "
+                     f"{foreign:>8.0%}  {' '.join(_f(r['rps']) for r in t['rounds'])}")
+    lines.append("")
+    ratios = res["ratios"]
+    lines.append(f"gateway/direct req/s: {_f(ratios.get('gateway_vs_direct_rps'), '{:.2f}x')}")
+    if "gateway_vs_nginx_rps" in ratios:
+        r_rps, r_cpu = ratios["gateway_vs_nginx_rps"], ratios.get("gateway_vs_nginx_cpu")
+        lines.append(f"gateway/nginx req/s: {r_rps:.2f}x  (issue 3 target >= {TARGET_RPS_MIN}x: "
+                     f"{'met' if r_rps >= TARGET_RPS_MIN else 'NOT met'}; issue 8 goal >= {GOAL_RPS}x: "
+                     f"{'met' if r_rps >= GOAL_RPS else 'not yet'})")
+        lines.append(f"gateway/nginx CPU us/req: {_f(r_cpu, '{:.2f}x')}  (issue 8 goal <= {GOAL_CPU}x: "
+                     f"{'met' if r_cpu is not None and r_cpu <= GOAL_CPU else 'not yet'})")
+    else:
+        lines.append("gateway/nginx: nginx is not installed, so the reference is missing "
+                     "(apt-get install nginx-light)")
+    for w in res["warnings"]:
+        lines.append("warning: " + w)
+    prof = res.get("profile")
+    if prof:
+        lines.append("")
+        if "error" in prof:
+            lines.append("profile: " + prof["error"])
+        else:
+            lines.append(f"Gateway profile under load ({prof['samples']} py-spy samples; raw stacks: {prof['raw']}):")
+            lines.append("  self %   function")
+            lines += [f"  {pct:6.1f}   {f}" for f, pct in prof["self"]]
+            lines.append("  total %  function (a coroutine's stack may be cut where it was resumed)")
+            lines += [f"  {pct:6.1f}   {f}" for f, pct in prof["inclusive"]]
+    return "\n".join(lines)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def _nginx_version() -> str | None:
+    exe = shutil.which("nginx") or ("/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None)
+    if exe is None:
+        return None
+    p = subprocess.run([exe, "-v"], capture_output=True, text=True)
+    return (p.stderr or p.stdout).strip().replace("nginx version: ", "")
+
+
+def run(args) -> dict:
+    allowed = os.sched_getaffinity(0)
+    warnings: list[str] = []
+    if args.proxy_cpu not in allowed or args.load_cpu not in allowed or args.proxy_cpu == args.load_cpu:
+        warnings.append(f"cores {args.proxy_cpu}/{args.load_cpu} are not two distinct usable CPUs "
+                        f"(have {sorted(allowed)}): running unpinned, the figures mix proxy and load")
+        args.proxy_cpu = args.load_cpu = None
+    if args.client == "auto":
+        args.client = "wrk" if shutil.which("wrk") else "python"
+    elif args.client == "wrk" and not shutil.which("wrk"):
+        raise SystemExit("wrk is not installed (apt-get install wrk), use --client python")
+    res = {"config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+           "host": {"cpus": os.cpu_count(), "cpu_model": _cpu_model(), "python": platform.python_version(),
+                    "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()), "proxy_cpu": args.proxy_cpu,
+                    "load_cpu": args.load_cpu, "nginx": None if args.no_nginx else _nginx_version()},
+           "targets": {}, "ratios": {}, "warnings": warnings}
+    procs = Procs()
+    with tempfile.TemporaryDirectory(prefix="velocity-overhead-") as tmp:
+        work = Path(tmp)
+        os.chmod(work, 0o755)
+        try:
+            up_p, up_port = start_upstream(procs, args.load_cpu)
+            targets = [Target("direct", up_port, None),
+                       start_gateway(procs, args.proxy_cpu, up_port, args.policy, work, args.gateway_arg)]
+            if not args.no_nginx:
+                ng = start_nginx(procs, args.proxy_cpu, up_port, work)
+                if ng is not None:
+                    targets.append(ng)
+            rounds: dict[str, list[dict]] = {t.name: [] for t in targets}
+            for t in targets:  # warm-up: connections, the gateway's adaptive limit, caches
+                run_load(args.client, work, t.port, args.connections, args.warmup, args.load_cpu)
+            for i in range(args.rounds):
+                order = targets if i % 2 == 0 else targets[::-1]
+                for t in order:
+                    rounds[t.name].append(throughput(t, args, work, [up_p.pid]))
+            for t in targets:
+                rows = rounds[t.name]
+                entry = {"rounds": rows}
+                for key in ("rps", "cpu_us_per_req", "p50_us", "p99_us", "proxy_core_busy", "load_core_busy",
+                            "proxy_core_foreign", "load_core_foreign", "load_cpu_share"):
+                    entry[key] = _median(rows, key)
+                entry["latency"] = latency(t, args, work)
+                res["targets"][t.name] = entry
+                bad = sum(r["non2xx"] + r["errors"] for r in rows)
+                if bad:
+                    warnings.append(f"{t.name}: {bad} non-2xx answers or transport errors under load")
+                if t.name != "direct" and (entry["load_cpu_share"] or 0) >= LOAD_BOUND_BUSY:
+                    warnings.append(f"{t.name}: the upstream and the client used {entry['load_cpu_share']:.0%} "
+                                    f"of the load core, so its req/s may be bounded by the load side")
+                foreign = max(entry["proxy_core_foreign"] or 0, entry["load_core_foreign"] or 0)
+                if foreign > 0.05:
+                    warnings.append(f"{t.name}: other work used up to {foreign:.0%} of a pinned core during "
+                                    f"its phases; rerun on a quiet machine for firm figures")
+            if args.profile > 0:
+                gw = next(t for t in targets if t.name == "gateway")
+                res["profile"] = profile_gateway(gw, args, work)
+        finally:
+            procs.stop_all()
+    T = res["targets"]
+    if "gateway" in T and "direct" in T and T["direct"]["rps"]:
+        res["ratios"]["gateway_vs_direct_rps"] = T["gateway"]["rps"] / T["direct"]["rps"]
+    if "gateway" in T and "nginx" in T:
+        res["ratios"]["gateway_vs_nginx_rps"] = T["gateway"]["rps"] / T["nginx"]["rps"]
+        if T["gateway"]["cpu_us_per_req"] and T["nginx"]["cpu_us_per_req"]:
+            res["ratios"]["gateway_vs_nginx_cpu"] = T["gateway"]["cpu_us_per_req"] / T["nginx"]["cpu_us_per_req"]
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--_client"]:
+        return client_entry(argv[1:])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--duration", type=float, default=5.0, help="seconds per throughput phase (default 5)")
+    p.add_argument("--rounds", type=int, default=2, help="throughput rounds per target, median reported (default 2)")
+    p.add_argument("--latency-duration", type=float, default=3.0, help="seconds of the 1-connection phase")
+    p.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up load per target")
+    p.add_argument("--connections", type=int, default=64)
+    p.add_argument("--client", choices=("auto", "wrk", "python"), default="auto",
+                   help="load client: wrk when installed, else the one in this file (auto)")
+    p.add_argument("--proxy-cpu", type=int, default=0, help="core of the gateway and nginx (default 0)")
+    p.add_argument("--load-cpu", type=int, default=1, help="core of the upstream and the client (default 1)")
+    p.add_argument("--policy", default="dynamic", choices=("dynamic", "static", "smart"))
+    p.add_argument("--gateway-arg", action="append", default=[], metavar="ARG",
+                   help="an extra flag for `velocityllm serve` (repeatable), e.g. --gateway-arg=--max-concurrency=64")
+    p.add_argument("--no-nginx", action="store_true", help="skip the nginx reference")
+    p.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
+                   help="then sample the gateway with py-spy under load for this long")
+    p.add_argument("--profile-native", action="store_true", help="py-spy --native: include C frames")
+    p.add_argument("--profile-out", default=None, help="keep py-spy's collapsed stacks at this path")
+    p.add_argument("--profile-top", type=int, default=20)
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
+    args = p.parse_args(argv)
+    if args.duration <= 0 or args.rounds < 1 or args.latency_duration <= 0 or args.connections < 1:
+        p.error("--duration, --rounds, --latency-duration and --connections must be positive")
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        res = run(args)
+    except KeyboardInterrupt:
+        print("interrupted; every process stopped", file=sys.stderr)
+        return 130
+    except RuntimeError as e:
+        print(f"overhead: {e}", file=sys.stderr)
+        return 1
+    print(summarize(res))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
