@@ -105,6 +105,8 @@ class _PoolState:
 
     def reclaim_slots(self) -> None:
         """Free the slots of endpoints that are no longer in the pool."""
+        if self.pool is None:
+            return
         present = {ep.name for ep in self.pool.endpoints}
         for name in self.index.names():
             if name not in present:
@@ -178,7 +180,7 @@ class Router:
         state = self._pools.get(pool.model)
         if state is None:
             state = self._pools[pool.model] = _PoolState(pool, self.settings)
-        else:
+        elif state.pool is not pool:
             state.pool = pool
         s = self.settings
         now = self._clock()
@@ -222,7 +224,7 @@ class Router:
             return
         state = self._pools.get(ep.model)
         if state is None:
-            return  # never picked from this pool: nothing routes on this index
+            state = self._pools[ep.model] = _PoolState(None, self.settings)
         index = state.index
         if index.slot_of(ep.name) < 0 and index.slot(ep.name) < 0:
             state.reclaim_slots()
