@@ -1,9 +1,10 @@
 """Where generated tokens go: SSE chunks in vLLM's shapes, or one JSON response.
 
 A stream's constant bytes (id, created, model, the JSON around the token text) are
-encoded once per request; a token chunk is then three byte strings joined. Chunks are
-written without awaiting (``write_nowait``); only a client that reads slowly makes
-its stream buffer, and the request's own task drains that buffer.
+encoded once per request; a token chunk is then three byte strings joined. The step
+loop collects chunks and calls ``flush()``, which writes them without awaiting
+(``write_nowait``); only a client that reads slowly makes its stream buffer, and the
+request's own task drains that buffer.
 """
 from __future__ import annotations
 
@@ -53,8 +54,8 @@ def error_event(status: int, type: str, message: str) -> bytes:
 class StreamSink:
     """Turns tokens into SSE chunks and writes them to the client."""
 
-    __slots__ = ("resp", "meta", "head", "tail", "tail_open", "generated", "backlog", "closed",
-                 "waiter", "activity")
+    __slots__ = ("resp", "meta", "head", "tail", "tail_open", "generated", "pending", "closing",
+                 "backlog", "closed", "waiter", "activity")
 
     def __init__(self, resp: Responder, meta: RequestMeta) -> None:
         self.resp = resp
@@ -74,6 +75,8 @@ class StreamSink:
         if not meta.continuous_usage:
             self.tail += b"}\n\n"
         self.generated = 0
+        self.pending: list[bytes] = []   # chunks of this step loop turn, written by flush()
+        self.closing = False
         self.backlog: list[bytes] | None = None
         self.closed = False
         self.waiter: asyncio.Future | None = None
@@ -96,18 +99,19 @@ class StreamSink:
         return out + b"}\n\n"
 
     # -- the engine's side -------------------------------------------------------
-    def token(self, tok: int, finish_reason: str | None) -> None:
+    def token(self, tok: int, finish_reason: str | None) -> bool:
+        """Encode one token's chunk; True when the sink now has output to flush."""
         self.generated += 1
         self.activity += 1
         meta = self.meta
+        pending = self.pending
         if finish_reason is None:
             if meta.continuous_usage:
-                data = (self.head + VOCAB_BYTES[tok] + self.tail + b',"usage":'
-                        + _usage_bytes(meta.prompt_tokens, self.generated) + b"}\n\n")
+                pending.append(self.head + VOCAB_BYTES[tok] + self.tail + b',"usage":'
+                               + _usage_bytes(meta.prompt_tokens, self.generated) + b"}\n\n")
             else:
-                data = self.head + VOCAB_BYTES[tok] + self.tail
-            self._push(data)
-            return
+                pending.append(self.head + VOCAB_BYTES[tok] + self.tail)
+            return len(pending) == 1
         parts = [self.head, VOCAB_BYTES[tok], self.tail_open % finish_reason.encode()]
         if meta.continuous_usage:
             parts += [b',"usage":', _usage_bytes(meta.prompt_tokens, self.generated)]
@@ -115,14 +119,26 @@ class StreamSink:
         if meta.include_usage:
             parts += [self._envelope(b'[],"usage":'), _usage_bytes(meta.prompt_tokens, self.generated), b"}\n\n"]
         parts.append(DONE)
-        self._push(b"".join(parts))
-        self._close()
+        pending.append(b"".join(parts))
+        self.closing = True
+        return len(pending) == 1
 
-    def fail(self, status: int, type: str, message: str) -> None:
-        self._push(error_event(status, type, message))
-        self._close()
+    def fail(self, status: int, type: str, message: str) -> bool:
+        self.pending.append(error_event(status, type, message))
+        self.closing = True
+        return len(self.pending) == 1
+
+    def flush(self) -> None:
+        """Write what the step loop produced since the last flush, in one write."""
+        pending = self.pending
+        if pending:
+            self.pending = []
+            self._push(pending[0] if len(pending) == 1 else b"".join(pending))
+        if self.closing:
+            self._close()
 
     def aborted(self) -> None:
+        self.pending = []
         self._close()
 
     def keep_alive(self) -> None:
@@ -191,15 +207,20 @@ class WholeSink:
         self.error: tuple[int, str, str] | None = None
         self.done = done
 
-    def token(self, tok: int, finish_reason: str | None) -> None:
+    def token(self, tok: int, finish_reason: str | None) -> bool:
         self.tokens.append(tok)
         if finish_reason is not None:
             self.finish_reason = finish_reason
             self._set()
+        return False
 
-    def fail(self, status: int, type: str, message: str) -> None:
+    def fail(self, status: int, type: str, message: str) -> bool:
         self.error = (status, type, message)
         self._set()
+        return False
+
+    def flush(self) -> None:
+        """Nothing to write before the end."""
 
     def aborted(self) -> None:
         self._set()
