@@ -5,7 +5,7 @@ import pytest
 
 from velocity_fast.loadgen.client import Result
 from velocity_fast.loadgen.compare import format_table, medians, verdict
-from velocity_fast.loadgen.stats import distribution, percentile, summarize
+from velocity_fast.loadgen.stats import distribution, peak_rate_in_window, percentile, summarize
 from velocity_fast.loadgen.workload import RequestSpec
 
 
@@ -81,3 +81,10 @@ def test_policy_medians_and_table():
     assert "smart" not in table
     assert verdict(m, ["static", "dynamic"]) == [
         "dynamic: 40.0% of requests within SLA (4.00 req/s) vs static 20.0% (2.00 req/s): +20.0 points"]
+
+
+def test_peak_rate_in_window():
+    assert peak_rate_in_window([]) == 0
+    times = [0.1 * i for i in range(10)] + [5.0 + 0.01 * i for i in range(30)]
+    assert peak_rate_in_window(times) == 30.0
+    assert peak_rate_in_window(times, window=0.5) == 60.0

@@ -61,6 +61,17 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
 
 
+def overload(runs: list[dict], peak_arrival_rps: float) -> dict:
+    """How far the peak arrivals exceed what the engines delivered at best.
+
+    Capacity is taken as the highest completion rate seen in any run (a 1 s window):
+    during an overloaded burst that is the service rate of the engines for this mix.
+    """
+    cap = max((r["summary"].get("peak_completion_rps", 0.0) for r in runs), default=0.0)
+    return {"capacity_rps": cap, "peak_arrival_rps": peak_arrival_rps,
+            "overload": peak_arrival_rps / cap if cap > 0 else float("inf")}
+
+
 def run_order(policies: list[str], repeats: int, seed: int) -> list[tuple[int, str]]:
     """(repeat, policy) pairs: each repeat visits every policy once, shuffled by the seed."""
     import random
@@ -111,14 +122,19 @@ def bench_main(args) -> int:
         print(f"bench: a gateway failed; logs in {logs}", file=sys.stderr)
         return 1
     meds = medians(runs)
+    load = overload(runs, peak_rate(cfg.num_requests, cfg.duration, cfg.pattern))
     print_to(sys.stdout, "")
     print_to(sys.stdout, format_table(meds, policies))
     for line in verdict(meds, policies):
         print_to(sys.stdout, line)
+    print_to(sys.stdout, f"observed capacity {load['capacity_rps']:.1f} req/s (most completions in any "
+                         f"1 s, all runs); peak arrival rate {load['peak_arrival_rps']:.1f} req/s = "
+                         f"{load['overload']:.2f}x capacity")
     write_json(args.output + ".json", {
         "config": {**vars(args), "duration_s": cfg.duration},
         "mix": msgspec.to_builtins(mix),
         "medians": meds,
+        "load": load,
         "runs": [{k: v for k, v in r.items() if k != "latencies"} for r in runs],
     })
     write_csv(args.output + ".csv", ({"policy": p, **m} for p, m in meds.items()),

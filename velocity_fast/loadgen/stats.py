@@ -75,10 +75,24 @@ def summarize(specs, results, *, start: float, cpu_seconds: float | None = None)
                        "by_reason": dict(sorted(by_reason.items()))},
         "by_band": _by_band(specs, results),
     }
+    summary["peak_completion_rps"] = peak_rate_in_window([results[i].done for i in completed])
     if cpu_seconds is not None:
         summary["client_cpu_us_per_request"] = cpu_seconds / n * 1e6 if n else math.nan
         summary["client_cpu_share"] = cpu_seconds / wall
     return summary
+
+
+def peak_rate_in_window(times: list[float], window: float = 1.0) -> float:
+    """The most events in any ``window`` seconds, per second: under overload, the
+    completion rate the servers actually delivered (their capacity for this mix)."""
+    t = sorted(times)
+    best = 0
+    lo = 0
+    for hi in range(len(t)):
+        while t[hi] - t[lo] > window:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best / window
 
 
 def _latency(r) -> float:
