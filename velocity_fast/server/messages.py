@@ -15,12 +15,12 @@ class ServerLimits:
     """Limits a server enforces on every connection (each has its status code)."""
 
     __slots__ = ("max_body_bytes", "max_header_bytes", "header_timeout", "body_timeout",
-                 "keepalive_timeout", "max_pipelined", "write_buffer_high")
+                 "keepalive_timeout", "max_pipelined", "write_buffer_high", "linger_timeout")
 
     def __init__(self, *, max_body_bytes: int = 16 * 1024 * 1024, max_header_bytes: int = 64 * 1024,
                  header_timeout: float = 10.0, body_timeout: float = 60.0,
                  keepalive_timeout: float = 75.0, max_pipelined: int = 32,
-                 write_buffer_high: int = 512 * 1024) -> None:
+                 write_buffer_high: int = 512 * 1024, linger_timeout: float = 2.0) -> None:
         self.max_body_bytes = max_body_bytes        # 413 past it
         self.max_header_bytes = max_header_bytes    # 431 past it (request line + headers)
         self.header_timeout = header_timeout        # 408 when a started head does not complete in time
@@ -28,6 +28,7 @@ class ServerLimits:
         self.keepalive_timeout = keepalive_timeout  # an idle connection is closed after it
         self.max_pipelined = max_pipelined          # reading pauses while this many wait their turn
         self.write_buffer_high = write_buffer_high  # write flow control: pause the producer above it
+        self.linger_timeout = linger_timeout        # after an error answer, how long to wait for the client's EOF
 
 
 class Request:
@@ -50,6 +51,7 @@ class Request:
         self.expect_continue = False
 
     def header(self, name: str, default: str | None = None) -> str | None:
+        """The value of a header by its lower-case name."""
         return self.headers.get(name, default)
 
     def __repr__(self) -> str:

@@ -30,6 +30,10 @@ _CT = {"application/json": b"content-type: application/json\r\n",
        "text/event-stream": b"content-type: text/event-stream\r\ncache-control: no-cache\r\n",
        "text/plain; version=0.0.4; charset=utf-8": b"content-type: text/plain; version=0.0.4; charset=utf-8\r\n"}
 
+# How a started response frames what write() gets. _IDLE: not started or already
+# finished, so a write is a bug that would corrupt the next response on the connection.
+_IDLE, _CHUNKED, _RAW, _DISCARD = 0, 1, 2, 3
+
 
 def _status_line(status: int) -> bytes:
     line = _STATUS_LINES.get(status)
@@ -52,8 +56,8 @@ def _head(status: int, content_type: str | None, headers: Iterable[tuple[str, st
 class Responder:
     """Writes the response of one request; see docs/internals.md."""
 
-    __slots__ = ("_proto", "_request", "started", "finished", "disconnected", "_chunked",
-                 "_callbacks", "status")
+    __slots__ = ("_proto", "_request", "started", "finished", "disconnected", "_mode", "_keep",
+                 "_callbacks", "_task", "status")
 
     def __init__(self, proto: "HttpProtocol", request: Request) -> None:
         self._proto = proto
@@ -61,8 +65,10 @@ class Responder:
         self.started = False
         self.finished = False
         self.disconnected = False
-        self._chunked = False
+        self._mode = _IDLE
+        self._keep = False
         self._callbacks: list[Callable[[], None]] | None = None
+        self._task: asyncio.Task | None = None
         self.status = 0
 
     # -- whole responses -------------------------------------------------
@@ -89,6 +95,7 @@ class Responder:
         self._proto._response_done(self, keep)
 
     def send_json(self, status: int, obj, *, headers: Iterable[tuple[str, str]] = ()) -> None:
+        """A whole response whose body is `obj` encoded by orjson."""
         self.send(status, orjson.dumps(obj), headers=headers)
 
     def send_error(self, status: int, message: str, *, type: str | None = None, param: str | None = None,
@@ -106,30 +113,37 @@ class Responder:
         self.status = status
         if self.disconnected:
             return
-        if self._request.http_version == "1.0":
-            self._request.keep_alive = False
+        req = self._request
+        if req.http_version == "1.0":
+            self._mode = _RAW
             extra = b"connection: close\r\n\r\n"
         else:
-            self._chunked = True
-            keep = self._proto._keep_alive_after(self._request)
+            self._mode = _CHUNKED
+            self._keep = keep = self._proto._keep_alive_after(req)
             extra = b"transfer-encoding: chunked\r\n%s\r\n" % (
                 b"connection: keep-alive\r\n" if keep else b"connection: close\r\n")
+        if req.method == "HEAD":
+            # The head says what a GET would get; the body is not sent.
+            self._mode = _DISCARD
         self._proto._transport.write(_head(status, content_type, headers, extra))
 
     def write_nowait(self, data: bytes) -> bool:
         """Queue one chunk without waiting; False once the client is gone.
 
         For producers that serve many streams from one loop (they check
-        `paused` themselves instead of awaiting each write).
+        `paused` themselves instead of awaiting each write): while paused,
+        what they queue stays in this process's memory.
         """
         if self.disconnected:
             return False
-        if not data:
-            return True
-        if self._chunked:
-            self._proto._transport.write(b"%x\r\n%s\r\n" % (len(data), data))
-        else:
+        mode = self._mode
+        if mode == _CHUNKED:
+            if data:  # an empty chunk would end the stream
+                self._proto._transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        elif mode == _RAW:
             self._proto._transport.write(data)
+        elif mode == _IDLE:
+            raise RuntimeError("response finished" if self.finished else "response not started")
         return True
 
     @property
@@ -149,14 +163,21 @@ class Responder:
         """Finish a streamed response."""
         if self.finished:
             return
+        if not self.started:
+            raise RuntimeError("response not started")
         self.finished = True
+        mode = self._mode
+        self._mode = _IDLE
         if self.disconnected:
             return
-        if self._chunked:
-            self._proto._transport.write(b"0\r\n\r\n")
-            self._proto._response_done(self, self._request.keep_alive and not self._proto._closing)
+        proto = self._proto
+        if mode == _CHUNKED:
+            proto._transport.write(b"0\r\n\r\n")
+            proto._response_done(self, self._keep and not proto._closing)
+        elif mode == _DISCARD:
+            proto._response_done(self, self._keep and not proto._closing)
         else:
-            self._proto._response_done(self, False)
+            proto._response_done(self, False)
 
     # -- disconnects -------------------------------------------------------
     def add_disconnect_callback(self, cb: Callable[[], None]) -> None:
@@ -170,6 +191,7 @@ class Responder:
             self._callbacks.append(cb)
 
     def remove_disconnect_callback(self, cb: Callable[[], None]) -> None:
+        """Forget a callback added by add_disconnect_callback (no error if unknown)."""
         if self._callbacks and cb in self._callbacks:
             self._callbacks.remove(cb)
 
@@ -177,6 +199,7 @@ class Responder:
         if self.disconnected:
             return
         self.disconnected = True
+        self._mode = _IDLE
         cbs, self._callbacks = self._callbacks, None
         if cbs and not self.finished:
             for cb in cbs:
@@ -201,6 +224,8 @@ class HttpProtocol(asyncio.Protocol):
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._head_bytes = 0
+        self._head_raw = 0
+        self._in_head = False
         self._body: list[bytes] = []
         self._body_len = 0
         self._req: Request | None = None
@@ -208,7 +233,6 @@ class HttpProtocol(asyncio.Protocol):
         # requests waiting their turn, and the one being answered
         self._queue: deque[Request] = deque()
         self._active: Responder | None = None
-        self._task: asyncio.Task | None = None
         self._fatal: tuple[int, str] | None = None
         self._continue_pending = False
         # flow control and lifecycle
@@ -222,10 +246,13 @@ class HttpProtocol(asyncio.Protocol):
     # -- connection lifecycle ----------------------------------------------
     def connection_made(self, transport) -> None:
         self._transport = transport
+        self._server._connections.add(self)
+        if self._server._idle is not None:  # accepted just before the listener closed
+            transport.close()
+            return
         transport.set_write_buffer_limits(high=self._limits.write_buffer_high)
         peer = transport.get_extra_info("peername")
         self._client = tuple(peer[:2]) if peer else None
-        self._server._connections.add(self)
         self._arm(self._limits.keepalive_timeout, self._on_idle_timeout)
 
     def connection_lost(self, exc) -> None:
@@ -239,6 +266,9 @@ class HttpProtocol(asyncio.Protocol):
             self._drain_waiter.set_exception(ClientDisconnected())
             self._drain_waiter.exception()  # mark retrieved: nobody may be waiting any more
         self._server._maybe_idle()
+
+    # A client that half-closes is taken as gone (the default eof_received closes
+    # the transport): that is how a disconnect shows while a handler awaits.
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -274,27 +304,57 @@ class HttpProtocol(asyncio.Protocol):
 
     def _on_read_timeout(self) -> None:
         self._timer = None
-        if self._in_message:
-            what = "request body" if self._req is not None else "request head"
-            self._fail(408, f"The {what} was not received within the read timeout.")
+        if not self._in_message or self._fatal is not None:
+            return
+        head_done = self._req is not None
+        if self._read_paused:
+            # We stopped reading (too many pipelined requests), not the client sending.
+            self._arm(self._limits.body_timeout if head_done else self._limits.header_timeout,
+                      self._on_read_timeout)
+            return
+        what = "request body" if head_done else "request head"
+        self._fail(408, f"The {what} was not received within the read timeout.")
+
+    def _on_linger_timeout(self) -> None:
+        self._timer = None
+        self._transport.close()
 
     # -- parsing ------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         if self._fatal is not None:
-            return
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(400, "Protocol upgrades are not supported.")
-        except httptools.HttpParserError as e:
-            if self._fatal is None:
+            return  # lingering after an error: what the client still sends is dropped
+        if self._in_head:
+            # httptools gathers a header line before it calls on_header, so a line
+            # that never ends is counted here: the head began in an earlier read
+            # and has not ended, so all of this read belongs to it.
+            self._head_raw += len(data)
+        while True:
+            try:
+                self._parser.feed_data(data)
+            except httptools.HttpParserUpgrade as e:
+                # llhttp stops after a complete request that asks for an upgrade;
+                # we answer it as plain HTTP/1.1 (RFC 9110 lets a server ignore
+                # Upgrade) and parse what follows with a fresh parser.
+                if self._fatal is not None:
+                    return
+                data = data[e.args[0]:]
+                self._parser = httptools.HttpRequestParser(self)
+                if data:
+                    continue
+            except httptools.HttpParserError as e:
                 self._fail(400, f"Malformed HTTP request: {e}.")
+                return
+            break
+        if self._in_head and self._head_raw > self._limits.max_header_bytes:
+            self._fail(431, "Request headers are too large.")
 
     def on_message_begin(self) -> None:
         self._in_message = True
+        self._in_head = True
         self._url = b""
         self._headers = []
         self._head_bytes = 0
+        self._head_raw = 0
         self._body = []
         self._body_len = 0
         self._req = None
@@ -314,6 +374,7 @@ class HttpProtocol(asyncio.Protocol):
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         if self._fatal is not None:
             return
         p = self._parser
@@ -328,10 +389,20 @@ class HttpProtocol(asyncio.Protocol):
             path, query = url[:q].decode("latin-1"), url[q + 1:].decode("latin-1")
         else:
             path, query = url.decode("latin-1"), ""
-        req = Request(p.get_method().decode(), path, query, headers, p.get_http_version(),
+        method = p.get_method().decode()
+        req = Request(method, path, query, headers, p.get_http_version(),
                       p.should_keep_alive(), self._client, time.monotonic())
         self._req = req
         cl = headers.get("content-length")
+        if (method == "CONNECT" or "upgrade" in headers) and p.should_upgrade():
+            # llhttp does not read the body of such a request; what follows the
+            # head would be parsed as the next request, so refuse one with a body.
+            if method == "CONNECT":
+                self._fail(405, "CONNECT is not supported.")
+                return
+            if (cl is not None and cl != "0") or "transfer-encoding" in headers:
+                self._fail(400, "An upgrade request with a body is not supported.")
+                return
         if cl is not None and cl.isdigit() and int(cl) > self._limits.max_body_bytes:
             self._fail(413, f"Request body of {cl} bytes is over the limit of "
                             f"{self._limits.max_body_bytes} bytes.")
@@ -341,6 +412,7 @@ class HttpProtocol(asyncio.Protocol):
             if self._active is None and not self._queue:
                 self._transport.write(_CONTINUE)
             else:
+                # An interim response must not land inside the response before it.
                 self._continue_pending = True
 
     def on_body(self, body: bytes) -> None:
@@ -358,6 +430,8 @@ class HttpProtocol(asyncio.Protocol):
         req = self._req
         self._req = None
         self._in_message = False
+        # The client sent its body without waiting: a late 100 would come after the answer.
+        self._continue_pending = False
         req.body = b"".join(self._body) if len(self._body) != 1 else self._body[0]
         self._body = []
         if self._closing:
@@ -372,24 +446,32 @@ class HttpProtocol(asyncio.Protocol):
 
     # -- answering --------------------------------------------------------------
     def _keep_alive_after(self, req: Request) -> bool:
-        return req.keep_alive and not self._closing and self._fatal is None
+        # A pending connection error does not end the responses ahead of it: they
+        # keep the connection open so the error can follow them in order.
+        return req.keep_alive and not self._closing
 
     def _next(self) -> None:
         req = self._queue.popleft()
-        if self._read_paused and len(self._queue) < self._limits.max_pipelined // 2:
+        if (self._read_paused and len(self._queue) < self._limits.max_pipelined // 2
+                and self._fatal is None):
             self._read_paused = False
             self._transport.resume_reading()
         resp = Responder(self, req)
         self._active = resp
-        self._server.in_flight += 1
-        self._task = self._loop.create_task(self._run(req, resp))
+        task = self._loop.create_task(self._run(req, resp))
+        resp._task = task
+        self._server._tasks.add(task)
 
     async def _run(self, req: Request, resp: Responder) -> None:
         try:
             await self._handler(req, resp)
-        except (ClientDisconnected, asyncio.CancelledError):
+        except ClientDisconnected:
             if not resp.finished and not resp.disconnected:
                 self._transport.close()
+        except asyncio.CancelledError:
+            if not resp.finished and not resp.disconnected:
+                self._transport.close()
+            raise
         except Exception:
             log.exception("handler failed for %s %s", req.method, req.path)
             if not resp.started:
@@ -402,7 +484,7 @@ class HttpProtocol(asyncio.Protocol):
             elif not resp.finished:
                 resp.end()
         finally:
-            self._server.in_flight -= 1
+            self._server._tasks.discard(resp._task)
             if self._active is resp:  # the response never completed: the connection is done
                 self._active = None
                 if not self._closed:
@@ -443,15 +525,24 @@ class HttpProtocol(asyncio.Protocol):
     def _send_fatal(self) -> None:
         status, message = self._fatal  # type: ignore[misc]
         body = error_body(status, message)
-        self._transport.write(_status_line(status) + b"content-type: application/json\r\n"
-                              b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body) + body)
-        self._transport.close()
+        t = self._transport
+        t.write(_status_line(status) + b"content-type: application/json\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body) + body)
         self._server.errors += 1
+        # Closing a socket with unread input makes the kernel send a reset, which
+        # can destroy the answer before the client reads it (a client still
+        # sending a body it was refused). So: half-close, drop what still comes,
+        # and close on the client's EOF or after the linger time.
+        t.write_eof()
+        if self._read_paused:
+            self._read_paused = False
+            t.resume_reading()
+        self._arm(self._limits.linger_timeout, self._on_linger_timeout)
 
     # -- shutdown -----------------------------------------------------------
     def _shutdown(self) -> None:
         self._closing = True
-        if self._active is None and not self._queue:
+        if self._active is None and not self._queue and self._fatal is None:
             self._transport.close()
 
 
@@ -462,17 +553,19 @@ class HTTPServer:
         self.handler = handler
         self.limits = limits or ServerLimits()
         self.name = name
-        self.in_flight = 0
         self.errors = 0
         self._connections: set[HttpProtocol] = set()
+        self._tasks: set[asyncio.Task] = set()
         self._server: asyncio.base_events.Server | None = None
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self._idle: asyncio.Future | None = None
+        self._stopping: asyncio.Task | None = None
         self.port = 0
         self.host = ""
 
     async def start(self, host: str = "127.0.0.1", port: int = 0, *, sock=None, backlog: int = 2048,
                     reuse_port: bool = False) -> None:
+        """Listen on host:port (port 0 picks a free one; see `port`) or on `sock`."""
         self._loop = asyncio.get_running_loop()
         if sock is not None:
             self._server = await self._loop.create_server(lambda: HttpProtocol(self), sock=sock,
@@ -485,16 +578,28 @@ class HTTPServer:
 
     @property
     def connections(self) -> int:
+        """Open client connections."""
         return len(self._connections)
 
+    @property
+    def in_flight(self) -> int:
+        """Handlers running now."""
+        return len(self._tasks)
+
     def _maybe_idle(self) -> None:
-        if self._idle is not None and not self._idle.done() and not self._connections:
+        if (self._idle is not None and not self._idle.done() and not self._connections
+                and not self._tasks):
             self._idle.set_result(None)
 
     async def shutdown(self, grace: float = 10.0) -> None:
         """Stop accepting, let in-flight responses finish within `grace`, then close everything."""
         if self._server is None:
             return
+        if self._stopping is None:
+            self._stopping = self._loop.create_task(self._shutdown(grace))
+        await asyncio.shield(self._stopping)
+
+    async def _shutdown(self, grace: float) -> None:
         self._server.close()
         self._idle = self._loop.create_future()
         for proto in list(self._connections):
@@ -504,8 +609,13 @@ class HTTPServer:
             await asyncio.wait_for(asyncio.shield(self._idle), grace)
         except asyncio.TimeoutError:
             for proto in list(self._connections):
-                if proto._transport is not None:
-                    proto._transport.abort()
-            await asyncio.sleep(0)
+                proto._transport.abort()
+            await asyncio.sleep(0)  # connection_lost runs: handlers see the disconnect
+            # A handler that still runs would outlive its server: cancel it.
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=1.0)
         await self._server.wait_closed()
         self._server = None
