@@ -405,3 +405,10 @@ async def test_lease_granted_but_task_cancelled_is_released():
     c = adm.stats()["counters"]
     assert c["in_flight"] == 0 and reconciles(adm)
     assert math.isclose(adm.stats()["pools"]["m"]["pending_leases"], 0)
+
+
+def test_ticket_defaults_and_rejected_shape():
+    t = Ticket(max_tokens=None, prompt_bytes=None)
+    assert (t.max_tokens, t.prompt_bytes, t.band, t.tenant) == (16, 0, None, None)
+    r = Rejected(504, "ttl", "waited too long")
+    assert r.headers() == [("x-velocity-reject-reason", "ttl")] and str(r) == "waited too long"

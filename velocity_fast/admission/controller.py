@@ -295,7 +295,7 @@ class Admission:
             return
         engine_ttft = lease.first_byte_at - lease.bound_at if lease.first_byte_at else None
         if outcome == "completed":
-            st.est.observe(engine_ttft, now - lease.bound_at, tokens or lease.max_tokens)
+            st.est.observe(engine_ttft, now - lease.bound_at, int(tokens or lease.max_tokens))
         aimd = st.aimd
         if aimd is None:
             return

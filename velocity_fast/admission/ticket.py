@@ -18,12 +18,13 @@ class Ticket:
     __slots__ = ("band", "tenant", "sla_ms", "max_tokens", "prompt_bytes", "model")
 
     def __init__(self, band: str | None = None, tenant: str | None = None, sla_ms: float | None = None,
-                 max_tokens: int = 16, prompt_bytes: int = 0, model: str | None = None) -> None:
+                 max_tokens: int | None = 16, prompt_bytes: int = 0, model: str | None = None) -> None:
         self.band = band
         self.tenant = tenant
         self.sla_ms = sla_ms
-        self.max_tokens = max_tokens
-        self.prompt_bytes = prompt_bytes
+        # None (the client did not say) counts as vLLM's completions default.
+        self.max_tokens = int(max_tokens) if max_tokens is not None else 16
+        self.prompt_bytes = int(prompt_bytes or 0)
         self.model = model
 
     def __repr__(self) -> str:
