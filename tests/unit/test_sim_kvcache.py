@@ -1,0 +1,108 @@
+"""KV block accounting and automatic prefix caching of the sim engine."""
+from __future__ import annotations
+
+import pytest
+
+from velocity_fast.sim.kvcache import KVCache
+from velocity_fast.sim.tokens import block_hashes, count_tokens, request_rng
+
+BS = 16
+
+
+def prompt(tag: str, blocks: int) -> tuple[list[int], int]:
+    data = (tag * (BS * 4 * blocks))[: BS * 4 * blocks]
+    return block_hashes(data.encode(), BS, b"m"), count_tokens(data.encode())
+
+
+def test_a_sequence_holds_ceil_tokens_over_block_size():
+    kv = KVCache(10, BS, 10)
+    alloc, hit = kv.allocate_prompt([], 33)
+    assert alloc.num_blocks == 3 and hit == 0 and kv.used == 3
+    assert kv.usage == pytest.approx(0.3)
+    assert kv.grow(alloc, 1) and kv.used == 4
+    kv.release(alloc)
+    assert kv.used == 0 and kv.free == 10
+
+
+def test_second_identical_prompt_hits_all_but_the_last_block():
+    kv = KVCache(100, BS, 100)
+    hashes, tokens = prompt("a", 4)
+    a, hit_a = kv.allocate_prompt(hashes, tokens, 1)
+    b, hit_b = kv.allocate_prompt(hashes, tokens, 1)
+    assert hit_a == 0
+    # the whole prompt is cached, but the last block is recomputed (its logits are needed)
+    assert hit_b == 3 * BS
+    assert kv.hits == 3 * BS and kv.queries == 2 * tokens
+    # shared blocks are held once: 4 + 1 (a) and 1 + 1 fresh blocks (b)
+    assert kv.used == 5 + 2
+    kv.release(a)
+    kv.release(b)
+    assert kv.used == 0
+
+
+def test_freed_blocks_stay_reusable_until_evicted():
+    kv = KVCache(8, BS, 8)
+    hashes, tokens = prompt("b", 4)
+    a, _ = kv.allocate_prompt(hashes, tokens + 5)
+    kv.release(a)
+    assert kv.cached_prefix(hashes) == 4
+    # a different prompt that needs every block evicts the cached ones (oldest first)
+    other, otokens = prompt("c", 8)
+    c, hit = kv.allocate_prompt(other, otokens)
+    assert hit == 0 and kv.free == 0
+    assert kv.cached_prefix(hashes) == 0
+
+
+def test_prefix_cache_blocks_bounds_the_lru():
+    kv = KVCache(50, BS, 1)
+    hashes, tokens = prompt("d", 4)
+    a, _ = kv.allocate_prompt(hashes, tokens + 1)
+    kv.release(a)
+    # only the most recently freed block kept its content: the chain's head is gone
+    assert kv.cached_prefix(hashes) == 0
+    assert kv.free == 50
+
+
+def test_allocation_that_does_not_fit_changes_nothing():
+    kv = KVCache(5, BS, 5)
+    hashes, tokens = prompt("e", 3)
+    a, _ = kv.allocate_prompt(hashes, tokens)
+    before = (kv.used, kv.free, kv.queries, kv.hits)
+    big, btokens = prompt("f", 4)
+    assert kv.allocate_prompt(big, btokens) is None
+    assert (kv.used, kv.free, kv.queries, kv.hits) == before
+    assert not kv.grow(a, 3)
+    assert kv.grow(a, 2) and kv.free == 0
+
+
+def test_disabled_prefix_caching_never_hits():
+    kv = KVCache(100, BS, 100, enable_prefix_caching=False)
+    hashes, tokens = prompt("g", 4)
+    kv.release(kv.allocate_prompt(hashes, tokens)[0])
+    _, hit = kv.allocate_prompt(hashes, tokens)
+    assert hit == 0 and kv.hits == 0 and kv.queries == 0
+
+
+def test_block_hashes_are_chained():
+    a = block_hashes(b"x" * 64 * 3, BS, b"m")
+    b = block_hashes(b"x" * 64 * 2 + b"y" * 64, BS, b"m")
+    c = block_hashes(b"y" + b"x" * (64 * 3 - 1), BS, b"m")
+    assert len(a) == 3 and a[:2] == b[:2] and a[2] != b[2]
+    # same block content after a different first block: a different hash all along
+    assert all(x != y for x, y in zip(a, c))
+    assert block_hashes(b"x" * 63, BS, b"m") == []            # only full blocks
+    assert block_hashes(b"x" * 64, BS, b"m") != block_hashes(b"x" * 64, BS, b"other-model")
+
+
+def test_request_rng_depends_on_seed_and_content_only():
+    r1 = [request_rng(1, b"hello").getrandbits(10) for _ in range(3)]
+    assert r1 == [request_rng(1, b"hello").getrandbits(10) for _ in range(3)]
+    a, b, c = request_rng(1, b"hello"), request_rng(2, b"hello"), request_rng(1, b"hellp")
+    seqs = [[r.getrandbits(32) for _ in range(4)] for r in (a, b, c)]
+    assert seqs[0] != seqs[1] and seqs[0] != seqs[2]
+
+
+def test_tokens_are_about_four_bytes():
+    assert count_tokens(b"") == 1
+    assert count_tokens(b"abcd") == 1 and count_tokens(b"abcde") == 2
+    assert count_tokens(b"x" * 4000) == 1000
