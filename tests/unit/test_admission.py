@@ -412,3 +412,18 @@ def test_ticket_defaults_and_rejected_shape():
     assert (t.max_tokens, t.prompt_bytes, t.band, t.tenant) == (16, 0, None, None)
     r = Rejected(504, "ttl", "waited too long")
     assert r.headers() == [("x-velocity-reject-reason", "ttl")] and str(r) == "waited too long"
+
+
+async def test_sla_prediction_learns_from_first_bytes_before_any_completion():
+    clock = Clock()
+    adm, (ep,) = make(limit=4, clock=clock)
+    streaming = await adm.admit(Ticket())
+    streaming.bind(ep)
+    clock.t += 0.3
+    streaming.first_byte()  # still streaming: nothing has completed yet
+    with pytest.raises(Rejected) as e:
+        await adm.admit(Ticket(sla_ms=10))
+    assert e.value.reason == "sla"
+    ok = await adm.admit(Ticket(sla_ms=1000))
+    ok.release("cancelled")
+    streaming.release("completed", tokens=10)

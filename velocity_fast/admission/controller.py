@@ -268,6 +268,11 @@ class Admission:
         ep.inflight += 1
         self._endpoint_state(ep)
 
+    def _on_first_byte(self, lease: Lease) -> None:
+        st = self._eps.get(id(lease.endpoint))
+        if st is not None and st.ep is lease.endpoint:
+            st.est.observe_first_byte(lease.first_byte_at - lease.bound_at)
+
     def _on_unbind(self, lease: Lease, ep) -> None:
         ep.inflight -= 1
         self._dispatch(lease._ps)
@@ -363,7 +368,8 @@ class Admission:
         blocked = self.policy.saturation.pool(ps.loads, ps.pending, now) >= self._ceilings[band]
         if ahead < room and not blocked:
             return 0.0
-        services = [st.est.service.value for st in ps.states if st.ep.healthy and st.est.known]
+        services = [st.est.service.value for st in ps.states
+                    if st.ep.healthy and st.est.service.value is not None]
         if not services:
             return 0.0
         concurrency = sum(st.ep.limit for st in ps.states if st.ep.healthy) or 1

@@ -40,18 +40,24 @@ class ServiceEstimate:
         self.tpot = Ewma(alpha)
         self.service = Ewma(alpha)
 
-    def observe(self, ttft_s: float | None, service_s: float, tokens: int) -> None:
-        """One finished request: dispatch to first byte, dispatch to end, tokens out."""
-        if ttft_s is not None and ttft_s >= 0:
+    def observe_first_byte(self, ttft_s: float) -> None:
+        """A first byte came back ``ttft_s`` after dispatch. Learned at once, not at
+        the end, so that a gateway under its first long requests can already
+        predict."""
+        if ttft_s >= 0:
             self.ttft.observe(ttft_s)
-            if tokens > 1 and service_s > ttft_s:
-                self.tpot.observe((service_s - ttft_s) / (tokens - 1))
+
+    def observe(self, ttft_s: float | None, service_s: float, tokens: int) -> None:
+        """One finished request: dispatch to first byte (already fed through
+        ``observe_first_byte``), dispatch to end, tokens out."""
+        if ttft_s is not None and ttft_s >= 0 and tokens > 1 and service_s > ttft_s:
+            self.tpot.observe((service_s - ttft_s) / (tokens - 1))
         self.service.observe(service_s)
 
     @property
     def known(self) -> bool:
-        """True once a request has finished here."""
-        return self.service.value is not None
+        """True once a first byte or a whole request has been seen here."""
+        return self.ttft.value is not None or self.service.value is not None
 
     def predict(self, max_tokens: int) -> float | None:
         """Expected service time of a request asking ``max_tokens``; None if unknown."""

@@ -62,8 +62,10 @@ class Lease:
 
     def first_byte(self) -> None:
         """The first byte of the response came back (time-to-first-token)."""
-        if not self.first_byte_at:
+        if not self.first_byte_at and not self.done:
             self.first_byte_at = self._adm.clock()
+            if self.endpoint is not None:
+                self._adm._on_first_byte(self)
 
     def release(self, outcome: str = "completed", error_text: str | None = None, tokens: int = 0) -> None:
         """End the lease with one terminal outcome (idempotent)."""
