@@ -1,0 +1,212 @@
+"""HTTP/1.1 server core on real sockets: keep-alive, pipelining, request bodies,
+100-continue, HTTP/1.0, HEAD and ignored upgrades (velocity_fast/server/protocol.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.support.server_wire import build, chunked, connect, echo, serving
+
+
+async def test_keep_alive_serves_several_requests_on_one_connection():
+    async with serving(echo) as srv, connect(srv) as c:
+        clients = set()
+        for i in range(5):
+            r = await c.request("POST", f"/n/{i}?x={i}", f"body{i}".encode())
+            assert r.status == 200 and r.headers["connection"] == "keep-alive"
+            got = r.json()
+            assert (got["path"], got["query"], got["body"]) == (f"/n/{i}", f"x={i}", f"body{i}")
+            clients.add(tuple(got["client"]))
+        assert len(clients) == 1 and srv.connections == 1
+
+
+async def test_request_fields_reach_the_handler():
+    seen = []
+
+    async def handler(req, resp):
+        seen.append(req)
+        resp.send(200, b"ok", content_type="text/plain")
+
+    async with serving(handler) as srv, connect(srv) as c:
+        c.send(b"GET /a/b?q=1&r=2 HTTP/1.1\r\nHost: t\r\nX-Tag: one\r\nx-tag: two\r\n"
+               b"Content-Type: text/plain\r\n\r\n")
+        r = await c.response()
+    assert r.status == 200 and r.body == b"ok" and r.headers["content-type"] == "text/plain"
+    req = seen[0]
+    assert (req.method, req.path, req.query, req.http_version) == ("GET", "/a/b", "q=1&r=2", "1.1")
+    assert req.headers["x-tag"] == "one, two" and req.header("content-type") == "text/plain"
+    assert req.keep_alive and req.client[0] == "127.0.0.1" and req.received_at > 0
+
+
+async def test_pipelined_requests_are_answered_in_order_even_when_the_first_is_slowest():
+    order = []
+
+    async def handler(req, resp):
+        order.append(("start", req.path))
+        if req.path == "/slow":
+            await asyncio.sleep(0.2)
+        order.append(("end", req.path))
+        resp.send(200, req.path.encode(), content_type="text/plain")
+
+    async with serving(handler) as srv, connect(srv) as c:
+        c.send(build("GET", "/slow") + build("GET", "/fast1") + build("POST", "/fast2", b"x"))
+        bodies = [(await c.response()).body for _ in range(3)]
+    assert bodies == [b"/slow", b"/fast1", b"/fast2"]
+    # A later handler does not start before the earlier response is out.
+    assert order == [("start", "/slow"), ("end", "/slow"), ("start", "/fast1"), ("end", "/fast1"),
+                     ("start", "/fast2"), ("end", "/fast2")]
+
+
+async def test_deep_pipelining_past_the_queue_limit_answers_every_request_in_order():
+    async with serving(echo, max_pipelined=4) as srv, connect(srv) as c:
+        c.send(b"".join(build("POST", f"/{i}", b"x" * i) for i in range(60)))
+        paths = [(await c.response()).json()["path"] for _ in range(60)]
+        assert paths == [f"/{i}" for i in range(60)]
+        # Reading resumed: the connection still takes a new request.
+        assert (await c.request("GET", "/last")).json()["path"] == "/last"
+
+
+async def test_content_length_and_chunked_bodies_arrive_whole():
+    async with serving(echo) as srv, connect(srv) as c:
+        big = bytes(range(256)) * 1024
+        c.send(build("POST", "/cl", big))
+        r = await c.response()
+        assert r.json()["body"].encode("latin-1") == big
+        c.send(b"POST /chunked HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+               + chunked(b"hello ", b"chunked ", b"world"))
+        assert (await c.response()).json()["body"] == "hello chunked world"
+
+
+async def test_a_body_sent_in_small_pieces_arrives_whole():
+    async with serving(echo) as srv, connect(srv) as c:
+        raw = (b"POST /p HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+               + chunked(b"a" * 100, b"b" * 50) + build("POST", "/q", b"tail"))
+        for i in range(0, len(raw), 7):
+            c.send(raw[i:i + 7])
+            await c.writer.drain()
+        assert (await c.response()).json()["body"] == "a" * 100 + "b" * 50
+        assert (await c.response()).json()["body"] == "tail"
+
+
+async def test_expect_100_continue_sends_the_interim_response_before_the_body_is_needed():
+    async with serving(echo) as srv, connect(srv) as c:
+        c.send(build("POST", "/e", None, {"Expect": "100-continue", "Content-Length": "5"}))
+        status, _ = await c.head()
+        assert status == 100
+        c.send(b"hello")
+        r = await c.response()
+        assert r.status == 200 and r.json()["body"] == "hello" and r.interim == []
+
+
+async def test_100_continue_waits_for_the_response_ahead_of_it():
+    release = asyncio.Event()
+
+    async def handler(req, resp):
+        if req.path == "/slow":
+            await release.wait()
+        await echo(req, resp)
+
+    async with serving(handler) as srv, connect(srv) as c:
+        c.send(build("GET", "/slow")
+               + build("POST", "/e", None, {"Expect": "100-continue", "Content-Length": "2"}))
+        # The 100 must not interleave with (or come before) the slow response.
+        assert await c.closed(timeout=0.2) is False
+        release.set()
+        first = await c.response()
+        assert first.json()["path"] == "/slow" and first.interim == []
+        status, _ = await c.head()
+        assert status == 100
+        c.send(b"ok")
+        assert (await c.response()).json()["body"] == "ok"
+
+
+async def test_a_body_sent_without_waiting_for_100_gets_no_stray_interim_response():
+    release = asyncio.Event()
+
+    async def handler(req, resp):
+        if req.path == "/slow":
+            await release.wait()
+        await echo(req, resp)
+
+    async with serving(handler) as srv, connect(srv) as c:
+        c.send(build("GET", "/slow"))
+        await asyncio.sleep(0.05)
+        c.send(build("POST", "/e", None, {"Expect": "100-continue", "Content-Length": "2"}))
+        await asyncio.sleep(0.05)
+        c.send(b"ok")  # the client gave up waiting for 100, as clients do after a while
+        await asyncio.sleep(0.05)
+        release.set()
+        assert (await c.response()).json()["path"] == "/slow"
+        second = await c.response()
+        assert second.json()["body"] == "ok"
+        # Nothing may follow the final answer of that request: the next response is plain.
+        third = await c.request("GET", "/next")
+        assert third.interim == [] and third.json()["path"] == "/next"
+
+
+async def test_http_1_0_gets_its_answer_and_the_connection_closes():
+    async with serving(echo) as srv, connect(srv) as c:
+        c.send(b"GET /old HTTP/1.0\r\n\r\n")
+        r = await c.response()
+        assert r.status == 200 and r.headers["connection"] == "close"
+        assert r.json()["version"] == "1.0" and r.json()["keep_alive"] is False
+        assert await c.closed()
+
+
+async def test_http_1_0_with_keep_alive_keeps_the_connection():
+    async with serving(echo) as srv, connect(srv) as c:
+        for i in range(2):
+            r = await c.request("GET", f"/k{i}", headers={"Connection": "keep-alive"}, version="1.0")
+            assert r.headers["connection"] == "keep-alive" and r.json()["path"] == f"/k{i}"
+
+
+async def test_http_1_0_stream_is_close_delimited():
+    async def handler(req, resp):
+        resp.start(200, content_type="text/plain")
+        for i in range(3):
+            await resp.write(b"part%d;" % i)
+        resp.end()
+
+    async with serving(handler) as srv, connect(srv) as c:
+        c.send(b"GET /s HTTP/1.0\r\n\r\n")
+        r = await c.response()
+        assert "transfer-encoding" not in r.headers and "content-length" not in r.headers
+        assert r.body == b"part0;part1;part2;"
+
+
+async def test_connection_close_request_closes_after_the_answer():
+    async with serving(echo) as srv, connect(srv) as c:
+        r = await c.request("GET", "/bye", headers={"Connection": "close"})
+        assert r.status == 200 and r.headers["connection"] == "close"
+        assert await c.closed()
+
+
+async def test_head_gets_the_headers_of_get_without_a_body():
+    async def handler(req, resp):
+        if req.path == "/stream":
+            resp.start(200)
+            await resp.write(b"data: 1\n\n")
+            resp.end()
+        else:
+            resp.send(200, b"0123456789", content_type="text/plain")
+
+    async with serving(handler) as srv, connect(srv) as c:
+        r = await c.request("HEAD", "/whole")
+        assert r.status == 200 and r.headers["content-length"] == "10" and r.body == b""
+        r = await c.request("HEAD", "/stream")
+        assert r.status == 200 and r.headers["content-type"] == "text/event-stream"
+        # No stray body bytes: the next answer on the connection parses cleanly.
+        r = await c.request("GET", "/whole")
+        assert r.body == b"0123456789"
+
+
+async def test_an_upgrade_request_is_answered_as_plain_http():
+    # What `curl --http2` sends to an http:// URL: the server may ignore the upgrade.
+    async with serving(echo) as srv, connect(srv) as c:
+        c.send(build("GET", "/up", None, {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c",
+                                          "HTTP2-Settings": "AAMAAABkAAQAoAAAAAIAAAAA"})
+               + build("GET", "/after-up"))
+        r = await c.response()
+        assert r.status == 200 and r.json()["path"] == "/up"
+        assert (await c.response()).json()["path"] == "/after-up"
+        assert (await c.request("GET", "/again")).json()["path"] == "/again"
