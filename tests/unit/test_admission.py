@@ -427,3 +427,13 @@ async def test_sla_prediction_learns_from_first_bytes_before_any_completion():
     ok = await adm.admit(Ticket(sla_ms=1000))
     ok.release("cancelled")
     streaming.release("completed", tokens=10)
+
+
+async def test_a_reloaded_admission_takes_over_the_registry():
+    reg = Registry()
+    adm, (ep,) = make(registry=reg)
+    (await adm.admit(Ticket())).release("completed")
+    adm2, _ = make(registry=reg)  # SIGHUP: new settings, same registry
+    (await adm2.admit(Ticket())).release("completed")
+    assert adm2.stats()["counters"]["admitted"] == 1 and reconciles(adm2)
+    assert "velocity_admitted_total 2.0" in reg.render().decode()

@@ -34,6 +34,19 @@ def percentiles(samples, qs=(50, 90, 99)) -> dict:
     return out
 
 
+def _reuse(reg: Registry, make: Callable, name: str, *args, **kw):
+    got = reg.get(name)
+    return got if got is not None else make(name, *args, **kw)
+
+
+def _gauge_fn(reg: Registry, name: str, help: str, fn: Callable, labels: tuple) -> None:
+    got = reg.get(name)
+    if got is None:
+        reg.gauge_fn(name, help, fn, labels)
+    else:
+        got.fn = fn
+
+
 class Telemetry:
     """Counters, windows and the metric handles of one Admission."""
 
@@ -42,23 +55,30 @@ class Telemetry:
                  inflight_fn: Callable) -> None:
         self.registry = registry if registry is not None else Registry()
         reg = self.registry
-        self.admitted = reg.counter("velocity_admitted_total", "Requests admitted (lease granted).")
-        self.completed = reg.counter("velocity_completed_total", "Admitted requests that completed.")
-        self.failed = reg.counter("velocity_failed_total", "Admitted requests that failed.")
-        self.cancelled = reg.counter("velocity_cancelled_total", "Admitted requests cancelled by the client.")
-        self.rejections = reg.counter("velocity_rejections_total", "Requests declined by admission, by reason.",
-                                      ("reason",))
-        reg.gauge_fn("velocity_queue_depth", "Requests waiting in admission queues, by band.", depth_fn, ("band",))
-        self.queue_wait = reg.histogram("velocity_queue_wait_seconds", "Time spent queued before admission.",
-                                        ("band",), buckets=WAIT_BUCKETS)
-        reg.gauge_fn("velocity_pool_saturation", "Pool saturation (1.0 = saturated).", saturation_fn, ("model",))
-        reg.gauge_fn("velocity_endpoint_limit", "Concurrency limit per endpoint (AIMD or fixed).", limit_fn,
-                     ("endpoint",))
-        reg.gauge_fn("velocity_endpoint_inflight", "Gateway requests in flight per endpoint.", inflight_fn,
-                     ("endpoint",))
-        self.ttft = reg.histogram("velocity_ttft_seconds", "Time to first byte from arrival.")
-        self.latency = reg.histogram("velocity_request_latency_seconds", "End-to-end latency from arrival.",
-                                     ("band",))
+        # A reloaded configuration builds a new Admission on the same registry: take
+        # over the metrics already there (counters stay monotonic) instead of failing.
+        self.admitted = _reuse(reg, reg.counter, "velocity_admitted_total", "Requests admitted (lease granted).")
+        self.completed = _reuse(reg, reg.counter, "velocity_completed_total", "Admitted requests that completed.")
+        self.failed = _reuse(reg, reg.counter, "velocity_failed_total", "Admitted requests that failed.")
+        self.cancelled = _reuse(reg, reg.counter, "velocity_cancelled_total",
+                                "Admitted requests cancelled by the client.")
+        self.rejections = _reuse(reg, reg.counter, "velocity_rejections_total",
+                                 "Requests declined by admission, by reason.", ("reason",))
+        _gauge_fn(reg, "velocity_queue_depth", "Requests waiting in admission queues, by band.", depth_fn,
+                  ("band",))
+        self.queue_wait = _reuse(reg, reg.histogram, "velocity_queue_wait_seconds",
+                                 "Time spent queued before admission.", ("band",), buckets=WAIT_BUCKETS)
+        _gauge_fn(reg, "velocity_pool_saturation", "Pool saturation (1.0 = saturated).", saturation_fn,
+                  ("model",))
+        _gauge_fn(reg, "velocity_endpoint_limit", "Concurrency limit per endpoint (AIMD or fixed).", limit_fn,
+                  ("endpoint",))
+        _gauge_fn(reg, "velocity_endpoint_inflight", "Gateway requests in flight per endpoint.", inflight_fn,
+                  ("endpoint",))
+        self.ttft = _reuse(reg, reg.histogram, "velocity_ttft_seconds", "Time to first byte from arrival.")
+        self.latency = _reuse(reg, reg.histogram, "velocity_request_latency_seconds",
+                              "End-to-end latency from arrival.", ("band",))
+        # This instance's own terminal counts: they must reconcile with its in-flight.
+        self.n = {"admitted": 0, "completed": 0, "failed": 0, "cancelled": 0}
         self._wait_children = [self.queue_wait.labels(b) for b in band_names]
         self._lat_children = [self.latency.labels(b) for b in band_names]
         self.reasons: dict[str, int] = {}
@@ -76,6 +96,7 @@ class Telemetry:
 
     def granted(self, band: int, wait_s: float) -> None:
         """Count one admission after ``wait_s`` in the queue."""
+        self.n["admitted"] += 1
         self.admitted.inc()
         self._wait_children[band].observe(wait_s)
         self.waits[band].append(wait_s)
@@ -83,6 +104,7 @@ class Telemetry:
     def finished(self, band: int, outcome: str, e2e_s: float, ttft_s: float | None,
                  sla_met: bool | None) -> None:
         """Count one terminal outcome with its latencies."""
+        self.n[outcome] += 1
         if outcome == "completed":
             self.completed.inc()
             self._lat_children[band].observe(e2e_s)
@@ -102,5 +124,4 @@ class Telemetry:
 
     def counts(self) -> dict:
         """Terminal counters as integers."""
-        return {"admitted": int(self.admitted.get()), "completed": int(self.completed.get()),
-                "failed": int(self.failed.get()), "cancelled": int(self.cancelled.get())}
+        return dict(self.n)
