@@ -1,0 +1,248 @@
+"""Prefix-affinity gain: TTFT and engine prefix-cache hit rate, chat vs batch vs round-robin.
+
+The same seeded shared-prefix workload (by default 16 groups, each a long shared
+context followed by a varied question; streamed, so TTFT is measured) is sent through
+the gateway to 4 fresh sim engines once per router:
+
+- ``chat``: the chat profile (prefix affinity balanced against load, hot-spot guard);
+- ``batch``: the batch profile (shortest queue: engine waiting + gateway in flight);
+- ``round-robin``: endpoints in turn, the baseline measured in the same run.
+
+Each variant gets new engines (empty caches) and the gateway in this process, with the
+router under test put in place of the configured one. The hit rate is the engines' own:
+sum of ``vllm:prefix_cache_hits_total`` / sum of ``vllm:prefix_cache_queries_total``
+scraped from each engine after the run. The engines' KV cache is sized so that one
+engine cannot keep every group's context (the regime where routing matters).
+
+    python bench/prefix.py                       # prints the table, writes nothing
+    python bench/prefix.py --output bench/results/prefix.json
+
+Targets: chat's engine hit rate >= 2x batch's; chat's TTFT p50 >= 3x better than
+round-robin's.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from velocity_fast.config import EndpointConfig, load_settings  # noqa: E402
+from velocity_fast.gateway.app import Gateway  # noqa: E402
+from velocity_fast.loadgen.gateway_proc import http_get  # noqa: E402
+from velocity_fast.loadgen.mix import Dist, Mix, Prefix  # noqa: E402
+from velocity_fast.loadgen.report import write_json  # noqa: E402
+from velocity_fast.loadgen.runner import run_workload  # noqa: E402
+from velocity_fast.loadgen.stats import summarize  # noqa: E402
+from velocity_fast.loadgen.workload import WorkloadConfig, build_workload  # noqa: E402
+from velocity_fast.metrics import Registry  # noqa: E402
+from velocity_fast.routing.router import Router  # noqa: E402
+from velocity_fast.routing.settings import RoutingSettings  # noqa: E402
+
+VARIANTS = ("chat", "batch", "round-robin")
+MODEL = "sim-model"
+_LISTEN = re.compile(rb"listening on http://[^:\s]+:(\d+)")
+_COUNTER = r"^{name}(?:\{{[^}}]*\}})?\s+([0-9.eE+-]+)"
+
+
+class RoundRobin:
+    """Endpoints in turn (skipping unhealthy, full and already-tried ones): the baseline."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def route_info(self, model, request, headers):
+        return None
+
+    def pick(self, pool, info, has_room=None, exclude=()):
+        eps = pool.endpoints
+        for k in range(len(eps)):
+            ep = eps[(self._next + k) % len(eps)]
+            if ep.healthy and (has_room is None or has_room(ep)) and ep not in exclude:
+                self._next = (self._next + k + 1) % len(eps)
+                return ep
+        return None
+
+    def on_dispatch(self, ep, info) -> None:
+        pass
+
+    def stats(self) -> dict:
+        return {}
+
+
+def make_router(variant: str, seed: int):
+    if variant == "round-robin":
+        return RoundRobin()
+    return Router(RoutingSettings(default_profile=variant, seed=seed), registry=Registry())
+
+
+class Engines:
+    """N sim engine processes on ports they pick themselves; stopped for sure."""
+
+    def __init__(self, n: int, flags: list[str]) -> None:
+        self.n = n
+        self.flags = flags
+        self.procs: list[subprocess.Popen] = []
+        self.ports: list[int] = []
+
+    def start(self, timeout: float = 30.0) -> None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        for i in range(self.n):
+            cmd = [sys.executable, "-m", "velocity_fast.sim", "--host", "127.0.0.1", "--port", "0",
+                   "--model", MODEL, "--seed", str(i), *self.flags]
+            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                               stdin=subprocess.DEVNULL, env=env, start_new_session=True))
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            line = b""
+            while not _LISTEN.search(line):
+                if time.monotonic() > deadline or p.poll() is not None:
+                    raise RuntimeError("a sim engine did not start")
+                line = p.stdout.readline()
+            self.ports.append(int(_LISTEN.search(line).group(1)))
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+            if p.stdout:
+                p.stdout.close()
+
+
+def _counter(text: str, name: str) -> float:
+    pattern = re.compile(_COUNTER.format(name=re.escape(name)), re.MULTILINE)
+    return sum(float(m.group(1)) for m in pattern.finditer(text))
+
+
+async def engine_hits(ports: list[int]) -> tuple[float, float]:
+    hits = queries = 0.0
+    for port in ports:
+        status, body = await http_get("127.0.0.1", port, "/metrics", timeout=5.0)
+        if status != 200:
+            raise RuntimeError(f"engine on {port}: /metrics answered {status}")
+        text = body.decode()
+        hits += _counter(text, "vllm:prefix_cache_hits_total")
+        queries += _counter(text, "vllm:prefix_cache_queries_total")
+    return hits, queries
+
+
+async def run_variant(variant: str, args, specs) -> dict:
+    engines = Engines(args.engines, ["--num-gpu-blocks", str(args.num_gpu_blocks),
+                                     "--time-scale", str(args.time_scale),
+                                     "--prefill-tps", str(args.prefill_tps)])
+    gw = None
+    try:
+        await asyncio.to_thread(engines.start)
+        eps = [EndpointConfig(name=f"e{i}", url=f"http://127.0.0.1:{p}", model=MODEL)
+               for i, p in enumerate(engines.ports)]
+        settings = load_settings(None, {"host": "127.0.0.1", "port": 0, "admin_port": 0, "endpoints": eps,
+                                        "policy": "static", "max_concurrency": args.concurrency,
+                                        "health": {"scrape_interval_ms": 50.0}}, env={})
+        gw = Gateway(settings)
+        gw.router = make_router(variant, args.seed)
+        await gw.start("127.0.0.1", 0, 0)
+        deadline = time.monotonic() + 15
+        while not all(ep.healthy and ep.num_gpu_blocks for ep in gw.endpoints.values()):
+            if time.monotonic() > deadline:
+                raise RuntimeError("engines did not turn healthy with their cache config scraped")
+            await asyncio.sleep(0.05)
+        outcome = await run_workload(specs, "127.0.0.1", gw.client_server.port,
+                                     concurrency=args.concurrency, timeout=120.0)
+        hits, queries = await engine_hits(engines.ports)
+        summary = summarize(specs, outcome.results, start=outcome.start, cpu_seconds=outcome.cpu_seconds)
+        spread = {}
+        for r in outcome.results:
+            spread[r.endpoint] = spread.get(r.endpoint, 0) + 1
+        return {"variant": variant, "summary": summary, "engine_hit_rate": hits / queries if queries else 0.0,
+                "engine_hits_tokens": hits, "engine_queries_tokens": queries,
+                "requests_per_endpoint": dict(sorted(spread.items())),
+                "router": gw.router.stats()}
+    finally:
+        if gw is not None:
+            with contextlib.suppress(Exception):
+                await gw.stop(grace=1.0)
+        await asyncio.to_thread(engines.stop)
+
+
+async def main_async(args) -> int:
+    mix = Mix(prompt_tokens=Dist(value=args.suffix_tokens), output_tokens=Dist(value=args.output_tokens),
+              prefix=Prefix(groups=args.groups, tokens=args.prefix_tokens, share=1.0), stream_share=1.0)
+    cfg = WorkloadConfig(num_requests=args.requests, pattern="poisson", duration=args.requests / args.rate,
+                         seed=args.seed, route="chat", model=MODEL)
+    specs = build_workload(cfg, mix)
+    rows = []
+    for variant in args.variants.split(","):
+        res = await run_variant(variant, args, specs)
+        s = res["summary"]
+        # TTFT is scaled back to engine time: the sims run time_scale times faster.
+        res["ttft_ms_engine_time"] = {k: v * args.time_scale for k, v in s["ttft_ms"].items()
+                                      if isinstance(v, (int, float))}
+        rows.append(res)
+        print(f"{variant:<12} completed {s['completed']}/{s['requests']}  TTFT p50 "
+              f"{res['ttft_ms_engine_time']['p50']:.0f} ms  p99 {res['ttft_ms_engine_time']['p99']:.0f} ms  "
+              f"engine hit rate {100 * res['engine_hit_rate']:.1f}%  per endpoint {res['requests_per_endpoint']}",
+              flush=True)
+    by = {r["variant"]: r for r in rows}
+    lines = [f"prefix bench: {args.requests} streamed chat requests, {args.groups} groups x "
+             f"{args.prefix_tokens}-token shared context + {args.suffix_tokens}-token question, "
+             f"{args.engines} sim engines x {args.num_gpu_blocks} KV blocks, time scale {args.time_scale} "
+             "(TTFT in engine time)"]
+    for r in rows:
+        t = r["ttft_ms_engine_time"]
+        lines.append(f"  {r['variant']:<12} TTFT p50 {t['p50']:8.0f} ms  p99 {t['p99']:8.0f} ms  "
+                     f"engine prefix-cache hit rate {100 * r['engine_hit_rate']:5.1f}%")
+    verdict = []
+    if "chat" in by and "batch" in by and by["batch"]["engine_hit_rate"] > 0:
+        verdict.append(f"hit rate chat/batch {by['chat']['engine_hit_rate'] / by['batch']['engine_hit_rate']:.2f}x "
+                       "(target >= 2x)")
+    if "chat" in by and "round-robin" in by and by["chat"]["ttft_ms_engine_time"]["p50"] > 0:
+        verdict.append(f"TTFT p50 round-robin/chat {by['round-robin']['ttft_ms_engine_time']['p50'] / by['chat']['ttft_ms_engine_time']['p50']:.2f}x "
+                       "(target >= 3x)")
+    lines.append("  " + "; ".join(verdict))
+    print("\n".join(lines))
+    if args.output:
+        write_json(args.output, {"args": vars(args), "runs": rows})
+    return 0 if all(r["summary"]["completed"] == r["summary"]["requests"] for r in rows) else 1
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated: chat, batch, round-robin")
+    p.add_argument("--engines", type=int, default=4)
+    p.add_argument("--requests", type=int, default=320)
+    p.add_argument("--rate", type=float, default=40.0, help="arrivals per second (Poisson), wall time")
+    p.add_argument("--concurrency", type=int, default=32, help="client and per-engine in-flight bound")
+    p.add_argument("--groups", type=int, default=16)
+    p.add_argument("--prefix-tokens", type=int, default=1024)
+    p.add_argument("--suffix-tokens", type=int, default=48)
+    p.add_argument("--output-tokens", type=int, default=8)
+    p.add_argument("--num-gpu-blocks", type=int, default=384,
+                   help="KV blocks (16 tokens) per engine: 384 keep about 5 groups' contexts of 16")
+    p.add_argument("--prefill-tps", type=float, default=5000.0)
+    p.add_argument("--time-scale", type=float, default=4.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--output", default=None, help="write the runs as JSON here")
+    args = p.parse_args(argv)
+    try:
+        import uvloop
+        return uvloop.run(main_async(args))
+    except ImportError:
+        return asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
