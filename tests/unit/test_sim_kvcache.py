@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from velocity_fast.sim.kvcache import KVCache
 from velocity_fast.sim.tokens import block_hashes, count_tokens, request_rng
@@ -106,3 +108,36 @@ def test_tokens_are_about_four_bytes():
     assert count_tokens(b"") == 1
     assert count_tokens(b"abcd") == 1 and count_tokens(b"abcde") == 2
     assert count_tokens(b"x" * 4000) == 1000
+
+
+_op = st.one_of(
+    st.tuples(st.just("alloc"), st.integers(0, 3), st.integers(1, 6)),   # prompt family, blocks
+    st.tuples(st.just("grow"), st.integers(0, 20), st.integers(1, 3)),
+    st.tuples(st.just("release"), st.integers(0, 20), st.just(0)),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(_op, max_size=60), lru=st.integers(0, 12))
+def test_block_counts_always_add_up(ops, lru):
+    kv = KVCache(12, BS, lru)
+    live = []
+    for op, a, b in ops:
+        if op == "alloc":
+            hashes, tokens = prompt("abcd"[a], b)
+            got = kv.allocate_prompt(hashes, tokens, 1)
+            if got is not None:
+                live.append(got[0])
+                assert got[1] < tokens
+        elif op == "grow" and live:
+            kv.grow(live[a % len(live)], b)
+        elif op == "release" and live:
+            kv.release(live.pop(a % len(live)))
+        held = sum(x.num_blocks for x in live)
+        # shared prompt blocks are counted once in `used`
+        assert 0 <= kv.used <= held
+        assert kv.used + kv.free == kv.num_blocks
+        assert len(kv._lru) <= lru
+    for x in live:
+        kv.release(x)
+    assert kv.used == 0 and kv.free == kv.num_blocks

@@ -68,3 +68,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ignored.add_argument("--disable-log-stats", action="store_true", help=argparse.SUPPRESS)
     ignored.add_argument("--trust-remote-code", action="store_true", help=argparse.SUPPRESS)
     ignored.add_argument("--enforce-eager", action="store_true", help=argparse.SUPPRESS)
+    ignored.add_argument("-pp", "--pipeline-parallel-size", type=int, default=None, help=argparse.SUPPRESS)
+    ignored.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
+                         help=argparse.SUPPRESS)
+    for name in ("--kv-cache-dtype", "--quantization", "--tokenizer", "--revision", "--download-dir",
+                 "--load-format", "--distributed-executor-backend", "--scheduling-policy",
+                 "--uvicorn-log-level", "--swap-space", "--max-logprobs", "--generation-config"):
+        ignored.add_argument(name, default=None, help=argparse.SUPPRESS)
+    for name in ("--enable-request-id-headers", "--disable-fastapi-docs", "--disable-uvicorn-access-log"):
+        ignored.add_argument(name, action="store_true", help=argparse.SUPPRESS)
