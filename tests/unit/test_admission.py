@@ -437,3 +437,23 @@ async def test_a_reloaded_admission_takes_over_the_registry():
     (await adm2.admit(Ticket())).release("completed")
     assert adm2.stats()["counters"]["admitted"] == 1 and reconciles(adm2)
     assert "velocity_admitted_total 2.0" in reg.render().decode()
+
+
+async def test_sla_miss_cuts_the_limit_only_when_the_engine_overran():
+    clock = Clock()
+    adm, (ep,) = make(limit=8, clock=clock)
+    queued_long = await adm.admit(Ticket(sla_ms=1000))
+    clock.t += 2.0  # late because of the gateway queue, say
+    queued_long.bind(ep)
+    clock.t += 0.1
+    queued_long.first_byte()
+    queued_long.release("completed", tokens=5)
+    assert ep.limit == 8
+    slow = await adm.admit(Ticket(sla_ms=1000))
+    slow.bind(ep)
+    clock.t += 0.1
+    slow.first_byte()
+    clock.t += 1.5  # the engine alone took longer than the whole SLA
+    slow.release("completed", tokens=5)
+    assert ep.limit == 6
+    assert adm.stats()["sla"] == {"met": 0, "missed": 2, "compliance": 0.0}

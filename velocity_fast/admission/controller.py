@@ -310,7 +310,9 @@ class Admission:
         if outcome != "completed":
             return
         slow = engine_ttft is not None and engine_ttft * 1000.0 > self.settings.ttft_slo_ms
-        missed = lease.explicit_sla and now > lease.deadline
+        # A miss is the engine's doing only if its own part overran the whole budget;
+        # time queued in the gateway is not cured by a smaller engine limit.
+        missed = lease.explicit_sla and now - lease.bound_at > lease.deadline - lease.arrived_at
         if slow or missed:
             aimd.on_breach(lease.bound_at, now)
         else:
