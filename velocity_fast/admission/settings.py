@@ -7,7 +7,6 @@ configuration (its ``bands``, ``sla_ms``, ``max_concurrency`` and the free-form
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import msgspec
@@ -135,15 +134,3 @@ class AdmissionSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
         if self.latency_window < 1:
             raise AdmissionConfigError("admission.latency_window: must be at least 1")
         return self
-
-    def band_index(self) -> dict[str, int]:
-        """Band name -> index (0 = highest)."""
-        return {b.name: i for i, b in enumerate(self.bands)}
-
-    def band_specs(self) -> list[tuple[int, int, float]]:
-        """(queue_capacity, queue_bytes, ttl_s) per band, for the compiled queues."""
-        return [(b.queue_capacity, b.queue_bytes, b.ttl_ms / 1000.0) for b in self.bands]
-
-    def ceilings(self) -> list[float]:
-        """The saturation ceiling of each band (high first)."""
-        return [b.ceiling if math.isfinite(b.ceiling) else math.inf for b in self.bands]
