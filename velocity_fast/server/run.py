@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import signal
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 __all__ = ["run_until_signalled"]
 
 Cleanup = Callable[[], Awaitable[None]]
 
 
-def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[Cleanup]]) -> int:
-    """Run `main(stop)` on uvloop; it starts the service and returns its async cleanup.
+def run_until_signalled(main: Callable[..., Any], *, grace: float = 10.0) -> int:
+    """Run `main` on uvloop until SIGTERM/SIGINT, then shut the service down; returns 0.
 
-    The cleanup runs after SIGTERM/SIGINT (or after `stop` is set by the service
-    itself), so in-flight work can finish within the service's grace period.
-    Returns the process exit code.
+    `main` is a coroutine function, called as `main(stop)` when it takes an
+    argument (`stop` is an asyncio.Event the service may set to end itself) or as
+    `main()`. What it returns says how to shut the service down:
+
+    - an async callable: the cleanup, awaited as is;
+    - an HTTPServer, or a list of them: `shutdown(grace)` on each, together;
+    - an async context manager (also when `main` itself is one, e.g. made with
+      contextlib.asynccontextmanager): entered now, exited on the signal.
+
+    In-flight work can thus finish within the grace period before the loop closes.
     """
     import uvloop
 
@@ -25,12 +33,50 @@ def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[Cleanup]]) -> 
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        cleanup = await main(stop)
         try:
-            await stop.wait()
+            started = main(stop) if _takes_an_argument(main) else main()
+            if inspect.isawaitable(started):
+                started = await started
+            if hasattr(started, "__aenter__"):
+                async with started:
+                    await stop.wait()
+                return 0
+            cleanup = _cleanup_for(started, grace)
+            try:
+                await stop.wait()
+            finally:
+                await cleanup()
+            return 0
         finally:
-            await cleanup()
-        return 0
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(amain())
+
+
+def _takes_an_argument(fn: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params)
+
+
+def _cleanup_for(started: Any, grace: float) -> Cleanup:
+    if started is None:
+        async def nothing() -> None:
+            return None
+        return nothing
+    if hasattr(started, "shutdown"):
+        started = [started]
+    if isinstance(started, (list, tuple)):
+        servers = list(started)
+
+        async def shut_all() -> None:
+            await asyncio.gather(*(s.shutdown(grace) for s in servers))
+        return shut_all
+    if callable(started):
+        return started
+    raise TypeError(f"run_until_signalled: main returned {started!r}; expected a cleanup coroutine "
+                    "function, a server or a list of servers, or an async context manager")
