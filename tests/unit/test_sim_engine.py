@@ -181,3 +181,26 @@ async def test_failure_plan_is_seeded_and_covers_both_kinds(engine_factory):
     assert any("CUDA out of memory" not in f.message for f in plan_a)
     none = engine_factory()
     assert all(none.plan_failure(10) is None for _ in range(20))
+
+
+async def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(engine_factory):
+    eng = engine_factory()
+    original = eng._schedule
+    calls = []
+
+    def broken_once(now):
+        calls.append(now)
+        if len(calls) == 1:
+            raise RuntimeError("simulated bug")
+        return original(now)
+
+    eng._schedule = broken_once
+    s1, k1 = make(eng.cfg, "first", 5)
+    eng.submit(s1)
+    await asyncio.wait_for(k1.done, 5)
+    assert k1.error is not None and k1.error[0] == 500
+    s2, k2 = make(eng.cfg, "second", 5)
+    eng.submit(s2)
+    await asyncio.wait_for(k2.done, 5)
+    assert len(k2.tokens) == 5 and k2.error is None
+    assert eng.kv.used == 0

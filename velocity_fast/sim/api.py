@@ -189,8 +189,10 @@ class SimAPI:
         xid = req.headers.get("x-request-id")
         rid = (("chatcmpl-" if chat else "cmpl-") + (xid if xid else os.urandom(16).hex()))
         so = body.stream_options
-        meta = RequestMeta(rid, int(time.time()), cfg.model, chat, prompt_tokens,
-                           bool(so and so.include_usage), bool(so and so.continuous_usage_stats))
+        # As vLLM: per-chunk usage only when usage was asked for at all.
+        include_usage = bool(so and so.include_usage)
+        meta = RequestMeta(rid, int(time.time()), cfg.model, chat, prompt_tokens, include_usage,
+                           include_usage and bool(so.continuous_usage_stats))
         hashes = block_hashes(prompt, cfg.block_size, self._hash_seed) if cfg.enable_prefix_caching else []
         headers = (("x-request-id", xid),) if xid else ()
         engine = self.engine

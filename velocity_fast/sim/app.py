@@ -14,6 +14,10 @@ log = logging.getLogger("velocity.sim")
 SHUTDOWN_GRACE = 2.0
 
 
+async def _nothing_to_clean() -> None:
+    return None
+
+
 def main(args: argparse.Namespace) -> int:
     """Run a sim engine until SIGTERM/SIGINT; 2 on bad flags, else 0."""
     cfg = SimConfig.from_args(args)
@@ -28,9 +32,15 @@ def main(args: argparse.Namespace) -> int:
     from .engine import Engine
 
     async def start(stop: asyncio.Event):
-        # Like a loading model: the port refuses connections until this is over.
+        # Like a loading model: the port refuses connections until this is over (a
+        # signal meanwhile ends the process without ever listening).
         if cfg.startup_delay > 0:
-            await asyncio.sleep(cfg.startup_delay / cfg.time_scale)
+            try:
+                await asyncio.wait_for(stop.wait(), cfg.startup_delay / cfg.time_scale)
+            except asyncio.TimeoutError:
+                pass
+            else:
+                return _nothing_to_clean
         engine = Engine(cfg)
         engine.start()
         api = SimAPI(cfg, engine)

@@ -13,6 +13,7 @@ and benchmark.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections import deque
 from typing import Protocol
@@ -21,6 +22,8 @@ from .config import SimConfig
 from .kvcache import Allocation, KVCache
 from .metrics import SimMetrics
 from .tokens import VOCAB_BITS
+
+log = logging.getLogger("velocity.sim")
 
 WAITING, RUNNING, DONE = 0, 1, 2
 
@@ -191,6 +194,24 @@ class Engine:
         return (self._loop or asyncio.get_running_loop()).time()
 
     async def _run(self) -> None:
+        # A bug in a step must not leave every client hanging: fail what is in the
+        # engine with a 500, log once, and keep serving.
+        while True:
+            try:
+                await self._steps()
+            except Exception:
+                log.exception("sim engine step failed; failing the requests in flight")
+                for seq in list(self.running) + list(self.waiting):
+                    if seq.alloc is not None and seq.state == RUNNING:
+                        self.kv.release(seq.alloc)
+                    seq.state = DONE
+                    if seq.sink.fail(500, "InternalServerError", "The engine step failed."):
+                        self._dirty.append(seq.sink)
+                self.running = []
+                self.waiting.clear()
+                self._flush()
+
+    async def _steps(self) -> None:
         loop = self._loop
         sleep = asyncio.sleep
         deadline = loop.time()
