@@ -47,7 +47,7 @@ def describe(cfg: WorkloadConfig, concurrency: int, target: str) -> str:
 
 def loadgen_main(args) -> int:
     """Run ``velocityllm loadgen``; 0 unless the flags are wrong or no request got an answer."""
-    from .report import format_summary, print_to, request_rows, write_csv, write_json
+    from .report import format_summary, plain_args, print_to, request_rows, write_csv, write_json
 
     try:
         host, port, base = parse_url(args.url)
@@ -67,7 +67,7 @@ def loadgen_main(args) -> int:
     if args.output:
         import msgspec
 
-        write_json(args.output + ".json", {"config": {**vars(args), "duration_s": cfg.duration},
+        write_json(args.output + ".json", {"config": {**plain_args(args), "duration_s": cfg.duration},
                                            "mix": msgspec.to_builtins(mix), "summary": summary})
         write_csv(args.output + ".csv", request_rows(specs, outcome.results, outcome.start))
         print_to(sys.stdout, f"wrote {args.output}.json and {args.output}.csv")

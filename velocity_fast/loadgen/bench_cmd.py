@@ -95,7 +95,7 @@ def bench_main(args) -> int:
     from .app import describe, workload_config
     from .compare import format_table, medians, verdict
     from .mix import mix_from_args
-    from .report import print_to, write_csv, write_json
+    from .report import plain_args, print_to, write_csv, write_json
     from .workload import build_workload
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -131,7 +131,7 @@ def bench_main(args) -> int:
                          f"1 s, all runs); peak arrival rate {load['peak_arrival_rps']:.1f} req/s = "
                          f"{load['overload']:.2f}x capacity")
     write_json(args.output + ".json", {
-        "config": {**vars(args), "duration_s": cfg.duration},
+        "config": {**plain_args(args), "duration_s": cfg.duration},
         "mix": msgspec.to_builtins(mix),
         "medians": meds,
         "load": load,

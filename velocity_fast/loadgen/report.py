@@ -50,6 +50,13 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
+def plain_args(args) -> dict:
+    """The flags of a run as JSON-safe values (anything else an argparse tree may carry
+    is left out)."""
+    return {k: v for k, v in vars(args).items()
+            if v is None or isinstance(v, (str, int, float, bool, list))}
+
+
 def write_json(path: str, obj: dict) -> None:
     """Write ``obj`` as indented JSON (NaN becomes null)."""
     with open(path, "wb") as f:
