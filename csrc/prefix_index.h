@@ -13,7 +13,7 @@
  * Insert, touch and evict are O(1) expected.
  *
  * Memory grows with what is stored (tables kept at most half full) and is kept at
- * its high-water mark afterwards; a full index of N pairs uses about 24 + 8 + 32 bytes
+ * its high-water mark afterwards; a full index of N pairs uses about 24 + 32 + 32 bytes
  * per pair in the worst case (every hash held by one endpoint only).
  */
 #ifndef VELOCITY_PREFIX_INDEX_H
@@ -44,6 +44,14 @@ typedef struct {
     uint32_t slot;
 } vp_node;
 
+/* The key and slot are kept inline so that probing and backward shifts never touch the
+ * node array (each node access would be one more cache miss). */
+typedef struct {
+    uint64_t key;
+    uint32_t node; /* node index + 1; 0: empty bucket */
+    uint32_t slot;
+} vp_ref;
+
 typedef struct {
     uint32_t head, tail;
     uint64_t count, capacity;
@@ -52,7 +60,7 @@ typedef struct {
 typedef struct {
     vp_entry *ents;
     uint64_t ents_mask, ents_used;
-    uint32_t *refs;
+    vp_ref *refs;
     uint64_t refs_mask;
     vp_node *nodes;
     uint64_t nodes_cap, nodes_top; /* allocated, ever used */
@@ -71,7 +79,7 @@ static int vp_index_init(vp_index *ix)
     int s;
     memset(ix, 0, sizeof *ix);
     ix->ents = (vp_entry *)calloc(VP_MIN_TABLE, sizeof(vp_entry));
-    ix->refs = (uint32_t *)calloc(VP_MIN_TABLE, sizeof(uint32_t));
+    ix->refs = (vp_ref *)calloc(VP_MIN_TABLE, sizeof(vp_ref));
     if (!ix->ents || !ix->refs) {
         free(ix->ents);
         free(ix->refs);
@@ -192,11 +200,11 @@ static inline uint32_t vp_ref_find(const vp_index *ix, uint64_t key, uint32_t sl
 {
     uint64_t i = vp_ref_home(key, slot, ix->refs_mask);
     for (;;) {
-        uint32_t r = ix->refs[i];
-        if (r == 0)
+        const vp_ref *r = &ix->refs[i];
+        if (r->node == 0)
             return VP_NIL;
-        if (ix->nodes[r - 1].key == key && ix->nodes[r - 1].slot == slot)
-            return r - 1;
+        if (r->key == key && r->slot == slot)
+            return r->node - 1;
         i = (i + 1) & ix->refs_mask;
     }
 }
@@ -204,17 +212,16 @@ static inline uint32_t vp_ref_find(const vp_index *ix, uint64_t key, uint32_t sl
 static int vp_refs_grow(vp_index *ix)
 {
     uint64_t size = (ix->refs_mask + 1) * 2, mask = size - 1, i, j;
-    uint32_t *old = ix->refs, *neu = (uint32_t *)calloc(size, sizeof(uint32_t));
+    vp_ref *old = ix->refs, *neu = (vp_ref *)calloc(size, sizeof(vp_ref));
     if (!neu)
         return -1;
     for (i = 0; i <= ix->refs_mask; i++) {
-        uint32_t r = old[i];
-        if (r == 0)
+        if (old[i].node == 0)
             continue;
-        j = vp_ref_home(ix->nodes[r - 1].key, ix->nodes[r - 1].slot, mask);
-        while (neu[j] != 0)
+        j = vp_ref_home(old[i].key, old[i].slot, mask);
+        while (neu[j].node != 0)
             j = (j + 1) & mask;
-        neu[j] = r;
+        neu[j] = old[i];
     }
     free(old);
     ix->refs = neu;
@@ -222,34 +229,40 @@ static int vp_refs_grow(vp_index *ix)
     return 0;
 }
 
-static void vp_ref_insert(vp_index *ix, uint32_t node)
+static void vp_ref_insert(vp_index *ix, uint64_t key, uint32_t slot, uint32_t node)
 {
-    uint64_t i = vp_ref_home(ix->nodes[node].key, ix->nodes[node].slot, ix->refs_mask);
-    while (ix->refs[i] != 0)
+    uint64_t i = vp_ref_home(key, slot, ix->refs_mask);
+    while (ix->refs[i].node != 0)
         i = (i + 1) & ix->refs_mask;
-    ix->refs[i] = node + 1;
+    ix->refs[i].key = key;
+    ix->refs[i].slot = slot;
+    ix->refs[i].node = node + 1;
 }
 
-static void vp_ref_delete(vp_index *ix, uint32_t node)
+static void vp_ref_delete(vp_index *ix, uint64_t key, uint32_t slot)
 {
     uint64_t m = ix->refs_mask, i, j, home;
-    i = vp_ref_home(ix->nodes[node].key, ix->nodes[node].slot, m);
-    while (ix->refs[i] != node + 1)
+    i = vp_ref_home(key, slot, m);
+    for (;;) {
+        const vp_ref *r = &ix->refs[i];
+        if (r->node == 0)
+            return;
+        if (r->key == key && r->slot == slot)
+            break;
         i = (i + 1) & m;
+    }
     j = i;
     for (;;) {
-        uint32_t r;
         j = (j + 1) & m;
-        r = ix->refs[j];
-        if (r == 0)
+        if (ix->refs[j].node == 0)
             break;
-        home = vp_ref_home(ix->nodes[r - 1].key, ix->nodes[r - 1].slot, m);
+        home = vp_ref_home(ix->refs[j].key, ix->refs[j].slot, m);
         if (i <= j ? (i < home && home <= j) : (i < home || home <= j))
             continue;
-        ix->refs[i] = r;
+        ix->refs[i] = ix->refs[j];
         i = j;
     }
-    ix->refs[i] = 0;
+    ix->refs[i].node = 0;
 }
 
 /* ---- LRU lists ------------------------------------------------------------------ */
@@ -287,8 +300,18 @@ static void vp_evict_tail(vp_index *ix, uint32_t slot)
     uint32_t n = l->tail;
     if (n == VP_NIL)
         return;
+    /* Evictions come in runs while a new prompt goes in: start the misses of the next
+     * victims now (the node after next, and the next one's table buckets) so that they
+     * overlap this eviction instead of following it. */
+    if (ix->nodes[n].prev != VP_NIL) {
+        const vp_node *next = &ix->nodes[ix->nodes[n].prev];
+        __builtin_prefetch(&ix->refs[vp_ref_home(next->key, slot, ix->refs_mask)]);
+        __builtin_prefetch(&ix->ents[next->key & ix->ents_mask]);
+        if (next->prev != VP_NIL)
+            __builtin_prefetch(&ix->nodes[next->prev]);
+    }
     vp_lru_unlink(ix, n);
-    vp_ref_delete(ix, n);
+    vp_ref_delete(ix, ix->nodes[n].key, slot);
     vp_entry_clear(ix, ix->nodes[n].key, slot);
     ix->nodes[n].next = ix->free_head;
     ix->free_head = n;
@@ -353,7 +376,7 @@ static int vp_touch(vp_index *ix, uint32_t slot, uint64_t key)
     ix->nodes[n].key = key;
     ix->nodes[n].slot = slot;
     vp_lru_push_head(ix, n);
-    vp_ref_insert(ix, n);
+    vp_ref_insert(ix, key, slot, n);
     l->count++;
     ix->live++;
     return 0;
@@ -366,7 +389,14 @@ static int vp_touch_chain(vp_index *ix, uint32_t slot, const uint64_t *keys, siz
 {
     size_t i = n;
     while (i > 0) {
-        if (vp_touch(ix, slot, keys[--i]) < 0)
+        --i;
+        /* The keys to come are known: start their cache misses now, so they overlap. */
+        if (i >= VP_PREFETCH) {
+            uint64_t k = keys[i - VP_PREFETCH];
+            __builtin_prefetch(&ix->refs[vp_ref_home(k, slot, ix->refs_mask)]);
+            __builtin_prefetch(&ix->ents[k & ix->ents_mask]);
+        }
+        if (vp_touch(ix, slot, keys[i]) < 0)
             return -1;
     }
     return 0;
