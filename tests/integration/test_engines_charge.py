@@ -4,6 +4,7 @@ the other engine covers, and no child process left after any kind of exit."""
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
 import json
 import os
 import signal
@@ -96,6 +97,9 @@ class Charge:
         except urllib.error.HTTPError as e:
             e.read()
             return e.code, e.headers.get("x-velocity-endpoint")
+        except (OSError, http.client.HTTPException) as e:
+            # The connection itself failed (an engine died mid-response): status 0.
+            return 0, repr(e)
 
     def close(self) -> None:
         pids = self.engine_pids()
@@ -183,7 +187,7 @@ def test_a_crashed_engine_is_restarted_and_the_other_serves_meanwhile(charge, mo
     during = [(s, ep) for t, s, ep in results if restart_at - 0.8 < t <= restart_at]
     assert during and all(s == 200 and ep == "vllm-gpu1" for s, ep in during), during
     # At most the requests in flight on the engine when it died can fail.
-    assert sum(s != 200 for _, s, _ in results) <= 2
+    assert sum(s != 200 for _, s, _ in results) <= 2, results
     assert any(ep == "vllm-gpu0" and t > restart_at for t, _, ep in results)
 
 

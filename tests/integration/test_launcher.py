@@ -268,3 +268,41 @@ def test_no_child_survives_the_gateway(tmp_path, model, how):
         proc.stderr.close()
         for pid in group_members(set(pids)):
             os.kill(pid, signal.SIGKILL)
+
+
+async def test_an_engine_that_never_answers_health_is_killed_at_the_ready_timeout(fake_machine, model, tmp_path):
+    fake_machine(1, FAKE_VLLM_SIM_ARGS="--startup-delay 60")
+    plan = await plan_for(1, model, tmp_path)
+    sup = EngineSupervisor(plan.specs, **dict(FAST, ready_timeout=2.0))
+    with pytest.raises(EngineStartError, match=r"no /health 200 within 2s"):
+        await sup.start()
+    assert sup.pids() == {}
+
+
+async def test_cancelling_start_while_engines_load_leaves_no_child(fake_machine, model, tmp_path):
+    machine = fake_machine(2, FAKE_VLLM_SIM_ARGS="--startup-delay 60")
+    plan = await plan_for(2, model, tmp_path)
+    sup = EngineSupervisor(plan.specs, **FAST)
+    task = asyncio.ensure_future(sup.start())
+    for _ in range(200):  # both fake vllm processes launched (bounded wait)
+        if len(machine.launches()) == 2:
+            break
+        await asyncio.sleep(0.05)
+    pids = {l["pid"] for l in machine.launches()}
+    assert len(pids) == 2 and sup.states() == {"vllm-gpu0": "starting", "vllm-gpu1": "starting"}
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert wait_until(lambda: not group_members(pids), 10)
+    assert set(sup.states().values()) == {"stopped"}
+
+
+async def test_a_failing_state_listener_does_not_stop_supervision(fake_machine, model, tmp_path):
+    fake_machine(1)
+    plan = await plan_for(1, model, tmp_path)
+
+    def listener(name, state):
+        raise ValueError("listener bug")
+
+    async with EngineSupervisor(plan.specs, on_state_change=listener, **FAST) as sup:
+        assert sup.states() == {"vllm-gpu0": "ready"}

@@ -188,7 +188,8 @@ class EngineSupervisor:
                 e.first.set_exception(
                     EngineStartError(e.spec.name, "stopped before it was ready", str(e.spec.log_path), "")
                 )
-            e.first.exception()  # mark retrieved: no "exception was never retrieved" noise
+            if not e.first.cancelled():
+                e.first.exception()  # mark retrieved: no "exception was never retrieved" noise
             self._set_state(e, STOPPED)
         if self._atexit_registered:
             atexit.unregister(self.kill_now)
