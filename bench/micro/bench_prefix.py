@@ -12,7 +12,8 @@ What is measured (medians; the summary is printed at the end):
   holds a prefix of it, then affinity vs load and the hot-spot guard).
   Target: <= 10 microseconds.
 - for context, the whole Router.pick over a pool of 64 endpoints (filters in Python plus
-  that scoring) and Router.route_info (rendering a chat body, then hashing).
+  that scoring), Router.route_info (rendering a chat body, then hashing), and the
+  index work of on_dispatch (touching a 16 KB prompt: new and evicting, or known).
 """
 import hashlib
 import os
@@ -98,6 +99,30 @@ def test_match_only_64_endpoints_16kb(benchmark):
     index = _index_with_prefixes(hashes)
     benchmark.pedantic(index.match, args=(hashes,), rounds=300, iterations=20, warmup_rounds=2)
     RESULTS["index match (one pass) 64 endpoints, 16KB"] = f"{_median(benchmark) * 1e6:.2f} us"
+
+
+def test_touch_new_16kb_prompt_at_capacity(benchmark):
+    """on_dispatch's index work for a prompt never seen: 256 inserts, each evicting."""
+    hasher = PrefixHasher(64)
+    chains = [hasher.hash(os.urandom(16 * 1024), "m") for _ in range(64)]
+    index = PrefixIndex(4096)  # 16 prompts' worth: every touch below evicts
+    for c in chains[:16]:
+        index.touch("e", c)
+    state = {"i": 0}
+
+    def touch_next():
+        state["i"] += 1
+        index.touch("e", chains[state["i"] % 64])
+    benchmark.pedantic(touch_next, rounds=300, iterations=1, warmup_rounds=20)
+    RESULTS["index touch, new 16KB prompt at capacity"] = f"{_median(benchmark) * 1e6:.1f} us"
+
+
+def test_touch_known_16kb_prompt(benchmark):
+    index = PrefixIndex(4096)
+    chain = PrefixHasher(64).hash(KB16, "m")
+    index.touch("e", chain)
+    benchmark.pedantic(index.touch, args=("e", chain), rounds=300, iterations=10, warmup_rounds=2)
+    RESULTS["index touch, known 16KB prompt"] = f"{_median(benchmark) * 1e6:.1f} us"
 
 
 def _router_and_pool():
