@@ -2,7 +2,7 @@
 
     router = Router(settings, registry=reg)
     info = router.route_info(model, body_obj, headers)   # profile, prefix hashes, session
-    ep = router.pick(pool, info, has_room)               # None when no endpoint qualifies
+    ep = router.pick(pool, info, has_room, exclude=())   # None when no endpoint qualifies
     router.on_dispatch(ep, info)                         # remember the blocks sent to ep
 
 Filters: unhealthy endpoints, endpoints without room (``has_room(ep)`` False: at their
@@ -19,13 +19,16 @@ count stands alone and nobody is filtered as saturated on stale evidence.
 One prefix index per pool (at most 64 endpoints with affinity each); the chains are
 seeded by the model name, so pools never share hashes. Pass ``route_info`` the model
 of the pool the request will use (the default pool's model when the body names none).
+The index only knows what this gateway sent: call ``forget(name)`` when an engine
+restarted (its cache is empty) or left the configuration. ``x-session-id`` is honoured
+by the chat profile (the one that favours affinity); batch and long-context ignore it.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Container, Mapping
 
 from velocity_fast._core.prefix import BlockHashes, PrefixHasher, PrefixIndex
 from velocity_fast.metrics import Registry
@@ -175,8 +178,11 @@ class Router:
         return RouteInfo(model, profile, hashes, session,
                          SessionAffinity.key(session) if session else None)
 
-    def pick(self, pool: Any, info: RouteInfo, has_room: Callable[[Any], bool] | None = None) -> Any:
-        """The endpoint of pool for this request, or None when none is healthy with room."""
+    def pick(self, pool: Any, info: RouteInfo, has_room: Callable[[Any], bool] | None = None,
+             exclude: Container = ()) -> Any:
+        """The endpoint of pool for this request, or None when none is healthy with room.
+
+        exclude: endpoints not to use (those a retry already failed on)."""
         state = self._pools.get(pool.model)
         if state is None:
             state = self._pools[pool.model] = _PoolState(pool, self.settings)
@@ -192,7 +198,7 @@ class Router:
         saturated: list = []
         saturated_loads: list[float] = []
         for ep in pool.endpoints:
-            if not ep.healthy or (has_room is not None and not has_room(ep)):
+            if not ep.healthy or (has_room is not None and not has_room(ep)) or (exclude and ep in exclude):
                 continue
             if ep.scraped_at and now - ep.scraped_at <= stale:
                 load = ep.waiting + ep.inflight
