@@ -48,6 +48,15 @@ def test_unhealthy_and_at_limit_endpoints_are_never_picked():
     assert picks == {"e2", "e3"}
 
 
+def test_excluded_endpoints_are_not_picked_again():
+    pool = make_pool(3)
+    r = router()
+    info = r.route_info("m", chat("x"), {})
+    tried = [pool.endpoints[0], pool.endpoints[2]]
+    assert {r.pick(pool, info, None, tried).name for _ in range(30)} == {"e1"}
+    assert r.pick(pool, info, None, pool.endpoints) is None
+
+
 def test_no_endpoint_when_none_is_healthy_with_room():
     pool = make_pool(2)
     r = router()
