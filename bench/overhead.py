@@ -548,10 +548,10 @@ def profile_gateway(target: Target, args, work: Path) -> dict | None:
     if spy is None:
         return {"error": "py-spy is not installed (pip install py-spy)"}
     raw = Path(args.profile_out) if args.profile_out else work / "gateway.prof.txt"
-    cmd = [spy, "record", "--nonblocking", "--format", "raw", "-r", "250", "-d", str(max(1, round(args.profile))),
+    cmd = [spy, "record", "--format", "raw", "-r", "250", "-d", str(max(1, round(args.profile))),
            "-p", str(target.pid), "-o", str(raw)]
-    if args.profile_native:
-        cmd.insert(2, "--native")
+    # --nonblocking samples without stopping the gateway; py-spy cannot unwind C frames that way.
+    cmd.insert(2, "--native" if args.profile_native else "--nonblocking")
     spy_p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                              preexec_fn=_child_setup(args.load_cpu))
     try:
@@ -643,10 +643,12 @@ def summarize(res: dict) -> str:
         else:
             kept = f"; collapsed stacks in {prof['raw']}" if prof["raw"] else ""
             lines.append(f"Gateway profile under load ({prof['samples']} py-spy samples{kept}):")
-            lines.append("  self %   function")
-            lines += [f"  {pct:6.1f}   {f}" for f, pct in prof["self"]]
-            lines.append("  total %  function (a coroutine's stack may be cut where it was resumed)")
-            lines += [f"  {pct:6.1f}   {f}" for f, pct in prof["inclusive"]]
+            # A share of the samples times the gateway's CPU us/request: what each costs a request.
+            cpu = (res["targets"].get("gateway") or {}).get("cpu_us_per_req") or 0.0
+            lines.append("  self %   ~us/req  function")
+            lines += [f"  {pct:6.1f}   {pct * cpu / 100:7.1f}  {f}" for f, pct in prof["self"]]
+            lines.append("  total %  ~us/req  function (a coroutine's stack may be cut where it was resumed)")
+            lines += [f"  {pct:6.1f}   {pct * cpu / 100:7.1f}  {f}" for f, pct in prof["inclusive"]]
     return "\n".join(lines)
 
 
@@ -758,7 +760,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-nginx", action="store_true", help="skip the nginx reference")
     p.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
                    help="then sample the gateway with py-spy under load for this long")
-    p.add_argument("--profile-native", action="store_true", help="py-spy --native: include C frames")
+    p.add_argument("--profile-native", action="store_true",
+                   help="py-spy --native: include C frames (stops the gateway at each sample)")
     p.add_argument("--profile-out", default=None, help="keep py-spy's collapsed stacks at this path")
     p.add_argument("--profile-top", type=int, default=20)
     p.add_argument("--nice", type=int, default=0,
