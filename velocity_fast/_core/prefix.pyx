@@ -11,7 +11,10 @@ The index (csrc/prefix_index.h) remembers, per endpoint ("slot", at most 64 per 
 the block hashes recently sent there, in an LRU bounded per endpoint; one pass over a
 prompt's hashes gives the matched leading blocks of every endpoint at once.
 
-Nothing here knows asyncio, endpoints or profiles: names are opaque keys.
+The chat profile's scoring (affinity against load, the hot-spot guard) runs here too,
+as ``choose_by_affinity``: it is per-request math over the index's match, and in
+Python it would cost more than the match itself. Nothing here knows asyncio; an
+endpoint is any object with a ``name`` (the index key).
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
