@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from .admission.settings import AdmissionConfigError, AdmissionSettings, BandSettings
 from .routing.health import HealthSettings
 
 __all__ = ["Settings", "EndpointConfig", "BandConfig", "TenantConfig", "ModelConfig", "ServerSettings",
@@ -37,12 +38,7 @@ class ModelConfig(_S):
     profile: str = "chat"
 
 
-class BandConfig(_S):
-    name: str
-    ceiling: float
-    queue_capacity: int = 1000
-    queue_bytes: int = 256 * 1024 * 1024
-    ttl_ms: float = 30000.0
+BandConfig = BandSettings  # one definition of a band, shared with admission
 
 
 class TenantConfig(_S):
@@ -66,11 +62,7 @@ class ServerSettings(_S):
     upstream_connect_timeout_s: float = 3.0
 
 
-DEFAULT_BANDS = [
-    BandConfig(name="high", ceiling=1.5, queue_capacity=1000, ttl_ms=60000),
-    BandConfig(name="normal", ceiling=1.0, queue_capacity=1000, ttl_ms=30000),
-    BandConfig(name="low", ceiling=0.8, queue_capacity=5000, ttl_ms=120000),
-]
+DEFAULT_BANDS = AdmissionSettings().bands
 
 
 class Settings(_S):
@@ -106,21 +98,11 @@ class Settings(_S):
             raise ConfigError(f"sla_ms: must be positive, got {self.sla_ms}")
         if self.max_concurrency < 1:
             raise ConfigError(f"max_concurrency: must be at least 1, got {self.max_concurrency}")
-        if not self.bands:
-            raise ConfigError("bands: at least one band is needed")
+        try:  # bands and the admission section are admission's to judge
+            AdmissionSettings.from_settings(self)
+        except AdmissionConfigError as e:
+            raise ConfigError(str(e)) from None
         names = [b.name for b in self.bands]
-        if len(set(names)) != len(names):
-            raise ConfigError(f"bands: duplicate band names in {names}")
-        for i, b in enumerate(self.bands):
-            if b.ceiling <= 0:
-                raise ConfigError(f"bands[{i}].ceiling: must be positive, got {b.ceiling}")
-            if i and b.ceiling > self.bands[i - 1].ceiling:
-                raise ConfigError(
-                    f"bands[{i}].ceiling: band {b.name!r} has ceiling {b.ceiling} above the higher-priority "
-                    f"band {self.bands[i - 1].name!r} ({self.bands[i - 1].ceiling}); ceilings must not rise "
-                    "as priority falls")
-            if b.queue_capacity < 0 or b.ttl_ms <= 0:
-                raise ConfigError(f"bands[{i}]: queue_capacity must be >= 0 and ttl_ms > 0")
         seen_ep = set()
         for i, e in enumerate(self.endpoints):
             if e.name in seen_ep:

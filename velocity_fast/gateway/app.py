@@ -70,7 +70,6 @@ class Gateway:
         pool.endpoints.append(ep)
         if self.default_model is None:
             self.default_model = ep.model
-        self.admission.add_endpoint(ep)
         if watch:
             self.monitor.watch(ep)
         return ep
@@ -86,7 +85,6 @@ class Gateway:
             del self.pools[ep.model]
             if self.default_model == ep.model:
                 self.default_model = next(iter(self.pools), None)
-        self.admission.remove_endpoint(ep)
         ep.upstream.close()
 
     def set_endpoint_available(self, name: str, available: bool) -> None:
@@ -98,7 +96,7 @@ class Gateway:
             self.monitor.eject(ep, "engine restarting")
 
     def _on_endpoint_change(self, ep: Endpoint, state: str) -> None:
-        self.admission.on_endpoint_change(ep)
+        self.admission.on_metrics(ep)  # an endpoint back in routing may take queued work at once
 
     def _on_metrics(self, ep: Endpoint) -> None:
         self.admission.on_metrics(ep)
@@ -116,7 +114,6 @@ class Gateway:
         await self.admin_server.start(host, s.admin_port if admin_port is None else admin_port)
         for ep in self.endpoints.values():
             self.monitor.watch(ep)
-        self.admission.start()
         log.info("gateway on %s:%d, admin on %s:%d, policy %s, %d endpoint(s)", host, self.client_server.port,
                  host, self.admin_server.port, s.policy, len(self.endpoints))
 
@@ -132,8 +129,8 @@ class Gateway:
         grace = self.settings.server.shutdown_grace_s if grace is None else grace
         servers = [s for s in (self.client_server, self.admin_server) if s is not None]
         await asyncio.gather(*(s.shutdown(grace) for s in servers))
+        self.admission.close()
         await self.monitor.stop()
-        await self.admission.stop()
         for ep in self.endpoints.values():
             ep.upstream.close()
 
@@ -184,12 +181,13 @@ class Gateway:
 
     # -- the proxy path ----------------------------------------------------------------------------
     def _reject(self, resp: Responder, route: str, status: int, reason: str, message: str, band: str,
-                headers: list, retry_after: float | None = None) -> None:
+                headers: list, retry_after: float | None = None, from_admission: bool = False) -> None:
         hdrs = list(headers)
         hdrs.append(("x-velocity-reject-reason", reason))
         if retry_after is not None:
             hdrs.append(("retry-after", str(max(1, int(retry_after + 0.999)))))
-        self.metrics.rejections.labels(reason, band).inc()
+        if not from_admission:  # admission counts its own
+            self.admission.telemetry.reject(reason)
         self.metrics.requests.labels(route, status, band).inc()
         resp.send_error(status, message, headers=hdrs)
 
@@ -209,7 +207,9 @@ class Gateway:
                 band = tenant.max_band
         return band
 
-    def _sla_for(self, header: str | None, body_value: float | None) -> float:
+    def _sla_for(self, header: str | None, body_value: float | None) -> float | None:
+        """The SLA the client asked for; None leaves the configured default to admission
+        (which then predicts nothing: only an explicit SLA can be declined as unreachable)."""
         if header is not None:
             try:
                 v = float(header)
@@ -219,7 +219,7 @@ class Gateway:
             if v <= 0:
                 raise BadRequest("x-velocity-sla-ms must be positive.", "sla_ms")
             return v
-        return body_value if body_value is not None else self.settings.sla_ms
+        return body_value
 
     async def _proxy(self, req: Request, resp: Responder, route: str, chat: bool) -> None:
         h = req.headers
@@ -259,7 +259,6 @@ class Gateway:
                        native: bool = False) -> None:
         band = ticket.band
         t0 = req.received_at
-        loop_time = asyncio.get_running_loop().time
         task = asyncio.current_task()
         resp.add_disconnect_callback(task.cancel)  # a client that leaves cancels its request, at any stage
         lease = None
@@ -267,7 +266,8 @@ class Gateway:
             try:
                 lease = await self.admission.admit(ticket)
             except Rejected as e:
-                return self._reject(resp, route, e.status, e.reason, e.message, band, base_headers, e.retry_after)
+                return self._reject(resp, route, e.status, e.reason, e.message, band, base_headers, e.retry_after,
+                                    from_admission=True)
             queue_s = time.monotonic() - t0
             tried: list[Endpoint] = []
             while True:
@@ -277,7 +277,7 @@ class Gateway:
                     lease = None
                     return self._reject(resp, route, 503, "no-endpoint",
                                         f"No healthy engine for model `{pool.model}`.", band, base_headers, 1.0)
-                lease.bind(ep)
+                lease.rebind(ep)
                 headers = [("content-type", "application/json"), ("x-request-id", rid)]
                 if ep.api_key:
                     headers.append(("authorization", f"Bearer {ep.api_key}"))
@@ -300,9 +300,7 @@ class Gateway:
             out_headers = base_headers + [("x-velocity-endpoint", ep.name),
                                           ("x-velocity-queue-ms", f"{queue_s * 1000:.1f}"), ("x-velocity-band", band)]
 
-            def first_byte() -> None:
-                lease.first_byte()
-                self.metrics.ttft.labels(band).observe(time.monotonic() - t0)
+            first_byte = lease.first_byte
 
             if native and conn.headers.get("content-type", "").startswith("application/json"):
                 out = await relay_response(ep.upstream, conn, resp, out_headers, on_first_byte=first_byte,
@@ -319,27 +317,22 @@ class Gateway:
             outcome = "completed" if out.ok else "failed"
             lease.release(outcome, error_text=out.error_text, tokens=out.events or 0)
             lease = None
-            self.metrics.outcomes.labels(outcome).inc()
             self.metrics.requests.labels(route, out.status, band).inc()
-            self.metrics.latency.labels(route, band).observe(time.monotonic() - t0)
         except asyncio.CancelledError:
             if lease is not None:
                 lease.release("cancelled")
                 lease = None
-                self.metrics.outcomes.labels("cancelled").inc()
             raise
         except UpstreamError as e:  # the engine broke a non-streamed answer
             if lease is not None:
                 lease.release("failed", error_text=str(e))
                 lease = None
-                self.metrics.outcomes.labels("failed").inc()
             if not resp.started:
                 self._reject(resp, route, 502, "upstream", f"The engine failed while answering: {e}", band,
                              base_headers)
         finally:
             if lease is not None:
                 lease.release("failed")
-                self.metrics.outcomes.labels("failed").inc()
             resp.remove_disconnect_callback(task.cancel)
 
     # -- native /generate ----------------------------------------------------------------------------------

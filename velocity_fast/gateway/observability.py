@@ -13,36 +13,21 @@ from ..metrics import Registry
 if TYPE_CHECKING:  # pragma: no cover
     from .app import Gateway
 
-__all__ = ["GatewayMetrics", "setup_logging", "LATENCY_BUCKETS"]
-
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0,
-                   5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+__all__ = ["GatewayMetrics", "setup_logging"]
 
 
 class GatewayMetrics:
-    """Per-request counters and histograms; per-endpoint values are read at scrape time."""
+    """Per-request counters; per-endpoint values are read at scrape time.
+
+    Admission registers the lease counters, rejections, queue, saturation, limit,
+    in-flight, TTFT and latency metrics itself (admission/telemetry.py)."""
 
     def __init__(self, reg: Registry, gw: "Gateway") -> None:
         self.requests = reg.counter("velocity_requests_total", "Requests answered, by route, status and band.",
                                     ("route", "status", "band"))
-        self.rejections = reg.counter("velocity_rejections_total",
-                                      "Requests declined by the gateway, by reason and band.", ("reason", "band"))
-        self.latency = reg.histogram("velocity_request_duration_seconds",
-                                     "End-to-end latency of proxied requests, by route and band.",
-                                     ("route", "band"), LATENCY_BUCKETS)
-        self.ttft = reg.histogram("velocity_ttft_seconds",
-                                  "Time from arrival to the first byte of the engine's answer, by band.",
-                                  ("band",), LATENCY_BUCKETS)
         self.upstream_errors = reg.counter("velocity_upstream_errors_total",
                                            "Engine connection failures, by endpoint and kind.", ("endpoint", "kind"))
-        self.outcomes = reg.counter("velocity_request_outcomes_total",
-                                    "Admitted requests by terminal outcome (completed, failed, cancelled).",
-                                    ("outcome",))
         eps = lambda attr: lambda: [((e.name, e.model), float(getattr(e, attr))) for e in gw.endpoints.values()]  # noqa: E731
-        reg.gauge_fn("velocity_endpoint_inflight", "Gateway requests in flight on each endpoint.",
-                     eps("inflight"), ("endpoint", "model"))
-        reg.gauge_fn("velocity_endpoint_limit", "Current concurrency limit of each endpoint.",
-                     eps("limit"), ("endpoint", "model"))
         reg.gauge_fn("velocity_endpoint_healthy", "1 when the endpoint is in routing, else 0.",
                      eps("healthy"), ("endpoint", "model"))
         reg.gauge_fn("velocity_endpoint_engine_running", "Engine-reported running requests (last scrape).",
