@@ -35,6 +35,9 @@ __all__ = ["Admission"]
 log = logging.getLogger("velocity.admission")
 
 _OOM_TEXT = "out of memory"
+# An engine slower than this many times its usual service time, on a request that
+# missed its SLA, counts as congested (AIMD cuts its limit).
+CONGESTION_FACTOR = 1.5
 
 
 class _EndpointState:
@@ -299,6 +302,8 @@ class Admission:
         if st is None:
             return
         engine_ttft = lease.first_byte_at - lease.bound_at if lease.first_byte_at else None
+        # What this engine usually takes for such a request, before this sample counts.
+        expected = st.est.predict(int(tokens or lease.max_tokens))
         if outcome == "completed":
             st.est.observe(engine_ttft, now - lease.bound_at, int(tokens or lease.max_tokens))
         aimd = st.aimd
@@ -310,9 +315,12 @@ class Admission:
         if outcome != "completed":
             return
         slow = engine_ttft is not None and engine_ttft * 1000.0 > self.settings.ttft_slo_ms
-        # A miss is the engine's doing only if its own part overran the whole budget;
-        # time queued in the gateway is not cured by a smaller engine limit.
-        missed = lease.explicit_sla and now - lease.bound_at > lease.deadline - lease.arrived_at
+        # A miss is the engine's doing only if its own part overran the whole budget
+        # (time queued in the gateway is not cured by a smaller engine limit) and it
+        # was slower than usual: an SLA no engine could meet says nothing of load.
+        engine_s = now - lease.bound_at
+        missed = (lease.explicit_sla and engine_s > lease.deadline - lease.arrived_at
+                  and expected is not None and engine_s > CONGESTION_FACTOR * expected)
         if slow or missed:
             aimd.on_breach(lease.bound_at, now)
         else:
