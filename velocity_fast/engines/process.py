@@ -95,17 +95,6 @@ def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         os.killpg(proc.pid, sig)
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether any process of the group ``pgid`` still exists."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 async def wait_exit(proc: subprocess.Popen[bytes], poll_interval: float = 0.1) -> int:
     """Wait without blocking the loop until ``proc`` exits; return its exit code.
 

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 from .plan import ENGINE_HOST, EngineSpec
 from .probe import http_status
-from .process import group_alive, read_tail, signal_group, spawn, wait_exit
+from .process import read_tail, signal_group, spawn, wait_exit
 
 log = logging.getLogger("velocity_fast.engines")
 
