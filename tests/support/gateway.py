@@ -1,0 +1,225 @@
+"""Run a gateway for a test, and stop it for sure.
+
+In-process, on the test's own event loop, ports picked by the OS:
+
+    async with running_gateway(eng1, eng2, api_key="k") as gw:
+        r = await http_request(gw.port, "GET", "/v1/models", headers={"authorization": "Bearer k"})
+
+As a subprocess (``velocityllm serve`` or ``chargeVelocity``), for exit codes, signals and
+children:
+
+    with gateway_process("serve", "--endpoint", f"e1={eng.url}=sim-model") as gp:
+        urlopen(gp.url + "/health")
+
+The subprocess gets free ports (``--port``/``--admin-port`` chosen here unless given),
+prints its banner once it listens, and is stopped with SIGTERM, then SIGKILL.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, AsyncIterator, Iterator
+
+from velocity_fast.config import EndpointConfig, Settings, load_settings
+from velocity_fast.gateway.app import Gateway
+
+from .sim import REPO, SimEngine, free_port
+
+__all__ = ["running_gateway", "gateway_settings", "wait_until", "GatewayProcess", "gateway_process",
+           "velocity_command", "FAST_HEALTH"]
+
+# Health checks fast enough that a test sees ejection and readmission within a second.
+FAST_HEALTH = {"scrape_interval_ms": 50.0, "check_interval_ms": 100.0, "check_timeout_ms": 500.0,
+               "eject_base_ms": 200.0, "eject_max_ms": 1000.0}
+
+
+def gateway_settings(*engines: SimEngine | tuple[str, str, str], config_file: str | None = None,
+                     **keys: Any) -> Settings:
+    """Settings for an in-process gateway on 127.0.0.1 in front of ``engines``.
+
+    An engine is a SimEngine (named e1, e2, ... in order, model from the engine) or a
+    ``(name, url, model)`` triple. ``keys`` are settings keys (``api_key=``, ``tenants=``,
+    ``server={...}``); ``health`` defaults to FAST_HEALTH. The environment is not read.
+    """
+    eps = []
+    for i, e in enumerate(engines, 1):
+        if isinstance(e, SimEngine):
+            eps.append(EndpointConfig(name=f"e{i}", url=e.url, model=e.model))
+        else:
+            eps.append(EndpointConfig(name=e[0], url=e[1], model=e[2]))
+    flags: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "admin_port": 0, "endpoints": eps}
+    flags.setdefault("health", dict(FAST_HEALTH))
+    flags.update(keys)
+    return load_settings(config_file, flags, env={})
+
+
+async def wait_until(predicate, timeout: float = 5.0, interval: float = 0.02, what: str = "condition") -> None:
+    """Poll ``predicate()`` (sync or async) until true; AssertionError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ok = predicate()
+        if asyncio.iscoroutine(ok):
+            ok = await ok
+        if ok:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+@asynccontextmanager
+async def running_gateway(*engines: SimEngine | tuple[str, str, str], healthy: int | None = None,
+                          settings: Settings | None = None, **keys: Any) -> AsyncIterator[Gateway]:
+    """A started Gateway on 127.0.0.1 (ports 0) in front of ``engines``; stopped on exit.
+
+    Waits until ``healthy`` endpoints (default: all of them) passed their first health check.
+    """
+    s = settings if settings is not None else gateway_settings(*engines, **keys)
+    gw = Gateway(s)
+    try:
+        await gw.start("127.0.0.1", 0, 0)
+        want = len(gw.endpoints) if healthy is None else healthy
+        await wait_until(lambda: sum(e.healthy for e in gw.endpoints.values()) >= want, 10.0,
+                         what=f"{want} healthy endpoint(s)")
+        yield gw
+    finally:
+        await gw.stop(grace=1.0)
+
+
+# -- subprocess ---------------------------------------------------------------------------------
+
+def velocity_command(*args: str) -> list[str]:
+    """``velocityllm ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "velocity_fast", *args]
+
+
+_GATEWAY_LINE = re.compile(r"gateway:?\s+http://[^:\s]+:(\d+)")
+_ADMIN_LINE = re.compile(r"admin:?\s+http://[^:\s]+:(\d+)")
+
+
+class GatewayProcess:
+    """``velocityllm serve|chargeVelocity`` as a child process."""
+
+    def __init__(self, command: str, *args: str, env: dict[str, str] | None = None) -> None:
+        self.args = list(args)
+        if "--host" not in self.args:
+            self.args += ["--host", "127.0.0.1"]
+        if "--port" not in self.args:
+            self.args += ["--port", str(free_port())]
+        if "--admin-port" not in self.args:
+            self.args += ["--admin-port", str(free_port())]
+        self.command = command
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self.port = int(self.args[self.args.index("--port") + 1])
+        self.admin_port = int(self.args[self.args.index("--admin-port") + 1])
+        self._out = tempfile.TemporaryFile()
+        self._err = tempfile.TemporaryFile()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def _read(self, f) -> str:
+        f.flush()
+        f.seek(0)
+        return f.read().decode(errors="replace")
+
+    @property
+    def stdout_text(self) -> str:
+        return self._read(self._out)
+
+    @property
+    def stderr_text(self) -> str:
+        return self._read(self._err)
+
+    def spawn(self) -> "GatewayProcess":
+        """Start the process without waiting (for commands expected to fail)."""
+        env = dict(os.environ)
+        env = {k: v for k, v in env.items() if not k.startswith("VELOCITY_")}
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        if self.env:
+            env.update(self.env)
+        self.proc = subprocess.Popen(velocity_command(self.command, *self.args), stdout=self._out,
+                                     stderr=self._err, stdin=subprocess.DEVNULL, env=env, cwd=str(REPO),
+                                     start_new_session=True)
+        return self
+
+    def start(self, timeout: float = 20.0) -> "GatewayProcess":
+        """Start and wait until the banner names the gateway's port."""
+        self.spawn()
+        deadline = time.monotonic() + timeout
+        try:
+            while not _GATEWAY_LINE.search(self.stdout_text):
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"{self.command} exited with {self.proc.returncode}; stderr:\n"
+                                       f"{self.stderr_text}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.command} did not print its banner in time; stderr:\n"
+                                       f"{self.stderr_text}")
+                time.sleep(0.05)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait(self, timeout: float = 20.0) -> int:
+        """Wait for the process to exit on its own; kills it past ``timeout``."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, then SIGKILL (of its whole process group) after ``timeout``."""
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout)
+        return proc.returncode
+
+    def close(self) -> None:
+        """Stop, and make sure nothing of its process group is left behind."""
+        try:
+            self.stop()
+        finally:
+            if self.proc is not None:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            self._out.close()
+            self._err.close()
+
+
+@contextmanager
+def gateway_process(command: str, *args: str, env: dict[str, str] | None = None,
+                    timeout: float = 20.0) -> Iterator[GatewayProcess]:
+    """A running ``velocityllm COMMAND ARGS`` for a ``with`` block; stopped even on failure."""
+    gp = GatewayProcess(command, *args, env=env)
+    try:
+        gp.start(timeout)
+        yield gp
+    finally:
+        gp.close()
