@@ -62,6 +62,8 @@ def _explain(e: msgspec.DecodeError) -> BadRequest:
     param = None
     if "$." in text:
         param = text.rsplit("$.", 1)[1].rstrip("`").split("[")[0].split(".")[0] or None
+    elif "missing required field `" in text:  # at the top level msgspec names the field, not a path
+        param = text.split("missing required field `", 1)[1].split("`", 1)[0] or None
     if isinstance(e, msgspec.ValidationError):
         return BadRequest(f"Invalid request: {text}", param)
     return BadRequest(f"The request body is not valid JSON: {text}")
