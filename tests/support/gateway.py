@@ -33,7 +33,7 @@ from velocity_fast.gateway.app import Gateway
 from .sim import REPO, SimEngine, free_port
 
 __all__ = ["running_gateway", "gateway_settings", "wait_until", "GatewayProcess", "gateway_process",
-           "velocity_command", "FAST_HEALTH"]
+           "velocity_command", "FAST_HEALTH", "RecordingUpstream"]
 
 # Health checks fast enough that a test sees ejection and readmission within a second.
 FAST_HEALTH = {"scrape_interval_ms": 50.0, "check_interval_ms": 100.0, "check_timeout_ms": 500.0,
@@ -223,3 +223,84 @@ def gateway_process(command: str, *args: str, env: dict[str, str] | None = None,
         yield gp
     finally:
         gp.close()
+
+
+# -- a tiny fixed upstream that records what it received ------------------------------------------
+
+class RecordingUpstream:
+    """A minimal engine on 127.0.0.1 that keeps every request it received.
+
+    ``/health`` answers 200, ``/metrics`` an empty exposition, any POST answers ``reply``
+    (200) unless its body contains one of ``reject_fields`` as a JSON key, which gets a
+    400 as vLLM gives to fields it does not accept. Keep-alive as an engine does.
+
+        async with RecordingUpstream() as up:
+            ...  up.url, up.requests -> [(method, path, headers, body)]
+    """
+
+    def __init__(self, reply: bytes = b'{"id":"fixed","object":"chat.completion","choices":[]}',
+                 reject_fields: tuple[str, ...] = ("priority", "sla_ms")) -> None:
+        self.reply = reply
+        self.reject_fields = reject_fields
+        self.requests: list[tuple[str, str, dict[str, str], bytes]] = []
+        self._server: asyncio.AbstractServer | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> "RecordingUpstream":
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._server.close()
+        for w in list(self._writers):
+            w.transport.abort()
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        import json
+
+        self._writers.add(writer)
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                headers = {}
+                for ln in lines[1:]:
+                    if ":" in ln:
+                        k, v = ln.split(":", 1)
+                        headers[k.strip().lower()] = v.strip()
+                n = int(headers.get("content-length", "0"))
+                body = await reader.readexactly(n) if n else b""
+                if path == "/health":
+                    status, out, ct = 200, b"", "text/plain"
+                elif path == "/metrics":
+                    status, out, ct = 200, b"vllm:num_requests_running 0\n", "text/plain"
+                else:
+                    self.requests.append((method, path, headers, body))
+                    status, out, ct = 200, self.reply, "application/json"
+                    try:
+                        obj = json.loads(body)
+                    except ValueError:
+                        obj = None
+                    bad = [f for f in self.reject_fields if isinstance(obj, dict) and f in obj]
+                    if bad:
+                        status = 400
+                        out = json.dumps({"error": {"message": f"unknown field {bad[0]}", "type": "BadRequestError",
+                                                    "param": bad[0], "code": 400}}).encode()
+                reason = {200: "OK", 400: "Bad Request"}[status]
+                writer.write(f"HTTP/1.1 {status} {reason}\r\ncontent-type: {ct}\r\n"
+                             f"content-length: {len(out)}\r\n\r\n".encode() + out)
+                await writer.drain()
+        finally:
+            self._writers.discard(writer)
+            writer.close()
