@@ -122,24 +122,25 @@ def prompt_for_model(stdin: TextIO, stdout: TextIO, home: str | None = None) -> 
     stdout.write(
         "No model found (--model-path, VELOCITY_MODEL_PATH, ./models, ~/velocity-models).\n"
     )
-    while True:
-        stdout.write("Model folder (holding config.json), or Enter for sim engines: ")
-        stdout.flush()
-        try:
+    # Ctrl-C can land anywhere in the loop (while the prompt is written, too).
+    try:
+        while True:
+            stdout.write("Model folder (holding config.json), or Enter for sim engines: ")
+            stdout.flush()
             line = stdin.readline()
-        except KeyboardInterrupt:
-            stdout.write("\n")
-            raise ModelPromptAborted("model prompt interrupted (Ctrl-C)") from None
-        if not line:
-            stdout.write("\n")
-            raise ModelPromptAborted("model prompt closed (end of input)")
-        answer = line.strip()
-        if not answer:
-            return None
-        try:
-            return _choice(check_model_folder(answer, home), SOURCE_PROMPT)
-        except ModelPathError as exc:
-            stdout.write(f"{exc}; try again.\n")
+            if not line:
+                stdout.write("\n")
+                raise ModelPromptAborted("model prompt closed (end of input)")
+            answer = line.strip()
+            if not answer:
+                return None
+            try:
+                return _choice(check_model_folder(answer, home), SOURCE_PROMPT)
+            except ModelPathError as exc:
+                stdout.write(f"{exc}; try again.\n")
+    except KeyboardInterrupt:
+        stdout.write("\n")
+        raise ModelPromptAborted("model prompt interrupted (Ctrl-C)") from None
 
 
 def _choice(folder: Path, source: str) -> ModelChoice:
