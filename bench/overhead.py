@@ -598,15 +598,17 @@ def _f(v, fmt: str = "{:.0f}") -> str:
 
 
 def summarize(res: dict) -> str:
+    """The printed report: the method, the host, one row per target, the ratios, warnings, profile."""
     lines = [__doc__.split("Every process runs")[0].strip(), ""]
-    h = res["host"]
+    h, c = res["host"], res["config"]
     lines.append(f"Host: {h['cpus']} CPU(s) {h['cpu_model']}, python {h['python']}, load average {h['loadavg']}; "
-                 f"proxy core {h['proxy_cpu']}, load core {h['load_cpu']}; client {res['config']['client']}; "
-                 f"{res['config']['connections']} connections x {res['config']['duration']} s x "
-                 f"{res['config']['rounds']} round(s), nice {res['config']['nice']}; nginx: {h['nginx'] or 'not installed (reference missing)'}")
+                 f"proxy core {h['proxy_cpu']}, load core {h['load_cpu']}; client {c['client']}; "
+                 f"{c['connections']} connections x {c['duration']} s x {c['rounds']} round(s), nice {c['nice']}; "
+                 f"nginx: {h['nginx'] or 'not installed (reference missing)'}")
     lines.append("")
     hdr = (f"{'target':<8} {'req/s@64':>9} {'CPU us/req':>10} {'usr/sys':>9} {'p50@1 us':>9} {'p99@1 us':>9} "
-           f"{'+p50 us':>8} {'+p99 us':>8} {'proxy core':>10} {'load core':>9} {'waited':>7} {'others':>7}  rounds req/s")
+           f"{'+p50 us':>8} {'+p99 us':>8} {'proxy core':>10} {'load core':>9} {'waited':>7} {'others':>7}"
+           f"  rounds req/s")
     lines.append(hdr)
     direct = res["targets"].get("direct")
     for name, t in res["targets"].items():
@@ -676,6 +678,7 @@ def _nginx_version() -> str | None:
 
 
 def run(args) -> dict:
+    """Start everything, measure every target, stop everything; the figures as a dict."""
     allowed = os.sched_getaffinity(0)
     warnings: list[str] = []
     if args.proxy_cpu not in allowed or args.load_cpu not in allowed or args.proxy_cpu == args.load_cpu:
@@ -713,9 +716,9 @@ def run(args) -> dict:
             for t in targets:
                 rows = rounds[t.name]
                 entry = {"rounds": rows}
-                for key in ("rps", "cpu_us_per_req", "user_us_per_req", "sys_us_per_req", "p50_us", "p99_us", "proxy_core_busy", "load_core_busy",
-                            "proxy_core_foreign", "load_core_foreign", "load_cpu_share", "proxy_runq_wait",
-                            "upstream_runq_wait"):
+                for key in ("rps", "cpu_us_per_req", "user_us_per_req", "sys_us_per_req", "p50_us", "p99_us",
+                            "proxy_core_busy", "load_core_busy", "proxy_core_foreign", "load_core_foreign",
+                            "load_cpu_share", "proxy_runq_wait", "upstream_runq_wait"):
                     entry[key] = _median(rows, key)
                 entry["latency"] = latency(t, args, work)
                 res["targets"][t.name] = entry
