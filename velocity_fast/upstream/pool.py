@@ -90,6 +90,11 @@ class UpstreamPool:
                 conn.abort()
                 if e.received:
                     raise
+            except BaseException:
+                # Cancelled while waiting for the head (a non-streamed answer sends it last):
+                # close, so that the engine sees the disconnect and aborts the request.
+                conn.abort()
+                raise
         conn = await self.connect()
         try:
             await conn.send(data)
