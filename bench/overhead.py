@@ -605,6 +605,8 @@ def summarize(res: dict) -> str:
                  f"proxy core {h['proxy_cpu']}, load core {h['load_cpu']}; client {c['client']}; "
                  f"{c['connections']} connections x {c['duration']} s x {c['rounds']} round(s), nice {c['nice']}; "
                  f"nginx: {h['nginx'] or 'not installed (reference missing)'}")
+    # Warnings before the table and the ratios last, so that a log's tail holds the figures.
+    lines += ["warning: " + w for w in res["warnings"]]
     lines.append("")
     hdr = (f"{'target':<8} {'req/s@64':>9} {'CPU us/req':>10} {'usr/sys':>9} {'p50@1 us':>9} {'p99@1 us':>9} "
            f"{'+p50 us':>8} {'+p99 us':>8} {'proxy core':>10} {'load core':>9} {'waited':>7} {'others':>7}"
@@ -640,8 +642,6 @@ def summarize(res: dict) -> str:
     else:
         lines.append("gateway/nginx: nginx is not installed, so the reference is missing "
                      "(apt-get install nginx-light)")
-    for w in res["warnings"]:
-        lines.append("warning: " + w)
     prof = res.get("profile")
     if prof:
         lines.append("")
