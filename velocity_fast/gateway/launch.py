@@ -29,6 +29,8 @@ def _sim_flags(settings: Settings, extra: str | None) -> list[str]:
     out: list[str] = []
     for key, value in settings.sim.items():
         flag = "--" + str(key).replace("_", "-")
+        if value is None:  # null in YAML: the sim engine's own default
+            continue
         if value is True:
             out.append(flag)
         elif value is False:
