@@ -48,7 +48,6 @@ def meta(chat=True, include_usage=False, continuous=False) -> RequestMeta:
 def test_token_chunks_are_valid_json_with_escaped_constants():
     r = FakeResponder()
     s = StreamSink(r, meta(include_usage=True, continuous=True))
-    r.write_nowait(s.opening())
     for i, fr in enumerate([None, None, "stop"]):
         s.token(i, fr)
         s.flush()
@@ -57,6 +56,7 @@ def test_token_chunks_are_valid_json_with_escaped_constants():
     chunks = [json.loads(e) for e in ev[:-1]]
     assert chunks[0]["id"] == 'chatcmpl-"q"' and chunks[0]["model"] == "m\\odd"
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert len(r.writes) == 3          # the role chunk went out with the first token
     assert [c["choices"][0]["delta"]["content"] for c in chunks[1:4]] == [VOCAB[0], VOCAB[1], VOCAB[2]]
     assert [c["usage"]["completion_tokens"] for c in chunks] == [0, 1, 2, 3, 3]
     assert chunks[3]["choices"][0]["finish_reason"] == "stop"

@@ -200,9 +200,6 @@ class SimAPI:
             sink = StreamSink(resp, meta)
             seq = Sequence(prompt_tokens, hashes, target, finish, rng, sink, failure)
             resp.start(200, headers=headers)
-            opening = sink.opening()
-            if opening:
-                resp.write_nowait(opening)
             resp.add_disconnect_callback(lambda: engine.abort(seq))
             engine.submit(seq)
             await sink.run(self._keep_alive)

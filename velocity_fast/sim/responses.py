@@ -89,7 +89,7 @@ class StreamSink:
                 % m.created + orjson.dumps(m.model) + b',"choices":' + choices)
 
     def opening(self) -> bytes:
-        """The first chunk: the assistant role (chat only; completions have none)."""
+        """The chunk before the first token: the assistant role (chat only)."""
         if not self.meta.chat:
             return b""
         out = self._envelope(b'[{"index":0,"delta":{"role":"assistant","content":""},'
@@ -100,18 +100,23 @@ class StreamSink:
 
     # -- the engine's side -------------------------------------------------------
     def token(self, tok: int, finish_reason: str | None) -> bool:
-        """Encode one token's chunk; True when the sink now has output to flush."""
+        """Encode one token's chunk; True when the sink has just got output to flush
+        (the engine then remembers it once)."""
         self.generated += 1
         self.activity += 1
         meta = self.meta
         pending = self.pending
+        fresh = not pending
+        if self.generated == 1 and meta.chat:
+            # vLLM sends the role chunk with the first output, not before the prefill.
+            pending.append(self.opening())
         if finish_reason is None:
             if meta.continuous_usage:
                 pending.append(self.head + VOCAB_BYTES[tok] + self.tail + b',"usage":'
                                + _usage_bytes(meta.prompt_tokens, self.generated) + b"}\n\n")
             else:
                 pending.append(self.head + VOCAB_BYTES[tok] + self.tail)
-            return len(pending) == 1
+            return fresh
         parts = [self.head, VOCAB_BYTES[tok], self.tail_open % finish_reason.encode()]
         if meta.continuous_usage:
             parts += [b',"usage":', _usage_bytes(meta.prompt_tokens, self.generated)]
@@ -121,12 +126,13 @@ class StreamSink:
         parts.append(DONE)
         pending.append(b"".join(parts))
         self.closing = True
-        return len(pending) == 1
+        return fresh
 
     def fail(self, status: int, type: str, message: str) -> bool:
+        fresh = not self.pending
         self.pending.append(error_event(status, type, message))
         self.closing = True
-        return len(self.pending) == 1
+        return fresh
 
     def flush(self) -> None:
         """Write what the step loop produced since the last flush, in one write."""
