@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any, Union
 
 import msgspec
-import orjson
 
 __all__ = ["ProxyRequest", "GenerateRequest", "BadRequest", "decode_proxy", "decode_generate",
            "strip_own_fields", "GATEWAY_FIELDS"]
@@ -55,6 +54,7 @@ class GenerateRequest(msgspec.Struct):
 
 _proxy_decoder = msgspec.json.Decoder(ProxyRequest)
 _generate_decoder = msgspec.json.Decoder(GenerateRequest)
+_raw_object_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
 def _explain(e: msgspec.DecodeError) -> BadRequest:
@@ -110,7 +110,11 @@ def strip_own_fields(body: bytes, r: ProxyRequest) -> bytes:
     """The body to forward: byte for byte, unless it carries gateway fields."""
     if r.priority is None and r.sla_ms is None and b'"priority"' not in body and b'"sla_ms"' not in body:
         return body
-    obj = orjson.loads(body)
+    # Values stay raw bytes: a full decode/encode would turn a 20-digit seed into a float
+    # and reformat numbers the engine may read differently.
+    obj = _raw_object_decoder.decode(body)
+    removed = False
     for f in GATEWAY_FIELDS:
-        obj.pop(f, None)
-    return orjson.dumps(obj)
+        if obj.pop(f, None) is not None:
+            removed = True
+    return msgspec.json.encode(obj) if removed else body
