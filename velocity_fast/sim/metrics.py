@@ -97,17 +97,21 @@ class SimMetrics:
 
     # -- events from the step loop ---------------------------------------------
     def scheduled(self, seq: "Sequence", now: float) -> None:
+        """The sequence left the waiting queue for the first time."""
         self._queue.observe(now - seq.arrival)
 
     def first_token(self, seq: "Sequence", now: float) -> None:
+        """The prefill is done and the first token went out."""
         self._ttft.observe(now - seq.arrival)
         self.prompt_tokens += seq.prompt_tokens
         self._req_prompt.observe(seq.prompt_tokens)
 
     def preempted(self) -> None:
+        """A running sequence lost its blocks and went back to the queue."""
         self.preemptions += 1
 
     def finished(self, seq: "Sequence", reason: str, now: float) -> None:
+        """The sequence ended: stop, length, abort or error."""
         self._success[reason].inc()
         if reason in ("stop", "length"):
             self._e2e.observe(now - seq.arrival)

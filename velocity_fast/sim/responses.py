@@ -36,6 +36,7 @@ class RequestMeta:
         self.continuous_usage = continuous_usage
 
     def usage(self, completion_tokens: int) -> dict:
+        """The ``usage`` object for this many generated tokens."""
         p = self.prompt_tokens
         return {"prompt_tokens": p, "total_tokens": p + completion_tokens, "completion_tokens": completion_tokens}
 
@@ -129,6 +130,7 @@ class StreamSink:
         return fresh
 
     def fail(self, status: int, type: str, message: str) -> bool:
+        """End the stream with vLLM's error event and [DONE]."""
         fresh = not self.pending
         self.pending.append(error_event(status, type, message))
         self.closing = True
@@ -144,6 +146,7 @@ class StreamSink:
             self._close()
 
     def aborted(self) -> None:
+        """The client is gone: drop what is pending and end run()."""
         self.pending = []
         self._close()
 
@@ -214,6 +217,7 @@ class WholeSink:
         self.done = done
 
     def token(self, tok: int, finish_reason: str | None) -> bool:
+        """Collect a token; the last one completes the response."""
         self.tokens.append(tok)
         if finish_reason is not None:
             self.finish_reason = finish_reason
@@ -221,6 +225,7 @@ class WholeSink:
         return False
 
     def fail(self, status: int, type: str, message: str) -> bool:
+        """The response becomes vLLM's JSON error."""
         self.error = (status, type, message)
         self._set()
         return False
@@ -229,6 +234,7 @@ class WholeSink:
         """Nothing to write before the end."""
 
     def aborted(self) -> None:
+        """The client is gone; the waiting request returns without answering."""
         self._set()
 
     def _set(self) -> None:

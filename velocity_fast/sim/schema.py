@@ -9,16 +9,22 @@ import msgspec
 
 
 class StreamOptions(msgspec.Struct):
+    """``stream_options`` of a streamed request."""
+
     include_usage: bool | None = False
     continuous_usage_stats: bool | None = False
 
 
 class ContentPart(msgspec.Struct):
+    """One part of a message's content; only text parts count."""
+
     type: str = "text"
     text: str | None = None
 
 
 class Message(msgspec.Struct):
+    """One chat message."""
+
     role: str
     content: str | list[ContentPart] | None = None
 
@@ -33,16 +39,22 @@ class _Common(msgspec.Struct):
 
 
 class ChatRequest(_Common):
+    """Body of POST /v1/chat/completions."""
+
     messages: list[Message] = msgspec.field(default_factory=list)
     max_completion_tokens: int | None = None
 
 
 class CompletionRequest(_Common):
+    """Body of POST /v1/completions."""
+
     # str, a list of strings, or a list of token ids (vLLM accepts all three).
     prompt: str | list | None = None
 
 
 class TokenizeRequest(msgspec.Struct):
+    """Body of POST /tokenize (a prompt or chat messages)."""
+
     model: str | None = None
     prompt: str | list | None = None
     messages: list[Message] | None = None
