@@ -110,13 +110,17 @@ cdef class Saturation:
         its limit is unsaturated; one hot engine must not hold back the others.
         Eligible = healthy and in-flight below its limit; if none is below its
         limit, every healthy endpoint counts. ``pending`` leases (granted, not yet
-        bound) are spread evenly over the eligible endpoints, which is where the
-        router will put them. No healthy endpoint: infinity.
+        bound) are all counted on each endpoint: the router may send them all to
+        the one with the most headroom, and spreading them evenly would grant a
+        band more than any single endpoint can take under its ceiling (the extra
+        leases then land above it and eat the slots kept for higher bands). The
+        controller re-runs dispatch when a lease binds, so this costs no
+        throughput. No healthy endpoint: infinity.
         """
         cdef EndpointLoad e
         cdef Py_ssize_t n = 0
         cdef bint any_room = False
-        cdef double best = INFINITY, s, share
+        cdef double best = INFINITY, s
         for e in loads:
             if e.healthy and e.inflight < e.limit:
                 any_room = True
@@ -127,11 +131,10 @@ cdef class Saturation:
                     n += 1
         if n == 0:
             return INFINITY
-        share = pending / n
         for e in loads:
             if not e.healthy or (any_room and e.inflight >= e.limit):
                 continue
-            s = self.endpoint(e, now, share)
+            s = self.endpoint(e, now, pending)
             if s < best:
                 best = s
         return best

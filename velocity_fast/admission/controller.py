@@ -145,6 +145,20 @@ class Admission:
         """True when ``ep`` may take one more request now (the router's filter)."""
         return ep.healthy and ep.inflight < ep.limit
 
+    def _fits(self, lease: Lease, ep) -> bool:
+        if not (ep.healthy and ep.inflight < ep.limit):
+            return False
+        ceiling = self._ceilings[lease.band_index]
+        if ceiling >= 1.0:
+            return True
+        st = self._eps.get(id(ep))
+        if st is None or st.ep is not ep:
+            return True
+        load = st.load
+        load.inflight = ep.inflight
+        load.limit = ep.limit
+        return self.policy.saturation.endpoint(load, self.clock()) < ceiling
+
     def on_metrics(self, ep) -> None:
         """A scrape of ``ep`` landed: update saturation, check KV, maybe dispatch."""
         st = self._eps.get(id(ep))
@@ -270,6 +284,10 @@ class Admission:
             lease._ps.pending -= 1
         ep.inflight += 1
         self._endpoint_state(ep)
+        if not rebind:
+            # Pending leases count in full on every endpoint (saturation.pool): now
+            # that this one has a place, the others' headroom is known again.
+            self._dispatch(lease._ps)
 
     def _on_first_byte(self, lease: Lease) -> None:
         st = self._eps.get(id(lease.endpoint))

@@ -60,6 +60,13 @@ class Lease:
         self.bound_at = self._adm.clock()
         self._adm._on_bind(self, ep, rebind=True)
 
+    def fits(self, ep) -> bool:
+        """Room on ``ep`` for this lease's band (the router's filter): below the
+        endpoint's limit and, for a band held back before saturation (ceiling below
+        1), below that ceiling on this endpoint too — the pool may have headroom on
+        another endpoint, and a low request must not take a full engine's last slots."""
+        return self._adm._fits(self, ep)
+
     def first_byte(self) -> None:
         """The first byte of the response came back (time-to-first-token)."""
         if not self.first_byte_at and not self.done:
