@@ -98,9 +98,11 @@ class Settings(_S):
             raise ConfigError(f"sla_ms: must be positive, got {self.sla_ms}")
         if self.max_concurrency < 1:
             raise ConfigError(f"max_concurrency: must be at least 1, got {self.max_concurrency}")
-        try:  # bands and the admission section are admission's to judge
+        try:  # bands and the admission section are admission's to judge, routing's its own
             AdmissionSettings.from_settings(self)
-        except AdmissionConfigError as e:
+            from .routing.settings import RoutingSettings
+            RoutingSettings.from_config(self.routing, self.models)
+        except (AdmissionConfigError, ValueError) as e:
             raise ConfigError(str(e)) from None
         names = [b.name for b in self.bands]
         seen_ep = set()

@@ -20,6 +20,7 @@ from ..upstream.relay import relay_response
 from .auth import Identity
 from .observability import GatewayMetrics
 from .policy import Rejected, Ticket, make_admission, make_router
+from ..routing.router import UnknownProfile
 from .requests import BadRequest, decode_generate, decode_proxy, strip_own_fields
 
 __all__ = ["Gateway"]
@@ -92,8 +93,10 @@ class Gateway:
         ep = self.endpoints.get(name)
         if ep is None:
             return
-        if not available and ep.healthy:
-            self.monitor.eject(ep, "engine restarting")
+        if not available:
+            self.router.forget(name)  # a restarted engine starts with an empty prefix cache
+            if ep.healthy:
+                self.monitor.eject(ep, "engine restarting")
 
     def _on_endpoint_change(self, ep: Endpoint, state: str) -> None:
         self.admission.on_metrics(ep)  # an endpoint back in routing may take queued work at once
@@ -234,7 +237,7 @@ class Gateway:
             band = self._band_for(prio if prio is not None else r.priority, tenant)
             sla_ms = self._sla_for(h.get("x-velocity-sla-ms"), r.sla_ms)
             info = self.router.route_info(r.model or self.default_model, r, h)
-        except BadRequest as e:
+        except (BadRequest, UnknownProfile) as e:
             self.metrics.requests.labels(route, 400, band).inc()
             return resp.send_error(400, str(e), param=e.param, headers=base_headers)
         model = r.model or self.default_model
@@ -271,7 +274,10 @@ class Gateway:
             queue_s = time.monotonic() - t0
             tried: list[Endpoint] = []
             while True:
-                ep = self.router.pick(pool, info, self.admission.has_room, tried)
+                # The lease's own band first (a low request keeps off nearly full engines),
+                # then any endpoint with room (the pool as a whole had headroom).
+                ep = (self.router.pick(pool, info, lease.fits, tried)
+                      or self.router.pick(pool, info, self.admission.has_room, tried))
                 if ep is None:
                     lease.release("failed")
                     lease = None
@@ -348,7 +354,8 @@ class Gateway:
             prio = h.get("x-velocity-priority")
             band = self._band_for(prio if prio is not None else r.priority, tenant)
             sla_ms = self._sla_for(h.get("x-velocity-sla-ms"), r.sla_ms)
-        except BadRequest as e:
+            info = self.router.route_info(r.model or self.default_model, r, h)
+        except (BadRequest, UnknownProfile) as e:
             self.metrics.requests.labels("/generate", 400, band).inc()
             return resp.send_error(400, str(e), param=e.param, headers=base_headers)
         model = r.model or self.default_model
@@ -367,7 +374,6 @@ class Gateway:
         if r.stream:
             payload["stream_options"] = {"include_usage": True}
         body = orjson.dumps(payload)
-        info = self.router.route_info(model, r, h)
         ticket = Ticket(band=band, tenant=tenant_name, sla_ms=sla_ms, max_tokens=r.max_tokens,
                         prompt_bytes=len(body), model=model)
         await self._forward(req, resp, "/generate", pool, ticket, info, body, "/v1/completions", rid,

@@ -2,42 +2,34 @@
 
 from __future__ import annotations
 
-import random
-
-from ..admission import Admission, Rejected, Ticket
+from ..admission import Admission, AdmissionSettings, Rejected, Ticket
 from ..config import Settings
 from ..metrics import Registry
-from ..routing.endpoint import Endpoint, Pool
+from ..routing.endpoint import Pool
+from ..routing.router import Router
+from ..routing.settings import RoutingSettings
 
 __all__ = ["Ticket", "Rejected", "make_admission", "make_router"]
-
-
-class _LeastInflight:
-    def route_info(self, model, request, headers):
-        return None
-
-    def pick(self, pool: Pool, info, has_room, exclude) -> Endpoint | None:
-        best, best_load = [], None
-        for ep in pool.endpoints:
-            if not ep.healthy or ep in exclude or not has_room(ep):
-                continue
-            load = ep.inflight
-            if best_load is None or load < best_load:
-                best, best_load = [ep], load
-            elif load == best_load:
-                best.append(ep)
-        return random.choice(best) if best else None
-
-    def on_dispatch(self, ep, info) -> None:
-        pass
-
-    def stats(self) -> dict:
-        return {}
 
 
 def make_admission(settings: Settings, pools: dict[str, Pool], registry: Registry) -> Admission:
     return Admission(settings, pools, policy=settings.policy, registry=registry)
 
 
-def make_router(settings: Settings, registry: Registry):
-    return _LeastInflight()
+def routing_settings(settings: Settings) -> RoutingSettings:
+    """The routing section, with what it shares with admission filled in from there.
+
+    Prefix affinity is on by default only with the `smart` policy (DESIGN section 4);
+    `static` and `dynamic` route to the shortest queue unless configured otherwise.
+    """
+    data = dict(settings.routing)
+    if "default_profile" not in data:
+        data["default_profile"] = "chat" if settings.policy == "smart" else "batch"
+    adm = AdmissionSettings.from_settings(settings)
+    data.setdefault("saturation_waiting", adm.queue_threshold)
+    data.setdefault("saturation_kv", adm.kv_threshold)
+    return RoutingSettings.from_config(data, settings.models)
+
+
+def make_router(settings: Settings, registry: Registry) -> Router:
+    return Router(routing_settings(settings), registry=registry)

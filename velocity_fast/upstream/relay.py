@@ -90,10 +90,7 @@ async def relay_response(pool: UpstreamPool, conn: UpstreamConnection, resp, hea
             parts = []
             while True:
                 await conn.wait_body()
-                if conn.chunks:
-                    if not parts and on_first_byte is not None:
-                        out.first_byte_at = loop.time()
-                        on_first_byte()
+                if conn.chunks:  # no first-byte callback: a whole answer says nothing of TTFT
                     parts.append(conn.take())
                 if conn.error is not None:
                     out.engine_failed = True
