@@ -1,0 +1,123 @@
+"""Decoding client requests: only the needed fields, 400s that name the field, and the
+body forwarded byte for byte unless the gateway's own fields must go."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from velocity_fast.gateway.requests import BadRequest, decode_generate, decode_proxy, strip_own_fields
+
+
+def test_chat_decodes_only_what_it_needs():
+    body = (b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,'
+            b'"stream_options":{"include_usage":true},"max_tokens":7,"priority":"high","sla_ms":250,'
+            b'"user":"u1","tools":[{"type":"function"}],"logit_bias":{"1":2}}')
+    r = decode_proxy(body, chat=True)
+    assert (r.model, r.stream, r.max_tokens, r.priority, r.sla_ms, r.user) == ("m", True, 7, "high", 250.0, "u1")
+    assert r.stream_options.include_usage is True
+
+
+def test_completions_prompt_forms():
+    for prompt in ('"text"', '["a", "b"]', "[1, 2, 3]", "[[1, 2]]"):
+        r = decode_proxy(b'{"prompt": %s}' % prompt.encode(), chat=False)
+        assert r.prompt == json.loads(prompt)
+
+
+@pytest.mark.parametrize("body, chat, param", [
+    (b"", True, None),
+    (b"{", True, None),
+    (b"[]", True, None),
+    (b'{"messages": []}', True, "messages"),
+    (b'{"model": "m"}', True, "messages"),
+    (b'{"messages": "hi"}', True, "messages"),
+    (b'{"messages": [{}], "model": 5}', True, "model"),
+    (b'{"messages": [{}], "stream": "yes"}', True, "stream"),
+    (b'{"messages": [{}], "max_tokens": 0}', True, "max_tokens"),
+    (b'{"messages": [{}], "max_completion_tokens": -1}', True, "max_completion_tokens"),
+    (b'{"messages": [{}], "max_tokens": 1.5}', True, "max_tokens"),
+    (b'{"messages": [{}], "sla_ms": 0}', True, "sla_ms"),
+    (b'{"messages": [{}], "priority": 1.5}', True, "priority"),
+    (b'{"messages": [{}], "stream_options": {"include_usage": true}}', True, "stream_options"),
+    (b'{"messages": [{}], "stream": false, "stream_options": {}}', True, "stream_options"),
+    (b'{"messages": [{}], "stream": true, "stream_options": {"include_usage": "yes"}}', True, "stream_options"),
+    (b'{"model": "m"}', False, "prompt"),
+    (b'{"prompt": ""}', False, "prompt"),
+    (b'{"prompt": []}', False, "prompt"),
+    (b'{"prompt": {"a": 1}}', False, "prompt"),
+])
+def test_proxy_bad_requests_name_the_field(body, chat, param):
+    with pytest.raises(BadRequest) as ei:
+        decode_proxy(body, chat)
+    assert ei.value.param == param
+    assert str(ei.value)
+
+
+def test_generate_defaults_and_errors():
+    r = decode_generate(b'{"prompt": "hello"}')
+    assert (r.prompt, r.max_tokens, r.stream, r.priority, r.sla_ms) == ("hello", 128, False, None, None)
+    r = decode_generate(b'{"prompt": "x", "max_tokens": 3, "priority": 0, "sla_ms": 100, "stream": true}')
+    assert (r.max_tokens, r.priority, r.sla_ms, r.stream) == (3, 0, 100.0, True)
+    for body, param in ((b'{}', "prompt"), (b'{"prompt": 3}', "prompt"), (b'{"prompt": "x", "max_tokens": 0}',
+                                                                          "max_tokens"),
+                        (b'{"prompt": "x", "sla_ms": -1}', "sla_ms"), (b'', None), (b'nope', None)):
+        with pytest.raises(BadRequest) as ei:
+            decode_generate(body)
+        assert ei.value.param == param, body
+
+
+def _strip(body: bytes, chat: bool = False) -> bytes:
+    return strip_own_fields(body, decode_proxy(body, chat))
+
+
+def test_body_without_own_fields_is_the_same_object():
+    body = b'{"prompt":  "x",\n "temperature": 0.70, "seed": 1}'
+    assert _strip(body) is body
+
+
+def test_own_fields_removed_rest_kept_exactly():
+    body = b'{"prompt": "x", "priority": "high", "seed": 123456789012345678901234, "t": 0.50, "sla_ms": 9}'
+    out = _strip(body)
+    assert b"priority" not in out and b"sla_ms" not in out
+    assert b"123456789012345678901234" in out and b"0.50" in out
+    assert json.loads(out) == {"prompt": "x", "seed": 123456789012345678901234, "t": 0.50}
+
+
+def test_nested_or_quoted_priority_is_not_touched():
+    body = b'{"prompt": "say \\"priority\\"", "metadata": {"priority": 1, "sla_ms": 2.50}}'
+    assert _strip(body) == body
+    chat = b'{"messages": [{"role": "user", "content": "x", "priority": 3}]}'
+    assert _strip(chat, chat=True) == chat
+
+
+def test_null_own_field_is_removed_too():
+    out = _strip(b'{"prompt": "x", "priority": null}')
+    assert json.loads(out) == {"prompt": "x"}
+
+
+_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                       | st.text(max_size=8), lambda c: st.lists(c, max_size=3) | st.dictionaries(
+                           st.text(max_size=5), c, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=80, deadline=None)
+@given(extra=st.dictionaries(st.text(max_size=8).filter(lambda k: k not in ("priority", "sla_ms", "prompt",
+                                                                             "model", "messages", "stream",
+                                                                             "stream_options", "max_tokens",
+                                                                             "max_completion_tokens", "user")),
+                             _values, max_size=4),
+       prio=st.one_of(st.none(), st.sampled_from(["high", "low"]), st.integers(0, 3)),
+       sla=st.one_of(st.none(), st.floats(1, 1e6)))
+def test_strip_keeps_every_other_field(extra, prio, sla):
+    obj = {"prompt": "p", **extra}
+    if prio is not None:
+        obj["priority"] = prio
+    if sla is not None:
+        obj["sla_ms"] = sla
+    body = json.dumps(obj).encode()
+    out = _strip(body)
+    want = {k: v for k, v in obj.items() if k not in ("priority", "sla_ms")}
+    assert json.loads(out) == want
+    if prio is None and sla is None:
+        assert out == body
