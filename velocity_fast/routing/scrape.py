@@ -29,6 +29,10 @@ class EngineMetrics:
         self.found = 0  # how many of running/waiting/kv were present
 
 
+def _finite(v: float) -> bool:
+    return v - v == 0.0
+
+
 def _label(labels: bytes, name: bytes) -> int | None:
     i = labels.find(name + b'="')
     if i < 0:
@@ -57,6 +61,7 @@ def parse_engine_metrics(text: bytes, names: MetricNames) -> EngineMetrics:
     cache_names = tuple(n.encode() for n in names.cache_config)
     best: dict[str, int] = {}
     sums: dict[str, float] = {}
+    valid: set[str] = set()   # fields with at least one usable sample
     kv_count = 0
     for line in text.split(b"\n"):
         if not line or line[0] == 35:  # '#'
@@ -74,12 +79,20 @@ def parse_engine_metrics(text: bytes, names: MetricNames) -> EngineMetrics:
             if rank < best.get(field, 1 << 30):
                 best[field] = rank
                 sums[field] = 0.0
+                valid.discard(field)
                 if field == "kv_usage":
                     kv_count = 0
+            # The value is the first field after the labels: a timestamp may follow it.
+            end = line.rfind(b"}") + 1 if 0 <= brace < space else len(name)
+            rest = line[end:].split(None, 1)
             try:
-                sums[field] += float(line[line.rfind(b" ", 0, len(line.rstrip())) + 1:])
-            except ValueError:
+                value = float(rest[0])
+            except (ValueError, IndexError):
                 continue
+            if not _finite(value):  # NaN or Inf would poison saturation: treat as absent
+                continue
+            sums[field] += value
+            valid.add(field)
             if field == "kv_usage":
                 kv_count += 1
         elif name in cache_names and brace >= 0:
@@ -90,5 +103,5 @@ def parse_engine_metrics(text: bytes, names: MetricNames) -> EngineMetrics:
     out.waiting = sums.get("waiting", 0.0)
     # KV usage is a fraction per rank: average, not sum, over data-parallel ranks.
     out.kv_usage = sums.get("kv_usage", 0.0) / kv_count if kv_count else 0.0
-    out.found = len(sums)
+    out.found = len(valid)
     return out
