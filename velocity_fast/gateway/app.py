@@ -281,6 +281,10 @@ class Gateway:
                 if ep is None:
                     lease.release("failed")
                     lease = None
+                    if tried:  # an engine failed us and none is left for the retry: that engine's fault
+                        return self._reject(resp, route, 502, "upstream",
+                                            "The engine failed before answering and no other engine could "
+                                            "take the request.", band, base_headers)
                     return self._reject(resp, route, 503, "no-endpoint",
                                         f"No healthy engine for model `{pool.model}`.", band, base_headers, 1.0)
                 lease.rebind(ep)
