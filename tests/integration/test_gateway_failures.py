@@ -153,3 +153,22 @@ async def test_engine_killed_mid_stream_then_ejected_and_readmitted():
     finally:
         for eng in engines.values():
             eng.stop()
+
+
+async def test_engine_killed_during_a_non_streamed_answer_is_502(slow_engine):
+    async with running_gateway(slow_engine) as gw:
+        pending = asyncio.ensure_future(http_request(gw.port, "POST", "/v1/completions",
+                                                     {"model": MODEL, "prompt": "go", "max_tokens": 500}))
+        try:
+            await engine_running_is(slow_engine, 1)
+            slow_engine.proc.kill()
+            slow_engine.proc.wait(5)
+            r = await asyncio.wait_for(pending, 10)
+        finally:
+            if not pending.done():
+                pending.cancel()
+        assert r.status == 502
+        assert r.headers["x-velocity-reject-reason"] == "upstream"
+        assert r.json()["error"]["code"] == 502
+        assert r.headers["x-request-id"].startswith("req-")
+        assert gw.endpoints["e1"].inflight == 0
