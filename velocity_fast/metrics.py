@@ -47,6 +47,7 @@ class _Metric:
         self.help = help
         self.labelnames = tuple(labelnames)
         self._children: dict[tuple, object] = {}
+        self._by_raw: dict[tuple, object] = {}
         if not self.labelnames:
             self._children[()] = self._new_child()
 
@@ -55,16 +56,22 @@ class _Metric:
 
     def labels(self, *values):
         """The child for these label values (created on first use)."""
+        child = self._by_raw.get(values)  # the values as given: no str() per call
+        if child is not None:
+            return child
         key = tuple(str(v) for v in values)
         child = self._children.get(key)
         if child is None:
             if len(key) != len(self.labelnames):
                 raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {key}")
             child = self._children[key] = self._new_child()
+        self._by_raw[values] = child
         return child
 
     def remove(self, *values) -> None:
-        self._children.pop(tuple(str(v) for v in values), None)
+        key = tuple(str(v) for v in values)
+        self._children.pop(key, None)
+        self._by_raw = {k: c for k, c in self._by_raw.items() if tuple(str(v) for v in k) != key}
 
     def _header(self, out: list[str]) -> None:
         out.append(f"# HELP {self.name} {self.help}")

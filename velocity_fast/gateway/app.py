@@ -4,6 +4,7 @@ client -> api -> admission -> router -> upstream -> completion."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import time
@@ -31,8 +32,13 @@ _PROXY_ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}
 _JSON = [("content-type", "application/json")]
 
 
+_ID_PREFIX = os.urandom(3).hex()  # per process; the counter makes ids unique within it
+_id_counter = itertools.count(int.from_bytes(os.urandom(3), "big"))
+
+
 def _new_request_id() -> str:
-    return "req-" + os.urandom(6).hex()
+    """req-<12 hex>: no system call per request (os.urandom would be one)."""
+    return f"req-{_ID_PREFIX}{next(_id_counter) & 0xFFFFFF:06x}"
 
 
 class Gateway:
@@ -55,6 +61,7 @@ class Gateway:
         self.band_names = [b.name for b in settings.bands]
         self.client_server: HTTPServer | None = None
         self.admin_server: HTTPServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         for cfg in settings.endpoints:
             self.add_endpoint(cfg, watch=False)
 
@@ -107,6 +114,7 @@ class Gateway:
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self, host: str | None = None, port: int | None = None, admin_port: int | None = None) -> None:
         s = self.settings
+        self._loop = asyncio.get_running_loop()
         limits = ServerLimits(max_body_bytes=s.server.max_body_bytes, max_header_bytes=s.server.max_header_bytes,
                               header_timeout=s.server.header_timeout_s, body_timeout=s.server.body_timeout_s,
                               keepalive_timeout=s.server.keepalive_timeout_s)
@@ -262,7 +270,7 @@ class Gateway:
                        native: bool = False) -> None:
         band = ticket.band
         t0 = req.received_at
-        task = asyncio.current_task()
+        task = asyncio.current_task(self._loop)  # with the loop given: no running-loop lookup
         resp.add_disconnect_callback(task.cancel)  # a client that leaves cancels its request, at any stage
         lease = None
         try:

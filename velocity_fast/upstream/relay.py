@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import time
 from typing import Callable, Iterable
 
 import orjson
@@ -52,7 +52,6 @@ async def relay_response(pool: UpstreamPool, conn: UpstreamConnection, resp, hea
     streamed = ct.startswith("text/event-stream") or (
         "content-length" not in conn.headers and conn.headers.get("transfer-encoding", "").lower() == "chunked"
         and not ct.startswith("application/json"))
-    loop = asyncio.get_running_loop()
     try:
         if streamed:
             resp.start(status, content_type=ct, headers=headers)
@@ -63,7 +62,7 @@ async def relay_response(pool: UpstreamPool, conn: UpstreamConnection, resp, hea
                     data = conn.take()
                     if first:
                         first = False
-                        out.first_byte_at = loop.time()
+                        out.first_byte_at = time.monotonic()
                         if on_first_byte is not None:
                             on_first_byte()
                     out.events += data.count(_DATA)
