@@ -82,10 +82,12 @@ class Gateway:
             self.monitor.watch(ep)
         return ep
 
-    def remove_endpoint(self, name: str) -> None:
+    def remove_endpoint(self, name: str, *, close: bool = True) -> Endpoint | None:
+        """Take an endpoint out of routing. ``close=False`` leaves its connections to the
+        caller, so that requests in flight on it can finish (live reload)."""
         ep = self.endpoints.pop(name, None)
         if ep is None:
-            return
+            return None
         self.monitor.unwatch(ep)
         pool = self.pools[ep.model]
         pool.endpoints.remove(ep)
@@ -93,7 +95,15 @@ class Gateway:
             del self.pools[ep.model]
             if self.default_model == ep.model:
                 self.default_model = next(iter(self.pools), None)
-        ep.upstream.close()
+        if close:
+            ep.upstream.close()
+        return ep
+
+    def reload(self, settings: Settings) -> tuple[list[str], list]:
+        """Take over a new, validated configuration live; see gateway/reload.py."""
+        from .reload import apply_settings
+
+        return apply_settings(self, settings)
 
     def set_endpoint_available(self, name: str, available: bool) -> None:
         """An engine supervisor's word: a restarting engine leaves routing at once."""
