@@ -10,6 +10,7 @@ import sys
 
 from ..config import ConfigError, EndpointConfig, Settings, load_settings
 from .options import flag_overrides
+from .reload import Reloader
 
 __all__ = ["serve_main", "charge_main"]
 
@@ -57,12 +58,25 @@ def serve_main(args: argparse.Namespace) -> int:
         return 2
     setup_logging(settings.structured_logs, settings.log_level)
 
+    def reread() -> Settings:
+        s = load_settings(args.config, flag_overrides(args))
+        if not s.endpoints:
+            raise ConfigError("no endpoints: a gateway alone needs at least one")
+        return s
+
     async def main(stop: asyncio.Event):
         gw = Gateway(settings, backend="endpoints")
         await gw.start()
+        reloader = Reloader(gw, reread)
+        reloader.install()
         print(f"velocityllm: gateway http://{settings.host}:{gw.port} admin http://{settings.host}:{gw.admin_port} "
               f"policy {settings.policy}, {len(settings.endpoints)} endpoint(s)", flush=True)
-        return gw.stop
+
+        async def cleanup() -> None:
+            reloader.close()
+            await gw.stop()
+
+        return cleanup
 
     return run_until_signalled(main)
 
@@ -98,8 +112,13 @@ def charge_main(args: argparse.Namespace) -> int:
         print(f"velocityllm: {plan.reason}; starting {len(plan.specs)} built-in sim engine(s) instead.",
               flush=True)
 
-    for spec in plan.specs:
-        settings.endpoints.append(EndpointConfig(name=spec.name, url=spec.url, model=spec.model_name))
+    engine_endpoints = [EndpointConfig(name=spec.name, url=spec.url, model=spec.model_name) for spec in plan.specs]
+    settings.endpoints.extend(engine_endpoints)
+
+    def reread() -> Settings:  # the engines started here stay; the file may add more
+        s = load_settings(args.config, flag_overrides(args))
+        s.endpoints.extend(engine_endpoints)
+        return s.validate()
     gw_box: list[Gateway] = []
 
     def on_state(name: str, state: str) -> None:  # the supervisor logs each change itself
@@ -130,8 +149,11 @@ def charge_main(args: argparse.Namespace) -> int:
             f"  policy:   {settings.policy}",
         ]
         print("\n".join(lines), flush=True)
+        reloader = Reloader(gw, reread)
+        reloader.install()
 
         async def cleanup() -> None:
+            reloader.close()
             try:
                 await gw.stop()
             finally:

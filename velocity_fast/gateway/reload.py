@@ -1,0 +1,247 @@
+"""Live reload: SIGHUP re-reads the configuration and the running gateway takes it over.
+
+What changes live: bands and their ceilings, capacities and TTLs; tenants, their keys and
+rate limits; the global API key; endpoints added, removed or changed; the admission
+section, thresholds, SLA and policy; routing profiles and settings. What needs a restart
+(said in a warning): the listening address and ports, server limits and health timings.
+
+How a new configuration takes over without losing a request:
+- New objects are built first (Admission, Router, Identity); only when all of them
+  built does the gateway swap its references, so a refused file changes nothing.
+- A request reads ``gateway.admission`` when it arrives. A lease already granted keeps
+  its own controller and releases into it; the old controller's queue keeps dispatching
+  on its own timer and releases until it is empty, then it is closed. Both controllers
+  count in-flight work on the same Endpoint objects, so neither oversubscribes an engine.
+- A removed endpoint leaves routing at once; its connections are closed only when its
+  last in-flight request finished (or after the shutdown grace).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Any, Callable
+
+from ..admission import AdmissionSettings
+from ..config import ConfigError, Settings
+from .auth import Identity
+from .policy import make_admission, make_router, routing_settings
+
+__all__ = ["Reloader", "apply_settings", "RESTART_KEYS"]
+
+log = logging.getLogger("velocity.reload")
+
+# Keys that are read once at start: a change is reported, and applies at the next start.
+RESTART_KEYS = ("host", "port", "admin_port", "server", "health", "sim", "model_path")
+
+_DRAIN_POLL_S = 0.2
+
+
+class _AdoptingRegistry:
+    """A view of the gateway's registry for a rebuilt Router: a metric registered again
+    is the one already there (counters stay monotonic, scrape gauges read the new object)."""
+
+    def __init__(self, registry: Any) -> None:
+        self._reg = registry
+
+    def _adopt(self, kind: str, name: str, *args: Any, **kw: Any) -> Any:
+        got = self._reg.get(name)
+        return got if got is not None else getattr(self._reg, kind)(name, *args, **kw)
+
+    def counter(self, name: str, *args: Any, **kw: Any) -> Any:
+        return self._adopt("counter", name, *args, **kw)
+
+    def gauge(self, name: str, *args: Any, **kw: Any) -> Any:
+        return self._adopt("gauge", name, *args, **kw)
+
+    def histogram(self, name: str, *args: Any, **kw: Any) -> Any:
+        return self._adopt("histogram", name, *args, **kw)
+
+    def gauge_fn(self, name: str, help: str, fn: Callable, labelnames: Any = ()) -> None:
+        got = self._reg.get(name)
+        if got is None:
+            self._reg.gauge_fn(name, help, fn, labelnames)
+        else:
+            got.fn = fn
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._reg, attr)
+
+
+def _identity(old: Identity, settings: Settings) -> Identity:
+    """A new Identity that keeps the rate-limit buckets of tenants whose limits did not change."""
+    new = Identity(settings)
+    for name, t in list(new.tenants.items()):
+        prev = old.tenants.get(name)
+        if prev is not None and (prev.max_band, prev.weight, prev.rate, prev.burst) == (
+                t.max_band, t.weight, t.rate, t.burst):
+            new.tenants[name] = prev
+            for key, bound in list(new.by_key.items()):
+                if bound is t:
+                    new.by_key[key] = prev
+    return new
+
+
+def _endpoint_diff(old: Settings, new: Settings) -> tuple[list, list]:
+    """(names to remove, configs to add); a changed endpoint is both."""
+    before = {e.name: e for e in old.endpoints}
+    after = {e.name: e for e in new.endpoints}
+    remove = [n for n, e in before.items() if after.get(n) != e]
+    add = [e for n, e in after.items() if before.get(n) != e]
+    return remove, add
+
+
+def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
+    """Make ``new`` (already validated) the gateway's configuration.
+
+    Returns (a list of what changed in words, the admission controllers and endpoints
+    that must drain before they are closed). Everything is built before anything is
+    swapped: an exception here leaves the gateway as it was.
+    """
+    old: Settings = gw.settings
+    changes: list[str] = []
+    retired: list = []
+
+    admission = None
+    if (new.policy != old.policy
+            or AdmissionSettings.from_settings(new) != AdmissionSettings.from_settings(old)):
+        admission = make_admission(new, gw.pools, gw.registry)
+    router = None
+    if routing_settings(new) != routing_settings(old):
+        router = make_router(new, _AdoptingRegistry(gw.registry))
+    identity = None
+    if new.api_key != old.api_key or new.tenants != old.tenants:
+        identity = _identity(gw.identity, new)
+    remove, add = _endpoint_diff(old, new)
+
+    # -- from here on nothing raises on a valid configuration: swap --------------------
+    gw.settings = new
+    if identity is not None:
+        gw.identity = identity
+        changes.append(f"tenants: {sorted(identity.tenants)}"
+                       + (", api key changed" if new.api_key != old.api_key else ""))
+    if [b.name for b in new.bands] != gw.band_names or new.bands != old.bands:
+        gw.band_names = [b.name for b in new.bands]
+        changes.append(f"bands: {gw.band_names}")
+    if admission is not None:
+        retired.append(gw.admission)
+        gw.admission = admission
+        changes.append(f"admission rebuilt (policy {new.policy})")
+    if router is not None:
+        gw.router = router
+        changes.append("routing settings")
+    started = gw.client_server is not None
+    for name in remove:
+        ep = gw.remove_endpoint(name, close=False)
+        if ep is not None:
+            gw.router.forget(name)
+            retired.append(ep)
+            changes.append(f"endpoint {name} removed")
+    for cfg in add:
+        gw.add_endpoint(cfg, watch=started)
+        changes.append(f"endpoint {cfg.name} added ({cfg.url}, model {cfg.model})")
+    for key in RESTART_KEYS:
+        if getattr(new, key) != getattr(old, key):
+            log.warning("config reload: %s changed; it takes effect at the next start", key)
+    return changes, retired
+
+
+class Reloader:
+    """SIGHUP → read the configuration in a thread → apply it on the loop.
+
+    ``load`` returns validated Settings or raises ConfigError (flags keep their
+    precedence over the file because ``load`` applies them again).
+    """
+
+    def __init__(self, gw: Any, load: Callable[[], Settings]) -> None:
+        self.gw = gw
+        self.load = load
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+        self._again = False
+        self._draining: list = []
+        self._drain_task: asyncio.Task | None = None
+        self.reloads = 0
+        self.refused = 0
+
+    def install(self) -> None:
+        """Handle SIGHUP on the running loop."""
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_signal_handler(signal.SIGHUP, self.request)
+
+    def request(self) -> None:
+        """Reload soon; signals that arrive during a reload coalesce into one more."""
+        if self._task is not None and not self._task.done():
+            self._again = True
+            return
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            self._again = False
+            await self.reload()
+            if not self._again:
+                return
+
+    async def reload(self) -> bool:
+        """Read and apply the configuration; False (and one log line) when it is refused."""
+        try:
+            settings = await asyncio.to_thread(self.load)
+        except ConfigError as e:
+            self.refused += 1
+            log.error("config reload refused, the running configuration stays in force: %s", e)
+            return False
+        try:
+            changes, retired = self.gw.reload(settings)
+        except Exception as e:  # a bug, not a config problem: keep serving on what runs
+            self.refused += 1
+            log.exception("config reload failed, the running configuration stays in force: %s", e)
+            return False
+        self.reloads += 1
+        log.info("config reloaded: %s", "; ".join(changes) if changes else "no changes")
+        if retired:
+            self._draining.extend(retired)
+            if self._drain_task is None or self._drain_task.done():
+                self._drain_task = asyncio.get_running_loop().create_task(self._drain())
+        return True
+
+    async def _drain(self) -> None:
+        """Close retired controllers and endpoint connections once nothing uses them."""
+        grace = self.gw.settings.server.shutdown_grace_s
+        loop = asyncio.get_running_loop()
+        started = {id(x): loop.time() for x in self._draining}
+        while self._draining:
+            await asyncio.sleep(_DRAIN_POLL_S)
+            now = loop.time()
+            for x in list(self._draining):
+                started.setdefault(id(x), now)
+                if _idle(x) or (not hasattr(x, "admit") and now - started[id(x)] > grace):
+                    _close(x)
+                    self._draining.remove(x)
+
+    def close(self) -> None:
+        """Stop handling SIGHUP and close whatever still drains (at shutdown)."""
+        if self._loop is not None:
+            self._loop.remove_signal_handler(signal.SIGHUP)
+            self._loop = None
+        for task in (self._task, self._drain_task):
+            if task is not None and not task.done():
+                task.cancel()
+        for x in self._draining:
+            _close(x)
+        self._draining.clear()
+
+
+def _idle(x: Any) -> bool:
+    if hasattr(x, "admit"):  # an Admission: nothing queued and no lease outstanding
+        st = x.stats()
+        return st["queued"] == 0 and st["counters"]["in_flight"] == 0
+    return x.inflight == 0  # an Endpoint
+
+
+def _close(x: Any) -> None:
+    if hasattr(x, "admit"):
+        x.close()
+    else:
+        x.upstream.close()
