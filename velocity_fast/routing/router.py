@@ -170,7 +170,9 @@ class Router:
             profile = s.profiles.get(model, s.default_profile)
         if session:
             session = session.strip() or None
-        if isinstance(body_obj, (bytes, bytearray, memoryview)):
+        if profile == "batch" and not session:
+            data = b""  # shortest queue needs no prefix: skip rendering and hashing
+        elif isinstance(body_obj, (bytes, bytearray, memoryview)):
             data = body_obj
         else:
             data = render_prompt(body_obj)
