@@ -477,10 +477,19 @@ class Admission:
                 depth[i] += ps.queues.band(i).count
         return [((n,), d) for n, d in zip(self.band_names, depth)]
 
+    def _known_pools(self) -> dict[str, _PoolState]:
+        """Every pool's state, created for pools no request has asked for yet: the
+        gateway adds its endpoints after building admission, and /stats and the
+        metrics must show their limits before the first request."""
+        for model in list(self.pools):
+            if model not in self._pools:
+                self._pool_state(model)
+        return self._pools
+
     def _saturation_samples(self):
         now = self.clock()
         out = []
-        for model, ps in self._pools.items():
+        for model, ps in self._known_pools().items():
             self._sync(ps)
             out.append(((model,), min(self.policy.saturation.pool(ps.loads, ps.pending, now), 1e9)))
         return out
@@ -513,7 +522,7 @@ class Admission:
                            "oldest_wait_ms": None if oldest is None else round((now - oldest) * 1000.0, 3),
                            "wait_ms": percentiles(tel.waits[i])}
         pools = {}
-        for model, ps in self._pools.items():
+        for model, ps in self._known_pools().items():
             self._sync(ps)
             sat = self.policy.saturation.pool(ps.loads, ps.pending, now)
             pools[model] = {"saturation": None if math.isinf(sat) else round(sat, 4), "queued": ps.queues.count,
