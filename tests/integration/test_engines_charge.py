@@ -4,6 +4,7 @@ the other engine covers, and no child process left after any kind of exit."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import http.client
 import json
 import os
@@ -58,11 +59,12 @@ class Charge:
         for key in list(env):
             if key.startswith("VELOCITY_"):
                 del env[key]
-        ports = free_port_block(2)
+        # One block for all: separate draws could hand out the same port twice.
+        ports = free_port_block(2 + max(gpus, 2))
         self.port, self.admin = ports, ports + 1
         argv = [sys.executable, "-m", "velocity_fast.cli", "chargeVelocity",
                 "--host", "127.0.0.1", "--port", str(self.port), "--admin-port", str(self.admin),
-                "--engine-base-port", str(free_port_block(max(gpus, 2))),
+                "--engine-base-port", str(ports + 2),
                 "--engine-log-dir", str(tmp_path / "logs"), *flags]
         self.log = open(tmp_path / "charge.out", "w+b")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
@@ -107,7 +109,8 @@ class Charge:
             self.proc.kill()
             self.proc.wait(timeout=30)
         for pid in group_members(pids):  # last resort, so a failing test leaves nothing
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self.log.close()
 
 

@@ -4,6 +4,7 @@ log tail, and no child left behind after stop, SIGTERM, a failing or a killed ga
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -267,7 +268,8 @@ def test_no_child_survives_the_gateway(tmp_path, model, how):
         proc.stdout.close()
         proc.stderr.close()
         for pid in group_members(set(pids)):
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 async def test_an_engine_that_never_answers_health_is_killed_at_the_ready_timeout(fake_machine, model, tmp_path):
