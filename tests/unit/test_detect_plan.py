@@ -168,3 +168,21 @@ def test_prepare_engines_with_mock_never_prompts(fake_machine, tmp_path, monkeyp
     monkeypatch.setenv("HOME", str(tmp_path))
     detection, plan = prepare_engines(args("--mock", "--engines", "1"), interactive=True)
     assert detection.count == 2 and plan.kind == "sim" and len(plan.specs) == 1
+
+
+def test_velocityllm_detect_command(tmp_path, model):
+    import subprocess
+
+    from tests.support.fakes import machine_env
+
+    env = machine_env(4, tmp_path, HOME=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-m", "velocity_fast.cli", "detect", "--model-path", str(model.path),
+         "--tensor-parallel-size", "2", "--engine-base-port", "9400"],
+        capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "GPUs: 4 (via nvidia-smi)" in done.stdout
+    assert "Engines: 2 x vllm" in done.stdout
+    assert "vllm-gpu0-1: http://127.0.0.1:9400" in done.stdout
+    assert "vllm-gpu2-3: http://127.0.0.1:9401" in done.stdout
