@@ -9,6 +9,19 @@ import time
 from tests.support.sim import http_request, open_request, sim_engine
 
 
+async def snapshot(eng) -> dict[str, float]:
+    """Every unlabelled-or-summed sample of one /metrics scrape, by sample name."""
+    r = await http_request(eng.port, "GET", "/metrics")
+    out: dict[str, float] = {}
+    for line in r.body.decode().splitlines():
+        if line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        sample = head.partition("{")[0]
+        out[sample] = out.get(sample, 0.0) + float(value)
+    return out
+
+
 async def metric(eng, name: str, **labels) -> float:
     r = await http_request(eng.port, "GET", "/metrics")
     total, found = 0.0, False
@@ -60,40 +73,43 @@ async def test_at_most_max_num_seqs_run_at_once():
         tasks = [asyncio.create_task(run_stream(eng.port, {"prompt": f"request {i}", "max_tokens": 40}))
                  for i in range(8)]
         try:
-            running, waiting = [], []
-            while not all(t.done() for t in tasks) and len(running) < 500:
-                running.append(await metric(eng, "vllm:num_requests_running"))
-                waiting.append(await metric(eng, "vllm:num_requests_waiting"))
+            seen = []
+            while not all(t.done() for t in tasks) and len(seen) < 500:
+                m = await snapshot(eng)
+                seen.append((m["vllm:num_requests_running"], m["vllm:num_requests_waiting"]))
                 await asyncio.sleep(0.005)
             results = await asyncio.gather(*tasks)
         finally:
             for t in tasks:
                 t.cancel()
-        assert max(running) == 3
-        assert max(waiting) >= 4          # the other five queue
+        assert max(r for r, _ in seen) == 3
+        assert max(w for _, w in seen) >= 3          # the others queue
         assert all(len(r[2]) == 40 for r in results)
         assert await metric(eng, "vllm:request_success_total", finished_reason="length") == 8
 
 
 async def test_kv_exhaustion_makes_requests_wait():
-    # 40 blocks of 16 tokens; each prompt is 300 tokens (19 blocks + 1 for its first
-    # output token), so two fit and the third waits for blocks although slots are free.
-    with sim_engine("--num-gpu-blocks", "40", "--max-model-len", "640", time_scale=10) as eng:
+    # 56 blocks of 16 tokens; each prompt is 300 tokens (19 blocks with the slot for its
+    # first output token), growing to 25 blocks by its 100th token. Two fit; the third
+    # waits for blocks although batch slots are free.
+    with sim_engine("--num-gpu-blocks", "56", "--max-model-len", "896", time_scale=10) as eng:
         prompts = [chr(ord("a") + i) * 1200 for i in range(3)]
-        tasks = [asyncio.create_task(run_stream(eng.port, {"prompt": p, "max_tokens": 15})) for p in prompts]
+        tasks = [asyncio.create_task(run_stream(eng.port, {"prompt": p, "max_tokens": 100})) for p in prompts]
         try:
             seen = []
-            while not all(t.done() for t in tasks) and len(seen) < 500:
-                seen.append((await metric(eng, "vllm:num_requests_running"),
-                             await metric(eng, "vllm:num_requests_waiting"),
-                             await metric(eng, "vllm:kv_cache_usage_perc")))
+            while not all(t.done() for t in tasks) and len(seen) < 1000:
+                m = await snapshot(eng)
+                seen.append((m["vllm:num_requests_running"], m["vllm:num_requests_waiting"],
+                             m["vllm:kv_cache_usage_perc"]))
                 await asyncio.sleep(0.005)
-            await asyncio.gather(*tasks)
+            results = await asyncio.gather(*tasks)
         finally:
             for t in tasks:
                 t.cancel()
-        assert any(r == 2 and w == 1 and kv > 0.9 for r, w, kv in seen), seen[:20]
+        assert any(r == 2 and w == 1 and kv > 0.6 for r, w, kv in seen), seen[:20]
         assert max(r for r, _, _ in seen) <= 2
+        assert all(len(r[2]) == 100 for r in results)
+        assert await metric(eng, "vllm:num_preemptions_total") == 0
         assert await wait_for_metric(eng, "vllm:kv_cache_usage_perc", lambda v: v == 0) == 0
 
 
@@ -181,16 +197,16 @@ async def test_disconnect_while_waiting_and_during_prefill():
 
 
 async def test_time_scale_speeds_everything_proportionally():
-    body = {"prompt": "t" * 2000, "max_tokens": 50}
-    # 500 prompt tokens at 5000 tok/s + 50 tokens at 50 tok/s: ~1.1 s of simulated time.
-    with sim_engine(time_scale=5) as slow:
+    body = {"prompt": "t" * 8000, "max_tokens": 50}
+    # 2000 prompt tokens at 5000 tok/s + 50 tokens at 50 tok/s: ~1.4 s of simulated
+    # time, of which ~0.4 s before the first token. Time scales 2 and 8: 4x apart.
+    with sim_engine(time_scale=2) as slow:
         ttft_slow, total_slow, _ = await run_stream(slow.port, body)
-    with sim_engine(time_scale=20) as fast:
+    with sim_engine(time_scale=8) as fast:
         ttft_fast, total_fast, _ = await run_stream(fast.port, body)
-    ratio = total_slow / total_fast
-    assert 2.0 < ratio < 8.0, (total_slow, total_fast)
-    assert 0.1 < total_slow < 0.6, total_slow
-    assert ttft_slow / ttft_fast > 1.5, (ttft_slow, ttft_fast)   # prefill scales too (4x nominal)
+    assert 0.5 < total_slow < 2.0, total_slow
+    assert 2.0 < total_slow / total_fast < 8.0, (total_slow, total_fast)
+    assert 2.0 < ttft_slow / ttft_fast < 8.0, (ttft_slow, ttft_fast)   # prefill scales too
 
 
 async def test_preemption_when_running_sequences_outgrow_the_cache():
