@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from tests.support.fakes import (
-    REPO_ROOT,
     FakeMachine,
     free_port_block,
     machine_env,

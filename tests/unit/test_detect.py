@@ -10,7 +10,12 @@ import types
 import pytest
 
 from tests.support.fakes import fake_machine  # noqa: F401  (fixture)
-from velocity_fast.engines.detect import GPU, detect_gpus, detect_gpus_async, parse_nvidia_smi
+from velocity_fast.engines.detect import (
+    GPU,
+    detect_gpus,
+    detect_gpus_async,
+    parse_nvidia_smi,
+)
 
 
 @pytest.mark.parametrize("count", [0, 1, 4])

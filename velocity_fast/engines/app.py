@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Mapping, Sequence, TextIO
+from collections.abc import Mapping, Sequence
+from typing import TextIO
 
 from .detect import Detection, detect_gpus
 from .models import ModelChoice, ModelPathError, ModelPromptAborted, resolve_model

@@ -9,8 +9,8 @@ import asyncio
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 NVIDIA_SMI_QUERY = (
     "--query-gpu=index,name,memory.total",

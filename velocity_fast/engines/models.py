@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, TextIO
+from typing import TextIO
 
 ENV_MODEL_PATH = "VELOCITY_MODEL_PATH"
 # How deep to look under ./models and ~/velocity-models: "models/NAME/config.json" and

@@ -20,7 +20,7 @@ import logging
 import signal
 import subprocess
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from .plan import ENGINE_HOST, EngineSpec
 from .probe import http_status
@@ -61,7 +61,7 @@ def describe_exit(code: int) -> str:
 
 
 class _Engine:
-    __slots__ = ("spec", "proc", "offset", "state", "restarts", "task", "first", "ready_at")
+    __slots__ = ("first", "offset", "proc", "ready_at", "restarts", "spec", "state", "task")
 
     def __init__(self, spec: EngineSpec, first: asyncio.Future[None]) -> None:
         self.spec = spec
@@ -208,7 +208,7 @@ class EngineSupervisor:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=1.0)
 
-    async def __aenter__(self) -> "EngineSupervisor":
+    async def __aenter__(self) -> EngineSupervisor:
         await self.start()
         return self
 

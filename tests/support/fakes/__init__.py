@@ -15,9 +15,9 @@ import random
 import socket
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
 
 import pytest
 
