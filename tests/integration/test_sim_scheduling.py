@@ -114,10 +114,10 @@ async def test_kv_exhaustion_makes_requests_wait():
 
 
 async def test_prefix_cache_hit_lowers_ttft_and_counts_hits():
-    # 2000-token prompt at 5000 tok/s prefill: ~0.4 s cold (0.08 s at time scale 5);
+    # 2000-token prompt at 5000 tok/s prefill: ~0.4 s cold (0.2 s at time scale 2);
     # the second time all but the last block comes from the cache.
     prompt = "".join(f"line {i:05d} of a long shared system prompt.\n" for i in range(200))[:8000]
-    with sim_engine(time_scale=5) as eng:
+    with sim_engine(time_scale=2) as eng:
         cold, _, _ = await run_stream(eng.port, {"prompt": prompt, "max_tokens": 2})
         hits_before = await metric(eng, "vllm:prefix_cache_hits_total")
         warm, _, _ = await run_stream(eng.port, {"prompt": prompt, "max_tokens": 2})
