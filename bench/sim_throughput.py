@@ -76,7 +76,7 @@ async def run(args) -> dict:
            "--max-num-seqs", str(args.streams), "--num-gpu-blocks", str(max(blocks, 512)),
            "--time-scale", str(args.time_scale)]
     cores = sorted(os.sched_getaffinity(0))
-    pin = len(cores) >= 2
+    pin = len(cores) >= 2 and not args.no_pin
     if pin:
         cmd = ["taskset", "-c", str(cores[0])] + cmd
         os.sched_setaffinity(0, {cores[1]})
@@ -124,6 +124,8 @@ def main() -> int:
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--time-scale", type=float, default=1e6,
                    help="high enough that simulated step times vanish (default %(default)s)")
+    p.add_argument("--no-pin", action="store_true",
+                   help="do not pin engine and client to their own cores (a busy shared machine)")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="write the result as JSON to FILE (or stdout)")
     args = p.parse_args()
