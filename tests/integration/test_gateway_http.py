@@ -69,6 +69,7 @@ async def test_400_in_the_error_shape(engine, path, body, param):
         err = error_of(r)
         assert err["param"] == param
         assert r.headers["x-request-id"].startswith("req-")
+        assert "x-velocity-reject-reason" not in r.headers
         # bad input never takes the server down
         ok = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT)
         assert ok.status == 200
@@ -101,6 +102,7 @@ async def test_404_unknown_model_and_path(engine):
         assert r.status == 404
         err = error_of(r)
         assert err["param"] == "model" and "nope" in err["message"]
+        assert "x-velocity-reject-reason" not in r.headers
         r = await http_request(gw.port, "POST", "/generate", {"prompt": "x", "model": "nope"})
         assert r.status == 404 and error_of(r)["param"] == "model"
         r = await http_request(gw.port, "GET", "/v2/whatever")
@@ -301,6 +303,14 @@ async def test_generate_native_answer(engine):
         assert out["sla_met"] is True
         assert out["latency_seconds"] >= out["execution_time_seconds"] > 0
         assert out["tokens_per_second"] > 0
+
+        s = await http_request(gw.port, "POST", "/generate", {"prompt": "stream it", "max_tokens": 5, "stream": True})
+        assert s.status == 200 and s.headers["content-type"].startswith("text/event-stream")
+        events = [e[len("data: "):] for e in s.body.decode().split("\n\n") if e.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
+        assert chunks[-1]["usage"]["completion_tokens"] == 5
 
         missed = (await http_request(gw.port, "POST", "/generate",
                                      {"prompt": "x", "max_tokens": 40, "sla_ms": 0.001})).json()
