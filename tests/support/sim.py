@@ -1,7 +1,9 @@
 """Start a sim engine as a subprocess on 127.0.0.1 for a test, and stop it for sure.
 
     with sim_engine("--max-num-seqs", "4", time_scale=20) as eng:
-        urlopen(eng.url + "/health")
+        status, body = eng.get("/v1/models")           # blocking; eng.url, eng.port
+        eng.metric("vllm:num_requests_running")         # one value from /metrics
+        r = await http_request(eng.port, "POST", "/v1/completions", {"prompt": "x"})  # async
 
     eng = start_sim_engine(model="m2")      # in a fixture: yield eng, then eng.stop()
 
