@@ -132,19 +132,34 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
         gw.router = router
         changes.append("routing settings")
     started = gw.client_server is not None
-    for name in remove:
-        ep = gw.remove_endpoint(name, close=False)
-        if ep is not None:
-            gw.router.forget(name)
-            retired.append(ep)
-            changes.append(f"endpoint {name} removed")
+    pools_before = {m: id(p) for m, p in gw.pools.items()}
+    # Added before removed, so that a pool whose endpoints are all replaced stays the same
+    # Pool object; a changed endpoint (same name) must leave first.
     for cfg in add:
+        if cfg.name in gw.endpoints:
+            _retire_endpoint(gw, cfg.name, retired, changes)
         gw.add_endpoint(cfg, watch=started)
         changes.append(f"endpoint {cfg.name} added ({cfg.url}, model {cfg.model})")
+    for name in remove:
+        if name not in {c.name for c in add}:
+            _retire_endpoint(gw, name, retired, changes)
+    if {m: id(p) for m, p in gw.pools.items()} != pools_before and admission is None:
+        # A controller keeps per-pool state: a model that came or went needs a fresh one.
+        retired.append(gw.admission)
+        gw.admission = make_admission(new, gw.pools, gw.registry)
+        changes.append("admission rebuilt (pools changed)")
     for key in RESTART_KEYS:
         if getattr(new, key) != getattr(old, key):
             log.warning("config reload: %s changed; it takes effect at the next start", key)
     return changes, retired
+
+
+def _retire_endpoint(gw: Any, name: str, retired: list, changes: list[str]) -> None:
+    ep = gw.remove_endpoint(name, close=False)
+    if ep is not None:
+        gw.router.forget(name)
+        retired.append(ep)
+        changes.append(f"endpoint {name} removed")
 
 
 class Reloader:
