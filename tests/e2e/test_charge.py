@@ -11,26 +11,10 @@ from urllib.request import Request, urlopen
 
 import pytest
 
+from tests.support.fakes import free_port_block
 from tests.support.gateway import gateway_process
 
 pytestmark = pytest.mark.e2e
-
-
-def free_port_pair() -> int:
-    """A base port with base and base+1 free a moment ago (engines take consecutive ports)."""
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            base = a.getsockname()[1]
-            if base >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", base + 1))
-                except OSError:
-                    continue
-                return base
-    raise RuntimeError("no two consecutive free ports")
 
 
 def descendants(pid: int) -> set[int]:
@@ -66,7 +50,7 @@ def post(url: str, body: dict):
 
 
 def test_charge_mock_two_engines_serves_and_leaves_no_child():
-    base = free_port_pair()
+    base = free_port_block(2)
     with gateway_process("chargeVelocity", "--mock", "--engines", "2", "--engine-base-port", str(base),
                          "--sim-args", "--time-scale 50", timeout=40) as gp:
         out = gp.stdout_text

@@ -66,8 +66,8 @@ async def test_disconnect_mid_stream_frees_the_engine(slow_engine):
 @pytest.mark.parametrize("stream", [False, True])
 async def test_disconnect_while_waiting_frees_the_engine(slow_engine, stream):
     async with running_gateway(slow_engine) as gw:
-        reader, writer = await send_raw(gw.port, {"model": MODEL, "prompt": "tell me", "max_tokens": 1000,
-                                                  "stream": stream})
+        _, writer = await send_raw(gw.port, {"model": MODEL, "prompt": "tell me", "max_tokens": 1000,
+                                             "stream": stream})
         try:
             await engine_running_is(slow_engine, 1)
             await asyncio.sleep(0.2)  # decoding, the answer not finished
@@ -89,7 +89,7 @@ async def test_disconnect_before_the_first_token_frees_the_engine(slow_engine, s
             # No token yet: at most the head of a stream has come back.
             try:
                 early = await asyncio.wait_for(reader.read(65536), 0.3)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 early = b""
             assert b"data: {" not in early
             if not stream:

@@ -15,8 +15,8 @@ from tests.support.sim import sim_engine
 BAD_CONFIGS = {
     "unknown-key": ("port: 8000\nprot: 8001\n", "prot"),
     "wrong-type": ("max_concurrency: lots\n", "max_concurrency"),
-    "rising-ceilings": ("bands:\n  - {name: high, ceiling: 1.0}\n  - {name: normal, ceiling: 1.0}\n"
-                        "  - {name: low, ceiling: 1.3}\n", "bands[2].ceiling"),
+    "rising-ceilings": (("bands:\n  - {name: high, ceiling: 1.0}\n  - {name: normal, ceiling: 1.0}\n"
+                         "  - {name: low, ceiling: 1.3}\n"), "bands[2].ceiling"),
     "invalid-yaml": ("port: 8000\nendpoints: [\n  {name: a\n", "invalid YAML"),
     "nested-unknown": ("server:\n  max_body: 10\n", "max_body"),
 }

@@ -75,8 +75,8 @@ async def test_models_list(engine):
     (b'{"model": "sim-model"}', "messages"),                                  # missing messages
     (b'{"model": "sim-model", "messages": "hi"}', "messages"),                # wrong type
     (b'{"model": "sim-model", "messages": [{"role":"user","content":"x"}], "max_tokens": "ten"}', "max_tokens"),
-    (b'{"model": "sim-model", "messages": [{"role":"user","content":"x"}], '
-     b'"stream_options": {"include_usage": true}}', "stream_options"),        # stream_options without stream
+    ((b'{"model": "sim-model", "messages": [{"role":"user","content":"x"}], '
+      b'"stream_options": {"include_usage": true}}'), "stream_options"),        # stream_options without stream
 ])
 async def test_bad_request_chat(engine, body, param):
     async with running_gateway(engine) as gw, client(gw) as c:

@@ -24,16 +24,26 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 
 from velocity_fast.config import EndpointConfig, Settings, load_settings
 from velocity_fast.gateway.app import Gateway
 
-from .sim import REPO, SimEngine, free_port
+from .fakes import free_port_block
+from .sim import REPO, SimEngine
 
-__all__ = ["running_gateway", "gateway_settings", "wait_until", "GatewayProcess", "gateway_process",
-           "velocity_command", "FAST_HEALTH", "RecordingUpstream"]
+__all__ = [
+    "FAST_HEALTH",
+    "GatewayProcess",
+    "RecordingUpstream",
+    "gateway_process",
+    "gateway_settings",
+    "running_gateway",
+    "velocity_command",
+    "wait_until",
+]
 
 # Health checks fast enough that a test sees ejection and readmission within a second.
 FAST_HEALTH = {"scrape_interval_ms": 50.0, "check_interval_ms": 100.0, "check_timeout_ms": 500.0,
@@ -111,10 +121,13 @@ class GatewayProcess:
         self.args = list(args)
         if "--host" not in self.args:
             self.args += ["--host", "127.0.0.1"]
-        if "--port" not in self.args:
-            self.args += ["--port", str(free_port())]
-        if "--admin-port" not in self.args:
-            self.args += ["--admin-port", str(free_port())]
+        if "--port" not in self.args or "--admin-port" not in self.args:
+            # Below the ephemeral range: no outgoing connection takes them before the child binds.
+            base = free_port_block(2)
+            if "--port" not in self.args:
+                self.args += ["--port", str(base)]
+            if "--admin-port" not in self.args:
+                self.args += ["--admin-port", str(base + 1)]
         self.command = command
         self.env = env
         self.proc: subprocess.Popen | None = None
@@ -144,7 +157,7 @@ class GatewayProcess:
     def stderr_text(self) -> str:
         return self._read(self._err)
 
-    def spawn(self) -> "GatewayProcess":
+    def spawn(self) -> GatewayProcess:
         """Start the process without waiting (for commands expected to fail)."""
         env = dict(os.environ)
         env = {k: v for k, v in env.items() if not k.startswith("VELOCITY_")}
@@ -156,7 +169,7 @@ class GatewayProcess:
                                      start_new_session=True)
         return self
 
-    def start(self, timeout: float = 20.0) -> "GatewayProcess":
+    def start(self, timeout: float = 20.0) -> GatewayProcess:
         """Start and wait until the banner names the gateway's port."""
         self.spawn()
         deadline = time.monotonic() + timeout
@@ -251,7 +264,7 @@ class RecordingUpstream:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    async def __aenter__(self) -> "RecordingUpstream":
+    async def __aenter__(self) -> RecordingUpstream:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self

@@ -11,8 +11,16 @@ import pytest
 import yaml
 
 from velocity_fast.admission.settings import AdmissionSettings
-from velocity_fast.config import (BandConfig, ConfigError, EndpointConfig, ServerSettings, Settings, TenantConfig,
-                                  load_settings, parse_endpoint_flag)
+from velocity_fast.config import (
+    BandConfig,
+    ConfigError,
+    EndpointConfig,
+    ServerSettings,
+    Settings,
+    TenantConfig,
+    load_settings,
+    parse_endpoint_flag,
+)
 from velocity_fast.gateway.launch import _sim_flags
 from velocity_fast.routing.health import HealthSettings
 from velocity_fast.routing.scrape import MetricNames

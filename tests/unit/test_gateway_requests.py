@@ -5,9 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from velocity_fast.gateway.requests import BadRequest, decode_generate, decode_proxy, strip_own_fields
+from velocity_fast.gateway.requests import (
+    BadRequest,
+    decode_generate,
+    decode_proxy,
+    strip_own_fields,
+)
 
 
 def test_chat_decodes_only_what_it_needs():
