@@ -8,6 +8,7 @@ import json
 import time
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.gateway import running_gateway, wait_until
 from tests.support.sim import http_request, open_request, start_sim_engine
@@ -24,6 +25,28 @@ async def engine_running_is(eng, value: float, timeout: float = 5.0) -> None:
     async def check():
         return await asyncio.to_thread(running, eng) == value
     await wait_until(check, timeout, interval=0.05, what=f"vllm:num_requests_running == {value}")
+
+
+async def outcomes(gw) -> dict[str, float]:
+    """The gateway's admitted/completed/failed/cancelled counters from admin /metrics."""
+    text = (await http_request(gw.admin_port, "GET", "/metrics")).body.decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for kind in ("admitted", "completed", "failed", "cancelled"):
+            if fam.name == f"velocity_{kind}":
+                out[kind] = sum(smp.value for smp in fam.samples)
+    return out
+
+
+async def reconciled(gw, **expect: float) -> None:
+    """Every admitted request ended in exactly one outcome (nothing in flight now)."""
+    async def check():
+        o = await outcomes(gw)
+        return o["admitted"] == o["completed"] + o["failed"] + o["cancelled"]
+    await wait_until(check, 3.0, what="admitted == completed + failed + cancelled")
+    o = await outcomes(gw)
+    for k, v in expect.items():
+        assert o[k] == v, (k, o)
 
 
 @pytest.fixture
@@ -61,6 +84,7 @@ async def test_disconnect_mid_stream_frees_the_engine(slow_engine):
         s.abort()
         await engine_running_is(slow_engine, 0)
         await wait_until(lambda: gw.endpoints["e1"].inflight == 0, 2.0, what="gateway in-flight back to 0")
+        await reconciled(gw, admitted=1, cancelled=1)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -76,6 +100,7 @@ async def test_disconnect_while_waiting_frees_the_engine(slow_engine, stream):
         t0 = time.monotonic()
         await engine_running_is(slow_engine, 0)
         assert time.monotonic() - t0 < 5.0  # far below the 20 s the request would have taken
+        await reconciled(gw, admitted=1, cancelled=1)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -97,6 +122,7 @@ async def test_disconnect_before_the_first_token_frees_the_engine(slow_engine, s
         finally:
             writer.transport.abort()
         await engine_running_is(slow_engine, 0)
+        await reconciled(gw, admitted=1, cancelled=1)
 
 
 async def test_engine_killed_mid_stream_then_ejected_and_readmitted():
@@ -150,6 +176,7 @@ async def test_engine_killed_mid_stream_then_ejected_and_readmitted():
                 if seen == {"e1", "e2"}:
                     break
             assert seen == {"e1", "e2"}, "both engines serve again"
+            await reconciled(gw, failed=1, cancelled=0)
     finally:
         for eng in engines.values():
             eng.stop()
@@ -172,3 +199,4 @@ async def test_engine_killed_during_a_non_streamed_answer_is_502(slow_engine):
         assert r.json()["error"]["code"] == 502
         assert r.headers["x-request-id"].startswith("req-")
         assert gw.endpoints["e1"].inflight == 0
+        await reconciled(gw, admitted=1, failed=1)
