@@ -119,7 +119,7 @@ class FakeEngine:
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
                 lines = head.decode("latin-1").split("\r\n")
-                method, path, _ = lines[0].split(" ", 2)
+                _, path, _ = lines[0].split(" ", 2)
                 length = 0
                 for ln in lines[1:]:
                     k, _, v = ln.partition(":")
