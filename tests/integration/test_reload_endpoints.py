@@ -75,7 +75,7 @@ async def test_queued_requests_in_the_old_admission_complete_after_a_rebuild(eng
             results = await asyncio.gather(*tasks)
             assert [r.status for r in results] == [200] * 4
             # The old controller drained and was let go.
-            await wait_until(lambda: not reloader._draining, 5.0, what="the old admission to drain")
+            await wait_until(lambda: reloader.draining == 0, 5.0, what="the old admission to drain")
             assert old.stats()["counters"]["completed"] == 4
         finally:
             reloader.close()

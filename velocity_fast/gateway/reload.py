@@ -180,6 +180,11 @@ class Reloader:
         self.reloads = 0
         self.refused = 0
 
+    @property
+    def draining(self) -> int:
+        """Retired admission controllers and endpoints still finishing their requests."""
+        return len(self._draining)
+
     def install(self) -> None:
         """Handle SIGHUP on the running loop."""
         self._loop = asyncio.get_running_loop()
