@@ -4,9 +4,11 @@ and an invalid file is refused in one log line while the old configuration keeps
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 
+from tests.support.fakes import free_port_block
 from tests.support.gateway import gateway_process, wait_until
 from tests.support.sim import http_request, sim_engine
 
@@ -102,3 +104,28 @@ async def test_sighup_adds_band_and_tenant_without_losing_requests(tmp_path):
             assert gp.proc.poll() is None, "the gateway exited"
             assert statuses and all(s == 200 for s in statuses), sorted(set(statuses))
             assert "Traceback" not in gp.stderr_text
+
+
+async def test_chargevelocity_reloads_the_file_and_keeps_the_engines_it_started(tmp_path):
+    cfg = tmp_path / "charge.yaml"
+    cfg.write_text("tenants:\n  - {name: alpha, api_key: key-alpha}\n")
+    base = free_port_block(2)
+    with gateway_process("chargeVelocity", "--mock", "--engines", "2", "--engine-base-port", str(base),
+                         "--config", str(cfg), "--sim-args", "--time-scale 50", timeout=40) as gp:
+        models = await http_request(gp.port, "GET", "/v1/models", headers={"authorization": "Bearer key-alpha"})
+        model = json.loads(models.body)["data"][0]["id"]
+        body = dict(CHAT, model=model)
+        beta = {"authorization": "Bearer key-beta", "content-type": "application/json"}
+        assert (await http_request(gp.port, "POST", "/v1/chat/completions", body, beta)).status == 401
+
+        cfg.write_text("tenants:\n  - {name: alpha, api_key: key-alpha}\n  - {name: beta, api_key: key-beta}\n")
+        gp.proc.send_signal(signal.SIGHUP)
+        await wait_until(lambda: "config reloaded" in gp.stderr_text, 10.0, what="the reload log line")
+        r = await http_request(gp.port, "POST", "/v1/chat/completions", body, beta, timeout=15)
+        assert r.status == 200, r.body
+        # The sim engines chargeVelocity started are still the gateway's endpoints.
+        assert r.headers["x-velocity-endpoint"] in ("sim-0", "sim-1")
+        stats = json.loads((await http_request(gp.admin_port, "GET", "/stats", headers=beta)).body)
+        assert sorted(e["name"] for e in stats["endpoints"]) == ["sim-0", "sim-1"]
+        gp.proc.send_signal(signal.SIGTERM)
+        assert gp.wait(20) == 0
