@@ -241,7 +241,12 @@ class HttpProtocol(asyncio.Protocol):
         self._read_paused = False
         self._closing = False
         self._closed = False
+        # One timer per connection serves every timeout; see _arm.
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._deadline = 0.0
+        self._on_deadline: Callable[[], None] | None = None
+        self._timer_step = min(self._limits.header_timeout, self._limits.body_timeout)
 
     # -- connection lifecycle ----------------------------------------------
     def connection_made(self, transport) -> None:
@@ -258,7 +263,10 @@ class HttpProtocol(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self._closed = True
         self._server._connections.discard(self)
-        self._disarm()
+        self._on_deadline = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._active is not None:
             self._active._lost()
         self._queue.clear()
@@ -287,23 +295,44 @@ class HttpProtocol(asyncio.Protocol):
         await self._drain_waiter
 
     # -- timers -------------------------------------------------------------
-    def _arm(self, delay: float, cb) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self._loop.call_later(delay, cb)
+    # Each request moves the deadline three times (head, body, idle); a new timer
+    # for each costs about a microsecond, so the deadline is a number and one
+    # timer checks it. That timer never lies further ahead than the shortest
+    # read timeout, so a new deadline is never earlier than the pending timer
+    # (the linger time may be shorter: then, rarely, the timer is replaced).
+    def _arm(self, delay: float, cb: Callable[[], None]) -> None:
+        self._on_deadline = cb
+        deadline = self._loop.time() + delay
+        self._deadline = deadline
+        if self._timer is None or self._timer_at > deadline:
+            self._schedule(deadline)
 
     def _disarm(self) -> None:
+        self._on_deadline = None
+
+    def _schedule(self, deadline: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
-            self._timer = None
+        at = min(deadline, self._loop.time() + self._timer_step)
+        self._timer_at = at
+        self._timer = self._loop.call_at(at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        cb = self._on_deadline
+        if cb is None:
+            return
+        if self._loop.time() + 0.001 < self._deadline:  # the loop clock counts milliseconds
+            self._schedule(self._deadline)
+            return
+        self._on_deadline = None
+        cb()
 
     def _on_idle_timeout(self) -> None:
-        self._timer = None
         if self._active is None and not self._queue and not self._in_message:
             self._transport.close()
 
     def _on_read_timeout(self) -> None:
-        self._timer = None
         if not self._in_message or self._fatal is not None:
             return
         head_done = self._req is not None
@@ -316,7 +345,6 @@ class HttpProtocol(asyncio.Protocol):
         self._fail(408, f"The {what} was not received within the read timeout.")
 
     def _on_linger_timeout(self) -> None:
-        self._timer = None
         self._transport.close()
 
     # -- parsing ------------------------------------------------------------
@@ -408,7 +436,8 @@ class HttpProtocol(asyncio.Protocol):
                             f"{self._limits.max_body_bytes} bytes.")
             return
         self._arm(self._limits.body_timeout, self._on_read_timeout)
-        if headers.get("expect", "").lower() == "100-continue" and req.http_version == "1.1":
+        expect = headers.get("expect")
+        if expect is not None and expect.lower() == "100-continue" and req.http_version == "1.1":
             if self._active is None and not self._queue:
                 self._transport.write(_CONTINUE)
             else:
