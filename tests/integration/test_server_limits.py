@@ -136,6 +136,43 @@ async def test_a_connection_that_never_sends_is_closed_after_the_idle_timeout():
         await still_serving(srv)
 
 
+async def test_an_idle_timeout_longer_than_the_read_timeouts_is_kept():
+    limits = dict(LIMITS, header_timeout=0.1, body_timeout=0.1, keepalive_timeout=0.5)
+    async with serving(echo, **limits) as srv, connect(srv) as c:
+        assert (await c.request("GET", "/once")).status == 200
+        t0 = time.monotonic()
+        assert await c.closed()
+        assert time.monotonic() - t0 >= 0.5 * 0.5  # not at the shorter read timeout
+
+
+async def test_the_head_timeout_counts_from_the_head_not_from_the_idle_start():
+    limits = dict(LIMITS, header_timeout=0.3, keepalive_timeout=5.0)
+    async with serving(echo, **limits) as srv, connect(srv) as c:
+        assert (await c.request("GET", "/once")).status == 200
+        await asyncio.sleep(0.2)  # idle for a while first
+        t0 = time.monotonic()
+        c.send(b"GET /slow HTTP/1.1\r\n")
+        assert_error_shape(await c.response(), 408)
+        assert time.monotonic() - t0 >= 0.3 * 0.5
+
+
+async def test_no_408_while_the_server_itself_stopped_reading_a_full_pipeline():
+    async def handler(req, resp):
+        await asyncio.sleep(0.15)  # each answer takes longer than the read timeouts
+        await echo(req, resp)
+
+    limits = dict(LIMITS, header_timeout=0.05, body_timeout=0.05, max_pipelined=2)
+    async with serving(handler, **limits) as srv, connect(srv) as c:
+        fourth = build("POST", "/3", b"four")
+        # Three requests fill the queue (reading pauses) and the fourth head begins in
+        # the same read; its rest waits in the socket until the queue drains.
+        c.send(build("GET", "/0") + build("GET", "/1") + build("GET", "/2") + fourth[:12])
+        await asyncio.sleep(0.05)
+        c.send(fourth[12:])
+        paths = [(await c.response()).json()["path"] for _ in range(4)]
+        assert paths == ["/0", "/1", "/2", "/3"]
+
+
 async def test_a_connection_in_use_is_not_closed_by_the_idle_timeout():
     limits = dict(LIMITS, keepalive_timeout=0.1)
 
