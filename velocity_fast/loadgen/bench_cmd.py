@@ -51,7 +51,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--engines", type=int, default=DEFAULT_SIM_ENGINES,
                    help=f"sim engines per gateway (default {DEFAULT_SIM_ENGINES}, as chargeVelocity)")
     g.add_argument("--repeats", type=int, default=3, help="runs per policy; the table shows medians")
-    g.add_argument("--warmup-requests", type=int, default=16, help="requests sent before each run")
+    g.add_argument("--warmup-requests", type=int, default=8,
+                   help="requests sent over 0.5 s before each run, to open connections and give "
+                        "the estimators a first sample (default 8)")
     g.add_argument("--stats-interval", type=float, default=0.25, help="seconds between /stats samples")
     g.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for /ready")
     g.add_argument("--server-arg", action="append", default=[], metavar="ARG",
@@ -188,7 +190,7 @@ async def _bench(args, policies, cfg, mix, specs, logs):
     # measured prompts.
     warm_specs = build_workload(
         dataclasses.replace(cfg, num_requests=max(1, args.warmup_requests), pattern="constant",
-                            duration=1.0, seed=cfg.seed + 1_000_003), mix)
+                            duration=0.5, seed=cfg.seed + 1_000_003), mix)
     runs = []
     for repeat, policy in run_order(policies, args.repeats, cfg.seed):
         gw = GatewayProcess(policy, engines=args.engines, extra=args.server_arg,
@@ -201,9 +203,13 @@ async def _bench(args, policies, cfg, mix, specs, logs):
                                    timeout=args.timeout)
             timeline: list[tuple] = []
             t0 = time.perf_counter()
+            sampling = [True]
 
             async def sample():
-                while True:
+                # A flag, not only cancel(): on Python 3.11 wait_for() can swallow a
+                # cancellation that lands as its inner call completes, and the sampler
+                # would then poll forever.
+                while sampling[0]:
                     st = await gw.stats()
                     if st is not None:
                         timeline.append((time.perf_counter() - t0, *gauges(st)))
@@ -214,6 +220,7 @@ async def _bench(args, policies, cfg, mix, specs, logs):
                 outcome = await run_workload(specs, "127.0.0.1", gw.port, concurrency=args.concurrency,
                                              timeout=args.timeout)
             finally:
+                sampling[0] = False
                 sampler.cancel()
                 await asyncio.gather(sampler, return_exceptions=True)
         except RuntimeError as e:

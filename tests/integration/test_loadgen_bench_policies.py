@@ -1,0 +1,34 @@
+"""The policy comparison on the default sim setup: quick enough, and the adaptive
+policies beat the static baseline under an overloading burst.
+
+Slow (about two minutes: nine gateway runs), hence the e2e mark and its own timeout.
+"""
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(240)
+def test_default_bench_is_quick_and_adaptive_policies_beat_static_under_burst(tmp_path):
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "velocity_fast", "bench", "--no-progress",
+                        "--output", str(tmp_path / "pol")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=200)
+    took = time.monotonic() - t0
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert took < 180, f"bench took {took:.0f} s"
+    doc = orjson.loads((tmp_path / "pol.json").read_bytes())
+    assert doc["config"]["pattern"] == "burst"
+    # The burst peak is well past what the engines delivered at best.
+    assert doc["load"]["overload"] >= 1.5, doc["load"]
+    med = doc["medians"]
+    report = p.stdout[-3000:]
+    assert med["dynamic"]["goodput_ratio"] > med["static"]["goodput_ratio"], report
+    assert med["smart"]["goodput_ratio"] > med["static"]["goodput_ratio"], report
