@@ -157,6 +157,7 @@ def charge_main(args: argparse.Namespace) -> int:
             try:
                 await gw.stop()
             finally:
+                gw_box.clear()  # engines stopped on purpose are no "restarting" to report
                 await sup.stop()
 
         return cleanup
