@@ -156,7 +156,7 @@ def bench_main(args) -> int:
         for r in runs:
             lat.setdefault(r["policy"], []).extend(r["latencies"])
             tl.setdefault(r["policy"], r["timeline"])
-        written.extend(write_plots(args.output, lat, tl))
+        written.extend(write_plots(args.output, lat, tl, sla_ms=cfg.sla_ms))
     elif not args.no_plots:
         print_to(sys.stdout, "matplotlib not installed: no plots (pip install 'velocityllm[bench]')")
     print_to(sys.stdout, "wrote " + ", ".join(written))

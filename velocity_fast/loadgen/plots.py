@@ -11,7 +11,8 @@ def have_matplotlib() -> bool:
     return True
 
 
-def write_plots(prefix: str, latencies: dict[str, list[float]], timelines: dict[str, list[tuple]]) -> list[str]:
+def write_plots(prefix: str, latencies: dict[str, list[float]], timelines: dict[str, list[tuple]],
+                sla_ms: float | None = None) -> list[str]:
     """Write ``PREFIX_latency_cdf.png`` (latency CDF per policy, completed requests) and
     ``PREFIX_timeline.png`` (concurrency limit, in-flight requests and queue depth over
     time, per policy; samples are ``(t, limit, queued, inflight)`` with None for unknown).
@@ -29,6 +30,8 @@ def write_plots(prefix: str, latencies: dict[str, list[float]], timelines: dict[
         xs = sorted(lat)
         ys = [(i + 1) / len(xs) for i in range(len(xs))]
         ax.step(xs, ys, where="post", label=policy)
+    if sla_ms:
+        ax.axvline(sla_ms, color="grey", linestyle="--", label=f"SLA {sla_ms:.0f} ms")
     ax.set_xlabel("latency (ms)")
     ax.set_ylabel("fraction of completed requests")
     ax.set_title("Latency CDF per policy")
@@ -58,7 +61,7 @@ def write_plots(prefix: str, latencies: dict[str, list[float]], timelines: dict[
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend()
+            ax.legend(fontsize="small")
     fig.tight_layout()
     paths.append(f"{prefix}_timeline.png")
     fig.savefig(paths[-1], dpi=110)
