@@ -234,6 +234,7 @@ class HttpProtocol(asyncio.Protocol):
         self._queue: deque[Request] = deque()
         self._active: Responder | None = None
         self._fatal: tuple[int, str] | None = None
+        self._ignore_input = False  # set once the connection is on its way out
         self._continue_pending = False
         # flow control and lifecycle
         self._write_paused = False
@@ -349,8 +350,8 @@ class HttpProtocol(asyncio.Protocol):
 
     # -- parsing ------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
-        if self._fatal is not None:
-            return  # lingering after an error: what the client still sends is dropped
+        if self._ignore_input:
+            return
         if self._in_head:
             # httptools gathers a header line before it calls on_header, so a line
             # that never ends is counted here: the head began in an earlier read
@@ -526,7 +527,7 @@ class HttpProtocol(asyncio.Protocol):
             return
         self._active = None
         if not keep_alive:
-            self._transport.close()
+            self._close_after_answer()
             return
         if self._queue:
             self._next()
@@ -544,6 +545,7 @@ class HttpProtocol(asyncio.Protocol):
         if self._fatal is not None:
             return
         self._fatal = (status, message)
+        self._ignore_input = True
         self._disarm()
         if not self._read_paused:
             self._read_paused = True
@@ -558,10 +560,24 @@ class HttpProtocol(asyncio.Protocol):
         t.write(_status_line(status) + b"content-type: application/json\r\n"
                 b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body) + body)
         self._server.errors += 1
-        # Closing a socket with unread input makes the kernel send a reset, which
-        # can destroy the answer before the client reads it (a client still
-        # sending a body it was refused). So: half-close, drop what still comes,
-        # and close on the client's EOF or after the linger time.
+        self._linger()
+
+    def _close_after_answer(self) -> None:
+        if self._queue or self._in_message or self._read_paused:
+            self._queue.clear()  # the client asked to close: what it sent after that goes unanswered
+            self._linger()
+        else:
+            self._transport.close()
+
+    def _linger(self) -> None:
+        """Half-close, drop what the client still sends, close on its EOF or after the linger time.
+
+        Closing a socket with unread input makes the kernel send a reset that
+        can destroy the answer before the client reads it (a client still
+        sending a body it was refused, or requests pipelined after a close).
+        """
+        self._ignore_input = True
+        t = self._transport
         t.write_eof()
         if self._read_paused:
             self._read_paused = False
@@ -571,7 +587,7 @@ class HttpProtocol(asyncio.Protocol):
     # -- shutdown -----------------------------------------------------------
     def _shutdown(self) -> None:
         self._closing = True
-        if self._active is None and not self._queue and self._fatal is None:
+        if self._active is None and not self._queue and not self._ignore_input:
             self._transport.close()
 
 
