@@ -210,3 +210,22 @@ async def test_an_upgrade_request_is_answered_as_plain_http():
         assert r.status == 200 and r.json()["path"] == "/up"
         assert (await c.response()).json()["path"] == "/after-up"
         assert (await c.request("GET", "/again")).json()["path"] == "/again"
+
+
+async def test_requests_pipelined_after_connection_close_do_not_destroy_its_answer():
+    # The server stops reading a full pipeline; closing with that input unread would
+    # make the kernel reset the connection and drop the unsent part of the answer.
+    big = b"z" * 4_000_000
+
+    async def handler(req, resp):
+        resp.send(200, big if req.path == "/big" else b"{}", content_type="application/octet-stream")
+
+    async with serving(handler, max_pipelined=2) as srv:
+        for _ in range(3):
+            async with connect(srv, rcvbuf=65536) as c:
+                c.send(build("GET", "/big", headers={"Connection": "close"})
+                       + b"".join(build("POST", f"/{i}", b"x" * 1000) for i in range(2000)))
+                await asyncio.sleep(0.1)  # the client is slow to read
+                r = await c.response()
+                assert r.status == 200 and r.body == big
+                assert await c.closed()  # the requests after the close are not answered
