@@ -114,3 +114,18 @@ async def test_tenant_rate_limit_state_survives_an_unrelated_reload(engines):
         assert r.status == 429 and r.headers["x-velocity-reject-reason"] == "rate-limit"
         assert (await http_request(gw.port, "POST", "/v1/chat/completions", _chat(2),
                                    {"authorization": "Bearer ku"})).status == 200
+
+
+async def test_an_endpoint_moved_to_another_url_serves_from_the_new_one(engines):
+    e1, e2 = engines
+    async with running_gateway(("a", e1.url, "m1")) as gw:
+        # The pool's only endpoint is replaced and the policy changes in the same reload.
+        reloader = Reloader(gw, lambda: _settings(("a", e2.url, "m1"), policy="smart"))
+        try:
+            assert await reloader.reload()
+            assert gw.endpoints["a"].url == e2.url
+            await wait_until(lambda: gw.endpoints["a"].healthy, 5.0, what="a healthy again")
+            r = await http_request(gw.port, "POST", "/v1/chat/completions", _chat(3))
+            assert r.status == 200 and r.headers["x-velocity-endpoint"] == "a"
+        finally:
+            reloader.close()

@@ -6,8 +6,9 @@ section, thresholds, SLA and policy; routing profiles and settings. What needs a
 (said in a warning): the listening address and ports, server limits and health timings.
 
 How a new configuration takes over without losing a request:
-- New objects are built first (Admission, Router, Identity); only when all of them
-  built does the gateway swap its references, so a refused file changes nothing.
+- The file is read and validated in full (in a thread) before anything changes, so a
+  refused file changes nothing; the swap itself is synchronous on the event loop, so a
+  request sees either the old configuration or the new one.
 - A request reads ``gateway.admission`` when it arrives. A lease already granted keeps
   its own controller and releases into it; the old controller's queue keeps dispatching
   on its own timer and releases until it is empty, then it is closed. Both controllers
@@ -96,17 +97,15 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
     """Make ``new`` (already validated) the gateway's configuration.
 
     Returns (a list of what changed in words, the admission controllers and endpoints
-    that must drain before they are closed). Everything is built before anything is
-    swapped: an exception here leaves the gateway as it was.
+    that must drain before they are closed). The router and identity, which can refuse
+    settings, are built before anything is swapped.
     """
     old: Settings = gw.settings
     changes: list[str] = []
     retired: list = []
 
-    admission = None
-    if (new.policy != old.policy
-            or AdmissionSettings.from_settings(new) != AdmissionSettings.from_settings(old)):
-        admission = make_admission(new, gw.pools, gw.registry)
+    rebuild = (new.policy != old.policy
+               or AdmissionSettings.from_settings(new) != AdmissionSettings.from_settings(old))
     router = None
     if routing_settings(new) != routing_settings(old):
         router = make_router(new, _AdoptingRegistry(gw.registry))
@@ -115,19 +114,15 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
         identity = _identity(gw.identity, new)
     remove, add = _endpoint_diff(old, new)
 
-    # -- from here on nothing raises on a valid configuration: swap --------------------
+    # -- the swap: synchronous, so no request sees half of it -----------------------------
     gw.settings = new
     if identity is not None:
         gw.identity = identity
         changes.append(f"tenants: {sorted(identity.tenants)}"
                        + (", api key changed" if new.api_key != old.api_key else ""))
-    if [b.name for b in new.bands] != gw.band_names or new.bands != old.bands:
+    if new.bands != old.bands:
         gw.band_names = [b.name for b in new.bands]
         changes.append(f"bands: {gw.band_names}")
-    if admission is not None:
-        retired.append(gw.admission)
-        gw.admission = admission
-        changes.append(f"admission rebuilt (policy {new.policy})")
     if router is not None:
         gw.router = router
         changes.append("routing settings")
@@ -135,19 +130,21 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
     pools_before = {m: id(p) for m, p in gw.pools.items()}
     # Added before removed, so that a pool whose endpoints are all replaced stays the same
     # Pool object; a changed endpoint (same name) must leave first.
+    added = {c.name for c in add}
     for cfg in add:
         if cfg.name in gw.endpoints:
             _retire_endpoint(gw, cfg.name, retired, changes)
         gw.add_endpoint(cfg, watch=started)
         changes.append(f"endpoint {cfg.name} added ({cfg.url}, model {cfg.model})")
     for name in remove:
-        if name not in {c.name for c in add}:
+        if name not in added:
             _retire_endpoint(gw, name, retired, changes)
-    if {m: id(p) for m, p in gw.pools.items()} != pools_before and admission is None:
-        # A controller keeps per-pool state: a model that came or went needs a fresh one.
+    # A controller keeps state per Pool object: a pool that came or went needs a fresh one.
+    # Built last, over the final pools; Settings.validate() already accepted its settings.
+    if rebuild or {m: id(p) for m, p in gw.pools.items()} != pools_before:
         retired.append(gw.admission)
         gw.admission = make_admission(new, gw.pools, gw.registry)
-        changes.append("admission rebuilt (pools changed)")
+        changes.append(f"admission rebuilt (policy {new.policy})")
     for key in RESTART_KEYS:
         if getattr(new, key) != getattr(old, key):
             log.warning("config reload: %s changed; it takes effect at the next start", key)
