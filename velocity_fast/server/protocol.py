@@ -654,6 +654,10 @@ class HTTPServer:
             await asyncio.wait_for(asyncio.shield(self._idle), grace)
         except asyncio.TimeoutError:
             for proto in list(self._connections):
+                # Mark the response gone first: a handler that runs before
+                # connection_lost must see a disconnect, not a dead transport.
+                if proto._active is not None:
+                    proto._active._lost()
                 proto._transport.abort()
             await asyncio.sleep(0)  # connection_lost runs: handlers see the disconnect
             # A handler that still runs would outlive its server: cancel it.
