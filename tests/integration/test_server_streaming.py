@@ -238,6 +238,47 @@ async def test_a_callback_added_after_the_client_left_runs_at_once():
         await asyncio.wait_for(ran.wait(), WAIT)
 
 
+async def test_a_failing_disconnect_callback_does_not_stop_the_others(caplog):
+    ran = []
+    gone = asyncio.Event()
+
+    def broken():
+        raise ValueError("callback bug")
+
+    async def handler(req, resp):
+        resp.add_disconnect_callback(broken)
+        resp.add_disconnect_callback(lambda: ran.append("second"))
+        resp.add_disconnect_callback(gone.set)
+        await asyncio.wait_for(gone.wait(), WAIT)
+
+    async with serving(handler) as srv:
+        async with connect(srv) as c:
+            c.send(build("GET", "/"))
+            await asyncio.sleep(0.05)
+        await asyncio.wait_for(gone.wait(), WAIT)
+    assert ran == ["second"]
+    assert "disconnect callback failed" in caplog.text
+
+
+async def test_a_removed_disconnect_callback_does_not_run():
+    ran = []
+    gone = asyncio.Event()
+
+    async def handler(req, resp):
+        cb = lambda: ran.append("removed")  # noqa: E731
+        resp.add_disconnect_callback(cb)
+        resp.remove_disconnect_callback(cb)
+        resp.add_disconnect_callback(gone.set)
+        await asyncio.wait_for(gone.wait(), WAIT)
+
+    async with serving(handler) as srv:
+        async with connect(srv) as c:
+            c.send(build("GET", "/"))
+            await asyncio.sleep(0.05)
+        await asyncio.wait_for(gone.wait(), WAIT)
+    assert ran == []
+
+
 async def test_no_disconnect_callback_after_a_finished_response():
     fired = []
 
