@@ -482,7 +482,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def _next(self) -> None:
         req = self._queue.popleft()
-        if (self._read_paused and len(self._queue) < self._limits.max_pipelined // 2
+        if (self._read_paused and len(self._queue) <= self._limits.max_pipelined // 2
                 and self._fatal is None):
             self._read_paused = False
             self._transport.resume_reading()
