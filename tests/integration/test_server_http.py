@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from tests.support.server_wire import build, chunked, connect, echo, serving
 
 
@@ -64,6 +66,21 @@ async def test_deep_pipelining_past_the_queue_limit_answers_every_request_in_ord
         assert paths == [f"/{i}" for i in range(60)]
         # Reading resumed: the connection still takes a new request.
         assert (await c.request("GET", "/last")).json()["path"] == "/last"
+
+
+@pytest.mark.parametrize("max_pipelined", [1, 2, 3])
+async def test_small_pipeline_limits_still_answer_everything(max_pipelined):
+    async def handler(req, resp):
+        await asyncio.sleep(0.005)  # requests pile up while each is answered
+        await echo(req, resp)
+
+    async with serving(handler, max_pipelined=max_pipelined) as srv, connect(srv) as c:
+        for i in range(12):  # each in its own read, so that reading really pauses between them
+            c.send(build("GET", f"/{i}"))
+            await c.writer.drain()
+            await asyncio.sleep(0.002)
+        paths = [(await c.response()).json()["path"] for _ in range(12)]
+        assert paths == [f"/{i}" for i in range(12)]
 
 
 async def test_content_length_and_chunked_bodies_arrive_whole():
