@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import signal
 from typing import Any, Awaitable, Callable
@@ -36,7 +37,16 @@ def run_until_signalled(main: Callable[..., Any], *, grace: float = 10.0) -> int
         try:
             started = main(stop) if _takes_an_argument(main) else main()
             if inspect.isawaitable(started):
-                started = await started
+                starting = asyncio.ensure_future(started)
+                signalled = asyncio.ensure_future(stop.wait())
+                await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
+                signalled.cancel()
+                if not starting.done():
+                    starting.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await starting
+                    return 0
+                started = starting.result()
             if hasattr(started, "__aenter__"):
                 async with started:
                     await stop.wait()
