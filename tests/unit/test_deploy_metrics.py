@@ -77,7 +77,8 @@ async def _scrape(engine) -> tuple[str, dict[str, set[str]]]:
             if band:
                 h["x-velocity-priority"] = band
             await http_request(gw.port, "POST", "/v1/chat/completions", chat, h)
-        r = await http_request(gw.admin_port, "GET", "/metrics")
+        assert (await http_request(gw.admin_port, "GET", "/metrics")).status == 401  # keys configured
+        r = await http_request(gw.admin_port, "GET", "/metrics", headers={"authorization": "Bearer key-a"})
         assert r.status == 200
         declared = {}
         for name in gw.registry.names():

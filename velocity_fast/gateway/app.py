@@ -427,7 +427,7 @@ class Gateway:
         path = req.path
         if path == "/health":
             return self._health(resp)
-        if self.identity.required and path != "/metrics":
+        if self.identity.required:  # /metrics too (DESIGN: every path but /health); scrapers send the key
             ok, _ = self.identity.authenticate(req.headers)
             if not ok:
                 return resp.send_error(401, "Missing or invalid API key.", type="AuthenticationError")
