@@ -98,7 +98,8 @@ class GatewayProcess:
         """Start the child in its own process group."""
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=_die_with_parent if sys.platform == "linux" else None)
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Return once admin ``GET /ready`` answers 200; raise if the child dies or times out."""
@@ -155,6 +156,15 @@ class GatewayProcess:
             with open(self.log_path, "rb") as f:
                 return f.read()[-n:].decode("utf-8", "replace")
         return ""
+
+
+def _die_with_parent() -> None:
+    # If the bench itself is killed (SIGKILL, a test timeout), the kernel sends the
+    # gateway SIGTERM, and the gateway stops its engines: no orphans either way.
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def gauges(stats: dict) -> tuple[float | None, float | None, float | None]:
