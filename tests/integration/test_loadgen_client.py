@@ -122,3 +122,43 @@ def test_cli_exit_codes(capsys):
     assert run_cli("--url", f"http://127.0.0.1:{free_port()}", "-n", "2", "--pattern", "flood") == 1
     assert run_cli("--url", "https://example.invalid", "-n", "2") == 2
     assert "only http://" in capsys.readouterr().err
+
+
+async def test_rejections_by_status_and_reason_and_stream_errors():
+    from velocity_fast.server import HTTPServer
+
+    async def handler(req, resp):
+        i = int(req.headers["x-request-id"].rsplit("-", 1)[1])
+        if b'"stream":true' in req.body:
+            resp.start(200)
+            await resp.write(b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n')
+            await resp.write(b'data: {"error":{"message":"engine died","code":500}}\n\ndata: [DONE]\n\n')
+            resp.end()
+        elif i % 3 == 1:
+            resp.send_error(503, "queue full", headers=[("x-velocity-reject-reason", "capacity"),
+                                                        ("retry-after", "1")])
+        elif i % 3 == 2:
+            resp.send_error(429, "cannot meet SLA", headers=[("x-velocity-reject-reason", "sla")])
+        else:
+            resp.send_json(200, {"choices": [{"message": {"content": "ok"}}], "usage": {"completion_tokens": 7}},
+                           headers=[("x-velocity-endpoint", "e1")])
+
+    srv = HTTPServer(handler, name="reject-test")
+    await srv.start("127.0.0.1", 0)
+    try:
+        specs = build_workload(WorkloadConfig(num_requests=30, pattern="flood", duration=0.0, seed=4), Mix())
+        streamed = build_workload(WorkloadConfig(num_requests=3, pattern="flood", duration=0.0, seed=5),
+                                  Mix(stream_share=1.0))
+        out = await run_workload(specs, "127.0.0.1", srv.port, concurrency=4, timeout=10)
+        s = summarize(specs, out.results, start=out.start)
+        out2 = await run_workload(streamed, "127.0.0.1", srv.port, concurrency=3, timeout=10)
+        s2 = summarize(streamed, out2.results, start=out2.start)
+    finally:
+        await srv.shutdown(grace=1.0)
+    assert s["completed"] == 10 and s["good"] == 10
+    assert s["rejections"]["by_status"] == {"429": 10, "503": 10}
+    assert s["rejections"]["by_reason"] == {"capacity": 10, "sla": 10}
+    assert {r.endpoint for r in out.results if r.ok} == {"e1"}
+    assert all(r.output_tokens == 7 for r in out.results if r.ok)
+    assert s2["completed"] == 0 and s2["rejections"]["by_reason"] == {"stream-error": 3}
+    assert all(r.error == "engine died" and r.status == 200 for r in out2.results)
