@@ -31,6 +31,18 @@ async def test_sse_stream_is_chunked_with_event_stream_headers():
         assert (await c.request("GET", "/again")).status == 200
 
 
+async def test_a_stream_asked_with_connection_close_ends_and_closes():
+    async def handler(req, resp):
+        resp.start(200)
+        await resp.write(b"data: only\n\n")
+        resp.end()
+
+    async with serving(handler) as srv, connect(srv) as c:
+        r = await c.request("GET", "/s", headers={"Connection": "close"})
+        assert r.headers["connection"] == "close" and r.chunks == [b"data: only\n\n"]
+        assert await c.closed()
+
+
 async def test_chunks_reach_the_client_as_they_are_written():
     step = asyncio.Event()
 
