@@ -80,3 +80,22 @@ def test_an_unknown_return_value_is_a_clear_error():
 
     with pytest.raises(TypeError, match="main returned 42"):
         run_until_signalled(main)
+
+
+def test_a_signal_during_a_slow_start_cancels_the_start_and_exits_0():
+    log = []
+
+    async def main(stop):
+        asyncio.get_running_loop().call_later(0.01, signal.raise_signal, signal.SIGTERM)
+        try:
+            await asyncio.sleep(60)  # an engine that takes minutes to load
+        except asyncio.CancelledError:
+            log.append("start cancelled")
+            raise
+
+        async def cleanup() -> None:
+            log.append("cleanup")  # never: the service did not start
+        return cleanup
+
+    assert run_until_signalled(main) == 0
+    assert log == ["start cancelled"]
