@@ -139,13 +139,22 @@ async def test_engine_killed_mid_stream_then_ejected_and_readmitted():
             victim = engines[victim_name]
             events = []
             killed = False
-            async for ev in s.events():
-                events.append(ev)
-                if len(events) == 3 and not killed:
-                    victim.proc.kill()
-                    victim.proc.wait(5)
-                    killed = True
-                assert len(events) < 600
+
+            async def read_stream() -> None:
+                nonlocal killed
+                async for ev in s.events():
+                    events.append(ev)
+                    if len(events) == 3 and not killed:
+                        victim.proc.kill()
+                        killed = True
+                    assert len(events) < 600
+
+            # A stream the gateway never finished would otherwise hang here silently.
+            try:
+                await asyncio.wait_for(read_stream(), 30)
+            except asyncio.TimeoutError:
+                st = (await http_request(gw.admin_port, "GET", "/stats")).json()
+                pytest.fail(f"the stream never ended after the engine died; events {events[-3:]}, stats {st}")
             await s.close()
             assert killed
             assert events[-1] == "[DONE]"
