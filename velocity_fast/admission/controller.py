@@ -103,6 +103,25 @@ class Admission:
 
     async def admit(self, ticket: Ticket) -> Lease:
         """Grant a lease now or after a wait; raise Rejected when declined."""
+        got = self.admit_nowait(ticket, None)
+        if got.__class__ is Lease:
+            return got
+        fut, rid = got
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if not self.withdraw(ticket, rid) and fut.done() and not fut.cancelled() \
+                    and fut.exception() is None:
+                fut.result().release("cancelled")
+            raise
+
+    def admit_nowait(self, ticket: Ticket, waiter):
+        """Grant a lease now, raise Rejected, or queue ``waiter`` and return (waiter, queue id).
+
+        ``waiter`` is a future or any object with ``done()``, ``set_result(lease)`` and
+        ``set_exception(rejected)`` (called from the dispatch cycle: it must only
+        schedule its work); None queues a new future. ``withdraw`` takes it back.
+        """
         now = self.clock()
         ps = self._pool_state(ticket.model)
         if ps is None or not self._sync(ps):
@@ -121,25 +140,25 @@ class Admission:
             return self._grant(ps, band, ticket.tenant, ticket.max_tokens, deadline, explicit, now, now)
         if self.settings.global_capacity and self._queued_total() >= self.settings.global_capacity:
             raise self._reject(503, "capacity", "admission queues are full", 1)
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        waiter = (fut, explicit)
-        rid = q.enqueue(waiter, ticket.tenant, band, ticket.prompt_bytes, float(ticket.max_tokens),
+        if waiter is None:
+            waiter = asyncio.get_running_loop().create_future()
+        rid = q.enqueue((waiter, explicit), ticket.tenant, band, ticket.prompt_bytes, float(ticket.max_tokens),
                         deadline if explicit else math.inf, now)
         if rid < 0:
             what = "band" if rid in (REJECT_BAND_COUNT, REJECT_BAND_BYTES) else "admission"
             raise self._reject(503, "capacity", f"{what} queue is full ({self.band_names[band]})", 1)
         self._dispatch(ps)
-        if not fut.done():
+        if not waiter.done():
             self._arm_tick()
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            if q.cancel(rid) is not None:
-                self.telemetry.queue_cancelled += 1
-            elif fut.done() and not fut.cancelled() and fut.exception() is None:
-                fut.result().release("cancelled")
-            raise
+        return waiter, rid
+
+    def withdraw(self, ticket: Ticket, rid: int) -> bool:
+        """Take a queued request out of its queue (its client left); False if no longer queued."""
+        ps = self._pool_state(ticket.model)
+        if ps is not None and ps.queues.cancel(rid) is not None:
+            self.telemetry.queue_cancelled += 1
+            return True
+        return False
 
     def has_room(self, ep) -> bool:
         """True when ``ep`` may take one more request now (the router's filter)."""

@@ -17,6 +17,7 @@ from ..routing.endpoint import Endpoint, Pool
 from ..routing.health import EndpointMonitor
 from ..server import HTTPServer, Request, Responder, ServerLimits
 from ..upstream import UpstreamError, UpstreamPool, request_head
+from ..upstream.connection import UpstreamListener
 from ..upstream.relay import relay_response
 from .auth import Identity
 from .observability import GatewayMetrics
@@ -31,6 +32,9 @@ log = logging.getLogger("velocity.gateway")
 _PROXY_ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}
 _JSON = [("content-type", "application/json")]
 
+
+# An exchange's stages (see _Exchange).
+_ADMITTING, _QUEUED, _ADMITTED, _DONE = 0, 1, 2, 3
 
 _ID_PREFIX = os.urandom(3).hex()  # per process; the counter makes ids unique within it
 _id_counter = itertools.count(int.from_bytes(os.urandom(3), "big"))
@@ -62,6 +66,7 @@ class Gateway:
         self.client_server: HTTPServer | None = None
         self.admin_server: HTTPServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._relays: set[asyncio.Task] = set()
         for cfg in settings.endpoints:
             self.add_endpoint(cfg, watch=False)
 
@@ -156,7 +161,9 @@ class Gateway:
             ep.upstream.close()
 
     # -- client port -----------------------------------------------------------------------------
-    async def handle(self, req: Request, resp: Responder) -> None:
+    def handle(self, req: Request, resp: Responder):
+        """The client port's handler: answers at once, arranges the answer from callbacks
+        (a whole proxied answer), or returns a coroutine the server runs as a task."""
         path = req.path
         if path == "/health":
             return self._health(resp)
@@ -168,11 +175,11 @@ class Gateway:
         if chat is not None:
             if req.method != "POST":
                 return resp.send_error(405, f"Use POST for {path}.")
-            return await self._proxy(req, resp, path, chat)
+            return self._proxy(req, resp, path, chat)
         if path == "/generate":
             if req.method != "POST":
                 return resp.send_error(405, "Use POST for /generate.")
-            return await self._generate(req, resp)
+            return self._generate(req, resp)
         if path == "/v1/models" and req.method == "GET":
             return self._models(resp)
         if path == "/stats" and req.method == "GET":
@@ -242,7 +249,7 @@ class Gateway:
             return v
         return body_value
 
-    async def _proxy(self, req: Request, resp: Responder, route: str, chat: bool) -> None:
+    def _proxy(self, req: Request, resp: Responder, route: str, chat: bool):
         h = req.headers
         rid = h.get("x-request-id") or _new_request_id()
         base_headers = [("x-request-id", rid)]
@@ -273,7 +280,11 @@ class Gateway:
         max_tokens = r.max_completion_tokens or r.max_tokens or 256
         ticket = Ticket(band=band, tenant=tenant_name, sla_ms=sla_ms, max_tokens=max_tokens,
                         prompt_bytes=len(body), model=model)
-        await self._forward(req, resp, route, pool, ticket, info, body, req.path, rid, base_headers)
+        if not r.stream:
+            # A whole answer needs no task: admission, upstream and client meet in callbacks.
+            _Exchange(self, req, resp, route, pool, ticket, info, body, rid, base_headers).start()
+            return None
+        return self._forward(req, resp, route, pool, ticket, info, body, req.path, rid, base_headers)
 
     async def _forward(self, req: Request, resp: Responder, route: str, pool: Pool, ticket: Ticket, info,
                        body: bytes, upstream_path: str, rid: str, base_headers: list,
@@ -336,16 +347,9 @@ class Gateway:
                 self._send_native(resp, out, ticket, rid, queue_s, t0, out_headers)
             else:
                 out = await relay_response(ep.upstream, conn, resp, out_headers, on_first_byte=first_byte)
-            if out.status >= 500 or out.engine_failed:
-                self.monitor.passive_failure(ep, connect=False)
-                ep.errors += 1
-            else:
-                self.monitor.passive_success(ep)
-            ep.served += 1
-            outcome = "completed" if out.ok else "failed"
-            lease.release(outcome, error_text=out.error_text, tokens=out.events or 0)
+            self._settle(route, band, ep, lease, out.status, out.engine_failed, out.ok, out.error_text,
+                         out.events)
             lease = None
-            self.metrics.requests.labels(route, out.status, band).inc()
         except asyncio.CancelledError:
             if lease is not None:
                 lease.release("cancelled")
@@ -362,6 +366,39 @@ class Gateway:
             if lease is not None:
                 lease.release("failed")
             resp.remove_disconnect_callback(task.cancel)
+
+    def _settle(self, route: str, band: str, ep: Endpoint, lease, status: int, engine_failed: bool, ok: bool,
+                error_text: str | None, events: int) -> None:
+        """The books of one relayed answer: endpoint health, the lease's outcome, the request count."""
+        if status >= 500 or engine_failed:
+            self.monitor.passive_failure(ep, connect=False)
+            ep.errors += 1
+        else:
+            self.monitor.passive_success(ep)
+        ep.served += 1
+        lease.release("completed" if ok else "failed", error_text=error_text, tokens=events or 0)
+        self.metrics.requests.labels(route, status, band).inc()
+
+    async def _relay_stream(self, ex: "_Exchange", conn) -> None:
+        """The rest of an exchange whose engine answered with a stream: relayed as it comes."""
+        resp, lease, ep, band = ex.resp, ex.lease, ex.ep, ex.ticket.band
+        try:
+            out = await relay_response(ep.upstream, conn, resp, ex.out_headers(), on_first_byte=lease.first_byte)
+            self._settle(ex.route, band, ep, lease, out.status, out.engine_failed, out.ok, out.error_text,
+                         out.events)
+        except asyncio.CancelledError:
+            lease.release("cancelled")
+            raise
+        except UpstreamError as e:
+            lease.release("failed", error_text=str(e))
+            if not resp.started:
+                self._reject(resp, ex.route, 502, "upstream", f"The engine failed while answering: {e}", band,
+                             ex.base_headers)
+        finally:
+            lease.release("failed")
+            ex.state = _DONE
+            resp.remove_disconnect_callback(ex.on_disconnect)
+            self._relays.discard(ex.task)
 
     # -- native /generate ----------------------------------------------------------------------------------
     async def _generate(self, req: Request, resp: Responder) -> None:
@@ -447,3 +484,212 @@ class Gateway:
                 "endpoints": [e.snapshot() for e in self.endpoints.values()],
                 "pools": {m: [e.name for e in p.endpoints] for m, p in self.pools.items()},
                 "admission": self.admission.stats(), "routing": self.router.stats()}
+
+
+class _Exchange(UpstreamListener):
+    """One non-streamed proxied request driven by callbacks, without a task: admission
+    grants at once or later (this object is the queue's waiter), the request goes out on
+    a pooled engine connection, and the engine's whole answer is sent on from its last
+    parser callback. An engine that answers with a stream hands the rest to a task.
+
+    It follows Gateway._forward step for step (retry once elsewhere on a connect
+    failure, the same rejections and books); every admitted request ends its lease
+    exactly once, a client that leaves included ("cancelled", engine connection aborted).
+    """
+
+    __slots__ = ("gw", "req", "resp", "route", "pool", "ticket", "info", "body", "rid", "base_headers",
+                 "state", "qid", "lease", "ep", "conn", "tried", "queue_s", "headed", "abandoned", "task")
+
+    def __init__(self, gw: Gateway, req: Request, resp: Responder, route: str, pool: Pool, ticket: Ticket,
+                 info, body: bytes, rid: str, base_headers: list) -> None:
+        self.gw = gw
+        self.req = req
+        self.resp = resp
+        self.route = route
+        self.pool = pool
+        self.ticket = ticket
+        self.info = info
+        self.body = body
+        self.rid = rid
+        self.base_headers = base_headers
+        self.state = _ADMITTING
+        self.qid = -1
+        self.lease = None
+        self.ep = None
+        self.conn = None
+        self.tried: list[Endpoint] = []
+        self.queue_s = 0.0
+        self.headed = False
+        self.abandoned = False
+        self.task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.resp.add_disconnect_callback(self.on_disconnect)
+        try:
+            got = self.gw.admission.admit_nowait(self.ticket, self)
+        except Rejected as e:
+            self._end()
+            self.gw._reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band,
+                            self.base_headers, e.retry_after, from_admission=True)
+            return
+        if got.__class__ is tuple:
+            self.qid = got[1]
+            if self.state == _ADMITTING:  # not granted within admit_nowait's own dispatch
+                self.state = _QUEUED
+            return
+        self._admitted(got)
+
+    # -- admission's waiter: called from its dispatch cycle, so the work is scheduled --
+    def done(self) -> bool:
+        return self.state != _QUEUED and self.state != _ADMITTING
+
+    def set_result(self, lease) -> None:
+        self.state = _ADMITTED
+        self.gw._loop.call_soon(self._granted, lease)
+
+    def set_exception(self, exc: Rejected) -> None:
+        self.state = _DONE
+        self.gw._loop.call_soon(self._refused, exc)
+
+    def _granted(self, lease) -> None:
+        if self.abandoned:
+            lease.release("cancelled")
+            return
+        self._guard(self._admitted, lease)
+
+    def _refused(self, e: Rejected) -> None:
+        if self.abandoned:
+            return
+        self._end()
+        self.gw._reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band, self.base_headers,
+                        e.retry_after, from_admission=True)
+
+    # -- the engine ----------------------------------------------------------------------
+    def _admitted(self, lease) -> None:
+        self.state = _ADMITTED
+        self.lease = lease
+        self.queue_s = time.monotonic() - self.req.received_at
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        gw, lease, tried = self.gw, self.lease, self.tried
+        # As in _forward: the lease's own band first, then any endpoint with room.
+        ep = (gw.router.pick(self.pool, self.info, lease.fits, tried)
+              or gw.router.pick(self.pool, self.info, gw.admission.has_room, tried))
+        if ep is None:
+            self._fail_lease(None)
+            if tried:
+                return self._refuse(502, "upstream", "The engine failed before answering and no other engine "
+                                                     "could take the request.")
+            return self._refuse(503, "no-endpoint", f"No healthy engine for model `{self.pool.model}`.", 1.0)
+        lease.rebind(ep)
+        self.ep = ep
+        up = ep.upstream
+        headers = [("content-type", "application/json"), ("x-request-id", self.rid)]
+        if ep.api_key:
+            headers.append(("authorization", f"Bearer {ep.api_key}"))
+        data = request_head("POST", up.base_path + self.req.path, up.host_header, headers, len(self.body)) + self.body
+        up.request(data, self)
+
+    def upstream_sent(self, conn) -> None:
+        self.conn = conn
+
+    def upstream_head(self, conn) -> None:
+        self.headed = True
+        gw = self.gw
+        gw.router.on_dispatch(self.ep, self.info)
+        h = conn.headers
+        ct = h.get("content-type", "application/json")
+        if ct.startswith("text/event-stream") or (
+                "content-length" not in h and h.get("transfer-encoding", "").lower() == "chunked"
+                and not ct.startswith("application/json")):
+            conn.listener = None  # the stream is relayed by a task, as in _forward
+            self.task = task = gw._loop.create_task(gw._relay_stream(self, conn))
+            gw._relays.add(task)
+
+    def upstream_done(self, conn) -> None:
+        self._guard(self._answer, conn)
+
+    def _answer(self, conn) -> None:
+        gw, ep, lease, resp = self.gw, self.ep, self.lease, self.resp
+        status = conn.status
+        ct = conn.headers.get("content-type", "application/json")
+        body = conn.take()
+        ep.upstream.release(conn)
+        self.conn = None
+        self._end()
+        ok = 200 <= status < 300
+        error_text = None
+        if not ok and status >= 400:
+            error_text = body[:2000].decode("utf-8", "replace") if body else f"engine status {status}"
+        gw._settle(self.route, self.ticket.band, ep, lease, status, False, ok, error_text, 0)
+        resp.send(status, body, content_type=ct, headers=self.out_headers())
+
+    def upstream_error(self, conn, err: UpstreamError) -> None:
+        if self.abandoned or self.state == _DONE:
+            return
+        self._guard(self._engine_failed, err)
+
+    def _engine_failed(self, e: UpstreamError) -> None:
+        gw, ep = self.gw, self.ep
+        self.conn = None
+        if self.headed:  # the engine broke its answer
+            self._fail_lease(str(e))
+            return self._refuse(502, "upstream", f"The engine failed while answering: {e}")
+        gw.metrics.upstream_errors.labels(ep.name, "connect" if e.connect else "reset").inc()
+        gw.monitor.passive_failure(ep, connect=True)
+        self.tried.append(ep)
+        if not e.received and len(self.tried) < 2:
+            return self._dispatch()  # nothing reached the client: once more on another endpoint
+        self._fail_lease(str(e))
+        self._refuse(502, "upstream", f"The engine failed before answering: {e}")
+
+    # -- endings -------------------------------------------------------------------------
+    def on_disconnect(self) -> None:
+        """The client left: out of the queue, or the engine request aborted and the lease cancelled."""
+        self.abandoned = True
+        if self.state == _QUEUED:
+            self.state = _DONE
+            self.gw.admission.withdraw(self.ticket, self.qid)
+            return
+        self.state = _DONE
+        if self.conn is not None:
+            self.conn.abort()
+            self.conn = None
+        if self.task is not None:
+            self.task.cancel()
+        if self.lease is not None:
+            self.lease.release("cancelled")
+
+    def out_headers(self) -> list:
+        return self.base_headers + [("x-velocity-endpoint", self.ep.name),
+                                    ("x-velocity-queue-ms", f"{self.queue_s * 1000:.1f}"),
+                                    ("x-velocity-band", self.ticket.band)]
+
+    def _end(self) -> None:
+        self.state = _DONE
+        self.resp.remove_disconnect_callback(self.on_disconnect)
+
+    def _fail_lease(self, error_text: str | None) -> None:
+        if self.lease is not None:
+            self.lease.release("failed", error_text=error_text)
+
+    def _refuse(self, status: int, reason: str, message: str, retry_after: float | None = None) -> None:
+        self._end()
+        if not self.resp.started:
+            self.gw._reject(self.resp, self.route, status, reason, message, self.ticket.band, self.base_headers,
+                            retry_after)
+
+    def _guard(self, fn, arg) -> None:
+        """Run a step; a bug in it fails this request (500), not the connection it was called from."""
+        try:
+            fn(arg)
+        except Exception:
+            log.exception("proxy step failed for %s", self.req.path)
+            if self.conn is not None:
+                self.conn.abort()
+                self.conn = None
+            self._fail_lease("gateway error")
+            self._end()
+            if not self.resp.started:
+                self.resp.send_error(500, "Internal server error.")

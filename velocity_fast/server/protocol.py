@@ -22,7 +22,10 @@ __all__ = ["HTTPServer", "HttpProtocol", "Responder", "Handler"]
 
 log = logging.getLogger("velocity.server")
 
-Handler = Callable[[Request, "Responder"], Awaitable[None]]
+# A handler answers through the Responder. It returns a coroutine (run as a task, the
+# usual case) or None: then it has answered already, or arranged to answer from
+# callbacks of its own (no task per request; it must watch for disconnects itself).
+Handler = Callable[[Request, "Responder"], "Awaitable[None] | None"]
 
 _STATUS_LINES = {code: f"HTTP/1.1 {code} {reason}\r\n".encode() for code, reason in REASONS.items()}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -488,13 +491,31 @@ class HttpProtocol(asyncio.Protocol):
             self._transport.resume_reading()
         resp = Responder(self, req)
         self._active = resp
-        task = self._loop.create_task(self._run(req, resp))
+        try:
+            coro = self._handler(req, resp)
+        except Exception:
+            self._handler_failed(req, resp)
+            if self._active is resp:
+                self._active = None
+                if not self._closed:
+                    self._transport.close()
+            return
+        if coro is None:
+            return  # answered already, or the handler answers from its own callbacks
+        task = self._loop.create_task(self._run(coro, req, resp))
         resp._task = task
         self._server._tasks.add(task)
 
-    async def _run(self, req: Request, resp: Responder) -> None:
+    def _handler_failed(self, req: Request, resp: Responder) -> None:
+        log.exception("handler failed for %s %s", req.method, req.path)
+        if not resp.started:
+            resp.send_error(500, "Internal server error.")
+        elif not resp.finished:
+            self._transport.close()
+
+    async def _run(self, coro: Awaitable[None], req: Request, resp: Responder) -> None:
         try:
-            await self._handler(req, resp)
+            await coro
         except ClientDisconnected:
             if not resp.finished and not resp.disconnected:
                 self._transport.close()
@@ -503,11 +524,7 @@ class HttpProtocol(asyncio.Protocol):
                 self._transport.close()
             raise
         except Exception:
-            log.exception("handler failed for %s %s", req.method, req.path)
-            if not resp.started:
-                resp.send_error(500, "Internal server error.")
-            elif not resp.finished:
-                self._transport.close()
+            self._handler_failed(req, resp)
         else:
             if not resp.started:
                 resp.send_error(500, "The handler returned no response.")

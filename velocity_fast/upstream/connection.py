@@ -4,6 +4,11 @@ The response is handed over as it arrives: the head through a future, body
 pieces into a list that the relaying coroutine drains. Reading from the engine
 pauses while the relay asks for it (the client reads slowly), so flow control
 holds end to end.
+
+A request sent with a listener (see UpstreamListener) is answered through plain
+callbacks instead: no future, no task, which is what a whole (non-streamed)
+answer needs. The listener may hand the connection back to the future path at
+the head (a streamed answer) by clearing ``conn.listener``.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import httptools
 if TYPE_CHECKING:  # pragma: no cover
     from .pool import UpstreamPool
 
-__all__ = ["UpstreamConnection", "UpstreamError"]
+__all__ = ["UpstreamConnection", "UpstreamError", "UpstreamListener"]
 
 
 class UpstreamError(ConnectionError):
@@ -29,10 +34,30 @@ class UpstreamError(ConnectionError):
         self.received = received
 
 
+class UpstreamListener:
+    """What a callback-driven request is told (UpstreamPool.request). Each runs once at most,
+    in this order: head (status and headers known), then done (the whole body is in
+    ``conn.chunks``) or error. ``abandoned`` True: the listener no longer wants an answer."""
+
+    abandoned = False
+
+    def upstream_sent(self, conn: "UpstreamConnection") -> None:
+        """The request went out on ``conn`` (to abort it on a cancel)."""
+
+    def upstream_head(self, conn: "UpstreamConnection") -> None:
+        """The response head arrived."""
+
+    def upstream_done(self, conn: "UpstreamConnection") -> None:
+        """The whole response arrived."""
+
+    def upstream_error(self, conn: "UpstreamConnection | None", err: "UpstreamError") -> None:
+        """The request failed (``err.received``: after the engine began answering)."""
+
+
 class UpstreamConnection(asyncio.Protocol):
     __slots__ = ("pool", "transport", "_parser", "_loop", "status", "headers", "_head",
                  "chunks", "done", "error", "_waiter", "_received", "keep_alive", "closed",
-                 "_paused", "requests")
+                 "_paused", "requests", "listener")
 
     def __init__(self, pool: "UpstreamPool", loop: asyncio.AbstractEventLoop) -> None:
         self.pool = pool
@@ -41,6 +66,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.requests = 0
+        self.listener: UpstreamListener | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -81,22 +107,36 @@ class UpstreamConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
         self.keep_alive = self._parser.should_keep_alive()
+        if self.listener is not None:
+            self.listener.upstream_head(self)
+            return
         h = self._head
         if h is not None and not h.done():
             h.set_result(None)
 
     def on_body(self, body: bytes) -> None:
         self.chunks.append(body)
-        self._wake()
+        if self.listener is None:
+            self._wake()
 
     def on_message_complete(self) -> None:
         self.done = True
+        listener = self.listener
+        if listener is not None:
+            self.listener = None
+            listener.upstream_done(self)
+            return
         self._wake()
 
     # -- used by the relay ------------------------------------------------------------
     def _fail(self, err: UpstreamError) -> None:
         if self.error is None:
             self.error = err
+        listener = self.listener
+        if listener is not None:
+            self.listener = None
+            listener.upstream_error(self, err)
+            return
         h = self._head
         if h is not None and not h.done():
             h.set_exception(err)
@@ -112,9 +152,17 @@ class UpstreamConnection(asyncio.Protocol):
         """Send a whole request; returns the future of the response head."""
         self._reset()
         self.requests += 1
+        self.listener = None
         self._head = self._loop.create_future()
         self.transport.write(data)
         return self._head
+
+    def send_to(self, data: bytes, listener: UpstreamListener) -> None:
+        """Send a whole request whose answer goes to ``listener``'s callbacks."""
+        self._reset()
+        self.requests += 1
+        self.listener = listener
+        self.transport.write(data)
 
     async def wait_body(self) -> None:
         """Wait until body pieces are available, the response is done, or it failed."""
@@ -142,6 +190,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def abort(self) -> None:
         """Close at once: the engine sees the disconnect and aborts the request."""
+        self.listener = None
         if not self.closed and self.transport is not None:
             self.closed = True
             self.transport.abort()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from urllib.parse import urlsplit
 
-from .connection import UpstreamConnection, UpstreamError
+from .connection import UpstreamConnection, UpstreamError, UpstreamListener
 
 __all__ = ["UpstreamPool", "request_head"]
 
@@ -37,6 +37,7 @@ class UpstreamPool:
         self.connect_timeout = connect_timeout
         self._idle: list[UpstreamConnection] = []
         self._all: set[UpstreamConnection] = set()
+        self._connecting: set[asyncio.Task] = set()
         self.connects = 0
 
     def _forget(self, conn: UpstreamConnection) -> None:
@@ -103,6 +104,38 @@ class UpstreamPool:
             raise
         return conn
 
+    def request(self, data: bytes, listener: UpstreamListener) -> None:
+        """Send a request whose answer goes to ``listener`` (see UpstreamListener).
+
+        On an idle connection this is all callbacks. With none idle, or when the
+        reused one turns out closed by the engine before any response byte, a
+        task connects a fresh one (as open_request does) and sends there.
+        """
+        conn = self.idle_connection()
+        if conn is None:
+            self._connect_for(data, listener)
+            return
+        listener.upstream_sent(conn)
+        conn.send_to(data, _RetryOnFresh(self, data, listener))
+
+    def _connect_for(self, data: bytes, listener: UpstreamListener) -> None:
+        task = asyncio.get_running_loop().create_task(self._connect_and_send(data, listener))
+        self._connecting.add(task)
+        task.add_done_callback(self._connecting.discard)
+
+    async def _connect_and_send(self, data: bytes, listener: UpstreamListener) -> None:
+        try:
+            conn = await self.connect()
+        except UpstreamError as e:
+            if not listener.abandoned:
+                listener.upstream_error(None, e)
+            return
+        if listener.abandoned:
+            self._idle.append(conn)  # unused: keep it for the next request
+            return
+        listener.upstream_sent(conn)
+        conn.send_to(data, listener)
+
     async def fetch(self, method: str, path: str, *, body: bytes = b"",
                     headers: list[tuple[str, str]] | None = None, timeout: float = 2.0) -> tuple[int, bytes]:
         """A whole small request (health checks, scrapes, model lists): (status, body)."""
@@ -130,7 +163,36 @@ class UpstreamPool:
         return await asyncio.wait_for(go(), timeout)
 
     def close(self) -> None:
+        for task in list(self._connecting):
+            task.cancel()
         for conn in list(self._all):
             conn.abort()
         self._idle.clear()
         self._all.clear()
+
+
+class _RetryOnFresh(UpstreamListener):
+    """On a reused connection: an engine that closed it while idle fails the request
+    before any response byte; that one is sent again on a fresh connection."""
+
+    __slots__ = ("pool", "data", "listener")
+
+    def __init__(self, pool: UpstreamPool, data: bytes, listener: UpstreamListener) -> None:
+        self.pool = pool
+        self.data = data
+        self.listener = listener
+
+    def upstream_head(self, conn: UpstreamConnection) -> None:
+        conn.listener = self.listener  # the answer has begun: no retry from here on
+        self.listener.upstream_head(conn)
+
+    def upstream_done(self, conn: UpstreamConnection) -> None:
+        self.listener.upstream_done(conn)
+
+    def upstream_error(self, conn, err: UpstreamError) -> None:
+        if conn is not None:
+            conn.abort()
+        if err.received or self.listener.abandoned:
+            self.listener.upstream_error(conn, err)
+        else:
+            self.pool._connect_for(self.data, self.listener)
