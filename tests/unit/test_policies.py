@@ -127,7 +127,7 @@ def test_policies_compose_the_design_pieces():
     assert static.single_band and isinstance(static.saturation, FixedConcurrency)
     assert not (static.sla_reject or static.adaptive or static.oom_throttle)
     assert isinstance(dynamic.ordering, Fifo) and isinstance(dynamic.saturation, EngineSaturation)
-    assert dynamic.sla_reject and dynamic.adaptive and not dynamic.drop_hopeless
+    assert dynamic.sla_reject and dynamic.adaptive and dynamic.drop_hopeless
     assert isinstance(smart.ordering, EarliestDeadline) and smart.drop_hopeless
     with pytest.raises(ValueError):
         make_policy("fancy", SETTINGS)

@@ -150,5 +150,7 @@ def make_policy(name: str, settings: AdmissionSettings) -> Policy:
                            settings.stale_after_ms / 1000.0)
     return Policy(name, bands=list(settings.bands), fairness=_fairness(settings),
                   ordering=EarliestDeadline() if name == "smart" else Fifo(), saturation=sat,
-                  adaptive=True, sla_reject=True, drop_hopeless=name == "smart", oom_throttle=True,
+                  # DESIGN section 4 puts declining queued requests that can no longer meet
+                  # their deadline under SLA-aware admission, which both policies do.
+                  adaptive=True, sla_reject=True, drop_hopeless=True, oom_throttle=True,
                   aging_step_s=settings.aging_step_ms / 1000.0)
