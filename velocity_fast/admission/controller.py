@@ -267,7 +267,9 @@ class Admission:
 
     def _dispatch(self, ps: _PoolState) -> None:
         q = ps.queues
-        if q.count == 0:
+        # No room: nothing can go whatever the loads say (most calls under full load),
+        # so the refresh of the compiled loads is skipped.
+        if q.count == 0 or self._room(ps) <= 0:
             return
         now = self.clock()
         if not self._sync(ps):

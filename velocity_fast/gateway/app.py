@@ -256,11 +256,15 @@ class Gateway:
         band = "-"
         try:
             r = decode_proxy(req.body, chat)
-            _, bound = self.identity.authenticate(h)
-            tenant_name, tenant = self.identity.tenant_for(bound, h.get("x-velocity-tenant"), r.user)
+            identity = self.identity
+            bound = identity.authenticate(h)[1] if identity.required else None
+            tenant_name, tenant = identity.tenant_for(bound, h.get("x-velocity-tenant"), r.user)
             prio = h.get("x-velocity-priority")
-            band = self._band_for(prio if prio is not None else r.priority, tenant)
-            sla_ms = self._sla_for(h.get("x-velocity-sla-ms"), r.sla_ms)
+            if prio is None:
+                prio = r.priority
+            band = self._band_for(prio, tenant)
+            sla = h.get("x-velocity-sla-ms")
+            sla_ms = r.sla_ms if sla is None else self._sla_for(sla, r.sla_ms)
             info = self.router.route_info(r.model or self.default_model, r, h)
         except (BadRequest, UnknownProfile) as e:
             self.metrics.requests.labels(route, 400, band).inc()
@@ -608,7 +612,10 @@ class _Exchange(UpstreamListener):
             gw._relays.add(task)
 
     def upstream_done(self, conn) -> None:
-        self._guard(self._answer, conn)
+        try:
+            self._answer(conn)
+        except Exception:
+            self._crashed()
 
     def _answer(self, conn) -> None:
         gw, ep, lease, resp = self.gw, self.ep, self.lease, self.resp
@@ -623,7 +630,7 @@ class _Exchange(UpstreamListener):
         if not ok and status >= 400:
             error_text = body[:2000].decode("utf-8", "replace") if body else f"engine status {status}"
         gw._settle(self.route, self.ticket.band, ep, lease, status, False, ok, error_text, 0)
-        resp.send(status, body, content_type=ct, headers=self.out_headers())
+        resp.send(status, body, content_type=ct, headers=self._out_lines())
 
     def upstream_error(self, conn, err: UpstreamError) -> None:
         if self.abandoned or self.state == _DONE:
@@ -666,6 +673,12 @@ class _Exchange(UpstreamListener):
                                     ("x-velocity-queue-ms", f"{self.queue_s * 1000:.1f}"),
                                     ("x-velocity-band", self.ticket.band)]
 
+    def _out_lines(self) -> bytes:
+        """out_headers() as encoded lines, in one step."""
+        return (f"x-request-id: {self.rid}\r\nx-velocity-endpoint: {self.ep.name}\r\n"
+                f"x-velocity-queue-ms: {self.queue_s * 1000:.1f}\r\nx-velocity-band: {self.ticket.band}\r\n"
+                ).encode("latin-1")
+
     def _end(self) -> None:
         self.state = _DONE
         self.resp.remove_disconnect_callback(self.on_disconnect)
@@ -685,11 +698,14 @@ class _Exchange(UpstreamListener):
         try:
             fn(arg)
         except Exception:
-            log.exception("proxy step failed for %s", self.req.path)
-            if self.conn is not None:
-                self.conn.abort()
-                self.conn = None
-            self._fail_lease("gateway error")
-            self._end()
-            if not self.resp.started:
-                self.resp.send_error(500, "Internal server error.")
+            self._crashed()
+
+    def _crashed(self) -> None:
+        log.exception("proxy step failed for %s", self.req.path)
+        if self.conn is not None:
+            self.conn.abort()
+            self.conn = None
+        self._fail_lease("gateway error")
+        self._end()
+        if not self.resp.started:
+            self.resp.send_error(500, "Internal server error.")

@@ -81,10 +81,11 @@ def decode_proxy(body: bytes, chat: bool) -> ProxyRequest:
             raise BadRequest("`messages` is required and must be a non-empty list.", "messages")
     elif r.prompt is None or r.prompt == "" or r.prompt == []:
         raise BadRequest("`prompt` is required.", "prompt")
-    for name in ("max_tokens", "max_completion_tokens"):
-        v = getattr(r, name)
-        if v is not None and v < 1:
-            raise BadRequest(f"`{name}` must be at least 1, got {v}.", name)
+    if r.max_tokens is not None and r.max_tokens < 1:
+        raise BadRequest(f"`max_tokens` must be at least 1, got {r.max_tokens}.", "max_tokens")
+    if r.max_completion_tokens is not None and r.max_completion_tokens < 1:
+        raise BadRequest(f"`max_completion_tokens` must be at least 1, got {r.max_completion_tokens}.",
+                         "max_completion_tokens")
     if r.sla_ms is not None and r.sla_ms <= 0:
         raise BadRequest(f"`sla_ms` must be positive, got {r.sla_ms}.", "sla_ms")
     if r.stream_options is not None and not r.stream:

@@ -45,11 +45,14 @@ def _status_line(status: int) -> bytes:
     return line
 
 
-def _head(status: int, content_type: str | None, headers: Iterable[tuple[str, str]], extra: bytes) -> bytes:
-    parts = [_status_line(status)]
+def _head(status: int, content_type: str | None, headers: Iterable[tuple[str, str]] | bytes, extra: bytes) -> bytes:
+    line = _STATUS_LINES.get(status) or _status_line(status)
+    ct = b""
     if content_type:
-        ct = _CT.get(content_type)
-        parts.append(ct if ct is not None else f"content-type: {content_type}\r\n".encode("latin-1"))
+        ct = _CT.get(content_type) or f"content-type: {content_type}\r\n".encode("latin-1")
+    if headers.__class__ is bytes:  # lines already encoded by the caller (the proxy's hot path)
+        return b"".join((line, ct, headers, extra))
+    parts = [line, ct]
     for name, value in headers:
         parts.append(f"{name}: {value}\r\n".encode("latin-1"))
     parts.append(extra)
@@ -76,8 +79,9 @@ class Responder:
 
     # -- whole responses -------------------------------------------------
     def send(self, status: int, body: bytes = b"", *, content_type: str | None = "application/json",
-             headers: Iterable[tuple[str, str]] = ()) -> None:
-        """A whole response with Content-Length."""
+             headers: Iterable[tuple[str, str]] | bytes = ()) -> None:
+        """A whole response with Content-Length. ``headers``: (name, value) pairs, or
+        header lines already encoded (``b"name: value\\r\\n"`` each)."""
         if self.started:
             raise RuntimeError("response already started")
         self.started = True
@@ -85,17 +89,21 @@ class Responder:
         self.status = status
         if self.disconnected:
             return
-        keep = self._proto._keep_alive_after(self._request)
+        proto = self._proto
+        req = self._request
+        keep = req.keep_alive and not proto._closing
         extra = b"content-length: %d\r\n%s\r\n" % (
             len(body), b"connection: keep-alive\r\n" if keep else b"connection: close\r\n")
         head = _head(status, content_type if body or content_type != "application/json" else None,
                      headers, extra)
-        if self._request.method == "HEAD":
+        if req.method == "HEAD":
             body = b""
-        self._proto._transport.write(head + body if len(body) < 16384 else head)
-        if len(body) >= 16384:
-            self._proto._transport.write(body)
-        self._proto._response_done(self, keep)
+        if len(body) < 16384:
+            proto._transport.write(head + body)
+        else:
+            proto._transport.write(head)
+            proto._transport.write(body)
+        proto._response_done(self, keep)
 
     def send_json(self, status: int, obj, *, headers: Iterable[tuple[str, str]] = ()) -> None:
         """A whole response whose body is `obj` encoded by orjson."""

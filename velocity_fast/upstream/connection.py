@@ -57,7 +57,7 @@ class UpstreamListener:
 class UpstreamConnection(asyncio.Protocol):
     __slots__ = ("pool", "transport", "_parser", "_loop", "status", "headers", "_head",
                  "chunks", "done", "error", "_waiter", "_received", "keep_alive", "closed",
-                 "_paused", "requests", "listener")
+                 "_paused", "requests", "listener", "_resend")
 
     def __init__(self, pool: "UpstreamPool", loop: asyncio.AbstractEventLoop) -> None:
         self.pool = pool
@@ -67,6 +67,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.closed = False
         self.requests = 0
         self.listener: UpstreamListener | None = None
+        self._resend: bytes | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -108,6 +109,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.status = self._parser.get_status_code()
         self.keep_alive = self._parser.should_keep_alive()
         if self.listener is not None:
+            self._resend = None  # the answer has begun: no retry from here on
             self.listener.upstream_head(self)
             return
         h = self._head
@@ -135,7 +137,12 @@ class UpstreamConnection(asyncio.Protocol):
         listener = self.listener
         if listener is not None:
             self.listener = None
-            listener.upstream_error(self, err)
+            data, self._resend = self._resend, None
+            if data is not None and not err.received and not listener.abandoned:
+                # A reused connection the engine had closed while idle: send again on a fresh one.
+                self.pool._connect_for(data, listener)
+            else:
+                listener.upstream_error(self, err)
             return
         h = self._head
         if h is not None and not h.done():
@@ -157,11 +164,14 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport.write(data)
         return self._head
 
-    def send_to(self, data: bytes, listener: UpstreamListener) -> None:
-        """Send a whole request whose answer goes to ``listener``'s callbacks."""
+    def send_to(self, data: bytes, listener: UpstreamListener, *, reused: bool = False) -> None:
+        """Send a whole request whose answer goes to ``listener``'s callbacks. On a
+        ``reused`` connection a failure before any response byte sends it again on a
+        fresh one (see UpstreamPool.request)."""
         self._reset()
         self.requests += 1
         self.listener = listener
+        self._resend = data if reused else None
         self.transport.write(data)
 
     async def wait_body(self) -> None:
@@ -191,6 +201,7 @@ class UpstreamConnection(asyncio.Protocol):
     def abort(self) -> None:
         """Close at once: the engine sees the disconnect and aborts the request."""
         self.listener = None
+        self._resend = None
         if not self.closed and self.transport is not None:
             self.closed = True
             self.transport.abort()

@@ -12,13 +12,12 @@ __all__ = ["UpstreamPool", "request_head"]
 
 def request_head(method: str, path: str, host: bytes, headers: list[tuple[str, str]], body_len: int) -> bytes:
     """The request line and headers for one request with a Content-Length body."""
-    parts = [f"{method} {path} HTTP/1.1\r\n".encode("latin-1"), b"host: ", host, b"\r\n"]
-    for name, value in headers:
-        parts.append(f"{name}: {value}\r\n".encode("latin-1"))
+    lines = "".join([f"{name}: {value}\r\n" for name, value in headers])
     if body_len or method == "POST":
-        parts.append(b"content-length: %d\r\n" % body_len)
-    parts.append(b"\r\n")
-    return b"".join(parts)
+        return b"%s %s HTTP/1.1\r\nhost: %s\r\n%scontent-length: %d\r\n\r\n" % (
+            method.encode("latin-1"), path.encode("latin-1"), host, lines.encode("latin-1"), body_len)
+    return b"%s %s HTTP/1.1\r\nhost: %s\r\n%s\r\n" % (
+        method.encode("latin-1"), path.encode("latin-1"), host, lines.encode("latin-1"))
 
 
 class UpstreamPool:
@@ -116,7 +115,7 @@ class UpstreamPool:
             self._connect_for(data, listener)
             return
         listener.upstream_sent(conn)
-        conn.send_to(data, _RetryOnFresh(self, data, listener))
+        conn.send_to(data, listener, reused=True)
 
     def _connect_for(self, data: bytes, listener: UpstreamListener) -> None:
         task = asyncio.get_running_loop().create_task(self._connect_and_send(data, listener))
@@ -170,29 +169,3 @@ class UpstreamPool:
         self._idle.clear()
         self._all.clear()
 
-
-class _RetryOnFresh(UpstreamListener):
-    """On a reused connection: an engine that closed it while idle fails the request
-    before any response byte; that one is sent again on a fresh connection."""
-
-    __slots__ = ("pool", "data", "listener")
-
-    def __init__(self, pool: UpstreamPool, data: bytes, listener: UpstreamListener) -> None:
-        self.pool = pool
-        self.data = data
-        self.listener = listener
-
-    def upstream_head(self, conn: UpstreamConnection) -> None:
-        conn.listener = self.listener  # the answer has begun: no retry from here on
-        self.listener.upstream_head(conn)
-
-    def upstream_done(self, conn: UpstreamConnection) -> None:
-        self.listener.upstream_done(conn)
-
-    def upstream_error(self, conn, err: UpstreamError) -> None:
-        if conn is not None:
-            conn.abort()
-        if err.received or self.listener.abandoned:
-            self.listener.upstream_error(conn, err)
-        else:
-            self.pool._connect_for(self.data, self.listener)
