@@ -267,9 +267,12 @@ class Admission:
 
     def _dispatch(self, ps: _PoolState) -> None:
         q = ps.queues
-        # No room: nothing can go whatever the loads say (most calls under full load),
-        # so the refresh of the compiled loads is skipped.
-        if q.count == 0 or self._room(ps) <= 0:
+        if q.count == 0:
+            return
+        # No room on the endpoints already known: nothing can go whatever the loads
+        # say (most calls under full load), so their refresh is skipped. A pool whose
+        # endpoints changed is refreshed first: a new endpoint may bring the room.
+        if ps.seen == ps.pool.endpoints and self._room(ps) <= 0:
             return
         now = self.clock()
         if not self._sync(ps):
@@ -341,8 +344,9 @@ class Admission:
         if st is None:
             return
         engine_ttft = lease.first_byte_at - lease.bound_at if lease.first_byte_at else None
-        # What this engine usually takes for such a request, before this sample counts.
-        expected = st.est.predict(int(tokens or lease.max_tokens))
+        # What this engine usually takes for such a request, before this sample counts
+        # (only an explicit SLA asks, below).
+        expected = st.est.predict(int(tokens or lease.max_tokens)) if lease.explicit_sla else None
         if outcome == "completed":
             st.est.observe(engine_ttft, now - lease.bound_at, int(tokens or lease.max_tokens))
         aimd = st.aimd
