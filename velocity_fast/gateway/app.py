@@ -502,7 +502,7 @@ class _Exchange(UpstreamListener):
     """
 
     __slots__ = ("gw", "req", "resp", "route", "pool", "ticket", "info", "body", "rid", "base_headers",
-                 "state", "qid", "lease", "ep", "conn", "tried", "queue_s", "headed", "abandoned", "task")
+                 "state", "adm", "qid", "lease", "ep", "conn", "tried", "queue_s", "headed", "abandoned", "task")
 
     def __init__(self, gw: Gateway, req: Request, resp: Responder, route: str, pool: Pool, ticket: Ticket,
                  info, body: bytes, rid: str, base_headers: list) -> None:
@@ -517,6 +517,7 @@ class _Exchange(UpstreamListener):
         self.rid = rid
         self.base_headers = base_headers
         self.state = _ADMITTING
+        self.adm = gw.admission  # a reload may replace the gateway's: the queue is this one's
         self.qid = -1
         self.lease = None
         self.ep = None
@@ -530,7 +531,7 @@ class _Exchange(UpstreamListener):
     def start(self) -> None:
         self.resp.add_disconnect_callback(self.on_disconnect)
         try:
-            got = self.gw.admission.admit_nowait(self.ticket, self)
+            got = self.adm.admit_nowait(self.ticket, self)
         except Rejected as e:
             self._end()
             self.gw._reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band,
@@ -657,7 +658,7 @@ class _Exchange(UpstreamListener):
         self.abandoned = True
         if self.state == _QUEUED:
             self.state = _DONE
-            self.gw.admission.withdraw(self.ticket, self.qid)
+            self.adm.withdraw(self.ticket, self.qid)
             return
         self.state = _DONE
         if self.conn is not None:
