@@ -129,6 +129,12 @@ class UpstreamPool:
             if not listener.abandoned:
                 listener.upstream_error(None, e)
             return
+        except BaseException:
+            # The pool closed under the connect (or a bug): the listener must still hear
+            # of it, or its request would wait for an answer that never comes.
+            if not listener.abandoned:
+                listener.upstream_error(None, UpstreamError(f"no connection to {self.url}", connect=True))
+            raise
         if listener.abandoned:
             self._idle.append(conn)  # unused: keep it for the next request
             return
