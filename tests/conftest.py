@@ -4,7 +4,6 @@ that raised)."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 
@@ -12,6 +11,9 @@ import pytest
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+# Fixtures every test may use without importing them (fake GPUs and vllm on PATH).
+pytest_plugins = ["tests.support.fakes"]
 
 _loop_errors: list[dict] = []
 

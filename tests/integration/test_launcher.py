@@ -16,7 +16,6 @@ import pytest
 
 from tests.support.fakes import (
     REPO_ROOT,
-    fake_machine,  # noqa: F401  (fixture)
     free_port_block,
     machine_env,
     make_model_folder,

@@ -5,7 +5,6 @@ import sys
 from pathlib import Path
 
 import orjson
-import pytest
 
 from velocity_fast.loadgen.bench_cmd import run_order
 from velocity_fast.loadgen.gateway_proc import gauges

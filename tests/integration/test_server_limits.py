@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tests.support.server_wire import (assert_error_shape, build, chunked, connect, echo, serving,
+from tests.support.server_wire import (assert_error_shape, build, connect, echo, serving,
                                        still_serving)
 
 # Small limits so that each test runs in a fraction of a second.

@@ -9,7 +9,6 @@ import types
 
 import pytest
 
-from tests.support.fakes import fake_machine  # noqa: F401  (fixture)
 from velocity_fast.engines.detect import (
     GPU,
     detect_gpus,

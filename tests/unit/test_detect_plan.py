@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.support.fakes import FAKES_DIR, fake_machine, make_model_folder  # noqa: F401
+from tests.support.fakes import FAKES_DIR, make_model_folder
 from velocity_fast.engines.app import detect_main, prepare_engines
 from velocity_fast.engines.detect import GPU
 from velocity_fast.engines.models import ModelChoice

@@ -1,6 +1,6 @@
 """A fake GPU machine for tests: fake `nvidia-smi` and `vllm` first on PATH.
 
-``fake_machine`` (a pytest fixture: import it into the test module) returns a function
+``fake_machine`` (a pytest fixture, registered for every test by tests/conftest.py) returns a function
 ``make(gpu_count, **env)`` that stands the fakes first on PATH with ``gpu_count`` GPUs,
 hides any real NVML (``pynvml``), and returns a FakeMachine whose ``launches()`` reads what
 each fake ``vllm serve`` was started with. ``machine_env`` builds the same environment as
