@@ -16,6 +16,9 @@ from typing import Awaitable, Callable, Iterable
 import httptools
 import orjson
 
+from .._core.http1 import scan_request
+
+from .outbox import flush_out, outbox_for
 from .messages import REASONS, ClientDisconnected, Request, ServerLimits, error_body
 
 __all__ = ["HTTPServer", "HttpProtocol", "Responder", "Handler"]
@@ -99,10 +102,10 @@ class Responder:
         if req.method == "HEAD":
             body = b""
         if len(body) < 16384:
-            proto._transport.write(head + body)
+            proto._write(head + body)
         else:
-            proto._transport.write(head)
-            proto._transport.write(body)
+            proto._write(head)
+            proto._write(body)
         proto._response_done(self, keep)
 
     def send_json(self, status: int, obj, *, headers: Iterable[tuple[str, str]] = ()) -> None:
@@ -136,7 +139,7 @@ class Responder:
         if req.method == "HEAD":
             # The head says what a GET would get; the body is not sent.
             self._mode = _DISCARD
-        self._proto._transport.write(_head(status, content_type, headers, extra))
+        self._proto._write(_head(status, content_type, headers, extra))
 
     def write_nowait(self, data: bytes) -> bool:
         """Queue one chunk without waiting; False once the client is gone.
@@ -150,9 +153,9 @@ class Responder:
         mode = self._mode
         if mode == _CHUNKED:
             if data:  # an empty chunk would end the stream
-                self._proto._transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self._proto._write(b"%x\r\n%s\r\n" % (len(data), data))
         elif mode == _RAW:
-            self._proto._transport.write(data)
+            self._proto._write(data)
         elif mode == _IDLE:
             raise RuntimeError("response finished" if self.finished else "response not started")
         return True
@@ -183,7 +186,7 @@ class Responder:
             return
         proto = self._proto
         if mode == _CHUNKED:
-            proto._transport.write(b"0\r\n\r\n")
+            proto._write(b"0\r\n\r\n")
             proto._response_done(self, self._keep and not proto._closing)
         elif mode == _DISCARD:
             proto._response_done(self, self._keep and not proto._closing)
@@ -229,6 +232,9 @@ class HttpProtocol(asyncio.Protocol):
         self._limits = server.limits
         self._handler = server.handler
         self._transport: asyncio.Transport = None  # type: ignore[assignment]
+        self._outbox = outbox_for(self._loop)
+        self._out: list[bytes] | None = None  # bytes waiting for the end of the loop pass
+        self._out_bytes = 0
         self._parser = httptools.HttpRequestParser(self)
         self._client = None
         # the request being parsed
@@ -274,6 +280,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self._closed = True
+        self._out = None
         self._server._connections.discard(self)
         self._on_deadline = None
         if self._timer is not None:
@@ -287,8 +294,30 @@ class HttpProtocol(asyncio.Protocol):
             self._drain_waiter.exception()  # mark retrieved: nobody may be waiting any more
         self._server._maybe_idle()
 
-    # A client that half-closes is taken as gone (the default eof_received closes
-    # the transport): that is how a disconnect shows while a handler awaits.
+    # -- output: gathered per loop pass (see outbox.py) ------------------------
+    def _write(self, data: bytes) -> None:
+        self._outbox.write(self, data)
+        self._out_bytes += len(data)
+        if self._out_bytes > self._limits.write_buffer_high:
+            # A producer that never yields would fill memory: past the high-water mark
+            # the bytes go to the transport now, whose own flow control then pauses it.
+            flush_out(self)
+
+    def _flush_out(self) -> None:
+        flush_out(self)
+
+    def _close(self) -> None:
+        """Close after what waits has been written."""
+        if self._out is not None:
+            flush_out(self)
+        self._transport.close()
+
+    def eof_received(self) -> None:
+        # A client that half-closes is taken as gone (returning None closes the
+        # transport): that is how a disconnect shows while a handler awaits. What
+        # was answered already leaves first.
+        if self._out is not None:
+            flush_out(self)
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -342,7 +371,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def _on_idle_timeout(self) -> None:
         if self._active is None and not self._queue and not self._in_message:
-            self._transport.close()
+            self._close()
 
     def _on_read_timeout(self) -> None:
         if not self._in_message or self._fatal is not None:
@@ -357,12 +386,27 @@ class HttpProtocol(asyncio.Protocol):
         self._fail(408, f"The {what} was not received within the read timeout.")
 
     def _on_linger_timeout(self) -> None:
-        self._transport.close()
+        self._close()
 
     # -- parsing ------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         if self._ignore_input:
             return
+        if not self._in_message:
+            # Between requests: a plain, whole request is read in one call (_core/http1.pyx);
+            # anything else, from where that stopped, goes to llhttp.
+            limits = self._limits
+            pos, n = 0, len(data)
+            while True:
+                r = scan_request(data, pos, limits.max_header_bytes, limits.max_body_bytes)
+                if r is None:
+                    break
+                pos = r[6]
+                self._whole_request(r)
+                if self._ignore_input or pos == n:
+                    return
+            if pos:
+                data = data[pos:]
         if self._in_head:
             # httptools gathers a header line before it calls on_header, so a line
             # that never ends is counted here: the head began in an earlier read
@@ -387,6 +431,20 @@ class HttpProtocol(asyncio.Protocol):
             break
         if self._in_head and self._head_raw > self._limits.max_header_bytes:
             self._fail(431, "Request headers are too large.")
+
+    def _whole_request(self, r: tuple) -> None:
+        """A request scan_request read whole: what the parser callbacks would have done."""
+        req = Request(r[0], r[1], r[2], r[3], "1.1", r[4], self._client, time.monotonic())
+        req.body = r[5]
+        if self._closing:
+            req.keep_alive = False
+        self._disarm()
+        self._queue.append(req)
+        if self._active is None:
+            self._next()
+        elif len(self._queue) >= self._limits.max_pipelined and not self._read_paused:
+            self._read_paused = True
+            self._transport.pause_reading()
 
     def on_message_begin(self) -> None:
         self._in_message = True
@@ -451,7 +509,7 @@ class HttpProtocol(asyncio.Protocol):
         expect = headers.get("expect")
         if expect is not None and expect.lower() == "100-continue" and req.http_version == "1.1":
             if self._active is None and not self._queue:
-                self._transport.write(_CONTINUE)
+                self._write(_CONTINUE)
             else:
                 # An interim response must not land inside the response before it.
                 self._continue_pending = True
@@ -506,7 +564,7 @@ class HttpProtocol(asyncio.Protocol):
             if self._active is resp:
                 self._active = None
                 if not self._closed:
-                    self._transport.close()
+                    self._close()
             return
         if coro is None:
             return  # answered already, or the handler answers from its own callbacks
@@ -519,17 +577,17 @@ class HttpProtocol(asyncio.Protocol):
         if not resp.started:
             resp.send_error(500, "Internal server error.")
         elif not resp.finished:
-            self._transport.close()
+            self._close()
 
     async def _run(self, coro: Awaitable[None], req: Request, resp: Responder) -> None:
         try:
             await coro
         except ClientDisconnected:
             if not resp.finished and not resp.disconnected:
-                self._transport.close()
+                self._close()
         except asyncio.CancelledError:
             if not resp.finished and not resp.disconnected:
-                self._transport.close()
+                self._close()
             raise
         except Exception:
             self._handler_failed(req, resp)
@@ -543,7 +601,7 @@ class HttpProtocol(asyncio.Protocol):
             if self._active is resp:  # the response never completed: the connection is done
                 self._active = None
                 if not self._closed:
-                    self._transport.close()
+                    self._close()
             self._server._maybe_idle()
 
     def _response_done(self, resp: Responder, keep_alive: bool) -> None:
@@ -561,7 +619,7 @@ class HttpProtocol(asyncio.Protocol):
         else:
             if self._continue_pending:
                 self._continue_pending = False
-                self._transport.write(_CONTINUE)
+                self._write(_CONTINUE)
             if not self._in_message:
                 self._arm(self._limits.keepalive_timeout, self._on_idle_timeout)
 
@@ -581,9 +639,8 @@ class HttpProtocol(asyncio.Protocol):
     def _send_fatal(self) -> None:
         status, message = self._fatal  # type: ignore[misc]
         body = error_body(status, message)
-        t = self._transport
-        t.write(_status_line(status) + b"content-type: application/json\r\n"
-                b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body) + body)
+        self._write(_status_line(status) + b"content-type: application/json\r\n"
+                    b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body) + body)
         self._server.errors += 1
         self._linger()
 
@@ -592,7 +649,7 @@ class HttpProtocol(asyncio.Protocol):
             self._queue.clear()  # the client asked to close: what it sent after that goes unanswered
             self._linger()
         else:
-            self._transport.close()
+            self._close()
 
     def _linger(self) -> None:
         """Half-close, drop what the client still sends, close on its EOF or after the linger time.
@@ -602,6 +659,7 @@ class HttpProtocol(asyncio.Protocol):
         sending a body it was refused, or requests pipelined after a close).
         """
         self._ignore_input = True
+        self._flush_out()
         t = self._transport
         t.write_eof()
         if self._read_paused:
@@ -613,7 +671,7 @@ class HttpProtocol(asyncio.Protocol):
     def _shutdown(self) -> None:
         self._closing = True
         if self._active is None and not self._queue and not self._ignore_input:
-            self._transport.close()
+            self._close()
 
 
 class HTTPServer:
@@ -683,6 +741,7 @@ class HTTPServer:
                 # connection_lost must see a disconnect, not a dead transport.
                 if proto._active is not None:
                     proto._active._lost()
+                proto._out = None  # aborted: what waits is dropped
                 proto._transport.abort()
             await asyncio.sleep(0)  # connection_lost runs: handlers see the disconnect
             # A handler that still runs would outlive its server: cancel it.

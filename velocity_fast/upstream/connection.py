@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING
 
 import httptools
 
+from .._core.http1 import scan_response
+from ..server.outbox import flush_out, outbox_for
+
 if TYPE_CHECKING:  # pragma: no cover
     from .pool import UpstreamPool
 
@@ -55,19 +58,24 @@ class UpstreamListener:
 
 
 class UpstreamConnection(asyncio.Protocol):
-    __slots__ = ("pool", "transport", "_parser", "_loop", "status", "headers", "_head",
+    __slots__ = ("pool", "transport", "_transport", "_out", "_out_bytes", "_outbox", "_parser", "_loop", "status", "headers", "_head",
                  "chunks", "done", "error", "_waiter", "_received", "keep_alive", "closed",
-                 "_paused", "requests", "listener", "_resend")
+                 "_paused", "requests", "listener", "_resend", "_parsing")
 
     def __init__(self, pool: "UpstreamPool", loop: asyncio.AbstractEventLoop) -> None:
         self.pool = pool
         self._loop = loop
         self.transport: asyncio.Transport | None = None
+        self._transport: asyncio.Transport | None = None  # the same, under the outbox's name
+        self._outbox = outbox_for(loop)
+        self._out: list[bytes] | None = None  # the request, until the end of the loop pass
+        self._out_bytes = 0  # (a request is sent whole: its size is not tracked)
         self._parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.requests = 0
         self.listener: UpstreamListener | None = None
         self._resend: bytes | None = None
+        self._parsing = False  # llhttp is inside a response
         self._reset()
 
     def _reset(self) -> None:
@@ -84,24 +92,53 @@ class UpstreamConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol ---------------------------------------------------------
     def connection_made(self, transport) -> None:
-        self.transport = transport
+        self.transport = self._transport = transport
+
+    def _flush_out(self) -> None:
+        flush_out(self)
 
     def data_received(self, data: bytes) -> None:
         self._received = True
+        if not self._parsing and self.listener is not None:
+            # The usual whole answer in one read: one call (_core/http1.pyx), not llhttp's
+            # callbacks; anything else is llhttp's.
+            r = scan_response(data, 0)
+            if r is not None and r[4] == len(data):
+                return self._whole_response(r)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as e:
             self._fail(UpstreamError(f"malformed response from engine: {e}", received=True))
+            self._out = None
             self.transport.close()
 
     def connection_lost(self, exc) -> None:
         self.closed = True
+        self._out = None
         if not self.done:
             self._fail(UpstreamError("engine closed the connection" + (f": {exc}" if exc else ""),
                                      received=self._received))
         self.pool._forget(self)
 
+    def _whole_response(self, r: tuple) -> None:
+        """What the parser callbacks below would have done for a response read whole."""
+        self.status, self.headers, self.keep_alive = r[0], r[1], r[2]
+        self._resend = None  # the answer has begun: no retry from here on
+        self.listener.upstream_head(self)
+        if r[3]:
+            self.chunks.append(r[3])
+        self.done = True
+        listener = self.listener
+        if listener is not None:
+            self.listener = None
+            listener.upstream_done(self)
+        else:
+            self._wake()
+
     # -- httptools callbacks --------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self._parsing = True
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
@@ -122,6 +159,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._wake()
 
     def on_message_complete(self) -> None:
+        self._parsing = False
         self.done = True
         listener = self.listener
         if listener is not None:
@@ -161,7 +199,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.requests += 1
         self.listener = None
         self._head = self._loop.create_future()
-        self.transport.write(data)
+        self._outbox.write(self, data)  # leaves at the end of this loop pass (server/outbox.py)
         return self._head
 
     def send_to(self, data: bytes, listener: UpstreamListener, *, reused: bool = False) -> None:
@@ -172,7 +210,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.requests += 1
         self.listener = listener
         self._resend = data if reused else None
-        self.transport.write(data)
+        self._outbox.write(self, data)
 
     async def wait_body(self) -> None:
         """Wait until body pieces are available, the response is done, or it failed."""
@@ -202,6 +240,7 @@ class UpstreamConnection(asyncio.Protocol):
         """Close at once: the engine sees the disconnect and aborts the request."""
         self.listener = None
         self._resend = None
+        self._out = None  # a request not yet sent never leaves
         if not self.closed and self.transport is not None:
             self.closed = True
             self.transport.abort()

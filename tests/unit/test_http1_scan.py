@@ -1,0 +1,269 @@
+"""The one-call HTTP/1.1 scanners (_core/http1.pyx) against llhttp (httptools).
+
+What a scanner takes, llhttp must take with the same meaning (method, target, headers
+as the server builds them, keep-alive, body, where the message ends); everything the
+scanner is not sure of it must decline (None), so that llhttp parses it or answers the
+error the contract asks for.
+"""
+
+from __future__ import annotations
+
+import httptools
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from velocity_fast._core.http1 import scan_request, scan_response
+
+MAX_HEAD = 64 * 1024
+MAX_BODY = 1 << 20
+
+
+class _Req:
+    """What the server's httptools callbacks collect for each request."""
+
+    def __init__(self) -> None:
+        self.done: list[tuple] = []
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body = b""
+
+    def on_message_begin(self):
+        self.url, self.headers, self.body = b"", [], b""
+
+    def on_url(self, url):
+        self.url += url
+
+    def on_header(self, name, value):
+        self.headers.append((name, value))
+
+    def on_headers_complete(self):
+        self.method = self.parser.get_method().decode()
+        self.keep = self.parser.should_keep_alive()  # read here, as the server does
+
+    def on_body(self, body):
+        self.body += body
+
+    def on_message_complete(self):
+        self.done.append((self.method, self.url, self.headers, self.keep, self.body))
+
+
+def _llhttp_request(data: bytes):
+    """(method, path, query, headers, keep_alive, body) of the first request, by llhttp."""
+    p = _Req()
+    parser = p.parser = httptools.HttpRequestParser(p)
+    parser.feed_data(data)
+    assert p.done, "llhttp did not complete the request"
+    method, url, raw, keep, body = p.done[0]
+    headers: dict[str, str] = {}
+    for name, value in raw:  # as server/protocol.py builds them
+        k = name.decode("latin-1").lower()
+        v = value.decode("latin-1")
+        headers[k] = headers[k] + ", " + v if k in headers else v
+    q = url.find(b"?")
+    path, query = (url[:q], url[q + 1:]) if q >= 0 else (url, b"")
+    return method, path.decode("latin-1"), query.decode("latin-1"), headers, keep, body
+
+
+def _agree(data: bytes) -> tuple | None:
+    r = scan_request(data, 0, MAX_HEAD, MAX_BODY)
+    if r is not None:
+        assert r[:6] == _llhttp_request(data[:r[6]])
+    return r
+
+
+BODY = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
+PLAIN = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+         b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY)
+
+
+def test_the_plain_request_is_read_whole_with_its_headers_and_body():
+    r = _agree(PLAIN)
+    assert r is not None
+    method, path, query, headers, keep, body, end = r
+    assert (method, path, query, keep, body, end) == ("POST", "/v1/chat/completions", "", True, BODY, len(PLAIN))
+    assert headers == {"host": "gw", "content-type": "application/json", "content-length": str(len(BODY))}
+
+
+def test_query_repeated_headers_and_connection_close():
+    data = (b"GET /v1/models?a=1&b=2 HTTP/1.1\r\nX-Tag: one\r\nx-tag:two\r\nConnection: close\r\n"
+            b"Authorization: Bearer  k  \r\n\r\n")
+    r = _agree(data)
+    assert r is not None
+    assert r[1:3] == ("/v1/models", "a=1&b=2")
+    assert r[3]["x-tag"] == "one, two" and r[3]["authorization"] == "Bearer  k  "
+    assert r[4] is False
+
+
+def test_pipelined_requests_are_read_one_after_another():
+    data = PLAIN + b"GET /health HTTP/1.1\r\n\r\n" + PLAIN[:40]
+    r1 = scan_request(data, 0, MAX_HEAD, MAX_BODY)
+    r2 = scan_request(data, r1[6], MAX_HEAD, MAX_BODY)
+    assert r2[:2] == ("GET", "/health") and r2[5] == b""
+    assert scan_request(data, r2[6], MAX_HEAD, MAX_BODY) is None  # the partial third is llhttp's
+
+
+@pytest.mark.parametrize("data", [
+    PLAIN[:-1],  # body not all here
+    PLAIN[:30],  # head not all here
+    b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    b"POST /x HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nhi",
+    b"GET /x HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+    b"GET /x HTTP/1.1\r\nConnection: keep-alive, Upgrade\r\n\r\n",
+    b"GET /x HTTP/1.0\r\n\r\n",
+    b"CONNECT example.com:443 HTTP/1.1\r\n\r\n",
+    b"GET http://example.com/ HTTP/1.1\r\n\r\n",
+    b"OPTIONS * HTTP/1.1\r\n\r\n",
+    b"POST /x HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nhi",
+    b"POST /x HTTP/1.1\r\nContent-Length: +2\r\n\r\nhi",
+    b"POST /x HTTP/1.1\r\nContent-Length: 2 \r\n\r\nhi",
+    b"GET /x HTTP/1.1\r\nBad Name: v\r\n\r\n",
+    b"GET /x HTTP/1.1\r\nName : v\r\n\r\n",
+    b"GET /x HTTP/1.1\r\n folded: v\r\n\r\n",
+    b"GET /x HTTP/1.1\r\nName: v\x00\r\n\r\n",
+    b"GET /x HTTP/1.1\r\nName: caf\xc3\xa9\r\n\r\n",
+    b"GET /x HTTP/1.1\nName: v\n\n",
+    b"GET /x HTTP/1.1\r\nName: v\n\r\n",
+    b"get /x HTTP/1.1\r\n\r\n",
+    b"GET /a b HTTP/1.1\r\n\r\n",
+    b"GET  /x HTTP/1.1\r\n\r\n",
+    b"\r\nGET /x HTTP/1.1\r\n\r\n",
+])
+def test_what_is_not_plain_is_left_to_llhttp(data):
+    assert scan_request(data, 0, MAX_HEAD, MAX_BODY) is None
+
+
+def test_limits_leave_the_answer_to_the_server():
+    big = b"GET /x HTTP/1.1\r\nX-Big: " + b"a" * 5000 + b"\r\n\r\n"
+    assert scan_request(big, 0, 4096, MAX_BODY) is None  # the server answers 431
+    assert scan_request(big, 0, 8192, MAX_BODY) is not None
+    assert scan_request(PLAIN, 0, MAX_HEAD, len(BODY) - 1) is None  # 413
+    assert scan_request(PLAIN, 0, MAX_HEAD, len(BODY)) is not None
+
+
+_tchar = st.sampled_from(list("!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
+_name = st.text(_tchar, min_size=1, max_size=12)
+_value = st.binary(max_size=12).map(lambda b: bytes(c for c in b if c not in b"\r\n"))
+_any_byte_line = st.binary(min_size=0, max_size=40)
+
+
+@settings(max_examples=400, deadline=None)
+@given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "HEAD", "PATCH"]),
+       target=st.binary(min_size=0, max_size=20),
+       headers=st.lists(st.tuples(_name, _value), max_size=6),
+       body=st.binary(max_size=40),
+       cl=st.sampled_from(["exact", "none", "short"]),
+       tail=st.binary(max_size=8))
+@example(method="POST", target=b"x?y", headers=[("Connection", b"close")], body=b"ab", cl="exact", tail=b"")
+def test_whatever_the_scanner_takes_llhttp_takes_the_same_way(method, target, headers, body, cl, tail):
+    head = b"%s /%s HTTP/1.1\r\n" % (method.encode(), target)
+    for name, value in headers:
+        head += name.encode() + b": " + value + b"\r\n"
+    if cl == "exact":
+        head += b"Content-Length: %d\r\n" % len(body)
+    elif cl == "short" and body:
+        head += b"Content-Length: %d\r\n" % (len(body) - 1)
+    elif body:
+        body = b""
+    data = head + b"\r\n" + body + tail
+    r = _agree(data)  # llhttp, given what the scanner took, reads the same request
+    if r is None:
+        # Declined: then either llhttp, too, has no whole plain request here, or the
+        # request has something the scanner leaves to llhttp on purpose.
+        try:
+            got = _llhttp_request(head + b"\r\n" + body)
+        except (httptools.HttpParserError, AssertionError):
+            return
+        special = any(n.lower() in ("transfer-encoding", "upgrade", "expect", "connection", "content-length")
+                      for n, _ in headers)
+        odd = any(c < 0x20 and c != 9 or c >= 0x7f for _, v in headers for c in v) or any(
+            c <= 0x20 or c >= 0x7f for c in target)
+        assert special or odd or cl == "short", got
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=120))
+def test_random_bytes_never_crash_the_scanner_and_what_it_takes_llhttp_takes(data):
+    r = scan_request(b"GET /" + data, 0, MAX_HEAD, MAX_BODY)
+    if r is not None:
+        assert r[:6] == _llhttp_request((b"GET /" + data)[:r[6]])
+
+
+# -- responses ----------------------------------------------------------------------
+
+
+class _Resp:
+    def __init__(self) -> None:
+        self.headers: dict[str, str] = {}
+        self.body = b""
+        self.complete = False
+
+    def on_header(self, name, value):  # as upstream/connection.py keeps them
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self):  # as upstream/connection.py reads them
+        self.status = self.parser.get_status_code()
+        self.keep = self.parser.should_keep_alive()
+
+    def on_body(self, body):
+        self.body += body
+
+    def on_message_complete(self):
+        self.complete = True
+
+
+def _llhttp_response(data: bytes):
+    p = _Resp()
+    parser = p.parser = httptools.HttpResponseParser(p)
+    parser.feed_data(data)
+    assert p.complete
+    return p.status, p.headers, p.keep, p.body
+
+
+RESP = (b"HTTP/1.1 200 OK\r\ndate: Sun, 29 Nov 2026 22:00:00 GMT\r\nserver: uvicorn\r\n"
+        b"content-length: 2\r\ncontent-type: application/json\r\n\r\n{}")
+
+
+def test_the_plain_response_is_read_whole():
+    r = scan_response(RESP, 0)
+    assert r is not None and r[4] == len(RESP)
+    assert r[:4] == _llhttp_response(RESP)
+    assert r[0] == 200 and r[2] is True and r[3] == b"{}"
+
+
+def test_an_error_response_and_connection_close():
+    data = b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 5\r\n\r\nerror"
+    r = scan_response(data, 0)
+    assert r[:4] == _llhttp_response(data) and r[0] == 400 and r[2] is False
+
+
+@pytest.mark.parametrize("data", [
+    RESP[:-1],
+    RESP[:20],
+    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: x\n\n",  # close-delimited
+    b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n",
+    b"HTTP/1.1 304 Not Modified\r\ncontent-length: 0\r\n\r\n",
+    b"HTTP/1.1 100 Continue\r\n\r\n",
+    b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\n{}",
+    b"HTTP/1.1 200 OK\r\nset-cookie: a\r\nset-cookie: b\r\ncontent-length: 2\r\n\r\n{}",
+    b"HTTP/1.1 2000 OK\r\ncontent-length: 2\r\n\r\n{}",
+    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\n{}",
+    b"HTTP/1.1 200 OK\ncontent-length: 2\n\n{}",
+])
+def test_responses_that_are_not_plain_are_left_to_llhttp(data):
+    assert scan_response(data, 0) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(status=st.integers(100, 599), headers=st.lists(st.tuples(_name, _value), max_size=5),
+       body=st.binary(max_size=30), tail=st.binary(max_size=6))
+def test_whatever_the_response_scanner_takes_llhttp_takes_the_same_way(status, headers, body, tail):
+    data = b"HTTP/1.1 %d X\r\n" % status
+    for name, value in headers:
+        data += name.encode() + b": " + value + b"\r\n"
+    data += b"Content-Length: %d\r\n\r\n" % len(body) + body + tail
+    r = scan_response(data, 0)
+    if r is None:
+        return
+    assert r[:4] == _llhttp_response(data[:r[4]])

@@ -1,0 +1,315 @@
+"""A one-call scanner for the plain HTTP/1.1 message, in front of llhttp.
+
+httptools (llhttp) calls back into Python once per piece of a message: the URL,
+each header, the end of the head, each body piece, the end. For the message a
+gateway sees nearly always (HTTP/1.1, one read holds it whole, a Content-Length
+body, ordinary headers) these scanners read it in one call and return it whole.
+
+They accept a strict subset of what llhttp accepts and decline everything else
+by returning None: a message split across reads, chunked bodies, Expect, Upgrade,
+HTTP/1.0, a header byte outside printable ASCII, a repeated Content-Length, a head
+or body past the server's limits, anything they do not recognise. The caller then
+hands the same bytes to llhttp, which parses them or produces the error the
+contract asks for. So a message taken here is one llhttp would have taken with the
+same meaning; tests/unit/test_http1_scan.py holds the two side by side.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
+from cpython.object cimport PyObject
+from cpython.unicode cimport PyUnicode_DecodeLatin1
+
+# RFC 9110 tchar: the bytes of a header name (and a method).
+cdef bint _TCHAR[256]
+cdef int _i
+cdef bytes _tchars = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+for _i in range(256):
+    _TCHAR[_i] = False
+for _i in range(len(_tchars)):
+    _TCHAR[<unsigned char>_tchars[_i]] = True
+
+# Header names the scanners must see, lower case, with the first byte as a quick filter.
+cdef enum:
+    H_OTHER = 0
+    H_CONTENT_LENGTH = 1
+    H_TRANSFER_ENCODING = 2
+    H_CONNECTION = 3
+    H_UPGRADE = 4
+    H_EXPECT = 5
+
+# Common names decoded once: a dict lookup by the raw lower-case bytes.
+cdef dict _NAMES = {}
+
+
+cdef inline unsigned char _lower(unsigned char c) nogil:
+    if c >= 65 and c <= 90:
+        return c + 32
+    return c
+
+
+cdef inline bint _eq_lower(const char* p, Py_ssize_t n, const char* word, Py_ssize_t wn) nogil:
+    """p[:n], compared without case, equals the lower-case `word`."""
+    cdef Py_ssize_t i
+    if n != wn:
+        return False
+    for i in range(n):
+        if _lower(<unsigned char>p[i]) != <unsigned char>word[i]:
+            return False
+    return True
+
+
+cdef inline int _kind(const char* p, Py_ssize_t n) nogil:
+    cdef unsigned char c = _lower(<unsigned char>p[0])
+    if c == c'c':
+        if _eq_lower(p, n, b"content-length", 14):
+            return H_CONTENT_LENGTH
+        if _eq_lower(p, n, b"connection", 10):
+            return H_CONNECTION
+    elif c == c't':
+        if _eq_lower(p, n, b"transfer-encoding", 17):
+            return H_TRANSFER_ENCODING
+    elif c == c'u':
+        if _eq_lower(p, n, b"upgrade", 7):
+            return H_UPGRADE
+    elif c == c'e':
+        if _eq_lower(p, n, b"expect", 6):
+            return H_EXPECT
+    return H_OTHER
+
+
+cdef object _name(const char* p, Py_ssize_t n):
+    """The header name as a lower-case str (common ones shared)."""
+    cdef char buf[64]
+    cdef Py_ssize_t i
+    cdef bytes key
+    cdef PyObject* hit
+    if n > 64:
+        key = PyBytes_FromStringAndSize(p, n)
+        return key.decode("latin-1").lower()
+    for i in range(n):
+        buf[i] = <char>_lower(<unsigned char>p[i])
+    key = PyBytes_FromStringAndSize(buf, n)
+    hit = PyDict_GetItem(_NAMES, key)
+    if hit != NULL:
+        return <object>hit
+    name = PyUnicode_DecodeLatin1(buf, n, NULL)
+    if len(_NAMES) < 256:
+        _NAMES[key] = name
+    return name
+
+
+cdef int _connection(const char* p, Py_ssize_t n) nogil:
+    """1 keep-alive, 0 close, -1 anything else (a token list, upgrade...)."""
+    if _eq_lower(p, n, b"keep-alive", 10):
+        return 1
+    if _eq_lower(p, n, b"close", 5):
+        return 0
+    return -1
+
+
+cdef Py_ssize_t _digits(const char* p, Py_ssize_t n) nogil:
+    """A Content-Length value: only digits, at most 15 of them; else -1."""
+    cdef Py_ssize_t i, v = 0
+    if n == 0 or n > 15:
+        return -1
+    for i in range(n):
+        if p[i] < c'0' or p[i] > c'9':
+            return -1
+        v = v * 10 + (p[i] - c'0')
+    return v
+
+
+cdef class _Head:
+    """What the header loop found (internal)."""
+    cdef dict headers
+    cdef Py_ssize_t content_length
+    cdef int keep_alive
+    cdef Py_ssize_t end
+
+
+cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit, bint join,
+                  _Head out) except -2:
+    """Header lines from s[pos] up to the empty line. 0 taken, -1 declined or incomplete.
+    ``join``: a repeated name is joined with ", " (requests); else declined (responses)."""
+    cdef Py_ssize_t ls, le, colon, vs, ve, cl = -1
+    cdef int kind, keep = -2, c
+    cdef unsigned char ch
+    cdef dict headers = {}
+    cdef PyObject* old
+    while True:
+        if pos + 1 >= n or pos >= limit:
+            return -1
+        if s[pos] == c'\r':
+            if s[pos + 1] != c'\n':
+                return -1
+            pos += 2
+            break
+        ls = pos
+        # name: one or more tchar, then ':' at once (no space before it)
+        while pos < n and _TCHAR[<unsigned char>s[pos]]:
+            pos += 1
+        if pos == ls or pos >= n or s[pos] != c':':
+            return -1
+        colon = pos
+        pos += 1
+        while pos < n and (s[pos] == c' ' or s[pos] == c'\t'):
+            pos += 1
+        vs = pos
+        # value: printable ASCII, space or tab, up to CRLF (leading spaces skipped above)
+        while pos < n:
+            ch = <unsigned char>s[pos]
+            if ch == c'\r':
+                break
+            if (ch < 0x20 and ch != c'\t') or ch >= 0x7f:
+                return -1
+            pos += 1
+        if pos + 1 >= n or s[pos + 1] != c'\n':
+            return -1
+        ve = pos  # trailing spaces stay part of the value, as llhttp leaves them
+        pos += 2
+        kind = _kind(s + ls, colon - ls)
+        if kind == H_CONTENT_LENGTH:
+            if cl != -1:
+                return -1
+            cl = _digits(s + vs, ve - vs)
+            if cl < 0:
+                return -1
+        elif kind == H_CONNECTION:
+            c = _connection(s + vs, ve - vs)
+            if c < 0 or keep != -2:
+                return -1
+            keep = c
+        elif kind != H_OTHER:
+            return -1  # transfer-encoding, upgrade, expect: llhttp's
+        name = _name(s + ls, colon - ls)
+        value = PyUnicode_DecodeLatin1(s + vs, ve - vs, NULL)
+        old = PyDict_GetItem(headers, name)
+        if old != NULL:
+            if not join:
+                return -1
+            value = <object>old + ", " + value
+        PyDict_SetItem(headers, name, value)
+    if pos > limit:
+        return -1
+    out.headers = headers
+    out.content_length = cl
+    out.keep_alive = keep
+    out.end = pos
+    return 0
+
+
+def scan_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ssize_t max_body):
+    """The plain HTTP/1.1 request that starts at ``data[pos]`` and is whole in ``data``:
+    (method, path, query, headers, keep_alive, body, end), or None (llhttp's turn).
+
+    ``headers``: lower-case names to values, repeats joined with ", " (as the server
+    does); ``end``: where the next request starts; ``max_head`` and ``max_body``: the
+    server's limits, past which llhttp's path answers 431 or 413.
+    """
+    cdef const char* s = PyBytes_AS_STRING(data)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
+    cdef Py_ssize_t ms, us, ue, q, limit, body_end, cl
+    cdef _Head head = _Head.__new__(_Head)
+    if pos >= n:
+        return None
+    limit = pos + max_head
+    # method: 1-16 upper-case letters
+    ms = pos
+    while pos < n and pos - ms < 16 and s[pos] >= c'A' and s[pos] <= c'Z':
+        pos += 1
+    if pos == ms or pos >= n or s[pos] != c' ':
+        return None
+    method = PyUnicode_DecodeLatin1(s + ms, pos - ms, NULL)
+    pos += 1
+    # request-target in origin form: '/' then visible ASCII
+    us = pos
+    if pos >= n or s[pos] != c'/':
+        return None
+    q = -1
+    while pos < n and <unsigned char>s[pos] > 0x20 and <unsigned char>s[pos] < 0x7f:
+        if s[pos] == c'?' and q < 0:
+            q = pos
+        pos += 1
+    ue = pos
+    if pos + 10 > n or s[pos] != c' ':
+        return None
+    if not (s[pos + 1] == c'H' and s[pos + 2] == c'T' and s[pos + 3] == c'T' and s[pos + 4] == c'P'
+            and s[pos + 5] == c'/' and s[pos + 6] == c'1' and s[pos + 7] == c'.' and s[pos + 8] == c'1'
+            and s[pos + 9] == c'\r'):
+        return None
+    pos += 10
+    if pos >= n or s[pos] != c'\n':
+        return None
+    pos += 1
+    if _headers(s, pos, n, limit, True, head) < 0:
+        return None
+    cl = head.content_length
+    if cl < 0:
+        cl = 0
+    if cl > max_body:
+        return None
+    body_end = head.end + cl
+    if body_end > n:
+        return None
+    if q >= 0:
+        path = PyUnicode_DecodeLatin1(s + us, q - us, NULL)
+        query = PyUnicode_DecodeLatin1(s + q + 1, ue - q - 1, NULL)
+    else:
+        path = PyUnicode_DecodeLatin1(s + us, ue - us, NULL)
+        query = ""
+    if cl == 0:
+        body = b""
+    else:
+        body = PyBytes_FromStringAndSize(s + head.end, cl)
+    return (method, path, query, head.headers, head.keep_alive != 0, body, body_end)
+
+
+def scan_response(bytes data, Py_ssize_t pos):
+    """The plain HTTP/1.1 response that starts at ``data[pos]`` and is whole in ``data``,
+    with a Content-Length body: (status, headers, keep_alive, body, end), or None.
+
+    1xx, 204 and 304 (no body by their status), chunked or close-delimited bodies and
+    repeated header names are llhttp's; ``headers`` maps lower-case names to values.
+    """
+    cdef const char* s = PyBytes_AS_STRING(data)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
+    cdef Py_ssize_t body_end, cl
+    cdef int status
+    cdef unsigned char ch
+    cdef _Head head = _Head.__new__(_Head)
+    if pos + 13 > n:
+        return None
+    if not (s[pos] == c'H' and s[pos + 1] == c'T' and s[pos + 2] == c'T' and s[pos + 3] == c'P'
+            and s[pos + 4] == c'/' and s[pos + 5] == c'1' and s[pos + 6] == c'.' and s[pos + 7] == c'1'
+            and s[pos + 8] == c' '):
+        return None
+    pos += 9
+    if not (c'1' <= s[pos] <= c'5' and c'0' <= s[pos + 1] <= c'9' and c'0' <= s[pos + 2] <= c'9'):
+        return None
+    status = (s[pos] - c'0') * 100 + (s[pos + 1] - c'0') * 10 + (s[pos + 2] - c'0')
+    if status < 200 or status == 204 or status == 304:
+        return None
+    pos += 3
+    if s[pos] != c' ' and s[pos] != c'\r':
+        return None
+    while pos < n and s[pos] != c'\r':
+        ch = <unsigned char>s[pos]
+        if (ch < 0x20 and ch != c'\t') or ch == 0x7f:
+            return None
+        pos += 1
+    if pos + 1 >= n or s[pos + 1] != c'\n':
+        return None
+    pos += 2
+    if _headers(s, pos, n, n, False, head) < 0:
+        return None
+    cl = head.content_length
+    if cl < 0:
+        return None
+    body_end = head.end + cl
+    if body_end > n:
+        return None
+    if cl == 0:
+        body = b""
+    else:
+        body = PyBytes_FromStringAndSize(s + head.end, cl)
+    return (status, head.headers, head.keep_alive != 0, body, body_end)
