@@ -73,6 +73,7 @@ cdef class BandQueues:
                             long long nbytes, double tokens, double deadline,
                             double now) except? -100
     cpdef Item pop(self, int band, double now)
+    cpdef Py_ssize_t count_through(self, int band)
     cpdef Item cancel(self, long long item_id)
     cpdef list expire(self, double now)
     cpdef list pop_hopeless(self, double now, double base_s, double per_token_s)

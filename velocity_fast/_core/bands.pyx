@@ -149,6 +149,16 @@ cdef class BandQueues:
         """The queued item with this id, or None."""
         return self.items.get(item_id)
 
+    cpdef Py_ssize_t count_through(self, int band):
+        """Items queued in bands 0..``band`` (this band and every higher one)."""
+        cdef Py_ssize_t n = 0
+        cdef int b
+        if band >= self.nbands:
+            band = self.nbands - 1
+        for b in range(band + 1):
+            n += (<BandQueue>self.bands[b]).count
+        return n
+
     def __iter__(self):
         """Queued items, band by band, oldest first (a snapshot)."""
         cdef BandQueue bq

@@ -136,7 +136,7 @@ class Admission:
             self._check_sla(ps, band, ticket, now)
         q = ps.queues
         # Nothing queued at or above this band: no one to overtake, go at once.
-        if (q.count == 0 or self._queued_at_or_above(q, band) == 0) and self._may_dispatch(ps, band, now):
+        if (q.count == 0 or q.count_through(band) == 0) and self._may_dispatch(ps, band, now):
             return self._grant(ps, band, ticket.tenant, ticket.max_tokens, deadline, explicit, now, now)
         if self.settings.global_capacity and self._queued_total() >= self.settings.global_capacity:
             raise self._reject(503, "capacity", "admission queues are full", 1)
@@ -258,10 +258,14 @@ class Admission:
 
     @staticmethod
     def _queued_at_or_above(q, band: int) -> int:
-        return sum(q.band(b).count for b in range(band + 1))
+        return q.count_through(band)
 
     def _queued_total(self) -> int:
-        return sum(ps.queues.count for ps in self._pools.values())
+        pools = self._pools
+        if len(pools) == 1:
+            for ps in pools.values():
+                return ps.queues.count
+        return sum(ps.queues.count for ps in pools.values())
 
     # -- the dispatch cycle ----------------------------------------------------------
 
@@ -278,9 +282,11 @@ class Admission:
         if not self._sync(ps):
             return
         pool_sat = self.policy.saturation.pool
+        # Nothing but the grants below changes the room in this cycle: each takes one.
+        room = self._room(ps)
         for band, ceiling in enumerate(self._ceilings):
             while True:
-                if self._room(ps) <= 0 or pool_sat(ps.loads, ps.pending, now) >= ceiling:
+                if room <= 0 or pool_sat(ps.loads, ps.pending, now) >= ceiling:
                     return
                 item = q.pop(band, now)
                 if item is None:
@@ -288,6 +294,7 @@ class Admission:
                 fut, explicit = item.waiter
                 if fut.done():
                     continue
+                room -= 1
                 fut.set_result(self._grant(ps, item.band, item.tenant, int(item.tokens),
                                            item.deadline if explicit else item.enqueued_at
                                            + self.settings.sla_ms / 1000.0,
