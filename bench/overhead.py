@@ -27,6 +27,12 @@ Method
   --nice -10 (root) makes other work yield to the measured processes.
 * --profile SECONDS samples the gateway under the same 64-connection load with py-spy
   (when installed) and prints the functions with the largest self and inclusive share.
+* SSE relay (--stream-events N, default 32; 0 skips it; needs wrk): a second upstream
+  answers `"stream": true` requests with N token events plus role, usage and [DONE],
+  written --stream-interval-ms apart, so that the proxy relays them one read at a time.
+  A fresh gateway (max-concurrency = connections: this phase prices the relay, not the
+  queue) and nginx with `proxy_buffering off` relay them; reported: streams/s, events/s,
+  CPU us per event and events per CPU-second ("per core") of each proxy.
 
 Every process runs on 127.0.0.1 and is stopped at the end, also on error or Ctrl-C.
 Usage::
@@ -58,6 +64,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "fixed"
 BODY = b'{"model":"fixed","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
+STREAM_BODY = (b'{"model":"fixed","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16,'
+               b'"stream":true}')
 PATH = "/v1/chat/completions"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # Targets of issue 3 (rps >= 0.5x nginx) and issue 8 (rps >= 1.0x nginx, CPU <= 1.0x nginx).
@@ -90,7 +98,7 @@ http {{
         location / {{
             proxy_pass http://engine;
             proxy_http_version 1.1;
-            proxy_set_header Connection "";
+            proxy_set_header Connection "";{extra}
         }}
     }}
 }}
@@ -311,8 +319,8 @@ class Target:
         return None if self.pid is None else _runq_wait_ns(_group_pids(self.pid))
 
 
-def start_upstream(procs: Procs, cpu: int | None) -> tuple[subprocess.Popen, int]:
-    p = procs.start([sys.executable, str(REPO / "bench" / "upstream_fixed.py"), "--port", "0"], cpu)
+def start_upstream(procs: Procs, cpu: int | None, extra: list[str] = ()) -> tuple[subprocess.Popen, int]:
+    p = procs.start([sys.executable, str(REPO / "bench" / "upstream_fixed.py"), "--port", "0", *extra], cpu)
     m = _wait_line(p, r"listening on 127\.0\.0\.1:(\d+)", 15, "the fixed upstream")
     return p, int(m.group(1))
 
@@ -344,7 +352,7 @@ def start_gateway(procs: Procs, cpu: int | None, upstream: int, policy: str, wor
     return Target("gateway", port, p.pid)
 
 
-def start_nginx(procs: Procs, cpu: int | None, upstream: int, work: Path) -> Target | None:
+def start_nginx(procs: Procs, cpu: int | None, upstream: int, work: Path, stream: bool = False) -> Target | None:
     exe = shutil.which("nginx") or next((x for x in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")
                                          if os.access(x, os.X_OK)), None)
     if exe is None:
@@ -353,7 +361,9 @@ def start_nginx(procs: Procs, cpu: int | None, upstream: int, work: Path) -> Tar
     ndir.mkdir()
     port = _free_port()
     conf = ndir / "nginx.conf"
-    text = NGINX_CONF.format(dir=ndir, upstream=upstream, port=port)
+    # For streams nginx relays as the engine writes (as an SSE proxy must), not buffered.
+    text = NGINX_CONF.format(dir=ndir, upstream=upstream, port=port,
+                             extra="\n            proxy_buffering off;" if stream else "")
     if os.geteuid() == 0:
         # As root nginx would switch its worker to nobody, who cannot enter our temp dir.
         text = "user root;\n" + text
@@ -373,20 +383,21 @@ def start_nginx(procs: Procs, cpu: int | None, upstream: int, work: Path) -> Tar
 
 # -- the load client -------------------------------------------------------------------------------
 
-def _wrk_cmd(work: Path) -> list[str] | None:
+def _wrk_cmd(work: Path, body: bytes = BODY) -> list[str] | None:
     exe = shutil.which("wrk")
     if exe is None:
         return None
-    script = work / "post.lua"
+    script = work / ("post.lua" if body == BODY else "stream.lua")
     if not script.exists():
-        script.write_text(WRK_LUA.format(body=BODY.decode()))
+        script.write_text(WRK_LUA.format(body=body.decode()))
     return [exe, "-t1", "--timeout", "5s", "-s", str(script)]
 
 
-def run_load(client: str, work: Path, port: int, conns: int, duration: float, cpu: int | None) -> dict:
+def run_load(client: str, work: Path, port: int, conns: int, duration: float, cpu: int | None,
+             body: bytes = BODY) -> dict:
     """One closed-loop load run in its own process; returns its figures and its own CPU seconds."""
     if client == "wrk":
-        argv = _wrk_cmd(work) + [f"-c{conns}", f"-d{max(1, round(duration))}s",
+        argv = _wrk_cmd(work, body) + [f"-c{conns}", f"-d{max(1, round(duration))}s",
                                  f"http://127.0.0.1:{port}{PATH}"]
     else:
         argv = [sys.executable, str(Path(__file__).resolve()), "--_client", str(port), str(conns), str(duration)]
@@ -487,12 +498,12 @@ def client_entry(argv: list[str]) -> int:
 
 # -- phases ---------------------------------------------------------------------------------------------
 
-def throughput(target: Target, args, work: Path, load_pids: list[int]) -> dict:
+def throughput(target: Target, args, work: Path, load_pids: list[int], body: bytes = BODY) -> dict:
     """One measured run at --connections against one target, with CPU accounting."""
     cores0 = _core_times()
     proxy0, wait0 = target.cpu_ticks(), target.runq_wait_ns()
     load0, lwait0 = sum(sum(_cpu_ticks(p)) for p in load_pids), _runq_wait_ns(load_pids)
-    r = run_load(args.client, work, target.port, args.connections, args.duration, args.load_cpu)
+    r = run_load(args.client, work, target.port, args.connections, args.duration, args.load_cpu, body)
     proxy1, wait1 = target.cpu_ticks(), target.runq_wait_ns()
     load1, lwait1 = sum(sum(_cpu_ticks(p)) for p in load_pids), _runq_wait_ns(load_pids)
     cores1 = _core_times()
@@ -593,6 +604,51 @@ def profile_gateway(target: Target, args, work: Path) -> dict | None:
 
 # -- report -----------------------------------------------------------------------------------------------
 
+def stream_phase(procs: Procs, args, work: Path, res: dict) -> None:
+    """SSE relay: streams of --stream-events events, one event per engine write, through the
+    gateway and nginx; events relayed per second and per CPU-second of the proxy."""
+    if args.client != "wrk":
+        res["warnings"].append("the stream phase needs wrk (apt-get install wrk): skipped")
+        return
+    n = args.stream_events
+    per_req = n + 3  # the role chunk, n tokens, the usage chunk, [DONE]
+    sdir = work / "stream"
+    sdir.mkdir()
+    up_p, up_port = start_upstream(procs, args.load_cpu, ["--stream-chunks", str(n), "--chunk-interval-ms",
+                                                           str(args.stream_interval_ms)])
+    # Admission may hold as many streams as there are connections: this phase prices the
+    # relay, not the queue (the request phase above has the default limits).
+    gw = start_gateway(procs, args.proxy_cpu, up_port, args.policy, sdir,
+                       [f"--max-concurrency={args.connections}", *args.gateway_arg])
+    targets = [Target("direct", up_port, None), gw]
+    if not args.no_nginx:
+        ng = start_nginx(procs, args.proxy_cpu, up_port, sdir, stream=True)
+        if ng is not None:
+            targets.append(ng)
+    rows: dict[str, list[dict]] = {t.name: [] for t in targets}
+    for t in targets:
+        run_load(args.client, sdir, t.port, args.connections, args.warmup, args.load_cpu, STREAM_BODY)
+    for i in range(args.rounds):
+        for t in (targets if i % 2 == 0 else targets[::-1]):
+            rows[t.name].append(throughput(t, args, sdir, [up_p.pid], STREAM_BODY))
+    out = {"events_per_stream": per_req, "interval_ms": args.stream_interval_ms, "targets": {}}
+    for t in targets:
+        r = rows[t.name]
+        rps, cpu = _median(r, "rps"), _median(r, "cpu_us_per_req")
+        entry = {"streams_per_s": rps, "events_per_s": rps * per_req if rps else None,
+                 "cpu_us_per_event": cpu / per_req if cpu else None, "rounds": r}
+        entry["events_per_core_s"] = 1e6 / entry["cpu_us_per_event"] if entry["cpu_us_per_event"] else None
+        out["targets"][t.name] = entry
+        bad = sum(x["non2xx"] + x["errors"] for x in r)
+        if bad:
+            res["warnings"].append(f"stream phase, {t.name}: {bad} non-2xx answers or transport errors")
+    T = out["targets"]
+    if "gateway" in T and "nginx" in T and T["gateway"]["cpu_us_per_event"] and T["nginx"]["cpu_us_per_event"]:
+        res["ratios"]["gateway_vs_nginx_events_per_core"] = (T["gateway"]["events_per_core_s"]
+                                                             / T["nginx"]["events_per_core_s"])
+    res["stream"] = out
+
+
 def _f(v, fmt: str = "{:.0f}") -> str:
     return "-" if v is None else fmt.format(v)
 
@@ -642,6 +698,17 @@ def summarize(res: dict) -> str:
     else:
         lines.append("gateway/nginx: nginx is not installed, so the reference is missing "
                      "(apt-get install nginx-light)")
+    st = res.get("stream")
+    if st:
+        lines.append("")
+        lines.append(f"SSE relay: {c['connections']} connections, streams of {st['events_per_stream']} events "
+                     f"written {st['interval_ms']} ms apart by the upstream (one event per read):")
+        lines.append(f"{'target':<8} {'streams/s':>9} {'events/s':>9} {'CPU us/event':>12} {'events/s per core':>17}")
+        for name, t in st["targets"].items():
+            lines.append(f"{name:<8} {_f(t['streams_per_s']):>9} {_f(t['events_per_s']):>9} "
+                         f"{_f(t['cpu_us_per_event'], '{:.1f}'):>12} {_f(t['events_per_core_s']):>17}")
+        r = ratios.get("gateway_vs_nginx_events_per_core")
+        lines.append(f"gateway/nginx SSE events per core: {_f(r, '{:.2f}x')}")
     prof = res.get("profile")
     if prof:
         lines.append("")
@@ -737,6 +804,8 @@ def run(args) -> dict:
             if args.profile > 0:
                 gw = next(t for t in targets if t.name == "gateway")
                 res["profile"] = profile_gateway(gw, args, work)
+            if args.stream_events > 0:
+                stream_phase(procs, args, work, res)
         finally:
             procs.stop_all()
     T = res["targets"]
@@ -776,6 +845,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nice", type=int, default=0,
                    help="niceness of every measured process; negative (root only) makes other work on a "
                         "shared machine yield during the run")
+    p.add_argument("--stream-events", type=int, default=32, metavar="N",
+                   help="then the SSE relay phase: streams of N token events (0: skip)")
+    p.add_argument("--stream-interval-ms", type=float, default=1.0,
+                   help="the upstream's pause between events of a stream (default 1)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
     args = p.parse_args(argv)
     if args.duration <= 0 or args.rounds < 1 or args.latency_duration <= 0 or args.connections < 1:
