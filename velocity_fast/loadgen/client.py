@@ -162,11 +162,14 @@ class Client:
                         break
                     self._all.discard(c)
                 if conn is None:
-                    conn = await asyncio.wait_for(self._connect(), self.timeout)
+                    # asyncio.timeout, not wait_for: on Python 3.11 wait_for can drop a cancel.
+                    async with asyncio.timeout(self.timeout):
+                        conn = await self._connect()
                 ex = _Exchange(result, asyncio.get_running_loop().create_future())
                 conn.ex = ex
                 conn.transport.write(wire)
-                await asyncio.wait_for(ex.waiter, self.timeout)
+                async with asyncio.timeout(self.timeout):
+                    await ex.waiter
             except (OSError, asyncio.TimeoutError) as e:
                 if conn is not None:
                     conn.ex = None

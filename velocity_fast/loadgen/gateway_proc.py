@@ -60,7 +60,8 @@ async def http_get(host: str, port: int, path: str, timeout: float = 2.0) -> tup
             body = _dechunk(body)
         return status, body
 
-    return await asyncio.wait_for(go(), timeout)
+    async with asyncio.timeout(timeout):  # not wait_for, which can drop a cancel on Python 3.11
+        return await go()
 
 
 def _dechunk(data: bytes) -> bytes:

@@ -50,9 +50,13 @@ class EndpointMonitor:
     async def stop(self) -> None:
         tasks = list(self._tasks.values())
         self._tasks.clear()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # A cancel can be lost (a library call that swallows it as its own work completes):
+        # cancel again until every monitor has ended, so that stopping never hangs.
+        while tasks:
+            for t in tasks:
+                t.cancel()
+            await asyncio.wait(tasks, timeout=0.5)
+            tasks = [t for t in tasks if not t.done()]
 
     # -- state changes ------------------------------------------------------------------
     def _set(self, ep: Endpoint, state: str) -> None:

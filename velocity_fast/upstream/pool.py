@@ -49,9 +49,11 @@ class UpstreamPool:
     async def connect(self) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: UpstreamConnection(self, loop), self.host, self.port),
-                self.connect_timeout)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancel that
+            # lands as the connect completes, and a task told to stop then runs on.
+            async with asyncio.timeout(self.connect_timeout):
+                _, conn = await loop.create_connection(lambda: UpstreamConnection(self, loop), self.host,
+                                                       self.port)
         except (OSError, asyncio.TimeoutError) as e:
             raise UpstreamError(f"cannot connect to {self.url}: {e or 'timeout'}", connect=True) from None
         self.connects += 1
@@ -165,7 +167,8 @@ class UpstreamPool:
             finally:
                 self.release(conn)
 
-        return await asyncio.wait_for(go(), timeout)
+        async with asyncio.timeout(timeout):  # not wait_for: see connect()
+            return await go()
 
     def close(self) -> None:
         for task in list(self._connecting):
