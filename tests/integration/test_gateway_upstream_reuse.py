@@ -47,12 +47,14 @@ class _Handler(socketserver.StreamRequestHandler):
             if length:
                 self.rfile.read(length)
             body = _REPLY if method == b"POST" else b""
+            if method == b"POST":
+                # Counted before the answer leaves: the test reads the count as soon as
+                # its answer arrives, which may be before this thread runs again.
+                eng.posts += 1
+                answered_post = True
             self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                              b"content-length: %d\r\nconnection: keep-alive\r\n\r\n%s" % (len(body), body))
             self.wfile.flush()
-            if method == b"POST":
-                eng.posts += 1
-                answered_post = True
 
 
 class ClosingEngine(socketserver.ThreadingTCPServer):
