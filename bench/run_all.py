@@ -24,6 +24,7 @@ def quick_set(py: str) -> list[tuple[str, list[Path], list[str]]]:
     return [
         ("micro", micro, [py, "-m", "pytest", *map(str, micro), "--benchmark-only", "-q",
                           "-p", "no:cacheprovider"]),
+        ("inprocess", [ROOT / "bench" / "inprocess.py"], [py, str(ROOT / "bench" / "inprocess.py")]),
         ("overhead", [ROOT / "bench" / "overhead.py"], [py, str(ROOT / "bench" / "overhead.py")]),
         ("isolation", [ROOT / "bench" / "isolation.py"], [py, str(ROOT / "bench" / "isolation.py")]),
         ("prefix", [ROOT / "bench" / "prefix.py"], [py, str(ROOT / "bench" / "prefix.py")]),

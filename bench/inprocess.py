@@ -1,0 +1,182 @@
+"""The gateway's request path in one process, without sockets: user-space CPU per request.
+
+Method
+------
+A real Gateway (default settings: dynamic admission with max-concurrency 32, routing,
+metrics) with one endpoint, its client-side HttpProtocols and its engine-side
+UpstreamConnections on fake transports that keep what is written. --connections clients
+each send one plain POST /v1/chat/completions at a time (closed loop); every engine
+request the gateway writes is answered with a fixed whole response in the next loop pass.
+Everything but the kernel and uvloop's own socket code runs as in production: parsing,
+admission (queueing included, since half the clients wait at the default limit), routing,
+the exchange, the outbox, the responses. No system calls, no other process: the figure is
+repeatable on a noisy machine, which the socket benchmark (overhead.py) is not.
+
+Reported: microseconds of this process's CPU time (user + system) per request over
+--requests requests, best of --repeat runs; --profile adds a cProfile table.
+
+    python bench/inprocess.py [--requests 20000] [--connections 64] [--repeat 3] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import pstats
+import resource
+import sys
+import time
+from pathlib import Path
+
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from velocity_fast.config import load_settings, parse_endpoint_flag  # noqa: E402
+from velocity_fast.gateway.app import Gateway  # noqa: E402
+from velocity_fast.server import HTTPServer, ServerLimits  # noqa: E402
+from velocity_fast.server.protocol import HttpProtocol  # noqa: E402
+from velocity_fast.upstream.connection import UpstreamConnection  # noqa: E402
+
+BODY = b'{"model":"fixed","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
+REQUEST = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Type: application/json\r\n"
+           b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY)
+ANSWER = (b'{"id":"chatcmpl-fixed","object":"chat.completion","created":1700000000,"model":"fixed",'
+          b'"choices":[{"index":0,"message":{"role":"assistant","content":"Hello!"},"finish_reason":"stop"}],'
+          b'"usage":{"prompt_tokens":10,"total_tokens":12,"completion_tokens":2}}')
+RESPONSE = (b"HTTP/1.1 200 OK\r\ndate: Sun, 29 Nov 2026 22:00:00 GMT\r\nserver: uvicorn\r\n"
+            b"content-length: %d\r\ncontent-type: application/json\r\n\r\n" % len(ANSWER) + ANSWER)
+
+
+class FakeTransport:
+    """Keeps what is written; the harness reads it back."""
+
+    def __init__(self, peer=("127.0.0.1", 40000)) -> None:
+        self.out: list[bytes] = []
+        self.closing = False
+        self.peer = peer
+
+    def write(self, data: bytes) -> None:
+        self.out.append(data)
+
+    def writelines(self, parts) -> None:
+        self.out.extend(parts)
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    abort = close
+
+    def write_eof(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_write_buffer_limits(self, high=None, low=None) -> None:
+        pass
+
+    def get_extra_info(self, name, default=None):
+        return self.peer if name == "peername" else default
+
+    def take(self) -> bytes:
+        out, self.out = self.out, []
+        return b"".join(out)
+
+
+async def drive(requests: int, connections: int) -> tuple[float, int]:
+    loop = asyncio.get_running_loop()
+    settings = load_settings(None, {"endpoints": [parse_endpoint_flag("e1=http://127.0.0.1:9=fixed")]}, env={})
+    gw = Gateway(settings)
+    gw._loop = loop
+    ep = gw.endpoints["e1"]
+    ep.healthy, ep.state = True, "healthy"
+    gw.admission.on_metrics(ep)
+    server = HTTPServer(gw.handle, limits=ServerLimits(), name="gateway")
+    server._loop = loop
+    # Engine connections: enough idle ones for every client.
+    engines: list[tuple[UpstreamConnection, FakeTransport]] = []
+    for _ in range(connections):
+        conn = UpstreamConnection(ep.upstream, loop)
+        t = FakeTransport()
+        conn.connection_made(t)
+        ep.upstream._all.add(conn)
+        ep.upstream._idle.append(conn)
+        engines.append((conn, t))
+    clients: list[tuple[HttpProtocol, FakeTransport]] = []
+    for i in range(connections):
+        proto = HttpProtocol(server)
+        t = FakeTransport(("127.0.0.1", 40000 + i))
+        proto.connection_made(t)
+        clients.append((proto, t))
+
+    sent = done = 0
+    for proto, _ in clients:
+        if sent < requests:
+            proto.data_received(REQUEST)
+            sent += 1
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    stalls = 0
+    while done < requests:
+        await asyncio.sleep(0)  # the outbox flushes; granted exchanges go out
+        progressed = False
+        for conn, t in engines:
+            if t.out:
+                t.out.clear()
+                conn.data_received(RESPONSE)
+                progressed = True
+        await asyncio.sleep(0)
+        for proto, t in clients:
+            if t.out:
+                data = t.take()
+                if not data.startswith(b"HTTP/1.1 200 "):
+                    raise RuntimeError(f"unexpected answer: {data[:200]!r}")
+                done += 1
+                progressed = True
+                if sent < requests:
+                    proto.data_received(REQUEST)
+                    sent += 1
+        stalls = 0 if progressed else stalls + 1
+        if stalls > 1000:
+            raise RuntimeError(f"stalled after {done} answers")
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    gw.admission.close()
+    return cpu / requests * 1e6, int(requests / wall)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=20000)
+    p.add_argument("--connections", type=int, default=64)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--profile", action="store_true", help="then one run under cProfile, top functions")
+    p.add_argument("--top", type=int, default=30)
+    a = p.parse_args(argv)
+    best = None
+    for _ in range(a.repeat):
+        us, rps = uvloop.run(drive(a.requests, a.connections))
+        print(f"{us:.1f} us CPU per request ({rps} requests/s of wall time, one core, no sockets)")
+        best = us if best is None else min(best, us)
+    print(f"best: {best:.1f} us per request over {a.requests} requests, {a.connections} connections")
+    if a.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        uvloop.run(drive(a.requests, a.connections))
+        prof.disable()
+        st = pstats.Stats(prof)
+        st.sort_stats("tottime").print_stats(a.top)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
