@@ -7,7 +7,7 @@ body, ordinary headers) these scanners read it in one call and return it whole.
 
 They accept a strict subset of what llhttp accepts and decline everything else
 by returning None: a message split across reads, chunked bodies, Expect, Upgrade,
-HTTP/1.0, a header byte outside printable ASCII, a repeated Content-Length, a head
+a request with Connection: close, HTTP/1.0, a header byte outside printable ASCII, a repeated Content-Length, a head
 or body past the server's limits, anything they do not recognise. The caller then
 hands the same bytes to llhttp, which parses them or produces the error the
 contract asks for. So a message taken here is one llhttp would have taken with the
@@ -242,6 +242,10 @@ def scan_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ssize_t max
         return None
     pos += 1
     if _headers(s, pos, n, limit, True, head) < 0:
+        return None
+    if head.keep_alive == 0:
+        # Connection: close: llhttp refuses what the client sends after it, and the
+        # server answers that refusal; the rarely-seen case stays entirely llhttp's.
         return None
     cl = head.content_length
     if cl < 0:
