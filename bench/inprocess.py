@@ -15,7 +15,14 @@ repeatable on a noisy machine, which the socket benchmark (overhead.py) is not.
 Reported: microseconds of this process's CPU time (user + system) per request over
 --requests requests, best of --repeat runs; --profile adds a cProfile table.
 
+CPU time still drifts 20-40 % between runs on a shared machine. --instructions counts
+instead the machine instructions per request with valgrind's callgrind, which is
+deterministic: two runs (500 and 2,500 requests) under callgrind, and the difference of
+their totals over the 2,000 extra requests (start-up and imports cancel out). About a
+minute; needs valgrind (apt-get install valgrind).
+
     python bench/inprocess.py [--requests 20000] [--connections 64] [--repeat 3] [--profile]
+    python bench/inprocess.py --instructions
 """
 
 from __future__ import annotations
@@ -23,9 +30,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import os
 import pstats
+import re
 import resource
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -154,6 +166,25 @@ async def drive(requests: int, connections: int) -> tuple[float, int]:
     return cpu / requests * 1e6, int(requests / wall)
 
 
+def instructions(connections: int, small: int = 500, large: int = 2500) -> float:
+    """Machine instructions per request: callgrind totals of two runs, differenced."""
+    vg = shutil.which("valgrind")
+    if vg is None:
+        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+    totals = []
+    with tempfile.TemporaryDirectory(prefix="velocity-callgrind-") as tmp:
+        for n in (small, large):
+            p = subprocess.run([vg, "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.{n}", sys.executable,
+                                str(Path(__file__).resolve()), "--requests", str(n), "--repeat", "1",
+                                "--connections", str(connections)], capture_output=True, text=True, timeout=900,
+                               env={**os.environ, "PYTHONHASHSEED": "0"})
+            m = re.search(r"Collected : (\d+)", p.stderr)
+            if p.returncode != 0 or m is None:
+                raise SystemExit(f"callgrind run failed ({p.returncode}): {p.stderr[-800:]}")
+            totals.append(int(m.group(1)))
+    return (totals[1] - totals[0]) / (large - small)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=20000)
@@ -161,7 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="then one run under cProfile, top functions")
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--instructions", action="store_true",
+                   help="machine instructions per request under callgrind (deterministic; needs valgrind)")
     a = p.parse_args(argv)
+    if a.instructions:
+        per = instructions(a.connections)
+        print(f"{per:,.0f} instructions per request (callgrind, {a.connections} connections, "
+              f"2,500 - 500 requests)")
+        return 0
     best = None
     for _ in range(a.repeat):
         us, rps = uvloop.run(drive(a.requests, a.connections))
