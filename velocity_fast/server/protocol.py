@@ -436,6 +436,10 @@ class HttpProtocol(asyncio.Protocol):
         """A request scan_request read whole: what the parser callbacks would have done."""
         req = Request(r[0], r[1], r[2], r[3], "1.1", r[4], self._client, time.monotonic())
         req.body = r[5]
+        self._take(req)
+
+    def _take(self, req: Request) -> None:
+        """A whole request: answered now, or queued behind the ones before it."""
         if self._closing:
             req.keep_alive = False
         self._disarm()
@@ -533,15 +537,7 @@ class HttpProtocol(asyncio.Protocol):
         self._continue_pending = False
         req.body = b"".join(self._body) if len(self._body) != 1 else self._body[0]
         self._body = []
-        if self._closing:
-            req.keep_alive = False
-        self._disarm()
-        self._queue.append(req)
-        if self._active is None:
-            self._next()
-        elif len(self._queue) >= self._limits.max_pipelined and not self._read_paused:
-            self._read_paused = True
-            self._transport.pause_reading()
+        self._take(req)
 
     # -- answering --------------------------------------------------------------
     def _keep_alive_after(self, req: Request) -> bool:
