@@ -222,6 +222,8 @@ class Gateway:
     def _band_for(self, raw, tenant) -> str:
         """The band a request asks for (header, then body), capped by its tenant's max_band."""
         names = self.band_names
+        if raw is None and tenant is None:
+            return "normal" if "normal" in names else names[len(names) // 2]
         if raw is None or raw == "":
             band = "normal" if "normal" in names else names[len(names) // 2]
         elif isinstance(raw, int) and not isinstance(raw, bool):
@@ -560,7 +562,10 @@ class _Exchange(UpstreamListener):
         if self.abandoned:
             lease.release("cancelled")
             return
-        self._guard(self._admitted, lease)
+        try:  # as _guard does
+            self._admitted(lease)
+        except Exception:
+            self._crashed()
 
     def _refused(self, e: Rejected) -> None:
         if self.abandoned:
@@ -590,11 +595,11 @@ class _Exchange(UpstreamListener):
         lease.rebind(ep)
         self.ep = ep
         up = ep.upstream
-        headers = [("content-type", "application/json"), ("x-request-id", self.rid)]
-        if ep.api_key:
-            headers.append(("authorization", f"Bearer {ep.api_key}"))
-        data = request_head("POST", up.base_path + self.req.path, up.host_header, headers, len(self.body)) + self.body
-        up.request(data, self)
+        # The bytes request_head would build (same headers, same order), in one step.
+        auth = f"authorization: Bearer {ep.api_key}\r\n".encode("latin-1") if ep.api_key else b""
+        body = self.body
+        up.request(b"%sx-request-id: %s\r\n%scontent-length: %d\r\n\r\n%s" % (
+            up.json_post_head(self.req.path), self.rid.encode("latin-1"), auth, len(body), body), self)
 
     def upstream_sent(self, conn) -> None:
         self.conn = conn

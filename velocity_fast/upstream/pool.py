@@ -38,6 +38,16 @@ class UpstreamPool:
         self._all: set[UpstreamConnection] = set()
         self._connecting: set[asyncio.Task] = set()
         self.connects = 0
+        self._json_posts: dict[str, bytes] = {}
+
+    def json_post_head(self, path: str) -> bytes:
+        """The start of a JSON POST to ``path``, up to the per-request headers: what
+        request_head("POST", ...) writes first, built once per path."""
+        head = self._json_posts.get(path)
+        if head is None:
+            head = self._json_posts[path] = b"POST %s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n" % (
+                (self.base_path + path).encode("latin-1"), self.host_header)
+        return head
 
     def _forget(self, conn: UpstreamConnection) -> None:
         self._all.discard(conn)
