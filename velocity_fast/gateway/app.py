@@ -18,7 +18,7 @@ from ..routing.health import EndpointMonitor
 from ..server import HTTPServer, Request, Responder, ServerLimits
 from ..upstream import UpstreamError, UpstreamPool, request_head
 from ..upstream.connection import UpstreamListener
-from ..upstream.relay import relay_response
+from ..upstream.relay import relay_response, stream_error_event
 from .auth import Identity
 from .observability import GatewayMetrics
 from .policy import Rejected, Ticket, make_admission, make_router
@@ -30,6 +30,8 @@ __all__ = ["Gateway"]
 log = logging.getLogger("velocity.gateway")
 
 _PROXY_ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}
+_SSE_DATA = b"data: "
+_SSE_ERROR = b'data: {"error"'
 _JSON = [("content-type", "application/json")]
 
 
@@ -66,7 +68,6 @@ class Gateway:
         self.client_server: HTTPServer | None = None
         self.admin_server: HTTPServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._relays: set[asyncio.Task] = set()
         for cfg in settings.endpoints:
             self.add_endpoint(cfg, watch=False)
 
@@ -286,11 +287,10 @@ class Gateway:
         max_tokens = r.max_completion_tokens or r.max_tokens or 256
         ticket = Ticket(band=band, tenant=tenant_name, sla_ms=sla_ms, max_tokens=max_tokens,
                         prompt_bytes=len(body), model=model)
-        if not r.stream:
-            # A whole answer needs no task: admission, upstream and client meet in callbacks.
-            _Exchange(self, req, resp, route, pool, ticket, info, body, rid, base_headers).start()
-            return None
-        return self._forward(req, resp, route, pool, ticket, info, body, req.path, rid, base_headers)
+        # No task: admission, the engine connection and the client meet in callbacks,
+        # a stream's events included (see _Exchange).
+        _Exchange(self, req, resp, route, pool, ticket, info, body, rid, base_headers).start()
+        return None
 
     async def _forward(self, req: Request, resp: Responder, route: str, pool: Pool, ticket: Ticket, info,
                        body: bytes, upstream_path: str, rid: str, base_headers: list,
@@ -385,27 +385,6 @@ class Gateway:
         lease.release("completed" if ok else "failed", error_text=error_text, tokens=events or 0)
         self.metrics.requests.labels(route, status, band).inc()
 
-    async def _relay_stream(self, ex: "_Exchange", conn) -> None:
-        """The rest of an exchange whose engine answered with a stream: relayed as it comes."""
-        resp, lease, ep, band = ex.resp, ex.lease, ex.ep, ex.ticket.band
-        try:
-            out = await relay_response(ep.upstream, conn, resp, ex.out_headers(), on_first_byte=lease.first_byte)
-            self._settle(ex.route, band, ep, lease, out.status, out.engine_failed, out.ok, out.error_text,
-                         out.events)
-        except asyncio.CancelledError:
-            lease.release("cancelled")
-            raise
-        except UpstreamError as e:
-            lease.release("failed", error_text=str(e))
-            if not resp.started:
-                self._reject(resp, ex.route, 502, "upstream", f"The engine failed while answering: {e}", band,
-                             ex.base_headers)
-        finally:
-            lease.release("failed")
-            ex.state = _DONE
-            resp.remove_disconnect_callback(ex.on_disconnect)
-            self._relays.discard(ex.task)
-
     # -- native /generate ----------------------------------------------------------------------------------
     async def _generate(self, req: Request, resp: Responder) -> None:
         h = req.headers
@@ -493,10 +472,11 @@ class Gateway:
 
 
 class _Exchange(UpstreamListener):
-    """One non-streamed proxied request driven by callbacks, without a task: admission
-    grants at once or later (this object is the queue's waiter), the request goes out on
-    a pooled engine connection, and the engine's whole answer is sent on from its last
-    parser callback. An engine that answers with a stream hands the rest to a task.
+    """One proxied request driven by callbacks, without a task: admission grants at once
+    or later (this object is the queue's waiter), the request goes out on a pooled engine
+    connection, and the engine's answer is sent on from its parser callbacks: a whole
+    answer from the last one, a stream event by event as each piece arrives (reading
+    from the engine pauses while the client's buffer is full).
 
     It follows Gateway._forward step for step (retry once elsewhere on a connect
     failure, the same rejections and books); every admitted request ends its lease
@@ -504,7 +484,8 @@ class _Exchange(UpstreamListener):
     """
 
     __slots__ = ("gw", "req", "resp", "route", "pool", "ticket", "info", "body", "rid", "base_headers",
-                 "state", "adm", "qid", "lease", "ep", "conn", "tried", "queue_s", "headed", "abandoned", "task")
+                 "state", "adm", "qid", "lease", "ep", "conn", "tried", "queue_s", "headed", "abandoned", "task",
+                 "relaying", "ct", "status", "events", "first", "engine_failed", "error_text")
 
     def __init__(self, gw: Gateway, req: Request, resp: Responder, route: str, pool: Pool, ticket: Ticket,
                  info, body: bytes, rid: str, base_headers: list) -> None:
@@ -528,7 +509,15 @@ class _Exchange(UpstreamListener):
         self.queue_s = 0.0
         self.headed = False
         self.abandoned = False
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task | None = None  # waits for a slow client to drain, while relaying
+        # A streamed answer (relaying): its content type, status and what was relayed.
+        self.relaying = False
+        self.ct = ""
+        self.status = 0
+        self.events = 0
+        self.first = True
+        self.engine_failed = False
+        self.error_text: str | None = None
 
     def start(self) -> None:
         self.resp.add_disconnect_callback(self.on_disconnect)
@@ -613,15 +602,68 @@ class _Exchange(UpstreamListener):
         if ct.startswith("text/event-stream") or (
                 "content-length" not in h and h.get("transfer-encoding", "").lower() == "chunked"
                 and not ct.startswith("application/json")):
-            conn.listener = None  # the stream is relayed by a task, as in _forward
-            self.task = task = gw._loop.create_task(gw._relay_stream(self, conn))
-            gw._relays.add(task)
+            # A stream: its pieces come to upstream_body as they arrive (relay.py's rules).
+            self.relaying = True
+            self.ct = ct
+            self.status = conn.status
+            self.resp.start(conn.status, content_type=ct, headers=self.out_headers())
+
+    def upstream_body(self, conn, data: bytes) -> None:
+        resp = self.resp
+        if self.first:
+            self.first = False
+            self.lease.first_byte()
+        self.events += data.count(_SSE_DATA)
+        if not self.engine_failed and _SSE_ERROR in data:  # the engine's own error event (e.g. out of memory)
+            self.engine_failed = True
+            self.error_text = data[data.find(_SSE_ERROR):][:2000].decode("utf-8", "replace")
+        resp.write_nowait(data)
+        if resp.paused and self.task is None:
+            conn.pause()  # the client reads slowly: so do we, from the engine
+            self.task = task = self.gw._loop.create_task(resp.write(b""))
+            task.add_done_callback(self._drained)
+
+    def _drained(self, task: asyncio.Task) -> None:
+        self.task = None
+        if task.cancelled() or task.exception() is not None:
+            return  # the client left: on_disconnect has ended the rest
+        conn = self.conn
+        if conn is not None:
+            conn.resume()
 
     def upstream_done(self, conn) -> None:
         try:
-            self._answer(conn)
+            if self.relaying:
+                self._stream_done(conn)
+            else:
+                self._answer(conn)
         except Exception:
             self._crashed()
+
+    def _stream_done(self, conn) -> None:
+        ep = self.ep
+        self.resp.end()
+        ep.upstream.release(conn)
+        self.conn = None
+        self._end()
+        status = self.status
+        ok = 200 <= status < 300 and not self.engine_failed
+        error_text = self.error_text
+        if not ok and error_text is None and status >= 400:
+            error_text = f"engine status {status}"
+        self.gw._settle(self.route, self.ticket.band, ep, self.lease, status, self.engine_failed, ok, error_text,
+                        self.events)
+
+    def _stream_failed(self, e: UpstreamError) -> None:
+        """The engine broke a stream: vLLM's error event and [DONE] when it is SSE, then the end."""
+        self.conn = None
+        self._end()
+        resp = self.resp
+        if self.ct.startswith("text/event-stream"):
+            resp.write_nowait(stream_error_event(f"The engine failed during streaming: {e}", 500))
+        resp.end()
+        self.gw._settle(self.route, self.ticket.band, self.ep, self.lease, self.status, True, False, str(e),
+                        self.events)
 
     def _answer(self, conn) -> None:
         gw, ep, lease, resp = self.gw, self.ep, self.lease, self.resp
@@ -644,6 +686,8 @@ class _Exchange(UpstreamListener):
         self._guard(self._engine_failed, err)
 
     def _engine_failed(self, e: UpstreamError) -> None:
+        if self.relaying:
+            return self._stream_failed(e)
         gw, ep = self.gw, self.ep
         self.conn = None
         if self.headed:  # the engine broke its answer
@@ -715,3 +759,5 @@ class _Exchange(UpstreamListener):
         self._end()
         if not self.resp.started:
             self.resp.send_error(500, "Internal server error.")
+        else:
+            self.resp.abort()  # a stream that cannot be finished: the client sees it cut short

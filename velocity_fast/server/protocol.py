@@ -193,6 +193,15 @@ class Responder:
         else:
             proto._response_done(self, False)
 
+    def abort(self) -> None:
+        """Give up a started response that cannot be finished: the connection closes, and
+        the client sees the response cut short (as when a task handler fails mid-stream)."""
+        if self.finished or self.disconnected:
+            return
+        self.finished = True
+        self._mode = _IDLE
+        self._proto._close()
+
     # -- disconnects -------------------------------------------------------
     def add_disconnect_callback(self, cb: Callable[[], None]) -> None:
         """cb() runs once if the client goes away before the response ends (at once if gone)."""

@@ -40,15 +40,21 @@ class UpstreamError(ConnectionError):
 class UpstreamListener:
     """What a callback-driven request is told (UpstreamPool.request). Each runs once at most,
     in this order: head (status and headers known), then done (the whole body is in
-    ``conn.chunks``) or error. ``abandoned`` True: the listener no longer wants an answer."""
+    ``conn.chunks``) or error. ``abandoned`` True: the listener no longer wants an answer.
+    A listener that sets ``relaying`` (in upstream_head) gets the body piece by piece in
+    upstream_body instead, as it arrives, and done or error at its end."""
 
     abandoned = False
+    relaying = False
 
     def upstream_sent(self, conn: "UpstreamConnection") -> None:
         """The request went out on ``conn`` (to abort it on a cancel)."""
 
     def upstream_head(self, conn: "UpstreamConnection") -> None:
         """The response head arrived."""
+
+    def upstream_body(self, conn: "UpstreamConnection", data: bytes) -> None:
+        """A piece of the body (only while ``relaying``)."""
 
     def upstream_done(self, conn: "UpstreamConnection") -> None:
         """The whole response arrived."""
@@ -126,7 +132,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._resend = None  # the answer has begun: no retry from here on
         self.listener.upstream_head(self)
         if r[3]:
-            self.chunks.append(r[3])
+            self.on_body(r[3])
         self.done = True
         listener = self.listener
         if listener is not None:
@@ -154,8 +160,12 @@ class UpstreamConnection(asyncio.Protocol):
             h.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        listener = self.listener
+        if listener is not None and listener.relaying:
+            listener.upstream_body(self, body)
+            return
         self.chunks.append(body)
-        if self.listener is None:
+        if listener is None:
             self._wake()
 
     def on_message_complete(self) -> None:
