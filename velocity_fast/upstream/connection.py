@@ -6,9 +6,11 @@ pauses while the relay asks for it (the client reads slowly), so flow control
 holds end to end.
 
 A request sent with a listener (see UpstreamListener) is answered through plain
-callbacks instead: no future, no task, which is what a whole (non-streamed)
-answer needs. The listener may hand the connection back to the future path at
-the head (a streamed answer) by clearing ``conn.listener``.
+callbacks instead: no future, no task. A whole answer arrives at once in
+``upstream_done``; a listener that sets ``relaying`` at the head gets a stream
+piece by piece (``upstream_body``) and pauses reading itself (``pause``/``resume``).
+A listener may also hand the connection back to the future path at the head by
+clearing ``conn.listener``.
 """
 
 from __future__ import annotations
