@@ -510,14 +510,9 @@ class _Exchange(UpstreamListener):
         self.headed = False
         self.abandoned = False
         self.task: asyncio.Task | None = None  # waits for a slow client to drain, while relaying
-        # A streamed answer (relaying): its content type, status and what was relayed.
+        # A streamed answer (relaying): ct, status, events, first, engine_failed and
+        # error_text are set in upstream_head when it begins, and only read after.
         self.relaying = False
-        self.ct = ""
-        self.status = 0
-        self.events = 0
-        self.first = True
-        self.engine_failed = False
-        self.error_text: str | None = None
 
     def start(self) -> None:
         self.resp.add_disconnect_callback(self.on_disconnect)
@@ -606,6 +601,10 @@ class _Exchange(UpstreamListener):
             self.relaying = True
             self.ct = ct
             self.status = conn.status
+            self.events = 0
+            self.first = True
+            self.engine_failed = False
+            self.error_text = None
             self.resp.start(conn.status, content_type=ct, headers=self.out_headers())
 
     def upstream_body(self, conn, data: bytes) -> None:

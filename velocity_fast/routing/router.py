@@ -125,6 +125,7 @@ class Router:
         self.settings = s = settings or RoutingSettings()
         self._rng = rng or random.Random(s.seed)
         self._hasher = PrefixHasher(s.block_bytes)
+        self._batch_infos: dict[str, RouteInfo] = {}  # by model: nothing per request in them
         self._sessions = SessionAffinity()
         self._profiles = make_profiles(s, self._rng, self._sessions)
         self._pools: dict[str, _PoolState] = {}
@@ -171,8 +172,14 @@ class Router:
         if session:
             session = session.strip() or None
         if profile == "batch" and not session:
-            data = b""  # shortest queue needs no prefix: skip rendering and hashing
-        elif isinstance(body_obj, (bytes, bytearray, memoryview)):
+            # Shortest queue needs no prefix: no rendering, no hashing, one shared RouteInfo.
+            info = self._batch_infos.get(model)
+            if info is None:
+                info = RouteInfo(model, profile, self._hasher.hash(b"", model), None, None)
+                if len(self._batch_infos) < 256:  # models come from clients: the cache stays bounded
+                    self._batch_infos[model] = info
+            return info
+        if isinstance(body_obj, (bytes, bytearray, memoryview)):
             data = body_obj
         else:
             data = render_prompt(body_obj)

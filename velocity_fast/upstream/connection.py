@@ -133,8 +133,13 @@ class UpstreamConnection(asyncio.Protocol):
         self.status, self.headers, self.keep_alive = r[0], r[1], r[2]
         self._resend = None  # the answer has begun: no retry from here on
         self.listener.upstream_head(self)
-        if r[3]:
-            self.on_body(r[3])
+        body = r[3]
+        if body:
+            listener = self.listener
+            if listener is not None and listener.relaying:
+                listener.upstream_body(self, body)
+            else:
+                self.chunks.append(body)
         self.done = True
         listener = self.listener
         if listener is not None:
