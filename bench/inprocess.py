@@ -78,6 +78,9 @@ class FakeTransport:
     def is_closing(self) -> bool:
         return self.closing
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # everything written is taken at once
+
     def close(self) -> None:
         self.closing = True
 

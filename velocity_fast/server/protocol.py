@@ -307,9 +307,10 @@ class HttpProtocol(asyncio.Protocol):
     def _write(self, data: bytes) -> None:
         self._outbox.write(self, data)
         self._out_bytes += len(data)
-        if self._out_bytes > self._limits.write_buffer_high:
-            # A producer that never yields would fill memory: past the high-water mark
-            # the bytes go to the transport now, whose own flow control then pauses it.
+        if self._out_bytes + self._transport.get_write_buffer_size() > self._limits.write_buffer_high:
+            # What waits here and in the transport together stays under the high-water
+            # mark: past it the bytes go to the transport now, whose flow control then
+            # pauses the producer (one that never yields would otherwise fill memory).
             flush_out(self)
 
     def _flush_out(self) -> None:
