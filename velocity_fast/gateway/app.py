@@ -223,8 +223,6 @@ class Gateway:
     def _band_for(self, raw, tenant) -> str:
         """The band a request asks for (header, then body), capped by its tenant's max_band."""
         names = self.band_names
-        if raw is None and tenant is None:
-            return "normal" if "normal" in names else names[len(names) // 2]
         if raw is None or raw == "":
             band = "normal" if "normal" in names else names[len(names) // 2]
         elif isinstance(raw, int) and not isinstance(raw, bool):
