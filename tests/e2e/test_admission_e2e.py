@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from tests.support.gateway import GatewayProcess, running_gateway, wait_until
+from tests.support.gateway import GatewayProcess, ScriptedServer, running_gateway, wait_until
 from tests.support.sim import http_request, start_sim_engine
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
@@ -66,7 +66,7 @@ def depth(stats: dict, band: str) -> int:
     return stats["admission"]["bands"][band]["depth"]
 
 
-class FakeEngine:
+class FakeEngine(ScriptedServer):
     """A tiny engine on 127.0.0.1 whose answers the test scripts.
 
     ``/health`` 200. ``/metrics`` answers ``metrics`` (None: never answers, the
@@ -77,6 +77,7 @@ class FakeEngine:
     """
 
     def __init__(self, metrics: bytes | None = IDLE_METRICS, delay: float = 0.0) -> None:
+        super().__init__()
         self.metrics = metrics
         self.delay = delay
         self.gate: asyncio.Event | None = None
@@ -84,66 +85,22 @@ class FakeEngine:
         self.bodies: list[dict] = []
         self.active = 0
         self.peak = 0
-        self.port = 0
-        self._server: asyncio.AbstractServer | None = None
-        self._tasks: set[asyncio.Task] = set()
-        self._writers: set[asyncio.StreamWriter] = set()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def __aenter__(self) -> "FakeEngine":
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self._server.close()
-        for w in list(self._writers):
-            w.transport.abort()
-        tasks = list(self._tasks)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        self._tasks.add(task)
-        self._writers.add(writer)
-        try:
-            while True:
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return
-                lines = head.decode("latin-1").split("\r\n")
-                _, path, _ = lines[0].split(" ", 2)
-                length = 0
-                for ln in lines[1:]:
-                    k, _, v = ln.partition(":")
-                    if k.strip().lower() == "content-length":
-                        length = int(v)
-                body = await reader.readexactly(length) if length else b""
-                if path == "/health":
-                    status, out = 200, b""
-                elif path == "/metrics":
-                    if self.metrics is None:
-                        await asyncio.Event().wait()  # a scrape that never gets an answer
-                    status, out = 200, self.metrics
-                else:
-                    status, out = await self._complete(json.loads(body))
-                reason = {200: "OK", 500: "Internal Server Error"}[status]
-                writer.write(f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-                             f"content-length: {len(out)}\r\n\r\n".encode() + out)
-                await writer.drain()
-        except (ConnectionError, asyncio.CancelledError):
-            return
-        finally:
-            self._writers.discard(writer)
-            self._tasks.discard(task)
-            writer.transport.abort()
+        while True:
+            _, path, _, body = await self.read_request(reader)
+            if path == "/health":
+                status, out = 200, b""
+            elif path == "/metrics":
+                if self.metrics is None:
+                    await asyncio.Event().wait()  # a scrape that never gets an answer
+                status, out = 200, self.metrics
+            else:
+                status, out = await self._complete(json.loads(body))
+            reason = {200: "OK", 500: "Internal Server Error"}[status]
+            writer.write(f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+                         f"content-length: {len(out)}\r\n\r\n".encode() + out)
+            await writer.drain()
 
     async def _complete(self, obj: dict) -> tuple[int, bytes]:
         self.bodies.append(obj)

@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from tests.support.gateway import running_gateway, wait_until
+from tests.support.gateway import ScriptedServer, running_gateway, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -21,62 +21,32 @@ TOTAL = EVENTS * len(EVENT)
 READ_MAX = 256 * 1024  # the most uvloop reads from a socket at once
 
 
-class FloodEngine:
+class FloodEngine(ScriptedServer):
     """Answers a POST with an SSE stream of EVENTS events, written as fast as its
     connection takes them (it waits on drain), and counts what it got rid of."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.sent = 0
         self.done = False
-        self.port = 0
-        self._server: asyncio.AbstractServer | None = None
-        self._tasks: set[asyncio.Task] = set()
-
-    async def __aenter__(self) -> "FloodEngine":
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self._server.close()
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        self._tasks.add(task)
         writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                method, path, _ = lines[0].split(" ", 2)
-                length = 0
-                for ln in lines[1:]:
-                    k, _, v = ln.partition(":")
-                    if k.strip().lower() == "content-length":
-                        length = int(v)
-                if length:
-                    await reader.readexactly(length)
-                if method != "POST":
-                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
-                    await writer.drain()
-                    continue
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                             b"transfer-encoding: chunked\r\n\r\n")
-                for _ in range(EVENTS):
-                    writer.write(b"%x\r\n%s\r\n" % (len(EVENT), EVENT))
-                    await writer.drain()
-                    self.sent += len(EVENT)
-                writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n"))
+        while True:
+            method, _, _, _ = await self.read_request(reader)
+            if method != "POST":
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
                 await writer.drain()
-                self.done = True
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            writer.transport.abort()
-            self._tasks.discard(task)
+                continue
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                         b"transfer-encoding: chunked\r\n\r\n")
+            for _ in range(EVENTS):
+                writer.write(b"%x\r\n%s\r\n" % (len(EVENT), EVENT))
+                await writer.drain()
+                self.sent += len(EVENT)
+            writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n"))
+            await writer.drain()
+            self.done = True
 
 
 async def test_a_slow_client_holds_back_the_engine_and_then_gets_every_byte():

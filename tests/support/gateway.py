@@ -38,6 +38,7 @@ __all__ = [
     "FAST_HEALTH",
     "GatewayProcess",
     "RecordingUpstream",
+    "ScriptedServer",
     "gateway_process",
     "gateway_settings",
     "running_gateway",
@@ -240,8 +241,76 @@ def gateway_process(command: str, *args: str, env: dict[str, str] | None = None,
 
 # -- a tiny fixed upstream that records what it received ------------------------------------------
 
-class RecordingUpstream:
-    """A minimal engine on 127.0.0.1 that keeps every request it received.
+class ScriptedServer:
+    """A test engine on 127.0.0.1 (a free port) whose answers a subclass scripts in
+    ``_serve(reader, writer)``, once per connection. On exit every open connection is
+    aborted and every handler cancelled, so that no test leaves one running.
+
+        async with MyEngine() as eng:
+            ...  eng.url, eng.port
+    """
+
+    def __init__(self) -> None:
+        self.port = 0
+        self._server: asyncio.AbstractServer | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def __aenter__(self):
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._server.close()
+        for w in list(self._writers):
+            w.transport.abort()
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        self._writers.add(writer)
+        try:
+            await self._serve(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            # The gateway closed the connection, or the server is stopping. A handler task
+            # must not end cancelled: asyncio's stream server reports that as an error.
+            pass
+        finally:
+            self._writers.discard(writer)
+            self._tasks.discard(task)
+            writer.transport.abort()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    async def read_request(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str], bytes]:
+        """The next request on a connection: (method, path, headers by lower-case name, body)."""
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        method, path, _ = lines[0].split(" ", 2)
+        headers = {}
+        for ln in lines[1:]:
+            if ":" in ln:
+                k, v = ln.split(":", 1)
+                headers[k.strip().lower()] = v.strip()
+        n = int(headers.get("content-length", "0"))
+        body = await reader.readexactly(n) if n else b""
+        return method, path, headers, body
+
+
+class RecordingUpstream(ScriptedServer):
+    """A minimal engine that keeps every request it received.
 
     ``/health`` answers 200, ``/metrics`` an empty exposition, any POST answers ``reply``
     (200) unless its body contains one of ``reject_fields`` as a JSON key, which gets a
@@ -253,67 +322,33 @@ class RecordingUpstream:
 
     def __init__(self, reply: bytes = b'{"id":"fixed","object":"chat.completion","choices":[]}',
                  reject_fields: tuple[str, ...] = ("priority", "sla_ms")) -> None:
+        super().__init__()
         self.reply = reply
         self.reject_fields = reject_fields
         self.requests: list[tuple[str, str, dict[str, str], bytes]] = []
-        self._server: asyncio.AbstractServer | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def __aenter__(self) -> RecordingUpstream:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self._server.close()
-        for w in list(self._writers):
-            w.transport.abort()
-        await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         import json
 
-        self._writers.add(writer)
-        try:
-            while True:
+        while True:
+            method, path, headers, body = await self.read_request(reader)
+            if path == "/health":
+                status, out, ct = 200, b"", "text/plain"
+            elif path == "/metrics":
+                status, out, ct = 200, b"vllm:num_requests_running 0\n", "text/plain"
+            else:
+                self.requests.append((method, path, headers, body))
+                status, out, ct = 200, self.reply, "application/json"
                 try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return
-                lines = head.decode("latin-1").split("\r\n")
-                method, path, _ = lines[0].split(" ", 2)
-                headers = {}
-                for ln in lines[1:]:
-                    if ":" in ln:
-                        k, v = ln.split(":", 1)
-                        headers[k.strip().lower()] = v.strip()
-                n = int(headers.get("content-length", "0"))
-                body = await reader.readexactly(n) if n else b""
-                if path == "/health":
-                    status, out, ct = 200, b"", "text/plain"
-                elif path == "/metrics":
-                    status, out, ct = 200, b"vllm:num_requests_running 0\n", "text/plain"
-                else:
-                    self.requests.append((method, path, headers, body))
-                    status, out, ct = 200, self.reply, "application/json"
-                    try:
-                        obj = json.loads(body)
-                    except ValueError:
-                        obj = None
-                    bad = [f for f in self.reject_fields if isinstance(obj, dict) and f in obj]
-                    if bad:
-                        status = 400
-                        out = json.dumps({"error": {"message": f"unknown field {bad[0]}", "type": "BadRequestError",
-                                                    "param": bad[0], "code": 400}}).encode()
-                reason = {200: "OK", 400: "Bad Request"}[status]
-                writer.write(f"HTTP/1.1 {status} {reason}\r\ncontent-type: {ct}\r\n"
-                             f"content-length: {len(out)}\r\n\r\n".encode() + out)
-                await writer.drain()
-        finally:
-            self._writers.discard(writer)
-            writer.close()
+                    obj = json.loads(body)
+                except ValueError:
+                    obj = None
+                bad = [f for f in self.reject_fields if isinstance(obj, dict) and f in obj]
+                if bad:
+                    status = 400
+                    out = json.dumps({"error": {"message": f"unknown field {bad[0]}", "type": "BadRequestError",
+                                                "param": bad[0], "code": 400}}).encode()
+            reason = {200: "OK", 400: "Bad Request"}[status]
+            writer.write(f"HTTP/1.1 {status} {reason}\r\ncontent-type: {ct}\r\n"
+                         f"content-length: {len(out)}\r\n\r\n".encode() + out)
+            await writer.drain()
