@@ -234,6 +234,15 @@ async def test_disconnect_while_a_non_streaming_handler_awaits_fires_the_callbac
         await still_serving(srv)
 
 
+async def leave_during(handler, done: asyncio.Event) -> None:
+    """Serve ``handler``; a client sends GET / and leaves while it runs; wait for ``done``."""
+    async with serving(handler) as srv:
+        async with connect(srv) as c:
+            c.send(build("GET", "/"))
+            await asyncio.sleep(0.05)
+        await asyncio.wait_for(done.wait(), WAIT)
+
+
 async def test_a_callback_added_after_the_client_left_runs_at_once():
     ran = asyncio.Event()
     gone = asyncio.Event()
@@ -243,11 +252,7 @@ async def test_a_callback_added_after_the_client_left_runs_at_once():
         await asyncio.wait_for(gone.wait(), WAIT)
         resp.add_disconnect_callback(ran.set)
 
-    async with serving(handler) as srv:
-        async with connect(srv) as c:
-            c.send(build("GET", "/"))
-            await asyncio.sleep(0.05)
-        await asyncio.wait_for(ran.wait(), WAIT)
+    await leave_during(handler, ran)
 
 
 async def test_a_failing_disconnect_callback_does_not_stop_the_others(caplog):
@@ -263,11 +268,7 @@ async def test_a_failing_disconnect_callback_does_not_stop_the_others(caplog):
         resp.add_disconnect_callback(gone.set)
         await asyncio.wait_for(gone.wait(), WAIT)
 
-    async with serving(handler) as srv:
-        async with connect(srv) as c:
-            c.send(build("GET", "/"))
-            await asyncio.sleep(0.05)
-        await asyncio.wait_for(gone.wait(), WAIT)
+    await leave_during(handler, gone)
     assert ran == ["second"]
     assert "disconnect callback failed" in caplog.text
 
@@ -283,11 +284,7 @@ async def test_a_removed_disconnect_callback_does_not_run():
         resp.add_disconnect_callback(gone.set)
         await asyncio.wait_for(gone.wait(), WAIT)
 
-    async with serving(handler) as srv:
-        async with connect(srv) as c:
-            c.send(build("GET", "/"))
-            await asyncio.sleep(0.05)
-        await asyncio.wait_for(gone.wait(), WAIT)
+    await leave_during(handler, gone)
     assert ran == []
 
 
