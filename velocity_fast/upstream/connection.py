@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import httptools
 
 from .._core.http1 import scan_response
-from ..server.outbox import flush_out, outbox_for
+from ..server.outbox import OutboxOwner, outbox_for
 
 if TYPE_CHECKING:  # pragma: no cover
     from .pool import UpstreamPool
@@ -65,8 +65,11 @@ class UpstreamListener:
         """The request failed (``err.received``: after the engine began answering)."""
 
 
-class UpstreamConnection(asyncio.Protocol):
-    __slots__ = ("pool", "transport", "_transport", "_out", "_out_bytes", "_outbox", "_parser", "_loop", "status", "headers", "_head",
+class UpstreamConnection(OutboxOwner):
+    """An asyncio Protocol for uvloop; its outbox fields (_out, _out_bytes, _transport) are
+    OutboxOwner's."""
+
+    __slots__ = ("pool", "transport", "_outbox", "_parser", "_loop", "status", "headers", "_head",
                  "chunks", "done", "error", "_waiter", "_received", "keep_alive", "closed",
                  "_paused", "requests", "listener", "_resend", "_parsing")
 
@@ -74,10 +77,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.pool = pool
         self._loop = loop
         self.transport: asyncio.Transport | None = None
-        self._transport: asyncio.Transport | None = None  # the same, under the outbox's name
-        self._outbox = outbox_for(loop)
-        self._out: list[bytes] | None = None  # the request, until the end of the loop pass
-        self._out_bytes = 0  # (a request is sent whole: its size is not tracked)
+        self._outbox = outbox_for(loop)  # the request waits in _out until the end of the loop pass
         self._parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.requests = 0
@@ -101,9 +101,6 @@ class UpstreamConnection(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------
     def connection_made(self, transport) -> None:
         self.transport = self._transport = transport
-
-    def _flush_out(self) -> None:
-        flush_out(self)
 
     def data_received(self, data: bytes) -> None:
         self._received = True
