@@ -1,0 +1,36 @@
+# The engine connection as a typed class (see upstream.pyx).
+
+from velocity_fast._core.server cimport OutboxOwner, Outbox
+
+
+cdef class UpstreamConnection(OutboxOwner):
+    cdef public object pool
+    cdef public object transport
+    cdef Outbox _outbox
+    cdef object _parser
+    cdef object _loop
+    cdef public int status
+    cdef public dict headers
+    cdef object _head
+    cdef public list chunks
+    cdef public bint done
+    cdef public object error
+    cdef object _waiter
+    cdef bint _received
+    cdef public bint keep_alive
+    cdef public bint closed
+    cdef readonly bint _paused
+    cdef public long requests
+    cdef public object listener
+    cdef object _resend
+    cdef bint _parsing
+
+    cdef _reset(self)
+    cdef _whole_response(self, tuple r)
+    cpdef _fail(self, err)
+    cdef _wake(self)
+    cpdef send_to(self, bytes data, listener, bint reused=*)
+    cpdef bytes take(self)
+    cpdef pause(self)
+    cpdef resume(self)
+    cpdef abort(self)
