@@ -11,14 +11,14 @@ import time
 
 import orjson
 
+from .._core.exchange import Exchange
 from ..config import EndpointConfig, Settings
 from ..metrics import Registry
 from ..routing.endpoint import Endpoint, Pool
 from ..routing.health import EndpointMonitor
 from ..server import HTTPServer, Request, Responder, ServerLimits
 from ..upstream import UpstreamError, UpstreamPool, request_head
-from ..upstream.connection import UpstreamListener
-from ..upstream.relay import relay_response, stream_error_event
+from ..upstream.relay import relay_response
 from .auth import Identity
 from .observability import GatewayMetrics
 from .policy import Rejected, Ticket, make_admission, make_router
@@ -30,13 +30,7 @@ __all__ = ["Gateway"]
 log = logging.getLogger("velocity.gateway")
 
 _PROXY_ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}
-_SSE_DATA = b"data: "
-_SSE_ERROR = b'data: {"error"'
 _JSON = [("content-type", "application/json")]
-
-
-# An exchange's stages (see _Exchange).
-_ADMITTING, _QUEUED, _ADMITTED, _DONE = 0, 1, 2, 3
 
 _ID_PREFIX = os.urandom(3).hex()  # per process; the counter makes ids unique within it
 _id_counter = itertools.count(int.from_bytes(os.urandom(3), "big"))
@@ -286,8 +280,8 @@ class Gateway:
         ticket = Ticket(band=band, tenant=tenant_name, sla_ms=sla_ms, max_tokens=max_tokens,
                         prompt_bytes=len(body), model=model)
         # No task: admission, the engine connection and the client meet in callbacks,
-        # a stream's events included (see _Exchange).
-        _Exchange(self, req, resp, route, pool, ticket, info, body, rid, base_headers).start()
+        # a stream's events included (see _core/exchange.pyx).
+        Exchange(self, req, resp, route, pool, ticket, info, body, rid, base_headers).start()
         return None
 
     async def _forward(self, req: Request, resp: Responder, route: str, pool: Pool, ticket: Ticket, info,
@@ -467,294 +461,3 @@ class Gateway:
                 "endpoints": [e.snapshot() for e in self.endpoints.values()],
                 "pools": {m: [e.name for e in p.endpoints] for m, p in self.pools.items()},
                 "admission": self.admission.stats(), "routing": self.router.stats()}
-
-
-class _Exchange(UpstreamListener):
-    """One proxied request driven by callbacks, without a task: admission grants at once
-    or later (this object is the queue's waiter), the request goes out on a pooled engine
-    connection, and the engine's answer is sent on from its parser callbacks: a whole
-    answer from the last one, a stream event by event as each piece arrives (reading
-    from the engine pauses while the client's buffer is full).
-
-    It follows Gateway._forward step for step (retry once elsewhere on a connect
-    failure, the same rejections and books); every admitted request ends its lease
-    exactly once, a client that leaves included ("cancelled", engine connection aborted).
-    """
-
-    __slots__ = ("gw", "req", "resp", "route", "pool", "ticket", "info", "body", "rid", "base_headers",
-                 "state", "adm", "qid", "lease", "ep", "conn", "tried", "queue_s", "headed", "abandoned", "task",
-                 "relaying", "ct", "status", "events", "first", "engine_failed", "error_text")
-
-    def __init__(self, gw: Gateway, req: Request, resp: Responder, route: str, pool: Pool, ticket: Ticket,
-                 info, body: bytes, rid: str, base_headers: list) -> None:
-        self.gw = gw
-        self.req = req
-        self.resp = resp
-        self.route = route
-        self.pool = pool
-        self.ticket = ticket
-        self.info = info
-        self.body = body
-        self.rid = rid
-        self.base_headers = base_headers
-        self.state = _ADMITTING
-        self.adm = gw.admission  # a reload may replace the gateway's: the queue is this one's
-        self.qid = -1
-        self.lease = None
-        self.ep = None
-        self.conn = None
-        self.tried: list[Endpoint] = []
-        self.queue_s = 0.0
-        self.headed = False
-        self.abandoned = False
-        self.task: asyncio.Task | None = None  # waits for a slow client to drain, while relaying
-        # A streamed answer (relaying): ct, status, events, first, engine_failed and
-        # error_text are set in upstream_head when it begins, and only read after.
-        self.relaying = False
-
-    def start(self) -> None:
-        self.resp.add_disconnect_callback(self.on_disconnect)
-        try:
-            got = self.adm.admit_nowait(self.ticket, self)
-        except Rejected as e:
-            self._end()
-            self.gw._reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band,
-                            self.base_headers, e.retry_after, from_admission=True)
-            return
-        if got.__class__ is tuple:
-            self.qid = got[1]
-            if self.state == _ADMITTING:  # not granted within admit_nowait's own dispatch
-                self.state = _QUEUED
-            return
-        self._admitted(got)
-
-    # -- admission's waiter: called from its dispatch cycle, so the work is scheduled --
-    def done(self) -> bool:
-        return self.state != _QUEUED and self.state != _ADMITTING
-
-    def set_result(self, lease) -> None:
-        self.state = _ADMITTED
-        self.gw._loop.call_soon(self._granted, lease)
-
-    def set_exception(self, exc: Rejected) -> None:
-        self.state = _DONE
-        self.gw._loop.call_soon(self._refused, exc)
-
-    def _granted(self, lease) -> None:
-        if self.abandoned:
-            lease.release("cancelled")
-            return
-        try:  # as _guard does
-            self._admitted(lease)
-        except Exception:
-            self._crashed()
-
-    def _refused(self, e: Rejected) -> None:
-        if self.abandoned:
-            return
-        self._end()
-        self.gw._reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band, self.base_headers,
-                        e.retry_after, from_admission=True)
-
-    # -- the engine ----------------------------------------------------------------------
-    def _admitted(self, lease) -> None:
-        self.state = _ADMITTED
-        self.lease = lease
-        self.queue_s = time.monotonic() - self.req.received_at
-        self._dispatch()
-
-    def _dispatch(self) -> None:
-        gw, lease, tried = self.gw, self.lease, self.tried
-        # As in _forward: the lease's own band first, then any endpoint with room.
-        ep = (gw.router.pick(self.pool, self.info, lease.fits, tried)
-              or gw.router.pick(self.pool, self.info, gw.admission.has_room, tried))
-        if ep is None:
-            self._fail_lease(None)
-            if tried:
-                return self._refuse(502, "upstream", "The engine failed before answering and no other engine "
-                                                     "could take the request.")
-            return self._refuse(503, "no-endpoint", f"No healthy engine for model `{self.pool.model}`.", 1.0)
-        lease.rebind(ep)
-        self.ep = ep
-        up = ep.upstream
-        # The bytes request_head would build (same headers, same order), in one step.
-        auth = f"authorization: Bearer {ep.api_key}\r\n".encode("latin-1") if ep.api_key else b""
-        body = self.body
-        up.request(b"%sx-request-id: %s\r\n%scontent-length: %d\r\n\r\n%s" % (
-            up.json_post_head(self.req.path), self.rid.encode("latin-1"), auth, len(body), body), self)
-
-    def upstream_sent(self, conn) -> None:
-        self.conn = conn
-
-    def upstream_head(self, conn) -> None:
-        self.headed = True
-        gw = self.gw
-        gw.router.on_dispatch(self.ep, self.info)
-        h = conn.headers
-        ct = h.get("content-type", "application/json")
-        if ct.startswith("text/event-stream") or (
-                "content-length" not in h and h.get("transfer-encoding", "").lower() == "chunked"
-                and not ct.startswith("application/json")):
-            # A stream: its pieces come to upstream_body as they arrive (relay.py's rules).
-            self.relaying = True
-            self.ct = ct
-            self.status = conn.status
-            self.events = 0
-            self.first = True
-            self.engine_failed = False
-            self.error_text = None
-            self.resp.start(conn.status, content_type=ct, headers=self.out_headers())
-
-    def upstream_body(self, conn, data: bytes) -> None:
-        resp = self.resp
-        if self.first:
-            self.first = False
-            self.lease.first_byte()
-        self.events += data.count(_SSE_DATA)
-        if not self.engine_failed and _SSE_ERROR in data:  # the engine's own error event (e.g. out of memory)
-            self.engine_failed = True
-            self.error_text = data[data.find(_SSE_ERROR):][:2000].decode("utf-8", "replace")
-        resp.write_nowait(data)
-        if resp.paused and self.task is None:
-            conn.pause()  # the client reads slowly: so do we, from the engine
-            self.task = task = self.gw._loop.create_task(resp.write(b""))
-            task.add_done_callback(self._drained)
-
-    def _drained(self, task: asyncio.Task) -> None:
-        self.task = None
-        if task.cancelled() or task.exception() is not None:
-            return  # the client left: on_disconnect has ended the rest
-        conn = self.conn
-        if conn is not None:
-            conn.resume()
-
-    def upstream_done(self, conn) -> None:
-        try:
-            if self.relaying:
-                self._stream_done(conn)
-            else:
-                self._answer(conn)
-        except Exception:
-            self._crashed()
-
-    def _stream_done(self, conn) -> None:
-        ep = self.ep
-        self.resp.end()
-        ep.upstream.release(conn)
-        self.conn = None
-        self._end()
-        status = self.status
-        ok = 200 <= status < 300 and not self.engine_failed
-        error_text = self.error_text
-        if not ok and error_text is None and status >= 400:
-            error_text = f"engine status {status}"
-        self.gw._settle(self.route, self.ticket.band, ep, self.lease, status, self.engine_failed, ok, error_text,
-                        self.events)
-
-    def _stream_failed(self, e: UpstreamError) -> None:
-        """The engine broke a stream: vLLM's error event and [DONE] when it is SSE, then the end."""
-        self.conn = None
-        self._end()
-        resp = self.resp
-        if self.ct.startswith("text/event-stream"):
-            resp.write_nowait(stream_error_event(f"The engine failed during streaming: {e}", 500))
-        resp.end()
-        self.gw._settle(self.route, self.ticket.band, self.ep, self.lease, self.status, True, False, str(e),
-                        self.events)
-
-    def _answer(self, conn) -> None:
-        gw, ep, lease, resp = self.gw, self.ep, self.lease, self.resp
-        status = conn.status
-        ct = conn.headers.get("content-type", "application/json")
-        body = conn.take()
-        ep.upstream.release(conn)
-        self.conn = None
-        self._end()
-        ok = 200 <= status < 300
-        error_text = None
-        if not ok and status >= 400:
-            error_text = body[:2000].decode("utf-8", "replace") if body else f"engine status {status}"
-        gw._settle(self.route, self.ticket.band, ep, lease, status, False, ok, error_text, 0)
-        resp.send(status, body, content_type=ct, headers=self._out_lines())
-
-    def upstream_error(self, conn, err: UpstreamError) -> None:
-        if self.abandoned or self.state == _DONE:
-            return
-        self._guard(self._engine_failed, err)
-
-    def _engine_failed(self, e: UpstreamError) -> None:
-        if self.relaying:
-            return self._stream_failed(e)
-        gw, ep = self.gw, self.ep
-        self.conn = None
-        if self.headed:  # the engine broke its answer
-            self._fail_lease(str(e))
-            return self._refuse(502, "upstream", f"The engine failed while answering: {e}")
-        gw.metrics.upstream_errors.labels(ep.name, "connect" if e.connect else "reset").inc()
-        gw.monitor.passive_failure(ep, connect=True)
-        self.tried.append(ep)
-        if not e.received and len(self.tried) < 2:
-            return self._dispatch()  # nothing reached the client: once more on another endpoint
-        self._fail_lease(str(e))
-        self._refuse(502, "upstream", f"The engine failed before answering: {e}")
-
-    # -- endings -------------------------------------------------------------------------
-    def on_disconnect(self) -> None:
-        """The client left: out of the queue, or the engine request aborted and the lease cancelled."""
-        self.abandoned = True
-        if self.state == _QUEUED:
-            self.state = _DONE
-            self.adm.withdraw(self.ticket, self.qid)
-            return
-        self.state = _DONE
-        if self.conn is not None:
-            self.conn.abort()
-            self.conn = None
-        if self.task is not None:
-            self.task.cancel()
-        if self.lease is not None:
-            self.lease.release("cancelled")
-
-    def out_headers(self) -> list:
-        return self.base_headers + [("x-velocity-endpoint", self.ep.name),
-                                    ("x-velocity-queue-ms", f"{self.queue_s * 1000:.1f}"),
-                                    ("x-velocity-band", self.ticket.band)]
-
-    def _out_lines(self) -> bytes:
-        """out_headers() as encoded lines, in one step."""
-        return (f"x-request-id: {self.rid}\r\nx-velocity-endpoint: {self.ep.name}\r\n"
-                f"x-velocity-queue-ms: {self.queue_s * 1000:.1f}\r\nx-velocity-band: {self.ticket.band}\r\n"
-                ).encode("latin-1")
-
-    def _end(self) -> None:
-        self.state = _DONE
-        self.resp.remove_disconnect_callback(self.on_disconnect)
-
-    def _fail_lease(self, error_text: str | None) -> None:
-        if self.lease is not None:
-            self.lease.release("failed", error_text=error_text)
-
-    def _refuse(self, status: int, reason: str, message: str, retry_after: float | None = None) -> None:
-        self._end()
-        if not self.resp.started:
-            self.gw._reject(self.resp, self.route, status, reason, message, self.ticket.band, self.base_headers,
-                            retry_after)
-
-    def _guard(self, fn, arg) -> None:
-        """Run a step; a bug in it fails this request (500), not the connection it was called from."""
-        try:
-            fn(arg)
-        except Exception:
-            self._crashed()
-
-    def _crashed(self) -> None:
-        log.exception("proxy step failed for %s", self.req.path)
-        if self.conn is not None:
-            self.conn.abort()
-            self.conn = None
-        self._fail_lease("gateway error")
-        self._end()
-        if not self.resp.started:
-            self.resp.send_error(500, "Internal server error.")
-        else:
-            self.resp.abort()  # a stream that cannot be finished: the client sees it cut short

@@ -1,0 +1,48 @@
+# One proxied request's callback chain, typed (see exchange.pyx).
+
+from velocity_fast._core.server cimport Responder
+from velocity_fast._core.upstream cimport UpstreamConnection
+
+
+cdef class Exchange:
+    cdef readonly object gw
+    cdef readonly object req
+    cdef readonly Responder resp
+    cdef readonly str route
+    cdef readonly object pool
+    cdef readonly object ticket
+    cdef readonly object info
+    cdef readonly bytes body
+    cdef readonly str rid
+    cdef readonly list base_headers
+    cdef readonly int state
+    cdef object adm
+    cdef long qid
+    cdef readonly object lease
+    cdef readonly object ep
+    cdef readonly UpstreamConnection conn
+    cdef list tried
+    cdef double queue_s
+    cdef bint headed
+    cdef public bint abandoned
+    cdef object task
+    cdef public bint relaying
+    cdef str ct
+    cdef int status
+    cdef long events
+    cdef bint first
+    cdef bint engine_failed
+    cdef object error_text
+
+    cpdef start(self)
+    cdef _admitted(self, lease)
+    cdef _dispatch(self)
+    cdef _stream_done(self, UpstreamConnection conn)
+    cdef _stream_failed(self, e)
+    cdef _answer(self, UpstreamConnection conn)
+    cdef _engine_failed(self, e)
+    cdef bytes _out_lines(self)
+    cdef _end(self)
+    cdef _fail_lease(self, error_text)
+    cdef _refuse(self, int status, str reason, str message, retry_after=*)
+    cdef _crashed(self)

@@ -1,0 +1,317 @@
+"""One proxied request driven by callbacks, without a task, compiled.
+
+Admission grants at once or later (the exchange is the queue's waiter), the request
+goes out on a pooled engine connection, and the engine's answer is sent on from its
+parser callbacks: a whole answer from the last one, a stream event by event as each
+piece arrives (reading from the engine pauses while the client's buffer is full).
+
+It follows Gateway._forward (gateway/app.py) step for step: retry once elsewhere on a
+connect failure, the same rejections and books. Every admitted request ends its lease
+exactly once, a client that leaves included ("cancelled", engine connection aborted).
+The Gateway supplies the shared parts: router, admission, monitor, metrics, _reject and
+_settle.
+"""
+
+import logging
+
+from velocity_fast._core.server cimport Responder
+from velocity_fast._core.upstream cimport UpstreamConnection
+
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+
+from velocity_fast.admission.ticket import Rejected
+from velocity_fast.upstream.relay import stream_error_event
+
+log = logging.getLogger("velocity.gateway")
+
+cdef bytes _SSE_DATA = b"data: "
+cdef bytes _SSE_ERROR = b'data: {"error"'
+
+# An exchange's stages.
+cdef enum:
+    _ADMITTING = 0
+    _QUEUED = 1
+    _ADMITTED = 2
+    _DONE = 3
+
+
+cdef inline double _monotonic():
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef class Exchange:
+    """See the module doc. An UpstreamListener for the engine connection, and admission's
+    waiter (done, set_result, set_exception) while queued."""
+
+    def __init__(self, gw, req, Responder resp, str route, pool, ticket, info, bytes body, str rid,
+                 list base_headers):
+        self.gw = gw
+        self.req = req
+        self.resp = resp
+        self.route = route
+        self.pool = pool
+        self.ticket = ticket
+        self.info = info
+        self.body = body
+        self.rid = rid
+        self.base_headers = base_headers
+        self.state = _ADMITTING
+        self.adm = gw.admission  # a reload may replace the gateway's: the queue is this one's
+        self.qid = -1
+        self.lease = None
+        self.ep = None
+        self.conn = None
+        self.tried = []
+        self.queue_s = 0.0
+        self.headed = False
+        self.abandoned = False
+        self.task = None  # waits for a slow client to drain, while relaying
+        # A streamed answer (relaying): ct, status, events, first, engine_failed and
+        # error_text are set in upstream_head when it begins, and only read after.
+        self.relaying = False
+
+    cpdef start(self):
+        self.resp.add_disconnect_callback(self.on_disconnect)
+        try:
+            got = self.adm.admit_nowait(self.ticket, self)
+        except Rejected as e:
+            self._end()
+            self.gw._reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band,
+                            self.base_headers, e.retry_after, from_admission=True)
+            return
+        if type(got) is tuple:
+            self.qid = (<tuple>got)[1]
+            if self.state == _ADMITTING:  # not granted within admit_nowait's own dispatch
+                self.state = _QUEUED
+            return
+        self._admitted(got)
+
+    # -- admission's waiter: called from its dispatch cycle, so the work is scheduled --
+    def done(self):
+        return self.state != _QUEUED and self.state != _ADMITTING
+
+    def set_result(self, lease):
+        self.state = _ADMITTED
+        self.gw._loop.call_soon(self._granted, lease)
+
+    def set_exception(self, exc):
+        self.state = _DONE
+        self.gw._loop.call_soon(self._refused, exc)
+
+    def _granted(self, lease):
+        if self.abandoned:
+            lease.release("cancelled")
+            return
+        try:  # as _guard does
+            self._admitted(lease)
+        except Exception:
+            self._crashed()
+
+    def _refused(self, e):
+        if self.abandoned:
+            return
+        self._end()
+        self.gw._reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band, self.base_headers,
+                        e.retry_after, from_admission=True)
+
+    # -- the engine ----------------------------------------------------------------------
+    cdef _admitted(self, lease):
+        self.state = _ADMITTED
+        self.lease = lease
+        self.queue_s = _monotonic() - self.req.received_at
+        self._dispatch()
+
+    cdef _dispatch(self):
+        gw, lease, tried = self.gw, self.lease, self.tried
+        router = gw.router
+        # As in _forward: the lease's own band first, then any endpoint with room.
+        ep = (router.pick(self.pool, self.info, lease.fits, tried)
+              or router.pick(self.pool, self.info, gw.admission.has_room, tried))
+        if ep is None:
+            self._fail_lease(None)
+            if tried:
+                return self._refuse(502, "upstream", "The engine failed before answering and no other engine "
+                                                     "could take the request.")
+            return self._refuse(503, "no-endpoint", f"No healthy engine for model `{self.pool.model}`.", 1.0)
+        lease.rebind(ep)
+        self.ep = ep
+        up = ep.upstream
+        # The bytes request_head would build (same headers, same order), in one step.
+        key = ep.api_key
+        auth = f"authorization: Bearer {key}\r\n".encode("latin-1") if key else b""
+        body = self.body
+        up.request(b"%sx-request-id: %s\r\n%scontent-length: %d\r\n\r\n%s" % (
+            up.json_post_head(self.req.path), self.rid.encode("latin-1"), auth, len(body), body), self)
+
+    def upstream_sent(self, UpstreamConnection conn):
+        self.conn = conn
+
+    def upstream_head(self, UpstreamConnection conn):
+        self.headed = True
+        self.gw.router.on_dispatch(self.ep, self.info)
+        h = conn.headers
+        ct = h.get("content-type", "application/json")
+        if ct.startswith("text/event-stream") or (
+                "content-length" not in h and h.get("transfer-encoding", "").lower() == "chunked"
+                and not ct.startswith("application/json")):
+            # A stream: its pieces come to upstream_body as they arrive (relay.py's rules).
+            self.relaying = True
+            self.ct = ct
+            self.status = conn.status
+            self.events = 0
+            self.first = True
+            self.engine_failed = False
+            self.error_text = None
+            self.resp.start(conn.status, content_type=ct, headers=self.out_headers())
+
+    def upstream_body(self, UpstreamConnection conn, bytes data):
+        resp = self.resp
+        if self.first:
+            self.first = False
+            self.lease.first_byte()
+        self.events += data.count(_SSE_DATA)
+        if not self.engine_failed and _SSE_ERROR in data:  # the engine's own error event (e.g. out of memory)
+            self.engine_failed = True
+            self.error_text = data[data.find(_SSE_ERROR):][:2000].decode("utf-8", "replace")
+        resp.write_nowait(data)
+        if resp._proto._write_paused and self.task is None:
+            conn.pause()  # the client reads slowly: so do we, from the engine
+            self.task = task = self.gw._loop.create_task(resp.write(b""))
+            task.add_done_callback(self._drained)
+
+    def _drained(self, task):
+        self.task = None
+        if task.cancelled() or task.exception() is not None:
+            return  # the client left: on_disconnect has ended the rest
+        conn = self.conn
+        if conn is not None:
+            conn.resume()
+
+    def upstream_done(self, UpstreamConnection conn):
+        try:
+            if self.relaying:
+                self._stream_done(conn)
+            else:
+                self._answer(conn)
+        except Exception:
+            self._crashed()
+
+    cdef _stream_done(self, UpstreamConnection conn):
+        ep = self.ep
+        self.resp.end()
+        ep.upstream.release(conn)
+        self.conn = None
+        self._end()
+        status = self.status
+        ok = 200 <= status < 300 and not self.engine_failed
+        error_text = self.error_text
+        if not ok and error_text is None and status >= 400:
+            error_text = f"engine status {status}"
+        self.gw._settle(self.route, self.ticket.band, ep, self.lease, status, self.engine_failed, ok, error_text,
+                        self.events)
+
+    cdef _stream_failed(self, e):
+        """The engine broke a stream: vLLM's error event and [DONE] when it is SSE, then the end."""
+        self.conn = None
+        self._end()
+        resp = self.resp
+        if self.ct.startswith("text/event-stream"):
+            resp.write_nowait(stream_error_event(f"The engine failed during streaming: {e}", 500))
+        resp.end()
+        self.gw._settle(self.route, self.ticket.band, self.ep, self.lease, self.status, True, False, str(e),
+                        self.events)
+
+    cdef _answer(self, UpstreamConnection conn):
+        ep, resp = self.ep, self.resp
+        status = conn.status
+        ct = conn.headers.get("content-type", "application/json")
+        body = conn.take()
+        ep.upstream.release(conn)
+        self.conn = None
+        self._end()
+        ok = 200 <= status < 300
+        error_text = None
+        if not ok and status >= 400:
+            error_text = body[:2000].decode("utf-8", "replace") if body else f"engine status {status}"
+        self.gw._settle(self.route, self.ticket.band, ep, self.lease, status, False, ok, error_text, 0)
+        resp.send(status, body, content_type=ct, headers=self._out_lines())
+
+    def upstream_error(self, conn, err):
+        if self.abandoned or self.state == _DONE:
+            return
+        try:  # a bug in it fails this request (500), not the connection it was called from
+            self._engine_failed(err)
+        except Exception:
+            self._crashed()
+
+    cdef _engine_failed(self, e):
+        if self.relaying:
+            return self._stream_failed(e)
+        gw, ep = self.gw, self.ep
+        self.conn = None
+        if self.headed:  # the engine broke its answer
+            self._fail_lease(str(e))
+            return self._refuse(502, "upstream", f"The engine failed while answering: {e}")
+        gw.metrics.upstream_errors.labels(ep.name, "connect" if e.connect else "reset").inc()
+        gw.monitor.passive_failure(ep, connect=True)
+        self.tried.append(ep)
+        if not e.received and len(self.tried) < 2:
+            return self._dispatch()  # nothing reached the client: once more on another endpoint
+        self._fail_lease(str(e))
+        self._refuse(502, "upstream", f"The engine failed before answering: {e}")
+
+    # -- endings -------------------------------------------------------------------------
+    def on_disconnect(self):
+        """The client left: out of the queue, or the engine request aborted and the lease cancelled."""
+        self.abandoned = True
+        if self.state == _QUEUED:
+            self.state = _DONE
+            self.adm.withdraw(self.ticket, self.qid)
+            return
+        self.state = _DONE
+        if self.conn is not None:
+            self.conn.abort()
+            self.conn = None
+        if self.task is not None:
+            self.task.cancel()
+        if self.lease is not None:
+            self.lease.release("cancelled")
+
+    def out_headers(self):
+        return self.base_headers + [("x-velocity-endpoint", self.ep.name),
+                                    ("x-velocity-queue-ms", f"{self.queue_s * 1000:.1f}"),
+                                    ("x-velocity-band", self.ticket.band)]
+
+    cdef bytes _out_lines(self):
+        """out_headers() as encoded lines, in one step."""
+        return (f"x-request-id: {self.rid}\r\nx-velocity-endpoint: {self.ep.name}\r\n"
+                f"x-velocity-queue-ms: {self.queue_s * 1000:.1f}\r\nx-velocity-band: {self.ticket.band}\r\n"
+                ).encode("latin-1")
+
+    cdef _end(self):
+        self.state = _DONE
+        self.resp.remove_disconnect_callback(self.on_disconnect)
+
+    cdef _fail_lease(self, error_text):
+        if self.lease is not None:
+            self.lease.release("failed", error_text=error_text)
+
+    cdef _refuse(self, int status, str reason, str message, retry_after=None):
+        self._end()
+        if not self.resp.started:
+            self.gw._reject(self.resp, self.route, status, reason, message, self.ticket.band, self.base_headers,
+                            retry_after)
+
+    cdef _crashed(self):
+        log.exception("proxy step failed for %s", self.req.path)
+        if self.conn is not None:
+            self.conn.abort()
+            self.conn = None
+        self._fail_lease("gateway error")
+        self._end()
+        if not self.resp.started:
+            self.resp.send_error(500, "Internal server error.")
+        else:
+            self.resp.abort()  # a stream that cannot be finished: the client sees it cut short
