@@ -8,18 +8,21 @@ piece arrives (reading from the engine pauses while the client's buffer is full)
 It follows Gateway._forward (gateway/app.py) step for step: retry once elsewhere on a
 connect failure, the same rejections and books. Every admitted request ends its lease
 exactly once, a client that leaves included ("cancelled", engine connection aborted).
-The Gateway supplies the shared parts: router, admission, monitor, metrics, _reject and
-_settle.
+The Gateway supplies the shared parts: router, admission, monitor, metrics and _reject.
 """
 
+import itertools
 import logging
+import os
 
 from velocity_fast._core.server cimport Responder
 from velocity_fast._core.upstream cimport UpstreamConnection
 
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
-from velocity_fast.admission.ticket import Rejected
+from velocity_fast.admission.ticket import Rejected, Ticket
+from velocity_fast.gateway.requests import BadRequest, decode_proxy, strip_own_fields
+from velocity_fast.routing.router import UnknownProfile
 from velocity_fast.upstream.relay import stream_error_event
 
 log = logging.getLogger("velocity.gateway")
@@ -39,6 +42,69 @@ cdef inline double _monotonic():
     cdef timespec ts
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef str _ID_PREFIX = os.urandom(3).hex()  # per process; the counter makes ids unique within it
+_id_counter = itertools.count(int.from_bytes(os.urandom(3), "big"))
+
+
+cpdef str new_request_id():
+    """req-<12 hex>: no system call per request (os.urandom would be one)."""
+    return f"req-{_ID_PREFIX}{next(_id_counter) & 0xFFFFFF:06x}"
+
+
+cpdef proxy(gw, req, Responder resp, str route, bint chat):
+    """Gateway.handle's /v1/chat/completions and /v1/completions: validate, place in a band
+    and a pool, then an Exchange takes it from admission to the answer."""
+    cdef dict h = req.headers
+    rid = h.get("x-request-id") or new_request_id()
+    base_headers = [("x-request-id", rid)]
+    band = "-"
+    try:
+        r = decode_proxy(req.body, chat)
+        identity = gw.identity
+        bound = identity.authenticate(h)[1] if identity.required else None
+        tenant_name, tenant = identity.tenant_for(bound, h.get("x-velocity-tenant"), r.user)
+        prio = h.get("x-velocity-priority")
+        if prio is None:
+            prio = r.priority
+        band = gw._band_for(prio, tenant)
+        sla = h.get("x-velocity-sla-ms")
+        sla_ms = r.sla_ms if sla is None else gw._sla_for(sla, r.sla_ms)
+        info = gw.router.route_info(r.model or gw.default_model, r, h)
+    except (BadRequest, UnknownProfile) as e:
+        gw.metrics.requests.labels(route, 400, band).inc()
+        return resp.send_error(400, str(e), param=e.param, headers=base_headers)
+    model = r.model or gw.default_model
+    pool = gw.pools.get(model) if model else None
+    if pool is None:
+        gw.metrics.requests.labels(route, 404, band).inc()
+        return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
+                               param="model", headers=base_headers)
+    if tenant is not None:
+        wait = tenant.take()
+        if wait:
+            return gw._reject(resp, route, 429, "rate-limit",
+                              f"Tenant {tenant_name!r} is over its request rate.", band, base_headers, wait)
+    body = strip_own_fields(req.body, r)
+    max_tokens = r.max_completion_tokens or r.max_tokens or 256
+    ticket = Ticket(band, tenant_name, sla_ms, max_tokens, len(body), model)
+    # No task: admission, the engine connection and the client meet in callbacks,
+    # a stream's events included.
+    Exchange(gw, req, resp, route, pool, ticket, info, body, rid, base_headers).start()
+
+
+cpdef settle(gw, str route, str band, ep, lease, int status, bint engine_failed, bint ok, error_text,
+             long events):
+    """The books of one relayed answer: endpoint health, the lease's outcome, the request count."""
+    if status >= 500 or engine_failed:
+        gw.monitor.passive_failure(ep, connect=False)
+        ep.errors += 1
+    else:
+        gw.monitor.passive_success(ep)
+    ep.served += 1
+    lease.release("completed" if ok else "failed", error_text=error_text, tokens=events)
+    gw.metrics.requests.labels(route, status, band).inc()
 
 
 cdef class Exchange:
@@ -209,7 +275,7 @@ cdef class Exchange:
         error_text = self.error_text
         if not ok and error_text is None and status >= 400:
             error_text = f"engine status {status}"
-        self.gw._settle(self.route, self.ticket.band, ep, self.lease, status, self.engine_failed, ok, error_text,
+        settle(self.gw, self.route, self.ticket.band, ep, self.lease, status, self.engine_failed, ok, error_text,
                         self.events)
 
     cdef _stream_failed(self, e):
@@ -220,7 +286,7 @@ cdef class Exchange:
         if self.ct.startswith("text/event-stream"):
             resp.write_nowait(stream_error_event(f"The engine failed during streaming: {e}", 500))
         resp.end()
-        self.gw._settle(self.route, self.ticket.band, self.ep, self.lease, self.status, True, False, str(e),
+        settle(self.gw, self.route, self.ticket.band, self.ep, self.lease, self.status, True, False, str(e),
                         self.events)
 
     cdef _answer(self, UpstreamConnection conn):
@@ -235,7 +301,7 @@ cdef class Exchange:
         error_text = None
         if not ok and status >= 400:
             error_text = body[:2000].decode("utf-8", "replace") if body else f"engine status {status}"
-        self.gw._settle(self.route, self.ticket.band, ep, self.lease, status, False, ok, error_text, 0)
+        settle(self.gw, self.route, self.ticket.band, ep, self.lease, status, False, ok, error_text, 0)
         resp.send(status, body, content_type=ct, headers=self._out_lines())
 
     def upstream_error(self, conn, err):

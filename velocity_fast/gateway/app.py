@@ -4,14 +4,12 @@ client -> api -> admission -> router -> upstream -> completion."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import os
 import time
 
 import orjson
 
-from .._core.exchange import Exchange
+from .._core.exchange import new_request_id, proxy, settle
 from ..config import EndpointConfig, Settings
 from ..metrics import Registry
 from ..routing.endpoint import Endpoint, Pool
@@ -23,7 +21,7 @@ from .auth import Identity
 from .observability import GatewayMetrics
 from .policy import Rejected, Ticket, make_admission, make_router
 from ..routing.router import UnknownProfile
-from .requests import BadRequest, decode_generate, decode_proxy, strip_own_fields
+from .requests import BadRequest, decode_generate
 
 __all__ = ["Gateway"]
 
@@ -31,15 +29,6 @@ log = logging.getLogger("velocity.gateway")
 
 _PROXY_ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}
 _JSON = [("content-type", "application/json")]
-
-_ID_PREFIX = os.urandom(3).hex()  # per process; the counter makes ids unique within it
-_id_counter = itertools.count(int.from_bytes(os.urandom(3), "big"))
-
-
-def _new_request_id() -> str:
-    """req-<12 hex>: no system call per request (os.urandom would be one)."""
-    return f"req-{_ID_PREFIX}{next(_id_counter) & 0xFFFFFF:06x}"
-
 
 class Gateway:
     """One gateway process: client server, admin server, endpoint monitors, admission, router."""
@@ -170,7 +159,7 @@ class Gateway:
         if chat is not None:
             if req.method != "POST":
                 return resp.send_error(405, f"Use POST for {path}.")
-            return self._proxy(req, resp, path, chat)
+            return proxy(self, req, resp, path, chat)
         if path == "/generate":
             if req.method != "POST":
                 return resp.send_error(405, "Use POST for /generate.")
@@ -244,46 +233,6 @@ class Gateway:
             return v
         return body_value
 
-    def _proxy(self, req: Request, resp: Responder, route: str, chat: bool):
-        h = req.headers
-        rid = h.get("x-request-id") or _new_request_id()
-        base_headers = [("x-request-id", rid)]
-        band = "-"
-        try:
-            r = decode_proxy(req.body, chat)
-            identity = self.identity
-            bound = identity.authenticate(h)[1] if identity.required else None
-            tenant_name, tenant = identity.tenant_for(bound, h.get("x-velocity-tenant"), r.user)
-            prio = h.get("x-velocity-priority")
-            if prio is None:
-                prio = r.priority
-            band = self._band_for(prio, tenant)
-            sla = h.get("x-velocity-sla-ms")
-            sla_ms = r.sla_ms if sla is None else self._sla_for(sla, r.sla_ms)
-            info = self.router.route_info(r.model or self.default_model, r, h)
-        except (BadRequest, UnknownProfile) as e:
-            self.metrics.requests.labels(route, 400, band).inc()
-            return resp.send_error(400, str(e), param=e.param, headers=base_headers)
-        model = r.model or self.default_model
-        pool = self.pools.get(model) if model else None
-        if pool is None:
-            self.metrics.requests.labels(route, 404, band).inc()
-            return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
-                                   param="model", headers=base_headers)
-        if tenant is not None:
-            wait = tenant.take()
-            if wait:
-                return self._reject(resp, route, 429, "rate-limit",
-                                    f"Tenant {tenant_name!r} is over its request rate.", band, base_headers, wait)
-        body = strip_own_fields(req.body, r)
-        max_tokens = r.max_completion_tokens or r.max_tokens or 256
-        ticket = Ticket(band=band, tenant=tenant_name, sla_ms=sla_ms, max_tokens=max_tokens,
-                        prompt_bytes=len(body), model=model)
-        # No task: admission, the engine connection and the client meet in callbacks,
-        # a stream's events included (see _core/exchange.pyx).
-        Exchange(self, req, resp, route, pool, ticket, info, body, rid, base_headers).start()
-        return None
-
     async def _forward(self, req: Request, resp: Responder, route: str, pool: Pool, ticket: Ticket, info,
                        body: bytes, upstream_path: str, rid: str, base_headers: list,
                        native: bool = False) -> None:
@@ -345,8 +294,8 @@ class Gateway:
                 self._send_native(resp, out, ticket, rid, queue_s, t0, out_headers)
             else:
                 out = await relay_response(ep.upstream, conn, resp, out_headers, on_first_byte=first_byte)
-            self._settle(route, band, ep, lease, out.status, out.engine_failed, out.ok, out.error_text,
-                         out.events)
+            settle(self, route, band, ep, lease, out.status, out.engine_failed, out.ok, out.error_text,
+                   out.events)
             lease = None
         except asyncio.CancelledError:
             if lease is not None:
@@ -365,22 +314,10 @@ class Gateway:
                 lease.release("failed")
             resp.remove_disconnect_callback(task.cancel)
 
-    def _settle(self, route: str, band: str, ep: Endpoint, lease, status: int, engine_failed: bool, ok: bool,
-                error_text: str | None, events: int) -> None:
-        """The books of one relayed answer: endpoint health, the lease's outcome, the request count."""
-        if status >= 500 or engine_failed:
-            self.monitor.passive_failure(ep, connect=False)
-            ep.errors += 1
-        else:
-            self.monitor.passive_success(ep)
-        ep.served += 1
-        lease.release("completed" if ok else "failed", error_text=error_text, tokens=events or 0)
-        self.metrics.requests.labels(route, status, band).inc()
-
     # -- native /generate ----------------------------------------------------------------------------------
     async def _generate(self, req: Request, resp: Responder) -> None:
         h = req.headers
-        rid = h.get("x-request-id") or _new_request_id()
+        rid = h.get("x-request-id") or new_request_id()
         base_headers = [("x-request-id", rid)]
         band = "-"
         try:
