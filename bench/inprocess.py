@@ -22,7 +22,11 @@ their totals over the 2,000 extra requests (start-up and imports cancel out). Ab
 minute; needs valgrind (apt-get install valgrind).
 
     python bench/inprocess.py [--requests 20000] [--connections 64] [--repeat 3] [--profile]
-    python bench/inprocess.py --instructions
+    python bench/inprocess.py --instructions [--stream-events 32]
+
+--stream-events N: each engine answer is instead a vLLM-style SSE stream of N token events
+and [DONE], chunked, one event per read (as bench/overhead.py's SSE phase); the figures are
+per streamed request, and --instructions also prints them per event.
 """
 
 from __future__ import annotations
@@ -59,6 +63,13 @@ ANSWER = (b'{"id":"chatcmpl-fixed","object":"chat.completion","created":17000000
           b'"usage":{"prompt_tokens":10,"total_tokens":12,"completion_tokens":2}}')
 RESPONSE = (b"HTTP/1.1 200 OK\r\ndate: Sun, 29 Nov 2026 22:00:00 GMT\r\nserver: uvicorn\r\n"
             b"content-length: %d\r\ncontent-type: application/json\r\n\r\n" % len(ANSWER) + ANSWER)
+# --stream-events: vLLM's streamed answer, one event per read (as bench/overhead.py's SSE phase).
+STREAM_HEAD = (b"HTTP/1.1 200 OK\r\ndate: Sun, 29 Nov 2026 22:00:00 GMT\r\nserver: uvicorn\r\n"
+               b"content-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n")
+_EVENT = (b'data: {"id":"chatcmpl-fixed","object":"chat.completion.chunk","created":1700000000,"model":"fixed",'
+          b'"choices":[{"index":0,"delta":{"content":"tok"},"logprobs":null,"finish_reason":null}]}\n\n')
+EVENT_CHUNK = b"%x\r\n%s\r\n" % (len(_EVENT), _EVENT)
+LAST_CHUNK = b"%x\r\n%s\r\n0\r\n\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n")
 
 
 class FakeTransport:
@@ -106,7 +117,7 @@ class FakeTransport:
         return b"".join(out)
 
 
-async def drive(requests: int, connections: int) -> tuple[float, int]:
+async def drive(requests: int, connections: int, stream_events: int = 0) -> tuple[float, int]:
     loop = asyncio.get_running_loop()
     settings = load_settings(None, {"endpoints": [parse_endpoint_flag("e1=http://127.0.0.1:9=fixed")]}, env={})
     gw = Gateway(settings)
@@ -132,6 +143,8 @@ async def drive(requests: int, connections: int) -> tuple[float, int]:
         proto.connection_made(t)
         clients.append((proto, t))
 
+    left: dict[int, int] = {}  # engine connection -> events still to send (streams)
+    got: dict[int, bytearray] = {}  # client -> what it has of a streamed answer
     sent = done = 0
     for proto, _ in clients:
         if sent < requests:
@@ -143,19 +156,34 @@ async def drive(requests: int, connections: int) -> tuple[float, int]:
     while done < requests:
         await asyncio.sleep(0)  # the outbox flushes; granted exchanges go out
         progressed = False
-        for conn, t in engines:
+        for i, (conn, t) in enumerate(engines):
             if t.out:
                 t.out.clear()
-                conn.data_received(RESPONSE)
+                if stream_events:
+                    left[i] = stream_events - 1
+                    conn.data_received(STREAM_HEAD + EVENT_CHUNK + (b"" if left[i] else LAST_CHUNK))
+                else:
+                    conn.data_received(RESPONSE)
+                progressed = True
+            elif left.get(i):
+                left[i] -= 1
+                conn.data_received(EVENT_CHUNK if left[i] else EVENT_CHUNK + LAST_CHUNK)
                 progressed = True
         await asyncio.sleep(0)
-        for proto, t in clients:
+        for i, (proto, t) in enumerate(clients):
             if t.out:
                 data = t.take()
+                progressed = True
+                if stream_events:
+                    buf = got.setdefault(i, bytearray())
+                    buf += data
+                    if not buf.endswith(b"0\r\n\r\n"):
+                        continue
+                    data = bytes(buf)
+                    del got[i]
                 if not data.startswith(b"HTTP/1.1 200 "):
                     raise RuntimeError(f"unexpected answer: {data[:200]!r}")
                 done += 1
-                progressed = True
                 if sent < requests:
                     proto.data_received(REQUEST)
                     sent += 1
@@ -169,7 +197,7 @@ async def drive(requests: int, connections: int) -> tuple[float, int]:
     return cpu / requests * 1e6, int(requests / wall)
 
 
-def instructions(connections: int, small: int = 500, large: int = 2500) -> float:
+def instructions(connections: int, stream_events: int = 0, small: int = 500, large: int = 2500) -> float:
     """Machine instructions per request: callgrind totals of two runs, differenced."""
     vg = shutil.which("valgrind")
     if vg is None:
@@ -179,7 +207,7 @@ def instructions(connections: int, small: int = 500, large: int = 2500) -> float
         for n in (small, large):
             p = subprocess.run([vg, "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.{n}", sys.executable,
                                 str(Path(__file__).resolve()), "--requests", str(n), "--repeat", "1",
-                                "--connections", str(connections)], capture_output=True, text=True, timeout=900,
+                                "--connections", str(connections), "--stream-events", str(stream_events)], capture_output=True, text=True, timeout=900,
                                env={**os.environ, "PYTHONHASHSEED": "0"})
             m = re.search(r"Collected : (\d+)", p.stderr)
             if p.returncode != 0 or m is None:
@@ -197,22 +225,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--instructions", action="store_true",
                    help="machine instructions per request under callgrind (deterministic; needs valgrind)")
+    p.add_argument("--stream-events", type=int, default=0,
+                   help="streamed answers instead: N token events (one per read), then [DONE]")
     a = p.parse_args(argv)
+    what = f"streamed request of {a.stream_events} events + [DONE]" if a.stream_events else "request"
     if a.instructions:
-        per = instructions(a.connections)
-        print(f"{per:,.0f} instructions per request (callgrind, {a.connections} connections, "
+        per = instructions(a.connections, a.stream_events)
+        print(f"{per:,.0f} instructions per {what} (callgrind, {a.connections} connections, "
               f"2,500 - 500 requests)")
+        if a.stream_events:
+            print(f"  {per / (a.stream_events + 1):,.0f} per event")
         return 0
     best = None
     for _ in range(a.repeat):
-        us, rps = uvloop.run(drive(a.requests, a.connections))
-        print(f"{us:.1f} us CPU per request ({rps} requests/s of wall time, one core, no sockets)")
+        us, rps = uvloop.run(drive(a.requests, a.connections, a.stream_events))
+        print(f"{us:.1f} us CPU per {what} ({rps} requests/s of wall time, one core, no sockets)")
         best = us if best is None else min(best, us)
     print(f"best: {best:.1f} us per request over {a.requests} requests, {a.connections} connections")
     if a.profile:
         prof = cProfile.Profile()
         prof.enable()
-        uvloop.run(drive(a.requests, a.connections))
+        uvloop.run(drive(a.requests, a.connections, a.stream_events))
         prof.disable()
         st = pstats.Stats(prof)
         st.sort_stats("tottime").print_stats(a.top)

@@ -24,3 +24,10 @@ def _harness():
 async def test_every_request_of_64_clients_is_answered_through_the_queue():
     us, rps = await _harness().drive(3000, 64)
     assert us > 0 and rps > 0
+
+
+async def test_every_streamed_answer_reaches_its_client_whole():
+    # Each of 64 engine connections sends 8 events, one per read, then [DONE] and the last
+    # chunk; the harness counts an answer once its client holds the chunked stream's end.
+    us, rps = await _harness().drive(600, 64, stream_events=8)
+    assert us > 0 and rps > 0

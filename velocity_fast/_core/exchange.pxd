@@ -27,6 +27,7 @@ cdef class Exchange:
     cdef public bint abandoned
     cdef object task
     cdef public bint relaying
+    cdef public bint raw_chunks
     cdef str ct
     cdef int status
     cdef long events
@@ -37,6 +38,7 @@ cdef class Exchange:
     cpdef start(self)
     cdef _admitted(self, lease)
     cdef _dispatch(self)
+    cdef _relay(self, UpstreamConnection conn, bytes data, bint framed)
     cdef _stream_done(self, UpstreamConnection conn)
     cdef _stream_failed(self, e)
     cdef _answer(self, UpstreamConnection conn)

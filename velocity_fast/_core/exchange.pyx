@@ -137,6 +137,7 @@ cdef class Exchange:
         # A streamed answer (relaying): ct, status, events, first, engine_failed and
         # error_text are set in upstream_head when it begins, and only read after.
         self.relaying = False
+        self.raw_chunks = False
 
     cpdef start(self):
         self.resp.add_disconnect_callback(self.on_disconnect)
@@ -231,17 +232,30 @@ cdef class Exchange:
             self.engine_failed = False
             self.error_text = None
             self.resp.start(conn.status, content_type=ct, headers=self.out_headers())
+            # An HTTP/1.1 client: the engine's chunks go on as they came (UpstreamConnection).
+            self.raw_chunks = self.resp.chunked
 
     def upstream_body(self, UpstreamConnection conn, bytes data):
+        self._relay(conn, data, False)
+
+    def upstream_raw(self, UpstreamConnection conn, bytes framed):
+        self._relay(conn, framed, True)
+
+    cdef _relay(self, UpstreamConnection conn, bytes data, bint framed):
+        """A piece of a stream: its data (framed: whole chunks, framing and all) to the client."""
         resp = self.resp
         if self.first:
             self.first = False
             self.lease.first_byte()
+        # (chunk framing is hex digits and CRLFs: it never holds an event's bytes)
         self.events += data.count(_SSE_DATA)
         if not self.engine_failed and _SSE_ERROR in data:  # the engine's own error event (e.g. out of memory)
             self.engine_failed = True
             self.error_text = data[data.find(_SSE_ERROR):][:2000].decode("utf-8", "replace")
-        resp.write_nowait(data)
+        if framed:
+            resp.write_chunks(data)
+        else:
+            resp.write_nowait(data)
         if resp._proto._write_paused and self.task is None:
             conn.pause()  # the client reads slowly: so do we, from the engine
             self.task = task = self.gw._loop.create_task(resp.write(b""))

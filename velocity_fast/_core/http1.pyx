@@ -124,15 +124,18 @@ cdef class _Head:
     cdef dict headers
     cdef Py_ssize_t content_length
     cdef int keep_alive
+    cdef bint chunked
     cdef Py_ssize_t end
 
 
 cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit, bint join,
-                  _Head out) except -2:
+                  _Head out, bint chunked_ok=False) except -2:
     """Header lines from s[pos] up to the empty line. 0 taken, -1 declined or incomplete.
-    ``join``: a repeated name is joined with ", " (requests); else declined (responses)."""
+    ``join``: a repeated name is joined with ", " (requests); else declined (responses).
+    ``chunked_ok``: one ``Transfer-Encoding: chunked`` is taken (responses), not declined."""
     cdef Py_ssize_t ls, le, colon, vs, ve, cl = -1
     cdef int kind, keep = -2, c
+    cdef bint chunked = False
     cdef unsigned char ch
     cdef dict headers = {}
     cdef PyObject* old
@@ -179,8 +182,11 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
             if c < 0 or keep != -2:
                 return -1
             keep = c
+        elif kind == H_TRANSFER_ENCODING and chunked_ok and not chunked \
+                and _eq_lower(s + vs, ve - vs, b"chunked", 7):
+            chunked = True
         elif kind != H_OTHER:
-            return -1  # transfer-encoding, upgrade, expect: llhttp's
+            return -1  # other transfer codings, upgrade, expect: llhttp's
         name = _name(s + ls, colon - ls)
         value = PyUnicode_DecodeLatin1(s + vs, ve - vs, NULL)
         old = PyDict_GetItem(headers, name)
@@ -191,9 +197,12 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
         PyDict_SetItem(headers, name, value)
     if pos > limit:
         return -1
+    if chunked and cl != -1:
+        return -1  # both framings: llhttp's error to give
     out.headers = headers
     out.content_length = cl
     out.keep_alive = keep
+    out.chunked = chunked
     out.end = pos
     return 0
 
@@ -268,6 +277,37 @@ def scan_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ssize_t max
     return (method, path, query, head.headers, head.keep_alive != 0, body, body_end)
 
 
+cdef int _status_line(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t* end) noexcept nogil:
+    """An HTTP/1.1 status line with a final status that has a body (not 1xx, 204 or 304):
+    the status, ``end`` set past the line's CRLF; -1 declined or incomplete."""
+    cdef int status
+    cdef unsigned char ch
+    if pos + 13 > n:
+        return -1
+    if not (s[pos] == c'H' and s[pos + 1] == c'T' and s[pos + 2] == c'T' and s[pos + 3] == c'P'
+            and s[pos + 4] == c'/' and s[pos + 5] == c'1' and s[pos + 6] == c'.' and s[pos + 7] == c'1'
+            and s[pos + 8] == c' '):
+        return -1
+    pos += 9
+    if not (c'1' <= s[pos] <= c'5' and c'0' <= s[pos + 1] <= c'9' and c'0' <= s[pos + 2] <= c'9'):
+        return -1
+    status = (s[pos] - c'0') * 100 + (s[pos + 1] - c'0') * 10 + (s[pos + 2] - c'0')
+    if status < 200 or status == 204 or status == 304:
+        return -1
+    pos += 3
+    if s[pos] != c' ' and s[pos] != c'\r':
+        return -1
+    while pos < n and s[pos] != c'\r':
+        ch = <unsigned char>s[pos]
+        if (ch < 0x20 and ch != c'\t') or ch == 0x7f:
+            return -1
+        pos += 1
+    if pos + 1 >= n or s[pos + 1] != c'\n':
+        return -1
+    end[0] = pos + 2
+    return status
+
+
 def scan_response(bytes data, Py_ssize_t pos):
     """The plain HTTP/1.1 response that starts at ``data[pos]`` and is whole in ``data``,
     with a Content-Length body: (status, headers, keep_alive, body, end), or None.
@@ -279,31 +319,10 @@ def scan_response(bytes data, Py_ssize_t pos):
     cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
     cdef Py_ssize_t body_end, cl
     cdef int status
-    cdef unsigned char ch
     cdef _Head head = _Head.__new__(_Head)
-    if pos + 13 > n:
+    status = _status_line(s, pos, n, &pos)
+    if status < 0:
         return None
-    if not (s[pos] == c'H' and s[pos + 1] == c'T' and s[pos + 2] == c'T' and s[pos + 3] == c'P'
-            and s[pos + 4] == c'/' and s[pos + 5] == c'1' and s[pos + 6] == c'.' and s[pos + 7] == c'1'
-            and s[pos + 8] == c' '):
-        return None
-    pos += 9
-    if not (c'1' <= s[pos] <= c'5' and c'0' <= s[pos + 1] <= c'9' and c'0' <= s[pos + 2] <= c'9'):
-        return None
-    status = (s[pos] - c'0') * 100 + (s[pos + 1] - c'0') * 10 + (s[pos + 2] - c'0')
-    if status < 200 or status == 204 or status == 304:
-        return None
-    pos += 3
-    if s[pos] != c' ' and s[pos] != c'\r':
-        return None
-    while pos < n and s[pos] != c'\r':
-        ch = <unsigned char>s[pos]
-        if (ch < 0x20 and ch != c'\t') or ch == 0x7f:
-            return None
-        pos += 1
-    if pos + 1 >= n or s[pos + 1] != c'\n':
-        return None
-    pos += 2
     if _headers(s, pos, n, n, False, head) < 0:
         return None
     cl = head.content_length
@@ -317,3 +336,19 @@ def scan_response(bytes data, Py_ssize_t pos):
     else:
         body = PyBytes_FromStringAndSize(s + head.end, cl)
     return (status, head.headers, head.keep_alive != 0, body, body_end)
+
+
+def scan_chunked_head(bytes data, Py_ssize_t pos):
+    """The head of a plain HTTP/1.1 response with a chunked body (a stream), whole in
+    ``data`` from ``pos``: (status, headers, keep_alive, end), ``end`` where the first
+    chunk starts; None for anything else (scan_response's rules otherwise)."""
+    cdef const char* s = PyBytes_AS_STRING(data)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
+    cdef int status
+    cdef _Head head = _Head.__new__(_Head)
+    status = _status_line(s, pos, n, &pos)
+    if status < 0:
+        return None
+    if _headers(s, pos, n, n, False, head, True) < 0 or not head.chunked:
+        return None
+    return (status, head.headers, head.keep_alive != 0, head.end)

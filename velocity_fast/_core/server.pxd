@@ -24,13 +24,14 @@ cdef class Responder:
     cdef public bint started
     cdef public bint finished
     cdef public bint disconnected
-    cdef int _mode
+    cdef readonly int _mode
     cdef bint _keep
     cdef list _callbacks
     cdef public object _task
     cdef public int status
 
     cpdef bint write_nowait(self, bytes data) except -1
+    cpdef bint write_chunks(self, bytes framed) except -1
     cpdef _lost(self)
 
 

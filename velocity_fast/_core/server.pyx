@@ -265,6 +265,21 @@ cdef class Responder:
             raise RuntimeError("response finished" if self.finished else "response not started")
         return True
 
+    cpdef bint write_chunks(self, bytes framed) except -1:
+        """Queue bytes already framed as whole chunks (a chunked stream passed on as it
+        came: see ``chunked``); False once the client is gone."""
+        if self.disconnected:
+            return False
+        if self._mode != _CHUNKED:
+            raise RuntimeError("the response is not chunked")
+        self._proto._write(framed)
+        return True
+
+    @property
+    def chunked(self):
+        """True while the response is a started chunked stream (what write_chunks needs)."""
+        return self._mode == _CHUNKED
+
     @property
     def paused(self):
         """True while the client's transport buffer is above its high-water mark."""

@@ -24,9 +24,20 @@ cdef class UpstreamConnection(OutboxOwner):
     cdef public object listener
     cdef object _resend
     cdef bint _parsing
+    cdef readonly bint _chunked
+    cdef bint _raw
+    cdef int _cstate
+    cdef long long _csize
+    cdef int _cdigits
+    cdef Py_ssize_t _cleft
 
     cdef _reset(self)
     cdef _whole_response(self, tuple r)
+    cdef _chunked_head(self, bytes data, tuple r)
+    cdef _deliver(self, bytes piece)
+    cdef _scan_chunks(self, bytes data, Py_ssize_t pos)
+    cdef _flush_run(self, bytes data, Py_ssize_t run_s, Py_ssize_t run_e)
+    cdef _bad_chunk(self)
     cpdef _fail(self, err)
     cdef _wake(self)
     cpdef send_to(self, bytes data, listener, bint reused=*)

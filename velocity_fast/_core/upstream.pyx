@@ -9,9 +9,35 @@ import asyncio
 
 import httptools
 
-from velocity_fast._core.http1 import scan_response
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+
+from velocity_fast._core.http1 import scan_chunked_head, scan_response
 from velocity_fast._core.server cimport OutboxOwner, outbox_for
 from velocity_fast.upstream.errors import UpstreamError
+
+
+# Where the chunk scanner is in a chunked body (see _scan_chunks).
+cdef enum:
+    C_SIZE = 0       # in the chunk-size line: hex digits
+    C_EXT = 1        # in a chunk extension, up to CR
+    C_SIZE_LF = 2    # after the size line's CR
+    C_DATA = 3       # in the chunk's data: _cleft bytes to go
+    C_DATA_CR = 4    # after the data: CR
+    C_DATA_LF = 5    # LF
+    C_TRAILER = 6    # at the start of a trailer line (after the last chunk)
+    C_TRAILER_LINE = 7
+    C_TRAILER_LF = 8
+    C_END_LF = 9     # the empty line that ends the message: its LF
+
+
+cdef inline int _hex(unsigned char c) noexcept nogil:
+    if c'0' <= c <= c'9':
+        return c - c'0'
+    if c'a' <= c <= c'f':
+        return c - c'a' + 10
+    if c'A' <= c <= c'F':
+        return c - c'A' + 10
+    return -1
 
 
 cdef class UpstreamConnection(OutboxOwner):
@@ -41,6 +67,8 @@ cdef class UpstreamConnection(OutboxOwner):
         self._received = False
         self.keep_alive = True
         self._paused = False
+        self._chunked = False
+        self._raw = False
 
     # -- asyncio.Protocol ---------------------------------------------------------
     def connection_made(self, transport):
@@ -48,13 +76,23 @@ cdef class UpstreamConnection(OutboxOwner):
 
     def data_received(self, bytes data):
         self._received = True
+        if self._chunked:
+            self._scan_chunks(data, 0)
+            return
         if not self._parsing and self.listener is not None:
             # The usual whole answer in one read: one call (_core/http1.pyx), not llhttp's
-            # callbacks; anything else is llhttp's.
+            # callbacks; a stream's head, then its chunks, read here too (_scan_chunks);
+            # anything else is llhttp's.
             r = scan_response(data, 0)
-            if r is not None and (<tuple>r)[4] == len(data):
-                self._whole_response(<tuple>r)
-                return
+            if r is not None:
+                if (<tuple>r)[4] == len(data):
+                    self._whole_response(<tuple>r)
+                    return
+            else:
+                r = scan_chunked_head(data, 0)
+                if r is not None:
+                    self._chunked_head(data, <tuple>r)
+                    return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as e:
@@ -100,6 +138,179 @@ cdef class UpstreamConnection(OutboxOwner):
             listener.upstream_done(self)
         else:
             self._wake()
+
+    # -- chunked bodies, read here -----------------------------------------------------
+    # A stream arrives as chunks, most reads holding whole ones (an SSE event each). Those
+    # go on as they came, framing and all, to a listener that relays them to an HTTP/1.1
+    # client (``raw_chunks`` set at the head: upstream_raw): nothing is taken apart and
+    # put together again. A chunk split across reads goes as its pieces of data
+    # (upstream_body, which frames each anew), so what the client gets is always whole
+    # chunks, even when the engine stops in the middle of one. The last chunk and any
+    # trailers end the message and are not passed on (the Responder ends its own stream).
+    cdef _chunked_head(self, bytes data, tuple r):
+        self.status = r[0]
+        self.headers = r[1]
+        self.keep_alive = r[2]
+        self._resend = None  # the answer has begun: no retry from here on
+        self._chunked = True
+        self._cstate = C_SIZE
+        self._csize = 0
+        self._cdigits = 0
+        self._cleft = 0
+        self.listener.upstream_head(self)
+        listener = self.listener
+        self._raw = (listener is not None and listener.relaying
+                     and getattr(listener, "raw_chunks", False))
+        if not self.closed:
+            self._scan_chunks(data, r[3])
+
+    cdef _deliver(self, bytes piece):
+        """Data of a chunk (or a piece of one): as llhttp's on_body would hand it over."""
+        listener = self.listener
+        if listener is not None and listener.relaying:
+            listener.upstream_body(self, piece)
+            return
+        self.chunks.append(piece)
+        if listener is None:
+            self._wake()
+
+    cdef _scan_chunks(self, bytes data, Py_ssize_t pos):
+        cdef const char* s = PyBytes_AS_STRING(data)
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
+        cdef Py_ssize_t cs = -1      # where the current chunk's size line began in this read
+        cdef Py_ssize_t ds = pos     # where its data (still to hand over) begins in this read
+        cdef Py_ssize_t run_s = -1, run_e = -1  # whole chunks of this read, passed on as they are
+        cdef Py_ssize_t take
+        cdef int st = self._cstate, h
+        cdef unsigned char c
+        while pos < n:
+            c = <unsigned char>s[pos]
+            if st == C_SIZE:
+                h = _hex(c)
+                if h >= 0:
+                    if self._cdigits == 0:
+                        cs = pos
+                    self._cdigits += 1
+                    if self._cdigits > 15:
+                        return self._bad_chunk()
+                    self._csize = self._csize * 16 + h
+                elif self._cdigits == 0:
+                    return self._bad_chunk()
+                elif c == c';' or c == c' ' or c == c'\t':
+                    st = C_EXT  # an extension (or the spaces before one): skipped
+                elif c == c'\r':
+                    st = C_SIZE_LF
+                else:
+                    return self._bad_chunk()
+                pos += 1
+            elif st == C_EXT:
+                if c == c'\r':
+                    st = C_SIZE_LF
+                elif c == c'\n':
+                    return self._bad_chunk()
+                pos += 1
+            elif st == C_SIZE_LF:
+                if c != c'\n':
+                    return self._bad_chunk()
+                pos += 1
+                self._cdigits = 0
+                if self._csize == 0:
+                    st = C_TRAILER  # the last chunk: not passed on
+                else:
+                    self._cleft = self._csize
+                    self._csize = 0
+                    ds = pos
+                    st = C_DATA
+            elif st == C_DATA:
+                take = min(self._cleft, n - pos)
+                pos += take
+                self._cleft -= take
+                if self._cleft == 0:
+                    st = C_DATA_CR
+                    if not (self._raw and cs >= 0):
+                        # Not whole in this read (or not relayed as it is): its data now.
+                        self._flush_run(data, run_s, run_e)
+                        run_s = -1
+                        self._deliver(data[ds:pos])
+                        if self.closed:
+                            return
+                        cs = -1
+            elif st == C_DATA_CR:
+                if c != c'\r':
+                    return self._bad_chunk()
+                pos += 1
+                st = C_DATA_LF
+            elif st == C_DATA_LF:
+                if c != c'\n':
+                    return self._bad_chunk()
+                pos += 1
+                st = C_SIZE
+                if cs >= 0:  # a whole chunk: joins the run
+                    if run_s < 0:
+                        run_s = cs
+                    run_e = pos
+                    cs = -1
+            elif st == C_TRAILER:
+                if c == c'\r':
+                    st = C_END_LF
+                else:
+                    st = C_TRAILER_LINE
+                pos += 1
+            elif st == C_TRAILER_LINE:
+                if c == c'\r':
+                    st = C_TRAILER_LF
+                pos += 1
+            elif st == C_TRAILER_LF:
+                if c != c'\n':
+                    return self._bad_chunk()
+                st = C_TRAILER
+                pos += 1
+            else:  # C_END_LF
+                if c != c'\n':
+                    return self._bad_chunk()
+                pos += 1
+                self._cstate = st
+                self._flush_run(data, run_s, run_e)
+                if self.closed:
+                    return
+                if pos < n:
+                    self.keep_alive = False  # bytes after the answer: the connection is not reused
+                self._chunked = False
+                self.done = True
+                listener = self.listener
+                if listener is not None:
+                    self.listener = None
+                    listener.upstream_done(self)
+                else:
+                    self._wake()
+                return
+        self._cstate = st
+        self._flush_run(data, run_s, run_e)
+        if self.closed:
+            return
+        # The read ends inside a chunk: hand over the data it holds of it.
+        if st == C_DATA and pos > ds:
+            self._deliver(data[ds:pos])
+        elif (st == C_DATA_CR or st == C_DATA_LF) and cs >= 0:
+            self._deliver(data[ds:pos - (1 if st == C_DATA_LF else 0)])
+
+    cdef _flush_run(self, bytes data, Py_ssize_t run_s, Py_ssize_t run_e):
+        if run_s < 0 or self.closed:
+            return
+        listener = self.listener
+        if listener is None:
+            return
+        if run_s == 0 and run_e == PyBytes_GET_SIZE(data):
+            listener.upstream_raw(self, data)
+        else:
+            listener.upstream_raw(self, data[run_s:run_e])
+
+    cdef _bad_chunk(self):
+        self._chunked = False
+        self._fail(UpstreamError("malformed response from engine: bad chunked framing", received=True))
+        self._out = None
+        if self.transport is not None:
+            self.transport.close()
 
     # -- httptools callbacks --------------------------------------------------------
     def on_message_begin(self):

@@ -26,10 +26,14 @@ class UpstreamListener:
     in this order: head (status and headers known), then done (the whole body is in
     ``conn.chunks``) or error. ``abandoned`` True: the listener no longer wants an answer.
     A listener that sets ``relaying`` (in upstream_head) gets the body piece by piece in
-    upstream_body instead, as it arrives, and done or error at its end."""
+    upstream_body instead, as it arrives, and done or error at its end. One that also sets
+    ``raw_chunks`` gets a chunked body's whole chunks as they came, framing and all, in
+    upstream_raw (to pass on to a chunked response unchanged), and the data of a chunk
+    split across reads in upstream_body."""
 
     abandoned = False
     relaying = False
+    raw_chunks = False
 
     def upstream_sent(self, conn: "UpstreamConnection") -> None:
         """The request went out on ``conn`` (to abort it on a cancel)."""
@@ -39,6 +43,9 @@ class UpstreamListener:
 
     def upstream_body(self, conn: "UpstreamConnection", data: bytes) -> None:
         """A piece of the body (only while ``relaying``)."""
+
+    def upstream_raw(self, conn: "UpstreamConnection", framed: bytes) -> None:
+        """Whole chunks, framed (only while ``relaying`` and ``raw_chunks``)."""
 
     def upstream_done(self, conn: "UpstreamConnection") -> None:
         """The whole response arrived."""
