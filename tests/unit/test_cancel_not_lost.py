@@ -14,33 +14,15 @@ import pytest
 
 from velocity_fast.routing.endpoint import Endpoint
 from velocity_fast.routing.health import EndpointMonitor, HealthSettings
+from velocity_fast.upstream.connection import UpstreamConnection
 from velocity_fast.upstream.pool import UpstreamPool
 
 
-class _DoneConn:
+def _done_conn(pool: UpstreamPool) -> UpstreamConnection:
     """A connection whose whole answer is already in."""
-
-    closed = False
-    done = True
-    keep_alive = True
-    error = None
-    status = 200
-
-    def __init__(self) -> None:
-        self.chunks = [b"ok"]
-
-    async def wait_body(self) -> None:
-        return None
-
-    def take(self) -> bytes:
-        c, self.chunks = self.chunks, []
-        return b"".join(c)
-
-    def resume(self) -> None:
-        pass
-
-    def abort(self) -> None:
-        self.closed = True
+    conn = UpstreamConnection(pool, asyncio.get_running_loop())
+    conn.status, conn.done, conn.chunks = 200, True, [b"ok"]
+    return conn
 
 
 @pytest.mark.parametrize("steps", [1, 2, 3, 4])
@@ -48,7 +30,7 @@ async def test_a_fetch_cancelled_as_its_answer_lands_raises_cancelled(steps, mon
     pool = UpstreamPool("http://127.0.0.1:9")
 
     async def open_request(data: bytes):
-        return _DoneConn()
+        return _done_conn(pool)
 
     monkeypatch.setattr(pool, "open_request", open_request)
     task = asyncio.create_task(pool.fetch("GET", "/health"))

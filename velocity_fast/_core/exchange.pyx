@@ -16,7 +16,7 @@ import logging
 import os
 
 from velocity_fast._core.server cimport Responder
-from velocity_fast._core.upstream cimport UpstreamConnection
+from velocity_fast._core.upstream cimport PoolCore, UpstreamConnection
 
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
@@ -191,6 +191,7 @@ cdef class Exchange:
         self._dispatch()
 
     cdef _dispatch(self):
+        cdef PoolCore up
         gw, lease, tried = self.gw, self.lease, self.tried
         router = gw.router
         # As in _forward: the lease's own band first, then any endpoint with room.
@@ -281,7 +282,7 @@ cdef class Exchange:
     cdef _stream_done(self, UpstreamConnection conn):
         ep = self.ep
         self.resp.end()
-        ep.upstream.release(conn)
+        (<PoolCore?>ep.upstream).release(conn)
         self.conn = None
         self._end()
         status = self.status
@@ -308,7 +309,7 @@ cdef class Exchange:
         status = conn.status
         ct = conn.headers.get("content-type", "application/json")
         body = conn.take()
-        ep.upstream.release(conn)
+        (<PoolCore?>ep.upstream).release(conn)
         self.conn = None
         self._end()
         ok = 200 <= status < 300

@@ -45,3 +45,16 @@ cdef class UpstreamConnection(OutboxOwner):
     cpdef pause(self)
     cpdef resume(self)
     cpdef abort(self)
+
+
+cdef class PoolCore:
+    cdef public list _idle
+    cdef public dict _json_posts
+    cdef public Py_ssize_t max_idle
+    cdef public str base_path
+    cdef public bytes host_header
+
+    cpdef bytes json_post_head(self, str path)
+    cpdef UpstreamConnection idle_connection(self)
+    cpdef release(self, UpstreamConnection conn)
+    cpdef request(self, bytes data, listener)

@@ -425,3 +425,57 @@ cdef class UpstreamConnection(OutboxOwner):
         if not self.closed and self.transport is not None:
             self.closed = True
             self.transport.abort()
+
+
+cdef class PoolCore:
+    """The per-request half of an UpstreamPool (upstream/pool.py), compiled: idle connections
+    reused most-recent first, a request sent on one, a finished one taken back. The pool's
+    coroutines (connect, open_request, fetch) and ``_connect_for`` are the subclass's."""
+
+    def __cinit__(self):
+        self._idle = []
+        self._json_posts = {}
+        self.max_idle = 256
+        self.base_path = ""
+        self.host_header = b""
+
+    cpdef bytes json_post_head(self, str path):
+        """The start of a JSON POST to ``path``, up to the per-request headers: what
+        request_head("POST", ...) writes first, built once per path."""
+        head = self._json_posts.get(path)
+        if head is None:
+            head = self._json_posts[path] = b"POST %s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n" % (
+                (self.base_path + path).encode("latin-1"), self.host_header)
+        return head
+
+    cpdef UpstreamConnection idle_connection(self):
+        cdef UpstreamConnection conn
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed:
+                return conn
+        return None
+
+    cpdef release(self, UpstreamConnection conn):
+        """Return a connection whose response completed; anything else is closed."""
+        if conn.closed:
+            return
+        if conn.done and conn.keep_alive and conn.error is None and len(self._idle) < self.max_idle:
+            conn.resume()
+            self._idle.append(conn)
+        else:
+            conn.abort()
+
+    cpdef request(self, bytes data, listener):
+        """Send a request whose answer goes to ``listener`` (see UpstreamListener).
+
+        On an idle connection this is all callbacks. With none idle, or when the
+        reused one turns out closed by the engine before any response byte, a
+        task connects a fresh one (as open_request does) and sends there.
+        """
+        conn = self.idle_connection()
+        if conn is None:
+            self._connect_for(data, listener)
+            return
+        listener.upstream_sent(conn)
+        conn.send_to(data, listener, True)

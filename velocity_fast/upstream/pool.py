@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from urllib.parse import urlsplit
 
+from .._core.upstream import PoolCore
 from .connection import UpstreamConnection, UpstreamError, UpstreamListener
 
 __all__ = ["UpstreamPool", "request_head"]
@@ -20,8 +21,9 @@ def request_head(method: str, path: str, host: bytes, headers: list[tuple[str, s
         method.encode("latin-1"), path.encode("latin-1"), host, lines.encode("latin-1"))
 
 
-class UpstreamPool:
-    """Idle keep-alive connections to one engine, reused most-recent first."""
+class UpstreamPool(PoolCore):
+    """Idle keep-alive connections to one engine, reused most-recent first. The per-request
+    methods (request, idle_connection, release, json_post_head) are PoolCore's, compiled."""
 
     def __init__(self, url: str, *, max_idle: int = 256, connect_timeout: float = 3.0) -> None:
         u = urlsplit(url)
@@ -34,20 +36,9 @@ class UpstreamPool:
         self.host_header = (u.netloc or f"{self.host}:{self.port}").encode("latin-1")
         self.max_idle = max_idle
         self.connect_timeout = connect_timeout
-        self._idle: list[UpstreamConnection] = []
         self._all: set[UpstreamConnection] = set()
         self._connecting: set[asyncio.Task] = set()
         self.connects = 0
-        self._json_posts: dict[str, bytes] = {}
-
-    def json_post_head(self, path: str) -> bytes:
-        """The start of a JSON POST to ``path``, up to the per-request headers: what
-        request_head("POST", ...) writes first, built once per path."""
-        head = self._json_posts.get(path)
-        if head is None:
-            head = self._json_posts[path] = b"POST %s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n" % (
-                (self.base_path + path).encode("latin-1"), self.host_header)
-        return head
 
     def _forget(self, conn: UpstreamConnection) -> None:
         self._all.discard(conn)
@@ -69,23 +60,6 @@ class UpstreamPool:
         self.connects += 1
         self._all.add(conn)
         return conn
-
-    def idle_connection(self) -> UpstreamConnection | None:
-        while self._idle:
-            conn = self._idle.pop()
-            if not conn.closed:
-                return conn
-        return None
-
-    def release(self, conn: UpstreamConnection) -> None:
-        """Return a connection whose response completed; anything else is closed."""
-        if conn.closed:
-            return
-        if conn.done and conn.keep_alive and conn.error is None and len(self._idle) < self.max_idle:
-            conn.resume()
-            self._idle.append(conn)
-        else:
-            conn.abort()
 
     async def open_request(self, data: bytes) -> UpstreamConnection:
         """Send a request; returns the connection once the response head arrived.
@@ -114,20 +88,6 @@ class UpstreamPool:
             conn.abort()
             raise
         return conn
-
-    def request(self, data: bytes, listener: UpstreamListener) -> None:
-        """Send a request whose answer goes to ``listener`` (see UpstreamListener).
-
-        On an idle connection this is all callbacks. With none idle, or when the
-        reused one turns out closed by the engine before any response byte, a
-        task connects a fresh one (as open_request does) and sends there.
-        """
-        conn = self.idle_connection()
-        if conn is None:
-            self._connect_for(data, listener)
-            return
-        listener.upstream_sent(conn)
-        conn.send_to(data, listener, reused=True)
 
     def _connect_for(self, data: bytes, listener: UpstreamListener) -> None:
         task = asyncio.get_running_loop().create_task(self._connect_and_send(data, listener))
