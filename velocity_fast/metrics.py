@@ -1,15 +1,18 @@
 """Prometheus metrics without a dependency.
 
-Values are plain numbers updated in place on the request path; the text format
-(0.0.4) is produced only when somebody scrapes. This module is a leaf: it imports
-nothing of the package, so the sim engine and the gateway can both use it.
+Values are plain numbers updated in place on the request path (compiled:
+_core/metric_values.pyx); the text format (0.0.4) is produced only when somebody
+scrapes. This module is a leaf: it imports nothing of the package but its compiled
+values, so the sim engine and the gateway can both use it.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from typing import Callable, Iterable, Sequence
+
+from ._core.metric_values import HistChild as _HistChild
+from ._core.metric_values import Value as _Value
 
 __all__ = ["Registry", "Counter", "Gauge", "Histogram", "DEFAULT_BUCKETS"]
 
@@ -78,25 +81,6 @@ class _Metric:
         out.append(f"# TYPE {self.name} {self.kind}")
 
 
-class _Value:
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = 0.0
-
-    def inc(self, n: float = 1.0) -> None:
-        self.value += n
-
-    def dec(self, n: float = 1.0) -> None:
-        self.value -= n
-
-    def set(self, v: float) -> None:
-        self.value = v
-
-    def get(self) -> float:
-        return self.value
-
-
 class Counter(_Metric):
     """A monotonically increasing count. The name is used as given (end it in _total)."""
 
@@ -149,21 +133,6 @@ class _FnGauge(_Metric):
                 out.append(f"{self.name}{_label_text(self.labelnames, key)} {_fmt(v)}")
         else:
             out.append(f"{self.name} {_fmt(got)}")
-
-
-class _HistChild:
-    __slots__ = ("bounds", "counts", "sum", "count")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, v: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, v)] += 1
-        self.sum += v
-        self.count += 1
 
 
 class Histogram(_Metric):
