@@ -276,17 +276,29 @@ class Admission:
         # No room on the endpoints already known: nothing can go whatever the loads
         # say (most calls under full load), so their refresh is skipped. A pool whose
         # endpoints changed is refreshed first: a new endpoint may bring the room.
-        if ps.seen == ps.pool.endpoints and self._room(ps) <= 0:
-            return
+        # _sync reads the endpoints without changing them: the room counted before it
+        # still holds after it when the pool is the same.
+        known = ps.seen == ps.pool.endpoints
+        if known:
+            room = self._room(ps)
+            if room <= 0:
+                return
         now = self.clock()
         if not self._sync(ps):
             return
-        pool_sat = self.policy.saturation.pool
         # Nothing but the grants below changes the room in this cycle: each takes one.
-        room = self._room(ps)
+        if not known:
+            room = self._room(ps)
+        # Nor the pool's saturation: it is counted when first needed and again after
+        # each grant (one more pending lease), not once per band.
+        sat = None
         for band, ceiling in enumerate(self._ceilings):
             while True:
-                if room <= 0 or pool_sat(ps.loads, ps.pending, now) >= ceiling:
+                if room <= 0:
+                    return
+                if sat is None:
+                    sat = self.policy.saturation.pool(ps.loads, ps.pending, now)
+                if sat >= ceiling:
                     return
                 item = q.pop(band, now)
                 if item is None:
@@ -295,6 +307,7 @@ class Admission:
                 if fut.done():
                     continue
                 room -= 1
+                sat = None
                 fut.set_result(self._grant(ps, item.band, item.tenant, int(item.tokens),
                                            item.deadline if explicit else item.enqueued_at
                                            + self.settings.sla_ms / 1000.0,
