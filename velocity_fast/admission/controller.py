@@ -123,10 +123,13 @@ class Admission:
         schedule its work); None queues a new future. ``withdraw`` takes it back.
         """
         now = self.clock()
-        ps = self._pool_state(ticket.model)
+        ps = self._pools.get(ticket.model) or self._pool_state(ticket.model)
         if ps is None or not self._sync(ps):
             raise self._reject(503, "no-endpoint", "no healthy endpoint serves this model", 1)
-        band = self._band(ticket.band)
+        # No band name, or an unknown one: the default band (one band: its index 0 is
+        # both the only name's and the default's).
+        name = ticket.band
+        band = self._band_of.get(name, self._default_band) if name else self._default_band
         if self.policy.oom_throttle and band > 0 and now < ps.overload_until:
             raise self._reject(503, "overload", "an engine ran out of memory; shedding non-high work",
                                max(1, math.ceil(ps.overload_until - now)))
@@ -148,7 +151,8 @@ class Admission:
             what = "band" if rid in (REJECT_BAND_COUNT, REJECT_BAND_BYTES) else "admission"
             raise self._reject(503, "capacity", f"{what} queue is full ({self.band_names[band]})", 1)
         self._dispatch(ps)
-        if not waiter.done():
+        # Under load the tick is already armed: no need to ask the waiter.
+        if self._tick is None and not waiter.done():
             self._arm_tick()
         return waiter, rid
 
@@ -195,12 +199,11 @@ class Admission:
 
     # -- bands, pools, endpoints -----------------------------------------------------
 
-    def _band(self, name) -> int:
-        if self.policy.single_band:
-            return 0
-        return self._band_of.get(name, self._default_band) if name else self._default_band
-
     def _pool_state(self, model) -> _PoolState | None:
+        """The state of ``model``'s pool (None: the default pool), made on first use;
+        None when there is no such pool. A pool once known keeps its state even after
+        it left ``pools`` (its queue may still hold requests): a look-up in ``_pools``
+        is this method's answer when it finds one."""
         if model is None or model not in self.pools:
             if model is not None and model in self._pools:
                 return self._pools[model]
