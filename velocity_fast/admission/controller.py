@@ -330,16 +330,14 @@ class Admission:
         if not rebind:
             lease._ps.pending -= 1
         ep.inflight += 1
-        self._endpoint_state(ep)
+        lease._st = self._endpoint_state(ep)
         if not rebind:
             # Pending leases count in full on every endpoint (saturation.pool): now
             # that this one has a place, the others' headroom is known again.
             self._dispatch(lease._ps)
 
     def _on_first_byte(self, lease: Lease) -> None:
-        st = self._eps.get(id(lease.endpoint))
-        if st is not None and st.ep is lease.endpoint:
-            st.est.observe_first_byte(lease.first_byte_at - lease.bound_at)
+        lease._st.est.observe_first_byte(lease.first_byte_at - lease.bound_at)
 
     def _on_unbind(self, lease: Lease, ep) -> None:
         ep.inflight -= 1
@@ -363,9 +361,7 @@ class Admission:
         self._dispatch(ps)
 
     def _learn(self, ps, lease: Lease, ep, outcome: str, error_text, tokens: int, now: float) -> None:
-        st = self._eps.get(id(ep))
-        if st is None:
-            return
+        st = lease._st
         engine_ttft = lease.first_byte_at - lease.bound_at if lease.first_byte_at else None
         # What this engine usually takes for such a request, before this sample counts
         # (only an explicit SLA asks, below).
