@@ -22,7 +22,7 @@ import time
 
 from .._core.aimd import AimdLimit
 from .._core.bands import REJECT_BAND_BYTES, REJECT_BAND_COUNT
-from .._core.saturation import EndpointLoad
+from .._core.saturation import EndpointLoad, refresh
 from .estimators import ServiceEstimate
 from .lease import Lease
 from .policies import Policy, make_policy
@@ -236,16 +236,7 @@ class Admission:
             ps.states = [self._endpoint_state(e) for e in eps]
             ps.loads = [s.load for s in ps.states]
             ps.seen = list(eps)
-        any_healthy = False
-        for st in ps.states:
-            ep, load = st.ep, st.load
-            load.healthy = ep.healthy
-            load.inflight = ep.inflight
-            load.limit = ep.limit
-            if ep.scraped_at != load.scraped_at:
-                load.observe(ep.running, ep.waiting, ep.kv_usage, ep.scraped_at)
-            any_healthy = any_healthy or ep.healthy
-        return any_healthy
+        return refresh(ps.loads, ps.seen)
 
     def _room(self, ps: _PoolState) -> int:
         room = -ps.pending
