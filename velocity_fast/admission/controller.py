@@ -216,6 +216,8 @@ class Admission:
         return ps
 
     def _endpoint_state(self, ep) -> _EndpointState:
+        # A state holds its endpoint: while it is in _eps, no other object can have
+        # that id (the check on st.ep is a guard, not a case that arises).
         st = self._eps.get(id(ep))
         if st is None or st.ep is not ep:
             s = self.settings
@@ -318,14 +320,17 @@ class Admission:
     # -- leases ----------------------------------------------------------------------
 
     def _on_bind(self, lease: Lease, ep, rebind: bool = False) -> None:
+        ps = lease._ps
         if not rebind:
-            lease._ps.pending -= 1
+            ps.pending -= 1
         ep.inflight += 1
-        lease._st = self._endpoint_state(ep)
-        if not rebind:
+        # An endpoint admission knows already (the common case) needs no call.
+        lease._st = self._eps.get(id(ep)) or self._endpoint_state(ep)
+        if not rebind and ps.queues.count:
             # Pending leases count in full on every endpoint (saturation.pool): now
-            # that this one has a place, the others' headroom is known again.
-            self._dispatch(lease._ps)
+            # that this one has a place, the others' headroom is known again. With
+            # nothing queued there is nobody to hand it to.
+            self._dispatch(ps)
 
     def _on_first_byte(self, lease: Lease) -> None:
         lease._st.est.observe_first_byte(lease.first_byte_at - lease.bound_at)
