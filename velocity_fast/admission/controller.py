@@ -145,12 +145,14 @@ class Admission:
             raise self._reject(503, "capacity", "admission queues are full", 1)
         if waiter is None:
             waiter = asyncio.get_running_loop().create_future()
-        rid = q.enqueue((waiter, explicit), ticket.tenant, band, ticket.prompt_bytes, float(ticket.max_tokens),
-                        deadline if explicit else math.inf, now)
+        # The queue orders by its own fields; what the grant will need rides with the
+        # waiter, as worked out here (the same deadline from the same arrival time).
+        rid = q.enqueue((waiter, explicit, deadline, ticket.max_tokens), ticket.tenant, band, ticket.prompt_bytes,
+                        ticket.max_tokens, deadline if explicit else math.inf, now)
         if rid < 0:
             what = "band" if rid in (REJECT_BAND_COUNT, REJECT_BAND_BYTES) else "admission"
             raise self._reject(503, "capacity", f"{what} queue is full ({self.band_names[band]})", 1)
-        self._dispatch(ps)
+        self._dispatch(ps, now)
         # Under load the tick is already armed: no need to ask the waiter.
         if self._tick is None and not waiter.done():
             self._arm_tick()
@@ -195,7 +197,7 @@ class Admission:
                 ep.limit = st.aimd.limit
         ps = self._pools.get(ep.model)
         if ps is not None:
-            self._dispatch(ps)
+            self._dispatch(ps, now)
 
     # -- bands, pools, endpoints -----------------------------------------------------
 
@@ -265,7 +267,9 @@ class Admission:
 
     # -- the dispatch cycle ----------------------------------------------------------
 
-    def _dispatch(self, ps: _PoolState) -> None:
+    def _dispatch(self, ps: _PoolState, now: float | None = None) -> None:
+        """One cycle for ``ps``; ``now``: the caller's own reading of the clock, when
+        it has just taken one (the cycle runs at the moment of what triggered it)."""
         q = ps.queues
         if q.count == 0:
             return
@@ -279,7 +283,8 @@ class Admission:
             room = self._room(ps)
             if room <= 0:
                 return
-        now = self.clock()
+        if now is None:
+            now = self.clock()
         if not self._sync(ps):
             return
         # Nothing but the grants below changes the room in this cycle: each takes one.
@@ -299,15 +304,13 @@ class Admission:
                 item = q.pop(band, now)
                 if item is None:
                     break
-                fut, explicit = item.waiter
+                fut, explicit, deadline, max_tokens = item.waiter
                 if fut.done():
                     continue
                 room -= 1
                 sat = None
-                fut.set_result(self._grant(ps, item.band, item.tenant, int(item.tokens),
-                                           item.deadline if explicit else item.enqueued_at
-                                           + self.settings.sla_ms / 1000.0,
-                                           explicit, item.enqueued_at, now))
+                fut.set_result(self._grant(ps, item.band, item.tenant, max_tokens, deadline, explicit,
+                                           item.enqueued_at, now))
 
     def _grant(self, ps, band: int, tenant, max_tokens: int, deadline: float, explicit: bool,
                arrived_at: float, now: float) -> Lease:
@@ -354,16 +357,17 @@ class Admission:
         else:
             ep.inflight -= 1
             self._learn(ps, lease, ep, outcome, error_text, tokens, now)
-        self._dispatch(ps)
+        self._dispatch(ps, now)
 
     def _learn(self, ps, lease: Lease, ep, outcome: str, error_text, tokens: int, now: float) -> None:
         st = lease._st
         engine_ttft = lease.first_byte_at - lease.bound_at if lease.first_byte_at else None
+        engine_s = now - lease.bound_at
         # What this engine usually takes for such a request, before this sample counts
         # (only an explicit SLA asks, below).
         expected = st.est.predict(int(tokens or lease.max_tokens)) if lease.explicit_sla else None
         if outcome == "completed":
-            st.est.observe(engine_ttft, now - lease.bound_at, int(tokens or lease.max_tokens))
+            st.est.observe(engine_ttft, engine_s, int(tokens or lease.max_tokens))
         aimd = st.aimd
         if aimd is None:
             return
@@ -376,7 +380,6 @@ class Admission:
         # A miss is the engine's doing only if its own part overran the whole budget
         # (time queued in the gateway is not cured by a smaller engine limit) and it
         # was slower than usual: an SLA no engine could meet says nothing of load.
-        engine_s = now - lease.bound_at
         missed = (lease.explicit_sla and engine_s > lease.deadline - lease.arrived_at
                   and expected is not None and engine_s > CONGESTION_FACTOR * expected)
         if slow or missed:
@@ -470,7 +473,7 @@ class Admission:
                 self._fail_waiter(it, 504, "ttl", "waited in the queue past its TTL", None)
             if self.policy.drop_hopeless and q.count:
                 self._drop_hopeless(ps, now)
-            self._dispatch(ps)
+            self._dispatch(ps, now)
 
     def _drop_hopeless(self, ps: _PoolState, now: float) -> None:
         base = tpot = None
