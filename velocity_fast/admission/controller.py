@@ -138,8 +138,12 @@ class Admission:
         if explicit and self.policy.sla_reject:
             self._check_sla(ps, band, ticket, now)
         q = ps.queues
+        # Free slots on the pool's endpoints: nothing below binds or frees one, so the
+        # count holds until this call returns.
+        room = self._room(ps)
         # Nothing queued at or above this band: no one to overtake, go at once.
-        if (q.count == 0 or q.count_through(band) == 0) and self._may_dispatch(ps, band, now):
+        if ((q.count == 0 or q.count_through(band) == 0) and room > 0
+                and self.policy.saturation.pool(ps.loads, ps.pending, now) < self._ceilings[band]):
             return self._grant(ps, band, ticket.tenant, ticket.max_tokens, deadline, explicit, now, now)
         if self.settings.global_capacity and self._queued_total() >= self.settings.global_capacity:
             raise self._reject(503, "capacity", "admission queues are full", 1)
@@ -152,7 +156,8 @@ class Admission:
         if rid < 0:
             what = "band" if rid in (REJECT_BAND_COUNT, REJECT_BAND_BYTES) else "admission"
             raise self._reject(503, "capacity", f"{what} queue is full ({self.band_names[band]})", 1)
-        self._dispatch(ps, now)
+        if room > 0:  # else the cycle would stop at once (the pool was just refreshed)
+            self._dispatch(ps, now)
         # Under load the tick is already armed: no need to ask the waiter.
         if self._tick is None and not waiter.done():
             self._arm_tick()
@@ -249,10 +254,6 @@ class Admission:
             if ep.healthy and ep.inflight < ep.limit:
                 room += ep.limit - ep.inflight
         return room
-
-    def _may_dispatch(self, ps: _PoolState, band: int, now: float) -> bool:
-        return (self._room(ps) > 0
-                and self.policy.saturation.pool(ps.loads, ps.pending, now) < self._ceilings[band])
 
     @staticmethod
     def _queued_at_or_above(q, band: int) -> int:
