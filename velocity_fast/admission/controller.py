@@ -276,21 +276,22 @@ class Admission:
             return
         # No room on the endpoints already known: nothing can go whatever the loads
         # say (most calls under full load), so their refresh is skipped. A pool whose
-        # endpoints changed is refreshed first: a new endpoint may bring the room.
-        # _sync reads the endpoints without changing them: the room counted before it
-        # still holds after it when the pool is the same.
-        known = ps.seen == ps.pool.endpoints
-        if known:
+        # endpoints changed is refreshed first (_sync): a new endpoint may bring the
+        # room. The same pool needs only its loads refreshed, which reads the
+        # endpoints without changing them: the room counted before still holds.
+        if ps.seen == ps.pool.endpoints:
             room = self._room(ps)
             if room <= 0:
                 return
+            healthy = refresh(ps.loads, ps.seen)
+        else:
+            healthy = self._sync(ps)
+            room = self._room(ps)
+        if not healthy:
+            return
         if now is None:
             now = self.clock()
-        if not self._sync(ps):
-            return
         # Nothing but the grants below changes the room in this cycle: each takes one.
-        if not known:
-            room = self._room(ps)
         # Nor the pool's saturation: it is counted when first needed and again after
         # each grant (one more pending lease), not once per band.
         sat = None
