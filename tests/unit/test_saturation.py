@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from velocity_fast._core.saturation import EndpointLoad, Saturation, refresh
+from velocity_fast._core.saturation import EndpointLoad, Saturation, free_slots, refresh
 from velocity_fast.routing.endpoint import Endpoint
 
 
@@ -117,3 +117,14 @@ def test_refresh_copies_the_gateway_counts_and_only_a_new_scrape():
     assert refresh([], []) is False
     with pytest.raises(ValueError):
         refresh([la], [a, b])
+
+
+def test_free_slots_count_healthy_endpoints_below_their_limit_less_pending():
+    a, b, c = (Endpoint(n, f"http://{n}", "m", limit=8) for n in "abc")
+    a.healthy, a.inflight = True, 5      # 3 free
+    b.healthy, b.inflight = True, 10     # over its limit: counts 0, not -2
+    c.healthy, c.inflight = False, 0     # unhealthy: counts 0
+    assert free_slots([a, b, c], 0) == 3
+    assert free_slots([a, b, c], 2) == 1
+    assert free_slots([a, b, c], 5) == -2
+    assert free_slots([], 1) == -1

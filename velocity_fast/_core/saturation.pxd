@@ -26,6 +26,7 @@ cdef class EndpointLoad:
 
 
 cpdef bint refresh(list loads, list eps) except -1
+cpdef long free_slots(list eps, long pending) except? -1
 
 
 cdef class Saturation:

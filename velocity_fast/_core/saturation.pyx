@@ -77,6 +77,19 @@ cpdef bint refresh(list loads, list eps) except -1:
     return any_healthy
 
 
+cpdef long free_slots(list eps, long pending) except? -1:
+    """Room on a pool's endpoints, as admission counts it: the free slots of each
+    healthy endpoint below its limit, less ``pending`` (granted, not yet bound)."""
+    cdef long room = -pending, inflight, limit
+    for ep in eps:
+        if ep.healthy:
+            inflight = ep.inflight
+            limit = ep.limit
+            if inflight < limit:
+                room += limit - inflight
+    return room
+
+
 cdef class Saturation:
     """The saturation formula with its thresholds (defaults: 5 waiting, 0.8 KV)."""
 

@@ -22,7 +22,7 @@ import time
 
 from .._core.aimd import AimdLimit
 from .._core.bands import REJECT_BAND_BYTES, REJECT_BAND_COUNT
-from .._core.saturation import EndpointLoad, refresh
+from .._core.saturation import EndpointLoad, free_slots, refresh
 from .estimators import ServiceEstimate
 from .lease import Lease
 from .policies import Policy, make_policy
@@ -140,7 +140,7 @@ class Admission:
         q = ps.queues
         # Free slots on the pool's endpoints: nothing below binds or frees one, so the
         # count holds until this call returns.
-        room = self._room(ps)
+        room = free_slots(ps.seen, ps.pending)
         # Nothing queued at or above this band: no one to overtake, go at once.
         if ((q.count == 0 or q.count_through(band) == 0) and room > 0
                 and self.policy.saturation.pool(ps.loads, ps.pending, now) < self._ceilings[band]):
@@ -247,14 +247,6 @@ class Admission:
             ps.seen = list(eps)
         return refresh(ps.loads, ps.seen)
 
-    def _room(self, ps: _PoolState) -> int:
-        room = -ps.pending
-        for st in ps.states:
-            ep = st.ep
-            if ep.healthy and ep.inflight < ep.limit:
-                room += ep.limit - ep.inflight
-        return room
-
     @staticmethod
     def _queued_at_or_above(q, band: int) -> int:
         return q.count_through(band)
@@ -280,13 +272,13 @@ class Admission:
         # room. The same pool needs only its loads refreshed, which reads the
         # endpoints without changing them: the room counted before still holds.
         if ps.seen == ps.pool.endpoints:
-            room = self._room(ps)
+            room = free_slots(ps.seen, ps.pending)
             if room <= 0:
                 return
             healthy = refresh(ps.loads, ps.seen)
         else:
             healthy = self._sync(ps)
-            room = self._room(ps)
+            room = free_slots(ps.seen, ps.pending)
         if not healthy:
             return
         if now is None:
@@ -437,7 +429,7 @@ class Admission:
         beyond the free room, drained at the pool's concurrency."""
         q = ps.queues
         ahead = self._queued_at_or_above(q, band)
-        room = self._room(ps)
+        room = free_slots(ps.seen, ps.pending)
         blocked = self.policy.saturation.pool(ps.loads, ps.pending, now) >= self._ceilings[band]
         if ahead < room and not blocked:
             return 0.0
