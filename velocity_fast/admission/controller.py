@@ -145,7 +145,9 @@ class Admission:
         if ((q.count == 0 or q.count_through(band) == 0) and room > 0
                 and self.policy.saturation.pool(ps.loads, ps.pending, now) < self._ceilings[band]):
             return self._grant(ps, band, ticket.tenant, ticket.max_tokens, deadline, explicit, now, now)
-        if self.settings.global_capacity and self._queued_total() >= self.settings.global_capacity:
+        # With one pool (the common case) its queue is all that waits.
+        cap = self.settings.global_capacity
+        if cap and (q.count if len(self._pools) == 1 else self._queued_total()) >= cap:
             raise self._reject(503, "capacity", "admission queues are full", 1)
         if waiter is None:
             waiter = asyncio.get_running_loop().create_future()
@@ -252,11 +254,7 @@ class Admission:
         return q.count_through(band)
 
     def _queued_total(self) -> int:
-        pools = self._pools
-        if len(pools) == 1:
-            for ps in pools.values():
-                return ps.queues.count
-        return sum(ps.queues.count for ps in pools.values())
+        return sum(ps.queues.count for ps in self._pools.values())
 
     # -- the dispatch cycle ----------------------------------------------------------
 
