@@ -3,7 +3,8 @@ import math
 
 import pytest
 
-from velocity_fast._core.saturation import EndpointLoad, Saturation
+from velocity_fast._core.saturation import EndpointLoad, Saturation, free_slots, refresh
+from velocity_fast.routing.endpoint import Endpoint
 
 
 def test_worse_of_queue_and_kv():
@@ -94,3 +95,36 @@ def test_thresholds_are_configurable_and_positive():
     assert s.update(e, 1, 5, 0.4, 1.0, 1.0) == pytest.approx(0.8)
     with pytest.raises(ValueError):
         Saturation(queue_threshold=0)
+
+
+def test_refresh_copies_the_gateway_counts_and_only_a_new_scrape():
+    a, b = Endpoint("a", "http://a", "m", limit=8), Endpoint("b", "http://b", "m", limit=4)
+    la, lb = EndpointLoad(limit=1), EndpointLoad(limit=1)
+    a.healthy, a.inflight = True, 3
+    a.running, a.waiting, a.kv_usage, a.scraped_at = 6, 2, 0.5, 10.0
+    assert refresh([la, lb], [a, b]) is True  # a is healthy, b is not
+    assert (la.healthy, la.inflight, la.limit) == (True, 3, 8)
+    assert (la.running, la.waiting, la.kv, la.scraped_at) == (6, 2, 0.5, 10.0)
+    assert (lb.healthy, lb.limit, lb.scraped_at) == (False, 4, 0.0)
+    a.running = 7  # the same scrape: the gauges are not read again
+    refresh([la, lb], [a, b])
+    assert la.running == 6 and la.capacity == 6
+    a.scraped_at = 11.0
+    refresh([la, lb], [a, b])
+    assert la.running == 7 and la.capacity == 7
+    a.healthy = False
+    assert refresh([la, lb], [a, b]) is False
+    assert refresh([], []) is False
+    with pytest.raises(ValueError):
+        refresh([la], [a, b])
+
+
+def test_free_slots_count_healthy_endpoints_below_their_limit_less_pending():
+    a, b, c = (Endpoint(n, f"http://{n}", "m", limit=8) for n in "abc")
+    a.healthy, a.inflight = True, 5      # 3 free
+    b.healthy, b.inflight = True, 10     # over its limit: counts 0, not -2
+    c.healthy, c.inflight = False, 0     # unhealthy: counts 0
+    assert free_slots([a, b, c], 0) == 3
+    assert free_slots([a, b, c], 2) == 1
+    assert free_slots([a, b, c], 5) == -2
+    assert free_slots([], 1) == -1

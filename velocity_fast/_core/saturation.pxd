@@ -25,6 +25,10 @@ cdef class EndpointLoad:
     cpdef void observe(self, double running, double waiting, double kv, double scraped_at)
 
 
+cpdef bint refresh(list loads, list eps) except -1
+cpdef long free_slots(list eps, long pending) except? -1
+
+
 cdef class Saturation:
     cdef readonly double queue_threshold
     cdef readonly double kv_threshold

@@ -26,6 +26,14 @@ class EndpointLoad:
     def value(self) -> float: ...
     def observe(self, running: float, waiting: float, kv: float, scraped_at: float) -> None: ...
 
+def refresh(loads: list[EndpointLoad], eps: list) -> bool:
+    """Bring each load up to date with its endpoint; True if any is healthy."""
+    ...
+
+def free_slots(eps: list, pending: int) -> int:
+    """Free slots of the healthy endpoints below their limits, less ``pending``."""
+    ...
+
 class Saturation:
     """The saturation formula with its thresholds."""
     def __init__(

@@ -54,6 +54,42 @@ cdef class EndpointLoad:
                 f"capacity={self.capacity}, value={self.value:.3f})")
 
 
+cpdef bint refresh(list loads, list eps) except -1:
+    """Bring each load up to date with its endpoint (``eps[i]`` for ``loads[i]``):
+    the gateway's counts always, the engine's gauges when another scrape landed.
+    True if any endpoint is healthy. One call for the whole pool: admission runs
+    it on every arrival and every dispatch."""
+    cdef EndpointLoad load
+    cdef Py_ssize_t i, n = len(loads)
+    cdef bint any_healthy = False
+    if len(eps) != n:
+        raise ValueError("refresh: one endpoint per load")
+    for i in range(n):
+        load = loads[i]
+        ep = eps[i]
+        load.healthy = ep.healthy
+        load.inflight = ep.inflight
+        load.limit = ep.limit
+        if ep.scraped_at != load.scraped_at:
+            load.observe(ep.running, ep.waiting, ep.kv_usage, ep.scraped_at)
+        if ep.healthy:
+            any_healthy = True
+    return any_healthy
+
+
+cpdef long free_slots(list eps, long pending) except? -1:
+    """Room on a pool's endpoints, as admission counts it: the free slots of each
+    healthy endpoint below its limit, less ``pending`` (granted, not yet bound)."""
+    cdef long room = -pending, inflight, limit
+    for ep in eps:
+        if ep.healthy:
+            inflight = ep.inflight
+            limit = ep.limit
+            if inflight < limit:
+                room += limit - inflight
+    return room
+
+
 cdef class Saturation:
     """The saturation formula with its thresholds (defaults: 5 waiting, 0.8 KV)."""
 

@@ -22,7 +22,7 @@ import time
 
 from .._core.aimd import AimdLimit
 from .._core.bands import REJECT_BAND_BYTES, REJECT_BAND_COUNT
-from .._core.saturation import EndpointLoad
+from .._core.saturation import EndpointLoad, free_slots, refresh
 from .estimators import ServiceEstimate
 from .lease import Lease
 from .policies import Policy, make_policy
@@ -123,10 +123,13 @@ class Admission:
         schedule its work); None queues a new future. ``withdraw`` takes it back.
         """
         now = self.clock()
-        ps = self._pool_state(ticket.model)
+        ps = self._pools.get(ticket.model) or self._pool_state(ticket.model)
         if ps is None or not self._sync(ps):
             raise self._reject(503, "no-endpoint", "no healthy endpoint serves this model", 1)
-        band = self._band(ticket.band)
+        # No band name, or an unknown one: the default band (one band: its index 0 is
+        # both the only name's and the default's).
+        name = ticket.band
+        band = self._band_of.get(name, self._default_band) if name else self._default_band
         if self.policy.oom_throttle and band > 0 and now < ps.overload_until:
             raise self._reject(503, "overload", "an engine ran out of memory; shedding non-high work",
                                max(1, math.ceil(ps.overload_until - now)))
@@ -135,20 +138,30 @@ class Admission:
         if explicit and self.policy.sla_reject:
             self._check_sla(ps, band, ticket, now)
         q = ps.queues
+        # Free slots on the pool's endpoints: nothing below binds or frees one, so the
+        # count holds until this call returns.
+        room = free_slots(ps.seen, ps.pending)
         # Nothing queued at or above this band: no one to overtake, go at once.
-        if (q.count == 0 or q.count_through(band) == 0) and self._may_dispatch(ps, band, now):
+        if ((q.count == 0 or q.count_through(band) == 0) and room > 0
+                and self.policy.saturation.pool(ps.loads, ps.pending, now) < self._ceilings[band]):
             return self._grant(ps, band, ticket.tenant, ticket.max_tokens, deadline, explicit, now, now)
-        if self.settings.global_capacity and self._queued_total() >= self.settings.global_capacity:
+        # With one pool (the common case) its queue is all that waits.
+        cap = self.settings.global_capacity
+        if cap and (q.count if len(self._pools) == 1 else self._queued_total()) >= cap:
             raise self._reject(503, "capacity", "admission queues are full", 1)
         if waiter is None:
             waiter = asyncio.get_running_loop().create_future()
-        rid = q.enqueue((waiter, explicit), ticket.tenant, band, ticket.prompt_bytes, float(ticket.max_tokens),
-                        deadline if explicit else math.inf, now)
+        # The queue orders by its own fields; what the grant will need rides with the
+        # waiter, as worked out here (the same deadline from the same arrival time).
+        rid = q.enqueue((waiter, explicit, deadline, ticket.max_tokens), ticket.tenant, band, ticket.prompt_bytes,
+                        ticket.max_tokens, deadline if explicit else math.inf, now)
         if rid < 0:
             what = "band" if rid in (REJECT_BAND_COUNT, REJECT_BAND_BYTES) else "admission"
             raise self._reject(503, "capacity", f"{what} queue is full ({self.band_names[band]})", 1)
-        self._dispatch(ps)
-        if not waiter.done():
+        if room > 0:  # else the cycle would stop at once (the pool was just refreshed)
+            self._dispatch(ps, now)
+        # Under load the tick is already armed: no need to ask the waiter.
+        if self._tick is None and not waiter.done():
             self._arm_tick()
         return waiter, rid
 
@@ -191,16 +204,15 @@ class Admission:
                 ep.limit = st.aimd.limit
         ps = self._pools.get(ep.model)
         if ps is not None:
-            self._dispatch(ps)
+            self._dispatch(ps, now)
 
     # -- bands, pools, endpoints -----------------------------------------------------
 
-    def _band(self, name) -> int:
-        if self.policy.single_band:
-            return 0
-        return self._band_of.get(name, self._default_band) if name else self._default_band
-
     def _pool_state(self, model) -> _PoolState | None:
+        """The state of ``model``'s pool (None: the default pool), made on first use;
+        None when there is no such pool. A pool once known keeps its state even after
+        it left ``pools`` (its queue may still hold requests): a look-up in ``_pools``
+        is this method's answer when it finds one."""
         if model is None or model not in self.pools:
             if model is not None and model in self._pools:
                 return self._pools[model]
@@ -213,6 +225,8 @@ class Admission:
         return ps
 
     def _endpoint_state(self, ep) -> _EndpointState:
+        # A state holds its endpoint: while it is in _eps, no other object can have
+        # that id (the check on st.ep is a guard, not a case that arises).
         st = self._eps.get(id(ep))
         if st is None or st.ep is not ep:
             s = self.settings
@@ -233,72 +247,62 @@ class Admission:
             ps.states = [self._endpoint_state(e) for e in eps]
             ps.loads = [s.load for s in ps.states]
             ps.seen = list(eps)
-        any_healthy = False
-        for st in ps.states:
-            ep, load = st.ep, st.load
-            load.healthy = ep.healthy
-            load.inflight = ep.inflight
-            load.limit = ep.limit
-            if ep.scraped_at != load.scraped_at:
-                load.observe(ep.running, ep.waiting, ep.kv_usage, ep.scraped_at)
-            any_healthy = any_healthy or ep.healthy
-        return any_healthy
-
-    def _room(self, ps: _PoolState) -> int:
-        room = -ps.pending
-        for st in ps.states:
-            ep = st.ep
-            if ep.healthy and ep.inflight < ep.limit:
-                room += ep.limit - ep.inflight
-        return room
-
-    def _may_dispatch(self, ps: _PoolState, band: int, now: float) -> bool:
-        return (self._room(ps) > 0
-                and self.policy.saturation.pool(ps.loads, ps.pending, now) < self._ceilings[band])
+        return refresh(ps.loads, ps.seen)
 
     @staticmethod
     def _queued_at_or_above(q, band: int) -> int:
         return q.count_through(band)
 
     def _queued_total(self) -> int:
-        pools = self._pools
-        if len(pools) == 1:
-            for ps in pools.values():
-                return ps.queues.count
-        return sum(ps.queues.count for ps in pools.values())
+        return sum(ps.queues.count for ps in self._pools.values())
 
     # -- the dispatch cycle ----------------------------------------------------------
 
-    def _dispatch(self, ps: _PoolState) -> None:
+    def _dispatch(self, ps: _PoolState, now: float | None = None) -> None:
+        """One cycle for ``ps``; ``now``: the caller's own reading of the clock, when
+        it has just taken one (the cycle runs at the moment of what triggered it)."""
         q = ps.queues
         if q.count == 0:
             return
         # No room on the endpoints already known: nothing can go whatever the loads
         # say (most calls under full load), so their refresh is skipped. A pool whose
-        # endpoints changed is refreshed first: a new endpoint may bring the room.
-        if ps.seen == ps.pool.endpoints and self._room(ps) <= 0:
+        # endpoints changed is refreshed first (_sync): a new endpoint may bring the
+        # room. The same pool needs only its loads refreshed, which reads the
+        # endpoints without changing them: the room counted before still holds.
+        if ps.seen == ps.pool.endpoints:
+            room = free_slots(ps.seen, ps.pending)
+            if room <= 0:
+                return
+            healthy = refresh(ps.loads, ps.seen)
+        else:
+            healthy = self._sync(ps)
+            room = free_slots(ps.seen, ps.pending)
+        if not healthy:
             return
-        now = self.clock()
-        if not self._sync(ps):
-            return
-        pool_sat = self.policy.saturation.pool
+        if now is None:
+            now = self.clock()
         # Nothing but the grants below changes the room in this cycle: each takes one.
-        room = self._room(ps)
+        # Nor the pool's saturation: it is counted when first needed and again after
+        # each grant (one more pending lease), not once per band.
+        sat = None
         for band, ceiling in enumerate(self._ceilings):
             while True:
-                if room <= 0 or pool_sat(ps.loads, ps.pending, now) >= ceiling:
+                if room <= 0:
+                    return
+                if sat is None:
+                    sat = self.policy.saturation.pool(ps.loads, ps.pending, now)
+                if sat >= ceiling:
                     return
                 item = q.pop(band, now)
                 if item is None:
                     break
-                fut, explicit = item.waiter
+                fut, explicit, deadline, max_tokens = item.waiter
                 if fut.done():
                     continue
                 room -= 1
-                fut.set_result(self._grant(ps, item.band, item.tenant, int(item.tokens),
-                                           item.deadline if explicit else item.enqueued_at
-                                           + self.settings.sla_ms / 1000.0,
-                                           explicit, item.enqueued_at, now))
+                sat = None
+                fut.set_result(self._grant(ps, item.band, item.tenant, max_tokens, deadline, explicit,
+                                           item.enqueued_at, now))
 
     def _grant(self, ps, band: int, tenant, max_tokens: int, deadline: float, explicit: bool,
                arrived_at: float, now: float) -> Lease:
@@ -311,19 +315,20 @@ class Admission:
     # -- leases ----------------------------------------------------------------------
 
     def _on_bind(self, lease: Lease, ep, rebind: bool = False) -> None:
+        ps = lease._ps
         if not rebind:
-            lease._ps.pending -= 1
+            ps.pending -= 1
         ep.inflight += 1
-        self._endpoint_state(ep)
-        if not rebind:
+        # An endpoint admission knows already (the common case) needs no call.
+        lease._st = self._eps.get(id(ep)) or self._endpoint_state(ep)
+        if not rebind and ps.queues.count:
             # Pending leases count in full on every endpoint (saturation.pool): now
-            # that this one has a place, the others' headroom is known again.
-            self._dispatch(lease._ps)
+            # that this one has a place, the others' headroom is known again. With
+            # nothing queued there is nobody to hand it to.
+            self._dispatch(ps)
 
     def _on_first_byte(self, lease: Lease) -> None:
-        st = self._eps.get(id(lease.endpoint))
-        if st is not None and st.ep is lease.endpoint:
-            st.est.observe_first_byte(lease.first_byte_at - lease.bound_at)
+        lease._st.est.observe_first_byte(lease.first_byte_at - lease.bound_at)
 
     def _on_unbind(self, lease: Lease, ep) -> None:
         ep.inflight -= 1
@@ -344,18 +349,17 @@ class Admission:
         else:
             ep.inflight -= 1
             self._learn(ps, lease, ep, outcome, error_text, tokens, now)
-        self._dispatch(ps)
+        self._dispatch(ps, now)
 
     def _learn(self, ps, lease: Lease, ep, outcome: str, error_text, tokens: int, now: float) -> None:
-        st = self._eps.get(id(ep))
-        if st is None:
-            return
+        st = lease._st
         engine_ttft = lease.first_byte_at - lease.bound_at if lease.first_byte_at else None
+        engine_s = now - lease.bound_at
         # What this engine usually takes for such a request, before this sample counts
         # (only an explicit SLA asks, below).
         expected = st.est.predict(int(tokens or lease.max_tokens)) if lease.explicit_sla else None
         if outcome == "completed":
-            st.est.observe(engine_ttft, now - lease.bound_at, int(tokens or lease.max_tokens))
+            st.est.observe(engine_ttft, engine_s, int(tokens or lease.max_tokens))
         aimd = st.aimd
         if aimd is None:
             return
@@ -368,7 +372,6 @@ class Admission:
         # A miss is the engine's doing only if its own part overran the whole budget
         # (time queued in the gateway is not cured by a smaller engine limit) and it
         # was slower than usual: an SLA no engine could meet says nothing of load.
-        engine_s = now - lease.bound_at
         missed = (lease.explicit_sla and engine_s > lease.deadline - lease.arrived_at
                   and expected is not None and engine_s > CONGESTION_FACTOR * expected)
         if slow or missed:
@@ -424,7 +427,7 @@ class Admission:
         beyond the free room, drained at the pool's concurrency."""
         q = ps.queues
         ahead = self._queued_at_or_above(q, band)
-        room = self._room(ps)
+        room = free_slots(ps.seen, ps.pending)
         blocked = self.policy.saturation.pool(ps.loads, ps.pending, now) >= self._ceilings[band]
         if ahead < room and not blocked:
             return 0.0
@@ -462,7 +465,7 @@ class Admission:
                 self._fail_waiter(it, 504, "ttl", "waited in the queue past its TTL", None)
             if self.policy.drop_hopeless and q.count:
                 self._drop_hopeless(ps, now)
-            self._dispatch(ps)
+            self._dispatch(ps, now)
 
     def _drop_hopeless(self, ps: _PoolState, now: float) -> None:
         base = tpot = None

@@ -18,7 +18,7 @@ class Lease:
     """
 
     __slots__ = ("_adm", "_ps", "band_index", "band", "tenant", "max_tokens", "deadline", "explicit_sla",
-                 "arrived_at", "granted_at", "bound_at", "first_byte_at", "endpoint", "done")
+                 "arrived_at", "granted_at", "bound_at", "first_byte_at", "endpoint", "_st", "done")
 
     def __init__(self, adm, ps, band_index: int, band: str, tenant, max_tokens: int, deadline: float,
                  explicit_sla: bool, arrived_at: float, granted_at: float) -> None:
@@ -35,6 +35,7 @@ class Lease:
         self.bound_at = 0.0
         self.first_byte_at = 0.0
         self.endpoint = None
+        self._st = None  # admission's state of the endpoint, kept from bind to release
         self.done = False
 
     @property
@@ -44,21 +45,20 @@ class Lease:
 
     def bind(self, ep) -> None:
         """The request is now in flight on ``ep``."""
-        if self.done or self.endpoint is not None:
-            return
-        self.endpoint = ep
-        self.bound_at = self._adm.clock()
-        self._adm._on_bind(self, ep)
+        if self.endpoint is None:
+            self.rebind(ep)
 
     def rebind(self, ep) -> None:
-        """Move the request to ``ep`` (a retry elsewhere before any byte was sent)."""
-        if self.done or self.endpoint is None:
-            self.bind(ep)
+        """Move the request to ``ep`` (a retry elsewhere before any byte was sent);
+        the first call binds it."""
+        if self.done:
             return
-        self._adm._on_unbind(self, self.endpoint)
+        old = self.endpoint
+        if old is not None:
+            self._adm._on_unbind(self, old)
         self.endpoint = ep
         self.bound_at = self._adm.clock()
-        self._adm._on_bind(self, ep, rebind=True)
+        self._adm._on_bind(self, ep, old is not None)
 
     def fits(self, ep) -> bool:
         """Room on ``ep`` for this lease's band (the router's filter): below the
