@@ -18,7 +18,7 @@ import os
 from velocity_fast._core.server cimport Responder
 from velocity_fast._core.upstream cimport PoolCore, UpstreamConnection
 
-from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+from velocity_fast._core.clock cimport monotonic
 
 from velocity_fast.admission.ticket import Rejected, Ticket
 from velocity_fast.gateway.requests import BadRequest, decode_proxy, strip_own_fields
@@ -36,12 +36,6 @@ cdef enum:
     _QUEUED = 1
     _ADMITTED = 2
     _DONE = 3
-
-
-cdef inline double _monotonic():
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
 cdef str _ID_PREFIX = os.urandom(3).hex()  # per process; the counter makes ids unique within it
@@ -187,7 +181,7 @@ cdef class Exchange:
     cdef _admitted(self, lease):
         self.state = _ADMITTED
         self.lease = lease
-        self.queue_s = _monotonic() - self.req.received_at
+        self.queue_s = monotonic() - self.req.received_at
         self._dispatch()
 
     cdef _dispatch(self):

@@ -31,7 +31,7 @@ import weakref
 import httptools
 import orjson
 
-from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+from velocity_fast._core.clock cimport monotonic
 
 from velocity_fast._core.http1 import scan_request
 from velocity_fast.server.messages import REASONS, ClientDisconnected, Request, error_body
@@ -61,13 +61,6 @@ cdef enum:
     _T_IDLE = 1
     _T_READ = 2
     _T_LINGER = 3
-
-
-cdef inline double _monotonic():
-    """time.monotonic() without a Python call (the same clock on Linux)."""
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
 def status_line(int status):
@@ -538,7 +531,7 @@ cdef class HttpProtocol(OutboxOwner):
                     break
                 pos = (<tuple>r)[6]
                 req = Request((<tuple>r)[0], (<tuple>r)[1], (<tuple>r)[2], (<tuple>r)[3], "1.1",
-                              (<tuple>r)[4], self._client, _monotonic(), (<tuple>r)[5])
+                              (<tuple>r)[4], self._client, monotonic(), (<tuple>r)[5])
                 self._take(req)
                 if self._ignore_input or pos == n:
                     return
@@ -625,7 +618,7 @@ cdef class HttpProtocol(OutboxOwner):
             path, query = url.decode("latin-1"), ""
         method = p.get_method().decode()
         req = Request(method, path, query, headers, p.get_http_version(),
-                      p.should_keep_alive(), self._client, _monotonic())
+                      p.should_keep_alive(), self._client, monotonic())
         self._req = req
         cl = headers.get("content-length")
         if (method == "CONNECT" or "upgrade" in headers) and p.should_upgrade():

@@ -33,6 +33,7 @@ cdef class UpstreamConnection(OutboxOwner):
 
     cdef _reset(self)
     cdef _whole_response(self, tuple r)
+    cdef _complete(self)
     cdef _chunked_head(self, bytes data, tuple r)
     cdef _deliver(self, bytes piece)
     cdef _scan_chunks(self, bytes data, Py_ssize_t pos)

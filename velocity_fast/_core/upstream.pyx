@@ -131,6 +131,10 @@ cdef class UpstreamConnection(OutboxOwner):
                 listener.upstream_body(self, body)
             else:
                 self.chunks.append(body)
+        self._complete()
+
+    cdef _complete(self):
+        """The whole response is in: the listener's upstream_done, or the waiting coroutine woken."""
         self.done = True
         listener = self.listener
         if listener is not None:
@@ -165,7 +169,8 @@ cdef class UpstreamConnection(OutboxOwner):
             self._scan_chunks(data, r[3])
 
     cdef _deliver(self, bytes piece):
-        """Data of a chunk (or a piece of one): as llhttp's on_body would hand it over."""
+        """A piece of the body (llhttp's, or data of a chunk read here): to a relaying
+        listener, else kept for upstream_done or the waiting coroutine."""
         listener = self.listener
         if listener is not None and listener.relaying:
             listener.upstream_body(self, piece)
@@ -276,13 +281,7 @@ cdef class UpstreamConnection(OutboxOwner):
                 if pos < n:
                     self.keep_alive = False  # bytes after the answer: the connection is not reused
                 self._chunked = False
-                self.done = True
-                listener = self.listener
-                if listener is not None:
-                    self.listener = None
-                    listener.upstream_done(self)
-                else:
-                    self._wake()
+                self._complete()
                 return
         self._cstate = st
         self._flush_run(data, run_s, run_e)
@@ -331,23 +330,11 @@ cdef class UpstreamConnection(OutboxOwner):
             h.set_result(None)
 
     def on_body(self, bytes body):
-        listener = self.listener
-        if listener is not None and listener.relaying:
-            listener.upstream_body(self, body)
-            return
-        self.chunks.append(body)
-        if listener is None:
-            self._wake()
+        self._deliver(body)
 
     def on_message_complete(self):
         self._parsing = False
-        self.done = True
-        listener = self.listener
-        if listener is not None:
-            self.listener = None
-            listener.upstream_done(self)
-            return
-        self._wake()
+        self._complete()
 
     # -- used by the relay ------------------------------------------------------------
     cpdef _fail(self, err):
