@@ -52,7 +52,6 @@ import re
 import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -62,6 +61,9 @@ from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from velocity_fast.loadgen.gateway_proc import free_port as _free_port  # noqa: E402  (below the ephemeral range)
+
 MODEL = "fixed"
 BODY = b'{"model":"fixed","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
 STREAM_BODY = (b'{"model":"fixed","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16,'
@@ -245,12 +247,6 @@ def _core_times() -> dict[int, tuple[int, int, int]]:
                 total = sum(v[:8])
                 out[int(m.group(1))] = (total - idle, v[5] + v[6], total)
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_line(p: subprocess.Popen, pattern: str, timeout: float, what: str) -> re.Match:

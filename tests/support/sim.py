@@ -19,7 +19,6 @@ import json
 import os
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,17 +27,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from velocity_fast.loadgen.gateway_proc import free_port  # below the ephemeral range
+
 REPO = Path(__file__).resolve().parents[2]
 
 __all__ = ["SimEngine", "sim_engine", "start_sim_engine", "free_port", "sim_command", "open_request",
            "http_request", "OpenStream", "HTTPResponse"]
-
-
-def free_port() -> int:
-    """A port that was free on 127.0.0.1 a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def sim_command(*flags: str, model: str = "sim-model", port: int = 0, time_scale: float | None = None) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -17,32 +18,47 @@ import orjson
 _LAUNCH = "import sys; from velocity_fast.cli import main; sys.exit(main())"
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _port_range() -> tuple[int, int]:
+    """Where to draw listening ports: the 12,000 ports below the kernel's ephemeral range."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    return (max(1024, ephemeral_low - 12000), ephemeral_low)
 
 
-def free_port_range(count: int, tries: int = 50) -> int:
-    """The first of ``count`` consecutive free ports (engine i listens on base + i)."""
-    for _ in range(tries):
-        base = free_port()
-        if base + count > 65535:
-            continue
+_PORT_RANGE = _port_range()
+
+
+def free_port_range(count: int, attempts: int = 200) -> int:
+    """A base port such that ``count`` consecutive ports on 127.0.0.1 are free now.
+
+    Drawn below the kernel's ephemeral range (where port 0 binds and outgoing connections
+    land): a port handed to a child that binds it later cannot be taken meanwhile by an
+    outgoing connection, such as the gateway's own health checks of its engines.
+    """
+    low, high = _PORT_RANGE
+    for _ in range(attempts):
+        base = random.randrange(low, high - count)
         socks = []
         try:
-            for p in range(base, base + count):
+            for port in range(base, base + count):
                 s = socket.socket()
                 socks.append(s)
-                s.bind(("127.0.0.1", p))
+                s.bind(("127.0.0.1", port))
             return base
         except OSError:
             continue
         finally:
             for s in socks:
                 s.close()
-    raise RuntimeError(f"no {count} consecutive free ports found")
+    raise RuntimeError(f"no block of {count} free ports found")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (see free_port_range)."""
+    return free_port_range(1)
 
 
 async def http_get(host: str, port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import random
-import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -20,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from velocity_fast.loadgen.gateway_proc import free_port_range
 
 FAKES_DIR = Path(__file__).resolve().parent
 REPO_ROOT = FAKES_DIR.parents[2]
@@ -93,41 +93,8 @@ def make_model_folder(root: Path, name: str = "tiny-llama") -> Path:
     return folder
 
 
-def free_port_block(count: int, attempts: int = 200) -> int:
-    """A base port such that ``count`` consecutive ports on 127.0.0.1 are free now.
-
-    Drawn below the kernel's ephemeral range (where port 0 binds and outgoing connections
-    land), so a concurrent test or client cannot take the block between this check and
-    the engines binding it.
-    """
-    low, high = _PORT_RANGE
-    for _ in range(attempts):
-        base = random.randrange(low, high - count)
-        socks = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no block of {count} free ports found")
-
-
-def _port_range() -> tuple[int, int]:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            ephemeral_low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        ephemeral_low = 32768
-    return (max(1024, ephemeral_low - 12000), ephemeral_low)
-
-
-_PORT_RANGE = _port_range()
+# A base port of ``count`` free ports, below the kernel's ephemeral range (the loadgen's).
+free_port_block = free_port_range
 
 
 def pid_alive(pid: int) -> bool:
