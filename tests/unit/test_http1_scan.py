@@ -273,3 +273,15 @@ def test_whatever_the_response_scanner_takes_llhttp_takes_the_same_way(status, h
     if r is None:
         return
     assert r[:4] == _llhttp_response(data[:r[4]])
+
+
+def test_header_names_are_lower_case_whatever_was_seen_before():
+    # The scanner keeps decoded names in a small table: many names (more than it has
+    # slots, so some collide), in any case, short and past the table's 32 bytes, must
+    # each come back as their own lower-case text, the first time and every time after.
+    names = [f"X-Name-{i}" for i in range(600)] + ["A" * 33, "b" * 64, "C" * 65, "Content-Type", "content-TYPE"]
+    for _ in range(2):
+        for name in names:
+            req = (b"GET / HTTP/1.1\r\nHost: h\r\n%s: v\r\n\r\n" % name.encode())
+            r = scan_request(req, 0, MAX_HEAD, MAX_BODY)
+            assert r is not None and r[3] == {"host": "h", name.lower(): "v"}, name

@@ -17,6 +17,8 @@ same meaning; tests/unit/test_http1_scan.py holds the two side by side.
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
+from libc.string cimport memcmp, memcpy
 from cpython.unicode cimport PyUnicode_DecodeLatin1
 
 # RFC 9110 tchar: the bytes of a header name (and a method).
@@ -37,8 +39,13 @@ cdef enum:
     H_UPGRADE = 4
     H_EXPECT = 5
 
-# Common names decoded once: a dict lookup by the raw lower-case bytes.
-cdef dict _NAMES = {}
+# Header names decoded once: a small table by a hash of the lower-case bytes, each slot
+# keeping the first name (up to 32 bytes) that lands there. No bytes object, no dict.
+cdef struct _NameSlot:
+    Py_ssize_t n
+    char name[32]
+    PyObject* text
+cdef _NameSlot _SLOTS[256]
 
 
 cdef inline unsigned char _lower(unsigned char c) nogil:
@@ -78,23 +85,27 @@ cdef inline int _kind(const char* p, Py_ssize_t n) nogil:
 
 
 cdef object _name(const char* p, Py_ssize_t n):
-    """The header name as a lower-case str (common ones shared)."""
+    """The header name as a lower-case str (names seen before shared)."""
     cdef char buf[64]
     cdef Py_ssize_t i
-    cdef bytes key
-    cdef PyObject* hit
+    cdef unsigned int h = 2166136261u
+    cdef unsigned char c
+    cdef _NameSlot* slot
     if n > 64:
-        key = PyBytes_FromStringAndSize(p, n)
-        return key.decode("latin-1").lower()
+        return PyBytes_FromStringAndSize(p, n).decode("latin-1").lower()
     for i in range(n):
-        buf[i] = <char>_lower(<unsigned char>p[i])
-    key = PyBytes_FromStringAndSize(buf, n)
-    hit = PyDict_GetItem(_NAMES, key)
-    if hit != NULL:
-        return <object>hit
+        c = _lower(<unsigned char>p[i])
+        buf[i] = <char>c
+        h = (h ^ c) * 16777619u  # FNV-1a
+    slot = &_SLOTS[(h ^ (h >> 8) ^ (h >> 16)) & 255]
+    if slot.n == n and memcmp(slot.name, buf, n) == 0:
+        return <object>slot.text
     name = PyUnicode_DecodeLatin1(buf, n, NULL)
-    if len(_NAMES) < 256:
-        _NAMES[key] = name
+    if slot.n == 0 and n <= 32:
+        memcpy(slot.name, buf, n)
+        slot.text = <PyObject*>name
+        Py_INCREF(name)  # the table keeps it for the process's life
+        slot.n = n
     return name
 
 
