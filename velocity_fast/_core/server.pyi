@@ -4,7 +4,6 @@ class OutboxOwner:
     _out: list[bytes] | None
     _out_bytes: int
     _transport: Any
-    def _flush_out(self) -> None: ...
 
 class Outbox:
     def __init__(self, loop: Any) -> None: ...

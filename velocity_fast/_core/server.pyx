@@ -100,9 +100,6 @@ cdef class OutboxOwner:
         self._out_bytes = 0
         self._transport = None
 
-    def _flush_out(self):
-        flush_out(self)
-
 
 cdef class Outbox:
     """The owners with bytes waiting in this loop pass; flushed from the loop's ready queue."""
@@ -131,10 +128,7 @@ cdef class Outbox:
         self._scheduled = False
         owners, self._owners = self._owners, []
         for owner in owners:
-            if type(owner) is HttpProtocol:
-                flush_out(owner)
-            else:
-                owner._flush_out()
+            flush_out(owner)
 
 
 cpdef flush_out(OutboxOwner owner):
@@ -395,10 +389,6 @@ cdef class HttpProtocol(OutboxOwner):
         self._deadline = 0.0
         self._on_deadline = _T_NONE
         self._timer_step = min(self._header_timeout, self._body_timeout)
-
-    @property
-    def _limits(self):
-        return self._server.limits
 
     # -- connection lifecycle ----------------------------------------------
     def connection_made(self, transport):

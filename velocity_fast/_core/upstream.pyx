@@ -163,8 +163,7 @@ cdef class UpstreamConnection(OutboxOwner):
         self._cleft = 0
         self.listener.upstream_head(self)
         listener = self.listener
-        self._raw = (listener is not None and listener.relaying
-                     and getattr(listener, "raw_chunks", False))
+        self._raw = listener is not None and listener.relaying and listener.raw_chunks
         if not self.closed:
             self._scan_chunks(data, r[3])
 

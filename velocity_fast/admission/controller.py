@@ -249,10 +249,6 @@ class Admission:
             ps.seen = list(eps)
         return refresh(ps.loads, ps.seen)
 
-    @staticmethod
-    def _queued_at_or_above(q, band: int) -> int:
-        return q.count_through(band)
-
     def _queued_total(self) -> int:
         return sum(ps.queues.count for ps in self._pools.values())
 
@@ -426,7 +422,7 @@ class Admission:
         """Queue wait ahead of a request of ``band``: the work queued at or above it,
         beyond the free room, drained at the pool's concurrency."""
         q = ps.queues
-        ahead = self._queued_at_or_above(q, band)
+        ahead = q.count_through(band)
         room = free_slots(ps.seen, ps.pending)
         blocked = self.policy.saturation.pool(ps.loads, ps.pending, now) >= self._ceilings[band]
         if ahead < room and not blocked:
