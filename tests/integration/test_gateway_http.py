@@ -337,7 +337,8 @@ async def test_health_and_stats_shapes(engine):
 
 async def test_admin_metrics_parse(engine):
     async with running_gateway(engine) as gw:
-        assert (await http_request(gw.port, "POST", "/v1/chat/completions", CHAT)).status == 200
+        for _ in range(3):
+            assert (await http_request(gw.port, "POST", "/v1/chat/completions", CHAT)).status == 200
         await http_request(gw.port, "POST", "/v1/chat/completions", b"{bad")
         r = await http_request(gw.admin_port, "GET", "/metrics")
         assert r.status == 200
@@ -353,7 +354,9 @@ async def test_admin_metrics_parse(engine):
         samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in fams["velocity_requests"].samples}
         ok = [v for (n, lab), v in samples.items() if dict(lab).get("status") == "200"]
         bad = [v for (n, lab), v in samples.items() if dict(lab).get("status") == "400"]
-        assert sum(ok) >= 1 and sum(bad) >= 1
+        assert sum(ok) == 3 and sum(bad) == 1  # every answer counted once, the first as the rest
+        chat_ok = {"route": "/v1/chat/completions", "status": "200", "band": "normal"}
+        assert samples[("velocity_requests_total", tuple(sorted(chat_ok.items())))] == 3
         healthy = [s for s in fams["velocity_endpoint_healthy"].samples if s.labels["endpoint"] == "e1"]
         assert healthy[0].value == 1.0
 

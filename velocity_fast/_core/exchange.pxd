@@ -1,5 +1,6 @@
 # One proxied request's callback chain, typed (see exchange.pyx).
 
+from velocity_fast._core.admission cimport AdmissionCore, Lease, Ticket
 from velocity_fast._core.server cimport Responder
 from velocity_fast._core.upstream cimport UpstreamConnection
 
@@ -10,15 +11,15 @@ cdef class Exchange:
     cdef readonly Responder resp
     cdef readonly str route
     cdef readonly object pool
-    cdef readonly object ticket
+    cdef readonly Ticket ticket
     cdef readonly object info
     cdef readonly bytes body
     cdef readonly str rid
     cdef readonly list base_headers
     cdef readonly int state
-    cdef object adm
+    cdef AdmissionCore adm
     cdef long qid
-    cdef readonly object lease
+    cdef readonly Lease lease
     cdef readonly object ep
     cdef readonly UpstreamConnection conn
     cdef list tried
@@ -36,7 +37,7 @@ cdef class Exchange:
     cdef object error_text
 
     cpdef start(self)
-    cdef _admitted(self, lease)
+    cdef _admitted(self, Lease lease)
     cdef _dispatch(self)
     cdef _relay(self, UpstreamConnection conn, bytes data, bint framed)
     cdef _stream_done(self, UpstreamConnection conn)

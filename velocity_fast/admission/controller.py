@@ -20,56 +20,23 @@ import logging
 import math
 import time
 
-from .._core.aimd import AimdLimit
-from .._core.bands import REJECT_BAND_BYTES, REJECT_BAND_COUNT
-from .._core.saturation import EndpointLoad, free_slots, refresh
-from .estimators import ServiceEstimate
-from .lease import Lease
-from .policies import Policy, make_policy
+from .._core.admission import AdmissionCore, EndpointState, Lease, PoolState, Telemetry, Ticket
+from .._core.saturation import free_slots
+from .policies import EngineSaturation, FixedConcurrency, Policy, make_policy
 from .settings import AdmissionSettings
-from .telemetry import Telemetry, percentiles
-from .ticket import Rejected, Ticket
+from .telemetry import percentiles
 
 __all__ = ["Admission"]
 
 log = logging.getLogger("velocity.admission")
 
-_OOM_TEXT = "out of memory"
-# An engine slower than this many times its usual service time, on a request that
-# missed its SLA, counts as congested (AIMD cuts its limit).
-CONGESTION_FACTOR = 1.5
 
-
-class _EndpointState:
-    """Admission's private view of one endpoint."""
-
-    __slots__ = ("ep", "load", "aimd", "est")
-
-    def __init__(self, ep, limit: int, aimd: AimdLimit | None, alpha: float) -> None:
-        self.ep = ep
-        self.aimd = aimd
-        self.load = EndpointLoad(limit)
-        self.est = ServiceEstimate(alpha)
-        ep.limit = limit
-
-
-class _PoolState:
-    """One pool's queues and what is granted but not yet bound."""
-
-    __slots__ = ("pool", "queues", "pending", "states", "loads", "seen", "overload_until")
-
-    def __init__(self, pool, queues) -> None:
-        self.pool = pool
-        self.queues = queues
-        self.pending = 0
-        self.states: list[_EndpointState] = []
-        self.loads: list[EndpointLoad] = []
-        self.seen: list | None = None
-        self.overload_until = 0.0
-
-
-class Admission:
+class Admission(AdmissionCore):
     """Whether and when each request runs. See docs/internals.md ("Admission").
+
+    The request path (``admit_nowait``, ``withdraw``, ``has_room``, the dispatch
+    cycle, the lease's bind and release) is compiled: _core/admission.pyx, the
+    ``AdmissionCore`` this class extends. What stays here runs rarely or per scrape.
 
     ``settings``: AdmissionSettings, or the top-level Settings (converted);
     ``pools``: model name -> Pool (shared with the router, may change);
@@ -89,13 +56,15 @@ class Admission:
         self._ceilings = [b.ceiling for b in self.policy.bands]
         self._band_of = {n: i for i, n in enumerate(self.band_names)}
         self._default_band = self._band_of.get(self.settings.default_band, len(self.band_names) // 2)
-        self._pools: dict[str, _PoolState] = {}
-        self._eps: dict[int, _EndpointState] = {}
-        self._tick: asyncio.TimerHandle | None = None
+        self._pools = {}  # model -> PoolState
+        self._eps = {}  # id(endpoint) -> EndpointState
+        self._tick = None  # the housekeeping timer while anything is queued
         self._in_flight = 0
         self.telemetry = Telemetry(registry, self.band_names, self.settings.latency_window,
                                    self._depth_samples, self._saturation_samples, self._limit_samples,
                                    self._inflight_samples)
+        sat = self.policy.saturation
+        self._configure(sat.model if type(sat) is EngineSaturation else None, type(sat) is FixedConcurrency)
         for model in list(pools):
             self._pool_state(model)
 
@@ -115,82 +84,6 @@ class Admission:
                 fut.result().release("cancelled")
             raise
 
-    def admit_nowait(self, ticket: Ticket, waiter):
-        """Grant a lease now, raise Rejected, or queue ``waiter`` and return (waiter, queue id).
-
-        ``waiter`` is a future or any object with ``done()``, ``set_result(lease)`` and
-        ``set_exception(rejected)`` (called from the dispatch cycle: it must only
-        schedule its work); None queues a new future. ``withdraw`` takes it back.
-        """
-        now = self.clock()
-        ps = self._pools.get(ticket.model) or self._pool_state(ticket.model)
-        if ps is None or not self._sync(ps):
-            raise self._reject(503, "no-endpoint", "no healthy endpoint serves this model", 1)
-        # No band name, or an unknown one: the default band (one band: its index 0 is
-        # both the only name's and the default's).
-        name = ticket.band
-        band = self._band_of.get(name, self._default_band) if name else self._default_band
-        if self.policy.oom_throttle and band > 0 and now < ps.overload_until:
-            raise self._reject(503, "overload", "an engine ran out of memory; shedding non-high work",
-                               max(1, math.ceil(ps.overload_until - now)))
-        explicit = ticket.sla_ms is not None and ticket.sla_ms > 0
-        deadline = now + (ticket.sla_ms if explicit else self.settings.sla_ms) / 1000.0
-        if explicit and self.policy.sla_reject:
-            self._check_sla(ps, band, ticket, now)
-        q = ps.queues
-        # Free slots on the pool's endpoints: nothing below binds or frees one, so the
-        # count holds until this call returns.
-        room = free_slots(ps.seen, ps.pending)
-        # Nothing queued at or above this band: no one to overtake, go at once.
-        if ((q.count == 0 or q.count_through(band) == 0) and room > 0
-                and self.policy.saturation.pool(ps.loads, ps.pending, now) < self._ceilings[band]):
-            return self._grant(ps, band, ticket.tenant, ticket.max_tokens, deadline, explicit, now, now)
-        # With one pool (the common case) its queue is all that waits.
-        cap = self.settings.global_capacity
-        if cap and (q.count if len(self._pools) == 1 else self._queued_total()) >= cap:
-            raise self._reject(503, "capacity", "admission queues are full", 1)
-        if waiter is None:
-            waiter = asyncio.get_running_loop().create_future()
-        # The queue orders by its own fields; what the grant will need rides with the
-        # waiter, as worked out here (the same deadline from the same arrival time).
-        rid = q.enqueue((waiter, explicit, deadline, ticket.max_tokens), ticket.tenant, band, ticket.prompt_bytes,
-                        ticket.max_tokens, deadline if explicit else math.inf, now)
-        if rid < 0:
-            what = "band" if rid in (REJECT_BAND_COUNT, REJECT_BAND_BYTES) else "admission"
-            raise self._reject(503, "capacity", f"{what} queue is full ({self.band_names[band]})", 1)
-        if room > 0:  # else the cycle would stop at once (the pool was just refreshed)
-            self._dispatch(ps, now)
-        # Under load the tick is already armed: no need to ask the waiter.
-        if self._tick is None and not waiter.done():
-            self._arm_tick()
-        return waiter, rid
-
-    def withdraw(self, ticket: Ticket, rid: int) -> bool:
-        """Take a queued request out of its queue (its client left); False if no longer queued."""
-        ps = self._pool_state(ticket.model)
-        if ps is not None and ps.queues.cancel(rid) is not None:
-            self.telemetry.queue_cancelled += 1
-            return True
-        return False
-
-    def has_room(self, ep) -> bool:
-        """True when ``ep`` may take one more request now (the router's filter)."""
-        return ep.healthy and ep.inflight < ep.limit
-
-    def _fits(self, lease: Lease, ep) -> bool:
-        if not (ep.healthy and ep.inflight < ep.limit):
-            return False
-        ceiling = self._ceilings[lease.band_index]
-        if ceiling >= 1.0:
-            return True
-        st = self._eps.get(id(ep))
-        if st is None or st.ep is not ep:
-            return True
-        load = st.load
-        load.inflight = ep.inflight
-        load.limit = ep.limit
-        return self.policy.saturation.endpoint(load, self.clock()) < ceiling
-
     def on_metrics(self, ep) -> None:
         """A scrape of ``ep`` landed: update saturation, check KV, maybe dispatch."""
         st = self._eps.get(id(ep))
@@ -206,179 +99,9 @@ class Admission:
         if ps is not None:
             self._dispatch(ps, now)
 
-    # -- bands, pools, endpoints -----------------------------------------------------
+    # -- out of memory ---------------------------------------------------------------
 
-    def _pool_state(self, model) -> _PoolState | None:
-        """The state of ``model``'s pool (None: the default pool), made on first use;
-        None when there is no such pool. A pool once known keeps its state even after
-        it left ``pools`` (its queue may still hold requests): a look-up in ``_pools``
-        is this method's answer when it finds one."""
-        if model is None or model not in self.pools:
-            if model is not None and model in self._pools:
-                return self._pools[model]
-            model = next(iter(self.pools), None) if model is None else model
-            if model is None or model not in self.pools:
-                return None
-        ps = self._pools.get(model)
-        if ps is None:
-            ps = self._pools[model] = _PoolState(self.pools[model], self.policy.make_queues(self.settings))
-        return ps
-
-    def _endpoint_state(self, ep) -> _EndpointState:
-        # A state holds its endpoint: while it is in _eps, no other object can have
-        # that id (the check on st.ep is a guard, not a case that arises).
-        st = self._eps.get(id(ep))
-        if st is None or st.ep is not ep:
-            s = self.settings
-            if self.policy.adaptive:
-                aimd = AimdLimit(s.aimd_min, s.aimd_max, s.aimd_initial or s.aimd_max, s.oom_cooldown_ms / 1000.0)
-                st = _EndpointState(ep, aimd.limit, aimd, s.ewma_alpha)
-            else:
-                st = _EndpointState(ep, s.aimd_max, None, s.ewma_alpha)
-            self._eps[id(ep)] = st
-        return st
-
-    def _sync(self, ps: _PoolState) -> bool:
-        """Refresh the compiled loads from the endpoints; True if any is healthy."""
-        eps = ps.pool.endpoints
-        # List equality falls back to identity for endpoints: a C-speed check that
-        # the pool has not changed since the last cycle.
-        if ps.seen != eps:
-            ps.states = [self._endpoint_state(e) for e in eps]
-            ps.loads = [s.load for s in ps.states]
-            ps.seen = list(eps)
-        return refresh(ps.loads, ps.seen)
-
-    def _queued_total(self) -> int:
-        return sum(ps.queues.count for ps in self._pools.values())
-
-    # -- the dispatch cycle ----------------------------------------------------------
-
-    def _dispatch(self, ps: _PoolState, now: float | None = None) -> None:
-        """One cycle for ``ps``; ``now``: the caller's own reading of the clock, when
-        it has just taken one (the cycle runs at the moment of what triggered it)."""
-        q = ps.queues
-        if q.count == 0:
-            return
-        # No room on the endpoints already known: nothing can go whatever the loads
-        # say (most calls under full load), so their refresh is skipped. A pool whose
-        # endpoints changed is refreshed first (_sync): a new endpoint may bring the
-        # room. The same pool needs only its loads refreshed, which reads the
-        # endpoints without changing them: the room counted before still holds.
-        if ps.seen == ps.pool.endpoints:
-            room = free_slots(ps.seen, ps.pending)
-            if room <= 0:
-                return
-            healthy = refresh(ps.loads, ps.seen)
-        else:
-            healthy = self._sync(ps)
-            room = free_slots(ps.seen, ps.pending)
-        if not healthy:
-            return
-        if now is None:
-            now = self.clock()
-        # Nothing but the grants below changes the room in this cycle: each takes one.
-        # Nor the pool's saturation: it is counted when first needed and again after
-        # each grant (one more pending lease), not once per band.
-        sat = None
-        for band, ceiling in enumerate(self._ceilings):
-            while True:
-                if room <= 0:
-                    return
-                if sat is None:
-                    sat = self.policy.saturation.pool(ps.loads, ps.pending, now)
-                if sat >= ceiling:
-                    return
-                item = q.pop(band, now)
-                if item is None:
-                    break
-                fut, explicit, deadline, max_tokens = item.waiter
-                if fut.done():
-                    continue
-                room -= 1
-                sat = None
-                fut.set_result(self._grant(ps, item.band, item.tenant, max_tokens, deadline, explicit,
-                                           item.enqueued_at, now))
-
-    def _grant(self, ps, band: int, tenant, max_tokens: int, deadline: float, explicit: bool,
-               arrived_at: float, now: float) -> Lease:
-        ps.pending += 1
-        self._in_flight += 1
-        self.telemetry.granted(band, now - arrived_at)
-        return Lease(self, ps, band, self.band_names[band], tenant, max_tokens, deadline, explicit,
-                     arrived_at, now)
-
-    # -- leases ----------------------------------------------------------------------
-
-    def _on_bind(self, lease: Lease, ep, rebind: bool = False) -> None:
-        ps = lease._ps
-        if not rebind:
-            ps.pending -= 1
-        ep.inflight += 1
-        # An endpoint admission knows already (the common case) needs no call.
-        lease._st = self._eps.get(id(ep)) or self._endpoint_state(ep)
-        if not rebind and ps.queues.count:
-            # Pending leases count in full on every endpoint (saturation.pool): now
-            # that this one has a place, the others' headroom is known again. With
-            # nothing queued there is nobody to hand it to.
-            self._dispatch(ps)
-
-    def _on_first_byte(self, lease: Lease) -> None:
-        lease._st.est.observe_first_byte(lease.first_byte_at - lease.bound_at)
-
-    def _on_unbind(self, lease: Lease, ep) -> None:
-        ep.inflight -= 1
-        self._dispatch(lease._ps)
-
-    def _on_release(self, lease: Lease, outcome: str, error_text: str | None, tokens: int) -> None:
-        now = self.clock()
-        ps = lease._ps
-        ep = lease.endpoint
-        self._in_flight -= 1
-        ttft = lease.first_byte_at - lease.arrived_at if lease.first_byte_at else None
-        sla_met = None
-        if outcome == "completed":
-            sla_met = now <= lease.deadline
-        self.telemetry.finished(lease.band_index, outcome, now - lease.arrived_at, ttft, sla_met)
-        if ep is None:
-            ps.pending -= 1
-        else:
-            ep.inflight -= 1
-            self._learn(ps, lease, ep, outcome, error_text, tokens, now)
-        self._dispatch(ps, now)
-
-    def _learn(self, ps, lease: Lease, ep, outcome: str, error_text, tokens: int, now: float) -> None:
-        st = lease._st
-        engine_ttft = lease.first_byte_at - lease.bound_at if lease.first_byte_at else None
-        engine_s = now - lease.bound_at
-        # What this engine usually takes for such a request, before this sample counts
-        # (only an explicit SLA asks, below).
-        expected = st.est.predict(int(tokens or lease.max_tokens)) if lease.explicit_sla else None
-        if outcome == "completed":
-            st.est.observe(engine_ttft, engine_s, int(tokens or lease.max_tokens))
-        aimd = st.aimd
-        if aimd is None:
-            return
-        if error_text and _OOM_TEXT in error_text.lower():
-            self._on_oom(ps, st, now)
-            return
-        if outcome != "completed":
-            return
-        slow = engine_ttft is not None and engine_ttft * 1000.0 > self.settings.ttft_slo_ms
-        # A miss is the engine's doing only if its own part overran the whole budget
-        # (time queued in the gateway is not cured by a smaller engine limit) and it
-        # was slower than usual: an SLA no engine could meet says nothing of load.
-        missed = (lease.explicit_sla and engine_s > lease.deadline - lease.arrived_at
-                  and expected is not None and engine_s > CONGESTION_FACTOR * expected)
-        if slow or missed:
-            aimd.on_breach(lease.bound_at, now)
-        else:
-            kv_ok = st.load.kv <= self.settings.kv_hard_limit
-            at_limit = ep.inflight + 1 >= ep.limit
-            aimd.on_sample(ps.queues.count > 0, at_limit, kv_ok, now)
-        ep.limit = aimd.limit
-
-    def _on_oom(self, ps: _PoolState, st: _EndpointState, now: float) -> None:
+    def _on_oom(self, ps: PoolState, st: EndpointState, now: float) -> None:
         st.aimd.on_oom(now)
         st.ep.limit = st.aimd.limit
         if not self.policy.oom_throttle:
@@ -394,7 +117,7 @@ class Admission:
 
     # -- SLA prediction --------------------------------------------------------------
 
-    def _check_sla(self, ps: _PoolState, band: int, ticket: Ticket, now: float) -> None:
+    def _check_sla(self, ps: PoolState, band: int, ticket: Ticket, now: float) -> None:
         q = ps.queues
         if q.count == 0 and self._in_flight_in(ps) == 0:
             return  # idle: never reject on a prediction
@@ -415,10 +138,10 @@ class Admission:
                 429, "sla", f"predicted completion {predicted * 1000:.0f} ms exceeds the SLA of "
                 f"{ticket.sla_ms:.0f} ms", max(1, math.ceil(wait)))
 
-    def _in_flight_in(self, ps: _PoolState) -> int:
+    def _in_flight_in(self, ps: PoolState) -> int:
         return ps.pending + sum(st.ep.inflight for st in ps.states)
 
-    def _expected_wait(self, ps: _PoolState, band: int, now: float) -> float:
+    def _expected_wait(self, ps: PoolState, band: int, now: float) -> float:
         """Queue wait ahead of a request of ``band``: the work queued at or above it,
         beyond the free room, drained at the pool's concurrency."""
         q = ps.queues
@@ -435,11 +158,6 @@ class Admission:
         return (ahead - max(room, 0) + 1) * (sum(services) / len(services)) / concurrency
 
     # -- housekeeping ----------------------------------------------------------------
-
-    def _arm_tick(self) -> None:
-        if self._tick is None:
-            loop = asyncio.get_running_loop()
-            self._tick = loop.call_later(self.settings.tick_ms / 1000.0, self._on_tick)
 
     def _on_tick(self) -> None:
         self._tick = None
@@ -463,7 +181,7 @@ class Admission:
                 self._drop_hopeless(ps, now)
             self._dispatch(ps, now)
 
-    def _drop_hopeless(self, ps: _PoolState, now: float) -> None:
+    def _drop_hopeless(self, ps: PoolState, now: float) -> None:
         base = tpot = None
         for st in ps.states:
             if not (st.ep.healthy and st.est.known):
@@ -485,10 +203,6 @@ class Admission:
         if not fut.done():
             fut.set_exception(rej)
 
-    def _reject(self, status: int, reason: str, message: str, retry_after) -> Rejected:
-        self.telemetry.reject(reason)
-        return Rejected(status, reason, message, retry_after)
-
     def close(self) -> None:
         """Stop the housekeeping timer and fail whatever still waits (503)."""
         if self._tick is not None:
@@ -508,7 +222,7 @@ class Admission:
                 depth[i] += ps.queues.band(i).count
         return [((n,), d) for n, d in zip(self.band_names, depth)]
 
-    def _known_pools(self) -> dict[str, _PoolState]:
+    def _known_pools(self) -> dict[str, PoolState]:
         """Every pool's state, created for pools no request has asked for yet: the
         gateway adds its endpoints after building admission, and /stats and the
         metrics must show their limits before the first request."""

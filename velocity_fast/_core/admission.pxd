@@ -1,0 +1,169 @@
+# Admission's request path, typed (see admission.pyx for the why).
+
+from velocity_fast._core.aimd cimport AimdLimit
+from velocity_fast._core.bands cimport BandQueues
+from velocity_fast._core.metric_values cimport Value
+from velocity_fast._core.saturation cimport EndpointLoad, Saturation
+
+
+cdef class Ewma:
+    cdef readonly double alpha
+    cdef double _value
+    cdef readonly bint seen
+    cdef readonly long samples
+
+    cdef void add(self, double x)
+
+
+cdef class ServiceEstimate:
+    cdef readonly Ewma ttft
+    cdef readonly Ewma tpot
+    cdef readonly Ewma service
+
+    cdef void first_byte(self, double ttft_s)
+    cdef void done(self, double ttft_s, double service_s, long tokens)
+    cdef double expect(self, long max_tokens)
+
+
+cdef class Window:
+    cdef list _data
+    cdef Py_ssize_t _maxlen
+    cdef Py_ssize_t _next
+
+    cpdef append(self, x)
+
+
+cdef class Telemetry:
+    cdef readonly object registry
+    cdef readonly object admitted
+    cdef readonly object completed
+    cdef readonly object failed
+    cdef readonly object cancelled
+    cdef readonly object rejections
+    cdef readonly object queue_wait
+    cdef readonly object ttft
+    cdef readonly object latency
+    cdef Value _admitted
+    cdef Value _completed
+    cdef Value _failed
+    cdef Value _cancelled
+    cdef object _ttft
+    cdef list _wait_children
+    cdef list _lat_children
+    cdef public long n_admitted
+    cdef public long n_completed
+    cdef public long n_failed
+    cdef public long n_cancelled
+    cdef public dict reasons
+    cdef public long queue_cancelled
+    cdef public long sla_met
+    cdef public long sla_missed
+    cdef readonly list waits
+    cdef readonly Window e2e
+    cdef readonly Window ttfts
+
+    cpdef reject(self, str reason)
+    cdef void _granted(self, int band, double wait_s) except *
+    cdef void _finished(self, int band, int outcome, double e2e_s, double ttft_s, int sla) except *
+
+
+cdef class Ticket:
+    cdef public object band
+    cdef public object tenant
+    cdef public object sla_ms
+    cdef public long max_tokens
+    cdef public long prompt_bytes
+    cdef public object model
+
+
+cdef class EndpointState:
+    cdef readonly object ep
+    cdef readonly EndpointLoad load
+    cdef readonly AimdLimit aimd
+    cdef readonly ServiceEstimate est
+
+
+cdef class PoolState:
+    cdef readonly object pool
+    cdef readonly BandQueues queues
+    cdef public long pending
+    cdef public list states
+    cdef public list loads
+    cdef public list seen
+    cdef public double overload_until
+
+
+cdef class AdmissionCore
+
+
+cdef class Lease:
+    cdef readonly AdmissionCore _adm
+    cdef readonly PoolState _ps
+    cdef readonly int band_index
+    cdef readonly str band
+    cdef readonly object tenant
+    cdef readonly long max_tokens
+    cdef readonly double deadline
+    cdef readonly bint explicit_sla
+    cdef readonly double arrived_at
+    cdef readonly double granted_at
+    cdef readonly double bound_at
+    cdef readonly double first_byte_at
+    cdef readonly object endpoint
+    cdef readonly EndpointState _st
+    cdef readonly bint done
+
+    cpdef bind(self, ep)
+    cpdef rebind(self, ep)
+    cpdef bint fits(self, ep) except -1
+    cpdef first_byte(self)
+    cpdef release(self, str outcome=*, error_text=*, long tokens=*)
+
+
+cdef class AdmissionCore:
+    cdef public object settings
+    cdef public object policy
+    cdef public object pools
+    cdef public object clock
+    cdef public list band_names
+    cdef public list _ceilings
+    cdef public dict _band_of
+    cdef public int _default_band
+    cdef public dict _pools
+    cdef public dict _eps
+    cdef public object _tick
+    cdef public long _in_flight
+    cdef public Telemetry telemetry
+    # Settings and policy switches read on every request (set by _configure).
+    cdef bint _mono
+    cdef Saturation _sat
+    cdef bint _fixed
+    cdef object _sat_obj
+    cdef double _sla_s
+    cdef long _global_capacity
+    cdef double _kv_hard_limit
+    cdef double _ttft_slo_ms
+    cdef double _tick_s
+    cdef bint _oom_throttle
+    cdef bint _sla_reject
+    cdef bint _adaptive
+
+    cdef double _now(self) except? -1.0
+    cdef double _pool_sat(self, PoolState ps, double now) except? -1.0
+    cdef double _endpoint_sat(self, EndpointLoad load, double now) except? -1.0
+    cdef object _admit(self, Ticket ticket, waiter)
+    cdef bint _withdraw(self, Ticket ticket, long long rid) except -1
+    cdef PoolState _state_of(self, model)
+    cdef EndpointState _ep_state(self, ep)
+    cdef bint _refresh(self, PoolState ps) except -1
+    cdef long _queued(self) except -1
+    cdef void _cycle(self, PoolState ps, double now, bint have_now) except *
+    cdef Lease _grant(self, PoolState ps, int band, tenant, long max_tokens, double deadline, bint explicit,
+                      double arrived_at, double now)
+    cdef bint _fits(self, Lease lease, ep) except -1
+    cdef void _on_bind(self, Lease lease, ep, bint rebind) except *
+    cdef void _on_unbind(self, Lease lease, ep) except *
+    cdef void _on_release(self, Lease lease, int outcome, error_text, long tokens) except *
+    cdef void _learn(self, PoolState ps, Lease lease, ep, int outcome, error_text, long tokens,
+                     double now) except *
+    cdef void _arm(self) except *
