@@ -3,11 +3,13 @@ body forwarded byte for byte unless the gateway's own fields must go."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from velocity_fast._core.exchange import band_for, new_request_id
 from velocity_fast.gateway.requests import (
     BadRequest,
     decode_generate,
@@ -127,3 +129,28 @@ def test_strip_keeps_every_other_field(extra, prio, sla):
     assert json.loads(out) == want
     if prio is None and sla is None:
         assert out == body
+
+
+def test_request_ids_are_unique_and_shaped_as_documented():
+    ids = [new_request_id() for _ in range(5000)]
+    assert len(set(ids)) == len(ids)
+    assert all(re.fullmatch(r"req-[0-9a-f]{12}", i) for i in ids)
+    assert len({i[:10] for i in ids}) == 1  # one prefix per process, a counter after it
+
+
+class _Tenant:
+    def __init__(self, max_band):
+        self.max_band = max_band
+
+
+def test_band_for_names_numbers_defaults_and_tenant_caps():
+    names = ["high", "normal", "low"]
+    assert band_for(names, None, None) == "normal" and band_for(names, "", None) == "normal"
+    assert band_for(["a", "b", "c", "d"], None, None) == "c"  # no "normal": the middle band
+    assert band_for(names, " HIGH ", None) == "high"
+    assert [band_for(names, n, None) for n in (-3, 0, 1, 2, 9)] == ["high", "high", "normal", "low", "low"]
+    assert band_for(names, "high", _Tenant("normal")) == "normal"  # capped by the tenant
+    assert band_for(names, "low", _Tenant("normal")) == "low"      # a cap never raises a band
+    with pytest.raises(BadRequest, match="Unknown priority band") as e:
+        band_for(names, True, None)  # a bool is not a vLLM priority number
+    assert e.value.param == "priority"

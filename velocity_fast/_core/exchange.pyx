@@ -11,9 +11,10 @@ exactly once, a client that leaves included ("cancelled", engine connection abor
 The Gateway supplies the shared parts: router, admission, monitor, metrics and _reject.
 """
 
-import itertools
 import logging
 import os
+
+from cpython.unicode cimport PyUnicode_DecodeASCII
 
 from velocity_fast._core.admission cimport AdmissionCore, Lease, Ticket
 from velocity_fast._core.metric_values cimport Value
@@ -21,6 +22,7 @@ from velocity_fast._core.server cimport Responder
 from velocity_fast._core.upstream cimport PoolCore, UpstreamConnection
 
 from velocity_fast._core.clock cimport monotonic
+from velocity_fast._core.fmt cimport dec, tenths
 
 from velocity_fast.admission.ticket import Rejected
 from velocity_fast.gateway.requests import BadRequest, decode_proxy, strip_own_fields
@@ -40,13 +42,73 @@ cdef enum:
     _DONE = 3
 
 
-cdef str _ID_PREFIX = os.urandom(3).hex()  # per process; the counter makes ids unique within it
-_id_counter = itertools.count(int.from_bytes(os.urandom(3), "big"))
+# req-<6 hex per process><6 hex of a counter>: the counter makes ids unique within the
+# process (for 16.7 million requests in a row), the prefix across processes.
+cdef char _ID[16]
+cdef unsigned long _id_next = int.from_bytes(os.urandom(3), "big")
+cdef const char* _HEX = b"0123456789abcdef"
+
+
+cdef _init_id():
+    cdef bytes prefix = ("req-" + os.urandom(3).hex()).encode("ascii")
+    cdef int i
+    for i in range(10):
+        _ID[i] = prefix[i]
+
+
+_init_id()
 
 
 cpdef str new_request_id():
-    """req-<12 hex>: no system call per request (os.urandom would be one)."""
-    return f"req-{_ID_PREFIX}{next(_id_counter) & 0xFFFFFF:06x}"
+    """req-<12 hex>: no system call per request (os.urandom would be one), no formatting."""
+    global _id_next
+    cdef unsigned long n = _id_next & 0xFFFFFF
+    cdef int i
+    _id_next += 1
+    for i in range(6):
+        _ID[15 - i] = _HEX[(n >> (4 * i)) & 15]
+    return PyUnicode_DecodeASCII(_ID, 16, NULL)
+
+
+cdef dict _PROXY_ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}
+
+
+def handle_client(gw, req, Responder resp):
+    """Gateway.handle, the client port's handler: /health, the key check (every path but
+    /health), the proxy routes (arranged from callbacks); the rest is Gateway._route's."""
+    cdef str path = req.path
+    if path == "/health":
+        return gw._health(resp)
+    identity = gw.identity
+    if identity.required:
+        ok, _ = identity.authenticate(req.headers)
+        if not ok:
+            return resp.send_error(401, "Missing or invalid API key.", type="AuthenticationError")
+    chat = _PROXY_ROUTES.get(path)
+    if chat is not None:
+        if req.method != "POST":
+            return resp.send_error(405, f"Use POST for {path}.")
+        return proxy(gw, req, resp, path, chat)
+    return gw._route(req, resp)
+
+
+cpdef str band_for(list names, raw, tenant):
+    """The band a request asks for (header, then body; ``names`` highest first), capped by
+    its tenant's max_band. A number is vLLM's priority: lower is higher."""
+    cdef str band
+    if raw is None or raw == "":
+        band = "normal" if "normal" in names else names[len(names) // 2]
+    elif isinstance(raw, int) and not isinstance(raw, bool):
+        band = names[min(max(raw, 0), len(names) - 1)]
+    else:
+        band = str(raw).strip().lower()
+        if band not in names:
+            raise BadRequest(f"Unknown priority band {raw!r}; bands are {names}.", "priority")
+    if tenant is not None:
+        cap = tenant.max_band
+        if cap is not None and names.index(band) < names.index(cap):
+            band = cap
+    return band
 
 
 cpdef proxy(gw, req, Responder resp, str route, bint chat):
@@ -64,7 +126,7 @@ cpdef proxy(gw, req, Responder resp, str route, bint chat):
         prio = h.get("x-velocity-priority")
         if prio is None:
             prio = r.priority
-        band = gw._band_for(prio, tenant)
+        band = band_for(gw.band_names, prio, tenant)
         sla = h.get("x-velocity-sla-ms")
         sla_ms = r.sla_ms if sla is None else gw._sla_for(sla, r.sla_ms)
         info = gw.router.route_info(r.model or gw.default_model, r, h)
@@ -107,7 +169,7 @@ cpdef settle(gw, str route, str band, ep, Lease lease, int status, bint engine_f
     if status >= 500 or engine_failed:
         gw.monitor.passive_failure(ep, connect=False)
         ep.errors += 1
-    else:
+    elif ep.failures:  # a success resets the failures counted (there is nothing else to do)
         gw.monitor.passive_success(ep)
     ep.served += 1
     lease.release("completed" if ok else "failed", error_text, events)
@@ -218,8 +280,8 @@ cdef class Exchange:
         key = ep.api_key
         auth = f"authorization: Bearer {key}\r\n".encode("latin-1") if key else b""
         body = self.body
-        up.request(b"%sx-request-id: %s\r\n%scontent-length: %d\r\n\r\n%s" % (
-            up.json_post_head(self.req.path), self.rid.encode("latin-1"), auth, len(body), body), self)
+        up.request(b"".join((up.json_post_head(self.req.path), b"x-request-id: ", self.rid.encode("latin-1"),
+                             b"\r\n", auth, b"content-length: ", dec(len(body)), b"\r\n\r\n", body)), self)
 
     def upstream_sent(self, UpstreamConnection conn):
         self.conn = conn
@@ -375,9 +437,10 @@ cdef class Exchange:
 
     cdef bytes _out_lines(self):
         """out_headers() as encoded lines, in one step."""
-        return (f"x-request-id: {self.rid}\r\nx-velocity-endpoint: {self.ep.name}\r\n"
-                f"x-velocity-queue-ms: {self.queue_s * 1000:.1f}\r\nx-velocity-band: {self.ticket.band}\r\n"
-                ).encode("latin-1")
+        return b"".join((b"x-request-id: ", self.rid.encode("latin-1"), b"\r\nx-velocity-endpoint: ",
+                         (<str>self.ep.name).encode("latin-1"), b"\r\nx-velocity-queue-ms: ",
+                         tenths(self.queue_s * 1000.0), b"\r\nx-velocity-band: ",
+                         (<str>self.ticket.band).encode("latin-1"), b"\r\n"))
 
     cdef _end(self):
         self.state = _DONE

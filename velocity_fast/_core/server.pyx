@@ -32,6 +32,7 @@ import httptools
 import orjson
 
 from velocity_fast._core.clock cimport monotonic
+from velocity_fast._core.fmt cimport dec
 
 from velocity_fast._core.http1 import scan_request
 from velocity_fast.server.messages import REASONS, ClientDisconnected, Request, error_body
@@ -46,6 +47,8 @@ cdef dict _CT = {
     "text/plain; version=0.0.4; charset=utf-8": b"content-type: text/plain; version=0.0.4; charset=utf-8\r\n"}
 cdef bytes _KEEP = b"connection: keep-alive\r\n"
 cdef bytes _CLOSE = b"connection: close\r\n"
+cdef bytes _KEEP_END = b"\r\nconnection: keep-alive\r\n\r\n"  # after content-length's value
+cdef bytes _CLOSE_END = b"\r\nconnection: close\r\n\r\n"
 
 # How a started response frames what write() gets. _IDLE: not started or already
 # finished, so a write is a bug that would corrupt the next response on the connection.
@@ -71,7 +74,9 @@ def status_line(int status):
     return line
 
 
-cdef bytes _head(int status, object content_type, object headers, bytes extra):
+cdef bytes _head(int status, object content_type, object headers, bytes extra, bytes body=b""):
+    """Status line, content type, ``headers`` and ``extra`` (the framing lines and the
+    blank line), then ``body``: one bytes object."""
     cdef list parts
     line = _STATUS_LINES.get(status)
     if line is None:
@@ -82,11 +87,12 @@ cdef bytes _head(int status, object content_type, object headers, bytes extra):
         if ct is None:
             ct = f"content-type: {content_type}\r\n".encode("latin-1")
     if type(headers) is bytes:  # lines already encoded by the caller (the proxy's hot path)
-        return b"".join((line, ct, headers, extra))
+        return b"".join((line, ct, headers, extra, body))
     parts = [line, ct]
     for name, value in headers:
         parts.append(f"{name}: {value}\r\n".encode("latin-1"))
     parts.append(extra)
+    parts.append(body)
     return b"".join(parts)
 
 
@@ -191,15 +197,15 @@ cdef class Responder:
         proto = self._proto
         req = self._request
         keep = req.keep_alive and not proto._closing
-        extra = b"content-length: %d\r\n%s\r\n" % (len(body), _KEEP if keep else _CLOSE)
-        head = _head(status, content_type if body or content_type != "application/json" else None,
-                     headers, extra)
+        extra = b"".join((b"content-length: ", dec(len(body)), _KEEP_END if keep else _CLOSE_END))
         if req.method == "HEAD":
             body = b""
-        if len(body) < 16384:
-            proto._write(head + body)
+        if len(body) < 16384:  # one write, one copy
+            proto._write(_head(status, content_type if body or content_type != "application/json" else None,
+                               headers, extra, body))
         else:
-            proto._write(head)
+            proto._write(_head(status, content_type if body or content_type != "application/json" else None,
+                               headers, extra, b""))
             proto._write(body)
         proto._response_done(self, keep)
 

@@ -9,7 +9,7 @@ import time
 
 import orjson
 
-from .._core.exchange import new_request_id, proxy, settle
+from .._core.exchange import band_for, handle_client, new_request_id, settle
 from ..config import EndpointConfig, Settings
 from ..metrics import Registry
 from ..routing.endpoint import Endpoint, Pool
@@ -27,7 +27,6 @@ __all__ = ["Gateway"]
 
 log = logging.getLogger("velocity.gateway")
 
-_PROXY_ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}
 _JSON = [("content-type", "application/json")]
 
 class Gateway:
@@ -145,21 +144,14 @@ class Gateway:
             ep.upstream.close()
 
     # -- client port -----------------------------------------------------------------------------
-    def handle(self, req: Request, resp: Responder):
-        """The client port's handler: answers at once, arranges the answer from callbacks
-        (a whole proxied answer), or returns a coroutine the server runs as a task."""
+    # The client port's handler (compiled: _core/exchange.pyx): /health, the key check,
+    # the proxy routes; every other route goes to _route below.
+    handle = handle_client
+
+    def _route(self, req: Request, resp: Responder):
+        """The client port's routes other than /health and the proxy routes (already
+        authenticated): answers at once or returns a coroutine the server runs as a task."""
         path = req.path
-        if path == "/health":
-            return self._health(resp)
-        if self.identity.required:
-            ok, _ = self.identity.authenticate(req.headers)
-            if not ok:
-                return resp.send_error(401, "Missing or invalid API key.", type="AuthenticationError")
-        chat = _PROXY_ROUTES.get(path)
-        if chat is not None:
-            if req.method != "POST":
-                return resp.send_error(405, f"Use POST for {path}.")
-            return proxy(self, req, resp, path, chat)
         if path == "/generate":
             if req.method != "POST":
                 return resp.send_error(405, "Use POST for /generate.")
@@ -205,19 +197,7 @@ class Gateway:
 
     def _band_for(self, raw, tenant) -> str:
         """The band a request asks for (header, then body), capped by its tenant's max_band."""
-        names = self.band_names
-        if raw is None or raw == "":
-            band = "normal" if "normal" in names else names[len(names) // 2]
-        elif isinstance(raw, int) and not isinstance(raw, bool):
-            band = names[min(max(raw, 0), len(names) - 1)]  # vLLM style: lower number, higher priority
-        else:
-            band = str(raw).strip().lower()
-            if band not in names:
-                raise BadRequest(f"Unknown priority band {raw!r}; bands are {names}.", "priority")
-        if tenant is not None and tenant.max_band is not None:
-            if names.index(band) < names.index(tenant.max_band):
-                band = tenant.max_band
-        return band
+        return band_for(self.band_names, raw, tenant)
 
     def _sla_for(self, header: str | None, body_value: float | None) -> float | None:
         """The SLA the client asked for; None leaves the configured default to admission

@@ -1,0 +1,32 @@
+# Small text formatting for compiled code: what an f-string or bytes % would build,
+# without parsing a format at run time (a thousand instructions or more each).
+
+from cpython.bytes cimport PyBytes_FromStringAndSize
+
+
+cdef inline bytes dec(long long n):
+    """``n`` in decimal ASCII, as ``b"%d" % n`` gives it."""
+    cdef char buf[24]
+    cdef int i = 24
+    cdef bint neg = n < 0
+    cdef unsigned long long u = <unsigned long long>(-n) if neg else <unsigned long long>n
+    while True:
+        i -= 1
+        buf[i] = <char>(48 + u % 10)
+        u = u // 10
+        if u == 0:
+            break
+    if neg:
+        i -= 1
+        buf[i] = 45
+    return PyBytes_FromStringAndSize(buf + i, 24 - i)
+
+
+cdef inline bytes tenths(double x):
+    """``x`` >= 0 with one decimal, as ``f"{x:.1f}"`` gives it but for exact ties
+    (rounded half up here, half to even there): for header values, not for sums."""
+    cdef long long t
+    if not (x >= 0.0) or x > 1e15:  # negative, NaN or huge: leave it to Python
+        return f"{x:.1f}".encode("ascii")
+    t = <long long>(x * 10.0 + 0.5)
+    return dec(t // 10) + b"." + dec(t % 10)
