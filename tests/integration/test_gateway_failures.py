@@ -209,3 +209,30 @@ async def test_engine_killed_during_a_non_streamed_answer_is_502(slow_engine):
         assert r.headers["x-request-id"].startswith("req-")
         assert gw.endpoints["e1"].inflight == 0
         await reconciled(gw, admitted=1, failed=1)
+
+
+async def test_an_error_event_inside_a_stream_fails_the_request_not_just_the_status():
+    # With --oom-rate 1.0 the engine fails every request: some with a 500 before the
+    # stream, some with vLLM's error event inside a 200 stream. The second kind must be
+    # booked as failed too (the gateway finds the event in the relayed bytes).
+    eng = start_sim_engine("--oom-rate", "1.0", model=MODEL, time_scale=50)
+    try:
+        async with running_gateway(eng) as gw:
+            in_stream = sent = 0
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                    "stream": True}
+            while in_stream < 2 and sent < 40:
+                sent += 1
+                # high: out-of-memory shedding spares band 0, so every request reaches the engine
+                r = await http_request(gw.port, "POST", "/v1/chat/completions",
+                                       {**body, "messages": [{"role": "user", "content": f"m{sent}"}]},
+                                       {"x-velocity-priority": "high"})
+                if r.status == 200:
+                    assert b'data: {"error"' in r.body and r.body.rstrip().endswith(b"data: [DONE]")
+                    in_stream += 1
+                else:
+                    assert r.status >= 500
+            assert in_stream == 2
+            await reconciled(gw, completed=0, failed=sent)
+    finally:
+        eng.stop()

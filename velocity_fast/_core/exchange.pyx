@@ -22,7 +22,7 @@ from velocity_fast._core.server cimport Responder
 from velocity_fast._core.upstream cimport PoolCore, UpstreamConnection
 
 from velocity_fast._core.clock cimport monotonic
-from velocity_fast._core.fmt cimport dec, tenths
+from velocity_fast._core.fmt cimport contains, dec, tenths
 
 from velocity_fast.admission.ticket import Rejected
 from velocity_fast.gateway.requests import BadRequest, decode_proxy, strip_own_fields
@@ -320,7 +320,7 @@ cdef class Exchange:
             self.lease.first_byte()
         # (chunk framing is hex digits and CRLFs: it never holds an event's bytes)
         self.events += data.count(_SSE_DATA)
-        if not self.engine_failed and _SSE_ERROR in data:  # the engine's own error event (e.g. out of memory)
+        if not self.engine_failed and contains(data, _SSE_ERROR):  # the engine's own error event (e.g. out of memory)
             self.engine_failed = True
             self.error_text = data[data.find(_SSE_ERROR):][:2000].decode("utf-8", "replace")
         if framed:

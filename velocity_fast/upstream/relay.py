@@ -66,9 +66,10 @@ async def relay_response(pool: UpstreamPool, conn: UpstreamConnection, resp, hea
                         if on_first_byte is not None:
                             on_first_byte()
                     out.events += data.count(_DATA)
-                    if b'data: {"error"' in data:  # the engine's own error event (e.g. out of memory)
+                    at = data.find(b'data: {"error"')  # find: `in` on bytes raises and clears a TypeError
+                    if at >= 0:  # the engine's own error event (e.g. out of memory)
                         out.engine_failed = True
-                        out.error_text = data[data.find(b'data: {"error"'):][:2000].decode("utf-8", "replace")
+                        out.error_text = data[at:][:2000].decode("utf-8", "replace")
                     resp.write_nowait(data)
                     if resp.paused:
                         conn.pause()
