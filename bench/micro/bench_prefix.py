@@ -11,7 +11,7 @@ What is measured (medians; the summary is printed at the end):
   (one pass over the prompt's 256 block hashes against an index where every endpoint
   holds a prefix of it, then affinity vs load and the hot-spot guard).
   Target: <= 10 microseconds.
-- for context, the whole Router.pick over a pool of 64 endpoints (filters in Python plus
+- for context, the whole Router.pick over a pool of 64 endpoints (compiled filters plus
   that scoring), Router.route_info (rendering a chat body, then hashing), and the
   index work of on_dispatch (touching a 16 KB prompt: new and evicting, or known).
 """

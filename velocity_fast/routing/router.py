@@ -28,20 +28,18 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Callable, Container, Mapping
 
-from velocity_fast._core.prefix import BlockHashes, PrefixHasher, PrefixIndex
+from velocity_fast._core.prefix import PrefixHasher
+from velocity_fast._core.router import PROFILE_HEADER, RouteInfo, RouterCore
+from velocity_fast._core.router import SESSION_HEADER as SESSION_HEADER
 from velocity_fast.metrics import Registry
 
-from .prefix_render import render_prompt
 from .profiles import make_profiles
 from .session import SessionAffinity
 from .settings import PROFILES, RoutingSettings
 
 __all__ = ["Router", "RouteInfo", "UnknownProfile"]
 
-PROFILE_HEADER = "x-velocity-profile"
-SESSION_HEADER = "x-session-id"
 BASES = ("prefix", "session", "load", "hotspot", "kv", "only")
 
 
@@ -58,77 +56,23 @@ class UnknownProfile(ValueError):
         self.profile = name
 
 
-class RouteInfo:
-    """What routing needs to know of one request, computed once before it waits."""
+class Router(RouterCore):
+    """Filter, score and pick an endpoint of a pool for a request.
 
-    __slots__ = ("model", "profile", "hashes", "nblocks", "session", "session_key")
-
-    def __init__(self, model: str, profile: str, hashes: BlockHashes, session: str | None,
-                 session_key: int | None) -> None:
-        self.model = model
-        self.profile = profile
-        self.hashes = hashes
-        self.nblocks = len(hashes)
-        self.session = session
-        self.session_key = session_key
-
-    def __repr__(self) -> str:
-        return (f"<RouteInfo model={self.model!r} profile={self.profile} blocks={self.nblocks} "
-                f"session={self.session!r}>")
-
-
-class _PoolState:
-    """The router's memory of one pool: its prefix index and engine capacities seen."""
-
-    __slots__ = ("pool", "index", "caps", "kv_scale", "default_capacity")
-
-    def __init__(self, pool: Any, settings: RoutingSettings) -> None:
-        self.pool = pool
-        self.index = PrefixIndex(settings.index_capacity)
-        self.caps: dict[str, tuple] = {}
-        # Index blocks per engine token: an engine KV block of block_size tokens holds
-        # block_size * kv_scale index blocks.
-        self.kv_scale = settings.bytes_per_token / settings.block_bytes
-        self.default_capacity = settings.index_capacity
-
-    def kv_capacity_blocks(self, ep: Any) -> float:
-        """The engine's KV cache in index blocks, or 0 when it is not known."""
-        if not ep.num_gpu_blocks:
-            return 0.0
-        return ep.num_gpu_blocks * (ep.block_size or 16) * self.kv_scale
-
-    def sync_capacity(self, ep: Any) -> None:
-        """Bound ep's LRU by its engine's KV cache once cache_config_info has told it."""
-        seen = (ep.num_gpu_blocks, ep.block_size)
-        if self.caps.get(ep.name) == seen:
-            return
-        self.caps[ep.name] = seen
-        cap = self.kv_capacity_blocks(ep)
-        self.index.set_capacity(ep.name, max(1, int(cap)) if cap else self.default_capacity)
-
-    def reclaim_slots(self) -> None:
-        """Free the slots of endpoints that are no longer in the pool."""
-        if self.pool is None:
-            return
-        present = {ep.name for ep in self.pool.endpoints}
-        for name in self.index.names():
-            if name not in present:
-                self.index.remove(name)
-                self.caps.pop(name, None)
-
-
-class Router:
-    """Filter, score and pick an endpoint of a pool for a request."""
+    The request path (``route_info``, ``pick``, ``on_dispatch``) is compiled:
+    _core/router.pyx, the ``RouterCore`` this class extends. What stays here runs once
+    or per scrape: construction, ``forget``, ``hit_ratio``, ``stats``.
+    """
 
     def __init__(self, settings: RoutingSettings | None = None, *, registry: Registry | None = None,
                  rng: random.Random | None = None) -> None:
         self.settings = s = settings or RoutingSettings()
         self._rng = rng or random.Random(s.seed)
         self._hasher = PrefixHasher(s.block_bytes)
-        self._batch_infos: dict[str, RouteInfo] = {}  # by model: nothing per request in them
+        self._batch_infos = {}  # by model: nothing per request in them
         self._sessions = SessionAffinity()
         self._profiles = make_profiles(s, self._rng, self._sessions)
-        self._pools: dict[str, _PoolState] = {}
+        self._pools = {}  # model -> RouterPool
         self._clock = time.monotonic
         reg = registry if registry is not None else Registry()
         self._picks = reg.counter("velocity_route_picks_total",
@@ -147,106 +91,7 @@ class Router:
                      "Prefix-index hit ratio: hit blocks / dispatched blocks.", self.hit_ratio)
         reg.gauge_fn("velocity_prefix_index_blocks", "Block hashes held in the prefix index, per model.",
                      lambda: [((m, ), len(st.index)) for m, st in self._pools.items()], ("model",))
-
-    # -- per request -------------------------------------------------------------
-
-    def route_info(self, model: str | None, body_obj: Any, headers: Mapping[str, str] | None) -> RouteInfo:
-        """Profile, prefix block hashes and session of a request.
-
-        body_obj is the decoded body (dict or Struct with `messages` or `prompt`), or the
-        prompt bytes already rendered. Raises UnknownProfile for a bad x-velocity-profile.
-        """
-        model = model or ""
-        s = self.settings
-        profile = None
-        session = None
-        if headers:
-            profile = headers.get(PROFILE_HEADER)
-            session = headers.get(SESSION_HEADER)
-        if profile:
-            profile = profile.strip().lower()
-            if profile not in self._profiles:
-                raise UnknownProfile(profile)
-        else:
-            profile = s.profiles.get(model, s.default_profile)
-        if session:
-            session = session.strip() or None
-        if profile == "batch" and not session:
-            # Shortest queue needs no prefix: no rendering, no hashing, one shared RouteInfo.
-            info = self._batch_infos.get(model)
-            if info is None:
-                info = RouteInfo(model, profile, self._hasher.hash(b"", model), None, None)
-                if len(self._batch_infos) < 256:  # models come from clients: the cache stays bounded
-                    self._batch_infos[model] = info
-            return info
-        if isinstance(body_obj, (bytes, bytearray, memoryview)):
-            data = body_obj
-        else:
-            data = render_prompt(body_obj)
-        hashes = self._hasher.hash(data, model)
-        return RouteInfo(model, profile, hashes, session,
-                         SessionAffinity.key(session) if session else None)
-
-    def pick(self, pool: Any, info: RouteInfo, has_room: Callable[[Any], bool] | None = None,
-             exclude: Container = ()) -> Any:
-        """The endpoint of pool for this request, or None when none is healthy with room.
-
-        exclude: endpoints not to use (those a retry already failed on)."""
-        state = self._pools.get(pool.model)
-        if state is None:
-            state = self._pools[pool.model] = _PoolState(pool, self.settings)
-        elif state.pool is not pool:
-            state.pool = pool
-        s = self.settings
-        now = self._clock()
-        stale = s.metrics_stale_s
-        sat_wait = s.saturation_waiting
-        sat_kv = s.saturation_kv
-        cands: list = []
-        loads: list[float] = []
-        saturated: list = []
-        saturated_loads: list[float] = []
-        for ep in pool.endpoints:
-            if not ep.healthy or (has_room is not None and not has_room(ep)) or (exclude and ep in exclude):
-                continue
-            if ep.scraped_at and now - ep.scraped_at <= stale:
-                load = ep.waiting + ep.inflight
-                if ep.waiting >= sat_wait or ep.kv_usage >= sat_kv:
-                    saturated.append(ep)
-                    saturated_loads.append(load)
-                    continue
-            else:
-                load = float(ep.inflight)
-            cands.append(ep)
-            loads.append(load)
-        if not cands:
-            if not saturated:
-                self._no_endpoint.inc()
-                return None
-            cands, loads = saturated, saturated_loads
-            self._fail_open.inc()
-        if len(cands) == 1:
-            ep, basis = cands[0], "only"
-        else:
-            ep, basis = self._profiles[info.profile].choose(cands, loads, info, state)
-        self._pick_children[(info.profile, basis)].inc()
-        return ep
-
-    def on_dispatch(self, ep: Any, info: RouteInfo) -> None:
-        """Remember that info's prompt blocks were sent to ep (call once it is bound)."""
-        n = info.nblocks
-        if not n:
-            return
-        state = self._pools.get(ep.model)
-        if state is None:
-            state = self._pools[ep.model] = _PoolState(None, self.settings)
-        index = state.index
-        if index.slot_of(ep.name) < 0 and index.slot(ep.name) < 0:
-            state.reclaim_slots()
-        state.sync_capacity(ep)
-        held = index.touch(ep.name, info.hashes)
-        self._blocks_sent.inc(n)
-        self._blocks_hit.inc(held)
+        self._configure()
 
     # -- lifecycle and visibility -----------------------------------------------
 

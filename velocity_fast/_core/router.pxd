@@ -1,0 +1,57 @@
+# The router's request path, typed (see router.pyx for the why).
+
+from velocity_fast._core.metric_values cimport Value
+from velocity_fast._core.prefix cimport BlockHashes, PrefixHasher, PrefixIndex
+
+
+cdef class RouteInfo:
+    cdef readonly object model
+    cdef readonly object profile
+    cdef readonly BlockHashes hashes
+    cdef readonly Py_ssize_t nblocks
+    cdef readonly object session
+    cdef readonly object session_key
+
+
+cdef class RouterPool:
+    cdef public object pool
+    cdef readonly PrefixIndex index
+    cdef readonly dict caps
+    cdef readonly double kv_scale
+    cdef readonly object default_capacity
+
+    cpdef double kv_capacity_blocks(self, ep) except? -1.0
+    cpdef sync_capacity(self, ep)
+    cpdef reclaim_slots(self)
+
+
+cdef class RouterCore:
+    cdef public object settings
+    cdef public PrefixHasher _hasher
+    cdef public dict _profiles
+    cdef public dict _pools
+    cdef public dict _batch_infos
+    cdef public dict _pick_children
+    cdef public object _picks
+    cdef public object _fail_open
+    cdef public object _no_endpoint
+    cdef public object _blocks_sent
+    cdef public object _blocks_hit
+    cdef object _clock_fn
+    cdef bint _mono
+    # Settings and metric children read on every request (set by _configure).
+    cdef double _stale_s
+    cdef double _sat_waiting
+    cdef double _sat_kv
+    cdef dict _model_profiles
+    cdef object _default_profile
+    cdef Value _fail_open_v
+    cdef Value _no_endpoint_v
+    cdef Value _blocks_sent_v
+    cdef Value _blocks_hit_v
+
+    cdef double _now(self) except? -1.0
+    cdef RouterPool _pool_state(self, model, pool)
+    cdef RouteInfo _route_info(self, model, body_obj, headers)
+    cdef object _pick(self, pool, RouteInfo info, has_room, exclude)
+    cdef void _on_dispatch(self, ep, RouteInfo info) except *

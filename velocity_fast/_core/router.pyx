@@ -1,0 +1,264 @@
+"""The router's request path, compiled: route_info, pick and on_dispatch.
+
+``RouterCore`` holds what every request touches: the request's ``RouteInfo`` (profile,
+prefix block hashes, session), the filters of ``pick`` (health, room, exclusions,
+saturation on fresh gauges, fail open) and the prefix index's bookkeeping of
+``on_dispatch``. ``velocity_fast.routing.Router`` is its Python subclass and keeps the
+rest: construction (metrics, profiles), ``forget``, ``hit_ratio`` and ``stats``. The
+rules are those of routing/router.py's module doc; this file only types them.
+Endpoints and pools stay Python objects: their fields are read as attributes. The
+profiles (routing/profiles.py) stay Python too and read ``RouteInfo`` and
+``RouterPool`` fields through descriptors.
+"""
+
+import time
+
+from velocity_fast._core.clock cimport monotonic
+from velocity_fast._core.metric_values cimport Value
+from velocity_fast._core.prefix cimport BlockHashes, PrefixHasher, PrefixIndex
+
+# Leaf modules of the routing package (they import nothing of the router).
+from velocity_fast.routing.prefix_render import render_prompt
+from velocity_fast.routing.session import SessionAffinity
+
+PROFILE_HEADER = "x-velocity-profile"
+SESSION_HEADER = "x-session-id"
+
+cdef str _PROFILE_HEADER = PROFILE_HEADER
+cdef str _SESSION_HEADER = SESSION_HEADER
+cdef str _BATCH = "batch"
+cdef str _ONLY = "only"
+cdef object _session_key = SessionAffinity.key
+cdef object _py_monotonic = time.monotonic
+
+
+cdef inline RouteInfo _new_info(model, profile, BlockHashes hashes, session, session_key):
+    cdef RouteInfo info = RouteInfo.__new__(RouteInfo)
+    info.model = model
+    info.profile = profile
+    info.hashes = hashes
+    info.nblocks = hashes.n
+    info.session = session
+    info.session_key = session_key
+    return info
+
+
+cdef class RouteInfo:
+    """What routing needs to know of one request, computed once before it waits."""
+
+    def __init__(self, model, profile, BlockHashes hashes not None, session, session_key):
+        self.model = model
+        self.profile = profile
+        self.hashes = hashes
+        self.nblocks = len(hashes)
+        self.session = session
+        self.session_key = session_key
+
+    def __repr__(self):
+        return (f"<RouteInfo model={self.model!r} profile={self.profile} blocks={self.nblocks} "
+                f"session={self.session!r}>")
+
+
+cdef class RouterPool:
+    """The router's memory of one pool: its prefix index and engine capacities seen."""
+
+    def __init__(self, pool, settings):
+        self.pool = pool
+        self.index = PrefixIndex(settings.index_capacity)
+        self.caps = {}
+        # Index blocks per engine token: an engine KV block of block_size tokens holds
+        # block_size * kv_scale index blocks.
+        self.kv_scale = settings.bytes_per_token / settings.block_bytes
+        self.default_capacity = settings.index_capacity
+
+    cpdef double kv_capacity_blocks(self, ep) except? -1.0:
+        """The engine's KV cache in index blocks, or 0 when it is not known."""
+        nb = ep.num_gpu_blocks
+        if not nb:
+            return 0.0
+        return <double>(nb * (ep.block_size or 16)) * self.kv_scale
+
+    cpdef sync_capacity(self, ep):
+        """Bound ep's LRU by its engine's KV cache once cache_config_info has told it."""
+        name = ep.name
+        nb = ep.num_gpu_blocks
+        bs = ep.block_size
+        seen = self.caps.get(name)
+        # (nb, bs) == seen, without building the tuple on every dispatch.
+        if seen is not None and (<tuple>seen)[0] == nb and (<tuple>seen)[1] == bs:
+            return
+        self.caps[name] = (nb, bs)
+        cdef double cap = self.kv_capacity_blocks(ep)
+        self.index.set_capacity(name, max(1, int(cap)) if cap else self.default_capacity)
+
+    cpdef reclaim_slots(self):
+        """Free the slots of endpoints that are no longer in the pool."""
+        if self.pool is None:
+            return
+        present = {ep.name for ep in self.pool.endpoints}
+        for name in self.index.names():
+            if name not in present:
+                self.index.remove(name)
+                self.caps.pop(name, None)
+
+
+cdef class RouterCore:
+    """The compiled half of ``Router`` (routing/router.py): see the module doc."""
+
+    def __cinit__(self):
+        self._clock_fn = _py_monotonic
+        self._mono = True
+
+    def _configure(self):
+        """Read the settings and metric children the request path uses (the settings are
+        frozen; call again after replacing them)."""
+        s = self.settings
+        self._stale_s = s.metrics_stale_s
+        self._sat_waiting = s.saturation_waiting
+        self._sat_kv = s.saturation_kv
+        self._model_profiles = s.profiles
+        self._default_profile = s.default_profile
+        self._fail_open_v = self._fail_open.labels()
+        self._no_endpoint_v = self._no_endpoint.labels()
+        self._blocks_sent_v = self._blocks_sent.labels()
+        self._blocks_hit_v = self._blocks_hit.labels()
+
+    @property
+    def _clock(self):
+        """The clock of metrics staleness; time.monotonic is read in C (the same clock)."""
+        return self._clock_fn
+
+    @_clock.setter
+    def _clock(self, fn):
+        self._clock_fn = fn
+        self._mono = fn is _py_monotonic
+
+    cdef double _now(self) except? -1.0:
+        if self._mono:
+            return monotonic()
+        return self._clock_fn()
+
+    cdef RouterPool _pool_state(self, model, pool):
+        st = self._pools.get(model)
+        if st is None:
+            st = self._pools[model] = RouterPool(pool, self.settings)
+        return <RouterPool?>st
+
+    # -- per request -------------------------------------------------------------
+
+    def route_info(self, model, body_obj, headers):
+        """Profile, prefix block hashes and session of a request.
+
+        body_obj is the decoded body (dict or Struct with `messages` or `prompt`), or the
+        prompt bytes already rendered. Raises UnknownProfile for a bad x-velocity-profile.
+        """
+        return self._route_info(model, body_obj, headers)
+
+    def pick(self, pool, RouteInfo info not None, has_room=None, exclude=()):
+        """The endpoint of pool for this request, or None when none is healthy with room.
+
+        exclude: endpoints not to use (those a retry already failed on)."""
+        return self._pick(pool, info, has_room, exclude)
+
+    def on_dispatch(self, ep, RouteInfo info not None):
+        """Remember that info's prompt blocks were sent to ep (call once it is bound)."""
+        self._on_dispatch(ep, info)
+
+    cdef RouteInfo _route_info(self, model, body_obj, headers):
+        cdef RouteInfo info
+        model = model or ""
+        profile = None
+        session = None
+        if headers:
+            if type(headers) is dict:
+                profile = (<dict>headers).get(_PROFILE_HEADER)
+                session = (<dict>headers).get(_SESSION_HEADER)
+            else:
+                profile = headers.get(_PROFILE_HEADER)
+                session = headers.get(_SESSION_HEADER)
+        if profile:
+            profile = profile.strip().lower()
+            if profile not in self._profiles:
+                # Imported here: routing/router.py imports this module while it loads.
+                from velocity_fast.routing.router import UnknownProfile
+                raise UnknownProfile(profile)
+        else:
+            profile = self._model_profiles.get(model, self._default_profile)
+        if session:
+            session = session.strip() or None
+        if profile == _BATCH and not session:
+            # Shortest queue needs no prefix: no rendering, no hashing, one shared RouteInfo.
+            info = self._batch_infos.get(model)
+            if info is None:
+                info = _new_info(model, profile, self._hasher.hash(b"", model), None, None)
+                if len(self._batch_infos) < 256:  # models come from clients: the cache stays bounded
+                    self._batch_infos[model] = info
+            return info
+        if isinstance(body_obj, (bytes, bytearray, memoryview)):
+            data = body_obj
+        else:
+            data = render_prompt(body_obj)
+        return _new_info(model, profile, self._hasher.hash(data, model), session,
+                         _session_key(session) if session else None)
+
+    cdef object _pick(self, pool, RouteInfo info, has_room, exclude):
+        cdef RouterPool state
+        cdef double now, load, scraped, waiting
+        cdef double stale = self._stale_s, sat_wait = self._sat_waiting, sat_kv = self._sat_kv
+        cdef bint check_room = has_room is not None
+        cdef list cands = [], loads = []
+        cdef list saturated = None, saturated_loads = None
+        model = pool.model
+        st = self._pools.get(model)
+        if st is None:
+            state = self._pools[model] = RouterPool(pool, self.settings)
+        else:
+            state = <RouterPool?>st
+            if state.pool is not pool:
+                state.pool = pool
+        now = self._now()
+        for ep in pool.endpoints:
+            if not ep.healthy or (check_room and not has_room(ep)) or (exclude and ep in exclude):
+                continue
+            scraped = ep.scraped_at
+            if scraped and now - scraped <= stale:
+                waiting = ep.waiting
+                load = waiting + <double>ep.inflight
+                if waiting >= sat_wait or <double>ep.kv_usage >= sat_kv:
+                    if saturated is None:
+                        saturated, saturated_loads = [], []
+                    saturated.append(ep)
+                    saturated_loads.append(load)
+                    continue
+            else:
+                load = <double>ep.inflight
+            cands.append(ep)
+            loads.append(load)
+        if not cands:
+            if not saturated:
+                self._no_endpoint_v.value += 1.0
+                return None
+            cands, loads = saturated, saturated_loads
+            self._fail_open_v.value += 1.0
+        if len(cands) == 1:
+            ep, basis = cands[0], _ONLY
+        else:
+            ep, basis = self._profiles[info.profile].choose(cands, loads, info, state)
+        (<Value?>self._pick_children[(info.profile, basis)]).value += 1.0
+        return ep
+
+    cdef void _on_dispatch(self, ep, RouteInfo info) except *:
+        cdef Py_ssize_t n = info.nblocks, held
+        cdef RouterPool state
+        cdef PrefixIndex index
+        if not n:
+            return
+        name = ep.name
+        state = self._pool_state(ep.model, None)
+        index = state.index
+        if index.slot_of(name) < 0 and index.slot(name) < 0:
+            state.reclaim_slots()
+        state.sync_capacity(ep)
+        held = index.touch(name, info.hashes)
+        self._blocks_sent_v.value += n
+        self._blocks_hit_v.value += held
