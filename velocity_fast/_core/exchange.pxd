@@ -1,6 +1,7 @@
 # One proxied request's callback chain, typed (see exchange.pyx).
 
 from velocity_fast._core.admission cimport AdmissionCore, Lease, Ticket
+from velocity_fast._core.router cimport RouteInfo
 from velocity_fast._core.server cimport Responder
 from velocity_fast._core.upstream cimport UpstreamConnection
 
@@ -12,7 +13,7 @@ cdef class Exchange:
     cdef readonly str route
     cdef readonly object pool
     cdef readonly Ticket ticket
-    cdef readonly object info
+    cdef readonly RouteInfo info
     cdef readonly bytes body
     cdef readonly str rid
     cdef readonly list base_headers

@@ -18,6 +18,7 @@ from cpython.unicode cimport PyUnicode_DecodeASCII
 
 from velocity_fast._core.admission cimport AdmissionCore, Lease, Ticket
 from velocity_fast._core.metric_values cimport Value
+from velocity_fast._core.router cimport RouteInfo, RouterCore
 from velocity_fast._core.server cimport Responder
 from velocity_fast._core.upstream cimport PoolCore, UpstreamConnection
 
@@ -129,7 +130,7 @@ cpdef proxy(gw, req, Responder resp, str route, bint chat):
         band = band_for(gw.band_names, prio, tenant)
         sla = h.get("x-velocity-sla-ms")
         sla_ms = r.sla_ms if sla is None else gw._sla_for(sla, r.sla_ms)
-        info = gw.router.route_info(r.model or gw.default_model, r, h)
+        info = (<RouterCore?>gw.router)._route_info(r.model or gw.default_model, r, h)
     except (BadRequest, UnknownProfile) as e:
         gw.metrics.requests.labels(route, 400, band).inc()
         return resp.send_error(400, str(e), param=e.param, headers=base_headers)
@@ -262,11 +263,12 @@ cdef class Exchange:
     cdef _dispatch(self):
         cdef PoolCore up
         cdef Lease lease = self.lease
+        cdef RouterCore router
         gw, tried = self.gw, self.tried
         router = gw.router
         # As in _forward: the lease's own band first, then any endpoint with room.
-        ep = (router.pick(self.pool, self.info, (<object>lease).fits, tried)
-              or router.pick(self.pool, self.info, gw.admission.has_room, tried))
+        ep = (router._pick(self.pool, self.info, (<object>lease).fits, tried)
+              or router._pick(self.pool, self.info, gw.admission.has_room, tried))
         if ep is None:
             self._fail_lease(None)
             if tried:
@@ -288,7 +290,7 @@ cdef class Exchange:
 
     def upstream_head(self, UpstreamConnection conn):
         self.headed = True
-        self.gw.router.on_dispatch(self.ep, self.info)
+        (<RouterCore?>self.gw.router)._on_dispatch(self.ep, self.info)
         h = conn.headers
         ct = h.get("content-type", "application/json")
         if ct.startswith("text/event-stream") or (
