@@ -96,6 +96,11 @@ cdef class PoolState:
 cdef class AdmissionCore
 
 
+cdef class Waiter:
+    cdef bint waiting(self) except -1
+    cdef void granted(self, Lease lease) except *
+
+
 cdef class Lease:
     cdef readonly AdmissionCore _adm
     cdef readonly PoolState _ps

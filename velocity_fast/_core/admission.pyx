@@ -313,6 +313,22 @@ cdef class PoolState:
         self.seen = None
 
 
+# -- the waiter -----------------------------------------------------------------------------
+
+cdef class Waiter:
+    """A queued request's waiter that the dispatch cycle drives with C calls (the gateway's
+    exchange is one). Any other waiter is driven through ``done()`` and ``set_result()``,
+    like an asyncio future; rejections always go through ``set_exception()``."""
+
+    cdef bint waiting(self) except -1:
+        """True while the request still waits for a lease (``not done()``)."""
+        return False
+
+    cdef void granted(self, Lease lease) except *:
+        """The lease is granted (``set_result(lease)``): schedule the work, do not run it."""
+        pass
+
+
 # -- the lease ----------------------------------------------------------------------------
 
 cdef class Lease:
@@ -480,7 +496,8 @@ cdef class AdmissionCore:
         if room > 0:  # else the cycle would stop at once (the pool was just refreshed)
             self._cycle(ps, now, True)
         # Under load the tick is already armed: no need to ask the waiter.
-        if self._tick is None and not waiter.done():
+        if self._tick is None and ((<Waiter>waiter).waiting() if isinstance(waiter, Waiter)
+                                   else not waiter.done()):
             self._arm()
         return waiter, rid
 
@@ -640,6 +657,14 @@ cdef class AdmissionCore:
                     break
                 w = <tuple>item.waiter
                 fut = w[0]
+                if isinstance(fut, Waiter):
+                    if not (<Waiter>fut).waiting():
+                        continue
+                    room -= 1
+                    have_sat = False
+                    (<Waiter>fut).granted(self._grant(ps, item.band, item.tenant, w[3], w[2], w[1],
+                                                      item.enqueued_at, now))
+                    continue
                 if fut.done():
                     continue
                 room -= 1

@@ -1,13 +1,14 @@
 # One proxied request's callback chain, typed (see exchange.pyx).
 
-from velocity_fast._core.admission cimport AdmissionCore, Lease, Ticket
+from velocity_fast._core.admission cimport AdmissionCore, Lease, Ticket, Waiter
 from velocity_fast._core.router cimport RouteInfo
 from velocity_fast._core.server cimport Responder
 from velocity_fast._core.upstream cimport UpstreamConnection
 
 
-cdef class Exchange:
+cdef class Exchange(Waiter):
     cdef readonly object gw
+    cdef object loop
     cdef readonly object req
     cdef readonly Responder resp
     cdef readonly str route
@@ -37,6 +38,8 @@ cdef class Exchange:
     cdef bint engine_failed
     cdef object error_text
 
+    cdef bint waiting(self) except -1
+    cdef void granted(self, Lease lease) except *
     cpdef start(self)
     cdef _admitted(self, Lease lease)
     cdef _dispatch(self)

@@ -16,7 +16,7 @@ import os
 
 from cpython.unicode cimport PyUnicode_DecodeASCII
 
-from velocity_fast._core.admission cimport AdmissionCore, Lease, Ticket
+from velocity_fast._core.admission cimport AdmissionCore, Lease, Ticket, Waiter
 from velocity_fast._core.metric_values cimport Value
 from velocity_fast._core.router cimport RouteInfo, RouterCore
 from velocity_fast._core.server cimport Responder
@@ -115,6 +115,7 @@ cpdef str band_for(list names, raw, tenant):
 cpdef proxy(gw, req, Responder resp, str route, bint chat):
     """Gateway.handle's /v1/chat/completions and /v1/completions: validate, place in a band
     and a pool, then an Exchange takes it from admission to the answer."""
+    cdef Ticket ticket
     cdef dict h = req.headers
     rid = h.get("x-request-id") or new_request_id()
     base_headers = [("x-request-id", rid)]
@@ -147,10 +148,16 @@ cpdef proxy(gw, req, Responder resp, str route, bint chat):
                               f"Tenant {tenant_name!r} is over its request rate.", band, base_headers, wait)
     body = strip_own_fields(req.body, r)
     max_tokens = r.max_completion_tokens or r.max_tokens or 256
-    ticket = Ticket(band, tenant_name, sla_ms, max_tokens, len(body), model)
+    ticket = Ticket.__new__(Ticket)  # the fields are already what Ticket() would make of them
+    ticket.band = band
+    ticket.tenant = tenant_name
+    ticket.sla_ms = sla_ms
+    ticket.max_tokens = max_tokens
+    ticket.prompt_bytes = len(body)
+    ticket.model = model
     # No task: admission, the engine connection and the client meet in callbacks,
     # a stream's events included.
-    Exchange(gw, req, resp, route, pool, ticket, info, body, rid, base_headers).start()
+    _exchange(gw, req, resp, route, pool, ticket, info, body, rid, base_headers).start()
 
 
 cdef count_request(gw, str route, int status, str band):
@@ -177,37 +184,34 @@ cpdef settle(gw, str route, str band, ep, Lease lease, int status, bint engine_f
     count_request(gw, route, status, band)
 
 
-cdef class Exchange:
-    """See the module doc. An UpstreamListener for the engine connection, and admission's
-    waiter (done, set_result, set_exception) while queued."""
+cdef Exchange _exchange(gw, req, Responder resp, str route, pool, Ticket ticket, RouteInfo info, bytes body,
+                        str rid, list base_headers):
+    """A new Exchange, made without an __init__ call. Fields not set here start as None,
+    0 or False: no lease, endpoint, engine connection or drain task yet; a streamed
+    answer's fields (relaying, ct, status, events, first, engine_failed, error_text) are
+    set in upstream_head when it begins, and only read after."""
+    cdef Exchange x = Exchange.__new__(Exchange)
+    x.gw = gw
+    x.loop = gw._loop
+    x.req = req
+    x.resp = resp
+    x.route = route
+    x.pool = pool
+    x.ticket = ticket
+    x.info = info
+    x.body = body
+    x.rid = rid
+    x.base_headers = base_headers
+    x.state = _ADMITTING
+    x.adm = gw.admission  # a reload may replace the gateway's: the queue is this one's
+    x.qid = -1
+    x.tried = []
+    return x
 
-    def __init__(self, gw, req, Responder resp, str route, pool, ticket, info, bytes body, str rid,
-                 list base_headers):
-        self.gw = gw
-        self.req = req
-        self.resp = resp
-        self.route = route
-        self.pool = pool
-        self.ticket = ticket
-        self.info = info
-        self.body = body
-        self.rid = rid
-        self.base_headers = base_headers
-        self.state = _ADMITTING
-        self.adm = gw.admission  # a reload may replace the gateway's: the queue is this one's
-        self.qid = -1
-        self.lease = None
-        self.ep = None
-        self.conn = None
-        self.tried = []
-        self.queue_s = 0.0
-        self.headed = False
-        self.abandoned = False
-        self.task = None  # waits for a slow client to drain, while relaying
-        # A streamed answer (relaying): ct, status, events, first, engine_failed and
-        # error_text are set in upstream_head when it begins, and only read after.
-        self.relaying = False
-        self.raw_chunks = False
+
+cdef class Exchange(Waiter):
+    """See the module doc. An UpstreamListener for the engine connection, and admission's
+    waiter while queued (a Waiter: the dispatch cycle calls it as C)."""
 
     cpdef start(self):
         self.resp.add_disconnect_callback(self.on_disconnect)
@@ -226,16 +230,22 @@ cdef class Exchange:
         self._admitted(got)
 
     # -- admission's waiter: called from its dispatch cycle, so the work is scheduled --
+    cdef bint waiting(self) except -1:
+        return self.state == _QUEUED or self.state == _ADMITTING
+
+    cdef void granted(self, Lease lease) except *:
+        self.state = _ADMITTED
+        self.loop.call_soon(self._granted, lease)
+
     def done(self):
-        return self.state != _QUEUED and self.state != _ADMITTING
+        return not self.waiting()
 
     def set_result(self, lease):
-        self.state = _ADMITTED
-        self.gw._loop.call_soon(self._granted, lease)
+        self.granted(lease)
 
     def set_exception(self, exc):
         self.state = _DONE
-        self.gw._loop.call_soon(self._refused, exc)
+        self.loop.call_soon(self._refused, exc)
 
     def _granted(self, lease):
         if self.abandoned:
@@ -331,7 +341,7 @@ cdef class Exchange:
             resp.write_nowait(data)
         if resp._proto._write_paused and self.task is None:
             conn.pause()  # the client reads slowly: so do we, from the engine
-            self.task = task = self.gw._loop.create_task(resp.write(b""))
+            self.task = task = self.loop.create_task(resp.write(b""))
             task.add_done_callback(self._drained)
 
     def _drained(self, task):
