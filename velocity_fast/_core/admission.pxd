@@ -2,6 +2,7 @@
 
 from velocity_fast._core.aimd cimport AimdLimit
 from velocity_fast._core.bands cimport BandQueues
+from velocity_fast._core.endpoint cimport Endpoint
 from velocity_fast._core.metric_values cimport Value
 from velocity_fast._core.saturation cimport EndpointLoad, Saturation
 
@@ -77,7 +78,7 @@ cdef class Ticket:
 
 
 cdef class EndpointState:
-    cdef readonly object ep
+    cdef readonly Endpoint ep
     cdef readonly EndpointLoad load
     cdef readonly AimdLimit aimd
     cdef readonly ServiceEstimate est
@@ -114,13 +115,13 @@ cdef class Lease:
     cdef readonly double granted_at
     cdef readonly double bound_at
     cdef readonly double first_byte_at
-    cdef readonly object endpoint
+    cdef readonly Endpoint endpoint
     cdef readonly EndpointState _st
     cdef readonly bint done
 
-    cpdef bind(self, ep)
-    cpdef rebind(self, ep)
-    cpdef bint fits(self, ep) except -1
+    cpdef bind(self, Endpoint ep)
+    cpdef rebind(self, Endpoint ep)
+    cpdef bint fits(self, Endpoint ep) except -1
     cpdef first_byte(self)
     cpdef release(self, str outcome=*, error_text=*, long tokens=*)
 
@@ -159,16 +160,16 @@ cdef class AdmissionCore:
     cdef object _admit(self, Ticket ticket, waiter)
     cdef bint _withdraw(self, Ticket ticket, long long rid) except -1
     cdef PoolState _state_of(self, model)
-    cdef EndpointState _ep_state(self, ep)
+    cdef EndpointState _ep_state(self, Endpoint ep)
     cdef bint _refresh(self, PoolState ps) except -1
     cdef long _queued(self) except -1
     cdef void _cycle(self, PoolState ps, double now, bint have_now) except *
     cdef Lease _grant(self, PoolState ps, int band, tenant, long max_tokens, double deadline, bint explicit,
                       double arrived_at, double now)
-    cdef bint _fits(self, Lease lease, ep) except -1
-    cdef void _on_bind(self, Lease lease, ep, bint rebind) except *
-    cdef void _on_unbind(self, Lease lease, ep) except *
+    cdef bint _fits(self, Lease lease, Endpoint ep) except -1
+    cdef void _on_bind(self, Lease lease, Endpoint ep, bint rebind) except *
+    cdef void _on_unbind(self, Lease lease, Endpoint ep) except *
     cdef void _on_release(self, Lease lease, int outcome, error_text, long tokens) except *
-    cdef void _learn(self, PoolState ps, Lease lease, ep, int outcome, error_text, long tokens,
+    cdef void _learn(self, PoolState ps, Lease lease, Endpoint ep, int outcome, error_text, long tokens,
                      double now) except *
     cdef void _arm(self) except *

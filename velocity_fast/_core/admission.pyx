@@ -19,6 +19,7 @@ from libc.math cimport INFINITY, ceil
 from velocity_fast._core.aimd cimport AimdLimit
 from velocity_fast._core.bands cimport BandQueues, Item
 from velocity_fast._core.clock cimport monotonic
+from velocity_fast._core.endpoint cimport Endpoint
 from velocity_fast._core.metric_values cimport HistChild, Value
 from velocity_fast._core.saturation cimport EndpointLoad, Saturation, free_slots, refresh
 
@@ -294,7 +295,7 @@ cdef class Ticket:
 cdef class EndpointState:
     """Admission's private view of one endpoint."""
 
-    def __init__(self, ep, long limit, AimdLimit aimd, double alpha):
+    def __init__(self, Endpoint ep, long limit, AimdLimit aimd, double alpha):
         self.ep = ep
         self.aimd = aimd
         self.load = EndpointLoad(limit)
@@ -345,14 +346,15 @@ cdef class Lease:
         """Time spent waiting in admission, in milliseconds."""
         return (self.granted_at - self.arrived_at) * 1000.0
 
-    cpdef bind(self, ep):
+    cpdef bind(self, Endpoint ep):
         """The request is now in flight on ``ep``."""
         if self.endpoint is None:
             self.rebind(ep)
 
-    cpdef rebind(self, ep):
+    cpdef rebind(self, Endpoint ep):
         """Move the request to ``ep`` (a retry elsewhere before any byte was sent);
         the first call binds it."""
+        cdef Endpoint old
         if self.done:
             return
         old = self.endpoint
@@ -362,7 +364,7 @@ cdef class Lease:
         self.bound_at = self._adm._now()
         self._adm._on_bind(self, ep, old is not None)
 
-    cpdef bint fits(self, ep) except -1:
+    cpdef bint fits(self, Endpoint ep) except -1:
         """Room on ``ep`` for this lease's band (the router's filter): below the
         endpoint's limit and, for a band held back before saturation (ceiling below
         1), below that ceiling on this endpoint too — the pool may have headroom on
@@ -512,11 +514,11 @@ cdef class AdmissionCore:
             return True
         return False
 
-    def has_room(self, ep):
+    def has_room(self, Endpoint ep):
         """True when ``ep`` may take one more request now (the router's filter)."""
         return ep.healthy and ep.inflight < ep.limit
 
-    cdef bint _fits(self, Lease lease, ep) except -1:
+    cdef bint _fits(self, Lease lease, Endpoint ep) except -1:
         cdef EndpointState st
         cdef EndpointLoad load
         cdef double ceiling
@@ -561,10 +563,10 @@ cdef class AdmissionCore:
             ps = self._pools[model] = PoolState(pools[model], self.policy.make_queues(self.settings))
         return ps
 
-    def _endpoint_state(self, ep):
+    def _endpoint_state(self, Endpoint ep):
         return self._ep_state(ep)
 
-    cdef EndpointState _ep_state(self, ep):
+    cdef EndpointState _ep_state(self, Endpoint ep):
         # A state holds its endpoint: while it is in _eps, no other object can have
         # that id (the check on st.ep is a guard, not a case that arises).
         cdef EndpointState st = self._eps.get(id(ep))
@@ -691,7 +693,7 @@ cdef class AdmissionCore:
 
     # -- leases -------------------------------------------------------------------------------
 
-    cdef void _on_bind(self, Lease lease, ep, bint rebind) except *:
+    cdef void _on_bind(self, Lease lease, Endpoint ep, bint rebind) except *:
         cdef PoolState ps = lease._ps
         cdef EndpointState st
         if not rebind:
@@ -706,7 +708,7 @@ cdef class AdmissionCore:
             # nothing queued there is nobody to hand it to.
             self._cycle(ps, 0.0, False)
 
-    cdef void _on_unbind(self, Lease lease, ep) except *:
+    cdef void _on_unbind(self, Lease lease, Endpoint ep) except *:
         ep.inflight -= 1
         self._cycle(lease._ps, 0.0, False)
 
@@ -714,7 +716,7 @@ cdef class AdmissionCore:
         cdef double now = self._now()
         cdef PoolState ps = lease._ps
         cdef int sla = -1
-        ep = lease.endpoint
+        cdef Endpoint ep = lease.endpoint
         self._in_flight -= 1
         if outcome == _COMPLETED:
             sla = 1 if now <= lease.deadline else 0
@@ -727,7 +729,7 @@ cdef class AdmissionCore:
             self._learn(ps, lease, ep, outcome, error_text, tokens, now)
         self._cycle(ps, now, True)
 
-    cdef void _learn(self, PoolState ps, Lease lease, ep, int outcome, error_text, long tokens,
+    cdef void _learn(self, PoolState ps, Lease lease, Endpoint ep, int outcome, error_text, long tokens,
                      double now) except *:
         cdef EndpointState st = lease._st
         cdef double engine_ttft = lease.first_byte_at - lease.bound_at if lease.first_byte_at else -1.0

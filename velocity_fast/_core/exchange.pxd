@@ -1,5 +1,6 @@
 # One proxied request's callback chain, typed (see exchange.pyx).
 
+from velocity_fast._core.endpoint cimport Endpoint
 from velocity_fast._core.admission cimport AdmissionCore, Lease, Ticket, Waiter
 from velocity_fast._core.router cimport RouteInfo
 from velocity_fast._core.server cimport Responder
@@ -22,7 +23,7 @@ cdef class Exchange(Waiter):
     cdef AdmissionCore adm
     cdef long qid
     cdef readonly Lease lease
-    cdef readonly object ep
+    cdef readonly Endpoint ep
     cdef readonly UpstreamConnection conn
     cdef list tried
     cdef double queue_s

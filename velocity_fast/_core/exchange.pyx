@@ -23,6 +23,7 @@ from velocity_fast._core.server cimport Responder
 from velocity_fast._core.upstream cimport PoolCore, UpstreamConnection
 
 from velocity_fast._core.clock cimport monotonic
+from velocity_fast._core.endpoint cimport Endpoint
 from velocity_fast._core.fmt cimport contains, dec, tenths
 
 from velocity_fast.admission.ticket import Rejected
@@ -171,7 +172,7 @@ cdef count_request(gw, str route, int status, str band):
         metric.labels(route, status, band).inc()
 
 
-cpdef settle(gw, str route, str band, ep, Lease lease, int status, bint engine_failed, bint ok, error_text,
+cpdef settle(gw, str route, str band, Endpoint ep, Lease lease, int status, bint engine_failed, bint ok, error_text,
              long events):
     """The books of one relayed answer: endpoint health, the lease's outcome, the request count."""
     if status >= 500 or engine_failed:
@@ -274,6 +275,7 @@ cdef class Exchange(Waiter):
         cdef PoolCore up
         cdef Lease lease = self.lease
         cdef RouterCore router
+        cdef Endpoint ep
         gw, tried = self.gw, self.tried
         router = gw.router
         # As in _forward: the lease's own band first, then any endpoint with room.
@@ -362,7 +364,7 @@ cdef class Exchange(Waiter):
             self._crashed()
 
     cdef _stream_done(self, UpstreamConnection conn):
-        ep = self.ep
+        cdef Endpoint ep = self.ep
         self.resp.end()
         (<PoolCore?>ep.upstream).release(conn)
         self.conn = None
@@ -387,7 +389,8 @@ cdef class Exchange(Waiter):
                         self.events)
 
     cdef _answer(self, UpstreamConnection conn):
-        ep, resp = self.ep, self.resp
+        cdef Endpoint ep = self.ep
+        resp = self.resp
         status = conn.status
         ct = conn.headers.get("content-type", "application/json")
         body = conn.take()

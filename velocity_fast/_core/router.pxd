@@ -1,5 +1,6 @@
 # The router's request path, typed (see router.pyx for the why).
 
+from velocity_fast._core.endpoint cimport Endpoint
 from velocity_fast._core.metric_values cimport Value
 from velocity_fast._core.prefix cimport BlockHashes, PrefixHasher, PrefixIndex
 
@@ -54,4 +55,4 @@ cdef class RouterCore:
     cdef RouterPool _pool_state(self, model, pool)
     cdef RouteInfo _route_info(self, model, body_obj, headers)
     cdef object _pick(self, pool, RouteInfo info, has_room, exclude)
-    cdef void _on_dispatch(self, ep, RouteInfo info) except *
+    cdef void _on_dispatch(self, Endpoint ep, RouteInfo info) except *

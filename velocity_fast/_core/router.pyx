@@ -208,6 +208,7 @@ cdef class RouterCore:
         cdef bint check_room = has_room is not None
         cdef list cands = [], loads = []
         cdef list saturated = None, saturated_loads = None
+        cdef Endpoint ep
         model = pool.model
         st = self._pools.get(model)
         if st is None:
@@ -241,13 +242,13 @@ cdef class RouterCore:
             cands, loads = saturated, saturated_loads
             self._fail_open_v.value += 1.0
         if len(cands) == 1:
-            ep, basis = cands[0], _ONLY
+            chosen, basis = cands[0], _ONLY
         else:
-            ep, basis = self._profiles[info.profile].choose(cands, loads, info, state)
+            chosen, basis = self._profiles[info.profile].choose(cands, loads, info, state)
         (<Value?>self._pick_children[(info.profile, basis)]).value += 1.0
-        return ep
+        return chosen
 
-    cdef void _on_dispatch(self, ep, RouteInfo info) except *:
+    cdef void _on_dispatch(self, Endpoint ep, RouteInfo info) except *:
         cdef Py_ssize_t n = info.nblocks, held
         cdef RouterPool state
         cdef PrefixIndex index

@@ -25,6 +25,8 @@ so a scrape that hangs never halts dispatch.
 
 from libc.math cimport INFINITY
 
+from velocity_fast._core.endpoint cimport Endpoint
+
 QUEUE_THRESHOLD = VF_QUEUE_THRESHOLD
 KV_THRESHOLD = VF_KV_THRESHOLD
 STALE_AFTER_S = VF_STALE_AFTER_S
@@ -60,6 +62,7 @@ cpdef bint refresh(list loads, list eps) except -1:
     True if any endpoint is healthy. One call for the whole pool: admission runs
     it on every arrival and every dispatch."""
     cdef EndpointLoad load
+    cdef Endpoint ep
     cdef Py_ssize_t i, n = len(loads)
     cdef bint any_healthy = False
     if len(eps) != n:
@@ -81,6 +84,7 @@ cpdef long free_slots(list eps, long pending) except? -1:
     """Room on a pool's endpoints, as admission counts it: the free slots of each
     healthy endpoint below its limit, less ``pending`` (granted, not yet bound)."""
     cdef long room = -pending, inflight, limit
+    cdef Endpoint ep
     for ep in eps:
         if ep.healthy:
             inflight = ep.inflight
