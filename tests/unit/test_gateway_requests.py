@@ -62,6 +62,45 @@ def test_proxy_bad_requests_name_the_field(body, chat, param):
     assert str(ei.value)
 
 
+@pytest.mark.parametrize("body, chat, message", [
+    (b"", True, "The request body is empty; a JSON object is expected."),
+    (b'{"messages": []}', True, "`messages` is required and must be a non-empty list."),
+    (b'{"prompt": []}', False, "`prompt` is required."),
+    (b'{"messages": [{}], "max_tokens": 0}', True, "`max_tokens` must be at least 1, got 0."),
+    (b'{"messages": [{}], "max_completion_tokens": -1}', True, "`max_completion_tokens` must be at least 1, got -1."),
+    (b'{"messages": [{}], "sla_ms": 0}', True, "`sla_ms` must be positive, got 0.0."),
+    (b'{"messages": [{}], "sla_ms": -2.5}', True, "`sla_ms` must be positive, got -2.5."),
+    (b'{"messages": [{}], "stream_options": {}}', True, "Stream options can only be defined when `stream=True`."),
+])
+def test_proxy_bad_request_messages(body, chat, message):
+    with pytest.raises(BadRequest) as ei:
+        decode_proxy(body, chat)
+    assert str(ei.value) == message
+
+
+def test_decode_errors_carry_msgspec_text():
+    with pytest.raises(BadRequest, match=r"^Invalid request: .*\$\.model") as ei:
+        decode_proxy(b'{"messages": [{}], "model": 5}', True)
+    assert ei.value.param == "model"
+    with pytest.raises(BadRequest, match="^The request body is not valid JSON: ") as ei:
+        decode_proxy(b'{"messages": [{}]} x', True)
+    assert ei.value.param is None
+
+
+def test_request_path_is_compiled_and_reexported():
+    """The proxy path calls these as C (exchange.pyx); gateway.requests hands out the same objects."""
+    import inspect
+
+    from velocity_fast._core import requests as core
+    from velocity_fast.gateway import request_types
+
+    for f in (decode_proxy, strip_own_fields, decode_generate):
+        assert f is getattr(core, f.__name__) and not inspect.isfunction(f), f
+    assert BadRequest is request_types.BadRequest and issubclass(BadRequest, ValueError)
+    with pytest.raises(TypeError):  # a typed argument, not a crash
+        strip_own_fields(None, decode_proxy(b'{"prompt": "x"}', False))
+
+
 def test_generate_defaults_and_errors():
     r = decode_generate(b'{"prompt": "hello"}')
     assert (r.prompt, r.max_tokens, r.stream, r.priority, r.sla_ms) == ("hello", 128, False, None, None)

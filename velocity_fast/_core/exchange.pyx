@@ -18,6 +18,7 @@ from cpython.unicode cimport PyUnicode_DecodeASCII
 
 from velocity_fast._core.admission cimport AdmissionCore, Lease, Ticket, Waiter
 from velocity_fast._core.metric_values cimport Value
+from velocity_fast._core.requests cimport decode_proxy, strip_own_fields
 from velocity_fast._core.router cimport RouteInfo, RouterCore
 from velocity_fast._core.server cimport Responder
 from velocity_fast._core.upstream cimport PoolCore, UpstreamConnection
@@ -27,7 +28,7 @@ from velocity_fast._core.endpoint cimport Endpoint
 from velocity_fast._core.fmt cimport contains, dec, tenths
 
 from velocity_fast.admission.ticket import Rejected
-from velocity_fast.gateway.requests import BadRequest, decode_proxy, strip_own_fields
+from velocity_fast.gateway.request_types import BadRequest
 from velocity_fast.routing.router import UnknownProfile
 from velocity_fast.upstream.relay import stream_error_event
 

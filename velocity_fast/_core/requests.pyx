@@ -1,0 +1,96 @@
+"""Decoding client requests, compiled: decode_proxy and strip_own_fields run on every
+proxied request (exchange.pyx's ``proxy`` calls them as C), decode_generate on /generate.
+
+Only the fields the gateway needs are decoded; the body is forwarded as is unless it
+carries the gateway's own fields. The msgspec Structs, their decoders and BadRequest
+stay Python, in gateway/request_types.py; their fields are read here as attributes.
+gateway/requests.py re-exports all of it.
+"""
+
+cimport cython
+
+from velocity_fast._core.fmt cimport contains
+
+import msgspec
+
+from velocity_fast.gateway.request_types import (
+    GATEWAY_FIELDS,
+    BadRequest,
+    _generate_decoder,
+    _proxy_decoder,
+    _raw_object_decoder,
+)
+
+
+@cython.boundscheck(True)
+@cython.wraparound(True)
+def _explain(e):
+    """The 400 for a msgspec.DecodeError, with the field it names as ``param``."""
+    text = str(e)
+    param = None
+    if "$." in text:
+        param = text.rsplit("$.", 1)[1].rstrip("`").split("[")[0].split(".")[0] or None
+    elif "missing required field `" in text:  # at the top level msgspec names the field, not a path
+        param = text.split("missing required field `", 1)[1].split("`", 1)[0] or None
+    if isinstance(e, msgspec.ValidationError):
+        return BadRequest(f"Invalid request: {text}", param)
+    return BadRequest(f"The request body is not valid JSON: {text}")
+
+
+cpdef decode_proxy(bytes body, bint chat):
+    """/v1/chat/completions (chat) or /v1/completions: a ProxyRequest, or BadRequest."""
+    if not body:
+        raise BadRequest("The request body is empty; a JSON object is expected.")
+    try:
+        r = _proxy_decoder.decode(body)
+    except msgspec.DecodeError as e:
+        raise _explain(e) from None
+    if chat:
+        if not r.messages:
+            raise BadRequest("`messages` is required and must be a non-empty list.", "messages")
+    elif r.prompt is None or r.prompt == "" or r.prompt == []:
+        raise BadRequest("`prompt` is required.", "prompt")
+    if r.max_tokens is not None and r.max_tokens < 1:
+        raise BadRequest(f"`max_tokens` must be at least 1, got {r.max_tokens}.", "max_tokens")
+    if r.max_completion_tokens is not None and r.max_completion_tokens < 1:
+        raise BadRequest(f"`max_completion_tokens` must be at least 1, got {r.max_completion_tokens}.",
+                         "max_completion_tokens")
+    if r.sla_ms is not None and r.sla_ms <= 0:
+        raise BadRequest(f"`sla_ms` must be positive, got {r.sla_ms}.", "sla_ms")
+    if r.stream_options is not None and not r.stream:
+        raise BadRequest("Stream options can only be defined when `stream=True`.", "stream_options")
+    return r
+
+
+def decode_generate(body):
+    """The native /generate route: a GenerateRequest, or BadRequest."""
+    if not body:
+        raise BadRequest("The request body is empty; a JSON object is expected.")
+    try:
+        r = _generate_decoder.decode(body)
+    except msgspec.DecodeError as e:
+        raise _explain(e) from None
+    if r.max_tokens < 1:
+        raise BadRequest(f"`max_tokens` must be at least 1, got {r.max_tokens}.", "max_tokens")
+    if r.sla_ms is not None and r.sla_ms <= 0:
+        raise BadRequest(f"`sla_ms` must be positive, got {r.sla_ms}.", "sla_ms")
+    return r
+
+
+cpdef bytes strip_own_fields(bytes body, r):
+    """The body to forward: byte for byte, unless it carries gateway fields."""
+    if body is None:  # contains() reads the bytes' buffer
+        raise TypeError("strip_own_fields() needs the body as bytes, not None")
+    # contains (memmem), not `in`: on bytes `in` first tries its operand as an integer,
+    # and so raises and clears a TypeError each time (about 1,800 instructions).
+    if (r.priority is None and r.sla_ms is None and not contains(body, b'"priority"')
+            and not contains(body, b'"sla_ms"')):
+        return body
+    # Values stay raw bytes: a full decode/encode would turn a 20-digit seed into a float
+    # and reformat numbers the engine may read differently.
+    obj = _raw_object_decoder.decode(body)
+    removed = False
+    for f in GATEWAY_FIELDS:
+        if obj.pop(f, None) is not None:
+            removed = True
+    return msgspec.json.encode(obj) if removed else body

@@ -1,0 +1,60 @@
+"""What the gateway decodes of a client request: the msgspec Structs and their decoders.
+
+A leaf module (it imports nothing of the package), so that the compiled
+velocity_fast._core.requests can import it while the package is still loading.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+__all__ = ["ProxyRequest", "GenerateRequest", "StreamOptions", "BadRequest", "GATEWAY_FIELDS"]
+
+# Fields that belong to the gateway: engines may refuse them (vLLM answers 400 to
+# `priority` unless it runs the priority scheduler), so they are removed before forwarding.
+GATEWAY_FIELDS = ("priority", "sla_ms")
+
+
+class BadRequest(ValueError):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+
+class ProxyRequest(msgspec.Struct):
+    """/v1/chat/completions and /v1/completions, as far as the gateway reads them."""
+
+    model: str | None = None
+    messages: list[Any] | None = None
+    prompt: Union[str, list[Any], None] = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    priority: Union[str, int, None] = None
+    sla_ms: float | None = None
+    user: str | None = None
+
+
+class GenerateRequest(msgspec.Struct):
+    """The native /generate route."""
+
+    prompt: str
+    max_tokens: int = 128
+    priority: Union[str, int, None] = None
+    sla_ms: float | None = None
+    stream: bool = False
+    model: str | None = None
+    temperature: float | None = None
+
+
+_proxy_decoder = msgspec.json.Decoder(ProxyRequest)
+_generate_decoder = msgspec.json.Decoder(GenerateRequest)
+_raw_object_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
