@@ -4,11 +4,14 @@ and the admin port."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import re
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from velocity_fast._core.exchange import Exchange
 
 from tests.support.gateway import RecordingUpstream, running_gateway, wait_until
 from tests.support.sim import free_port, http_request, start_sim_engine
@@ -373,3 +376,20 @@ async def test_ready_follows_engine_health():
             await wait_until(not_ready, 5.0, what="/ready to answer 503")
     finally:
         eng.stop()
+
+
+async def test_answered_requests_leave_nothing_for_the_cycle_collector(engine):
+    # An exchange that referred to itself (a bound method kept on it) would live on
+    # until a collection: the collector then runs more often and walks more objects.
+    async with running_gateway(engine) as gw:
+        assert (await http_request(gw.port, "POST", "/v1/chat/completions", CHAT)).status == 200
+        gc.collect()
+        gc.disable()
+        try:
+            before = sum(type(o) is Exchange for o in gc.get_objects())
+            for _ in range(30):
+                assert (await http_request(gw.port, "POST", "/v1/chat/completions", CHAT)).status == 200
+            left = sum(type(o) is Exchange for o in gc.get_objects()) - before
+        finally:
+            gc.enable()
+        assert left < 3, f"{left} exchanges kept alive by reference cycles"

@@ -10,6 +10,7 @@ from velocity_fast._core.upstream cimport UpstreamConnection
 cdef class Exchange(Waiter):
     cdef readonly object gw
     cdef object loop
+    cdef object on_disc
     cdef readonly object req
     cdef readonly Responder resp
     cdef readonly str route

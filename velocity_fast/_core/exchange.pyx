@@ -14,7 +14,9 @@ The Gateway supplies the shared parts: router, admission, monitor, metrics and _
 import logging
 import os
 
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeASCII
+from libc.string cimport memcpy
 
 from velocity_fast._core.admission cimport AdmissionCore, Lease, Ticket, Waiter
 from velocity_fast._core.metric_values cimport Value
@@ -25,7 +27,7 @@ from velocity_fast._core.upstream cimport PoolCore, UpstreamConnection
 
 from velocity_fast._core.clock cimport monotonic
 from velocity_fast._core.endpoint cimport Endpoint
-from velocity_fast._core.fmt cimport contains, dec, tenths
+from velocity_fast._core.fmt cimport contains, dec, latin1, put, put_bytes, put_tenths, tenths
 
 from velocity_fast.admission.ticket import Rejected
 from velocity_fast.gateway.request_types import BadRequest
@@ -35,6 +37,10 @@ from velocity_fast.upstream.relay import stream_error_event
 log = logging.getLogger("velocity.gateway")
 
 cdef bytes _SSE_DATA = b"data: "
+cdef bytes _H_RID = b"x-request-id: "
+cdef bytes _H_EP = b"\r\nx-velocity-endpoint: "
+cdef bytes _H_QMS = b"\r\nx-velocity-queue-ms: "
+cdef bytes _H_BAND = b"\r\nx-velocity-band: "
 cdef bytes _SSE_ERROR = b'data: {"error"'
 
 # An exchange's stages.
@@ -216,7 +222,8 @@ cdef class Exchange(Waiter):
     waiter while queued (a Waiter: the dispatch cycle calls it as C)."""
 
     cpdef start(self):
-        self.resp.add_disconnect_callback(self.on_disconnect)
+        self.on_disc = self.on_disconnect  # one bound method, added now and removed at the end
+        self.resp.add_disconnect_callback(self.on_disc)
         try:
             got = self.adm._admit(self.ticket, self)
         except Rejected as e:
@@ -403,7 +410,7 @@ cdef class Exchange(Waiter):
         if not ok and status >= 400:
             error_text = body[:2000].decode("utf-8", "replace") if body else f"engine status {status}"
         settle(self.gw, self.route, self.ticket.band, ep, self.lease, status, False, ok, error_text, 0)
-        resp.send(status, body, content_type=ct, headers=self._out_lines())
+        resp._send(status, body, ct, self._out_lines())
 
     def upstream_error(self, conn, err):
         if self.abandoned or self.state == _DONE:
@@ -433,6 +440,7 @@ cdef class Exchange(Waiter):
     def on_disconnect(self):
         """The client left: out of the queue, or the engine request aborted and the lease cancelled."""
         self.abandoned = True
+        self.on_disc = None  # the client's list of callbacks is gone: no cycle left
         if self.state == _QUEUED:
             self.state = _DONE
             self.adm._withdraw(self.ticket, self.qid)
@@ -452,15 +460,32 @@ cdef class Exchange(Waiter):
                                     ("x-velocity-band", self.ticket.band)]
 
     cdef bytes _out_lines(self):
-        """out_headers() as encoded lines, in one step."""
-        return b"".join((b"x-request-id: ", self.rid.encode("latin-1"), b"\r\nx-velocity-endpoint: ",
-                         (<str>self.ep.name).encode("latin-1"), b"\r\nx-velocity-queue-ms: ",
-                         tenths(self.queue_s * 1000.0), b"\r\nx-velocity-band: ",
-                         (<str>self.ticket.band).encode("latin-1"), b"\r\n"))
+        """out_headers() as encoded lines, in one step: copied into one bytes object when
+        every value is stored a byte per character (the rule), else joined."""
+        cdef str rid = self.rid, name = self.ep.name, band = self.ticket.band
+        cdef char num[24]
+        cdef int nlen = put_tenths(num, self.queue_s * 1000.0)
+        cdef bytes out
+        cdef char* p
+        if nlen < 0 or not (latin1(rid) and latin1(name) and latin1(band)):
+            return b"".join((_H_RID, rid.encode("latin-1"), _H_EP, name.encode("latin-1"), _H_QMS,
+                             tenths(self.queue_s * 1000.0), _H_BAND, band.encode("latin-1"), b"\r\n"))
+        out = PyBytes_FromStringAndSize(NULL, len(_H_RID) + len(rid) + len(_H_EP) + len(name) + len(_H_QMS)
+                                        + nlen + len(_H_BAND) + len(band) + 2)
+        p = PyBytes_AS_STRING(out)
+        p = put(put_bytes(p, _H_RID), rid)
+        p = put(put_bytes(p, _H_EP), name)
+        p = put_bytes(p, _H_QMS)
+        memcpy(p, num, nlen)
+        p = put(put_bytes(p + nlen, _H_BAND), band)
+        p[0] = 13
+        p[1] = 10
+        return out
 
     cdef _end(self):
         self.state = _DONE
-        self.resp.remove_disconnect_callback(self.on_disconnect)
+        self.resp.remove_disconnect_callback(self.on_disc)
+        self.on_disc = None  # it refers to this exchange: no cycle left for the collector
 
     cdef _fail_lease(self, error_text):
         if self.lease is not None:

@@ -4,6 +4,8 @@
 # and so raises and clears a TypeError on every call (about 1,800 instructions).
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.unicode cimport PyUnicode_1BYTE_DATA, PyUnicode_GET_LENGTH, PyUnicode_KIND
+from libc.string cimport memcpy
 
 
 cdef extern from "string.h" nogil:
@@ -42,3 +44,46 @@ cdef inline bytes tenths(double x):
         return f"{x:.1f}".encode("ascii")
     t = <long long>(x * 10.0 + 0.5)
     return dec(t // 10) + b"." + dec(t % 10)
+
+
+cdef inline bint latin1(str s):
+    """True when ``s`` is stored one byte per character (ASCII or Latin-1): ``put`` can copy it."""
+    return PyUnicode_KIND(s) == 1
+
+
+cdef inline char* put(char* p, str s):
+    """Copy ``s`` (``latin1(s)`` must hold) to ``p``; the position after it."""
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(s)
+    memcpy(p, PyUnicode_1BYTE_DATA(s), n)
+    return p + n
+
+
+cdef inline char* put_bytes(char* p, bytes b):
+    """Copy ``b`` to ``p``; the position after it."""
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(b)
+    memcpy(p, PyBytes_AS_STRING(b), n)
+    return p + n
+
+
+cdef inline int put_tenths(char* out, double x):
+    """``x`` >= 0 with one decimal into ``out`` (24 bytes at least), as ``tenths`` makes it;
+    its length, or -1 for a value ``tenths`` leaves to Python."""
+    cdef char buf[24]
+    cdef int i = 24
+    cdef unsigned long long t
+    if not (x >= 0.0) or x > 1e15:
+        return -1
+    t = <unsigned long long>(x * 10.0 + 0.5)
+    i -= 1
+    buf[i] = <char>(48 + t % 10)
+    i -= 1
+    buf[i] = 46
+    t = t // 10
+    while True:
+        i -= 1
+        buf[i] = <char>(48 + t % 10)
+        t = t // 10
+        if t == 0:
+            break
+    memcpy(out, buf + i, 24 - i)
+    return 24 - i

@@ -30,6 +30,9 @@ cdef class Responder:
     cdef public object _task
     cdef public int status
 
+    cdef _send(self, int status, bytes body, content_type, headers)
+    cpdef add_disconnect_callback(self, cb)
+    cpdef remove_disconnect_callback(self, cb)
     cpdef bint write_nowait(self, bytes data) except -1
     cpdef bint write_chunks(self, bytes framed) except -1
     cpdef _lost(self)

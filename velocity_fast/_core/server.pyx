@@ -185,6 +185,9 @@ cdef class Responder:
     def send(self, int status, bytes body=b"", *, content_type="application/json", headers=()):
         """A whole response with Content-Length. ``headers``: (name, value) pairs, or
         header lines already encoded (``b"name: value\\r\\n"`` each)."""
+        self._send(status, body, content_type, headers)
+
+    cdef _send(self, int status, bytes body, content_type, headers):
         cdef HttpProtocol proto
         cdef bint keep
         if self.started:
@@ -317,7 +320,7 @@ cdef class Responder:
         self._proto._close()
 
     # -- disconnects -------------------------------------------------------
-    def add_disconnect_callback(self, cb):
+    cpdef add_disconnect_callback(self, cb):
         """cb() runs once if the client goes away before the response ends (at once if gone)."""
         if self.disconnected:
             self._proto._loop.call_soon(cb)
@@ -327,7 +330,7 @@ cdef class Responder:
         else:
             self._callbacks.append(cb)
 
-    def remove_disconnect_callback(self, cb):
+    cpdef remove_disconnect_callback(self, cb):
         """Forget a callback added by add_disconnect_callback (no error if unknown)."""
         if self._callbacks and cb in self._callbacks:
             self._callbacks.remove(cb)
