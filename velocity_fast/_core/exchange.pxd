@@ -7,8 +7,20 @@ from velocity_fast._core.server cimport Responder
 from velocity_fast._core.upstream cimport UpstreamConnection
 
 
+cdef class GatewayCore:
+    cdef public object identity
+    cdef public object router
+    cdef public object admission
+    cdef public object monitor
+    cdef public object metrics
+    cdef public dict pools
+    cdef public object default_model
+    cdef public list band_names
+    cdef public object _loop
+
+
 cdef class Exchange(Waiter):
-    cdef readonly object gw
+    cdef readonly GatewayCore gw
     cdef object loop
     cdef object on_disc
     cdef readonly object req

@@ -82,7 +82,13 @@ cpdef str new_request_id():
 cdef dict _PROXY_ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}
 
 
-def handle_client(gw, req, Responder resp):
+cdef class GatewayCore:
+    """What every proxied request reads of its Gateway (gateway/app.py extends this class):
+    C fields instead of instance-dict look-ups. A reload assigns new ones (admission,
+    router, identity, band names); a request holds what it read when it arrived."""
+
+
+def handle_client(GatewayCore gw, req, Responder resp):
     """Gateway.handle, the client port's handler: /health, the key check (every path but
     /health), the proxy routes (arranged from callbacks); the rest is Gateway._route's."""
     cdef str path = req.path
@@ -120,7 +126,7 @@ cpdef str band_for(list names, raw, tenant):
     return band
 
 
-cpdef proxy(gw, req, Responder resp, str route, bint chat):
+cpdef proxy(GatewayCore gw, req, Responder resp, str route, bint chat):
     """Gateway.handle's /v1/chat/completions and /v1/completions: validate, place in a band
     and a pool, then an Exchange takes it from admission to the answer."""
     cdef Ticket ticket
@@ -168,7 +174,7 @@ cpdef proxy(gw, req, Responder resp, str route, bint chat):
     _exchange(gw, req, resp, route, pool, ticket, info, body, rid, base_headers).start()
 
 
-cdef count_request(gw, str route, int status, str band):
+cdef count_request(GatewayCore gw, str route, int status, str band):
     """velocity_requests_total{route, status, band} += 1: the child held by the metric for
     these very values, found without a call (the metric makes it on first use)."""
     metric = gw.metrics.requests
@@ -179,7 +185,7 @@ cdef count_request(gw, str route, int status, str band):
         metric.labels(route, status, band).inc()
 
 
-cpdef settle(gw, str route, str band, Endpoint ep, Lease lease, int status, bint engine_failed, bint ok, error_text,
+cpdef settle(GatewayCore gw, str route, str band, Endpoint ep, Lease lease, int status, bint engine_failed, bint ok, error_text,
              long events):
     """The books of one relayed answer: endpoint health, the lease's outcome, the request count."""
     if status >= 500 or engine_failed:
@@ -192,7 +198,7 @@ cpdef settle(gw, str route, str band, Endpoint ep, Lease lease, int status, bint
     count_request(gw, route, status, band)
 
 
-cdef Exchange _exchange(gw, req, Responder resp, str route, pool, Ticket ticket, RouteInfo info, bytes body,
+cdef Exchange _exchange(GatewayCore gw, req, Responder resp, str route, pool, Ticket ticket, RouteInfo info, bytes body,
                         str rid, list base_headers):
     """A new Exchange, made without an __init__ call. Fields not set here start as None,
     0 or False: no lease, endpoint, engine connection or drain task yet; a streamed

@@ -9,7 +9,7 @@ import time
 
 import orjson
 
-from .._core.exchange import band_for, handle_client, new_request_id, settle
+from .._core.exchange import GatewayCore, band_for, handle_client, new_request_id, settle
 from ..config import EndpointConfig, Settings
 from ..metrics import Registry
 from ..routing.endpoint import Endpoint, Pool
@@ -29,8 +29,11 @@ log = logging.getLogger("velocity.gateway")
 
 _JSON = [("content-type", "application/json")]
 
-class Gateway:
-    """One gateway process: client server, admin server, endpoint monitors, admission, router."""
+class Gateway(GatewayCore):
+    """One gateway process: client server, admin server, endpoint monitors, admission, router.
+
+    Its identity, router, admission, monitor, metrics, pools, default model, band names
+    and loop are fields of the compiled GatewayCore: the request path reads them as C."""
 
     def __init__(self, settings: Settings, *, backend: str = "endpoints", model_label: str | None = None) -> None:
         self.settings = settings
