@@ -18,19 +18,22 @@ cdef inline bint contains(bytes hay, bytes needle):
                   PyBytes_AS_STRING(needle), PyBytes_GET_SIZE(needle)) != NULL
 
 
+cdef inline int _digits(char* end, unsigned long long u):
+    """The decimal digits of ``u`` written backwards, ending just before ``end``; how many."""
+    cdef int n = 0
+    while True:
+        n += 1
+        end[-n] = <char>(48 + u % 10)
+        u = u // 10
+        if u == 0:
+            return n
+
+
 cdef inline bytes dec(long long n):
     """``n`` in decimal ASCII, as ``b"%d" % n`` gives it."""
     cdef char buf[24]
-    cdef int i = 24
-    cdef bint neg = n < 0
-    cdef unsigned long long u = <unsigned long long>(-n) if neg else <unsigned long long>n
-    while True:
-        i -= 1
-        buf[i] = <char>(48 + u % 10)
-        u = u // 10
-        if u == 0:
-            break
-    if neg:
+    cdef int i = 24 - _digits(buf + 24, <unsigned long long>(-n) if n < 0 else <unsigned long long>n)
+    if n < 0:
         i -= 1
         buf[i] = 45
     return PyBytes_FromStringAndSize(buf + i, 24 - i)
@@ -39,11 +42,11 @@ cdef inline bytes dec(long long n):
 cdef inline bytes tenths(double x):
     """``x`` >= 0 with one decimal, as ``f"{x:.1f}"`` gives it but for exact ties
     (rounded half up here, half to even there): for header values, not for sums."""
-    cdef long long t
-    if not (x >= 0.0) or x > 1e15:  # negative, NaN or huge: leave it to Python
+    cdef char buf[24]
+    cdef int n = put_tenths(buf, x)
+    if n < 0:  # negative, NaN or huge: leave it to Python
         return f"{x:.1f}".encode("ascii")
-    t = <long long>(x * 10.0 + 0.5)
-    return dec(t // 10) + b"." + dec(t % 10)
+    return PyBytes_FromStringAndSize(buf, n)
 
 
 cdef inline bint latin1(str s):
@@ -67,23 +70,15 @@ cdef inline char* put_bytes(char* p, bytes b):
 
 cdef inline int put_tenths(char* out, double x):
     """``x`` >= 0 with one decimal into ``out`` (24 bytes at least), as ``tenths`` makes it;
-    its length, or -1 for a value ``tenths`` leaves to Python."""
+    its length, or -1 for a value left to Python (negative, NaN or huge)."""
     cdef char buf[24]
-    cdef int i = 24
     cdef unsigned long long t
+    cdef int i
     if not (x >= 0.0) or x > 1e15:
         return -1
     t = <unsigned long long>(x * 10.0 + 0.5)
-    i -= 1
-    buf[i] = <char>(48 + t % 10)
-    i -= 1
-    buf[i] = 46
-    t = t // 10
-    while True:
-        i -= 1
-        buf[i] = <char>(48 + t % 10)
-        t = t // 10
-        if t == 0:
-            break
+    buf[23] = <char>(48 + t % 10)
+    buf[22] = 46
+    i = 22 - _digits(buf + 22, t // 10)
     memcpy(out, buf + i, 24 - i)
     return 24 - i

@@ -37,14 +37,19 @@ def _explain(e):
     return BadRequest(f"The request body is not valid JSON: {text}")
 
 
-cpdef decode_proxy(bytes body, bint chat):
-    """/v1/chat/completions (chat) or /v1/completions: a ProxyRequest, or BadRequest."""
+cdef _decode(decoder, body):
+    """``body`` decoded by ``decoder``; BadRequest when it is empty or does not decode."""
     if not body:
         raise BadRequest("The request body is empty; a JSON object is expected.")
     try:
-        r = _proxy_decoder.decode(body)
+        return decoder.decode(body)
     except msgspec.DecodeError as e:
         raise _explain(e) from None
+
+
+cpdef decode_proxy(bytes body, bint chat):
+    """/v1/chat/completions (chat) or /v1/completions: a ProxyRequest, or BadRequest."""
+    r = _decode(_proxy_decoder, body)
     if chat:
         if not r.messages:
             raise BadRequest("`messages` is required and must be a non-empty list.", "messages")
@@ -64,12 +69,7 @@ cpdef decode_proxy(bytes body, bint chat):
 
 def decode_generate(body):
     """The native /generate route: a GenerateRequest, or BadRequest."""
-    if not body:
-        raise BadRequest("The request body is empty; a JSON object is expected.")
-    try:
-        r = _generate_decoder.decode(body)
-    except msgspec.DecodeError as e:
-        raise _explain(e) from None
+    r = _decode(_generate_decoder, body)
     if r.max_tokens < 1:
         raise BadRequest(f"`max_tokens` must be at least 1, got {r.max_tokens}.", "max_tokens")
     if r.sla_ms is not None and r.sla_ms <= 0:
