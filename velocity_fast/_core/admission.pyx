@@ -330,6 +330,13 @@ cdef class Waiter:
         pass
 
 
+cdef inline bint _waiting(waiter) except -1:
+    """A queued request's waiter still waits: a Waiter asked as C, a future as a future."""
+    if isinstance(waiter, Waiter):
+        return (<Waiter>waiter).waiting()
+    return not waiter.done()
+
+
 # -- the lease ----------------------------------------------------------------------------
 
 cdef class Lease:
@@ -498,8 +505,7 @@ cdef class AdmissionCore:
         if room > 0:  # else the cycle would stop at once (the pool was just refreshed)
             self._cycle(ps, now, True)
         # Under load the tick is already armed: no need to ask the waiter.
-        if self._tick is None and ((<Waiter>waiter).waiting() if isinstance(waiter, Waiter)
-                                   else not waiter.done()):
+        if self._tick is None and _waiting(waiter):
             self._arm()
         return waiter, rid
 
@@ -659,19 +665,15 @@ cdef class AdmissionCore:
                     break
                 w = <tuple>item.waiter
                 fut = w[0]
-                if isinstance(fut, Waiter):
-                    if not (<Waiter>fut).waiting():
-                        continue
-                    room -= 1
-                    have_sat = False
-                    (<Waiter>fut).granted(self._grant(ps, item.band, item.tenant, w[3], w[2], w[1],
-                                                      item.enqueued_at, now))
-                    continue
-                if fut.done():
+                if not _waiting(fut):
                     continue
                 room -= 1
                 have_sat = False
-                fut.set_result(self._grant(ps, item.band, item.tenant, w[3], w[2], w[1], item.enqueued_at, now))
+                lease = self._grant(ps, item.band, item.tenant, w[3], w[2], w[1], item.enqueued_at, now)
+                if isinstance(fut, Waiter):
+                    (<Waiter>fut).granted(lease)
+                else:
+                    fut.set_result(lease)
 
     cdef Lease _grant(self, PoolState ps, int band, tenant, long max_tokens, double deadline, bint explicit,
                       double arrived_at, double now):

@@ -147,12 +147,12 @@ cpdef proxy(GatewayCore gw, req, Responder resp, str route, bint chat):
         sla_ms = r.sla_ms if sla is None else gw._sla_for(sla, r.sla_ms)
         info = (<RouterCore?>gw.router)._route_info(r.model or gw.default_model, r, h)
     except (BadRequest, UnknownProfile) as e:
-        gw.metrics.requests.labels(route, 400, band).inc()
+        count_request(gw, route, 400, band)
         return resp.send_error(400, str(e), param=e.param, headers=base_headers)
     model = r.model or gw.default_model
     pool = gw.pools.get(model) if model else None
     if pool is None:
-        gw.metrics.requests.labels(route, 404, band).inc()
+        count_request(gw, route, 404, band)
         return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
                                param="model", headers=base_headers)
     if tenant is not None:
@@ -462,7 +462,7 @@ cdef class Exchange(Waiter):
 
     def out_headers(self):
         return self.base_headers + [("x-velocity-endpoint", self.ep.name),
-                                    ("x-velocity-queue-ms", f"{self.queue_s * 1000:.1f}"),
+                                    ("x-velocity-queue-ms", tenths(self.queue_s * 1000.0).decode("ascii")),
                                     ("x-velocity-band", self.ticket.band)]
 
     cdef bytes _out_lines(self):

@@ -6,9 +6,9 @@ saturation on fresh gauges, fail open) and the prefix index's bookkeeping of
 ``on_dispatch``. ``velocity_fast.routing.Router`` is its Python subclass and keeps the
 rest: construction (metrics, profiles), ``forget``, ``hit_ratio`` and ``stats``. The
 rules are those of routing/router.py's module doc; this file only types them.
-Endpoints and pools stay Python objects: their fields are read as attributes. The
-profiles (routing/profiles.py) stay Python too and read ``RouteInfo`` and
-``RouterPool`` fields through descriptors.
+Endpoints are compiled too (_core/endpoint.pyx): their fields are read as C. The
+profiles (routing/profiles.py) stay Python and read ``RouteInfo`` and ``RouterPool``
+fields through descriptors.
 """
 
 import time
@@ -209,14 +209,9 @@ cdef class RouterCore:
         cdef list cands = [], loads = []
         cdef list saturated = None, saturated_loads = None
         cdef Endpoint ep
-        model = pool.model
-        st = self._pools.get(model)
-        if st is None:
-            state = self._pools[model] = RouterPool(pool, self.settings)
-        else:
-            state = <RouterPool?>st
-            if state.pool is not pool:
-                state.pool = pool
+        state = self._pool_state(pool.model, pool)
+        if state.pool is not pool:  # made by on_dispatch, or the pool was replaced
+            state.pool = pool
         now = self._now()
         for ep in pool.endpoints:
             if not ep.healthy or (check_room and not has_room(ep)) or (exclude and ep in exclude):
