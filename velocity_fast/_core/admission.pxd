@@ -1,5 +1,7 @@
 # Admission's request path, typed (see admission.pyx for the why).
 
+from velocity_fast._core.upstream cimport Listener
+
 from velocity_fast._core.aimd cimport AimdLimit
 from velocity_fast._core.bands cimport BandQueues
 from velocity_fast._core.endpoint cimport Endpoint
@@ -97,7 +99,7 @@ cdef class PoolState:
 cdef class AdmissionCore
 
 
-cdef class Waiter:
+cdef class Waiter(Listener):
     cdef bint waiting(self) except -1
     cdef void granted(self, Lease lease) except *
 

@@ -316,10 +316,12 @@ cdef class PoolState:
 
 # -- the waiter -----------------------------------------------------------------------------
 
-cdef class Waiter:
+cdef class Waiter(Listener):
     """A queued request's waiter that the dispatch cycle drives with C calls (the gateway's
     exchange is one). Any other waiter is driven through ``done()`` and ``set_result()``,
-    like an asyncio future; rejections always go through ``set_exception()``."""
+    like an asyncio future; rejections always go through ``set_exception()``. It extends
+    the engine connection's C listener (upstream.pyx) because the one class that is
+    both, the exchange, can have only one compiled base."""
 
     cdef bint waiting(self) except -1:
         """True while the request still waits for a lease (``not done()``)."""

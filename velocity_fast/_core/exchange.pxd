@@ -1,14 +1,16 @@
 # One proxied request's callback chain, typed (see exchange.pyx).
 
 from velocity_fast._core.endpoint cimport Endpoint
+from velocity_fast._core.identity cimport Identity
+from velocity_fast._core.message cimport Request
 from velocity_fast._core.admission cimport AdmissionCore, Lease, Ticket, Waiter
 from velocity_fast._core.router cimport RouteInfo
 from velocity_fast._core.server cimport Responder
-from velocity_fast._core.upstream cimport UpstreamConnection
+from velocity_fast._core.upstream cimport Listener, UpstreamConnection
 
 
 cdef class GatewayCore:
-    cdef public object identity
+    cdef public Identity identity
     cdef public object router
     cdef public object admission
     cdef public object monitor
@@ -23,7 +25,7 @@ cdef class Exchange(Waiter):
     cdef readonly GatewayCore gw
     cdef object loop
     cdef object on_disc
-    cdef readonly object req
+    cdef readonly Request req
     cdef readonly Responder resp
     cdef readonly str route
     cdef readonly object pool
@@ -41,10 +43,7 @@ cdef class Exchange(Waiter):
     cdef list tried
     cdef double queue_s
     cdef bint headed
-    cdef public bint abandoned
     cdef object task
-    cdef public bint relaying
-    cdef public bint raw_chunks
     cdef str ct
     cdef int status
     cdef long events
@@ -57,6 +56,12 @@ cdef class Exchange(Waiter):
     cpdef start(self)
     cdef _admitted(self, Lease lease)
     cdef _dispatch(self)
+    cdef on_sent(self, UpstreamConnection conn)
+    cdef on_head(self, UpstreamConnection conn)
+    cdef on_body(self, UpstreamConnection conn, bytes data)
+    cdef on_raw(self, UpstreamConnection conn, bytes framed)
+    cdef on_done(self, UpstreamConnection conn)
+    cdef on_error(self, UpstreamConnection conn, err)
     cdef _relay(self, UpstreamConnection conn, bytes data, bint framed)
     cdef _stream_done(self, UpstreamConnection conn)
     cdef _stream_failed(self, e)

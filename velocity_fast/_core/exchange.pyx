@@ -27,10 +27,13 @@ from velocity_fast._core.upstream cimport PoolCore, UpstreamConnection
 
 from velocity_fast._core.clock cimport monotonic
 from velocity_fast._core.endpoint cimport Endpoint
+from velocity_fast._core.identity cimport Identity, Tenant
+from velocity_fast._core.slots cimport slot, slot_offset
+from velocity_fast._core.message cimport Request
 from velocity_fast._core.fmt cimport contains, dec, latin1, put, put_bytes, put_tenths, tenths
 
 from velocity_fast.admission.ticket import Rejected
-from velocity_fast.gateway.request_types import BadRequest
+from velocity_fast.gateway.request_types import BadRequest, ProxyRequest
 from velocity_fast.routing.router import UnknownProfile
 from velocity_fast.upstream.relay import stream_error_event
 
@@ -79,6 +82,15 @@ cpdef str new_request_id():
     return PyUnicode_DecodeASCII(_ID, 16, NULL)
 
 
+# ProxyRequest's fields the request path reads, by offset (slots.pxd; decode_proxy
+# returns nothing else).
+cdef Py_ssize_t _MODEL = slot_offset(ProxyRequest, "model")
+cdef Py_ssize_t _USER = slot_offset(ProxyRequest, "user")
+cdef Py_ssize_t _PRIORITY = slot_offset(ProxyRequest, "priority")
+cdef Py_ssize_t _SLA_MS = slot_offset(ProxyRequest, "sla_ms")
+cdef Py_ssize_t _MAX_TOKENS = slot_offset(ProxyRequest, "max_tokens")
+cdef Py_ssize_t _MAX_COMPLETION_TOKENS = slot_offset(ProxyRequest, "max_completion_tokens")
+
 cdef dict _PROXY_ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}
 
 
@@ -88,10 +100,11 @@ cdef class GatewayCore:
     router, identity, band names); a request holds what it read when it arrived."""
 
 
-def handle_client(GatewayCore gw, req, Responder resp):
+def handle_client(GatewayCore gw, Request req, Responder resp):
     """Gateway.handle, the client port's handler: /health, the key check (every path but
     /health), the proxy routes (arranged from callbacks); the rest is Gateway._route's."""
     cdef str path = req.path
+    cdef Identity identity
     if path == "/health":
         return gw._health(resp)
     identity = gw.identity
@@ -126,42 +139,44 @@ cpdef str band_for(list names, raw, tenant):
     return band
 
 
-cpdef proxy(GatewayCore gw, req, Responder resp, str route, bint chat):
+cpdef proxy(GatewayCore gw, Request req, Responder resp, str route, bint chat):
     """Gateway.handle's /v1/chat/completions and /v1/completions: validate, place in a band
     and a pool, then an Exchange takes it from admission to the answer."""
     cdef Ticket ticket
+    cdef Identity identity = gw.identity
     cdef dict h = req.headers
     rid = h.get("x-request-id") or new_request_id()
     base_headers = [("x-request-id", rid)]
     band = "-"
     try:
-        r = decode_proxy(req.body, chat)
-        identity = gw.identity
+        r = decode_proxy(req.body, chat)  # a ProxyRequest: its fields are read by offset
         bound = identity.authenticate(h)[1] if identity.required else None
-        tenant_name, tenant = identity.tenant_for(bound, h.get("x-velocity-tenant"), r.user)
+        tenant_name, tenant = identity.tenant_for(bound, h.get("x-velocity-tenant"), slot(r, _USER))
         prio = h.get("x-velocity-priority")
         if prio is None:
-            prio = r.priority
+            prio = slot(r, _PRIORITY)
         band = band_for(gw.band_names, prio, tenant)
         sla = h.get("x-velocity-sla-ms")
-        sla_ms = r.sla_ms if sla is None else gw._sla_for(sla, r.sla_ms)
-        info = (<RouterCore?>gw.router)._route_info(r.model or gw.default_model, r, h)
+        sla_ms = slot(r, _SLA_MS)
+        if sla is not None:
+            sla_ms = gw._sla_for(sla, sla_ms)
+        model = slot(r, _MODEL) or gw.default_model
+        info = (<RouterCore?>gw.router)._route_info(model, r, h)
     except (BadRequest, UnknownProfile) as e:
         count_request(gw, route, 400, band)
         return resp.send_error(400, str(e), param=e.param, headers=base_headers)
-    model = r.model or gw.default_model
     pool = gw.pools.get(model) if model else None
     if pool is None:
         count_request(gw, route, 404, band)
         return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
                                param="model", headers=base_headers)
     if tenant is not None:
-        wait = tenant.take()
+        wait = (<Tenant?>tenant).take()
         if wait:
             return gw._reject(resp, route, 429, "rate-limit",
                               f"Tenant {tenant_name!r} is over its request rate.", band, base_headers, wait)
     body = strip_own_fields(req.body, r)
-    max_tokens = r.max_completion_tokens or r.max_tokens or 256
+    max_tokens = slot(r, _MAX_COMPLETION_TOKENS) or slot(r, _MAX_TOKENS) or 256
     ticket = Ticket.__new__(Ticket)  # the fields are already what Ticket() would make of them
     ticket.band = band
     ticket.tenant = tenant_name
@@ -198,7 +213,7 @@ cpdef settle(GatewayCore gw, str route, str band, Endpoint ep, Lease lease, int 
     count_request(gw, route, status, band)
 
 
-cdef Exchange _exchange(GatewayCore gw, req, Responder resp, str route, pool, Ticket ticket, RouteInfo info, bytes body,
+cdef Exchange _exchange(GatewayCore gw, Request req, Responder resp, str route, pool, Ticket ticket, RouteInfo info, bytes body,
                         str rid, list base_headers):
     """A new Exchange, made without an __init__ call. Fields not set here start as None,
     0 or False: no lease, endpoint, engine connection or drain task yet; a streamed
@@ -311,10 +326,36 @@ cdef class Exchange(Waiter):
         up.request(b"".join((up.json_post_head(self.req.path), b"x-request-id: ", self.rid.encode("latin-1"),
                              b"\r\n", auth, b"content-length: ", dec(len(body)), b"\r\n\r\n", body)), self)
 
+    # -- the engine connection's listener: called as C (upstream.pyx's Listener); the
+    # Python names are for a connection made by the pool's Python (a fresh connect) --
     def upstream_sent(self, UpstreamConnection conn):
         self.conn = conn
 
     def upstream_head(self, UpstreamConnection conn):
+        self.on_head(conn)
+
+    def upstream_body(self, UpstreamConnection conn, bytes data):
+        self._relay(conn, data, False)
+
+    def upstream_raw(self, UpstreamConnection conn, bytes framed):
+        self._relay(conn, framed, True)
+
+    def upstream_done(self, UpstreamConnection conn):
+        self.on_done(conn)
+
+    def upstream_error(self, conn, err):
+        self.on_error(conn, err)
+
+    cdef on_sent(self, UpstreamConnection conn):
+        self.conn = conn
+
+    cdef on_body(self, UpstreamConnection conn, bytes data):
+        self._relay(conn, data, False)
+
+    cdef on_raw(self, UpstreamConnection conn, bytes framed):
+        self._relay(conn, framed, True)
+
+    cdef on_head(self, UpstreamConnection conn):
         self.headed = True
         (<RouterCore?>self.gw.router)._on_dispatch(self.ep, self.info)
         h = conn.headers
@@ -333,12 +374,6 @@ cdef class Exchange(Waiter):
             self.resp.start(conn.status, content_type=ct, headers=self.out_headers())
             # An HTTP/1.1 client: the engine's chunks go on as they came (UpstreamConnection).
             self.raw_chunks = self.resp.chunked
-
-    def upstream_body(self, UpstreamConnection conn, bytes data):
-        self._relay(conn, data, False)
-
-    def upstream_raw(self, UpstreamConnection conn, bytes framed):
-        self._relay(conn, framed, True)
 
     cdef _relay(self, UpstreamConnection conn, bytes data, bint framed):
         """A piece of a stream: its data (framed: whole chunks, framing and all) to the client."""
@@ -368,7 +403,7 @@ cdef class Exchange(Waiter):
         if conn is not None:
             conn.resume()
 
-    def upstream_done(self, UpstreamConnection conn):
+    cdef on_done(self, UpstreamConnection conn):
         try:
             if self.relaying:
                 self._stream_done(conn)
@@ -418,7 +453,7 @@ cdef class Exchange(Waiter):
         settle(self.gw, self.route, self.ticket.band, ep, self.lease, status, False, ok, error_text, 0)
         resp._send(status, body, ct, self._out_lines())
 
-    def upstream_error(self, conn, err):
+    cdef on_error(self, UpstreamConnection conn, err):
         if self.abandoned or self.state == _DONE:
             return
         try:  # a bug in it fails this request (500), not the connection it was called from

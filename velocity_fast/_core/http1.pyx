@@ -21,6 +21,8 @@ from cpython.ref cimport Py_INCREF
 from libc.string cimport memcmp, memcpy
 from cpython.unicode cimport PyUnicode_DecodeLatin1
 
+from velocity_fast._core.message cimport Request, new_request
+
 # RFC 9110 tchar: the bytes of a header name (and a method).
 cdef bint _TCHAR[256]
 cdef int _i
@@ -226,10 +228,26 @@ def scan_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ssize_t max
     does); ``end``: where the next request starts; ``max_head`` and ``max_body``: the
     server's limits, past which llhttp's path answers 431 or 413.
     """
-    cdef const char* s = PyBytes_AS_STRING(data)
-    cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
+    cdef Py_ssize_t end = 0
+    cdef Request r = take_request(data, pos, max_head, max_body, None, 0.0, &end)
+    if r is None:
+        return None
+    return (r.method, r.path, r.query, r.headers, r.keep_alive, r.body, end)
+
+
+cdef Request take_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ssize_t max_body, client,
+                          double received_at, Py_ssize_t* end):
+    """scan_request for the server, as C: the Request itself (HTTP/1.1, ``client`` and
+    ``received_at`` as given), ``end`` set where the next request starts; or None."""
+    cdef const char* s
+    cdef Py_ssize_t n
     cdef Py_ssize_t ms, us, ue, q, limit, body_end, cl
-    cdef _Head head = _Head.__new__(_Head)
+    cdef _Head head
+    if data is None:
+        raise TypeError("take_request() needs bytes, not None")
+    s = PyBytes_AS_STRING(data)
+    n = PyBytes_GET_SIZE(data)
+    head = _Head.__new__(_Head)
     if pos >= n:
         return None
     limit = pos + max_head
@@ -285,7 +303,8 @@ def scan_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ssize_t max
         body = b""
     else:
         body = PyBytes_FromStringAndSize(s + head.end, cl)
-    return (method, path, query, head.headers, head.keep_alive != 0, body, body_end)
+    end[0] = body_end
+    return new_request(method, path, query, head.headers, "1.1", head.keep_alive != 0, client, received_at, body)
 
 
 cdef int _status_line(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t* end) noexcept nogil:

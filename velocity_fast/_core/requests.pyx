@@ -10,16 +10,28 @@ gateway/requests.py re-exports all of it.
 cimport cython
 
 from velocity_fast._core.fmt cimport contains
+from velocity_fast._core.slots cimport slot, slot_offset
 
 import msgspec
 
 from velocity_fast.gateway.request_types import (
     GATEWAY_FIELDS,
     BadRequest,
+    ProxyRequest,
     _generate_decoder,
     _proxy_decoder,
     _raw_object_decoder,
 )
+
+# ProxyRequest's fields read on every request, by offset (slots.pxd).
+cdef Py_ssize_t _MESSAGES = slot_offset(ProxyRequest, "messages")
+cdef Py_ssize_t _PROMPT = slot_offset(ProxyRequest, "prompt")
+cdef Py_ssize_t _STREAM = slot_offset(ProxyRequest, "stream")
+cdef Py_ssize_t _STREAM_OPTIONS = slot_offset(ProxyRequest, "stream_options")
+cdef Py_ssize_t _MAX_TOKENS = slot_offset(ProxyRequest, "max_tokens")
+cdef Py_ssize_t _MAX_COMPLETION_TOKENS = slot_offset(ProxyRequest, "max_completion_tokens")
+cdef Py_ssize_t _PRIORITY = slot_offset(ProxyRequest, "priority")
+cdef Py_ssize_t _SLA_MS = slot_offset(ProxyRequest, "sla_ms")
 
 
 @cython.boundscheck(True)
@@ -50,19 +62,26 @@ cdef _decode(decoder, body):
 cpdef decode_proxy(bytes body, bint chat):
     """/v1/chat/completions (chat) or /v1/completions: a ProxyRequest, or BadRequest."""
     r = _decode(_proxy_decoder, body)
+    if type(r) is not ProxyRequest:  # the decoder makes nothing else; the reads below rely on it
+        raise TypeError(f"decoded {type(r).__name__}, not ProxyRequest")
     if chat:
-        if not r.messages:
+        if not slot(r, _MESSAGES):
             raise BadRequest("`messages` is required and must be a non-empty list.", "messages")
-    elif r.prompt is None or r.prompt == "" or r.prompt == []:
-        raise BadRequest("`prompt` is required.", "prompt")
-    if r.max_tokens is not None and r.max_tokens < 1:
-        raise BadRequest(f"`max_tokens` must be at least 1, got {r.max_tokens}.", "max_tokens")
-    if r.max_completion_tokens is not None and r.max_completion_tokens < 1:
-        raise BadRequest(f"`max_completion_tokens` must be at least 1, got {r.max_completion_tokens}.",
+    else:
+        prompt = slot(r, _PROMPT)
+        if prompt is None or prompt == "" or prompt == []:
+            raise BadRequest("`prompt` is required.", "prompt")
+    max_tokens = slot(r, _MAX_TOKENS)
+    if max_tokens is not None and max_tokens < 1:
+        raise BadRequest(f"`max_tokens` must be at least 1, got {max_tokens}.", "max_tokens")
+    max_completion_tokens = slot(r, _MAX_COMPLETION_TOKENS)
+    if max_completion_tokens is not None and max_completion_tokens < 1:
+        raise BadRequest(f"`max_completion_tokens` must be at least 1, got {max_completion_tokens}.",
                          "max_completion_tokens")
-    if r.sla_ms is not None and r.sla_ms <= 0:
-        raise BadRequest(f"`sla_ms` must be positive, got {r.sla_ms}.", "sla_ms")
-    if r.stream_options is not None and not r.stream:
+    sla_ms = slot(r, _SLA_MS)
+    if sla_ms is not None and sla_ms <= 0:
+        raise BadRequest(f"`sla_ms` must be positive, got {sla_ms}.", "sla_ms")
+    if slot(r, _STREAM_OPTIONS) is not None and not slot(r, _STREAM):
         raise BadRequest("Stream options can only be defined when `stream=True`.", "stream_options")
     return r
 
@@ -83,7 +102,11 @@ cpdef bytes strip_own_fields(bytes body, r):
         raise TypeError("strip_own_fields() needs the body as bytes, not None")
     # contains (memmem), not `in`: on bytes `in` first tries its operand as an integer,
     # and so raises and clears a TypeError each time (about 1,800 instructions).
-    if (r.priority is None and r.sla_ms is None and not contains(body, b'"priority"')
+    if type(r) is ProxyRequest:
+        priority, sla_ms = slot(r, _PRIORITY), slot(r, _SLA_MS)
+    else:
+        priority, sla_ms = r.priority, r.sla_ms
+    if (priority is None and sla_ms is None and not contains(body, b'"priority"')
             and not contains(body, b'"sla_ms"')):
         return body
     # Values stay raw bytes: a full decode/encode would turn a 20-digit seed into a float

@@ -1,5 +1,7 @@
 # The server's typed connection and response objects (see server.pyx).
 
+from velocity_fast._core.message cimport Request
+
 cdef class OutboxOwner:
     cdef public list _out
     cdef public Py_ssize_t _out_bytes
@@ -20,7 +22,7 @@ cpdef Outbox outbox_for(loop)
 
 cdef class Responder:
     cdef readonly HttpProtocol _proto
-    cdef readonly object _request
+    cdef readonly Request _request
     cdef public bint started
     cdef public bint finished
     cdef public bint disconnected
@@ -60,7 +62,7 @@ cdef class HttpProtocol(OutboxOwner):
     cdef bint _in_head
     cdef list _body
     cdef Py_ssize_t _body_len
-    cdef object _req
+    cdef Request _req
     cdef readonly bint _in_message
     cdef readonly list _queue
     cdef public Responder _active
@@ -83,10 +85,11 @@ cdef class HttpProtocol(OutboxOwner):
     cdef _arm(self, double delay, int what)
     cdef _schedule(self, double deadline)
     cdef _on_read_timeout(self)
-    cdef _take(self, req)
-    cdef bint _keep_alive_after(self, req) except -1
+    cdef _take(self, Request req)
+    cdef bint _keep_alive_after(self, Request req) except -1
     cdef _next(self)
-    cdef _handler_failed(self, req, Responder resp)
+    cdef _answer(self, Request req)
+    cdef _handler_failed(self, Request req, Responder resp)
     cdef _response_done(self, Responder resp, bint keep_alive)
     cdef _fail(self, int status, str message)
     cdef _send_fatal(self)

@@ -34,8 +34,10 @@ import orjson
 from velocity_fast._core.clock cimport monotonic
 from velocity_fast._core.fmt cimport dec
 
-from velocity_fast._core.http1 import scan_request
-from velocity_fast.server.messages import REASONS, ClientDisconnected, Request, error_body
+from velocity_fast._core.http1 cimport take_request
+from velocity_fast._core.message cimport Request, new_request
+
+from velocity_fast.server.messages import REASONS, ClientDisconnected, error_body
 
 log = logging.getLogger("velocity.server")
 
@@ -169,7 +171,7 @@ cpdef Outbox outbox_for(loop):
 cdef class Responder:
     """Writes the response of one request; see docs/internals.md."""
 
-    def __init__(self, HttpProtocol proto, request):
+    def __init__(self, HttpProtocol proto, Request request):
         self._proto = proto
         self._request = request
         self.started = False
@@ -189,6 +191,7 @@ cdef class Responder:
 
     cdef _send(self, int status, bytes body, content_type, headers):
         cdef HttpProtocol proto
+        cdef Request req
         cdef bint keep
         if self.started:
             raise RuntimeError("response already started")
@@ -223,6 +226,7 @@ cdef class Responder:
     # -- streamed responses ----------------------------------------------
     def start(self, int status=200, *, content_type="text/event-stream", headers=()):
         """Begin a streamed response: chunked on HTTP/1.1, close-delimited on HTTP/1.0."""
+        cdef Request req
         if self.started:
             raise RuntimeError("response already started")
         self.started = True
@@ -525,12 +529,10 @@ cdef class HttpProtocol(OutboxOwner):
             pos = 0
             n = len(data)
             while True:
-                r = scan_request(data, pos, self._max_header_bytes, self._max_body_bytes)
-                if r is None:
+                req = take_request(data, pos, self._max_header_bytes, self._max_body_bytes, self._client,
+                                   monotonic(), &pos)
+                if req is None:
                     break
-                pos = (<tuple>r)[6]
-                req = Request((<tuple>r)[0], (<tuple>r)[1], (<tuple>r)[2], (<tuple>r)[3], "1.1",
-                              (<tuple>r)[4], self._client, monotonic(), (<tuple>r)[5])
                 self._take(req)
                 if self._ignore_input or pos == n:
                     return
@@ -561,11 +563,14 @@ cdef class HttpProtocol(OutboxOwner):
         if self._in_head and self._head_raw > self._max_header_bytes:
             self._fail(431, "Request headers are too large.")
 
-    cdef _take(self, req):
+    cdef _take(self, Request req):
         """A whole request: answered now, or queued behind the ones before it."""
         if self._closing:
             req.keep_alive = False
         self._on_deadline = _T_NONE
+        if self._active is None and not self._queue:
+            self._answer(req)  # the usual case: nothing ahead of it
+            return
         self._queue.append(req)
         if self._active is None:
             self._next()
@@ -616,8 +621,8 @@ cdef class HttpProtocol(OutboxOwner):
         else:
             path, query = url.decode("latin-1"), ""
         method = p.get_method().decode()
-        req = Request(method, path, query, headers, p.get_http_version(),
-                      p.should_keep_alive(), self._client, monotonic())
+        req = new_request(method, path, query, headers, p.get_http_version(),
+                          p.should_keep_alive(), self._client, monotonic(), b"")
         self._req = req
         cl = headers.get("content-length")
         if (method == "CONNECT" or "upgrade" in headers) and p.should_upgrade():
@@ -652,6 +657,7 @@ cdef class HttpProtocol(OutboxOwner):
         self._body.append(body)
 
     def on_message_complete(self):
+        cdef Request req
         if self._fatal is not None or self._req is None:
             return
         req = self._req
@@ -664,19 +670,24 @@ cdef class HttpProtocol(OutboxOwner):
         self._take(req)
 
     # -- answering --------------------------------------------------------------
-    cdef bint _keep_alive_after(self, req) except -1:
+    cdef bint _keep_alive_after(self, Request req) except -1:
         # A pending connection error does not end the responses ahead of it: they
         # keep the connection open so the error can follow them in order.
         return req.keep_alive and not self._closing
 
     cdef _next(self):
-        cdef Responder resp
-        req = self._queue.pop(0)
+        cdef Request req = self._queue.pop(0)
         if (self._read_paused and len(self._queue) <= self._max_pipelined // 2
                 and self._fatal is None):
             self._read_paused = False
             self._transport.resume_reading()
-        resp = Responder(self, req)
+        self._answer(req)
+
+    cdef _answer(self, Request req):
+        """The handler called for the request at the head of the line."""
+        cdef Responder resp = Responder.__new__(Responder)  # __init__'s fields, without the call
+        resp._proto = self
+        resp._request = req
         self._active = resp
         try:
             coro = self._handler(req, resp)
@@ -693,7 +704,7 @@ cdef class HttpProtocol(OutboxOwner):
         resp._task = task
         self._server._tasks.add(task)
 
-    cdef _handler_failed(self, req, Responder resp):
+    cdef _handler_failed(self, Request req, Responder resp):
         log.exception("handler failed for %s %s", req.method, req.path)
         if not resp.started:
             resp.send_error(500, "Internal server error.")

@@ -48,6 +48,19 @@ cdef class UpstreamConnection(OutboxOwner):
     cpdef abort(self)
 
 
+cdef class Listener:
+    cdef public bint relaying
+    cdef public bint raw_chunks
+    cdef public bint abandoned
+
+    cdef on_sent(self, UpstreamConnection conn)
+    cdef on_head(self, UpstreamConnection conn)
+    cdef on_body(self, UpstreamConnection conn, bytes data)
+    cdef on_raw(self, UpstreamConnection conn, bytes framed)
+    cdef on_done(self, UpstreamConnection conn)
+    cdef on_error(self, UpstreamConnection conn, err)
+
+
 cdef class PoolCore:
     cdef public list _idle
     cdef public dict _json_posts

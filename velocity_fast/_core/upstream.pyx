@@ -40,6 +40,51 @@ cdef inline int _hex(unsigned char c) noexcept nogil:
     return -1
 
 
+cdef class Listener:
+    """UpstreamListener (upstream/connection.py) as C: the connection calls a Listener's
+    methods as C calls, any other listener's through Python. These defaults call the
+    Python methods, so a Python subclass works as any listener does; the gateway's
+    exchange overrides them."""
+
+    cdef on_sent(self, UpstreamConnection conn):
+        self.upstream_sent(conn)
+
+    cdef on_head(self, UpstreamConnection conn):
+        self.upstream_head(conn)
+
+    cdef on_body(self, UpstreamConnection conn, bytes data):
+        self.upstream_body(conn, data)
+
+    cdef on_raw(self, UpstreamConnection conn, bytes framed):
+        self.upstream_raw(conn, framed)
+
+    cdef on_done(self, UpstreamConnection conn):
+        self.upstream_done(conn)
+
+    cdef on_error(self, UpstreamConnection conn, err):
+        self.upstream_error(conn, err)
+
+
+cdef inline _head(listener, UpstreamConnection conn):
+    if isinstance(listener, Listener):
+        (<Listener>listener).on_head(conn)
+    else:
+        listener.upstream_head(conn)
+
+
+cdef inline _body(listener, UpstreamConnection conn, bytes data):
+    if isinstance(listener, Listener):
+        (<Listener>listener).on_body(conn, data)
+    else:
+        listener.upstream_body(conn, data)
+
+
+cdef inline bint _relaying(listener) except -1:
+    if isinstance(listener, Listener):
+        return (<Listener>listener).relaying
+    return listener.relaying
+
+
 cdef class UpstreamConnection(OutboxOwner):
     """An asyncio Protocol for uvloop: one engine connection of an UpstreamPool."""
 
@@ -123,12 +168,12 @@ cdef class UpstreamConnection(OutboxOwner):
         self.headers = r[1]
         self.keep_alive = r[2]
         self._resend = None  # the answer has begun: no retry from here on
-        self.listener.upstream_head(self)
+        _head(self.listener, self)
         body = r[3]
         if body:
             listener = self.listener
-            if listener is not None and listener.relaying:
-                listener.upstream_body(self, body)
+            if listener is not None and _relaying(listener):
+                _body(listener, self, body)
             else:
                 self.chunks.append(body)
         self._complete()
@@ -139,7 +184,10 @@ cdef class UpstreamConnection(OutboxOwner):
         listener = self.listener
         if listener is not None:
             self.listener = None
-            listener.upstream_done(self)
+            if isinstance(listener, Listener):
+                (<Listener>listener).on_done(self)
+            else:
+                listener.upstream_done(self)
         else:
             self._wake()
 
@@ -161,9 +209,14 @@ cdef class UpstreamConnection(OutboxOwner):
         self._csize = 0
         self._cdigits = 0
         self._cleft = 0
-        self.listener.upstream_head(self)
+        _head(self.listener, self)
         listener = self.listener
-        self._raw = listener is not None and listener.relaying and listener.raw_chunks
+        if listener is None:
+            self._raw = False
+        elif isinstance(listener, Listener):
+            self._raw = (<Listener>listener).relaying and (<Listener>listener).raw_chunks
+        else:
+            self._raw = listener.relaying and listener.raw_chunks
         if not self.closed:
             self._scan_chunks(data, r[3])
 
@@ -171,8 +224,8 @@ cdef class UpstreamConnection(OutboxOwner):
         """A piece of the body (llhttp's, or data of a chunk read here): to a relaying
         listener, else kept for upstream_done or the waiting coroutine."""
         listener = self.listener
-        if listener is not None and listener.relaying:
-            listener.upstream_body(self, piece)
+        if listener is not None and _relaying(listener):
+            _body(listener, self, piece)
             return
         self.chunks.append(piece)
         if listener is None:
@@ -298,10 +351,12 @@ cdef class UpstreamConnection(OutboxOwner):
         listener = self.listener
         if listener is None:
             return
-        if run_s == 0 and run_e == PyBytes_GET_SIZE(data):
-            listener.upstream_raw(self, data)
+        if run_s != 0 or run_e != PyBytes_GET_SIZE(data):
+            data = data[run_s:run_e]
+        if isinstance(listener, Listener):
+            (<Listener>listener).on_raw(self, data)
         else:
-            listener.upstream_raw(self, data[run_s:run_e])
+            listener.upstream_raw(self, data)
 
     cdef _bad_chunk(self):
         self._chunked = False
@@ -322,7 +377,7 @@ cdef class UpstreamConnection(OutboxOwner):
         self.keep_alive = self._parser.should_keep_alive()
         if self.listener is not None:
             self._resend = None  # the answer has begun: no retry from here on
-            self.listener.upstream_head(self)
+            _head(self.listener, self)
             return
         h = self._head
         if h is not None and not h.done():
@@ -463,5 +518,8 @@ cdef class PoolCore:
         if conn is None:
             self._connect_for(data, listener)
             return
-        listener.upstream_sent(conn)
+        if isinstance(listener, Listener):
+            (<Listener>listener).on_sent(conn)
+        else:
+            listener.upstream_sent(conn)
         conn.send_to(data, listener, True)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import msgspec
 import orjson
+
+# One parsed HTTP request (method, path, query, headers, http_version, keep_alive, client,
+# received_at, body, expect_continue; header() and a short repr): compiled, since the
+# gateway's request path reads its fields as C (_core/message.pyx).
+from .._core.message import Request
 
 __all__ = ["Request", "ServerLimits", "ClientDisconnected", "error_body", "REASONS", "ERROR_TYPES"]
 
@@ -32,31 +34,6 @@ class ServerLimits:
         self.max_pipelined = max_pipelined          # reading pauses while this many wait their turn
         self.write_buffer_high = write_buffer_high  # write flow control: pause the producer above it
         self.linger_timeout = linger_timeout        # after an error answer, how long to wait for the client's EOF
-
-
-class Request(msgspec.Struct, eq=False):
-    """One parsed HTTP request. Header names are lower case.
-
-    A Struct for its C-level constructor (one per request; about 0.25 us less than a
-    Python __init__), compared by identity like any object."""
-
-    method: str
-    path: str
-    query: str
-    headers: dict[str, str]
-    http_version: str
-    keep_alive: bool
-    client: Any
-    received_at: float
-    body: bytes = b""
-    expect_continue: bool = False
-
-    def header(self, name: str, default: str | None = None) -> str | None:
-        """The value of a header by its lower-case name."""
-        return self.headers.get(name, default)
-
-    def __repr__(self) -> str:
-        return f"<Request {self.method} {self.path} {len(self.body)}B>"
 
 
 REASONS = {
