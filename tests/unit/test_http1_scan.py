@@ -13,7 +13,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from velocity_fast._core.http1 import scan_request, scan_response
+from velocity_fast._core.http1 import response_headers, scan_request, scan_response
 
 MAX_HEAD = 64 * 1024
 MAX_BODY = 1 << 20
@@ -252,13 +252,27 @@ def test_an_error_response_and_connection_close():
     b"HTTP/1.1 304 Not Modified\r\ncontent-length: 0\r\n\r\n",
     b"HTTP/1.1 100 Continue\r\n\r\n",
     b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\n{}",
-    b"HTTP/1.1 200 OK\r\nset-cookie: a\r\nset-cookie: b\r\ncontent-length: 2\r\n\r\n{}",
     b"HTTP/1.1 2000 OK\r\ncontent-length: 2\r\n\r\n{}",
     b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\n{}",
     b"HTTP/1.1 200 OK\ncontent-length: 2\n\n{}",
 ])
 def test_responses_that_are_not_plain_are_left_to_llhttp(data):
     assert scan_response(data, 0) is None
+
+
+def test_a_repeated_response_header_is_taken_and_the_last_wins_as_on_llhttps_path():
+    data = (b"HTTP/1.1 200 OK\r\nset-cookie: a\r\nSet-Cookie: b\r\ncontent-type: text/plain\r\n"
+            b"Content-Type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+    r = scan_response(data, 0)
+    assert r is not None and r[:4] == _llhttp_response(data)
+    assert r[1]["set-cookie"] == "b" and r[1]["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize("pos, end", [(-1, 20), (0, 10_000), (30, 20), (0, 19)])
+def test_response_headers_refuses_offsets_that_are_not_a_header_block(pos, end):
+    # scan_response's own offsets are always right; anything else is refused, not read past.
+    with pytest.raises(ValueError):
+        response_headers(RESP, pos, end)
 
 
 @settings(max_examples=300, deadline=None)

@@ -209,3 +209,35 @@ def test_only_a_chunked_head_is_read_here():
     for other in (both, gzip, HEAD.replace(b"transfer-encoding: chunked\r\n", b"content-length: 0\r\n"),
                   HEAD.replace(b"HTTP/1.1 200", b"HTTP/1.1 204"), HEAD[:-1]):
         assert scan_chunked_head(other, 0) is None
+
+
+class _Keep(UpstreamListener):
+    def __init__(self) -> None:
+        self.done = 0
+
+    def upstream_done(self, conn) -> None:
+        self.done += 1
+
+
+@pytest.mark.parametrize("wire", [
+    b"HTTP/1.1 200 OK\r\ndate: x\r\nContent-Type: application/json\r\ncontent-length: 2\r\n\r\n{}",
+    b"HTTP/1.1 503 Busy\r\ncontent-type: text/plain; charset=utf-8\r\nset-cookie: a\r\n"
+    b"set-cookie: b\r\ncontent-length: 4\r\n\r\nbusy",
+    b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+    HEAD + b"3\r\nabc\r\n0\r\n\r\n",
+])
+def test_a_head_read_whole_is_what_llhttp_reads_from_the_same_bytes_split(wire):
+    # One read: the compiled scanner (headers made only when asked); split inside the
+    # status line: llhttp's callbacks. The exchange reads these fields, not the dict.
+    seen = []
+    for cuts in ([], [5]):
+        listener = _Keep()
+        conn, _ = _conn(listener)
+        _feed(conn, wire, cuts)
+        assert listener.done == 1
+        seen.append((conn.status, conn.keep_alive, conn.content_type, conn.has_length, conn.te_chunked,
+                     dict(conn.headers), conn.take()))
+    assert seen[0] == seen[1]
+    status, _, ct, has_length, te_chunked, headers, _ = seen[0]
+    assert ct == headers.get("content-type") and has_length == ("content-length" in headers)
+    assert te_chunked == (headers.get("transfer-encoding") == "chunked")

@@ -4,7 +4,7 @@ from velocity_fast._core.upstream cimport Listener
 
 from velocity_fast._core.aimd cimport AimdLimit
 from velocity_fast._core.bands cimport BandQueues
-from velocity_fast._core.endpoint cimport Endpoint
+from velocity_fast._core.endpoint cimport Endpoint, RoomFilter
 from velocity_fast._core.metric_values cimport Value
 from velocity_fast._core.saturation cimport EndpointLoad, Saturation
 
@@ -104,7 +104,7 @@ cdef class Waiter(Listener):
     cdef void granted(self, Lease lease) except *
 
 
-cdef class Lease:
+cdef class Lease(RoomFilter):
     cdef readonly AdmissionCore _adm
     cdef readonly PoolState _ps
     cdef readonly int band_index
@@ -124,6 +124,7 @@ cdef class Lease:
     cpdef bind(self, Endpoint ep)
     cpdef rebind(self, Endpoint ep)
     cpdef bint fits(self, Endpoint ep) except -1
+    cdef bint room(self, Endpoint ep) except -1
     cpdef first_byte(self)
     cpdef release(self, str outcome=*, error_text=*, long tokens=*)
 

@@ -9,6 +9,8 @@ them. The estimators, the telemetry and the ticket live here too because the req
 path reads their fields on every call: their Python modules re-export them.
 """
 
+cimport cython
+
 import logging
 import math
 
@@ -266,6 +268,7 @@ cdef class Telemetry:
 
 # -- what admission is asked --------------------------------------------------------------
 
+@cython.freelist(256)  # one per request: reused, not allocated and freed each time
 cdef class Ticket:
     """One request as admission sees it.
 
@@ -341,7 +344,7 @@ cdef inline bint _waiting(waiter) except -1:
 
 # -- the lease ----------------------------------------------------------------------------
 
-cdef class Lease:
+cdef class Lease(RoomFilter):
     """Granted by ``Admission.admit``; ``bind`` when an endpoint is chosen,
     ``first_byte`` when the engine answers, ``release`` exactly once at the end
     (further calls are ignored).
@@ -378,6 +381,9 @@ cdef class Lease:
         endpoint's limit and, for a band held back before saturation (ceiling below
         1), below that ceiling on this endpoint too — the pool may have headroom on
         another endpoint, and a low request must not take a full engine's last slots."""
+        return self._adm._fits(self, ep)
+
+    cdef bint room(self, Endpoint ep) except -1:
         return self._adm._fits(self, ep)
 
     cpdef first_byte(self):

@@ -30,3 +30,7 @@ cdef class Endpoint:
 cdef class Pool:
     cdef public str model
     cdef public list endpoints
+
+
+cdef class RoomFilter:
+    cdef bint room(self, Endpoint ep) except -1

@@ -52,3 +52,14 @@ cdef class Pool:
 
     def healthy(self):
         return [e for e in self.endpoints if (<Endpoint>e).healthy]
+
+
+cdef class RoomFilter:
+    """A router's filter of endpoints asked as C (an admission lease is one); any other
+    filter is a Python callable taking the endpoint."""
+
+    cdef bint room(self, Endpoint ep) except -1:
+        return True
+
+    def __call__(self, Endpoint ep):
+        return self.room(ep)

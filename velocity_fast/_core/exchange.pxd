@@ -19,6 +19,7 @@ cdef class GatewayCore:
     cdef public object default_model
     cdef public list band_names
     cdef public object _loop
+    cdef list _grants
 
 
 cdef class Exchange(Waiter):
@@ -53,6 +54,7 @@ cdef class Exchange(Waiter):
 
     cdef bint waiting(self) except -1
     cdef void granted(self, Lease lease) except *
+    cdef _granted(self)
     cpdef start(self)
     cdef _admitted(self, Lease lease)
     cdef _dispatch(self)

@@ -30,7 +30,7 @@ from velocity_fast._core.endpoint cimport Endpoint
 from velocity_fast._core.identity cimport Identity, Tenant
 from velocity_fast._core.slots cimport slot, slot_offset
 from velocity_fast._core.message cimport Request
-from velocity_fast._core.fmt cimport contains, dec, latin1, put, put_bytes, put_tenths, tenths
+from velocity_fast._core.fmt cimport cat, contains, dec, latin1, put, put_bytes, put_tenths, tenths
 
 from velocity_fast.admission.ticket import Rejected
 from velocity_fast.gateway.request_types import BadRequest, ProxyRequest
@@ -98,6 +98,17 @@ cdef class GatewayCore:
     """What every proxied request reads of its Gateway (gateway/app.py extends this class):
     C fields instead of instance-dict look-ups. A reload assigns new ones (admission,
     router, identity, band names); a request holds what it read when it arrived."""
+
+
+def _run_grants(GatewayCore gw):
+    """The exchanges granted a lease since the last run, in the order of their grants."""
+    cdef Exchange x
+    grants, gw._grants = gw._grants, []
+    for x in grants:
+        try:
+            x._granted()
+        except Exception:  # one exchange's failure must not strand the others
+            log.exception("granted exchange failed")
 
 
 def handle_client(GatewayCore gw, Request req, Responder resp):
@@ -264,8 +275,15 @@ cdef class Exchange(Waiter):
         return self.state == _QUEUED or self.state == _ADMITTING
 
     cdef void granted(self, Lease lease) except *:
+        cdef GatewayCore gw = self.gw
         self.state = _ADMITTED
-        self.loop.call_soon(self._granted, lease)
+        self.lease = lease
+        # The grants of one pass run together, from one callback: no handle per request.
+        if gw._grants is None:
+            gw._grants = []
+        gw._grants.append(self)
+        if len(gw._grants) == 1:
+            self.loop.call_soon(_run_grants, gw)
 
     def done(self):
         return not self.waiting()
@@ -277,7 +295,8 @@ cdef class Exchange(Waiter):
         self.state = _DONE
         self.loop.call_soon(self._refused, exc)
 
-    def _granted(self, lease):
+    cdef _granted(self):
+        lease = self.lease
         if self.abandoned:
             lease.release("cancelled")
             return
@@ -308,7 +327,7 @@ cdef class Exchange(Waiter):
         gw, tried = self.gw, self.tried
         router = gw.router
         # As in _forward: the lease's own band first, then any endpoint with room.
-        ep = (router._pick(self.pool, self.info, (<object>lease).fits, tried)
+        ep = (router._pick(self.pool, self.info, lease, tried)  # the lease's fits(), as C
               or router._pick(self.pool, self.info, gw.admission.has_room, tried))
         if ep is None:
             self._fail_lease(None)
@@ -323,8 +342,8 @@ cdef class Exchange(Waiter):
         key = ep.api_key
         auth = f"authorization: Bearer {key}\r\n".encode("latin-1") if key else b""
         body = self.body
-        up.request(b"".join((up.json_post_head(self.req.path), b"x-request-id: ", self.rid.encode("latin-1"),
-                             b"\r\n", auth, b"content-length: ", dec(len(body)), b"\r\n\r\n", body)), self)
+        up.request(cat((up.json_post_head(self.req.path), b"x-request-id: ", self.rid.encode("latin-1"),
+                        b"\r\n", auth, b"content-length: ", dec(len(body)), b"\r\n\r\n", body)), self)
 
     # -- the engine connection's listener: called as C (upstream.pyx's Listener); the
     # Python names are for a connection made by the pool's Python (a fresh connect) --
@@ -358,11 +377,11 @@ cdef class Exchange(Waiter):
     cdef on_head(self, UpstreamConnection conn):
         self.headed = True
         (<RouterCore?>self.gw.router)._on_dispatch(self.ep, self.info)
-        h = conn.headers
-        ct = h.get("content-type", "application/json")
+        ct = conn.content_type
+        if ct is None:
+            ct = "application/json"
         if ct.startswith("text/event-stream") or (
-                "content-length" not in h and h.get("transfer-encoding", "").lower() == "chunked"
-                and not ct.startswith("application/json")):
+                not conn.has_length and conn.te_chunked and not ct.startswith("application/json")):
             # A stream: its pieces come to upstream_body as they arrive (relay.py's rules).
             self.relaying = True
             self.ct = ct
@@ -441,7 +460,9 @@ cdef class Exchange(Waiter):
         cdef Endpoint ep = self.ep
         resp = self.resp
         status = conn.status
-        ct = conn.headers.get("content-type", "application/json")
+        ct = conn.content_type
+        if ct is None:
+            ct = "application/json"
         body = conn.take()
         (<PoolCore?>ep.upstream).release(conn)
         self.conn = None

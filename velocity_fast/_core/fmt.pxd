@@ -82,3 +82,22 @@ cdef inline int put_tenths(char* out, double x):
     i = 22 - _digits(buf + 22, t // 10)
     memcpy(out, buf + i, 24 - i)
     return 24 - i
+
+
+cdef inline bytes cat(tuple parts):
+    """``b"".join(parts)`` for a tuple of bytes, without the buffer protocol join uses
+    on each part (a get and a release each); TypeError for anything but bytes."""
+    cdef Py_ssize_t n = 0, i, k = len(parts)
+    cdef object part
+    cdef bytes out
+    cdef char* p
+    for i in range(k):
+        part = parts[i]
+        if type(part) is not bytes:
+            raise TypeError(f"cat() takes bytes, not {type(part).__name__}")
+        n += PyBytes_GET_SIZE(part)
+    out = PyBytes_FromStringAndSize(NULL, n)
+    p = PyBytes_AS_STRING(out)
+    for i in range(k):
+        p = put_bytes(p, <bytes>parts[i])
+    return out

@@ -40,6 +40,7 @@ cdef enum:
     H_CONNECTION = 3
     H_UPGRADE = 4
     H_EXPECT = 5
+    H_CONTENT_TYPE = 6
 
 # Header names decoded once: a small table by a hash of the lower-case bytes, each slot
 # keeping the first name (up to 32 bytes) that lands there. No bytes object, no dict.
@@ -74,6 +75,8 @@ cdef inline int _kind(const char* p, Py_ssize_t n) nogil:
             return H_CONTENT_LENGTH
         if _eq_lower(p, n, b"connection", 10):
             return H_CONNECTION
+        if _eq_lower(p, n, b"content-type", 12):
+            return H_CONTENT_TYPE
     elif c == c't':
         if _eq_lower(p, n, b"transfer-encoding", 17):
             return H_TRANSFER_ENCODING
@@ -132,26 +135,22 @@ cdef Py_ssize_t _digits(const char* p, Py_ssize_t n) nogil:
     return v
 
 
-cdef class _Head:
-    """What the header loop found (internal)."""
-    cdef dict headers
-    cdef Py_ssize_t content_length
-    cdef int keep_alive
-    cdef bint chunked
-    cdef Py_ssize_t end
+cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit, Head* out,
+                  dict headers) except -2:
+    """Header lines from s[pos] up to the empty line: 0 taken, -1 declined or incomplete.
 
-
-cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit, bint join,
-                  _Head out, bint chunked_ok=False) except -2:
-    """Header lines from s[pos] up to the empty line. 0 taken, -1 declined or incomplete.
-    ``join``: a repeated name is joined with ", " (requests); else declined (responses).
-    ``chunked_ok``: one ``Transfer-Encoding: chunked`` is taken (responses), not declined."""
-    cdef Py_ssize_t ls, le, colon, vs, ve, cl = -1
+    A request's (``headers`` a dict): each line goes into ``headers``, a repeated name
+    joined with ", "; any Transfer-Encoding is declined. A response's (``headers`` None):
+    no dict is made (UpstreamConnection builds it only if asked: response_headers), a
+    repeated name is taken (the last wins there, as on llhttp's path), one
+    ``Transfer-Encoding: chunked`` is taken, and where Content-Type's value lies is kept."""
+    cdef Py_ssize_t ls, colon, vs, ve, cl = -1
     cdef int kind, keep = -2, c
     cdef bint chunked = False
     cdef unsigned char ch
-    cdef dict headers = {}
     cdef PyObject* old
+    out.ct_start = -1
+    out.ct_len = 0
     while True:
         if pos + 1 >= n or pos >= limit:
             return -1
@@ -195,29 +194,60 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
             if c < 0 or keep != -2:
                 return -1
             keep = c
-        elif kind == H_TRANSFER_ENCODING and chunked_ok and not chunked \
+        elif kind == H_TRANSFER_ENCODING and headers is None and not chunked \
                 and _eq_lower(s + vs, ve - vs, b"chunked", 7):
             chunked = True
+        elif kind == H_CONTENT_TYPE:
+            out.ct_start = vs
+            out.ct_len = ve - vs
         elif kind != H_OTHER:
             return -1  # other transfer codings, upgrade, expect: llhttp's
+        if headers is None:
+            continue
         name = _name(s + ls, colon - ls)
         value = PyUnicode_DecodeLatin1(s + vs, ve - vs, NULL)
         old = PyDict_GetItem(headers, name)
         if old != NULL:
-            if not join:
-                return -1
             value = <object>old + ", " + value
         PyDict_SetItem(headers, name, value)
     if pos > limit:
         return -1
     if chunked and cl != -1:
         return -1  # both framings: llhttp's error to give
-    out.headers = headers
     out.content_length = cl
     out.keep_alive = keep
     out.chunked = chunked
     out.end = pos
     return 0
+
+
+def response_headers(bytes data, Py_ssize_t pos, Py_ssize_t end):
+    """The header lines of a response the scanner took (from ``pos``, the line after the
+    status line, to ``end``, past the blank line) as a dict: lower-case names, the last
+    of a repeated name winning, as UpstreamConnection keeps llhttp's."""
+    cdef const char* s = PyBytes_AS_STRING(data)
+    cdef Py_ssize_t ls, colon, vs, ve
+    cdef dict headers = {}
+    if pos < 0 or end > PyBytes_GET_SIZE(data) or end - 2 < pos:
+        raise ValueError("not a header block of this data")
+    end -= 2  # the blank line
+    while pos < end:  # lines the scanner checked: name, ':', spaces, value, CRLF
+        ls = pos
+        while pos < end and s[pos] != c':':
+            pos += 1
+        colon = pos
+        pos += 1
+        while pos < end and (s[pos] == c' ' or s[pos] == c'\t'):
+            pos += 1
+        vs = pos
+        while pos < end and s[pos] != c'\r':
+            pos += 1
+        if pos >= end or colon == ls:
+            raise ValueError("not a header block of this data")
+        ve = pos
+        pos += 2
+        headers[_name(s + ls, colon - ls)] = PyUnicode_DecodeLatin1(s + vs, ve - vs, NULL)
+    return headers
 
 
 def scan_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ssize_t max_body):
@@ -242,12 +272,12 @@ cdef Request take_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ss
     cdef const char* s
     cdef Py_ssize_t n
     cdef Py_ssize_t ms, us, ue, q, limit, body_end, cl
-    cdef _Head head
+    cdef Head head
+    cdef dict headers = {}
     if data is None:
         raise TypeError("take_request() needs bytes, not None")
     s = PyBytes_AS_STRING(data)
     n = PyBytes_GET_SIZE(data)
-    head = _Head.__new__(_Head)
     if pos >= n:
         return None
     limit = pos + max_head
@@ -279,7 +309,7 @@ cdef Request take_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ss
     if pos >= n or s[pos] != c'\n':
         return None
     pos += 1
-    if _headers(s, pos, n, limit, True, head) < 0:
+    if _headers(s, pos, n, limit, &head, headers) < 0:
         return None
     if head.keep_alive == 0:
         # Connection: close: llhttp refuses what the client sends after it, and the
@@ -304,7 +334,7 @@ cdef Request take_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ss
     else:
         body = PyBytes_FromStringAndSize(s + head.end, cl)
     end[0] = body_end
-    return new_request(method, path, query, head.headers, "1.1", head.keep_alive != 0, client, received_at, body)
+    return new_request(method, path, query, headers, "1.1", head.keep_alive != 0, client, received_at, body)
 
 
 cdef int _status_line(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t* end) noexcept nogil:
@@ -338,47 +368,51 @@ cdef int _status_line(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t* e
     return status
 
 
+cdef int take_response(bytes data, Py_ssize_t pos, Head* out) except -2:
+    """The head of a plain HTTP/1.1 response that starts at ``data[pos]``, whole in
+    ``data``: its status, ``out`` filled in (``lines``: where the header lines start,
+    ``end``: where the body starts); -1 declined (llhttp's turn). The caller checks the
+    framing: a Content-Length body (``content_length`` >= 0) or chunked (``chunked``)."""
+    cdef const char* s
+    cdef Py_ssize_t n
+    cdef int status
+    if data is None:
+        raise TypeError("take_response() needs bytes, not None")
+    s = PyBytes_AS_STRING(data)
+    n = PyBytes_GET_SIZE(data)
+    status = _status_line(s, pos, n, &pos)
+    if status < 0:
+        return -1
+    out.lines = pos
+    if _headers(s, pos, n, n, out, None) < 0:
+        return -1
+    out.status = status
+    return status
+
+
 def scan_response(bytes data, Py_ssize_t pos):
     """The plain HTTP/1.1 response that starts at ``data[pos]`` and is whole in ``data``,
     with a Content-Length body: (status, headers, keep_alive, body, end), or None.
 
-    1xx, 204 and 304 (no body by their status), chunked or close-delimited bodies and
-    repeated header names are llhttp's; ``headers`` maps lower-case names to values.
+    1xx, 204 and 304 (no body by their status), chunked or close-delimited bodies are
+    llhttp's; ``headers`` maps lower-case names to values (response_headers).
     """
-    cdef const char* s = PyBytes_AS_STRING(data)
-    cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
-    cdef Py_ssize_t body_end, cl
-    cdef int status
-    cdef _Head head = _Head.__new__(_Head)
-    status = _status_line(s, pos, n, &pos)
-    if status < 0:
+    cdef Head head
+    cdef Py_ssize_t body_end
+    if take_response(data, pos, &head) < 0 or head.content_length < 0:
         return None
-    if _headers(s, pos, n, n, False, head) < 0:
+    body_end = head.end + head.content_length
+    if body_end > PyBytes_GET_SIZE(data):
         return None
-    cl = head.content_length
-    if cl < 0:
-        return None
-    body_end = head.end + cl
-    if body_end > n:
-        return None
-    if cl == 0:
-        body = b""
-    else:
-        body = PyBytes_FromStringAndSize(s + head.end, cl)
-    return (status, head.headers, head.keep_alive != 0, body, body_end)
+    return (head.status, response_headers(data, head.lines, head.end), head.keep_alive != 0,
+            data[head.end:body_end], body_end)
 
 
 def scan_chunked_head(bytes data, Py_ssize_t pos):
     """The head of a plain HTTP/1.1 response with a chunked body (a stream), whole in
     ``data`` from ``pos``: (status, headers, keep_alive, end), ``end`` where the first
     chunk starts; None for anything else (scan_response's rules otherwise)."""
-    cdef const char* s = PyBytes_AS_STRING(data)
-    cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
-    cdef int status
-    cdef _Head head = _Head.__new__(_Head)
-    status = _status_line(s, pos, n, &pos)
-    if status < 0:
+    cdef Head head
+    if take_response(data, pos, &head) < 0 or not head.chunked:
         return None
-    if _headers(s, pos, n, n, False, head, True) < 0 or not head.chunked:
-        return None
-    return (status, head.headers, head.keep_alive != 0, head.end)
+    return (head.status, response_headers(data, head.lines, head.end), head.keep_alive != 0, head.end)

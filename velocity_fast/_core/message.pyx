@@ -6,6 +6,10 @@ Python sees the same attributes as before (server/messages.py documents them); t
 server and the scanner (http1.pyx) make it with new_request, without an __init__ call.
 """
 
+cimport cython
+
+
+@cython.freelist(256)  # one per request: reused, not allocated and freed each time
 cdef class Request:
     """One parsed HTTP request. Header names are lower case."""
 

@@ -14,6 +14,7 @@ fields through descriptors.
 import time
 
 from velocity_fast._core.clock cimport monotonic
+from velocity_fast._core.endpoint cimport RoomFilter
 from velocity_fast._core.metric_values cimport Value
 from velocity_fast._core.prefix cimport BlockHashes, PrefixHasher, PrefixIndex
 
@@ -203,18 +204,20 @@ cdef class RouterCore:
 
     cdef object _pick(self, pool, RouteInfo info, has_room, exclude):
         cdef RouterPool state
-        cdef double now, load, scraped, waiting
+        cdef double now, load, scraped, waiting, first_load = 0.0
         cdef double stale = self._stale_s, sat_wait = self._sat_waiting, sat_kv = self._sat_kv
         cdef bint check_room = has_room is not None
-        cdef list cands = [], loads = []
+        cdef RoomFilter room = has_room if isinstance(has_room, RoomFilter) else None
+        cdef list cands = None, loads = None
         cdef list saturated = None, saturated_loads = None
-        cdef Endpoint ep
+        cdef Endpoint ep, first = None
         state = self._pool_state(pool.model, pool)
         if state.pool is not pool:  # made by on_dispatch, or the pool was replaced
             state.pool = pool
         now = self._now()
         for ep in pool.endpoints:
-            if not ep.healthy or (check_room and not has_room(ep)) or (exclude and ep in exclude):
+            if not ep.healthy or (check_room and not (room.room(ep) if room is not None else has_room(ep))) \
+                    or (exclude and ep in exclude):
                 continue
             scraped = ep.scraped_at
             if scraped and now - scraped <= stale:
@@ -228,15 +231,23 @@ cdef class RouterCore:
                     continue
             else:
                 load = <double>ep.inflight
+            # The lists are made only when a second candidate comes (one is the common pool).
+            if first is None:
+                first, first_load = ep, load
+                continue
+            if cands is None:
+                cands, loads = [first], [first_load]
             cands.append(ep)
             loads.append(load)
-        if not cands:
+        if first is None:
             if not saturated:
                 self._no_endpoint_v.value += 1.0
                 return None
             cands, loads = saturated, saturated_loads
             self._fail_open_v.value += 1.0
-        if len(cands) == 1:
+        if cands is None:
+            chosen, basis = first, _ONLY
+        elif len(cands) == 1:
             chosen, basis = cands[0], _ONLY
         else:
             chosen, basis = self._profiles[info.profile].choose(cands, loads, info, state)

@@ -28,6 +28,7 @@ cdef class Responder:
     cdef public bint disconnected
     cdef readonly int _mode
     cdef bint _keep
+    cdef object _watcher
     cdef list _callbacks
     cdef public object _task
     cdef public int status

@@ -24,6 +24,8 @@ An owner is an ``OutboxOwner``: ``_out`` (None, or the list of waiting pieces),
 ``_out_bytes`` (what waits, in bytes) and ``_transport``.
 """
 
+cimport cython
+
 import asyncio
 import logging
 import weakref
@@ -32,7 +34,7 @@ import httptools
 import orjson
 
 from velocity_fast._core.clock cimport monotonic
-from velocity_fast._core.fmt cimport dec
+from velocity_fast._core.fmt cimport cat, dec
 
 from velocity_fast._core.http1 cimport take_request
 from velocity_fast._core.message cimport Request, new_request
@@ -41,7 +43,7 @@ from velocity_fast.server.messages import REASONS, ClientDisconnected, error_bod
 
 log = logging.getLogger("velocity.server")
 
-_STATUS_LINES = {code: f"HTTP/1.1 {code} {reason}\r\n".encode() for code, reason in REASONS.items()}
+cdef dict _STATUS_LINES = {code: f"HTTP/1.1 {code} {reason}\r\n".encode() for code, reason in REASONS.items()}
 cdef bytes _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 cdef dict _CT = {
     "application/json": b"content-type: application/json\r\n",
@@ -89,7 +91,7 @@ cdef bytes _head(int status, object content_type, object headers, bytes extra, b
         if ct is None:
             ct = f"content-type: {content_type}\r\n".encode("latin-1")
     if type(headers) is bytes:  # lines already encoded by the caller (the proxy's hot path)
-        return b"".join((line, ct, headers, extra, body))
+        return cat((line, ct, headers, extra, body))
     parts = [line, ct]
     for name, value in headers:
         parts.append(f"{name}: {value}\r\n".encode("latin-1"))
@@ -168,6 +170,7 @@ cpdef Outbox outbox_for(loop):
 
 # -- responses ----------------------------------------------------------------------------
 
+@cython.freelist(256)  # one per request: reused, not allocated and freed each time
 cdef class Responder:
     """Writes the response of one request; see docs/internals.md."""
 
@@ -203,7 +206,7 @@ cdef class Responder:
         proto = self._proto
         req = self._request
         keep = req.keep_alive and not proto._closing
-        extra = b"".join((b"content-length: ", dec(len(body)), _KEEP_END if keep else _CLOSE_END))
+        extra = cat((b"content-length: ", dec(len(body)), _KEEP_END if keep else _CLOSE_END))
         if req.method == "HEAD":
             body = b""
         if len(body) < 16384:  # one write, one copy
@@ -329,14 +332,18 @@ cdef class Responder:
         if self.disconnected:
             self._proto._loop.call_soon(cb)
             return
-        if self._callbacks is None:
+        if self._watcher is None and self._callbacks is None:
+            self._watcher = cb  # the usual one (the exchange's): no list
+        elif self._callbacks is None:
             self._callbacks = [cb]
         else:
             self._callbacks.append(cb)
 
     cpdef remove_disconnect_callback(self, cb):
         """Forget a callback added by add_disconnect_callback (no error if unknown)."""
-        if self._callbacks and cb in self._callbacks:
+        if self._watcher is not None and (self._watcher is cb or self._watcher == cb):
+            self._watcher = None  # (a bound method made anew equals the one added)
+        elif self._callbacks and cb in self._callbacks:
             self._callbacks.remove(cb)
 
     cpdef _lost(self):
@@ -344,9 +351,10 @@ cdef class Responder:
             return
         self.disconnected = True
         self._mode = _IDLE
+        first, self._watcher = self._watcher, None
         cbs, self._callbacks = self._callbacks, None
-        if cbs and not self.finished:
-            for cb in cbs:
+        if not self.finished and (first is not None or cbs):
+            for cb in ([first] if first is not None else []) + (cbs or []):
                 try:
                     cb()
                 except Exception:  # a callback must not break the others
@@ -478,7 +486,9 @@ cdef class HttpProtocol(OutboxOwner):
     # (the linger time may be shorter: then, rarely, the timer is replaced).
     cdef _arm(self, double delay, int what):
         self._on_deadline = what
-        deadline = self._loop.time() + delay
+        # The C clock: the loop's own (loop.time()) is a Python call, and runs behind it by
+        # at most its cache of one pass; _on_timer checks the loop's before acting.
+        deadline = monotonic() + delay
         self._deadline = deadline
         if self._timer is None or self._timer_at > deadline:
             self._schedule(deadline)

@@ -1,5 +1,6 @@
 # The engine connection as a typed class (see upstream.pyx).
 
+from velocity_fast._core.http1 cimport Head
 from velocity_fast._core.server cimport OutboxOwner, Outbox
 
 
@@ -10,7 +11,13 @@ cdef class UpstreamConnection(OutboxOwner):
     cdef object _parser
     cdef object _loop
     cdef public int status
-    cdef public dict headers
+    cdef dict _headers
+    cdef bytes _hdata
+    cdef Py_ssize_t _hlines
+    cdef Py_ssize_t _hend
+    cdef public object content_type
+    cdef public bint has_length
+    cdef public bint te_chunked
     cdef object _head
     cdef public list chunks
     cdef public bint done
@@ -32,9 +39,10 @@ cdef class UpstreamConnection(OutboxOwner):
     cdef Py_ssize_t _cleft
 
     cdef _reset(self)
-    cdef _whole_response(self, tuple r)
+    cdef _scanned_head(self, bytes data, Head* head)
+    cdef _whole_response(self, bytes data, Head* head)
     cdef _complete(self)
-    cdef _chunked_head(self, bytes data, tuple r)
+    cdef _chunked_head(self, bytes data, Head* head)
     cdef _deliver(self, bytes piece)
     cdef _scan_chunks(self, bytes data, Py_ssize_t pos)
     cdef _flush_run(self, bytes data, Py_ssize_t run_s, Py_ssize_t run_e)

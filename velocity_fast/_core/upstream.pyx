@@ -9,9 +9,13 @@ import asyncio
 
 import httptools
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.unicode cimport PyUnicode_DecodeLatin1
+from libc.string cimport memcmp
 
-from velocity_fast._core.http1 import scan_chunked_head, scan_response
+from velocity_fast._core.http1 cimport Head, take_response
+
+from velocity_fast._core.http1 import response_headers
 from velocity_fast._core.server cimport OutboxOwner, outbox_for
 from velocity_fast.upstream.errors import UpstreamError
 
@@ -38,6 +42,9 @@ cdef inline int _hex(unsigned char c) noexcept nogil:
     if c'A' <= c <= c'F':
         return c - c'A' + 10
     return -1
+
+
+cdef str _JSON = "application/json"
 
 
 cdef class Listener:
@@ -103,7 +110,11 @@ cdef class UpstreamConnection(OutboxOwner):
 
     cdef _reset(self):
         self.status = 0
-        self.headers = {}
+        self._headers = {}  # llhttp's callbacks fill it; the scanner's path leaves it to `headers`
+        self._hdata = None
+        self.content_type = None
+        self.has_length = False
+        self.te_chunked = False
         self._head = None
         self.chunks = []
         self.done = False
@@ -120,6 +131,7 @@ cdef class UpstreamConnection(OutboxOwner):
         self.transport = self._transport = transport
 
     def data_received(self, bytes data):
+        cdef Head head
         self._received = True
         if self._chunked:
             self._scan_chunks(data, 0)
@@ -128,15 +140,13 @@ cdef class UpstreamConnection(OutboxOwner):
             # The usual whole answer in one read: one call (_core/http1.pyx), not llhttp's
             # callbacks; a stream's head, then its chunks, read here too (_scan_chunks);
             # anything else is llhttp's.
-            r = scan_response(data, 0)
-            if r is not None:
-                if (<tuple>r)[4] == len(data):
-                    self._whole_response(<tuple>r)
-                    return
-            else:
-                r = scan_chunked_head(data, 0)
-                if r is not None:
-                    self._chunked_head(data, <tuple>r)
+            if take_response(data, 0, &head) >= 0:
+                if head.content_length >= 0:
+                    if head.end + head.content_length == PyBytes_GET_SIZE(data):
+                        self._whole_response(data, &head)
+                        return
+                elif head.chunked:
+                    self._chunked_head(data, &head)
                     return
         try:
             self._parser.feed_data(data)
@@ -162,14 +172,43 @@ cdef class UpstreamConnection(OutboxOwner):
     def eof_received(self):
         pass  # None: the transport closes, and connection_lost reports it
 
-    cdef _whole_response(self, tuple r):
-        """What the parser callbacks below would have done for a response read whole."""
-        self.status = r[0]
-        self.headers = r[1]
-        self.keep_alive = r[2]
+    cdef _scanned_head(self, bytes data, Head* head):
+        """The head the scanner read: what llhttp's callbacks would have set, the headers
+        dict only when asked for (``headers``)."""
+        self.status = head.status
+        self.keep_alive = head.keep_alive != 0
+        self._headers = None
+        self._hdata = data
+        self._hlines = head.lines
+        self._hend = head.end
+        self.has_length = head.content_length >= 0
+        self.te_chunked = head.chunked
+        if head.ct_start < 0:
+            self.content_type = None
+        elif head.ct_len == 16 and memcmp(PyBytes_AS_STRING(data) + head.ct_start, b"application/json", 16) == 0:
+            self.content_type = _JSON  # the usual value, not decoded each time
+        else:
+            self.content_type = PyUnicode_DecodeLatin1(PyBytes_AS_STRING(data) + head.ct_start, head.ct_len, NULL)
         self._resend = None  # the answer has begun: no retry from here on
+
+    property headers:
+        """The response's headers: lower-case names (the last of a repeated name wins)."""
+        def __get__(self):
+            if self._headers is None:
+                self._headers = response_headers(self._hdata, self._hlines, self._hend)
+                self._hdata = None
+            return self._headers
+
+        def __set__(self, dict value):
+            self._headers = value
+            self._hdata = None
+
+    cdef _whole_response(self, bytes data, Head* head):
+        """What the parser callbacks below would have done for a response read whole."""
+        self._scanned_head(data, head)
         _head(self.listener, self)
-        body = r[3]
+        body = PyBytes_FromStringAndSize(PyBytes_AS_STRING(data) + head.end, head.content_length) \
+            if head.content_length else b""
         if body:
             listener = self.listener
             if listener is not None and _relaying(listener):
@@ -199,11 +238,8 @@ cdef class UpstreamConnection(OutboxOwner):
     # (upstream_body, which frames each anew), so what the client gets is always whole
     # chunks, even when the engine stops in the middle of one. The last chunk and any
     # trailers end the message and are not passed on (the Responder ends its own stream).
-    cdef _chunked_head(self, bytes data, tuple r):
-        self.status = r[0]
-        self.headers = r[1]
-        self.keep_alive = r[2]
-        self._resend = None  # the answer has begun: no retry from here on
+    cdef _chunked_head(self, bytes data, Head* head):
+        self._scanned_head(data, head)
         self._chunked = True
         self._cstate = C_SIZE
         self._csize = 0
@@ -218,7 +254,7 @@ cdef class UpstreamConnection(OutboxOwner):
         else:
             self._raw = listener.relaying and listener.raw_chunks
         if not self.closed:
-            self._scan_chunks(data, r[3])
+            self._scan_chunks(data, head.end)
 
     cdef _deliver(self, bytes piece):
         """A piece of the body (llhttp's, or data of a chunk read here): to a relaying
@@ -370,11 +406,15 @@ cdef class UpstreamConnection(OutboxOwner):
         self._parsing = True
 
     def on_header(self, bytes name, bytes value):
-        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self):
         self.status = self._parser.get_status_code()
         self.keep_alive = self._parser.should_keep_alive()
+        h = self._headers
+        self.content_type = h.get("content-type")
+        self.has_length = "content-length" in h
+        self.te_chunked = h.get("transfer-encoding", "").lower() == "chunked"
         if self.listener is not None:
             self._resend = None  # the answer has begun: no retry from here on
             _head(self.listener, self)
