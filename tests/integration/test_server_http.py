@@ -40,6 +40,32 @@ async def test_request_fields_reach_the_handler():
     assert req.keep_alive and req.client[0] == "127.0.0.1" and req.received_at > 0
 
 
+@pytest.mark.parametrize("header, ours", [
+    (b"", False), (b"X-Tag: 1\r\nx-velocityx: 1\r\nx-request-idx: 1\r\n", False),
+    (b"X-Velocity-Priority: high\r\n", True), (b"x-request-id: abc\r\n", True),
+    (b"X-Session-ID: s1\r\n", True), (b"x-velocity-: 1\r\n", False),
+])
+async def test_the_request_says_whether_it_carries_a_header_the_gateway_reads(header, ours):
+    # The proxy path looks up x-velocity-*, x-request-id and x-session-id only when the
+    # request has one; a request llhttp parsed (split across reads) always says True.
+    seen = []
+
+    async def handler(req, resp):
+        seen.append(req)
+        resp.send(200, b"ok", content_type="text/plain")
+
+    data = b"GET /g HTTP/1.1\r\nHost: t\r\n" + header + b"\r\n"
+    async with serving(handler) as srv, connect(srv) as c:
+        c.send(data)
+        assert (await c.response()).status == 200
+        c.send(data[:7])
+        await asyncio.sleep(0.05)
+        c.send(data[7:])
+        assert (await c.response()).status == 200
+    assert [r.gateway_headers for r in seen] == [ours, True]
+    assert seen[0].headers == seen[1].headers
+
+
 async def test_pipelined_requests_are_answered_in_order_even_when_the_first_is_slowest():
     order = []
 

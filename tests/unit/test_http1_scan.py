@@ -260,6 +260,27 @@ def test_responses_that_are_not_plain_are_left_to_llhttp(data):
     assert scan_response(data, 0) is None
 
 
+@pytest.mark.parametrize("bad", [0x00, 0x01, 0x0B, 0x0D, 0x1F, 0x7F, 0x80, 0xFF])
+def test_a_bad_byte_anywhere_in_a_long_header_value_is_llhttps_to_judge(bad):
+    # Values are checked eight bytes at a time while they are plain: a bad byte in any
+    # position of such a run, or in the tail after it, must still be seen.
+    for at in range(20):
+        value = bytearray(b"abcdefghijklmnopqrst")
+        value[at] = bad
+        data = b"GET / HTTP/1.1\r\nHost: t\r\nX-Long: " + bytes(value) + b"\r\n\r\n"
+        assert scan_request(data, 0, MAX_HEAD, MAX_BODY) is None, (bad, at)
+
+
+def test_tabs_and_spaces_in_a_long_value_are_taken_as_llhttp_takes_them():
+    for at in range(20):
+        value = bytearray(b"abcdefghijklmnopqrst")
+        value[at] = 0x09
+        data = b"GET / HTTP/1.1\r\nHost: t\r\nX-Long: " + bytes(value) + b" \r\n\r\n"
+        r = scan_request(data, 0, MAX_HEAD, MAX_BODY)
+        assert r is not None and r[3]["x-long"] == (bytes(value).lstrip(b"\t") + b" ").decode()
+        assert r[:6] == _llhttp_request(data)
+
+
 def test_a_repeated_response_header_is_taken_and_the_last_wins_as_on_llhttps_path():
     data = (b"HTTP/1.1 200 OK\r\nset-cookie: a\r\nSet-Cookie: b\r\ncontent-type: text/plain\r\n"
             b"Content-Type: application/json\r\ncontent-length: 2\r\n\r\n{}")

@@ -30,7 +30,7 @@ from velocity_fast._core.endpoint cimport Endpoint
 from velocity_fast._core.identity cimport Identity, Tenant
 from velocity_fast._core.slots cimport slot, slot_offset
 from velocity_fast._core.message cimport Request
-from velocity_fast._core.fmt cimport cat, contains, dec, latin1, put, put_bytes, put_tenths, tenths
+from velocity_fast._core.fmt cimport cat, contains, dec, latin1, put, put_bytes, put_tenths, starts, tenths
 
 from velocity_fast.admission.ticket import Rejected
 from velocity_fast.gateway.request_types import BadRequest, ProxyRequest
@@ -156,23 +156,29 @@ cpdef proxy(GatewayCore gw, Request req, Responder resp, str route, bint chat):
     cdef Ticket ticket
     cdef Identity identity = gw.identity
     cdef dict h = req.headers
-    rid = h.get("x-request-id") or new_request_id()
+    # The gateway's own headers, looked up only when the request has any (most have none).
+    rid = tenant_h = prio = sla = None
+    if req.gateway_headers:
+        rid = h.get("x-request-id")
+        tenant_h = h.get("x-velocity-tenant")
+        prio = h.get("x-velocity-priority")
+        sla = h.get("x-velocity-sla-ms")
+    if not rid:
+        rid = new_request_id()
     base_headers = [("x-request-id", rid)]
     band = "-"
     try:
         r = decode_proxy(req.body, chat)  # a ProxyRequest: its fields are read by offset
         bound = identity.authenticate(h)[1] if identity.required else None
-        tenant_name, tenant = identity.tenant_for(bound, h.get("x-velocity-tenant"), slot(r, _USER))
-        prio = h.get("x-velocity-priority")
+        tenant_name, tenant = identity.tenant_for(bound, tenant_h, slot(r, _USER))
         if prio is None:
             prio = slot(r, _PRIORITY)
         band = band_for(gw.band_names, prio, tenant)
-        sla = h.get("x-velocity-sla-ms")
         sla_ms = slot(r, _SLA_MS)
         if sla is not None:
             sla_ms = gw._sla_for(sla, sla_ms)
         model = slot(r, _MODEL) or gw.default_model
-        info = (<RouterCore?>gw.router)._route_info(model, r, h)
+        info = (<RouterCore?>gw.router)._route_info(model, r, h if req.gateway_headers else None)
     except (BadRequest, UnknownProfile) as e:
         count_request(gw, route, 400, band)
         return resp.send_error(400, str(e), param=e.param, headers=base_headers)
@@ -380,8 +386,8 @@ cdef class Exchange(Waiter):
         ct = conn.content_type
         if ct is None:
             ct = "application/json"
-        if ct.startswith("text/event-stream") or (
-                not conn.has_length and conn.te_chunked and not ct.startswith("application/json")):
+        if starts(ct, "text/event-stream") or (
+                not conn.has_length and conn.te_chunked and not starts(ct, "application/json")):
             # A stream: its pieces come to upstream_body as they arrive (relay.py's rules).
             self.relaying = True
             self.ct = ct
@@ -450,7 +456,7 @@ cdef class Exchange(Waiter):
         self.conn = None
         self._end()
         resp = self.resp
-        if self.ct.startswith("text/event-stream"):
+        if starts(self.ct, "text/event-stream"):
             resp.write_nowait(stream_error_event(f"The engine failed during streaming: {e}", 500))
         resp.end()
         settle(self.gw, self.route, self.ticket.band, self.ep, self.lease, self.status, True, False, str(e),

@@ -5,7 +5,7 @@
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_1BYTE_DATA, PyUnicode_GET_LENGTH, PyUnicode_KIND
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 
 
 cdef extern from "string.h" nogil:
@@ -101,3 +101,12 @@ cdef inline bytes cat(tuple parts):
     for i in range(k):
         p = put_bytes(p, <bytes>parts[i])
     return out
+
+
+cdef inline bint starts(str s, str prefix):
+    """``s.startswith(prefix)`` without a method call, for the usual one-byte-per-character
+    strings (either not: the method)."""
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(prefix)
+    if PyUnicode_KIND(s) == 1 and PyUnicode_KIND(prefix) == 1:
+        return PyUnicode_GET_LENGTH(s) >= n and memcmp(PyUnicode_1BYTE_DATA(s), PyUnicode_1BYTE_DATA(prefix), n) == 0
+    return s.startswith(prefix)

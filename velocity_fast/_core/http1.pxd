@@ -17,5 +17,6 @@ cdef struct Head:
     Py_ssize_t end
     Py_ssize_t ct_start      # -1: none
     Py_ssize_t ct_len
+    bint ours                # a request header the gateway reads (x-velocity-*...)
 
 cdef int take_response(bytes data, Py_ssize_t pos, Head* out) except -2

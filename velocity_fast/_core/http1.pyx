@@ -17,7 +17,8 @@ same meaning; tests/unit/test_http1_scan.py holds the two side by side.
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_INCREF
+from cpython.ref cimport Py_INCREF, Py_XDECREF
+from libc.stdint cimport uint64_t
 from libc.string cimport memcmp, memcpy
 from cpython.unicode cimport PyUnicode_DecodeLatin1
 
@@ -49,6 +50,17 @@ cdef struct _NameSlot:
     char name[32]
     PyObject* text
 cdef _NameSlot _SLOTS[256]
+
+
+cdef inline bint _plain8(const char* p) noexcept nogil:
+    """All of p[0:8] are printable ASCII or space (0x20-0x7e): no CR, tab, other control
+    byte, DEL or byte past ASCII. False can be wrong the other way (a borrow across
+    bytes): the caller then looks at each byte itself."""
+    cdef uint64_t x
+    memcpy(&x, p, 8)
+    cdef uint64_t d = x ^ 0x7f7f7f7f7f7f7f7fULL
+    return ((x | ((x - 0x2020202020202020ULL) & ~x) | ((d - 0x0101010101010101ULL) & ~d))
+            & 0x8080808080808080ULL) == 0
 
 
 cdef inline unsigned char _lower(unsigned char c) nogil:
@@ -114,6 +126,42 @@ cdef object _name(const char* p, Py_ssize_t n):
     return name
 
 
+# Short texts of a request decoded once while they repeat: the method, the path, header
+# values (the host, the content type...). A slot keeps the last text that landed there,
+# so a text that does not repeat costs a decode, as without the table, and the ones
+# that do are shared (with their hash, once a dict has asked for it).
+cdef _NameSlot _TEXTS[512]
+
+
+cdef object _text(const char* p, Py_ssize_t n):
+    """p[:n] decoded as Latin-1, shared with the last equal text seen (up to 32 bytes)."""
+    cdef Py_ssize_t i
+    cdef unsigned int h = 2166136261u
+    cdef _NameSlot* slot
+    if n > 32:
+        return PyUnicode_DecodeLatin1(p, n, NULL)
+    for i in range(n):
+        h = (h ^ <unsigned char>p[i]) * 16777619u  # FNV-1a
+    slot = &_TEXTS[(h ^ (h >> 9) ^ (h >> 18)) & 511]
+    if slot.text != NULL and slot.n == n and memcmp(slot.name, p, n) == 0:
+        return <object>slot.text
+    text = PyUnicode_DecodeLatin1(p, n, NULL)
+    Py_XDECREF(slot.text)
+    memcpy(slot.name, p, n)
+    slot.text = <PyObject*>text
+    Py_INCREF(text)  # the table's reference, until another text takes the slot
+    slot.n = n
+    return text
+
+
+cdef inline bint _ours(const char* p, Py_ssize_t n) nogil:
+    """A header the gateway reads on its proxy path: x-velocity-*, x-request-id, x-session-id.
+    The request says whether it has any (``Request.gateway_headers``), so that the proxy
+    path need not look each up in a dict that, from most clients, has none of them."""
+    return (n > 11 and _eq_lower(p, 11, b"x-velocity-", 11)) or _eq_lower(p, n, b"x-request-id", 12) \
+        or _eq_lower(p, n, b"x-session-id", 12)
+
+
 cdef int _connection(const char* p, Py_ssize_t n) nogil:
     """1 keep-alive, 0 close, -1 anything else (a token list, upgrade...)."""
     if _eq_lower(p, n, b"keep-alive", 10):
@@ -151,6 +199,7 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
     cdef PyObject* old
     out.ct_start = -1
     out.ct_len = 0
+    out.ours = False
     while True:
         if pos + 1 >= n or pos >= limit:
             return -1
@@ -170,7 +219,10 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
         while pos < n and (s[pos] == c' ' or s[pos] == c'\t'):
             pos += 1
         vs = pos
-        # value: printable ASCII, space or tab, up to CRLF (leading spaces skipped above)
+        # value: printable ASCII, space or tab, up to CRLF (leading spaces skipped above);
+        # eight bytes at a time while all are plain (no control byte, DEL or high bit)
+        while pos + 8 <= n and _plain8(s + pos):
+            pos += 8
         while pos < n:
             ch = <unsigned char>s[pos]
             if ch == c'\r':
@@ -204,8 +256,10 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
             return -1  # other transfer codings, upgrade, expect: llhttp's
         if headers is None:
             continue
+        if not out.ours and (s[ls] == c'x' or s[ls] == c'X') and _ours(s + ls, colon - ls):
+            out.ours = True
         name = _name(s + ls, colon - ls)
-        value = PyUnicode_DecodeLatin1(s + vs, ve - vs, NULL)
+        value = _text(s + vs, ve - vs)
         old = PyDict_GetItem(headers, name)
         if old != NULL:
             value = <object>old + ", " + value
@@ -274,6 +328,7 @@ cdef Request take_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ss
     cdef Py_ssize_t ms, us, ue, q, limit, body_end, cl
     cdef Head head
     cdef dict headers = {}
+    cdef Request req
     if data is None:
         raise TypeError("take_request() needs bytes, not None")
     s = PyBytes_AS_STRING(data)
@@ -287,7 +342,7 @@ cdef Request take_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ss
         pos += 1
     if pos == ms or pos >= n or s[pos] != c' ':
         return None
-    method = PyUnicode_DecodeLatin1(s + ms, pos - ms, NULL)
+    method = _text(s + ms, pos - ms)
     pos += 1
     # request-target in origin form: '/' then visible ASCII
     us = pos
@@ -324,17 +379,19 @@ cdef Request take_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ss
     if body_end > n:
         return None
     if q >= 0:
-        path = PyUnicode_DecodeLatin1(s + us, q - us, NULL)
+        path = _text(s + us, q - us)
         query = PyUnicode_DecodeLatin1(s + q + 1, ue - q - 1, NULL)
     else:
-        path = PyUnicode_DecodeLatin1(s + us, ue - us, NULL)
+        path = _text(s + us, ue - us)
         query = ""
     if cl == 0:
         body = b""
     else:
         body = PyBytes_FromStringAndSize(s + head.end, cl)
     end[0] = body_end
-    return new_request(method, path, query, headers, "1.1", head.keep_alive != 0, client, received_at, body)
+    req = new_request(method, path, query, headers, "1.1", head.keep_alive != 0, client, received_at, body)
+    req.gateway_headers = head.ours
+    return req
 
 
 cdef int _status_line(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t* end) noexcept nogil:

@@ -11,6 +11,7 @@ cdef class Request:
     cdef public double received_at
     cdef public bytes body
     cdef public bint expect_continue
+    cdef public bint gateway_headers
 
 
 cdef Request new_request(str method, str path, str query, dict headers, str http_version, bint keep_alive,

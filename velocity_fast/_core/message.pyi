@@ -13,6 +13,7 @@ class Request:
     received_at: float
     body: bytes
     expect_continue: bool
+    gateway_headers: bool
     def __init__(self, method: str, path: str, query: str, headers: dict[str, str], http_version: str,
                  keep_alive: bool, client: Any, received_at: float, body: bytes = b"",
                  expect_continue: bool = False) -> None: ...

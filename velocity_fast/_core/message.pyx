@@ -11,7 +11,9 @@ cimport cython
 
 @cython.freelist(256)  # one per request: reused, not allocated and freed each time
 cdef class Request:
-    """One parsed HTTP request. Header names are lower case."""
+    """One parsed HTTP request. Header names are lower case. ``gateway_headers``: False
+    when the scanner saw none of the headers the gateway reads on its proxy path
+    (x-velocity-*, x-request-id, x-session-id); True when it saw one or did not look."""
 
     def __init__(self, str method, str path, str query, dict headers, str http_version, bint keep_alive,
                  client, double received_at, bytes body=b"", bint expect_continue=False):
@@ -25,6 +27,7 @@ cdef class Request:
         self.received_at = received_at
         self.body = body
         self.expect_continue = expect_continue
+        self.gateway_headers = True  # not known: the gateway looks its headers up
 
     def header(self, str name, default=None):
         """The value of a header by its lower-case name."""
@@ -46,4 +49,5 @@ cdef Request new_request(str method, str path, str query, dict headers, str http
     r.client = client
     r.received_at = received_at
     r.body = body
+    r.gateway_headers = True  # the scanner sets what it found
     return r
