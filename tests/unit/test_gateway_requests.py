@@ -25,6 +25,8 @@ def test_chat_decodes_only_what_it_needs():
     r = decode_proxy(body, chat=True)
     assert (r.model, r.stream, r.max_tokens, r.priority, r.sla_ms, r.user) == ("m", True, 7, "high", 250.0, "u1")
     assert r.stream_options.include_usage is True
+    # messages stay raw JSON, each as the client wrote it (prefix routing decodes them)
+    assert [bytes(m) for m in r.messages] == [b'{"role":"user","content":"hi"}']
 
 
 def test_completions_prompt_forms():

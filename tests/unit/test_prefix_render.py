@@ -3,6 +3,7 @@
 import msgspec
 import orjson
 
+from velocity_fast.gateway.requests import decode_proxy
 from velocity_fast.routing.prefix_render import render_prompt
 
 SYS = {"role": "system", "content": "Be brief."}
@@ -67,6 +68,15 @@ def test_decoded_structs_render_like_dicts():
     body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
     assert render_prompt(msgspec.json.decode(body, type=Req)) == render_prompt(orjson.loads(body))
     assert render_prompt(Req(prompt="abc")) == b"abc"
+
+
+def test_the_gateways_request_with_raw_messages_renders_like_the_decoded_body():
+    # The gateway keeps each message as raw JSON (ProxyRequest): the rendering, and so the
+    # route, must not change for it, key order and spacing included.
+    body = (b'{"model":"m","messages":[{"role":"system","content":"be brief"},'
+            b'{ "content" : [{"type":"text","text":"hi"}], "role":"user", "name":"ann"}]}')
+    r = decode_proxy(body, chat=True)
+    assert render_prompt(r) == render_prompt(orjson.loads(body)) != b""
 
 
 def test_odd_input_renders_without_raising():

@@ -32,7 +32,9 @@ class ProxyRequest(msgspec.Struct):
     """/v1/chat/completions and /v1/completions, as far as the gateway reads them."""
 
     model: str | None = None
-    messages: list[Any] | None = None
+    # Each message kept as its raw JSON: the gateway forwards the body as it came, and
+    # only prefix routing reads the messages (prefix_render decodes them there).
+    messages: list[msgspec.Raw] | None = None
     prompt: Union[str, list[Any], None] = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None

@@ -17,6 +17,7 @@ import sys
 from array import array
 from typing import Any
 
+import msgspec
 import orjson
 
 __all__ = ["render_prompt", "render_messages", "render_completion_prompt"]
@@ -27,6 +28,7 @@ _MSG = b"\x1e"
 _FIELD = b"\x1f"
 _SORTED = orjson.OPT_SORT_KEYS
 _BIG_ENDIAN = sys.byteorder == "big"
+_raw_json = msgspec.json.Decoder()
 
 
 def _get(obj: Any, name: str) -> Any:
@@ -89,6 +91,8 @@ def render_messages(messages: list) -> bytes:
     """Chat messages (dicts or objects with role/content/...) as canonical bytes."""
     out = bytearray()
     for m in messages:
+        if isinstance(m, msgspec.Raw):  # as the gateway's request decoder leaves them
+            m = _raw_json.decode(m)
         out += _MSG
         out += _text(_get(m, "role"))
         name = _get(m, "name")
