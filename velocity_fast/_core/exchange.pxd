@@ -20,6 +20,7 @@ cdef class GatewayCore:
     cdef public list band_names
     cdef public object _loop
     cdef list _grants
+    cdef object _requests_metric
 
 
 cdef class Exchange(Waiter):

@@ -14,9 +14,9 @@ The Gateway supplies the shared parts: router, admission, monitor, metrics and _
 import logging
 import os
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeASCII
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 
 from velocity_fast._core.admission cimport AdmissionCore, Lease, Ticket, Waiter
 from velocity_fast._core.metric_values cimport Value
@@ -30,7 +30,7 @@ from velocity_fast._core.endpoint cimport Endpoint
 from velocity_fast._core.identity cimport Identity, Tenant
 from velocity_fast._core.slots cimport slot, slot_offset
 from velocity_fast._core.message cimport Request
-from velocity_fast._core.fmt cimport cat, contains, dec, latin1, put, put_bytes, put_tenths, starts, tenths
+from velocity_fast._core.fmt cimport cat, dec, memmem, latin1, put, put_bytes, put_tenths, starts, tenths
 
 from velocity_fast.admission.ticket import Rejected
 from velocity_fast.gateway.request_types import BadRequest, ProxyRequest
@@ -39,12 +39,10 @@ from velocity_fast.upstream.relay import stream_error_event
 
 log = logging.getLogger("velocity.gateway")
 
-cdef bytes _SSE_DATA = b"data: "
 cdef bytes _H_RID = b"x-request-id: "
 cdef bytes _H_EP = b"\r\nx-velocity-endpoint: "
 cdef bytes _H_QMS = b"\r\nx-velocity-queue-ms: "
 cdef bytes _H_BAND = b"\r\nx-velocity-band: "
-cdef bytes _SSE_ERROR = b'data: {"error"'
 
 # An exchange's stages.
 cdef enum:
@@ -92,6 +90,26 @@ cdef Py_ssize_t _MAX_TOKENS = slot_offset(ProxyRequest, "max_tokens")
 cdef Py_ssize_t _MAX_COMPLETION_TOKENS = slot_offset(ProxyRequest, "max_completion_tokens")
 
 cdef dict _PROXY_ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}
+
+
+cdef long _events(bytes data, Py_ssize_t* err_at):
+    """How many SSE events begin in ``data`` (``data: `` lines), in one pass that also
+    finds the first of them that is an error event (``data: {"error"``): its offset in
+    ``err_at``, else -1. ``data.count`` would be a method call per piece."""
+    cdef const char* s = PyBytes_AS_STRING(data)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data), pos = 0
+    cdef const char* hit
+    cdef long count = 0
+    err_at[0] = -1
+    while True:
+        hit = <const char*>memmem(s + pos, n - pos, b"data: ", 6)
+        if hit == NULL:
+            return count
+        count += 1
+        pos = hit - s
+        if err_at[0] < 0 and n - pos >= 14 and memcmp(hit + 6, b'{"error"', 8) == 0:
+            err_at[0] = pos
+        pos += 6
 
 
 cdef class GatewayCore:
@@ -209,7 +227,9 @@ cpdef proxy(GatewayCore gw, Request req, Responder resp, str route, bint chat):
 cdef count_request(GatewayCore gw, str route, int status, str band):
     """velocity_requests_total{route, status, band} += 1: the child held by the metric for
     these very values, found without a call (the metric makes it on first use)."""
-    metric = gw.metrics.requests
+    metric = gw._requests_metric
+    if metric is None:  # the gateway's metrics are made once, with it
+        metric = gw._requests_metric = gw.metrics.requests
     child = (<dict>metric._by_raw).get((route, status, band))
     if type(child) is Value:
         (<Value>child).value += 1.0
@@ -402,15 +422,16 @@ cdef class Exchange(Waiter):
 
     cdef _relay(self, UpstreamConnection conn, bytes data, bint framed):
         """A piece of a stream: its data (framed: whole chunks, framing and all) to the client."""
+        cdef Py_ssize_t err_at
         resp = self.resp
         if self.first:
             self.first = False
             self.lease.first_byte()
         # (chunk framing is hex digits and CRLFs: it never holds an event's bytes)
-        self.events += data.count(_SSE_DATA)
-        if not self.engine_failed and contains(data, _SSE_ERROR):  # the engine's own error event (e.g. out of memory)
+        self.events += _events(data, &err_at)
+        if err_at >= 0 and not self.engine_failed:  # the engine's own error event (e.g. out of memory)
             self.engine_failed = True
-            self.error_text = data[data.find(_SSE_ERROR):][:2000].decode("utf-8", "replace")
+            self.error_text = data[err_at:err_at + 2000].decode("utf-8", "replace")
         if framed:
             resp.write_chunks(data)
         else:

@@ -443,10 +443,13 @@ cdef class HttpProtocol(OutboxOwner):
     cdef _write(self, bytes data):
         self._outbox.write(self, data)
         self._out_bytes += len(data)
-        if self._out_bytes + self._transport.get_write_buffer_size() > self._write_buffer_high:
-            # What waits here and in the transport together stays under the high-water
-            # mark: past it the bytes go to the transport now, whose flow control then
-            # pauses the producer (one that never yields would otherwise fill memory).
+        # What waits here and in the transport together stays under the high-water mark
+        # once the transport pauses (until then under 1.5 times it, the transport's own
+        # share being under the mark): past it the bytes go to the transport now, whose
+        # flow control then pauses the producer (one that never yields would otherwise
+        # fill memory). The transport is asked (a Python call) only when that can matter.
+        if (self._write_paused or self._out_bytes > self._write_buffer_high // 2) and \
+                self._out_bytes + self._transport.get_write_buffer_size() > self._write_buffer_high:
             flush_out(self)
 
     cpdef _close(self):
