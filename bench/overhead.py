@@ -322,11 +322,12 @@ def start_upstream(procs: Procs, cpu: int | None, extra: list[str] = ()) -> tupl
 
 
 def start_gateway(procs: Procs, cpu: int | None, upstream: int, policy: str, work: Path,
-                  extra: list[str]) -> Target:
+                  extra: list[str], wrap: list[str] = (), ready_s: float = 20) -> Target:
+    """``wrap``: a command the gateway runs under (bench/instructions.py: valgrind)."""
     port, admin = _free_port(), _free_port()
     log = work / "gateway.log"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    argv = [sys.executable, "-m", "velocity_fast", "serve", "--endpoint",
+    argv = [*wrap, sys.executable, "-m", "velocity_fast", "serve", "--endpoint",
             f"e1=http://127.0.0.1:{upstream}={MODEL}", "--host", "127.0.0.1", "--port", str(port),
             "--admin-port", str(admin), "--policy", policy, *extra]
     p = procs.start(argv, cpu, log=log, cwd=str(REPO), env=env)
@@ -344,11 +345,13 @@ def start_gateway(procs: Procs, cpu: int | None, upstream: int, policy: str, wor
         except OSError:
             return False
 
-    _wait_ready(ready, 20, "the gateway", log)
+    _wait_ready(ready, ready_s, "the gateway", log)
     return Target("gateway", port, p.pid)
 
 
-def start_nginx(procs: Procs, cpu: int | None, upstream: int, work: Path, stream: bool = False) -> Target | None:
+def start_nginx(procs: Procs, cpu: int | None, upstream: int, work: Path, stream: bool = False,
+                wrap: list[str] = (), ready_s: float = 10) -> Target | None:
+    """``wrap``: a command nginx runs under, as one process (no master: the worker is it)."""
     exe = shutil.which("nginx") or next((x for x in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")
                                          if os.access(x, os.X_OK)), None)
     if exe is None:
@@ -363,9 +366,11 @@ def start_nginx(procs: Procs, cpu: int | None, upstream: int, work: Path, stream
     if os.geteuid() == 0:
         # As root nginx would switch its worker to nobody, who cannot enter our temp dir.
         text = "user root;\n" + text
+    if wrap:
+        text = "master_process off;\n" + text
     conf.write_text(text)
     log = ndir / "stdout.log"
-    p = procs.start([exe, "-p", str(ndir), "-e", str(ndir / "error.log"), "-c", str(conf)], cpu, log=log)
+    p = procs.start([*wrap, exe, "-p", str(ndir), "-e", str(ndir / "error.log"), "-c", str(conf)], cpu, log=log)
 
     def ready() -> bool:
         if p.poll() is not None:
@@ -373,7 +378,7 @@ def start_nginx(procs: Procs, cpu: int | None, upstream: int, work: Path, stream
             raise RuntimeError("nginx exited: " + (err.read_text(errors="replace")[-800:] if err.exists() else ""))
         return _post_ok(port)
 
-    _wait_ready(ready, 10, "nginx", ndir / "error.log")
+    _wait_ready(ready, ready_s, "nginx", ndir / "error.log")
     return Target("nginx", port, p.pid)
 
 
