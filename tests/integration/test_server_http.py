@@ -40,6 +40,21 @@ async def test_request_fields_reach_the_handler():
     assert req.keep_alive and req.client[0] == "127.0.0.1" and req.received_at > 0
 
 
+async def test_a_repeated_header_with_the_same_value_is_joined_too():
+    # Short values that repeat are one shared str inside the scanner: joining must not
+    # mistake the second for the first.
+    seen = []
+
+    async def handler(req, resp):
+        seen.append(req)
+        resp.send(200, b"ok", content_type="text/plain")
+
+    async with serving(handler) as srv, connect(srv) as c:
+        c.send(b"GET / HTTP/1.1\r\nHost: t\r\nX-Tag: same\r\nx-tag: same\r\nX-TAG: other\r\n\r\n")
+        assert (await c.response()).status == 200
+    assert seen[0].headers["x-tag"] == "same, same, other"
+
+
 @pytest.mark.parametrize("header, ours", [
     (b"", False), (b"X-Tag: 1\r\nx-velocityx: 1\r\nx-request-idx: 1\r\n", False),
     (b"X-Velocity-Priority: high\r\n", True), (b"x-request-id: abc\r\n", True),

@@ -39,6 +39,7 @@ from velocity_fast.upstream.relay import stream_error_event
 
 log = logging.getLogger("velocity.gateway")
 
+cdef str _JSON = intern("application/json")  # one object with server.pyx's: its head needs no look-up
 cdef bytes _H_RID = b"x-request-id: "
 cdef bytes _H_EP = b"\r\nx-velocity-endpoint: "
 cdef bytes _H_QMS = b"\r\nx-velocity-queue-ms: "
@@ -405,7 +406,7 @@ cdef class Exchange(Waiter):
         (<RouterCore?>self.gw.router)._on_dispatch(self.ep, self.info)
         ct = conn.content_type
         if ct is None:
-            ct = "application/json"
+            ct = _JSON
         if starts(ct, "text/event-stream") or (
                 not conn.has_length and conn.te_chunked and not starts(ct, "application/json")):
             # A stream: its pieces come to upstream_body as they arrive (relay.py's rules).
@@ -489,7 +490,7 @@ cdef class Exchange(Waiter):
         status = conn.status
         ct = conn.content_type
         if ct is None:
-            ct = "application/json"
+            ct = _JSON
         body = conn.take()
         (<PoolCore?>ep.upstream).release(conn)
         self.conn = None

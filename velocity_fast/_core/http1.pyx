@@ -15,14 +15,19 @@ same meaning; tests/unit/test_http1_scan.py holds the two side by side.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
+from cpython.dict cimport PyDict_SetItem
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
+from cpython.unicode cimport PyUnicode_DecodeLatin1
 from libc.stdint cimport uint64_t
 from libc.string cimport memcmp, memcpy
-from cpython.unicode cimport PyUnicode_DecodeLatin1
 
 from velocity_fast._core.message cimport Request, new_request
+
+
+cdef extern from "Python.h":
+    PyObject* PyDict_SetDefault(object d, object key, object default) except NULL  # borrowed
+    Py_ssize_t PyDict_GET_SIZE(object d)
 
 # RFC 9110 tchar: the bytes of a header name (and a method).
 cdef bint _TCHAR[256]
@@ -197,6 +202,7 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
     cdef bint chunked = False
     cdef unsigned char ch
     cdef PyObject* old
+    cdef Py_ssize_t had
     out.ct_start = -1
     out.ct_len = 0
     out.ours = False
@@ -260,10 +266,10 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
             out.ours = True
         name = _name(s + ls, colon - ls)
         value = _text(s + vs, ve - vs)
-        old = PyDict_GetItem(headers, name)
-        if old != NULL:
-            value = <object>old + ", " + value
-        PyDict_SetItem(headers, name, value)
+        had = PyDict_GET_SIZE(headers)
+        old = PyDict_SetDefault(headers, name, value)  # one look-up: inserted, or the earlier value
+        if PyDict_GET_SIZE(headers) == had:  # (not by identity: equal values are one shared str)
+            PyDict_SetItem(headers, name, <object>old + ", " + value)
     if pos > limit:
         return -1
     if chunked and cl != -1:

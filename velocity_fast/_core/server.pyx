@@ -49,6 +49,9 @@ cdef dict _CT = {
     "application/json": b"content-type: application/json\r\n",
     "text/event-stream": b"content-type: text/event-stream\r\ncache-control: no-cache\r\n",
     "text/plain; version=0.0.4; charset=utf-8": b"content-type: text/plain; version=0.0.4; charset=utf-8\r\n"}
+cdef bytes _OK = _STATUS_LINES[200]
+cdef str _JSON = intern("application/json")  # one object: upstream.pyx and exchange.pyx use it too
+cdef bytes _JSON_LINE = _CT[_JSON]
 cdef bytes _KEEP = b"connection: keep-alive\r\n"
 cdef bytes _CLOSE = b"connection: close\r\n"
 cdef bytes _KEEP_END = b"\r\nconnection: keep-alive\r\n\r\n"  # after content-length's value
@@ -82,11 +85,13 @@ cdef bytes _head(int status, object content_type, object headers, bytes extra, b
     """Status line, content type, ``headers`` and ``extra`` (the framing lines and the
     blank line), then ``body``: one bytes object."""
     cdef list parts
-    line = _STATUS_LINES.get(status)
+    line = _OK if status == 200 else _STATUS_LINES.get(status)
     if line is None:
         line = status_line(status)
     ct = b""
-    if content_type:
+    if content_type is _JSON:  # the proxy's usual answer: no look-up
+        ct = _JSON_LINE
+    elif content_type:
         ct = _CT.get(content_type)
         if ct is None:
             ct = f"content-type: {content_type}\r\n".encode("latin-1")

@@ -44,7 +44,7 @@ cdef inline int _hex(unsigned char c) noexcept nogil:
     return -1
 
 
-cdef str _JSON = "application/json"
+cdef str _JSON = intern("application/json")  # the object server.pyx knows at once
 
 
 cdef class Listener:
