@@ -26,7 +26,6 @@ cdef class GatewayCore:
 cdef class Exchange(Waiter):
     cdef readonly GatewayCore gw
     cdef object loop
-    cdef object on_disc
     cdef readonly Request req
     cdef readonly Responder resp
     cdef readonly str route

@@ -281,8 +281,7 @@ cdef class Exchange(Waiter):
     waiter while queued (a Waiter: the dispatch cycle calls it as C)."""
 
     cpdef start(self):
-        self.on_disc = self.on_disconnect  # one bound method, added now and removed at the end
-        self.resp.add_disconnect_callback(self.on_disc)
+        self.resp.add_disconnect_callback(self)  # itself, callable: no bound method to make
         try:
             got = self.adm._admit(self.ticket, self)
         except Rejected as e:
@@ -527,10 +526,13 @@ cdef class Exchange(Waiter):
         self._refuse(502, "upstream", f"The engine failed before answering: {e}")
 
     # -- endings -------------------------------------------------------------------------
+    def __call__(self):
+        """The client's disconnect callback (the Responder calls it once, as on_disconnect)."""
+        self.on_disconnect()
+
     def on_disconnect(self):
         """The client left: out of the queue, or the engine request aborted and the lease cancelled."""
         self.abandoned = True
-        self.on_disc = None  # the client's list of callbacks is gone: no cycle left
         if self.state == _QUEUED:
             self.state = _DONE
             self.adm._withdraw(self.ticket, self.qid)
@@ -574,8 +576,8 @@ cdef class Exchange(Waiter):
 
     cdef _end(self):
         self.state = _DONE
-        self.resp.remove_disconnect_callback(self.on_disc)
-        self.on_disc = None  # it refers to this exchange: no cycle left for the collector
+        # The Responder refers to this exchange until then: no cycle left for the collector.
+        self.resp.remove_disconnect_callback(self)
 
     cdef _fail_lease(self, error_text):
         if self.lease is not None:

@@ -6,6 +6,11 @@ cdef class OutboxOwner:
     cdef public list _out
     cdef public Py_ssize_t _out_bytes
     cdef public object _transport
+    cdef object _t_write
+    cdef object _t_is_closing
+    cdef object _t_for
+
+    cdef _use_transport(self, transport)
 
 
 cdef class Outbox:

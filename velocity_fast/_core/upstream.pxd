@@ -75,6 +75,8 @@ cdef class PoolCore:
     cdef public Py_ssize_t max_idle
     cdef public str base_path
     cdef public bytes host_header
+    cdef str _last_path
+    cdef bytes _last_head
 
     cpdef bytes json_post_head(self, str path)
     cpdef UpstreamConnection idle_connection(self)

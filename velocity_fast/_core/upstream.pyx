@@ -128,7 +128,8 @@ cdef class UpstreamConnection(OutboxOwner):
 
     # -- asyncio.Protocol ---------------------------------------------------------
     def connection_made(self, transport):
-        self.transport = self._transport = transport
+        self.transport = transport
+        self._use_transport(transport)
 
     def data_received(self, bytes data):
         cdef Head head
@@ -523,8 +524,12 @@ cdef class PoolCore:
     cpdef bytes json_post_head(self, str path):
         """The start of a JSON POST to ``path``, up to the per-request headers: what
         request_head("POST", ...) writes first, built once per path."""
+        if path is self._last_path:  # one route, one pool: the usual case (paths are shared strs)
+            return self._last_head
         head = self._json_posts.get(path)
-        if head is None:
+        if head is not None:
+            self._last_path, self._last_head = path, head
+        else:
             head = self._json_posts[path] = b"POST %s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n" % (
                 (self.base_path + path).encode("latin-1"), self.host_header)
         return head
