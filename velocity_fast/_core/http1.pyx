@@ -85,23 +85,37 @@ cdef inline bint _eq_lower(const char* p, Py_ssize_t n, const char* word, Py_ssi
     return True
 
 
+cdef inline bint _is_word(const char* p, Py_ssize_t n, const char* word, Py_ssize_t wn) nogil:
+    """A header name (tchars only, as the scanner has checked) equals the lower-case
+    ``word`` of letters and '-', whatever its case. OR 0x20 lowers a letter, leaves '-',
+    and maps no other tchar onto a letter or '-': no table, no branch per byte."""
+    cdef Py_ssize_t i
+    if n != wn:
+        return False
+    for i in range(n):
+        if (<unsigned char>p[i] | 0x20) != <unsigned char>word[i]:
+            return False
+    return True
+
+
 cdef inline int _kind(const char* p, Py_ssize_t n) nogil:
-    cdef unsigned char c = _lower(<unsigned char>p[0])
+    """Which of the headers the scanners must see ``p[:n]`` names (checked tchars)."""
+    cdef unsigned char c = <unsigned char>p[0] | 0x20
     if c == c'c':
-        if _eq_lower(p, n, b"content-length", 14):
+        if n == 14 and _is_word(p, n, b"content-length", 14):
             return H_CONTENT_LENGTH
-        if _eq_lower(p, n, b"connection", 10):
+        if n == 10 and _is_word(p, n, b"connection", 10):
             return H_CONNECTION
-        if _eq_lower(p, n, b"content-type", 12):
+        if n == 12 and _is_word(p, n, b"content-type", 12):
             return H_CONTENT_TYPE
     elif c == c't':
-        if _eq_lower(p, n, b"transfer-encoding", 17):
+        if _is_word(p, n, b"transfer-encoding", 17):
             return H_TRANSFER_ENCODING
     elif c == c'u':
-        if _eq_lower(p, n, b"upgrade", 7):
+        if _is_word(p, n, b"upgrade", 7):
             return H_UPGRADE
     elif c == c'e':
-        if _eq_lower(p, n, b"expect", 6):
+        if _is_word(p, n, b"expect", 6):
             return H_EXPECT
     return H_OTHER
 
