@@ -143,6 +143,18 @@ def test_nested_or_quoted_priority_is_not_touched():
 def test_null_own_field_is_removed_too():
     out = _strip(b'{"prompt": "x", "priority": null}')
     assert json.loads(out) == {"prompt": "x"}
+    out = _strip(b'{"prompt": "x", "sla_ms": null}')
+    assert json.loads(out) == {"prompt": "x"}
+
+
+def test_the_decoded_request_tells_an_absent_own_field_from_a_null_one():
+    # Absent: UNSET, and the body goes on untouched without being searched; null: None.
+    import msgspec
+
+    r = decode_proxy(b'{"prompt": "x"}', chat=False)
+    assert r.priority is msgspec.UNSET and r.sla_ms is msgspec.UNSET
+    r = decode_proxy(b'{"prompt": "x", "priority": null, "sla_ms": null}', chat=False)
+    assert r.priority is None and r.sla_ms is None
 
 
 _values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)

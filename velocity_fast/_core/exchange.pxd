@@ -1,6 +1,7 @@
 # One proxied request's callback chain, typed (see exchange.pyx).
 
 from velocity_fast._core.endpoint cimport Endpoint
+from velocity_fast._core.metric_values cimport Value
 from velocity_fast._core.identity cimport Identity
 from velocity_fast._core.message cimport Request
 from velocity_fast._core.admission cimport AdmissionCore, Lease, Ticket, Waiter
@@ -21,6 +22,10 @@ cdef class GatewayCore:
     cdef public object _loop
     cdef list _grants
     cdef object _requests_metric
+    cdef str _last_route
+    cdef str _last_band
+    cdef int _last_status
+    cdef Value _last_count
 
 
 cdef class Exchange(Waiter):
@@ -34,7 +39,6 @@ cdef class Exchange(Waiter):
     cdef readonly RouteInfo info
     cdef readonly bytes body
     cdef readonly str rid
-    cdef readonly list base_headers
     cdef readonly int state
     cdef AdmissionCore adm
     cdef long qid
@@ -74,3 +78,4 @@ cdef class Exchange(Waiter):
     cdef _fail_lease(self, error_text)
     cdef _refuse(self, int status, str reason, str message, retry_after=*)
     cdef _crashed(self)
+    cpdef list base_headers(self)

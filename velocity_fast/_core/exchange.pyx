@@ -32,6 +32,8 @@ from velocity_fast._core.slots cimport slot, slot_offset
 from velocity_fast._core.message cimport Request
 from velocity_fast._core.fmt cimport cat, dec, memmem, latin1, put, put_bytes, put_tenths, starts, tenths
 
+import msgspec
+
 from velocity_fast.admission.ticket import Rejected
 from velocity_fast.gateway.request_types import BadRequest, ProxyRequest
 from velocity_fast.routing.router import UnknownProfile
@@ -39,6 +41,7 @@ from velocity_fast.upstream.relay import stream_error_event
 
 log = logging.getLogger("velocity.gateway")
 
+cdef object _UNSET = msgspec.UNSET  # ProxyRequest's priority and sla_ms when the body has none
 cdef str _JSON = intern("application/json")  # one object with server.pyx's: its head needs no look-up
 cdef bytes _H_RID = b"x-request-id: "
 cdef bytes _H_EP = b"\r\nx-velocity-endpoint: "
@@ -184,7 +187,6 @@ cpdef proxy(GatewayCore gw, Request req, Responder resp, str route, bint chat):
         sla = h.get("x-velocity-sla-ms")
     if not rid:
         rid = new_request_id()
-    base_headers = [("x-request-id", rid)]
     band = "-"
     try:
         r = decode_proxy(req.body, chat)  # a ProxyRequest: its fields are read by offset
@@ -192,25 +194,30 @@ cpdef proxy(GatewayCore gw, Request req, Responder resp, str route, bint chat):
         tenant_name, tenant = identity.tenant_for(bound, tenant_h, slot(r, _USER))
         if prio is None:
             prio = slot(r, _PRIORITY)
+            if prio is _UNSET:  # not in the body
+                prio = None
         band = band_for(gw.band_names, prio, tenant)
         sla_ms = slot(r, _SLA_MS)
+        if sla_ms is _UNSET:
+            sla_ms = None
         if sla is not None:
             sla_ms = gw._sla_for(sla, sla_ms)
         model = slot(r, _MODEL) or gw.default_model
         info = (<RouterCore?>gw.router)._route_info(model, r, h if req.gateway_headers else None)
     except (BadRequest, UnknownProfile) as e:
         count_request(gw, route, 400, band)
-        return resp.send_error(400, str(e), param=e.param, headers=base_headers)
+        return resp.send_error(400, str(e), param=e.param, headers=[("x-request-id", rid)])
     pool = gw.pools.get(model) if model else None
     if pool is None:
         count_request(gw, route, 404, band)
         return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
-                               param="model", headers=base_headers)
+                               param="model", headers=[("x-request-id", rid)])
     if tenant is not None:
         wait = (<Tenant?>tenant).take()
         if wait:
             return gw._reject(resp, route, 429, "rate-limit",
-                              f"Tenant {tenant_name!r} is over its request rate.", band, base_headers, wait)
+                              f"Tenant {tenant_name!r} is over its request rate.", band,
+                              [("x-request-id", rid)], wait)
     body = strip_own_fields(req.body, r)
     max_tokens = slot(r, _MAX_COMPLETION_TOKENS) or slot(r, _MAX_TOKENS) or 256
     ticket = Ticket.__new__(Ticket)  # the fields are already what Ticket() would make of them
@@ -222,18 +229,24 @@ cpdef proxy(GatewayCore gw, Request req, Responder resp, str route, bint chat):
     ticket.model = model
     # No task: admission, the engine connection and the client meet in callbacks,
     # a stream's events included.
-    _exchange(gw, req, resp, route, pool, ticket, info, body, rid, base_headers).start()
+    _exchange(gw, req, resp, route, pool, ticket, info, body, rid).start()
 
 
 cdef count_request(GatewayCore gw, str route, int status, str band):
     """velocity_requests_total{route, status, band} += 1: the child held by the metric for
     these very values, found without a call (the metric makes it on first use)."""
+    if route is gw._last_route and band is gw._last_band and status == gw._last_status:
+        # the same as the last request's (shared strs): its child again, no tuple to make
+        # (the metric never drops a child of this family: its labels name no endpoint)
+        gw._last_count.value += 1.0
+        return
     metric = gw._requests_metric
     if metric is None:  # the gateway's metrics are made once, with it
         metric = gw._requests_metric = gw.metrics.requests
     child = (<dict>metric._by_raw).get((route, status, band))
     if type(child) is Value:
         (<Value>child).value += 1.0
+        gw._last_route, gw._last_band, gw._last_status, gw._last_count = route, band, status, child
     else:
         metric.labels(route, status, band).inc()
 
@@ -252,7 +265,7 @@ cpdef settle(GatewayCore gw, str route, str band, Endpoint ep, Lease lease, int 
 
 
 cdef Exchange _exchange(GatewayCore gw, Request req, Responder resp, str route, pool, Ticket ticket, RouteInfo info, bytes body,
-                        str rid, list base_headers):
+                        str rid):
     """A new Exchange, made without an __init__ call. Fields not set here start as None,
     0 or False: no lease, endpoint, engine connection or drain task yet; a streamed
     answer's fields (relaying, ct, status, events, first, engine_failed, error_text) are
@@ -268,7 +281,6 @@ cdef Exchange _exchange(GatewayCore gw, Request req, Responder resp, str route, 
     x.info = info
     x.body = body
     x.rid = rid
-    x.base_headers = base_headers
     x.state = _ADMITTING
     x.adm = gw.admission  # a reload may replace the gateway's: the queue is this one's
     x.qid = -1
@@ -287,7 +299,7 @@ cdef class Exchange(Waiter):
         except Rejected as e:
             self._end()
             self.gw._reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band,
-                            self.base_headers, e.retry_after, from_admission=True)
+                            self.base_headers(), e.retry_after, from_admission=True)
             return
         if type(got) is tuple:
             self.qid = (<tuple>got)[1]
@@ -335,7 +347,7 @@ cdef class Exchange(Waiter):
         if self.abandoned:
             return
         self._end()
-        self.gw._reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band, self.base_headers,
+        self.gw._reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band, self.base_headers(),
                         e.retry_after, from_admission=True)
 
     # -- the engine ----------------------------------------------------------------------
@@ -546,8 +558,12 @@ cdef class Exchange(Waiter):
         if self.lease is not None:
             self.lease.release("cancelled")
 
+    cpdef list base_headers(self):
+        """The headers of every answer to this request, an error's too (made when needed)."""
+        return [("x-request-id", self.rid)]
+
     def out_headers(self):
-        return self.base_headers + [("x-velocity-endpoint", self.ep.name),
+        return self.base_headers() + [("x-velocity-endpoint", self.ep.name),
                                     ("x-velocity-queue-ms", tenths(self.queue_s * 1000.0).decode("ascii")),
                                     ("x-velocity-band", self.ticket.band)]
 
@@ -586,7 +602,7 @@ cdef class Exchange(Waiter):
     cdef _refuse(self, int status, str reason, str message, retry_after=None):
         self._end()
         if not self.resp.started:
-            self.gw._reject(self.resp, self.route, status, reason, message, self.ticket.band, self.base_headers,
+            self.gw._reject(self.resp, self.route, status, reason, message, self.ticket.band, self.base_headers(),
                             retry_after)
 
     cdef _crashed(self):

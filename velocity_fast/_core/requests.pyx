@@ -23,6 +23,8 @@ from velocity_fast.gateway.request_types import (
     _raw_object_decoder,
 )
 
+cdef object _UNSET = msgspec.UNSET  # a field the body did not name
+
 # ProxyRequest's fields read on every request, by offset (slots.pxd).
 cdef Py_ssize_t _MESSAGES = slot_offset(ProxyRequest, "messages")
 cdef Py_ssize_t _PROMPT = slot_offset(ProxyRequest, "prompt")
@@ -79,7 +81,7 @@ cpdef decode_proxy(bytes body, bint chat):
         raise BadRequest(f"`max_completion_tokens` must be at least 1, got {max_completion_tokens}.",
                          "max_completion_tokens")
     sla_ms = slot(r, _SLA_MS)
-    if sla_ms is not None and sla_ms <= 0:
+    if sla_ms is not None and sla_ms is not _UNSET and sla_ms <= 0:
         raise BadRequest(f"`sla_ms` must be positive, got {sla_ms}.", "sla_ms")
     if slot(r, _STREAM_OPTIONS) is not None and not slot(r, _STREAM):
         raise BadRequest("Stream options can only be defined when `stream=True`.", "stream_options")
@@ -102,11 +104,10 @@ cpdef bytes strip_own_fields(bytes body, r):
         raise TypeError("strip_own_fields() needs the body as bytes, not None")
     # contains (memmem), not `in`: on bytes `in` first tries its operand as an integer,
     # and so raises and clears a TypeError each time (about 1,800 instructions).
-    if type(r) is ProxyRequest:
-        priority, sla_ms = slot(r, _PRIORITY), slot(r, _SLA_MS)
-    else:
-        priority, sla_ms = r.priority, r.sla_ms
-    if (priority is None and sla_ms is None and not contains(body, b'"priority"')
+    if type(r) is ProxyRequest:  # it tells whether the body named them at all
+        if slot(r, _PRIORITY) is _UNSET and slot(r, _SLA_MS) is _UNSET:
+            return body
+    elif (r.priority is None and r.sla_ms is None and not contains(body, b'"priority"')
             and not contains(body, b'"sla_ms"')):
         return body
     # Values stay raw bytes: a full decode/encode would turn a 20-digit seed into a float

@@ -33,6 +33,7 @@ cdef class RouterCore:
     cdef public dict _pools
     cdef public dict _batch_infos
     cdef public dict _pick_children
+    cdef dict _only_children
     cdef public object _picks
     cdef public object _fail_open
     cdef public object _no_endpoint

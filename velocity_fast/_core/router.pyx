@@ -245,12 +245,17 @@ cdef class RouterCore:
                 return None
             cands, loads = saturated, saturated_loads
             self._fail_open_v.value += 1.0
-        if cands is None:
-            chosen, basis = first, _ONLY
-        elif len(cands) == 1:
-            chosen, basis = cands[0], _ONLY
-        else:
-            chosen, basis = self._profiles[info.profile].choose(cands, loads, info, state)
+        if cands is None or len(cands) == 1:
+            chosen = first if cands is None else cands[0]
+            # the count of picks without a choice, by profile: no tuple key to make
+            if self._only_children is None:
+                self._only_children = {}
+            only = self._only_children.get(info.profile)
+            if only is None:
+                only = self._only_children[info.profile] = self._pick_children[(info.profile, _ONLY)]
+            (<Value?>only).value += 1.0
+            return chosen
+        chosen, basis = self._profiles[info.profile].choose(cands, loads, info, state)
         (<Value?>self._pick_children[(info.profile, basis)]).value += 1.0
         return chosen
 

@@ -40,8 +40,10 @@ class ProxyRequest(msgspec.Struct):
     stream_options: StreamOptions | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    priority: Union[str, int, None] = None
-    sla_ms: float | None = None
+    # UNSET when the body does not name them (None when it says null): the body then
+    # goes to the engine as it came, without looking for them in it.
+    priority: Union[str, int, None, msgspec.UnsetType] = msgspec.UNSET
+    sla_ms: Union[float, None, msgspec.UnsetType] = msgspec.UNSET
     user: str | None = None
 
 
