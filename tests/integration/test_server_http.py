@@ -10,6 +10,17 @@ import pytest
 from tests.support.server_wire import build, chunked, connect, echo, serving
 
 
+def _recorder():
+    """A handler that keeps each request it gets and answers 200 "ok"."""
+    seen = []
+
+    async def handler(req, resp):
+        seen.append(req)
+        resp.send(200, b"ok", content_type="text/plain")
+
+    return seen, handler
+
+
 async def test_keep_alive_serves_several_requests_on_one_connection():
     async with serving(echo) as srv, connect(srv) as c:
         clients = set()
@@ -23,11 +34,7 @@ async def test_keep_alive_serves_several_requests_on_one_connection():
 
 
 async def test_request_fields_reach_the_handler():
-    seen = []
-
-    async def handler(req, resp):
-        seen.append(req)
-        resp.send(200, b"ok", content_type="text/plain")
+    seen, handler = _recorder()
 
     async with serving(handler) as srv, connect(srv) as c:
         c.send(b"GET /a/b?q=1&r=2 HTTP/1.1\r\nHost: t\r\nX-Tag: one\r\nx-tag: two\r\n"
@@ -43,11 +50,7 @@ async def test_request_fields_reach_the_handler():
 async def test_a_repeated_header_with_the_same_value_is_joined_too():
     # Short values that repeat are one shared str inside the scanner: joining must not
     # mistake the second for the first.
-    seen = []
-
-    async def handler(req, resp):
-        seen.append(req)
-        resp.send(200, b"ok", content_type="text/plain")
+    seen, handler = _recorder()
 
     async with serving(handler) as srv, connect(srv) as c:
         c.send(b"GET / HTTP/1.1\r\nHost: t\r\nX-Tag: same\r\nx-tag: same\r\nX-TAG: other\r\n\r\n")
@@ -63,11 +66,7 @@ async def test_a_repeated_header_with_the_same_value_is_joined_too():
 async def test_the_request_says_whether_it_carries_a_header_the_gateway_reads(header, ours):
     # The proxy path looks up x-velocity-*, x-request-id and x-session-id only when the
     # request has one; a request llhttp parsed (split across reads) always says True.
-    seen = []
-
-    async def handler(req, resp):
-        seen.append(req)
-        resp.send(200, b"ok", content_type="text/plain")
+    seen, handler = _recorder()
 
     data = b"GET /g HTTP/1.1\r\nHost: t\r\n" + header + b"\r\n"
     async with serving(handler) as srv, connect(srv) as c:
