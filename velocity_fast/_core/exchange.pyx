@@ -20,7 +20,8 @@ from libc.string cimport memcmp, memcpy
 
 from velocity_fast._core.admission cimport AdmissionCore, Lease, Ticket, Waiter
 from velocity_fast._core.metric_values cimport Value
-from velocity_fast._core.requests cimport decode_proxy, strip_own_fields
+from velocity_fast._core.requests cimport (P_MAX_COMPLETION_TOKENS, P_MAX_TOKENS, P_MODEL, P_PRIORITY, P_SLA_MS, P_USER,
+                                           decode_proxy, proxy_field, strip_own_fields)
 from velocity_fast._core.router cimport RouteInfo, RouterCore
 from velocity_fast._core.server cimport Responder
 from velocity_fast._core.upstream cimport PoolCore, UpstreamConnection
@@ -28,14 +29,13 @@ from velocity_fast._core.upstream cimport PoolCore, UpstreamConnection
 from velocity_fast._core.clock cimport monotonic
 from velocity_fast._core.endpoint cimport Endpoint
 from velocity_fast._core.identity cimport Identity, Tenant
-from velocity_fast._core.slots cimport slot, slot_offset
 from velocity_fast._core.message cimport Request
 from velocity_fast._core.fmt cimport cat, dec, memmem, latin1, put, put_bytes, put_tenths, starts, tenths
 
 import msgspec
 
 from velocity_fast.admission.ticket import Rejected
-from velocity_fast.gateway.request_types import BadRequest, ProxyRequest
+from velocity_fast.gateway.request_types import BadRequest
 from velocity_fast.routing.router import UnknownProfile
 from velocity_fast.upstream.relay import stream_error_event
 
@@ -83,15 +83,6 @@ cpdef str new_request_id():
         _ID[15 - i] = _HEX[(n >> (4 * i)) & 15]
     return PyUnicode_DecodeASCII(_ID, 16, NULL)
 
-
-# ProxyRequest's fields the request path reads, by offset (slots.pxd; decode_proxy
-# returns nothing else).
-cdef Py_ssize_t _MODEL = slot_offset(ProxyRequest, "model")
-cdef Py_ssize_t _USER = slot_offset(ProxyRequest, "user")
-cdef Py_ssize_t _PRIORITY = slot_offset(ProxyRequest, "priority")
-cdef Py_ssize_t _SLA_MS = slot_offset(ProxyRequest, "sla_ms")
-cdef Py_ssize_t _MAX_TOKENS = slot_offset(ProxyRequest, "max_tokens")
-cdef Py_ssize_t _MAX_COMPLETION_TOKENS = slot_offset(ProxyRequest, "max_completion_tokens")
 
 cdef dict _PROXY_ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}
 
@@ -191,18 +182,18 @@ cpdef proxy(GatewayCore gw, Request req, Responder resp, str route, bint chat):
     try:
         r = decode_proxy(req.body, chat)  # a ProxyRequest: its fields are read by offset
         bound = identity.authenticate(h)[1] if identity.required else None
-        tenant_name, tenant = identity.tenant_for(bound, tenant_h, slot(r, _USER))
+        tenant_name, tenant = identity.tenant_for(bound, tenant_h, proxy_field(r, P_USER))
         if prio is None:
-            prio = slot(r, _PRIORITY)
+            prio = proxy_field(r, P_PRIORITY)
             if prio is _UNSET:  # not in the body
                 prio = None
         band = band_for(gw.band_names, prio, tenant)
-        sla_ms = slot(r, _SLA_MS)
+        sla_ms = proxy_field(r, P_SLA_MS)
         if sla_ms is _UNSET:
             sla_ms = None
         if sla is not None:
             sla_ms = gw._sla_for(sla, sla_ms)
-        model = slot(r, _MODEL) or gw.default_model
+        model = proxy_field(r, P_MODEL) or gw.default_model
         info = (<RouterCore?>gw.router)._route_info(model, r, h if req.gateway_headers else None)
     except (BadRequest, UnknownProfile) as e:
         count_request(gw, route, 400, band)
@@ -219,7 +210,7 @@ cpdef proxy(GatewayCore gw, Request req, Responder resp, str route, bint chat):
                               f"Tenant {tenant_name!r} is over its request rate.", band,
                               [("x-request-id", rid)], wait)
     body = strip_own_fields(req.body, r)
-    max_tokens = slot(r, _MAX_COMPLETION_TOKENS) or slot(r, _MAX_TOKENS) or 256
+    max_tokens = proxy_field(r, P_MAX_COMPLETION_TOKENS) or proxy_field(r, P_MAX_TOKENS) or 256
     ticket = Ticket.__new__(Ticket)  # the fields are already what Ticket() would make of them
     ticket.band = band
     ticket.tenant = tenant_name

@@ -25,15 +25,24 @@ from velocity_fast.gateway.request_types import (
 
 cdef object _UNSET = msgspec.UNSET  # a field the body did not name
 
-# ProxyRequest's fields read on every request, by offset (slots.pxd).
-cdef Py_ssize_t _MESSAGES = slot_offset(ProxyRequest, "messages")
-cdef Py_ssize_t _PROMPT = slot_offset(ProxyRequest, "prompt")
-cdef Py_ssize_t _STREAM = slot_offset(ProxyRequest, "stream")
-cdef Py_ssize_t _STREAM_OPTIONS = slot_offset(ProxyRequest, "stream_options")
-cdef Py_ssize_t _MAX_TOKENS = slot_offset(ProxyRequest, "max_tokens")
-cdef Py_ssize_t _MAX_COMPLETION_TOKENS = slot_offset(ProxyRequest, "max_completion_tokens")
-cdef Py_ssize_t _PRIORITY = slot_offset(ProxyRequest, "priority")
-cdef Py_ssize_t _SLA_MS = slot_offset(ProxyRequest, "sla_ms")
+# ProxyRequest's fields by offset (slots.pxd), in the order of requests.pxd's P_* names.
+cdef Py_ssize_t _OFFSETS[P_FIELDS]
+cdef object _PROXY_TYPE = ProxyRequest
+cdef int _i
+_NAMES = ("model", "messages", "prompt", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+          "priority", "sla_ms", "user")  # P_MODEL... in order
+if ProxyRequest.__struct_fields__ != _NAMES:
+    raise ImportError("ProxyRequest's fields and requests.pxd's P_* names differ")
+for _i in range(P_FIELDS):
+    _OFFSETS[_i] = slot_offset(ProxyRequest, _NAMES[_i])
+
+
+cdef object proxy_field(object r, int which):
+    """Field ``which`` (P_MODEL...) of a ProxyRequest, read at its slot offset: from
+    compiled code ``r.model`` is a type look-up and a descriptor call."""
+    if type(r) is not _PROXY_TYPE:
+        raise TypeError(f"proxy_field() needs a ProxyRequest, not {type(r).__name__}")
+    return slot(r, _OFFSETS[which])
 
 
 @cython.boundscheck(True)
@@ -67,23 +76,23 @@ cpdef decode_proxy(bytes body, bint chat):
     if type(r) is not ProxyRequest:  # the decoder makes nothing else; the reads below rely on it
         raise TypeError(f"decoded {type(r).__name__}, not ProxyRequest")
     if chat:
-        if not slot(r, _MESSAGES):
+        if not proxy_field(r, P_MESSAGES):
             raise BadRequest("`messages` is required and must be a non-empty list.", "messages")
     else:
-        prompt = slot(r, _PROMPT)
+        prompt = proxy_field(r, P_PROMPT)
         if prompt is None or prompt == "" or prompt == []:
             raise BadRequest("`prompt` is required.", "prompt")
-    max_tokens = slot(r, _MAX_TOKENS)
+    max_tokens = proxy_field(r, P_MAX_TOKENS)
     if max_tokens is not None and max_tokens < 1:
         raise BadRequest(f"`max_tokens` must be at least 1, got {max_tokens}.", "max_tokens")
-    max_completion_tokens = slot(r, _MAX_COMPLETION_TOKENS)
+    max_completion_tokens = proxy_field(r, P_MAX_COMPLETION_TOKENS)
     if max_completion_tokens is not None and max_completion_tokens < 1:
         raise BadRequest(f"`max_completion_tokens` must be at least 1, got {max_completion_tokens}.",
                          "max_completion_tokens")
-    sla_ms = slot(r, _SLA_MS)
+    sla_ms = proxy_field(r, P_SLA_MS)
     if sla_ms is not None and sla_ms is not _UNSET and sla_ms <= 0:
         raise BadRequest(f"`sla_ms` must be positive, got {sla_ms}.", "sla_ms")
-    if slot(r, _STREAM_OPTIONS) is not None and not slot(r, _STREAM):
+    if proxy_field(r, P_STREAM_OPTIONS) is not None and not proxy_field(r, P_STREAM):
         raise BadRequest("Stream options can only be defined when `stream=True`.", "stream_options")
     return r
 
@@ -105,7 +114,7 @@ cpdef bytes strip_own_fields(bytes body, r):
     # contains (memmem), not `in`: on bytes `in` first tries its operand as an integer,
     # and so raises and clears a TypeError each time (about 1,800 instructions).
     if type(r) is ProxyRequest:  # it tells whether the body named them at all
-        if slot(r, _PRIORITY) is _UNSET and slot(r, _SLA_MS) is _UNSET:
+        if proxy_field(r, P_PRIORITY) is _UNSET and proxy_field(r, P_SLA_MS) is _UNSET:
             return body
     elif (r.priority is None and r.sla_ms is None and not contains(body, b'"priority"')
             and not contains(body, b'"sla_ms"')):
