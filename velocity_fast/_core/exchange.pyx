@@ -87,6 +87,18 @@ cpdef str new_request_id():
 cdef dict _PROXY_ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}
 
 
+cdef inline list _rid_headers(str rid):
+    """x-request-id, the header every answer carries (made only for an error's: a relayed
+    answer's head is written whole by Exchange._out_lines)."""
+    return [("x-request-id", rid)]
+
+
+cdef inline str _content_type(UpstreamConnection conn):
+    """The engine answer's content type; JSON when it names none (as vLLM's always is)."""
+    ct = conn.content_type
+    return _JSON if ct is None else ct
+
+
 cdef long _events(bytes data, Py_ssize_t* err_at):
     """How many SSE events begin in ``data`` (``data: `` lines), in one pass that also
     finds the first of them that is an error event (``data: {"error"``): its offset in
@@ -197,18 +209,18 @@ cpdef proxy(GatewayCore gw, Request req, Responder resp, str route, bint chat):
         info = (<RouterCore?>gw.router)._route_info(model, r, h if req.gateway_headers else None)
     except (BadRequest, UnknownProfile) as e:
         count_request(gw, route, 400, band)
-        return resp.send_error(400, str(e), param=e.param, headers=[("x-request-id", rid)])
+        return resp.send_error(400, str(e), param=e.param, headers=_rid_headers(rid))
     pool = gw.pools.get(model) if model else None
     if pool is None:
         count_request(gw, route, 404, band)
         return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
-                               param="model", headers=[("x-request-id", rid)])
+                               param="model", headers=_rid_headers(rid))
     if tenant is not None:
         wait = (<Tenant?>tenant).take()
         if wait:
             return gw._reject(resp, route, 429, "rate-limit",
                               f"Tenant {tenant_name!r} is over its request rate.", band,
-                              [("x-request-id", rid)], wait)
+                              _rid_headers(rid), wait)
     body = strip_own_fields(req.body, r)
     max_tokens = proxy_field(r, P_MAX_COMPLETION_TOKENS) or proxy_field(r, P_MAX_TOKENS) or 256
     ticket = Ticket.__new__(Ticket)  # the fields are already what Ticket() would make of them
@@ -377,16 +389,16 @@ cdef class Exchange(Waiter):
     # -- the engine connection's listener: called as C (upstream.pyx's Listener); the
     # Python names are for a connection made by the pool's Python (a fresh connect) --
     def upstream_sent(self, UpstreamConnection conn):
-        self.conn = conn
+        self.on_sent(conn)
 
     def upstream_head(self, UpstreamConnection conn):
         self.on_head(conn)
 
     def upstream_body(self, UpstreamConnection conn, bytes data):
-        self._relay(conn, data, False)
+        self.on_body(conn, data)
 
     def upstream_raw(self, UpstreamConnection conn, bytes framed):
-        self._relay(conn, framed, True)
+        self.on_raw(conn, framed)
 
     def upstream_done(self, UpstreamConnection conn):
         self.on_done(conn)
@@ -406,9 +418,7 @@ cdef class Exchange(Waiter):
     cdef on_head(self, UpstreamConnection conn):
         self.headed = True
         (<RouterCore?>self.gw.router)._on_dispatch(self.ep, self.info)
-        ct = conn.content_type
-        if ct is None:
-            ct = _JSON
+        ct = _content_type(conn)
         if starts(ct, "text/event-stream") or (
                 not conn.has_length and conn.te_chunked and not starts(ct, "application/json")):
             # A stream: its pieces come to upstream_body as they arrive (relay.py's rules).
@@ -490,9 +500,7 @@ cdef class Exchange(Waiter):
         cdef Endpoint ep = self.ep
         resp = self.resp
         status = conn.status
-        ct = conn.content_type
-        if ct is None:
-            ct = _JSON
+        ct = _content_type(conn)
         body = conn.take()
         (<PoolCore?>ep.upstream).release(conn)
         self.conn = None
@@ -551,7 +559,7 @@ cdef class Exchange(Waiter):
 
     cpdef list base_headers(self):
         """The headers of every answer to this request, an error's too (made when needed)."""
-        return [("x-request-id", self.rid)]
+        return _rid_headers(self.rid)
 
     def out_headers(self):
         return self.base_headers() + [("x-velocity-endpoint", self.ep.name),

@@ -102,11 +102,11 @@ cdef inline int _kind(const char* p, Py_ssize_t n) nogil:
     """Which of the headers the scanners must see ``p[:n]`` names (checked tchars)."""
     cdef unsigned char c = <unsigned char>p[0] | 0x20
     if c == c'c':
-        if n == 14 and _is_word(p, n, b"content-length", 14):
+        if _is_word(p, n, b"content-length", 14):
             return H_CONTENT_LENGTH
-        if n == 10 and _is_word(p, n, b"connection", 10):
+        if _is_word(p, n, b"connection", 10):
             return H_CONNECTION
-        if n == 12 and _is_word(p, n, b"content-type", 12):
+        if _is_word(p, n, b"content-type", 12):
             return H_CONTENT_TYPE
     elif c == c't':
         if _is_word(p, n, b"transfer-encoding", 17):
@@ -177,8 +177,8 @@ cdef inline bint _ours(const char* p, Py_ssize_t n) nogil:
     """A header the gateway reads on its proxy path: x-velocity-*, x-request-id, x-session-id.
     The request says whether it has any (``Request.gateway_headers``), so that the proxy
     path need not look each up in a dict that, from most clients, has none of them."""
-    return (n > 11 and _eq_lower(p, 11, b"x-velocity-", 11)) or _eq_lower(p, n, b"x-request-id", 12) \
-        or _eq_lower(p, n, b"x-session-id", 12)
+    return (n > 11 and _is_word(p, 11, b"x-velocity-", 11)) or _is_word(p, n, b"x-request-id", 12) \
+        or _is_word(p, n, b"x-session-id", 12)
 
 
 cdef int _connection(const char* p, Py_ssize_t n) nogil:

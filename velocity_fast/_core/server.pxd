@@ -10,8 +10,6 @@ cdef class OutboxOwner:
     cdef object _t_is_closing
     cdef object _t_for
 
-    cdef _use_transport(self, transport)
-
 
 cdef class Outbox:
     cdef object _loop

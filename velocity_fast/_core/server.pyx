@@ -115,14 +115,6 @@ cdef class OutboxOwner:
         self._out_bytes = 0
         self._transport = None
 
-    cdef _use_transport(self, transport):
-        """The transport, and its write and is_closing as bound methods: flush_out calls
-        them on every write, and a bound method skips the method look-up of each call."""
-        self._transport = transport
-        self._t_write = getattr(transport, "write", None)
-        self._t_is_closing = getattr(transport, "is_closing", None)
-        self._t_for = transport
-
 
 cdef class Outbox:
     """The owners with bytes waiting in this loop pass; flushed from the loop's ready queue."""
@@ -164,13 +156,10 @@ cpdef flush_out(OutboxOwner owner):
     t = owner._transport
     if t is None:
         return
-    if owner._t_for is not t:  # a transport set without _use_transport
-        owner._use_transport(t)
-    if owner._t_is_closing is None or owner._t_write is None:  # (not a full transport)
-        if t.is_closing():
-            return
-        t.write(out[0]) if len(out) == 1 else t.writelines(out)
-        return
+    if owner._t_for is not t:
+        # Its write and is_closing kept bound, for this transport: a bound method skips
+        # the method look-up that each call by name would make.
+        owner._t_write, owner._t_is_closing, owner._t_for = t.write, t.is_closing, t
     if owner._t_is_closing():
         return  # the peer is gone (or the stream aborted): nothing can be delivered
     if len(out) == 1:
@@ -435,7 +424,7 @@ cdef class HttpProtocol(OutboxOwner):
 
     # -- connection lifecycle ----------------------------------------------
     def connection_made(self, transport):
-        self._use_transport(transport)
+        self._transport = transport
         self._server._connections.add(self)
         if self._server._idle is not None:  # accepted just before the listener closed
             transport.close()

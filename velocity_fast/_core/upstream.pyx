@@ -128,8 +128,7 @@ cdef class UpstreamConnection(OutboxOwner):
 
     # -- asyncio.Protocol ---------------------------------------------------------
     def connection_made(self, transport):
-        self.transport = transport
-        self._use_transport(transport)
+        self.transport = self._transport = transport
 
     def data_received(self, bytes data):
         cdef Head head
