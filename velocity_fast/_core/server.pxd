@@ -1,8 +1,9 @@
 # The server's typed connection and response objects (see server.pyx).
 
+from velocity_fast._core.fdio cimport Protocol
 from velocity_fast._core.message cimport Request
 
-cdef class OutboxOwner:
+cdef class OutboxOwner(Protocol):
     cdef public list _out
     cdef public Py_ssize_t _out_bytes
     cdef public object _transport
@@ -12,6 +13,7 @@ cdef class OutboxOwner:
 
 
 cdef class Outbox:
+    cdef object __weakref__
     cdef object _loop
     cdef list _owners
     cdef bint _scheduled
@@ -45,6 +47,7 @@ cdef class Responder:
 
 
 cdef class HttpProtocol(OutboxOwner):
+    cdef received(self, bytes data)
     cdef object _server
     cdef readonly object _loop
     cdef object _handler

@@ -34,6 +34,7 @@ import httptools
 import orjson
 
 from velocity_fast._core.clock cimport monotonic
+from velocity_fast._core.fdio cimport FdTransport
 from velocity_fast._core.fmt cimport cat, dec
 
 from velocity_fast._core.http1 cimport take_request
@@ -146,6 +147,13 @@ cdef class Outbox:
             flush_out(owner)
 
 
+cdef inline Py_ssize_t _buffered(t) except -1:
+    """What waits in transport ``t``'s own buffer."""
+    if type(t) is FdTransport:
+        return (<FdTransport>t)._wsize
+    return t.get_write_buffer_size()
+
+
 cpdef flush_out(OutboxOwner owner):
     """Write what waits for ``owner`` now."""
     out = owner._out
@@ -155,6 +163,14 @@ cpdef flush_out(OutboxOwner owner):
     owner._out_bytes = 0
     t = owner._transport
     if t is None:
+        return
+    if type(t) is FdTransport:  # the gateway's own I/O: C calls
+        if (<FdTransport>t)._closing:
+            return
+        if len(out) == 1:
+            (<FdTransport>t).write_bytes(out[0])
+        else:
+            (<FdTransport>t).write_list(out)
         return
     if owner._t_for is not t:
         # Its write and is_closing kept bound, for this transport: a bound method skips
@@ -168,14 +184,17 @@ cpdef flush_out(OutboxOwner owner):
         t.writelines(out)  # one system call for the pass
 
 
-_outboxes = weakref.WeakKeyDictionary()
+# By the loop's id, weakly (its connections hold the outbox): an outbox holds its loop,
+# and a map by loop would keep every loop the process ever ran.
+_outboxes = weakref.WeakValueDictionary()
 
 
 cpdef Outbox outbox_for(loop):
     """The loop's outbox (one per loop, shared by every server and engine connection on it)."""
-    box = _outboxes.get(loop)
-    if box is None:
-        box = _outboxes[loop] = Outbox(loop)
+    box = _outboxes.get(id(loop))
+    if box is None or (<Outbox>box)._loop is not loop:
+        box = Outbox(loop)
+        _outboxes[id(loop)] = box
     return box
 
 
@@ -460,7 +479,7 @@ cdef class HttpProtocol(OutboxOwner):
         # flow control then pauses the producer (one that never yields would otherwise
         # fill memory). The transport is asked (a Python call) only when that can matter.
         if (self._write_paused or self._out_bytes > self._write_buffer_high // 2) and \
-                self._out_bytes + self._transport.get_write_buffer_size() > self._write_buffer_high:
+                self._out_bytes + _buffered(self._transport) > self._write_buffer_high:
             flush_out(self)
 
     cpdef _close(self):
@@ -544,6 +563,9 @@ cdef class HttpProtocol(OutboxOwner):
 
     # -- parsing ------------------------------------------------------------
     def data_received(self, bytes data):
+        self.received(data)
+
+    cdef received(self, bytes data):
         cdef Py_ssize_t pos, n
         if self._ignore_input:
             return

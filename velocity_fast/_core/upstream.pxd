@@ -5,6 +5,7 @@ from velocity_fast._core.server cimport OutboxOwner, Outbox
 
 
 cdef class UpstreamConnection(OutboxOwner):
+    cdef received(self, bytes data)
     cdef public object pool
     cdef public object transport
     cdef Outbox _outbox

@@ -131,6 +131,9 @@ cdef class UpstreamConnection(OutboxOwner):
         self.transport = self._transport = transport
 
     def data_received(self, bytes data):
+        self.received(data)
+
+    cdef received(self, bytes data):
         cdef Head head
         self._received = True
         if self._chunked:

@@ -11,6 +11,7 @@ import asyncio
 import logging
 from typing import Awaitable, Callable
 
+from .._core import fdio
 from .._core.server import HttpProtocol, Responder
 from .messages import Request, ServerLimits
 
@@ -48,7 +49,11 @@ class HTTPServer:
                     reuse_port: bool = False) -> None:
         """Listen on host:port (port 0 picks a free one; see `port`) or on `sock`."""
         self._loop = asyncio.get_running_loop()
-        if sock is not None:
+        if fdio.enabled():  # the gateway's own socket I/O (_core/fdio.pyx)
+            socks = [sock] if sock is not None else fdio.listen(host, port, backlog=backlog,
+                                                                 reuse_port=reuse_port)
+            self._server = fdio.Server(self._loop, lambda: HttpProtocol(self), socks, backlog)
+        elif sock is not None:
             self._server = await self._loop.create_server(lambda: HttpProtocol(self), sock=sock,
                                                           backlog=backlog)
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from urllib.parse import urlsplit
 
+from .._core import fdio
 from .._core.upstream import PoolCore
 from .connection import UpstreamConnection, UpstreamError, UpstreamListener
 
@@ -53,8 +54,12 @@ class UpstreamPool(PoolCore):
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancel that
             # lands as the connect completes, and a task told to stop then runs on.
             async with asyncio.timeout(self.connect_timeout):
-                _, conn = await loop.create_connection(lambda: UpstreamConnection(self, loop), self.host,
-                                                       self.port)
+                if fdio.enabled():  # the gateway's own socket I/O (_core/fdio.pyx)
+                    _, conn = await fdio.open_connection(loop, lambda: UpstreamConnection(self, loop),
+                                                         self.host, self.port)
+                else:
+                    _, conn = await loop.create_connection(lambda: UpstreamConnection(self, loop),
+                                                           self.host, self.port)
         except (OSError, asyncio.TimeoutError) as e:
             raise UpstreamError(f"cannot connect to {self.url}: {e or 'timeout'}", connect=True) from None
         self.connects += 1
