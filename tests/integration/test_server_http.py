@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
 import pytest
 
 from tests.support.server_wire import build, chunked, connect, echo, serving
@@ -98,6 +99,23 @@ async def test_pipelined_requests_are_answered_in_order_even_when_the_first_is_s
     assert order == [("start", "/slow"), ("end", "/slow"), ("start", "/fast1"), ("end", "/fast1"),
                      ("start", "/fast2"), ("end", "/fast2")]
 
+
+
+async def test_headers_read_late_are_each_requests_own_repeats_joined():
+    # The scanner makes a request's header dict only when it is read: three requests
+    # in one read, each read after the next ones were parsed, keep their own values.
+    async def handler(req, resp):
+        await asyncio.sleep(0.05)
+        resp.send_json(200, {"headers": req.headers, "tag": req.header("x-tag"), "none": req.header("x-no")})
+
+    async with serving(handler) as srv, connect(srv) as c:
+        c.send(build("GET", "/a", headers={"X-Tag": "one", "Accept": "a/b"})
+               + b"GET /b HTTP/1.1\r\nhost: h\r\nx-tag: two\r\nX-TAG:  three\r\n\r\n"
+               + build("POST", "/c", b"{}", headers={"x-tag": "four"}))
+        got = [orjson.loads((await c.response()).body) for _ in range(3)]
+    assert [g["tag"] for g in got] == ["one", "two, three", "four"]
+    assert got[0]["headers"]["accept"] == "a/b" and got[1]["headers"] == {"host": "h", "x-tag": "two, three"}
+    assert got[2]["headers"]["content-length"] == "2" and all(g["none"] is None for g in got)
 
 async def test_deep_pipelining_past_the_queue_limit_answers_every_request_in_order():
     async with serving(echo, max_pipelined=4) as srv, connect(srv) as c:

@@ -145,7 +145,7 @@ def handle_client(GatewayCore gw, Request req, Responder resp):
         return gw._health(resp)
     identity = gw.identity
     if identity.required:
-        ok, _ = identity.authenticate(req.headers)
+        ok, _ = identity.authenticate(req.header_dict())
         if not ok:
             return resp.send_error(401, "Missing or invalid API key.", type="AuthenticationError")
     chat = _PROXY_ROUTES.get(path)
@@ -180,9 +180,11 @@ cpdef proxy(GatewayCore gw, Request req, Responder resp, str route, bint chat):
     and a pool, then an Exchange takes it from admission to the answer."""
     cdef Ticket ticket
     cdef Identity identity = gw.identity
-    cdef dict h = req.headers
+    cdef dict h = None
     # The gateway's own headers, looked up only when the request has any (most have none).
     rid = tenant_h = prio = sla = None
+    if req.gateway_headers or identity.required:
+        h = req.header_dict()
     if req.gateway_headers:
         rid = h.get("x-request-id")
         tenant_h = h.get("x-velocity-tenant")

@@ -15,19 +15,12 @@ same meaning; tests/unit/test_http1_scan.py holds the two side by side.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.dict cimport PyDict_SetItem
-from cpython.object cimport PyObject
-from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.unicode cimport PyUnicode_DecodeLatin1
 from libc.stdint cimport uint64_t
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcpy
 
 from velocity_fast._core.message cimport Request, new_request
-
-
-cdef extern from "Python.h":
-    PyObject* PyDict_SetDefault(object d, object key, object default) except NULL  # borrowed
-    Py_ssize_t PyDict_GET_SIZE(object d)
+from velocity_fast._core.message cimport header_name as _name, short_text as _text
 
 # RFC 9110 tchar: the bytes of a header name (and a method).
 cdef bint _TCHAR[256]
@@ -47,15 +40,6 @@ cdef enum:
     H_UPGRADE = 4
     H_EXPECT = 5
     H_CONTENT_TYPE = 6
-
-# Header names decoded once: a small table by a hash of the lower-case bytes, each slot
-# keeping the first name (up to 32 bytes) that lands there. No bytes object, no dict.
-cdef struct _NameSlot:
-    Py_ssize_t n
-    char name[32]
-    PyObject* text
-cdef _NameSlot _SLOTS[256]
-
 
 cdef inline bint _plain8(const char* p) noexcept nogil:
     """All of p[0:8] are printable ASCII or space (0x20-0x7e): no CR, tab, other control
@@ -120,59 +104,6 @@ cdef inline int _kind(const char* p, Py_ssize_t n) nogil:
     return H_OTHER
 
 
-cdef object _name(const char* p, Py_ssize_t n):
-    """The header name as a lower-case str (names seen before shared)."""
-    cdef char buf[64]
-    cdef Py_ssize_t i
-    cdef unsigned int h = 2166136261u
-    cdef unsigned char c
-    cdef _NameSlot* slot
-    if n > 64:
-        return PyBytes_FromStringAndSize(p, n).decode("latin-1").lower()
-    for i in range(n):
-        c = _lower(<unsigned char>p[i])
-        buf[i] = <char>c
-        h = (h ^ c) * 16777619u  # FNV-1a
-    slot = &_SLOTS[(h ^ (h >> 8) ^ (h >> 16)) & 255]
-    if slot.n == n and memcmp(slot.name, buf, n) == 0:
-        return <object>slot.text
-    name = PyUnicode_DecodeLatin1(buf, n, NULL)
-    if slot.n == 0 and n <= 32:
-        memcpy(slot.name, buf, n)
-        slot.text = <PyObject*>name
-        Py_INCREF(name)  # the table keeps it for the process's life
-        slot.n = n
-    return name
-
-
-# Short texts of a request decoded once while they repeat: the method, the path, header
-# values (the host, the content type...). A slot keeps the last text that landed there,
-# so a text that does not repeat costs a decode, as without the table, and the ones
-# that do are shared (with their hash, once a dict has asked for it).
-cdef _NameSlot _TEXTS[512]
-
-
-cdef object _text(const char* p, Py_ssize_t n):
-    """p[:n] decoded as Latin-1, shared with the last equal text seen (up to 32 bytes)."""
-    cdef Py_ssize_t i
-    cdef unsigned int h = 2166136261u
-    cdef _NameSlot* slot
-    if n > 32:
-        return PyUnicode_DecodeLatin1(p, n, NULL)
-    for i in range(n):
-        h = (h ^ <unsigned char>p[i]) * 16777619u  # FNV-1a
-    slot = &_TEXTS[(h ^ (h >> 9) ^ (h >> 18)) & 511]
-    if slot.text != NULL and slot.n == n and memcmp(slot.name, p, n) == 0:
-        return <object>slot.text
-    text = PyUnicode_DecodeLatin1(p, n, NULL)
-    Py_XDECREF(slot.text)
-    memcpy(slot.name, p, n)
-    slot.text = <PyObject*>text
-    Py_INCREF(text)  # the table's reference, until another text takes the slot
-    slot.n = n
-    return text
-
-
 cdef inline bint _ours(const char* p, Py_ssize_t n) nogil:
     """A header the gateway reads on its proxy path: x-velocity-*, x-request-id, x-session-id.
     The request says whether it has any (``Request.gateway_headers``), so that the proxy
@@ -203,20 +134,19 @@ cdef Py_ssize_t _digits(const char* p, Py_ssize_t n) nogil:
 
 
 cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit, Head* out,
-                  dict headers) except -2:
+                  bint request) except -2:
     """Header lines from s[pos] up to the empty line: 0 taken, -1 declined or incomplete.
 
-    A request's (``headers`` a dict): each line goes into ``headers``, a repeated name
-    joined with ", "; any Transfer-Encoding is declined. A response's (``headers`` None):
-    no dict is made (UpstreamConnection builds it only if asked: response_headers), a
-    repeated name is taken (the last wins there, as on llhttp's path), one
-    ``Transfer-Encoding: chunked`` is taken, and where Content-Type's value lies is kept."""
+    No dict is made: the request's is made when first read (``Request.headers``, a
+    repeated name's values joined with ", "), the response's if asked
+    (response_headers, the last of a repeated name winning, as on llhttp's path). A
+    request's Transfer-Encoding is declined; a response's one ``chunked`` is taken.
+    Where Content-Type's value lies is kept; for a request, whether it names a header
+    the gateway reads (``ours``)."""
     cdef Py_ssize_t ls, colon, vs, ve, cl = -1
     cdef int kind, keep = -2, c
     cdef bint chunked = False
     cdef unsigned char ch
-    cdef PyObject* old
-    cdef Py_ssize_t had
     out.ct_start = -1
     out.ct_len = 0
     out.ours = False
@@ -266,7 +196,7 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
             if c < 0 or keep != -2:
                 return -1
             keep = c
-        elif kind == H_TRANSFER_ENCODING and headers is None and not chunked \
+        elif kind == H_TRANSFER_ENCODING and not request and not chunked \
                 and _eq_lower(s + vs, ve - vs, b"chunked", 7):
             chunked = True
         elif kind == H_CONTENT_TYPE:
@@ -274,16 +204,8 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
             out.ct_len = ve - vs
         elif kind != H_OTHER:
             return -1  # other transfer codings, upgrade, expect: llhttp's
-        if headers is None:
-            continue
-        if not out.ours and (s[ls] == c'x' or s[ls] == c'X') and _ours(s + ls, colon - ls):
+        if request and not out.ours and (s[ls] == c'x' or s[ls] == c'X') and _ours(s + ls, colon - ls):
             out.ours = True
-        name = _name(s + ls, colon - ls)
-        value = _text(s + vs, ve - vs)
-        had = PyDict_GET_SIZE(headers)
-        old = PyDict_SetDefault(headers, name, value)  # one look-up: inserted, or the earlier value
-        if PyDict_GET_SIZE(headers) == had:  # (not by identity: equal values are one shared str)
-            PyDict_SetItem(headers, name, <object>old + ", " + value)
     if pos > limit:
         return -1
     if chunked and cl != -1:
@@ -347,7 +269,6 @@ cdef Request take_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ss
     cdef Py_ssize_t n
     cdef Py_ssize_t ms, us, ue, q, limit, body_end, cl
     cdef Head head
-    cdef dict headers = {}
     cdef Request req
     if data is None:
         raise TypeError("take_request() needs bytes, not None")
@@ -384,7 +305,8 @@ cdef Request take_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ss
     if pos >= n or s[pos] != c'\n':
         return None
     pos += 1
-    if _headers(s, pos, n, limit, &head, headers) < 0:
+    head.lines = pos
+    if _headers(s, pos, n, limit, &head, True) < 0:
         return None
     if head.keep_alive == 0:
         # Connection: close: llhttp refuses what the client sends after it, and the
@@ -409,7 +331,10 @@ cdef Request take_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ss
     else:
         body = PyBytes_FromStringAndSize(s + head.end, cl)
     end[0] = body_end
-    req = new_request(method, path, query, headers, "1.1", head.keep_alive != 0, client, received_at, body)
+    req = new_request(method, path, query, None, "1.1", head.keep_alive != 0, client, received_at, body)
+    req._raw = data  # the header dict is made from it if asked
+    req._hs = head.lines
+    req._he = head.end - 2
     req.gateway_headers = head.ours
     return req
 
@@ -461,7 +386,7 @@ cdef int take_response(bytes data, Py_ssize_t pos, Head* out) except -2:
     if status < 0:
         return -1
     out.lines = pos
-    if _headers(s, pos, n, n, out, None) < 0:
+    if _headers(s, pos, n, n, out, False) < 0:
         return -1
     out.status = status
     return status

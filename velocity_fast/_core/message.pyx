@@ -7,6 +7,110 @@ server and the scanner (http1.pyx) make it with new_request, without an __init__
 """
 
 cimport cython
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.dict cimport PyDict_SetItem
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF
+from cpython.unicode cimport PyUnicode_DecodeLatin1
+from libc.string cimport memcmp, memcpy
+
+
+cdef extern from "Python.h":
+    PyObject* PyDict_SetDefault(object d, object key, object default) except NULL  # borrowed
+    Py_ssize_t PyDict_GET_SIZE(object d)
+
+
+# Header names decoded once: a small table by a hash of the lower-case bytes, each slot
+# keeping the first name (up to 32 bytes) that lands there. No bytes object, no dict.
+cdef struct _NameSlot:
+    Py_ssize_t n
+    char name[32]
+    PyObject* text
+cdef _NameSlot _SLOTS[256]
+
+
+cdef object header_name(const char* p, Py_ssize_t n):
+    """The header name as a lower-case str (names seen before shared)."""
+    cdef char buf[64]
+    cdef Py_ssize_t i
+    cdef unsigned int h = 2166136261u
+    cdef unsigned char c
+    cdef _NameSlot* slot
+    if n > 64:
+        return PyBytes_FromStringAndSize(p, n).decode("latin-1").lower()
+    for i in range(n):
+        c = <unsigned char>p[i]
+        if c >= 65 and c <= 90:
+            c += 32
+        buf[i] = <char>c
+        h = (h ^ c) * 16777619u  # FNV-1a
+    slot = &_SLOTS[(h ^ (h >> 8) ^ (h >> 16)) & 255]
+    if slot.n == n and memcmp(slot.name, buf, n) == 0:
+        return <object>slot.text
+    name = PyUnicode_DecodeLatin1(buf, n, NULL)
+    if slot.n == 0 and n <= 32:
+        memcpy(slot.name, buf, n)
+        slot.text = <PyObject*>name
+        Py_INCREF(name)  # the table keeps it for the process's life
+        slot.n = n
+    return name
+
+
+# Short texts of a request decoded once while they repeat: the method, the path, header
+# values (the host, the content type...). A slot keeps the last text that landed there,
+# so a text that does not repeat costs a decode, as without the table, and the ones
+# that do are shared (with their hash, once a dict has asked for it).
+cdef _NameSlot _TEXTS[512]
+
+
+cdef object short_text(const char* p, Py_ssize_t n):
+    """p[:n] decoded as Latin-1, shared with the last equal text seen (up to 32 bytes)."""
+    cdef Py_ssize_t i
+    cdef unsigned int h = 2166136261u
+    cdef _NameSlot* slot
+    if n > 32:
+        return PyUnicode_DecodeLatin1(p, n, NULL)
+    for i in range(n):
+        h = (h ^ <unsigned char>p[i]) * 16777619u  # FNV-1a
+    slot = &_TEXTS[(h ^ (h >> 9) ^ (h >> 18)) & 511]
+    if slot.text != NULL and slot.n == n and memcmp(slot.name, p, n) == 0:
+        return <object>slot.text
+    text = PyUnicode_DecodeLatin1(p, n, NULL)
+    Py_XDECREF(slot.text)
+    memcpy(slot.name, p, n)
+    slot.text = <PyObject*>text
+    Py_INCREF(text)  # the table's reference, until another text takes the slot
+    slot.n = n
+    return text
+
+
+cdef dict _header_dict(bytes raw, Py_ssize_t pos, Py_ssize_t end):
+    """The header lines of ``raw[pos:end]`` (lines the scanner checked: name, ':',
+    spaces, value, CRLF) as a dict: lower-case names, a repeated name's values joined
+    with ", " as llhttp's path does."""
+    cdef const char* s = PyBytes_AS_STRING(raw)
+    cdef Py_ssize_t ls, colon, vs, had
+    cdef dict headers = {}
+    cdef PyObject* old
+    while pos < end:
+        ls = pos
+        while s[pos] != c':':
+            pos += 1
+        colon = pos
+        pos += 1
+        while s[pos] == c' ' or s[pos] == c'\t':
+            pos += 1
+        vs = pos
+        while s[pos] != c'\r':
+            pos += 1
+        name = header_name(s + ls, colon - ls)
+        value = short_text(s + vs, pos - vs)
+        pos += 2
+        had = PyDict_GET_SIZE(headers)
+        old = PyDict_SetDefault(headers, name, value)  # one look-up: inserted, or the earlier value
+        if PyDict_GET_SIZE(headers) == had:  # (not by identity: equal values are one shared str)
+            PyDict_SetItem(headers, name, <object>old + ", " + value)
+    return headers
 
 
 @cython.freelist(256)  # one per request: reused, not allocated and freed each time
@@ -20,7 +124,7 @@ cdef class Request:
         self.method = method
         self.path = path
         self.query = query
-        self.headers = headers
+        self._headers = headers
         self.http_version = http_version
         self.keep_alive = keep_alive
         self.client = client
@@ -29,9 +133,27 @@ cdef class Request:
         self.expect_continue = expect_continue
         self.gateway_headers = True  # not known: the gateway looks its headers up
 
+    @property
+    def headers(self):
+        """Lower-case names to values (a repeated name's values joined with ", ")."""
+        return self.header_dict()
+
+    @headers.setter
+    def headers(self, dict value):
+        self._headers = value
+        self._raw = None
+
+    cdef dict header_dict(self):
+        """The headers: the scanner's request makes its dict when first asked (the
+        gateway's proxy path, from most clients, never asks)."""
+        if self._headers is None and self._raw is not None:
+            self._headers = _header_dict(self._raw, self._hs, self._he)
+            self._raw = None
+        return self._headers
+
     def header(self, str name, default=None):
         """The value of a header by its lower-case name."""
-        return self.headers.get(name, default)
+        return self.header_dict().get(name, default)
 
     def __repr__(self):
         return f"<Request {self.method} {self.path} {len(self.body)}B>"
@@ -43,7 +165,7 @@ cdef Request new_request(str method, str path, str query, dict headers, str http
     r.method = method
     r.path = path
     r.query = query
-    r.headers = headers
+    r._headers = headers
     r.http_version = http_version
     r.keep_alive = keep_alive
     r.client = client
