@@ -25,6 +25,8 @@ An owner is an ``OutboxOwner``: ``_out`` (None, or the list of waiting pieces),
 """
 
 cimport cython
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.string cimport memcpy
 
 import asyncio
 import logging
@@ -35,7 +37,7 @@ import orjson
 
 from velocity_fast._core.clock cimport monotonic
 from velocity_fast._core.fdio cimport FdTransport
-from velocity_fast._core.fmt cimport cat, dec
+from velocity_fast._core.fmt cimport _digits, cat, dec, put_bytes
 
 from velocity_fast._core.http1 cimport take_request
 from velocity_fast._core.message cimport Request, new_request
@@ -104,6 +106,48 @@ cdef bytes _head(int status, object content_type, object headers, bytes extra, b
     parts.append(extra)
     parts.append(body)
     return b"".join(parts)
+
+
+cdef bytes _lines(object headers):
+    """(name, value) pairs as header lines; bytes are lines already."""
+    if type(headers) is bytes:
+        return <bytes>headers
+    if not headers:
+        return b""
+    return b"".join([f"{name}: {value}\r\n".encode("latin-1") for name, value in headers])
+
+
+cdef bytes _whole(int status, object content_type, bytes lines, Py_ssize_t length, bint keep, bytes body):
+    """A whole answer's head (status line, content type, ``lines``, Content-Length
+    ``length``, Connection) and ``body`` in one allocation: no pieces to join."""
+    cdef char digits[24]
+    cdef int nd = _digits(digits + 24, <unsigned long long>length)
+    cdef bytes end = _KEEP_END if keep else _CLOSE_END
+    cdef Py_ssize_t total
+    cdef char* p
+    line = _OK if status == 200 else _STATUS_LINES.get(status)
+    if line is None:
+        line = status_line(status)
+    if content_type is _JSON:  # the proxy's usual answer: no look-up
+        ct = _JSON_LINE
+    elif content_type:
+        ct = _CT.get(content_type)
+        if ct is None:
+            ct = f"content-type: {content_type}\r\n".encode("latin-1")
+    else:
+        ct = b""
+    total = (PyBytes_GET_SIZE(line) + PyBytes_GET_SIZE(ct) + PyBytes_GET_SIZE(lines) + 16 + nd
+             + PyBytes_GET_SIZE(end) + PyBytes_GET_SIZE(body))
+    out = PyBytes_FromStringAndSize(NULL, total)
+    p = PyBytes_AS_STRING(out)
+    p = put_bytes(p, <bytes>line)
+    p = put_bytes(p, <bytes>ct)
+    p = put_bytes(p, lines)
+    memcpy(p, b"content-length: ", 16)
+    memcpy(p + 16, digits + 24 - nd, nd)
+    p = put_bytes(p + 16 + nd, end)
+    put_bytes(p, body)
+    return out
 
 
 # -- the outbox ---------------------------------------------------------------------------
@@ -226,6 +270,7 @@ cdef class Responder:
         cdef HttpProtocol proto
         cdef Request req
         cdef bint keep
+        cdef Py_ssize_t n
         if self.started:
             raise RuntimeError("response already started")
         self.started = True
@@ -236,15 +281,15 @@ cdef class Responder:
         proto = self._proto
         req = self._request
         keep = req.keep_alive and not proto._closing
-        extra = cat((b"content-length: ", dec(len(body)), _KEEP_END if keep else _CLOSE_END))
+        n = PyBytes_GET_SIZE(body)
+        if n == 0 and content_type == "application/json":
+            content_type = None  # no body, no type
         if req.method == "HEAD":
             body = b""
-        if len(body) < 16384:  # one write, one copy
-            proto._write(_head(status, content_type if body or content_type != "application/json" else None,
-                               headers, extra, body))
+        if n < 16384:  # one write, one copy
+            proto._write(_whole(status, content_type, _lines(headers), n, keep, body))
         else:
-            proto._write(_head(status, content_type if body or content_type != "application/json" else None,
-                               headers, extra, b""))
+            proto._write(_whole(status, content_type, _lines(headers), n, keep, b""))
             proto._write(body)
         proto._response_done(self, keep)
 
