@@ -3,7 +3,7 @@
 from velocity_fast._core.upstream cimport Listener
 
 from velocity_fast._core.aimd cimport AimdLimit
-from velocity_fast._core.bands cimport BandQueues
+from velocity_fast._core.bands cimport BandQueues, Item
 from velocity_fast._core.endpoint cimport Endpoint, RoomFilter
 from velocity_fast._core.metric_values cimport Value
 from velocity_fast._core.saturation cimport EndpointLoad, Saturation
@@ -161,7 +161,7 @@ cdef class AdmissionCore:
     cdef double _pool_sat(self, PoolState ps, double now) except? -1.0
     cdef double _endpoint_sat(self, EndpointLoad load, double now) except? -1.0
     cdef object _admit(self, Ticket ticket, waiter)
-    cdef bint _withdraw(self, Ticket ticket, long long rid) except -1
+    cdef bint _withdraw(self, Ticket ticket, Item item) except -1
     cdef PoolState _state_of(self, model)
     cdef EndpointState _ep_state(self, Endpoint ep)
     cdef bint _refresh(self, PoolState ps) except -1

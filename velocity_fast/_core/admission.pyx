@@ -10,6 +10,7 @@ path reads their fields on every call: their Python modules re-export them.
 """
 
 cimport cython
+from cpython.long cimport PyLong_FromVoidPtr
 
 import logging
 import math
@@ -19,9 +20,9 @@ from asyncio import get_running_loop
 from libc.math cimport INFINITY, ceil
 
 from velocity_fast._core.aimd cimport AimdLimit
-from velocity_fast._core.bands cimport BandQueues, Item
+from velocity_fast._core.bands cimport BandQueue, BandQueues, Item
 from velocity_fast._core.clock cimport monotonic
-from velocity_fast._core.endpoint cimport Endpoint
+from velocity_fast._core.endpoint cimport Endpoint, pool_endpoints, same_endpoints
 from velocity_fast._core.metric_values cimport HistChild, Value
 from velocity_fast._core.saturation cimport EndpointLoad, Saturation, free_slots, refresh
 
@@ -335,6 +336,11 @@ cdef class Waiter(Listener):
         pass
 
 
+cdef inline object _key(obj):
+    """``id(obj)`` without the call to the builtin."""
+    return PyLong_FromVoidPtr(<void*>obj)
+
+
 cdef inline bint _waiting(waiter) except -1:
     """A queued request's waiter still waits: a Waiter asked as C, a future as a future."""
     if isinstance(waiter, Waiter):
@@ -456,7 +462,8 @@ cdef class AdmissionCore:
     # -- arrival ----------------------------------------------------------------------------
 
     def admit_nowait(self, Ticket ticket, waiter):
-        """Grant a lease now, raise Rejected, or queue ``waiter`` and return (waiter, queue id).
+        """Grant a lease now, raise Rejected, or queue ``waiter`` and return its queue Item
+        (``item.waiter`` is the waiter).
 
         ``waiter`` is a future or any object with ``done()``, ``set_result(lease)`` and
         ``set_exception(rejected)`` (called from the dispatch cycle: it must only
@@ -472,6 +479,7 @@ cdef class AdmissionCore:
         cdef double deadline
         cdef long room, cap
         cdef long long rid
+        cdef Item item
         cdef BandQueues q
         if ps is None:
             ps = self._state_of(ticket.model)
@@ -503,30 +511,38 @@ cdef class AdmissionCore:
             raise self._reject(503, "capacity", "admission queues are full", 1)
         if waiter is None:
             waiter = get_running_loop().create_future()
-        # The queue orders by its own fields; what the grant will need rides with the
-        # waiter, as worked out here (the same deadline from the same arrival time).
-        rid = q.enqueue((waiter, explicit, deadline, ticket.max_tokens), ticket.tenant, band, ticket.prompt_bytes,
-                        ticket.max_tokens, deadline if explicit else INFINITY, now)
-        if rid < 0:
+        # The queue orders by its own fields.
+        item = q.push(waiter, ticket.tenant, band, ticket.prompt_bytes, ticket.max_tokens,
+                      deadline if explicit else INFINITY, now, &rid)
+        if item is None:
             what = "band" if rid in (REJECT_BAND_COUNT, REJECT_BAND_BYTES) else "admission"
             raise self._reject(503, "capacity", f"{what} queue is full ({self.band_names[band]})", 1)
+        # What the grant needs rides with the item, as worked out here (the same
+        # deadline from the same arrival time).
+        item.explicit_sla = explicit
+        item.grant_deadline = deadline
+        item.max_tokens = ticket.max_tokens
         if room > 0:  # else the cycle would stop at once (the pool was just refreshed)
             self._cycle(ps, now, True)
         # Under load the tick is already armed: no need to ask the waiter.
         if self._tick is None and _waiting(waiter):
             self._arm()
-        return waiter, rid
+        return item
 
-    def withdraw(self, Ticket ticket, long long rid):
+    def withdraw(self, Ticket ticket, Item item):
         """Take a queued request out of its queue (its client left); False if no longer queued."""
-        return self._withdraw(ticket, rid)
+        return self._withdraw(ticket, item)
 
-    cdef bint _withdraw(self, Ticket ticket, long long rid) except -1:
-        cdef PoolState ps = self._state_of(ticket.model)
-        if ps is not None and ps.queues.cancel(rid) is not None:
-            self.telemetry.queue_cancelled += 1
-            return True
-        return False
+    cdef bint _withdraw(self, Ticket ticket, Item item) except -1:
+        cdef PoolState ps
+        if item is None or not item.queued:
+            return False
+        ps = self._state_of(ticket.model)
+        if ps is None or not ps.queues.holds(item):
+            return False
+        ps.queues._remove(item)
+        self.telemetry.queue_cancelled += 1
+        return True
 
     def has_room(self, Endpoint ep):
         """True when ``ep`` may take one more request now (the router's filter)."""
@@ -541,7 +557,7 @@ cdef class AdmissionCore:
         ceiling = self._ceilings[lease.band_index]
         if ceiling >= 1.0:
             return True
-        st = self._eps.get(id(ep))
+        st = self._eps.get(_key(ep))
         if st is None or st.ep is not ep:
             return True
         load = st.load
@@ -583,7 +599,7 @@ cdef class AdmissionCore:
     cdef EndpointState _ep_state(self, Endpoint ep):
         # A state holds its endpoint: while it is in _eps, no other object can have
         # that id (the check on st.ep is a guard, not a case that arises).
-        cdef EndpointState st = self._eps.get(id(ep))
+        cdef EndpointState st = self._eps.get(_key(ep))
         cdef AimdLimit aimd
         if st is None or st.ep is not ep:
             s = self.settings
@@ -592,7 +608,7 @@ cdef class AdmissionCore:
                 st = EndpointState(ep, aimd.limit, aimd, s.ewma_alpha)
             else:
                 st = EndpointState(ep, s.aimd_max, None, s.ewma_alpha)
-            self._eps[id(ep)] = st
+            self._eps[_key(ep)] = st
         return st
 
     def _sync(self, PoolState ps):
@@ -601,10 +617,9 @@ cdef class AdmissionCore:
 
     cdef bint _refresh(self, PoolState ps) except -1:
         cdef EndpointState st
-        eps = ps.pool.endpoints
-        # List equality falls back to identity for endpoints: a C-speed check that
-        # the pool has not changed since the last cycle.
-        if ps.seen != eps:
+        cdef list eps = pool_endpoints(ps.pool)
+        # The pool has not changed since the last cycle: the same endpoints.
+        if not same_endpoints(ps.seen, eps):
             ps.states = [self._ep_state(e) for e in eps]
             ps.loads = [st.load for st in ps.states]
             ps.seen = list(eps)
@@ -634,7 +649,6 @@ cdef class AdmissionCore:
         cdef double sat = 0.0, ceiling
         cdef int band, nbands
         cdef Item item
-        cdef tuple w
         if q.count == 0:
             return
         # No room on the endpoints already known: nothing can go whatever the loads
@@ -642,7 +656,7 @@ cdef class AdmissionCore:
         # endpoints changed is refreshed first: a new endpoint may bring the room. The
         # same pool needs only its loads refreshed, which reads the endpoints without
         # changing them: the room counted before still holds.
-        if ps.seen == ps.pool.endpoints:
+        if same_endpoints(ps.seen, pool_endpoints(ps.pool)):
             room = free_slots(ps.seen, ps.pending)
             if room <= 0:
                 return
@@ -671,13 +685,13 @@ cdef class AdmissionCore:
                 item = q.pop(band, now)
                 if item is None:
                     break
-                w = <tuple>item.waiter
-                fut = w[0]
+                fut = item.waiter
                 if not _waiting(fut):
                     continue
                 room -= 1
                 have_sat = False
-                lease = self._grant(ps, item.band, item.tenant, w[3], w[2], w[1], item.enqueued_at, now)
+                lease = self._grant(ps, item.band, item.tenant, item.max_tokens, item.grant_deadline,
+                                    item.explicit_sla, item.enqueued_at, now)
                 if isinstance(fut, Waiter):
                     (<Waiter>fut).granted(lease)
                 else:
@@ -710,7 +724,7 @@ cdef class AdmissionCore:
             ps.pending -= 1
         ep.inflight += 1
         # An endpoint admission knows already (the common case) needs no call.
-        st = self._eps.get(id(ep))
+        st = self._eps.get(_key(ep))
         lease._st = st if st is not None else self._ep_state(ep)
         if not rebind and ps.queues.count:
             # Pending leases count in full on every endpoint (saturation.pool): now

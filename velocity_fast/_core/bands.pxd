@@ -21,6 +21,11 @@ cdef class Item:
     cdef readonly double expires_at
     cdef readonly bint queued
     cdef long long seq
+    cdef bint indexed        # in BandQueues.items (enqueue's; push's are not)
+    # What a grant needs, carried for admission (push)
+    cdef public bint explicit_sla
+    cdef public double grant_deadline
+    cdef public long max_tokens
     # Intrusive links: the tenant's FIFO and the band's age (enqueue-order) list.
     cdef Item t_prev
     cdef Item t_next
@@ -72,8 +77,11 @@ cdef class BandQueues:
     cpdef long long enqueue(self, object waiter, object tenant, int band,
                             long long nbytes, double tokens, double deadline,
                             double now) except? -100
+    cdef Item push(self, object waiter, object tenant, int band, long long nbytes, double tokens,
+                   double deadline, double now, long long* code)
     cpdef Item pop(self, int band, double now)
     cpdef Py_ssize_t count_through(self, int band)
+    cdef bint holds(self, Item it)
     cpdef Item cancel(self, long long item_id)
     cpdef list expire(self, double now)
     cpdef list pop_hopeless(self, double now, double base_s, double per_token_s)
@@ -82,4 +90,4 @@ cdef class BandQueues:
     cdef Item _pop_fair(self, BandQueue bq)
     cdef void _activate(self, BandQueue bq, TenantQueue t)
     cdef void _deactivate(self, BandQueue bq, TenantQueue t)
-    cdef void _remove(self, Item it)
+    cdef void _remove(self, Item it) except *

@@ -146,7 +146,7 @@ cdef class BandQueues:
         return self.bands[index]
 
     def get(self, long long item_id):
-        """The queued item with this id, or None."""
+        """The queued item with this id (one ``enqueue`` queued), or None."""
         return self.items.get(item_id)
 
     cpdef Py_ssize_t count_through(self, int band):
@@ -175,20 +175,37 @@ cdef class BandQueues:
                             long long nbytes, double tokens, double deadline,
                             double now) except? -100:
         """Queue one item; return its id (> 0) or a negative REJECT_* code."""
+        cdef long long code
+        cdef Item it = self.push(waiter, tenant, band, nbytes, tokens, deadline, now, &code)
+        if it is not None:
+            it.indexed = True
+            self.items[it.id] = it
+        return code
+
+    cdef Item push(self, object waiter, object tenant, int band, long long nbytes, double tokens,
+                   double deadline, double now, long long* code):
+        """enqueue for a caller that keeps the Item (admission): not indexed by id (no
+        dict entry, no int object), taken back with ``_remove``. None when refused,
+        ``code`` set to the REJECT_* code; else ``code`` is the item's id."""
         cdef BandQueue bq
         cdef TenantQueue t
         cdef Item it
         if band < 0 or band >= self.nbands:
-            return VF_REJECT_BAD_BAND
+            code[0] = VF_REJECT_BAD_BAND
+            return None
         bq = <BandQueue>self.bands[band]
         if bq.capacity > 0 and bq.count >= bq.capacity:
-            return VF_REJECT_BAND_COUNT
+            code[0] = VF_REJECT_BAND_COUNT
+            return None
         if bq.byte_capacity > 0 and bq.nbytes + nbytes > bq.byte_capacity:
-            return VF_REJECT_BAND_BYTES
+            code[0] = VF_REJECT_BAND_BYTES
+            return None
         if self.capacity > 0 and self.count >= self.capacity:
-            return VF_REJECT_GLOBAL_COUNT
+            code[0] = VF_REJECT_GLOBAL_COUNT
+            return None
         if self.byte_capacity > 0 and self.nbytes + nbytes > self.byte_capacity:
-            return VF_REJECT_GLOBAL_BYTES
+            code[0] = VF_REJECT_GLOBAL_BYTES
+            return None
 
         it = Item.__new__(Item)
         it.waiter = waiter
@@ -234,8 +251,8 @@ cdef class BandQueues:
         bq.nbytes += nbytes
         self.count += 1
         self.nbytes += nbytes
-        self.items[it.id] = it
-        return it.id
+        code[0] = it.id
+        return it
 
     cpdef int effective_band(self, Item item, double now):
         """The band the item competes in at ``now``, after aging."""
@@ -342,11 +359,13 @@ cdef class BandQueues:
         if t.heap:
             t.heap = []
 
-    cdef void _remove(self, Item it):
+    cdef void _remove(self, Item it) except *:
         cdef BandQueue bq = <BandQueue>self.bands[it.band]
         cdef TenantQueue t = it.owner
         it.queued = False
-        del self.items[it.id]
+        if it.indexed:
+            it.indexed = False
+            del self.items[it.id]
         if it.a_prev is None:
             bq.age_head = it.a_next
         else:
@@ -376,6 +395,14 @@ cdef class BandQueues:
         bq.nbytes -= it.nbytes
         self.count -= 1
         self.nbytes -= it.nbytes
+
+    cdef bint holds(self, Item it):
+        """``it`` waits in these queues (push's items, whose ids are not indexed)."""
+        cdef BandQueue bq
+        if not it.queued or it.band < 0 or it.band >= self.nbands:
+            return False
+        bq = <BandQueue>self.bands[it.band]
+        return it.owner is not None and bq.tenants.get(it.owner.name) is it.owner
 
     cpdef Item cancel(self, long long item_id):
         """Remove the item with this id at once; return it, or None if not queued."""

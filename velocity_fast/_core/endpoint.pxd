@@ -34,3 +34,35 @@ cdef class Pool:
 
 cdef class RoomFilter:
     cdef bint room(self, Endpoint ep) except -1
+
+
+cdef inline list pool_endpoints(pool):
+    """A pool's endpoints: a field read for the gateway's Pool, an attribute for another
+    (a test's stand-in)."""
+    if type(pool) is Pool:
+        return (<Pool>pool).endpoints
+    eps = pool.endpoints
+    return eps if type(eps) is list else list(eps)
+
+
+cdef inline object pool_model(pool):
+    if type(pool) is Pool:
+        return (<Pool>pool).model
+    return pool.model
+
+
+cdef inline bint same_endpoints(list seen, list eps) except -1:
+    """``seen == eps`` for endpoint lists (endpoints compare by identity), without the
+    rich comparison: the check that a pool has not changed since it was last looked at."""
+    cdef Py_ssize_t i, n
+    if seen is eps:
+        return True
+    if seen is None or eps is None:
+        return False
+    n = len(seen)
+    if n != len(eps):
+        return False
+    for i in range(n):
+        if <object>seen[i] is not <object>eps[i]:
+            return False
+    return True

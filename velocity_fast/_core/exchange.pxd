@@ -1,5 +1,6 @@
 # One proxied request's callback chain, typed (see exchange.pyx).
 
+from velocity_fast._core.bands cimport Item
 from velocity_fast._core.endpoint cimport Endpoint
 from velocity_fast._core.metric_values cimport Value
 from velocity_fast._core.identity cimport Identity
@@ -41,7 +42,7 @@ cdef class Exchange(Waiter):
     cdef readonly str rid
     cdef readonly int state
     cdef AdmissionCore adm
-    cdef long qid
+    cdef Item qitem
     cdef readonly Lease lease
     cdef readonly Endpoint ep
     cdef readonly UpstreamConnection conn

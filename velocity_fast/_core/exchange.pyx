@@ -30,7 +30,7 @@ from velocity_fast._core.clock cimport monotonic
 from velocity_fast._core.endpoint cimport Endpoint
 from velocity_fast._core.identity cimport Identity, Tenant
 from velocity_fast._core.message cimport Request
-from velocity_fast._core.fmt cimport cat, dec, memmem, latin1, put, put_bytes, put_tenths, starts, tenths
+from velocity_fast._core.fmt cimport _digits, cat, dec, memmem, latin1, put, put_bytes, put_tenths, starts, tenths
 
 import msgspec
 
@@ -91,6 +91,32 @@ cdef inline list _rid_headers(str rid):
     """x-request-id, the header every answer carries (made only for an error's: a relayed
     answer's head is written whole by Exchange._out_lines)."""
     return [("x-request-id", rid)]
+
+
+cdef bytes _engine_request(bytes head, str rid, bytes auth, bytes body):
+    """The engine request: ``head`` (request line, host, content type), x-request-id,
+    ``auth``, Content-Length and ``body``, in one allocation."""
+    cdef char digits[24]
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(body)
+    cdef int nd = _digits(digits + 24, <unsigned long long>n)
+    cdef char* p
+    if not latin1(rid):
+        rid_b = rid.encode("latin-1")  # raises as the header could not be written
+        return cat((head, b"x-request-id: ", rid_b, b"\r\n", auth, b"content-length: ", dec(n),
+                    b"\r\n\r\n", body))
+    out = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(head) + 14 + len(rid) + 2 + PyBytes_GET_SIZE(auth)
+                                    + 16 + nd + 4 + n)
+    p = put_bytes(PyBytes_AS_STRING(out), head)
+    memcpy(p, b"x-request-id: ", 14)
+    p = put(p + 14, rid)
+    memcpy(p, b"\r\n", 2)
+    p = put_bytes(p + 2, auth)
+    memcpy(p, b"content-length: ", 16)
+    memcpy(p + 16, digits + 24 - nd, nd)
+    p += 16 + nd
+    memcpy(p, b"\r\n\r\n", 4)
+    put_bytes(p + 4, body)
+    return out
 
 
 cdef inline str _content_type(UpstreamConnection conn):
@@ -288,7 +314,6 @@ cdef Exchange _exchange(GatewayCore gw, Request req, Responder resp, str route, 
     x.rid = rid
     x.state = _ADMITTING
     x.adm = gw.admission  # a reload may replace the gateway's: the queue is this one's
-    x.qid = -1
     x.tried = []
     return x
 
@@ -306,8 +331,8 @@ cdef class Exchange(Waiter):
             self.gw._reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band,
                             self.base_headers(), e.retry_after, from_admission=True)
             return
-        if type(got) is tuple:
-            self.qid = (<tuple>got)[1]
+        if type(got) is Item:
+            self.qitem = <Item>got
             if self.state == _ADMITTING:  # not granted within admit_nowait's own dispatch
                 self.state = _QUEUED
             return
@@ -321,6 +346,7 @@ cdef class Exchange(Waiter):
         cdef GatewayCore gw = self.gw
         self.state = _ADMITTED
         self.lease = lease
+        self.qitem = None  # the queue's item refers to this exchange: no cycle left behind
         # The grants of one pass run together, from one callback: no handle per request.
         if gw._grants is None:
             gw._grants = []
@@ -336,6 +362,7 @@ cdef class Exchange(Waiter):
 
     def set_exception(self, exc):
         self.state = _DONE
+        self.qitem = None
         self.loop.call_soon(self._refused, exc)
 
     cdef _granted(self):
@@ -384,9 +411,7 @@ cdef class Exchange(Waiter):
         # The bytes request_head would build (same headers, same order), in one step.
         key = ep.api_key
         auth = f"authorization: Bearer {key}\r\n".encode("latin-1") if key else b""
-        body = self.body
-        up.request(cat((up.json_post_head(self.req.path), b"x-request-id: ", self.rid.encode("latin-1"),
-                        b"\r\n", auth, b"content-length: ", dec(len(body)), b"\r\n\r\n", body)), self)
+        up.request(_engine_request(up.json_post_head(self.req.path), self.rid, auth, self.body), self)
 
     # -- the engine connection's listener: called as C (upstream.pyx's Listener); the
     # Python names are for a connection made by the pool's Python (a fresh connect) --
@@ -548,7 +573,7 @@ cdef class Exchange(Waiter):
         self.abandoned = True
         if self.state == _QUEUED:
             self.state = _DONE
-            self.adm._withdraw(self.ticket, self.qid)
+            self.adm._withdraw(self.ticket, self.qitem)
             return
         self.state = _DONE
         if self.conn is not None:
@@ -593,8 +618,10 @@ cdef class Exchange(Waiter):
 
     cdef _end(self):
         self.state = _DONE
-        # The Responder refers to this exchange until then: no cycle left for the collector.
+        # The Responder (and a queue item) refer to this exchange until then: no cycle
+        # left for the collector.
         self.resp.remove_disconnect_callback(self)
+        self.qitem = None
 
     cdef _fail_lease(self, error_text):
         if self.lease is not None:

@@ -14,7 +14,7 @@ fields through descriptors.
 import time
 
 from velocity_fast._core.clock cimport monotonic
-from velocity_fast._core.endpoint cimport RoomFilter
+from velocity_fast._core.endpoint cimport RoomFilter, pool_endpoints, pool_model
 from velocity_fast._core.metric_values cimport Value
 from velocity_fast._core.prefix cimport BlockHashes, PrefixHasher, PrefixIndex
 
@@ -211,11 +211,11 @@ cdef class RouterCore:
         cdef list cands = None, loads = None
         cdef list saturated = None, saturated_loads = None
         cdef Endpoint ep, first = None
-        state = self._pool_state(pool.model, pool)
+        state = self._pool_state(pool_model(pool), pool)
         if state.pool is not pool:  # made by on_dispatch, or the pool was replaced
             state.pool = pool
         now = self._now()
-        for ep in pool.endpoints:
+        for ep in pool_endpoints(pool):
             if not ep.healthy or (check_room and not (room.room(ep) if room is not None else has_room(ep))) \
                     or (exclude and ep in exclude):
                 continue

@@ -75,11 +75,12 @@ class Admission(AdmissionCore):
         got = self.admit_nowait(ticket, None)
         if got.__class__ is Lease:
             return got
-        fut, rid = got
+        item = got
+        fut = item.waiter
         try:
             return await fut
         except asyncio.CancelledError:
-            if not self.withdraw(ticket, rid) and fut.done() and not fut.cancelled() \
+            if not self.withdraw(ticket, item) and fut.done() and not fut.cancelled() \
                     and fut.exception() is None:
                 fut.result().release("cancelled")
             raise
@@ -198,7 +199,7 @@ class Admission(AdmissionCore):
             self._fail_waiter(it, 429, "sla", "can no longer meet its SLA", 1)
 
     def _fail_waiter(self, item, status: int, reason: str, message: str, retry_after) -> None:
-        fut = item.waiter[0]
+        fut = item.waiter
         rej = self._reject(status, reason, message, retry_after)
         if not fut.done():
             fut.set_exception(rej)
