@@ -4,7 +4,7 @@ from velocity_fast._core.fdio cimport Protocol
 from velocity_fast._core.message cimport Request
 
 cdef class OutboxOwner(Protocol):
-    cdef public list _out
+    cdef public object _out  # None, one bytes piece, or a list of them
     cdef public Py_ssize_t _out_bytes
     cdef public object _transport
     cdef object _t_write

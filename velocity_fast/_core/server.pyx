@@ -20,7 +20,7 @@ one system call (``writelines``).
 Only bytes wait; every state change stays where it happens. An owner's bytes leave in
 the order they were given, and before anything that ends its stream: owners call
 ``flush_out`` ahead of ``close()`` and ``write_eof()``, and drop what waits on ``abort()``.
-An owner is an ``OutboxOwner``: ``_out`` (None, or the list of waiting pieces),
+An owner is an ``OutboxOwner``: ``_out`` (None, the one waiting piece, or a list of them),
 ``_out_bytes`` (what waits, in bytes) and ``_transport``.
 """
 
@@ -37,7 +37,7 @@ import orjson
 
 from velocity_fast._core.clock cimport monotonic
 from velocity_fast._core.fdio cimport FdTransport
-from velocity_fast._core.fmt cimport _digits, cat, dec, put_bytes
+from velocity_fast._core.fmt cimport _digits, cat, dec, put_bytes, str_eq
 
 from velocity_fast._core.http1 cimport take_request
 from velocity_fast._core.message cimport Request, new_request
@@ -53,6 +53,7 @@ cdef dict _CT = {
     "text/event-stream": b"content-type: text/event-stream\r\ncache-control: no-cache\r\n",
     "text/plain; version=0.0.4; charset=utf-8": b"content-type: text/plain; version=0.0.4; charset=utf-8\r\n"}
 cdef bytes _OK = _STATUS_LINES[200]
+cdef str _HEAD_METHOD = "HEAD"
 cdef str _JSON = intern("application/json")  # one object: upstream.pyx and exchange.pyx use it too
 cdef bytes _JSON_LINE = _CT[_JSON]
 cdef bytes _KEEP = b"connection: keep-alive\r\n"
@@ -173,9 +174,12 @@ cdef class Outbox:
         """Queue ``data`` for ``owner``'s transport; it leaves at the end of this loop pass."""
         out = owner._out
         if out is not None:
-            out.append(data)
+            if type(out) is list:
+                (<list>out).append(data)
+            else:  # a second piece in this pass (the first is kept alone: no list)
+                owner._out = [out, data]
             return
-        owner._out = [data]
+        owner._out = data
         self._owners.append(owner)
         if not self._scheduled:
             self._scheduled = True
@@ -211,10 +215,10 @@ cpdef flush_out(OutboxOwner owner):
     if type(t) is FdTransport:  # the gateway's own I/O: C calls
         if (<FdTransport>t)._closing:
             return
-        if len(out) == 1:
-            (<FdTransport>t).write_bytes(out[0])
+        if type(out) is bytes:
+            (<FdTransport>t).write_bytes(<bytes>out)
         else:
-            (<FdTransport>t).write_list(out)
+            (<FdTransport>t).write_list(<list>out)
         return
     if owner._t_for is not t:
         # Its write and is_closing kept bound, for this transport: a bound method skips
@@ -222,8 +226,8 @@ cpdef flush_out(OutboxOwner owner):
         owner._t_write, owner._t_is_closing, owner._t_for = t.write, t.is_closing, t
     if owner._t_is_closing():
         return  # the peer is gone (or the stream aborted): nothing can be delivered
-    if len(out) == 1:
-        owner._t_write(out[0])
+    if type(out) is bytes:
+        owner._t_write(out)
     else:
         t.writelines(out)  # one system call for the pass
 
@@ -284,7 +288,7 @@ cdef class Responder:
         n = PyBytes_GET_SIZE(body)
         if n == 0 and content_type == "application/json":
             content_type = None  # no body, no type
-        if req.method == "HEAD":
+        if str_eq(req.method, _HEAD_METHOD):
             body = b""
         if n < 16384:  # one write, one copy
             proto._write(_whole(status, content_type, _lines(headers), n, keep, body))

@@ -110,13 +110,13 @@ cdef class UpstreamConnection(OutboxOwner):
 
     cdef _reset(self):
         self.status = 0
-        self._headers = {}  # llhttp's callbacks fill it; the scanner's path leaves it to `headers`
+        self._headers = None  # llhttp's callbacks fill it; the scanner's path leaves it to `headers`
         self._hdata = None
         self.content_type = None
         self.has_length = False
         self.te_chunked = False
         self._head = None
-        self.chunks = []
+        self.chunks = None  # the body pieces kept, once there are any
         self.done = False
         self.error = None
         self._waiter = None
@@ -198,7 +198,8 @@ cdef class UpstreamConnection(OutboxOwner):
         """The response's headers: lower-case names (the last of a repeated name wins)."""
         def __get__(self):
             if self._headers is None:
-                self._headers = response_headers(self._hdata, self._hlines, self._hend)
+                self._headers = {} if self._hdata is None else response_headers(self._hdata, self._hlines,
+                                                                                 self._hend)
                 self._hdata = None
             return self._headers
 
@@ -216,6 +217,8 @@ cdef class UpstreamConnection(OutboxOwner):
             listener = self.listener
             if listener is not None and _relaying(listener):
                 _body(listener, self, body)
+            elif self.chunks is None:
+                self.chunks = [body]
             else:
                 self.chunks.append(body)
         self._complete()
@@ -266,7 +269,10 @@ cdef class UpstreamConnection(OutboxOwner):
         if listener is not None and _relaying(listener):
             _body(listener, self, piece)
             return
-        self.chunks.append(piece)
+        if self.chunks is None:
+            self.chunks = [piece]
+        else:
+            self.chunks.append(piece)
         if listener is None:
             self._wake()
 
@@ -409,12 +415,16 @@ cdef class UpstreamConnection(OutboxOwner):
         self._parsing = True
 
     def on_header(self, bytes name, bytes value):
+        if self._headers is None:
+            self._headers = {}
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self):
         self.status = self._parser.get_status_code()
         self.keep_alive = self._parser.should_keep_alive()
         h = self._headers
+        if h is None:
+            h = self._headers = {}
         self.content_type = h.get("content-type")
         self.has_length = "content-length" in h
         self.te_chunked = h.get("transfer-encoding", "").lower() == "chunked"
@@ -488,7 +498,7 @@ cdef class UpstreamConnection(OutboxOwner):
         c = self.chunks
         if not c:
             return b""
-        self.chunks = []
+        self.chunks = None
         return c[0] if len(c) == 1 else b"".join(c)
 
     cpdef pause(self):
