@@ -54,6 +54,21 @@ def test_route_info_reads_any_mapping_of_headers_and_raw_prompt_bytes():
     assert r.route_info("m", {"prompt": "a"}, None) is r.route_info("m", {"prompt": "b"}, {})
 
 
+
+def test_the_last_models_route_follows_headers_and_a_new_profile_map():
+    r = router(profiles={"chatty": "chat"})
+    model = "m"
+    first = r.route_info(model, {"prompt": "a"}, None)
+    assert first.profile == "batch" and r.route_info(model, {"prompt": "b"}, {}) is first
+    # A routing header on the same model is still read: not the remembered answer.
+    assert r.route_info(model, {"prompt": "b"}, {PROFILE_HEADER: "chat"}).profile == "chat"
+    assert r.route_info("chatty", {"prompt": "b"}, None).profile == "chat"
+    assert r.route_info(model, {"prompt": "c"}, None) is first
+    # New settings mapping the model elsewhere: the next request follows them.
+    r.settings = RoutingSettings(seed=5, default_profile="batch", profiles={"m": "chat"})
+    r._configure()
+    assert r.route_info(model, {"prompt": "d"}, None).profile == "chat"
+
 def test_staleness_is_judged_on_the_process_monotonic_clock():
     # The compiled path reads CLOCK_MONOTONIC in C: gauges scraped by Python code with
     # time.monotonic must be fresh or stale exactly as metrics_stale_s says.

@@ -27,6 +27,7 @@ cdef class GatewayCore:
     cdef str _last_band
     cdef int _last_status
     cdef Value _last_count
+    cdef str _last_model
 
 
 cdef class Exchange(Waiter):

@@ -14,6 +14,7 @@ The Gateway supplies the shared parts: router, admission, monitor, metrics and _
 import logging
 import os
 
+cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeASCII
 from libc.string cimport memcmp, memcpy
@@ -30,7 +31,8 @@ from velocity_fast._core.clock cimport monotonic
 from velocity_fast._core.endpoint cimport Endpoint
 from velocity_fast._core.identity cimport Identity, Tenant
 from velocity_fast._core.message cimport Request
-from velocity_fast._core.fmt cimport _digits, cat, dec, memmem, latin1, put, put_bytes, put_tenths, starts, tenths
+from velocity_fast._core.fmt cimport (_digits, cat, dec, memmem, latin1, put, put_bytes, put_tenths, starts, str_eq,
+                                      tenths)
 
 import msgspec
 
@@ -85,6 +87,8 @@ cpdef str new_request_id():
 
 
 cdef dict _PROXY_ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}
+cdef str _HEALTH = "/health"
+cdef str _POST = "POST"
 
 
 cdef inline list _rid_headers(str rid):
@@ -167,7 +171,7 @@ def handle_client(GatewayCore gw, Request req, Responder resp):
     /health), the proxy routes (arranged from callbacks); the rest is Gateway._route's."""
     cdef str path = req.path
     cdef Identity identity
-    if path == "/health":
+    if str_eq(path, _HEALTH):
         return gw._health(resp)
     identity = gw.identity
     if identity.required:
@@ -176,18 +180,29 @@ def handle_client(GatewayCore gw, Request req, Responder resp):
             return resp.send_error(401, "Missing or invalid API key.", type="AuthenticationError")
     chat = _PROXY_ROUTES.get(path)
     if chat is not None:
-        if req.method != "POST":
+        if not str_eq(req.method, _POST):
             return resp.send_error(405, f"Use POST for {path}.")
         return proxy(gw, req, resp, path, chat)
     return gw._route(req, resp)
+
+
+cdef list _names_seen = None
+cdef str _default_seen = None
 
 
 cpdef str band_for(list names, raw, tenant):
     """The band a request asks for (header, then body; ``names`` highest first), capped by
     its tenant's max_band. A number is vLLM's priority: lower is higher."""
     cdef str band
+    global _names_seen, _default_seen
     if raw is None or raw == "":
-        band = "normal" if "normal" in names else names[len(names) // 2]
+        # The default band of the last names list seen (the gateway replaces its list
+        # on a reload, never changes it in place): no search of the list each time.
+        if names is _names_seen and names is not None:
+            band = _default_seen
+        else:
+            band = "normal" if "normal" in names else names[len(names) // 2]
+            _names_seen, _default_seen = names, band
     elif isinstance(raw, int) and not isinstance(raw, bool):
         band = names[min(max(raw, 0), len(names) - 1)]
     else:
@@ -234,6 +249,13 @@ cpdef proxy(GatewayCore gw, Request req, Responder resp, str route, bint chat):
         if sla is not None:
             sla_ms = gw._sla_for(sla, sla_ms)
         model = proxy_field(r, P_MODEL) or gw.default_model
+        if type(model) is str:
+            # The last model named, as one object: its hash is kept, so the look-ups by
+            # model below (routing, pool, admission) do not hash a new string each time.
+            if str_eq(model, gw._last_model):
+                model = gw._last_model
+            else:
+                gw._last_model = model
         info = (<RouterCore?>gw.router)._route_info(model, r, h if req.gateway_headers else None)
     except (BadRequest, UnknownProfile) as e:
         count_request(gw, route, 400, band)

@@ -34,6 +34,9 @@ cdef class RouterCore:
     cdef public dict _batch_infos
     cdef public dict _pick_children
     cdef dict _only_children
+    cdef object _last_model  # the last batch-path RouteInfo, for the same model and profiles
+    cdef RouteInfo _last_info
+    cdef object _last_profiles
     cdef public object _picks
     cdef public object _fail_open
     cdef public object _no_endpoint

@@ -168,6 +168,8 @@ cdef class RouterCore:
     cdef RouteInfo _route_info(self, model, body_obj, headers):
         cdef RouteInfo info
         model = model or ""
+        if not headers and model is self._last_model and self._model_profiles is self._last_profiles:
+            return self._last_info  # the usual request: the same model as the last, no routing headers
         profile = None
         session = None
         if headers:
@@ -194,6 +196,11 @@ cdef class RouterCore:
                 info = _new_info(model, profile, self._hasher.hash(b"", model), None, None)
                 if len(self._batch_infos) < 256:  # models come from clients: the cache stays bounded
                     self._batch_infos[model] = info
+            # What decided it is the model and the profiles it maps to: the next request
+            # with the same model object and no routing headers gets the same info.
+            self._last_model = model
+            self._last_info = info
+            self._last_profiles = self._model_profiles
             return info
         if isinstance(body_obj, (bytes, bytearray, memoryview)):
             data = body_obj
