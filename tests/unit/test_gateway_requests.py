@@ -25,8 +25,10 @@ def test_chat_decodes_only_what_it_needs():
     r = decode_proxy(body, chat=True)
     assert (r.model, r.stream, r.max_tokens, r.priority, r.sla_ms, r.user) == ("m", True, 7, "high", 250.0, "u1")
     assert r.stream_options.include_usage is True
-    # messages stay raw JSON, each as the client wrote it (prefix routing decodes them)
-    assert [bytes(m) for m in r.messages] == [b'{"role":"user","content":"hi"}']
+    # messages stay raw JSON, as the client wrote them (prefix routing decodes them)
+    assert bytes(r.messages) == b'[{"role":"user","content":"hi"}]'
+    spaced = decode_proxy(b'{"messages": [ \n {"role": "user"} ]}', chat=True)
+    assert bytes(spaced.messages) == b'[ \n {"role": "user"} ]'
 
 
 def test_completions_prompt_forms():
@@ -42,6 +44,10 @@ def test_completions_prompt_forms():
     (b'{"messages": []}', True, "messages"),
     (b'{"model": "m"}', True, "messages"),
     (b'{"messages": "hi"}', True, "messages"),
+    (b'{"messages": null}', True, "messages"),
+    (b'{"messages": [ \n ]}', True, "messages"),
+    (b'{"messages": {"role": "user"}}', True, "messages"),
+    (b'{"messages": 5}', True, "messages"),
     (b'{"messages": [{}], "model": 5}', True, "model"),
     (b'{"messages": [{}], "stream": "yes"}', True, "stream"),
     (b'{"messages": [{}], "max_tokens": 0}', True, "max_tokens"),

@@ -8,6 +8,7 @@ gateway/requests.py re-exports all of it.
 """
 
 cimport cython
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 
 from velocity_fast._core.fmt cimport contains
 from velocity_fast._core.slots cimport slot, slot_offset
@@ -70,13 +71,32 @@ cdef _decode(decoder, body):
         raise _explain(e) from None
 
 
+cdef bint _nonempty_array(raw) except -1:
+    """The raw JSON value (msgspec.Raw, as the decoder checked it) is an array with at
+    least one item: '[' then, past any whitespace, anything but ']'."""
+    cdef Py_buffer buf
+    cdef const unsigned char* v
+    cdef Py_ssize_t i, n
+    cdef bint ok = False
+    PyObject_GetBuffer(raw, &buf, PyBUF_SIMPLE)
+    v = <const unsigned char*>buf.buf
+    n = buf.len
+    if n >= 2 and v[0] == c'[':
+        for i in range(1, n):
+            if v[i] != c' ' and v[i] != c'\t' and v[i] != c'\n' and v[i] != c'\r':
+                ok = v[i] != c']'
+                break
+    PyBuffer_Release(&buf)
+    return ok
+
+
 cpdef decode_proxy(bytes body, bint chat):
     """/v1/chat/completions (chat) or /v1/completions: a ProxyRequest, or BadRequest."""
     r = _decode(_proxy_decoder, body)
     if type(r) is not ProxyRequest:  # the decoder makes nothing else; the reads below rely on it
         raise TypeError(f"decoded {type(r).__name__}, not ProxyRequest")
     if chat:
-        if not proxy_field(r, P_MESSAGES):
+        if not _nonempty_array(proxy_field(r, P_MESSAGES)):
             raise BadRequest("`messages` is required and must be a non-empty list.", "messages")
     else:
         prompt = proxy_field(r, P_PROMPT)

@@ -32,9 +32,10 @@ class ProxyRequest(msgspec.Struct):
     """/v1/chat/completions and /v1/completions, as far as the gateway reads them."""
 
     model: str | None = None
-    # Each message kept as its raw JSON: the gateway forwards the body as it came, and
-    # only prefix routing reads the messages (prefix_render decodes them there).
-    messages: list[msgspec.Raw] | None = None
+    # The messages kept as their raw JSON array: the gateway forwards the body as it
+    # came, and only prefix routing reads them (prefix_render decodes them there).
+    # Empty when absent; decode_proxy checks that it is a non-empty array.
+    messages: msgspec.Raw = msgspec.Raw()
     prompt: Union[str, list[Any], None] = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None

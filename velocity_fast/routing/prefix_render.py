@@ -133,6 +133,8 @@ def render_prompt(body: Any) -> bytes:
     if body is None:
         return b""
     messages = _get(body, "messages")
+    if isinstance(messages, msgspec.Raw):  # the gateway's request decoder keeps the array raw
+        messages = _raw_json.decode(messages) if messages else None
     if messages:
         return render_messages(messages) if isinstance(messages, list) else _text(messages)
     prompt = _get(body, "prompt")
