@@ -112,8 +112,18 @@ async def test_chargevelocity_reloads_the_file_and_keeps_the_engines_it_started(
     base = free_port_block(2)
     with gateway_process("chargeVelocity", "--mock", "--engines", "2", "--engine-base-port", str(base),
                          "--config", str(cfg), "--sim-args", "--time-scale 50", timeout=40) as gp:
-        models = await http_request(gp.port, "GET", "/v1/models", headers={"authorization": "Bearer key-alpha"})
-        model = json.loads(models.body)["data"][0]["id"]
+        listed: list = []
+
+        async def engines_listed() -> bool:
+            # The banner comes once the gateway listens; its first health checks of the
+            # engines it started may still be in flight (a loaded machine): /v1/models
+            # lists a model once one of its engines has passed one.
+            models = await http_request(gp.port, "GET", "/v1/models", headers={"authorization": "Bearer key-alpha"})
+            listed[:] = json.loads(models.body)["data"]
+            return bool(listed)
+
+        await wait_until(engines_listed, 10.0, interval=0.05, what="the engines' first health check")
+        model = listed[0]["id"]
         body = dict(CHAT, model=model)
         beta = {"authorization": "Bearer key-beta", "content-type": "application/json"}
         assert (await http_request(gp.port, "POST", "/v1/chat/completions", body, beta)).status == 401
