@@ -140,6 +140,8 @@ cdef class AdmissionCore:
     cdef public int _default_band
     cdef public dict _pools
     cdef public dict _eps
+    cdef object _last_ep          # the last endpoint looked up in _eps, and its state
+    cdef EndpointState _last_st
     cdef public object _tick
     cdef public long _in_flight
     cdef public Telemetry telemetry
@@ -164,6 +166,7 @@ cdef class AdmissionCore:
     cdef bint _withdraw(self, Ticket ticket, Item item) except -1
     cdef PoolState _state_of(self, model)
     cdef EndpointState _ep_state(self, Endpoint ep)
+    cdef EndpointState _known_state(self, Endpoint ep)
     cdef bint _refresh(self, PoolState ps) except -1
     cdef long _queued(self) except -1
     cdef void _cycle(self, PoolState ps, double now, bint have_now) except *

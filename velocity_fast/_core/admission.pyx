@@ -350,6 +350,7 @@ cdef inline bint _waiting(waiter) except -1:
 
 # -- the lease ----------------------------------------------------------------------------
 
+@cython.freelist(256)  # one per request
 cdef class Lease(RoomFilter):
     """Granted by ``Admission.admit``; ``bind`` when an endpoint is chosen,
     ``first_byte`` when the engine answers, ``release`` exactly once at the end
@@ -557,8 +558,8 @@ cdef class AdmissionCore:
         ceiling = self._ceilings[lease.band_index]
         if ceiling >= 1.0:
             return True
-        st = self._eps.get(_key(ep))
-        if st is None or st.ep is not ep:
+        st = self._known_state(ep)
+        if st is None:
             return True
         load = st.load
         load.inflight = ep.inflight
@@ -596,12 +597,25 @@ cdef class AdmissionCore:
     def _endpoint_state(self, Endpoint ep):
         return self._ep_state(ep)
 
-    cdef EndpointState _ep_state(self, Endpoint ep):
+    cdef EndpointState _known_state(self, Endpoint ep):
+        """``ep``'s state if admission knows it, else None. The last one found is kept:
+        with one endpoint (or a run of requests to one) no dict look-up, no id. States
+        are made once per endpoint and never replaced, so the kept one stays right."""
+        if ep is self._last_ep:
+            return self._last_st
         # A state holds its endpoint: while it is in _eps, no other object can have
         # that id (the check on st.ep is a guard, not a case that arises).
-        cdef EndpointState st = self._eps.get(_key(ep))
+        st = self._eps.get(_key(ep))
+        if st is None or (<EndpointState>st).ep is not ep:
+            return None
+        self._last_ep = ep
+        self._last_st = <EndpointState>st
+        return <EndpointState>st
+
+    cdef EndpointState _ep_state(self, Endpoint ep):
+        cdef EndpointState st = self._known_state(ep)
         cdef AimdLimit aimd
-        if st is None or st.ep is not ep:
+        if st is None:
             s = self.settings
             if self._adaptive:
                 aimd = AimdLimit(s.aimd_min, s.aimd_max, s.aimd_initial or s.aimd_max, s.oom_cooldown_ms / 1000.0)
@@ -724,7 +738,7 @@ cdef class AdmissionCore:
             ps.pending -= 1
         ep.inflight += 1
         # An endpoint admission knows already (the common case) needs no call.
-        st = self._eps.get(_key(ep))
+        st = self._known_state(ep)
         lease._st = st if st is not None else self._ep_state(ep)
         if not rebind and ps.queues.count:
             # Pending leases count in full on every endpoint (saturation.pool): now

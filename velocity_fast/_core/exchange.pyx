@@ -88,6 +88,8 @@ cpdef str new_request_id():
 
 cdef dict _PROXY_ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}
 cdef str _HEALTH = "/health"
+cdef str _last_path = None  # the last path asked and what _PROXY_ROUTES said of it
+cdef object _last_chat = None
 cdef str _POST = "POST"
 
 
@@ -178,7 +180,12 @@ def handle_client(GatewayCore gw, Request req, Responder resp):
         ok, _ = identity.authenticate(req.header_dict())
         if not ok:
             return resp.send_error(401, "Missing or invalid API key.", type="AuthenticationError")
-    chat = _PROXY_ROUTES.get(path)
+    global _last_path, _last_chat
+    if path is _last_path:  # the scanner shares a path's text while it repeats
+        chat = _last_chat
+    else:
+        chat = _PROXY_ROUTES.get(path)
+        _last_path, _last_chat = path, chat
     if chat is not None:
         if not str_eq(req.method, _POST):
             return resp.send_error(405, f"Use POST for {path}.")
@@ -336,10 +343,11 @@ cdef Exchange _exchange(GatewayCore gw, Request req, Responder resp, str route, 
     x.rid = rid
     x.state = _ADMITTING
     x.adm = gw.admission  # a reload may replace the gateway's: the queue is this one's
-    x.tried = []
+    x.tried = None  # the endpoints that failed it, once one has
     return x
 
 
+@cython.freelist(256)  # one per request: reused, not allocated and freed each time
 cdef class Exchange(Waiter):
     """See the module doc. An UpstreamListener for the engine connection, and admission's
     waiter while queued (a Waiter: the dispatch cycle calls it as C)."""
@@ -579,7 +587,10 @@ cdef class Exchange(Waiter):
             return self._refuse(502, "upstream", f"The engine failed while answering: {e}")
         gw.metrics.upstream_errors.labels(ep.name, "connect" if e.connect else "reset").inc()
         gw.monitor.passive_failure(ep, connect=True)
-        self.tried.append(ep)
+        if self.tried is None:
+            self.tried = [ep]
+        else:
+            self.tried.append(ep)
         if not e.received and len(self.tried) < 2:
             return self._dispatch()  # nothing reached the client: once more on another endpoint
         self._fail_lease(str(e))
