@@ -61,12 +61,17 @@ def _explain(e):
     return BadRequest(f"The request body is not valid JSON: {text}")
 
 
-cdef _decode(decoder, body):
-    """``body`` decoded by ``decoder``; BadRequest when it is empty or does not decode."""
+cdef object _proxy_decode = _proxy_decoder.decode  # bound once: no method look-up per request
+cdef object _generate_decode = _generate_decoder.decode
+
+
+cdef _decode(decode, body):
+    """``body`` decoded by ``decode`` (a decoder's bound method); BadRequest when it is
+    empty or does not decode."""
     if not body:
         raise BadRequest("The request body is empty; a JSON object is expected.")
     try:
-        return decoder.decode(body)
+        return decode(body)
     except msgspec.DecodeError as e:
         raise _explain(e) from None
 
@@ -92,7 +97,7 @@ cdef bint _nonempty_array(raw) except -1:
 
 cpdef decode_proxy(bytes body, bint chat):
     """/v1/chat/completions (chat) or /v1/completions: a ProxyRequest, or BadRequest."""
-    r = _decode(_proxy_decoder, body)
+    r = _decode(_proxy_decode, body)
     if type(r) is not ProxyRequest:  # the decoder makes nothing else; the reads below rely on it
         raise TypeError(f"decoded {type(r).__name__}, not ProxyRequest")
     if chat:
@@ -119,7 +124,7 @@ cpdef decode_proxy(bytes body, bint chat):
 
 def decode_generate(body):
     """The native /generate route: a GenerateRequest, or BadRequest."""
-    r = _decode(_generate_decoder, body)
+    r = _decode(_generate_decode, body)
     if r.max_tokens < 1:
         raise BadRequest(f"`max_tokens` must be at least 1, got {r.max_tokens}.", "max_tokens")
     if r.sla_ms is not None and r.sla_ms <= 0:

@@ -23,12 +23,14 @@ class BadRequest(ValueError):
         self.param = param
 
 
-class StreamOptions(msgspec.Struct):
+# gc=False: what a decoded body holds (strings, numbers, raw JSON, lists of those) cannot
+# refer back to the request, so the collector need not track one per request.
+class StreamOptions(msgspec.Struct, gc=False):
     include_usage: bool | None = None
     continuous_usage_stats: bool | None = None
 
 
-class ProxyRequest(msgspec.Struct):
+class ProxyRequest(msgspec.Struct, gc=False):
     """/v1/chat/completions and /v1/completions, as far as the gateway reads them."""
 
     model: str | None = None
