@@ -16,13 +16,14 @@ import os
 
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeASCII
 from libc.string cimport memcmp, memcpy
 
 from velocity_fast._core.admission cimport AdmissionCore, Lease, Ticket, Waiter
 from velocity_fast._core.metric_values cimport Value
-from velocity_fast._core.requests cimport (P_MAX_COMPLETION_TOKENS, P_MAX_TOKENS, P_MODEL, P_PRIORITY, P_SLA_MS, P_USER,
-                                           decode_proxy, proxy_field, strip_own_fields)
+from velocity_fast._core.requests cimport (P_FIELDS, P_MAX_COMPLETION_TOKENS, P_MAX_TOKENS, P_MODEL, P_PRIORITY,
+                                           P_SLA_MS, P_USER, decode_proxy, proxy_fields, strip_own_fields)
 from velocity_fast._core.router cimport RouteInfo, RouterCore
 from velocity_fast._core.server cimport Responder
 from velocity_fast._core.upstream cimport PoolCore, UpstreamConnection
@@ -227,6 +228,7 @@ cpdef proxy(GatewayCore gw, Request req, Responder resp, str route, bint chat):
     """Gateway.handle's /v1/chat/completions and /v1/completions: validate, place in a band
     and a pool, then an Exchange takes it from admission to the answer."""
     cdef Ticket ticket
+    cdef PyObject* f[P_FIELDS]  # the request's fields, read at once (borrowed: r holds them)
     cdef Identity identity = gw.identity
     cdef dict h = None
     # The gateway's own headers, looked up only when the request has any (most have none).
@@ -243,19 +245,21 @@ cpdef proxy(GatewayCore gw, Request req, Responder resp, str route, bint chat):
     band = "-"
     try:
         r = decode_proxy(req.body, chat)  # a ProxyRequest: its fields are read by offset
+        proxy_fields(r, f)
         bound = identity.authenticate(h)[1] if identity.required else None
-        tenant_name, tenant = identity.tenant_for(bound, tenant_h, proxy_field(r, P_USER))
+        tenant_name = identity.tenant_name(bound, tenant_h, <object>f[P_USER])  # tenant_for, without a tuple
+        tenant = identity.tenant_named(bound, tenant_name)
         if prio is None:
-            prio = proxy_field(r, P_PRIORITY)
+            prio = <object>f[P_PRIORITY]
             if prio is _UNSET:  # not in the body
                 prio = None
         band = band_for(gw.band_names, prio, tenant)
-        sla_ms = proxy_field(r, P_SLA_MS)
+        sla_ms = <object>f[P_SLA_MS]
         if sla_ms is _UNSET:
             sla_ms = None
         if sla is not None:
             sla_ms = gw._sla_for(sla, sla_ms)
-        model = proxy_field(r, P_MODEL) or gw.default_model
+        model = <object>f[P_MODEL] or gw.default_model
         if type(model) is str:
             # The last model named, as one object: its hash is kept, so the look-ups by
             # model below (routing, pool, admission) do not hash a new string each time.
@@ -279,7 +283,7 @@ cpdef proxy(GatewayCore gw, Request req, Responder resp, str route, bint chat):
                               f"Tenant {tenant_name!r} is over its request rate.", band,
                               _rid_headers(rid), wait)
     body = strip_own_fields(req.body, r)
-    max_tokens = proxy_field(r, P_MAX_COMPLETION_TOKENS) or proxy_field(r, P_MAX_TOKENS) or 256
+    max_tokens = <object>f[P_MAX_COMPLETION_TOKENS] or <object>f[P_MAX_TOKENS] or 256
     ticket = Ticket.__new__(Ticket)  # the fields are already what Ticket() would make of them
     ticket.band = band
     ticket.tenant = tenant_name

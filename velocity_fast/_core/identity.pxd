@@ -20,3 +20,5 @@ cdef class Identity:
 
     cpdef tuple authenticate(self, dict headers)
     cpdef tuple tenant_for(self, bound, header, user)
+    cdef object tenant_name(self, bound, header, user)
+    cdef object tenant_named(self, bound, name)

@@ -68,7 +68,17 @@ cdef class Identity:
 
     cpdef tuple tenant_for(self, bound, header, user):
         """A key's tenant wins; else the x-velocity-tenant header, OpenAI's `user`, or default."""
+        name = self.tenant_name(bound, header, user)
+        return name, self.tenant_named(bound, name)
+
+    cdef object tenant_name(self, bound, header, user):
+        """tenant_for's name, as C (no tuple made)."""
         if bound is not None:
-            return bound.name, bound
-        name = header or user or DEFAULT_TENANT
-        return name, self.tenants.get(name)
+            return bound.name
+        return header or user or DEFAULT_TENANT
+
+    cdef object tenant_named(self, bound, name):
+        """tenant_for's tenant for the name tenant_name gave."""
+        if bound is not None:
+            return bound
+        return self.tenants.get(name)

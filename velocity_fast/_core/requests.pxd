@@ -1,3 +1,5 @@
+from cpython.object cimport PyObject
+
 # Decoding client requests, what compiled callers call as C (see requests.pyx for the why).
 
 cpdef decode_proxy(bytes body, bint chat)
@@ -18,3 +20,4 @@ cdef enum:
     P_FIELDS = 10
 
 cdef object proxy_field(object r, int which)
+cdef int proxy_fields(object r, PyObject** out) except -1
