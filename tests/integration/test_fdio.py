@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import socket
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -59,8 +60,10 @@ class Recorder(asyncio.Protocol):
             await asyncio.wait_for(self.got.wait(), WAIT)
 
 
+@asynccontextmanager
 async def pair(**server_kw):
-    """A connected (client transport, client protocol, server protocol) on 127.0.0.1."""
+    """A connected (server, client transport, client protocol, server protocol) on
+    127.0.0.1; the client transport aborted and the server closed when the block ends."""
     loop = asyncio.get_running_loop()
     accepted = loop.create_future()
 
@@ -71,16 +74,21 @@ async def pair(**server_kw):
         return proto
 
     server = fdio.Server(loop, factory, fdio.listen("127.0.0.1", 0), 16)
-    port = server.sockets[0].getsockname()[1]
-    t, client = await fdio.open_connection(loop, Recorder, "127.0.0.1", port)
-    srv = await asyncio.wait_for(accepted, WAIT)
-    await asyncio.sleep(0)
-    return server, t, client, srv
+    try:
+        port = server.sockets[0].getsockname()[1]
+        t, client = await fdio.open_connection(loop, Recorder, "127.0.0.1", port)
+        try:
+            srv = await asyncio.wait_for(accepted, WAIT)
+            await asyncio.sleep(0)
+            yield server, t, client, srv
+        finally:
+            t.abort()  # (nothing more once it is lost)
+    finally:
+        server.close()
 
 
 async def test_bytes_cross_both_ways_and_the_peer_is_known():
-    server, t, client, srv = await pair(echo=True)
-    try:
+    async with pair(echo=True) as (server, t, client, srv):
         assert isinstance(t, fdio.FdTransport) and isinstance(srv.transport, fdio.FdTransport)
         assert srv.transport.get_extra_info("peername") == t.get_extra_info("sockname")
         assert t.get_extra_info("peername") == server.sockets[0].getsockname()
@@ -92,14 +100,10 @@ async def test_bytes_cross_both_ways_and_the_peer_is_known():
         assert bytes(client.data) == b"hello world!" and bytes(srv.data) == b"hello world!"
         with pytest.raises(TypeError):
             t.write("text")
-    finally:
-        t.abort()
-        server.close()
 
 
 async def test_a_slow_reader_pauses_the_writer_and_every_byte_arrives_in_order():
-    server, t, client, srv = await pair()
-    try:
+    async with pair() as (server, t, client, srv):
         srv.transport.pause_reading()
         assert not srv.transport.is_reading()
         t.set_write_buffer_limits(high=64 * 1024)
@@ -119,14 +123,10 @@ async def test_a_slow_reader_pauses_the_writer_and_every_byte_arrives_in_order()
                 break
             await asyncio.sleep(0.01)
         assert client.events[-1] == "resume" and t.get_write_buffer_size() == 0
-    finally:
-        t.abort()
-        server.close()
 
 
 async def test_close_delivers_what_waits_then_reports_the_loss():
-    server, t, client, srv = await pair()
-    try:
+    async with pair() as (server, t, client, srv):
         srv.transport.pause_reading()
         blob = b"x" * (4 << 20)
         t.write(blob)
@@ -140,13 +140,10 @@ async def test_close_delivers_what_waits_then_reports_the_loss():
         assert await asyncio.wait_for(client.lost, WAIT) is None
         assert await asyncio.wait_for(srv.lost, WAIT) is None
         assert srv.events[-2:] == ["eof", "lost"] and len(srv.data) == len(blob)
-    finally:
-        server.close()
 
 
 async def test_abort_drops_what_waits_and_reports_the_loss_from_the_loop():
-    server, t, client, srv = await pair()
-    try:
+    async with pair() as (server, t, client, srv):
         srv.transport.pause_reading()
         t.write(b"y" * (4 << 20))
         t.abort()
@@ -156,13 +153,10 @@ async def test_abort_drops_what_waits_and_reports_the_loss_from_the_loop():
         srv.transport.resume_reading()
         await asyncio.wait_for(srv.lost, WAIT)
         assert len(srv.data) < 4 << 20
-    finally:
-        server.close()
 
 
 async def test_write_eof_half_closes_and_the_answer_still_arrives():
-    server, t, client, srv = await pair(eof_keep_open=True)
-    try:
+    async with pair(eof_keep_open=True) as (server, t, client, srv):
         t.write(b"question")
         t.write_eof()
         assert t.can_write_eof()
@@ -179,13 +173,10 @@ async def test_write_eof_half_closes_and_the_answer_still_arrives():
         await client.until(6)
         assert bytes(client.data) == b"answer"
         assert await asyncio.wait_for(client.lost, WAIT) is None
-    finally:
-        server.close()
 
 
 async def test_a_reset_by_the_peer_reaches_connection_lost():
-    server, t, client, srv = await pair()
-    try:
+    async with pair() as (server, t, client, srv):
         sock = srv.transport.get_extra_info("socket")
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
         t.write(b"unread")  # unread input makes the close a reset
@@ -197,8 +188,6 @@ async def test_a_reset_by_the_peer_reaches_connection_lost():
         # Read first (EOF after the reset, or the reset itself): either way the loss is reported once.
         assert exc is None or isinstance(exc, ConnectionResetError)
         assert client.events.count("lost") == 1
-    finally:
-        server.close()
 
 
 async def test_an_error_in_data_received_goes_to_the_loop_handler_and_closes():

@@ -48,3 +48,4 @@ cdef class FdTransport:
     cdef _fatal(self, exc, str message)
     cdef _force_close(self, exc)
     cdef _maybe_pause(self)
+    cdef _flow(self, bint pause)

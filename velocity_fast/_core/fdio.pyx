@@ -371,40 +371,36 @@ cdef class FdTransport:
         self._sent()
         if self._lost:
             return 0
+        if self._protocol_paused and self._wsize <= self._low:
+            self._flow(False)
         if self._wsize == 0:
             self._update()
-            if self._protocol_paused:
-                self._protocol_paused = False
-                try:
-                    self._protocol.resume_writing()
-                except (SystemExit, KeyboardInterrupt):
-                    raise
-                except BaseException as exc:
-                    self._loop.call_exception_handler({
-                        "message": "protocol.resume_writing() failed",
-                        "exception": exc, "transport": self, "protocol": self._protocol})
             if self._eof_pending:
                 self._eof_pending = False
                 self._eof_sent = True
                 shutdown(self._fd, SHUT_WR)
             if self._closing:
                 self._force_close(None)
-        elif self._protocol_paused and self._wsize <= self._low:
-            self._protocol_paused = False
-            self._protocol.resume_writing()
         return 0
 
     cdef _maybe_pause(self):
-        if self._protocol_paused or self._wsize <= self._high:
-            return
-        self._protocol_paused = True
+        if not self._protocol_paused and self._wsize > self._high:
+            self._flow(True)
+
+    cdef _flow(self, bint pause):
+        """The protocol's pause_writing (``pause``) or resume_writing; what it raises
+        goes to the loop's exception handler, as asyncio's transports do."""
+        self._protocol_paused = pause
         try:
-            self._protocol.pause_writing()
+            if pause:
+                self._protocol.pause_writing()
+            else:
+                self._protocol.resume_writing()
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as exc:
             self._loop.call_exception_handler({
-                "message": "protocol.pause_writing() failed",
+                "message": f"protocol.{'pause' if pause else 'resume'}_writing() failed",
                 "exception": exc, "transport": self, "protocol": self._protocol})
 
     def write(self, data):

@@ -85,28 +85,22 @@ def status_line(int status):
     return line
 
 
-cdef bytes _head(int status, object content_type, object headers, bytes extra, bytes body=b""):
-    """Status line, content type, ``headers`` and ``extra`` (the framing lines and the
-    blank line), then ``body``: one bytes object."""
-    cdef list parts
-    line = _OK if status == 200 else _STATUS_LINES.get(status)
-    if line is None:
-        line = status_line(status)
-    ct = b""
+cdef inline bytes _status(int status):
+    """The status line (the usual 200 without a look-up)."""
+    if status == 200:
+        return _OK
+    line = _STATUS_LINES.get(status)
+    return status_line(status) if line is None else line
+
+
+cdef inline bytes _ct_line(object content_type):
+    """The content-type line; none for None or ""."""
     if content_type is _JSON:  # the proxy's usual answer: no look-up
-        ct = _JSON_LINE
-    elif content_type:
-        ct = _CT.get(content_type)
-        if ct is None:
-            ct = f"content-type: {content_type}\r\n".encode("latin-1")
-    if type(headers) is bytes:  # lines already encoded by the caller (the proxy's hot path)
-        return cat((line, ct, headers, extra, body))
-    parts = [line, ct]
-    for name, value in headers:
-        parts.append(f"{name}: {value}\r\n".encode("latin-1"))
-    parts.append(extra)
-    parts.append(body)
-    return b"".join(parts)
+        return _JSON_LINE
+    if not content_type:
+        return b""
+    ct = _CT.get(content_type)
+    return f"content-type: {content_type}\r\n".encode("latin-1") if ct is None else ct
 
 
 cdef bytes _lines(object headers):
@@ -118,6 +112,12 @@ cdef bytes _lines(object headers):
     return b"".join([f"{name}: {value}\r\n".encode("latin-1") for name, value in headers])
 
 
+cdef bytes _head(int status, object content_type, object headers, bytes extra, bytes body=b""):
+    """Status line, content type, ``headers`` and ``extra`` (the framing lines and the
+    blank line), then ``body``: one bytes object."""
+    return cat((_status(status), _ct_line(content_type), _lines(headers), extra, body))
+
+
 cdef bytes _whole(int status, object content_type, bytes lines, Py_ssize_t length, bint keep, bytes body):
     """A whole answer's head (status line, content type, ``lines``, Content-Length
     ``length``, Connection) and ``body`` in one allocation: no pieces to join."""
@@ -126,17 +126,8 @@ cdef bytes _whole(int status, object content_type, bytes lines, Py_ssize_t lengt
     cdef bytes end = _KEEP_END if keep else _CLOSE_END
     cdef Py_ssize_t total
     cdef char* p
-    line = _OK if status == 200 else _STATUS_LINES.get(status)
-    if line is None:
-        line = status_line(status)
-    if content_type is _JSON:  # the proxy's usual answer: no look-up
-        ct = _JSON_LINE
-    elif content_type:
-        ct = _CT.get(content_type)
-        if ct is None:
-            ct = f"content-type: {content_type}\r\n".encode("latin-1")
-    else:
-        ct = b""
+    cdef bytes line = _status(status)
+    cdef bytes ct = _ct_line(content_type)
     total = (PyBytes_GET_SIZE(line) + PyBytes_GET_SIZE(ct) + PyBytes_GET_SIZE(lines) + 16 + nd
              + PyBytes_GET_SIZE(end) + PyBytes_GET_SIZE(body))
     out = PyBytes_FromStringAndSize(NULL, total)
