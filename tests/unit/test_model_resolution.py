@@ -175,6 +175,18 @@ class PtyChild:
     def send(self, data: bytes) -> None:
         os.write(self.master, data)
 
+    def wait_blocked(self, timeout: float = 10.0) -> None:
+        """Wait until the child sleeps (in the prompt's read). A Ctrl-C that lands after
+        input() wrote its prompt but before it entered read() is only noticed at the next
+        key: CPython's signal handler sets a flag, and the read that follows does not
+        wake for it. A user cannot type that fast; a test can."""
+        deadline = time.monotonic() + timeout
+        stat = Path(f"/proc/{self.proc.pid}/stat")
+        while stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "S":
+            assert time.monotonic() < deadline, "the child never waited for input"
+            time.sleep(0.01)
+        time.sleep(0.05)
+
     def close(self) -> int:
         try:
             return self.proc.wait(timeout=20)
@@ -229,6 +241,7 @@ def test_prompt_empty_answer_means_no_model(pty_child):
 def test_prompt_ctrl_c_and_eof_exit_cleanly_with_a_message(pty_child, keys, why):
     child = pty_child()
     child.expect(b"Model folder")
+    child.wait_blocked()
     child.send(keys)
     child.expect(b"ABORTED: model prompt")
     assert child.close() == 130
