@@ -142,7 +142,8 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
     (response_headers, the last of a repeated name winning, as on llhttp's path). A
     request's Transfer-Encoding is declined; a response's one ``chunked`` is taken.
     Where Content-Type's value lies is kept; for a request, whether it names a header
-    the gateway reads (``ours``)."""
+    the gateway reads (``ours``). ``s`` is a bytes object's data: the NUL CPython keeps
+    after it ends the scan of a name or value there."""
     cdef Py_ssize_t ls, colon, vs, ve, cl = -1
     cdef int kind, keep = -2, c
     cdef bint chunked = False
@@ -159,21 +160,23 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
             pos += 2
             break
         ls = pos
-        # name: one or more tchar, then ':' at once (no space before it)
-        while pos < n and _TCHAR[<unsigned char>s[pos]]:
+        # name: one or more tchar, then ':' at once (no space before it). The bytes
+        # object ends in a NUL (CPython keeps one past every bytes' data), which is no
+        # tchar, space or tab: these loops stop at the end without a bounds test.
+        while _TCHAR[<unsigned char>s[pos]]:
             pos += 1
         if pos == ls or pos >= n or s[pos] != c':':
             return -1
         colon = pos
         pos += 1
-        while pos < n and (s[pos] == c' ' or s[pos] == c'\t'):
+        while s[pos] == c' ' or s[pos] == c'\t':
             pos += 1
         vs = pos
         # value: printable ASCII, space or tab, up to CRLF (leading spaces skipped above);
         # eight bytes at a time while all are plain (no control byte, DEL or high bit)
         while pos + 8 <= n and _plain8(s + pos):
             pos += 8
-        while pos < n:
+        while True:  # (the NUL at the end is refused here: a control byte)
             ch = <unsigned char>s[pos]
             if ch == c'\r':
                 break
