@@ -20,7 +20,7 @@ from asyncio import get_running_loop
 from libc.math cimport INFINITY, ceil
 
 from velocity_fast._core.aimd cimport AimdLimit
-from velocity_fast._core.bands cimport BandQueue, BandQueues, Item
+from velocity_fast._core.bands cimport BandQueues, Item
 from velocity_fast._core.clock cimport monotonic
 from velocity_fast._core.endpoint cimport Endpoint, pool_endpoints, same_endpoints
 from velocity_fast._core.metric_values cimport HistChild, Value
@@ -536,7 +536,7 @@ cdef class AdmissionCore:
 
     cdef bint _withdraw(self, Ticket ticket, Item item) except -1:
         cdef PoolState ps
-        if item is None or not item.queued:
+        if item is None:
             return False
         ps = self._state_of(ticket.model)
         if ps is None or not ps.queues.holds(item):

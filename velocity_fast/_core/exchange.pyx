@@ -23,7 +23,7 @@ from libc.string cimport memcmp, memcpy
 from velocity_fast._core.admission cimport AdmissionCore, Lease, Ticket, Waiter
 from velocity_fast._core.metric_values cimport Value
 from velocity_fast._core.requests cimport (P_FIELDS, P_MAX_COMPLETION_TOKENS, P_MAX_TOKENS, P_MODEL, P_PRIORITY,
-                                           P_SLA_MS, P_USER, decode_proxy, proxy_fields, strip_own_fields)
+                                           P_SLA_MS, P_USER, decode_fields, strip_own_fields)
 from velocity_fast._core.router cimport RouteInfo, RouterCore
 from velocity_fast._core.server cimport Responder
 from velocity_fast._core.upstream cimport PoolCore, UpstreamConnection
@@ -244,8 +244,7 @@ cpdef proxy(GatewayCore gw, Request req, Responder resp, str route, bint chat):
         rid = new_request_id()
     band = "-"
     try:
-        r = decode_proxy(req.body, chat)  # a ProxyRequest: its fields are read by offset
-        proxy_fields(r, f)
+        r = decode_fields(req.body, chat, f)  # a ProxyRequest, its fields left in f
         bound = identity.authenticate(h)[1] if identity.required else None
         tenant_name = identity.tenant_name(bound, tenant_h, <object>f[P_USER])  # tenant_for, without a tuple
         tenant = identity.tenant_named(bound, tenant_name)

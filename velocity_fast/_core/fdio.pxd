@@ -12,10 +12,8 @@ cdef class Poller:
     cdef int _epfd
     cdef object _loop
     cdef set _live
-    cdef list _dead
     cdef char* _buf
     cdef void* _events
-    cdef bint _closed
 
 
 cdef class FdTransport:

@@ -125,8 +125,10 @@ cdef class Poller:
 
     def __init__(self, loop):
         self._loop = loop
-        self._live = set()  # registered transports: epoll holds only their address
-        self._dead = []     # closed in this pass: events of it may still be in the batch
+        # Registered transports: epoll holds only their address. One closed in a pass
+        # (whose events may still be in the batch) stays alive through its scheduled
+        # connection_lost until the pass is over.
+        self._live = set()
         self._buf = <char*>malloc(READ_SIZE)
         self._events = malloc(MAX_EVENTS * sizeof(epoll_event))
         if self._buf == NULL or self._events == NULL:
@@ -141,18 +143,6 @@ cdef class Poller:
             close(self._epfd)
         free(self._buf)
         free(self._events)
-
-    def close(self):
-        """Stop watching (the loop is closing); open transports are aborted."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._loop.remove_reader(self._epfd)
-        except Exception:  # the loop is closed already
-            pass
-        for t in list(self._live):
-            (<FdTransport>t)._force_close(None)
 
     @property
     def transports(self):
@@ -169,21 +159,17 @@ cdef class Poller:
             if _again(errno):
                 return
             raise _os_error(errno)
-        try:
-            for i in range(n):
-                t = <FdTransport>events[i].data.ptr
-                ev = events[i].events
+        for i in range(n):
+            t = <FdTransport>events[i].data.ptr
+            ev = events[i].events
+            if t._fd < 0:
+                continue  # closed earlier in this pass
+            if t._mask & EPOLLOUT and ev & (EPOLLOUT | EPOLLERR | EPOLLHUP):
+                t._writable()
                 if t._fd < 0:
-                    continue  # closed earlier in this pass
-                if t._mask & EPOLLOUT and ev & (EPOLLOUT | EPOLLERR | EPOLLHUP):
-                    t._writable()
-                    if t._fd < 0:
-                        continue
-                if t._mask & EPOLLIN and ev & (EPOLLIN | EPOLLERR | EPOLLHUP):
-                    t._readable()
-        finally:
-            if self._dead:
-                self._dead = []
+                    continue
+            if t._mask & EPOLLIN and ev & (EPOLLIN | EPOLLERR | EPOLLHUP):
+                t._readable()
 
 
 cdef class FdTransport:
@@ -478,7 +464,7 @@ cdef class FdTransport:
         self._update()
         self._fd = -1  # events of this pass for it are skipped; the socket closes after connection_lost
         self._poller._live.discard(self)
-        self._poller._dead.append(self)
+        # The handle keeps this transport alive past the pass that may still hold its address.
         self._loop.call_soon(self._call_connection_lost, exc)
 
     def _call_connection_lost(self, exc):
@@ -553,7 +539,7 @@ _pollers = weakref.WeakValueDictionary()
 cpdef Poller poller_for(loop):
     """The loop's poller (one per loop, shared by every server and engine connection on it)."""
     p = _pollers.get(id(loop))
-    if p is None or (<Poller>p)._closed or (<Poller>p)._loop is not loop:
+    if p is None or (<Poller>p)._loop is not loop:
         p = Poller(loop)
         _pollers[id(loop)] = p
     return p

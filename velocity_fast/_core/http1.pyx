@@ -20,7 +20,7 @@ from libc.stdint cimport uint64_t
 from libc.string cimport memcpy
 
 from velocity_fast._core.message cimport Request, new_request
-from velocity_fast._core.message cimport header_name as _name, short_text as _text
+from velocity_fast._core.message cimport header_lines, short_text as _text
 
 # RFC 9110 tchar: the bytes of a header name (and a method).
 cdef bint _TCHAR[256]
@@ -224,29 +224,9 @@ def response_headers(bytes data, Py_ssize_t pos, Py_ssize_t end):
     """The header lines of a response the scanner took (from ``pos``, the line after the
     status line, to ``end``, past the blank line) as a dict: lower-case names, the last
     of a repeated name winning, as UpstreamConnection keeps llhttp's."""
-    cdef const char* s = PyBytes_AS_STRING(data)
-    cdef Py_ssize_t ls, colon, vs, ve
-    cdef dict headers = {}
-    if pos < 0 or end > PyBytes_GET_SIZE(data) or end - 2 < pos:
-        raise ValueError("not a header block of this data")
-    end -= 2  # the blank line
-    while pos < end:  # lines the scanner checked: name, ':', spaces, value, CRLF
-        ls = pos
-        while pos < end and s[pos] != c':':
-            pos += 1
-        colon = pos
-        pos += 1
-        while pos < end and (s[pos] == c' ' or s[pos] == c'\t'):
-            pos += 1
-        vs = pos
-        while pos < end and s[pos] != c'\r':
-            pos += 1
-        if pos >= end or colon == ls:
-            raise ValueError("not a header block of this data")
-        ve = pos
-        pos += 2
-        headers[_name(s + ls, colon - ls)] = PyUnicode_DecodeLatin1(s + vs, ve - vs, NULL)
-    return headers
+    if data is None:
+        raise TypeError("response_headers() needs bytes, not None")
+    return header_lines(data, pos, end - 2, False)  # (the blank line is not a header line)
 
 
 def scan_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ssize_t max_body):

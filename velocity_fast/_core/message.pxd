@@ -25,3 +25,4 @@ cdef Request new_request(str method, str path, str query, dict headers, str http
 
 cdef object header_name(const char* p, Py_ssize_t n)
 cdef object short_text(const char* p, Py_ssize_t n)
+cdef dict header_lines(bytes raw, Py_ssize_t pos, Py_ssize_t end, bint join)

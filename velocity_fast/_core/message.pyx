@@ -7,7 +7,7 @@ server and the scanner (http1.pyx) make it with new_request, without an __init__
 """
 
 cimport cython
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_SetItem
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
@@ -97,28 +97,36 @@ cdef object short_text(const char* p, Py_ssize_t n):
     return text
 
 
-cdef dict _header_dict(bytes raw, Py_ssize_t pos, Py_ssize_t end):
-    """The header lines of ``raw[pos:end]`` (lines the scanner checked: name, ':',
-    spaces, value, CRLF) as a dict: lower-case names, a repeated name's values joined
-    with ", " as llhttp's path does."""
+cdef dict header_lines(bytes raw, Py_ssize_t pos, Py_ssize_t end, bint join):
+    """The header lines of ``raw[pos:end]`` (lines a scanner checked: name, ':', spaces,
+    value, CRLF; ``end`` past the last line's CRLF) as a dict of lower-case names. A
+    repeated name: its values joined with ", " (``join``: a request's, as llhttp's path
+    does), else the last wins (a response's). ValueError for what is not such a block."""
     cdef const char* s = PyBytes_AS_STRING(raw)
     cdef Py_ssize_t ls, colon, vs, had
     cdef dict headers = {}
     cdef PyObject* old
+    if pos < 0 or end > PyBytes_GET_SIZE(raw) or end < pos:
+        raise ValueError("not a header block of this data")
     while pos < end:
         ls = pos
-        while s[pos] != c':':
+        while pos < end and s[pos] != c':':
             pos += 1
         colon = pos
         pos += 1
-        while s[pos] == c' ' or s[pos] == c'\t':
+        while pos < end and (s[pos] == c' ' or s[pos] == c'\t'):
             pos += 1
         vs = pos
-        while s[pos] != c'\r':
+        while pos < end and s[pos] != c'\r':
             pos += 1
+        if pos >= end or colon == ls:
+            raise ValueError("not a header block of this data")
         name = header_name(s + ls, colon - ls)
         value = short_text(s + vs, pos - vs)
         pos += 2
+        if not join:
+            headers[name] = value
+            continue
         had = PyDict_GET_SIZE(headers)
         old = PyDict_SetDefault(headers, name, value)  # one look-up: inserted, or the earlier value
         if PyDict_GET_SIZE(headers) == had:  # (not by identity: equal values are one shared str)
@@ -160,7 +168,7 @@ cdef class Request:
         """The headers: the scanner's request makes its dict when first asked (the
         gateway's proxy path, from most clients, never asks)."""
         if self._headers is None and self._raw is not None:
-            self._headers = _header_dict(self._raw, self._hs, self._he)
+            self._headers = header_lines(self._raw, self._hs, self._he, True)
             self._raw = None
         return self._headers
 

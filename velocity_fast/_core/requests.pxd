@@ -20,4 +20,4 @@ cdef enum:
     P_FIELDS = 10
 
 cdef object proxy_field(object r, int which)
-cdef int proxy_fields(object r, PyObject** out) except -1
+cdef object decode_fields(bytes body, bint chat, PyObject** f)

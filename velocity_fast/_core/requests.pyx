@@ -114,6 +114,12 @@ cdef bint _nonempty_array(raw) except -1:
 cpdef decode_proxy(bytes body, bint chat):
     """/v1/chat/completions (chat) or /v1/completions: a ProxyRequest, or BadRequest."""
     cdef PyObject* f[P_FIELDS]
+    return decode_fields(body, chat, f)
+
+
+cdef object decode_fields(bytes body, bint chat, PyObject** f):
+    """decode_proxy for compiled callers: the fields it read are left in ``f[P_FIELDS]``
+    (borrowed, alive while the returned ProxyRequest is), so they are read once."""
     r = _decode(_proxy_decode, body)
     proxy_fields(r, f)  # (a TypeError if the decoder made anything else)
     if chat:
