@@ -349,11 +349,13 @@ class Gateway(GatewayCore):
             return resp.send_error(502, "The engine answered with an unexpected body.", headers=headers)
         latency = time.monotonic() - t0
         execution = max(latency - queue_s, 1e-9)
+        # The SLA judged is the one admission applied: the request's own, else the server's.
+        sla_ms = ticket.sla_ms if ticket.sla_ms is not None else self.admission.settings.sla_ms
         resp.send_json(200, {"request_id": rid, "response": text, "latency_seconds": round(latency, 6),
                              "queue_time_seconds": round(queue_s, 6),
                              "execution_time_seconds": round(execution, 6), "tokens_generated": tokens,
                              "tokens_per_second": round(tokens / execution, 3),
-                             "sla_met": latency * 1000.0 <= ticket.sla_ms, "priority": ticket.band},
+                             "sla_met": latency * 1000.0 <= sla_ms, "priority": ticket.band},
                        headers=headers)
 
     # -- admin port ----------------------------------------------------------------------------------------
