@@ -48,6 +48,7 @@ class TenantConfig(_S):
     weight: float = 1.0
     requests_per_second: float | None = None   # token-bucket rate limit (429 rate-limit)
     burst: int | None = None
+    sla_ms: float | None = None       # this tenant's SLA for requests that name none (None: the server's)
 
 
 class ServerSettings(_S):
@@ -116,6 +117,8 @@ class Settings(_S):
         for i, t in enumerate(self.tenants):
             if t.max_band is not None and t.max_band not in names:
                 raise ConfigError(f"tenants[{i}].max_band: unknown band {t.max_band!r} (bands: {names})")
+            if t.sla_ms is not None and not t.sla_ms > 0:
+                raise ConfigError(f"tenants[{i}].sla_ms: must be positive, got {t.sla_ms}")
             if t.api_key:
                 if t.api_key in keys:
                     raise ConfigError(f"tenants[{i}].api_key: the same key is given to two tenants")

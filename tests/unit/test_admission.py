@@ -25,6 +25,7 @@ def make(policy="dynamic", n=1, limit=4, clock=None, registry=None, **kw):
     for e in eps:
         e.healthy = True
     kw.setdefault("aimd_min", 1)
+    kw.setdefault("aimd_initial", 0)  # these tests start at the limit they name
     settings = AdmissionSettings(aimd_max=limit, **kw)
     adm = Admission(settings, {"m": Pool("m", eps)}, policy=policy, registry=registry,
                     clock=clock or time.monotonic)
@@ -184,24 +185,92 @@ async def finish(adm, ep, clock, service=0.5, ttft=0.1, tokens=20, n=3):
         lease.release("completed", tokens=tokens)
 
 
-async def test_sla_far_below_service_is_429_at_once_but_never_when_idle():
+async def test_sla_far_below_service_is_429_at_once_when_it_would_queue_never_when_idle():
     clock = Clock()
-    adm, (ep,) = make(limit=4, clock=clock)
-    await finish(adm, ep, clock)
+    adm, (ep,) = make(limit=2, clock=clock)
+    await finish(adm, ep, clock)  # 0.5 s per request, learned
     # Idle: admitted even though it cannot make it.
     idle = await adm.admit(Ticket(sla_ms=20, max_tokens=20))
     idle.bind(ep)
-    # Busy: declined at once, with Retry-After.
+    # Busy, but a slot is free: it goes at once, and a request that goes at once is
+    # never declined on a prediction (no wait of the gateway's making is in its way).
+    second = await adm.admit(Ticket(sla_ms=20, max_tokens=20))
+    second.bind(ep)
+    # Full: it would queue, so the prediction decides: declined at once, with a
+    # Retry-After from the queue model (one slot frees in about 0.5 s / 2 slots).
     with pytest.raises(Rejected) as e:
         await adm.admit(Ticket(sla_ms=20, max_tokens=20))
     assert (e.value.status, e.value.reason) == (429, "sla")
-    assert e.value.retry_after >= 1
+    assert e.value.retry_after == 1
     assert ("retry-after", str(e.value.retry_after)) in e.value.headers()
-    # A generous SLA is fine while busy.
-    ok = await adm.admit(Ticket(sla_ms=5000, max_tokens=20))
-    ok.release("cancelled")
+    # A generous SLA queues instead.
+    (ok,) = await queued(adm, Ticket(sla_ms=5000, max_tokens=20))
+    assert not ok.done()
     idle.release("completed")
+    (await ok).release("cancelled")
+    second.release("completed")
     assert adm.stats()["rejections"] == {"sla": 1}
+
+
+async def test_the_servers_sla_is_enforced_for_requests_that_name_none():
+    """--sla-ms is a real SLA: a request without its own is predicted against it and
+    declined at once when it would queue past it; Retry-After grows with the queue."""
+    clock = Clock()
+    adm, (ep,) = make(limit=1, clock=clock, sla_ms=1200)
+    await finish(adm, ep, clock, service=0.5, ttft=0.1, tokens=20)
+    held = await adm.admit(Ticket(max_tokens=20))
+    held.bind(ep)
+    # One ahead of it at 0.5 s, then its own 0.5 s: 1.0 s, inside 1.2 s: it queues.
+    (first,) = await queued(adm, Ticket(max_tokens=20))
+    assert not first.done()
+    # The next would wait 1.0 s, then 0.5 s of its own: 1.5 s > 1.2 s * 1.1: declined.
+    with pytest.raises(Rejected) as e:
+        await adm.admit(Ticket(max_tokens=20))
+    assert (e.value.status, e.value.reason) == (429, "sla")
+    assert e.value.retry_after == 1  # ceil(1.0 s of queue ahead)
+    assert adm.prediction("m", None, 20) == pytest.approx((1.0, 0.5))
+    # Its own SLA still wins over the server's.
+    (patient,) = await queued(adm, Ticket(max_tokens=20, sla_ms=10000))
+    assert not patient.done()
+    held.release("completed")
+    for t in (first, patient):
+        (await t).release("cancelled")
+    assert adm.stats()["rejections"] == {"sla": 1}
+
+
+async def test_a_queued_request_that_can_no_longer_meet_the_servers_sla_is_declined_early():
+    clock = Clock()
+    adm, (ep,) = make(limit=1, clock=clock, sla_ms=2000)
+    await finish(adm, ep, clock, service=0.5, ttft=0.1, tokens=20)
+    held = await adm.admit(Ticket(max_tokens=20))
+    held.bind(ep)
+    (t,) = await queued(adm, Ticket(max_tokens=20))  # 0.5 + 0.5 s: fits in 2 s, queues
+    assert not t.done()
+    clock.t += 1.6  # the engine is stuck: 0.4 s left, 0.5 s of service needed
+    adm.housekeep()
+    with pytest.raises(Rejected) as e:
+        await t
+    assert (e.value.status, e.value.reason) == (429, "sla")  # long before the 30 s TTL
+    held.release("completed")
+    adm.close()
+
+
+async def test_a_new_engine_starts_at_the_initial_limit_and_earns_more():
+    """Slow start: a cold flood does not overfill an engine whose batch is unknown."""
+    clock = Clock()
+    adm, (ep,) = make(limit=32, clock=clock, aimd_initial=8)
+    got = [await adm.admit(Ticket()) for _ in range(8)]
+    for le in got:
+        le.bind(ep)
+    assert ep.limit == 8
+    (waiting,) = await queued(adm, Ticket())
+    assert not waiting.done()
+    clock.t += 0.5
+    got[0].release("completed", tokens=16)  # queued work, at the limit, healthy: +1
+    assert ep.limit == 9
+    (await waiting).release("cancelled")
+    for le in got[1:]:
+        le.release("cancelled")
 
 
 async def test_static_policy_never_rejects_on_sla_and_has_one_band():
@@ -427,7 +496,7 @@ def test_ticket_defaults_and_rejected_shape():
 
 async def test_sla_prediction_learns_from_first_bytes_before_any_completion():
     clock = Clock()
-    adm, (ep,) = make(limit=4, clock=clock)
+    adm, (ep,) = make(limit=1, clock=clock)
     streaming = await adm.admit(Ticket())
     streaming.bind(ep)
     clock.t += 0.3
@@ -435,9 +504,10 @@ async def test_sla_prediction_learns_from_first_bytes_before_any_completion():
     with pytest.raises(Rejected) as e:
         await adm.admit(Ticket(sla_ms=10))
     assert e.value.reason == "sla"
-    ok = await adm.admit(Ticket(sla_ms=1000))
-    ok.release("cancelled")
+    (ok,) = await queued(adm, Ticket(sla_ms=1000))
+    assert not ok.done()
     streaming.release("completed", tokens=10)
+    (await ok).release("cancelled")
 
 
 async def test_a_reloaded_admission_takes_over_the_registry():

@@ -29,7 +29,27 @@ def test_inflight_beyond_learned_capacity_counts_as_queued():
     s.update(e, 8, 2, 0.1, 1.0, 1.0)  # a queue shows: 8 is the batch capacity
     assert e.capacity == 8 and e.capacity_known
     e.inflight = 18  # the scrape still says 2 waiting, but 10 of ours queue
-    assert s.endpoint(e, 1.05) == pytest.approx(2.0)
+    # 10 queued / 5 = 2.0, and 18 in flight of a batch of 8 = 2.25: the batch bounds it.
+    assert s.endpoint(e, 1.05) == pytest.approx(18 / 8)
+
+
+def test_band_ceilings_are_shares_of_the_learned_batch_not_of_the_limit():
+    """An engine whose batch (8) is far below the gateway's limit (32): once a scrape has
+    shown its queue, in-flight is held against the batch, so a ceiling of 0.8 lets a band
+    take 6 of its 8 slots, not 25 of 32 (most of which would wait in the engine's FIFO)."""
+    s = Saturation()
+    e = EndpointLoad(limit=32)
+    e.inflight = 6
+    assert s.endpoint(e, 1.0) == pytest.approx(6 / 32)  # cold: the limit stands in
+    s.update(e, 8, 1, 0.1, 1.0, 1.0)
+    assert s.endpoint(e, 1.0) == pytest.approx(6 / 8)  # below a low ceiling of 0.8
+    e.inflight = 7
+    assert s.endpoint(e, 1.0) > 0.8  # a seventh would eat the headroom of higher bands
+    # A limit below the batch still counts: the smaller of the two.
+    big = EndpointLoad(limit=4)
+    s.update(big, 16, 2, 0.1, 1.0, 1.0)
+    big.inflight = 2
+    assert s.endpoint(big, 1.0) == pytest.approx(0.5)
 
 
 def test_cold_endpoint_uses_limit_as_capacity():
@@ -72,7 +92,8 @@ def test_pool_counts_outstanding_leases():
     assert s.pool([a, b], 20, 1.0) == pytest.approx(0.5)
     s.update(a, 4, 1, 0.0, 1.0, 1.0)
     s.update(b, 4, 1, 0.0, 1.0, 1.0)  # both have shown a batch capacity of 4
-    assert s.pool([a, b], 20, 1.0) == pytest.approx(16 / 5)
+    # 20 on a batch of 4: 16 would queue (16/5), and 20 of 4 is the larger term.
+    assert s.pool([a, b], 20, 1.0) == pytest.approx(20 / 4)
 
 
 def test_pool_prefers_endpoints_with_room_and_is_infinite_without_health():

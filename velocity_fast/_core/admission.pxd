@@ -151,6 +151,8 @@ cdef class AdmissionCore:
     cdef bint _fixed
     cdef object _sat_obj
     cdef double _sla_s
+    cdef double _sla_tol
+    cdef double _sla_tol_high
     cdef long _global_capacity
     cdef double _kv_hard_limit
     cdef double _ttft_slo_ms
@@ -164,6 +166,10 @@ cdef class AdmissionCore:
     cdef double _endpoint_sat(self, EndpointLoad load, double now) except? -1.0
     cdef object _admit(self, Ticket ticket, waiter)
     cdef bint _withdraw(self, Ticket ticket, Item item) except -1
+    cdef double _predict(self, PoolState ps, int band, long max_tokens, long room, double sat, double now,
+                         double* wait) except? -2.0
+    cdef void _check_sla(self, PoolState ps, int band, long max_tokens, double budget, long room, double sat,
+                         double now) except *
     cdef PoolState _state_of(self, model)
     cdef EndpointState _ep_state(self, Endpoint ep)
     cdef EndpointState _known_state(self, Endpoint ep)

@@ -385,9 +385,9 @@ cdef class Lease(RoomFilter):
 
     cpdef bint fits(self, Endpoint ep) except -1:
         """Room on ``ep`` for this lease's band (the router's filter): below the
-        endpoint's limit and, for a band held back before saturation (ceiling below
-        1), below that ceiling on this endpoint too — the pool may have headroom on
-        another endpoint, and a low request must not take a full engine's last slots."""
+        endpoint's limit and below the band's ceiling on this endpoint too — the pool
+        may have headroom on another endpoint, and a request must not take slots that
+        this engine cannot run (its learned batch) or that are kept for higher bands."""
         return self._adm._fits(self, ep)
 
     cdef bint room(self, Endpoint ep) except -1:
@@ -429,6 +429,8 @@ cdef class AdmissionCore:
         self._fixed = fixed
         self._sat_obj = p.saturation
         self._sla_s = s.sla_ms / 1000.0
+        self._sla_tol = s.sla_tolerance
+        self._sla_tol_high = s.sla_tolerance_high
         self._global_capacity = s.global_capacity or 0
         self._kv_hard_limit = s.kv_hard_limit
         self._ttft_slo_ms = s.ttft_slo_ms
@@ -477,7 +479,7 @@ cdef class AdmissionCore:
         cdef PoolState ps = self._pools.get(ticket.model)
         cdef int band
         cdef bint explicit
-        cdef double deadline
+        cdef double deadline, budget, sat
         cdef long room, cap
         cdef long long rid
         cdef Item item
@@ -493,19 +495,26 @@ cdef class AdmissionCore:
         if self._oom_throttle and band > 0 and now < ps.overload_until:
             raise self._reject(503, "overload", "an engine ran out of memory; shedding non-high work",
                                max(1, <long>ceil(ps.overload_until - now)))
+        # The SLA: the request's own (or its tenant's, filled in by the gateway), else the
+        # server's. Either is a real deadline: predicted, declined early, judged.
         sla_ms = ticket.sla_ms
         explicit = sla_ms is not None and sla_ms > 0
-        deadline = now + (<double>sla_ms / 1000.0 if explicit else self._sla_s)
-        if explicit and self._sla_reject:
-            self._check_sla(ps, band, ticket, now)
+        budget = <double>sla_ms / 1000.0 if explicit else self._sla_s
+        deadline = now + budget
         q = ps.queues
         # Free slots on the pool's endpoints: nothing below binds or frees one, so the
         # count holds until this call returns.
         room = free_slots(ps.seen, ps.pending)
-        # Nothing queued at or above this band: no one to overtake, go at once.
-        if ((q.count == 0 or q.count_through(band) == 0) and room > 0
-                and self._pool_sat(ps, now) < <double>self._ceilings[band]):
-            return self._grant(ps, band, ticket.tenant, ticket.max_tokens, deadline, explicit, now, now)
+        # Nothing queued at or above this band: no one to overtake, go at once. A request
+        # that goes at once is never declined on a prediction (an idle pool is the
+        # plainest case): no wait of the gateway's making stands between it and its SLA.
+        sat = -1.0
+        if (q.count == 0 or q.count_through(band) == 0) and room > 0:
+            sat = self._pool_sat(ps, now)
+            if sat < <double>self._ceilings[band]:
+                return self._grant(ps, band, ticket.tenant, ticket.max_tokens, deadline, explicit, now, now)
+        if self._sla_reject:
+            self._check_sla(ps, band, ticket.max_tokens, budget, room, sat, now)
         # With one pool (the common case) its queue is all that waits.
         cap = self._global_capacity
         if cap and (q.count if len(self._pools) == 1 else self._queued()) >= cap:
@@ -513,8 +522,7 @@ cdef class AdmissionCore:
         if waiter is None:
             waiter = get_running_loop().create_future()
         # The queue orders by its own fields.
-        item = q.push(waiter, ticket.tenant, band, ticket.prompt_bytes, ticket.max_tokens,
-                      deadline if explicit else INFINITY, now, &rid)
+        item = q.push(waiter, ticket.tenant, band, ticket.prompt_bytes, ticket.max_tokens, deadline, now, &rid)
         if item is None:
             what = "band" if rid in (REJECT_BAND_COUNT, REJECT_BAND_BYTES) else "admission"
             raise self._reject(503, "capacity", f"{what} queue is full ({self.band_names[band]})", 1)
@@ -545,6 +553,85 @@ cdef class AdmissionCore:
         self.telemetry.queue_cancelled += 1
         return True
 
+    cdef double _predict(self, PoolState ps, int band, long max_tokens, long room, double sat, double now,
+                         double* wait) except? -2.0:
+        """The expected service of a request of ``band`` asking ``max_tokens``, arriving
+        now, on the fastest healthy endpoint (-1 when no estimate is known yet); its
+        expected queue wait goes to ``wait``. ``room``: free slots in the pool;
+        ``sat``: the pool's saturation when the caller already counted it (else < 0)."""
+        cdef EndpointState st
+        cdef EndpointLoad load
+        cdef double service = -1.0, s, mean = 0.0, slots = 0.0, cap, w, ceiling
+        cdef long known = 0, ahead, free
+        wait[0] = 0.0
+        for st in ps.states:
+            if not st.ep.healthy:
+                continue
+            s = st.est.expect(max_tokens)
+            if s >= 0.0 and (service < 0.0 or s < service):
+                service = s
+            if st.est.service.seen:
+                mean += st.est.service._value
+                known += 1
+            # What the engine runs at once: its limit, or its learned batch when smaller.
+            load = st.load
+            cap = <double>st.ep.limit
+            if load.capacity_known and load.capacity < cap:
+                cap = load.capacity
+            slots += cap
+        if service < 0.0:
+            return -1.0
+        mean = mean / known if known else service
+        ceiling = self._ceilings[band]
+        if ceiling < 1.0:
+            slots *= ceiling  # the share of each engine this band may hold
+        if slots < 1.0:
+            slots = 1.0
+        # Queue model: the requests ahead (queued at or above this band) and this one
+        # take the free slots this band may use, then one slot each as requests end,
+        # every ``mean`` seconds on each of ``slots``.
+        ahead = ps.queues.count_through(band)
+        free = room if room > 0 else 0
+        if free > 0:
+            if sat < 0.0:
+                sat = self._pool_sat(ps, now)
+            if sat >= ceiling:
+                free = 0  # the room there is kept for higher bands
+        w = (ahead + 1 - free) * mean / slots
+        wait[0] = w if w > 0.0 else 0.0
+        return service
+
+    cdef void _check_sla(self, PoolState ps, int band, long max_tokens, double budget, long room, double sat,
+                         double now) except *:
+        """A request that cannot go at once: raise Rejected (429 ``sla``) when its
+        predicted completion, the queue wait ahead of it plus its own service, passes
+        its SLA (with the band's tolerance). Unknown estimates predict nothing: a cold
+        gateway never declines on a guess."""
+        cdef double wait = 0.0, predicted, tol
+        cdef double service = self._predict(ps, band, max_tokens, room, sat, now, &wait)
+        if service < 0.0:
+            return
+        predicted = wait + service
+        tol = self._sla_tol_high if band == 0 else self._sla_tol
+        if predicted > budget * (1.0 + tol):
+            # Retry-After: once the queue ahead has drained, a request goes at once, and one
+            # that goes at once is not declined on a prediction.
+            raise self._reject(
+                429, "sla", f"predicted completion {predicted * 1000:.0f} ms exceeds the SLA of "
+                f"{budget * 1000:.0f} ms", max(1, <long>ceil(wait)))
+
+    def prediction(self, model=None, band=None, long max_tokens=16):
+        """``(wait_s, service_s)`` that the SLA check would predict for a request of
+        ``band`` (name; None: the default) and ``max_tokens`` arriving now in ``model``'s
+        pool (None: the default pool); None while nothing is known."""
+        cdef PoolState ps = self._state_of(model)
+        cdef int b = self._band_of.get(band, self._default_band) if band else self._default_band
+        cdef double wait = 0.0, service
+        if ps is None or not self._refresh(ps):
+            return None
+        service = self._predict(ps, b, max_tokens, free_slots(ps.seen, ps.pending), -1.0, self._now(), &wait)
+        return None if service < 0.0 else (wait, service)
+
     def has_room(self, Endpoint ep):
         """True when ``ep`` may take one more request now (the router's filter)."""
         return ep.healthy and ep.inflight < ep.limit
@@ -556,7 +643,7 @@ cdef class AdmissionCore:
         if not (ep.healthy and ep.inflight < ep.limit):
             return False
         ceiling = self._ceilings[lease.band_index]
-        if ceiling >= 1.0:
+        if ceiling == INFINITY:  # a band never held back (static's one band)
             return True
         st = self._known_state(ep)
         if st is None:
@@ -776,10 +863,8 @@ cdef class AdmissionCore:
         cdef long n = tokens if tokens else lease.max_tokens
         cdef AimdLimit aimd
         cdef bint slow, missed
-        # What this engine usually takes for such a request, before this sample counts
-        # (only an explicit SLA asks, below).
-        if lease.explicit_sla:
-            expected = st.est.expect(n)
+        # What this engine usually takes for such a request, before this sample counts.
+        expected = st.est.expect(n)
         if outcome == _COMPLETED:
             st.est.done(engine_ttft, engine_s, n)
         aimd = st.aimd
@@ -794,7 +879,7 @@ cdef class AdmissionCore:
         # A miss is the engine's doing only if its own part overran the whole budget
         # (time queued in the gateway is not cured by a smaller engine limit) and it
         # was slower than usual: an SLA no engine could meet says nothing of load.
-        missed = (lease.explicit_sla and engine_s > lease.deadline - lease.arrived_at
+        missed = (engine_s > lease.deadline - lease.arrived_at
                   and expected >= 0 and engine_s > _CONGESTION * expected)
         if slow or missed:
             aimd.on_breach(lease.bound_at, now)

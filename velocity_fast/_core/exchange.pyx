@@ -258,6 +258,8 @@ cpdef proxy(GatewayCore gw, Request req, Responder resp, str route, bint chat):
             sla_ms = None
         if sla is not None:
             sla_ms = gw._sla_for(sla, sla_ms)
+        if sla_ms is None and tenant is not None:
+            sla_ms = (<Tenant>tenant).sla_ms  # the tenant's SLA, else (None) the server's
         model = <object>f[P_MODEL] or gw.default_model
         if type(model) is str:
             # The last model named, as one object: its hash is kept, so the look-ups by

@@ -8,6 +8,7 @@ cdef class Tenant:
     cdef public double tokens
     cdef public double stamp
     cdef public object weight
+    cdef public object sla_ms
 
     cpdef double take(self) except -1
 

@@ -11,6 +11,7 @@ class Tenant:
     tokens: float
     stamp: float
     weight: Any
+    sla_ms: float | None
     def __init__(self, cfg: Any) -> None: ...
     def take(self) -> float: ...
 

@@ -10,12 +10,13 @@ DEFAULT_TENANT = "default"
 
 
 cdef class Tenant:
-    """A configured tenant: its band cap, weight, and token bucket of requests."""
+    """A configured tenant: its band cap, weight, SLA, and token bucket of requests."""
 
     def __init__(self, cfg):
         self.name = cfg.name
         self.max_band = cfg.max_band
         self.weight = cfg.weight
+        self.sla_ms = getattr(cfg, "sla_ms", None)
         self.rate = cfg.requests_per_second
         self.burst = float(cfg.burst if cfg.burst is not None else max(1.0, (self.rate or 0) * 2))
         self.tokens = self.burst

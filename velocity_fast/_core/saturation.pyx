@@ -12,10 +12,13 @@ against its threshold (1.0 = saturated). Two lags of scraped metrics are closed:
 * A request granted but not yet dispatched is invisible to both; the pool number
   takes those outstanding leases as extra in-flight work.
 
-The gateway's own use of the endpoint's concurrency limit, in-flight / limit, is a
-third term: a band ceiling of 1.0 then means "flow up to the healthy limit", and
-a ceiling of 0.8 keeps a fifth of every engine's slots free for higher bands, so
-that a short high request never waits behind a full house of low ones.
+The gateway's own use of the engine, in-flight against the smaller of the
+concurrency limit and the learned batch capacity, is a third term: a band ceiling
+of 1.0 then means "flow up to what the engine can run at once", and a ceiling of
+0.8 keeps a fifth of every engine's batch free for higher bands, so that a short
+high request never waits behind a full house of low ones. The user need not know
+the engine's batch size (``--max-num-seqs``, or its KV blocks): with the default
+limit above it, the capacity learned from the engine's gauges bounds the bands.
 
 The engine's own waiting count and the gateway's estimate are combined with max,
 not summed: the engine's count already includes the gateway's queued requests.
@@ -111,7 +114,7 @@ cdef class Saturation:
         (outstanding leases) on top of its own: the worst of queued / queue
         threshold, KV / KV threshold (fresh scrapes only) and in-flight / limit.
         Also stored in ``load.value``."""
-        cdef double cap, queued, s, k
+        cdef double cap, queued, s, k, room
         cap = load.capacity
         if not load.capacity_known and cap < load.limit:
             cap = load.limit
@@ -129,8 +132,14 @@ cdef class Saturation:
                 s = k
         else:
             s = queued / self.queue_threshold
-        if load.limit > 0:
-            k = (load.inflight + extra) / load.limit
+        # In-flight against what the engine can actually run: its concurrency limit, or
+        # its learned batch capacity once a scrape has shown it, whichever is smaller. A
+        # band's ceiling is then a share of the engine's real batch, whatever the limit.
+        room = <double>load.limit
+        if load.capacity_known and cap < room:
+            room = cap
+        if room > 0.0:
+            k = (load.inflight + extra) / room
             if k > s:
                 s = k
         load.value = s

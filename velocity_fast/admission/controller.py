@@ -21,7 +21,6 @@ import math
 import time
 
 from .._core.admission import AdmissionCore, EndpointState, Lease, PoolState, Telemetry, Ticket
-from .._core.saturation import free_slots
 from .policies import EngineSaturation, FixedConcurrency, Policy, make_policy
 from .settings import AdmissionSettings
 from .telemetry import percentiles
@@ -115,48 +114,6 @@ class Admission(AdmissionCore):
         for it in shed:
             ps.queues.cancel(it.id)
             self._fail_waiter(it, 503, "overload", "an engine ran out of memory; shedding non-high work", retry)
-
-    # -- SLA prediction --------------------------------------------------------------
-
-    def _check_sla(self, ps: PoolState, band: int, ticket: Ticket, now: float) -> None:
-        q = ps.queues
-        if q.count == 0 and self._in_flight_in(ps) == 0:
-            return  # idle: never reject on a prediction
-        service = None
-        for st in ps.states:
-            if st.ep.healthy and st.est.known:
-                s = st.est.predict(ticket.max_tokens)
-                if s is not None and (service is None or s < service):
-                    service = s
-        if service is None:
-            return
-        wait = self._expected_wait(ps, band, now)
-        budget = ticket.sla_ms / 1000.0
-        tol = self.settings.sla_tolerance_high if band == 0 else self.settings.sla_tolerance
-        predicted = wait + service
-        if predicted > budget * (1.0 + tol):
-            raise self._reject(
-                429, "sla", f"predicted completion {predicted * 1000:.0f} ms exceeds the SLA of "
-                f"{ticket.sla_ms:.0f} ms", max(1, math.ceil(wait)))
-
-    def _in_flight_in(self, ps: PoolState) -> int:
-        return ps.pending + sum(st.ep.inflight for st in ps.states)
-
-    def _expected_wait(self, ps: PoolState, band: int, now: float) -> float:
-        """Queue wait ahead of a request of ``band``: the work queued at or above it,
-        beyond the free room, drained at the pool's concurrency."""
-        q = ps.queues
-        ahead = q.count_through(band)
-        room = free_slots(ps.seen, ps.pending)
-        blocked = self.policy.saturation.pool(ps.loads, ps.pending, now) >= self._ceilings[band]
-        if ahead < room and not blocked:
-            return 0.0
-        services = [st.est.service.value for st in ps.states
-                    if st.ep.healthy and st.est.service.value is not None]
-        if not services:
-            return 0.0
-        concurrency = sum(st.ep.limit for st in ps.states if st.ep.healthy) or 1
-        return (ahead - max(room, 0) + 1) * (sum(services) / len(services)) / concurrency
 
     # -- housekeeping ----------------------------------------------------------------
 

@@ -59,18 +59,21 @@ class AdmissionSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     aging_step_ms: float = 30000.0
     # Between tenants: "rr" (turns) or "tokens" (virtual token counter).
     fairness: str = "rr"
-    # The default deadline, for SLA compliance and AIMD; prediction only rejects
-    # requests that asked for an SLA themselves (x-velocity-sla-ms / sla_ms).
+    # The server's SLA: the deadline of every request that names none of its own (nor
+    # its tenant): predicted, declined early (429 sla), judged for compliance and AIMD.
     sla_ms: float = 3000.0
     # A prediction may exceed the deadline by this fraction before 429 (high: more).
     sla_tolerance: float = 0.1
     sla_tolerance_high: float = 0.5
     # Engine-side time to first token above this is a latency breach for AIMD.
     ttft_slo_ms: float = 2000.0
-    # AIMD bounds per engine (max: --max-concurrency); the initial limit (0 = max).
+    # AIMD bounds per engine (max: --max-concurrency); the initial limit (0 = max). A new
+    # engine starts low and earns its limit one completion at a time (doubling per round
+    # of requests), so that a flood on a cold gateway does not overfill an engine whose
+    # batch is smaller than --max-concurrency before its gauges have shown that batch.
     aimd_min: int = 1
     aimd_max: int = 32
-    aimd_initial: int = 0
+    aimd_initial: int = 8
     oom_cooldown_ms: float = 10000.0
     # Weight of a new sample in the online estimators (EWMA).
     ewma_alpha: float = 0.2

@@ -203,8 +203,8 @@ class Gateway(GatewayCore):
         return band_for(self.band_names, raw, tenant)
 
     def _sla_for(self, header: str | None, body_value: float | None) -> float | None:
-        """The SLA the client asked for; None leaves the configured default to admission
-        (which then predicts nothing: only an explicit SLA can be declined as unreachable)."""
+        """The SLA the client asked for; None leaves it to the tenant's, else the server's
+        (admission's ``sla_ms``), which is enforced the same way."""
         if header is not None:
             try:
                 v = float(header)
@@ -310,6 +310,8 @@ class Gateway(GatewayCore):
             prio = h.get("x-velocity-priority")
             band = self._band_for(prio if prio is not None else r.priority, tenant)
             sla_ms = self._sla_for(h.get("x-velocity-sla-ms"), r.sla_ms)
+            if sla_ms is None and tenant is not None:
+                sla_ms = tenant.sla_ms  # the tenant's SLA, else (None) the server's
             info = self.router.route_info(r.model or self.default_model, r, h)
         except (BadRequest, UnknownProfile) as e:
             self.metrics.requests.labels("/generate", 400, band).inc()

@@ -75,8 +75,8 @@ def _identity(old: Identity, settings: Settings) -> Identity:
     new = Identity(settings)
     for name, t in list(new.tenants.items()):
         prev = old.tenants.get(name)
-        if prev is not None and (prev.max_band, prev.weight, prev.rate, prev.burst) == (
-                t.max_band, t.weight, t.rate, t.burst):
+        if prev is not None and (prev.max_band, prev.weight, prev.rate, prev.burst, prev.sla_ms) == (
+                t.max_band, t.weight, t.rate, t.burst, t.sla_ms):
             new.tenants[name] = prev
             for key, bound in list(new.by_key.items()):
                 if bound is t:
