@@ -26,7 +26,8 @@ def test_use_of_the_limit_is_a_term():
 def test_inflight_beyond_learned_capacity_counts_as_queued():
     s = Saturation()
     e = EndpointLoad(limit=64)
-    s.update(e, 8, 2, 0.1, 1.0, 1.0)  # a queue shows: 8 is the batch capacity
+    s.update(e, 8, 2, 0.1, 0.9, 0.9)
+    s.update(e, 8, 2, 0.1, 1.0, 1.0)  # a queue shows twice: 8 is the batch capacity
     assert e.capacity == 8 and e.capacity_known
     e.inflight = 18  # the scrape still says 2 waiting, but 10 of ours queue
     # 10 queued / 5 = 2.0, and 18 in flight of a batch of 8 = 2.25: the batch bounds it.
@@ -41,15 +42,32 @@ def test_band_ceilings_are_shares_of_the_learned_batch_not_of_the_limit():
     e = EndpointLoad(limit=32)
     e.inflight = 6
     assert s.endpoint(e, 1.0) == pytest.approx(6 / 32)  # cold: the limit stands in
+    s.update(e, 8, 1, 0.1, 0.9, 0.9)
     s.update(e, 8, 1, 0.1, 1.0, 1.0)
     assert s.endpoint(e, 1.0) == pytest.approx(6 / 8)  # below a low ceiling of 0.8
     e.inflight = 7
     assert s.endpoint(e, 1.0) > 0.8  # a seventh would eat the headroom of higher bands
     # A limit below the batch still counts: the smaller of the two.
     big = EndpointLoad(limit=4)
+    s.update(big, 16, 2, 0.1, 0.9, 0.9)
     s.update(big, 16, 2, 0.1, 1.0, 1.0)
     big.inflight = 2
     assert s.endpoint(big, 1.0) == pytest.approx(0.5)
+
+
+def test_a_queue_in_one_scrape_is_not_proof_of_the_batch():
+    """A burst's requests wait for the engine's next step: one scrape with a queue beside
+    10 running must not cap a 256-sequence engine at 10. Two in a row do."""
+    s = Saturation()
+    e = EndpointLoad(limit=32)
+    s.update(e, 10, 3, 0.1, 1.0, 1.0)
+    s.update(e, 20, 0, 0.1, 1.1, 1.1)
+    assert not e.capacity_known
+    e.inflight = 20
+    assert s.endpoint(e, 1.1) == pytest.approx(20 / 32)
+    s.update(e, 24, 4, 0.1, 1.2, 1.2)
+    s.update(e, 24, 5, 0.1, 1.3, 1.3)
+    assert e.capacity_known and e.capacity == 24
 
 
 def test_cold_endpoint_uses_limit_as_capacity():
@@ -90,8 +108,9 @@ def test_pool_counts_outstanding_leases():
     assert s.pool([a, b], 0, 1.0) == 0.0
     # 20 granted, not yet bound: any one endpoint may get them all, half its limit.
     assert s.pool([a, b], 20, 1.0) == pytest.approx(0.5)
-    s.update(a, 4, 1, 0.0, 1.0, 1.0)
-    s.update(b, 4, 1, 0.0, 1.0, 1.0)  # both have shown a batch capacity of 4
+    for t in (0.9, 1.0):
+        s.update(a, 4, 1, 0.0, t, t)
+        s.update(b, 4, 1, 0.0, t, t)  # both have shown a batch capacity of 4
     # 20 on a batch of 4: 16 would queue (16/5), and 20 of 4 is the larger term.
     assert s.pool([a, b], 20, 1.0) == pytest.approx(20 / 4)
 

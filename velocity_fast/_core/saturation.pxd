@@ -14,8 +14,10 @@ cdef class EndpointLoad:
     cdef readonly double scraped_at
     # Learned batch capacity: high-water mark of observed running.
     cdef readonly double capacity
-    # True once a scrape showed a queue, i.e. running was at the engine's ceiling.
+    # True once two scrapes in a row showed a queue, i.e. running was at the engine's ceiling.
     cdef readonly bint capacity_known
+    # The previous scrape showed a queue beside running requests.
+    cdef readonly bint queue_seen
     # The gateway's own view, kept by admission.
     cdef public long inflight
     cdef public long limit

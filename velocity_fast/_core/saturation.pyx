@@ -6,9 +6,10 @@ against its threshold (1.0 = saturated). Two lags of scraped metrics are closed:
 * Scrapes are an interval old, so the gateway's own in-flight count is held against
   the engine's batch capacity, learned as the high-water mark of observed
   ``running``: in-flight beyond that capacity is what really queues in the engine.
-  Until a scrape has shown a queue (proof that ``running`` hit the ceiling), the
-  concurrency limit stands in for the capacity, so a cold pool is not throttled by
-  a small early high-water mark.
+  Until two scrapes in a row have shown a queue beside running requests (proof that
+  ``running`` hit the ceiling: one alone may be a burst waiting for the engine's next
+  step), the concurrency limit stands in for the capacity, so a cold pool is not
+  throttled by a small early high-water mark.
 * A request granted but not yet dispatched is invisible to both; the pool number
   takes those outstanding leases as extra in-flight work.
 
@@ -50,8 +51,15 @@ cdef class EndpointLoad:
         self.scraped_at = scraped_at
         if running > self.capacity:
             self.capacity = running
+        # A queue in one scrape may be requests that arrived since the engine's last step
+        # (a burst does that at any load); a queue still there a scrape later, with
+        # requests running, is the engine at its ceiling.
         if waiting > 0 and running > 0:
-            self.capacity_known = True
+            if self.queue_seen:
+                self.capacity_known = True
+            self.queue_seen = True
+        else:
+            self.queue_seen = False
 
     def __repr__(self):
         return (f"EndpointLoad(running={self.running}, waiting={self.waiting}, "

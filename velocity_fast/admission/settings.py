@@ -67,13 +67,13 @@ class AdmissionSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     sla_tolerance_high: float = 0.5
     # Engine-side time to first token above this is a latency breach for AIMD.
     ttft_slo_ms: float = 2000.0
-    # AIMD bounds per engine (max: --max-concurrency); the initial limit (0 = max). A new
-    # engine starts low and earns its limit one completion at a time (doubling per round
-    # of requests), so that a flood on a cold gateway does not overfill an engine whose
-    # batch is smaller than --max-concurrency before its gauges have shown that batch.
+    # AIMD bounds per engine (max: --max-concurrency); the initial limit (0 = max). An
+    # engine whose batch is smaller is bounded by its learned batch (saturation) once two
+    # scrapes have shown its queue; a lower start trades a cold flood's overfill for a
+    # slower ramp (one more per completion).
     aimd_min: int = 1
     aimd_max: int = 32
-    aimd_initial: int = 8
+    aimd_initial: int = 0
     oom_cooldown_ms: float = 10000.0
     # Weight of a new sample in the online estimators (EWMA).
     ewma_alpha: float = 0.2
