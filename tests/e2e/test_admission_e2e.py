@@ -2,7 +2,7 @@
 front of sim engines or of a tiny fake engine that the test controls.
 
 What a client sees: an SLA no engine can meet is declined at once with 429 `sla` when
-the system is busy and served when it is idle; a full band queue answers 503
+the request would have to queue, and served when it can go at once; a full band queue answers 503
 `capacity`; a request that waits past its band's TTL 504 `ttl`; a client that leaves
 while queued leaves the queue at once and never reaches an engine; an engine that runs
 out of memory drops to the minimum limit while non-high work is shed (503 `overload`)
@@ -151,8 +151,8 @@ def sim():
     eng.stop()
 
 
-async def test_sla_far_below_service_time_is_429_at_once_when_busy_never_when_idle(sim):
-    async with running_gateway(sim, policy="dynamic", max_concurrency=4) as gw:
+async def test_sla_far_below_service_time_is_429_at_once_when_it_would_queue_never_when_idle(sim):
+    async with running_gateway(sim, policy="dynamic", max_concurrency=1) as gw:
         for _ in range(2):  # what this engine takes per token, learned by admission
             assert (await post(gw, chat(max_tokens=200))).status == 200
         tight = chat("status?", max_tokens=200)
@@ -164,6 +164,7 @@ async def test_sla_far_below_service_time_is_429_at_once_when_busy_never_when_id
         assert service_s > 0.2  # the SLA really is far below what the engine takes
 
         background = asyncio.create_task(post(gw, chat("a long essay", max_tokens=3000), timeout=30))
+        patient = None
         try:
             await wait_until(lambda: gw.endpoints["e1"].inflight == 1, 5.0, what="a request in flight")
             rejected = []
@@ -171,10 +172,12 @@ async def test_sla_far_below_service_time_is_429_at_once_when_busy_never_when_id
                 t0 = time.monotonic()
                 r = await post(gw, tight, x_velocity_sla_ms="20", x_velocity_priority=band)
                 rejected.append((r, time.monotonic() - t0))
-            # The same request without an SLA is served: the 429 is the prediction's.
-            assert (await post(gw, tight)).status == 200
+            # The same request with an SLA it can meet queues instead: the 429 is the prediction's.
+            patient = asyncio.create_task(post(gw, tight, x_velocity_sla_ms="600000", timeout=30))
+            await wait_until(lambda: gw.admission.stats()["queued"] == 1, 5.0, what="the patient one queued")
         finally:
             await stop_tasks(background)
+        assert (await patient).status == 200
         for r, took in rejected:
             assert r.status == 429, r.body
             assert r.headers.get("x-velocity-reject-reason") == "sla"

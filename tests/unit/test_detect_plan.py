@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import sys
+from pathlib import Path
+
+import velocity_fast
 
 import pytest
 
@@ -82,7 +86,9 @@ def test_sim_engines_without_gpu_or_model_or_with_mock(model, n_gpus, use_model,
     assert [s.port for s in plan.specs] == [9200, 9201, 9202]
     for s in plan.specs:
         a = list(s.argv)
-        assert a[:3] == [sys.executable, "-m", "velocity_fast.sim"]
+        # The child runs this very package, never one found in its working folder.
+        assert a[:4] == [sys.executable, "-P", "-m", "velocity_fast.sim"]
+        assert s.env["PYTHONPATH"].split(os.pathsep)[0] == str(Path(velocity_fast.__file__).parents[1])
         assert flag(a, "--port") == str(s.port) and flag(a, "--time-scale") == "10"
         assert flag(a, "--model") == s.model_name == ("llama-tiny" if use_model else "velocity-sim")
         assert "CUDA_VISIBLE_DEVICES" not in s.env

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .detect import GPU
+from .process import python_child
 from .models import ModelChoice
 from .options import (
     DEFAULT_ENGINE_BASE_PORT,
@@ -160,8 +160,9 @@ def _sim_spec(
     sim_args: Sequence[str],
 ) -> EngineSpec:
     name = f"sim-{i}"
+    head, env = python_child("velocity_fast.sim")  # the engine runs the gateway's own code
     argv = [
-        sys.executable, "-m", "velocity_fast.sim",
+        *head,
         "--host", ENGINE_HOST,
         "--port", str(port),
         "--model", model_name,
@@ -170,4 +171,4 @@ def _sim_spec(
     if api_key:
         argv += ["--api-key", api_key]
     argv += list(sim_args)
-    return EngineSpec(name, tuple(argv), {}, port, model_name, logs / f"{name}.log")
+    return EngineSpec(name, tuple(argv), env, port, model_name, logs / f"{name}.log")

@@ -22,6 +22,22 @@ from typing import IO
 
 _PR_SET_PDEATHSIG = 1
 
+#: The folder that holds the ``velocity_fast`` this process runs (installed or a source tree).
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def python_child(module: str) -> tuple[list[str], dict[str, str]]:
+    """``(argv, env)`` that run ``python -m module`` on the very code this process runs.
+
+    ``python -m`` puts the working folder first on the path, so a child started from a
+    source checkout would import the uncompiled tree instead of the installed package
+    (or another checkout's). ``-P`` (Python 3.11+) leaves the working folder out, and
+    PYTHONPATH names this package's own folder first.
+    """
+    path = os.environ.get("PYTHONPATH")
+    return ([sys.executable, "-P", "-m", module],
+            {"PYTHONPATH": PACKAGE_ROOT + (os.pathsep + path if path else "")})
+
 
 def _libc_prctl() -> Callable[..., int] | None:
     if not sys.platform.startswith("linux"):

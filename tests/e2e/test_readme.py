@@ -1,0 +1,235 @@
+"""The README is tested: every command and snippet in it runs here, as a newcomer would
+run it, so a broken example fails CI.
+
+The code blocks are read from README.md itself (not copied): `make run` and the curl
+lines and the Python snippet against the gateway that `make run` started, the `serve`
+example against local sim engines standing in for the two remote GPUs (the README's
+10.0.0.x addresses are replaced, never reached), and the inline commands of the prose
+(`serve --config`, `chargeVelocity --model-path` on a machine with fake GPUs and a fake
+`vllm`, `detect`). Only `make test` is left out: it is the command running this test.
+docs/operations.md shows commands for systemd, docker and kubectl, which cannot run here;
+its configuration snippet is checked to load.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+
+from tests.support.fakes import FAKES_DIR, free_port_block, machine_env, make_model_folder
+from tests.support.sim import sim_engine
+from velocity_fast.config import load_settings
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+REPO = Path(__file__).resolve().parents[2]
+README = (REPO / "README.md").read_text()
+BIN = Path(sys.executable).parent
+
+
+def blocks(text: str, lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", text, re.S)
+
+
+def commands(block: str) -> list[str]:
+    """The shell commands of a block: continuation lines joined, comments dropped."""
+    out, cur = [], ""
+    for line in block.splitlines():
+        line = line.split(" #", 1)[0].rstrip() if not line.lstrip().startswith("#") else ""
+        if cur:
+            cur += " " + line.strip()
+        else:
+            cur = line.strip()
+        if cur.endswith("\\"):
+            cur = cur[:-1].rstrip()
+            continue
+        if cur:
+            out.append(cur)
+        cur = ""
+    return out
+
+
+def env_for(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VELOCITY_")}
+    env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "")])
+    env.update(extra)
+    return env
+
+
+def wait_ready(admin_port: int, proc: subprocess.Popen, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"exited with {proc.returncode}"
+        r = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+                            f"127.0.0.1:{admin_port}/ready"], capture_output=True, text=True, timeout=10)
+        if r.stdout == "200":
+            return
+        time.sleep(0.2)
+    raise TimeoutError("not ready")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait(5)
+
+
+def popen(cmd, log: Path, **kw) -> subprocess.Popen:
+    """A child in its own process group, its output in ``log``."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, **kw)
+
+
+def run_sh(cmd: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=60,
+                          cwd=REPO, **kw)
+
+
+def test_the_readme_has_the_examples_this_test_runs():
+    """If an example is added, changed in kind or removed, this test says so."""
+    bash = [commands(b) for b in blocks(README, "bash")]
+    assert [c.split()[:2] for c in bash[0]] == [["make", "run"], ["make", "test"]]
+    assert all(c.startswith("curl ") for c in bash[1])
+    assert len(bash[2]) == 1 and bash[2][0].startswith(".venv/bin/velocityllm serve ")
+    assert len(bash) == 3 and len(blocks(README, "python")) == 1
+
+
+def test_make_run_then_every_curl_line_and_the_python_snippet(tmp_path):
+    """`make run`, then the README's own requests against it, with its ports moved off
+    8000/9090 through the environment (which the README documents)."""
+    port = free_port_block(2)
+    env = env_for(VELOCITY_PORT=str(port), VELOCITY_ADMIN_PORT=str(port + 1), VELOCITY_HOST="127.0.0.1")
+    (make_run, _make_test) = commands(blocks(README, "bash")[0])
+    proc = popen(make_run, tmp_path / "run.log", shell=True, cwd=REPO, env=env)
+    try:
+        wait_ready(port + 1, proc, 180)
+        local = {"localhost:8000": f"127.0.0.1:{port}", "localhost:9090": f"127.0.0.1:{port + 1}"}
+        outputs = []
+        for cmd in commands(blocks(README, "bash")[1]):
+            for a, b in local.items():
+                cmd = cmd.replace(a, b)
+            r = run_sh(cmd)
+            assert r.returncode == 0, (cmd, r.stdout, r.stderr)
+            outputs.append(r.stdout)
+        chat, native, metrics = outputs
+        assert orjson.loads(chat)["choices"][0]["message"]["content"]
+        gen = orjson.loads(native)
+        assert gen["priority"] == "high" and gen["tokens_generated"] == 16 and isinstance(gen["sla_met"], bool)
+        assert "velocity_requests_total" in metrics
+        snippet = blocks(README, "python")[0].replace("http://localhost:8000", f"http://127.0.0.1:{port}")
+        r = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert r.returncode == 0, r.stderr
+        assert "ChatCompletion(" in r.stdout and "velocity-sim" in r.stdout
+    finally:
+        stop(proc)
+
+
+def test_the_serve_example_against_local_engines(tmp_path):
+    (serve,) = commands(blocks(README, "bash")[2])
+    urls = re.findall(r"http://[\d.]+:\d+", serve)
+    model = re.search(r"=http://[^=]+=(\S+)", serve).group(1)
+    assert len(urls) == 2 and model
+    with sim_engine(model=model, time_scale=10) as a, sim_engine(model=model, time_scale=10) as b:
+        for url, eng in zip(urls, (a, b)):
+            serve = serve.replace(url, eng.url)  # never the README's remote addresses
+        port = free_port_block(2)
+        cmd = serve.replace(".venv/bin/velocityllm", str(BIN / "velocityllm")) + \
+            f" --host 127.0.0.1 --port {port} --admin-port {port + 1}"
+        proc = popen(cmd, tmp_path / "serve.log", shell=True, cwd=REPO, env=env_for())
+        try:
+            wait_ready(port + 1, proc)
+            body = orjson.dumps({"model": model, "messages": [{"role": "user", "content": "Hi"}],
+                                 "max_tokens": 8}).decode()
+            seen = set()
+            for _ in range(6):
+                r = run_sh(f"curl -s -D - 127.0.0.1:{port}/v1/chat/completions "
+                           f"-H 'content-type: application/json' -d '{body}'")
+                assert " 200 " in r.stdout.split("\r\n", 1)[0], r.stdout
+                seen.add(re.search(r"x-velocity-endpoint: (\S+)", r.stdout).group(1))
+            assert seen <= {"gpu0", "gpu1"} and seen
+            health = orjson.loads(run_sh(f"curl -s 127.0.0.1:{port}/health").stdout)
+            assert health["policy"] == "dynamic" and health["healthy_endpoints"] == 2
+        finally:
+            stop(proc)
+
+
+def test_serve_with_the_example_config_file(tmp_path):
+    """`velocityllm serve --config my.yaml`, my.yaml being deploy/config.example.yaml with
+    its endpoints pointed at a local sim engine."""
+    assert "velocityllm serve --config my.yaml" in README
+    data = yaml.safe_load((REPO / "deploy" / "config.example.yaml").read_text())
+    with sim_engine(model="llama", time_scale=10) as eng:
+        port = free_port_block(2)
+        data.update(host="127.0.0.1", port=port, admin_port=port + 1, api_key=None,
+                    endpoints=[{"name": "e1", "url": eng.url, "model": "llama"}])
+        data["tenants"] = [t for t in data["tenants"] if t.get("api_key") is None]
+        cfg = tmp_path / "my.yaml"
+        cfg.write_text(yaml.safe_dump(data))
+        proc = popen([str(BIN / "velocityllm"), "serve", "--config", str(cfg)], tmp_path / "log", cwd=tmp_path,
+                     env=env_for())
+        try:
+            wait_ready(port + 1, proc)
+            r = run_sh(f"curl -s 127.0.0.1:{port}/v1/completions -H 'content-type: application/json' "
+                       "-d '{\"model\":\"llama\",\"prompt\":\"Hello\",\"max_tokens\":4}'")
+            assert orjson.loads(r.stdout)["choices"][0]["text"], r.stdout
+        finally:
+            stop(proc)
+
+
+def test_charge_velocity_with_a_model_path_on_a_gpu_machine_and_detect(tmp_path):
+    """`velocityllm chargeVelocity --model-path /models/my-model` and `velocityllm detect`,
+    on a machine with two fake GPUs and a fake `vllm` (each engine a sim)."""
+    assert "velocityllm chargeVelocity --model-path /models/my-model" in README
+    assert "`velocityllm detect`" in README
+    model = make_model_folder(tmp_path / "models", "my-model")
+    record = tmp_path / "rec"
+    record.mkdir()
+    env = machine_env(2, record, base=env_for())
+    det = subprocess.run([str(BIN / "velocityllm"), "detect", "--model-path", str(model)], capture_output=True,
+                         text=True, timeout=60, env=env, cwd=tmp_path)
+    assert det.returncode == 0 and "vllm" in det.stdout, det.stdout + det.stderr
+    port = free_port_block(2)
+    proc = popen([str(BIN / "velocityllm"), "chargeVelocity", "--model-path", str(model),
+                  "--host", "127.0.0.1", "--port", str(port), "--admin-port", str(port + 1),
+                  "--engine-base-port", str(free_port_block(2))], tmp_path / "log", cwd=tmp_path, env=env)
+    try:
+        wait_ready(port + 1, proc)
+        models = orjson.loads(run_sh(f"curl -s 127.0.0.1:{port}/v1/models").stdout)
+        name = models["data"][0]["id"]
+        r = run_sh(f"curl -s 127.0.0.1:{port}/v1/completions -H 'content-type: application/json' "
+                   f"-d '{{\"model\":\"{name}\",\"prompt\":\"Hi\",\"max_tokens\":4}}'")
+        assert orjson.loads(r.stdout)["choices"][0]["text"], r.stdout
+        assert len(list(record.glob("launch-*.json"))) == 2  # one `vllm serve` per GPU
+    finally:
+        stop(proc)
+
+
+def test_the_operations_guide_config_snippet_loads():
+    ops = (REPO / "docs" / "operations.md").read_text()
+    (snippet,) = blocks(ops, "yaml")
+    data = yaml.safe_load(snippet)
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"ops-{os.getpid()}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    try:
+        s = load_settings(str(path), env={})
+    finally:
+        path.unlink()
+    assert [e.name for e in s.endpoints] == ["gpu0", "gpu1"]
