@@ -588,8 +588,10 @@ cdef class AdmissionCore:
         if slots < 1.0:
             slots = 1.0
         # Queue model: the requests ahead (queued at or above this band) and this one
-        # take the free slots this band may use, then one slot each as requests end,
-        # every ``mean`` seconds on each of ``slots``.
+        # take the free slots this band may use, then the engines' slots in rounds of
+        # ``mean`` seconds. Whole rounds: a flood's batch starts together and ends
+        # together, so the first one queued waits a whole service, not a share of one
+        # (in a steady stream this overstates the wait by less than one service).
         ahead = ps.queues.count_through(band)
         free = room if room > 0 else 0
         if free > 0:
@@ -597,8 +599,8 @@ cdef class AdmissionCore:
                 sat = self._pool_sat(ps, now)
             if sat >= ceiling:
                 free = 0  # the room there is kept for higher bands
-        w = (ahead + 1 - free) * mean / slots
-        wait[0] = w if w > 0.0 else 0.0
+        w = (ahead + 1 - free) / slots
+        wait[0] = ceil(w) * mean if w > 0.0 else 0.0
         return service
 
     cdef void _check_sla(self, PoolState ps, int band, long max_tokens, double budget, long room, double sat,
