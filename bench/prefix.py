@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from velocity_fast.config import EndpointConfig, load_settings  # noqa: E402
 from velocity_fast.gateway.app import Gateway  # noqa: E402
-from velocity_fast.loadgen.gateway_proc import http_get  # noqa: E402
+from velocity_fast.loadgen.gateway_proc import _die_with_parent, http_get  # noqa: E402
 from velocity_fast.loadgen.mix import Dist, Mix, Prefix  # noqa: E402
 from velocity_fast.loadgen.report import write_json  # noqa: E402
 from velocity_fast.loadgen.runner import run_workload  # noqa: E402
@@ -69,8 +69,10 @@ class Engines:
         for i in range(self.n):
             cmd = [sys.executable, "-m", "velocity_fast.sim", "--host", "127.0.0.1", "--port", "0",
                    "--model", MODEL, "--seed", str(i), *self.flags]
+            # An engine gets SIGTERM if this bench dies without stopping it (killed, timed out).
             self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                               stdin=subprocess.DEVNULL, env=env, start_new_session=True))
+                                               stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                               preexec_fn=_die_with_parent))
         deadline = time.monotonic() + timeout
         for p in self.procs:
             line = b""
