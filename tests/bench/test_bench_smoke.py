@@ -43,7 +43,7 @@ def need(*tools: str) -> None:
     missing = [t for t in tools if not _tool(t)]
     if not missing:
         return
-    msg = f"needs {', '.join(missing)} (apt-get install nginx-light wrk valgrind; .ci/run installs them)"
+    msg = f"needs {', '.join(missing)} (apt-get install nginx wrk valgrind; .ci/run installs them)"
     if os.environ.get("CI") == "true":
         pytest.fail("under CI=true: " + msg)
     pytest.skip(msg)
