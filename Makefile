@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 CORE_SRC := $(wildcard velocity_fast/_core/*.pyx velocity_fast/_core/*.pxd csrc/*.h)
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast bench build clean venv
+.PHONY: run test test-fast bench bench-smoke build clean venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ test: build
 # The quick benchmark set; each prints one summary (see bench/README.md).
 bench: build
 	$(BIN)/python bench/run_all.py
+
+# The same set at smoke size (tiny counts, about 40 s): checks that every benchmark runs.
+bench-smoke: build
+	$(BIN)/python bench/run_all.py --smoke
 
 clean:
 	rm -rf build velocity_fast/_core/*.c velocity_fast/_core/*.so velocity_fast/_core/*.html

@@ -23,6 +23,7 @@ minute; needs valgrind (apt-get install valgrind).
 
     python bench/inprocess.py [--requests 20000] [--connections 64] [--repeat 3] [--profile]
     python bench/inprocess.py --instructions [--stream-events 32]
+    python bench/inprocess.py --smoke            # 500 requests, one run: it works, the figure is rough
 
 --stream-events N: each engine answer is instead a vLLM-style SSE stream of N token events
 and [DONE], chunked, one event per read (as bench/overhead.py's SSE phase); the figures are
@@ -216,6 +217,10 @@ def instructions(connections: int, stream_events: int = 0, small: int = 500, lar
     return (totals[1] - totals[0]) / (large - small)
 
 
+# --smoke: one short run (CI: tests/bench/); flags given still win.
+SMOKE = {"requests": 500, "repeat": 1}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=20000)
@@ -227,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="machine instructions per request under callgrind (deterministic; needs valgrind)")
     p.add_argument("--stream-events", type=int, default=0,
                    help="streamed answers instead: N token events (one per read), then [DONE]")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny counts (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items()) + "): checks that it runs")
+    if "--smoke" in (sys.argv[1:] if argv is None else argv):
+        p.set_defaults(**SMOKE)
     a = p.parse_args(argv)
     what = f"streamed request of {a.stream_events} events + [DONE]" if a.stream_events else "request"
     if a.instructions:

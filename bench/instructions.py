@@ -23,6 +23,7 @@ off again. Instructions counted over requests wrk completed in that window is th
 Needs valgrind, wrk and nginx (apt-get install valgrind wrk nginx-light).
 
     python bench/instructions.py [--duration 10] [--json out.json]
+    python bench/instructions.py --smoke [--json out.json]   # 1 s windows: it works, figures rough
 """
 from __future__ import annotations
 
@@ -41,12 +42,17 @@ from overhead import (BODY, PATH, Procs, _wrk_cmd, start_gateway, start_nginx,  
                       start_upstream)
 
 
+# --smoke: one-second windows (CI: tests/bench/); flags given still win.
+SMOKE = {"duration": 1.0, "warmup": 1.0}
+
+
 def _callgrind(out: Path) -> list[str]:
     return ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
 
 
-def _wrk(work: Path, port: int, seconds: float, cpu: int | None) -> int:
-    """Requests wrk completed in ``seconds`` at 64 connections."""
+def _wrk(work: Path, port: int, seconds: float, cpu: int | None) -> dict:
+    """Requests wrk completed in ``seconds`` at 64 connections, and those that failed:
+    answers other than 2xx/3xx, and socket errors (connect, read, write, timeout)."""
     argv = [*_wrk_cmd(work, BODY), "-c64", f"-d{seconds:g}s", f"http://127.0.0.1:{port}{PATH}"]
     if cpu is not None:
         argv = ["taskset", "-c", str(cpu), *argv]
@@ -54,7 +60,10 @@ def _wrk(work: Path, port: int, seconds: float, cpu: int | None) -> int:
     m = re.search(r"(\d+) requests in", out)
     if m is None:
         raise RuntimeError("wrk gave no count: " + out[-400:])
-    return int(m.group(1))
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    return {"requests": int(m.group(1)), "non2xx": int(bad.group(1)) if bad else 0,
+            "errors": sum(map(int, sock.groups())) if sock else 0}
 
 
 def _total(path: Path) -> int:
@@ -72,7 +81,7 @@ def measure(name: str, start, args, work: Path) -> dict:
         target = start(procs, out)
         _wrk(work, target.port, args.warmup, args.load_cpu)
         subprocess.run(["callgrind_control", "-i", "on", str(target.pid)], capture_output=True, check=True)
-        n = _wrk(work, target.port, args.duration, args.load_cpu)
+        w = _wrk(work, target.port, args.duration, args.load_cpu)
         subprocess.run(["callgrind_control", "-i", "off", str(target.pid)], capture_output=True, check=True)
         subprocess.run(["callgrind_control", "-d", str(target.pid)], capture_output=True, check=True)
         time.sleep(1)
@@ -80,7 +89,9 @@ def measure(name: str, start, args, work: Path) -> dict:
         procs.stop_all()
     # The dump holds the counted window; the file written at exit, the rest (none).
     total = sum(_total(p) for p in work.glob(f"callgrind.{name}*") if p.stat().st_size)
-    return {"requests": n, "instructions": total, "per_request": total / n if n else None}
+    n = w["requests"]
+    return {"requests": n, "non2xx": w["non2xx"], "errors": w["errors"], "instructions": total,
+            "per_request": total / n if n else None}
 
 
 def run(args) -> dict:
@@ -114,10 +125,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--proxy-cpu", type=int, default=0)
     p.add_argument("--load-cpu", type=int, default=1)
     p.add_argument("--json", type=Path)
+    p.add_argument("--smoke", action="store_true",
+                   help="short windows (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items()) + "): checks that it runs")
+    if "--smoke" in (sys.argv[1:] if argv is None else argv):
+        p.set_defaults(**SMOKE)
     args = p.parse_args(argv)
     res = run(args)
     for name, t in res["targets"].items():
-        print(f"{name:8} {t['requests']:7d} requests  {t['per_request']:9,.0f} user-space instructions/request")
+        failed = t["non2xx"] + t["errors"]
+        print(f"{name:8} {t['requests']:7d} requests  {t['per_request']:9,.0f} user-space instructions/request"
+              + (f"  ({failed} failed: non-2xx answers or socket errors)" if failed else ""))
     print(f"gateway/nginx instructions per request: {res['gateway_vs_nginx']:.2f}x")
     if args.json:
         args.json.write_text(json.dumps(res, indent=2))

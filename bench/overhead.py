@@ -38,6 +38,10 @@ Every process runs on 127.0.0.1 and is stopped at the end, also on error or Ctrl
 Usage::
 
     python bench/overhead.py [--duration 5] [--rounds 2] [--json out.json] [--profile 5]
+    python bench/overhead.py --smoke [--json out.json]   # every phase for about a second: it works
+
+--smoke runs every target and phase at the shortest length (wrk counts whole seconds);
+its figures are too short to quote.
 """
 from __future__ import annotations
 
@@ -75,6 +79,8 @@ TARGET_RPS_MIN = 0.5
 GOAL_RPS = 1.0
 GOAL_CPU = 1.0
 LOAD_BOUND_BUSY = 0.9
+# --smoke: each phase as short as the load client allows (CI: tests/bench/); flags given still win.
+SMOKE = {"duration": 1.0, "rounds": 1, "latency_duration": 1.0, "warmup": 1.0, "stream_events": 8}
 
 NGINX_CONF = """\
 worker_processes 1;
@@ -851,6 +857,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stream-interval-ms", type=float, default=1.0,
                    help="the upstream's pause between events of a stream (default 1)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
+    p.add_argument("--smoke", action="store_true",
+                   help="every phase, shortest (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items())
+                   + "): checks that it runs")
+    if "--smoke" in argv:
+        p.set_defaults(**SMOKE)
     args = p.parse_args(argv)
     if args.duration <= 0 or args.rounds < 1 or args.latency_duration <= 0 or args.connections < 1:
         p.error("--duration, --rounds, --latency-duration and --connections must be positive")

@@ -4,6 +4,7 @@ This is ``velocityllm bench`` with the same flags and defaults; see bench/README
 how it measures. Example::
 
     python bench/policies.py --repeats 3 --output bench/results/policies
+    python bench/policies.py --smoke --output /tmp/policies   # every policy once, tiny: it works
 """
 from __future__ import annotations
 
@@ -16,9 +17,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from velocity_fast.loadgen.bench_cmd import add_bench_arguments, bench_main  # noqa: E402
 
 
+# --smoke: every policy once on a tiny burst (CI: tests/bench/); flags given still win.
+SMOKE = {"num_requests": 24, "duration": 1.0, "prompt_tokens": "uniform:16:64", "output_tokens": "uniform:4:12",
+         "repeats": 1, "warmup_requests": 2, "no_plots": True, "no_progress": True}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_bench_arguments(parser)
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items()) + "): checks that it runs")
+    if "--smoke" in (sys.argv[1:] if argv is None else argv):
+        parser.set_defaults(**SMOKE)
     return bench_main(parser.parse_args(argv))
 
 

@@ -12,6 +12,7 @@ the engine's CPU time from /proc to report tokens per CPU-second of the engine
 to different ones.
 
     python bench/sim_throughput.py [--streams 256] [--duration 5] [--json [FILE]]
+    python bench/sim_throughput.py --smoke       # tiny counts: it runs, the figure means nothing
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 TOKEN_MARK = b'"text":"'
 END_MARK = b"data: [DONE]\n\n\r\n0\r\n\r\n"
+# --smoke: a run of a second or so (CI: tests/bench/); flags given still win.
+SMOKE = {"streams": 16, "max_tokens": 32, "duration": 0.5, "warmup": 0.2}
 
 
 class StreamClient(asyncio.Protocol):
@@ -80,8 +83,11 @@ async def run(args) -> dict:
     if pin:
         cmd = ["taskset", "-c", str(cores[0])] + cmd
         os.sched_setaffinity(0, {cores[1]})
+    sys.path.insert(0, str(REPO))
+    from velocity_fast.loadgen.gateway_proc import _die_with_parent  # SIGTERM to the engine if this dies
+
     proc = subprocess.Popen(cmd, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=_die_with_parent)
     try:
         line = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, proc.stdout.readline), 30)
         port = int(line.decode().rsplit(":", 1)[1])
@@ -95,6 +101,7 @@ async def run(args) -> dict:
         c0, d0, t0, cpu0, me0 = counter[0], done[0], time.perf_counter(), cpu_seconds(proc.pid), time.process_time()
         await asyncio.sleep(args.duration)
         c1, d1, t1, cpu1, me1 = counter[0], done[0], time.perf_counter(), cpu_seconds(proc.pid), time.process_time()
+        lost = sum(1 for c in clients if c.lost.done())  # closed by the engine before the end
         for c in clients:
             c.transport.close()
     finally:
@@ -108,7 +115,7 @@ async def run(args) -> dict:
     cpu = cpu1 - cpu0
     tokens = c1 - c0
     return {"streams": args.streams, "max_tokens": args.max_tokens, "duration_s": round(wall, 3),
-            "tokens": tokens, "requests_completed": d1 - d0,
+            "tokens": tokens, "requests_completed": d1 - d0, "streams_lost": lost,
             "tokens_per_s": round(tokens / wall, 1),
             "engine_cpu_fraction": round(cpu / wall, 3),
             "client_cpu_fraction": round((me1 - me0) / wall, 3),
@@ -116,7 +123,7 @@ async def run(args) -> dict:
             "pinned": pin}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--streams", type=int, default=256)
     p.add_argument("--max-tokens", type=int, default=256)
@@ -128,13 +135,18 @@ def main() -> int:
                    help="do not pin engine and client to their own cores (a busy shared machine)")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="write the result as JSON to FILE (or stdout)")
-    args = p.parse_args()
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny counts (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items()) + "): checks that it runs")
+    if "--smoke" in (sys.argv[1:] if argv is None else argv):
+        p.set_defaults(**SMOKE)
+    args = p.parse_args(argv)
     import uvloop
     res = uvloop.run(run(args))
     print(f"sim_throughput: {res['streams']} streams, {res['tokens_per_s']:.0f} SSE tokens/s relayed "
           f"({res['tokens']} in {res['duration_s']} s, {res['requests_completed']} requests), engine at "
           f"{res['engine_cpu_fraction'] * 100:.0f}% of one core = {res['tokens_per_engine_cpu_s']} tokens per "
-          f"engine CPU-second (client at {res['client_cpu_fraction'] * 100:.0f}%)")
+          f"engine CPU-second (client at {res['client_cpu_fraction'] * 100:.0f}%)"
+          + (f"; {res['streams_lost']} streams lost" if res["streams_lost"] else ""))
     if args.json == "-":
         print(json.dumps(res))
     elif args.json:

@@ -20,6 +20,7 @@ cdef class RouterPool:
     cdef readonly dict caps
     cdef readonly double kv_scale
     cdef readonly object default_capacity
+    cdef public Py_ssize_t turn  # round-robin: the pool position served next
 
     cpdef double kv_capacity_blocks(self, ep) except? -1.0
     cpdef sync_capacity(self, ep)
@@ -60,3 +61,15 @@ cdef class RouterCore:
     cdef RouteInfo _route_info(self, model, body_obj, headers)
     cdef object _pick(self, pool, RouteInfo info, has_room, exclude)
     cdef void _on_dispatch(self, Endpoint ep, RouteInfo info) except *
+
+
+# The load-blind profiles (round-robin, least-loaded): compiled, dispatched like the
+# Python ones through ``choose``.
+cdef class RoundRobinProfile:
+    cdef readonly object settings
+    cdef readonly object rng
+
+
+cdef class LeastLoadedProfile:
+    cdef readonly object settings
+    cdef readonly object rng

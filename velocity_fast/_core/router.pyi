@@ -26,6 +26,7 @@ class RouteInfo:
 class RouterPool:
     """The router's memory of one pool: its prefix index and engine capacities seen."""
     pool: Any
+    turn: int
     def __init__(self, pool: Any, settings: Any) -> None: ...
     @property
     def index(self) -> PrefixIndex: ...
@@ -53,3 +54,19 @@ class RouterCore:
     def pick(self, pool: Any, info: RouteInfo, has_room: Callable[[Any], bool] | None = None,
              exclude: Container = ()) -> Any: ...
     def on_dispatch(self, ep: Any, info: RouteInfo) -> None: ...
+
+class RoundRobinProfile:
+    """Endpoints in turn, in pool order (routing profile ``round-robin``)."""
+    name: str
+    settings: Any
+    rng: Any
+    def __init__(self, settings: Any, rng: Any) -> None: ...
+    def choose(self, cands: list, loads: list[float], info: RouteInfo, state: RouterPool) -> tuple[Any, str]: ...
+
+class LeastLoadedProfile:
+    """The fewest requests in flight from this gateway (routing profile ``least-loaded``)."""
+    name: str
+    settings: Any
+    rng: Any
+    def __init__(self, settings: Any, rng: Any) -> None: ...
+    def choose(self, cands: list, loads: list[float], info: RouteInfo, state: RouterPool) -> tuple[Any, str]: ...

@@ -281,3 +281,78 @@ cdef class RouterCore:
         held = index.touch(name, info.hashes)
         self._blocks_sent_v.value += n
         self._blocks_hit_v.value += held
+
+
+# -- the load-blind profiles -------------------------------------------------------
+#
+# Profiles are dispatched by name in ``_pick`` (``choose`` of the request's profile,
+# after the filters), so adding these two leaves the path of chat, batch and
+# long-context as it was. They ignore prefix affinity, sessions and the engines'
+# gauges: the classic balancers, for uniform traffic and as baselines.
+
+cdef str _TURN = "turn"
+cdef str _LOAD = "load"
+
+
+cdef class RoundRobinProfile:
+    """Endpoints in turn, in pool order: each pick takes the first candidate at or after
+    the pool position following the last pick (wrapping around), so the endpoints the
+    filters leave share the traffic evenly whatever the load."""
+
+    name = "round-robin"
+
+    def __init__(self, settings, rng):
+        self.settings = settings
+        self.rng = rng
+
+    def choose(self, list cands not None, list loads, RouteInfo info, RouterPool state not None):
+        cdef list eps = pool_endpoints(state.pool) if state.pool is not None else cands
+        cdef Py_ssize_t n = len(eps), j = 0, turn = state.turn, first_pos = -1
+        first = None
+        # cands are in pool order (the filters keep it): one walk finds their positions.
+        for c in cands:
+            while j < n and eps[j] is not c:
+                j += 1
+            if j == n:
+                break
+            if first_pos < 0:
+                first_pos, first = j, c
+            if j >= turn:
+                state.turn = j + 1
+                return c, _TURN
+        if first is None:  # candidates not found in the pool's order: take them in turn
+            first_pos = turn % len(cands)
+            first = cands[first_pos]
+        state.turn = first_pos + 1
+        return first, _TURN
+
+
+cdef class LeastLoadedProfile:
+    """The fewest requests in flight from this gateway (least connections); the engines'
+    gauges are not read. Ties are broken at random."""
+
+    name = "least-loaded"
+
+    def __init__(self, settings, rng):
+        self.settings = settings
+        self.rng = rng
+
+    def choose(self, list cands not None, list loads, RouteInfo info, RouterPool state):
+        cdef Endpoint ep
+        cdef long low = 0, ties = 0, k
+        cdef Py_ssize_t i, n = len(cands), best = 0
+        for i in range(n):
+            ep = <Endpoint?>cands[i]
+            if i == 0 or ep.inflight < low:
+                low, best, ties = ep.inflight, i, 1
+            elif ep.inflight == low:
+                ties += 1
+        if ties > 1:  # the k-th of the tied ones, k at random
+            k = self.rng.randrange(ties)
+            for i in range(n):
+                if (<Endpoint>cands[i]).inflight == low:
+                    if k == 0:
+                        best = i
+                        break
+                    k -= 1
+        return cands[best], _LOAD

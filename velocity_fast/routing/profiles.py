@@ -14,7 +14,14 @@ what decided the pick, for the metrics: prefix, session, load, hotspot or kv.
   above the least loaded endpoint, load wins.
 - ``batch``: the shortest queue.
 - ``long-context``: the most free KV cache.
+- ``round-robin``: endpoints in turn, in pool order.
+- ``least-loaded``: the fewest requests in flight from this gateway (the engines'
+  gauges are not read).
 Ties are broken at random, so equal endpoints share the traffic.
+
+``round-robin`` and ``least-loaded`` ignore prefix affinity and sessions: the classic
+balancers, for uniform traffic and as baselines. They are compiled
+(_core/router.pyx); the others stay Python.
 """
 
 from __future__ import annotations
@@ -23,11 +30,13 @@ import random
 from typing import Any, Sequence
 
 from velocity_fast._core.prefix import choose_by_affinity
+from velocity_fast._core.router import LeastLoadedProfile, RoundRobinProfile
 
 from .session import SessionAffinity
 from .settings import RoutingSettings
 
-__all__ = ["Profile", "ChatProfile", "BatchProfile", "LongContextProfile", "make_profiles"]
+__all__ = ["Profile", "ChatProfile", "BatchProfile", "LongContextProfile", "RoundRobinProfile",
+           "LeastLoadedProfile", "make_profiles"]
 
 # Scores closer than this are a tie (float noise must not defeat the random tie-break).
 _EPS = 1e-9
@@ -133,10 +142,12 @@ class ChatProfile(Profile):
         return cands[i], basis
 
 
-def make_profiles(settings: RoutingSettings, rng: random.Random, sessions: SessionAffinity) -> dict[str, Profile]:
+def make_profiles(settings: RoutingSettings, rng: random.Random, sessions: SessionAffinity) -> dict[str, Any]:
     """The profiles by name."""
     return {
         "chat": ChatProfile(settings, rng, sessions),
         "batch": BatchProfile(settings, rng),
         "long-context": LongContextProfile(settings, rng),
+        "round-robin": RoundRobinProfile(settings, rng),
+        "least-loaded": LeastLoadedProfile(settings, rng),
     }

@@ -21,7 +21,7 @@ seeded by the model name, so pools never share hashes. Pass ``route_info`` the m
 of the pool the request will use (the default pool's model when the body names none).
 The index only knows what this gateway sent: call ``forget(name)`` when an engine
 restarted (its cache is empty) or left the configuration. ``x-session-id`` is honoured
-by the chat profile (the one that favours affinity); batch and long-context ignore it.
+by the chat profile (the one that favours affinity); the other profiles ignore it.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ from .settings import PROFILES, RoutingSettings
 __all__ = ["Router", "RouteInfo", "UnknownProfile"]
 
 BASES = ("prefix", "session", "load", "hotspot", "kv", "only")
+# round-robin's picks are decided by the turn alone.
+TURN = ("round-robin", "turn")
 
 
 class UnknownProfile(ValueError):
@@ -79,6 +81,7 @@ class Router(RouterCore):
                                   "Endpoint picks by routing profile and what decided them.",
                                   ("profile", "basis"))
         self._pick_children = {(p, b): self._picks.labels(p, b) for p in PROFILES for b in BASES}
+        self._pick_children[TURN] = self._picks.labels(*TURN)
         self._fail_open = reg.counter("velocity_route_fail_open_total",
                                       "Picks made among saturated endpoints because all were saturated.")
         self._no_endpoint = reg.counter("velocity_route_no_endpoint_total",

@@ -13,8 +13,8 @@ import msgspec
 
 __all__ = ["PROFILES", "ProfileName", "RoutingSettings"]
 
-PROFILES = ("chat", "batch", "long-context")
-ProfileName = Literal["chat", "batch", "long-context"]
+PROFILES = ("chat", "batch", "long-context", "round-robin", "least-loaded")
+ProfileName = Literal["chat", "batch", "long-context", "round-robin", "least-loaded"]
 
 _Positive = Annotated[float, msgspec.Meta(gt=0)]
 _NonNegative = Annotated[float, msgspec.Meta(ge=0)]

@@ -1,0 +1,220 @@
+"""Every benchmark runs in CI at its smoke size (``--smoke``), so none can rot unnoticed.
+
+Each script runs as a subprocess, as a user runs it; the tests check that it ran every
+phase and baseline it reports, that each figure it reports is a number, and that every
+baseline completed its requests. Never the values: CI's machine is noisy. The quick set
+(what ``make bench`` runs) goes through ``bench/run_all.py --smoke`` once; the two
+benchmarks outside it run on their own.
+
+overhead.py and instructions.py need nginx, wrk and valgrind (.ci/run installs them): a
+test skips when one is missing, except under CI=true, where that is a failure.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.bench
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+QUICK_SET = ("micro", "inprocess", "overhead", "prefix", "policies")
+# Benchmarks whose --smoke their authors add; until then run_all skips them, saying so.
+SMOKE_PENDING = ("isolation",)
+PREFIX_VARIANTS = ("chat", "batch", "round-robin", "least-loaded")
+POLICIES = ("static", "dynamic", "smart")
+
+
+def _tool(name: str) -> bool:
+    return shutil.which(name) is not None or os.access(f"/usr/sbin/{name}", os.X_OK)
+
+
+def need(*tools: str) -> None:
+    missing = [t for t in tools if not _tool(t)]
+    if not missing:
+        return
+    msg = f"needs {', '.join(missing)} (apt-get install nginx wrk valgrind; .ci/run installs them)"
+    if os.environ.get("CI") == "true":
+        pytest.fail("under CI=true: " + msg)
+    pytest.skip(msg)
+
+
+def run(cmd: list[str], timeout: float) -> tuple[int, str]:
+    """Run cmd in its own process group; (exit status, output). On a timeout the group
+    gets SIGTERM (a benchmark then stops what it started), then SIGKILL, and the test fails."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         stdin=subprocess.DEVNULL, start_new_session=True, text=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, sig)
+            try:
+                out, _ = p.communicate(timeout=15)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        pytest.fail(f"{' '.join(cmd[1:])} ran past {timeout} s:\n{(out or '')[-3000:]}")
+    return p.returncode, out
+
+
+def number(v, what: str) -> float:
+    assert isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v), f"{what}: {v!r}"
+    return v
+
+
+# -- the quick set: bench/run_all.py --smoke (make bench at smoke size) --------------------
+
+@pytest.fixture(scope="module")
+def quick_set(tmp_path_factory):
+    results = tmp_path_factory.mktemp("bench-results")
+    rc, out = run([sys.executable, str(BENCH / "run_all.py"), "--smoke", "--results", str(results)], timeout=240)
+    return rc, out, results
+
+
+@pytest.mark.timeout(300)
+def test_make_bench_runs_every_benchmark_of_the_quick_set(quick_set):
+    rc, out, _ = quick_set
+    assert rc == 0, out[-4000:]
+    status = dict(re.findall(r"^## (\w+): (.+?)(?: in [\d.]+ s.*)?$", out, re.M))
+    for name in QUICK_SET:
+        assert status.get(name) == "ok", out[-4000:]
+    for name in SMOKE_PENDING:
+        assert status.get(name) in ("ok", "no smoke mode"), out[-4000:]
+    assert set(status) == {*QUICK_SET, *SMOKE_PENDING}
+
+
+@pytest.mark.timeout(300)
+def test_micro_reports_a_time_for_every_benchmark_file(quick_set):
+    _, _, results = quick_set
+    marks = json.loads((results / "micro.json").read_text())["benchmarks"]
+    files = {Path(b["fullname"].split("::")[0]).name for b in marks}
+    assert files == {p.name for p in (BENCH / "micro").glob("bench_*.py")}
+    for b in marks:
+        for key in ("min", "max", "mean", "median"):
+            assert number(b["stats"][key], f"{b['fullname']} {key}") > 0
+        assert b["stats"]["rounds"] >= 1
+
+
+@pytest.mark.timeout(300)
+def test_inprocess_answers_every_request_and_prints_its_cpu_per_request(quick_set):
+    _, _, results = quick_set
+    log = (results / "inprocess.log").read_text()
+    runs = re.findall(r"^([\d.]+) us CPU per request \((\d+) requests/s", log, re.M)
+    assert runs, log
+    for us, rps in runs:
+        assert float(us) > 0 and int(rps) > 0
+    # The harness counts answers until every request has one (it raises on a non-200 or a stall).
+    best = re.search(r"^best: ([\d.]+) us per request over (\d+) requests", log, re.M)
+    assert best and float(best.group(1)) > 0 and int(best.group(2)) == 500, log
+
+
+@pytest.mark.timeout(300)
+def test_overhead_measures_direct_gateway_and_nginx_and_every_request_succeeds(quick_set):
+    _, _, results = quick_set
+    need("nginx", "wrk")
+    res = json.loads((results / "overhead.json").read_text())
+    assert res["config"]["client"] == "wrk"
+    assert set(res["targets"]) == {"direct", "gateway", "nginx"}
+    for name, t in res["targets"].items():
+        assert number(t["rps"], f"{name} rps") > 0
+        for key in ("p50_us", "p99_us"):
+            number(t["latency"][key], f"{name} latency {key}")
+        if name != "direct":  # direct has no proxy whose CPU to count
+            number(t["cpu_us_per_req"], f"{name} cpu_us_per_req")
+        for r in t["rounds"]:
+            assert r["requests"] > 0 and r["non2xx"] == 0 and r["errors"] == 0, (name, r)
+        assert t["latency"]["requests"] > 0 and t["latency"]["non2xx"] == 0
+    stream = res["stream"]["targets"]
+    assert set(stream) == {"direct", "gateway", "nginx"}
+    for name, t in stream.items():
+        number(t["streams_per_s"], f"stream {name}")
+        number(t["events_per_s"], f"stream {name}")
+        if name != "direct":
+            number(t["events_per_core_s"], f"stream {name}")
+        for r in t["rounds"]:
+            assert r["requests"] > 0 and r["non2xx"] == 0 and r["errors"] == 0, (name, r)
+    for key in ("gateway_vs_direct_rps", "gateway_vs_nginx_rps", "gateway_vs_nginx_cpu",
+                "gateway_vs_nginx_events_per_core"):
+        number(res["ratios"][key], key)
+
+
+@pytest.mark.timeout(300)
+def test_prefix_runs_every_profile_through_the_gateway_and_all_complete(quick_set):
+    _, _, results = quick_set
+    runs = json.loads((results / "prefix.json").read_text())["runs"]
+    assert tuple(r["variant"] for r in runs) == PREFIX_VARIANTS
+    for r in runs:
+        s = r["summary"]
+        assert s["requests"] > 0 and s["completed"] == s["requests"], (r["variant"], s)
+        for key in ("p50", "p99"):
+            number(r["ttft_ms_engine_time"][key], f"{r['variant']} TTFT {key}")
+        assert 0 <= number(r["engine_hit_rate"], f"{r['variant']} hit rate") <= 1
+        # The configured profile made every pick (not the default one).
+        picks = r["router"]["picks"]
+        assert set(picks) == {r["variant"]}, picks
+        assert sum(picks[r["variant"]].values()) >= s["requests"]
+
+
+@pytest.mark.timeout(300)
+def test_policies_runs_every_policy_and_answers_every_request(quick_set):
+    _, _, results = quick_set
+    res = json.loads((results / "policies.json").read_text())
+    assert set(res["medians"]) == set(POLICIES)
+    for policy, m in res["medians"].items():
+        for key, v in m.items():
+            if key.startswith("ttft_"):
+                assert v is None  # the workload is not streamed: no TTFT to report
+            else:
+                number(v, f"{policy} {key}")
+    assert sorted(r["policy"] for r in res["runs"]) == sorted(POLICIES)
+    for r in res["runs"]:
+        s = r["summary"]
+        # A policy may decline (429, 503, 504: an answer); a request without any answer is a failure.
+        by_status = s["rejections"]["by_status"]
+        assert "0" not in by_status and 0 not in by_status, (r["policy"], by_status)
+        assert s["completed"] + sum(by_status.values()) == s["requests"], (r["policy"], s)
+        if r["policy"] == "static":  # the baseline admits everything
+            assert s["completed"] == s["requests"], s
+    number(res["load"]["capacity_rps"], "capacity")
+
+
+# -- outside the quick set ---------------------------------------------------------------
+
+@pytest.mark.timeout(200)
+def test_instructions_counts_gateway_and_nginx_and_every_request_succeeds(tmp_path):
+    need("valgrind", "callgrind_control", "wrk", "nginx")
+    out_json = tmp_path / "instructions.json"
+    rc, out = run([sys.executable, str(BENCH / "instructions.py"), "--smoke", "--json", str(out_json)], timeout=180)
+    assert rc == 0, out[-4000:]
+    res = json.loads(out_json.read_text())
+    assert set(res["targets"]) == {"gateway", "nginx"}
+    for name, t in res["targets"].items():
+        assert t["requests"] > 0 and t["non2xx"] == 0 and t["errors"] == 0, (name, t)
+        assert number(t["per_request"], f"{name} per_request") > 0
+    number(res["gateway_vs_nginx"], "gateway_vs_nginx")
+    assert re.search(r"gateway/nginx instructions per request: [\d.]+x", out), out
+
+
+@pytest.mark.timeout(60)
+def test_sim_throughput_relays_tokens_and_loses_no_stream(tmp_path):
+    out_json = tmp_path / "sim.json"
+    rc, out = run([sys.executable, str(BENCH / "sim_throughput.py"), "--smoke", "--json", str(out_json)], timeout=45)
+    assert rc == 0, out[-4000:]
+    res = json.loads(out_json.read_text())
+    assert res["requests_completed"] > 0 and res["tokens"] > 0
+    assert res["streams_lost"] == 0
+    for key in ("tokens_per_s", "engine_cpu_fraction", "client_cpu_fraction", "tokens_per_engine_cpu_s"):
+        number(res[key], key)
