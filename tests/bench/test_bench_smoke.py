@@ -28,9 +28,9 @@ pytestmark = pytest.mark.bench
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
-QUICK_SET = ("micro", "inprocess", "overhead", "prefix", "policies")
+QUICK_SET = ("micro", "inprocess", "overhead", "isolation", "prefix", "policies")
 # Benchmarks whose --smoke their authors add; until then run_all skips them, saying so.
-SMOKE_PENDING = ("isolation",)
+SMOKE_PENDING = ()
 PREFIX_VARIANTS = ("chat", "batch", "round-robin", "least-loaded")
 POLICIES = ("static", "dynamic", "smart")
 
@@ -94,6 +94,19 @@ def test_make_bench_runs_every_benchmark_of_the_quick_set(quick_set):
     for name in SMOKE_PENDING:
         assert status.get(name) in ("ok", "no smoke mode"), out[-4000:]
     assert set(status) == {*QUICK_SET, *SMOKE_PENDING}
+
+
+@pytest.mark.timeout(300)
+def test_isolation_reports_both_policies_with_numbers_and_no_failed_high_request(quick_set):
+    _, _, results = quick_set
+    res = json.loads((results / "isolation.json").read_text())
+    assert {r["policy"] for r in res["runs"]} == {"dynamic", "static"}
+    for r in res["runs"]:
+        for series in ("idle_ms", "loaded_ms"):
+            assert r[series]["failed"] == 0 and r[series]["n"] == res["args"]["high_samples"], r
+            number(r[series]["p95"], f"{r['policy']} {series} p95")
+        number(r["p95_ratio"], f"{r['policy']} p95_ratio")
+        assert r["low"]["ok"] > 0 and r["low"]["failed"] == 0, r["low"]
 
 
 @pytest.mark.timeout(300)

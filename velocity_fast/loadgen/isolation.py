@@ -1,0 +1,224 @@
+"""Priority isolation at default settings, for the bench (bench/isolation.py --matrix) and
+the e2e test: sim engines whose batch the gateway is not told, `velocityllm serve` in
+front of them with nothing but `--policy`, a flood of `low` requests kept in flight, and
+short `high` streaming requests timed against their own idle figure.
+
+Low clients behave as clients do: each keeps one request in flight, and one declined
+with Retry-After waits that long (bounded by ``backoff_cap``) before its next.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import orjson
+
+from ..engines.process import python_child
+from .client import Client
+from .gateway_proc import free_port, free_port_range, http_get
+
+MODEL = "velocity-sim"
+# 2x real time, 50 tokens/s per sequence; the sim's default contention per sequence.
+BASE_SIM = ("--time-scale", "2", "--decode-tps", "50", "--batch-contention", "0.005")
+HIGH_BODY = {"model": MODEL, "messages": [{"role": "user", "content": "status?"}],
+             "max_tokens": 24, "stream": True, "ignore_eos": True}
+LOW_BODY = {"model": MODEL, "messages": [{"role": "user", "content": "write a long essay"}],
+            "max_tokens": 96, "ignore_eos": True}
+
+#: The matrix: name -> one argument list per engine (on top of BASE_SIM).
+SCENARIOS: dict[str, list[list[str]]] = {
+    "seqs-8": [["--max-num-seqs", "8"]] * 2,
+    "seqs-16": [["--max-num-seqs", "16"]] * 2,
+    "seqs-64": [["--max-num-seqs", "64"]] * 2,
+    # Batch bound by KV blocks: 256 sequences allowed, 160 blocks of 16 tokens hold ~20
+    # low requests (about 130 tokens each with the chat template).
+    "kv-bound": [["--max-num-seqs", "256", "--num-gpu-blocks", "160", "--max-model-len", "2048"]] * 2,
+    "mixed-8-64": [["--max-num-seqs", "8"], ["--max-num-seqs", "64"]],
+}
+
+
+def wire(port: int, body: dict, band: str) -> bytes:
+    """The request bytes of one chat completion in ``band``."""
+    data = orjson.dumps(body)
+    return (f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
+            f"content-type: application/json\r\nx-velocity-priority: {band}\r\n"
+            f"content-length: {len(data)}\r\n\r\n").encode() + data
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    xs = sorted(xs)
+    k = max(1, min(len(xs), int(-(-q * len(xs) // 100))))
+    return xs[k - 1]
+
+
+@dataclass
+class Fleet:
+    """Sim engines and a default-flag gateway as child processes (own process groups)."""
+
+    engine_args: list[list[str]]
+    policy: str
+    log_dir: str
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    port: int = 0
+    admin_port: int = 0
+
+    def start(self) -> None:
+        base = free_port_range(len(self.engine_args))
+        head, env_add = python_child("velocity_fast.sim")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VELOCITY_")}
+        env.update(env_add)
+        endpoints = []
+        for i, extra in enumerate(self.engine_args):
+            argv = [*head, "--host", "127.0.0.1", "--port", str(base + i), "--model", MODEL, *BASE_SIM, *extra]
+            self.procs.append(self._spawn(argv, env, f"engine-{i}.log"))
+            endpoints += ["--endpoint", f"e{i}=http://127.0.0.1:{base + i}={MODEL}"]
+        self.port, self.admin_port = free_port(), free_port()
+        gw, _ = python_child("velocity_fast")
+        self.procs.append(self._spawn([*gw, "serve", *endpoints, "--policy", self.policy, "--host", "127.0.0.1",
+                                       "--port", str(self.port), "--admin-port", str(self.admin_port)],
+                                      env, "gateway.log"))
+
+    def _spawn(self, argv: list[str], env: dict, log: str) -> subprocess.Popen:
+        with open(os.path.join(self.log_dir, f"{self.policy}-{log}"), "ab") as out:
+            return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True)
+
+    async def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until admin /ready says every engine is healthy."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for p in self.procs:
+                if p.poll() is not None:
+                    raise RuntimeError(f"a child exited with {p.returncode} (logs in {self.log_dir})")
+            with contextlib.suppress(OSError, asyncio.TimeoutError, ValueError, IndexError):
+                status, body = await http_get("127.0.0.1", self.admin_port, "/ready")
+                if status == 200 and orjson.loads(body)["healthy_endpoints"] == len(self.engine_args):
+                    return
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"not ready after {timeout:.0f} s (logs in {self.log_dir})")
+
+    async def stats(self) -> dict:
+        with contextlib.suppress(OSError, asyncio.TimeoutError, ValueError, IndexError, orjson.JSONDecodeError):
+            status, body = await http_get("127.0.0.1", self.admin_port, "/stats", timeout=2.0)
+            if status == 200:
+                return orjson.loads(body)
+        return {}
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):  # the gateway first
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(5)
+
+
+async def high_series(client: Client, port: int, n: int, spacing: float) -> tuple[list[float], int]:
+    """n high streaming requests, one every ``spacing`` s: (latencies of the ok ones, failures)."""
+    data = wire(port, HIGH_BODY, "high")
+
+    async def one(i: int):
+        await asyncio.sleep(i * spacing)
+        r = await client.send(i, data)
+        return (r.done - r.sent) if r.ok else None
+
+    out = await asyncio.gather(*(one(i) for i in range(n)))
+    ok = [x for x in out if x is not None]
+    return ok, len(out) - len(ok)
+
+
+async def run(engine_args: list[list[str]], policy: str, log_dir: str, *, low: int = 300,
+              high_samples: int = 40, spacing: float = 0.1, backlog: float = 4.0,
+              backoff_cap: float = 2.0) -> dict:
+    """One scenario under one policy: idle and loaded high series on a fresh fleet."""
+    fleet = Fleet(engine_args, policy, log_dir)
+    fleet.start()
+    try:
+        await fleet.wait_ready()
+        high = Client("127.0.0.1", fleet.port, timeout=300)
+        low_client = Client("127.0.0.1", fleet.port, timeout=300)
+        counts = {"ok": 0, "declined": 0, "failed": 0}
+        try:
+            await high_series(high, fleet.port, 4, 0.05)  # warm connections and estimators
+            idle, idle_failed = await high_series(high, fleet.port, high_samples, spacing)
+            low_wire = wire(fleet.port, LOW_BODY, "low")
+            stop_at = time.monotonic() + backlog + high_samples * spacing + 120.0
+            stopping = asyncio.Event()
+
+            async def low_worker(i: int) -> None:
+                while not stopping.is_set() and time.monotonic() < stop_at:
+                    r = await low_client.send(i, low_wire)
+                    if r.ok:
+                        counts["ok"] += 1
+                    elif r.status in (429, 503):  # declined: back off as told (Retry-After)
+                        counts["declined"] += 1
+                        await asyncio.sleep(min(backoff_cap, 1.0))
+                    else:
+                        counts["failed"] += 1
+                        await asyncio.sleep(0.1)
+
+            workers = [asyncio.create_task(low_worker(i)) for i in range(low)]
+            try:
+                await asyncio.sleep(backlog)
+                before = await fleet.stats()
+                done_before = counts["ok"]
+                t0 = time.monotonic()
+                loaded, loaded_failed = await high_series(high, fleet.port, high_samples, spacing)
+                window = time.monotonic() - t0
+                after = await fleet.stats()
+                low_done = counts["ok"] - done_before
+            finally:
+                stopping.set()
+                for w in workers:
+                    w.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+        finally:
+            high.close()
+            low_client.close()
+    finally:
+        fleet.stop()
+    adm = before.get("admission", {})
+    return {
+        "policy": policy,
+        "engines": [" ".join(a) for a in engine_args],
+        "idle_ms": {"p50": percentile(idle, 50) * 1000, "p95": percentile(idle, 95) * 1000,
+                    "p99": percentile(idle, 99) * 1000, "n": len(idle), "failed": idle_failed},
+        "loaded_ms": {"p50": percentile(loaded, 50) * 1000, "p95": percentile(loaded, 95) * 1000,
+                      "p99": percentile(loaded, 99) * 1000, "n": len(loaded), "failed": loaded_failed},
+        "p95_ratio": percentile(loaded, 95) / percentile(idle, 95),
+        "p99_ratio": percentile(loaded, 99) / percentile(idle, 99),
+        "low": {"completed_during_high_series": low_done, "rps": low_done / window if window > 0 else None,
+                **counts},
+        "gateway_queued": adm.get("queued"),
+        "inflight": sum(e.get("inflight", 0) for e in adm.get("endpoints", {}).values()),
+        "batch_capacity": {n: e.get("batch_capacity") for n, e in adm.get("endpoints", {}).items()},
+        "limits": adm.get("limits"),
+        "high_wait_ms": after.get("admission", {}).get("bands", {}).get("high", {}).get("wait_ms"),
+    }
+
+
+async def matrix(scenarios: dict[str, list[list[str]]], policies: list[str], log_dir: str, **kw) -> list[dict]:
+    """Every scenario under every policy, one after another (the machine is shared)."""
+    out = []
+    for name, engines in scenarios.items():
+        for policy in policies:
+            res = await run(engines, policy, log_dir, **kw)
+            res["scenario"] = name
+            out.append(res)
+            print(f"  {name:<11} {policy:<8} high p95 idle {res['idle_ms']['p95']:6.0f} ms, loaded "
+                  f"{res['loaded_ms']['p95']:7.0f} ms: {res['p95_ratio']:6.2f}x  (low in flight "
+                  f"{res['inflight']}, queued {res['gateway_queued']}, low ok {res['low']['ok']}, "
+                  f"declined {res['low']['declined']}; batch {res['batch_capacity']})", file=sys.stderr,
+                  flush=True)
+    return out
