@@ -255,6 +255,43 @@ async def test_a_queued_request_that_can_no_longer_meet_the_servers_sla_is_decli
     adm.close()
 
 
+async def test_slow_start_follows_the_engines_scrapes_until_it_shows_a_queue():
+    """From the initial limit, each scrape that shows the engine running all it was sent
+    while work waits grows the limit by half; once the engine queues, the learned batch
+    bounds what is sent and the growth stops."""
+    clock = Clock()
+    adm, (ep,) = make(limit=32, clock=clock, aimd_initial=8)
+    tasks = [asyncio.create_task(adm.admit(Ticket())) for _ in range(40)]
+    await asyncio.sleep(0)
+    leases = [t.result() for t in tasks if t.done()]
+    for le in leases:
+        le.bind(ep)
+    assert ep.limit == 8 and ep.inflight == 8
+
+    def scrape(running, waiting):
+        clock.t += 0.1
+        ep.running, ep.waiting, ep.scraped_at = running, waiting, clock.t
+        adm.on_metrics(ep)
+        for t in tasks:
+            if t.done() and t.result() not in leases:
+                leases.append(t.result())
+                t.result().bind(ep)
+
+    scrape(8, 0)
+    assert ep.limit == 12
+    await asyncio.sleep(0)
+    scrape(10, 2)  # the engine runs 10: two of ours wait in it
+    assert ep.limit == 12  # no growth while the engine queues
+    scrape(10, 2)
+    assert adm.stats()["endpoints"]["e0"]["batch_capacity"] == 10
+    for le in leases:
+        le.release("cancelled")
+    for t in tasks:
+        if not t.done():
+            t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def test_a_new_engine_starts_at_the_initial_limit_and_earns_more():
     """Slow start: a cold flood does not overfill an engine whose batch is unknown."""
     clock = Clock()

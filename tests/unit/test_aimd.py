@@ -46,3 +46,17 @@ def test_bounds_are_checked():
         AimdLimit(5, 4)
     assert AimdLimit(2, 8, initial=100).limit == 8
     assert AimdLimit(2, 8).limit == 8
+
+
+def test_slow_start_grows_by_half_per_probe_until_the_first_decrease():
+    a = AimdLimit(1, 32, 8, 10.0)
+    seen = [a.limit]
+    while a.on_probe(0.0):
+        seen.append(a.limit)
+    assert seen == [8, 12, 18, 27, 32]
+    b = AimdLimit(1, 32, 8, 10.0)
+    assert b.on_probe(0.0) and b.limit == 12
+    assert b.on_breach(0.0, 1.0) and b.limit == 9
+    assert not b.on_probe(2.0) and b.limit == 9  # a decrease ends the slow start
+    tiny = AimdLimit(1, 32, 1, 10.0)
+    assert tiny.on_probe(0.0) and tiny.limit == 2  # at least one more

@@ -42,8 +42,8 @@ def test_band_ceilings_are_shares_of_the_learned_batch_not_of_the_limit():
     e = EndpointLoad(limit=32)
     e.inflight = 6
     assert s.endpoint(e, 1.0) == pytest.approx(6 / 32)  # cold: the limit stands in
-    s.update(e, 8, 1, 0.1, 0.9, 0.9)
-    s.update(e, 8, 1, 0.1, 1.0, 1.0)
+    s.update(e, 8, 2, 0.1, 0.9, 0.9)
+    s.update(e, 8, 2, 0.1, 1.0, 1.0)
     assert s.endpoint(e, 1.0) == pytest.approx(6 / 8)  # below a low ceiling of 0.8
     e.inflight = 7
     assert s.endpoint(e, 1.0) > 0.8  # a seventh would eat the headroom of higher bands
@@ -57,11 +57,18 @@ def test_band_ceilings_are_shares_of_the_learned_batch_not_of_the_limit():
 
 def test_a_queue_in_one_scrape_is_not_proof_of_the_batch():
     """A burst's requests wait for the engine's next step: one scrape with a queue beside
-    10 running must not cap a 256-sequence engine at 10. Two in a row do."""
+    10 running must not cap a 256-sequence engine at 10, nor the request that a steady
+    stream leaves waiting in most scrapes, nor a batch that ended together and waits to
+    be replaced (fewer running than ever). Two real queues in a row do."""
     s = Saturation()
     e = EndpointLoad(limit=32)
     s.update(e, 10, 3, 0.1, 1.0, 1.0)
     s.update(e, 20, 0, 0.1, 1.1, 1.1)
+    assert not e.capacity_known
+    for t in (1.12, 1.14, 1.16):
+        s.update(e, 20, 1, 0.1, t, t)
+    for t in (1.18, 1.19):
+        s.update(e, 15, 5, 0.1, t, t)  # five ended together; their successors wait a step
     assert not e.capacity_known
     e.inflight = 20
     assert s.endpoint(e, 1.1) == pytest.approx(20 / 32)
@@ -109,8 +116,8 @@ def test_pool_counts_outstanding_leases():
     # 20 granted, not yet bound: any one endpoint may get them all, half its limit.
     assert s.pool([a, b], 20, 1.0) == pytest.approx(0.5)
     for t in (0.9, 1.0):
-        s.update(a, 4, 1, 0.0, t, t)
-        s.update(b, 4, 1, 0.0, t, t)  # both have shown a batch capacity of 4
+        s.update(a, 4, 2, 0.0, t, t)
+        s.update(b, 4, 2, 0.0, t, t)  # both have shown a batch capacity of 4
     # 20 on a batch of 4: 16 would queue (16/5), and 20 of 4 is the larger term.
     assert s.pool([a, b], 20, 1.0) == pytest.approx(20 / 4)
 

@@ -19,5 +19,6 @@ cdef class AimdLimit:
 
     cpdef bint frozen(self, double now)
     cpdef bint on_sample(self, bint queued, bint at_limit, bint healthy, double now)
+    cpdef bint on_probe(self, double now)
     cpdef bint on_breach(self, double started_at, double now)
     cpdef void on_oom(self, double now)

@@ -1,7 +1,9 @@
 """Adaptive concurrency per engine: additive increase, multiplicative decrease.
 
-The limit grows by one while there is queued work, the engine is at its limit and
-its latency and KV cache are healthy; it shrinks by a quarter on an SLA breach or KV
+A new engine's limit starts low and, while its scrapes show it running everything it
+was sent and work waits, grows by half per scrape (slow start, ended by the first
+decrease); then by one per completion while there is queued work, the engine is at its
+limit and its latency and KV cache are healthy; it shrinks by a quarter on an SLA breach or KV
 past its hard limit; an out-of-memory error drops it to the minimum and freezes
 increases for a cool-down.
 
@@ -55,6 +57,22 @@ cdef class AimdLimit:
         self.value += VF_AIMD_INCREASE
         if self.value > self.maximum:
             self.value = self.maximum
+        self.increases += 1
+        return True
+
+    cpdef bint on_probe(self, double now):
+        """Slow start: the engine ran everything it was sent and work waits for this
+        limit, so the limit grows by half (at least one) at once, until the first
+        decrease ends the slow start. Returns True when it changed."""
+        cdef double v
+        if self.decreases or self.ooms or now < self.frozen_until or self.value >= self.maximum:
+            return False
+        v = self.value * 1.5
+        if v < self.value + 1.0:
+            v = self.value + 1.0
+        if v > self.maximum:
+            v = self.maximum
+        self.value = <int>v
         self.increases += 1
         return True
 

@@ -6,10 +6,12 @@ against its threshold (1.0 = saturated). Two lags of scraped metrics are closed:
 * Scrapes are an interval old, so the gateway's own in-flight count is held against
   the engine's batch capacity, learned as the high-water mark of observed
   ``running``: in-flight beyond that capacity is what really queues in the engine.
-  Until two scrapes in a row have shown a queue beside running requests (proof that
-  ``running`` hit the ceiling: one alone may be a burst waiting for the engine's next
-  step), the concurrency limit stands in for the capacity, so a cold pool is not
-  throttled by a small early high-water mark.
+  Until two scrapes in a row have shown a queue beside as many running requests as
+  ever seen (at least two waiting, and a tenth of those running: the engine holds more
+  than it has ever run and will not run them, so ``running`` is at its ceiling), the
+  concurrency limit stands in for the capacity. Requests that arrived since the
+  engine's last step are no proof: a steady stream leaves a few waiting in most scrapes,
+  and a batch that ends together is replaced together, with fewer running meanwhile.
 * A request granted but not yet dispatched is invisible to both; the pool number
   takes those outstanding leases as extra in-flight work.
 
@@ -54,7 +56,7 @@ cdef class EndpointLoad:
         # A queue in one scrape may be requests that arrived since the engine's last step
         # (a burst does that at any load); a queue still there a scrape later, with
         # requests running, is the engine at its ceiling.
-        if waiting > 0 and running > 0:
+        if waiting >= 2.0 and waiting >= 0.1 * running and running > 0 and running >= self.capacity:
             if self.queue_seen:
                 self.capacity_known = True
             self.queue_seen = True

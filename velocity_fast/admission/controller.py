@@ -91,11 +91,16 @@ class Admission(AdmissionCore):
             return
         now = self.clock()
         st.load.observe(ep.running, ep.waiting, ep.kv_usage, ep.scraped_at)
+        ps = self._pools.get(ep.model)
         if st.aimd is not None and ep.kv_usage > self.settings.kv_hard_limit:
             # One cut per staleness window: a full cache stays full for a few scrapes.
             if st.aimd.on_breach(now - self.settings.stale_after_ms / 1000.0, now):
                 ep.limit = st.aimd.limit
-        ps = self._pools.get(ep.model)
+        elif (st.aimd is not None and not st.load.capacity_known and ep.waiting == 0
+              and ep.inflight + 1 >= ep.limit and ps is not None and ps.queues.count):
+            # Slow start: the engine runs all it was sent and work waits on this limit.
+            if st.aimd.on_probe(now):
+                ep.limit = st.aimd.limit
         if ps is not None:
             self._dispatch(ps, now)
 
@@ -237,7 +242,9 @@ class Admission(AdmissionCore):
             endpoints[ep.name] = {
                 "limit": ep.limit, "inflight": ep.inflight,
                 "saturation": round(self.policy.saturation.endpoint(st.load, now), 4),
-                "batch_capacity": st.load.capacity,
+                # The engine's batch once learned (None: not yet shown), and the most seen running.
+                "batch_capacity": st.load.capacity if st.load.capacity_known else None,
+                "running_max": st.load.capacity,
                 "frozen": bool(st.aimd is not None and st.aimd.frozen(now)),
                 "estimates": st.est.snapshot()}
         judged = tel.sla_met + tel.sla_missed

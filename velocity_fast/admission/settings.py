@@ -69,13 +69,14 @@ class AdmissionSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     sla_tolerance_high: float = 0.5
     # Engine-side time to first token above this is a latency breach for AIMD.
     ttft_slo_ms: float = 2000.0
-    # AIMD bounds per engine (max: --max-concurrency); the initial limit (0 = max). An
-    # engine whose batch is smaller is bounded by its learned batch (saturation) once two
-    # scrapes have shown its queue; a lower start trades a cold flood's overfill for a
-    # slower ramp (one more per completion).
+    # AIMD bounds per engine (max: --max-concurrency) and where a new engine's limit starts
+    # (0 = max). From 8, the limit grows by half per scrape while the engine runs all it
+    # is sent and work waits (slow start: 8 -> 32 in four scrapes), so a cold flood
+    # overfills an engine whose batch is smaller than the maximum by a few requests, not
+    # by the difference, before its learned batch bounds it.
     aimd_min: int = 1
     aimd_max: int = 32
-    aimd_initial: int = 0
+    aimd_initial: int = 8
     oom_cooldown_ms: float = 10000.0
     # Weight of a new sample in the online estimators (EWMA).
     ewma_alpha: float = 0.2
