@@ -65,13 +65,13 @@ def test_a_queue_in_one_scrape_is_not_proof_of_the_batch():
     s.update(e, 10, 3, 0.1, 1.0, 1.0)
     s.update(e, 20, 0, 0.1, 1.1, 1.1)
     assert not e.capacity_known
+    e.inflight = 20
+    assert s.endpoint(e, 1.1) == pytest.approx(20 / 32)
     for t in (1.12, 1.14, 1.16):
         s.update(e, 20, 1, 0.1, t, t)
     for t in (1.18, 1.19):
         s.update(e, 15, 5, 0.1, t, t)  # five ended together; their successors wait a step
     assert not e.capacity_known
-    e.inflight = 20
-    assert s.endpoint(e, 1.1) == pytest.approx(20 / 32)
     s.update(e, 24, 4, 0.1, 1.2, 1.2)
     s.update(e, 24, 5, 0.1, 1.3, 1.3)
     assert e.capacity_known and e.capacity == 24
