@@ -116,6 +116,8 @@ class Settings(_S):
         for i, t in enumerate(self.tenants):
             if t.max_band is not None and t.max_band not in names:
                 raise ConfigError(f"tenants[{i}].max_band: unknown band {t.max_band!r} (bands: {names})")
+            if not 0 < t.weight < float("inf"):
+                raise ConfigError(f"tenants[{i}].weight: must be a positive number, got {t.weight}")
             if t.api_key:
                 if t.api_key in keys:
                     raise ConfigError(f"tenants[{i}].api_key: the same key is given to two tenants")

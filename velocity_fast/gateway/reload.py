@@ -84,6 +84,10 @@ def _identity(old: Identity, settings: Settings) -> Identity:
     return new
 
 
+def _weights(settings: Settings) -> dict[str, float]:
+    return {t.name: t.weight for t in settings.tenants}
+
+
 def _endpoint_diff(old: Settings, new: Settings) -> tuple[list, list]:
     """(names to remove, configs to add); a changed endpoint is both."""
     before = {e.name: e for e in old.endpoints}
@@ -105,7 +109,8 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
     retired: list = []
 
     rebuild = (new.policy != old.policy
-               or AdmissionSettings.from_settings(new) != AdmissionSettings.from_settings(old))
+               or AdmissionSettings.from_settings(new) != AdmissionSettings.from_settings(old)
+               or _weights(new) != _weights(old))  # the queues keep tenants' weights
     router = None
     if routing_settings(new) != routing_settings(old):
         router = make_router(new, _AdoptingRegistry(gw.registry))
