@@ -221,13 +221,15 @@ async def test_keys_that_need_a_restart_are_reported_and_keep_their_value(tmp_pa
                 assert r.status == 200
 
 
-@pytest.mark.parametrize("key", ["host", "port", "admin_port", "health", "sim", "model_path"])
+@pytest.mark.parametrize("key", ["host", "port", "admin_port", "health", "sim", "model_path",
+                                 "structured_logs", "log_level"])
 async def test_each_restart_key_is_named_in_the_warning(tmp_path, caplog, key):
     from velocity_fast.gateway.reload import RESTART_KEYS, apply_settings
 
     assert key in RESTART_KEYS
     value = {"host": "127.0.0.2", "port": 1, "admin_port": 2, "health": {"check_interval_ms": 999.0},
-             "sim": {"decode_tps": 7.0}, "model_path": str(tmp_path)}[key]
+             "sim": {"decode_tps": 7.0}, "model_path": str(tmp_path), "structured_logs": True,
+             "log_level": "debug"}[key]
     async with GaugeEngine() as eng:
         async with running_gateway(("a", eng.url, "m1"), policy="static") as gw:
             new = gateway_settings(("a", eng.url, "m1"), policy="static", **{key: value})
