@@ -51,11 +51,12 @@ class Live:
         await asyncio.gather(*self._tasks)
         self.reloader.close()
 
-    async def _traffic(self, max_requests: int = 400, deadline_s: float = 40.0) -> None:
+    async def _traffic(self, max_requests: int = 4000, deadline_s: float = 60.0) -> None:
+        # Paced (at most 50 a second per loop): the bound on the count must outlast any test.
         t_end = time.monotonic() + deadline_s
         while not self._stop.is_set() and len(self.statuses) < max_requests and time.monotonic() < t_end:
             self.statuses.append((await completion(self.gw.port, self.headers)).status)
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.02)
 
     async def sighup(self, text: str) -> None:
         """Write the config file, send SIGHUP, wait until the reload was applied."""
@@ -66,6 +67,7 @@ class Live:
         await wait_until(lambda: self.reloader.reloads > done or self.reloader.refused, 10.0, what="the reload")
         assert self.reloader.refused == 0
         # Traffic went on across the reload, none of it lost.
+        assert len(self.statuses) < 4000 and not any(t.done() for t in self._tasks), "traffic ended early"
         await wait_until(lambda: len(self.statuses) >= before + 4, 10.0, what="traffic after the reload")
         assert set(self.statuses) == {200}, self.statuses
 
