@@ -39,7 +39,7 @@ async def _served_order(gw) -> list[str]:
     """Block the engine with one long request, queue PER_TENANT requests of each tenant
     behind it, and return the tenants in the order their requests completed."""
     adm = gw.admission
-    blocker = asyncio.create_task(_chat(gw.port, "k-blocker", 1500))
+    blocker = asyncio.create_task(_chat(gw.port, "k-blocker", 3000))
     await wait_until(lambda: adm.stats()["counters"]["in_flight"] == 1, 10.0, what="the blocker in flight")
     order: list[str] = []
 
