@@ -50,6 +50,18 @@ def test_round_robin_fractional_weights_carry_over_between_visits():
     assert served.count("one") == pytest.approx(200, abs=3)
 
 
+def test_a_tiny_weight_is_one_turn_per_visit_and_the_others_scale_up():
+    # Weights 0.001 : 1 are quanta 1 : 1000, so no visit passes without a turn (a tenant
+    # of weight 0.001 does not wait a thousand rotations of the ring to be served once).
+    q = BandQueues([(0, 0, 0.0)], weights={"tiny": 0.001, "other": 0.001})
+    assert q.weights == {"tiny": 0.001, "other": 0.001}
+    _backlog(q, ["tiny", "other", "big"], 2100)
+    served = _served(q, 2004)
+    assert served[:2] == ["tiny", "other"] and served[2:1002] == ["big"] * 1000
+    assert (served.count("tiny"), served.count("other"), served.count("big")) == (2, 2, 2000)
+    assert q.tenant_queue(0, "tiny").weight == 0.001  # the weight itself stays as configured
+
+
 def test_token_fairness_weighs_tokens_not_turns():
     # heavy asks 100 tokens a request, light 50: by tokens at weights 2:1, heavy gets twice
     # the tokens, so the same number of requests as light.

@@ -40,6 +40,7 @@ cdef class TenantQueue:
     cdef readonly double vtc
     cdef readonly double weight   # its share in fairness (the tenant's configured weight)
     cdef double inv_weight        # 1 / weight: what a served token adds to vtc
+    cdef double quantum           # turns a visit adds: weight / the smallest weight (at most 1)
     cdef double credit            # turns left in the current visit (weighted round-robin)
     cdef Item head
     cdef Item tail
@@ -73,6 +74,7 @@ cdef class BandQueues:
     cdef readonly bint token_fair
     cdef readonly double aging_step
     cdef dict _weights            # tenant -> weight; read when a tenant's queue is made
+    cdef double _quantum_scale    # 1 / the smallest weight (weight 1 if none is smaller)
     cdef list bands
     cdef dict items
     cdef long long next_id

@@ -7,7 +7,8 @@ that was served the fewest tokens goes next, so long requests cannot take more t
 their share). Within a tenant the order is FIFO, or earliest deadline first.
 
 A tenant's weight is its share: by turns, a visit of the rotation lasts ``weight``
-requests (deficit round-robin: a fraction carries over to the next visit); by tokens,
+requests (deficit round-robin: a fraction carries over to the next visit; weights are
+scaled so that the smallest is 1, so that a visit never ends without a turn); by tokens,
 a served token adds ``1 / weight`` to its counter. Of two backlogged tenants, the one
 of weight 2 is served twice as often (or twice the tokens) as the one of weight 1.
 The weight is read once, when the tenant's queue in a band is made, and kept there.
@@ -50,13 +51,14 @@ cdef class Item:
 cdef class TenantQueue:
     """The queue of one tenant inside one band."""
 
-    def __cinit__(self, object name, double weight=1.0):
+    def __cinit__(self, object name, double weight=1.0, double quantum_scale=1.0):
         self.name = name
         self.heap = []
         if not (weight > 0 and weight < INFINITY):
             raise ValueError(f"weight of tenant {name!r}: must be a positive number, got {weight!r}")
         self.weight = weight
         self.inv_weight = 1.0 / weight
+        self.quantum = weight * quantum_scale
 
 
 cdef class BandQueue:
@@ -143,12 +145,19 @@ cdef class BandQueues:
         if not bands:
             raise ValueError("at least one band is required")
         self._weights = {}
+        low = 1.0
         for name, value in (weights or {}).items():
             w = value
             if not (w > 0 and w < INFINITY):
                 raise ValueError(f"weight of tenant {name!r}: must be a positive number, got {value!r}")
             if w != 1.0:
                 self._weights[name] = w
+            if w < low:
+                low = w
+        # By turns, the smallest weight is one turn a visit: shares keep their ratios, and
+        # no visit passes without a turn (else a tenant of weight 0.001 would take a
+        # thousand rotations of the ring to be served once).
+        self._quantum_scale = 1.0 / low
         self.bands = []
         for i, spec in enumerate(bands):
             cap, nbytes, ttl = spec
@@ -262,7 +271,8 @@ cdef class BandQueues:
         t = <TenantQueue>bq.tenants.get(tenant)
         if t is None:
             # Once per tenant and band: the queue keeps its weight from then on.
-            t = TenantQueue(tenant, self._weights.get(tenant, 1.0) if self._weights else 1.0)
+            t = TenantQueue(tenant, self._weights.get(tenant, 1.0) if self._weights else 1.0,
+                            self._quantum_scale)
             bq.tenants[tenant] = t
         it.owner = t
         if self.edf:
@@ -344,11 +354,12 @@ cdef class BandQueues:
             # Move the turn past the chosen tenant (ties rotate).
             bq.cursor = t.r_next
         else:
-            # A visit starts by adding the tenant's weight to its credit and lasts while a
-            # whole turn is left; a tenant of weight below 1 may need a few visits to get
-            # one. With every weight 1 this is plain round-robin: one request per visit.
+            # A visit starts by adding the tenant's quantum to its credit and lasts while a
+            # whole turn is left (a fraction carries over). Every quantum is at least one
+            # turn, so the first tenant visited serves. With every weight 1 this is plain
+            # round-robin: one request per visit.
             while t.credit < _WHOLE:
-                t.credit += t.weight
+                t.credit += t.quantum
                 if t.credit < _WHOLE:
                     t = t.r_next
             t.credit -= 1.0
