@@ -353,6 +353,8 @@ cdef class BandQueues:
                 c = c.r_next
             # Move the turn past the chosen tenant (ties rotate).
             bq.cursor = t.r_next
+        elif not self._weights:
+            bq.cursor = t.r_next  # every weight 1: one request per visit, no credit kept
         else:
             # A visit starts by adding the tenant's quantum to its credit and lasts while a
             # whole turn is left (a fraction carries over). Every quantum is at least one
