@@ -119,6 +119,8 @@ class Settings(_S):
                 raise ConfigError(f"tenants[{i}].max_band: unknown band {t.max_band!r} (bands: {names})")
             if t.sla_ms is not None and not t.sla_ms > 0:
                 raise ConfigError(f"tenants[{i}].sla_ms: must be positive, got {t.sla_ms}")
+            if not 0 < t.weight < float("inf"):
+                raise ConfigError(f"tenants[{i}].weight: must be a positive number, got {t.weight}")
             if t.api_key:
                 if t.api_key in keys:
                     raise ConfigError(f"tenants[{i}].api_key: the same key is given to two tenants")

@@ -68,10 +68,14 @@ async def test_queued_requests_in_the_old_admission_complete_after_a_rebuild(eng
             tasks = [asyncio.create_task(http_request(gw.port, "POST", "/v1/chat/completions", _chat(40),
                                                       timeout=30)) for _ in range(4)]
             await wait_until(lambda: old.stats()["queued"] >= 2, 10.0, what="requests queued")
+            assert (await http_request(gw.port, "GET", "/stats")).json()["admission"]["limits"] == {"a": 1}
             assert await reloader.reload()
             assert gw.admission is not old and gw.admission.policy.name == "dynamic"
             late = await http_request(gw.port, "POST", "/v1/chat/completions", _chat(3), timeout=30)
             assert late.status == 200
+            # The new max_concurrency is the new controller's limit (static's was 1).
+            stats = (await http_request(gw.port, "GET", "/stats")).json()
+            assert stats["admission"]["limits"] == {"a": 4}
             results = await asyncio.gather(*tasks)
             assert [r.status for r in results] == [200] * 4
             # The old controller drained and was let go.

@@ -38,6 +38,10 @@ cdef class TenantQueue:
     cdef readonly object name
     cdef readonly Py_ssize_t count
     cdef readonly double vtc
+    cdef readonly double weight   # its share in fairness (the tenant's configured weight)
+    cdef double inv_weight        # 1 / weight: what a served token adds to vtc
+    cdef double quantum           # turns a visit adds: weight / the smallest weight (at most 1)
+    cdef double credit            # turns left in the current visit (weighted round-robin)
     cdef Item head
     cdef Item tail
     cdef list heap
@@ -69,6 +73,8 @@ cdef class BandQueues:
     cdef readonly bint edf
     cdef readonly bint token_fair
     cdef readonly double aging_step
+    cdef dict _weights            # tenant -> weight; read when a tenant's queue is made
+    cdef double _quantum_scale    # 1 / the smallest weight (weight 1 if none is smaller)
     cdef list bands
     cdef dict items
     cdef long long next_id

@@ -6,6 +6,13 @@ requests takes one slot in the rotation) or by a virtual token counter (the tena
 that was served the fewest tokens goes next, so long requests cannot take more than
 their share). Within a tenant the order is FIFO, or earliest deadline first.
 
+A tenant's weight is its share: by turns, a visit of the rotation lasts ``weight``
+requests (deficit round-robin: a fraction carries over to the next visit; weights are
+scaled so that the smallest is 1, so that a visit never ends without a turn); by tokens,
+a served token adds ``1 / weight`` to its counter. Of two backlogged tenants, the one
+of weight 2 is served twice as often (or twice the tokens) as the one of weight 1.
+The weight is read once, when the tenant's queue in a band is made, and kept there.
+
 Every item also sits on its band's age list (enqueue order). Since a band has one
 TTL, the head of that list is both the oldest item and the first to expire, which
 makes TTL expiry and anti-starvation aging O(1) per item. Items are linked
@@ -25,6 +32,10 @@ REJECT_GLOBAL_BYTES = VF_REJECT_GLOBAL_BYTES
 REJECT_BAD_BAND = VF_REJECT_BAD_BAND
 BYTES_PER_TOKEN = VF_BYTES_PER_TOKEN
 
+# A visit of the rotation goes on while this much credit is left: one whole turn, less
+# what summing fractional weights loses to rounding (ten visits of 0.1 make a turn).
+cdef double _WHOLE = 1.0 - 1e-9
+
 
 # Items come and go at request rate: recycle their memory instead of asking the
 # allocator each time.
@@ -40,9 +51,14 @@ cdef class Item:
 cdef class TenantQueue:
     """The queue of one tenant inside one band."""
 
-    def __cinit__(self, object name):
+    def __cinit__(self, object name, double weight=1.0, double quantum_scale=1.0):
         self.name = name
         self.heap = []
+        if not (weight > 0 and weight < INFINITY):
+            raise ValueError(f"weight of tenant {name!r}: must be a positive number, got {weight!r}")
+        self.weight = weight
+        self.inv_weight = 1.0 / weight
+        self.quantum = weight * quantum_scale
 
 
 cdef class BandQueue:
@@ -117,14 +133,31 @@ cdef class BandQueues:
     (<= 0: unbounded). ``edf`` orders a tenant's items by deadline instead of
     arrival; ``token_fair`` picks tenants by virtual token counter instead of by
     turns; ``aging_step`` (seconds, <= 0: off) raises an item's effective band by
-    one for every step it has waited.
+    one for every step it has waited. ``weights`` maps a tenant to its share in
+    fairness (a positive number; a tenant not in it has weight 1).
     """
 
     def __cinit__(self, list bands, Py_ssize_t capacity=0, long long byte_capacity=0,
-                  bint edf=False, bint token_fair=False, double aging_step=0.0):
+                  bint edf=False, bint token_fair=False, double aging_step=0.0,
+                  dict weights=None):
         cdef int i
+        cdef double w
         if not bands:
             raise ValueError("at least one band is required")
+        self._weights = {}
+        low = 1.0
+        for name, value in (weights or {}).items():
+            w = value
+            if not (w > 0 and w < INFINITY):
+                raise ValueError(f"weight of tenant {name!r}: must be a positive number, got {value!r}")
+            if w != 1.0:
+                self._weights[name] = w
+            if w < low:
+                low = w
+        # By turns, the smallest weight is one turn a visit: shares keep their ratios, and
+        # no visit passes without a turn (else a tenant of weight 0.001 would take a
+        # thousand rotations of the ring to be served once).
+        self._quantum_scale = 1.0 / low
         self.bands = []
         for i, spec in enumerate(bands):
             cap, nbytes, ttl = spec
@@ -144,6 +177,19 @@ cdef class BandQueues:
     def band(self, int index):
         """The BandQueue at ``index`` (0 = highest)."""
         return self.bands[index]
+
+    @property
+    def weights(self):
+        """Tenant -> weight, for the tenants whose weight is not 1 (a copy)."""
+        return dict(self._weights)
+
+    def weight_of(self, tenant):
+        """The share of ``tenant`` in fairness (1.0 unless ``weights`` said otherwise)."""
+        return self._weights.get(tenant, 1.0)
+
+    def tenant_queue(self, int band, tenant):
+        """The TenantQueue of ``tenant`` in ``band``, or None if it never queued there."""
+        return (<BandQueue>self.bands[band]).tenants.get(tenant)
 
     def get(self, long long item_id):
         """The queued item with this id (one ``enqueue`` queued), or None."""
@@ -224,7 +270,9 @@ cdef class BandQueues:
 
         t = <TenantQueue>bq.tenants.get(tenant)
         if t is None:
-            t = TenantQueue(tenant)
+            # Once per tenant and band: the queue keeps its weight from then on.
+            t = TenantQueue(tenant, self._weights.get(tenant, 1.0) if self._weights else 1.0,
+                            self._quantum_scale)
             bq.tenants[tenant] = t
         it.owner = t
         if self.edf:
@@ -303,8 +351,21 @@ cdef class BandQueues:
                 if c.vtc < t.vtc:
                     t = c
                 c = c.r_next
-        # Move the turn past the chosen tenant (ties in token mode rotate too).
-        bq.cursor = t.r_next
+            # Move the turn past the chosen tenant (ties rotate).
+            bq.cursor = t.r_next
+        elif not self._weights:
+            bq.cursor = t.r_next  # every weight 1: one request per visit, no credit kept
+        else:
+            # A visit starts by adding the tenant's quantum to its credit and lasts while a
+            # whole turn is left (a fraction carries over). Every quantum is at least one
+            # turn, so the first tenant visited serves. With every weight 1 this is plain
+            # round-robin: one request per visit.
+            while t.credit < _WHOLE:
+                t.credit += t.quantum
+                if t.credit < _WHOLE:
+                    t = t.r_next
+            t.credit -= 1.0
+            bq.cursor = t if t.credit >= _WHOLE else t.r_next
         if self.edf:
             it = _heap_pop(t.heap)
             while not it.queued:
@@ -312,7 +373,7 @@ cdef class BandQueues:
         else:
             it = t.head
         if self.token_fair:
-            t.vtc += _cost(it)
+            t.vtc += _cost(it) * t.inv_weight
         self._remove(it)
         return it
 
@@ -354,6 +415,7 @@ cdef class BandQueues:
         t.r_next = None
         t.r_prev = None
         t.active = False
+        t.credit = 0.0  # an emptied queue keeps no turns for later (deficit round-robin)
         bq.active_tenants -= 1
         # Heap entries left are cancelled items: drop them with the last live one.
         if t.heap:

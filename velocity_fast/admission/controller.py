@@ -45,10 +45,11 @@ class Admission(AdmissionCore):
 
     def __init__(self, settings, pools: dict, policy: str | Policy = "dynamic", registry=None,
                  clock=time.monotonic) -> None:
+        weights = {t.name: t.weight for t in getattr(settings, "tenants", None) or ()}
         if not isinstance(settings, AdmissionSettings):
             settings = AdmissionSettings.from_settings(settings)
         self.settings = settings.validate()
-        self.policy = policy if isinstance(policy, Policy) else make_policy(policy, self.settings)
+        self.policy = policy if isinstance(policy, Policy) else make_policy(policy, self.settings, weights)
         self.pools = pools
         self.clock = clock
         self.band_names = [b.name for b in self.policy.bands]

@@ -1,7 +1,8 @@
 """Policy objects: small pieces behind narrow interfaces, composed per policy.
 
 * Fairness between tenants of a band: ``RoundRobin`` (by turns) or ``TokenWeighted``
-  (virtual token counter). Interface: ``token_fair`` for the compiled queues.
+  (virtual token counter). Interface: ``token_fair`` for the compiled queues. Either
+  way a tenant's configured ``weight`` is its share (``Policy.weights``).
 * Ordering within a tenant: ``Fifo`` or ``EarliestDeadline``. Interface: ``edf``
   for the compiled queues and ``key(item)``, the order it promises.
 * Saturation of a pool: ``FixedConcurrency`` (limits only, the baseline) or
@@ -98,7 +99,7 @@ class Policy:
 
     def __init__(self, name: str, *, bands: list[BandSettings], fairness, ordering, saturation,
                  adaptive: bool, sla_reject: bool, drop_hopeless: bool, oom_throttle: bool,
-                 aging_step_s: float) -> None:
+                 aging_step_s: float, weights: dict[str, float] | None = None) -> None:
         self.name = name
         self.bands = bands
         self.fairness = fairness
@@ -109,6 +110,8 @@ class Policy:
         self.drop_hopeless = drop_hopeless
         self.oom_throttle = oom_throttle
         self.aging_step_s = aging_step_s
+        # Tenant name -> its share in fairness (absent: 1), from the tenants' `weight`.
+        self.weights = dict(weights or {})
 
     @property
     def single_band(self) -> bool:
@@ -119,7 +122,8 @@ class Policy:
         """Fresh compiled queues configured for this policy."""
         specs = [(b.queue_capacity, b.queue_bytes, b.ttl_ms / 1000.0) for b in self.bands]
         return BandQueues(specs, settings.global_capacity, settings.global_bytes,
-                          self.ordering.edf, self.fairness.token_fair, self.aging_step_s)
+                          self.ordering.edf, self.fairness.token_fair, self.aging_step_s,
+                          self.weights)
 
     def __repr__(self) -> str:
         return (f"Policy({self.name}: {self.fairness.name}/{self.ordering.name}/"
@@ -130,8 +134,10 @@ def _fairness(settings: AdmissionSettings):
     return TokenWeighted() if settings.fairness == "tokens" else RoundRobin()
 
 
-def make_policy(name: str, settings: AdmissionSettings) -> Policy:
-    """The policy ``static``, ``dynamic`` or ``smart`` for these settings."""
+def make_policy(name: str, settings: AdmissionSettings,
+                weights: dict[str, float] | None = None) -> Policy:
+    """The policy ``static``, ``dynamic`` or ``smart`` for these settings; ``weights``:
+    tenant name -> its share in fairness (a tenant not named has 1)."""
     if name not in POLICIES:
         raise ValueError(f"policy: must be one of {', '.join(POLICIES)}, not {name!r}")
     if name == "static":
@@ -145,7 +151,8 @@ def make_policy(name: str, settings: AdmissionSettings) -> Policy:
             ttl_ms=max(b.ttl_ms for b in settings.bands))
         return Policy("static", bands=[one], fairness=_fairness(settings), ordering=Fifo(),
                       saturation=FixedConcurrency(), adaptive=False, sla_reject=False,
-                      drop_hopeless=False, oom_throttle=False, aging_step_s=0.0)
+                      drop_hopeless=False, oom_throttle=False, aging_step_s=0.0,
+                      weights=weights)
     sat = EngineSaturation(settings.queue_threshold, settings.kv_threshold,
                            settings.stale_after_ms / 1000.0)
     return Policy(name, bands=list(settings.bands), fairness=_fairness(settings),
@@ -153,4 +160,4 @@ def make_policy(name: str, settings: AdmissionSettings) -> Policy:
                   # DESIGN section 4 puts declining queued requests that can no longer meet
                   # their deadline under SLA-aware admission, which both policies do.
                   adaptive=True, sla_reject=True, drop_hopeless=True, oom_throttle=True,
-                  aging_step_s=settings.aging_step_ms / 1000.0)
+                  aging_step_s=settings.aging_step_ms / 1000.0, weights=weights)

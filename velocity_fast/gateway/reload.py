@@ -1,9 +1,10 @@
 """Live reload: SIGHUP re-reads the configuration and the running gateway takes it over.
 
-What changes live: bands and their ceilings, capacities and TTLs; tenants, their keys and
-rate limits; the global API key; endpoints added, removed or changed; the admission
-section, thresholds, SLA and policy; routing profiles and settings. What needs a restart
-(said in a warning): the listening address and ports, server limits and health timings.
+What changes live: bands and their ceilings, capacities and TTLs; tenants, their keys,
+rate limits and weights; the global API key; endpoints added, removed or changed; the
+admission section, thresholds, SLA and policy; routing profiles and settings. What needs a
+restart (said in a warning): the listening address and ports, server limits, health
+timings and the log settings.
 
 How a new configuration takes over without losing a request:
 - The file is read and validated in full (in a thread) before anything changes, so a
@@ -34,7 +35,8 @@ __all__ = ["Reloader", "apply_settings", "RESTART_KEYS"]
 log = logging.getLogger("velocity.reload")
 
 # Keys that are read once at start: a change is reported, and applies at the next start.
-RESTART_KEYS = ("host", "port", "admin_port", "server", "health", "sim", "model_path")
+RESTART_KEYS = ("host", "port", "admin_port", "server", "health", "sim", "model_path", "structured_logs",
+                "log_level")
 
 _DRAIN_POLL_S = 0.2
 
@@ -84,6 +86,10 @@ def _identity(old: Identity, settings: Settings) -> Identity:
     return new
 
 
+def _weights(settings: Settings) -> dict[str, float]:
+    return {t.name: t.weight for t in settings.tenants}
+
+
 def _endpoint_diff(old: Settings, new: Settings) -> tuple[list, list]:
     """(names to remove, configs to add); a changed endpoint is both."""
     before = {e.name: e for e in old.endpoints}
@@ -105,7 +111,8 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
     retired: list = []
 
     rebuild = (new.policy != old.policy
-               or AdmissionSettings.from_settings(new) != AdmissionSettings.from_settings(old))
+               or AdmissionSettings.from_settings(new) != AdmissionSettings.from_settings(old)
+               or _weights(new) != _weights(old))  # the queues keep tenants' weights
     router = None
     if routing_settings(new) != routing_settings(old):
         router = make_router(new, _AdoptingRegistry(gw.registry))

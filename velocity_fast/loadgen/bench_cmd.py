@@ -58,6 +58,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for /ready")
     g.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for chargeVelocity (repeatable), e.g. --server-arg=--sla-ms=2000")
+    g.add_argument("--no-request-sla", action="store_true",
+                   help="send no request with an SLA of its own (no x-velocity-sla-ms, not even a "
+                        "band's): the gateway's SLA applies, set to --sla-ms unless --server-arg "
+                        "gives one; --sla-ms still judges goodput")
     g.add_argument("--output", metavar="PREFIX", default="bench/results/policies",
                    help="write PREFIX.json, PREFIX.csv, PREFIX_runs.csv and PNG plots")
     g.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
@@ -72,6 +76,28 @@ def overload(runs: list[dict], peak_arrival_rps: float) -> dict:
     cap = max((r["summary"].get("peak_completion_rps", 0.0) for r in runs), default=0.0)
     return {"capacity_rps": cap, "peak_arrival_rps": peak_arrival_rps,
             "overload": peak_arrival_rps / cap if cap > 0 else float("inf")}
+
+
+def bench_setup(args):
+    """(WorkloadConfig, mix, request specs, extra gateway arguments) of a bench run.
+
+    By default every request carries --sla-ms (or its band's) as x-velocity-sla-ms; with
+    --no-request-sla none does, and the gateways get --sla-ms as their own SLA instead,
+    so that goodput is judged by the SLA the gateway worked to."""
+    import dataclasses
+
+    from .app import workload_config
+    from .mix import mix_from_args
+    from .workload import build_workload
+
+    cfg = workload_config(args, "127.0.0.1")
+    server_args = list(args.server_arg)
+    if args.no_request_sla:
+        cfg = dataclasses.replace(cfg, send_sla=False, request_sla=False)
+        if not any(a == "--sla-ms" or a.startswith("--sla-ms=") for a in server_args):
+            server_args.append(f"--sla-ms={cfg.sla_ms:g}")
+    mix = mix_from_args(args)
+    return cfg, mix, build_workload(cfg, mix), server_args
 
 
 def run_order(policies: list[str], repeats: int, seed: int) -> list[tuple[int, str]]:
@@ -94,11 +120,9 @@ def bench_main(args) -> int:
 
     import msgspec
 
-    from .app import describe, workload_config
+    from .app import describe
     from .compare import format_table, medians, verdict
-    from .mix import mix_from_args
     from .report import plain_args, print_to, write_csv, write_json
-    from .workload import build_workload
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICIES]
@@ -107,9 +131,7 @@ def bench_main(args) -> int:
               file=sys.stderr)
         return 2
     try:
-        cfg = workload_config(args, "127.0.0.1")
-        mix = mix_from_args(args)
-        specs = build_workload(cfg, mix)
+        cfg, mix, specs, server_args = bench_setup(args)
     except (ValueError, OSError) as e:
         print(f"bench: {e}", file=sys.stderr)
         return 2
@@ -119,7 +141,7 @@ def bench_main(args) -> int:
     print_to(sys.stdout, describe(cfg, args.concurrency, f"gateway + {args.engines} sim engines per policy")
              + f"; peak {peak_rate(cfg.num_requests, cfg.duration, cfg.pattern):.1f} req/s")
     logs = tempfile.mkdtemp(prefix="velocity-bench-")
-    runs = _run_all(args, policies, cfg, mix, specs, logs)
+    runs = _run_all(args, policies, cfg, mix, specs, logs, server_args)
     if runs is None:
         print(f"bench: a gateway failed; logs in {logs}", file=sys.stderr)
         return 1
@@ -163,17 +185,17 @@ def bench_main(args) -> int:
     return 0
 
 
-def _run_all(args, policies, cfg, mix, specs, logs):
+def _run_all(args, policies, cfg, mix, specs, logs, server_args):
     import asyncio
 
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(_bench(args, policies, cfg, mix, specs, logs))
-    return uvloop.run(_bench(args, policies, cfg, mix, specs, logs))
+        return asyncio.run(_bench(args, policies, cfg, mix, specs, logs, server_args))
+    return uvloop.run(_bench(args, policies, cfg, mix, specs, logs, server_args))
 
 
-async def _bench(args, policies, cfg, mix, specs, logs):
+async def _bench(args, policies, cfg, mix, specs, logs, server_args):
     import asyncio
     import dataclasses
     import os
@@ -193,7 +215,7 @@ async def _bench(args, policies, cfg, mix, specs, logs):
                             duration=0.5, seed=cfg.seed + 1_000_003), mix)
     runs = []
     for repeat, policy in run_order(policies, args.repeats, cfg.seed):
-        gw = GatewayProcess(policy, engines=args.engines, extra=args.server_arg,
+        gw = GatewayProcess(policy, engines=args.engines, extra=server_args,
                             log_path=os.path.join(logs, f"{policy}-{repeat}.log"))
         gw.start()
         try:

@@ -70,6 +70,9 @@ class WorkloadConfig:
     api_key: str | None = None
     sla_ms: float = 3000.0
     send_sla: bool = False
+    # False: no request carries an SLA of its own (not sla_ms, nor a band's): the server's
+    # SLA applies to all; sla_ms and the bands' still judge goodput.
+    request_sla: bool = True
     base_path: str = ""
 
 
@@ -139,7 +142,7 @@ def build_workload(cfg: WorkloadConfig, mix: Mix) -> list[RequestSpec]:
             headers["x-velocity-priority"] = band.name
         if tenant is not None:
             headers["x-velocity-tenant"] = tenant.name
-        if cfg.send_sla or (band is not None and band.sla_ms is not None):
+        if cfg.request_sla and (cfg.send_sla or (band is not None and band.sla_ms is not None)):
             headers["x-velocity-sla-ms"] = str(int(sla))
         if session:
             headers["x-session-id"] = session
