@@ -522,7 +522,10 @@ cdef class AdmissionCore:
         if waiter is None:
             waiter = get_running_loop().create_future()
         # The queue orders by its own fields.
-        item = q.push(waiter, ticket.tenant, band, ticket.prompt_bytes, ticket.max_tokens, deadline, now, &rid)
+        # The queue's deadline, by which a waiting request is dropped as hopeless, allows
+        # the band's tolerance as the prediction at arrival did; the grant keeps the SLA.
+        item = q.push(waiter, ticket.tenant, band, ticket.prompt_bytes, ticket.max_tokens,
+                      now + budget * (1.0 + (self._sla_tol_high if band == 0 else self._sla_tol)), now, &rid)
         if item is None:
             what = "band" if rid in (REJECT_BAND_COUNT, REJECT_BAND_BYTES) else "admission"
             raise self._reject(503, "capacity", f"{what} queue is full ({self.band_names[band]})", 1)
