@@ -1,4 +1,4 @@
-"""Settings: msgspec Structs, YAML loading, precedence and validation (DESIGN section 9).
+"""Settings: msgspec Structs, YAML loading, precedence and validation (docs/configuration.md).
 
 Precedence: command-line flag > VELOCITY_* environment variable > config file > default.
 Every error names the key that is wrong, in one line.

@@ -1,4 +1,4 @@
-"""Cancellation and engine failure through the gateway (DESIGN sections 2, 3 and 5):
+"""Cancellation and engine failure through the gateway (docs/design.md, "The life of one request"):
 a client that leaves frees the engine, streaming or not, also before the first token;
 an engine killed mid-stream ends the stream the vLLM way, is ejected, and comes back."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The gateway's HTTP contract on real sockets (DESIGN section 3): the status table, the
+"""The gateway's HTTP contract on real sockets (docs/design.md, "Arrival"): the status table, the
 reason headers, what is forwarded to the engine, the identity headers, the native route,
 and the admin port."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The official `openai` client, pointed at the gateway with base_url, works unchanged:
-answers, streams, usage chunks, the models list and its exception types (DESIGN section 3)."""
+answers, streams, usage chunks, the models list and its exception types (docs/design.md, "Arrival")."""
 from __future__ import annotations
 
 import openai

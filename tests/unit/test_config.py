@@ -1,4 +1,4 @@
-"""Configuration (DESIGN section 9): precedence flag > VELOCITY_* env > file > default,
+"""Configuration (docs/configuration.md): precedence flag > VELOCITY_* env > file > default,
 one-line errors that name the key, and the commented example in deploy/."""
 from __future__ import annotations
 

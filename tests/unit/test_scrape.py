@@ -1,4 +1,4 @@
-"""Reading an engine's /metrics (DESIGN section 6): the three gauges by configurable
+"""Reading an engine's /metrics (docs/design.md, "Where each contract lives"): the three gauges by configurable
 names, data-parallel ranks, the cache config labels, and text that is not quite clean."""
 from __future__ import annotations
 

@@ -293,7 +293,7 @@ cdef class Responder:
         self.send(status, orjson.dumps(obj), headers=headers)
 
     def send_error(self, int status, str message, *, type=None, param=None, headers=()):
-        """The error shape of DESIGN section 3."""
+        """The error shape (docs/design.md, "Arrival")."""
         self.send(status, error_body(status, message, type, param), headers=headers)
 
     # -- streamed responses ----------------------------------------------

@@ -1,4 +1,4 @@
-"""Admission: whether and when each request runs (DESIGN section 4).
+"""Admission: whether and when each request runs (docs/design.md, "Admission").
 
 ``Admission`` (controller.py) holds per-pool band queues (the compiled registry),
 runs the dispatch cycle and hands out ``Lease``s; ``Ticket`` and ``Rejected`` are

@@ -9,7 +9,7 @@
   ``EngineSaturation`` (engine metrics with both lags closed). Interface:
   ``pool(loads, pending, now) -> float`` and ``endpoint(load, now) -> float``.
 
-A ``Policy`` composes them with the switches of DESIGN section 4: ``static``
+A ``Policy`` composes them with the switches of admission (docs/design.md): ``static``
 (fixed concurrency, FIFO, one band, no SLA rejection), ``dynamic`` (bands,
 saturation, SLA-aware 429, AIMD, OOM throttle) and ``smart`` (dynamic + EDF within a
 tenant + hopeless-request dropping).
@@ -157,7 +157,7 @@ def make_policy(name: str, settings: AdmissionSettings,
                            settings.stale_after_ms / 1000.0)
     return Policy(name, bands=list(settings.bands), fairness=_fairness(settings),
                   ordering=EarliestDeadline() if name == "smart" else Fifo(), saturation=sat,
-                  # DESIGN section 4 puts declining queued requests that can no longer meet
+                  # docs/design.md, "Admission" puts declining queued requests that can no longer meet
                   # their deadline under SLA-aware admission, which both policies do.
                   adaptive=True, sla_reject=True, drop_hopeless=True, oom_throttle=True,
                   aging_step_s=settings.aging_step_ms / 1000.0, weights=weights)

@@ -47,7 +47,7 @@ class AdmissionSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     # Across all bands and pools: 0 = no limit.
     global_capacity: int = 10000
     global_bytes: int = 0
-    # Saturation thresholds (DESIGN section 4) and when a scrape counts as stale.
+    # Saturation thresholds (docs/design.md, "Admission") and when a scrape counts as stale.
     queue_threshold: float = 5.0
     kv_threshold: float = 0.8
     # KV above this on a scrape is a breach for AIMD (x0.75).

@@ -1,4 +1,4 @@
-"""Admission visibility: the Prometheus metrics of DESIGN section 7 that admission
+"""Admission visibility: the Prometheus metrics (docs/operations.md, "Metrics") that admission
 owns, plus the counters and latency windows behind ``Admission.stats()``.
 
 Metrics registered here (all prefixed ``velocity_``): ``admitted_total``,

@@ -1,4 +1,4 @@
-"""The gateway: routes of DESIGN section 3 on the client and admin ports, and the proxy path
+"""The gateway: the routes of the client and admin ports (docs/design.md, "Arrival"), and the proxy path
 client -> api -> admission -> router -> upstream -> completion."""
 
 from __future__ import annotations
@@ -365,7 +365,7 @@ class Gateway(GatewayCore):
         path = req.path
         if path == "/health":
             return self._health(resp)
-        if self.identity.required:  # /metrics too (DESIGN: every path but /health); scrapers send the key
+        if self.identity.required:  # /metrics too (every path but /health); scrapers send the key
             ok, _ = self.identity.authenticate(req.headers)
             if not ok:
                 return resp.send_error(401, "Missing or invalid API key.", type="AuthenticationError")

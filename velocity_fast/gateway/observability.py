@@ -1,4 +1,4 @@
-"""The gateway's own metrics (DESIGN section 7) and its log format."""
+"""The gateway's own metrics (docs/design.md, "Where each contract lives") and its log format."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ def make_admission(settings: Settings, pools: dict[str, Pool], registry: Registr
 def routing_settings(settings: Settings) -> RoutingSettings:
     """The routing section, with what it shares with admission filled in from there.
 
-    Prefix affinity is on by default only with the `smart` policy (DESIGN section 4);
+    Prefix affinity is on by default only with the `smart` policy (docs/design.md, "Admission");
     `static` and `dynamic` route to the shortest queue unless configured otherwise.
     """
     data = dict(settings.routing)

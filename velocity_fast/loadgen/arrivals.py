@@ -1,6 +1,6 @@
 """Arrival times for the four load patterns (seconds from the start of a run).
 
-The shapes are fixed by DESIGN.md section 10 so that every run and every policy
+The shapes are fixed (docs/design.md, "Where each contract lives") so that every run and every policy
 sees comparable traffic:
 
 - ``flood``: every request at t=0.

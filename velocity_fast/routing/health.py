@@ -1,4 +1,4 @@
-"""Endpoint health: active checks and scrapes, passive ejection with backoff (DESIGN section 5)."""
+"""Endpoint health: active checks and scrapes, passive ejection with backoff (docs/design.md, "Dispatch and the answer")."""
 
 from __future__ import annotations
 

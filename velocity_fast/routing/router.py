@@ -1,4 +1,4 @@
-"""The router: where a request runs. Filter -> score -> pick (DESIGN section 5).
+"""The router: where a request runs. Filter -> score -> pick (docs/design.md, "Dispatch and the answer").
 
     router = Router(settings, registry=reg)
     info = router.route_info(model, body_obj, headers)   # profile, prefix hashes, session

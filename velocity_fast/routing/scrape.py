@@ -1,4 +1,4 @@
-"""Reading an engine's /metrics: only the lines the gateway needs (DESIGN section 6)."""
+"""Reading an engine's /metrics: only the lines the gateway needs (docs/design.md, "Where each contract lives")."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import random
 
-#: Bytes per token when counting a prompt (DESIGN section 8).
+#: Bytes per token when counting a prompt (docs/design.md, "Where each contract lives").
 BYTES_PER_TOKEN = 4
 
 #: 2**VOCAB_BITS pseudo-words; a power of two so a token id is one getrandbits call.
