@@ -320,6 +320,27 @@ async def test_generate_native_answer(engine):
         assert missed["sla_met"] is False
 
 
+async def test_generate_runs_the_proxy_path_and_a_body_that_is_no_completion_is_502():
+    """/generate goes through the same exchange as the OpenAI routes: the engine receives a
+    completions request on /v1/completions without the gateway's own fields, with the
+    request id; an engine 200 whose body is not a completion is a 502, counted as such."""
+    async with RecordingUpstream(reply=b'{"not": "a completion"}') as up:
+        async with running_gateway(("e1", up.url, "m")) as gw:
+            r = await http_request(gw.port, "POST", "/generate",
+                                   {"prompt": "hi", "max_tokens": 3, "priority": "high", "sla_ms": 5000},
+                                   headers={"x-request-id": "gen-502"})
+            assert r.status == 502 and r.json()["error"]["code"] == 502, r.body
+            assert r.headers["x-request-id"] == "gen-502" and r.headers["x-velocity-endpoint"] == "e1"
+            (method, path, headers, body) = up.requests[-1]
+            assert (method, path) == ("POST", "/v1/completions")
+            assert headers["x-request-id"] == "gen-502"
+            sent = json.loads(body)
+            assert sent == {"model": "m", "prompt": "hi", "max_tokens": 3, "stream": False}
+            metrics = (await http_request(gw.admin_port, "GET", "/metrics")).body.decode()
+            assert 'velocity_requests_total{route="/generate",status="502",band="high"} 1.0' in metrics
+            assert gw.admission.stats()["counters"]["failed"] == 1
+
+
 async def test_health_and_stats_shapes(engine):
     async with running_gateway(engine) as gw:
         h = (await http_request(gw.port, "GET", "/health")).json()

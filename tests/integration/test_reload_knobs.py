@@ -185,7 +185,9 @@ async def _endpoints_used(gw, n: int = 12) -> set[str]:
 
 async def test_models_profile_and_routing_act_after_sighup(tmp_path):
     cfg = tmp_path / "gw.yaml"
-    cfg.write_text("routing: {seed: 3}\nmodels: {m1: {profile: batch}}\n")
+    # static throughout: the routing keys alone decide (with dynamic, admission's own KV
+    # threshold would also keep a band off an engine it counts as saturated).
+    cfg.write_text("policy: static\nrouting: {seed: 3}\nmodels: {m1: {profile: batch}}\n")
     async with GaugeEngine() as a, GaugeEngine() as b:
         engines = [("a", a.url, "m1"), ("b", b.url, "m1")]
         s = gateway_settings(*engines, config_file=str(cfg), policy="static")
@@ -194,15 +196,15 @@ async def test_models_profile_and_routing_act_after_sighup(tmp_path):
                 # batch: shortest queue, ties at random: both idle engines serve.
                 assert await _endpoints_used(gw) == {"a", "b"}
                 # chat: the same prompt sticks to the engine that has its prefix.
-                await live.sighup("routing: {seed: 3}\nmodels: {m1: {profile: chat}}\n")
+                await live.sighup("policy: static\nrouting: {seed: 3}\nmodels: {m1: {profile: chat}}\n")
                 assert len(await _endpoints_used(gw)) == 1
                 # routing: a at 90 % KV is filtered as saturated at 0.8, not at 0.95.
-                await live.sighup("routing: {seed: 3, saturation_kv: 0.8}\nmodels: {m1: {profile: batch}}\n")
+                await live.sighup("policy: static\nrouting: {seed: 3, saturation_kv: 0.8}\nmodels: {m1: {profile: batch}}\n")
                 a.kv, b.waiting = 0.9, 2
                 await wait_until(lambda: gw.endpoints["a"].kv_usage == 0.9 and gw.endpoints["b"].waiting == 2,
                                  5.0, what="scraped")
                 assert await _endpoints_used(gw, 6) == {"b"}
-                await live.sighup("routing: {seed: 3, saturation_kv: 0.95}\nmodels: {m1: {profile: batch}}\n")
+                await live.sighup("policy: static\nrouting: {seed: 3, saturation_kv: 0.95}\nmodels: {m1: {profile: batch}}\n")
                 assert await _endpoints_used(gw, 6) == {"a"}
 
 
@@ -240,3 +242,42 @@ async def test_each_restart_key_is_named_in_the_warning(tmp_path, caplog, key):
             warned = [r.getMessage() for r in caplog.records if r.name == "velocity.reload"]
             assert warned == [f"config reload: {key} changed; it takes effect at the next start"]
             assert (await http_request(gw.port, "GET", "/health")).status == 200
+
+
+async def test_the_servers_sla_acts_on_new_requests_after_sighup(tmp_path):
+    """sla_ms is live: a request without its own SLA queued under the old one is served;
+    after the reload, the same request on a full pool is declined against the new one."""
+    from tests.support.sim import sim_engine
+    from velocity_fast.gateway.reload import Reloader
+
+    cfg = tmp_path / "gw.yaml"
+    cfg.write_text("sla_ms: 60000\nmax_concurrency: 1\n")
+    long_sla = {"x-velocity-sla-ms": "60000"}
+    with sim_engine(model="m1", time_scale=4) as eng:
+        s = gateway_settings(eng, config_file=str(cfg), policy="dynamic")
+        async with running_gateway(settings=s) as gw:
+            reloader = Reloader(gw, lambda: gateway_settings(eng, config_file=str(cfg), policy="dynamic"))
+            reloader.install()
+            try:
+                for _ in range(3):  # about 0.2 s a request, learned
+                    assert (await completion(gw.port, max_tokens=40)).status == 200
+                busy = asyncio.create_task(completion(gw.port, long_sla, max_tokens=200, timeout=30))
+                await wait_until(lambda: gw.admission.stats()["counters"]["in_flight"] == 1, 5.0, what="busy")
+                queued = asyncio.create_task(completion(gw.port, max_tokens=40, timeout=30))
+                await wait_until(lambda: gw.admission.stats()["queued"] == 1, 5.0, what="queued under 60 s")
+
+                cfg.write_text("sla_ms: 100\nmax_concurrency: 1\n")
+                os.kill(os.getpid(), signal.SIGHUP)
+                await wait_until(lambda: reloader.reloads == 1, 10.0, what="the reload")
+                assert gw.admission.settings.sla_ms == 100
+                assert (await busy).status == 200 and (await queued).status == 200
+                for _ in range(2):  # the new controller learns the engine's pace again
+                    assert (await completion(gw.port, long_sla, max_tokens=40)).status == 200
+                busy = asyncio.create_task(completion(gw.port, long_sla, max_tokens=200, timeout=30))
+                await wait_until(lambda: gw.admission.stats()["counters"]["in_flight"] == 1, 5.0, what="busy")
+                r = await completion(gw.port, max_tokens=40)
+                assert (r.status, r.headers["x-velocity-reject-reason"]) == (429, "sla")
+                assert (await completion(gw.port, long_sla, max_tokens=40, timeout=30)).status == 200
+                assert (await busy).status == 200
+            finally:
+                reloader.close()

@@ -48,7 +48,9 @@ cdef class Exchange(Waiter):
     cdef readonly Endpoint ep
     cdef readonly UpstreamConnection conn
     cdef list tried
-    cdef double queue_s
+    cdef readonly double queue_s
+    cdef str up_path              # the engine's path: the client's, or /v1/completions for /generate
+    cdef object reshape           # None, or a callable that reshapes a whole 2xx answer (/generate)
     cdef bint headed
     cdef object task
     cdef str ct

@@ -5,10 +5,11 @@ goes out on a pooled engine connection, and the engine's answer is sent on from 
 parser callbacks: a whole answer from the last one, a stream event by event as each
 piece arrives (reading from the engine pauses while the client's buffer is full).
 
-It follows Gateway._forward (gateway/app.py) step for step: retry once elsewhere on a
-connect failure, the same rejections and books. Every admitted request ends its lease
-exactly once, a client that leaves included ("cancelled", engine connection aborted).
-The Gateway supplies the shared parts: router, admission, monitor, metrics and _reject.
+Every proxied route takes it: the OpenAI routes as they are, /generate with its answer
+reshaped (``start_native``). A connect failure is retried once elsewhere. Every admitted
+request ends its lease exactly once, a client that leaves included ("cancelled", engine
+connection aborted). The Gateway supplies the shared parts: router, admission, monitor,
+metrics and _reject.
 """
 
 import logging
@@ -349,7 +350,21 @@ cdef Exchange _exchange(GatewayCore gw, Request req, Responder resp, str route, 
     x.state = _ADMITTING
     x.adm = gw.admission  # a reload may replace the gateway's: the queue is this one's
     x.tried = None  # the endpoints that failed it, once one has
+    x.up_path = req.path
+    x.reshape = None
     return x
+
+
+cpdef start_native(GatewayCore gw, Request req, Responder resp, pool, Ticket ticket, RouteInfo info, bytes body,
+                   str rid, reshape):
+    """/generate on the same path as the OpenAI routes: its body (already a completions
+    request) goes to the engine's /v1/completions, and ``reshape(exchange, body)`` turns
+    a whole 2xx JSON answer into the native one (None: the engine's body was not what a
+    completion looks like, a 502). Streams and errors go on as the engine sent them."""
+    cdef Exchange x = _exchange(gw, req, resp, "/generate", pool, ticket, info, body, rid)
+    x.up_path = "/v1/completions"
+    x.reshape = reshape
+    x.start()
 
 
 @cython.freelist(256)  # one per request: reused, not allocated and freed each time
@@ -431,7 +446,7 @@ cdef class Exchange(Waiter):
         cdef Endpoint ep
         gw, tried = self.gw, self.tried
         router = gw.router
-        # As in _forward: the lease's own band first, then any endpoint with room.
+        # The lease's own band first, then any endpoint with room (the pool had headroom).
         ep = (router._pick(self.pool, self.info, lease, tried)  # the lease's fits(), as C
               or router._pick(self.pool, self.info, gw.admission.has_room, tried))
         if ep is None:
@@ -446,7 +461,7 @@ cdef class Exchange(Waiter):
         # The bytes request_head would build (same headers, same order), in one step.
         key = ep.api_key
         auth = f"authorization: Bearer {key}\r\n".encode("latin-1") if key else b""
-        up.request(_engine_request(up.json_post_head(self.req.path), self.rid, auth, self.body), self)
+        up.request(_engine_request(up.json_post_head(self.up_path), self.rid, auth, self.body), self)
 
     # -- the engine connection's listener: called as C (upstream.pyx's Listener); the
     # Python names are for a connection made by the pool's Python (a fresh connect) --
@@ -571,6 +586,14 @@ cdef class Exchange(Waiter):
         error_text = None
         if not ok and status >= 400:
             error_text = body[:2000].decode("utf-8", "replace") if body else f"engine status {status}"
+        if self.reshape is not None and ok and starts(ct, "application/json"):
+            native = self.reshape(self, body)
+            if native is None:
+                settle(self.gw, self.route, self.ticket.band, ep, self.lease, 502, True, False,
+                       "engine answered with an unexpected body", 0)
+                return resp.send_error(502, "The engine answered with an unexpected body.",
+                                       headers=self.out_headers())
+            body = native
         settle(self.gw, self.route, self.ticket.band, ep, self.lease, status, False, ok, error_text, 0)
         resp._send(status, body, ct, self._out_lines())
 

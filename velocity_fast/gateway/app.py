@@ -9,17 +9,16 @@ import time
 
 import orjson
 
-from .._core.exchange import GatewayCore, band_for, handle_client, new_request_id, settle
+from .._core.exchange import GatewayCore, band_for, handle_client, new_request_id, start_native
 from ..config import EndpointConfig, Settings
 from ..metrics import Registry
 from ..routing.endpoint import Endpoint, Pool
 from ..routing.health import EndpointMonitor
 from ..server import HTTPServer, Request, Responder, ServerLimits
-from ..upstream import UpstreamError, UpstreamPool, request_head
-from ..upstream.relay import relay_response
+from ..upstream import UpstreamPool
 from .auth import Identity
 from .observability import GatewayMetrics
-from .policy import Rejected, Ticket, make_admission, make_router
+from .policy import Ticket, make_admission, make_router
 from ..routing.router import UnknownProfile
 from .requests import BadRequest, decode_generate
 
@@ -27,7 +26,6 @@ __all__ = ["Gateway"]
 
 log = logging.getLogger("velocity.gateway")
 
-_JSON = [("content-type", "application/json")]
 
 class Gateway(GatewayCore):
     """One gateway process: client server, admin server, endpoint monitors, admission, router.
@@ -216,89 +214,8 @@ class Gateway(GatewayCore):
             return v
         return body_value
 
-    async def _forward(self, req: Request, resp: Responder, route: str, pool: Pool, ticket: Ticket, info,
-                       body: bytes, upstream_path: str, rid: str, base_headers: list,
-                       native: bool = False) -> None:
-        band = ticket.band
-        t0 = req.received_at
-        task = asyncio.current_task(self._loop)  # with the loop given: no running-loop lookup
-        resp.add_disconnect_callback(task.cancel)  # a client that leaves cancels its request, at any stage
-        lease = None
-        try:
-            try:
-                lease = await self.admission.admit(ticket)
-            except Rejected as e:
-                return self._reject(resp, route, e.status, e.reason, e.message, band, base_headers, e.retry_after,
-                                    from_admission=True)
-            queue_s = time.monotonic() - t0
-            tried: list[Endpoint] = []
-            while True:
-                # The lease's own band first (a low request keeps off nearly full engines),
-                # then any endpoint with room (the pool as a whole had headroom).
-                ep = (self.router.pick(pool, info, lease.fits, tried)
-                      or self.router.pick(pool, info, self.admission.has_room, tried))
-                if ep is None:
-                    lease.release("failed")
-                    lease = None
-                    if tried:  # an engine failed us and none is left for the retry: that engine's fault
-                        return self._reject(resp, route, 502, "upstream",
-                                            "The engine failed before answering and no other engine could "
-                                            "take the request.", band, base_headers)
-                    return self._reject(resp, route, 503, "no-endpoint",
-                                        f"No healthy engine for model `{pool.model}`.", band, base_headers, 1.0)
-                lease.rebind(ep)
-                headers = [("content-type", "application/json"), ("x-request-id", rid)]
-                if ep.api_key:
-                    headers.append(("authorization", f"Bearer {ep.api_key}"))
-                data = request_head("POST", ep.upstream.base_path + upstream_path, ep.upstream.host_header,
-                                    headers, len(body)) + body
-                try:
-                    conn = await ep.upstream.open_request(data)
-                except UpstreamError as e:
-                    self.metrics.upstream_errors.labels(ep.name, "connect" if e.connect else "reset").inc()
-                    self.monitor.passive_failure(ep, connect=True)
-                    tried.append(ep)
-                    if not e.received and len(tried) < 2:
-                        continue  # nothing reached the client: retry once on another endpoint
-                    lease.release("failed", error_text=str(e))
-                    lease = None
-                    return self._reject(resp, route, 502, "upstream",
-                                        f"The engine failed before answering: {e}", band, base_headers)
-                break
-            self.router.on_dispatch(ep, info)
-            out_headers = base_headers + [("x-velocity-endpoint", ep.name),
-                                          ("x-velocity-queue-ms", f"{queue_s * 1000:.1f}"), ("x-velocity-band", band)]
-
-            first_byte = lease.first_byte
-
-            if native and conn.headers.get("content-type", "").startswith("application/json"):
-                out = await relay_response(ep.upstream, conn, resp, out_headers, on_first_byte=first_byte,
-                                           send_body=False)
-                self._send_native(resp, out, ticket, rid, queue_s, t0, out_headers)
-            else:
-                out = await relay_response(ep.upstream, conn, resp, out_headers, on_first_byte=first_byte)
-            settle(self, route, band, ep, lease, out.status, out.engine_failed, out.ok, out.error_text,
-                   out.events)
-            lease = None
-        except asyncio.CancelledError:
-            if lease is not None:
-                lease.release("cancelled")
-                lease = None
-            raise
-        except UpstreamError as e:  # the engine broke a non-streamed answer
-            if lease is not None:
-                lease.release("failed", error_text=str(e))
-                lease = None
-            if not resp.started:
-                self._reject(resp, route, 502, "upstream", f"The engine failed while answering: {e}", band,
-                             base_headers)
-        finally:
-            if lease is not None:
-                lease.release("failed")
-            resp.remove_disconnect_callback(task.cancel)
-
     # -- native /generate ----------------------------------------------------------------------------------
-    async def _generate(self, req: Request, resp: Responder) -> None:
+    def _generate(self, req: Request, resp: Responder) -> None:
         h = req.headers
         rid = h.get("x-request-id") or new_request_id()
         base_headers = [("x-request-id", rid)]
@@ -334,31 +251,28 @@ class Gateway(GatewayCore):
         body = orjson.dumps(payload)
         ticket = Ticket(band=band, tenant=tenant_name, sla_ms=sla_ms, max_tokens=r.max_tokens,
                         prompt_bytes=len(body), model=model)
-        await self._forward(req, resp, "/generate", pool, ticket, info, body, "/v1/completions", rid,
-                            base_headers, native=True)
+        # The same exchange as the OpenAI routes; the engine's completion is reshaped.
+        start_native(self, req, resp, pool, ticket, info, body, rid, self._native_answer)
 
-    def _send_native(self, resp: Responder, out, ticket: Ticket, rid: str, queue_s: float, t0: float,
-                     headers: list) -> None:
-        if out.status != 200:
-            return resp.send(out.status, out.body, headers=headers)
+    def _native_answer(self, x, body: bytes) -> bytes | None:
+        """The native answer of /generate from the engine's whole completion (None: the
+        body is not what a completion looks like)."""
         try:
-            obj = orjson.loads(out.body)
+            obj = orjson.loads(body)
             text = obj["choices"][0].get("text", "")
             tokens = int((obj.get("usage") or {}).get("completion_tokens") or 0)
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
-            out.ok = False
-            out.error_text = "engine answered with an unexpected body"
-            return resp.send_error(502, "The engine answered with an unexpected body.", headers=headers)
-        latency = time.monotonic() - t0
-        execution = max(latency - queue_s, 1e-9)
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError, ValueError):
+            return None
+        ticket = x.ticket
+        latency = time.monotonic() - x.req.received_at
+        execution = max(latency - x.queue_s, 1e-9)
         # The SLA judged is the one admission applied: the request's own, else the server's.
         sla_ms = ticket.sla_ms if ticket.sla_ms is not None else self.admission.settings.sla_ms
-        resp.send_json(200, {"request_id": rid, "response": text, "latency_seconds": round(latency, 6),
-                             "queue_time_seconds": round(queue_s, 6),
+        return orjson.dumps({"request_id": x.rid, "response": text, "latency_seconds": round(latency, 6),
+                             "queue_time_seconds": round(x.queue_s, 6),
                              "execution_time_seconds": round(execution, 6), "tokens_generated": tokens,
                              "tokens_per_second": round(tokens / execution, 3),
-                             "sla_met": latency * 1000.0 <= sla_ms, "priority": ticket.band},
-                       headers=headers)
+                             "sla_met": latency * 1000.0 <= sla_ms, "priority": ticket.band})
 
     # -- admin port ----------------------------------------------------------------------------------------
     async def handle_admin(self, req: Request, resp: Responder) -> None:
