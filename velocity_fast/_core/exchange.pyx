@@ -39,6 +39,7 @@ import msgspec
 
 from velocity_fast.admission.ticket import Rejected
 from velocity_fast.gateway.request_types import BadRequest
+from velocity_fast._core.requests import too_deep
 from velocity_fast.routing.router import UnknownProfile
 from velocity_fast.upstream.relay import stream_error_event
 
@@ -157,6 +158,41 @@ cdef class GatewayCore:
     C fields instead of instance-dict look-ups. A reload assigns new ones (admission,
     router, identity, band names); a request holds what it read when it arrived."""
 
+    def _internal_error(self, Request req, Responder resp, what=None):
+        """The client server's on_error: the handler raised (called in its except clause)
+        or, with ``what``, returned without an answer."""
+        h = req.header_dict()
+        internal_error(self, req, resp, h.get("x-request-id") or new_request_id(), _error_route(req.path), "-",
+                       what)
+
+
+# The routes an internal error is counted under (any other path: "other", so that a
+# client cannot make label values of its own).
+cdef frozenset _ERROR_ROUTES = frozenset(("/v1/chat/completions", "/v1/completions", "/generate", "/v1/models",
+                                          "/stats", "/health"))
+
+
+cdef str _error_route(str path):
+    return path if path in _ERROR_ROUTES else "other"
+
+
+cdef internal_error(GatewayCore gw, Request req, Responder resp, str rid, str route, str band, what):
+    """Whatever failed inside the gateway, on the way out: logged once with its traceback,
+    counted (velocity_requests_total{status="500"} and velocity_internal_errors_total), and
+    a 500 in the error shape that carries the request id; a started answer is cut short."""
+    log.error("internal error on %s %s (request %s)%s", req.method, req.path, rid, f": {what}" if what else "",
+              exc_info=what is None, extra={"request_id": rid, "status": 500})
+    answered = resp.finished  # (an answer already sent is counted as what it was)
+    try:
+        gw.metrics.internal_errors.labels(route).inc()
+        if not answered:
+            count_request(gw, route, 500, band)
+    finally:  # the client is answered even if the books fail
+        if not resp.started:
+            resp.send_error(500, f"Internal server error (request {rid}).", headers=_rid_headers(rid))
+        elif not answered:
+            resp.abort()  # a stream that cannot be finished: the client sees it cut short
+
 
 def _run_grants(GatewayCore gw):
     """The exchanges granted a lease since the last run, in the order of their grants."""
@@ -270,6 +306,10 @@ cpdef proxy(GatewayCore gw, Request req, Responder resp, str route, bint chat):
     except (BadRequest, UnknownProfile) as e:
         count_request(gw, route, 400, band)
         return resp.send_error(400, str(e), param=e.param, headers=_rid_headers(rid))
+    except RecursionError:  # prefix routing decoding messages nested past its depth
+        e = too_deep()
+        count_request(gw, route, 400, band)
+        return resp.send_error(400, str(e), headers=_rid_headers(rid))
     pool = gw.pools.get(model) if model else None
     if pool is None:
         count_request(gw, route, 404, band)
@@ -369,7 +409,10 @@ cdef class Exchange(Waiter):
             if self.state == _ADMITTING:  # not granted within admit_nowait's own dispatch
                 self.state = _QUEUED
             return
-        self._admitted(got)
+        try:  # as _granted: a failure ends the lease it holds
+            self._admitted(got)
+        except Exception:
+            self._crashed()
 
     # -- admission's waiter: called from its dispatch cycle, so the work is scheduled --
     cdef bint waiting(self) except -1:
@@ -670,13 +713,14 @@ cdef class Exchange(Waiter):
                             retry_after)
 
     cdef _crashed(self):
-        log.exception("proxy step failed for %s", self.req.path)
-        if self.conn is not None:
-            self.conn.abort()
-            self.conn = None
-        self._fail_lease("gateway error")
-        self._end()
-        if not self.resp.started:
-            self.resp.send_error(500, "Internal server error.")
-        else:
-            self.resp.abort()  # a stream that cannot be finished: the client sees it cut short
+        """A step of this exchange raised (called in the except clause): the engine
+        request and the lease end, then internal_error answers, logs and counts."""
+        try:
+            if self.conn is not None:
+                self.conn.abort()
+                self.conn = None
+            self._fail_lease("gateway error")
+            self._end()
+        finally:
+            internal_error(self.gw, self.req, self.resp, self.rid, self.route,
+                           self.ticket.band if self.ticket is not None else "-", None)

@@ -18,6 +18,7 @@ import msgspec
 
 from velocity_fast.gateway.request_types import (
     GATEWAY_FIELDS,
+    MAX_TOKENS_LIMIT,
     BadRequest,
     ProxyRequest,
     _generate_decoder,
@@ -73,6 +74,8 @@ def _explain(e):
     elif "missing required field `" in text:  # at the top level msgspec names the field, not a path
         param = text.split("missing required field `", 1)[1].split("`", 1)[0] or None
     if isinstance(e, msgspec.ValidationError):
+        if param in ("max_tokens", "max_completion_tokens") and text.startswith("Expected `int` <="):
+            return BadRequest(f"`{param}` must be at most {MAX_TOKENS_LIMIT}.", param)
         return BadRequest(f"Invalid request: {text}", param)
     return BadRequest(f"The request body is not valid JSON: {text}")
 
@@ -81,15 +84,28 @@ cdef object _proxy_decode = _proxy_decoder.decode  # bound once: no method look-
 cdef object _generate_decode = _generate_decoder.decode
 
 
+cdef str _TOO_DEEP = ("The request body is nested too deeply: JSON arrays and objects nested past the "
+                      "decoder's limit (about 1,000 levels) are refused.")
+
+
+def too_deep():
+    """The 400 for a body nested past the JSON decoder's recursion limit (msgspec raises
+    RecursionError there, as Python's own decoders do)."""
+    return BadRequest(_TOO_DEEP)
+
+
 cdef _decode(decode, body):
     """``body`` decoded by ``decode`` (a decoder's bound method); BadRequest when it is
-    empty or does not decode."""
+    empty, does not decode, or is nested past the decoder's depth (the except clauses
+    cost nothing until one is taken)."""
     if not body:
         raise BadRequest("The request body is empty; a JSON object is expected.")
     try:
         return decode(body)
     except msgspec.DecodeError as e:
         raise _explain(e) from None
+    except RecursionError:
+        raise too_deep() from None
 
 
 cdef bint _nonempty_array(raw) except -1:
@@ -168,7 +184,10 @@ cpdef bytes strip_own_fields(bytes body, r):
         return body
     # Values stay raw bytes: a full decode/encode would turn a 20-digit seed into a float
     # and reformat numbers the engine may read differently.
-    obj = _raw_object_decoder.decode(body)
+    try:
+        obj = _raw_object_decoder.decode(body)
+    except RecursionError:  # (the body decoded once already, from a frame or two less deep)
+        raise too_deep() from None
     removed = False
     for f in GATEWAY_FIELDS:
         if obj.pop(f, None) is not None:

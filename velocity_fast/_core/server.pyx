@@ -449,6 +449,7 @@ cdef class HttpProtocol(OutboxOwner):
         self._header_timeout = limits.header_timeout
         self._body_timeout = limits.body_timeout
         self._keepalive_timeout = limits.keepalive_timeout
+        self._on_error = getattr(server, "on_error", None)
         self._linger_timeout = limits.linger_timeout
         self._max_pipelined = limits.max_pipelined
         self._write_buffer_high = limits.write_buffer_high
@@ -790,10 +791,20 @@ cdef class HttpProtocol(OutboxOwner):
         resp._task = task
         self._server._tasks.add(task)
 
-    cdef _handler_failed(self, Request req, Responder resp):
-        log.exception("handler failed for %s %s", req.method, req.path)
+    cdef _handler_failed(self, Request req, Responder resp, str what=None):
+        """The handler raised (called in the except clause) or, with ``what``, returned
+        without answering: the server's on_error answers, else a bare 500."""
+        if self._on_error is not None:
+            try:
+                self._on_error(req, resp, what)
+                return
+            except Exception:
+                log.exception("the server's on_error failed for %s %s", req.method, req.path)
+        else:
+            log.error("handler failed for %s %s%s", req.method, req.path, f": {what}" if what else "",
+                      exc_info=what is None)
         if not resp.started:
-            resp.send_error(500, "Internal server error.")
+            resp.send_error(500, what or "Internal server error.")
         elif not resp.finished:
             self._close()
 
@@ -811,7 +822,7 @@ cdef class HttpProtocol(OutboxOwner):
             self._handler_failed(req, resp)
         else:
             if not resp.started:
-                resp.send_error(500, "The handler returned no response.")
+                self._handler_failed(req, resp, "The handler returned no response.")
             elif not resp.finished:
                 resp.end()
         finally:
