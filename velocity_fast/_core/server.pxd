@@ -59,6 +59,7 @@ cdef class HttpProtocol(OutboxOwner):
     cdef double _header_timeout
     cdef double _body_timeout
     cdef double _keepalive_timeout
+    cdef double _first_byte_timeout
     cdef object _on_error
     cdef double _linger_timeout
     cdef Py_ssize_t _max_pipelined

@@ -449,6 +449,7 @@ cdef class HttpProtocol(OutboxOwner):
         self._header_timeout = limits.header_timeout
         self._body_timeout = limits.body_timeout
         self._keepalive_timeout = limits.keepalive_timeout
+        self._first_byte_timeout = getattr(limits, "first_byte_timeout", limits.header_timeout)
         self._on_error = getattr(server, "on_error", None)
         self._linger_timeout = limits.linger_timeout
         self._max_pipelined = limits.max_pipelined
@@ -492,7 +493,9 @@ cdef class HttpProtocol(OutboxOwner):
         transport.set_write_buffer_limits(high=self._write_buffer_high)
         peer = transport.get_extra_info("peername")
         self._client = tuple(peer[:2]) if peer else None
-        self._arm(self._keepalive_timeout, _T_IDLE)
+        # A new connection waits for its first byte as long as a head may take (nginx's
+        # client_header_timeout), not the keep-alive time: then it is closed without an answer.
+        self._arm(self._first_byte_timeout, _T_IDLE)
 
     def connection_lost(self, exc):
         self._closed = True
