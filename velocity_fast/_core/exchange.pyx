@@ -521,6 +521,8 @@ cdef class Exchange(Waiter):
     cdef on_head(self, UpstreamConnection conn):
         self.headed = True
         (<RouterCore?>self.gw.router)._on_dispatch(self.ep, self.info)
+        if conn.status < 200 or conn.status > 599:
+            return  # not an answer to relay: _answer makes it a 502 once the engine is done
         ct = _content_type(conn)
         if starts(ct, "text/event-stream") or (
                 not conn.has_length and conn.te_chunked and not starts(ct, "application/json")):
@@ -603,6 +605,8 @@ cdef class Exchange(Waiter):
         cdef Endpoint ep = self.ep
         resp = self.resp
         status = conn.status
+        if status < 200 or status > 599:
+            return self._invalid_status(conn, status)
         ct = _content_type(conn)
         body = conn.take()
         (<PoolCore?>ep.upstream).release(conn)
@@ -614,6 +618,17 @@ cdef class Exchange(Waiter):
             error_text = body[:2000].decode("utf-8", "replace") if body else f"engine status {status}"
         settle(self.gw, self.route, self.ticket.band, ep, self.lease, status, False, ok, error_text, 0)
         resp._send(status, body, ct, self._out_lines())
+
+    cdef _invalid_status(self, UpstreamConnection conn, int status):
+        """An engine status that is no final HTTP answer (1xx, or past 599): a 502, the
+        engine's failure; its connection is not reused."""
+        cdef Endpoint ep = self.ep
+        conn.abort()
+        self.conn = None
+        self.gw.monitor.passive_failure(ep, connect=False)
+        ep.errors += 1
+        self._fail_lease(f"engine status {status}")
+        self._refuse(502, "upstream", f"The engine answered with an invalid HTTP status ({status}).")
 
     cdef on_error(self, UpstreamConnection conn, err):
         if self.abandoned or self.state == _DONE:

@@ -8,6 +8,7 @@ from typing import Callable, Iterable
 import orjson
 
 from .connection import UpstreamConnection
+from .errors import UpstreamError
 from .pool import UpstreamPool
 
 __all__ = ["relay_response", "RelayOutcome", "stream_error_event"]
@@ -53,6 +54,8 @@ async def relay_response(pool: UpstreamPool, conn: UpstreamConnection, resp, hea
         "content-length" not in conn.headers and conn.headers.get("transfer-encoding", "").lower() == "chunked"
         and not ct.startswith("application/json"))
     try:
+        if status < 200 or status > 599:  # no final HTTP answer (1xx, or past 599): the engine failed
+            raise UpstreamError(f"the engine answered with an invalid HTTP status ({status})", received=True)
         if streamed:
             resp.start(status, content_type=ct, headers=headers)
             first = True
