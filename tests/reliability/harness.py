@@ -69,7 +69,8 @@ class Stack:
 
 @contextmanager
 def gateway_stack(*sim_flags: str, engines: int = 1, time_scale: float = 50.0,
-                  extra_endpoints: list[tuple[str, str, str]] = (), extra_config: str = "") -> Iterator[Stack]:
+                  extra_endpoints: list[tuple[str, str, str]] = (), extra_config: str = "",
+                  log_level: str = "warning") -> Iterator[Stack]:
     """Sim engine(s) and ``velocityllm serve`` in front of them, stopped on exit."""
     sims: list[SimEngine] = []
     gp = None
@@ -81,7 +82,7 @@ def gateway_stack(*sim_flags: str, engines: int = 1, time_scale: float = 50.0,
         eps = [(f"e{i}", e.url, MODEL) for i, e in enumerate(sims, 1)] + list(extra_endpoints)
         with open(path, "w") as f:
             f.write(config_yaml(eps, extra=extra_config))
-        gp = GatewayProcess("serve", "--config", path, "--log-level", "warning")
+        gp = GatewayProcess("serve", "--config", path, "--log-level", log_level)
         gp.start(timeout=30.0)
         stack = Stack(gp, sims, path)
         wait_ready(stack)
