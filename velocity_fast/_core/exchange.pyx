@@ -604,9 +604,9 @@ cdef class Exchange(Waiter):
     cdef _answer(self, UpstreamConnection conn):
         cdef Endpoint ep = self.ep
         resp = self.resp
+        if conn.status < 200 or conn.status > 599:  # (the C int: no Python comparison)
+            return self._invalid_status(conn, conn.status)
         status = conn.status
-        if status < 200 or status > 599:
-            return self._invalid_status(conn, status)
         ct = _content_type(conn)
         body = conn.take()
         (<PoolCore?>ep.upstream).release(conn)

@@ -8,6 +8,7 @@ gateway/requests.py re-exports all of it.
 """
 
 cimport cython
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.object cimport PyObject
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 
@@ -27,6 +28,21 @@ from velocity_fast.gateway.request_types import (
 )
 
 cdef object _UNSET = msgspec.UNSET  # a field the body did not name
+cdef long long _MAX_TOKENS = MAX_TOKENS_LIMIT
+
+
+cdef inline bint _tokens_ok(object v) except -1:
+    """A decoded token count (an int: msgspec refuses bools and floats) within
+    1..MAX_TOKENS_LIMIT, read as a C number: no Python comparison."""
+    cdef int overflow = 0
+    cdef long long n = PyLong_AsLongLongAndOverflow(v, &overflow)
+    return overflow == 0 and 1 <= n <= _MAX_TOKENS
+
+
+def _tokens_error(str name, v):
+    if v < 1:
+        return BadRequest(f"`{name}` must be at least 1, got {v}.", name)
+    return BadRequest(f"`{name}` must be at most {MAX_TOKENS_LIMIT}.", name)
 
 # ProxyRequest's fields by offset (slots.pxd), in the order of requests.pxd's P_* names.
 cdef Py_ssize_t _OFFSETS[P_FIELDS]
@@ -146,12 +162,11 @@ cdef object decode_fields(bytes body, bint chat, PyObject** f):
         if prompt is None or prompt == "" or prompt == []:
             raise BadRequest("`prompt` is required.", "prompt")
     max_tokens = <object>f[P_MAX_TOKENS]
-    if max_tokens is not None and max_tokens < 1:
-        raise BadRequest(f"`max_tokens` must be at least 1, got {max_tokens}.", "max_tokens")
+    if max_tokens is not None and not _tokens_ok(max_tokens):
+        raise _tokens_error("max_tokens", max_tokens)
     max_completion_tokens = <object>f[P_MAX_COMPLETION_TOKENS]
-    if max_completion_tokens is not None and max_completion_tokens < 1:
-        raise BadRequest(f"`max_completion_tokens` must be at least 1, got {max_completion_tokens}.",
-                         "max_completion_tokens")
+    if max_completion_tokens is not None and not _tokens_ok(max_completion_tokens):
+        raise _tokens_error("max_completion_tokens", max_completion_tokens)
     sla_ms = <object>f[P_SLA_MS]
     if sla_ms is not None and sla_ms is not _UNSET and sla_ms <= 0:
         raise BadRequest(f"`sla_ms` must be positive, got {sla_ms}.", "sla_ms")

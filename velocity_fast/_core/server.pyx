@@ -449,8 +449,8 @@ cdef class HttpProtocol(OutboxOwner):
         self._header_timeout = limits.header_timeout
         self._body_timeout = limits.body_timeout
         self._keepalive_timeout = limits.keepalive_timeout
-        self._first_byte_timeout = getattr(limits, "first_byte_timeout", limits.header_timeout)
-        self._on_error = getattr(server, "on_error", None)
+        self._first_byte_timeout = limits.first_byte_timeout
+        self._on_error = server.on_error
         self._linger_timeout = limits.linger_timeout
         self._max_pipelined = limits.max_pipelined
         self._write_buffer_high = limits.write_buffer_high

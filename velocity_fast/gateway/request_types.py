@@ -19,7 +19,8 @@ GATEWAY_FIELDS = ("priority", "sla_ms")
 # The largest max_tokens / max_completion_tokens the gateway accepts (a 32-bit count, far
 # past any engine's context): above it a 400 names the field. Admission keeps the number
 # in a C long and /generate forwards it through orjson, which would both overflow at 2**63.
-# The bound is checked by the decoder itself (msgspec's Meta), in C: no step of its own.
+# ProxyRequest's are checked in C after decoding (_core/requests.pyx: a constrained type
+# costs msgspec about 130 instructions a request); /generate's by the decoder (Meta).
 MAX_TOKENS_LIMIT = 2**31 - 1
 _Tokens = Annotated[int, msgspec.Meta(le=MAX_TOKENS_LIMIT)]
 
@@ -48,8 +49,8 @@ class ProxyRequest(msgspec.Struct, gc=False):
     prompt: Union[str, list[Any], None] = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    max_tokens: _Tokens | None = None
-    max_completion_tokens: _Tokens | None = None
+    max_tokens: int | None = None  # 1..MAX_TOKENS_LIMIT, checked by decode_proxy
+    max_completion_tokens: int | None = None
     # UNSET when the body does not name them (None when it says null): the body then
     # goes to the engine as it came, without looking for them in it.
     priority: Union[str, int, None, msgspec.UnsetType] = msgspec.UNSET
