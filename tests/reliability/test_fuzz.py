@@ -64,7 +64,8 @@ async def test_json_bodies_for_every_route(stack):
         await h.run_cases(stack.port, cases[i:i + BATCH], tally, concurrency=32)
         await check_batch(stack, tally)
     assert tally.statuses[200] > 100 and tally.statuses[400] > 300, tally.statuses
-    assert set(tally.statuses) <= {200, 400, 404, 413, 429}, tally.statuses
+    # (429 and 503: admission and routing refusing under load on a slow machine)
+    assert set(tally.statuses) <= {200, 400, 404, 413, 429, 503}, tally.statuses
 
 
 # -- Hypothesis: structured bodies, a blocking client, a fixed seed ----------------------------
