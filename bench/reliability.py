@@ -301,6 +301,10 @@ async def soak(stack: h.Stack, seconds: float, rate: float) -> None:
     figure("soak_rss_growth_pct", round(100.0 * (rss_end - at_mark["rss"]) / at_mark["rss"], 2))
     figure("soak_fd_growth", fds_end - at_mark["fds"])
     figure("soak_internal_errors", h.total(m, "velocity_internal_errors_total"))
+    adm = h.total(m, "velocity_admitted_total")
+    ended = sum(h.total(m, f"velocity_{k}_total") for k in ("completed", "failed", "cancelled"))
+    figure("soak_counters_reconcile", int(h.total(m, "velocity_requests_total") == len(results) and adm == ended),
+           "velocity_requests_total == requests sent, admitted == completed+failed+cancelled")
 
 
 async def reloads(stack: h.Stack, seconds: float) -> None:
