@@ -61,6 +61,10 @@ class ServerSettings(_S):
     keepalive_timeout_s: float = 75.0
     shutdown_grace_s: float = 10.0
     upstream_connect_timeout_s: float = 3.0
+    # A new connection that sends no byte within this is closed without an answer (nginx's
+    # client_header_timeout); None: header_timeout_s. Kept-alive connections wait
+    # keepalive_timeout_s between requests.
+    first_byte_timeout_s: float | None = None
 
 
 DEFAULT_BANDS = AdmissionSettings().bands

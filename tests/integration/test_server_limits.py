@@ -11,8 +11,10 @@ from tests.support.server_wire import (assert_error_shape, build, connect, echo,
                                        still_serving)
 
 # Small limits so that each test runs in a fraction of a second.
+# An idle connection opened first stands by through each test: its first byte may wait
+# (tests/reliability/test_first_byte.py holds that timeout).
 LIMITS = dict(max_body_bytes=1000, max_header_bytes=2048, header_timeout=0.2, body_timeout=0.2,
-              keepalive_timeout=5.0)
+              keepalive_timeout=5.0, first_byte_timeout=5.0)
 
 
 async def test_body_over_the_limit_by_content_length_is_413():
@@ -130,7 +132,7 @@ async def test_idle_keep_alive_connection_is_closed_after_the_timeout():
 
 
 async def test_a_connection_that_never_sends_is_closed_after_the_idle_timeout():
-    limits = dict(LIMITS, keepalive_timeout=0.2)
+    limits = dict(LIMITS, keepalive_timeout=0.2, first_byte_timeout=0.2)
     async with serving(echo, **limits) as srv, connect(srv) as c:
         assert await c.closed()
         await still_serving(srv)

@@ -76,6 +76,7 @@ cdef class Exchange(Waiter):
     cdef _stream_done(self, UpstreamConnection conn)
     cdef _stream_failed(self, e)
     cdef _answer(self, UpstreamConnection conn)
+    cdef _invalid_status(self, UpstreamConnection conn, int status)
     cdef _engine_failed(self, e)
     cdef bytes _out_lines(self)
     cdef _end(self)

@@ -40,6 +40,7 @@ import msgspec
 
 from velocity_fast.admission.ticket import Rejected
 from velocity_fast.gateway.request_types import BadRequest
+from velocity_fast._core.requests import too_deep
 from velocity_fast.routing.router import UnknownProfile
 from velocity_fast.upstream.relay import stream_error_event
 
@@ -158,6 +159,41 @@ cdef class GatewayCore:
     C fields instead of instance-dict look-ups. A reload assigns new ones (admission,
     router, identity, band names); a request holds what it read when it arrived."""
 
+    def _internal_error(self, Request req, Responder resp, what=None):
+        """The client server's on_error: the handler raised (called in its except clause)
+        or, with ``what``, returned without an answer."""
+        h = req.header_dict()
+        internal_error(self, req, resp, h.get("x-request-id") or new_request_id(), _error_route(req.path), "-",
+                       what)
+
+
+# The routes an internal error is counted under (any other path: "other", so that a
+# client cannot make label values of its own).
+cdef frozenset _ERROR_ROUTES = frozenset(("/v1/chat/completions", "/v1/completions", "/generate", "/v1/models",
+                                          "/stats", "/health"))
+
+
+cdef str _error_route(str path):
+    return path if path in _ERROR_ROUTES else "other"
+
+
+cdef internal_error(GatewayCore gw, Request req, Responder resp, str rid, str route, str band, what):
+    """Whatever failed inside the gateway, on the way out: logged once with its traceback,
+    counted (velocity_requests_total{status="500"} and velocity_internal_errors_total), and
+    a 500 in the error shape that carries the request id; a started answer is cut short."""
+    log.error("internal error on %s %s (request %s)%s", req.method, req.path, rid, f": {what}" if what else "",
+              exc_info=what is None, extra={"request_id": rid, "status": 500})
+    answered = resp.finished  # (an answer already sent is counted as what it was)
+    try:
+        gw.metrics.internal_errors.labels(route).inc()
+        if not answered:
+            count_request(gw, route, 500, band)
+    finally:  # the client is answered even if the books fail
+        if not resp.started:
+            resp.send_error(500, f"Internal server error (request {rid}).", headers=_rid_headers(rid))
+        elif not answered:
+            resp.abort()  # a stream that cannot be finished: the client sees it cut short
+
 
 def _run_grants(GatewayCore gw):
     """The exchanges granted a lease since the last run, in the order of their grants."""
@@ -273,6 +309,10 @@ cpdef proxy(GatewayCore gw, Request req, Responder resp, str route, bint chat):
     except (BadRequest, UnknownProfile) as e:
         count_request(gw, route, 400, band)
         return resp.send_error(400, str(e), param=e.param, headers=_rid_headers(rid))
+    except RecursionError:  # prefix routing decoding messages nested past its depth
+        e = too_deep()
+        count_request(gw, route, 400, band)
+        return resp.send_error(400, str(e), headers=_rid_headers(rid))
     pool = gw.pools.get(model) if model else None
     if pool is None:
         count_request(gw, route, 404, band)
@@ -386,7 +426,10 @@ cdef class Exchange(Waiter):
             if self.state == _ADMITTING:  # not granted within admit_nowait's own dispatch
                 self.state = _QUEUED
             return
-        self._admitted(got)
+        try:  # as _granted: a failure ends the lease it holds
+            self._admitted(got)
+        except Exception:
+            self._crashed()
 
     # -- admission's waiter: called from its dispatch cycle, so the work is scheduled --
     cdef bint waiting(self) except -1:
@@ -495,6 +538,8 @@ cdef class Exchange(Waiter):
     cdef on_head(self, UpstreamConnection conn):
         self.headed = True
         (<RouterCore?>self.gw.router)._on_dispatch(self.ep, self.info)
+        if conn.status < 200 or conn.status > 599:
+            return  # not an answer to relay: _answer makes it a 502 once the engine is done
         ct = _content_type(conn)
         if starts(ct, "text/event-stream") or (
                 not conn.has_length and conn.te_chunked and not starts(ct, "application/json")):
@@ -576,6 +621,8 @@ cdef class Exchange(Waiter):
     cdef _answer(self, UpstreamConnection conn):
         cdef Endpoint ep = self.ep
         resp = self.resp
+        if conn.status < 200 or conn.status > 599:  # (the C int: no Python comparison)
+            return self._invalid_status(conn, conn.status)
         status = conn.status
         ct = _content_type(conn)
         body = conn.take()
@@ -596,6 +643,17 @@ cdef class Exchange(Waiter):
             body = native
         settle(self.gw, self.route, self.ticket.band, ep, self.lease, status, False, ok, error_text, 0)
         resp._send(status, body, ct, self._out_lines())
+
+    cdef _invalid_status(self, UpstreamConnection conn, int status):
+        """An engine status that is no final HTTP answer (1xx, or past 599): a 502, the
+        engine's failure; its connection is not reused."""
+        cdef Endpoint ep = self.ep
+        conn.abort()
+        self.conn = None
+        self.gw.monitor.passive_failure(ep, connect=False)
+        ep.errors += 1
+        self._fail_lease(f"engine status {status}")
+        self._refuse(502, "upstream", f"The engine answered with an invalid HTTP status ({status}).")
 
     cdef on_error(self, UpstreamConnection conn, err):
         if self.abandoned or self.state == _DONE:
@@ -695,13 +753,14 @@ cdef class Exchange(Waiter):
                             retry_after)
 
     cdef _crashed(self):
-        log.exception("proxy step failed for %s", self.req.path)
-        if self.conn is not None:
-            self.conn.abort()
-            self.conn = None
-        self._fail_lease("gateway error")
-        self._end()
-        if not self.resp.started:
-            self.resp.send_error(500, "Internal server error.")
-        else:
-            self.resp.abort()  # a stream that cannot be finished: the client sees it cut short
+        """A step of this exchange raised (called in the except clause): the engine
+        request and the lease end, then internal_error answers, logs and counts."""
+        try:
+            if self.conn is not None:
+                self.conn.abort()
+                self.conn = None
+            self._fail_lease("gateway error")
+            self._end()
+        finally:
+            internal_error(self.gw, self.req, self.resp, self.rid, self.route,
+                           self.ticket.band if self.ticket is not None else "-", None)

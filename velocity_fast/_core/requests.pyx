@@ -8,6 +8,7 @@ gateway/requests.py re-exports all of it.
 """
 
 cimport cython
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.object cimport PyObject
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 
@@ -18,6 +19,7 @@ import msgspec
 
 from velocity_fast.gateway.request_types import (
     GATEWAY_FIELDS,
+    MAX_TOKENS_LIMIT,
     BadRequest,
     ProxyRequest,
     _generate_decoder,
@@ -26,6 +28,21 @@ from velocity_fast.gateway.request_types import (
 )
 
 cdef object _UNSET = msgspec.UNSET  # a field the body did not name
+cdef long long _MAX_TOKENS = MAX_TOKENS_LIMIT
+
+
+cdef inline bint _tokens_ok(object v) except -1:
+    """A decoded token count (an int: msgspec refuses bools and floats) within
+    1..MAX_TOKENS_LIMIT, read as a C number: no Python comparison."""
+    cdef int overflow = 0
+    cdef long long n = PyLong_AsLongLongAndOverflow(v, &overflow)
+    return overflow == 0 and 1 <= n <= _MAX_TOKENS
+
+
+def _tokens_error(str name, v):
+    if v < 1:
+        return BadRequest(f"`{name}` must be at least 1, got {v}.", name)
+    return BadRequest(f"`{name}` must be at most {MAX_TOKENS_LIMIT}.", name)
 
 # ProxyRequest's fields by offset (slots.pxd), in the order of requests.pxd's P_* names.
 cdef Py_ssize_t _OFFSETS[P_FIELDS]
@@ -73,6 +90,8 @@ def _explain(e):
     elif "missing required field `" in text:  # at the top level msgspec names the field, not a path
         param = text.split("missing required field `", 1)[1].split("`", 1)[0] or None
     if isinstance(e, msgspec.ValidationError):
+        if param in ("max_tokens", "max_completion_tokens") and text.startswith("Expected `int` <="):
+            return BadRequest(f"`{param}` must be at most {MAX_TOKENS_LIMIT}.", param)
         return BadRequest(f"Invalid request: {text}", param)
     return BadRequest(f"The request body is not valid JSON: {text}")
 
@@ -81,15 +100,28 @@ cdef object _proxy_decode = _proxy_decoder.decode  # bound once: no method look-
 cdef object _generate_decode = _generate_decoder.decode
 
 
+cdef str _TOO_DEEP = ("The request body is nested too deeply: JSON arrays and objects nested past the "
+                      "decoder's limit (about 1,000 levels) are refused.")
+
+
+def too_deep():
+    """The 400 for a body nested past the JSON decoder's recursion limit (msgspec raises
+    RecursionError there, as Python's own decoders do)."""
+    return BadRequest(_TOO_DEEP)
+
+
 cdef _decode(decode, body):
     """``body`` decoded by ``decode`` (a decoder's bound method); BadRequest when it is
-    empty or does not decode."""
+    empty, does not decode, or is nested past the decoder's depth (the except clauses
+    cost nothing until one is taken)."""
     if not body:
         raise BadRequest("The request body is empty; a JSON object is expected.")
     try:
         return decode(body)
     except msgspec.DecodeError as e:
         raise _explain(e) from None
+    except RecursionError:
+        raise too_deep() from None
 
 
 cdef bint _nonempty_array(raw) except -1:
@@ -130,12 +162,11 @@ cdef object decode_fields(bytes body, bint chat, PyObject** f):
         if prompt is None or prompt == "" or prompt == []:
             raise BadRequest("`prompt` is required.", "prompt")
     max_tokens = <object>f[P_MAX_TOKENS]
-    if max_tokens is not None and max_tokens < 1:
-        raise BadRequest(f"`max_tokens` must be at least 1, got {max_tokens}.", "max_tokens")
+    if max_tokens is not None and not _tokens_ok(max_tokens):
+        raise _tokens_error("max_tokens", max_tokens)
     max_completion_tokens = <object>f[P_MAX_COMPLETION_TOKENS]
-    if max_completion_tokens is not None and max_completion_tokens < 1:
-        raise BadRequest(f"`max_completion_tokens` must be at least 1, got {max_completion_tokens}.",
-                         "max_completion_tokens")
+    if max_completion_tokens is not None and not _tokens_ok(max_completion_tokens):
+        raise _tokens_error("max_completion_tokens", max_completion_tokens)
     sla_ms = <object>f[P_SLA_MS]
     if sla_ms is not None and sla_ms is not _UNSET and sla_ms <= 0:
         raise BadRequest(f"`sla_ms` must be positive, got {sla_ms}.", "sla_ms")
@@ -168,7 +199,10 @@ cpdef bytes strip_own_fields(bytes body, r):
         return body
     # Values stay raw bytes: a full decode/encode would turn a 20-digit seed into a float
     # and reformat numbers the engine may read differently.
-    obj = _raw_object_decoder.decode(body)
+    try:
+        obj = _raw_object_decoder.decode(body)
+    except RecursionError:  # (the body decoded once already, from a frame or two less deep)
+        raise too_deep() from None
     removed = False
     for f in GATEWAY_FIELDS:
         if obj.pop(f, None) is not None:

@@ -59,6 +59,8 @@ cdef class HttpProtocol(OutboxOwner):
     cdef double _header_timeout
     cdef double _body_timeout
     cdef double _keepalive_timeout
+    cdef double _first_byte_timeout
+    cdef object _on_error
     cdef double _linger_timeout
     cdef Py_ssize_t _max_pipelined
     cdef Py_ssize_t _write_buffer_high
@@ -96,7 +98,7 @@ cdef class HttpProtocol(OutboxOwner):
     cdef bint _keep_alive_after(self, Request req) except -1
     cdef _next(self)
     cdef _answer(self, Request req)
-    cdef _handler_failed(self, Request req, Responder resp)
+    cdef _handler_failed(self, Request req, Responder resp, str what=*)
     cdef _response_done(self, Responder resp, bint keep_alive)
     cdef _fail(self, int status, str message)
     cdef _send_fatal(self)

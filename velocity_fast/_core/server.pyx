@@ -449,6 +449,8 @@ cdef class HttpProtocol(OutboxOwner):
         self._header_timeout = limits.header_timeout
         self._body_timeout = limits.body_timeout
         self._keepalive_timeout = limits.keepalive_timeout
+        self._first_byte_timeout = limits.first_byte_timeout
+        self._on_error = server.on_error
         self._linger_timeout = limits.linger_timeout
         self._max_pipelined = limits.max_pipelined
         self._write_buffer_high = limits.write_buffer_high
@@ -491,7 +493,9 @@ cdef class HttpProtocol(OutboxOwner):
         transport.set_write_buffer_limits(high=self._write_buffer_high)
         peer = transport.get_extra_info("peername")
         self._client = tuple(peer[:2]) if peer else None
-        self._arm(self._keepalive_timeout, _T_IDLE)
+        # A new connection waits for its first byte as long as a head may take (nginx's
+        # client_header_timeout), not the keep-alive time: then it is closed without an answer.
+        self._arm(self._first_byte_timeout, _T_IDLE)
 
     def connection_lost(self, exc):
         self._closed = True
@@ -790,10 +794,20 @@ cdef class HttpProtocol(OutboxOwner):
         resp._task = task
         self._server._tasks.add(task)
 
-    cdef _handler_failed(self, Request req, Responder resp):
-        log.exception("handler failed for %s %s", req.method, req.path)
+    cdef _handler_failed(self, Request req, Responder resp, str what=None):
+        """The handler raised (called in the except clause) or, with ``what``, returned
+        without answering: the server's on_error answers, else a bare 500."""
+        if self._on_error is not None:
+            try:
+                self._on_error(req, resp, what)
+                return
+            except Exception:
+                log.exception("the server's on_error failed for %s %s", req.method, req.path)
+        else:
+            log.error("handler failed for %s %s%s", req.method, req.path, f": {what}" if what else "",
+                      exc_info=what is None)
         if not resp.started:
-            resp.send_error(500, "Internal server error.")
+            resp.send_error(500, what or "Internal server error.")
         elif not resp.finished:
             self._close()
 
@@ -811,7 +825,7 @@ cdef class HttpProtocol(OutboxOwner):
             self._handler_failed(req, resp)
         else:
             if not resp.started:
-                resp.send_error(500, "The handler returned no response.")
+                self._handler_failed(req, resp, "The handler returned no response.")
             elif not resp.finished:
                 resp.end()
         finally:

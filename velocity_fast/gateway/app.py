@@ -116,9 +116,10 @@ class Gateway(GatewayCore):
         self._loop = asyncio.get_running_loop()
         limits = ServerLimits(max_body_bytes=s.server.max_body_bytes, max_header_bytes=s.server.max_header_bytes,
                               header_timeout=s.server.header_timeout_s, body_timeout=s.server.body_timeout_s,
-                              keepalive_timeout=s.server.keepalive_timeout_s)
+                              keepalive_timeout=s.server.keepalive_timeout_s,
+                              first_byte_timeout=s.server.first_byte_timeout_s)
         host = s.host if host is None else host
-        self.client_server = HTTPServer(self.handle, limits=limits, name="gateway")
+        self.client_server = HTTPServer(self.handle, limits=limits, name="gateway", on_error=self._internal_error)
         await self.client_server.start(host, s.port if port is None else port)
         self.admin_server = HTTPServer(self.handle_admin, limits=limits, name="admin")
         await self.admin_server.start(host, s.admin_port if admin_port is None else admin_port)

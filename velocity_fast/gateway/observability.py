@@ -25,6 +25,10 @@ class GatewayMetrics:
     def __init__(self, reg: Registry, gw: "Gateway") -> None:
         self.requests = reg.counter("velocity_requests_total", "Requests answered, by route, status and band.",
                                     ("route", "status", "band"))
+        self.internal_errors = reg.counter("velocity_internal_errors_total",
+                                           "Failures inside the gateway (answered 500), by route.", ("route",))
+        for route in ("/v1/chat/completions", "/v1/completions", "/generate"):
+            self.internal_errors.labels(route)  # at 0 from the start: a rate alert sees the first one
         self.upstream_errors = reg.counter("velocity_upstream_errors_total",
                                            "Engine connection failures, by endpoint and kind.", ("endpoint", "kind"))
         eps = lambda attr: lambda: [((e.name, e.model), float(getattr(e, attr))) for e in gw.endpoints.values()]  # noqa: E731

@@ -6,15 +6,23 @@ velocity_fast._core.requests can import it while the package is still loading.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 import msgspec
 
-__all__ = ["ProxyRequest", "GenerateRequest", "StreamOptions", "BadRequest", "GATEWAY_FIELDS"]
+__all__ = ["ProxyRequest", "GenerateRequest", "StreamOptions", "BadRequest", "GATEWAY_FIELDS", "MAX_TOKENS_LIMIT"]
 
 # Fields that belong to the gateway: engines may refuse them (vLLM answers 400 to
 # `priority` unless it runs the priority scheduler), so they are removed before forwarding.
 GATEWAY_FIELDS = ("priority", "sla_ms")
+
+# The largest max_tokens / max_completion_tokens the gateway accepts (a 32-bit count, far
+# past any engine's context): above it a 400 names the field. Admission keeps the number
+# in a C long and /generate forwards it through orjson, which would both overflow at 2**63.
+# ProxyRequest's are checked in C after decoding (_core/requests.pyx: a constrained type
+# costs msgspec about 130 instructions a request); /generate's by the decoder (Meta).
+MAX_TOKENS_LIMIT = 2**31 - 1
+_Tokens = Annotated[int, msgspec.Meta(le=MAX_TOKENS_LIMIT)]
 
 
 class BadRequest(ValueError):
@@ -41,7 +49,7 @@ class ProxyRequest(msgspec.Struct, gc=False):
     prompt: Union[str, list[Any], None] = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = None
+    max_tokens: int | None = None  # 1..MAX_TOKENS_LIMIT, checked by decode_proxy
     max_completion_tokens: int | None = None
     # UNSET when the body does not name them (None when it says null): the body then
     # goes to the engine as it came, without looking for them in it.
@@ -54,7 +62,7 @@ class GenerateRequest(msgspec.Struct):
     """The native /generate route."""
 
     prompt: str
-    max_tokens: int = 128
+    max_tokens: _Tokens = 128
     priority: Union[str, int, None] = None
     sla_ms: float | None = None
     stream: bool = False

@@ -31,8 +31,13 @@ Handler = Callable[[Request, "Responder"], "Awaitable[None] | None"]
 class HTTPServer:
     """An HTTP/1.1 server for one handler; see docs/internals.md."""
 
-    def __init__(self, handler: Handler, *, limits: ServerLimits | None = None, name: str = "http") -> None:
+    def __init__(self, handler: Handler, *, limits: ServerLimits | None = None, name: str = "http",
+                 on_error: Callable[[Request, Responder, str | None], None] | None = None) -> None:
         self.handler = handler
+        # Called (within the except clause) when the handler raises or returns without an
+        # answer, with what went wrong when no exception is in flight; it logs and answers.
+        # None: the server logs the traceback and answers a bare 500.
+        self.on_error = on_error
         self.limits = limits or ServerLimits()
         self.name = name
         self.errors = 0

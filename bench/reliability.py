@@ -1,0 +1,388 @@
+#!/usr/bin/env python3
+"""Hostile input and long runs against a gateway process in front of sim engines: one
+figure per line for each part (issue 20).
+
+  slowloris    other clients' p99 with slow heads and silent connections open against it
+               idle, the 408s and quiet closes they got, the gateway's fds before and after
+  fuzz         --cases mutated request heads and --cases/10 JSON bodies: answers by status,
+               hangs, 500s, the process alive, a valid request served after every 1,000 cases
+  faults       load through a sim engine failing --fail-rate of its requests: outcomes, and
+               whether velocity_requests_total and the lease counters reconcile with them
+  soak         --seconds of steady load: RSS and fd growth from minute 1 (or a third of the
+               run, when shorter) to the end, lost requests
+  reloads      SIGHUP with a good, two invalid and a good config again under load: failures
+
+    python bench/reliability.py                   # the defaults: a few minutes
+    python bench/reliability.py --cases 1000000 --jobs 8 --only fuzz
+    python bench/reliability.py --smoke           # tiny counts: every figure, in seconds
+    python bench/reliability.py --json out.json   # the figures as JSON too
+
+The gateway runs with 1 s read timeouts (header, body, first byte) so that every
+unfinished case settles quickly; everything listens on 127.0.0.1.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import random
+import signal
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import orjson  # noqa: E402
+
+from tests.reliability import harness as h  # noqa: E402
+from velocity_fast.loadgen.client import Client  # noqa: E402
+
+FIGURES: dict[str, float] = {}
+
+
+def figure(name: str, value: float, note: str = "") -> None:
+    FIGURES[name] = value
+    v = f"{value:.3f}" if isinstance(value, float) and not value.is_integer() else f"{int(value)}"
+    print(f"  {name:34s} {v:>12s}  {note}", flush=True)
+
+
+def fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def p99(values: list[float]) -> float:
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    return v[min(len(v) - 1, int(0.99 * len(v)))]
+
+
+def wire(route: str, rng: random.Random, stream_share: float = 0.0) -> bytes:
+    obj = orjson.loads(h.valid_body(route, max_tokens=rng.randint(2, 8)))
+    if route != "/generate" and rng.random() < stream_share:
+        obj["stream"] = True
+    body = orjson.dumps(obj)
+    return (f"POST {route} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode() + body
+
+
+async def closed_loop(port: int, clients: int, seconds: float, *, stream_share: float = 0.0,
+                      think: float = 0.0, seed: int = 0) -> list:
+    """``clients`` keep-alive clients, each sending its next request when the last is
+    answered, for ``seconds``: every Result (status 0: no answer)."""
+    results = []
+    end = time.monotonic() + seconds
+
+    async def one(i: int) -> None:
+        rng = random.Random(seed * 1000 + i)
+        client = Client("127.0.0.1", port, timeout=30.0)
+        try:
+            n = 0
+            while time.monotonic() < end:
+                route = rng.choice(h.ROUTES)
+                results.append(await client.send(n, wire(route, rng, stream_share)))
+                n += 1
+                if think:
+                    await asyncio.sleep(think * rng.random() * 2)
+        finally:
+            client.close()
+
+    await asyncio.gather(*(one(i) for i in range(clients)))
+    return results
+
+
+async def open_loop(port: int, rate: float, seconds: float, *, seed: int = 0, stream_share: float = 0.2,
+                    on_tick=None) -> list:
+    """Requests at ``rate`` per second for ``seconds`` over a pool of keep-alive
+    connections, each answered or timed out: every Result."""
+    rng = random.Random(seed)
+    client = Client("127.0.0.1", port, timeout=30.0)
+    results = []
+    tasks = set()
+    t0 = time.monotonic()
+    n = 0
+    next_tick = t0 + 5.0
+    try:
+        while True:
+            now = time.monotonic()
+            if now - t0 >= seconds:
+                break
+            due = int((now - t0) * rate) + 1
+            while n < due:
+                t = asyncio.ensure_future(client.send(n, wire(rng.choice(h.ROUTES), rng, stream_share)))
+                t.add_done_callback(lambda t: results.append(t.result()) if not t.cancelled() else None)
+                tasks.add(t)
+                t.add_done_callback(tasks.discard)
+                n += 1
+            if on_tick is not None and now >= next_tick:
+                on_tick(now - t0)
+                next_tick += 5.0
+            await asyncio.sleep(0.005)
+        if tasks:
+            await asyncio.wait(tasks, timeout=40.0)
+    finally:
+        client.close()
+    figure_sent = n
+    return results if len(results) == figure_sent else results + [None] * (figure_sent - len(results))
+
+
+def statuses(results) -> Counter:
+    return Counter(0 if r is None else r.status for r in results)
+
+
+# -- parts -----------------------------------------------------------------------------------------
+
+async def slowloris(stack: h.Stack, slow: int, silent: int, seconds: float) -> None:
+    pid = stack.gw.proc.pid
+    idle = [r.done - r.sent for r in await closed_loop(stack.port, 8, seconds, seed=1) if r.status == 200]
+    await asyncio.sleep(0.5)
+    fds_before = fds(pid)  # after the idle run: the engine connections it pooled are counted in both
+    got_408 = 0
+    quiet = 0
+    head = b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nx-slow: " + b"a" * 4000
+
+    async def slow_head() -> None:
+        nonlocal got_408
+        reader, writer = await asyncio.open_connection("127.0.0.1", stack.port)
+        try:
+            for b in head:  # a byte every 0.2 s: never a whole head within the header timeout
+                writer.write(bytes([b]))
+                try:
+                    data = await asyncio.wait_for(reader.read(65536), 0.2)
+                except asyncio.TimeoutError:
+                    continue
+                if data.startswith(b"HTTP/1.1 408"):
+                    got_408 += 1
+                return
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.transport.abort()
+
+    async def silent_conn() -> None:
+        nonlocal quiet
+        reader, writer = await asyncio.open_connection("127.0.0.1", stack.port)
+        try:
+            if await asyncio.wait_for(reader.read(), h.HANG_S) == b"":
+                quiet += 1
+        except (ConnectionError, OSError, asyncio.TimeoutError):
+            pass
+        finally:
+            writer.transport.abort()
+
+    attack = [asyncio.ensure_future(slow_head()) for _ in range(slow)] + \
+             [asyncio.ensure_future(silent_conn()) for _ in range(silent)]
+    await asyncio.sleep(0.2)
+    during = [r.done - r.sent for r in await closed_loop(stack.port, 8, seconds, seed=2) if r.status == 200]
+    await asyncio.wait(attack, timeout=h.HANG_S + 5)
+    await asyncio.sleep(0.5)
+    fds_after = fds(pid)
+    figure("slowloris_p99_idle_ms", round(p99(idle) * 1000, 2))
+    figure("slowloris_p99_attacked_ms", round(p99(during) * 1000, 2))
+    figure("slowloris_p99_ratio", round(p99(during) / p99(idle), 3), "other clients' p99, attacked / idle")
+    figure("slowloris_slow_heads", slow)
+    figure("slowloris_408s", got_408, "slow heads answered 408")
+    figure("slowloris_silent_conns", silent)
+    figure("slowloris_silent_closed_quietly", quiet, "closed at the first-byte timeout, no answer")
+    figure("slowloris_fds_before", fds_before)
+    figure("slowloris_fds_after", fds_after)
+
+
+def _fuzz_worker(args: tuple) -> dict:
+    """One process's share of the fuzz cases (a seed of its own): its tally, as a dict."""
+    port, kind, seed, count, batch = args
+    tally = h.Tally()
+    served_failed = 0
+
+    async def main() -> None:
+        nonlocal served_failed
+        gen = h.head_cases(seed, count) if kind == "heads" else h.body_cases(seed, count)
+        while True:
+            chunk = [c for _, c in zip(range(batch), gen)]
+            if not chunk:
+                break
+            await h.run_cases(port, chunk, tally, concurrency=48)
+            if not await h.served(port):
+                served_failed += 1
+
+    asyncio.run(main())
+    return {"statuses": dict(tally.statuses), "hangs": tally.hangs, "cases": tally.cases,
+            "closed": tally.closed_without_answer, "served_failed": served_failed,
+            "first_500s": [(repr(c)[:300], b.decode("latin-1")) for c, b in tally.five_hundreds]}
+
+
+def fuzz(stack: h.Stack, kind: str, cases: int, jobs: int, seed: int) -> None:
+    t0 = time.monotonic()
+    jobs = max(1, min(jobs, cases))
+    shares = [(stack.port, kind, seed * 100 + j, cases // jobs + (j < cases % jobs), 1000) for j in range(jobs)]
+    if jobs == 1:
+        parts = [_fuzz_worker(shares[0])]
+    else:
+        with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+            parts = pool.map(_fuzz_worker, shares)
+    st = Counter()
+    for p in parts:
+        st.update({int(k): v for k, v in p["statuses"].items()})
+    n = sum(p["cases"] for p in parts)
+    elapsed = time.monotonic() - t0
+    figure(f"{kind}_cases", n, f"{n / elapsed:.0f} cases/s")
+    for code in sorted(st):
+        figure(f"{kind}_status_{code}", st[code])
+    figure(f"{kind}_500s", st.get(500, 0))
+    figure(f"{kind}_hangs", sum(p["hangs"] for p in parts))
+    figure(f"{kind}_closed_without_answer", sum(p["closed"] for p in parts))
+    figure(f"{kind}_served_checks_failed", sum(p["served_failed"] for p in parts),
+           "valid requests not served after a batch of 1,000")
+    figure(f"{kind}_gateway_alive", int(stack.alive()))
+    for p in parts:
+        for case, body in p["first_500s"]:
+            print(f"    500 for {case}: {body[:200]}")
+
+
+async def faults(stack: h.Stack, clients: int, seconds: float, fail_rate: float) -> None:
+    results = await closed_loop(stack.port, clients, seconds, stream_share=0.3, seed=3)
+    await asyncio.sleep(0.5)
+    m = await h.metrics(stack.admin_port)
+    st = statuses(results)
+    figure("faults_fail_rate", fail_rate, "the sim engine's --fail-rate")
+    figure("faults_requests", len(results))
+    for code in sorted(st):
+        figure(f"faults_status_{code}", st[code])
+    figure("faults_lost", st.get(0, 0), "no answer (a 500 above is the engine's own, relayed)")
+    counted = h.total(m, "velocity_requests_total")
+    figure("faults_requests_total_counted", counted)
+    adm = h.total(m, "velocity_admitted_total")
+    ended = sum(h.total(m, f"velocity_{k}_total") for k in ("completed", "failed", "cancelled"))
+    figure("faults_admitted", adm)
+    figure("faults_completed_failed_cancelled", ended)
+    figure("faults_counters_reconcile", int(counted == len(results) and adm == ended),
+           "velocity_requests_total == requests answered, admitted == completed+failed+cancelled")
+    figure("faults_internal_errors", h.total(m, "velocity_internal_errors_total"))
+
+
+async def soak(stack: h.Stack, seconds: float, rate: float) -> None:
+    pid = stack.gw.proc.pid
+    mark = min(60.0, seconds / 3)
+    at_mark: dict[str, int] = {}
+    samples = []
+
+    def tick(t: float) -> None:
+        samples.append((t, rss_kib(pid), fds(pid)))
+        if t >= mark and not at_mark:
+            at_mark.update(rss=samples[-1][1], fds=samples[-1][2], t=int(t))
+
+    results = await open_loop(stack.port, rate, seconds, seed=4, on_tick=tick)
+    await asyncio.sleep(0.5)
+    if not at_mark:  # a run too short for a tick past the mark
+        at_mark.update(rss=samples[0][1] if samples else rss_kib(pid), fds=samples[0][2] if samples else fds(pid), t=0)
+    rss_end, fds_end = rss_kib(pid), fds(pid)
+    st = statuses(results)
+    m = await h.metrics(stack.admin_port)
+    figure("soak_seconds", seconds)
+    figure("soak_rate_per_s", rate)
+    figure("soak_requests", len(results))
+    figure("soak_ok", st.get(200, 0))
+    figure("soak_lost", st.get(0, 0), "no answer")
+    figure("soak_rss_mib_at_mark", round(at_mark["rss"] / 1024, 1), f"at {at_mark['t']} s")
+    figure("soak_rss_mib_end", round(rss_end / 1024, 1))
+    figure("soak_rss_growth_pct", round(100.0 * (rss_end - at_mark["rss"]) / at_mark["rss"], 2))
+    figure("soak_fd_growth", fds_end - at_mark["fds"])
+    figure("soak_internal_errors", h.total(m, "velocity_internal_errors_total"))
+    adm = h.total(m, "velocity_admitted_total")
+    ended = sum(h.total(m, f"velocity_{k}_total") for k in ("completed", "failed", "cancelled"))
+    figure("soak_counters_reconcile", int(h.total(m, "velocity_requests_total") == len(results) and adm == ended),
+           "velocity_requests_total == requests sent, admitted == completed+failed+cancelled")
+
+
+async def reloads(stack: h.Stack, seconds: float) -> None:
+    good = Path(stack.config).read_text()
+    changed = good.replace("keepalive_timeout_s: 5.0", "keepalive_timeout_s: 6.0") + "sla_ms: 2500.0\n"
+    steps = [changed, "server: [this is: not valid\n", good + "no_such_key: 1\n", good]
+    pid = stack.gw.proc.pid
+
+    async def hups() -> None:
+        for text in steps:
+            await asyncio.sleep(seconds / (len(steps) + 1))
+            Path(stack.config).write_text(text)
+            os.kill(pid, signal.SIGHUP)
+        await asyncio.sleep(0.5)
+
+    load = asyncio.ensure_future(closed_loop(stack.port, 8, seconds, stream_share=0.3, seed=5))
+    await hups()
+    results = await load
+    Path(stack.config).write_text(good)
+    log = stack.gw.stderr_text
+    st = statuses(results)
+    figure("reload_signals", len(steps), "good, invalid YAML, unknown key, good")
+    figure("reload_applied", log.count("config reloaded"))
+    figure("reload_refused", log.count("reload refused") + log.count("reload failed"))
+    figure("reload_requests", len(results))
+    figure("reload_failed_requests", sum(v for k, v in st.items() if k == 0 or k >= 500),
+           "no answer or 5xx during the reloads")
+    figure("reload_gateway_alive", int(stack.alive()))
+
+
+# -- main ------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", type=int, default=20000, help="fuzzed heads (bodies: a tenth)")
+    ap.add_argument("--jobs", type=int, default=1, help="client processes for the fuzz")
+    ap.add_argument("--seconds", type=float, default=90.0, help="the soak's length")
+    ap.add_argument("--rate", type=float, default=100.0, help="the soak's requests per second")
+    ap.add_argument("--fail-rate", type=float, default=0.05, help="the faulty sim engine's --fail-rate")
+    ap.add_argument("--seed", type=int, default=20)
+    ap.add_argument("--only", default="", help="comma-separated parts: slowloris,fuzz,faults,soak,reloads")
+    ap.add_argument("--smoke", action="store_true", help="tiny counts: every part in seconds")
+    ap.add_argument("--json", help="write the figures here as JSON")
+    args = ap.parse_args(argv)
+    slow, silent, attack_s, fault_s, reload_s = 200, 100, 5.0, 20.0, 10.0
+    if args.smoke:
+        args.cases, args.seconds, args.rate = 300, 4.0, 20.0
+        slow, silent, attack_s, fault_s, reload_s = 10, 5, 1.0, 2.0, 2.5
+    parts = [p for p in args.only.split(",") if p] or ["slowloris", "fuzz", "faults", "soak", "reloads"]
+    t0 = time.monotonic()
+    if "slowloris" in parts:
+        print(f"slowloris: {slow} slow heads, {silent} silent connections, 8 other clients", flush=True)
+        with h.gateway_stack() as stack:
+            asyncio.run(slowloris(stack, slow, silent, attack_s))
+    if "fuzz" in parts:
+        print(f"fuzz: {args.cases} heads, {max(1, args.cases // 10)} bodies, seed {args.seed}", flush=True)
+        with h.gateway_stack() as stack:
+            fuzz(stack, "heads", args.cases, args.jobs, args.seed)
+            fuzz(stack, "bodies", max(1, args.cases // 10), args.jobs, args.seed + 1)
+            m = asyncio.run(h.metrics(stack.admin_port))
+            figure("fuzz_internal_errors", h.total(m, "velocity_internal_errors_total"))
+    if "faults" in parts:
+        print(f"faults: sim engine --fail-rate {args.fail_rate}, 16 clients, {fault_s:.0f} s", flush=True)
+        with h.gateway_stack("--fail-rate", str(args.fail_rate), engines=2) as stack:
+            asyncio.run(faults(stack, 16, fault_s, args.fail_rate))
+    if "soak" in parts:
+        print(f"soak: {args.seconds:.0f} s at {args.rate:.0f} requests/s, 1% engine faults", flush=True)
+        with h.gateway_stack("--fail-rate", "0.01", engines=2) as stack:
+            asyncio.run(soak(stack, args.seconds, args.rate))
+    if "reloads" in parts:
+        print(f"reloads: 4 SIGHUPs under load, {reload_s:.0f} s", flush=True)
+        with h.gateway_stack(log_level="info") as stack:
+            asyncio.run(reloads(stack, reload_s))
+    print(f"done in {time.monotonic() - t0:.0f} s", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(FIGURES, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
