@@ -42,6 +42,10 @@ def quick_set(py: str, results: Path = RESULTS, smoke: bool = False) -> list[tup
         # One repeat keeps the quick set quick; `velocityllm bench` repeats three times.
         ("policies", [b / "policies.py"],
          [py, str(b / "policies.py"), "--repeats", "1", "--no-progress", "--output", str(results / "policies")]),
+        # The same with requests that carry no SLA of their own: the server's applies.
+        ("policies_no_sla", [b / "policies.py"],
+         [py, str(b / "policies.py"), "--repeats", "1", "--no-progress", "--no-request-sla",
+          "--output", str(results / "policies_no_sla")]),
     ]
     if smoke:
         sets = [(name, needs, cmd if name == "micro" else [*cmd, "--smoke"]) for name, needs, cmd in sets]

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.bench
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
-QUICK_SET = ("micro", "inprocess", "overhead", "isolation", "prefix", "policies")
+QUICK_SET = ("micro", "inprocess", "overhead", "isolation", "prefix", "policies", "policies_no_sla")
 # Benchmarks whose --smoke their authors add; until then run_all skips them, saying so.
 SMOKE_PENDING = ()
 PREFIX_VARIANTS = ("chat", "batch", "round-robin", "least-loaded")
@@ -182,9 +182,10 @@ def test_prefix_runs_every_profile_through_the_gateway_and_all_complete(quick_se
 
 
 @pytest.mark.timeout(300)
-def test_policies_runs_every_policy_and_answers_every_request(quick_set):
+@pytest.mark.parametrize("name", ["policies", "policies_no_sla"])
+def test_policies_runs_every_policy_and_answers_every_request(quick_set, name):
     _, _, results = quick_set
-    res = json.loads((results / "policies.json").read_text())
+    res = json.loads((results / f"{name}.json").read_text())
     assert set(res["medians"]) == set(POLICIES)
     for policy, m in res["medians"].items():
         for key, v in m.items():

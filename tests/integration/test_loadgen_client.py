@@ -72,7 +72,8 @@ async def test_sustains_five_times_the_bench_peak_rate(fixed):
     # (wide margins: the machine is shared, and a descheduled moment is not a limit).
     last_sent = max(r.sent for r in out.results) - out.start
     assert last_sent < 1.5 * paced[-1].at + 0.25, f"sent until {last_sent:.2f} s, planned {paced[-1].at:.2f} s"
-    assert s["client_wait_ms"]["p50"] < 20.0, s["client_wait_ms"]
+    # A pacer that broke sends seconds late; a loaded 2-core machine, tens of ms.
+    assert s["client_wait_ms"]["p50"] < 100.0, s["client_wait_ms"]
 
 
 async def test_sse_ttft_and_itl_against_the_stream(fixed_stream):
