@@ -300,6 +300,7 @@ async def soak(stack: h.Stack, seconds: float, rate: float) -> None:
     figure("soak_rss_mib_end", round(rss_end / 1024, 1))
     figure("soak_rss_growth_pct", round(100.0 * (rss_end - at_mark["rss"]) / at_mark["rss"], 2))
     figure("soak_fd_growth", fds_end - at_mark["fds"])
+    print("    RSS MiB every 5 s: " + " ".join(f"{r / 1024:.1f}" for _, r, _ in samples), flush=True)
     figure("soak_internal_errors", h.total(m, "velocity_internal_errors_total"))
     adm = h.total(m, "velocity_admitted_total")
     ended = sum(h.total(m, f"velocity_{k}_total") for k in ("completed", "failed", "cancelled"))
