@@ -101,6 +101,10 @@ class Settings(_S):
                 raise ConfigError(f"{key}: {v} is not a TCP port")
         if self.sla_ms <= 0:
             raise ConfigError(f"sla_ms: must be positive, got {self.sla_ms}")
+        for key in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s", "first_byte_timeout_s"):
+            v = getattr(self.server, key)
+            if v is not None and not v > 0:
+                raise ConfigError(f"server.{key}: must be positive, got {v}")
         if self.max_concurrency < 1:
             raise ConfigError(f"max_concurrency: must be at least 1, got {self.max_concurrency}")
         try:  # bands and the admission section are admission's to judge, routing's its own

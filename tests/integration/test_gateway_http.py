@@ -53,6 +53,15 @@ async def raw_exchange(port: int, data: bytes, *, pause: float = 0.0, rest: byte
 
 # -- 400 / 401 / 404 -----------------------------------------------------------------------------
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-3", "soon"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/generate"])
+async def test_an_sla_header_that_is_no_positive_finite_number_is_400(engine, path, value):
+    body = CHAT if path != "/generate" else {"prompt": "x", "max_tokens": 2}
+    async with running_gateway(engine) as gw:
+        r = await http_request(gw.port, "POST", path, body, headers={"x-velocity-sla-ms": value})
+        assert r.status == 400 and error_of(r)["param"] == "sla_ms", (value, r.body)
+
+
 @pytest.mark.parametrize("path, body, param", [
     ("/v1/chat/completions", b"{not json", None),
     ("/v1/chat/completions", b"", None),

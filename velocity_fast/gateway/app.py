@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 
 import orjson
@@ -210,8 +211,8 @@ class Gateway(GatewayCore):
             except ValueError:
                 raise BadRequest(f"x-velocity-sla-ms must be a number of milliseconds, got {header!r}.",
                                  "sla_ms") from None
-            if v <= 0:
-                raise BadRequest("x-velocity-sla-ms must be positive.", "sla_ms")
+            if not 0 < v < math.inf:  # nan and inf are numbers to float(), not SLAs
+                raise BadRequest("x-velocity-sla-ms must be a positive, finite number of milliseconds.", "sla_ms")
             return v
         return body_value
 
