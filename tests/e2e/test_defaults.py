@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import orjson
 import pytest
 
 from tests.support.fakes import free_port_block
-from tests.support.gateway import gateway_process
+from tests.support.gateway import gateway_process, stop_group
 from tests.support.sim import http_request, sim_engine
 
 pytestmark = [pytest.mark.e2e]
@@ -177,14 +176,4 @@ async def test_engines_run_the_gateways_own_code_not_a_tree_in_the_working_folde
         r = await http_request(port, "POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 4})
         assert r.status == 200 and orjson.loads(r.body)["choices"][0]["text"]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait(5)
+        stop_group(proc)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -25,7 +24,8 @@ import orjson
 import pytest
 import yaml
 
-from tests.support.fakes import FAKES_DIR, free_port_block, machine_env, make_model_folder
+from tests.support.fakes import free_port_block, machine_env, make_model_folder
+from tests.support.gateway import stop_group
 from tests.support.sim import sim_engine
 from velocity_fast.config import load_settings
 
@@ -77,20 +77,6 @@ def wait_ready(admin_port: int, proc: subprocess.Popen, timeout: float = 90.0) -
     raise TimeoutError("not ready")
 
 
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait(5)
-
-
 def popen(cmd, log: Path, **kw) -> subprocess.Popen:
     """A child in its own process group, its output in ``log``."""
     with open(log, "wb") as out:
@@ -139,7 +125,7 @@ def test_make_run_then_every_curl_line_and_the_python_snippet(tmp_path):
         assert r.returncode == 0, r.stderr
         assert "ChatCompletion(" in r.stdout and "velocity-sim" in r.stdout
     finally:
-        stop(proc)
+        stop_group(proc, 20)
 
 
 def test_the_serve_example_against_local_engines(tmp_path):
@@ -168,7 +154,7 @@ def test_the_serve_example_against_local_engines(tmp_path):
             health = orjson.loads(run_sh(f"curl -s 127.0.0.1:{port}/health").stdout)
             assert health["policy"] == "dynamic" and health["healthy_endpoints"] == 2
         finally:
-            stop(proc)
+            stop_group(proc, 20)
 
 
 def test_serve_with_the_example_config_file(tmp_path):
@@ -191,7 +177,7 @@ def test_serve_with_the_example_config_file(tmp_path):
                        "-d '{\"model\":\"llama\",\"prompt\":\"Hello\",\"max_tokens\":4}'")
             assert orjson.loads(r.stdout)["choices"][0]["text"], r.stdout
         finally:
-            stop(proc)
+            stop_group(proc, 20)
 
 
 def test_charge_velocity_with_a_model_path_on_a_gpu_machine_and_detect(tmp_path):
@@ -219,7 +205,7 @@ def test_charge_velocity_with_a_model_path_on_a_gpu_machine_and_detect(tmp_path)
         assert orjson.loads(r.stdout)["choices"][0]["text"], r.stdout
         assert len(list(record.glob("launch-*.json"))) == 2  # one `vllm serve` per GPU
     finally:
-        stop(proc)
+        stop_group(proc, 20)
 
 
 def test_the_operations_guide_config_snippet_loads():

@@ -3,16 +3,13 @@ the client port's /health staying 200 ("degraded") with no healthy engine."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import tempfile
 import time
 from urllib.request import Request, urlopen
 
 import pytest
 
 from tests.support.gateway import gateway_process, running_gateway, velocity_command, wait_until
-from tests.support.sim import REPO, SimEngine, free_port, http_request, open_request, sim_engine, start_sim_engine
+from tests.support.sim import SimEngine, free_port, http_request, open_request, sim_engine, start_sim_engine
 
 CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 5}
 
@@ -68,22 +65,9 @@ def test_a_gateway_started_with_velocity_io_asyncio_proxies_end_to_end():
 class SubcommandEngine(SimEngine):
     """A sim engine started as `velocityllm sim-engine` (the CLI's subcommand)."""
 
-    def start(self, timeout: float = 20.0) -> "SubcommandEngine":
-        env = {k: v for k, v in os.environ.items() if not k.startswith("VELOCITY_")}
-        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-        self._stderr = tempfile.TemporaryFile()
-        cmd = velocity_command("sim-engine", "--host", "127.0.0.1", "--port", str(self.port),
-                               "--model", self.model, "--time-scale", "50", *self.flags)
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._stderr,
-                                     stdin=subprocess.DEVNULL, env=env, cwd=str(REPO))
-        try:
-            deadline = time.monotonic() + timeout
-            self._read_port(deadline)
-            self._wait_healthy(deadline)
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def command(self) -> list[str]:
+        return velocity_command("sim-engine", "--host", "127.0.0.1", "--port", str(self.port),
+                                "--model", self.model, "--time-scale", "50", *self.flags)
 
 
 def test_the_sim_engine_subcommand_serves_health_and_completions_and_stops():

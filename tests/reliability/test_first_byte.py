@@ -9,7 +9,7 @@ import asyncio
 import time
 
 from tests.support.gateway import running_gateway
-from tests.support.server_wire import build, connect, echo, serving, still_serving
+from tests.support.server_wire import connect, echo, serving, still_serving
 from tests.support.sim import http_request, sim_engine
 
 LIMITS = dict(header_timeout=5.0, body_timeout=5.0, keepalive_timeout=5.0)

@@ -227,6 +227,25 @@ class GatewayProcess:
             self._err.close()
 
 
+def stop_group(proc: subprocess.Popen, grace: float = 15.0) -> None:
+    """SIGTERM a child that leads its own process group, SIGKILL the group after ``grace``
+    (and anything of it still left), then reap it."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait(5)
+
+
 @contextmanager
 def gateway_process(command: str, *args: str, env: dict[str, str] | None = None,
                     timeout: float = 20.0) -> Iterator[GatewayProcess]:

@@ -71,6 +71,10 @@ class SimEngine:
         self._stderr.seek(0)
         return self._stderr.read().decode(errors="replace")
 
+    def command(self) -> list[str]:
+        """The engine's command line (a subclass may start it another way)."""
+        return sim_command(*self.flags, model=self.model, port=self.port, time_scale=self.time_scale)
+
     def start(self, timeout: float = 20.0) -> "SimEngine":
         """Start the process and wait until /health answers 200."""
         env = dict(os.environ)
@@ -78,9 +82,8 @@ class SimEngine:
         if self.env:
             env.update(self.env)
         self._stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(
-            sim_command(*self.flags, model=self.model, port=self.port, time_scale=self.time_scale),
-            stdout=subprocess.PIPE, stderr=self._stderr, stdin=subprocess.DEVNULL, env=env, cwd=str(REPO))
+        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=self._stderr,
+                                     stdin=subprocess.DEVNULL, env=env, cwd=str(REPO))
         try:
             deadline = time.monotonic() + timeout
             self._read_port(deadline)
