@@ -112,7 +112,6 @@ cdef class Lease(RoomFilter):
     cdef readonly object tenant
     cdef readonly long max_tokens
     cdef readonly double deadline
-    cdef readonly bint explicit_sla
     cdef readonly double arrived_at
     cdef readonly double granted_at
     cdef readonly double bound_at
@@ -168,6 +167,7 @@ cdef class AdmissionCore:
     cdef bint _withdraw(self, Ticket ticket, Item item) except -1
     cdef double _predict(self, PoolState ps, int band, long max_tokens, long room, double sat, double now,
                          double* wait) except? -2.0
+    cdef double _tolerance(self, int band)
     cdef void _check_sla(self, PoolState ps, int band, long max_tokens, double budget, long room, double sat,
                          double now) except *
     cdef PoolState _state_of(self, model)
@@ -176,8 +176,8 @@ cdef class AdmissionCore:
     cdef bint _refresh(self, PoolState ps) except -1
     cdef long _queued(self) except -1
     cdef void _cycle(self, PoolState ps, double now, bint have_now) except *
-    cdef Lease _grant(self, PoolState ps, int band, tenant, long max_tokens, double deadline, bint explicit,
-                      double arrived_at, double now)
+    cdef Lease _grant(self, PoolState ps, int band, tenant, long max_tokens, double deadline, double arrived_at,
+                      double now)
     cdef bint _fits(self, Lease lease, Endpoint ep) except -1
     cdef void _on_bind(self, Lease lease, Endpoint ep, bint rebind) except *
     cdef void _on_unbind(self, Lease lease, Endpoint ep) except *

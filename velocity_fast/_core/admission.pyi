@@ -101,7 +101,6 @@ class Lease:
     tenant: str | None
     max_tokens: int
     deadline: float
-    explicit_sla: bool
     arrived_at: float
     granted_at: float
     bound_at: float

@@ -478,7 +478,6 @@ cdef class AdmissionCore:
         cdef double now = self._now()
         cdef PoolState ps = self._pools.get(ticket.model)
         cdef int band
-        cdef bint explicit
         cdef double deadline, budget, sat
         cdef long room, cap
         cdef long long rid
@@ -498,8 +497,7 @@ cdef class AdmissionCore:
         # The SLA: the request's own (or its tenant's, filled in by the gateway), else the
         # server's. Either is a real deadline: predicted, declined early, judged.
         sla_ms = ticket.sla_ms
-        explicit = sla_ms is not None and sla_ms > 0
-        budget = <double>sla_ms / 1000.0 if explicit else self._sla_s
+        budget = <double>sla_ms / 1000.0 if sla_ms is not None and sla_ms > 0 else self._sla_s
         deadline = now + budget
         q = ps.queues
         # Free slots on the pool's endpoints: nothing below binds or frees one, so the
@@ -512,7 +510,7 @@ cdef class AdmissionCore:
         if (q.count == 0 or q.count_through(band) == 0) and room > 0:
             sat = self._pool_sat(ps, now)
             if sat < <double>self._ceilings[band]:
-                return self._grant(ps, band, ticket.tenant, ticket.max_tokens, deadline, explicit, now, now)
+                return self._grant(ps, band, ticket.tenant, ticket.max_tokens, deadline, now, now)
         if self._sla_reject:
             self._check_sla(ps, band, ticket.max_tokens, budget, room, sat, now)
         # With one pool (the common case) its queue is all that waits.
@@ -525,13 +523,12 @@ cdef class AdmissionCore:
         # The queue's deadline, by which a waiting request is dropped as hopeless, allows
         # the band's tolerance as the prediction at arrival did; the grant keeps the SLA.
         item = q.push(waiter, ticket.tenant, band, ticket.prompt_bytes, ticket.max_tokens,
-                      now + budget * (1.0 + (self._sla_tol_high if band == 0 else self._sla_tol)), now, &rid)
+                      now + budget * (1.0 + self._tolerance(band)), now, &rid)
         if item is None:
             what = "band" if rid in (REJECT_BAND_COUNT, REJECT_BAND_BYTES) else "admission"
             raise self._reject(503, "capacity", f"{what} queue is full ({self.band_names[band]})", 1)
         # What the grant needs rides with the item, as worked out here (the same
         # deadline from the same arrival time).
-        item.explicit_sla = explicit
         item.grant_deadline = deadline
         item.max_tokens = ticket.max_tokens
         if room > 0:  # else the cycle would stop at once (the pool was just refreshed)
@@ -606,19 +603,22 @@ cdef class AdmissionCore:
         wait[0] = ceil(w) * mean if w > 0.0 else 0.0
         return service
 
+    cdef double _tolerance(self, int band):
+        """How far past its SLA a prediction may go before a 429: the first band's own."""
+        return self._sla_tol_high if band == 0 else self._sla_tol
+
     cdef void _check_sla(self, PoolState ps, int band, long max_tokens, double budget, long room, double sat,
                          double now) except *:
         """A request that cannot go at once: raise Rejected (429 ``sla``) when its
         predicted completion, the queue wait ahead of it plus its own service, passes
         its SLA (with the band's tolerance). Unknown estimates predict nothing: a cold
         gateway never declines on a guess."""
-        cdef double wait = 0.0, predicted, tol
+        cdef double wait = 0.0, predicted
         cdef double service = self._predict(ps, band, max_tokens, room, sat, now, &wait)
         if service < 0.0:
             return
         predicted = wait + service
-        tol = self._sla_tol_high if band == 0 else self._sla_tol
-        if predicted > budget * (1.0 + tol):
+        if predicted > budget * (1.0 + self._tolerance(band)):
             # Retry-After: once the queue ahead has drained, a request goes at once, and one
             # that goes at once is not declined on a prediction.
             raise self._reject(
@@ -797,14 +797,14 @@ cdef class AdmissionCore:
                 room -= 1
                 have_sat = False
                 lease = self._grant(ps, item.band, item.tenant, item.max_tokens, item.grant_deadline,
-                                    item.explicit_sla, item.enqueued_at, now)
+                                    item.enqueued_at, now)
                 if isinstance(fut, Waiter):
                     (<Waiter>fut).granted(lease)
                 else:
                     fut.set_result(lease)
 
-    cdef Lease _grant(self, PoolState ps, int band, tenant, long max_tokens, double deadline, bint explicit,
-                      double arrived_at, double now):
+    cdef Lease _grant(self, PoolState ps, int band, tenant, long max_tokens, double deadline, double arrived_at,
+                      double now):
         cdef Lease lease = Lease.__new__(Lease)
         ps.pending += 1
         self._in_flight += 1
@@ -816,7 +816,6 @@ cdef class AdmissionCore:
         lease.tenant = tenant
         lease.max_tokens = max_tokens
         lease.deadline = deadline
-        lease.explicit_sla = explicit
         lease.arrived_at = arrived_at
         lease.granted_at = now
         return lease

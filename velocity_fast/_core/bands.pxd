@@ -23,7 +23,6 @@ cdef class Item:
     cdef long long seq
     cdef bint indexed        # in BandQueues.items (enqueue's; push's are not)
     # What a grant needs, carried for admission (push)
-    cdef public bint explicit_sla
     cdef public double grant_deadline
     cdef public long max_tokens
     # Intrusive links: the tenant's FIFO and the band's age (enqueue-order) list.
