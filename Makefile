@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-CORE_SRC := $(wildcard velocity_fast/_core/*.pyx velocity_fast/_core/*.pxd csrc/*.h)
+CORE_SRC := $(wildcard velocity_fast/*/*.pyx velocity_fast/*/*.pxd csrc/*.h)
 PYTEST_ARGS ?=
 
 .PHONY: run test test-fast bench bench-smoke build clean venv
@@ -20,7 +20,7 @@ $(STAMP): $(BIN)/python pyproject.toml setup.py
 
 venv: $(STAMP)
 
-# In-place rebuild of the compiled core (velocity_fast/_core/*.so).
+# In-place build of the compiled modules (velocity_fast/*/*.so, beside their .pyx).
 build: $(STAMP)
 	$(BIN)/python setup.py -q build_ext --inplace -j 2
 
@@ -40,4 +40,4 @@ bench-smoke: build
 	$(BIN)/python bench/run_all.py --smoke
 
 clean:
-	rm -rf build velocity_fast/_core/*.c velocity_fast/_core/*.so velocity_fast/_core/*.html
+	rm -rf build velocity_fast/*/*.c velocity_fast/*/*.so velocity_fast/*/*.html

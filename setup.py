@@ -1,5 +1,6 @@
-"""Build the compiled core: every velocity_fast/_core/*.pyx through cythonize.
+"""Build the compiled modules: every velocity_fast/**/*.pyx through cythonize.
 
+The hot classes are compiled in the package of their concept (docs/design.md, "Layers").
 VELOCITY_EXT=bands,prefix restricts the build to the named modules (useful while
 one module is being edited and another is not yet compilable).
 """
@@ -10,7 +11,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 HERE = Path(__file__).parent
-CORE = HERE / "velocity_fast" / "_core"
+PKG = HERE / "velocity_fast"
 
 DIRECTIVES = {
     "language_level": 3,
@@ -23,13 +24,14 @@ DIRECTIVES = {
 
 only = {n for n in os.environ.get("VELOCITY_EXT", "").split(",") if n}
 extensions = []
-for pyx in sorted(CORE.glob("*.pyx")):
+for pyx in sorted(PKG.rglob("*.pyx")):
     if only and pyx.stem not in only:
         continue
+    rel = pyx.relative_to(HERE)
     extensions.append(
         Extension(
-            f"velocity_fast._core.{pyx.stem}",
-            [str(pyx.relative_to(HERE))],
+            ".".join(rel.with_suffix("").parts),
+            [str(rel)],
             include_dirs=["csrc"],
             extra_compile_args=["-O3"],
         )

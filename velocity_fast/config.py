@@ -12,8 +12,9 @@ from typing import Any
 
 import msgspec
 
-from .admission.settings import AdmissionConfigError, AdmissionSettings, BandSettings
-from .routing.health import HealthSettings
+from velocity_fast.admission.errors import AdmissionConfigError
+from velocity_fast.admission.settings import AdmissionSettings, BandSettings
+from velocity_fast.fleet.health import HealthSettings
 
 __all__ = ["Settings", "EndpointConfig", "BandConfig", "TenantConfig", "ModelConfig", "ServerSettings",
            "ConfigError", "load_settings", "parse_endpoint_flag", "DEFAULT_BANDS"]

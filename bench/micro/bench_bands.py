@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from reference_admission import RefBands  # noqa: E402
 
-from velocity_fast._core.bands import BandQueues  # noqa: E402
+from velocity_fast.admission.bands import BandQueues  # noqa: E402
 
 N = 10_000
 TENANTS = [f"t{i}" for i in range(8)]

@@ -21,8 +21,8 @@ import random
 
 import pytest
 
-from velocity_fast._core.prefix import PrefixHasher, PrefixIndex, choose_by_affinity
-from velocity_fast.routing.endpoint import Endpoint, Pool
+from velocity_fast.routing.prefix import PrefixHasher, PrefixIndex, choose_by_affinity
+from velocity_fast.fleet.endpoint import Endpoint, Pool
 from velocity_fast.routing.router import Router
 from velocity_fast.routing.settings import RoutingSettings
 
@@ -76,7 +76,7 @@ def _index_with_prefixes(hashes):
     """64 endpoints, each holding a different-length prefix of the prompt."""
     index = PrefixIndex(100_000)
     full = hashes.tolist()
-    from velocity_fast._core.prefix import BlockHashes
+    from velocity_fast.routing.prefix import BlockHashes
     for e in range(ENDPOINTS):
         index.touch(f"e{e}", BlockHashes.of(full[:(e * 4) % len(full)]))
     return index

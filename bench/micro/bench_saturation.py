@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from reference_admission import RefLoad, ref_update  # noqa: E402
 
-from velocity_fast._core.saturation import EndpointLoad, Saturation  # noqa: E402
+from velocity_fast.admission.saturation import EndpointLoad, Saturation  # noqa: E402
 
 N = 10_000
 RESULTS = {}

@@ -1,4 +1,4 @@
-"""The gateway's own socket I/O (velocity_fast/_core/fdio.pyx) on real 127.0.0.1 sockets:
+"""The gateway's own socket I/O (velocity_fast/io/fdio.pyx) on real 127.0.0.1 sockets:
 asyncio's Transport semantics that the server and the engine pool rely on."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from velocity_fast._core import fdio
-from velocity_fast.server import HTTPServer
+from velocity_fast.io import fdio
+from velocity_fast.server.http_server import HTTPServer
 from tests.support.server_wire import connect
 
 WAIT = 10.0

@@ -11,7 +11,7 @@ import re
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from velocity_fast._core.exchange import Exchange
+from velocity_fast.gateway.exchange import Exchange
 
 from tests.support.gateway import RecordingUpstream, running_gateway, wait_until
 from tests.support.sim import free_port, http_request, start_sim_engine

@@ -126,7 +126,7 @@ def test_cli_exit_codes(capsys):
 
 
 async def test_rejections_by_status_and_reason_and_stream_errors():
-    from velocity_fast.server import HTTPServer
+    from velocity_fast.server.http_server import HTTPServer
 
     async def handler(req, resp):
         i = int(req.headers["x-request-id"].rsplit("-", 1)[1])

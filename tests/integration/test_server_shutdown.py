@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from velocity_fast.server import ClientDisconnected, HTTPServer, ServerLimits
+from velocity_fast.server.errors import ClientDisconnected
+from velocity_fast.server.http_server import HTTPServer
+from velocity_fast.server.limits import ServerLimits
 from tests.support.server_wire import WAIT, Conn, build, connect, echo
 
 APP = Path(__file__).resolve().parents[1] / "support" / "server_sigterm_app.py"

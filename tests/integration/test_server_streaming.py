@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from velocity_fast.server import ClientDisconnected
+from velocity_fast.server.errors import ClientDisconnected
 from tests.support.server_wire import WAIT, assert_error_shape, build, connect, serving, still_serving
 
 

@@ -5,8 +5,9 @@ import math
 
 import pytest
 
-from velocity_fast._core.bands import BandQueues
-from velocity_fast.admission import AdmissionSettings, make_policy
+from velocity_fast.admission.bands import BandQueues
+from velocity_fast.admission.settings import AdmissionSettings
+from velocity_fast.admission.policies import make_policy
 from velocity_fast.config import ConfigError, load_settings
 
 INF = math.inf
@@ -143,7 +144,7 @@ def test_the_policy_hands_the_tenants_weights_to_the_queues():
 
 
 def test_admission_built_from_settings_reads_the_tenants_weights():
-    from velocity_fast.admission import Admission
+    from velocity_fast.admission.controller import Admission
 
     s = load_settings(flags={"tenants": [{"name": "a", "weight": 2.0}, {"name": "b"}],
                              "admission": {"fairness": "tokens"}}, env={})

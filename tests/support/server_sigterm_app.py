@@ -19,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from velocity_fast.server import HTTPServer, run_until_signalled  # noqa: E402
+from velocity_fast.server.http_server import HTTPServer
+from velocity_fast.server.run import run_until_signalled  # noqa: E402
 
 
 def app(shape: str, chunks: int, interval: float, grace: float):

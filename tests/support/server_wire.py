@@ -18,7 +18,8 @@ import socket
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
-from velocity_fast.server import HTTPServer, ServerLimits
+from velocity_fast.server.http_server import HTTPServer
+from velocity_fast.server.limits import ServerLimits
 
 # Every wait of a test is bounded: a server that never answers fails the test in
 # seconds instead of hanging until the pytest timeout.

@@ -5,9 +5,11 @@ import time
 
 import pytest
 
-from velocity_fast.admission import Admission, AdmissionSettings, Rejected, Ticket
-from velocity_fast.metrics import Registry
-from velocity_fast.routing.endpoint import Endpoint, Pool
+from velocity_fast.admission.controller import Admission, Ticket
+from velocity_fast.admission.settings import AdmissionSettings
+from velocity_fast.admission.errors import Rejected
+from velocity_fast.metrics.registry import Registry
+from velocity_fast.fleet.endpoint import Endpoint, Pool
 
 
 class Clock:
@@ -129,7 +131,7 @@ async def test_two_hundred_simultaneous_requests_do_not_pass_en_masse():
 
 
 async def test_queue_full_is_503_capacity():
-    from velocity_fast.admission import BandSettings
+    from velocity_fast.admission.settings import BandSettings
     bands = [BandSettings(name="high", ceiling=1.5, queue_capacity=1),
              BandSettings(name="normal", ceiling=1.0, queue_capacity=2)]
     adm, (ep,) = make(limit=1, bands=bands)
@@ -147,7 +149,7 @@ async def test_queue_full_is_503_capacity():
 
 
 async def test_ttl_is_504():
-    from velocity_fast.admission import BandSettings
+    from velocity_fast.admission.settings import BandSettings
     bands = [BandSettings(name="normal", ceiling=1.0, ttl_ms=30)]
     adm, (ep,) = make(limit=1, bands=bands, tick_ms=5)
     held = await adm.admit(Ticket())

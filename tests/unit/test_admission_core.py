@@ -1,15 +1,16 @@
-"""The compiled pieces of admission's request path (_core/admission.pyx) through their
+"""The compiled pieces of admission's request path (admission/controller.pyx) through their
 Python faces: estimators, windows, leases, tickets and the clock they read."""
 import time
 
 import pytest
 
-from velocity_fast.admission import Admission, AdmissionSettings, Ticket
+from velocity_fast.admission.controller import Admission, Ticket
+from velocity_fast.admission.settings import AdmissionSettings
 from velocity_fast.admission.estimators import Ewma, ServiceEstimate
 from velocity_fast.admission.telemetry import percentiles
-from velocity_fast._core.admission import Window
-from velocity_fast.metrics import Registry
-from velocity_fast.routing.endpoint import Endpoint, Pool
+from velocity_fast.admission.telemetry import Window
+from velocity_fast.metrics.registry import Registry
+from velocity_fast.fleet.endpoint import Endpoint, Pool
 
 
 def make(clock=time.monotonic, policy="dynamic"):

@@ -12,8 +12,10 @@ import time
 
 import pytest
 
-from velocity_fast.admission import Admission, AdmissionSettings, Rejected, Ticket
-from velocity_fast.routing.endpoint import Endpoint, Pool
+from velocity_fast.admission.controller import Admission, Ticket
+from velocity_fast.admission.settings import AdmissionSettings
+from velocity_fast.admission.errors import Rejected
+from velocity_fast.fleet.endpoint import Endpoint, Pool
 
 HIGH_S = 0.01
 LOW_S = 0.1

@@ -6,8 +6,10 @@ import uvloop
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from velocity_fast.admission import Admission, AdmissionSettings, Rejected, Ticket
-from velocity_fast.routing.endpoint import Endpoint, Pool
+from velocity_fast.admission.controller import Admission, Ticket
+from velocity_fast.admission.settings import AdmissionSettings
+from velocity_fast.admission.errors import Rejected
+from velocity_fast.fleet.endpoint import Endpoint, Pool
 
 op = st.one_of(
     st.tuples(st.just("admit"), st.sampled_from(["high", "normal", "low"]), st.sampled_from("abc")),

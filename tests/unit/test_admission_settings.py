@@ -1,7 +1,8 @@
 """Admission settings: defaults, conversion from the top-level config, validation."""
 import pytest
 
-from velocity_fast.admission import AdmissionConfigError, AdmissionSettings, BandSettings
+from velocity_fast.admission.errors import AdmissionConfigError
+from velocity_fast.admission.settings import AdmissionSettings, BandSettings
 
 
 def test_defaults_are_the_design_bands():

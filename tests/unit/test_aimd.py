@@ -1,7 +1,7 @@
 """AIMD concurrency limit: +1, x0.75 once per window, OOM to minimum with a freeze."""
 import pytest
 
-from velocity_fast._core.aimd import AimdLimit
+from velocity_fast.admission.aimd import AimdLimit
 
 
 def test_increase_only_when_limit_holds_work_back():

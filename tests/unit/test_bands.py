@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from velocity_fast._core.bands import (
+from velocity_fast.admission.bands import (
     REJECT_BAD_BAND,
     REJECT_BAND_BYTES,
     REJECT_BAND_COUNT,

@@ -5,7 +5,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from velocity_fast._core.bands import BandQueues
+from velocity_fast.admission.bands import BandQueues
 
 op = st.one_of(
     st.tuples(st.just("enq"), st.integers(0, 2), st.sampled_from("abcd"),

@@ -12,8 +12,8 @@ import asyncio
 
 import pytest
 
-from velocity_fast.routing.endpoint import Endpoint
-from velocity_fast.routing.health import EndpointMonitor, HealthSettings
+from velocity_fast.fleet.endpoint import Endpoint
+from velocity_fast.fleet.health import EndpointMonitor, HealthSettings
 from velocity_fast.upstream.connection import UpstreamConnection
 from velocity_fast.upstream.pool import UpstreamPool
 
@@ -26,13 +26,12 @@ def _done_conn(pool: UpstreamPool) -> UpstreamConnection:
 
 
 @pytest.mark.parametrize("steps", [1, 2, 3, 4])
-async def test_a_fetch_cancelled_as_its_answer_lands_raises_cancelled(steps, monkeypatch):
-    pool = UpstreamPool("http://127.0.0.1:9")
+async def test_a_fetch_cancelled_as_its_answer_lands_raises_cancelled(steps):
+    class _AnsweredPool(UpstreamPool):
+        async def open_request(self, data: bytes):
+            return _done_conn(self)
 
-    async def open_request(data: bytes):
-        return _done_conn(pool)
-
-    monkeypatch.setattr(pool, "open_request", open_request)
+    pool = _AnsweredPool("http://127.0.0.1:9")
     task = asyncio.create_task(pool.fetch("GET", "/health"))
     for _ in range(steps):
         await asyncio.sleep(0)

@@ -22,8 +22,8 @@ from velocity_fast.config import (
     parse_endpoint_flag,
 )
 from velocity_fast.gateway.launch import _sim_flags
-from velocity_fast.routing.health import HealthSettings
-from velocity_fast.routing.scrape import MetricNames
+from velocity_fast.fleet.health import HealthSettings
+from velocity_fast.fleet.scrape import MetricNames
 from velocity_fast.routing.settings import RoutingSettings
 from velocity_fast.sim.options import add_arguments as add_sim_arguments
 

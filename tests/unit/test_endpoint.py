@@ -1,9 +1,9 @@
-"""Endpoints and pools (compiled: _core/endpoint.pyx) through their Python face."""
+"""Endpoints and pools (compiled: fleet/endpoint.pyx) through their Python face."""
 import time
 
 import pytest
 
-from velocity_fast.routing.endpoint import Endpoint, Pool
+from velocity_fast.fleet.endpoint import Endpoint, Pool
 
 
 def test_a_new_endpoint_is_unhealthy_unscraped_and_keeps_its_limit():

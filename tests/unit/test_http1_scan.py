@@ -1,4 +1,4 @@
-"""The one-call HTTP/1.1 scanners (_core/http1.pyx) against llhttp (httptools).
+"""The one-call HTTP/1.1 scanners (http/http1.pyx) against llhttp (httptools).
 
 What a scanner takes, llhttp must take with the same meaning (method, target, headers
 as the server builds them, keep-alive, body, where the message ends); everything the
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from velocity_fast._core.http1 import response_headers, scan_request, scan_response
+from velocity_fast.http.http1 import response_headers, scan_request, scan_response
 
 MAX_HEAD = 64 * 1024
 MAX_BODY = 1 << 20

@@ -1,4 +1,4 @@
-"""The compiled metric values (_core/metric_values.pyx) against plain Python, and what a
+"""The compiled metric values (metrics/values.pyx) against plain Python, and what a
 scrape shows of them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from velocity_fast.metrics import DEFAULT_BUCKETS, Registry
+from velocity_fast.metrics.registry import DEFAULT_BUCKETS, Registry
 
 _values = st.one_of(st.floats(min_value=-1e6, max_value=1e6), st.sampled_from(DEFAULT_BUCKETS),
                     st.sampled_from([math.nan, math.inf, -math.inf]))

@@ -10,7 +10,9 @@ import random
 
 import pytest
 
-from velocity_fast.admission import Admission, AdmissionSettings, Ticket, make_policy
+from velocity_fast.admission.controller import Admission, Ticket
+from velocity_fast.admission.settings import AdmissionSettings
+from velocity_fast.admission.policies import make_policy
 from velocity_fast.admission.policies import (
     EarliestDeadline,
     EngineSaturation,
@@ -20,7 +22,7 @@ from velocity_fast.admission.policies import (
     RoundRobin,
     TokenWeighted,
 )
-from velocity_fast.routing.endpoint import Endpoint, Pool
+from velocity_fast.fleet.endpoint import Endpoint, Pool
 
 SETTINGS = AdmissionSettings().validate()
 

@@ -1,4 +1,4 @@
-"""Compiled prefix hashing and the per-endpoint prefix index (velocity_fast/_core/prefix.pyx)."""
+"""Compiled prefix hashing and the per-endpoint prefix index (velocity_fast/routing/prefix.pyx)."""
 
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from velocity_fast._core.prefix import (BlockHashes, PrefixHasher, PrefixIndex, choose_by_affinity,
+from velocity_fast.routing.prefix import (BlockHashes, PrefixHasher, PrefixIndex, choose_by_affinity,
                                         hash_bytes)
 
 BLOCK = 64
@@ -87,7 +87,7 @@ def test_hash_bytes_covers_every_byte_and_the_length():
 
 _CHILD = """
 import sys
-from velocity_fast._core.prefix import PrefixHasher, hash_bytes
+from velocity_fast.routing.prefix import PrefixHasher, hash_bytes
 data = bytes((i * 31) % 251 for i in range(64 * 6 + 10))
 print(PrefixHasher(64).hash(data, "llama").tolist(), hash_bytes(b"session-1"))
 """

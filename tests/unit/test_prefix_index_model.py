@@ -5,7 +5,7 @@ from collections import OrderedDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from velocity_fast._core.prefix import BlockHashes, PrefixIndex
+from velocity_fast.routing.prefix import BlockHashes, PrefixIndex
 
 
 class ModelIndex:

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from velocity_fast.routing.endpoint import Endpoint, Pool
+from velocity_fast.fleet.endpoint import Endpoint, Pool
 from velocity_fast.routing.profiles import make_profiles
 from velocity_fast.routing.router import Router
 from velocity_fast.routing.session import SessionAffinity

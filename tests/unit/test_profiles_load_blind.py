@@ -1,12 +1,12 @@
-"""The load-blind routing profiles, round-robin and least-loaded (_core/router.pyx):
+"""The load-blind routing profiles, round-robin and least-loaded (routing/router.pyx):
 chosen per model in the config or per request with x-velocity-profile."""
 
 import re
 import time
 from collections import Counter
 
-from velocity_fast.metrics import Registry
-from velocity_fast.routing.endpoint import Endpoint, Pool
+from velocity_fast.metrics.registry import Registry
+from velocity_fast.fleet.endpoint import Endpoint, Pool
 from velocity_fast.routing.router import Router
 from velocity_fast.routing.settings import RoutingSettings
 

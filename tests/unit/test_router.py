@@ -5,9 +5,10 @@ from collections import Counter
 
 import pytest
 
-from velocity_fast.metrics import Registry
-from velocity_fast.routing.endpoint import Endpoint, Pool
-from velocity_fast.routing.router import Router, UnknownProfile
+from velocity_fast.metrics.registry import Registry
+from velocity_fast.fleet.endpoint import Endpoint, Pool
+from velocity_fast.routing.router import Router
+from velocity_fast.routing.errors import UnknownProfile
 from velocity_fast.routing.settings import RoutingSettings
 
 SYSTEM = "You are a careful assistant. " * 40  # ~1.1 KB: a shared system prompt

@@ -1,14 +1,16 @@
-"""The compiled router path (_core/router.pyx) through its Python faces: RouteInfo, the
+"""The compiled router path (routing/router.pyx) through its Python faces: RouteInfo, the
 clock of staleness, header mappings, and pick's callbacks and exclusions."""
 import time
 from types import MappingProxyType
 
 import pytest
 
-from velocity_fast._core.prefix import BlockHashes
-from velocity_fast.metrics import Registry
-from velocity_fast.routing.endpoint import Endpoint, Pool
-from velocity_fast.routing.router import PROFILE_HEADER, SESSION_HEADER, RouteInfo, Router
+from velocity_fast.routing.prefix import BlockHashes
+from velocity_fast.metrics.registry import Registry
+from velocity_fast.fleet.endpoint import Endpoint, Pool
+from velocity_fast.routing.settings import PROFILE_HEADER, SESSION_HEADER
+from velocity_fast.routing.route import RouteInfo
+from velocity_fast.routing.router import Router
 from velocity_fast.routing.session import SessionAffinity
 from velocity_fast.routing.settings import RoutingSettings
 

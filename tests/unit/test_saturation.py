@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from velocity_fast._core.saturation import EndpointLoad, Saturation, free_slots, refresh
-from velocity_fast.routing.endpoint import Endpoint
+from velocity_fast.admission.saturation import EndpointLoad, Saturation, free_slots, refresh
+from velocity_fast.fleet.endpoint import Endpoint
 
 
 def test_worse_of_queue_and_kv():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from velocity_fast.routing.scrape import MetricNames, parse_engine_metrics
+from velocity_fast.fleet.scrape import MetricNames, parse_engine_metrics
 
 VLLM_TEXT = b"""\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import orjson
 
-from velocity_fast.server import ServerLimits, error_body
+from velocity_fast.server.limits import ServerLimits
+from velocity_fast.http.errors import error_body
 
 
 def test_error_body_has_the_one_shape_with_code_equal_to_the_status():

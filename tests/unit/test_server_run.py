@@ -9,7 +9,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from velocity_fast.server import HTTPServer, run_until_signalled
+from velocity_fast.server.http_server import HTTPServer
+from velocity_fast.server.run import run_until_signalled
 
 
 async def _handler(req, resp):

@@ -4,7 +4,7 @@ import subprocess
 import sys
 from collections import Counter
 
-from velocity_fast.routing.endpoint import Endpoint, Pool
+from velocity_fast.fleet.endpoint import Endpoint, Pool
 from velocity_fast.routing.router import Router
 from velocity_fast.routing.session import SessionAffinity
 from velocity_fast.routing.settings import RoutingSettings

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from velocity_fast.server import ClientDisconnected
+from velocity_fast.server.errors import ClientDisconnected
 from velocity_fast.sim.responses import RequestMeta, StreamSink, WholeSink
 from velocity_fast.sim.tokens import VOCAB
 

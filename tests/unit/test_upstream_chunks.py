@@ -1,4 +1,4 @@
-"""The engine connection's own reading of chunked streams (_core/upstream.pyx), against llhttp.
+"""The engine connection's own reading of chunked streams (upstream/connection.pyx), against llhttp.
 
 A stream's whole chunks go on to the client as they came (``upstream_raw``); a chunk split
 across reads goes as its pieces of data (``upstream_body``, framed anew by the Responder).
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from velocity_fast._core.http1 import scan_chunked_head
-from velocity_fast.upstream.connection import UpstreamConnection, UpstreamListener
+from velocity_fast.http.http1 import scan_chunked_head
+from velocity_fast.upstream.connection import UpstreamConnection, Listener
 from velocity_fast.upstream.errors import UpstreamError
 
 HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
@@ -49,7 +49,7 @@ class _Transport:
         pass
 
 
-class _Relay(UpstreamListener):
+class _Relay(Listener):
     """Frames what it is given as a chunked Responder would: the client's bytes."""
 
     def __init__(self, raw: bool) -> None:
@@ -211,7 +211,7 @@ def test_only_a_chunked_head_is_read_here():
         assert scan_chunked_head(other, 0) is None
 
 
-class _Keep(UpstreamListener):
+class _Keep(Listener):
     def __init__(self) -> None:
         self.done = 0
 

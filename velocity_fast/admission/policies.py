@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import math
 
-from .._core.bands import BandQueues
-from .._core.saturation import Saturation
-from .settings import POLICIES, AdmissionSettings, BandSettings
+from velocity_fast.admission.bands import BandQueues
+from velocity_fast.admission.saturation import Saturation
+from velocity_fast.admission.settings import POLICIES, AdmissionSettings, BandSettings
 
 __all__ = ["RoundRobin", "TokenWeighted", "Fifo", "EarliestDeadline", "FixedConcurrency",
            "EngineSaturation", "Policy", "make_policy"]
@@ -80,7 +80,7 @@ class FixedConcurrency:
 
 
 class EngineSaturation:
-    """Saturation from the engines' metrics (see _core/saturation.pyx)."""
+    """Saturation from the engines' metrics (see admission/saturation.pyx)."""
 
     name = "engine"
 

@@ -11,13 +11,12 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["BandSettings", "AdmissionSettings", "AdmissionConfigError", "POLICIES"]
+from .errors import AdmissionConfigError
+
+__all__ = ["BandSettings", "AdmissionSettings", "POLICIES"]
 
 POLICIES = ("static", "dynamic", "smart")
 
-
-class AdmissionConfigError(ValueError):
-    """An admission setting is wrong; the message names the key."""
 
 
 class BandSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -4,37 +4,66 @@ client -> api -> admission -> router -> upstream -> completion."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
 
 import orjson
 
-from .._core.exchange import GatewayCore, band_for, handle_client, new_request_id, start_native
-from ..config import EndpointConfig, Settings
-from ..metrics import Registry
-from ..routing.endpoint import Endpoint, Pool
-from ..routing.health import EndpointMonitor
-from ..server import HTTPServer, Request, Responder, ServerLimits
-from ..upstream import UpstreamPool
-from .auth import Identity
-from .observability import GatewayMetrics
-from .policy import Ticket, make_admission, make_router
-from ..routing.router import UnknownProfile
-from .requests import BadRequest, decode_generate
+from velocity_fast.config import EndpointConfig, Settings
+from velocity_fast.gateway.exchange import Ingress, band_for, handle_client, new_request_id, start_native
+from velocity_fast.metrics.registry import Registry
+from velocity_fast.fleet.endpoint import Endpoint, Pool
+from velocity_fast.fleet.health import EndpointMonitor
+from velocity_fast.server.http_server import HTTPServer
+from velocity_fast.http.message import Request
+from velocity_fast.server.connection import Responder
+from velocity_fast.server.limits import ServerLimits
+from velocity_fast.upstream.pool import UpstreamPool
+from velocity_fast.gateway.identity import Identity
+from velocity_fast.gateway.observability import GatewayMetrics
+from velocity_fast.admission.controller import Ticket
+from velocity_fast.gateway.policy import make_admission, make_router
+from velocity_fast.routing.errors import UnknownProfile
+from velocity_fast.gateway.errors import BadRequest
+from velocity_fast.gateway.requests import decode_generate
 
 __all__ = ["Gateway"]
 
 log = logging.getLogger("velocity.gateway")
 
 
-class Gateway(GatewayCore):
+def _ingress_field(name: str) -> property:
+    """A field the request path reads as C: kept in the gateway's Ingress (gateway/exchange.pyx)."""
+    return property(lambda self: getattr(self.ingress, name), lambda self, v: setattr(self.ingress, name, v),
+                    doc=f"The Ingress's {name} (read by the request path as C).")
+
+
+class Gateway:
     """One gateway process: client server, admin server, endpoint monitors, admission, router.
 
     Its identity, router, admission, monitor, metrics, pools, default model, band names
-    and loop are fields of the compiled GatewayCore: the request path reads them as C."""
+    and loop live in its ``Ingress`` (compiled, gateway/exchange.pyx), where the request
+    path reads them as C; the Ingress calls back into this object for the rest
+    (``_health``, ``_route``, ``_reject``, ``_sla_for``)."""
+
+    identity = _ingress_field("identity")
+    router = _ingress_field("router")
+    admission = _ingress_field("admission")
+    monitor = _ingress_field("monitor")
+    metrics = _ingress_field("metrics")
+    pools = _ingress_field("pools")
+    default_model = _ingress_field("default_model")
+    band_names = _ingress_field("band_names")
+    _loop = _ingress_field("_loop")
 
     def __init__(self, settings: Settings, *, backend: str = "endpoints", model_label: str | None = None) -> None:
+        self.ingress = Ingress()
+        self.ingress.app = self
+        # The client port's handler (compiled): /health, the key check, the proxy routes;
+        # every other route goes to _route below.
+        self.handle = functools.partial(handle_client, self.ingress)
         self.settings = settings
         self.backend = backend
         self.registry = Registry()
@@ -120,7 +149,7 @@ class Gateway(GatewayCore):
                               keepalive_timeout=s.server.keepalive_timeout_s,
                               first_byte_timeout=s.server.first_byte_timeout_s)
         host = s.host if host is None else host
-        self.client_server = HTTPServer(self.handle, limits=limits, name="gateway", on_error=self._internal_error)
+        self.client_server = HTTPServer(self.handle, limits=limits, name="gateway", on_error=self.ingress._internal_error)
         await self.client_server.start(host, s.port if port is None else port)
         self.admin_server = HTTPServer(self.handle_admin, limits=limits, name="admin")
         await self.admin_server.start(host, s.admin_port if admin_port is None else admin_port)
@@ -147,9 +176,6 @@ class Gateway(GatewayCore):
             ep.upstream.close()
 
     # -- client port -----------------------------------------------------------------------------
-    # The client port's handler (compiled: _core/exchange.pyx): /health, the key check,
-    # the proxy routes; every other route goes to _route below.
-    handle = handle_client
 
     def _route(self, req: Request, resp: Responder):
         """The client port's routes other than /health and the proxy routes (already
@@ -254,7 +280,7 @@ class Gateway(GatewayCore):
         ticket = Ticket(band=band, tenant=tenant_name, sla_ms=sla_ms, max_tokens=r.max_tokens,
                         prompt_bytes=len(body), model=model)
         # The same exchange as the OpenAI routes; the engine's completion is reshaped.
-        start_native(self, req, resp, pool, ticket, info, body, rid, self._native_answer)
+        start_native(self.ingress, req, resp, pool, ticket, info, body, rid, self._native_answer)
 
     def _native_answer(self, x, body: bytes) -> bytes | None:
         """The native answer of /generate from the engine's whole completion (None: the

@@ -45,7 +45,7 @@ def _sim_flags(settings: Settings, extra: str | None) -> list[str]:
 
 def serve_main(args: argparse.Namespace) -> int:
     """The gateway alone, in front of engines that already run (--endpoint / config)."""
-    from ..server import run_until_signalled
+    from velocity_fast.server.run import run_until_signalled
     from .app import Gateway
     from .observability import setup_logging
 
@@ -87,7 +87,7 @@ def charge_main(args: argparse.Namespace) -> int:
     from ..engines.models import ModelPathError, ModelPromptAborted
     from ..engines.plan import PlanError
     from ..engines.supervisor import EngineStartError, EngineSupervisor
-    from ..server import run_until_signalled
+    from velocity_fast.server.run import run_until_signalled
     from .app import Gateway
     from .observability import setup_logging
 

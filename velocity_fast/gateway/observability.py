@@ -8,7 +8,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from ..metrics import Registry
+from velocity_fast.metrics.registry import Registry
 
 if TYPE_CHECKING:  # pragma: no cover
     from .app import Gateway

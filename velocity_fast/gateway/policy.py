@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from ..admission import Admission, AdmissionSettings, Rejected, Ticket
+from velocity_fast.admission.controller import Admission, Ticket
+from velocity_fast.admission.settings import AdmissionSettings
+from velocity_fast.admission.errors import Rejected
 from ..config import Settings
-from ..metrics import Registry
-from ..routing.endpoint import Pool
-from ..routing.router import Router
+from velocity_fast.metrics.registry import Registry
+from velocity_fast.fleet.endpoint import Pool
+from velocity_fast.routing.router import Router
 from ..routing.settings import RoutingSettings
 
 __all__ = ["Ticket", "Rejected", "make_admission", "make_router"]

@@ -25,10 +25,10 @@ import logging
 import signal
 from typing import Any, Callable
 
-from ..admission import AdmissionSettings
+from velocity_fast.admission.settings import AdmissionSettings
 from ..config import ConfigError, Settings
-from .auth import Identity
-from .policy import make_admission, make_router, routing_settings
+from velocity_fast.gateway.identity import Identity
+from velocity_fast.gateway.policy import make_admission, make_router, routing_settings
 
 __all__ = ["Reloader", "apply_settings", "RESTART_KEYS"]
 

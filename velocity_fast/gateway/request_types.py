@@ -1,7 +1,7 @@
 """What the gateway decodes of a client request: the msgspec Structs and their decoders.
 
 A leaf module (it imports nothing of the package), so that the compiled
-velocity_fast._core.requests can import it while the package is still loading.
+velocity_fast.gateway.requests can import it while the package is still loading.
 """
 
 from __future__ import annotations
@@ -19,16 +19,11 @@ GATEWAY_FIELDS = ("priority", "sla_ms")
 # The largest max_tokens / max_completion_tokens the gateway accepts (a 32-bit count, far
 # past any engine's context): above it a 400 names the field. Admission keeps the number
 # in a C long and /generate forwards it through orjson, which would both overflow at 2**63.
-# ProxyRequest's are checked in C after decoding (_core/requests.pyx: a constrained type
+# ProxyRequest's are checked in C after decoding (gateway/requests.pyx: a constrained type
 # costs msgspec about 130 instructions a request); /generate's by the decoder (Meta).
 MAX_TOKENS_LIMIT = 2**31 - 1
 _Tokens = Annotated[int, msgspec.Meta(le=MAX_TOKENS_LIMIT)]
 
-
-class BadRequest(ValueError):
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 # gc=False: what a decoded body holds (strings, numbers, raw JSON, lists of those) cannot

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from velocity_fast._core.prefix import hash_bytes, rendezvous_weight
+from velocity_fast.routing.prefix import hash_bytes, rendezvous_weight
 
 __all__ = ["SessionAffinity"]
 

@@ -11,7 +11,11 @@ from typing import Annotated, Any, Literal, Mapping
 
 import msgspec
 
-__all__ = ["PROFILES", "ProfileName", "RoutingSettings"]
+__all__ = ["PROFILES", "PROFILE_HEADER", "SESSION_HEADER", "ProfileName", "RoutingSettings"]
+
+# The request headers that pick a routing profile and name a session.
+PROFILE_HEADER = "x-velocity-profile"
+SESSION_HEADER = "x-session-id"
 
 PROFILES = ("chat", "batch", "long-context", "round-robin", "least-loaded")
 ProfileName = Literal["chat", "batch", "long-context", "round-robin", "least-loaded"]

@@ -1,12 +1,6 @@
-"""HTTP/1.1 on uvloop + httptools, shared by the sim engine and the gateway.
+"""The HTTP/1.1 server shared by the sim engine and the gateway (docs/design.md, "Layers").
 
 It knows nothing of engines, bands or routing: a handler gets a Request and a
-Responder and answers. See docs/internals.md for the interface.
+Responder and answers. ``connection``: the client connection and its Responder
+(compiled); ``http_server``: the listening server; ``limits``, ``errors``, ``run``.
 """
-
-from .messages import ClientDisconnected, Request, ServerLimits, error_body
-from .protocol import HTTPServer, Responder
-from .run import run_until_signalled
-
-__all__ = ["HTTPServer", "Request", "Responder", "ServerLimits", "ClientDisconnected",
-           "error_body", "run_until_signalled"]

@@ -12,7 +12,8 @@ import time
 import msgspec
 import orjson
 
-from velocity_fast.server import Request, Responder
+from velocity_fast.http.message import Request
+from velocity_fast.server.connection import Responder
 
 from .config import SimConfig
 from .engine import Engine, Sequence

@@ -26,7 +26,8 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"sim-engine: {e}", file=sys.stderr)
         return 2
-    from velocity_fast.server import HTTPServer, run_until_signalled
+    from velocity_fast.server.http_server import HTTPServer
+    from velocity_fast.server.run import run_until_signalled
 
     from .api import SimAPI
     from .engine import Engine

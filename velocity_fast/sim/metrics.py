@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from velocity_fast.metrics import Registry
+from velocity_fast.metrics.registry import Registry
 
 if TYPE_CHECKING:
     from .config import SimConfig

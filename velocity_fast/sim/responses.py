@@ -12,7 +12,7 @@ import asyncio
 
 import orjson
 
-from velocity_fast.server import Responder
+from velocity_fast.server.connection import Responder
 
 from .tokens import VOCAB_BYTES, render_text
 

@@ -1,6 +1,2 @@
-"""Engine connections: keep-alive pools, response relay, cancellation by closing."""
-
-from .connection import UpstreamConnection, UpstreamError
-from .pool import UpstreamPool, request_head
-
-__all__ = ["UpstreamConnection", "UpstreamError", "UpstreamPool", "request_head"]
+"""Engine connections: keep-alive pools, the engine answer's parser and relay, cancellation by
+closing. ``connection`` (compiled), ``pool`` (compiled), ``errors``."""

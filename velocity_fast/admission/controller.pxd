@@ -1,0 +1,130 @@
+# Admission's request path, typed (see admission.pyx for the why).
+
+from velocity_fast.admission.aimd cimport AimdLimit
+from velocity_fast.admission.bands cimport BandQueues, Item
+from velocity_fast.fleet.endpoint cimport Endpoint, RoomFilter
+from velocity_fast.metrics.values cimport Value
+from velocity_fast.admission.saturation cimport EndpointLoad, Saturation
+from velocity_fast.admission.estimators cimport ServiceEstimate
+from velocity_fast.admission.telemetry cimport Telemetry, _COMPLETED, _FAILED, _CANCELLED
+
+
+cdef class Ticket:
+    cdef public object band
+    cdef public object tenant
+    cdef public object sla_ms
+    cdef public long max_tokens
+    cdef public long prompt_bytes
+    cdef public object model
+
+
+cdef class EndpointState:
+    cdef readonly Endpoint ep
+    cdef readonly EndpointLoad load
+    cdef readonly AimdLimit aimd
+    cdef readonly ServiceEstimate est
+
+
+cdef class PoolState:
+    cdef readonly object pool
+    cdef readonly BandQueues queues
+    cdef public long pending
+    cdef public list states
+    cdef public list loads
+    cdef public list seen
+    cdef public double overload_until
+
+
+cdef class Admission
+cdef class Lease
+
+
+# A queued request's waiter that the dispatch cycle drives with C calls: the layer above
+# registers its waiter class once, with two functions (``set_waiter``). Any other waiter is
+# driven like an asyncio future (``done()``, ``set_result()``, ``set_exception()``).
+ctypedef bint (*waiting_fn)(object waiter) except -1
+ctypedef void (*granted_fn)(object waiter, Lease lease) except *
+cdef void set_waiter(type kind, waiting_fn waiting, granted_fn granted) noexcept
+
+
+cdef class Lease(RoomFilter):
+    cdef readonly Admission _adm
+    cdef readonly PoolState _ps
+    cdef readonly int band_index
+    cdef readonly str band
+    cdef readonly object tenant
+    cdef readonly long max_tokens
+    cdef readonly double deadline
+    cdef readonly double arrived_at
+    cdef readonly double granted_at
+    cdef readonly double bound_at
+    cdef readonly double first_byte_at
+    cdef readonly Endpoint endpoint
+    cdef readonly EndpointState _st
+    cdef readonly bint done
+
+    cpdef bind(self, Endpoint ep)
+    cpdef rebind(self, Endpoint ep)
+    cpdef bint fits(self, Endpoint ep) except -1
+    cdef bint room(self, Endpoint ep) except -1
+    cpdef first_byte(self)
+    cpdef release(self, str outcome=*, error_text=*, long tokens=*)
+
+
+cdef class Admission:
+    cdef public object settings
+    cdef public object policy
+    cdef public object pools
+    cdef public object clock
+    cdef public list band_names
+    cdef public list _ceilings
+    cdef public dict _band_of
+    cdef public int _default_band
+    cdef public dict _pools
+    cdef public dict _eps
+    cdef object _last_ep          # the last endpoint looked up in _eps, and its state
+    cdef EndpointState _last_st
+    cdef public object _tick
+    cdef public long _in_flight
+    cdef public Telemetry telemetry
+    # Settings and policy switches read on every request (set by _configure).
+    cdef bint _mono
+    cdef Saturation _sat
+    cdef bint _fixed
+    cdef object _sat_obj
+    cdef double _sla_s
+    cdef double _sla_tol
+    cdef double _sla_tol_high
+    cdef long _global_capacity
+    cdef double _kv_hard_limit
+    cdef double _ttft_slo_ms
+    cdef double _tick_s
+    cdef bint _oom_throttle
+    cdef bint _sla_reject
+    cdef bint _adaptive
+
+    cdef double _now(self) except? -1.0
+    cdef double _pool_sat(self, PoolState ps, double now) except? -1.0
+    cdef double _endpoint_sat(self, EndpointLoad load, double now) except? -1.0
+    cdef object _admit(self, Ticket ticket, waiter)
+    cdef bint _withdraw(self, Ticket ticket, Item item) except -1
+    cdef double _predict(self, PoolState ps, int band, long max_tokens, long room, double sat, double now,
+                         double* wait) except? -2.0
+    cdef double _tolerance(self, int band)
+    cdef void _check_sla(self, PoolState ps, int band, long max_tokens, double budget, long room, double sat,
+                         double now) except *
+    cdef PoolState _state_of(self, model)
+    cdef EndpointState _ep_state(self, Endpoint ep)
+    cdef EndpointState _known_state(self, Endpoint ep)
+    cdef bint _refresh(self, PoolState ps) except -1
+    cdef long _queued(self) except -1
+    cdef void _cycle(self, PoolState ps, double now, bint have_now) except *
+    cdef Lease _grant(self, PoolState ps, int band, tenant, long max_tokens, double deadline, double arrived_at,
+                      double now)
+    cdef bint _fits(self, Lease lease, Endpoint ep) except -1
+    cdef void _on_bind(self, Lease lease, Endpoint ep, bint rebind) except *
+    cdef void _on_unbind(self, Lease lease, Endpoint ep) except *
+    cdef void _on_release(self, Lease lease, int outcome, error_text, long tokens) except *
+    cdef void _learn(self, PoolState ps, Lease lease, Endpoint ep, int outcome, error_text, long tokens,
+                     double now) except *
+    cdef void _arm(self) except *

@@ -1,0 +1,920 @@
+# cython: annotation_typing=False
+"""The admission controller: admit, queue, dispatch, reject; leases and AIMD glue.
+
+One dispatch cycle per pool: visit bands from the highest; a band dispatches while
+the pool's saturation is below its ceiling and some endpoint has room (in-flight
+below its limit, outstanding leases counted); stop at the first band that may not.
+Ceilings never rise as priority falls, so once a band may not go, no lower one may
+either: there is no priority inversion. Items aged up from a lower band are handed
+out under the ceiling of the band they have risen to.
+
+The cycle runs when a request arrives, when a lease ends, after a scrape
+(``on_metrics``) and on a housekeeping tick while anything is queued (TTL expiry,
+aging, hopeless requests). Queued requests wait on asyncio futures; cancelling the
+task that awaits ``admit`` removes its request from the queue at once.
+
+Here too: tickets (what admission is asked), leases (a slot held for the whole
+response), the per-pool and per-endpoint books. What every request touches is typed C;
+the estimators and the telemetry it feeds are compiled beside it (estimators.pyx,
+telemetry.pyx).
+"""
+
+cimport cython
+from cpython.long cimport PyLong_FromVoidPtr
+
+import asyncio
+import logging
+import math
+import time
+
+from asyncio import get_running_loop
+
+from libc.math cimport INFINITY, ceil
+
+from velocity_fast.admission.aimd cimport AimdLimit
+from velocity_fast.admission.bands cimport BandQueues, Item
+from velocity_fast.lowlevel.clock cimport monotonic
+from velocity_fast.fleet.endpoint cimport Endpoint, pool_endpoints, same_endpoints
+from velocity_fast.metrics.values cimport HistChild, Value
+from velocity_fast.admission.saturation cimport EndpointLoad, Saturation, free_slots, refresh
+from velocity_fast.admission.estimators cimport Ewma, ServiceEstimate
+from velocity_fast.admission.telemetry cimport Telemetry, _CANCELLED, _COMPLETED, _FAILED, _outcome
+
+from velocity_fast.admission.telemetry import OUTCOMES, percentiles
+
+from velocity_fast.admission.bands import REJECT_BAND_BYTES, REJECT_BAND_COUNT
+from velocity_fast.admission.errors import Rejected
+from velocity_fast.admission.policies import EngineSaturation, FixedConcurrency, Policy, make_policy
+from velocity_fast.admission.settings import AdmissionSettings
+
+__all__ = ["Admission", "Lease", "Ticket", "OUTCOMES"]
+
+log = logging.getLogger("velocity.admission")
+
+
+# An engine slower than this many times its usual service time, on a request that
+# missed its SLA, counts as congested (AIMD cuts its limit).
+CONGESTION_FACTOR = 1.5
+cdef double _CONGESTION = 1.5
+cdef str _OOM_TEXT = "out of memory"
+
+
+# -- what admission is asked --------------------------------------------------------------
+
+@cython.freelist(256)  # one per request: reused, not allocated and freed each time
+cdef class Ticket:
+    """One request as admission sees it.
+
+    ``band``: band name (None or unknown: the default band); ``tenant``: fairness
+    key (None: anonymous); ``sla_ms``: the deadline the client asked for (None: no
+    SLA prediction, the default deadline still counts for compliance);
+    ``max_tokens``: output tokens asked for; ``prompt_bytes``: body size (queue byte
+    limits, token fairness); ``model``: the pool (None: the default pool).
+    """
+
+    def __init__(self, band=None, tenant=None, sla_ms=None, max_tokens=16, prompt_bytes=0, model=None):
+        self.band = band
+        self.tenant = tenant
+        self.sla_ms = sla_ms
+        # None (the client did not say) counts as vLLM's completions default.
+        self.max_tokens = int(max_tokens) if max_tokens is not None else 16
+        self.prompt_bytes = int(prompt_bytes or 0)
+        self.model = model
+
+    def __repr__(self):
+        return (f"Ticket(band={self.band!r}, tenant={self.tenant!r}, sla_ms={self.sla_ms}, "
+                f"max_tokens={self.max_tokens}, prompt_bytes={self.prompt_bytes}, model={self.model!r})")
+
+
+# -- admission's state --------------------------------------------------------------------
+
+cdef class EndpointState:
+    """Admission's private view of one endpoint."""
+
+    def __init__(self, Endpoint ep, long limit, AimdLimit aimd, double alpha):
+        self.ep = ep
+        self.aimd = aimd
+        self.load = EndpointLoad(limit)
+        self.est = ServiceEstimate(alpha)
+        ep.limit = limit
+
+
+cdef class PoolState:
+    """One pool's queues and what is granted but not yet bound."""
+
+    def __init__(self, pool, BandQueues queues):
+        self.pool = pool
+        self.queues = queues
+        self.states = []
+        self.loads = []
+        self.seen = None
+
+
+# -- the waiter -----------------------------------------------------------------------------
+
+cdef type _waiter_type = None
+cdef waiting_fn _c_waiting = NULL
+cdef granted_fn _c_granted = NULL
+
+
+cdef void set_waiter(type kind, waiting_fn waiting, granted_fn granted) noexcept:
+    """Register the class of waiter the dispatch cycle drives as C (the gateway's exchange):
+    ``waiting(w)`` is True while it still waits; ``granted(w, lease)`` schedules its work."""
+    global _waiter_type, _c_waiting, _c_granted
+    _waiter_type, _c_waiting, _c_granted = kind, waiting, granted
+
+
+cdef inline object _key(obj):
+    """``id(obj)`` without the call to the builtin."""
+    return PyLong_FromVoidPtr(<void*>obj)
+
+
+cdef inline bint _waiting(waiter) except -1:
+    """A queued request's waiter still waits: a Waiter asked as C, a future as a future."""
+    if type(waiter) is _waiter_type:
+        return _c_waiting(waiter)
+    return not waiter.done()
+
+
+# -- the lease ----------------------------------------------------------------------------
+
+@cython.freelist(256)  # one per request
+cdef class Lease(RoomFilter):
+    """Granted by ``Admission.admit``; ``bind`` when an endpoint is chosen,
+    ``first_byte`` when the engine answers, ``release`` exactly once at the end
+    (further calls are ignored).
+
+    ``bind``/``release`` keep ``Endpoint.inflight`` up to date: nobody else should.
+    Useful attributes: ``band`` (name), ``queue_ms``, ``endpoint``, ``deadline``.
+    """
+
+    @property
+    def queue_ms(self):
+        """Time spent waiting in admission, in milliseconds."""
+        return (self.granted_at - self.arrived_at) * 1000.0
+
+    cpdef bind(self, Endpoint ep):
+        """The request is now in flight on ``ep``."""
+        if self.endpoint is None:
+            self.rebind(ep)
+
+    cpdef rebind(self, Endpoint ep):
+        """Move the request to ``ep`` (a retry elsewhere before any byte was sent);
+        the first call binds it."""
+        cdef Endpoint old
+        if self.done:
+            return
+        old = self.endpoint
+        if old is not None:
+            self._adm._on_unbind(self, old)
+        self.endpoint = ep
+        self.bound_at = self._adm._now()
+        self._adm._on_bind(self, ep, old is not None)
+
+    cpdef bint fits(self, Endpoint ep) except -1:
+        """Room on ``ep`` for this lease's band (the router's filter): below the
+        endpoint's limit and below the band's ceiling on this endpoint too — the pool
+        may have headroom on another endpoint, and a request must not take slots that
+        this engine cannot run (its learned batch) or that are kept for higher bands."""
+        return self._adm._fits(self, ep)
+
+    cdef bint room(self, Endpoint ep) except -1:
+        return self._adm._fits(self, ep)
+
+    cpdef first_byte(self):
+        """The first byte of the response came back (time-to-first-token)."""
+        if not self.first_byte_at and not self.done:
+            self.first_byte_at = self._adm._now()
+            if self.endpoint is not None:
+                self._st.est.first_byte(self.first_byte_at - self.bound_at)
+
+    cpdef release(self, str outcome="completed", error_text=None, long tokens=0):
+        """End the lease with one terminal outcome (idempotent)."""
+        if self.done:
+            return
+        cdef int o = _outcome(outcome)
+        self.done = True
+        self._adm._on_release(self, o, error_text, tokens)
+
+    def __repr__(self):
+        ep = getattr(self.endpoint, "name", None)
+        return f"<Lease band={self.band} endpoint={ep} done={self.done}>"
+
+
+# -- the controller's request path ----------------------------------------------------------
+
+cdef class Admission:
+    """Whether and when each request runs. See docs/internals.md ("Admission").
+
+    The request path (``admit_nowait``, ``withdraw``, ``has_room``, the dispatch
+    cycle, the lease's bind and release) is typed C; what runs rarely or per scrape
+    is plain ``def`` methods.
+
+    ``settings``: AdmissionSettings, or the top-level Settings (converted);
+    ``pools``: model name -> Pool (shared with the router, may change);
+    ``policy``: "static" | "dynamic" | "smart" or a Policy object;
+    ``registry``: a metrics Registry (a private one when None).
+    """
+
+    def __init__(self, settings, pools: dict, policy: str | Policy = "dynamic", registry=None,
+                 clock=time.monotonic) -> None:
+        weights = {t.name: t.weight for t in getattr(settings, "tenants", None) or ()}
+        if not isinstance(settings, AdmissionSettings):
+            settings = AdmissionSettings.from_settings(settings)
+        self.settings = settings.validate()
+        self.policy = policy if isinstance(policy, Policy) else make_policy(policy, self.settings, weights)
+        self.pools = pools
+        self.clock = clock
+        self.band_names = [b.name for b in self.policy.bands]
+        self._ceilings = [b.ceiling for b in self.policy.bands]
+        self._band_of = {n: i for i, n in enumerate(self.band_names)}
+        self._default_band = self._band_of.get(self.settings.default_band, len(self.band_names) // 2)
+        self._pools = {}  # model -> PoolState
+        self._eps = {}  # id(endpoint) -> EndpointState
+        self._tick = None  # the housekeeping timer while anything is queued
+        self._in_flight = 0
+        self.telemetry = Telemetry(registry, self.band_names, self.settings.latency_window,
+                                   self._depth_samples, self._saturation_samples, self._limit_samples,
+                                   self._inflight_samples)
+        sat = self.policy.saturation
+        self._configure(sat.model if type(sat) is EngineSaturation else None, type(sat) is FixedConcurrency)
+        for model in list(pools):
+            self._pool_state(model)
+
+    # -- the request path ------------------------------------------------------------
+
+    async def admit(self, ticket: Ticket) -> Lease:
+        """Grant a lease now or after a wait; raise Rejected when declined."""
+        got = self.admit_nowait(ticket, None)
+        if got.__class__ is Lease:
+            return got
+        item = got
+        fut = item.waiter
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if not self.withdraw(ticket, item) and fut.done() and not fut.cancelled() \
+                    and fut.exception() is None:
+                fut.result().release("cancelled")
+            raise
+
+    def on_metrics(self, ep) -> None:
+        """A scrape of ``ep`` landed: update saturation, check KV, maybe dispatch."""
+        st = self._eps.get(id(ep))
+        if st is None or st.ep is not ep:
+            return
+        now = self.clock()
+        st.load.observe(ep.running, ep.waiting, ep.kv_usage, ep.scraped_at)
+        ps = self._pools.get(ep.model)
+        if st.aimd is not None and ep.kv_usage > self.settings.kv_hard_limit:
+            # One cut per staleness window: a full cache stays full for a few scrapes.
+            if st.aimd.on_breach(now - self.settings.stale_after_ms / 1000.0, now):
+                ep.limit = st.aimd.limit
+        elif (st.aimd is not None and not st.load.capacity_known and ep.waiting == 0
+              and ep.inflight + 1 >= ep.limit and ps is not None and ps.queues.count):
+            # Slow start: the engine runs all it was sent and work waits on this limit.
+            if st.aimd.on_probe(now):
+                ep.limit = st.aimd.limit
+        if ps is not None:
+            self._dispatch(ps, now)
+
+    # -- out of memory ---------------------------------------------------------------
+
+    def _on_oom(self, ps: PoolState, st: EndpointState, now: float) -> None:
+        st.aimd.on_oom(now)
+        st.ep.limit = st.aimd.limit
+        if not self.policy.oom_throttle:
+            return
+        ps.overload_until = max(ps.overload_until, st.aimd.frozen_until)
+        retry = max(1, math.ceil(ps.overload_until - now))
+        log.warning("engine %s ran out of memory: limit %d, shedding non-high work for %.1fs",
+                    getattr(st.ep, "name", "?"), st.aimd.limit, ps.overload_until - now)
+        shed = [it for it in ps.queues if it.band > 0]
+        for it in shed:
+            ps.queues.cancel(it.id)
+            self._fail_waiter(it, 503, "overload", "an engine ran out of memory; shedding non-high work", retry)
+
+    # -- housekeeping ----------------------------------------------------------------
+
+    def _on_tick(self) -> None:
+        self._tick = None
+        try:
+            self.housekeep()
+        except Exception:
+            log.exception("admission housekeeping failed")
+        if self._queued_total():
+            self._arm_tick()
+
+    def housekeep(self) -> None:
+        """Expire TTLs, decline hopeless requests (smart), then dispatch (aging)."""
+        now = self.clock()
+        for ps in self._pools.values():
+            q = ps.queues
+            if q.count == 0:
+                continue
+            for it in q.expire(now):
+                self._fail_waiter(it, 504, "ttl", "waited in the queue past its TTL", None)
+            if self.policy.drop_hopeless and q.count:
+                self._drop_hopeless(ps, now)
+            self._dispatch(ps, now)
+
+    def _drop_hopeless(self, ps: PoolState, now: float) -> None:
+        base = tpot = None
+        for st in ps.states:
+            if not (st.ep.healthy and st.est.known):
+                continue
+            t = st.est.ttft.value if st.est.ttft.value is not None else st.est.service.value
+            p = st.est.tpot.value or 0.0
+            base = t if base is None else min(base, t)
+            tpot = p if tpot is None else min(tpot, p)
+        if base is None:
+            return
+        # Only the best case counts (no queue wait, fastest endpoint): what is dropped
+        # here could not have made it under any schedule.
+        for it in ps.queues.pop_hopeless(now, base, tpot):
+            self._fail_waiter(it, 429, "sla", "can no longer meet its SLA", 1)
+
+    def _fail_waiter(self, item, status: int, reason: str, message: str, retry_after) -> None:
+        fut = item.waiter
+        rej = self._reject(status, reason, message, retry_after)
+        if not fut.done():
+            fut.set_exception(rej)
+
+    def close(self) -> None:
+        """Stop the housekeeping timer and fail whatever still waits (503)."""
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+        for ps in self._pools.values():
+            for it in list(ps.queues):
+                ps.queues.cancel(it.id)
+                self._fail_waiter(it, 503, "no-endpoint", "the gateway is shutting down", 1)
+
+    # -- visibility ------------------------------------------------------------------
+
+    def _depth_samples(self):
+        depth = [0] * len(self.band_names)
+        for ps in self._pools.values():
+            for i in range(len(depth)):
+                depth[i] += ps.queues.band(i).count
+        return [((n,), d) for n, d in zip(self.band_names, depth)]
+
+    def _known_pools(self) -> dict[str, PoolState]:
+        """Every pool's state, created for pools no request has asked for yet: the
+        gateway adds its endpoints after building admission, and /stats and the
+        metrics must show their limits before the first request."""
+        for model in list(self.pools):
+            if model not in self._pools:
+                self._pool_state(model)
+        return self._pools
+
+    def _saturation_samples(self):
+        now = self.clock()
+        out = []
+        for model, ps in self._known_pools().items():
+            self._sync(ps)
+            out.append(((model,), min(self.policy.saturation.pool(ps.loads, ps.pending, now), 1e9)))
+        return out
+
+    def _limit_samples(self):
+        return [((st.ep.name,), st.ep.limit) for st in self._eps.values()]
+
+    def _inflight_samples(self):
+        return [((st.ep.name,), st.ep.inflight) for st in self._eps.values()]
+
+    def stats(self) -> dict:
+        """Scheduler statistics for /stats."""
+        now = self.clock()
+        tel = self.telemetry
+        counts = tel.counts()
+        counts["in_flight"] = self._in_flight
+        bands = {}
+        for i, name in enumerate(self.band_names):
+            depth = nbytes = 0
+            oldest = None
+            for ps in self._pools.values():
+                b = ps.queues.band(i)
+                depth += b.count
+                nbytes += b.nbytes
+                if b.oldest_enqueued_at is not None:
+                    oldest = b.oldest_enqueued_at if oldest is None else min(oldest, b.oldest_enqueued_at)
+            ceiling = self._ceilings[i]
+            bands[name] = {"depth": depth, "bytes": nbytes,
+                           "ceiling": ceiling if math.isfinite(ceiling) else None,
+                           "oldest_wait_ms": None if oldest is None else round((now - oldest) * 1000.0, 3),
+                           "wait_ms": percentiles(tel.waits[i])}
+        pools = {}
+        for model, ps in self._known_pools().items():
+            self._sync(ps)
+            sat = self.policy.saturation.pool(ps.loads, ps.pending, now)
+            pools[model] = {"saturation": None if math.isinf(sat) else round(sat, 4), "queued": ps.queues.count,
+                            "pending_leases": ps.pending,
+                            "overload_s": round(max(0.0, ps.overload_until - now), 3)}
+        endpoints = {}
+        for st in self._eps.values():
+            ep = st.ep
+            endpoints[ep.name] = {
+                "limit": ep.limit, "inflight": ep.inflight,
+                "saturation": round(self.policy.saturation.endpoint(st.load, now), 4),
+                # The engine's batch once learned (None: not yet shown), and the most seen running.
+                "batch_capacity": st.load.capacity if st.load.capacity_known else None,
+                "running_max": st.load.capacity,
+                "frozen": bool(st.aimd is not None and st.aimd.frozen(now)),
+                "estimates": st.est.snapshot()}
+        judged = tel.sla_met + tel.sla_missed
+        return {
+            "policy": self.policy.name,
+            "counters": counts,
+            "queued": self._queued_total(),
+            "queue_cancelled": tel.queue_cancelled,
+            "rejections": dict(tel.reasons),
+            "bands": bands,
+            "pools": pools,
+            "limits": {name: e["limit"] for name, e in endpoints.items()},
+            "endpoints": endpoints,
+            "sla": {"met": tel.sla_met, "missed": tel.sla_missed,
+                    "compliance": round(tel.sla_met / judged, 4) if judged else None},
+            "latency_ms": {"e2e": percentiles(tel.e2e), "ttft": percentiles(tel.ttfts)},
+        }
+
+
+    def _configure(self, sat_model=None, bint fixed=False):
+        """Read the settings and the policy's switches the request path uses. ``sat_model``:
+        the policy's compiled Saturation, when it is EngineSaturation; ``fixed``: its
+        saturation is FixedConcurrency. Anything else is called as the Policy interface says."""
+        import time
+        s, p = self.settings, self.policy
+        self._mono = self.clock is time.monotonic
+        self._sat = sat_model
+        self._fixed = fixed
+        self._sat_obj = p.saturation
+        self._sla_s = s.sla_ms / 1000.0
+        self._sla_tol = s.sla_tolerance
+        self._sla_tol_high = s.sla_tolerance_high
+        self._global_capacity = s.global_capacity or 0
+        self._kv_hard_limit = s.kv_hard_limit
+        self._ttft_slo_ms = s.ttft_slo_ms
+        self._tick_s = s.tick_ms / 1000.0
+        self._oom_throttle = p.oom_throttle
+        self._sla_reject = p.sla_reject
+        self._adaptive = p.adaptive
+
+    cdef double _now(self) except? -1.0:
+        if self._mono:
+            return monotonic()
+        return self.clock()
+
+    cdef double _pool_sat(self, PoolState ps, double now) except? -1.0:
+        cdef EndpointLoad e
+        if self._sat is not None:
+            return self._sat.pool(ps.loads, ps.pending, now)
+        if self._fixed:
+            for e in ps.loads:
+                if e.healthy:
+                    return 0.0
+            return INFINITY
+        return self._sat_obj.pool(ps.loads, ps.pending, now)
+
+    cdef double _endpoint_sat(self, EndpointLoad load, double now) except? -1.0:
+        if self._sat is not None:
+            return self._sat.endpoint(load, now, 0.0)
+        if self._fixed:
+            return 0.0
+        return self._sat_obj.endpoint(load, now)
+
+    # -- arrival ----------------------------------------------------------------------------
+
+    def admit_nowait(self, Ticket ticket, waiter):
+        """Grant a lease now, raise Rejected, or queue ``waiter`` and return its queue Item
+        (``item.waiter`` is the waiter).
+
+        ``waiter`` is a future or any object with ``done()``, ``set_result(lease)`` and
+        ``set_exception(rejected)`` (called from the dispatch cycle: it must only
+        schedule its work); None queues a new future. ``withdraw`` takes it back.
+        """
+        return self._admit(ticket, waiter)
+
+    cdef object _admit(self, Ticket ticket, waiter):
+        cdef double now = self._now()
+        cdef PoolState ps = self._pools.get(ticket.model)
+        cdef int band
+        cdef double deadline, budget, sat
+        cdef long room, cap
+        cdef long long rid
+        cdef Item item
+        cdef BandQueues q
+        if ps is None:
+            ps = self._state_of(ticket.model)
+        if ps is None or not self._refresh(ps):
+            raise self._reject(503, "no-endpoint", "no healthy endpoint serves this model", 1)
+        # No band name, or an unknown one: the default band (one band: its index 0 is
+        # both the only name's and the default's).
+        name = ticket.band
+        band = self._band_of.get(name, self._default_band) if name else self._default_band
+        if self._oom_throttle and band > 0 and now < ps.overload_until:
+            raise self._reject(503, "overload", "an engine ran out of memory; shedding non-high work",
+                               max(1, <long>ceil(ps.overload_until - now)))
+        # The SLA: the request's own (or its tenant's, filled in by the gateway), else the
+        # server's. Either is a real deadline: predicted, declined early, judged.
+        sla_ms = ticket.sla_ms
+        budget = <double>sla_ms / 1000.0 if sla_ms is not None and sla_ms > 0 else self._sla_s
+        deadline = now + budget
+        q = ps.queues
+        # Free slots on the pool's endpoints: nothing below binds or frees one, so the
+        # count holds until this call returns.
+        room = free_slots(ps.seen, ps.pending)
+        # Nothing queued at or above this band: no one to overtake, go at once. A request
+        # that goes at once is never declined on a prediction (an idle pool is the
+        # plainest case): no wait of the gateway's making stands between it and its SLA.
+        sat = -1.0
+        if (q.count == 0 or q.count_through(band) == 0) and room > 0:
+            sat = self._pool_sat(ps, now)
+            if sat < <double>self._ceilings[band]:
+                return self._grant(ps, band, ticket.tenant, ticket.max_tokens, deadline, now, now)
+        if self._sla_reject:
+            self._check_sla(ps, band, ticket.max_tokens, budget, room, sat, now)
+        # With one pool (the common case) its queue is all that waits.
+        cap = self._global_capacity
+        if cap and (q.count if len(self._pools) == 1 else self._queued()) >= cap:
+            raise self._reject(503, "capacity", "admission queues are full", 1)
+        if waiter is None:
+            waiter = get_running_loop().create_future()
+        # The queue orders by its own fields.
+        # The queue's deadline, by which a waiting request is dropped as hopeless, allows
+        # the band's tolerance as the prediction at arrival did; the grant keeps the SLA.
+        item = q.push(waiter, ticket.tenant, band, ticket.prompt_bytes, ticket.max_tokens,
+                      now + budget * (1.0 + self._tolerance(band)), now, &rid)
+        if item is None:
+            what = "band" if rid in (REJECT_BAND_COUNT, REJECT_BAND_BYTES) else "admission"
+            raise self._reject(503, "capacity", f"{what} queue is full ({self.band_names[band]})", 1)
+        # What the grant needs rides with the item, as worked out here (the same
+        # deadline from the same arrival time).
+        item.grant_deadline = deadline
+        item.max_tokens = ticket.max_tokens
+        if room > 0:  # else the cycle would stop at once (the pool was just refreshed)
+            self._cycle(ps, now, True)
+        # Under load the tick is already armed: no need to ask the waiter.
+        if self._tick is None and _waiting(waiter):
+            self._arm()
+        return item
+
+    def withdraw(self, Ticket ticket, Item item):
+        """Take a queued request out of its queue (its client left); False if no longer queued."""
+        return self._withdraw(ticket, item)
+
+    cdef bint _withdraw(self, Ticket ticket, Item item) except -1:
+        cdef PoolState ps
+        if item is None:
+            return False
+        ps = self._state_of(ticket.model)
+        if ps is None or not ps.queues.holds(item):
+            return False
+        ps.queues._remove(item)
+        self.telemetry.queue_cancelled += 1
+        return True
+
+    cdef double _predict(self, PoolState ps, int band, long max_tokens, long room, double sat, double now,
+                         double* wait) except? -2.0:
+        """The expected service of a request of ``band`` asking ``max_tokens``, arriving
+        now, on the fastest healthy endpoint (-1 when no estimate is known yet); its
+        expected queue wait goes to ``wait``. ``room``: free slots in the pool;
+        ``sat``: the pool's saturation when the caller already counted it (else < 0)."""
+        cdef EndpointState st
+        cdef EndpointLoad load
+        cdef double service = -1.0, s, mean = 0.0, slots = 0.0, cap, w, ceiling
+        cdef long known = 0, ahead, free
+        wait[0] = 0.0
+        for st in ps.states:
+            if not st.ep.healthy:
+                continue
+            s = st.est.expect(max_tokens)
+            if s >= 0.0 and (service < 0.0 or s < service):
+                service = s
+            if st.est.service.seen:
+                mean += st.est.service._value
+                known += 1
+            # What the engine runs at once: its limit, or its learned batch when smaller.
+            load = st.load
+            cap = <double>st.ep.limit
+            if load.capacity_known and load.capacity < cap:
+                cap = load.capacity
+            slots += cap
+        if service < 0.0:
+            return -1.0
+        mean = mean / known if known else service
+        ceiling = self._ceilings[band]
+        if ceiling < 1.0:
+            slots *= ceiling  # the share of each engine this band may hold
+        if slots < 1.0:
+            slots = 1.0
+        # Queue model: the requests ahead (queued at or above this band) and this one
+        # take the free slots this band may use, then the engines' slots in rounds of
+        # ``mean`` seconds. Whole rounds: a flood's batch starts together and ends
+        # together, so the first one queued waits a whole service, not a share of one
+        # (in a steady stream this overstates the wait by less than one service).
+        ahead = ps.queues.count_through(band)
+        free = room if room > 0 else 0
+        if free > 0:
+            if sat < 0.0:
+                sat = self._pool_sat(ps, now)
+            if sat >= ceiling:
+                free = 0  # the room there is kept for higher bands
+        w = (ahead + 1 - free) / slots
+        wait[0] = ceil(w) * mean if w > 0.0 else 0.0
+        return service
+
+    cdef double _tolerance(self, int band):
+        """How far past its SLA a prediction may go before a 429: the first band's own."""
+        return self._sla_tol_high if band == 0 else self._sla_tol
+
+    cdef void _check_sla(self, PoolState ps, int band, long max_tokens, double budget, long room, double sat,
+                         double now) except *:
+        """A request that cannot go at once: raise Rejected (429 ``sla``) when its
+        predicted completion, the queue wait ahead of it plus its own service, passes
+        its SLA (with the band's tolerance). Unknown estimates predict nothing: a cold
+        gateway never declines on a guess."""
+        cdef double wait = 0.0, predicted
+        cdef double service = self._predict(ps, band, max_tokens, room, sat, now, &wait)
+        if service < 0.0:
+            return
+        predicted = wait + service
+        if predicted > budget * (1.0 + self._tolerance(band)):
+            # Retry-After: once the queue ahead has drained, a request goes at once, and one
+            # that goes at once is not declined on a prediction.
+            raise self._reject(
+                429, "sla", f"predicted completion {predicted * 1000:.0f} ms exceeds the SLA of "
+                f"{budget * 1000:.0f} ms", max(1, <long>ceil(wait)))
+
+    def prediction(self, model=None, band=None, long max_tokens=16):
+        """``(wait_s, service_s)`` that the SLA check would predict for a request of
+        ``band`` (name; None: the default) and ``max_tokens`` arriving now in ``model``'s
+        pool (None: the default pool); None while nothing is known."""
+        cdef PoolState ps = self._state_of(model)
+        cdef int b = self._band_of.get(band, self._default_band) if band else self._default_band
+        cdef double wait = 0.0, service
+        if ps is None or not self._refresh(ps):
+            return None
+        service = self._predict(ps, b, max_tokens, free_slots(ps.seen, ps.pending), -1.0, self._now(), &wait)
+        return None if service < 0.0 else (wait, service)
+
+    def has_room(self, Endpoint ep):
+        """True when ``ep`` may take one more request now (the router's filter)."""
+        return ep.healthy and ep.inflight < ep.limit
+
+    cdef bint _fits(self, Lease lease, Endpoint ep) except -1:
+        cdef EndpointState st
+        cdef EndpointLoad load
+        cdef double ceiling
+        if not (ep.healthy and ep.inflight < ep.limit):
+            return False
+        ceiling = self._ceilings[lease.band_index]
+        if ceiling == INFINITY:  # a band never held back (static's one band)
+            return True
+        st = self._known_state(ep)
+        if st is None:
+            return True
+        load = st.load
+        load.inflight = ep.inflight
+        load.limit = ep.limit
+        return self._endpoint_sat(load, self._now()) < ceiling
+
+    def _reject(self, int status, str reason, str message, retry_after):
+        self.telemetry.reject(reason)
+        return Rejected(status, reason, message, retry_after)
+
+    # -- pools and endpoints ------------------------------------------------------------------
+
+    def _pool_state(self, model):
+        """The state of ``model``'s pool (None: the default pool), made on first use;
+        None when there is no such pool. A pool once known keeps its state even after
+        it left ``pools`` (its queue may still hold requests): a look-up in ``_pools``
+        is this method's answer when it finds one."""
+        return self._state_of(model)
+
+    cdef PoolState _state_of(self, model):
+        pools = self.pools
+        if model is None or model not in pools:
+            if model is not None and model in self._pools:
+                return self._pools[model]
+            model = next(iter(pools), None) if model is None else model
+            if model is None or model not in pools:
+                return None
+        ps = self._pools.get(model)
+        if ps is None:
+            ps = self._pools[model] = PoolState(pools[model], self.policy.make_queues(self.settings))
+        return ps
+
+    def _endpoint_state(self, Endpoint ep):
+        return self._ep_state(ep)
+
+    cdef EndpointState _known_state(self, Endpoint ep):
+        """``ep``'s state if admission knows it, else None. The last one found is kept:
+        with one endpoint (or a run of requests to one) no dict look-up, no id. States
+        are made once per endpoint and never replaced, so the kept one stays right."""
+        if ep is self._last_ep:
+            return self._last_st
+        # A state holds its endpoint: while it is in _eps, no other object can have
+        # that id (the check on st.ep is a guard, not a case that arises).
+        st = self._eps.get(_key(ep))
+        if st is None or (<EndpointState>st).ep is not ep:
+            return None
+        self._last_ep = ep
+        self._last_st = <EndpointState>st
+        return <EndpointState>st
+
+    cdef EndpointState _ep_state(self, Endpoint ep):
+        cdef EndpointState st = self._known_state(ep)
+        cdef AimdLimit aimd
+        if st is None:
+            s = self.settings
+            if self._adaptive:
+                aimd = AimdLimit(s.aimd_min, s.aimd_max, s.aimd_initial or s.aimd_max, s.oom_cooldown_ms / 1000.0)
+                st = EndpointState(ep, aimd.limit, aimd, s.ewma_alpha)
+            else:
+                st = EndpointState(ep, s.aimd_max, None, s.ewma_alpha)
+            self._eps[_key(ep)] = st
+        return st
+
+    def _sync(self, PoolState ps):
+        """Refresh the compiled loads from the endpoints; True if any is healthy."""
+        return self._refresh(ps)
+
+    cdef bint _refresh(self, PoolState ps) except -1:
+        cdef EndpointState st
+        cdef list eps = pool_endpoints(ps.pool)
+        # The pool has not changed since the last cycle: the same endpoints.
+        if not same_endpoints(ps.seen, eps):
+            ps.states = [self._ep_state(e) for e in eps]
+            ps.loads = [st.load for st in ps.states]
+            ps.seen = list(eps)
+        return refresh(ps.loads, ps.seen)
+
+    def _queued_total(self):
+        return self._queued()
+
+    cdef long _queued(self) except -1:
+        cdef PoolState ps
+        cdef long n = 0
+        for ps in self._pools.values():
+            n += ps.queues.count
+        return n
+
+    # -- the dispatch cycle -------------------------------------------------------------------
+
+    def _dispatch(self, PoolState ps, now=None):
+        """One cycle for ``ps``; ``now``: the caller's own reading of the clock, when
+        it has just taken one (the cycle runs at the moment of what triggered it)."""
+        self._cycle(ps, 0.0 if now is None else <double>now, now is not None)
+
+    cdef void _cycle(self, PoolState ps, double now, bint have_now) except *:
+        cdef BandQueues q = ps.queues
+        cdef long room
+        cdef bint healthy, have_sat = False
+        cdef double sat = 0.0, ceiling
+        cdef int band, nbands
+        cdef Item item
+        if q.count == 0:
+            return
+        # No room on the endpoints already known: nothing can go whatever the loads
+        # say (most calls under full load), so their refresh is skipped. A pool whose
+        # endpoints changed is refreshed first: a new endpoint may bring the room. The
+        # same pool needs only its loads refreshed, which reads the endpoints without
+        # changing them: the room counted before still holds.
+        if same_endpoints(ps.seen, pool_endpoints(ps.pool)):
+            room = free_slots(ps.seen, ps.pending)
+            if room <= 0:
+                return
+            healthy = refresh(ps.loads, ps.seen)
+        else:
+            healthy = self._refresh(ps)
+            room = free_slots(ps.seen, ps.pending)
+        if not healthy:
+            return
+        if not have_now:
+            now = self._now()
+        # Nothing but the grants below changes the room in this cycle: each takes one.
+        # Nor the pool's saturation: it is counted when first needed and again after
+        # each grant (one more pending lease), not once per band.
+        nbands = len(self._ceilings)
+        for band in range(nbands):
+            ceiling = self._ceilings[band]
+            while True:
+                if room <= 0:
+                    return
+                if not have_sat:
+                    sat = self._pool_sat(ps, now)
+                    have_sat = True
+                if sat >= ceiling:
+                    return
+                item = q.pop(band, now)
+                if item is None:
+                    break
+                fut = item.waiter
+                if not _waiting(fut):
+                    continue
+                room -= 1
+                have_sat = False
+                lease = self._grant(ps, item.band, item.tenant, item.max_tokens, item.grant_deadline,
+                                    item.enqueued_at, now)
+                if type(fut) is _waiter_type:
+                    _c_granted(fut, lease)
+                else:
+                    fut.set_result(lease)
+
+    cdef Lease _grant(self, PoolState ps, int band, tenant, long max_tokens, double deadline, double arrived_at,
+                      double now):
+        cdef Lease lease = Lease.__new__(Lease)
+        ps.pending += 1
+        self._in_flight += 1
+        self.telemetry._granted(band, now - arrived_at)
+        lease._adm = self
+        lease._ps = ps
+        lease.band_index = band
+        lease.band = self.band_names[band]
+        lease.tenant = tenant
+        lease.max_tokens = max_tokens
+        lease.deadline = deadline
+        lease.arrived_at = arrived_at
+        lease.granted_at = now
+        return lease
+
+    # -- leases -------------------------------------------------------------------------------
+
+    cdef void _on_bind(self, Lease lease, Endpoint ep, bint rebind) except *:
+        cdef PoolState ps = lease._ps
+        cdef EndpointState st
+        if not rebind:
+            ps.pending -= 1
+        ep.inflight += 1
+        # An endpoint admission knows already (the common case) needs no call.
+        st = self._known_state(ep)
+        lease._st = st if st is not None else self._ep_state(ep)
+        if not rebind and ps.queues.count:
+            # Pending leases count in full on every endpoint (saturation.pool): now
+            # that this one has a place, the others' headroom is known again. With
+            # nothing queued there is nobody to hand it to.
+            self._cycle(ps, 0.0, False)
+
+    cdef void _on_unbind(self, Lease lease, Endpoint ep) except *:
+        ep.inflight -= 1
+        self._cycle(lease._ps, 0.0, False)
+
+    cdef void _on_release(self, Lease lease, int outcome, error_text, long tokens) except *:
+        cdef double now = self._now()
+        cdef PoolState ps = lease._ps
+        cdef int sla = -1
+        cdef Endpoint ep = lease.endpoint
+        self._in_flight -= 1
+        if outcome == _COMPLETED:
+            sla = 1 if now <= lease.deadline else 0
+        self.telemetry._finished(lease.band_index, outcome, now - lease.arrived_at,
+                                 lease.first_byte_at - lease.arrived_at if lease.first_byte_at else -1.0, sla)
+        if ep is None:
+            ps.pending -= 1
+        else:
+            ep.inflight -= 1
+            self._learn(ps, lease, ep, outcome, error_text, tokens, now)
+        self._cycle(ps, now, True)
+
+    cdef void _learn(self, PoolState ps, Lease lease, Endpoint ep, int outcome, error_text, long tokens,
+                     double now) except *:
+        cdef EndpointState st = lease._st
+        cdef double engine_ttft = lease.first_byte_at - lease.bound_at if lease.first_byte_at else -1.0
+        cdef double engine_s = now - lease.bound_at
+        cdef double expected = -1.0
+        cdef long n = tokens if tokens else lease.max_tokens
+        cdef AimdLimit aimd
+        cdef bint slow, missed
+        # What this engine usually takes for such a request, before this sample counts.
+        expected = st.est.expect(n)
+        if outcome == _COMPLETED:
+            st.est.done(engine_ttft, engine_s, n)
+        aimd = st.aimd
+        if aimd is None:
+            return
+        if error_text and _OOM_TEXT in error_text.lower():
+            self._on_oom(ps, st, now)
+            return
+        if outcome != _COMPLETED:
+            return
+        slow = engine_ttft >= 0 and engine_ttft * 1000.0 > self._ttft_slo_ms
+        # A miss is the engine's doing only if its own part overran the whole budget
+        # (time queued in the gateway is not cured by a smaller engine limit) and it
+        # was slower than usual: an SLA no engine could meet says nothing of load.
+        missed = (engine_s > lease.deadline - lease.arrived_at
+                  and expected >= 0 and engine_s > _CONGESTION * expected)
+        if slow or missed:
+            aimd.on_breach(lease.bound_at, now)
+        else:
+            aimd.on_sample(ps.queues.count > 0, ep.inflight + 1 >= ep.limit,
+                           st.load.kv <= self._kv_hard_limit, now)
+        ep.limit = <int>aimd.value
+
+    # -- housekeeping -------------------------------------------------------------------------
+
+    def _arm_tick(self):
+        self._arm()
+
+    cdef void _arm(self) except *:
+        if self._tick is None:
+            self._tick = get_running_loop().call_later(self._tick_s, self._on_tick)

@@ -1,0 +1,199 @@
+"""Saturation: how close an engine, and a pool of them, is to queueing work.
+
+Per endpoint the number is the worse of queue depth and KV-cache occupancy, each
+against its threshold (1.0 = saturated). Two lags of scraped metrics are closed:
+
+* Scrapes are an interval old, so the gateway's own in-flight count is held against
+  the engine's batch capacity, learned as the high-water mark of observed
+  ``running``: in-flight beyond that capacity is what really queues in the engine.
+  Until two scrapes in a row have shown a queue beside as many running requests as
+  ever seen (at least two waiting, and a tenth of those running: the engine holds more
+  than it has ever run and will not run them, so ``running`` is at its ceiling), the
+  concurrency limit stands in for the capacity. Requests that arrived since the
+  engine's last step are no proof: a steady stream leaves a few waiting in most scrapes,
+  and a batch that ends together is replaced together, with fewer running meanwhile.
+* A request granted but not yet dispatched is invisible to both; the pool number
+  takes those outstanding leases as extra in-flight work.
+
+The gateway's own use of the engine, in-flight against the smaller of the
+concurrency limit and the learned batch capacity, is a third term: a band ceiling
+of 1.0 then means "flow up to what the engine can run at once", and a ceiling of
+0.8 keeps a fifth of every engine's batch free for higher bands, so that a short
+high request never waits behind a full house of low ones. The user need not know
+the engine's batch size (``--max-num-seqs``, or its KV blocks): with the default
+limit above it, the capacity learned from the engine's gauges bounds the bands.
+
+The engine's own waiting count and the gateway's estimate are combined with max,
+not summed: the engine's count already includes the gateway's queued requests.
+A stale or missing scrape drops the engine terms and keeps the gateway's own count,
+so a scrape that hangs never halts dispatch.
+"""
+
+from libc.math cimport INFINITY
+
+from velocity_fast.fleet.endpoint cimport Endpoint
+
+QUEUE_THRESHOLD = VF_QUEUE_THRESHOLD
+KV_THRESHOLD = VF_KV_THRESHOLD
+STALE_AFTER_S = VF_STALE_AFTER_S
+
+
+cdef class EndpointLoad:
+    """What saturation knows of one endpoint: last scrape plus the gateway's counts."""
+
+    def __cinit__(self, long limit=1):
+        self.limit = limit
+        self.healthy = True
+
+    cpdef void observe(self, double running, double waiting, double kv, double scraped_at):
+        """Record one scrape of the engine's gauges."""
+        self.running = running
+        self.waiting = waiting
+        self.kv = kv
+        self.scraped_at = scraped_at
+        if running > self.capacity:
+            self.capacity = running
+        # A queue in one scrape may be requests that arrived since the engine's last step
+        # (a burst does that at any load); a queue still there a scrape later, with
+        # requests running, is the engine at its ceiling.
+        if waiting >= 2.0 and waiting >= 0.1 * running and running > 0 and running >= self.capacity:
+            if self.queue_seen:
+                self.capacity_known = True
+            self.queue_seen = True
+        else:
+            self.queue_seen = False
+
+    def __repr__(self):
+        return (f"EndpointLoad(running={self.running}, waiting={self.waiting}, "
+                f"kv={self.kv}, inflight={self.inflight}, limit={self.limit}, "
+                f"capacity={self.capacity}, value={self.value:.3f})")
+
+
+cpdef bint refresh(list loads, list eps) except -1:
+    """Bring each load up to date with its endpoint (``eps[i]`` for ``loads[i]``):
+    the gateway's counts always, the engine's gauges when another scrape landed.
+    True if any endpoint is healthy. One call for the whole pool: admission runs
+    it on every arrival and every dispatch."""
+    cdef EndpointLoad load
+    cdef Endpoint ep
+    cdef Py_ssize_t i, n = len(loads)
+    cdef bint any_healthy = False
+    if len(eps) != n:
+        raise ValueError("refresh: one endpoint per load")
+    for i in range(n):
+        load = loads[i]
+        ep = eps[i]
+        load.healthy = ep.healthy
+        load.inflight = ep.inflight
+        load.limit = ep.limit
+        if ep.scraped_at != load.scraped_at:
+            load.observe(ep.running, ep.waiting, ep.kv_usage, ep.scraped_at)
+        if ep.healthy:
+            any_healthy = True
+    return any_healthy
+
+
+cpdef long free_slots(list eps, long pending) except? -1:
+    """Room on a pool's endpoints, as admission counts it: the free slots of each
+    healthy endpoint below its limit, less ``pending`` (granted, not yet bound)."""
+    cdef long room = -pending, inflight, limit
+    cdef Endpoint ep
+    for ep in eps:
+        if ep.healthy:
+            inflight = ep.inflight
+            limit = ep.limit
+            if inflight < limit:
+                room += limit - inflight
+    return room
+
+
+cdef class Saturation:
+    """The saturation formula with its thresholds (defaults: 5 waiting, 0.8 KV)."""
+
+    def __cinit__(self, double queue_threshold=VF_QUEUE_THRESHOLD,
+                  double kv_threshold=VF_KV_THRESHOLD,
+                  double stale_after=VF_STALE_AFTER_S):
+        if queue_threshold <= 0 or kv_threshold <= 0:
+            raise ValueError("saturation thresholds must be positive")
+        self.queue_threshold = queue_threshold
+        self.kv_threshold = kv_threshold
+        self.stale_after = stale_after
+
+    cpdef double endpoint(self, EndpointLoad load, double now, double extra=0.0):
+        """Saturation of one endpoint at ``now`` with ``extra`` in-flight requests
+        (outstanding leases) on top of its own: the worst of queued / queue
+        threshold, KV / KV threshold (fresh scrapes only) and in-flight / limit.
+        Also stored in ``load.value``."""
+        cdef double cap, queued, s, k, room
+        cap = load.capacity
+        if not load.capacity_known and cap < load.limit:
+            cap = load.limit
+        if cap < 1.0:
+            cap = 1.0
+        queued = load.inflight + extra - cap
+        if queued < 0.0:
+            queued = 0.0
+        if load.scraped_at > 0.0 and now - load.scraped_at <= self.stale_after:
+            if load.waiting > queued:
+                queued = load.waiting
+            s = queued / self.queue_threshold
+            k = load.kv / self.kv_threshold
+            if k > s:
+                s = k
+        else:
+            s = queued / self.queue_threshold
+        # In-flight against what the engine can actually run: its concurrency limit, or
+        # its learned batch capacity once a scrape has shown it, whichever is smaller. A
+        # band's ceiling is then a share of the engine's real batch, whatever the limit.
+        room = <double>load.limit
+        if load.capacity_known and cap < room:
+            room = cap
+        if room > 0.0:
+            k = (load.inflight + extra) / room
+            if k > s:
+                s = k
+        load.value = s
+        return s
+
+    cpdef double update(self, EndpointLoad load, double running, double waiting,
+                        double kv, double scraped_at, double now):
+        """Record a scrape and return the endpoint's new saturation."""
+        load.observe(running, waiting, kv, scraped_at)
+        return self.endpoint(load, now, 0.0)
+
+    cpdef double pool(self, list loads, double pending, double now):
+        """One number for a pool: the minimum over its eligible endpoints.
+
+        Minimum, not an average: the router sends the next request to an endpoint
+        with headroom, so the pool can take work while any healthy endpoint below
+        its limit is unsaturated; one hot engine must not hold back the others.
+        Eligible = healthy and in-flight below its limit; if none is below its
+        limit, every healthy endpoint counts. ``pending`` leases (granted, not yet
+        bound) are all counted on each endpoint: the router may send them all to
+        the one with the most headroom, and spreading them evenly would grant a
+        band more than any single endpoint can take under its ceiling (the extra
+        leases then land above it and eat the slots kept for higher bands). The
+        controller re-runs dispatch when a lease binds, so this costs no
+        throughput. No healthy endpoint: infinity.
+        """
+        cdef EndpointLoad e
+        cdef Py_ssize_t n = 0
+        cdef bint any_room = False
+        cdef double best = INFINITY, s
+        for e in loads:
+            if e.healthy and e.inflight < e.limit:
+                any_room = True
+                n += 1
+        if not any_room:
+            for e in loads:
+                if e.healthy:
+                    n += 1
+        if n == 0:
+            return INFINITY
+        for e in loads:
+            if not e.healthy or (any_room and e.inflight >= e.limit):
+                continue
+            s = self.endpoint(e, now, pending)
+            if s < best:
+                best = s
+        return best

@@ -1,0 +1,61 @@
+# Admission's telemetry, typed (see telemetry.pyx).
+
+from velocity_fast.metrics.values cimport HistChild, Value
+
+# A lease's outcomes as ints on the request path (telemetry.OUTCOMES[i] is the name).
+cdef enum:
+    _COMPLETED = 0
+    _FAILED = 1
+    _CANCELLED = 2
+
+
+cdef inline int _outcome(str outcome) except -1:
+    if outcome == "completed":
+        return _COMPLETED
+    if outcome == "failed":
+        return _FAILED
+    if outcome == "cancelled":
+        return _CANCELLED
+    raise ValueError(f"outcome must be one of ('completed', 'failed', 'cancelled'), not {outcome!r}")
+
+
+cdef class Window:
+    cdef list _data
+    cdef Py_ssize_t _maxlen
+    cdef Py_ssize_t _next
+
+    cpdef append(self, x)
+
+
+cdef class Telemetry:
+    cdef readonly object registry
+    cdef readonly object admitted
+    cdef readonly object completed
+    cdef readonly object failed
+    cdef readonly object cancelled
+    cdef readonly object rejections
+    cdef readonly object queue_wait
+    cdef readonly object ttft
+    cdef readonly object latency
+    cdef Value _admitted
+    cdef Value _completed
+    cdef Value _failed
+    cdef Value _cancelled
+    cdef object _ttft
+    cdef list _wait_children
+    cdef list _lat_children
+    cdef public long n_admitted
+    cdef public long n_completed
+    cdef public long n_failed
+    cdef public long n_cancelled
+    cdef public dict reasons
+    cdef public long queue_cancelled
+    cdef public long sla_met
+    cdef public long sla_missed
+    cdef readonly list waits
+    cdef readonly Window e2e
+    cdef readonly Window ttfts
+
+    cpdef reject(self, str reason)
+    cdef void _granted(self, int band, double wait_s) except *
+    cdef void _finished(self, int band, int outcome, double e2e_s, double ttft_s, int sla) except *

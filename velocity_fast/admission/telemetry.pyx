@@ -1,0 +1,162 @@
+"""Admission visibility: the Prometheus metrics (docs/operations.md, "Metrics") that admission
+owns, plus the counters and latency windows behind ``Admission.stats()``.
+
+Metrics registered here (all prefixed ``velocity_``): ``admitted_total``,
+``completed_total``, ``failed_total``, ``cancelled_total``,
+``rejections_total{reason}``, ``queue_depth{band}`` (scrape time),
+``queue_wait_seconds{band}`` (histogram), ``pool_saturation{model}``,
+``endpoint_limit{endpoint}``, ``endpoint_inflight{endpoint}`` (scrape time),
+``ttft_seconds`` and ``request_latency_seconds{band}`` (histograms).
+
+``Telemetry`` is compiled: the request path counts into it. ``percentiles`` serves /stats.
+"""
+
+from velocity_fast.metrics.values cimport HistChild, Value
+
+__all__ = ["Telemetry", "Window", "percentiles", "WAIT_BUCKETS", "OUTCOMES"]
+
+# A lease's outcomes; the request path passes them as ints (OUTCOMES[i] is the name).
+OUTCOMES = ("completed", "failed", "cancelled")
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+cdef class Window:
+    """The last ``maxlen`` samples (a ring: no allocation once full); iterates oldest first."""
+
+    def __cinit__(self, Py_ssize_t maxlen):
+        self._data = []
+        self._maxlen = maxlen if maxlen > 0 else 0
+        self._next = 0
+
+    cpdef append(self, x):
+        if len(self._data) < self._maxlen:
+            self._data.append(x)
+        elif self._maxlen:
+            self._data[self._next] = x
+            self._next += 1
+            if self._next == self._maxlen:
+                self._next = 0
+
+    def __len__(self):
+        return len(self._data)
+
+    def __iter__(self):
+        return iter(self._data[self._next:] + self._data[:self._next])
+
+
+def _reuse(reg, make, name, *args, **kw):
+    got = reg.get(name)
+    return got if got is not None else make(name, *args, **kw)
+
+
+def _gauge_fn(reg, name, help, fn, labels):
+    got = reg.get(name)
+    if got is None:
+        reg.gauge_fn(name, help, fn, labels)
+    else:
+        got.fn = fn
+
+
+cdef class Telemetry:
+    """Counters, windows and the metric handles of one Admission (see telemetry.py)."""
+
+    def __init__(self, registry, list band_names, Py_ssize_t window, depth_fn, saturation_fn, limit_fn,
+                 inflight_fn):
+        if registry is None:
+            from velocity_fast.metrics.registry import Registry
+            registry = Registry()
+        self.registry = reg = registry
+        # A reloaded configuration builds a new Admission on the same registry: take
+        # over the metrics already there (counters stay monotonic) instead of failing.
+        self.admitted = _reuse(reg, reg.counter, "velocity_admitted_total", "Requests admitted (lease granted).")
+        self.completed = _reuse(reg, reg.counter, "velocity_completed_total", "Admitted requests that completed.")
+        self.failed = _reuse(reg, reg.counter, "velocity_failed_total", "Admitted requests that failed.")
+        self.cancelled = _reuse(reg, reg.counter, "velocity_cancelled_total",
+                                "Admitted requests cancelled by the client.")
+        self.rejections = _reuse(reg, reg.counter, "velocity_rejections_total",
+                                 "Requests declined by admission, by reason.", ("reason",))
+        _gauge_fn(reg, "velocity_queue_depth", "Requests waiting in admission queues, by band.", depth_fn,
+                  ("band",))
+        self.queue_wait = _reuse(reg, reg.histogram, "velocity_queue_wait_seconds",
+                                 "Time spent queued before admission.", ("band",), buckets=WAIT_BUCKETS)
+        _gauge_fn(reg, "velocity_pool_saturation", "Pool saturation (1.0 = saturated).", saturation_fn,
+                  ("model",))
+        _gauge_fn(reg, "velocity_endpoint_limit", "Concurrency limit per endpoint (AIMD or fixed).", limit_fn,
+                  ("endpoint",))
+        _gauge_fn(reg, "velocity_endpoint_inflight", "Gateway requests in flight per endpoint.", inflight_fn,
+                  ("endpoint",))
+        self.ttft = _reuse(reg, reg.histogram, "velocity_ttft_seconds", "Time to first byte from arrival.")
+        self.latency = _reuse(reg, reg.histogram, "velocity_request_latency_seconds",
+                              "End-to-end latency from arrival.", ("band",))
+        # The unlabelled metrics' children, held for the request path: bumped in place.
+        self._admitted = self.admitted.labels()
+        self._completed = self.completed.labels()
+        self._failed = self.failed.labels()
+        self._cancelled = self.cancelled.labels()
+        self._ttft = self.ttft.labels()
+        self._wait_children = [self.queue_wait.labels(b) for b in band_names]
+        self._lat_children = [self.latency.labels(b) for b in band_names]
+        # This instance's own terminal counts: they must reconcile with its in-flight.
+        self.reasons = {}
+        self.waits = [Window(window) for _ in band_names]
+        self.e2e = Window(window)
+        self.ttfts = Window(window)
+
+    cpdef reject(self, str reason):
+        """Count one rejection."""
+        self.reasons[reason] = self.reasons.get(reason, 0) + 1
+        self.rejections.labels(reason).inc()
+
+    cdef void _granted(self, int band, double wait_s) except *:
+        self.n_admitted += 1
+        self._admitted.value += 1.0
+        (<HistChild>self._wait_children[band]).observe(wait_s)
+        (<Window>self.waits[band]).append(wait_s)
+
+    cdef void _finished(self, int band, int outcome, double e2e_s, double ttft_s, int sla) except *:
+        # ttft_s < 0: no first byte; sla: -1 not judged, 0 missed, 1 met
+        if outcome == _COMPLETED:
+            self.n_completed += 1
+            self._completed.value += 1.0
+            (<HistChild>self._lat_children[band]).observe(e2e_s)
+            self.e2e.append(e2e_s)
+            if sla == 1:
+                self.sla_met += 1
+            elif sla == 0:
+                self.sla_missed += 1
+        elif outcome == _FAILED:
+            self.n_failed += 1
+            self._failed.value += 1.0
+        else:
+            self.n_cancelled += 1
+            self._cancelled.value += 1.0
+        if ttft_s >= 0:
+            (<HistChild>self._ttft).observe(ttft_s)
+            self.ttfts.append(ttft_s)
+
+    def granted(self, int band, double wait_s):
+        """Count one admission after ``wait_s`` in the queue."""
+        self._granted(band, wait_s)
+
+    def finished(self, int band, str outcome, double e2e_s, ttft_s, sla_met):
+        """Count one terminal outcome with its latencies (ttft_s, sla_met: None when unknown)."""
+        self._finished(band, _outcome(outcome), e2e_s, -1.0 if ttft_s is None else <double>ttft_s,
+                       -1 if sla_met is None else (1 if sla_met else 0))
+
+    def counts(self):
+        """Terminal counters as integers."""
+        return {"admitted": self.n_admitted, "completed": self.n_completed, "failed": self.n_failed,
+                "cancelled": self.n_cancelled}
+
+
+def percentiles(samples, qs=(50, 90, 99)) -> dict:
+    """Nearest-rank percentiles in milliseconds of samples in seconds ({} when empty)."""
+    data = sorted(samples)
+    if not data:
+        return {}
+    n = len(data)
+    out = {}
+    for q in qs:
+        k = min(n - 1, max(0, int(round(q / 100.0 * n + 0.5)) - 1))
+        out[f"p{q}"] = round(data[k] * 1000.0, 3)
+    return out

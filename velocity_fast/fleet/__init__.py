@@ -1,0 +1,2 @@
+"""The engines the gateway knows: endpoints and pools (``endpoint``, compiled), their health
+checks (``health``) and the engine metric contract (``scrape``)."""

@@ -1,0 +1,37 @@
+"""Stubs for velocity_fast.fleet.endpoint (endpoints and pools)."""
+from typing import Any
+
+class Endpoint:
+    """What the gateway knows of one engine."""
+    name: str
+    url: str
+    model: str
+    api_key: str | None
+    healthy: bool
+    inflight: int
+    running: float
+    waiting: float
+    kv_usage: float
+    scraped_at: float
+    num_gpu_blocks: int | None
+    block_size: int | None
+    limit: int
+    max_running_seen: float
+    ejected_until: float
+    eject_backoff: float
+    failures: int
+    up_since: float
+    state: str
+    served: int
+    errors: int
+    upstream: Any
+    def __init__(self, name: str, url: str, model: str, *, api_key: str | None = None, limit: int = 32) -> None: ...
+    def metrics_age(self, now: float | None = None) -> float: ...
+    def snapshot(self) -> dict: ...
+
+class Pool:
+    """The endpoints that serve one model."""
+    model: str
+    endpoints: list[Endpoint]
+    def __init__(self, model: str, endpoints: list[Endpoint] | None = None) -> None: ...
+    def healthy(self) -> list[Endpoint]: ...

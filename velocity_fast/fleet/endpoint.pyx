@@ -1,0 +1,65 @@
+"""Endpoints (one engine each) and pools (the endpoints serving one model), compiled.
+
+Admission, the router and the exchange read an endpoint's counts and gauges several
+times per request (healthy, in flight, limit, the scraped gauges): as fields of a
+typed class these are C struct reads, where a Python object's slots cost a type
+lookup and a descriptor call each. The health monitor and the scraper, which write
+them once per check or scrape, use them as ordinary attributes.
+``velocity_fast.routing.endpoint`` re-exports both classes.
+"""
+
+from velocity_fast.lowlevel.clock cimport monotonic
+
+
+cdef class Endpoint:
+    """What the gateway knows of one engine. See docs/internals.md."""
+
+    def __init__(self, str name, str url, str model, *, api_key=None, long limit=32):
+        self.name = name
+        self.url = url.rstrip("/")
+        self.model = model
+        self.api_key = api_key
+        self.healthy = False          # set by the first good health check
+        self.num_gpu_blocks = None
+        self.block_size = None
+        self.limit = limit
+        # max_running_seen: high-water mark of observed running, the learned batch capacity
+        self.state = "unknown"        # unknown | healthy | ejected | down
+        self.upstream = None          # the UpstreamPool, set by the gateway
+
+    def metrics_age(self, now=None):
+        if not self.scraped_at:
+            return float("inf")
+        return (now or monotonic()) - self.scraped_at
+
+    def snapshot(self):
+        return {"name": self.name, "url": self.url, "model": self.model, "state": self.state,
+                "healthy": self.healthy, "inflight": self.inflight, "limit": self.limit,
+                "running": self.running, "waiting": self.waiting, "kv_usage": self.kv_usage,
+                "metrics_age_s": round(self.metrics_age(), 3) if self.scraped_at else None,
+                "num_gpu_blocks": self.num_gpu_blocks, "served": self.served, "errors": self.errors}
+
+    def __repr__(self):
+        return f"<Endpoint {self.name} {self.url} {self.model} {self.state} inflight={self.inflight}>"
+
+
+cdef class Pool:
+    """The endpoints that serve one model."""
+
+    def __init__(self, str model, list endpoints=None):
+        self.model = model
+        self.endpoints = endpoints or []
+
+    def healthy(self):
+        return [e for e in self.endpoints if (<Endpoint>e).healthy]
+
+
+cdef class RoomFilter:
+    """A router's filter of endpoints asked as C (an admission lease is one); any other
+    filter is a Python callable taking the endpoint."""
+
+    cdef bint room(self, Endpoint ep) except -1:
+        return True
+
+    def __call__(self, Endpoint ep):
+        return self.room(ep)

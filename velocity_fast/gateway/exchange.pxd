@@ -1,0 +1,87 @@
+# One proxied request's callback chain, typed (see exchange.pyx).
+
+from velocity_fast.admission.bands cimport Item
+from velocity_fast.fleet.endpoint cimport Endpoint
+from velocity_fast.metrics.values cimport Value
+from velocity_fast.gateway.identity cimport Identity
+from velocity_fast.http.message cimport Request
+from velocity_fast.admission.controller cimport Admission, Lease, Ticket
+from velocity_fast.routing.route cimport RouteInfo
+from velocity_fast.server.connection cimport Responder
+from velocity_fast.upstream.connection cimport Listener, UpstreamConnection
+
+
+cdef class Ingress:
+    cdef public object app
+    cdef public Identity identity
+    cdef public object router
+    cdef public object admission
+    cdef public object monitor
+    cdef public object metrics
+    cdef public dict pools
+    cdef public object default_model
+    cdef public list band_names
+    cdef public object _loop
+    cdef list _grants
+    cdef object _requests_metric
+    cdef str _last_route
+    cdef str _last_band
+    cdef int _last_status
+    cdef Value _last_count
+    cdef str _last_model
+
+
+cdef class Exchange(Listener):
+    cdef readonly Ingress gw
+    cdef object loop
+    cdef readonly Request req
+    cdef readonly Responder resp
+    cdef readonly str route
+    cdef readonly object pool
+    cdef readonly Ticket ticket
+    cdef readonly RouteInfo info
+    cdef readonly bytes body
+    cdef readonly str rid
+    cdef readonly int state
+    cdef Admission adm
+    cdef Item qitem
+    cdef readonly Lease lease
+    cdef readonly Endpoint ep
+    cdef readonly UpstreamConnection conn
+    cdef list tried
+    cdef readonly double queue_s
+    cdef str up_path              # the engine's path: the client's, or /v1/completions for /generate
+    cdef object reshape           # None, or a callable that reshapes a whole 2xx answer (/generate)
+    cdef bint headed
+    cdef object task
+    cdef str ct
+    cdef int status
+    cdef long events
+    cdef bint first
+    cdef bint engine_failed
+    cdef object error_text
+
+    cdef bint waiting(self) except -1
+    cdef void granted(self, Lease lease) except *
+    cdef _granted(self)
+    cpdef start(self)
+    cdef _admitted(self, Lease lease)
+    cdef _dispatch(self)
+    cdef on_sent(self, UpstreamConnection conn)
+    cdef on_head(self, UpstreamConnection conn)
+    cdef on_body(self, UpstreamConnection conn, bytes data)
+    cdef on_raw(self, UpstreamConnection conn, bytes framed)
+    cdef on_done(self, UpstreamConnection conn)
+    cdef on_error(self, UpstreamConnection conn, err)
+    cdef _relay(self, UpstreamConnection conn, bytes data, bint framed)
+    cdef _stream_done(self, UpstreamConnection conn)
+    cdef _stream_failed(self, e)
+    cdef _answer(self, UpstreamConnection conn)
+    cdef _invalid_status(self, UpstreamConnection conn, int status)
+    cdef _engine_failed(self, e)
+    cdef bytes _out_lines(self)
+    cdef _end(self)
+    cdef _fail_lease(self, error_text)
+    cdef _refuse(self, int status, str reason, str message, retry_after=*)
+    cdef _crashed(self)
+    cpdef list base_headers(self)

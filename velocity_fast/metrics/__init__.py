@@ -1,0 +1,2 @@
+"""Prometheus metrics: the registry and exposition (``registry``) and the compiled counter and
+histogram children the request path increments (``values``)."""

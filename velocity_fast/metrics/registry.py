@@ -1,0 +1,205 @@
+"""Prometheus metrics without a dependency.
+
+Values are plain numbers updated in place on the request path (compiled:
+metrics/values.pyx); the text format (0.0.4) is produced only when somebody
+scrapes. This module is a leaf: it imports nothing of the package but its compiled
+values, so the sim engine and the gateway can both use it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable, Sequence
+
+from velocity_fast.metrics.values import HistChild as _HistChild
+from velocity_fast.metrics.values import Value as _Value
+
+__all__ = ["Registry", "Counter", "Gauge", "Histogram", "DEFAULT_BUCKETS"]
+
+DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def _fmt(v: float) -> str:
+    if v == math.inf:
+        return "+Inf"
+    if v == -math.inf:
+        return "-Inf"
+    if v != v:
+        return "NaN"
+    if isinstance(v, int) or v.is_integer():
+        return f"{float(v):.1f}" if abs(v) < 1e15 else repr(float(v))
+    return repr(float(v))
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _label_text(names: Sequence[str], values: Sequence[str], extra: str = "") -> str:
+    parts = [f'{n}="{_escape(str(v))}"' for n, v in zip(names, values)]
+    if extra:
+        parts.append(extra)
+    return "{" + ",".join(parts) + "}" if parts else ""
+
+
+class _Metric:
+    kind = ""
+
+    def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()):
+        self.name = name
+        self.help = help
+        self.labelnames = tuple(labelnames)
+        self._children: dict[tuple, object] = {}
+        self._by_raw: dict[tuple, object] = {}
+        if not self.labelnames:
+            self._children[()] = self._new_child()
+
+    def _new_child(self):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def labels(self, *values):
+        """The child for these label values (created on first use)."""
+        child = self._by_raw.get(values)  # the values as given: no str() per call
+        if child is not None:
+            return child
+        key = tuple(str(v) for v in values)
+        child = self._children.get(key)
+        if child is None:
+            if len(key) != len(self.labelnames):
+                raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {key}")
+            child = self._children[key] = self._new_child()
+        self._by_raw[values] = child
+        return child
+
+    def remove(self, *values) -> None:
+        key = tuple(str(v) for v in values)
+        self._children.pop(key, None)
+        self._by_raw = {k: c for k, c in self._by_raw.items() if tuple(str(v) for v in k) != key}
+
+    def _header(self, out: list[str]) -> None:
+        out.append(f"# HELP {self.name} {self.help}")
+        out.append(f"# TYPE {self.name} {self.kind}")
+
+
+class Counter(_Metric):
+    """A monotonically increasing count. The name is used as given (end it in _total)."""
+
+    kind = "counter"
+
+    def _new_child(self) -> _Value:
+        return _Value()
+
+    def inc(self, n: float = 1.0) -> None:
+        self._children[()].value += n
+
+    def get(self) -> float:
+        return self._children[()].value
+
+    def render(self, out: list[str]) -> None:
+        self._header(out)
+        for key, child in self._children.items():
+            out.append(f"{self.name}{_label_text(self.labelnames, key)} {_fmt(child.value)}")
+
+
+class Gauge(Counter):
+    """A value that goes up and down."""
+
+    kind = "gauge"
+
+    def set(self, v: float) -> None:
+        self._children[()].value = v
+
+    def dec(self, n: float = 1.0) -> None:
+        self._children[()].value -= n
+
+
+class _FnGauge(_Metric):
+    kind = "gauge"
+
+    def __init__(self, name: str, help: str, fn: Callable[[], float | Iterable[tuple[tuple, float]]],
+                 labelnames: Sequence[str] = ()):
+        self.fn = fn
+        super().__init__(name, help, labelnames)
+        self._children.clear()
+
+    def _new_child(self):
+        return None
+
+    def render(self, out: list[str]) -> None:
+        self._header(out)
+        got = self.fn()
+        if self.labelnames:
+            for key, v in got:
+                out.append(f"{self.name}{_label_text(self.labelnames, key)} {_fmt(v)}")
+        else:
+            out.append(f"{self.name} {_fmt(got)}")
+
+
+class Histogram(_Metric):
+    """Cumulative buckets, _sum and _count, as Prometheus expects."""
+
+    kind = "histogram"
+
+    def __init__(self, name: str, help: str, labelnames: Sequence[str] = (),
+                 buckets: Sequence[float] = DEFAULT_BUCKETS):
+        self.bounds = tuple(sorted(float(b) for b in buckets if b != math.inf))
+        super().__init__(name, help, labelnames)
+
+    def _new_child(self) -> _HistChild:
+        return _HistChild(self.bounds)
+
+    def observe(self, v: float) -> None:
+        self._children[()].observe(v)
+
+    def render(self, out: list[str]) -> None:
+        self._header(out)
+        for key, child in self._children.items():
+            acc = 0
+            for bound, n in zip(self.bounds, child.counts):
+                acc += n
+                le = 'le="' + _fmt(bound) + '"'
+                out.append(f"{self.name}_bucket{_label_text(self.labelnames, key, le)} {acc}.0")
+            inf = _label_text(self.labelnames, key, 'le="+Inf"')
+            out.append(f"{self.name}_bucket{inf} {child.count}.0")
+            out.append(f"{self.name}_sum{_label_text(self.labelnames, key)} {_fmt(child.sum)}")
+            out.append(f"{self.name}_count{_label_text(self.labelnames, key)} {child.count}.0")
+
+
+class Registry:
+    """A set of metrics rendered together in registration order."""
+
+    def __init__(self) -> None:
+        self._metrics: dict[str, _Metric] = {}
+
+    def _add(self, m: _Metric) -> _Metric:
+        if m.name in self._metrics:
+            raise ValueError(f"metric {m.name} registered twice")
+        self._metrics[m.name] = m
+        return m
+
+    def counter(self, name: str, help: str, labelnames: Sequence[str] = ()) -> Counter:
+        return self._add(Counter(name, help, labelnames))  # type: ignore[return-value]
+
+    def gauge(self, name: str, help: str, labelnames: Sequence[str] = ()) -> Gauge:
+        return self._add(Gauge(name, help, labelnames))  # type: ignore[return-value]
+
+    def histogram(self, name: str, help: str, labelnames: Sequence[str] = (),
+                  buckets: Sequence[float] = DEFAULT_BUCKETS) -> Histogram:
+        return self._add(Histogram(name, help, labelnames, buckets))  # type: ignore[return-value]
+
+    def gauge_fn(self, name: str, help: str, fn: Callable, labelnames: Sequence[str] = ()) -> None:
+        """A gauge computed at scrape time: fn() -> value, or [(label values, value)] with labels."""
+        self._add(_FnGauge(name, help, fn, labelnames))
+
+    def get(self, name: str) -> _Metric | None:
+        return self._metrics.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._metrics)
+
+    def render(self) -> bytes:
+        out: list[str] = []
+        for m in self._metrics.values():
+            m.render(out)  # type: ignore[attr-defined]
+        out.append("")
+        return "\n".join(out).encode()

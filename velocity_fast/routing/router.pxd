@@ -1,0 +1,44 @@
+# The router's request path, typed (see router.pyx for the why).
+
+from velocity_fast.fleet.endpoint cimport Endpoint
+from velocity_fast.metrics.values cimport Value
+from velocity_fast.routing.prefix cimport BlockHashes, PrefixHasher, PrefixIndex
+from velocity_fast.routing.route cimport RouteInfo, RouterPool
+
+
+cdef class Router:
+    cdef public object settings
+    cdef public object _rng
+    cdef public object _sessions
+    cdef public PrefixHasher _hasher
+    cdef public dict _profiles
+    cdef public dict _pools
+    cdef public dict _batch_infos
+    cdef public dict _pick_children
+    cdef dict _only_children
+    cdef object _last_model  # the last batch-path RouteInfo, for the same model and profiles
+    cdef RouteInfo _last_info
+    cdef object _last_profiles
+    cdef public object _picks
+    cdef public object _fail_open
+    cdef public object _no_endpoint
+    cdef public object _blocks_sent
+    cdef public object _blocks_hit
+    cdef object _clock_fn
+    cdef bint _mono
+    # Settings and metric children read on every request (set by _configure).
+    cdef double _stale_s
+    cdef double _sat_waiting
+    cdef double _sat_kv
+    cdef dict _model_profiles
+    cdef object _default_profile
+    cdef Value _fail_open_v
+    cdef Value _no_endpoint_v
+    cdef Value _blocks_sent_v
+    cdef Value _blocks_hit_v
+
+    cdef double _now(self) except? -1.0
+    cdef RouterPool _pool_state(self, model, pool)
+    cdef RouteInfo _route_info(self, model, body_obj, headers)
+    cdef object _pick(self, pool, RouteInfo info, has_room, exclude)
+    cdef void _on_dispatch(self, Endpoint ep, RouteInfo info) except *

@@ -1,0 +1,320 @@
+# cython: annotation_typing=False
+"""The router: where a request runs. Filter -> score -> pick (docs/design.md, "Dispatch and the answer").
+
+    router = Router(settings, registry=reg)
+    info = router.route_info(model, body_obj, headers)   # profile, prefix hashes, session
+    ep = router.pick(pool, info, has_room, exclude=())   # None when no endpoint qualifies
+    router.on_dispatch(ep, info)                         # remember the blocks sent to ep
+
+Filters: unhealthy endpoints, endpoints without room (``has_room(ep)`` False: at their
+concurrency limit) and saturated ones (engine queue or KV usage past the thresholds).
+When saturation alone would remove every endpoint, the saturated ones stay (fail open):
+admission already decided that this request goes now, and refusing here would only turn
+a slow answer into an error. Then the request's profile (profiles.py) scores what is
+left.
+
+Load is the engine's waiting count plus the gateway's own in-flight count. Engine
+gauges older than ``metrics_stale_s`` (or never scraped) are ignored: the in-flight
+count stands alone and nobody is filtered as saturated on stale evidence.
+
+One prefix index per pool (at most 64 endpoints with affinity each); the chains are
+seeded by the model name, so pools never share hashes. Pass ``route_info`` the model
+of the pool the request will use (the default pool's model when the body names none).
+The index only knows what this gateway sent: call ``forget(name)`` when an engine
+restarted (its cache is empty) or left the configuration. ``x-session-id`` is honoured
+by the chat profile (the one that favours affinity); the other profiles ignore it.
+
+The request path (``route_info``, ``pick``, ``on_dispatch``) is typed C: what every request
+touches is the request's ``RouteInfo`` (profile, prefix block hashes, session), the
+filters of ``pick`` (health, room, exclusions, saturation on fresh gauges, fail open) and
+the prefix index's bookkeeping of ``on_dispatch``. Construction, ``forget``, ``hit_ratio``
+and ``stats`` run once or per scrape and are plain ``def`` methods of the same class.
+Endpoints are compiled too (fleet/endpoint.pyx): their fields are read as C. The Python
+profiles (routing/profiles.py) read ``RouteInfo`` and ``RouterPool`` fields through
+descriptors.
+"""
+
+import random
+import time
+
+from velocity_fast.metrics.registry import Registry
+
+from velocity_fast.lowlevel.clock cimport monotonic
+from velocity_fast.fleet.endpoint cimport RoomFilter, pool_endpoints, pool_model
+from velocity_fast.metrics.values cimport Value
+from velocity_fast.routing.prefix cimport BlockHashes, PrefixHasher, PrefixIndex
+from velocity_fast.routing.route cimport RouteInfo, RouterPool
+
+# Leaf modules of the routing package (they import nothing of the router).
+from velocity_fast.routing.prefix_render import render_prompt
+from velocity_fast.routing.session import SessionAffinity
+
+from velocity_fast.routing.errors import UnknownProfile
+from velocity_fast.routing.profiles import make_profiles
+from velocity_fast.routing.settings import PROFILE_HEADER, PROFILES, SESSION_HEADER, RoutingSettings
+
+__all__ = ["Router"]
+
+BASES = ("prefix", "session", "load", "hotspot", "kv", "only")
+# round-robin's picks are decided by the turn alone.
+TURN = ("round-robin", "turn")
+
+cdef str _PROFILE_HEADER = PROFILE_HEADER
+cdef str _SESSION_HEADER = SESSION_HEADER
+cdef str _BATCH = "batch"
+cdef str _ONLY = "only"
+cdef object _session_key = SessionAffinity.key
+cdef object _py_monotonic = time.monotonic
+
+
+cdef inline RouteInfo _new_info(model, profile, BlockHashes hashes, session, session_key):
+    cdef RouteInfo info = RouteInfo.__new__(RouteInfo)
+    info.model = model
+    info.profile = profile
+    info.hashes = hashes
+    info.nblocks = hashes.n
+    info.session = session
+    info.session_key = session_key
+    return info
+
+
+cdef class Router:
+    """Filter, score and pick an endpoint of a pool for a request: see the module doc."""
+
+    def __cinit__(self):
+        self._clock_fn = _py_monotonic
+        self._mono = True
+
+    def __init__(self, settings: RoutingSettings | None = None, *, registry: Registry | None = None,
+                 rng: random.Random | None = None) -> None:
+        self.settings = s = settings or RoutingSettings()
+        self._rng = rng or random.Random(s.seed)
+        self._hasher = PrefixHasher(s.block_bytes)
+        self._batch_infos = {}  # by model: nothing per request in them
+        self._sessions = SessionAffinity()
+        self._profiles = make_profiles(s, self._rng, self._sessions)
+        self._pools = {}  # model -> RouterPool
+        self._clock = time.monotonic
+        reg = registry if registry is not None else Registry()
+        self._picks = reg.counter("velocity_route_picks_total",
+                                  "Endpoint picks by routing profile and what decided them.",
+                                  ("profile", "basis"))
+        self._pick_children = {(p, b): self._picks.labels(p, b) for p in PROFILES for b in BASES}
+        self._pick_children[TURN] = self._picks.labels(*TURN)
+        self._fail_open = reg.counter("velocity_route_fail_open_total",
+                                      "Picks made among saturated endpoints because all were saturated.")
+        self._no_endpoint = reg.counter("velocity_route_no_endpoint_total",
+                                        "Picks that found no healthy endpoint with room.")
+        self._blocks_sent = reg.counter("velocity_prefix_blocks_total",
+                                        "Prompt blocks dispatched (prefix hashing units).")
+        self._blocks_hit = reg.counter("velocity_prefix_hit_blocks_total",
+                                       "Leading prompt blocks the chosen endpoint had recently been sent.")
+        reg.gauge_fn("velocity_prefix_index_hit_ratio",
+                     "Prefix-index hit ratio: hit blocks / dispatched blocks.", self.hit_ratio)
+        reg.gauge_fn("velocity_prefix_index_blocks", "Block hashes held in the prefix index, per model.",
+                     lambda: [((m, ), len(st.index)) for m, st in self._pools.items()], ("model",))
+        self._configure()
+
+    # -- lifecycle and visibility -----------------------------------------------
+
+    def forget(self, name: str, model: str | None = None) -> None:
+        """Drop what the index remembers of an endpoint (it left the configuration)."""
+        for m, state in self._pools.items():
+            if model is None or m == model:
+                state.index.remove(name)
+                state.caps.pop(name, None)
+
+    def hit_ratio(self) -> float:
+        """Dispatched prompt blocks that the chosen endpoint already held, as a fraction."""
+        sent = self._blocks_sent.get()
+        return self._blocks_hit.get() / sent if sent else 0.0
+
+    def stats(self) -> dict:
+        """Picks by profile and basis, filter outcomes, and the prefix index sizes."""
+        picks: dict[str, dict[str, int]] = {}
+        for (p, b), child in self._pick_children.items():
+            if child.value:
+                picks.setdefault(p, {})[b] = int(child.value)
+        return {
+            "picks": picks,
+            "fail_open": int(self._fail_open.get()),
+            "no_endpoint": int(self._no_endpoint.get()),
+            "prefix_index": {
+                "hit_ratio": round(self.hit_ratio(), 4),
+                "blocks_sent": int(self._blocks_sent.get()),
+                "blocks_hit": int(self._blocks_hit.get()),
+                "block_bytes": self.settings.block_bytes,
+                "pools": {m: st.index.stats() for m, st in self._pools.items()},
+            },
+        }
+
+    def _configure(self):
+        """Read the settings and metric children the request path uses (the settings are
+        frozen; call again after replacing them)."""
+        s = self.settings
+        self._stale_s = s.metrics_stale_s
+        self._sat_waiting = s.saturation_waiting
+        self._sat_kv = s.saturation_kv
+        self._model_profiles = s.profiles
+        self._default_profile = s.default_profile
+        self._fail_open_v = self._fail_open.labels()
+        self._no_endpoint_v = self._no_endpoint.labels()
+        self._blocks_sent_v = self._blocks_sent.labels()
+        self._blocks_hit_v = self._blocks_hit.labels()
+
+    @property
+    def _clock(self):
+        """The clock of metrics staleness; time.monotonic is read in C (the same clock)."""
+        return self._clock_fn
+
+    @_clock.setter
+    def _clock(self, fn):
+        self._clock_fn = fn
+        self._mono = fn is _py_monotonic
+
+    cdef double _now(self) except? -1.0:
+        if self._mono:
+            return monotonic()
+        return self._clock_fn()
+
+    cdef RouterPool _pool_state(self, model, pool):
+        st = self._pools.get(model)
+        if st is None:
+            st = self._pools[model] = RouterPool(pool, self.settings)
+        return <RouterPool?>st
+
+    # -- per request -------------------------------------------------------------
+
+    def route_info(self, model, body_obj, headers):
+        """Profile, prefix block hashes and session of a request.
+
+        body_obj is the decoded body (dict or Struct with `messages` or `prompt`), or the
+        prompt bytes already rendered. Raises UnknownProfile for a bad x-velocity-profile.
+        """
+        return self._route_info(model, body_obj, headers)
+
+    def pick(self, pool, RouteInfo info not None, has_room=None, exclude=()):
+        """The endpoint of pool for this request, or None when none is healthy with room.
+
+        exclude: endpoints not to use (those a retry already failed on)."""
+        return self._pick(pool, info, has_room, exclude)
+
+    def on_dispatch(self, ep, RouteInfo info not None):
+        """Remember that info's prompt blocks were sent to ep (call once it is bound)."""
+        self._on_dispatch(ep, info)
+
+    cdef RouteInfo _route_info(self, model, body_obj, headers):
+        cdef RouteInfo info
+        model = model or ""
+        if not headers and model is self._last_model and self._model_profiles is self._last_profiles:
+            return self._last_info  # the usual request: the same model as the last, no routing headers
+        profile = None
+        session = None
+        if headers:
+            if type(headers) is dict:
+                profile = (<dict>headers).get(_PROFILE_HEADER)
+                session = (<dict>headers).get(_SESSION_HEADER)
+            else:
+                profile = headers.get(_PROFILE_HEADER)
+                session = headers.get(_SESSION_HEADER)
+        if profile:
+            profile = profile.strip().lower()
+            if profile not in self._profiles:
+                # Imported here: routing/router.py imports this module while it loads.
+                raise UnknownProfile(profile)
+        else:
+            profile = self._model_profiles.get(model, self._default_profile)
+        if session:
+            session = session.strip() or None
+        if profile == _BATCH and not session:
+            # Shortest queue needs no prefix: no rendering, no hashing, one shared RouteInfo.
+            info = self._batch_infos.get(model)
+            if info is None:
+                info = _new_info(model, profile, self._hasher.hash(b"", model), None, None)
+                if len(self._batch_infos) < 256:  # models come from clients: the cache stays bounded
+                    self._batch_infos[model] = info
+            # What decided it is the model and the profiles it maps to: the next request
+            # with the same model object and no routing headers gets the same info.
+            self._last_model = model
+            self._last_info = info
+            self._last_profiles = self._model_profiles
+            return info
+        if isinstance(body_obj, (bytes, bytearray, memoryview)):
+            data = body_obj
+        else:
+            data = render_prompt(body_obj)
+        return _new_info(model, profile, self._hasher.hash(data, model), session,
+                         _session_key(session) if session else None)
+
+    cdef object _pick(self, pool, RouteInfo info, has_room, exclude):
+        cdef RouterPool state
+        cdef double now, load, scraped, waiting, first_load = 0.0
+        cdef double stale = self._stale_s, sat_wait = self._sat_waiting, sat_kv = self._sat_kv
+        cdef bint check_room = has_room is not None
+        cdef RoomFilter room = has_room if isinstance(has_room, RoomFilter) else None
+        cdef list cands = None, loads = None
+        cdef list saturated = None, saturated_loads = None
+        cdef Endpoint ep, first = None
+        state = self._pool_state(pool_model(pool), pool)
+        if state.pool is not pool:  # made by on_dispatch, or the pool was replaced
+            state.pool = pool
+        now = self._now()
+        for ep in pool_endpoints(pool):
+            if not ep.healthy or (check_room and not (room.room(ep) if room is not None else has_room(ep))) \
+                    or (exclude and ep in exclude):
+                continue
+            scraped = ep.scraped_at
+            if scraped and now - scraped <= stale:
+                waiting = ep.waiting
+                load = waiting + <double>ep.inflight
+                if waiting >= sat_wait or <double>ep.kv_usage >= sat_kv:
+                    if saturated is None:
+                        saturated, saturated_loads = [], []
+                    saturated.append(ep)
+                    saturated_loads.append(load)
+                    continue
+            else:
+                load = <double>ep.inflight
+            # The lists are made only when a second candidate comes (one is the common pool).
+            if first is None:
+                first, first_load = ep, load
+                continue
+            if cands is None:
+                cands, loads = [first], [first_load]
+            cands.append(ep)
+            loads.append(load)
+        if first is None:
+            if not saturated:
+                self._no_endpoint_v.value += 1.0
+                return None
+            cands, loads = saturated, saturated_loads
+            self._fail_open_v.value += 1.0
+        if cands is None or len(cands) == 1:
+            chosen = first if cands is None else cands[0]
+            # the count of picks without a choice, by profile: no tuple key to make
+            if self._only_children is None:
+                self._only_children = {}
+            only = self._only_children.get(info.profile)
+            if only is None:
+                only = self._only_children[info.profile] = self._pick_children[(info.profile, _ONLY)]
+            (<Value?>only).value += 1.0
+            return chosen
+        chosen, basis = self._profiles[info.profile].choose(cands, loads, info, state)
+        (<Value?>self._pick_children[(info.profile, basis)]).value += 1.0
+        return chosen
+
+    cdef void _on_dispatch(self, Endpoint ep, RouteInfo info) except *:
+        cdef Py_ssize_t n = info.nblocks, held
+        cdef RouterPool state
+        cdef PrefixIndex index
+        if not n:
+            return
+        name = ep.name
+        state = self._pool_state(ep.model, None)
+        index = state.index
+        if index.slot_of(name) < 0 and index.slot(name) < 0:
+            state.reclaim_slots()
+        state.sync_capacity(ep)
+        held = index.touch(name, info.hashes)
+        self._blocks_sent_v.value += n
+        self._blocks_hit_v.value += held
