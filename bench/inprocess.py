@@ -52,9 +52,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from velocity_fast.config import load_settings, parse_endpoint_flag  # noqa: E402
 from velocity_fast.gateway.app import Gateway  # noqa: E402
+from velocity_fast.server.connection import HttpProtocol  # noqa: E402
 from velocity_fast.server.http_server import HTTPServer
 from velocity_fast.server.limits import ServerLimits  # noqa: E402
-from velocity_fast.server.connection import HttpProtocol  # noqa: E402
 from velocity_fast.upstream.connection import UpstreamConnection  # noqa: E402
 
 BODY = b'{"model":"fixed","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'

@@ -38,9 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import (BODY, PATH, Procs, _wrk_cmd, start_gateway, start_nginx,  # noqa: E402
-                      start_upstream)
-
+from overhead import BODY, PATH, Procs, _wrk_cmd, start_gateway, start_nginx, start_upstream  # noqa: E402
 
 # --smoke: one-second windows (CI: tests/bench/); flags given still win.
 SMOKE = {"duration": 1.0, "warmup": 1.0}

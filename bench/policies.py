@@ -16,7 +16,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from velocity_fast.loadgen.bench_cmd import add_bench_arguments, bench_main  # noqa: E402
 
-
 # --smoke: every policy once on a tiny burst (CI: tests/bench/); flags given still win.
 SMOKE = {"num_requests": 24, "duration": 1.0, "prompt_tokens": "uniform:16:64", "output_tokens": "uniform:4:12",
          "repeats": 1, "warmup_requests": 2, "no_plots": True, "no_progress": True}

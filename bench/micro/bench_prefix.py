@@ -21,8 +21,8 @@ import random
 
 import pytest
 
-from velocity_fast.routing.prefix import PrefixHasher, PrefixIndex, choose_by_affinity
 from velocity_fast.fleet.endpoint import Endpoint, Pool
+from velocity_fast.routing.prefix import PrefixHasher, PrefixIndex, choose_by_affinity
 from velocity_fast.routing.router import Router
 from velocity_fast.routing.settings import RoutingSettings
 

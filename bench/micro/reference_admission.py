@@ -1,7 +1,7 @@
 """Pure-Python references for the compiled admission core, kept for comparison.
 
 They do the same work as velocity_fast.admission.bands (FIFO per tenant, round-robin
-between tenants, counts and bytes, cancel by id) and _core.saturation (one
+between tenants, counts and bytes, cancel by id) and admission.saturation (one
 endpoint's number from a scrape), written the straightforward way; the micro
 benchmarks time both in the same run.
 """

@@ -12,9 +12,9 @@ import yaml
 
 from velocity_fast.admission.settings import AdmissionSettings, BandSettings
 from velocity_fast.config import EndpointConfig, ModelConfig, ServerSettings, Settings, TenantConfig
-from velocity_fast.gateway.reload import RESTART_KEYS
 from velocity_fast.fleet.health import HealthSettings
 from velocity_fast.fleet.scrape import MetricNames
+from velocity_fast.gateway.reload import RESTART_KEYS
 from velocity_fast.routing.settings import RoutingSettings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from velocity_fast.gateway.app import Gateway
 from tests.knobs.knob_support import GaugeEngine, admin_metric, completion
 from tests.support.gateway import gateway_settings, running_gateway, wait_until
 from tests.support.sim import http_request, sim_engine
+from velocity_fast.gateway.app import Gateway
 
 SLOW_CHECKS = {"scrape_interval_ms": 50.0, "check_interval_ms": 60000.0, "check_timeout_ms": 500.0,
                "eject_base_ms": 60000.0, "eject_max_ms": 60000.0}

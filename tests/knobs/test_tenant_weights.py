@@ -6,8 +6,8 @@ import math
 import pytest
 
 from velocity_fast.admission.bands import BandQueues
-from velocity_fast.admission.settings import AdmissionSettings
 from velocity_fast.admission.policies import make_policy
+from velocity_fast.admission.settings import AdmissionSettings
 from velocity_fast.config import ConfigError, load_settings
 
 INF = math.inf

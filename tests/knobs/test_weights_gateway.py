@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from velocity_fast.gateway.reload import Reloader
 from tests.support.gateway import gateway_settings, running_gateway, wait_until
 from tests.support.sim import http_request, sim_engine
+from velocity_fast.gateway.reload import Reloader
 
 # Per tenant, queued behind one long request; the first PER_TENANT completions are
 # counted while both tenants still have work waiting.

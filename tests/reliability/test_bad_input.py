@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 
 import orjson
-
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 

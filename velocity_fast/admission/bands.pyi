@@ -1,5 +1,6 @@
 """Stubs for velocity_fast.admission.bands (priority bands of per-tenant queues)."""
-from typing import Any, Hashable, Iterator
+from collections.abc import Hashable, Iterator
+from typing import Any
 
 REJECT_BAND_COUNT: int
 REJECT_BAND_BYTES: int
@@ -30,6 +31,8 @@ class Item:
     def expires_at(self) -> float: ...
     @property
     def queued(self) -> bool: ...
+    grant_deadline: float
+    max_tokens: int
 
 class TenantQueue:
     """The queue of one tenant inside one band."""

@@ -1,70 +1,18 @@
 """Stubs for velocity_fast.admission.controller (admission's request path)."""
-from typing import Any, Callable, Iterator
+import logging
+from collections.abc import Callable
+from typing import Any
 
-OUTCOMES: tuple[str, str, str]
-WAIT_BUCKETS: tuple[float, ...]
+from velocity_fast.admission.aimd import AimdLimit
+from velocity_fast.admission.bands import BandQueues, Item
+from velocity_fast.admission.estimators import ServiceEstimate
+from velocity_fast.admission.saturation import EndpointLoad
+from velocity_fast.admission.telemetry import OUTCOMES as OUTCOMES
+from velocity_fast.admission.telemetry import Telemetry
+from velocity_fast.fleet.endpoint import Endpoint, RoomFilter
+
+log: logging.Logger
 CONGESTION_FACTOR: float
-
-class Ewma:
-    """Exponentially weighted moving average; value is None until the first sample."""
-    def __init__(self, alpha: float) -> None: ...
-    @property
-    def alpha(self) -> float: ...
-    @property
-    def value(self) -> float | None: ...
-    @property
-    def seen(self) -> bool: ...
-    @property
-    def samples(self) -> int: ...
-    def observe(self, x: float) -> None: ...
-
-class ServiceEstimate:
-    """How long one endpoint takes to serve a request (seconds)."""
-    def __init__(self, alpha: float) -> None: ...
-    @property
-    def ttft(self) -> Ewma: ...
-    @property
-    def tpot(self) -> Ewma: ...
-    @property
-    def service(self) -> Ewma: ...
-    @property
-    def known(self) -> bool: ...
-    def observe_first_byte(self, ttft_s: float) -> None: ...
-    def observe(self, ttft_s: float | None, service_s: float, tokens: int) -> None: ...
-    def predict(self, max_tokens: int) -> float | None: ...
-    def snapshot(self) -> dict: ...
-
-class Window:
-    """The last maxlen samples, oldest first."""
-    def __init__(self, maxlen: int) -> None: ...
-    def append(self, x: float) -> None: ...
-    def __len__(self) -> int: ...
-    def __iter__(self) -> Iterator[float]: ...
-
-class Telemetry:
-    """Counters, windows and the metric handles of one Admission."""
-    registry: Any
-    n_admitted: int
-    n_completed: int
-    n_failed: int
-    n_cancelled: int
-    reasons: dict[str, int]
-    queue_cancelled: int
-    sla_met: int
-    sla_missed: int
-    @property
-    def waits(self) -> list[Window]: ...
-    @property
-    def e2e(self) -> Window: ...
-    @property
-    def ttfts(self) -> Window: ...
-    def __init__(self, registry: Any, band_names: list[str], window: int, depth_fn: Callable,
-                 saturation_fn: Callable, limit_fn: Callable, inflight_fn: Callable) -> None: ...
-    def reject(self, reason: str) -> None: ...
-    def granted(self, band: int, wait_s: float) -> None: ...
-    def finished(self, band: int, outcome: str, e2e_s: float, ttft_s: float | None,
-                 sla_met: bool | None) -> None: ...
-    def counts(self) -> dict[str, int]: ...
 
 class Ticket:
     """One request as admission sees it."""
@@ -79,51 +27,87 @@ class Ticket:
 
 class EndpointState:
     """Admission's private view of one endpoint."""
-    ep: Any
-    load: Any
-    aimd: Any
-    est: ServiceEstimate
+    def __init__(self, ep: Endpoint, limit: int, aimd: AimdLimit, alpha: float) -> None: ...
+    @property
+    def ep(self) -> Endpoint: ...
+    @property
+    def load(self) -> EndpointLoad: ...
+    @property
+    def aimd(self) -> AimdLimit: ...
+    @property
+    def est(self) -> ServiceEstimate: ...
 
 class PoolState:
     """One pool's queues and what is granted but not yet bound."""
-    pool: Any
-    queues: Any
     pending: int
     states: list[EndpointState]
-    loads: list
+    loads: list[EndpointLoad]
     seen: list | None
     overload_until: float
+    def __init__(self, pool: Any, queues: BandQueues) -> None: ...
+    @property
+    def pool(self) -> Any: ...
+    @property
+    def queues(self) -> BandQueues: ...
 
-class Lease:
-    """An admission slot held for the whole response."""
-    band_index: int
-    band: str
-    tenant: str | None
-    max_tokens: int
-    deadline: float
-    arrived_at: float
-    granted_at: float
-    bound_at: float
-    first_byte_at: float
-    endpoint: Any
-    done: bool
+class Lease(RoomFilter):
+    """Granted by ``Admission.admit``; ``bind`` when an endpoint is chosen, ``release`` at the end."""
+    @property
+    def band_index(self) -> int: ...
+    @property
+    def band(self) -> str: ...
+    @property
+    def tenant(self) -> str | None: ...
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def deadline(self) -> float: ...
+    @property
+    def arrived_at(self) -> float: ...
+    @property
+    def granted_at(self) -> float: ...
+    @property
+    def bound_at(self) -> float: ...
+    @property
+    def first_byte_at(self) -> float: ...
+    @property
+    def endpoint(self) -> Endpoint | None: ...
+    @property
+    def done(self) -> bool: ...
     @property
     def queue_ms(self) -> float: ...
-    def bind(self, ep: Any) -> None: ...
-    def rebind(self, ep: Any) -> None: ...
-    def fits(self, ep: Any) -> bool: ...
+    def bind(self, ep: Endpoint) -> None: ...
+    def rebind(self, ep: Endpoint) -> None: ...
+    def fits(self, ep: Endpoint) -> bool: ...
     def first_byte(self) -> None: ...
     def release(self, outcome: str = "completed", error_text: str | None = None, tokens: int = 0) -> None: ...
 
-class AdmissionCore:
-    """The compiled half of Admission (admission/controller.py)."""
+class Admission:
+    """Whether and when each request runs. See docs/internals.md ("Admission")."""
     settings: Any
     policy: Any
     pools: dict
     clock: Callable[[], float]
     band_names: list[str]
     telemetry: Telemetry
-    def admit_nowait(self, ticket: Ticket, waiter: Any) -> Lease | tuple[Any, int]: ...
-    def withdraw(self, ticket: Ticket, rid: int) -> bool: ...
-    def has_room(self, ep: Any) -> bool: ...
-    def prediction(self, model: Any = None, band: str | None = None, max_tokens: int = 16) -> tuple[float, float] | None: ...
+    def __init__(self, settings: Any, pools: dict, policy: Any = "dynamic", registry: Any = None,
+                 clock: Callable[[], float] = ...) -> None: ...
+    async def admit(self, ticket: Ticket) -> Lease:
+        """Grant a lease now or after a wait; raise Rejected when declined."""
+    def on_metrics(self, ep: Endpoint) -> None:
+        """A scrape of ``ep`` landed: update saturation, check KV, maybe dispatch."""
+    def housekeep(self) -> None:
+        """Expire TTLs, decline hopeless requests (smart), then dispatch (aging)."""
+    def close(self) -> None:
+        """Stop the housekeeping timer and fail whatever still waits (503)."""
+    def stats(self) -> dict:
+        """Scheduler statistics for /stats."""
+    def admit_nowait(self, ticket: Ticket, waiter: Any) -> Lease | Item:
+        """Grant a lease now, raise Rejected, or queue ``waiter`` and return its queue Item."""
+    def withdraw(self, ticket: Ticket, item: Item) -> bool:
+        """Take a queued request out of its queue (its client left); False if no longer queued."""
+    def prediction(self, model: Any = None, band: str | None = None,
+                   max_tokens: int = 16) -> tuple[float, float] | None:
+        """``(wait_s, service_s)`` the SLA check would predict now; None while nothing is known."""
+    def has_room(self, ep: Endpoint) -> bool:
+        """True when ``ep`` may take one more request now (the router's filter)."""

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .detect import GPU
-from .process import python_child
 from .models import ModelChoice
 from .options import (
     DEFAULT_ENGINE_BASE_PORT,
@@ -22,6 +21,7 @@ from .options import (
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_SIM_ENGINES,
 )
+from .process import python_child
 
 # The served name of sim engines when no model folder was found.
 SIM_MODEL_NAME = "velocity-sim"

@@ -2,7 +2,7 @@
 from typing import Any
 
 class Endpoint:
-    """What the gateway knows of one engine."""
+    """What the gateway knows of one engine. See docs/internals.md."""
     name: str
     url: str
     model: str
@@ -35,3 +35,7 @@ class Pool:
     endpoints: list[Endpoint]
     def __init__(self, model: str, endpoints: list[Endpoint] | None = None) -> None: ...
     def healthy(self) -> list[Endpoint]: ...
+
+class RoomFilter:
+    """A router's filter of endpoints asked as C (an admission lease is one)."""
+    def __call__(self, ep: Endpoint) -> bool: ...

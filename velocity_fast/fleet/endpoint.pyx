@@ -5,7 +5,6 @@ times per request (healthy, in flight, limit, the scraped gauges): as fields of 
 typed class these are C struct reads, where a Python object's slots cost a type
 lookup and a descriptor call each. The health monitor and the scraper, which write
 them once per check or scrape, use them as ordinary attributes.
-``velocity_fast.routing.endpoint`` re-exports both classes.
 """
 
 from velocity_fast.lowlevel.clock cimport monotonic

@@ -11,23 +11,23 @@ import time
 
 import orjson
 
+from velocity_fast.admission.controller import Ticket
 from velocity_fast.config import EndpointConfig, Settings
-from velocity_fast.gateway.exchange import Ingress, band_for, handle_client, new_request_id, start_native
-from velocity_fast.metrics.registry import Registry
 from velocity_fast.fleet.endpoint import Endpoint, Pool
 from velocity_fast.fleet.health import EndpointMonitor
-from velocity_fast.server.http_server import HTTPServer
-from velocity_fast.http.message import Request
-from velocity_fast.server.connection import Responder
-from velocity_fast.server.limits import ServerLimits
-from velocity_fast.upstream.pool import UpstreamPool
+from velocity_fast.gateway.errors import BadRequest
+from velocity_fast.gateway.exchange import Ingress, band_for, handle_client, new_request_id, start_native
 from velocity_fast.gateway.identity import Identity
 from velocity_fast.gateway.observability import GatewayMetrics
-from velocity_fast.admission.controller import Ticket
 from velocity_fast.gateway.policy import make_admission, make_router
-from velocity_fast.routing.errors import UnknownProfile
-from velocity_fast.gateway.errors import BadRequest
 from velocity_fast.gateway.requests import decode_generate
+from velocity_fast.http.message import Request
+from velocity_fast.metrics.registry import Registry
+from velocity_fast.routing.errors import UnknownProfile
+from velocity_fast.server.connection import Responder
+from velocity_fast.server.http_server import HTTPServer
+from velocity_fast.server.limits import ServerLimits
+from velocity_fast.upstream.pool import UpstreamPool
 
 __all__ = ["Gateway"]
 

@@ -1,7 +1,17 @@
 """Stubs for velocity_fast.gateway.exchange (one proxied request's state machine)."""
-from typing import Any, Callable
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from velocity_fast.upstream.connection import Listener
+
+log: logging.Logger
 
 class Ingress:
+    """What every proxied request reads of its gateway: C fields instead of instance-dict look-ups.
+
+    ``app`` is the gateway above (gateway/app.py), called for what is not the proxy path."""
+    app: Any
     identity: Any
     router: Any
     admission: Any
@@ -11,19 +21,40 @@ class Ingress:
     default_model: str | None
     band_names: list[str]
 
-class Exchange:
-    """Made by the proxy path (no public constructor)."""
-    abandoned: bool
-    relaying: bool
-    req: Any
-    resp: Any
-    route: str
-    ticket: Any
-    rid: str
-    lease: Any
-    ep: Any
-    queue_s: float
+class Exchange(Listener):
+    """One proxied request: admission, routing, the engine request and the relay back (made by the
+    proxy path; no public constructor)."""
+    @property
+    def gw(self) -> Ingress: ...
+    @property
+    def req(self) -> Any: ...
+    @property
+    def resp(self) -> Any: ...
+    @property
+    def route(self) -> str: ...
+    @property
+    def pool(self) -> Any: ...
+    @property
+    def ticket(self) -> Any: ...
+    @property
+    def info(self) -> Any: ...
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def rid(self) -> str: ...
+    @property
+    def state(self) -> int: ...
+    @property
+    def lease(self) -> Any: ...
+    @property
+    def ep(self) -> Any: ...
+    @property
+    def conn(self) -> Any: ...
+    @property
+    def queue_s(self) -> float: ...
     def start(self) -> None: ...
+    def __call__(self) -> None:
+        """The client's disconnect callback (the Responder calls it once, as on_disconnect)."""
     def done(self) -> bool: ...
     def set_result(self, lease: Any) -> None: ...
     def set_exception(self, exc: BaseException) -> None: ...

@@ -46,6 +46,7 @@ def _sim_flags(settings: Settings, extra: str | None) -> list[str]:
 def serve_main(args: argparse.Namespace) -> int:
     """The gateway alone, in front of engines that already run (--endpoint / config)."""
     from velocity_fast.server.run import run_until_signalled
+
     from .app import Gateway
     from .observability import setup_logging
 
@@ -83,11 +84,12 @@ def serve_main(args: argparse.Namespace) -> int:
 
 def charge_main(args: argparse.Namespace) -> int:
     """Batteries included: engines per GPU (or sim engines) and the gateway in front."""
+    from velocity_fast.server.run import run_until_signalled
+
     from ..engines.app import exit_code_for, prepare_engines
     from ..engines.models import ModelPathError, ModelPromptAborted
     from ..engines.plan import PlanError
     from ..engines.supervisor import EngineStartError, EngineSupervisor
-    from velocity_fast.server.run import run_until_signalled
     from .app import Gateway
     from .observability import setup_logging
 

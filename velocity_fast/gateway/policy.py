@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from velocity_fast.admission.controller import Admission, Ticket
+from velocity_fast.admission.controller import Admission
 from velocity_fast.admission.settings import AdmissionSettings
-from velocity_fast.admission.errors import Rejected
-from ..config import Settings
-from velocity_fast.metrics.registry import Registry
+from velocity_fast.config import Settings
 from velocity_fast.fleet.endpoint import Pool
+from velocity_fast.metrics.registry import Registry
 from velocity_fast.routing.router import Router
-from ..routing.settings import RoutingSettings
+from velocity_fast.routing.settings import RoutingSettings
 
-__all__ = ["Ticket", "Rejected", "make_admission", "make_router"]
+__all__ = ["make_admission", "make_router", "routing_settings"]
 
 
 def make_admission(settings: Settings, pools: dict[str, Pool], registry: Registry) -> Admission:

@@ -26,9 +26,10 @@ import signal
 from typing import Any, Callable
 
 from velocity_fast.admission.settings import AdmissionSettings
-from ..config import ConfigError, Settings
 from velocity_fast.gateway.identity import Identity
 from velocity_fast.gateway.policy import make_admission, make_router, routing_settings
+
+from ..config import ConfigError, Settings
 
 __all__ = ["Reloader", "apply_settings", "RESTART_KEYS"]
 

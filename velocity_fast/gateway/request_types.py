@@ -1,7 +1,6 @@
-"""What the gateway decodes of a client request: the msgspec Structs and their decoders.
+"""What the gateway decodes of a client request: the msgspec Structs (the schema).
 
-A leaf module (it imports nothing of the package), so that the compiled
-velocity_fast.gateway.requests can import it while the package is still loading.
+The decoding itself is gateway/requests.pyx, the one request decoder.
 """
 
 from __future__ import annotations
@@ -63,8 +62,3 @@ class GenerateRequest(msgspec.Struct):
     stream: bool = False
     model: str | None = None
     temperature: float | None = None
-
-
-_proxy_decoder = msgspec.json.Decoder(ProxyRequest)
-_generate_decoder = msgspec.json.Decoder(GenerateRequest)
-_raw_object_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])

@@ -2,9 +2,9 @@
 proxied request (exchange.pyx's ``proxy`` calls them as C), decode_generate on /generate.
 
 Only the fields the gateway needs are decoded; the body is forwarded as is unless it
-carries the gateway's own fields. The msgspec Structs, their decoders and BadRequest
-stay Python, in gateway/request_types.py; their fields are read here as attributes.
-gateway/requests.py re-exports all of it.
+carries the gateway's own fields. This is the one request decoder: the msgspec Structs
+it decodes into are declared in gateway/request_types.py (a schema, no code), and its
+errors are gateway/errors.py's BadRequest.
 """
 
 cimport cython
@@ -17,8 +17,12 @@ from velocity_fast.lowlevel.slots cimport slot, slot_offset
 
 import msgspec
 
-from velocity_fast.gateway.request_types import GATEWAY_FIELDS, MAX_TOKENS_LIMIT, ProxyRequest, _generate_decoder, _proxy_decoder, _raw_object_decoder
 from velocity_fast.gateway.errors import BadRequest
+from velocity_fast.gateway.request_types import GATEWAY_FIELDS, MAX_TOKENS_LIMIT, GenerateRequest, ProxyRequest
+
+_proxy_decoder = msgspec.json.Decoder(ProxyRequest)
+_generate_decoder = msgspec.json.Decoder(GenerateRequest)
+_raw_object_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 cdef object _UNSET = msgspec.UNSET  # a field the body did not name
 cdef long long _MAX_TOKENS = MAX_TOKENS_LIMIT

@@ -20,7 +20,8 @@ async def show_progress(progress: Progress, *, enabled: bool | None = None, labe
         yield
         return
     try:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as Bar
     except ImportError:
         yield
         return

@@ -1,5 +1,5 @@
 """Stubs for velocity_fast.routing.prefix (chained block hashes and the prefix index)."""
-from typing import Hashable
+from collections.abc import Hashable
 
 MAX_SLOTS: int
 STRIPE_BYTES: int

@@ -1,72 +1,31 @@
-"""Stubs for velocity_fast.routing.router (the router's request path)."""
-from typing import Any, Callable, Container, Mapping
+"""Stubs for velocity_fast.routing.router (the router: filter, score, pick)."""
+import random
+from collections.abc import Callable, Container, Mapping
+from typing import Any
 
-from velocity_fast.routing.prefix import BlockHashes, PrefixHasher, PrefixIndex
+from velocity_fast.metrics.registry import Registry
+from velocity_fast.routing.route import RouteInfo
+from velocity_fast.routing.settings import RoutingSettings
 
-PROFILE_HEADER: str
-SESSION_HEADER: str
+BASES: tuple[str, ...]
+TURN: tuple[str, str]
 
-class RouteInfo:
-    """What routing needs to know of one request, computed once before it waits."""
-    def __init__(self, model: str, profile: str, hashes: BlockHashes, session: str | None,
-                 session_key: int | None) -> None: ...
-    @property
-    def model(self) -> str: ...
-    @property
-    def profile(self) -> str: ...
-    @property
-    def hashes(self) -> BlockHashes: ...
-    @property
-    def nblocks(self) -> int: ...
-    @property
-    def session(self) -> str | None: ...
-    @property
-    def session_key(self) -> int | None: ...
-
-class RouterPool:
-    """The router's memory of one pool: its prefix index and engine capacities seen."""
-    pool: Any
-    turn: int
-    def __init__(self, pool: Any, settings: Any) -> None: ...
-    @property
-    def index(self) -> PrefixIndex: ...
-    @property
-    def caps(self) -> dict[str, tuple]: ...
-    @property
-    def kv_scale(self) -> float: ...
-    @property
-    def default_capacity(self) -> int: ...
-    def kv_capacity_blocks(self, ep: Any) -> float: ...
-    def sync_capacity(self, ep: Any) -> None: ...
-    def reclaim_slots(self) -> None: ...
-
-class RouterCore:
-    """The compiled half of Router (routing/router.py)."""
-    settings: Any
-    _hasher: PrefixHasher
-    _profiles: dict[str, Any]
-    _pools: dict[str, RouterPool]
-    _batch_infos: dict[str, RouteInfo]
-    _pick_children: dict[tuple[str, str], Any]
+class Router:
+    """Filter, score and pick an endpoint of a pool for a request."""
+    settings: RoutingSettings
     _clock: Callable[[], float]
-    def _configure(self) -> None: ...
-    def route_info(self, model: str | None, body_obj: Any, headers: Mapping[str, str] | None) -> RouteInfo: ...
+    def __init__(self, settings: RoutingSettings | None = None, *, registry: Registry | None = None,
+                 rng: random.Random | None = None) -> None: ...
+    def forget(self, name: str, model: str | None = None) -> None:
+        """Drop what the index remembers of an endpoint (it left the configuration)."""
+    def hit_ratio(self) -> float:
+        """Dispatched prompt blocks that the chosen endpoint already held, as a fraction."""
+    def stats(self) -> dict:
+        """Picks by profile and basis, filter outcomes, and the prefix index sizes."""
+    def route_info(self, model: str | None, body_obj: Any, headers: Mapping[str, str] | None) -> RouteInfo:
+        """Profile, prefix block hashes and session of a request (UnknownProfile for a bad header)."""
     def pick(self, pool: Any, info: RouteInfo, has_room: Callable[[Any], bool] | None = None,
-             exclude: Container = ()) -> Any: ...
-    def on_dispatch(self, ep: Any, info: RouteInfo) -> None: ...
-
-class RoundRobinProfile:
-    """Endpoints in turn, in pool order (routing profile ``round-robin``)."""
-    name: str
-    settings: Any
-    rng: Any
-    def __init__(self, settings: Any, rng: Any) -> None: ...
-    def choose(self, cands: list, loads: list[float], info: RouteInfo, state: RouterPool) -> tuple[Any, str]: ...
-
-class LeastLoadedProfile:
-    """The fewest requests in flight from this gateway (routing profile ``least-loaded``)."""
-    name: str
-    settings: Any
-    rng: Any
-    def __init__(self, settings: Any, rng: Any) -> None: ...
-    def choose(self, cands: list, loads: list[float], info: RouteInfo, state: RouterPool) -> tuple[Any, str]: ...
+             exclude: Container = ()) -> Any:
+        """The endpoint of pool for this request, or None when none is healthy with room."""
+    def on_dispatch(self, ep: Any, info: RouteInfo) -> None:
+        """Remember that info's prompt blocks were sent to ep (call once it is bound)."""

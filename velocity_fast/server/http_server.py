@@ -11,9 +11,9 @@ import asyncio
 import logging
 from typing import Awaitable, Callable
 
+from velocity_fast.http.message import Request
 from velocity_fast.io import fdio
 from velocity_fast.server.connection import HttpProtocol, Responder
-from velocity_fast.http.message import Request
 from velocity_fast.server.limits import ServerLimits
 
 __all__ = ["HTTPServer", "HttpProtocol", "Responder", "Handler"]

@@ -18,8 +18,15 @@ from velocity_fast.server.connection import Responder
 from .config import SimConfig
 from .engine import Engine, Sequence
 from .responses import RequestMeta, StreamSink, WholeSink
-from .schema import (ChatRequest, CompletionRequest, chat_decoder, completion_decoder, render_chat,
-                     render_prompt, tokenize_decoder)
+from .schema import (
+    ChatRequest,
+    CompletionRequest,
+    chat_decoder,
+    completion_decoder,
+    render_chat,
+    render_prompt,
+    tokenize_decoder,
+)
 from .tokens import block_hashes, count_tokens, request_rng
 
 #: The vLLM version the sim engine presents itself as (VLLM_CONTRACT.md).

@@ -1,12 +1,36 @@
-from typing import Any, Awaitable
+"""Stubs for velocity_fast.upstream.connection (one engine connection and its listener)."""
+import asyncio
+from typing import Any
 
-from .server import OutboxOwner
+from velocity_fast.io.outbox import OutboxOwner
+
+class Listener:
+    """What a callback-driven request is told (``UpstreamPool.request``): head, then done or error."""
+    relaying: bool
+    raw_chunks: bool
+    abandoned: bool
+    def upstream_sent(self, conn: UpstreamConnection) -> None:
+        """The request went out on ``conn`` (to abort it on a cancel)."""
+    def upstream_head(self, conn: UpstreamConnection) -> None:
+        """The response head arrived."""
+    def upstream_body(self, conn: UpstreamConnection, data: bytes) -> None:
+        """A piece of the body (only while ``relaying``)."""
+    def upstream_raw(self, conn: UpstreamConnection, framed: bytes) -> None:
+        """Whole chunks, framed (only while ``relaying`` and ``raw_chunks``)."""
+    def upstream_done(self, conn: UpstreamConnection) -> None:
+        """The whole response arrived."""
+    def upstream_error(self, conn: UpstreamConnection, err: BaseException) -> None:
+        """The request failed (``err.received``: after the engine began answering)."""
 
 class UpstreamConnection(OutboxOwner):
+    """An asyncio Protocol for uvloop: one engine connection of an UpstreamPool."""
     pool: Any
     transport: Any
     status: int
     headers: dict[str, str]
+    content_type: str | None
+    has_length: bool
+    te_chunked: bool
     chunks: list[bytes]
     done: bool
     error: BaseException | None
@@ -14,28 +38,30 @@ class UpstreamConnection(OutboxOwner):
     closed: bool
     requests: int
     listener: Any
-    _paused: bool
-    _chunked: bool
-    def __init__(self, pool: Any, loop: Any) -> None: ...
+    @property
+    def _paused(self) -> bool: ...
+    @property
+    def _chunked(self) -> bool: ...
+    def __init__(self, pool: Any, loop: asyncio.AbstractEventLoop) -> None: ...
     def connection_made(self, transport: Any) -> None: ...
     def data_received(self, data: bytes) -> None: ...
     def connection_lost(self, exc: BaseException | None) -> None: ...
-    def send(self, data: bytes) -> Awaitable[None]: ...
-    def send_to(self, data: bytes, listener: Any, reused: bool = False) -> None: ...
-    def wait_body(self) -> Awaitable[None]: ...
+    def pause_writing(self) -> None: ...
+    def resume_writing(self) -> None: ...
+    def eof_received(self) -> bool | None: ...
+    def on_message_begin(self) -> None: ...
+    def on_header(self, name: bytes, value: bytes) -> None: ...
+    def on_headers_complete(self) -> None: ...
+    def on_body(self, body: bytes) -> None: ...
+    def on_message_complete(self) -> None: ...
+    def send(self, data: bytes) -> asyncio.Future[None]:
+        """Send a whole request; returns the future of the response head."""
+    def send_to(self, data: bytes, listener: Any, reused: bool = False) -> None:
+        """Send a whole request whose answer goes to ``listener``'s callbacks."""
+    async def wait_body(self) -> None:
+        """Wait until body pieces are available, the response is done, or it failed."""
     def take(self) -> bytes: ...
     def pause(self) -> None: ...
     def resume(self) -> None: ...
-    def abort(self) -> None: ...
-
-
-class PoolCore:
-    _idle: list[UpstreamConnection]
-    _json_posts: dict[str, bytes]
-    max_idle: int
-    base_path: str
-    host_header: bytes
-    def json_post_head(self, path: str) -> bytes: ...
-    def idle_connection(self) -> UpstreamConnection | None: ...
-    def release(self, conn: UpstreamConnection) -> None: ...
-    def request(self, data: bytes, listener: Any) -> None: ...
+    def abort(self) -> None:
+        """Close at once: the engine sees the disconnect and aborts the request."""

@@ -1,0 +1,424 @@
+"""The gateway's HTTP contract on real sockets (docs/design.md, "Arrival"): the status table, the
+reason headers, what is forwarded to the engine, the identity headers, the native route,
+and the admin port."""
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import re
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.gateway import RecordingUpstream, running_gateway, wait_until
+from tests.support.sim import free_port, http_request, start_sim_engine
+from velocity_fast.gateway.exchange import Exchange
+
+MODEL = "sim-model"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = start_sim_engine(model=MODEL, time_scale=50)
+    yield eng
+    eng.stop()
+
+
+def error_of(r) -> dict:
+    body = r.json()
+    assert set(body) == {"error"}
+    err = body["error"]
+    assert set(err) >= {"message", "type", "param", "code"}
+    assert err["code"] == r.status
+    return err
+
+
+async def raw_exchange(port: int, data: bytes, *, pause: float = 0.0, rest: bytes = b"",
+                       timeout: float = 5.0) -> bytes:
+    """Write ``data`` (then ``rest`` after ``pause``) and read until the server closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        if pause:
+            await asyncio.sleep(pause)
+        if rest:
+            writer.write(rest)
+        return await asyncio.wait_for(reader.read(), timeout)
+    finally:
+        writer.transport.abort()
+
+
+# -- 400 / 401 / 404 -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-3", "soon"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/generate"])
+async def test_an_sla_header_that_is_no_positive_finite_number_is_400(engine, path, value):
+    body = CHAT if path != "/generate" else {"prompt": "x", "max_tokens": 2}
+    async with running_gateway(engine) as gw:
+        r = await http_request(gw.port, "POST", path, body, headers={"x-velocity-sla-ms": value})
+        assert r.status == 400 and error_of(r)["param"] == "sla_ms", (value, r.body)
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/chat/completions", b"{not json", None),
+    ("/v1/chat/completions", b"", None),
+    ("/v1/chat/completions", b'{"model":"sim-model","messages":[]}', "messages"),
+    ("/v1/chat/completions", b'{"model":"sim-model","messages":[{"role":"user","content":"x"}],"stream":"yes"}',
+     "stream"),
+    ("/v1/completions", b'{"model":"sim-model","max_tokens":3}', "prompt"),
+    ("/v1/completions", b'{"model":"sim-model","prompt":"x","max_tokens":0}', "max_tokens"),
+    ("/v1/completions", b'{"model":"sim-model","prompt":"x","sla_ms":-5}', "sla_ms"),
+    ("/generate", b'{"max_tokens":3}', "prompt"),
+    ("/generate", b'{"prompt":"x","priority":"urgent"}', "priority"),
+])
+async def test_400_in_the_error_shape(engine, path, body, param):
+    async with running_gateway(engine) as gw:
+        r = await http_request(gw.port, "POST", path, body)
+        assert r.status == 400
+        err = error_of(r)
+        assert err["param"] == param
+        assert r.headers["x-request-id"].startswith("req-")
+        assert "x-velocity-reject-reason" not in r.headers
+        # bad input never takes the server down
+        ok = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT)
+        assert ok.status == 200
+
+
+async def test_401_on_every_path_but_health(engine):
+    async with running_gateway(engine, api_key="k1", tenants=[{"name": "t", "api_key": "kt"}]) as gw:
+        for method, path, body in [("GET", "/v1/models", None), ("POST", "/v1/chat/completions", CHAT),
+                                   ("POST", "/generate", {"prompt": "x"}), ("GET", "/stats", None),
+                                   ("GET", "/no/such/path", None)]:
+            r = await http_request(gw.port, method, path, body)
+            assert r.status == 401, path
+            assert error_of(r)["type"] == "AuthenticationError"
+            wrong = await http_request(gw.port, method, path, body, headers={"authorization": "Bearer nope"})
+            assert wrong.status == 401, path
+        admin = await http_request(gw.admin_port, "GET", "/stats")
+        assert admin.status == 401
+        assert (await http_request(gw.port, "GET", "/health")).status == 200
+        assert (await http_request(gw.admin_port, "GET", "/health")).status == 200
+        for headers in ({"authorization": "Bearer k1"}, {"x-api-key": "k1"}, {"authorization": "bearer kt"},
+                        {"x-api-key": "kt"}):
+            r = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT, headers=headers)
+            assert r.status == 200, headers
+        assert (await http_request(gw.admin_port, "GET", "/stats", headers={"x-api-key": "k1"})).status == 200
+
+
+async def test_404_unknown_model_and_path(engine):
+    async with running_gateway(engine) as gw:
+        r = await http_request(gw.port, "POST", "/v1/chat/completions", dict(CHAT, model="nope"))
+        assert r.status == 404
+        err = error_of(r)
+        assert err["param"] == "model" and "nope" in err["message"]
+        assert "x-velocity-reject-reason" not in r.headers
+        r = await http_request(gw.port, "POST", "/generate", {"prompt": "x", "model": "nope"})
+        assert r.status == 404 and error_of(r)["param"] == "model"
+        r = await http_request(gw.port, "GET", "/v2/whatever")
+        assert r.status == 404
+        error_of(r)
+        r = await http_request(gw.admin_port, "GET", "/nothing-here")
+        assert r.status == 404
+
+
+async def test_missing_model_uses_the_default_pool(engine):
+    async with running_gateway(engine) as gw:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        r = await http_request(gw.port, "POST", "/v1/chat/completions", body)
+        assert r.status == 200
+        assert r.json()["model"] == MODEL
+
+
+# -- 408 / 413 / 431 from the `server:` section ------------------------------------------------------
+
+async def test_408_slow_client_head_and_body(engine):
+    server = {"header_timeout_s": 0.3, "body_timeout_s": 0.3}
+    async with running_gateway(engine, server=server) as gw:
+        out = await raw_exchange(gw.port, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        assert out.startswith(b"HTTP/1.1 408 ")
+        out = await raw_exchange(gw.port, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                                          b"content-length: 100\r\n\r\n{\"model\":")
+        assert out.startswith(b"HTTP/1.1 408 ")
+        assert b'"code":408' in out
+
+
+async def test_413_and_431_limits(engine):
+    server = {"max_body_bytes": 2048, "max_header_bytes": 2048}
+    async with running_gateway(engine, server=server) as gw:
+        big = dict(CHAT, messages=[{"role": "user", "content": "x" * 4000}])
+        r = await http_request(gw.port, "POST", "/v1/chat/completions", big)
+        assert r.status == 413
+        assert error_of(r)
+        r = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT, headers={"x-filler": "y" * 4000})
+        assert r.status == 431
+        # just under the limits passes
+        r = await http_request(gw.port, "POST", "/v1/chat/completions",
+                               dict(CHAT, messages=[{"role": "user", "content": "x" * 1500}]))
+        assert r.status == 200
+
+
+# -- 429 / 502 / 503 ---------------------------------------------------------------------------------
+
+async def test_429_tenant_rate_limit_by_header_tenant(engine):
+    tenants = [{"name": "beta", "requests_per_second": 1.0, "burst": 2}]
+    async with running_gateway(engine, tenants=tenants) as gw:
+        statuses = []
+        last = None
+        for _ in range(4):
+            last = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT,
+                                      headers={"x-velocity-tenant": "beta"})
+            statuses.append(last.status)
+        assert statuses[:2] == [200, 200] and statuses[-1] == 429
+        assert last.headers["x-velocity-reject-reason"] == "rate-limit"
+        assert int(last.headers["retry-after"]) >= 1
+        assert error_of(last)
+        # another tenant is not limited by beta's bucket
+        r = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT, headers={"x-velocity-tenant": "gamma"})
+        assert r.status == 200
+
+
+async def test_503_no_endpoint_and_ready():
+    dead = ("d1", f"http://127.0.0.1:{free_port()}", MODEL)
+    async with running_gateway(dead, healthy=0) as gw:
+        r = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT)
+        assert r.status == 503
+        assert r.headers["x-velocity-reject-reason"] == "no-endpoint"
+        assert "retry-after" in r.headers
+        error_of(r)
+        ready = await http_request(gw.admin_port, "GET", "/ready")
+        assert ready.status == 503
+        health = (await http_request(gw.port, "GET", "/health")).json()
+        assert health["status"] != "ok"
+        assert (await http_request(gw.port, "GET", "/v1/models")).json()["data"] == []
+
+
+def _kill(eng) -> None:
+    eng.proc.kill()
+    eng.proc.wait(5)
+
+
+async def test_502_every_engine_refuses():
+    e1 = start_sim_engine(model=MODEL, time_scale=50)
+    e2 = start_sim_engine(model=MODEL, time_scale=50)
+    try:
+        # Health checks far apart: the gateway still believes both engines are up when they die.
+        health = {"check_interval_ms": 60000.0, "scrape_interval_ms": 60000.0}
+        async with running_gateway(e1, e2, health=health) as gw:
+            _kill(e1)
+            _kill(e2)
+            r = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT)
+            assert r.status == 502
+            assert r.headers["x-velocity-reject-reason"] == "upstream"
+            error_of(r)
+            assert all(not e.healthy for e in gw.endpoints.values()), "connect failures eject"
+    finally:
+        e1.stop()
+        e2.stop()
+
+
+async def test_one_engine_down_is_retried_on_the_other():
+    e1 = start_sim_engine(model=MODEL, time_scale=50)
+    e2 = start_sim_engine(model=MODEL, time_scale=50)
+    try:
+        health = {"check_interval_ms": 60000.0, "scrape_interval_ms": 60000.0}
+        async with running_gateway(e1, e2, health=health) as gw:
+            _kill(e1)
+            dead = gw.endpoints["e1"]
+            for _ in range(30):
+                r = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT)
+                assert r.status == 200
+                assert r.headers["x-velocity-endpoint"] == "e2"
+                if not dead.healthy:
+                    break
+            assert not dead.healthy, "a request that met the dead engine was retried and ejected it"
+    finally:
+        e1.stop()
+        e2.stop()
+
+
+# -- what reaches the engine, and identity headers -----------------------------------------------------
+
+async def test_gateway_fields_stripped_other_bytes_unchanged():
+    async with RecordingUpstream() as up:
+        async with running_gateway(("u1", up.url, MODEL)) as gw:
+            plain = (b'{"model":  "sim-model", "messages":[{"role":"user","content":"h\\u00e9llo \xe2\x9c\x93"}],'
+                     b'\n "max_tokens": 3, "temperature": 0.5, "extra_vendor": {"a": [1, 2.50]}}')
+            r = await http_request(gw.port, "POST", "/v1/chat/completions", plain)
+            assert r.status == 200
+            assert up.requests[-1][3] == plain, "a body without gateway fields is forwarded byte for byte"
+
+            own = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 3,
+                   "priority": "high", "sla_ms": 1500, "user": "u-7", "seed": 11}
+            r = await http_request(gw.port, "POST", "/v1/chat/completions", own,
+                                   headers={"x-request-id": "rid-fields"})
+            assert r.status == 200, r.body
+            method, path, headers, body = up.requests[-1]
+            assert (method, path) == ("POST", "/v1/chat/completions")
+            sent = json.loads(body)
+            assert "priority" not in sent and "sla_ms" not in sent
+            assert sent == {k: v for k, v in own.items() if k not in ("priority", "sla_ms")}
+            assert headers["x-request-id"] == "rid-fields"
+            assert r.headers["x-velocity-band"] == "high"
+
+            r = await http_request(gw.port, "POST", "/v1/completions",
+                                   {"model": MODEL, "prompt": "p", "priority": 2, "max_tokens": 2})
+            assert r.status == 200
+            assert "priority" not in json.loads(up.requests[-1][3])
+
+
+async def test_request_id_end_to_end_and_gateway_headers(engine):
+    async with running_gateway(engine) as gw:
+        r = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT, headers={"x-request-id": "abc-123"})
+        assert r.status == 200
+        assert r.headers["x-request-id"] == "abc-123"
+        assert r.json()["id"] == "chatcmpl-abc-123"
+        assert r.headers["x-velocity-endpoint"] == "e1"
+        assert float(r.headers["x-velocity-queue-ms"]) >= 0.0
+        assert r.headers["x-velocity-band"] == "normal"
+
+        r = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT)
+        rid = r.headers["x-request-id"]
+        assert re.fullmatch(r"req-[0-9a-f]{12}", rid)
+        assert r.json()["id"] == f"chatcmpl-{rid}"
+
+        r = await http_request(gw.port, "POST", "/v1/chat/completions", dict(CHAT, stream=True),
+                               headers={"x-velocity-priority": "low"})
+        assert r.status == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        assert r.headers["x-velocity-band"] == "low"
+        assert re.fullmatch(r"req-[0-9a-f]{12}", r.headers["x-request-id"])
+        assert r.body.rstrip().endswith(b"data: [DONE]")
+
+
+# -- native route, health, stats, admin ------------------------------------------------------------------
+
+async def test_generate_native_answer(engine):
+    async with running_gateway(engine) as gw:
+        r = await http_request(gw.port, "POST", "/generate",
+                               {"prompt": "Tell me a story", "max_tokens": 7, "priority": "high", "sla_ms": 60000},
+                               headers={"x-request-id": "gen-1"})
+        assert r.status == 200, r.body
+        out = r.json()
+        types = {"request_id": str, "response": str, "latency_seconds": float, "queue_time_seconds": float,
+                 "execution_time_seconds": float, "tokens_generated": int, "tokens_per_second": float,
+                 "sla_met": bool, "priority": str}
+        assert set(out) == set(types)
+        for k, t in types.items():
+            assert isinstance(out[k], t), (k, out[k])
+        assert out["request_id"] == "gen-1"
+        assert out["response"]
+        assert out["tokens_generated"] == 7
+        assert out["priority"] == "high"
+        assert out["sla_met"] is True
+        assert out["latency_seconds"] >= out["execution_time_seconds"] > 0
+        assert out["tokens_per_second"] > 0
+
+        s = await http_request(gw.port, "POST", "/generate", {"prompt": "stream it", "max_tokens": 5, "stream": True})
+        assert s.status == 200 and s.headers["content-type"].startswith("text/event-stream")
+        events = [e[len("data: "):] for e in s.body.decode().split("\n\n") if e.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
+        assert chunks[-1]["usage"]["completion_tokens"] == 5
+
+        missed = (await http_request(gw.port, "POST", "/generate",
+                                     {"prompt": "x", "max_tokens": 40, "sla_ms": 0.001})).json()
+        assert missed["sla_met"] is False
+
+
+async def test_generate_runs_the_proxy_path_and_a_body_that_is_no_completion_is_502():
+    """/generate goes through the same exchange as the OpenAI routes: the engine receives a
+    completions request on /v1/completions without the gateway's own fields, with the
+    request id; an engine 200 whose body is not a completion is a 502, counted as such."""
+    async with RecordingUpstream(reply=b'{"not": "a completion"}') as up:
+        async with running_gateway(("e1", up.url, "m")) as gw:
+            r = await http_request(gw.port, "POST", "/generate",
+                                   {"prompt": "hi", "max_tokens": 3, "priority": "high", "sla_ms": 5000},
+                                   headers={"x-request-id": "gen-502"})
+            assert r.status == 502 and r.json()["error"]["code"] == 502, r.body
+            assert r.headers["x-request-id"] == "gen-502" and r.headers["x-velocity-endpoint"] == "e1"
+            (method, path, headers, body) = up.requests[-1]
+            assert (method, path) == ("POST", "/v1/completions")
+            assert headers["x-request-id"] == "gen-502"
+            sent = json.loads(body)
+            assert sent == {"model": "m", "prompt": "hi", "max_tokens": 3, "stream": False}
+            metrics = (await http_request(gw.admin_port, "GET", "/metrics")).body.decode()
+            assert 'velocity_requests_total{route="/generate",status="502",band="high"} 1.0' in metrics
+            assert gw.admission.stats()["counters"]["failed"] == 1
+
+
+async def test_health_and_stats_shapes(engine):
+    async with running_gateway(engine) as gw:
+        h = (await http_request(gw.port, "GET", "/health")).json()
+        assert {"status", "policy", "backend", "model", "uptime_seconds"} <= set(h)
+        assert h["status"] == "ok" and h["model"] == MODEL and h["policy"] == "dynamic"
+        assert isinstance(h["uptime_seconds"], float)
+        await http_request(gw.port, "POST", "/v1/chat/completions", CHAT)
+        for port in (gw.port, gw.admin_port):
+            s = await http_request(port, "GET", "/stats")
+            assert s.status == 200
+            st = s.json()
+            eps = {e["name"]: e for e in st["endpoints"]}
+            assert eps["e1"]["healthy"] is True and eps["e1"]["served"] >= 1
+            assert st["pools"] == {MODEL: ["e1"]}
+        ready = await http_request(gw.admin_port, "GET", "/ready")
+        assert ready.status == 200 and ready.json()["ready"] is True
+
+
+async def test_admin_metrics_parse(engine):
+    async with running_gateway(engine) as gw:
+        for _ in range(3):
+            assert (await http_request(gw.port, "POST", "/v1/chat/completions", CHAT)).status == 200
+        await http_request(gw.port, "POST", "/v1/chat/completions", b"{bad")
+        r = await http_request(gw.admin_port, "GET", "/metrics")
+        assert r.status == 200
+        assert r.headers["content-type"].startswith("text/plain")
+        fams = {f.name: f for f in text_string_to_metric_families(r.body.decode())}
+        assert all(n.startswith("velocity_") for n in fams)
+        for name in ("velocity_requests", "velocity_rejections", "velocity_ttft_seconds",
+                     "velocity_endpoint_healthy"):
+            assert name in fams, name
+        assert fams["velocity_ttft_seconds"].type == "histogram"
+        assert any(f.type == "histogram" and ("latency" in n or "duration" in n) for n, f in fams.items()), \
+            "an end-to-end latency histogram"
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in fams["velocity_requests"].samples}
+        ok = [v for (n, lab), v in samples.items() if dict(lab).get("status") == "200"]
+        bad = [v for (n, lab), v in samples.items() if dict(lab).get("status") == "400"]
+        assert sum(ok) == 3 and sum(bad) == 1  # every answer counted once, the first as the rest
+        chat_ok = {"route": "/v1/chat/completions", "status": "200", "band": "normal"}
+        assert samples[("velocity_requests_total", tuple(sorted(chat_ok.items())))] == 3
+        healthy = [s for s in fams["velocity_endpoint_healthy"].samples if s.labels["endpoint"] == "e1"]
+        assert healthy[0].value == 1.0
+
+
+async def test_ready_follows_engine_health():
+    eng = start_sim_engine(model=MODEL, time_scale=50)
+    try:
+        async with running_gateway(eng) as gw:
+            assert (await http_request(gw.admin_port, "GET", "/ready")).status == 200
+            _kill(eng)
+
+            async def not_ready():
+                return (await http_request(gw.admin_port, "GET", "/ready")).status == 503
+            await wait_until(not_ready, 5.0, what="/ready to answer 503")
+    finally:
+        eng.stop()
+
+
+async def test_answered_requests_leave_nothing_for_the_cycle_collector(engine):
+    # An exchange that referred to itself (a bound method kept on it) would live on
+    # until a collection: the collector then runs more often and walks more objects.
+    async with running_gateway(engine) as gw:
+        assert (await http_request(gw.port, "POST", "/v1/chat/completions", CHAT)).status == 200
+        gc.collect()
+        gc.disable()
+        try:
+            before = sum(type(o) is Exchange for o in gc.get_objects())
+            for _ in range(30):
+                assert (await http_request(gw.port, "POST", "/v1/chat/completions", CHAT)).status == 200
+            left = sum(type(o) is Exchange for o in gc.get_objects()) - before
+        finally:
+            gc.enable()
+        assert left < 3, f"{left} exchanges kept alive by reference cycles"

@@ -1,0 +1,77 @@
+"""The functional suite every routing profile must pass (velocity_fast/routing/profiles.py)."""
+
+import random
+import time
+from collections import Counter
+
+import pytest
+
+from velocity_fast.fleet.endpoint import Endpoint, Pool
+from velocity_fast.routing.profiles import make_profiles
+from velocity_fast.routing.router import Router
+from velocity_fast.routing.session import SessionAffinity
+from velocity_fast.routing.settings import PROFILES, RoutingSettings
+
+
+def _pool(n):
+    eps = []
+    for i in range(n):
+        ep = Endpoint(f"e{i}", f"http://127.0.0.1:{9200 + i}", "m")
+        ep.healthy = True
+        ep.scraped_at = time.monotonic()
+        eps.append(ep)
+    return Pool("m", eps)
+
+
+def _setup(profile, n=4):
+    r = Router(RoutingSettings(seed=3, default_profile=profile))
+    pool = _pool(n)
+    info = r.route_info("m", {"prompt": "shared prefix " * 50}, {})
+    return r, pool, info
+
+
+def test_every_profile_is_registered():
+    profiles = make_profiles(RoutingSettings(), random.Random(1), SessionAffinity())
+    assert tuple(profiles) == PROFILES
+    assert all(p.name == name for name, p in profiles.items())
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_picks_only_among_the_candidates(profile):
+    r, pool, info = _setup(profile, 6)
+    allowed = {"e1", "e4"}
+    for _ in range(50):
+        ep = r.pick(pool, info, lambda e: e.name in allowed)
+        assert ep.name in allowed
+        r.on_dispatch(ep, info)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_a_single_candidate_is_taken(profile):
+    r, pool, info = _setup(profile, 1)
+    assert r.pick(pool, info) is pool.endpoints[0]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_equal_endpoints_share_the_traffic(profile):
+    r, pool, info = _setup(profile, 4)
+    counts = Counter(r.pick(pool, info).name for _ in range(400))
+    assert len(counts) == 4 and min(counts.values()) > 50
+
+
+# round-robin serves in turn whatever the load (tests/routing/test_profiles_load_blind.py).
+@pytest.mark.parametrize("profile", [p for p in PROFILES if p != "round-robin"])
+def test_a_clearly_idle_endpoint_wins_over_a_loaded_one_without_affinity(profile):
+    r, pool, info = _setup(profile, 2)
+    busy, idle = pool.endpoints
+    busy.inflight, busy.running, busy.waiting, busy.kv_usage = 30, 25, 4, 0.7
+    idle.kv_usage = 0.05
+    assert {r.pick(pool, info).name for _ in range(30)} == {"e1"}
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_the_pick_is_counted_under_its_profile(profile):
+    r, pool, info = _setup(profile, 3)
+    for _ in range(5):
+        r.pick(pool, info)
+    assert sum(r.stats()["picks"][profile].values()) == 5

@@ -1,0 +1,36 @@
+"""Stubs for velocity_fast.admission.estimators (per-endpoint EWMA estimators behind SLA prediction)."""
+
+class Ewma:
+    """Exponentially weighted moving average; ``value`` is None until the first sample."""
+    def __init__(self, alpha: float) -> None: ...
+    @property
+    def alpha(self) -> float: ...
+    @property
+    def value(self) -> float | None: ...
+    @property
+    def seen(self) -> bool: ...
+    @property
+    def samples(self) -> int: ...
+    def observe(self, x: float) -> None:
+        """Fold one sample in."""
+
+class ServiceEstimate:
+    """How long one endpoint takes to serve a request (seconds); unknown until a first observation."""
+    def __init__(self, alpha: float) -> None: ...
+    @property
+    def ttft(self) -> Ewma: ...
+    @property
+    def tpot(self) -> Ewma: ...
+    @property
+    def service(self) -> Ewma: ...
+    @property
+    def known(self) -> bool:
+        """True once a first byte or a whole request has been seen here."""
+    def observe_first_byte(self, ttft_s: float) -> None:
+        """A first byte came back ``ttft_s`` after dispatch."""
+    def observe(self, ttft_s: float | None, service_s: float, tokens: int) -> None:
+        """One finished request: dispatch to first byte (None: none seen), dispatch to end, tokens out."""
+    def predict(self, max_tokens: int) -> float | None:
+        """Expected service time of a request asking ``max_tokens``; None if unknown."""
+    def snapshot(self) -> dict:
+        """Current estimates in milliseconds (None when unknown)."""

@@ -1,0 +1,49 @@
+"""Stubs for velocity_fast.routing.profiles (how the router scores the endpoints its filters left)."""
+import random
+from typing import Any
+
+from velocity_fast.routing.route import RouteInfo, RouterPool
+from velocity_fast.routing.session import SessionAffinity
+from velocity_fast.routing.settings import RoutingSettings
+
+class Profile:
+    """Base of the profiles: holds the settings and the tie-breaking generator."""
+    name: str
+    settings: RoutingSettings
+    rng: random.Random
+    def __init__(self, settings: RoutingSettings, rng: random.Random) -> None: ...
+    def choose(self, cands: list, loads: list[float], info: RouteInfo, state: RouterPool) -> tuple[Any, str]: ...
+
+class BatchProfile(Profile):
+    """The shortest queue: engine waiting + gateway in flight."""
+
+class LongContextProfile(Profile):
+    """The most free KV cache (requests sent since the last scrape counted as taking blocks)."""
+
+class ChatProfile(Profile):
+    """Session affinity, then prefix affinity balanced against load, with a hot-spot guard."""
+    sessions: SessionAffinity
+    def __init__(self, settings: RoutingSettings, rng: random.Random, sessions: SessionAffinity) -> None: ...
+
+def make_profiles(settings: RoutingSettings, rng: random.Random, sessions: SessionAffinity) -> dict[str, Any]:
+    """The profiles by name."""
+
+class RoundRobinProfile:
+    """Endpoints in turn, in pool order (routing profile ``round-robin``)."""
+    name: str
+    def __init__(self, settings: RoutingSettings, rng: random.Random) -> None: ...
+    @property
+    def settings(self) -> RoutingSettings: ...
+    @property
+    def rng(self) -> random.Random: ...
+    def choose(self, cands: list, loads: list[float], info: RouteInfo, state: RouterPool) -> tuple[Any, str]: ...
+
+class LeastLoadedProfile:
+    """The fewest requests in flight from this gateway (routing profile ``least-loaded``)."""
+    name: str
+    def __init__(self, settings: RoutingSettings, rng: random.Random) -> None: ...
+    @property
+    def settings(self) -> RoutingSettings: ...
+    @property
+    def rng(self) -> random.Random: ...
+    def choose(self, cands: list, loads: list[float], info: RouteInfo, state: RouterPool) -> tuple[Any, str]: ...
