@@ -35,4 +35,6 @@ for pyx in sorted(CORE.glob("*.pyx")):
         )
     )
 
+if not only or "blockscan" in only:  # the one compiled module outside _core
+    extensions.append(Extension("velocity_fast.routing.blockscan", ["velocity_fast/routing/blockscan.pyx"], include_dirs=["csrc"], extra_compile_args=["-O3"]))
 setup(ext_modules=cythonize(extensions, compiler_directives=DIRECTIVES, annotate=False))
