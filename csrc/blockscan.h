@@ -16,9 +16,9 @@
  * sink: the block hasher of prefix_hash.h, fed by spans, which hashes full blocks in
  * place and copies only the bytes that straddle a block boundary.
  *
- * Anything it does not take (malformed JSON, nesting past VB_MAX_DEPTH, a float or a
- * 19-digit integer where the reference would write canonical JSON, an allocation that
- * fails) returns -1: the caller then renders in Python, which costs time, never a
+ * Anything it does not take (malformed JSON, nesting past VB_MAX_DEPTH, a float or an
+ * integer past 64 bits where the reference would write canonical JSON, an allocation
+ * that fails) returns -1: the caller then renders in Python, which costs time, never a
  * different route.
  */
 #ifndef VELOCITY_BLOCKSCAN_H
@@ -83,7 +83,7 @@ typedef struct {
 } vb_result;
 
 typedef struct {
-    int is_int, neg, digits; /* digits counted in full, value only for the first 19 */
+    int is_int, neg, digits, big; /* big: the integer part is past 2**64 - 1 (v is not it) */
     uint64_t v;
 } vb_num;
 
@@ -451,6 +451,7 @@ static int vb_number(vb_scan *s, vb_num *num)
     num->neg = 0;
     num->is_int = 1;
     num->digits = 0;
+    num->big = 0;
     num->v = 0;
     if (p < e && *p == '-') {
         num->neg = 1;
@@ -463,8 +464,10 @@ static int vb_number(vb_scan *s, vb_num *num)
         num->digits = 1;
     } else {
         for (; p < e && *p >= '0' && *p <= '9'; p++) {
-            if (num->digits < 19)
-                num->v = num->v * 10 + (uint64_t)(*p - '0');
+            uint64_t d = (uint64_t)(*p - '0');
+            if (num->v > (UINT64_MAX - d) / 10)
+                num->big = 1;
+            num->v = num->v * 10 + d;
             num->digits++;
         }
     }
@@ -731,9 +734,10 @@ static int vb_canon(vb_scan *s, vb_buf *d)
         return vb_literal(s, "null", 4) < 0 ? -1 : vb_append(d, "null", 4);
     default:
         lit = s->p;
-        /* Floats are written by orjson's shortest round trip: not reproduced here. Past
-         * 18 digits an integer may be past 64 bits, where orjson refuses it. */
-        if (vb_number(s, &num) < 0 || !num.is_int || num.digits > 18)
+        /* Floats are written by orjson's shortest round trip: not reproduced here. An
+         * integer past 64 bits orjson refuses (and the whole value renders as nothing). */
+        if (vb_number(s, &num) < 0 || !num.is_int || num.big
+            || (num.neg && num.v > (uint64_t)1 << 63))
             return -1;
         if (num.v == 0)
             return vb_byte(d, '0'); /* -0 is 0 */
@@ -1032,7 +1036,7 @@ static int vb_prompt_list(vb_scan *s, vb_buf *d)
             } else if (c == '-' || (c >= '0' && c <= '9')) {
                 if (vb_number(s, &num) < 0)
                     return -1;
-                if (!num.is_int || num.digits > 10 || num.v > 0xFFFFFFFFu || (num.neg && num.v != 0))
+                if (!num.is_int || num.big || num.v > 0xFFFFFFFFu || (num.neg && num.v != 0))
                     break;
                 v = num.v;
             } else {
