@@ -127,16 +127,21 @@ static inline int vb_byte(vb_buf *b, unsigned char c)
     return 0;
 }
 
-static int vb_emit(vb_sink *k, const unsigned char *block)
+static int vb_grow_out(vb_sink *k)
 {
-    if (k->n == k->cap) {
-        size_t cap = k->cap ? 2 * k->cap : 64;
-        uint64_t *out = (uint64_t *)realloc(k->out, cap * sizeof(uint64_t));
-        if (out == NULL)
-            return -1;
-        k->out = out;
-        k->cap = cap;
-    }
+    size_t cap = k->cap ? 2 * k->cap : 64;
+    uint64_t *out = (uint64_t *)realloc(k->out, cap * sizeof(uint64_t));
+    if (out == NULL)
+        return -1;
+    k->out = out;
+    k->cap = cap;
+    return 0;
+}
+
+static inline int vb_emit(vb_sink *k, const unsigned char *block)
+{
+    if (k->n == k->cap && vb_grow_out(k) < 0)
+        return -1;
     k->h = vp_chain(k->h, vp_digest_stripes(block, k->block));
     k->out[k->n++] = k->h;
     return 0;
@@ -329,6 +334,36 @@ static int vb_escape(const unsigned char **pp, const unsigned char *e, uint32_t 
     return 0;
 }
 
+/* The byte a one-letter escape stands for (0: not one; \\u is handled apart). */
+static const unsigned char vb_unescape[256] = {
+    ['"'] = '"', ['\\'] = '\\', ['/'] = '/', ['b'] = '\b', ['f'] = '\f', ['n'] = '\n', ['r'] = '\r', ['t'] = '\t',
+};
+
+/* cp as UTF-8 at out (room for 4 bytes); its length. */
+static inline size_t vb_utf8_put(unsigned char *u, uint32_t cp)
+{
+    if (cp < 0x80) {
+        u[0] = (unsigned char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        u[0] = (unsigned char)(0xC0 | (cp >> 6));
+        u[1] = (unsigned char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        u[0] = (unsigned char)(0xE0 | (cp >> 12));
+        u[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+        u[2] = (unsigned char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    u[0] = (unsigned char)(0xF0 | (cp >> 18));
+    u[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
+    u[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+    u[3] = (unsigned char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
 /* A decoded code point into d: as UTF-8, or (json) re-escaped where orjson escapes. */
 static int vb_put_cp(vb_buf *d, uint32_t cp, int json)
 {
@@ -354,25 +389,7 @@ static int vb_put_cp(vb_buf *d, uint32_t cp, int json)
             return vb_append(d, u, 6);
         }
     }
-    if (cp < 0x80) {
-        u[0] = (unsigned char)cp;
-        n = 1;
-    } else if (cp < 0x800) {
-        u[0] = (unsigned char)(0xC0 | (cp >> 6));
-        u[1] = (unsigned char)(0x80 | (cp & 0x3F));
-        n = 2;
-    } else if (cp < 0x10000) {
-        u[0] = (unsigned char)(0xE0 | (cp >> 12));
-        u[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-        u[2] = (unsigned char)(0x80 | (cp & 0x3F));
-        n = 3;
-    } else {
-        u[0] = (unsigned char)(0xF0 | (cp >> 18));
-        u[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
-        u[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-        u[3] = (unsigned char)(0x80 | (cp & 0x3F));
-        n = 4;
-    }
+    n = vb_utf8_put(u, cp);
     return vb_append(d, u, n);
 }
 
@@ -418,15 +435,31 @@ static int vb_string(vb_scan *s, vb_buf *d, int copy, int json, vb_seg *g)
         }
         if (*p != '\\')
             return -1; /* a raw control byte */
-        if (d != NULL) {
-            copying = 1;
-            if (vb_append(d, run, (size_t)(p - run)) < 0)
+        if (d == NULL) { /* checking only */
+            if (vb_escape(&p, e, &cp) < 0)
                 return -1;
+            continue;
         }
-        if (vb_escape(&p, e, &cp) < 0)
+        /* The run before the escape, then what it stands for: room for both at once. */
+        copying = 1;
+        n = (size_t)(p - run);
+        if (d->cap - d->len < n + 8 && vb_grow(d, n + 8) < 0)
             return -1;
-        if (d != NULL && vb_put_cp(d, cp, json) < 0)
-            return -1;
+        memcpy(d->p + d->len, run, n);
+        d->len += n;
+        if (!json && p + 1 < e && vb_unescape[p[1]]) {
+            d->p[d->len++] = vb_unescape[p[1]];
+            p += 2;
+        } else {
+            if (vb_escape(&p, e, &cp) < 0)
+                return -1;
+            if (json) {
+                if (vb_put_cp(d, cp, 1) < 0)
+                    return -1;
+            } else {
+                d->len += vb_utf8_put(d->p + d->len, cp);
+            }
+        }
         run = p;
     }
     if (copying) {
