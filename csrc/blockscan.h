@@ -127,10 +127,16 @@ static inline int vb_byte(vb_buf *b, unsigned char c)
     return 0;
 }
 
-static int vb_grow_out(vb_sink *k)
+static int vb_reserve_out(vb_sink *k, size_t more)
 {
-    size_t cap = k->cap ? 2 * k->cap : 64;
-    uint64_t *out = (uint64_t *)realloc(k->out, cap * sizeof(uint64_t));
+    size_t cap = k->cap ? k->cap : 64;
+    uint64_t *out;
+    while (cap - k->n < more) {
+        if (cap > SIZE_MAX / 16)
+            return -1;
+        cap *= 2;
+    }
+    out = (uint64_t *)realloc(k->out, cap * sizeof(uint64_t));
     if (out == NULL)
         return -1;
     k->out = out;
@@ -138,19 +144,17 @@ static int vb_grow_out(vb_sink *k)
     return 0;
 }
 
-static inline int vb_emit(vb_sink *k, const unsigned char *block)
+/* The digest of one block: the usual size spelled out, so that its stripes unroll. */
+static inline uint64_t vb_digest(const unsigned char *p, size_t block)
 {
-    if (k->n == k->cap && vb_grow_out(k) < 0)
-        return -1;
-    k->h = vp_chain(k->h, vp_digest_stripes(block, k->block));
-    k->out[k->n++] = k->h;
-    return 0;
+    return block == 64 ? vp_digest_stripes(p, 64) : vp_digest_stripes(p, block);
 }
 
 /* The next n bytes of the rendering. Whole blocks are hashed where they lie. */
 static int vb_put(vb_sink *k, const unsigned char *p, size_t n)
 {
-    size_t b = k->block, take;
+    size_t b = k->block, take, count, j;
+    uint64_t h, *out;
     if (n == 0)
         return 0;
     if (b == 0)
@@ -165,13 +169,26 @@ static int vb_put(vb_sink *k, const unsigned char *p, size_t n)
         n -= take;
         if (k->fill < b)
             return 0;
-        if (vb_emit(k, k->blk) < 0)
+        if (k->n == k->cap && vb_reserve_out(k, 1) < 0)
             return -1;
+        k->h = vp_chain(k->h, vb_digest(k->blk, b));
+        k->out[k->n++] = k->h;
         k->fill = 0;
     }
-    for (; n >= b; p += b, n -= b)
-        if (vb_emit(k, p) < 0)
+    count = n / b;
+    if (count) {
+        if (k->cap - k->n < count && vb_reserve_out(k, count) < 0)
             return -1;
+        h = k->h; /* locals: a store to out[] could be k->n or k->h for the compiler */
+        out = k->out + k->n;
+        for (j = 0; j < count; j++, p += b) {
+            h = vp_chain(h, vb_digest(p, b));
+            out[j] = h;
+        }
+        k->h = h;
+        k->n += count;
+        n -= count * b;
+    }
     if (n) {
         memcpy(k->blk, p, n);
         k->fill = n;
@@ -408,6 +425,92 @@ static int vb_put_json_bytes(vb_buf *d, const unsigned char *p, size_t n)
 }
 
 /*
+ * vb_string's copy into d once it must copy: [start, p) as it is, then from p on one
+ * pass that stores each 16-byte chunk at once (the scan and the copy fused; a chunk's
+ * bytes past a special one are overwritten by what follows) and writes escapes in place.
+ */
+static int vb_string_copy(vb_scan *s, vb_buf *d, const unsigned char *start, const unsigned char *p,
+                          vb_seg *g)
+{
+    const unsigned char *e = s->end;
+    size_t off = d->len, n, i;
+    uint32_t cp;
+    unsigned char c, x, *q, *qend; /* the write cursor and the end of d's room: locals, */
+#if defined(__SSE2__)                /* as stores through q could be d->len for the compiler */
+    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20);
+#endif
+    if (vb_append(d, start, (size_t)(p - start)) < 0)
+        return -1;
+    q = d->p + d->len;
+    qend = d->p + d->cap;
+    for (;;) {
+        /* Room for a chunk and an escape's bytes after it. */
+        if (qend - q < 32) {
+            d->len = (size_t)(q - d->p);
+            if (vb_grow(d, 32) < 0)
+                return -1;
+            q = d->p + d->len;
+            qend = d->p + d->cap;
+        }
+#if defined(__SSE2__)
+        if (e - p >= 16) {
+            __m128i v = _mm_loadu_si128((const __m128i *)p);
+            int mask;
+            _mm_storeu_si128((__m128i *)q, v);
+            mask = _mm_movemask_epi8(_mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
+                                                  _mm_cmplt_epi8(v, space)));
+            if (mask == 0) {
+                p += 16;
+                q += 16;
+                continue;
+            }
+            n = (size_t)__builtin_ctz((unsigned)mask);
+            p += n;
+            q += n;
+        } else
+#endif
+        {
+            for (i = 0; i < 16 && p < e && vb_plain[*p]; i++)
+                *q++ = *p++;
+            if (i == 16)
+                continue;
+            if (p >= e)
+                return -1;
+        }
+        c = *p;
+        if (c == '"')
+            break;
+        if (c >= 0x80) {
+            n = vb_utf8(p, e);
+            if (n == 0)
+                return -1;
+            for (i = 0; i < n; i++)
+                q[i] = p[i];
+            q += n;
+            p += n;
+            continue;
+        }
+        if (c != '\\')
+            return -1; /* a raw control byte */
+        x = p + 1 < e ? vb_unescape[p[1]] : 0;
+        if (x) {
+            *q++ = x;
+            p += 2;
+            continue;
+        }
+        if (vb_escape(&p, e, &cp) < 0)
+            return -1;
+        q += vb_utf8_put(q, cp);
+    }
+    d->len = (size_t)(q - d->p);
+    g->src = NULL;
+    g->off = off;
+    g->len = d->len - off;
+    s->p = p + 1;
+    return 0;
+}
+
+/*
  * The string at s->p (its opening quote), checked. Without d it is only checked. With d
  * its decoded text goes to d (json: re-escaped as orjson writes it): all of it when copy
  * is set, else only once an escape is met, and *g names the source when none is.
@@ -418,6 +521,8 @@ static int vb_string(vb_scan *s, vb_buf *d, int copy, int json, vb_seg *g)
     size_t off = d ? d->len : 0, n;
     int copying = d != NULL && copy;
     uint32_t cp;
+    if (copying && !json)
+        return vb_string_copy(s, d, start, start, g);
     for (;;) {
         p = vb_special(p, e);
         if (p >= e)
@@ -440,6 +545,8 @@ static int vb_string(vb_scan *s, vb_buf *d, int copy, int json, vb_seg *g)
                 return -1;
             continue;
         }
+        if (!json)
+            return vb_string_copy(s, d, start, p, g); /* (nothing copied yet) */
         /* The run before the escape, then what it stands for: room for both at once. */
         copying = 1;
         n = (size_t)(p - run);
