@@ -294,21 +294,19 @@ static inline size_t vb_utf8(const unsigned char *p, const unsigned char *e)
     return 0;
 }
 
+/* A hex digit's value, 16 when it is none. */
+static inline uint32_t vb_hexd(unsigned c)
+{
+    uint32_t d = (uint32_t)c - '0', l = ((uint32_t)c | 0x20) - 'a';
+    return d < 10 ? d : l < 6 ? l + 10 : 16;
+}
+
 static inline int vb_hex4(const unsigned char *p, uint32_t *out)
 {
-    uint32_t v = 0;
-    int i, d;
-    for (i = 0; i < 4; i++) {
-        unsigned c = p[i];
-        if (c >= '0' && c <= '9')
-            d = (int)(c - '0');
-        else if ((c | 0x20) >= 'a' && (c | 0x20) <= 'f')
-            d = (int)((c | 0x20) - 'a' + 10);
-        else
-            return -1;
-        v = (v << 4) | (uint32_t)d;
-    }
-    *out = v;
+    uint32_t a = vb_hexd(p[0]), b = vb_hexd(p[1]), c = vb_hexd(p[2]), d = vb_hexd(p[3]);
+    if ((a | b | c | d) & 16)
+        return -1;
+    *out = (a << 12) | (b << 8) | (c << 4) | d;
     return 0;
 }
 
@@ -480,14 +478,23 @@ static int vb_string_copy(vb_scan *s, vb_buf *d, const unsigned char *start, con
         c = *p;
         if (c == '"')
             break;
-        if (c >= 0x80) {
-            n = vb_utf8(p, e);
-            if (n == 0)
-                return -1;
-            for (i = 0; i < n; i++)
-                q[i] = p[i];
-            q += n;
-            p += n;
+        if (c >= 0x80) { /* and the next ones, as long as they come (another script) */
+            do {
+                n = vb_utf8(p, e);
+                if (n == 0)
+                    return -1;
+                if (qend - q < 4) {
+                    d->len = (size_t)(q - d->p);
+                    if (vb_grow(d, 32) < 0)
+                        return -1;
+                    q = d->p + d->len;
+                    qend = d->p + d->cap;
+                }
+                for (i = 0; i < n; i++)
+                    q[i] = p[i];
+                q += n;
+                p += n;
+            } while (p < e && *p >= 0x80);
             continue;
         }
         if (c != '\\')
@@ -498,9 +505,18 @@ static int vb_string_copy(vb_scan *s, vb_buf *d, const unsigned char *start, con
             p += 2;
             continue;
         }
-        if (vb_escape(&p, e, &cp) < 0)
-            return -1;
-        q += vb_utf8_put(q, cp);
+        do { /* \\u escapes, as long as they come (text in another script, ASCII-escaped) */
+            if (vb_escape(&p, e, &cp) < 0)
+                return -1;
+            if (qend - q < 4) {
+                d->len = (size_t)(q - d->p);
+                if (vb_grow(d, 32) < 0)
+                    return -1;
+                q = d->p + d->len;
+                qend = d->p + d->cap;
+            }
+            q += vb_utf8_put(q, cp);
+        } while (e - p >= 6 && p[0] == '\\' && p[1] == 'u');
     }
     d->len = (size_t)(q - d->p);
     g->src = NULL;

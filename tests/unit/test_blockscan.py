@@ -395,3 +395,15 @@ def test_large_bodies(kib):
         blocks = scanned(body)
         assert len(blocks) > kib * 1024 // 64 // 2
         assert blocks == reference(body)
+
+
+@pytest.mark.parametrize("ensure_ascii", [False, True], ids=["utf-8", "u-escapes"])
+def test_long_runs_of_another_script_in_both_encodings(ensure_ascii):
+    rng = random.Random(5)
+    chars = "日本語の文章はここにありますテストキャッシュ한국어😀é"
+    messages = [{"role": "user" if i % 2 else "assistant",
+                 "content": "".join(rng.choice(chars) + ("\n" if rng.random() < 0.02 else "") for _ in range(3000))}
+                for i in range(30)]
+    body = json.dumps({"model": MODEL, "messages": messages}, ensure_ascii=ensure_ascii).encode()
+    assert len(body) > 200 * 1024
+    assert_same(body)
