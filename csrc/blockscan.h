@@ -437,7 +437,7 @@ static int vb_string_copy(vb_scan *s, vb_buf *d, const unsigned char *start, con
 #if defined(__SSE2__)                /* as stores through q could be d->len for the compiler */
     const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20);
 #endif
-    if (vb_append(d, start, (size_t)(p - start)) < 0)
+    if (vb_append(d, start, (size_t)(p - start)) < 0 || (d->cap - d->len < 32 && vb_grow(d, 32) < 0))
         return -1;
     q = d->p + d->len;
     qend = d->p + d->cap;
@@ -1298,12 +1298,12 @@ static int vb_render(const unsigned char *data, size_t len, int what, size_t blo
     int rc = -1;
     memset(&s, 0, sizeof s);
     memset(res, 0, sizeof *res);
+    if (data == NULL)
+        return -1;
     s.p = data;
     s.end = data + len;
     s.sink.block = block;
     s.sink.seed = s.sink.h = seed;
-    if (data == NULL)
-        return -1;
     if (block) {
         if (block % VP_STRIPE)
             return -1;
