@@ -61,6 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -73,6 +74,47 @@ BODY = b'{"model":"fixed","messages":[{"role":"user","content":"Say hello."}],"m
 STREAM_BODY = (b'{"model":"fixed","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16,'
                b'"stream":true}')
 PATH = "/v1/chat/completions"
+_WORDS = ("the", "engine", "cache", "prompt", "block", "route", "token", "reply", "request", "gateway", "model",
+          "a", "of", "to", "and", "is", "in", "that", "with", '"quoted"', "café", "naïve", "step", "result")
+
+
+def chat_body(kib: int, model: str = MODEL) -> bytes:
+    """A chat request of exactly ``kib`` KiB of JSON: a system prompt, then user and
+    assistant turns of about 1.5 KiB of text (newlines, quotes, a little non-ASCII: the
+    escapes a real history has), ending with a user turn; the same bytes for the same size."""
+    import random
+
+    rng = random.Random(kib)
+
+    def text(nbytes: int) -> str:
+        out, size = [], 0
+        while size < nbytes:
+            w = rng.choice(_WORDS) + ("\n" if rng.random() < 0.08 else " ")
+            out.append(w)
+            size += len(w.encode())
+        return "".join(out)
+
+    def encode(messages) -> bytes:
+        return json.dumps({"model": model, "messages": messages, "max_tokens": 16},
+                          ensure_ascii=False, separators=(",", ":")).encode()
+
+    target = kib * 1024
+    messages = [{"role": "system", "content": "You are a careful assistant. Answer briefly.\n"}]
+    while len(encode(messages)) + 1600 < target:
+        messages.append({"role": "user" if len(messages) % 2 else "assistant", "content": text(1500)})
+    last = {"role": "user", "content": ""}
+    room = target - len(encode(messages + [last]))
+    if room < 0:
+        raise ValueError(f"a {kib} KiB chat body is too small for its system prompt")
+    words = []
+    while room > 0:  # ASCII without escapes: one byte of JSON each
+        w = rng.choice(_WORDS[:19])[:room - 1] + " " if room > 1 else "x"
+        words.append(w)
+        room -= len(w)
+    last["content"] = "".join(words)
+    body = encode(messages + [last])
+    assert len(body) == target, (kib, len(body))
+    return body
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # Targets of issue 3 (rps >= 0.5x nginx) and issue 8 (rps >= 1.0x nginx, CPU <= 1.0x nginx).
 TARGET_RPS_MIN = 0.5
@@ -89,7 +131,7 @@ pid {dir}/nginx.pid;
 error_log {dir}/error.log warn;
 events {{ worker_connections 4096; }}
 http {{
-    access_log off;
+    access_log off;{http_extra}
     client_body_temp_path {dir}/body;
     proxy_temp_path {dir}/proxy;
     fastcgi_temp_path {dir}/fastcgi;
@@ -114,7 +156,9 @@ http {{
 
 WRK_LUA = """\
 wrk.method = "POST"
-wrk.body = '{body}'
+local f = assert(io.open("{path}", "rb"))
+wrk.body = f:read("*a")
+f:close()
 wrk.headers["Content-Type"] = "application/json"
 done = function(summary, latency, requests)
   io.write(string.format(
@@ -356,8 +400,9 @@ def start_gateway(procs: Procs, cpu: int | None, upstream: int, policy: str, wor
 
 
 def start_nginx(procs: Procs, cpu: int | None, upstream: int, work: Path, stream: bool = False,
-                wrap: list[str] = (), ready_s: float = 10) -> Target | None:
-    """``wrap``: a command nginx runs under, as one process (no master: the worker is it)."""
+                wrap: list[str] = (), ready_s: float = 10, big_bodies: bool = False) -> Target | None:
+    """``wrap``: a command nginx runs under, as one process (no master: the worker is it).
+    ``big_bodies``: request bodies up to 16 MiB, kept in memory (never a temp file)."""
     exe = shutil.which("nginx") or next((x for x in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")
                                          if os.access(x, os.X_OK)), None)
     if exe is None:
@@ -368,7 +413,9 @@ def start_nginx(procs: Procs, cpu: int | None, upstream: int, work: Path, stream
     conf = ndir / "nginx.conf"
     # For streams nginx relays as the engine writes (as an SSE proxy must), not buffered.
     text = NGINX_CONF.format(dir=ndir, upstream=upstream, port=port,
-                             extra="\n            proxy_buffering off;" if stream else "")
+                             extra="\n            proxy_buffering off;" if stream else "",
+                             http_extra=("\n    client_max_body_size 16m;\n    client_body_buffer_size 16m;"
+                                         if big_bodies else ""))
     if os.geteuid() == 0:
         # As root nginx would switch its worker to nobody, who cannot enter our temp dir.
         text = "user root;\n" + text
@@ -394,9 +441,12 @@ def _wrk_cmd(work: Path, body: bytes = BODY) -> list[str] | None:
     exe = shutil.which("wrk")
     if exe is None:
         return None
-    script = work / ("post.lua" if body == BODY else "stream.lua")
+    name = "post" if body == BODY else "stream" if body == STREAM_BODY else f"body-{len(body)}-{zlib.crc32(body):08x}"
+    script = work / f"{name}.lua"
     if not script.exists():
-        script.write_text(WRK_LUA.format(body=body.decode()))
+        # The body from a file, as its bytes: a JSON body's escapes would be Lua's in a literal.
+        (work / f"{name}.body").write_bytes(body)
+        script.write_text(WRK_LUA.format(path=work / f"{name}.body"))
     return [exe, "-t1", "--timeout", "5s", "-s", str(script)]
 
 
@@ -656,6 +706,150 @@ def stream_phase(procs: Procs, args, work: Path, res: dict) -> None:
     res["stream"] = out
 
 
+# -- prompt sizes (--body-kb) ----------------------------------------------------------------------
+
+GOAL_SIZES_CPU = 1.25  # issue 19: CPU per request <= 1.25x nginx's at 16 and 256 KiB
+GOAL_SIZES_RPS = 0.8   # and req/s >= 0.8x
+GOAL_EXTRA_PER_KIB_US = 0.25  # the gateway's CPU per request may grow at most this much faster per KiB
+
+
+def _slope(xs: list[float], ys: list[float]) -> float | None:
+    """Least-squares slope of ys over xs (None with fewer than two distinct xs)."""
+    pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
+    if len({x for x, _ in pts}) < 2:
+        return None
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+
+
+def run_sizes(args) -> dict:
+    """--body-kb: the gateway (--policy, smart unless given: prefix affinity on) and nginx
+    (bodies in memory), each alone on the proxy core, at 64 connections, for chat bodies of
+    each size; CPU per request against prompt size, and its slope per KiB."""
+    res = _base_result(args)
+    if args.client != "wrk":
+        raise SystemExit("--body-kb needs wrk (apt-get install wrk): the fallback client sends one small body")
+    procs = Procs()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="velocity-overhead-") as tmp:
+        work = Path(tmp)
+        os.chmod(work, 0o755)
+        try:
+            up_p, up_port = start_upstream(procs, args.load_cpu)
+            targets = [start_gateway(procs, args.proxy_cpu, up_port, args.policy, work, args.gateway_arg)]
+            if not args.no_nginx:
+                ng = start_nginx(procs, args.proxy_cpu, up_port, work, big_bodies=True)
+                if ng is not None:
+                    targets.append(ng)
+            for kib in args.body_kb:
+                body = chat_body(kib)
+                for t in targets:  # warm-up: connections, the adaptive limit, the prefix index
+                    run_load(args.client, work, t.port, args.connections, args.warmup, args.load_cpu, body)
+                runs: dict[str, list[dict]] = {t.name: [] for t in targets}
+                for i in range(args.rounds):
+                    for t in (targets if i % 2 == 0 else targets[::-1]):
+                        runs[t.name].append(throughput(t, args, work, [up_p.pid], body))
+                row = {"kib": kib, "bytes": len(body), "targets": {}}
+                for t in targets:
+                    r = runs[t.name]
+                    row["targets"][t.name] = {k: _median(r, k) for k in (
+                        "rps", "cpu_us_per_req", "user_us_per_req", "sys_us_per_req", "proxy_runq_wait",
+                        "load_cpu_share")} | {"rounds": r}
+                    bad = sum(x["non2xx"] + x["errors"] for x in r)
+                    if bad:
+                        res["warnings"].append(f"{kib} KiB, {t.name}: {bad} non-2xx answers or transport errors")
+                g, n = row["targets"].get("gateway"), row["targets"].get("nginx")
+                if g and n and n["rps"] and n["cpu_us_per_req"] and g["cpu_us_per_req"]:
+                    row["rps_ratio"] = g["rps"] / n["rps"]
+                    row["cpu_ratio"] = g["cpu_us_per_req"] / n["cpu_us_per_req"]
+                rows.append(row)
+        finally:
+            procs.stop_all()
+    out = {"policy": args.policy, "rows": rows, "us_per_kib": {}}
+    for name in ("gateway", "nginx"):
+        ys = [r["targets"].get(name, {}).get("cpu_us_per_req") for r in rows]
+        if any(y is not None for y in ys):
+            out["us_per_kib"][name] = _slope([r["kib"] for r in rows], ys)
+    if out["us_per_kib"].get("gateway") is not None and out["us_per_kib"].get("nginx") is not None:
+        out["extra_us_per_kib"] = out["us_per_kib"]["gateway"] - out["us_per_kib"]["nginx"]
+    if args.plot:
+        out["plot"] = _plot_sizes(rows, Path(args.plot), args.policy, res["warnings"])
+    res["body_kb"] = out
+    return res
+
+
+def _plot_sizes(rows: list[dict], path: Path, policy: str, warnings: list[str]) -> str | None:
+    """CPU per request against prompt size for each proxy, as a PNG; its path, or None."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        warnings.append("matplotlib is not installed (the bench extra has it): no plot")
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, style in (("gateway", "o-"), ("nginx", "s--")):
+        pts = [(r["kib"], r["targets"][name]["cpu_us_per_req"]) for r in rows
+               if r["targets"].get(name, {}).get("cpu_us_per_req") is not None]
+        if pts:
+            label = f"gateway (--policy {policy})" if name == "gateway" else "nginx (bodies in memory)"
+            ax.plot([x for x, _ in pts], [y for _, y in pts], style, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks([r["kib"] for r in rows], [str(r["kib"]) for r in rows])
+    ax.set_xlabel("chat prompt (KiB of JSON)")
+    ax.set_ylabel("CPU us per request (user + system)")
+    ax.set_title("Proxy CPU per request against prompt size, 64 connections, one core")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def summarize_sizes(res: dict) -> str:
+    h, c, out = res["host"], res["config"], res["body_kb"]
+    lines = [f"Prompt sizes: chat bodies (a system prompt, then turns of about 1.5 KiB) through the gateway "
+             f"(--policy {out['policy']}) and nginx (bodies in memory), each alone on core {h['proxy_cpu']}; "
+             f"{c['connections']} connections x {c['duration']} s x {c['rounds']} round(s), client {c['client']}; "
+             f"host {h['cpus']} CPU(s) {h['cpu_model']}, load average {h['loadavg']}; "
+             f"nginx: {h['nginx'] or 'not installed (reference missing)'}"]
+    lines += ["warning: " + w for w in res["warnings"]]
+    lines.append("")
+    lines.append(f"{'KiB':>5} {'gw req/s':>9} {'ng req/s':>9} {'req/s':>6} {'gw CPU us':>9} {'ng CPU us':>9} "
+                 f"{'CPU':>6} {'gw usr/sys':>10} {'ng usr/sys':>10}")
+    for r in out["rows"]:
+        g, n = r["targets"].get("gateway", {}), r["targets"].get("nginx", {})
+
+        def split(t):
+            return (f"{t['user_us_per_req']:.0f}/{t['sys_us_per_req']:.0f}"
+                    if t.get("user_us_per_req") is not None else "-")
+        lines.append(f"{r['kib']:>5} {_f(g.get('rps')):>9} {_f(n.get('rps')):>9} "
+                     f"{_f(r.get('rps_ratio'), '{:.2f}x'):>6} {_f(g.get('cpu_us_per_req'), '{:.1f}'):>9} "
+                     f"{_f(n.get('cpu_us_per_req'), '{:.1f}'):>9} {_f(r.get('cpu_ratio'), '{:.2f}x'):>6} "
+                     f"{split(g):>10} {split(n):>10}")
+    lines.append("")
+    per = out["us_per_kib"]
+    lines.append("CPU us per request per KiB of prompt (least squares over the sizes): "
+                 + ", ".join(f"{k} {_f(v, '{:.3f}')}" for k, v in per.items()))
+    if "extra_us_per_kib" in out:
+        x = out["extra_us_per_kib"]
+        lines.append(f"the gateway's extra CPU per KiB: {x:.3f} us (issue 19 goal <= {GOAL_EXTRA_PER_KIB_US}: "
+                     f"{'met' if x <= GOAL_EXTRA_PER_KIB_US else 'not yet'})")
+    for r in out["rows"]:
+        if r["kib"] in (16, 256) and "cpu_ratio" in r:
+            ok = r["cpu_ratio"] <= GOAL_SIZES_CPU and r["rps_ratio"] >= GOAL_SIZES_RPS
+            lines.append(f"{r['kib']} KiB: gateway/nginx CPU {r['cpu_ratio']:.2f}x, req/s {r['rps_ratio']:.2f}x "
+                         f"(issue 19 goal <= {GOAL_SIZES_CPU}x and >= {GOAL_SIZES_RPS}x: "
+                         f"{'met' if ok else 'not yet'})")
+    if out.get("plot"):
+        lines.append(f"plot: {out['plot']}")
+    return "\n".join(lines)
+
+
 def _f(v, fmt: str = "{:.0f}") -> str:
     return "-" if v is None else fmt.format(v)
 
@@ -751,8 +945,8 @@ def _nginx_version() -> str | None:
     return (p.stderr or p.stdout).strip().replace("nginx version: ", "")
 
 
-def run(args) -> dict:
-    """Start everything, measure every target, stop everything; the figures as a dict."""
+def _base_result(args) -> dict:
+    """The run's config, host and warnings (the cores checked, the load client chosen)."""
     allowed = os.sched_getaffinity(0)
     warnings: list[str] = []
     if args.proxy_cpu not in allowed or args.load_cpu not in allowed or args.proxy_cpu == args.load_cpu:
@@ -763,11 +957,19 @@ def run(args) -> dict:
         args.client = "wrk" if shutil.which("wrk") else "python"
     elif args.client == "wrk" and not shutil.which("wrk"):
         raise SystemExit("wrk is not installed (apt-get install wrk), use --client python")
-    res = {"config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
-           "host": {"cpus": os.cpu_count(), "cpu_model": _cpu_model(), "python": platform.python_version(),
-                    "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()), "proxy_cpu": args.proxy_cpu,
-                    "load_cpu": args.load_cpu, "nginx": None if args.no_nginx else _nginx_version()},
-           "targets": {}, "ratios": {}, "warnings": warnings}
+    return {"config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+            "host": {"cpus": os.cpu_count(), "cpu_model": _cpu_model(), "python": platform.python_version(),
+                     "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()), "proxy_cpu": args.proxy_cpu,
+                     "load_cpu": args.load_cpu, "nginx": None if args.no_nginx else _nginx_version()},
+            "targets": {}, "ratios": {}, "warnings": warnings}
+
+
+def run(args) -> dict:
+    """Start everything, measure every target, stop everything; the figures as a dict."""
+    if args.body_kb:
+        return run_sizes(args)
+    res = _base_result(args)
+    warnings = res["warnings"]
     procs = Procs()
     with tempfile.TemporaryDirectory(prefix="velocity-overhead-") as tmp:
         work = Path(tmp)
@@ -839,7 +1041,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="load client: wrk when installed, else the one in this file (auto)")
     p.add_argument("--proxy-cpu", type=int, default=0, help="core of the gateway and nginx (default 0)")
     p.add_argument("--load-cpu", type=int, default=1, help="core of the upstream and the client (default 1)")
-    p.add_argument("--policy", default="dynamic", choices=("dynamic", "static", "smart"))
+    p.add_argument("--policy", default=None, choices=("dynamic", "static", "smart"),
+                   help="the gateway's policy (default dynamic; smart with --body-kb: prefix affinity on)")
+    p.add_argument("--body-kb", default=None, metavar="LIST",
+                   help="instead of the phases above, the prompt-size sweep: chat bodies of these sizes in KiB "
+                        "(e.g. 1,4,16,64,256), gateway and nginx req/s and CPU per request, and a PNG plot")
+    p.add_argument("--plot", default=None, metavar="PATH",
+                   help="--body-kb's plot of CPU per request against prompt size "
+                        "(default bench/results/overhead_body_kb.png)")
     p.add_argument("--gateway-arg", action="append", default=[], metavar="ARG",
                    help="an extra flag for `velocityllm serve` (repeatable), e.g. --gateway-arg=--max-concurrency=64")
     p.add_argument("--no-nginx", action="store_true", help="skip the nginx reference")
@@ -865,6 +1074,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.duration <= 0 or args.rounds < 1 or args.latency_duration <= 0 or args.connections < 1:
         p.error("--duration, --rounds, --latency-duration and --connections must be positive")
+    if args.body_kb is not None:
+        try:
+            args.body_kb = [int(x) for x in args.body_kb.split(",") if x.strip()]
+        except ValueError:
+            p.error(f"--body-kb: a comma-separated list of sizes in KiB, not {args.body_kb!r}")
+        if not args.body_kb or min(args.body_kb) < 1 or max(args.body_kb) > 8192:
+            p.error("--body-kb: sizes from 1 to 8192 KiB")
+        args.plot = args.plot or str(REPO / "bench" / "results" / "overhead_body_kb.png")
+    args.policy = args.policy or ("smart" if args.body_kb else "dynamic")
 
     global NICE
     NICE = args.nice
@@ -884,7 +1102,7 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         print(f"overhead: {e}", file=sys.stderr)
         return 1
-    print(summarize(res))
+    print(summarize_sizes(res) if "body_kb" in res else summarize(res))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2, default=str))
     return 0

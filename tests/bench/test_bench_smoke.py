@@ -28,7 +28,8 @@ pytestmark = pytest.mark.bench
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
-QUICK_SET = ("micro", "inprocess", "overhead", "isolation", "prefix", "policies", "policies_no_sla")
+QUICK_SET = ("micro", "inprocess", "overhead", "overhead_body_kb", "isolation", "prefix", "policies",
+             "policies_no_sla")
 # Benchmarks whose --smoke their authors add; until then run_all skips them, saying so.
 SMOKE_PENDING = ()
 PREFIX_VARIANTS = ("chat", "batch", "round-robin", "least-loaded")
@@ -162,6 +163,27 @@ def test_overhead_measures_direct_gateway_and_nginx_and_every_request_succeeds(q
     for key in ("gateway_vs_direct_rps", "gateway_vs_nginx_rps", "gateway_vs_nginx_cpu",
                 "gateway_vs_nginx_events_per_core"):
         number(res["ratios"][key], key)
+
+
+@pytest.mark.timeout(300)
+def test_overhead_body_kb_measures_both_proxies_at_each_prompt_size_and_plots_them(quick_set):
+    _, _, results = quick_set
+    need("nginx", "wrk")
+    res = json.loads((results / "overhead_body_kb.json").read_text())
+    out = res["body_kb"]
+    assert out["policy"] == "smart"  # prefix affinity on
+    assert [r["kib"] for r in out["rows"]] == [1, 256]
+    for r in out["rows"]:
+        assert r["bytes"] == r["kib"] * 1024
+        assert set(r["targets"]) == {"gateway", "nginx"}
+        for name, t in r["targets"].items():
+            number(t["rps"], f"{r['kib']} KiB {name} rps")
+            number(t["cpu_us_per_req"], f"{r['kib']} KiB {name} cpu")
+            for run in t["rounds"]:
+                assert run["requests"] > 0 and run["non2xx"] == 0 and run["errors"] == 0, (r["kib"], name, run)
+        number(r["cpu_ratio"], "cpu_ratio")
+    number(out["extra_us_per_kib"], "extra_us_per_kib")
+    assert Path(out["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.timeout(300)

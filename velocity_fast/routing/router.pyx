@@ -37,11 +37,14 @@ descriptors.
 import random
 import time
 
+import msgspec
+
 from velocity_fast.metrics.registry import Registry
 
 from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.fleet.endpoint cimport RoomFilter, pool_endpoints, pool_model
 from velocity_fast.metrics.values cimport Value
+from velocity_fast.routing.blockscan cimport hash_messages
 from velocity_fast.routing.prefix cimport BlockHashes, PrefixHasher, PrefixIndex
 from velocity_fast.routing.route cimport RouteInfo, RouterPool
 
@@ -65,6 +68,7 @@ cdef str _BATCH = "batch"
 cdef str _ONLY = "only"
 cdef object _session_key = SessionAffinity.key
 cdef object _py_monotonic = time.monotonic
+cdef object _Raw = msgspec.Raw
 
 
 cdef inline RouteInfo _new_info(model, profile, BlockHashes hashes, session, session_key):
@@ -220,7 +224,6 @@ cdef class Router:
         if profile:
             profile = profile.strip().lower()
             if profile not in self._profiles:
-                # Imported here: routing/router.py imports this module while it loads.
                 raise UnknownProfile(profile)
         else:
             profile = self._model_profiles.get(model, self._default_profile)
@@ -239,11 +242,19 @@ cdef class Router:
             self._last_info = info
             self._last_profiles = self._model_profiles
             return info
+        cdef BlockHashes hashes = None
         if isinstance(body_obj, (bytes, bytearray, memoryview)):
-            data = body_obj
+            hashes = self._hasher.hash(body_obj, model)
         else:
-            data = render_prompt(body_obj)
-        return _new_info(model, profile, self._hasher.hash(data, model), session,
+            # A chat body's messages stay one raw JSON value (gateway/requests.pyx): their
+            # blocks are hashed straight from those bytes. What the strict scanner does not
+            # take (None) is rendered in Python, to the same bytes.
+            raw = getattr(body_obj, "messages", None)
+            if type(raw) is _Raw:
+                hashes = hash_messages(raw, self._hasher, model)
+            if hashes is None:
+                hashes = self._hasher.hash(render_prompt(body_obj), model)
+        return _new_info(model, profile, hashes, session,
                          _session_key(session) if session else None)
 
     cdef object _pick(self, pool, RouteInfo info, has_room, exclude):
