@@ -343,7 +343,8 @@ async def soak(stack: h.Stack, seconds: float, rate: float, load: float, connect
     fds_mark = next(f for t, _, f in samples if t >= at)
     figure("soak_fd_growth", samples[-1][2] - fds_mark, f"under load, {at} s to the last sample")
     figure("soak_fds_after_vs_before", fds_after - fds_before, "the client's connections closed")
-    curve = [(t, r, f) for t, r, f in samples if int(round(t)) % 30 == 0]
+    # The first sample at or after each 30 s (a tick that a stalled loop ran late still counts).
+    curve = [next(x for x in samples if x[0] >= k * 30 - 0.5) for k in range(1, int(samples[-1][0] + 0.5) // 30 + 1)]
     print("    RSS MiB every 30 s: " + " ".join(f"{int(round(t))}s:{r / 1024:.1f}" for t, r, _ in curve), flush=True)
     print("    fds every 30 s:     " + " ".join(f"{int(round(t))}s:{f}" for t, _, f in curve), flush=True)
     figure("soak_internal_errors", h.total(m, "velocity_internal_errors_total"))
