@@ -8,8 +8,11 @@ figure per line for each part (issue 20).
                hangs, 500s, the process alive, a valid request served after every 1,000 cases
   faults       load through a sim engine failing --fail-rate of its requests: outcomes, and
                whether velocity_requests_total and the lease counters reconcile with them
-  soak         --seconds of steady load: RSS and fd growth from minute 1 (or a third of the
-               run, when shorter) to the end, lost requests
+  soak         the capacity first (--connections closed-loop clients, 10 s), then --seconds
+               at --load (80 %) of it, open loop over a pool of --connections, two sim engines
+               failing 1 % of their requests: lost requests, counters reconciled, RSS and fd
+               growth from minute 1 (a third of a shorter run; minute 3 too in a run of 6
+               minutes or more) to the end, the RSS every 30 s
   reloads      SIGHUP with a good, two invalid and a good config again under load: failures
 
     python bench/reliability.py                   # the defaults: a few minutes
@@ -105,16 +108,24 @@ async def closed_loop(port: int, clients: int, seconds: float, *, stream_share: 
 
 
 async def open_loop(port: int, rate: float, seconds: float, *, seed: int = 0, stream_share: float = 0.2,
-                    on_tick=None) -> list:
-    """Requests at ``rate`` per second for ``seconds`` over a pool of keep-alive
-    connections, each answered or timed out: every Result."""
+                    connections: int = 64, on_tick=None) -> tuple[list, int]:
+    """Requests at ``rate`` per second for ``seconds`` over a pool of at most ``connections``
+    keep-alive connections (a request due while all are busy waits in the client for one,
+    as behind any client's bounded pool), each answered or timed out: (every Result, with
+    None for one that never finished, and the number sent)."""
     rng = random.Random(seed)
     client = Client("127.0.0.1", port, timeout=30.0)
+    slots = asyncio.Semaphore(connections)
     results = []
     tasks = set()
     t0 = time.monotonic()
     n = 0
     next_tick = t0 + 5.0
+
+    async def one(i: int, data: bytes):
+        async with slots:
+            return await client.send(i, data)
+
     try:
         while True:
             now = time.monotonic()
@@ -122,7 +133,7 @@ async def open_loop(port: int, rate: float, seconds: float, *, seed: int = 0, st
                 break
             due = int((now - t0) * rate) + 1
             while n < due:
-                t = asyncio.ensure_future(client.send(n, wire(rng.choice(h.ROUTES), rng, stream_share)))
+                t = asyncio.ensure_future(one(n, wire(rng.choice(h.ROUTES), rng, stream_share)))
                 t.add_done_callback(lambda t: results.append(t.result()) if not t.cancelled() else None)
                 tasks.add(t)
                 t.add_done_callback(tasks.discard)
@@ -135,8 +146,7 @@ async def open_loop(port: int, rate: float, seconds: float, *, seed: int = 0, st
             await asyncio.wait(tasks, timeout=40.0)
     finally:
         client.close()
-    figure_sent = n
-    return results if len(results) == figure_sent else results + [None] * (figure_sent - len(results))
+    return results + [None] * (n - len(results)), n
 
 
 def statuses(results) -> Counter:
@@ -273,39 +283,77 @@ async def faults(stack: h.Stack, clients: int, seconds: float, fail_rate: float)
     figure("faults_internal_errors", h.total(m, "velocity_internal_errors_total"))
 
 
-async def soak(stack: h.Stack, seconds: float, rate: float) -> None:
+async def capacity(port: int, clients: int, seconds: float) -> float:
+    """Answers per second of ``clients`` closed-loop keep-alive clients (the soak's mix of
+    routes and streams) for ``seconds``: what the gateway, the engines and this client
+    process get through together on this machine."""
+    t0 = time.monotonic()
+    results = await closed_loop(port, clients, seconds, stream_share=0.2, seed=6)
+    return sum(r.status != 0 for r in results) / (time.monotonic() - t0)
+
+
+def _rss_growth(samples: list, since: float, end_kib: int) -> tuple[float, int]:
+    """RSS growth in % from the first sample at or after ``since`` s to ``end_kib``, and
+    that sample's time (the first sample when none is that late)."""
+    t, rss = next(((t, r) for t, r, _ in samples if t >= since), samples[0][:2])
+    return 100.0 * (end_kib - rss) / rss, int(t)
+
+
+async def soak(stack: h.Stack, seconds: float, rate: float, load: float, connections: int,
+               capacity_s: float) -> None:
     pid = stack.gw.proc.pid
-    mark = min(60.0, seconds / 3)
-    at_mark: dict[str, int] = {}
-    samples = []
+    if not rate:
+        cap = await capacity(stack.port, connections, capacity_s)
+        rate = load * cap
+        figure("soak_capacity_per_s", round(cap, 1), f"{connections} closed-loop clients for {capacity_s:.0f} s")
+        await asyncio.sleep(1.0)
+    m0 = await h.metrics(stack.admin_port)
+    fds_before = fds(pid)
+    samples = []  # (s into the run, RSS KiB, fds), every 5 s, under load
 
     def tick(t: float) -> None:
         samples.append((t, rss_kib(pid), fds(pid)))
-        if t >= mark and not at_mark:
-            at_mark.update(rss=samples[-1][1], fds=samples[-1][2], t=int(t))
 
-    results = await open_loop(stack.port, rate, seconds, seed=4, on_tick=tick)
+    results, sent = await open_loop(stack.port, rate, seconds, seed=4, connections=connections, on_tick=tick)
     await asyncio.sleep(0.5)
-    if not at_mark:  # a run too short for a tick past the mark
-        at_mark.update(rss=samples[0][1] if samples else rss_kib(pid), fds=samples[0][2] if samples else fds(pid), t=0)
-    rss_end, fds_end = rss_kib(pid), fds(pid)
+    rss_end, fds_after = rss_kib(pid), fds(pid)
+    if not samples:  # a run shorter than one tick
+        samples.append((0.0, rss_end, fds_after))
     st = statuses(results)
+    answered = sent - st.get(0, 0)
     m = await h.metrics(stack.admin_port)
     figure("soak_seconds", seconds)
-    figure("soak_rate_per_s", rate)
-    figure("soak_requests", len(results))
+    figure("soak_rate_per_s", round(rate, 1), f"{load:.0%} of capacity" if FIGURES.get("soak_capacity_per_s") else "")
+    figure("soak_connections", connections, "the client's pool: at most this many requests in flight")
+    figure("soak_requests", sent)
     figure("soak_ok", st.get(200, 0))
-    figure("soak_lost", st.get(0, 0), "no answer")
-    figure("soak_rss_mib_at_mark", round(at_mark["rss"] / 1024, 1), f"at {at_mark['t']} s")
+    figure("soak_engine_500s", st.get(500, 0), "the faulty engine's own 500s, relayed")
+    figure("soak_lost", sent - answered, "sent - answered")
+    # Growth from minute 1 (a third of a shorter run) to the end; from minute 3 too, when
+    # the run is long enough for that to say something (past any warm-up).
+    mark = min(60.0, seconds / 3)
+    growth, at = _rss_growth(samples, mark, rss_end)
+    rss_at = next(r for t, r, _ in samples if t >= at)
+    figure("soak_rss_mib_at_mark", round(rss_at / 1024, 1), f"at {at} s")
     figure("soak_rss_mib_end", round(rss_end / 1024, 1))
-    figure("soak_rss_growth_pct", round(100.0 * (rss_end - at_mark["rss"]) / at_mark["rss"], 2))
-    figure("soak_fd_growth", fds_end - at_mark["fds"])
-    print("    RSS MiB every 5 s: " + " ".join(f"{r / 1024:.1f}" for _, r, _ in samples), flush=True)
+    figure("soak_rss_growth_pct", round(growth, 2), f"from {at} s to the end")
+    if seconds >= 360:
+        growth3, at3 = _rss_growth(samples, 180.0, rss_end)
+        figure("soak_rss_growth_from_3min_pct", round(growth3, 2), f"from {at3} s to the end")
+    fds_mark = next(f for t, _, f in samples if t >= at)
+    figure("soak_fd_growth", samples[-1][2] - fds_mark, f"under load, {at} s to the last sample")
+    figure("soak_fds_after_vs_before", fds_after - fds_before, "the client's connections closed")
+    # The first sample at or after each 30 s (a tick that a stalled loop ran late still counts).
+    curve = [next(x for x in samples if x[0] >= k * 30 - 0.5) for k in range(1, int(samples[-1][0] + 0.5) // 30 + 1)]
+    print("    RSS MiB every 30 s: " + " ".join(f"{int(round(t))}s:{r / 1024:.1f}" for t, r, _ in curve), flush=True)
+    print("    fds every 30 s:     " + " ".join(f"{int(round(t))}s:{f}" for t, _, f in curve), flush=True)
     figure("soak_internal_errors", h.total(m, "velocity_internal_errors_total"))
+    counted = h.total(m, "velocity_requests_total") - h.total(m0, "velocity_requests_total")
+    figure("soak_requests_total_counted", counted, "velocity_requests_total during the soak")
     adm = h.total(m, "velocity_admitted_total")
     ended = sum(h.total(m, f"velocity_{k}_total") for k in ("completed", "failed", "cancelled"))
-    figure("soak_counters_reconcile", int(h.total(m, "velocity_requests_total") == len(results) and adm == ended),
-           "velocity_requests_total == requests sent, admitted == completed+failed+cancelled")
+    figure("soak_counters_reconcile", int(counted == answered and adm == ended),
+           "counted == answered, admitted == completed+failed+cancelled")
 
 
 async def reloads(stack: h.Stack, seconds: float) -> None:
@@ -343,17 +391,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", type=int, default=20000, help="fuzzed heads (bodies: a tenth)")
     ap.add_argument("--jobs", type=int, default=1, help="client processes for the fuzz")
     ap.add_argument("--seconds", type=float, default=90.0, help="the soak's length")
-    ap.add_argument("--rate", type=float, default=100.0, help="the soak's requests per second")
+    ap.add_argument("--rate", type=float, default=0.0,
+                    help="the soak's requests per second (default: --load times the capacity measured first)")
+    ap.add_argument("--load", type=float, default=0.8, help="the soak's rate as a share of the measured capacity")
+    ap.add_argument("--connections", type=int, default=64,
+                    help="the soak's client connections (and the capacity run's closed-loop clients)")
     ap.add_argument("--fail-rate", type=float, default=0.05, help="the faulty sim engine's --fail-rate")
     ap.add_argument("--seed", type=int, default=20)
     ap.add_argument("--only", default="", help="comma-separated parts: slowloris,fuzz,faults,soak,reloads")
     ap.add_argument("--smoke", action="store_true", help="tiny counts: every part in seconds")
     ap.add_argument("--json", help="write the figures here as JSON")
     args = ap.parse_args(argv)
-    slow, silent, attack_s, fault_s, reload_s = 200, 100, 5.0, 20.0, 10.0
+    slow, silent, attack_s, fault_s, reload_s, capacity_s = 200, 100, 5.0, 20.0, 10.0, 10.0
     if args.smoke:
-        args.cases, args.seconds, args.rate = 300, 4.0, 20.0
-        slow, silent, attack_s, fault_s, reload_s = 10, 5, 1.0, 2.0, 2.5
+        args.cases, args.seconds = 300, 4.0
+        slow, silent, attack_s, fault_s, reload_s, capacity_s = 10, 5, 1.0, 2.0, 2.5, 1.0
     parts = [p for p in args.only.split(",") if p] or ["slowloris", "fuzz", "faults", "soak", "reloads"]
     t0 = time.monotonic()
     if "slowloris" in parts:
@@ -372,9 +424,10 @@ def main(argv: list[str] | None = None) -> int:
         with h.gateway_stack("--fail-rate", str(args.fail_rate), engines=2) as stack:
             asyncio.run(faults(stack, 16, fault_s, args.fail_rate))
     if "soak" in parts:
-        print(f"soak: {args.seconds:.0f} s at {args.rate:.0f} requests/s, 1% engine faults", flush=True)
+        at = f"{args.rate:.0f} requests/s" if args.rate else f"{args.load:.0%} of the capacity measured first"
+        print(f"soak: {args.seconds:.0f} s at {at}, {args.connections} connections, 1% engine faults", flush=True)
         with h.gateway_stack("--fail-rate", "0.01", engines=2) as stack:
-            asyncio.run(soak(stack, args.seconds, args.rate))
+            asyncio.run(soak(stack, args.seconds, args.rate, args.load, args.connections, capacity_s))
     if "reloads" in parts:
         print(f"reloads: 4 SIGHUPs under load, {reload_s:.0f} s", flush=True)
         with h.gateway_stack(log_level="info") as stack:

@@ -186,6 +186,7 @@ cdef class UpstreamConnection(OutboxOwner):
     def connection_lost(self, exc):
         self.closed = True
         self._out = None
+        self._parser = None  # it holds bound methods of this protocol: no cycle left for the GC
         if not self.done:
             self._fail(UpstreamError("engine closed the connection" + (f": {exc}" if exc else ""),
                                      received=self._received))
