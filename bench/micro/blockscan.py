@@ -42,9 +42,9 @@ MODEL = "fixed"
 def _worker(kib: int, path: str, n: int) -> None:
     from overhead import chat_body
 
-    from velocity_fast.routing.prefix import PrefixHasher
     from velocity_fast.gateway.requests import decode_proxy
     from velocity_fast.routing.blockscan import hash_body, hash_messages
+    from velocity_fast.routing.prefix import PrefixHasher
     from velocity_fast.routing.prefix_render import render_prompt
 
     body = chat_body(kib, MODEL)

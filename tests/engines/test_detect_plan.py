@@ -13,9 +13,10 @@ import velocity_fast
 from tests.support.fakes import FAKES_DIR, make_model_folder
 from velocity_fast.engines.app import detect_main, prepare_engines
 from velocity_fast.engines.detect import GPU
+from velocity_fast.engines.errors import PlanError, VllmNotFound
 from velocity_fast.engines.models import ModelChoice
 from velocity_fast.engines.options import add_engine_arguments
-from velocity_fast.engines.plan import PlanError, VllmNotFound, plan_engines
+from velocity_fast.engines.plan import plan_engines
 
 
 def gpus(n):

@@ -23,9 +23,10 @@ from tests.support.fakes import (
     wait_until,
 )
 from velocity_fast.engines.detect import detect_gpus_async
+from velocity_fast.engines.errors import EngineStartError
 from velocity_fast.engines.models import ModelChoice
 from velocity_fast.engines.plan import plan_engines
-from velocity_fast.engines.supervisor import EngineStartError, EngineSupervisor
+from velocity_fast.engines.supervisor import EngineSupervisor
 
 FAST = dict(poll_interval=0.05, backoff_initial=0.2, backoff_max=1.0, stop_grace=5.0, ready_timeout=60.0)
 

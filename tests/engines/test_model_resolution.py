@@ -16,12 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.fakes import REPO_ROOT, make_model_folder
-from velocity_fast.engines.models import (
-    ModelPathError,
-    ModelPromptAborted,
-    check_model_folder,
-    resolve_model,
-)
+from velocity_fast.engines.errors import ModelPathError, ModelPromptAborted
+from velocity_fast.engines.models import check_model_folder, resolve_model
 
 
 @pytest.fixture
@@ -128,7 +124,8 @@ def test_prompt_from_streams_asks_again_after_a_bad_path(dirs, tmp_path):
 
 CHILD = """
 import sys
-from velocity_fast.engines.models import resolve_model, ModelPromptAborted
+from velocity_fast.engines.models import resolve_model
+from velocity_fast.engines.errors import ModelPromptAborted
 try:
     c = resolve_model(cwd=sys.argv[1])
 except ModelPromptAborted as exc:

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from velocity_fast.routing.prefix import PrefixHasher
 from velocity_fast.gateway.request_types import ProxyRequest
 from velocity_fast.gateway.requests import decode_proxy
 from velocity_fast.routing import blockscan
+from velocity_fast.routing.prefix import PrefixHasher
 from velocity_fast.routing.prefix_render import render_prompt
 
 HASHER = PrefixHasher(64)

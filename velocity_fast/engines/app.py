@@ -13,9 +13,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
+from velocity_fast.engines.errors import ModelPathError, ModelPromptAborted, PlanError, VllmNotFound
+from velocity_fast.engines.models import ModelChoice, resolve_model
+from velocity_fast.engines.plan import EnginePlan, plan_engines
+
 from .detect import Detection, detect_gpus
-from .models import ModelChoice, ModelPathError, ModelPromptAborted, resolve_model
-from .plan import EnginePlan, PlanError, VllmNotFound, plan_engines
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from velocity_fast.engines.errors import ModelPathError, ModelPromptAborted
+
 ENV_MODEL_PATH = "VELOCITY_MODEL_PATH"
 # How deep to look under ./models and ~/velocity-models: "models/NAME/config.json" and
 # Hugging Face's "models/ORG/NAME/config.json".
@@ -23,14 +25,6 @@ SOURCE_ENV = ENV_MODEL_PATH
 SOURCE_LOCAL = "./models"
 SOURCE_HOME = "~/velocity-models"
 SOURCE_PROMPT = "prompt"
-
-
-class ModelPathError(ValueError):
-    """A model path was given (flag, environment or prompt) but is not a model folder."""
-
-
-class ModelPromptAborted(Exception):
-    """The user left the model prompt with Ctrl-C or end of input."""
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from velocity_fast.engines.errors import PlanError, VllmNotFound
+from velocity_fast.engines.models import ModelChoice
+
 from .detect import GPU
-from .models import ModelChoice
 from .options import (
     DEFAULT_ENGINE_BASE_PORT,
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -26,14 +28,6 @@ from .process import python_child
 # The served name of sim engines when no model folder was found.
 SIM_MODEL_NAME = "velocity-sim"
 ENGINE_HOST = "127.0.0.1"  # engines sit behind the gateway; never expose them
-
-
-class PlanError(ValueError):
-    """The engines cannot be planned as asked (GPU count vs TP size, vllm missing, ...)."""
-
-
-class VllmNotFound(PlanError):
-    """GPUs and a model are there, but no ``vllm`` executable is on PATH."""
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,9 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 
-from .plan import ENGINE_HOST, EngineSpec
+from velocity_fast.engines.errors import EngineStartError
+from velocity_fast.engines.plan import ENGINE_HOST, EngineSpec
+
 from .probe import http_status
 from .process import read_tail, signal_group, spawn, wait_exit
 
@@ -34,20 +36,6 @@ CRASHED = "crashed"
 STOPPED = "stopped"
 
 StateCallback = Callable[[str, str], None]
-
-
-class EngineStartError(RuntimeError):
-    """An engine exited or did not answer /health in time while starting."""
-
-    def __init__(self, name: str, reason: str, log_path: str, tail: str) -> None:
-        self.name = name
-        self.reason = reason
-        self.log_path = log_path
-        self.tail = tail
-        super().__init__(
-            f"engine {name} failed to start: {reason}\n"
-            f"--- last lines of {log_path} ---\n{tail}\n---"
-        )
 
 
 def describe_exit(code: int) -> str:

@@ -84,12 +84,11 @@ def serve_main(args: argparse.Namespace) -> int:
 
 def charge_main(args: argparse.Namespace) -> int:
     """Batteries included: engines per GPU (or sim engines) and the gateway in front."""
+    from velocity_fast.engines.errors import EngineStartError, ModelPathError, ModelPromptAborted, PlanError
+    from velocity_fast.engines.supervisor import EngineSupervisor
     from velocity_fast.server.run import run_until_signalled
 
     from ..engines.app import exit_code_for, prepare_engines
-    from ..engines.models import ModelPathError, ModelPromptAborted
-    from ..engines.plan import PlanError
-    from ..engines.supervisor import EngineStartError, EngineSupervisor
     from .app import Gateway
     from .observability import setup_logging
 

@@ -14,6 +14,7 @@ import orjson
 
 from velocity_fast.http.message import Request
 from velocity_fast.server.connection import Responder
+from velocity_fast.sim.errors import BadRequest
 
 from .config import SimConfig
 from .engine import Engine, Sequence
@@ -37,10 +38,6 @@ _NOT_FOUND = b'{"detail":"Not Found"}'
 _NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'
 _UNAUTHORIZED = b'{"error":"Unauthorized"}'
 _METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-
-class BadRequest(Exception):
-    """A request vLLM would refuse with 400."""
 
 
 class SimAPI:

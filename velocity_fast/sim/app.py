@@ -28,8 +28,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     from velocity_fast.server.http_server import HTTPServer
     from velocity_fast.server.run import run_until_signalled
+    from velocity_fast.sim.api import SimAPI
 
-    from .api import SimAPI
     from .engine import Engine
 
     async def start(stop: asyncio.Event):
