@@ -26,10 +26,19 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"sim-engine: {e}", file=sys.stderr)
         return 2
+    tokenizer = None
+    if cfg.tokenizer:
+        from .tokens import TextTokenizer
+        try:
+            tokenizer = TextTokenizer(cfg.tokenizer)
+        except ValueError as e:
+            print(f"sim-engine: {e}", file=sys.stderr)
+            return 2
     from velocity_fast.server import HTTPServer, run_until_signalled
 
     from .api import SimAPI
     from .engine import Engine
+    from .kvevents import open_publisher
 
     async def start(stop: asyncio.Event):
         # Like a loading model: the port refuses connections until this is over (a
@@ -41,17 +50,28 @@ def main(args: argparse.Namespace) -> int:
                 pass
             else:
                 return _nothing_to_clean
-        engine = Engine(cfg)
+        # Events first, as vLLM opens its publisher with the engine: a port that is
+        # taken ends the process before it listens.
+        publisher = open_publisher(cfg.kv_events_config)
+        engine = Engine(cfg, publisher=publisher)
         engine.start()
-        api = SimAPI(cfg, engine)
+        api = SimAPI(cfg, engine, tokenizer)
         server = HTTPServer(api.handle, name="sim")
-        await server.start(cfg.host, cfg.port)
+        try:
+            await server.start(cfg.host, cfg.port)
+        except BaseException:
+            await engine.stop()
+            if publisher is not None:
+                publisher.shutdown()
+            raise
         # The one line on stdout: test helpers that pass --port 0 read the port from it.
         print(f"sim engine {cfg.model!r} listening on http://{server.host}:{server.port}", flush=True)
 
         async def cleanup() -> None:
             await server.shutdown(grace=SHUTDOWN_GRACE)
             await engine.stop()
+            if publisher is not None:
+                publisher.shutdown()
 
         return cleanup
 
