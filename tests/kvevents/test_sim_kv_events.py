@@ -184,3 +184,28 @@ def test_sim_events_feed_the_index_across_reset_and_restart():
     finally:
         if sub is not None:
             sub.stop()
+
+
+@pytest.mark.timeout(60)
+def test_reset_refuses_while_requests_hold_blocks_unless_told_to_preempt():
+    import threading
+    with sim_engine(*sim_flags(events_config()), time_scale=1) as eng:
+        out = {}
+        t = threading.Thread(target=lambda: out.update(r=complete_long(eng)))
+        t.start()
+        try:
+            W.wait_for(lambda: eng.metric("vllm:num_requests_running") == 1, what="a running request")
+            status, body = post(eng, "/reset_prefix_cache", {})
+            assert status == 409 and json.loads(body)["error"]["message"].startswith("Failed to reset")
+            status, _ = post(eng, "/reset_prefix_cache?reset_running_requests=true", {})
+            assert status == 200
+        finally:
+            t.join(30)
+        # The preempted request recomputed and finished.
+        assert out["r"]["usage"]["completion_tokens"] == 40
+
+
+def complete_long(eng) -> dict:
+    status, body = post(eng, "/v1/completions", {"prompt": "long " * 40, "max_tokens": 40, "ignore_eos": True})
+    assert status == 200, body
+    return json.loads(body)
