@@ -3,6 +3,7 @@ cached and published as that tokenizer's ids after a ChatML chat template."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 
@@ -82,6 +83,16 @@ def test_bad_flags_exit_2_naming_the_flag(flags, says):
     r = subprocess.run([sys.executable, "-m", "velocity_fast.sim", "--port", "0", *flags], capture_output=True,
                        text=True, timeout=60, cwd=str(REPO))
     assert r.returncode == 2 and says in r.stderr, r.stderr
+
+
+def test_an_events_port_in_use_exits_2_before_listening():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        cfg = json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{taken.getsockname()[1]}"})
+        r = subprocess.run([sys.executable, "-m", "velocity_fast.sim", "--port", "0", "--kv-events-config", cfg],
+                           capture_output=True, text=True, timeout=60, cwd=str(REPO))
+    assert r.returncode == 2 and "already in use" in r.stderr and "listening" not in r.stdout, r.stderr
 
 
 def test_events_off_publish_nothing():

@@ -40,6 +40,14 @@ def main(args: argparse.Namespace) -> int:
     from .engine import Engine
     from .kvevents import open_publisher
 
+    # The events' sockets open first: a port that is taken ends the process (status 2)
+    # before it listens, and they close however the process ends.
+    try:
+        publisher = open_publisher(cfg.kv_events_config)
+    except ValueError as e:
+        print(f"sim-engine: {e}", file=sys.stderr)
+        return 2
+
     async def start(stop: asyncio.Event):
         # Like a loading model: the port refuses connections until this is over (a
         # signal meanwhile ends the process without ever listening).
@@ -50,9 +58,6 @@ def main(args: argparse.Namespace) -> int:
                 pass
             else:
                 return _nothing_to_clean
-        # Events first, as vLLM opens its publisher with the engine: a port that is
-        # taken ends the process before it listens.
-        publisher = open_publisher(cfg.kv_events_config)
         engine = Engine(cfg, publisher=publisher)
         engine.start()
         api = SimAPI(cfg, engine, tokenizer)
@@ -61,8 +66,6 @@ def main(args: argparse.Namespace) -> int:
             await server.start(cfg.host, cfg.port)
         except BaseException:
             await engine.stop()
-            if publisher is not None:
-                publisher.shutdown()
             raise
         # The one line on stdout: test helpers that pass --port 0 read the port from it.
         print(f"sim engine {cfg.model!r} listening on http://{server.host}:{server.port}", flush=True)
@@ -70,11 +73,13 @@ def main(args: argparse.Namespace) -> int:
         async def cleanup() -> None:
             await server.shutdown(grace=SHUTDOWN_GRACE)
             await engine.stop()
-            if publisher is not None:
-                publisher.shutdown()
 
         return cleanup
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run_until_signalled(start)
+    try:
+        return run_until_signalled(start)
+    finally:
+        if publisher is not None:
+            publisher.shutdown()
