@@ -180,3 +180,60 @@ def test_chain_hashes_extend_a_known_prefix():
     first = chain_hashes(turn1, BS)
     assert chain_hashes(turn2, BS, known=first) == chain_hashes(turn2, BS)
     assert chain_hashes(turn1, BS, lora="adapter-a")[0] != first[0]
+
+
+# -- match against a plain model: any order of stores, evictions and clears -----------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+DEPTH = 3
+# A node is a path of tokens (block size 1, tokens 0 or 1): a binary tree of prompts.
+NODES = [tuple(int(c) for c in format(i, f"0{d}b")) for d in range(1, DEPTH + 1) for i in range(2 ** d)]
+LEAVES = [n for n in NODES if len(n) == DEPTH]
+
+
+def engine_hash(node) -> int:
+    return 1000 + NODES.index(node)
+
+
+ops = st.lists(st.one_of(
+    st.tuples(st.just("store"), st.sampled_from(NODES), st.integers(1, 3)),
+    st.tuples(st.just("remove"), st.sampled_from(NODES)),
+    st.tuples(st.just("clear")),
+), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_match_equals_a_linear_scan_of_what_the_engine_holds(ops):
+    idx = BlockIndex()
+    refs: dict[tuple, int] = {}   # the model: node -> stores not yet removed
+    for op in ops:
+        if op[0] == "store":
+            # A run of up to 3 blocks down the tree from a node, as one event.
+            # The engine stores under a parent it holds: start at the first block of
+            # the node's path that is not held (or the node itself).
+            target, length = op[1], op[2]
+            node = next((target[:d] for d in range(1, len(target) + 1) if not refs.get(target[:d])), target)
+            run = [node]
+            while len(run) < length and len(run[-1]) < DEPTH:
+                run.append(run[-1] + (target + (0,) * DEPTH)[len(run[-1]):len(run[-1]) + 1])
+            parent = node[:-1]
+            ev = W.stored([engine_hash(n) for n in run], engine_hash(parent) if parent else None,
+                          list(run[-1][len(parent):]), 1)
+            apply(idx, "e", ev)
+            for n in run:
+                refs[n] = refs.get(n, 0) + 1
+        elif op[0] == "remove":
+            if refs.get(op[1], 0):
+                apply(idx, "e", W.removed([engine_hash(op[1])]))
+                refs[op[1]] -= 1
+        else:
+            apply(idx, "e", W.cleared())
+            refs.clear()
+    for leaf in LEAVES:
+        expect = 0
+        while expect < DEPTH and refs.get(leaf[:expect + 1], 0):
+            expect += 1
+        assert idx.match("e", chain_hashes(list(leaf), 1)) == expect, leaf
+    assert idx.size("e") == sum(1 for v in refs.values() if v)

@@ -8,8 +8,14 @@ and to find a stored run's parent. So ``chain_hashes(prompt_ids, block_size)`` o
 request side and ``match`` here agree whatever hash the engines use.
 
 Threads: one subscriber thread writes an endpoint's entries; the router reads them on
-the event loop. ``match`` only does ``in`` on a dict and a clear swaps in new dicts, so
-a reader never sees a half-made change (each dict operation is atomic under the GIL).
+the event loop. ``match`` only does ``in`` on a set that stays a prefix of every chain
+at each step of a change, and a clear swaps in new containers, so a reader never sees
+a half-made change (each set operation is atomic under the GIL).
+
+``match`` costs O(log n) lookups: the index keeps apart the blocks reachable from the
+root (all ancestors held), which along a prompt's chain form a prefix. It stays exact
+when an engine evicts a block before its descendants (vLLM does not, but the index
+does not rely on it).
 """
 from __future__ import annotations
 
@@ -42,8 +48,8 @@ def chain_hashes(token_ids: list[int] | tuple[int, ...], block_size: int, lora: 
     """
     out: list[int] = list(known) if known else []
     parent = out[-1] if out else lora_root(lora)
-    ids = token_ids if isinstance(token_ids, tuple) else tuple(token_ids)  # slices of a tuple are tuples
-    for i in range(len(out) * block_size, len(ids) - block_size + 1, block_size):
+    ids = tuple(token_ids[len(out) * block_size:])  # slices of a tuple are tuples
+    for i in range(0, len(ids) - block_size + 1, block_size):
         parent = hash((parent, ids[i:i + block_size]))
         out.append(parent)
     return out
@@ -82,14 +88,70 @@ class EndpointStats:
 
 
 class _Entries:
-    """One endpoint's blocks: own hash -> engine blocks holding it; engine hash ->
-    [own hash, times stored and not yet removed]."""
+    """One endpoint's blocks.
 
-    __slots__ = ("blocks", "engine")
+    ``blocks``: own hash -> engine blocks holding it. ``closed``: the held blocks whose
+    ancestors are all held too, i.e. the blocks a prompt reaching them would find
+    cached; a block is in it only after its parent, so along any chain it is a prefix
+    and ``match`` can binary-search it. ``parent`` and ``kids`` link own hashes, so that
+    evicting a block opens its cached descendants and storing it again closes them.
+    ``engine``: engine hash -> [own hash, times stored and not yet removed].
+    """
+
+    __slots__ = ("blocks", "closed", "parent", "kids", "engine")
 
     def __init__(self) -> None:
         self.blocks: dict[int, int] = {}
+        self.closed: set[int] = set()
+        self.parent: dict[int, int | None] = {}
+        self.kids: dict[int | None, set[int]] = {}
         self.engine: dict[Any, list] = {}
+
+    def add(self, own: int, parent: int | None) -> None:
+        n = self.blocks.get(own, 0)
+        self.blocks[own] = n + 1
+        if n:
+            return
+        self.parent[own] = parent
+        self.kids.setdefault(parent, set()).add(own)
+        if parent is None or parent in self.closed:
+            # Close it and its held descendants, each after its parent (readers
+            # never see a closed block under an open one).
+            stack = [own]
+            closed, blocks, kids = self.closed, self.blocks, self.kids
+            while stack:
+                x = stack.pop()
+                if x in blocks and x not in closed:
+                    closed.add(x)
+                    stack.extend(kids.get(x, ()))
+
+    def drop(self, own: int) -> None:
+        n = self.blocks.get(own, 0) - 1
+        if n > 0:
+            self.blocks[own] = n
+            return
+        if n < 0:
+            return
+        del self.blocks[own]
+        if own in self.closed:
+            # Open it and its closed descendants, deepest first.
+            order, stack = [], [own]
+            closed, kids = self.closed, self.kids
+            while stack:
+                x = stack.pop()
+                if x in closed:
+                    order.append(x)
+                    stack.extend(kids.get(x, ()))
+            for x in reversed(order):
+                closed.discard(x)
+        # Unlink it from its parent; its own kids stay linked (they may still be
+        # held, and are found again when it is stored again).
+        parent = self.parent.pop(own)
+        sibs = self.kids.get(parent)
+        if sibs is not None:
+            sibs.discard(own)
+            if not sibs:
+                del self.kids[parent]
 
 
 class BlockIndex:
@@ -105,13 +167,16 @@ class BlockIndex:
         e = self._entries.get(endpoint_key)
         if e is None:
             return 0
-        blocks = e.blocks
-        n = 0
-        for h in chain:
-            if h not in blocks:
-                break
-            n += 1
-        return n
+        # ``closed`` is a prefix of any chain: binary search for where it ends.
+        closed = e.closed
+        lo, hi = 0, len(chain)
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if chain[mid] in closed:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
     def exact(self, endpoint_key: Hashable) -> bool:
         """True when the endpoint's entries can be trusted (else route approximately)."""
@@ -179,15 +244,15 @@ class BlockIndex:
             return
         s.block_size = bs
         e = self._entries[key]
-        engine, blocks = e.engine, e.blocks
+        engine = e.engine
         if ev.parent is None:
-            parent = lora_root(ev.lora)
+            parent, link = lora_root(ev.lora), None
         else:
             p = engine.get(ev.parent)
             if p is None:
                 s.orphans += n
                 return
-            parent = p[0]
+            parent = link = p[0]
         extra = ev.extra_keys
         tokens = tuple(ev.token_ids)
         for i, eh in enumerate(ev.block_hashes):
@@ -199,16 +264,16 @@ class BlockIndex:
             got = engine.get(eh)
             if got is None:
                 engine[eh] = [own, 1]
-                blocks[own] = blocks.get(own, 0) + 1
+                e.add(own, link)
             else:
                 got[1] += 1
-            parent = own
+            parent = link = own
 
     def _removed(self, key: Hashable, ev: Removed) -> None:
         if ev.medium not in (None, "GPU") or ev.group_idx not in (None, 0):
             return
         e = self._entries[key]
-        engine, blocks = e.engine, e.blocks
+        engine = e.engine
         for eh in ev.block_hashes:
             got = engine.get(eh)
             if got is None:
@@ -217,9 +282,4 @@ class BlockIndex:
             if got[1] > 0:
                 continue
             del engine[eh]
-            own = got[0]
-            r = blocks.get(own, 0) - 1
-            if r > 0:
-                blocks[own] = r
-            else:
-                blocks.pop(own, None)
+            e.drop(got[0])
