@@ -6,6 +6,7 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -46,7 +47,9 @@ def test_chat_prompts_are_the_tokenizers_ids(tokenizer_json):
                 {"role": "user", "content": SENTENCES[2]}]
     ids = tok.encode(chatml(messages), add_special_tokens=False).ids
     assert len(ids) > 3 * BS and 0 not in ids  # every word known: no [UNK]
-    with sim_engine(*sim_flags(events_config()), "--tokenizer", tokenizer_json, time_scale=50) as eng:
+    # A model folder holding the tokenizer.json will do, as for vLLM's --tokenizer.
+    folder = str(Path(tokenizer_json).parent)
+    with sim_engine(*sim_flags(events_config()), "--tokenizer", folder, time_scale=50) as eng:
         pub, replay = endpoints(eng)
         lis = Listener(pub)
         idx = BlockIndex()

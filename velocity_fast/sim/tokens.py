@@ -1,11 +1,13 @@
-"""Token model of the sim engine: no tokenizer, about four bytes a token.
+"""Token model of the sim engine: by default no tokenizer, about four bytes a token;
+with ``--tokenizer`` a real one (``TextTokenizer``).
 
-Prompts are counted and hashed from their bytes; generated text is drawn from a fixed
+Prompts are counted and hashed from their bytes (or the tokenizer's ids); generated text is drawn from a fixed
 vocabulary of pseudo-words, so the same seed and request give the same text.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 
 #: Bytes per token when counting a prompt (docs/design.md, "Where each contract lives").
@@ -95,7 +97,8 @@ def token_block_hashes(token_ids: list[int], block_size: int, seed: bytes = b"")
 
 
 class TextTokenizer:
-    """A real tokenizer (``--tokenizer PATH`` to a ``tokenizer.json``), with a chat
+    """A real tokenizer (``--tokenizer PATH`` to a ``tokenizer.json`` or a folder with
+    one), with a chat
     template in the ChatML form most chat models use.
 
     Needs the ``tokenizers`` package (the ``tokenizers`` extra).
@@ -106,11 +109,13 @@ class TextTokenizer:
             from tokenizers import Tokenizer
         except ImportError:
             raise ValueError("--tokenizer needs the `tokenizers` package (pip install velocityllm[tokenizers])") from None
+        # As vLLM's --tokenizer, a model folder will do: its tokenizer.json is used.
+        file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
         try:
-            self._tok = Tokenizer.from_file(path)
+            self._tok = Tokenizer.from_file(file)
         except Exception as e:
             raise ValueError(f"--tokenizer {path}: cannot load a tokenizer.json: {e}") from None
-        self.path = path
+        self.path = file
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``."""
