@@ -1,8 +1,9 @@
 """Token model of the sim engine: by default no tokenizer, about four bytes a token;
 with ``--tokenizer`` a real one (``TextTokenizer``).
 
-Prompts are counted and hashed from their bytes (or the tokenizer's ids); generated text is drawn from a fixed
-vocabulary of pseudo-words, so the same seed and request give the same text.
+Prompts are counted and hashed from their bytes (or the tokenizer's ids); generated
+text is drawn from a fixed vocabulary of pseudo-words, so the same seed and request
+give the same text.
 """
 from __future__ import annotations
 
