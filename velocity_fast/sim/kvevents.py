@@ -160,7 +160,8 @@ class ZmqPublisher:
                 self._replay.bind(cfg.replay_endpoint)
         except zmq.ZMQError as e:
             self._close_sockets()
-            raise ValueError(f"--kv-events-config: cannot open {cfg.endpoint!r} / {cfg.replay_endpoint!r}: {e}") from None
+            where = cfg.endpoint + (f" / {cfg.replay_endpoint}" if cfg.replay_endpoint else "")
+            raise ValueError(f"--kv-events-config: cannot open {where}: {e}") from None
         #: Where the sockets really are (a ``*`` port resolved), for the startup line.
         self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT) or cfg.endpoint
         self.replay_endpoint = (self._replay.getsockopt_string(zmq.LAST_ENDPOINT)

@@ -109,7 +109,8 @@ class TextTokenizer:
         try:
             from tokenizers import Tokenizer
         except ImportError:
-            raise ValueError("--tokenizer needs the `tokenizers` package (pip install velocityllm[tokenizers])") from None
+            raise ValueError("--tokenizer needs the `tokenizers` package "
+                             "(pip install velocityllm[tokenizers])") from None
         # As vLLM's --tokenizer, a model folder will do: its tokenizer.json is used.
         file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
         try:
