@@ -46,9 +46,17 @@ def chain_hashes(token_ids: list[int] | tuple[int, ...], block_size: int, lora: 
     ``known``: the hashes of this prompt's first blocks, already computed (a
     conversation's earlier turn): only the blocks after them are hashed.
     """
-    out: list[int] = list(known) if known else []
+    skip = len(known) * block_size if known else 0
+    return extend_chain(known or (), token_ids[skip:], block_size, lora)
+
+
+def extend_chain(known: list[int] | tuple[int, ...], token_ids: list[int] | tuple[int, ...], block_size: int,
+                 lora: Hashable | None = None) -> list[int]:
+    """``chain_hashes`` of a prompt given the hashes of its first blocks (``known``) and
+    only the tokens after them (``token_ids``): what a next turn costs is its tail."""
+    out: list[int] = list(known)
     parent = out[-1] if out else lora_root(lora)
-    ids = tuple(token_ids[len(out) * block_size:])  # slices of a tuple are tuples
+    ids = tuple(token_ids)  # slices of a tuple are tuples
     for i in range(0, len(ids) - block_size + 1, block_size):
         parent = hash((parent, ids[i:i + block_size]))
         out.append(parent)

@@ -67,6 +67,7 @@ class Subscriber:
         self.stats = index.stats(key)
         self._expected: int | None = None   # next sequence number; None: state unknown
         self._stop = threading.Event()
+        self._resync = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -81,6 +82,13 @@ class Subscriber:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+
+    def resync(self) -> None:
+        """Forget the endpoint's entries and rebuild them from the engine's replay buffer
+        (done on the subscriber's thread within ``poll_interval``): the gateway's word
+        that the engine went down or came back, which may have emptied its cache without
+        the event stream showing it."""
+        self._resync.set()
 
     @property
     def alive(self) -> bool:
@@ -105,6 +113,11 @@ class Subscriber:
         wait_ms = int(self.poll_interval * 1000)
         try:
             while not self._stop.is_set():
+                if self._resync.is_set():
+                    self._resync.clear()
+                    self._disconnected()
+                    self.stats.disconnects -= 1  # not a dropped connection: the gateway asked
+                    self._rebuild(None)
                 ready = dict(poller.poll(wait_ms))
                 # Connection changes first: a restart's first batch must not be taken as
                 # a continuation of the old stream.
