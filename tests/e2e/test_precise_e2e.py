@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 
 import orjson
 import pytest
@@ -194,3 +195,40 @@ async def test_an_engine_restarted_under_load_empties_and_refills_its_index(engi
     assert not failed, failed[:5]
     assert len(results) > during > 20
     assert gw.kv.index.stats("e2").disconnects >= 1  # the subscriber saw the engine go
+
+
+@pytest.mark.timeout(90)
+def test_charge_velocity_starts_its_engines_with_kv_events_when_precise(tokenizer_json):
+    """chargeVelocity --prefix precise: its sim engines publish their KV events on sockets
+    it chose, with its tokenizer, and the gateway's index of each is exact and fills."""
+    from urllib.request import Request, urlopen
+
+    from tests.support.fakes import free_port_block
+    from tests.support.gateway import gateway_process
+
+    base = free_port_block(2)
+    with gateway_process("chargeVelocity", "--mock", "--engines", "2", "--engine-base-port", str(base),
+                         "--prefix", "precise", "--tokenizer", tokenizer_json, "--policy", "smart",
+                         "--sim-args", "--time-scale 50 --block-size 16", timeout=40) as gp:
+        def stats():
+            with urlopen(gp.admin_url + "/stats", timeout=10) as r:
+                return json.loads(r.read())
+
+        deadline = time.monotonic() + 20
+        while not (stats()["kv_events"]["endpoints"] and sum(e["healthy"] for e in stats()["endpoints"]) == 2
+                   and all(e["state"] == "exact" for e in stats()["kv_events"]["endpoints"].values())):
+            assert time.monotonic() < deadline, stats()
+            time.sleep(0.1)
+        with urlopen(gp.url + "/v1/models", timeout=10) as r:
+            model = json.loads(r.read())["data"][0]["id"]
+        rng = random.Random(3)
+        system = system_prompt(rng, 7)
+        for i in range(6):
+            body = dict(chat(system, f"question {i}"), model=model)
+            req = Request(gp.url + CHAT, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+            with urlopen(req, timeout=10) as r:
+                assert r.status == 200
+        kv = stats()["kv_events"]
+        assert sorted(kv["endpoints"]) == ["sim-0", "sim-1"]
+        assert sum(e["blocks"] for e in kv["endpoints"].values()) >= 200 // 16
+        assert kv["precise"]["share"] > 0
