@@ -186,6 +186,25 @@ class BlockIndex:
                 hi = mid
         return lo
 
+    def match_exact(self, endpoint_key: Hashable, chain: list[int], block_size: int) -> int:
+        """``match`` when the endpoint's entries are exact and of ``block_size`` (or hold no
+        block yet), else -1: the router's one call per endpoint."""
+        s = self._stats.get(endpoint_key)
+        if s is None or s.state != EXACT or (s.block_size and s.block_size != block_size):
+            return -1
+        e = self._entries.get(endpoint_key)
+        if e is None:
+            return 0
+        closed = e.closed
+        lo, hi = 0, len(chain)
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if chain[mid] in closed:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     def exact(self, endpoint_key: Hashable) -> bool:
         """True when the endpoint's entries can be trusted (else route approximately)."""
         s = self._stats.get(endpoint_key)

@@ -31,7 +31,6 @@ whole).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import queue
 import threading
@@ -195,6 +194,7 @@ class PrecisePrefix:
                          "were scored by the engines' KV events.", share)
         else:
             reg.get("velocity_prefix_precise_share").fn = share
+        self._pick_children: dict[tuple[str, str], Any] = {}
         self._hit = self._lookups.labels("hit")
         self._prefix_hit = self._lookups.labels("prefix")
         self._miss = self._lookups.labels("miss")
@@ -246,7 +246,7 @@ class PrecisePrefix:
         if messages:
             keys = []
             k = pool.seed
-            for piece in bytes(data).split(_MSG)[1:]:
+            for piece in (data if type(data) is bytes else bytes(data)).split(_MSG)[1:]:
                 k = hash((k, piece))
                 keys.append(k)
             j = len(keys) - 1
@@ -267,7 +267,7 @@ class PrecisePrefix:
                 self._miss.inc()
             self._submit((req, messages, keys, j))
         else:
-            key = hash((pool.seed, b"\x00prompt", bytes(data)))
+            key = hash((pool.seed, b"\x00prompt", data if type(data) is bytes else bytes(data)))
             entry = cache.get(key)
             if entry is not None:
                 req.chain = entry.full
@@ -357,33 +357,39 @@ class PrecisePrefix:
                rand: int) -> tuple[int, str]:
         """(position in cands, basis), as ``choose_by_affinity``; endpoints whose KV index
         is exact score the engine's own blocks, the others the approximate index."""
-        s = self.settings
         chain = req.chain
-        model = info.model
         if chain is None:
-            self._picks.labels(model, "not_ready").inc()
+            self._count(info.model, "not_ready")
+            s = self.settings
             return choose_by_affinity(state.index, info.hashes, cands, loads, s.hotspot_gap, s.load_weight, rand)
-        bi = self.index
+        match = self.index.match_exact
         bs = req.block_size
         n = len(chain)
         aff: list[float] = []
         approx = None
         used = False
         for ep in cands:
-            key = ep.name
-            if bi.exact(key) and bi.block_size(key) in (0, bs):
+            held = match(ep.name, chain, bs)
+            if held >= 0:
                 used = True
-                aff.append(bi.match(key, chain) / n if n else 0.0)
+                aff.append(held / n if n else 0.0)
                 continue
             if approx is None:
                 approx = state.index.match(info.hashes) if info.nblocks else []
-            slot = state.index.slot_of(key)
+            slot = state.index.slot_of(ep.name)
             aff.append(approx[slot] / info.nblocks if 0 <= slot < len(approx) else 0.0)
+        s = self.settings
         if not used:
-            self._picks.labels(model, "not_exact").inc()
+            self._count(info.model, "not_exact")
             return choose_by_affinity(state.index, info.hashes, cands, loads, s.hotspot_gap, s.load_weight, rand)
-        self._picks.labels(model, "precise").inc()
+        self._count(info.model, "precise")
         return score(aff, loads, s.hotspot_gap, s.load_weight, rand)
+
+    def _count(self, model: str, how: str) -> None:
+        child = self._pick_children.get((model, how))
+        if child is None:
+            child = self._pick_children[(model, how)] = self._picks.labels(model, how)
+        child.inc()
 
     def precise_share(self) -> float:
         """Precise picks over all picks of precise pools (0 before any)."""
@@ -404,24 +410,22 @@ def score(aff: list[float], loads: list, hotspot_gap: float, load_weight: float,
     affinity less load_weight per hotspot_gap of load above the least; past the gap, the
     least loaded (the most affine among them); no affinity anywhere: the least loaded."""
     min_load = min(loads)
-    coolest = [x <= min_load + _TIE for x in loads]
-    if not any(a > 0 for a in aff):
-        return _nth_tie(aff, coolest, rand), "load"
+    nc = len(aff)
+    if max(aff) <= 0.0:
+        return _nth_tie(aff, [i for i in range(nc) if loads[i] <= min_load + _TIE], rand), "load"
     cost = load_weight / hotspot_gap if hotspot_gap > 0 else load_weight
-    sc = [a - cost * (x - min_load) for a, x in zip(aff, loads)]
-    best = _nth_tie(sc, [True] * len(sc), rand)
+    sc = [aff[i] - cost * (loads[i] - min_load) for i in range(nc)]
+    best = _nth_tie(sc, range(nc), rand)
     if loads[best] - min_load > hotspot_gap:
-        return _nth_tie(aff, coolest, rand), "hotspot"
+        return _nth_tie(aff, [i for i in range(nc) if loads[i] <= min_load + _TIE], rand), "hotspot"
     return best, "prefix"
 
 
-def _nth_tie(values: list[float], eligible: list[bool], rand: int) -> int:
-    top = -math.inf
-    for v, ok in zip(values, eligible):
-        if ok and v > top:
-            top = v
-    ties = [i for i, (v, ok) in enumerate(zip(values, eligible)) if ok and v >= top - _TIE]
-    return ties[rand % len(ties)]
+def _nth_tie(values: list[float], among: Any, rand: int) -> int:
+    """Position of the highest of ``values`` among positions ``among``, ties by ``rand``."""
+    top = max(values[i] for i in among)
+    ties = [i for i in among if values[i] >= top - _TIE]
+    return ties[0] if len(ties) == 1 else ties[rand % len(ties)]
 
 
 def _adopt(reg: Any, kind: str, name: str, help: str, labels: tuple = ()) -> Any:
