@@ -210,3 +210,37 @@ def test_off_routes_by_load_alone():
     r.on_dispatch(e0, r.route_info("m", body, {}))
     e0.inflight = 1  # approximate affinity would keep it on e0 at this small a gap
     assert {r.pick(pool, r.route_info("m", body, {})).name for _ in range(10)} == {"e1"}
+
+
+@pytest.mark.parametrize("accent", ["", "é"])
+def test_a_shared_prefix_inside_one_message_is_matched_at_once(setup, tokenizer_json, accent):
+    """The whole prompt in one message (a shared context, then a question): the second
+    request finds the first's token blocks through their common byte blocks."""
+    r, index, precise, reg = setup()
+    context = " ".join(w + accent for w in (WORDS * 4)[:100])
+    first = {"messages": [{"role": "user", "content": context + " alpha beta"}]}
+    wait_ready(r.route_info("m", first, {}))
+    second = {"messages": [{"role": "user", "content": context + " omega psi chi"}]}
+    info = r.route_info("m", second, {})
+    got = info.precise.chain
+    whole = chain_hashes(messages_ids(tokenizer_json, second), BS)
+    context_blocks = len(messages_ids(tokenizer_json, {"messages": [{"role": "user", "content": context}]})) // BS
+    assert got is not None and whole[:len(got)] == got
+    assert len(got) >= context_blocks - 4, (len(got), context_blocks)  # a byte block and the margin
+    assert 'result="prefix"} 1' in reg.render().decode()
+
+
+def test_completions_prompts_share_prefixes_too(setup, tokenizer_json):
+    r, index, precise, reg = setup()
+    context = " ".join((WORDS * 3)[:80])
+    wait_ready(r.route_info("m", {"prompt": context + " alpha"}, {}))
+    info = r.route_info("m", {"prompt": context + " omega"}, {})
+    tok = Tokenizer.from_file(tokenizer_json)
+    whole = chain_hashes(tok.encode(context + " omega").ids, BS)
+    assert info.precise.chain is not None and whole[:len(info.precise.chain)] == info.precise.chain
+    assert len(info.precise.chain) >= len(tok.encode(context).ids) // BS - 4
+    wait_ready(info)
+    deadline = time.monotonic() + 5
+    while info.precise.chain != whole and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert info.precise.chain == whole

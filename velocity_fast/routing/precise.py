@@ -51,6 +51,9 @@ log = logging.getLogger("velocity.precise")
 _MSG = b"\x1e"          # the message separator of routing/prefix_render.py
 _TIE = 1e-9
 _STOP = object()
+#: Bytes before a byte block's end within which a token is not taken as decided (a word
+#: cut by the block's end could tokenize otherwise once the rest of it comes).
+_MARGIN = 16
 #: Token jobs waiting at most; past it a request stays approximate (counted as dropped).
 MAX_PENDING = 4096
 DEFAULT_BLOCK_SIZE = 16
@@ -130,7 +133,7 @@ class _Entry:
 
 
 class _PoolTokens:
-    """One precise pool's tokenizer, block size and token cache."""
+    """One precise pool's tokenizer, block size and caches (see the module doc)."""
 
     def __init__(self, model: str, tokenizer: Any, split_ok: bool, gen_ids: tuple, capacity: int,
                  block_size: int) -> None:
@@ -141,14 +144,28 @@ class _PoolTokens:
         self.capacity = capacity
         self.block_size = block_size
         self.seed = hash(("velocity-precise", model))
+        # Leading messages (their byte pieces' chain) -> their tokens' blocks: the thread's.
         self.cache: OrderedDict[int, _Entry] = OrderedDict()
+        # A whole prompt (its last byte block's hash and its tail) -> its token blocks.
+        self.whole: OrderedDict[int, list[int]] = OrderedDict()
+        # A prompt byte block's chained hash (the approximate BlockHashes) -> (token blocks
+        # of a prompt through it, how many of them lie within the bytes up to that block).
+        self.blocks: OrderedDict[int, tuple[list[int], int]] = OrderedDict()
 
     def put(self, key: int, entry: _Entry) -> None:
-        c = self.cache
-        c[key] = entry
-        c.move_to_end(key)
-        while len(c) > self.capacity:
-            c.popitem(last=False)
+        _bounded_put(self.cache, key, entry, max(1, self.capacity // 16))
+
+    def clear(self) -> None:
+        self.cache.clear()
+        self.whole.clear()
+        self.blocks.clear()
+
+
+def _bounded_put(d: OrderedDict, key: Any, value: Any, capacity: int) -> None:
+    d[key] = value
+    d.move_to_end(key)
+    while len(d) > capacity:
+        d.popitem(last=False)
 
 
 def _split_ok(tok: Any) -> bool:
@@ -229,8 +246,9 @@ class PrecisePrefix:
         return pool
 
     def attach(self, info: Any, body: Any, data: bytes) -> None:
-        """Give ``info`` its token side: the cached chain when the cache has the prompt (or
-        its leading messages); the rest is tokenized on the thread."""
+        """Give ``info`` its token side: the whole prompt's token blocks when the cache has
+        them, else those of its longest cached run of leading byte blocks (a binary search
+        over the request's approximate block hashes); the thread tokenizes the rest."""
         model = info.model
         pool = self._pools.get(model)
         if pool is None:
@@ -241,40 +259,33 @@ class PrecisePrefix:
                 return
         req = PreciseRequest(self, pool)
         info.precise = req
-        messages = _get(body, "messages") if body is not None and not isinstance(body, (bytes, bytearray)) else None
-        cache = pool.cache
-        if messages:
-            keys = []
-            k = pool.seed
-            for piece in (data if type(data) is bytes else bytes(data)).split(_MSG)[1:]:
-                k = hash((k, piece))
-                keys.append(k)
-            j = len(keys) - 1
-            entry = None
-            while j >= 0:
-                entry = cache.get(keys[j])
-                if entry is not None and (entry.chain is not None or j == len(keys) - 1):
-                    break
-                j -= 1
-            if j == len(keys) - 1 and entry is not None:
-                req.chain = entry.full
-                self._hit.inc()
-                return
-            if j >= 0:
-                req.chain = entry.chain  # the leading messages now; the thread adds the rest
-                self._prefix_hit.inc()
+        if type(data) is not bytes:
+            data = bytes(data)
+        hashes = info.hashes
+        n = info.nblocks
+        wkey = hash((hashes[n - 1] if n else pool.seed, data[n * hashes.block_bytes:]))
+        full = pool.whole.get(wkey)
+        if full is not None:
+            req.chain = full
+            self._hit.inc()
+            return
+        blocks = pool.blocks
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if hashes[mid] in blocks:
+                lo = mid + 1
             else:
-                self._miss.inc()
-            self._submit((req, messages, keys, j))
+                hi = mid
+        got = blocks.get(hashes[lo - 1]) if lo else None
+        if got is not None and got[1]:
+            req.chain = got[0][:got[1]]  # the leading part now; the thread adds the rest
+            self._prefix_hit.inc()
         else:
-            key = hash((pool.seed, b"\x00prompt", data if type(data) is bytes else bytes(data)))
-            entry = cache.get(key)
-            if entry is not None:
-                req.chain = entry.full
-                self._hit.inc()
-                return
             self._miss.inc()
-            self._submit((req, _get(body, "prompt") if body is not None else None, key, None))
+        is_chat = body is not None and not isinstance(body, (bytes, bytearray)) and bool(_get(body, "messages"))
+        what = _get(body, "messages") if is_chat else (_get(body, "prompt") if body is not None else None)
+        self._submit((req, is_chat, what, data, hashes, wkey))
 
     def _submit(self, job: tuple) -> None:
         if self._queue.qsize() >= MAX_PENDING:
@@ -296,61 +307,134 @@ class PrecisePrefix:
             else:
                 self._jobs.labels("done").inc()
 
-    def _tokenize(self, req: PreciseRequest, what: Any, keys: Any, j: int | None) -> None:
+    def _tokenize(self, req: PreciseRequest, is_chat: bool, what: Any, data: bytes, hashes: Any,
+                  wkey: int) -> None:
         pool = req.pool
         bs = self._block_size(pool.model) or DEFAULT_BLOCK_SIZE
         if bs != pool.block_size:  # the engines' block size became known: earlier chains are void
-            pool.cache.clear()
+            pool.clear()
             pool.block_size = bs
-            j = -1 if j is not None else None
         req.block_size = bs
-        tok = pool.tokenizer
-        if j is None:  # a completions prompt: text (special tokens as vLLM adds them) or token ids
-            prompt = what[0] if isinstance(what, list) and what and isinstance(what[0], (str, list)) else what
-            if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-                ids = prompt
-            else:
-                ids = tok.encode_batch([prompt if isinstance(prompt, str) else str(prompt)],
-                                       add_special_tokens=True)[0].ids
-            self._tokens.inc(len(ids))
-            full = extend_chain((), ids, bs)
-            pool.put(keys, _Entry(None, (), full))
-            req.chain = full
-            return
+        if is_chat:
+            got = self._chat(pool, bs, what, data)
+        else:
+            got = self._prompt(pool, bs, what, data)
+        if got is None:
+            return  # not a prompt the template takes: the request stays approximate
+        full, ends, since = got
+        _bounded_put(pool.whole, wkey, full, max(1, self.settings.token_cache_entries // 16))
+        self._register(pool, hashes, full, ends, since)
+        req.chain = full
+
+    def _register(self, pool: _PoolTokens, hashes: Any, full: list[int], ends: list[float], since: int) -> None:
+        """Enter the prompt's byte blocks ending after byte ``since`` (earlier ones were
+        entered by the request that tokenized those bytes): each with how many token
+        blocks end, with a margin, within the bytes up to it. ``ends[k]``: the byte at
+        which token block k is decided."""
+        bb = hashes.block_bytes
+        cap = self.settings.token_cache_entries
+        blocks = pool.blocks
+        k = 0
+        nk = len(ends)
+        for i in range(len(hashes)):
+            b = (i + 1) * bb
+            if b <= since:
+                continue
+            while k < nk and ends[k] <= b - _MARGIN:
+                k += 1
+            _bounded_put(blocks, hashes[i], (full, k), cap)
+
+    def _chat(self, pool: _PoolTokens, bs: int, what: Any, data: bytes):
         if isinstance(what, msgspec.Raw):  # as the gateway's request decoder leaves them
             what = msgspec.json.decode(what)
         if not isinstance(what, list):
-            return  # not a list of messages: the request stays approximate
+            return None
         texts = message_texts(what)
-        cacheable = len(texts) == len(keys)  # else a message's text held the separator byte
-        if pool.split_ok and cacheable:
-            start = j + 1
-            entry = pool.cache.get(keys[j]) if j >= 0 else None
-            if entry is None or entry.chain is None:
-                start, chain, rest = 0, [], ()
-            else:
-                chain, rest = entry.chain, entry.rest
-            # encode_batch runs with the interpreter lock released: the event loop goes on.
-            encs = tok.encode_batch([_chatml_one(r, t) for r, t in texts[start:]], add_special_tokens=False)
-            full = chain
-            for i, enc in enumerate(encs):
-                ids = rest + tuple(enc.ids)
-                self._tokens.inc(len(enc.ids))
-                new = extend_chain(chain, ids, bs)
-                rest = ids[(len(new) - len(chain)) * bs:]
-                chain = new
-                full = extend_chain(chain, rest + pool.gen_ids, bs)
-                pool.put(keys[start + i], _Entry(chain, rest, full))
-            if start == len(texts):  # every message was cached but not as a whole prompt
-                full = extend_chain(chain, rest + pool.gen_ids, bs)
-            req.chain = full
-            return
-        ids = tok.encode_batch([chat_template(texts)], add_special_tokens=False)[0].ids
-        self._tokens.inc(len(ids))
-        full = extend_chain((), ids, bs)
-        if cacheable and keys:
-            pool.put(keys[-1], _Entry(None, (), full))
-        req.chain = full
+        tok = pool.tokenizer
+        # The message pieces of the rendered bytes (routing/prefix_render.py): where each
+        # message's content starts, to say at which byte each token is decided.
+        pieces = data.split(_MSG)[1:]
+        if len(pieces) != len(texts) or not pool.split_ok:
+            ids = tok.encode_batch([chat_template(texts)], add_special_tokens=False)[0].ids
+            self._tokens.inc(len(ids))
+            return extend_chain((), ids, bs), [], len(data)  # no byte blocks entered
+        starts, at = [], 0
+        keys, k = [], pool.seed
+        for piece in pieces:
+            starts.append(at)  # the offset of the message's separator
+            at += 1 + len(piece)
+            k = hash((k, piece))
+            keys.append(k)
+        j = len(keys) - 1
+        entry = None
+        while j >= 0:
+            entry = pool.cache.get(keys[j])
+            if entry is not None and entry.chain is not None:
+                break
+            j -= 1
+        if j >= 0:
+            chain, rest, first = entry.chain, entry.rest, j + 1
+        else:
+            chain, rest, first = [], (), 0
+        since = starts[first] if first < len(starts) else len(data)
+        ends: list[float] = [since] * len(chain)   # blocks of earlier messages: decided before `since`
+        rest_ends: list[float] = [since] * len(rest)
+        # encode_batch runs with the interpreter lock released: the event loop goes on.
+        encs = tok.encode_batch([_chatml_one(r, t) for r, t in texts[first:]], add_special_tokens=False)
+        full = chain
+        for m, enc in zip(range(first, len(texts)), encs):
+            role, text = texts[m]
+            piece = pieces[m]
+            cbytes = text.encode("utf-8", "surrogatepass")
+            # The content's bytes end the piece (no name or tool fields after it), else the
+            # message's tokens are decided only where the next message starts.
+            plain = isinstance(_get(what[m], "content"), str) and piece.endswith(cbytes) \
+                and not _get(what[m], "tool_calls") and not _get(what[m], "tool_call_id")
+            msg_end = starts[m] + 1 + len(piece)
+            c_at = msg_end - len(cbytes)
+            c0 = len("<|im_start|>") + len(role) + 1
+            conv = _char_to_byte(text) if plain and not text.isascii() else None
+            new_ends = []
+            for _, e in enc.offsets:
+                if not plain:
+                    new_ends.append(msg_end + 1)
+                elif e <= c0:
+                    new_ends.append(c_at)
+                elif e <= c0 + len(text):
+                    new_ends.append(c_at + (e - c0 if conv is None else conv[e - c0]))
+                else:  # the end marker: decided once the next message begins
+                    new_ends.append(msg_end + 1)
+            ids = rest + tuple(enc.ids)
+            idx_ends = rest_ends + new_ends
+            self._tokens.inc(len(enc.ids))
+            new = extend_chain(chain, ids, bs)
+            nb = len(new) - len(chain)
+            ends += [idx_ends[(b + 1) * bs - 1] for b in range(nb)]
+            rest = ids[nb * bs:]
+            rest_ends = idx_ends[nb * bs:]
+            chain = new
+            full = extend_chain(chain, rest + pool.gen_ids, bs)
+            pool.put(keys[m], _Entry(chain, rest, full))
+        if first == len(texts):
+            full = extend_chain(chain, rest + pool.gen_ids, bs)
+        inf = float("inf")
+        return full, ends + [inf] * (len(full) - len(ends)), since
+
+    def _prompt(self, pool: _PoolTokens, bs: int, prompt: Any, data: bytes):
+        """A completions prompt: text (special tokens as vLLM adds them) or token ids."""
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            full = extend_chain((), prompt, bs)
+            return full, [(k + 1) * bs * 4 for k in range(len(full))], 0  # 4 bytes a token id
+        if not isinstance(prompt, str):
+            return None
+        enc = pool.tokenizer.encode_batch([prompt], add_special_tokens=True)[0]
+        self._tokens.inc(len(enc.ids))
+        conv = _char_to_byte(prompt) if not prompt.isascii() else None
+        tok_ends = [e if conv is None else conv[e] for _, e in enc.offsets]
+        full = extend_chain((), enc.ids, bs)
+        return full, [tok_ends[(k + 1) * bs - 1] for k in range(len(full))], 0
 
     # -- scoring (the chat profile of a precise pool) --------------------------------------------
     def choose(self, req: PreciseRequest, cands: list, loads: list, info: Any, state: Any,
@@ -410,22 +494,32 @@ def score(aff: list[float], loads: list, hotspot_gap: float, load_weight: float,
     affinity less load_weight per hotspot_gap of load above the least; past the gap, the
     least loaded (the most affine among them); no affinity anywhere: the least loaded."""
     min_load = min(loads)
-    nc = len(aff)
-    if max(aff) <= 0.0:
-        return _nth_tie(aff, [i for i in range(nc) if loads[i] <= min_load + _TIE], rand), "load"
-    cost = load_weight / hotspot_gap if hotspot_gap > 0 else load_weight
-    sc = [aff[i] - cost * (loads[i] - min_load) for i in range(nc)]
-    best = _nth_tie(sc, range(nc), rand)
-    if loads[best] - min_load > hotspot_gap:
-        return _nth_tie(aff, [i for i in range(nc) if loads[i] <= min_load + _TIE], rand), "hotspot"
-    return best, "prefix"
+    if max(aff) > 0.0:
+        cost = load_weight / hotspot_gap if hotspot_gap > 0 else load_weight
+        sc = [a - cost * (x - min_load) for a, x in zip(aff, loads)]
+        top = max(sc) - _TIE
+        ties = [i for i, v in enumerate(sc) if v >= top]
+        best = ties[0] if len(ties) == 1 else ties[rand % len(ties)]
+        if loads[best] - min_load <= hotspot_gap:
+            return best, "prefix"
+        basis = "hotspot"
+    else:
+        basis = "load"
+    # The least loaded, the most affine among them.
+    cool = min_load + _TIE
+    top = max(a for a, x in zip(aff, loads) if x <= cool) - _TIE
+    ties = [i for i, (a, x) in enumerate(zip(aff, loads)) if x <= cool and a >= top]
+    return (ties[0] if len(ties) == 1 else ties[rand % len(ties)]), basis
 
 
-def _nth_tie(values: list[float], among: Any, rand: int) -> int:
-    """Position of the highest of ``values`` among positions ``among``, ties by ``rand``."""
-    top = max(values[i] for i in among)
-    ties = [i for i in among if values[i] >= top - _TIE]
-    return ties[0] if len(ties) == 1 else ties[rand % len(ties)]
+def _char_to_byte(text: str) -> list[int]:
+    """Byte offset in UTF-8 of each character offset of ``text`` (one past the end too)."""
+    out = [0]
+    n = 0
+    for ch in text:
+        n += len(ch.encode("utf-8", "surrogatepass"))
+        out.append(n)
+    return out
 
 
 def _adopt(reg: Any, kind: str, name: str, help: str, labels: tuple = ()) -> Any:
