@@ -9,14 +9,13 @@ engines' own KV events (docs/kv-events.md, "Precise routing in the gateway").
 - ``attach(info, body, data)`` (on the event loop, for a chat-profile request of a
   precise pool) looks the prompt up in the token cache and, when it is not all there,
   hands it to the tokenizer thread. It never tokenizes and never waits.
-- The **token cache** is keyed by the prompt's message chain: the key of messages
-  ``0..j`` is a chained hash of their canonical bytes (the same bytes approximate
-  hashing reads, split at message starts). An entry holds the token-block chain of
-  those messages under the chat template, the tokens left over after the last full
-  block, and the chain of the whole prompt (with the assistant's opening) for a request
-  that ends there. A conversation's next turn finds its earlier turn's messages at once
-  (precise routing on that prefix with no tokenizing), and the thread tokenizes only
-  the new messages.
+- The **token cache** is keyed by the request's own approximate block hashes (the
+  chained hashes of its rendered bytes): every prompt tokenized enters its byte blocks,
+  each with how many of its token blocks are decided within the bytes up to it. A
+  request binary-searches its chain for the longest entered block, so a next turn, a
+  shared system prompt or a shared context inside one message is matched at once; a
+  whole prompt seen before is a whole hit. The thread also keeps each run of leading
+  messages (keyed by their byte pieces' chain), so that it tokenizes only new messages.
 - ``choose(...)`` (the chat profile of a precise pool): an endpoint whose index is
   ``exact`` scores ``BlockIndex.match`` over the prompt's token chain; any other, and
   every endpoint while the request's tokens are not ready, scores the approximate

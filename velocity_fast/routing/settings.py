@@ -64,7 +64,8 @@ class RoutingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     # The tokenizer.json (or a model folder holding one) of precise pools, and per model.
     tokenizer: str | None = None
     tokenizers: dict[str, str] = msgspec.field(default_factory=dict)
-    # Conversation prefixes whose token blocks precise routing keeps (the token cache).
+    # Prompt byte blocks whose token blocks precise routing keeps (the token cache; whole
+    # prompts and runs of leading messages: a sixteenth of this each).
     token_cache_entries: Annotated[int, msgspec.Meta(ge=1)] = 16384
 
     @classmethod
