@@ -46,10 +46,7 @@ def _tokenizer(folder: str) -> str:
 
 def _setup(mode: str, folder: str):
     from velocity_fast.fleet.endpoint import Endpoint, Pool
-    from velocity_fast.kvevents.index import EXACT, BlockIndex
-    from velocity_fast.kvevents.wire import Stored
     from velocity_fast.metrics.registry import Registry
-    from velocity_fast.routing.precise import PrecisePrefix, chat_template
     from velocity_fast.routing.router import Router
     from velocity_fast.routing.settings import RoutingSettings
 
@@ -70,6 +67,10 @@ def _setup(mode: str, folder: str):
         for i, b in enumerate(bodies[:8]):
             r.on_dispatch(eps[i % 4], r.route_info("m", b, {}))
         return r, pool, bodies, None
+    from velocity_fast.kvevents.index import EXACT, BlockIndex
+    from velocity_fast.kvevents.wire import Stored
+    from velocity_fast.routing.precise import PrecisePrefix, chat_template
+
     tok = _tokenizer(folder)
     s = RoutingSettings(seed=1, default_profile="chat", prefix="precise", tokenizer=tok)
     index = BlockIndex()
@@ -116,12 +117,13 @@ def _instructions(mode: str, n: int) -> int:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--time", action="store_true", help="microseconds per request instead of instructions")
+    p.add_argument("--modes", default="approximate,precise-hit,precise-not-ready")
     p.add_argument("--_worker", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a._worker:
         _loop(a._worker[0], int(a._worker[1]))
         return
-    for mode in ("approximate", "precise-hit", "precise-not-ready"):
+    for mode in a.modes.split(","):
         if a.time:
             with tempfile.TemporaryDirectory() as folder:
                 r, pool, bodies, precise = _setup(mode, folder)
