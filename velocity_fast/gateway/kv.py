@@ -16,7 +16,7 @@ import os
 from dataclasses import replace
 from typing import Any, Callable
 
-from velocity_fast.config import EndpointConfig, KVEventsConfig, Settings
+from velocity_fast.config import EndpointConfig, KVEventsConfig
 from velocity_fast.fleet.endpoint import Endpoint
 from velocity_fast.kvevents.index import BlockIndex
 from velocity_fast.kvevents.subscriber import Subscriber
