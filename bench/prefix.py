@@ -202,11 +202,8 @@ async def run_variant(variant: str, args, specs) -> dict:
         eps = []
         for i, p in enumerate(engines.ports):
             kv = engines.kv_events(i)
-            ep = {"name": f"e{i}", "url": f"http://127.0.0.1:{p}", "model": MODEL}
-            if kv is not None:
-                ep["kv_events"] = {"endpoint": kv[0], "replay_endpoint": kv[1], "topic": "kv"}
-            eps.append(EndpointConfig(**{k: v for k, v in ep.items() if k != "kv_events"},
-                                      kv_events=KVEventsConfig(**ep["kv_events"]) if "kv_events" in ep else None))
+            events = KVEventsConfig(endpoint=kv[0], replay_endpoint=kv[1], topic="kv") if kv else None
+            eps.append(EndpointConfig(name=f"e{i}", url=f"http://127.0.0.1:{p}", model=MODEL, kv_events=events))
         routing = {"seed": args.seed}
         if tokenizer:
             routing["tokenizer"] = tokenizer
