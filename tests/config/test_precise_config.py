@@ -70,3 +70,16 @@ def test_endpoint_kv_events_are_read(tmp_path):
                           "{endpoint: 'tcp://127.0.0.1:5557', replay_endpoint: 'tcp://127.0.0.1:5558', topic: kv}}]\n")
     kv = load_settings(cfg, {}, env={}).endpoints[0].kv_events
     assert (kv.endpoint, kv.replay_endpoint, kv.topic) == ("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558", "kv")
+
+
+def test_serve_with_a_tokenizer_that_is_not_one_exits_2_naming_the_key(tmp_path):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("not json")
+    proc = subprocess.run([sys.executable, "-m", "velocity_fast", "serve", "--endpoint", "e1=http://127.0.0.1:9=m",
+                           "--prefix", "precise", "--tokenizer", str(bad), "--port", "0", "--admin-port", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "config error: routing.tokenizer" in proc.stderr and "Traceback" not in proc.stderr

@@ -21,10 +21,31 @@ log = logging.getLogger("velocity.launch")
 
 def _settings(args: argparse.Namespace) -> Settings | None:
     try:
-        return load_settings(args.config, flag_overrides(args))
+        settings = load_settings(args.config, flag_overrides(args))
+        _check_tokenizers(settings)
+        return settings
     except ConfigError as e:
         print(f"velocityllm: config error: {e}", file=sys.stderr)
         return None
+
+
+def _check_tokenizers(settings: Settings) -> None:
+    """Precise pools' tokenizers load (a file that is no tokenizer.json, or no `tokenizers`
+    package, is a config error at start, not a traceback)."""
+    from velocity_fast.routing.precise import load_tokenizer
+
+    from .policy import routing_settings
+
+    rs = routing_settings(settings)
+    if not rs.precise_models():
+        return
+    for key, path in [("routing.tokenizer", rs.tokenizer)] + [(f"models.{m}.tokenizer", p)
+                                                               for m, p in rs.tokenizers.items()]:
+        if path is not None:
+            try:
+                load_tokenizer(path)
+            except ValueError as e:
+                raise ConfigError(f"{key}: {e}") from None
 
 
 def _sim_flags(settings: Settings, extra: str | None) -> list[str]:
@@ -130,6 +151,8 @@ def charge_main(args: argparse.Namespace) -> int:
     settings.endpoints.extend(engine_endpoints)
     try:
         settings.validate()
+        if own_tokenizer is not None:
+            _check_tokenizers(settings)
     except ConfigError as e:
         shutil.rmtree(sock_dir, ignore_errors=True)
         print(f"velocityllm: config error: {e}", file=sys.stderr)
