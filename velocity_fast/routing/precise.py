@@ -284,7 +284,7 @@ class PrecisePrefix:
             self._miss.inc()
         is_chat = body is not None and not isinstance(body, (bytes, bytearray)) and bool(_get(body, "messages"))
         what = _get(body, "messages") if is_chat else (_get(body, "prompt") if body is not None else None)
-        self._submit((req, is_chat, what, data, hashes, wkey))
+        self._submit((req, is_chat, what, data, hashes, wkey, lo))
 
     def _submit(self, job: tuple) -> None:
         if self._queue.qsize() >= MAX_PENDING:
@@ -307,7 +307,7 @@ class PrecisePrefix:
                 self._jobs.labels("done").inc()
 
     def _tokenize(self, req: PreciseRequest, is_chat: bool, what: Any, data: bytes, hashes: Any,
-                  wkey: int) -> None:
+                  wkey: int, known: int) -> None:
         pool = req.pool
         bs = self._block_size(pool.model) or DEFAULT_BLOCK_SIZE
         if bs != pool.block_size:  # the engines' block size became known: earlier chains are void
@@ -322,14 +322,15 @@ class PrecisePrefix:
             return  # not a prompt the template takes: the request stays approximate
         full, ends, since = got
         _bounded_put(pool.whole, wkey, full, max(1, self.settings.token_cache_entries // 16))
-        self._register(pool, hashes, full, ends, since)
+        self._register(pool, hashes, full, ends, since, known)
         req.chain = full
 
-    def _register(self, pool: _PoolTokens, hashes: Any, full: list[int], ends: list[float], since: int) -> None:
-        """Enter the prompt's byte blocks ending after byte ``since`` (earlier ones were
-        entered by the request that tokenized those bytes): each with how many token
-        blocks end, with a margin, within the bytes up to it. ``ends[k]``: the byte at
-        which token block k is decided."""
+    def _register(self, pool: _PoolTokens, hashes: Any, full: list[int], ends: list[float], since: int,
+                  known: int) -> None:
+        """Enter the prompt's byte blocks ending after byte ``since`` and from block
+        ``known`` on (earlier ones were entered by the requests that tokenized those bytes
+        first): each with how many token blocks end, with a margin, within the bytes up to
+        it. ``ends[k]``: the byte at which token block k is decided."""
         bb = hashes.block_bytes
         cap = self.settings.token_cache_entries
         blocks = pool.blocks
@@ -337,7 +338,7 @@ class PrecisePrefix:
         nk = len(ends)
         for i in range(len(hashes)):
             b = (i + 1) * bb
-            if b <= since:
+            if b <= since or i < known:
                 continue
             while k < nk and ends[k] <= b - _MARGIN:
                 k += 1
