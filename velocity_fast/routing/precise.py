@@ -40,6 +40,7 @@ import msgspec
 
 from velocity_fast.kvevents.index import BlockIndex, extend_chain
 from velocity_fast.metrics.registry import Registry
+from velocity_fast.routing.affinity import score
 from velocity_fast.routing.prefix import choose_by_affinity
 from velocity_fast.routing.settings import RoutingSettings
 
@@ -48,7 +49,6 @@ __all__ = ["PrecisePrefix", "PreciseRequest", "chat_template", "message_texts", 
 log = logging.getLogger("velocity.precise")
 
 _MSG = b"\x1e"          # the message separator of routing/prefix_render.py
-_TIE = 1e-9
 _STOP = object()
 #: Bytes before a byte block's end within which a token is not taken as decided (a word
 #: cut by the block's end could tokenize otherwise once the rest of it comes).
@@ -487,29 +487,6 @@ class PrecisePrefix:
     def stats(self) -> dict:
         return {"share": round(self.precise_share(), 4), "pools": {m: {"cached": len(p.cache), "block_size": p.block_size, "split_by_message": p.split_ok}
                 for m, p in self._pools.items() if p is not None}}
-
-
-def score(aff: list[float], loads: list, hotspot_gap: float, load_weight: float, rand: int) -> tuple[int, str]:
-    """The chat profile's rule over given affinities (``choose_by_affinity``'s, in Python):
-    affinity less load_weight per hotspot_gap of load above the least; past the gap, the
-    least loaded (the most affine among them); no affinity anywhere: the least loaded."""
-    min_load = min(loads)
-    if max(aff) > 0.0:
-        cost = load_weight / hotspot_gap if hotspot_gap > 0 else load_weight
-        sc = [a - cost * (x - min_load) for a, x in zip(aff, loads)]
-        top = max(sc) - _TIE
-        ties = [i for i, v in enumerate(sc) if v >= top]
-        best = ties[0] if len(ties) == 1 else ties[rand % len(ties)]
-        if loads[best] - min_load <= hotspot_gap:
-            return best, "prefix"
-        basis = "hotspot"
-    else:
-        basis = "load"
-    # The least loaded, the most affine among them.
-    cool = min_load + _TIE
-    top = max(a for a, x in zip(aff, loads) if x <= cool) - _TIE
-    ties = [i for i, (a, x) in enumerate(zip(aff, loads)) if x <= cool and a >= top]
-    return (ties[0] if len(ties) == 1 else ties[rand % len(ties)]), basis
 
 
 def _char_to_byte(text: str) -> list[int]:
