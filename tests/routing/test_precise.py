@@ -244,3 +244,24 @@ def test_completions_prompts_share_prefixes_too(setup, tokenizer_json):
     while info.precise.chain != whole and time.monotonic() < deadline:
         time.sleep(0.005)
     assert info.precise.chain == whole
+
+
+def test_a_tokenizer_without_chatml_markers_keeps_chat_approximate(tmp_path):
+    """The chat template applied here is ChatML (as the sim's): with a tokenizer that does
+    not know its markers the engine's template is another one, so chat requests stay on
+    the approximate index instead of matching tokens the engine never saw."""
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([" ".join(WORDS)], trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
+    path = str(tmp_path / "tokenizer.json")
+    tok.save(path)
+    s = RoutingSettings(seed=1, default_profile="chat", prefix="precise", tokenizer=path)
+    precise = PrecisePrefix(s, BlockIndex(), block_size=lambda m: BS)
+    try:
+        r = Router(s, registry=Registry(), precise=precise)
+        assert r.route_info("m", chat(SYSTEM, "x"), {}).precise is None
+        info = r.route_info("m", {"prompt": SYSTEM}, {})
+        wait_ready(info)
+        assert info.precise.chain == chain_hashes(tok.encode(SYSTEM).ids, BS)
+    finally:
+        precise.close()

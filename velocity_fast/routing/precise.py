@@ -143,6 +143,7 @@ class _PoolTokens:
         self.capacity = capacity
         self.block_size = block_size
         self.seed = hash(("velocity-precise", model))
+        self.chatml = True   # the tokenizer knows ChatML's markers (else chat requests stay approximate)
         # Leading messages (their byte pieces' chain) -> their tokens' blocks: the thread's.
         self.cache: OrderedDict[int, _Entry] = OrderedDict()
         # A whole prompt (its last byte block's hash and its tail) -> its token blocks.
@@ -241,6 +242,11 @@ class PrecisePrefix:
             tok, split_ok, gen = self._load(path)
             pool = _PoolTokens(model, tok, split_ok, gen, self.settings.token_cache_entries,
                                self._block_size(model) or DEFAULT_BLOCK_SIZE)
+            pool.chatml = all(tok.token_to_id(t) is not None for t in ("<|im_start|>", "<|im_end|>"))
+            if not pool.chatml:
+                log.warning("precise prefix routing, model %s: its tokenizer (%s) has no ChatML markers, so "
+                            "chat prompts cannot be rendered as the engine renders them: chat requests are "
+                            "routed approximately, completions precisely", model, path)
         self._pools[model] = pool
         return pool
 
@@ -256,6 +262,9 @@ class PrecisePrefix:
             pool = self._pool(model)
             if pool is None:
                 return
+        is_chat = body is not None and not isinstance(body, (bytes, bytearray)) and bool(_get(body, "messages"))
+        if is_chat and not pool.chatml:
+            return  # the engine's chat template is not the one applied here: no token match
         req = PreciseRequest(self, pool)
         info.precise = req
         if type(data) is not bytes:
@@ -282,7 +291,6 @@ class PrecisePrefix:
             self._prefix_hit.inc()
         else:
             self._miss.inc()
-        is_chat = body is not None and not isinstance(body, (bytes, bytearray)) and bool(_get(body, "messages"))
         what = _get(body, "messages") if is_chat else (_get(body, "prompt") if body is not None else None)
         self._submit((req, is_chat, what, data, hashes, wkey, lo))
 
