@@ -21,23 +21,43 @@ engine cannot keep every group's context (the regime where routing matters).
 
 Targets: chat's engine hit rate >= 2x batch's; chat's TTFT p50 >= 3x better than
 round-robin's.
+
+Scenarios of precise prefix routing (``--scenario``; docs/kv-events.md), each on the same
+seeded traffic for ``precise`` (chat, `prefix: precise`: the engines' KV events),
+``approximate`` (chat, the gateway's own index), ``round-robin`` and ``least-loaded``;
+the engines publish their KV events and tokenize with a tokenizer built here from the
+workload's words (the ``tokenizers`` package), for every variant alike:
+
+- ``restart``: engine 0 is stopped and started again halfway through the run (its cache
+  empties; a gateway that only remembers where it sent prompts does not know);
+- ``replicas``: two gateways in front of the same engines, each taking every other
+  request (each sees only half the traffic).
+
+    python bench/prefix.py --scenario restart
+    python bench/prefix.py --scenario replicas
+
+Goal (issue 21): precise at least 2x better TTFT p90 than approximate in both.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from velocity_fast.config import EndpointConfig, load_settings  # noqa: E402
+from velocity_fast.config import EndpointConfig, KVEventsConfig, load_settings  # noqa: E402
 from velocity_fast.gateway.app import Gateway  # noqa: E402
 from velocity_fast.loadgen.gateway_proc import _die_with_parent, http_get  # noqa: E402
 from velocity_fast.loadgen.mix import Dist, Mix, Prefix  # noqa: E402
@@ -47,6 +67,8 @@ from velocity_fast.loadgen.stats import summarize  # noqa: E402
 from velocity_fast.loadgen.workload import WorkloadConfig, build_workload  # noqa: E402
 
 VARIANTS = ("chat", "batch", "round-robin", "least-loaded")
+PRECISE_VARIANTS = ("precise", "approximate", "round-robin", "least-loaded")
+SCENARIOS = ("shared", "restart", "replicas")
 # --smoke: every variant and phase at a size that runs in seconds (CI: tests/bench/).
 SMOKE = {"engines": 2, "requests": 24, "rate": 60.0, "groups": 4, "prefix_tokens": 256,
          "time_scale": 20.0}
@@ -58,29 +80,59 @@ _COUNTER = r"^{name}(?:\{{[^}}]*\}})?\s+([0-9.eE+-]+)"
 class Engines:
     """N sim engine processes on ports they pick themselves; stopped for sure."""
 
-    def __init__(self, n: int, flags: list[str]) -> None:
+    def __init__(self, n: int, flags: list[str], kv_dir: str | None = None) -> None:
         self.n = n
         self.flags = flags
+        self.kv_dir = kv_dir   # KV events on ipc:// sockets here (None: no events)
         self.procs: list[subprocess.Popen] = []
         self.ports: list[int] = []
 
-    def start(self, timeout: float = 30.0) -> None:
+    def kv_events(self, i: int) -> tuple[str, str] | None:
+        if self.kv_dir is None:
+            return None
+        return f"ipc://{self.kv_dir}/e{i}.kv", f"ipc://{self.kv_dir}/e{i}.replay"
+
+    def _spawn(self, i: int, port: int) -> subprocess.Popen:
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        cmd = [sys.executable, "-m", "velocity_fast.sim", "--host", "127.0.0.1", "--port", str(port),
+               "--model", MODEL, "--seed", str(i), *self.flags]
+        kv = self.kv_events(i)
+        if kv is not None:
+            cmd += ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                                      "endpoint": kv[0], "replay_endpoint": kv[1], "topic": "kv"})]
+        # An engine gets SIGTERM if this bench dies without stopping it (killed, timed out).
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True, preexec_fn=_die_with_parent)
+
+    @staticmethod
+    def _port_of(p: subprocess.Popen, deadline: float) -> int:
+        line = b""
+        while not _LISTEN.search(line):
+            if time.monotonic() > deadline or p.poll() is not None:
+                raise RuntimeError("a sim engine did not start")
+            line = p.stdout.readline()
+        return int(_LISTEN.search(line).group(1))
+
+    def start(self, timeout: float = 30.0) -> None:
         for i in range(self.n):
-            cmd = [sys.executable, "-m", "velocity_fast.sim", "--host", "127.0.0.1", "--port", "0",
-                   "--model", MODEL, "--seed", str(i), *self.flags]
-            # An engine gets SIGTERM if this bench dies without stopping it (killed, timed out).
-            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                               stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                                               preexec_fn=_die_with_parent))
+            self.procs.append(self._spawn(i, 0))
         deadline = time.monotonic() + timeout
         for p in self.procs:
-            line = b""
-            while not _LISTEN.search(line):
-                if time.monotonic() > deadline or p.poll() is not None:
-                    raise RuntimeError("a sim engine did not start")
-                line = p.stdout.readline()
-            self.ports.append(int(_LISTEN.search(line).group(1)))
+            self.ports.append(self._port_of(p, deadline))
+
+    def restart(self, i: int, timeout: float = 30.0) -> None:
+        """Stop engine i (SIGTERM: it finishes what it runs) and start it again on the
+        same port and event sockets, with an empty cache."""
+        p = self.procs[i]
+        p.terminate()
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+        p.stdout.close()
+        self.procs[i] = self._spawn(i, self.ports[i])
+        self._port_of(self.procs[i], time.monotonic() + timeout)
 
     def stop(self) -> None:
         for p in self.procs:
@@ -113,43 +165,99 @@ async def engine_hits(ports: list[int]) -> tuple[float, float]:
     return hits, queries
 
 
+def _model_config(variant: str) -> dict:
+    """The `models:` entry of a variant: a profile, or chat with a prefix mode."""
+    if variant in ("precise", "approximate"):
+        return {"profile": "chat", "prefix": variant}
+    return {"profile": variant}
+
+
+def bench_tokenizer(folder: str) -> str:
+    """A word-level tokenizer.json over the workload's words, with ChatML's markers."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from velocity_fast.loadgen.workload import _WORDS
+
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([" ".join(_WORDS)], trainers.WordLevelTrainer(
+        special_tokens=["[UNK]", "<|im_start|>", "<|im_end|>"]))
+    path = os.path.join(folder, "tokenizer.json")
+    tok.save(path)
+    return path
+
+
 async def run_variant(variant: str, args, specs) -> dict:
-    engines = Engines(args.engines, ["--num-gpu-blocks", str(args.num_gpu_blocks),
-                                     "--time-scale", str(args.time_scale),
-                                     "--prefill-tps", str(args.prefill_tps)])
-    gw = None
+    scenario = getattr(args, "scenario", "shared")
+    kv_dir = tempfile.mkdtemp(prefix="velocity-prefix-bench-") if scenario != "shared" else None
+    flags = ["--num-gpu-blocks", str(args.num_gpu_blocks), "--time-scale", str(args.time_scale),
+             "--prefill-tps", str(args.prefill_tps)]
+    tokenizer = bench_tokenizer(kv_dir) if kv_dir else None
+    if tokenizer:
+        flags += ["--tokenizer", tokenizer]
+    engines = Engines(args.engines, flags, kv_dir)
+    gws: list = []
     try:
         await asyncio.to_thread(engines.start)
-        eps = [EndpointConfig(name=f"e{i}", url=f"http://127.0.0.1:{p}", model=MODEL)
-               for i, p in enumerate(engines.ports)]
+        eps = []
+        for i, p in enumerate(engines.ports):
+            kv = engines.kv_events(i)
+            events = KVEventsConfig(endpoint=kv[0], replay_endpoint=kv[1], topic="kv") if kv else None
+            eps.append(EndpointConfig(name=f"e{i}", url=f"http://127.0.0.1:{p}", model=MODEL, kv_events=events))
+        routing = {"seed": args.seed}
+        if tokenizer:
+            routing["tokenizer"] = tokenizer
         settings = load_settings(None, {"host": "127.0.0.1", "port": 0, "admin_port": 0, "endpoints": eps,
                                         "policy": "static", "max_concurrency": args.concurrency,
-                                        "models": {MODEL: {"profile": variant}},
-                                        "routing": {"seed": args.seed},
+                                        "models": {MODEL: _model_config(variant)},
+                                        "routing": routing,
                                         "health": {"scrape_interval_ms": 50.0}}, env={})
-        gw = Gateway(settings)
-        await gw.start("127.0.0.1", 0, 0)
+        for _ in range(2 if scenario == "replicas" else 1):
+            gw = Gateway(settings)
+            gws.append(gw)
+            await gw.start("127.0.0.1", 0, 0)
         deadline = time.monotonic() + 15
-        while not all(ep.healthy and ep.num_gpu_blocks for ep in gw.endpoints.values()):
+        while not all(ep.healthy and ep.num_gpu_blocks for gw in gws for ep in gw.endpoints.values()):
             if time.monotonic() > deadline:
                 raise RuntimeError("engines did not turn healthy with their cache config scraped")
             await asyncio.sleep(0.05)
-        outcome = await run_workload(specs, "127.0.0.1", gw.client_server.port,
-                                     concurrency=args.concurrency, timeout=120.0)
+        restart = None
+        if scenario == "restart":
+            async def restart_halfway() -> None:
+                await asyncio.sleep(args.requests / args.rate / 2)
+                await asyncio.to_thread(engines.restart, 0)
+            restart = asyncio.create_task(restart_halfway())
+        # Replicas take every other request (arrival times kept: the same traffic in all).
+        parts = [[dataclasses.replace(sp, index=j) for j, sp in enumerate(specs[k::len(gws)])]
+                 for k in range(len(gws))]
+        outcomes = await asyncio.gather(*(run_workload(part, "127.0.0.1", gw.client_server.port,
+                                                       concurrency=args.concurrency, timeout=120.0)
+                                          for part, gw in zip(parts, gws)))
+        if restart is not None:
+            await restart
         hits, queries = await engine_hits(engines.ports)
-        summary = summarize(specs, outcome.results, start=outcome.start, cpu_seconds=outcome.cpu_seconds)
+        all_specs = [sp for part in parts for sp in part]
+        results = [r for o in outcomes for r in o.results]
+        start = min(o.start for o in outcomes)
+        summary = summarize(all_specs, results, start=start, cpu_seconds=sum(o.cpu_seconds for o in outcomes))
         spread = {}
-        for r in outcome.results:
+        for r in results:
             spread[r.endpoint] = spread.get(r.endpoint, 0) + 1
-        return {"variant": variant, "summary": summary, "engine_hit_rate": hits / queries if queries else 0.0,
-                "engine_hits_tokens": hits, "engine_queries_tokens": queries,
-                "requests_per_endpoint": dict(sorted(spread.items())),
-                "router": gw.router.stats()}
+        out = {"variant": variant, "scenario": scenario, "summary": summary,
+               "engine_hit_rate": hits / queries if queries else 0.0,
+               "engine_hits_tokens": hits, "engine_queries_tokens": queries,
+               "requests_per_endpoint": dict(sorted(spread.items())),
+               "router": gws[0].router.stats()}
+        if variant == "precise":
+            out["precise_share"] = [gw.kv.precise.precise_share() for gw in gws if gw.kv.precise is not None]
+        return out
     finally:
-        if gw is not None:
+        for gw in gws:
             with contextlib.suppress(Exception):
                 await gw.stop(grace=1.0)
         await asyncio.to_thread(engines.stop)
+        if kv_dir is not None:
+            shutil.rmtree(kv_dir, ignore_errors=True)
 
 
 async def main_async(args) -> int:
@@ -159,17 +267,22 @@ async def main_async(args) -> int:
                          seed=args.seed, route="chat", model=MODEL)
     specs = build_workload(cfg, mix)
     rows = []
-    for variant in args.variants.split(","):
+    variants = args.variants or ",".join(VARIANTS if args.scenario == "shared" else PRECISE_VARIANTS)
+    for variant in variants.split(","):
         res = await run_variant(variant, args, specs)
         s = res["summary"]
         # TTFT is scaled back to engine time: the sims run time_scale times faster.
         res["ttft_ms_engine_time"] = {k: v * args.time_scale for k, v in s["ttft_ms"].items()
                                       if isinstance(v, (int, float))}
         rows.append(res)
+        share = f"  precise share {res['precise_share']}" if "precise_share" in res else ""
         print(f"{variant:<12} completed {s['completed']}/{s['requests']}  TTFT p50 "
-              f"{res['ttft_ms_engine_time']['p50']:.0f} ms  p99 {res['ttft_ms_engine_time']['p99']:.0f} ms  "
-              f"engine hit rate {100 * res['engine_hit_rate']:.1f}%  per endpoint {res['requests_per_endpoint']}",
-              flush=True)
+              f"{res['ttft_ms_engine_time']['p50']:.0f} ms  p90 {res['ttft_ms_engine_time']['p90']:.0f} ms  "
+              f"p99 {res['ttft_ms_engine_time']['p99']:.0f} ms  {s['throughput_rps']:.1f} req/s  "
+              f"engine hit rate {100 * res['engine_hit_rate']:.1f}%  per endpoint {res['requests_per_endpoint']}"
+              + share, flush=True)
+    if args.scenario != "shared":
+        return _report_precise(args, rows)
     by = {r["variant"]: r for r in rows}
     lines = [f"prefix bench: {args.requests} streamed chat requests, {args.groups} groups x "
              f"{args.prefix_tokens}-token shared context + {args.suffix_tokens}-token question, "
@@ -195,10 +308,36 @@ async def main_async(args) -> int:
     return 0 if all(r["summary"]["completed"] == r["summary"]["requests"] for r in rows) else 1
 
 
+def _report_precise(args, rows: list[dict]) -> int:
+    by = {r["variant"]: r for r in rows}
+    what = {"restart": "engine 0 restarted halfway", "replicas": "two gateway replicas, every other request each"}
+    lines = [f"prefix bench, scenario {args.scenario} ({what[args.scenario]}): {args.requests} streamed chat "
+             f"requests, {args.groups} groups x {args.prefix_tokens}-token shared context + "
+             f"{args.suffix_tokens}-token question, {args.engines} sim engines x {args.num_gpu_blocks} KV blocks, "
+             f"time scale {args.time_scale} (TTFT in engine time)"]
+    for r in rows:
+        t = r["ttft_ms_engine_time"]
+        lines.append(f"  {r['variant']:<12} TTFT p50 {t['p50']:8.0f} ms  p90 {t['p90']:8.0f} ms  "
+                     f"throughput {r['summary']['throughput_rps']:6.1f} req/s  "
+                     f"engine prefix-cache hit rate {100 * r['engine_hit_rate']:5.1f}%  "
+                     f"completed {r['summary']['completed']}/{r['summary']['requests']}")
+    if "precise" in by and "approximate" in by and by["precise"]["ttft_ms_engine_time"]["p90"] > 0:
+        ratio = by["approximate"]["ttft_ms_engine_time"]["p90"] / by["precise"]["ttft_ms_engine_time"]["p90"]
+        lines.append(f"  TTFT p90 approximate/precise {ratio:.2f}x (goal >= 2x)")
+    print("\n".join(lines))
+    if args.output:
+        write_json(args.output, {"args": vars(args), "runs": rows})
+    return 0 if all(r["summary"]["completed"] == r["summary"]["requests"] for r in rows) else 1
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--variants", default=",".join(VARIANTS),
-                   help="comma-separated routing profiles (default: " + ",".join(VARIANTS) + ")")
+    p.add_argument("--scenario", choices=SCENARIOS, default="shared",
+                   help="shared (the profiles on shared prefixes), restart (an engine restarted halfway), "
+                        "replicas (two gateways): the last two compare precise and approximate routing")
+    p.add_argument("--variants", default=None,
+                   help="comma-separated routing profiles, or precise / approximate (default: "
+                        + ",".join(VARIANTS) + "; with restart or replicas " + ",".join(PRECISE_VARIANTS) + ")")
     p.add_argument("--engines", type=int, default=4)
     p.add_argument("--requests", type=int, default=320)
     p.add_argument("--rate", type=float, default=40.0, help="arrivals per second (Poisson), wall time")

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("__init__", "lowlevel"),          # the version; cimport-only helpers
     ("io", "http", "metrics"),         # sockets; HTTP messages; metric values and registry
     ("server", "upstream"),            # the client connection; engine connections
-    ("fleet",),                        # endpoints, pools, health, scrapes
+    ("fleet", "kvevents"),             # endpoints, pools, health, scrapes; the engines' KV events
     ("admission", "routing"),          # whether and when; where
     ("config",),                       # the settings file, built from the sections above
     ("engines", "sim"),                # engines the gateway starts; the simulated engine

@@ -16,7 +16,7 @@ from velocity_fast.admission.errors import AdmissionConfigError
 from velocity_fast.admission.settings import AdmissionSettings, BandSettings
 from velocity_fast.fleet.health import HealthSettings
 
-__all__ = ["Settings", "EndpointConfig", "BandConfig", "TenantConfig", "ModelConfig", "ServerSettings",
+__all__ = ["Settings", "EndpointConfig", "KVEventsConfig", "BandConfig", "TenantConfig", "ModelConfig", "ServerSettings",
            "ConfigError", "load_settings", "parse_endpoint_flag", "DEFAULT_BANDS"]
 
 
@@ -28,15 +28,27 @@ class _S(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pass
 
 
+class KVEventsConfig(_S):
+    """Where an engine publishes its KV cache events (vLLM's --kv-events-config), as
+    addresses to connect to."""
+
+    endpoint: str                       # tcp://host:port of the PUB socket
+    replay_endpoint: str | None = None  # tcp://host:port of the ROUTER replay socket
+    topic: str = ""
+
+
 class EndpointConfig(_S):
     name: str
     url: str
     model: str
     api_key: str | None = None   # the engine's own --api-key, sent upstream
+    kv_events: KVEventsConfig | None = None   # for precise prefix routing
 
 
 class ModelConfig(_S):
     profile: str = "chat"
+    prefix: str | None = None      # approximate | precise | off; None: routing.prefix
+    tokenizer: str | None = None   # tokenizer.json or model folder; None: routing.tokenizer
 
 
 BandConfig = BandSettings  # one definition of a band, shared with admission
@@ -111,9 +123,17 @@ class Settings(_S):
         try:  # bands and the admission section are admission's to judge, routing's its own
             AdmissionSettings.from_settings(self)
             from .routing.settings import RoutingSettings
-            RoutingSettings.from_config(self.routing, self.models)
+            rs = RoutingSettings.from_config(self.routing, self.models)
         except (AdmissionConfigError, ValueError) as e:
             raise ConfigError(str(e)) from None
+        for model in sorted({e.model for e in self.endpoints} | set(self.models)):
+            if rs.prefix_for(model) == "precise" and rs.tokenizer_for(model) is None:
+                raise ConfigError(f"routing.prefix: model {model!r} is precise but has no tokenizer "
+                                  f"(models.{model}.tokenizer, routing.tokenizer or --tokenizer)")
+        for where, path in [("routing.tokenizer", rs.tokenizer)] + [
+                (f"models.{m}.tokenizer", p) for m, p in rs.tokenizers.items()]:
+            if path is not None and not os.path.exists(path):
+                raise ConfigError(f"{where}: no such file or folder: {path!r}")
         names = [b.name for b in self.bands]
         seen_ep = set()
         for i, e in enumerate(self.endpoints):
@@ -122,6 +142,12 @@ class Settings(_S):
             seen_ep.add(e.name)
             if not e.url.startswith("http://"):
                 raise ConfigError(f"endpoints[{i}].url: must start with http://, got {e.url!r}")
+            if e.kv_events is not None:
+                for key in ("endpoint", "replay_endpoint"):
+                    v = getattr(e.kv_events, key)
+                    if v is not None and not v.startswith(("tcp://", "ipc://")):
+                        raise ConfigError(f"endpoints[{i}].kv_events.{key}: must be a tcp:// or ipc:// "
+                                          f"address to connect to, got {v!r}")
         keys = set()
         for i, t in enumerate(self.tenants):
             if t.max_band is not None and t.max_band not in names:
@@ -200,6 +226,8 @@ def load_settings(config_file: str | None = None, flags: dict[str, Any] | None =
             continue
         if key == "endpoints":
             data["endpoints"] = [msgspec.to_builtins(e) for e in value]
+        elif key == "routing":  # a flag sets its key of the section, the file keeps the rest
+            data["routing"] = {**(data.get("routing") or {}), **value}
         else:
             data[key] = value
     try:

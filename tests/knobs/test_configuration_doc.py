@@ -43,6 +43,8 @@ DERIVED = {
     "routing.saturation_kv": "admission.kv_threshold",
     "routing.default_profile": "depends on the policy",
     "routing.profiles": "the models: section",
+    "routing.prefix_modes": "the models: section",
+    "routing.tokenizers": "the models: section",
 }
 
 _ROW = re.compile(r"^\| `([^`]+)` \| (.+?) \| (yes|no) \| (.+) \|$")

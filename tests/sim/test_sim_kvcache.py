@@ -60,8 +60,9 @@ def test_prefix_cache_blocks_bounds_the_lru():
     hashes, tokens = prompt("d", 4)
     a, _ = kv.allocate_prompt(hashes, tokens + 1)
     kv.release(a)
-    # only the most recently freed block kept its content: the chain's head is gone
-    assert kv.cached_prefix(hashes) == 0
+    # only the most recently freed block kept its content: blocks are freed tail first
+    # (as vLLM frees them), so the one kept is the chain's head, still usable
+    assert kv.cached_prefix(hashes) == 1
     assert kv.free == 50
 
 
@@ -141,3 +142,27 @@ def test_block_counts_always_add_up(ops, lru):
     for x in live:
         kv.release(x)
     assert kv.used == 0 and kv.free == kv.num_blocks
+
+
+def test_events_name_stored_runs_evictions_and_resets():
+    from velocity_fast.sim.kvevents import AllBlocksCleared, BlockRemoved, BlockStored
+    kv = KVCache(6, BS, 6)
+    kv.events = []
+    hashes, tokens = prompt("f", 4)
+    ids = list(range(tokens))
+    a, _ = kv.allocate_prompt(hashes, tokens + 1, 0, ids)
+    (ev,) = kv.events
+    assert isinstance(ev, BlockStored) and ev.parent_block_hash is None
+    assert ev.block_hashes == [h & (2 ** 64 - 1) for h in hashes] and ev.token_ids == ids[:4 * BS]
+    assert not kv.reset()  # blocks in use: nothing happens
+    kv.release(a)
+    kv.events.clear()
+    # A prompt that needs every block evicts the cached ones, tail first, one event each.
+    other, t2 = prompt("g", 5)
+    b, _ = kv.allocate_prompt(other, t2, 0, list(range(t2)))
+    removed = [e.block_hashes[0] for e in kv.events if isinstance(e, BlockRemoved)]
+    assert removed == [h & (2 ** 64 - 1) for h in reversed(hashes)][:len(removed)] and len(removed) >= 3
+    kv.release(b)
+    kv.events.clear()
+    assert kv.reset() and kv.cached_prefix(other) == 0
+    assert kv.events == [AllBlocksCleared()]

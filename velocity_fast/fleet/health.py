@@ -37,12 +37,15 @@ class EndpointMonitor:
         self.on_change = on_change
         self.on_metrics = on_metrics
         self._tasks: dict[str, asyncio.Task] = {}
+        # Per endpoint, the engine's prefix-cache counters at the last scrape (queries, hits).
+        self.prefix_cache: dict[str, tuple[float, float]] = {}
 
     def watch(self, ep: Endpoint) -> None:
         if ep.name not in self._tasks:
             self._tasks[ep.name] = asyncio.get_running_loop().create_task(self._watch(ep))
 
     def unwatch(self, ep: Endpoint) -> None:
+        self.prefix_cache.pop(ep.name, None)
         t = self._tasks.pop(ep.name, None)
         if t is not None:
             t.cancel()
@@ -112,6 +115,8 @@ class EndpointMonitor:
             ep.max_running_seen = m.running
         if m.num_gpu_blocks:
             ep.num_gpu_blocks, ep.block_size = m.num_gpu_blocks, m.block_size
+        if m.prefix_queries is not None:
+            self.prefix_cache[ep.name] = (m.prefix_queries, m.prefix_hits)
         ep.scraped_at = time.monotonic()
         self.on_metrics(ep)
 

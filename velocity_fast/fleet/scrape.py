@@ -15,12 +15,20 @@ class MetricNames(msgspec.Struct, forbid_unknown_fields=True):
     kv_usage: list[str] = msgspec.field(
         default_factory=lambda: ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"])
     cache_config: list[str] = msgspec.field(default_factory=lambda: ["vllm:cache_config_info"])
+    # The engine's own prefix cache: tokens looked up and tokens found (counters).
+    prefix_cache_queries: list[str] = msgspec.field(
+        default_factory=lambda: ["vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"])
+    prefix_cache_hits: list[str] = msgspec.field(
+        default_factory=lambda: ["vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"])
 
 
 class EngineMetrics:
-    __slots__ = ("running", "waiting", "kv_usage", "block_size", "num_gpu_blocks", "found")
+    __slots__ = ("running", "waiting", "kv_usage", "block_size", "num_gpu_blocks", "found", "prefix_queries",
+                 "prefix_hits")
 
     def __init__(self) -> None:
+        self.prefix_queries: float | None = None   # the engine's prefix-cache counters, when it has them
+        self.prefix_hits: float | None = None
         self.running = 0.0
         self.waiting = 0.0
         self.kv_usage = 0.0
@@ -53,7 +61,9 @@ def parse_engine_metrics(text: bytes, names: MetricNames) -> EngineMetrics:
     out = EngineMetrics()
     fields = (("running", [n.encode() for n in names.running]),
               ("waiting", [n.encode() for n in names.waiting]),
-              ("kv_usage", [n.encode() for n in names.kv_usage]))
+              ("kv_usage", [n.encode() for n in names.kv_usage]),
+              ("prefix_queries", [n.encode() for n in names.prefix_cache_queries]),
+              ("prefix_hits", [n.encode() for n in names.prefix_cache_hits]))
     wanted: dict[bytes, tuple[str, int]] = {}
     for field, alts in fields:
         for rank, n in enumerate(alts):
@@ -103,5 +113,7 @@ def parse_engine_metrics(text: bytes, names: MetricNames) -> EngineMetrics:
     out.waiting = sums.get("waiting", 0.0)
     # KV usage is a fraction per rank: average, not sum, over data-parallel ranks.
     out.kv_usage = sums.get("kv_usage", 0.0) / kv_count if kv_count else 0.0
-    out.found = len(valid)
+    if "prefix_queries" in valid and "prefix_hits" in valid:
+        out.prefix_queries, out.prefix_hits = sums["prefix_queries"], sums["prefix_hits"]
+    out.found = len(valid & {"running", "waiting", "kv_usage"})
     return out

@@ -18,8 +18,9 @@ from velocity_fast.fleet.health import EndpointMonitor
 from velocity_fast.gateway.errors import BadRequest
 from velocity_fast.gateway.exchange import Ingress, band_for, handle_client, new_request_id, start_native
 from velocity_fast.gateway.identity import Identity
+from velocity_fast.gateway.kv import KVFleet
 from velocity_fast.gateway.observability import GatewayMetrics
-from velocity_fast.gateway.policy import make_admission, make_router
+from velocity_fast.gateway.policy import make_admission, make_router, routing_settings
 from velocity_fast.gateway.requests import decode_generate
 from velocity_fast.http.message import Request
 from velocity_fast.metrics.registry import Registry
@@ -76,7 +77,10 @@ class Gateway:
         self.metrics = GatewayMetrics(self.registry, self)
         self.monitor = EndpointMonitor(settings.health, self._on_endpoint_change, self._on_metrics)
         self.admission = make_admission(settings, self.pools, self.registry)
-        self.router = make_router(settings, self.registry)
+        # KV events of the endpoints that publish them; the token side of precise pools.
+        self.kv = KVFleet(self.registry, lambda: self.endpoints, lambda: self.monitor.prefix_cache)
+        self.router = make_router(settings, self.registry,
+                                  precise=self.kv.precise_for(routing_settings(settings)))
         self.band_names = [b.name for b in settings.bands]
         self.client_server: HTTPServer | None = None
         self.admin_server: HTTPServer | None = None
@@ -97,6 +101,7 @@ class Gateway:
         pool.endpoints.append(ep)
         if self.default_model is None:
             self.default_model = ep.model
+        self.kv.add(cfg)
         if watch:
             self.monitor.watch(ep)
         return ep
@@ -108,6 +113,7 @@ class Gateway:
         if ep is None:
             return None
         self.monitor.unwatch(ep)
+        self.kv.remove(name)
         pool = self.pools[ep.model]
         pool.endpoints.remove(ep)
         if not pool.endpoints:
@@ -131,10 +137,12 @@ class Gateway:
             return
         if not available:
             self.router.forget(name)  # a restarted engine starts with an empty prefix cache
+            self.kv.on_change(ep, "restarting")
             if ep.healthy:
                 self.monitor.eject(ep, "engine restarting")
 
     def _on_endpoint_change(self, ep: Endpoint, state: str) -> None:
+        self.kv.on_change(ep, state)
         self.admission.on_metrics(ep)  # an endpoint back in routing may take queued work at once
 
     def _on_metrics(self, ep: Endpoint) -> None:
@@ -155,6 +163,7 @@ class Gateway:
         await self.admin_server.start(host, s.admin_port if admin_port is None else admin_port)
         for ep in self.endpoints.values():
             self.monitor.watch(ep)
+        self.kv.start()
         log.info("gateway on %s:%d, admin on %s:%d, policy %s, %d endpoint(s)", host, self.client_server.port,
                  host, self.admin_server.port, s.policy, len(self.endpoints))
 
@@ -172,6 +181,7 @@ class Gateway:
         await asyncio.gather(*(s.shutdown(grace) for s in servers))
         self.admission.close()
         await self.monitor.stop()
+        self.kv.stop()
         for ep in self.endpoints.values():
             ep.upstream.close()
 
@@ -326,4 +336,4 @@ class Gateway:
         return {"policy": self.settings.policy, "uptime_seconds": round(time.monotonic() - self.started_at, 3),
                 "endpoints": [e.snapshot() for e in self.endpoints.values()],
                 "pools": {m: [e.name for e in p.endpoints] for m, p in self.pools.items()},
-                "admission": self.admission.stats(), "routing": self.router.stats()}
+                "admission": self.admission.stats(), "routing": self.router.stats(), "kv_events": self.kv.stats()}

@@ -6,9 +6,11 @@ import argparse
 import asyncio
 import logging
 import shlex
+import shutil
 import sys
+import tempfile
 
-from ..config import ConfigError, EndpointConfig, Settings, load_settings
+from ..config import ConfigError, Settings, load_settings
 from .options import flag_overrides
 from .reload import Reloader
 
@@ -19,10 +21,31 @@ log = logging.getLogger("velocity.launch")
 
 def _settings(args: argparse.Namespace) -> Settings | None:
     try:
-        return load_settings(args.config, flag_overrides(args))
+        settings = load_settings(args.config, flag_overrides(args))
+        _check_tokenizers(settings)
+        return settings
     except ConfigError as e:
         print(f"velocityllm: config error: {e}", file=sys.stderr)
         return None
+
+
+def _check_tokenizers(settings: Settings) -> None:
+    """Precise pools' tokenizers load (a file that is no tokenizer.json, or no `tokenizers`
+    package, is a config error at start, not a traceback)."""
+    from velocity_fast.routing.precise import load_tokenizer
+
+    from .policy import routing_settings
+
+    rs = routing_settings(settings)
+    if not rs.precise_models():
+        return
+    for key, path in [("routing.tokenizer", rs.tokenizer)] + [(f"models.{m}.tokenizer", p)
+                                                               for m, p in rs.tokenizers.items()]:
+        if path is not None:
+            try:
+                load_tokenizer(path)
+            except ValueError as e:
+                raise ConfigError(f"{key}: {e}") from None
 
 
 def _sim_flags(settings: Settings, extra: str | None) -> list[str]:
@@ -90,7 +113,9 @@ def charge_main(args: argparse.Namespace) -> int:
 
     from ..engines.app import exit_code_for, prepare_engines
     from .app import Gateway
+    from .kv import kv_events_for_engines
     from .observability import setup_logging
+    from .policy import routing_settings
 
     settings = _settings(args)
     if settings is None:
@@ -113,11 +138,29 @@ def charge_main(args: argparse.Namespace) -> int:
         print(f"velocityllm: {plan.reason}; starting {len(plan.specs)} built-in sim engine(s) instead.",
               flush=True)
 
-    engine_endpoints = [EndpointConfig(name=spec.name, url=spec.url, model=spec.model_name) for spec in plan.specs]
+    # Precise pools: the engines publish their KV events on free ports (the model
+    # folder's tokenizer unless one is configured).
+    own_tokenizer = None
+    if routing_settings(settings).precise_models() and plan.model is not None \
+            and (plan.model.path / "tokenizer.json").exists() and settings.routing.get("tokenizer") is None:
+        own_tokenizer = str(plan.model.path)
+        settings.routing["tokenizer"] = own_tokenizer
+    sock_dir = tempfile.mkdtemp(prefix="velocity-kv-")  # the engines' KV event sockets, if any
+    plan, engine_endpoints = kv_events_for_engines(plan, routing_settings(settings), sock_dir)
     settings.endpoints.extend(engine_endpoints)
+    try:
+        settings.validate()
+        if own_tokenizer is not None:
+            _check_tokenizers(settings)
+    except ConfigError as e:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+        print(f"velocityllm: config error: {e}", file=sys.stderr)
+        return 2
 
     def reread() -> Settings:  # the engines started here stay; the file may add more
         s = load_settings(args.config, flag_overrides(args))
+        if own_tokenizer is not None and s.routing.get("tokenizer") is None:
+            s.routing["tokenizer"] = own_tokenizer
         s.endpoints.extend(engine_endpoints)
         return s.validate()
     gw_box: list[Gateway] = []
@@ -168,3 +211,5 @@ def charge_main(args: argparse.Namespace) -> int:
     except EngineStartError as e:
         print(f"velocityllm: {e}", file=sys.stderr)
         return 1
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)

@@ -25,6 +25,11 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, *, endpoints: bool = 
     g.add_argument("--api-key", default=None, help="key clients must present (Bearer or X-API-Key)")
     g.add_argument("--structured-logs", action="store_true", default=None, help="one JSON object per log line")
     g.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"))
+    g.add_argument("--prefix", default=None, choices=("approximate", "precise", "off"),
+                   help="prefix affinity of the chat profile: where this gateway sent prompts "
+                        "(approximate, the default), the engines' KV cache events (precise), or none")
+    g.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="tokenizer.json (or a model folder) for precise prefix routing")
     if endpoints:
         g.add_argument("--endpoint", action="append", default=None, metavar="NAME=URL=MODEL",
                        help="an engine the gateway sends to (repeatable)")
@@ -40,6 +45,10 @@ def flag_overrides(args: argparse.Namespace) -> dict:
         v = getattr(args, key, None)
         if v is not None:
             out[key] = v
+    routing = {k: getattr(args, k, None) for k in ("prefix", "tokenizer")}
+    routing = {k: v for k, v in routing.items() if v is not None}
+    if routing:
+        out["routing"] = routing
     eps = getattr(args, "endpoint", None)
     if eps:
         out["endpoints"] = [parse_endpoint_flag(e) for e in eps]

@@ -32,5 +32,6 @@ def routing_settings(settings: Settings) -> RoutingSettings:
     return RoutingSettings.from_config(data, settings.models)
 
 
-def make_router(settings: Settings, registry: Registry) -> Router:
-    return Router(routing_settings(settings), registry=registry)
+def make_router(settings: Settings, registry: Registry, precise=None) -> Router:
+    """The router; ``precise``: the token side of precise pools (gateway/kv.py), or None."""
+    return Router(routing_settings(settings), registry=registry, precise=precise)

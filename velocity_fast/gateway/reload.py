@@ -116,7 +116,9 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
                or _weights(new) != _weights(old))  # the queues keep tenants' weights
     router = None
     if routing_settings(new) != routing_settings(old):
-        router = make_router(new, _AdoptingRegistry(gw.registry))
+        kv = getattr(gw, "kv", None)
+        router = make_router(new, _AdoptingRegistry(gw.registry),
+                             precise=kv.precise_for(routing_settings(new)) if kv is not None else None)
     identity = None
     if new.api_key != old.api_key or new.tenants != old.tenants:
         identity = _identity(gw.identity, new)

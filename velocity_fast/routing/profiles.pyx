@@ -139,6 +139,10 @@ class ChatProfile(Profile):
                         break
             # The owner is filtered out or too hot: this request goes by prefix and
             # load; the session stays mapped to its owner for the next one.
+        pr = (<RouteInfo?>info).precise  # a C field read: the approximate path pays a pointer test
+        if pr is not None:  # a precise pool: the engines' own KV events where they can be trusted
+            i, basis = pr.owner.choose(pr, cands, loads, info, state, self.rng.getrandbits(64))
+            return cands[i], basis
         i, basis = choose_by_affinity(state.index, info.hashes, cands, loads, s.hotspot_gap,
                                       s.load_weight, self.rng.getrandbits(64))
         return cands[i], basis

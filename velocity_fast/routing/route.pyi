@@ -19,6 +19,7 @@ class RouteInfo:
     def session(self) -> str | None: ...
     @property
     def session_key(self) -> int | None: ...
+    precise: Any
 
 class RouterPool:
     """The router's memory of one pool: its prefix index and engine capacities seen."""

@@ -36,9 +36,15 @@ cdef class Router:
     cdef Value _no_endpoint_v
     cdef Value _blocks_sent_v
     cdef Value _blocks_hit_v
+    # Prefix modes (routing.prefix): all approximate is the plain path.
+    cdef public object _precise
+    cdef bint _plain_prefix
+    cdef dict _prefix_modes
+    cdef object _prefix_default
 
     cdef double _now(self) except? -1.0
     cdef RouterPool _pool_state(self, model, pool)
     cdef RouteInfo _route_info(self, model, body_obj, headers)
+    cdef RouteInfo _route_info_modes(self, model, profile, body_obj, data, session)
     cdef object _pick(self, pool, RouteInfo info, has_room, exclude)
     cdef void _on_dispatch(self, Endpoint ep, RouteInfo info) except *

@@ -14,8 +14,9 @@ class Router:
     """Filter, score and pick an endpoint of a pool for a request."""
     settings: RoutingSettings
     _clock: Callable[[], float]
+    _precise: Any
     def __init__(self, settings: RoutingSettings | None = None, *, registry: Registry | None = None,
-                 rng: random.Random | None = None) -> None: ...
+                 rng: random.Random | None = None, precise: Any = None) -> None: ...
     def forget(self, name: str, model: str | None = None) -> None:
         """Drop what the index remembers of an endpoint (it left the configuration)."""
     def hit_ratio(self) -> float:

@@ -24,6 +24,12 @@ The index only knows what this gateway sent: call ``forget(name)`` when an engin
 restarted (its cache is empty) or left the configuration. ``x-session-id`` is honoured
 by the chat profile (the one that favours affinity); the other profiles ignore it.
 
+Prefix modes (``routing.prefix``, per model): ``approximate`` is the index above;
+``off`` hashes no prompt (the chat profile weighs load alone); ``precise`` also hands
+the request to the gateway's token side (``precise=``, routing/precise.py), which the
+chat profile then asks to score it. With every pool approximate ``route_info`` reads
+one flag more than it did.
+
 The request path (``route_info``, ``pick``, ``on_dispatch``) is typed C: what every request
 touches is the request's ``RouteInfo`` (profile, prefix block hashes, session), the
 filters of ``pick`` (health, room, exclusions, saturation on fresh gauges, fail open) and
@@ -90,8 +96,10 @@ cdef class Router:
         self._mono = True
 
     def __init__(self, settings: RoutingSettings | None = None, *, registry: Registry | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, precise=None) -> None:
         self.settings = s = settings or RoutingSettings()
+        # The token side of precise pools (routing/precise.py), owned by the gateway.
+        self._precise = precise
         self._rng = rng or random.Random(s.seed)
         self._hasher = PrefixHasher(s.block_bytes)
         self._batch_infos = {}  # by model: nothing per request in them
@@ -165,6 +173,9 @@ cdef class Router:
         self._no_endpoint_v = self._no_endpoint.labels()
         self._blocks_sent_v = self._blocks_sent.labels()
         self._blocks_hit_v = self._blocks_hit.labels()
+        self._prefix_modes = dict(s.prefix_modes)
+        self._prefix_default = s.prefix
+        self._plain_prefix = s.prefix == "approximate" and all(m == "approximate" for m in s.prefix_modes.values())
 
     @property
     def _clock(self):
@@ -242,6 +253,9 @@ cdef class Router:
             self._last_info = info
             self._last_profiles = self._model_profiles
             return info
+        if not self._plain_prefix:
+            data = body_obj if isinstance(body_obj, (bytes, bytearray, memoryview)) else render_prompt(body_obj)
+            return self._route_info_modes(model, profile, body_obj, data, session)
         cdef BlockHashes hashes = None
         if isinstance(body_obj, (bytes, bytearray, memoryview)):
             hashes = self._hasher.hash(body_obj, model)
@@ -256,6 +270,17 @@ cdef class Router:
                 hashes = self._hasher.hash(render_prompt(body_obj), model)
         return _new_info(model, profile, hashes, session,
                          _session_key(session) if session else None)
+
+    cdef RouteInfo _route_info_modes(self, model, profile, body_obj, data, session):
+        """_route_info's end where some pool is not approximate: off hashes nothing (the
+        chat profile then weighs load alone); precise also asks for the prompt's tokens."""
+        cdef RouteInfo info
+        mode = self._prefix_modes.get(model, self._prefix_default)
+        info = _new_info(model, profile, self._hasher.hash(b"" if mode == "off" else data, model), session,
+                         _session_key(session) if session else None)
+        if mode == "precise" and self._precise is not None and profile == "chat":
+            self._precise.attach(info, body_obj, data)
+        return info
 
     cdef object _pick(self, pool, RouteInfo info, has_room, exclude):
         cdef RouterPool state

@@ -11,7 +11,8 @@ from typing import Annotated, Any, Literal, Mapping
 
 import msgspec
 
-__all__ = ["PROFILES", "PROFILE_HEADER", "SESSION_HEADER", "ProfileName", "RoutingSettings"]
+__all__ = ["PROFILES", "PROFILE_HEADER", "SESSION_HEADER", "PREFIX_MODES", "ProfileName", "PrefixMode",
+           "RoutingSettings"]
 
 # The request headers that pick a routing profile and name a session.
 PROFILE_HEADER = "x-velocity-profile"
@@ -19,6 +20,9 @@ SESSION_HEADER = "x-session-id"
 
 PROFILES = ("chat", "batch", "long-context", "round-robin", "least-loaded")
 ProfileName = Literal["chat", "batch", "long-context", "round-robin", "least-loaded"]
+# How the chat profile knows what an engine's prefix cache holds (docs/kv-events.md).
+PREFIX_MODES = ("approximate", "precise", "off")
+PrefixMode = Literal["approximate", "precise", "off"]
 
 _Positive = Annotated[float, msgspec.Meta(gt=0)]
 _NonNegative = Annotated[float, msgspec.Meta(ge=0)]
@@ -52,6 +56,17 @@ class RoutingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     profiles: dict[str, ProfileName] = msgspec.field(default_factory=dict)
     # Seed of the tie-breaking random generator; None draws one from the OS.
     seed: int | None = None
+    # Prefix affinity of the chat profile: approximate (where this gateway sent prompts),
+    # precise (the engines' own KV events, docs/kv-events.md) or off (load alone).
+    prefix: PrefixMode = "approximate"
+    # Per model (served name) prefix mode; models.<name>.prefix fills it.
+    prefix_modes: dict[str, PrefixMode] = msgspec.field(default_factory=dict)
+    # The tokenizer.json (or a model folder holding one) of precise pools, and per model.
+    tokenizer: str | None = None
+    tokenizers: dict[str, str] = msgspec.field(default_factory=dict)
+    # Prompt byte blocks whose token blocks precise routing keeps (the token cache; whole
+    # prompts and runs of leading messages: a sixteenth of this each).
+    token_cache_entries: Annotated[int, msgspec.Meta(ge=1)] = 16384
 
     @classmethod
     def from_config(cls, routing: Mapping[str, Any] | None = None,
@@ -63,15 +78,29 @@ class RoutingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
         """
         data = dict(routing or {})
         profiles = dict(data.pop("profiles", None) or {})
+        modes = dict(data.pop("prefix_modes", None) or {})
+        tokenizers = dict(data.pop("tokenizers", None) or {})
         for name, entry in (models or {}).items():
-            profile = entry.get("profile") if isinstance(entry, Mapping) else getattr(entry, "profile", None)
-            if profile is None:
-                continue
-            if profile not in PROFILES:
-                raise ValueError(f"models.{name}.profile: unknown profile {profile!r} "
-                                 f"(one of {', '.join(PROFILES)})")
-            profiles[name] = profile
+            def get(key: str) -> Any:
+                return entry.get(key) if isinstance(entry, Mapping) else getattr(entry, key, None)
+            profile = get("profile")
+            if profile is not None:
+                if profile not in PROFILES:
+                    raise ValueError(f"models.{name}.profile: unknown profile {profile!r} "
+                                     f"(one of {', '.join(PROFILES)})")
+                profiles[name] = profile
+            mode = get("prefix")
+            if mode is not None:
+                if mode not in PREFIX_MODES:
+                    raise ValueError(f"models.{name}.prefix: unknown prefix mode {mode!r} "
+                                     f"(one of {', '.join(PREFIX_MODES)})")
+                modes[name] = mode
+            tok = get("tokenizer")
+            if tok is not None:
+                tokenizers[name] = tok
         data["profiles"] = profiles
+        data["prefix_modes"] = modes
+        data["tokenizers"] = tokenizers
         try:
             return msgspec.convert(data, cls)
         except msgspec.ValidationError as e:
@@ -80,3 +109,15 @@ class RoutingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     def profile_for(self, model: str) -> str:
         """The configured profile of a model (the default when the model has none)."""
         return self.profiles.get(model, self.default_profile)
+
+    def prefix_for(self, model: str) -> str:
+        """The prefix mode of a model (the default when the model has none)."""
+        return self.prefix_modes.get(model, self.prefix)
+
+    def tokenizer_for(self, model: str) -> str | None:
+        """The tokenizer of a model's pool (the default when the model has none)."""
+        return self.tokenizers.get(model, self.tokenizer)
+
+    def precise_models(self) -> bool:
+        """Whether any pool may be precise (the default or one model)."""
+        return self.prefix == "precise" or "precise" in self.prefix_modes.values()

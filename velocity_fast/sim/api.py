@@ -19,16 +19,10 @@ from velocity_fast.sim.errors import BadRequest
 from .config import SimConfig
 from .engine import Engine, Sequence
 from .responses import RequestMeta, StreamSink, WholeSink
-from .schema import (
-    ChatRequest,
-    CompletionRequest,
-    chat_decoder,
-    completion_decoder,
-    render_chat,
-    render_prompt,
-    tokenize_decoder,
-)
-from .tokens import block_hashes, count_tokens, request_rng
+from .schema import (ChatRequest, CompletionRequest, chat_decoder, completion_decoder, message_texts,
+                     render_chat, render_prompt, tokenize_decoder)
+from .tokens import (TextTokenizer, block_hashes, count_tokens, pseudo_token_ids, request_rng,
+                     token_block_hashes)
 
 #: The vLLM version the sim engine presents itself as (VLLM_CONTRACT.md).
 VLLM_VERSION = "0.33.0"
@@ -43,9 +37,10 @@ _METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class SimAPI:
     """Routes requests to the engine; ``handle`` is the HTTPServer handler."""
 
-    def __init__(self, cfg: SimConfig, engine: Engine) -> None:
+    def __init__(self, cfg: SimConfig, engine: Engine, tokenizer: TextTokenizer | None = None) -> None:
         self.cfg = cfg
         self.engine = engine
+        self.tokenizer = tokenizer
         self.created = int(time.time())
         self._auth = f"Bearer {cfg.api_key}" if cfg.api_key else None
         self._keep_alive = (cfg.sse_keep_alive_interval / cfg.time_scale
@@ -60,6 +55,7 @@ class SimAPI:
             "/metrics": (("GET",), self._metrics),
             "/version": (("GET",), self._version),
             "/tokenize": (("POST",), self._tokenize),
+            "/reset_prefix_cache": (("POST",), self._reset_prefix_cache),
         }
 
     async def handle(self, req: Request, resp: Responder) -> None:
@@ -111,11 +107,29 @@ class SimAPI:
             return
         if not self._model_ok(body.model, resp):
             return
-        n = count_tokens(data)
-        # Pseudo token ids from the bytes they stand for: stable for the same text.
-        ids = [int.from_bytes(data[i:i + 4], "little") % 151_936 for i in range(0, 4 * n, 4)]
-        resp.send_json(200, {"count": n, "max_model_len": self.cfg.max_model_len, "tokens": ids,
+        if self.tokenizer is not None:
+            ids = (self.tokenizer.encode_chat(message_texts(body.messages)) if body.messages is not None
+                   else self._prompt_ids(body.prompt))
+        else:
+            # Pseudo token ids from the bytes they stand for: stable for the same text.
+            ids = pseudo_token_ids(data)
+        resp.send_json(200, {"count": len(ids), "max_model_len": self.cfg.max_model_len, "tokens": ids,
                              "token_strs": None})
+
+    async def _reset_prefix_cache(self, req: Request, resp: Responder) -> None:
+        # vLLM's dev-mode route: ?reset_running_requests=true preempts what runs first.
+        running = "reset_running_requests=true" in (req.query or "").lower()
+        if self.engine.reset_prefix_cache(running):
+            resp.send(200, b"", content_type=None)
+            return
+        resp.send_error(409, f"Failed to reset prefix cache: {self.engine.kv.used} blocks are in use by running "
+                             "requests (pass reset_running_requests=true to preempt them).", type="ConflictError")
+
+    def _prompt_ids(self, prompt: str | list | None) -> list[int]:
+        """A completions prompt as the tokenizer's ids (token ids pass as they are)."""
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return list(prompt)
+        return self.tokenizer.encode(render_prompt(prompt).decode(errors="replace"), add_special_tokens=True)
 
     # -- generation --------------------------------------------------------------------
     async def _chat(self, req: Request, resp: Responder) -> None:
@@ -124,20 +138,22 @@ class SimAPI:
             if not body.messages:
                 raise BadRequest("Field required: messages must be a non-empty list.")
             prompt = render_chat(body.messages)
+            ids = self.tokenizer.encode_chat(message_texts(body.messages)) if self.tokenizer is not None else None
         except (msgspec.DecodeError, BadRequest, ValueError) as e:
             resp.send_error(400, str(e), type="BadRequestError")
             return
         mt = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        await self._generate(req, resp, body, prompt, mt, chat=True)
+        await self._generate(req, resp, body, prompt, mt, chat=True, ids=ids)
 
     async def _completions(self, req: Request, resp: Responder) -> None:
         try:
             body = completion_decoder.decode(req.body)
             prompt = render_prompt(body.prompt)
+            ids = self._prompt_ids(body.prompt) if self.tokenizer is not None else None
         except (msgspec.DecodeError, ValueError) as e:
             resp.send_error(400, str(e), type="BadRequestError")
             return
-        await self._generate(req, resp, body, prompt, body.max_tokens, chat=False)
+        await self._generate(req, resp, body, prompt, body.max_tokens, chat=False, ids=ids)
 
     def _model_ok(self, model: str | None, resp: Responder) -> bool:
         cfg = self.cfg
@@ -165,11 +181,11 @@ class SimAPI:
                 f"completion). Please reduce the length of the messages or completion.")
 
     async def _generate(self, req: Request, resp: Responder, body: ChatRequest | CompletionRequest,
-                        prompt: bytes, max_tokens: int | None, *, chat: bool) -> None:
+                        prompt: bytes, max_tokens: int | None, *, chat: bool, ids: list[int] | None = None) -> None:
         cfg = self.cfg
         if not self._model_ok(body.model, resp):
             return
-        prompt_tokens = count_tokens(prompt)
+        prompt_tokens = count_tokens(prompt) if ids is None else max(1, len(ids))
         try:
             self._validate(body, prompt_tokens, max_tokens)
         except BadRequest as e:
@@ -198,12 +214,22 @@ class SimAPI:
         include_usage = bool(so and so.include_usage)
         meta = RequestMeta(rid, int(time.time()), cfg.model, chat, prompt_tokens, include_usage,
                            include_usage and bool(so.continuous_usage_stats))
-        hashes = block_hashes(prompt, cfg.block_size, self._hash_seed) if cfg.enable_prefix_caching else []
+        if not cfg.enable_prefix_caching:
+            hashes = []
+        elif ids is not None:
+            hashes = token_block_hashes(ids, cfg.block_size, self._hash_seed)
+        else:
+            hashes = block_hashes(prompt, cfg.block_size, self._hash_seed)
+        # KV events carry the prompt's token ids: the tokenizer's, else the byte model's.
+        if self.engine.publisher is None:
+            ids = None
+        elif ids is None:
+            ids = pseudo_token_ids(prompt)
         headers = (("x-request-id", xid),) if xid else ()
         engine = self.engine
         if body.stream:
             sink = StreamSink(resp, meta)
-            seq = Sequence(prompt_tokens, hashes, target, finish, rng, sink, failure)
+            seq = Sequence(prompt_tokens, hashes, target, finish, rng, sink, failure, ids)
             resp.start(200, headers=headers)
             resp.add_disconnect_callback(lambda: engine.abort(seq))
             engine.submit(seq)
@@ -212,7 +238,7 @@ class SimAPI:
             return
         done = asyncio.get_running_loop().create_future()
         whole = WholeSink(meta, done)
-        seq = Sequence(prompt_tokens, hashes, target, finish, rng, whole, failure)
+        seq = Sequence(prompt_tokens, hashes, target, finish, rng, whole, failure, ids)
         resp.add_disconnect_callback(lambda: engine.abort(seq))
         engine.submit(seq)
         await done

@@ -26,11 +26,28 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"sim-engine: {e}", file=sys.stderr)
         return 2
+    tokenizer = None
+    if cfg.tokenizer:
+        from .tokens import TextTokenizer
+        try:
+            tokenizer = TextTokenizer(cfg.tokenizer)
+        except ValueError as e:
+            print(f"sim-engine: {e}", file=sys.stderr)
+            return 2
     from velocity_fast.server.http_server import HTTPServer
     from velocity_fast.server.run import run_until_signalled
     from velocity_fast.sim.api import SimAPI
 
     from .engine import Engine
+    from .kvevents import open_publisher
+
+    # The events' sockets open first: a port that is taken ends the process (status 2)
+    # before it listens, and they close however the process ends.
+    try:
+        publisher = open_publisher(cfg.kv_events_config)
+    except ValueError as e:
+        print(f"sim-engine: {e}", file=sys.stderr)
+        return 2
 
     async def start(stop: asyncio.Event):
         # Like a loading model: the port refuses connections until this is over (a
@@ -42,11 +59,15 @@ def main(args: argparse.Namespace) -> int:
                 pass
             else:
                 return _nothing_to_clean
-        engine = Engine(cfg)
+        engine = Engine(cfg, publisher=publisher)
         engine.start()
-        api = SimAPI(cfg, engine)
+        api = SimAPI(cfg, engine, tokenizer)
         server = HTTPServer(api.handle, name="sim")
-        await server.start(cfg.host, cfg.port)
+        try:
+            await server.start(cfg.host, cfg.port)
+        except BaseException:
+            await engine.stop()
+            raise
         # The one line on stdout: test helpers that pass --port 0 read the port from it.
         print(f"sim engine {cfg.model!r} listening on http://{server.host}:{server.port}", flush=True)
 
@@ -58,4 +79,8 @@ def main(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run_until_signalled(start)
+    try:
+        return run_until_signalled(start)
+    finally:
+        if publisher is not None:
+            publisher.shutdown()

@@ -45,6 +45,10 @@ class SimConfig:
     api_key: str | None = None
     startup_delay: float = 0.0
     sse_keep_alive_interval: float | None = None
+    #: vLLM's ``--kv-events-config`` JSON; events are published when it enables them.
+    kv_events_config: str | None = None
+    #: A ``tokenizer.json``: prompts are counted, hashed and published as its token ids.
+    tokenizer: str | None = None
 
     def validate(self) -> None:
         """Refuse settings vLLM would refuse, with a message naming the flag."""
@@ -70,6 +74,9 @@ class SimConfig:
             raise ValueError("--fail-rate and --oom-rate must be in [0, 1] and sum to at most 1")
         if self.max_num_batched_tokens < 1:
             raise ValueError("--max-num-batched-tokens must be >= 1")
+        if self.kv_events_config:
+            from .kvevents import KVEventsConfig
+            KVEventsConfig.parse(self.kv_events_config)
 
     @classmethod
     def from_args(cls, args: object) -> "SimConfig":

@@ -61,6 +61,13 @@ class Sink(Protocol):
         """The sequence was aborted (the client went away)."""
 
 
+class Publisher(Protocol):
+    """Where KV events go (``kvevents.ZmqPublisher``)."""
+
+    def publish(self, events: list) -> None:
+        """Send one batch of events."""
+
+
 class Failure:
     """A planned failure: before the response (``at == 0``) or at output token ``at``."""
 
@@ -78,12 +85,14 @@ class Sequence:
 
     __slots__ = ("prompt_tokens", "hashes", "target", "finish_reason", "rng", "sink", "failure",
                  "state", "generated", "num_tokens", "prefill_left", "alloc", "arrival",
-                 "scheduled", "first_token", "last_token", "cached_tokens")
+                 "scheduled", "first_token", "last_token", "cached_tokens", "token_ids")
 
     def __init__(self, prompt_tokens: int, hashes: list[int], target: int, finish_reason: str,
-                 rng: random.Random, sink: Sink, failure: Failure | None = None) -> None:
+                 rng: random.Random, sink: Sink, failure: Failure | None = None,
+                 token_ids: list[int] | None = None) -> None:
         self.prompt_tokens = prompt_tokens
         self.hashes = hashes
+        self.token_ids = token_ids          # the prompt's token ids, kept only for KV events
         self.target = target                # output tokens to generate
         self.finish_reason = finish_reason  # "length" (max_tokens reached) or "stop"
         self.rng = rng
@@ -104,10 +113,14 @@ class Sequence:
 class Engine:
     """Continuous batching with KV accounting; start() runs the step loop."""
 
-    def __init__(self, cfg: SimConfig, metrics: SimMetrics | None = None) -> None:
+    def __init__(self, cfg: SimConfig, metrics: SimMetrics | None = None, publisher: Publisher | None = None) -> None:
         self.cfg = cfg
         lru = cfg.num_gpu_blocks if cfg.prefix_cache_blocks is None else cfg.prefix_cache_blocks
         self.kv = KVCache(cfg.num_gpu_blocks, cfg.block_size, lru, cfg.enable_prefix_caching)
+        # KV events (--kv-events-config): the cache collects them, _flush publishes them.
+        self.publisher = publisher
+        if publisher is not None:
+            self.kv.events = []
         self.metrics = metrics if metrics is not None else SimMetrics(cfg)
         self.metrics.bind(self)
         self.waiting: deque[Sequence] = deque()
@@ -140,6 +153,18 @@ class Engine:
         self._flush()
         for seq in list(self.running) + list(self.waiting):
             self.abort(seq)
+        self._publish_events()
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Drop every cached prefix (vLLM's ``/reset_prefix_cache``). With running
+        sequences it fails, unless ``reset_running_requests``: then they are preempted
+        first and recompute their prompts, as vLLM does."""
+        if reset_running_requests:
+            for seq in list(self.running):
+                self._preempt(seq)
+        ok = self.kv.reset()
+        self._publish_events()
+        return ok
 
     # -- requests --------------------------------------------------------------
     def plan_failure(self, target: int) -> Failure | None:
@@ -185,6 +210,7 @@ class Engine:
         else:
             self.running.remove(seq)
             self.kv.release(seq.alloc)
+            self._publish_events()
         seq.state = DONE
         self.metrics.finished(seq, "abort", self._now())
         seq.sink.aborted()
@@ -248,7 +274,16 @@ class Engine:
             self._emit(emitting, loop.time())
             self.steps += 1
 
+    def _publish_events(self) -> None:
+        # One batch per loop pass with anything to say (vLLM: one per scheduler step).
+        ev = self.kv.events
+        if ev:
+            self.kv.events = []
+            self.publisher.publish(ev)
+
     def _flush(self) -> None:
+        if self.kv.events:
+            self._publish_events()
         dirty = self._dirty
         if dirty:
             self._dirty = []
@@ -266,7 +301,7 @@ class Engine:
         # queue waits for blocks even if a later, smaller request would fit.
         while waiting and len(running) < cfg.max_num_seqs:
             seq = waiting[0]
-            got = kv.allocate_prompt(seq.hashes, seq.num_tokens, 1)
+            got = kv.allocate_prompt(seq.hashes, seq.num_tokens, 1, seq.token_ids)
             if got is None:
                 break
             waiting.popleft()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from .kvevents import AllBlocksCleared, removed, stored
+
 
 class Allocation:
     """The blocks one sequence holds: hashed prompt blocks plus anonymous ones."""
@@ -47,6 +49,9 @@ class KVCache:
         self.used = 0
         self.queries = 0
         self.hits = 0
+        #: KV events (``--kv-events-config``) waiting for the engine to publish them;
+        #: None when events are off, so the accounting costs nothing extra.
+        self.events: list | None = None
 
     @property
     def free(self) -> int:
@@ -75,13 +80,15 @@ class KVCache:
                 break
         return n
 
-    def allocate_prompt(self, block_hashes: list[int], tokens: int, extra: int = 0) -> tuple[Allocation, int] | None:
+    def allocate_prompt(self, block_hashes: list[int], tokens: int, extra: int = 0,
+                        token_ids: list[int] | None = None) -> tuple[Allocation, int] | None:
         """Take the blocks for a prompt of ``tokens`` tokens (plus ``extra`` slots for
         the tokens about to be generated), reusing cached ones.
 
         ``block_hashes`` are the chained hashes of the prompt's full blocks. Returns the
         allocation and the number of prompt tokens served from the cache, or None (and
-        changes nothing) when the free blocks do not suffice.
+        changes nothing) when the free blocks do not suffice. With events on, newly
+        cached blocks become ``BlockStored`` events carrying ``token_ids``' slices.
         """
         need_total = self.blocks_for(tokens + extra)
         hit_blocks = self.cached_prefix(block_hashes)
@@ -109,14 +116,23 @@ class KVCache:
                 self.used += 1
             alloc.hashes.append(h)
         n_hashed = min(len(block_hashes), need_total) if self.enable_prefix_caching else 0
+        ev = self.events if token_ids is not None else None
+        run_start = -1
         for i in range(hit_blocks, need_total):
             self._take_empty()
             h = block_hashes[i] if i < n_hashed else None
             if h is not None and h not in held and h not in lru:
                 held[h] = 1
                 alloc.hashes.append(h)
+                if ev is not None and run_start < 0:
+                    run_start = i
             else:
                 alloc.anon += 1
+                if run_start >= 0:
+                    self._stored(block_hashes, run_start, i, token_ids)
+                    run_start = -1
+        if run_start >= 0:
+            self._stored(block_hashes, run_start, min(need_total, n_hashed), token_ids)
         if self.enable_prefix_caching:
             self.queries += tokens
             self.hits += hit_blocks * self.block_size
@@ -132,9 +148,15 @@ class KVCache:
         return True
 
     def release(self, alloc: Allocation) -> None:
-        """Free a sequence's blocks; hashed ones stay reusable in the LRU."""
+        """Free a sequence's blocks; hashed ones stay reusable in the LRU.
+
+        The last block goes into the LRU first, so it is evicted before the blocks it
+        extends (vLLM frees a request's blocks in reverse for the same reason): a
+        prefix is never cut from under a still cached tail.
+        """
         held, lru = self._held, self._lru
-        for h in alloc.hashes:
+        ev = self.events
+        for h in reversed(alloc.hashes):
             r = held[h] - 1
             if r:
                 held[h] = r
@@ -144,19 +166,41 @@ class KVCache:
             if self.lru_capacity:
                 lru[h] = None
                 if len(lru) > self.lru_capacity:
-                    lru.popitem(last=False)
+                    old, _ = lru.popitem(last=False)
                     self._empty += 1
+                    if ev is not None:
+                        ev.append(removed(old))
             else:
                 self._empty += 1
+                if ev is not None:
+                    ev.append(removed(h))
         self.used -= alloc.anon
         self._empty += alloc.anon
         alloc.hashes = []
         alloc.anon = 0
+
+    def reset(self) -> bool:
+        """Drop every cached prefix (vLLM's ``reset_prefix_cache``); False, changing
+        nothing, while running sequences hold blocks."""
+        if self.used:
+            return False
+        self._empty += len(self._lru)
+        self._lru.clear()
+        if self.events is not None:
+            self.events.append(AllBlocksCleared())
+        return True
+
+    def _stored(self, block_hashes: list[int], start: int, end: int, token_ids: list[int]) -> None:
+        bs = self.block_size
+        self.events.append(stored(block_hashes[start:end], block_hashes[start - 1] if start else None,
+                                  token_ids[start * bs:end * bs], bs))
 
     def _take_empty(self) -> None:
         if self._empty:
             self._empty -= 1
         else:
             # Evict the least recently freed cached block to make room.
-            self._lru.popitem(last=False)
+            old, _ = self._lru.popitem(last=False)
+            if self.events is not None:
+                self.events.append(removed(old))
         self.used += 1

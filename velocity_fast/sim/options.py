@@ -57,12 +57,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="seconds before the port opens, like model loading (default %(default)s)")
     p.add_argument("--sse-keep-alive-interval", type=float, default=None,
                    help="send `: keep-alive` comments on idle streams every this many seconds")
+    p.add_argument("--kv-events-config", default=None,
+                   help="vLLM's KV events JSON, e.g. '{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\","
+                        "\"endpoint\":\"tcp://*:5557\",\"replay_endpoint\":\"tcp://*:5558\",\"topic\":\"kv\"}': "
+                        "publish BlockStored/BlockRemoved/AllBlocksCleared as vLLM does")
+    p.add_argument("--tokenizer", default=None,
+                   help="a tokenizer.json: count, hash and publish prompts as its token ids "
+                        "(ChatML chat template; needs the `tokenizers` extra)")
     # vLLM launcher flags that a fake `vllm serve` passes through: accepted, no effect.
     ignored = p.add_argument_group("accepted for vLLM compatibility, ignored")
     ignored.add_argument("-tp", "--tensor-parallel-size", type=int, default=None, help=argparse.SUPPRESS)
     ignored.add_argument("-dp", "--data-parallel-size", type=int, default=None, help=argparse.SUPPRESS)
     ignored.add_argument("--gpu-memory-utilization", type=float, default=None, help=argparse.SUPPRESS)
-    ignored.add_argument("--kv-events-config", default=None, help=argparse.SUPPRESS)
     ignored.add_argument("--dtype", default=None, help=argparse.SUPPRESS)
     ignored.add_argument("--disable-log-requests", action="store_true", help=argparse.SUPPRESS)
     ignored.add_argument("--disable-log-stats", action="store_true", help=argparse.SUPPRESS)
@@ -71,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ignored.add_argument("-pp", "--pipeline-parallel-size", type=int, default=None, help=argparse.SUPPRESS)
     ignored.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
                          help=argparse.SUPPRESS)
-    for name in ("--kv-cache-dtype", "--quantization", "--tokenizer", "--revision", "--download-dir",
+    for name in ("--kv-cache-dtype", "--quantization", "--revision", "--download-dir",
                  "--load-format", "--distributed-executor-backend", "--scheduling-policy",
                  "--uvicorn-log-level", "--swap-space", "--max-logprobs", "--generation-config"):
         ignored.add_argument(name, default=None, help=argparse.SUPPRESS)

@@ -65,6 +65,21 @@ completion_decoder = msgspec.json.Decoder(CompletionRequest)
 tokenize_decoder = msgspec.json.Decoder(TokenizeRequest)
 
 
+def message_texts(messages: list[Message]) -> list[tuple[str, str]]:
+    """(role, text) of each message; only text parts of a content list count."""
+    out: list[tuple[str, str]] = []
+    for m in messages:
+        c = m.content
+        if c is None:
+            text = ""
+        elif isinstance(c, str):
+            text = c
+        else:
+            text = "".join(p.text or "" for p in c if p.type == "text")
+        out.append((m.role, text))
+    return out
+
+
 def render_chat(messages: list[Message]) -> bytes:
     """The prompt a chat template would produce, as bytes (counted and hashed).
 

@@ -1,11 +1,14 @@
-"""Token model of the sim engine: no tokenizer, about four bytes a token.
+"""Token model of the sim engine: by default no tokenizer, about four bytes a token;
+with ``--tokenizer`` a real one (``TextTokenizer``).
 
-Prompts are counted and hashed from their bytes; generated text is drawn from a fixed
-vocabulary of pseudo-words, so the same seed and request give the same text.
+Prompts are counted and hashed from their bytes (or the tokenizer's ids); generated
+text is drawn from a fixed vocabulary of pseudo-words, so the same seed and request
+give the same text.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 
 #: Bytes per token when counting a prompt (docs/design.md, "Where each contract lives").
@@ -74,3 +77,61 @@ def render_text(token_ids: list[int]) -> str:
     """The text of a list of token ids."""
     v = VOCAB
     return "".join([v[t] for t in token_ids])
+
+
+def pseudo_token_ids(data: bytes) -> list[int]:
+    """Token ids for ``data`` without a tokenizer: one per four bytes, from the bytes
+    they stand for (stable for the same text; as many as ``count_tokens`` says)."""
+    n = count_tokens(data)
+    return [int.from_bytes(data[i:i + BYTES_PER_TOKEN], "little") % 151_936
+            for i in range(0, BYTES_PER_TOKEN * n, BYTES_PER_TOKEN)]
+
+
+def token_block_hashes(token_ids: list[int], block_size: int, seed: bytes = b"") -> list[int]:
+    """Chained hashes of the full blocks of a list of token ids (tokenizer mode)."""
+    out: list[int] = []
+    parent = hash(seed)
+    for i in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash((parent, tuple(token_ids[i:i + block_size])))
+        out.append(parent)
+    return out
+
+
+class TextTokenizer:
+    """A real tokenizer (``--tokenizer PATH`` to a ``tokenizer.json`` or a folder with
+    one), with a chat
+    template in the ChatML form most chat models use.
+
+    Needs the ``tokenizers`` package (the ``tokenizers`` extra).
+    """
+
+    def __init__(self, path: str) -> None:
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise ValueError("--tokenizer needs the `tokenizers` package "
+                             "(pip install velocityllm[tokenizers])") from None
+        # As vLLM's --tokenizer, a model folder will do: its tokenizer.json is used.
+        file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+        try:
+            self._tok = Tokenizer.from_file(file)
+        except Exception as e:
+            raise ValueError(f"--tokenizer {path}: cannot load a tokenizer.json: {e}") from None
+        self.path = file
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``."""
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_chat(self, messages: list[tuple[str, str]]) -> list[int]:
+        """Token ids of a conversation after the chat template, ready for the
+        assistant's turn (as vLLM: the template adds the special tokens itself)."""
+        return self.encode(chat_template(messages), add_special_tokens=False)
+
+
+def chat_template(messages: list[tuple[str, str]]) -> str:
+    """ChatML: ``<|im_start|>role\\ncontent<|im_end|>\\n`` per message, then the
+    assistant's opening (``add_generation_prompt``)."""
+    parts = [f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in messages]
+    parts.append("<|im_start|>assistant\n")
+    return "".join(parts)

@@ -1,0 +1,85 @@
+"""Config of precise prefix routing: prefix modes, tokenizers, endpoints' KV events."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from velocity_fast.config import ConfigError, load_settings
+from velocity_fast.gateway.options import add_gateway_arguments, flag_overrides
+from velocity_fast.gateway.policy import routing_settings
+
+EP = {"name": "e1", "url": "http://127.0.0.1:9", "model": "m"}
+
+
+def write(tmp_path, text: str) -> str:
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+def flags(*argv: str) -> dict:
+    p = argparse.ArgumentParser()
+    add_gateway_arguments(p)
+    return flag_overrides(p.parse_args(list(argv)))
+
+
+def test_default_is_approximate_everywhere():
+    rs = routing_settings(load_settings(None, {"endpoints": []}, env={}))
+    assert rs.prefix == "approximate" and rs.prefix_for("any") == "approximate"
+    assert not rs.precise_models()
+
+
+def test_prefix_and_tokenizer_flags_join_the_files_routing_section(tmp_path):
+    tok = tmp_path / "tokenizer.json"
+    tok.write_text("{}")
+    cfg = write(tmp_path, "routing: {hotspot_gap: 3.0}\nendpoints: [{name: e1, url: 'http://127.0.0.1:9', model: m}]\n")
+    s = load_settings(cfg, flags("--prefix", "precise", "--tokenizer", str(tok)), env={})
+    rs = routing_settings(s)
+    assert (rs.prefix, rs.tokenizer, rs.hotspot_gap) == ("precise", str(tok), 3.0)
+    assert rs.prefix_for("m") == "precise" and rs.tokenizer_for("m") == str(tok)
+
+
+def test_per_model_prefix_and_tokenizer(tmp_path):
+    tok = tmp_path / "t.json"
+    tok.write_text("{}")
+    cfg = write(tmp_path, f"models: {{m: {{prefix: precise, tokenizer: '{tok}'}}, n: {{prefix: 'off'}}}}\n")
+    rs = routing_settings(load_settings(cfg, {}, env={}))
+    assert rs.prefix_for("m") == "precise" and rs.prefix_for("n") == "off" and rs.prefix_for("o") == "approximate"
+    assert rs.tokenizer_for("m") == str(tok) and rs.tokenizer_for("n") is None
+
+
+@pytest.mark.parametrize("text, key", [
+    ("routing: {prefix: exact}\n", "prefix"),
+    ("models: {m: {prefix: exact}}\n", "models.m.prefix"),
+    ("routing: {prefix: precise}\nendpoints: [{name: e1, url: 'http://127.0.0.1:9', model: m}]\n", "routing.prefix"),
+    ("routing: {tokenizer: /no/such/tokenizer.json}\n", "routing.tokenizer"),
+    ("endpoints: [{name: e1, url: 'http://127.0.0.1:9', model: m, kv_events: {endpoint: '127.0.0.1:5557'}}]\n",
+     "endpoints[0].kv_events.endpoint"),
+    ("endpoints: [{name: e1, url: 'http://127.0.0.1:9', model: m, kv_events: {replay_endpoint: 'tcp://x:1'}}]\n",
+     "endpoint"),
+])
+def test_bad_precise_config_is_one_line_naming_the_key(tmp_path, text, key):
+    with pytest.raises(ConfigError) as e:
+        load_settings(write(tmp_path, text), {}, env={})
+    assert key in str(e.value) and "\n" not in str(e.value)
+
+
+def test_endpoint_kv_events_are_read(tmp_path):
+    cfg = write(tmp_path, "endpoints: [{name: e1, url: 'http://127.0.0.1:9', model: m, kv_events: "
+                          "{endpoint: 'tcp://127.0.0.1:5557', replay_endpoint: 'tcp://127.0.0.1:5558', topic: kv}}]\n")
+    kv = load_settings(cfg, {}, env={}).endpoints[0].kv_events
+    assert (kv.endpoint, kv.replay_endpoint, kv.topic) == ("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558", "kv")
+
+
+def test_serve_with_a_tokenizer_that_is_not_one_exits_2_naming_the_key(tmp_path):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("not json")
+    proc = subprocess.run([sys.executable, "-m", "velocity_fast", "serve", "--endpoint", "e1=http://127.0.0.1:9=m",
+                           "--prefix", "precise", "--tokenizer", str(bad), "--port", "0", "--admin-port", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "config error: routing.tokenizer" in proc.stderr and "Traceback" not in proc.stderr

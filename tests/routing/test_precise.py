@@ -1,0 +1,267 @@
+"""Precise prefix routing's decision (routing/precise.py): an endpoint whose KV-event index
+is exact is scored by what its engine holds; the approximate index stands in when the
+index is not exact or the request's tokens are not ready."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+from velocity_fast.fleet.endpoint import Endpoint, Pool
+from velocity_fast.kvevents.index import EXACT, BlockIndex, chain_hashes
+from velocity_fast.kvevents.wire import Stored
+from velocity_fast.metrics.registry import Registry
+from velocity_fast.routing.precise import PrecisePrefix, chat_template
+from velocity_fast.routing.router import Router
+from velocity_fast.routing.settings import RoutingSettings
+
+BS = 4
+WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma "
+         "tau upsilon phi chi psi omega system user assistant you are a helpful bot").split()
+
+
+@pytest.fixture(scope="module")
+def tokenizer_json(tmp_path_factory):
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([" ".join(WORDS)], trainers.WordLevelTrainer(
+        special_tokens=["[UNK]", "<|im_start|>", "<|im_end|>"]))
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return str(path)
+
+
+def make_pool(n=2, model="m"):
+    eps = []
+    for i in range(n):
+        ep = Endpoint(f"e{i}", f"http://127.0.0.1:{9200 + i}", model)
+        ep.healthy = True
+        eps.append(ep)
+    return Pool(model, eps)
+
+
+def chat(*turns):
+    roles = ["system"] + ["user", "assistant"] * len(turns)
+    return {"messages": [{"role": r, "content": c} for r, c in zip(roles, turns)]}
+
+
+def messages_ids(tok_path, body):
+    tok = Tokenizer.from_file(tok_path)
+    msgs = [(m["role"], m["content"]) for m in body["messages"]]
+    return tok.encode(chat_template(msgs), add_special_tokens=False).ids
+
+
+def engine_holds(index: BlockIndex, key: str, ids: list[int]) -> None:
+    """The engine of ``key`` cached the full blocks of ``ids`` (as its KV events say)."""
+    n = len(ids) // BS
+    index.set_state(key, EXACT)
+    index.apply(key, [Stored([f"{key}-{i}" for i in range(n)], None, ids[:n * BS], BS, None, "GPU", None, None)])
+
+
+def wait_ready(info, timeout=5.0):
+    end = time.monotonic() + timeout
+    while info.precise.chain is None and time.monotonic() < end:
+        time.sleep(0.005)
+    assert info.precise.chain is not None, "the tokenizer thread never finished"
+
+
+@pytest.fixture
+def setup(tokenizer_json):
+    made = []
+
+    def build(**kw):
+        kw.setdefault("seed", 3)
+        kw.setdefault("default_profile", "chat")
+        s = RoutingSettings(prefix="precise", tokenizer=tokenizer_json, **kw)
+        index = BlockIndex()
+        reg = Registry()
+        precise = PrecisePrefix(s, index, registry=reg, block_size=lambda model: BS)
+        made.append(precise)
+        return Router(s, registry=reg, precise=precise), index, precise, reg
+    yield build
+    for p in made:
+        p.close()
+
+
+SYSTEM = " ".join(WORDS[:20])
+
+
+def test_exact_index_beats_the_approximate_one_when_they_disagree(setup, tokenizer_json):
+    r, index, _, reg = setup()
+    pool = make_pool(2)
+    e0, e1 = pool.endpoints
+    body = chat(SYSTEM, "alpha beta gamma")
+    # This gateway last sent the prompt to e0 (the approximate index says e0) ...
+    info0 = r.route_info("m", body, {})
+    r.on_dispatch(e0, info0)
+    # ... but e1's engine is the one that holds it (it restarted e0, or another gateway sent it).
+    engine_holds(index, "e0", [])
+    engine_holds(index, "e1", messages_ids(tokenizer_json, body))
+    info = r.route_info("m", body, {})
+    wait_ready(info)
+    picks = {r.pick(pool, info).name for _ in range(20)}
+    assert picks == {"e1"}
+    text = reg.render().decode()
+    assert 'velocity_prefix_precise_picks_total{model="m",how="precise"} 20' in text
+    # The same request in an approximate gateway goes to e0: the two indexes disagree.
+    plain = Router(RoutingSettings(seed=3, default_profile="chat"), registry=Registry())
+    plain.on_dispatch(e0, plain.route_info("m", body, {}))
+    assert {plain.pick(pool, plain.route_info("m", body, {})).name for _ in range(20)} == {"e0"}
+
+
+def test_an_endpoint_not_exact_is_scored_by_the_approximate_index(setup, tokenizer_json):
+    r, index, _, _ = setup()
+    pool = make_pool(2)
+    e0, e1 = pool.endpoints
+    body = chat(SYSTEM, "delta epsilon")
+    r.on_dispatch(e0, r.route_info("m", body, {}))
+    # e1 holds a little of the prompt for sure; e0's index is approximate (events lost),
+    # so its score is the approximate index's: the whole prompt.
+    ids = messages_ids(tokenizer_json, body)
+    engine_holds(index, "e1", ids[:BS])
+    index.stats("e0").state = "approximate"
+    info = r.route_info("m", body, {})
+    wait_ready(info)
+    assert {r.pick(pool, info).name for _ in range(20)} == {"e0"}
+    # Once e0 is exact and holds nothing, e1's block wins.
+    engine_holds(index, "e0", [])
+    assert {r.pick(pool, info).name for _ in range(20)} == {"e1"}
+
+
+def test_no_exact_endpoint_falls_back_to_approximate_routing(setup, tokenizer_json):
+    r, index, _, reg = setup()
+    pool = make_pool(2)
+    e0, _ = pool.endpoints
+    body = chat(SYSTEM, "zeta eta")
+    r.on_dispatch(e0, r.route_info("m", body, {}))
+    info = r.route_info("m", body, {})
+    wait_ready(info)
+    assert {r.pick(pool, info).name for _ in range(10)} == {"e0"}
+    assert 'how="not_exact"} 10' in reg.render().decode()
+
+
+def test_tokens_not_ready_route_on_the_approximate_index_at_once(setup, tokenizer_json):
+    r, index, precise, reg = setup()
+    pool = make_pool(2)
+    e0, e1 = pool.endpoints
+    body = chat(SYSTEM, "theta iota")
+    r.on_dispatch(e0, r.route_info("m", body, {}))
+    engine_holds(index, "e0", [])
+    engine_holds(index, "e1", messages_ids(tokenizer_json, body))
+    info = r.route_info("m", chat(SYSTEM, "theta iota"), {})
+    info.precise.chain = None  # as if the tokenizer thread had not got to it yet
+    assert r.pick(pool, info).name == "e0"
+    assert 'how="not_ready"} 1' in reg.render().decode()
+
+
+def test_a_next_turn_is_precise_at_once_and_tokenizes_only_its_new_messages(setup, tokenizer_json):
+    r, index, precise, reg = setup()
+    turn1 = chat(SYSTEM, "kappa lambda mu")
+    info1 = r.route_info("m", turn1, {})
+    wait_ready(info1)
+    assert info1.precise.chain == chain_hashes(messages_ids(tokenizer_json, turn1), BS)
+
+    def tokens():
+        return reg.get("velocity_prefix_tokenized_tokens_total").get()
+
+    before = tokens()
+    turn2 = chat(SYSTEM, "kappa lambda mu", "nu xi", "omicron pi rho")
+    info2 = r.route_info("m", turn2, {})
+    # Ready on the event loop: the leading messages' blocks from the cache ...
+    assert info2.precise.chain is not None
+    whole2 = chain_hashes(messages_ids(tokenizer_json, turn2), BS)
+    assert whole2[:len(info2.precise.chain)] == info2.precise.chain and len(info2.precise.chain) > 0
+    wait_until = time.monotonic() + 5
+    while info2.precise.chain != whole2 and time.monotonic() < wait_until:
+        time.sleep(0.005)
+    # ... then the whole prompt's, tokenizing only the two new messages.
+    assert info2.precise.chain == whole2
+    tok = Tokenizer.from_file(tokenizer_json)
+    new = sum(len(tok.encode(f"<|im_start|>{r_}\n{c}<|im_end|>\n", add_special_tokens=False).ids)
+              for r_, c in [("assistant", "nu xi"), ("user", "omicron pi rho")])
+    assert tokens() - before == new
+    # The same prompt again is a whole hit: nothing to tokenize.
+    info3 = r.route_info("m", turn2, {})
+    assert info3.precise.chain == whole2
+    assert 'velocity_prefix_token_cache_total{result="hit"} 1' in reg.render().decode()
+
+
+def test_approximate_and_off_pools_have_no_token_side(setup, tokenizer_json):
+    s = RoutingSettings(seed=1, default_profile="chat", prefix_modes={"a": "approximate", "o": "off"},
+                        prefix="precise", tokenizer=tokenizer_json)
+    precise = PrecisePrefix(s, BlockIndex(), block_size=lambda m: BS)
+    try:
+        r = Router(s, registry=Registry(), precise=precise)
+        assert r.route_info("a", chat(SYSTEM, "x"), {}).precise is None
+        off = r.route_info("o", chat(SYSTEM, "x"), {})
+        assert off.precise is None and off.nblocks == 0  # off: load alone decides
+        assert r.route_info("a", chat(SYSTEM, "x"), {}).nblocks > 0
+        assert r.route_info("p", chat(SYSTEM, "x"), {}).precise is not None
+    finally:
+        precise.close()
+
+
+def test_off_routes_by_load_alone():
+    r = Router(RoutingSettings(seed=1, default_profile="chat", prefix="off"), registry=Registry())
+    pool = make_pool(2)
+    e0, e1 = pool.endpoints
+    body = chat(SYSTEM, "x")
+    r.on_dispatch(e0, r.route_info("m", body, {}))
+    e0.inflight = 1  # approximate affinity would keep it on e0 at this small a gap
+    assert {r.pick(pool, r.route_info("m", body, {})).name for _ in range(10)} == {"e1"}
+
+
+@pytest.mark.parametrize("accent", ["", "é"])
+def test_a_shared_prefix_inside_one_message_is_matched_at_once(setup, tokenizer_json, accent):
+    """The whole prompt in one message (a shared context, then a question): the second
+    request finds the first's token blocks through their common byte blocks."""
+    r, index, precise, reg = setup()
+    context = " ".join(w + accent for w in (WORDS * 4)[:100])
+    first = {"messages": [{"role": "user", "content": context + " alpha beta"}]}
+    wait_ready(r.route_info("m", first, {}))
+    second = {"messages": [{"role": "user", "content": context + " omega psi chi"}]}
+    info = r.route_info("m", second, {})
+    got = info.precise.chain
+    whole = chain_hashes(messages_ids(tokenizer_json, second), BS)
+    context_blocks = len(messages_ids(tokenizer_json, {"messages": [{"role": "user", "content": context}]})) // BS
+    assert got is not None and whole[:len(got)] == got
+    assert len(got) >= context_blocks - 4, (len(got), context_blocks)  # a byte block and the margin
+    assert 'result="prefix"} 1' in reg.render().decode()
+
+
+def test_completions_prompts_share_prefixes_too(setup, tokenizer_json):
+    r, index, precise, reg = setup()
+    context = " ".join((WORDS * 3)[:80])
+    wait_ready(r.route_info("m", {"prompt": context + " alpha"}, {}))
+    info = r.route_info("m", {"prompt": context + " omega"}, {})
+    tok = Tokenizer.from_file(tokenizer_json)
+    whole = chain_hashes(tok.encode(context + " omega").ids, BS)
+    assert info.precise.chain is not None and whole[:len(info.precise.chain)] == info.precise.chain
+    assert len(info.precise.chain) >= len(tok.encode(context).ids) // BS - 4
+    wait_ready(info)
+    deadline = time.monotonic() + 5
+    while info.precise.chain != whole and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert info.precise.chain == whole
+
+
+def test_a_tokenizer_without_chatml_markers_keeps_chat_approximate(tmp_path):
+    """The chat template applied here is ChatML (as the sim's): with a tokenizer that does
+    not know its markers the engine's template is another one, so chat requests stay on
+    the approximate index instead of matching tokens the engine never saw."""
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([" ".join(WORDS)], trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
+    path = str(tmp_path / "tokenizer.json")
+    tok.save(path)
+    s = RoutingSettings(seed=1, default_profile="chat", prefix="precise", tokenizer=path)
+    precise = PrecisePrefix(s, BlockIndex(), block_size=lambda m: BS)
+    try:
+        r = Router(s, registry=Registry(), precise=precise)
+        assert r.route_info("m", chat(SYSTEM, "x"), {}).precise is None
+        info = r.route_info("m", {"prompt": SYSTEM}, {})
+        wait_ready(info)
+        assert info.precise.chain == chain_hashes(tok.encode(SYSTEM).ids, BS)
+    finally:
+        precise.close()

@@ -1,0 +1,312 @@
+"""An exact per-engine index of cached prefix blocks, built from KV events.
+
+Keys are the gateway's OWN chained hashes of token ids, never the engine's block hashes:
+block ``i`` of a prompt is ``hash((hash of block i-1, tuple of its block_size token
+ids))``, from ``ROOT`` (or a LoRA's root). The engine's hashes (algorithm and seed are
+the engine's business) serve only to find a block again when ``BlockRemoved`` names it
+and to find a stored run's parent. So ``chain_hashes(prompt_ids, block_size)`` on the
+request side and ``match`` here agree whatever hash the engines use.
+
+Threads: one subscriber thread writes an endpoint's entries; the router reads them on
+the event loop. ``match`` only does ``in`` on a set that stays a prefix of every chain
+at each step of a change, and a clear swaps in new containers, so a reader never sees
+a half-made change (each set operation is atomic under the GIL).
+
+``match`` costs O(log n) lookups: the index keeps apart the blocks reachable from the
+root (all ancestors held), which along a prompt's chain form a prefix. It stays exact
+when an engine evicts a block before its descendants (vLLM does not, but the index
+does not rely on it).
+"""
+from __future__ import annotations
+
+from typing import Any, Hashable, Iterable
+
+from .wire import Cleared, Removed, Stored
+
+#: The chain's root: a fixed number, so hashes agree between processes (the hash of a
+#: tuple of ints does not depend on PYTHONHASHSEED).
+ROOT = 0x5EC7_0C4E_D1A5_7E11
+
+#: States of an endpoint's entries.
+CONNECTING = "connecting"     # nothing received yet: no knowledge
+EXACT = "exact"               # every batch since a known state applied
+APPROXIMATE = "approximate"   # batches were lost and not recovered: entries may be wrong
+
+
+def lora_root(lora: Hashable | None) -> int:
+    """The chain's root for blocks of a LoRA adapter (``ROOT`` for the base model)."""
+    return ROOT if lora is None else hash((ROOT, lora))
+
+
+def chain_hashes(token_ids: list[int] | tuple[int, ...], block_size: int, lora: Hashable | None = None,
+                 known: list[int] | None = None) -> list[int]:
+    """The chained hashes of the full blocks of ``token_ids`` (a trailing partial block
+    has none, as engines cache only full blocks).
+
+    ``known``: the hashes of this prompt's first blocks, already computed (a
+    conversation's earlier turn): only the blocks after them are hashed.
+    """
+    skip = len(known) * block_size if known else 0
+    return extend_chain(known or (), token_ids[skip:], block_size, lora)
+
+
+def extend_chain(known: list[int] | tuple[int, ...], token_ids: list[int] | tuple[int, ...], block_size: int,
+                 lora: Hashable | None = None) -> list[int]:
+    """``chain_hashes`` of a prompt given the hashes of its first blocks (``known``) and
+    only the tokens after them (``token_ids``): what a next turn costs is its tail."""
+    out: list[int] = list(known)
+    parent = out[-1] if out else lora_root(lora)
+    ids = tuple(token_ids)  # slices of a tuple are tuples
+    for i in range(0, len(ids) - block_size + 1, block_size):
+        parent = hash((parent, ids[i:i + block_size]))
+        out.append(parent)
+    return out
+
+
+def _freeze(x: Any) -> Any:
+    if isinstance(x, list):
+        return tuple(_freeze(v) for v in x)
+    if isinstance(x, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in x.items()))
+    return x
+
+
+class EndpointStats:
+    """Counters of one endpoint (read by metrics; written by its subscriber)."""
+
+    __slots__ = ("events", "batches", "lost", "replayed", "unrecovered", "resyncs", "disconnects",
+                 "orphans", "skipped", "bad", "state", "block_size")
+
+    def __init__(self) -> None:
+        self.events = 0        # events applied
+        self.batches = 0       # batches applied (live and replayed)
+        self.lost = 0          # batches missing from the live stream (sequence gaps)
+        self.replayed = 0      # batches recovered through the replay endpoint
+        self.unrecovered = 0   # gaps the replay could not fill (each made the entries approximate)
+        self.resyncs = 0       # approximate -> exact again
+        self.disconnects = 0   # the publisher's connection dropped (engine gone or restarted)
+        self.orphans = 0       # stored blocks whose parent was unknown, so not indexed
+        self.skipped = 0       # stored blocks of another medium or group, or malformed
+        self.bad = 0           # messages that were not event batches
+        self.state = CONNECTING
+        self.block_size = 0    # as the engine's events say
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+class _Entries:
+    """One endpoint's blocks.
+
+    ``blocks``: own hash -> engine blocks holding it. ``closed``: the held blocks whose
+    ancestors are all held too, i.e. the blocks a prompt reaching them would find
+    cached; a block is in it only after its parent, so along any chain it is a prefix
+    and ``match`` can binary-search it. ``parent`` and ``kids`` link own hashes, so that
+    evicting a block opens its cached descendants and storing it again closes them.
+    ``engine``: engine hash -> [own hash, times stored and not yet removed].
+    """
+
+    __slots__ = ("blocks", "closed", "parent", "kids", "engine")
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, int] = {}
+        self.closed: set[int] = set()
+        self.parent: dict[int, int | None] = {}
+        self.kids: dict[int | None, set[int]] = {}
+        self.engine: dict[Any, list] = {}
+
+    def add(self, own: int, parent: int | None) -> None:
+        n = self.blocks.get(own, 0)
+        self.blocks[own] = n + 1
+        if n:
+            return
+        self.parent[own] = parent
+        self.kids.setdefault(parent, set()).add(own)
+        if parent is None or parent in self.closed:
+            # Close it and its held descendants, each after its parent (readers
+            # never see a closed block under an open one).
+            stack = [own]
+            closed, blocks, kids = self.closed, self.blocks, self.kids
+            while stack:
+                x = stack.pop()
+                if x in blocks and x not in closed:
+                    closed.add(x)
+                    stack.extend(kids.get(x, ()))
+
+    def drop(self, own: int) -> None:
+        n = self.blocks.get(own, 0) - 1
+        if n > 0:
+            self.blocks[own] = n
+            return
+        if n < 0:
+            return
+        del self.blocks[own]
+        if own in self.closed:
+            # Open it and its closed descendants, deepest first.
+            order, stack = [], [own]
+            closed, kids = self.closed, self.kids
+            while stack:
+                x = stack.pop()
+                if x in closed:
+                    order.append(x)
+                    stack.extend(kids.get(x, ()))
+            for x in reversed(order):
+                closed.discard(x)
+        # Unlink it from its parent; its own kids stay linked (they may still be
+        # held, and are found again when it is stored again).
+        parent = self.parent.pop(own)
+        sibs = self.kids.get(parent)
+        if sibs is not None:
+            sibs.discard(own)
+            if not sibs:
+                del self.kids[parent]
+
+
+class BlockIndex:
+    """Per endpoint, the set of own chained hashes of the blocks its engine holds."""
+
+    def __init__(self) -> None:
+        self._entries: dict[Hashable, _Entries] = {}
+        self._stats: dict[Hashable, EndpointStats] = {}
+
+    # -- the router's side ---------------------------------------------------------
+    def match(self, endpoint_key: Hashable, chain: list[int]) -> int:
+        """How many leading blocks of ``chain`` (from ``chain_hashes``) the endpoint holds."""
+        e = self._entries.get(endpoint_key)
+        if e is None:
+            return 0
+        # ``closed`` is a prefix of any chain: binary search for where it ends.
+        closed = e.closed
+        lo, hi = 0, len(chain)
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if chain[mid] in closed:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def match_exact(self, endpoint_key: Hashable, chain: list[int], block_size: int) -> int:
+        """``match`` when the endpoint's entries are exact and of ``block_size`` (or hold no
+        block yet), else -1: the router's one call per endpoint."""
+        s = self._stats.get(endpoint_key)
+        if s is None or s.state != EXACT or (s.block_size and s.block_size != block_size):
+            return -1
+        e = self._entries.get(endpoint_key)
+        if e is None:
+            return 0
+        closed = e.closed
+        lo, hi = 0, len(chain)
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if chain[mid] in closed:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def exact(self, endpoint_key: Hashable) -> bool:
+        """True when the endpoint's entries can be trusted (else route approximately)."""
+        s = self._stats.get(endpoint_key)
+        return s is not None and s.state == EXACT
+
+    def size(self, endpoint_key: Hashable) -> int:
+        """Distinct blocks the endpoint holds."""
+        e = self._entries.get(endpoint_key)
+        return 0 if e is None else len(e.blocks)
+
+    def block_size(self, endpoint_key: Hashable) -> int:
+        """The endpoint's block size as its events say (0 before any BlockStored)."""
+        s = self._stats.get(endpoint_key)
+        return 0 if s is None else s.block_size
+
+    def stats(self, endpoint_key: Hashable) -> EndpointStats:
+        """The endpoint's counters (created on first use)."""
+        s = self._stats.get(endpoint_key)
+        if s is None:
+            s = self._stats[endpoint_key] = EndpointStats()
+            self._entries[endpoint_key] = _Entries()
+        return s
+
+    def endpoints(self) -> list[Hashable]:
+        return list(self._stats)
+
+    def remove(self, endpoint_key: Hashable) -> None:
+        """Forget an endpoint (it left the fleet)."""
+        self._entries.pop(endpoint_key, None)
+        self._stats.pop(endpoint_key, None)
+
+    # -- the subscriber's side -----------------------------------------------------
+    def clear(self, endpoint_key: Hashable) -> None:
+        """Drop every entry of the endpoint (a swap: readers keep the old, whole one)."""
+        self.stats(endpoint_key)
+        self._entries[endpoint_key] = _Entries()
+
+    def set_state(self, endpoint_key: Hashable, state: str) -> None:
+        s = self.stats(endpoint_key)
+        if state == EXACT and s.state == APPROXIMATE:
+            s.resyncs += 1
+        s.state = state
+
+    def apply(self, endpoint_key: Hashable, events: Iterable[Stored | Removed | Cleared]) -> None:
+        """Apply one batch's events in order."""
+        s = self.stats(endpoint_key)
+        for ev in events:
+            s.events += 1
+            if isinstance(ev, Stored):
+                self._stored(endpoint_key, s, ev)
+            elif isinstance(ev, Removed):
+                self._removed(endpoint_key, ev)
+            else:
+                # The engine's cache is empty now: a known state, whatever was lost.
+                self.clear(endpoint_key)
+                self.set_state(endpoint_key, EXACT)
+
+    def _stored(self, key: Hashable, s: EndpointStats, ev: Stored) -> None:
+        n = len(ev.block_hashes)
+        bs = ev.block_size
+        if (ev.medium not in (None, "GPU") or ev.group_idx not in (None, 0) or bs < 1
+                or len(ev.token_ids) != n * bs):
+            s.skipped += n
+            return
+        s.block_size = bs
+        e = self._entries[key]
+        engine = e.engine
+        if ev.parent is None:
+            parent, link = lora_root(ev.lora), None
+        else:
+            p = engine.get(ev.parent)
+            if p is None:
+                s.orphans += n
+                return
+            parent = link = p[0]
+        extra = ev.extra_keys
+        tokens = tuple(ev.token_ids)
+        for i, eh in enumerate(ev.block_hashes):
+            block = tokens[i * bs:(i + 1) * bs]
+            x = extra[i] if extra is not None and i < len(extra) else None
+            # A block whose hash covers more than its tokens (images, a cache salt)
+            # gets a key no plain prompt can produce.
+            own = hash((parent, block)) if x is None else hash((parent, block, _freeze(x)))
+            got = engine.get(eh)
+            if got is None:
+                engine[eh] = [own, 1]
+                e.add(own, link)
+            else:
+                got[1] += 1
+            parent = link = own
+
+    def _removed(self, key: Hashable, ev: Removed) -> None:
+        if ev.medium not in (None, "GPU") or ev.group_idx not in (None, 0):
+            return
+        e = self._entries[key]
+        engine = e.engine
+        for eh in ev.block_hashes:
+            got = engine.get(eh)
+            if got is None:
+                continue
+            got[1] -= 1
+            if got[1] > 0:
+                continue
+            del engine[eh]
+            e.drop(got[0])
