@@ -192,3 +192,21 @@ def test_velocityllm_detect_command(tmp_path, model):
     assert "Engines: 2 x vllm" in done.stdout
     assert "vllm-gpu0-1: http://127.0.0.1:9400" in done.stdout
     assert "vllm-gpu2-3: http://127.0.0.1:9401" in done.stdout
+
+
+def test_engines_skip_a_port_something_else_holds(model):
+    """A port in use (another server, another gateway's engines) is skipped: the engine would
+    exit at once, and the readiness check could meet whatever holds the port instead."""
+    import socket
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    try:
+        base = held.getsockname()[1]
+        plan = plan_engines(gpus(0), None, engines=2, base_port=base)
+        ports = [s.port for s in plan.specs]
+        assert base not in ports and len(set(ports)) == 2 and all(p > base for p in ports)
+        assert all(flag(list(s.argv), "--port") == str(s.port) for s in plan.specs)
+    finally:
+        held.close()

@@ -76,7 +76,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--engine-base-port",
         type=_port,
         default=DEFAULT_ENGINE_BASE_PORT,
-        help=f"first engine port; engine i listens on base+i (default {DEFAULT_ENGINE_BASE_PORT})",
+        help=f"first engine port; engines take the first free ports from it (default {DEFAULT_ENGINE_BASE_PORT})",
     )
     g.add_argument(
         "--engine-log-dir",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -76,6 +77,22 @@ def tp_groups(gpus: Sequence[GPU], tp: int) -> list[tuple[GPU, ...]]:
     return [tuple(gpus[i : i + tp]) for i in range(0, len(gpus), tp)]
 
 
+def free_ports(base: int, n: int, *, span: int = 1000) -> list[int]:
+    """The first ``n`` ports from ``base`` that nothing on this host holds: an engine whose
+    port is taken would exit at once, and a readiness check could meet whatever holds it."""
+    out: list[int] = []
+    for port in range(base, min(base + span, 65536)):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((ENGINE_HOST, port))
+            except OSError:
+                continue
+        out.append(port)
+        if len(out) == n:
+            return out
+    raise PlanError(f"no {n} free port(s) for engines from {base} to {base + span - 1}")
+
+
 def plan_engines(
     gpus: Sequence[GPU],
     model: ModelChoice | None,
@@ -99,6 +116,8 @@ def plan_engines(
     ``vllm``. Raises PlanError when vLLM is wanted but cannot be started as asked.
     """
     logs = Path(log_dir) if log_dir is not None else default_log_dir()
+    ports = free_ports(base_port, engines if (mock or not gpus or model is None)
+                       else len(tp_groups(gpus, tensor_parallel_size)))
     if mock or not gpus or model is None:
         if mock:
             reason = "--mock: built-in sim engines"
@@ -108,7 +127,7 @@ def plan_engines(
             reason = "no model found: built-in sim engines"
         name = model.name if model is not None else SIM_MODEL_NAME
         specs = [
-            _sim_spec(i, name, base_port + i, max_model_len, logs, api_key, sim_args)
+            _sim_spec(i, name, ports[i], max_model_len, logs, api_key, sim_args)
             for i in range(engines)
         ]
         return EnginePlan("sim", tuple(specs), reason, model)
@@ -122,7 +141,7 @@ def plan_engines(
         )
     specs = []
     for i, group in enumerate(groups):
-        port = base_port + i
+        port = ports[i]
         indices = tuple(g.index for g in group)
         name = "vllm-gpu" + "-".join(str(x) for x in indices)
         argv = [
