@@ -91,7 +91,7 @@ class Settings(_S):
     admin_port: int = 9090
     sla_ms: float = 3000.0
     max_concurrency: int = 32
-    max_model_len: int = 4096
+    max_model_len: int = 131072  # prompts of 256 KiB and more; vLLM engines get at most their model's own
     api_key: str | None = None
     structured_logs: bool = False
     log_level: str = "info"

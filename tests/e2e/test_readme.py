@@ -126,6 +126,14 @@ def test_make_run_then_every_curl_line_and_the_python_snippet(tmp_path):
         r = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=60, cwd=REPO)
         assert r.returncode == 0, r.stderr
         assert "ChatCompletion(" in r.stdout and "velocity-sim" in r.stdout
+        # A realistic prompt at default flags: a 64 KiB system prompt (about 16k tokens).
+        big = {"messages": [{"role": "system", "content": "You are a careful assistant. " * 2260},
+                            {"role": "user", "content": "Hello"}], "max_tokens": 8}
+        r = subprocess.run(["curl", "-s", "-w", "\\n%{http_code}", f"127.0.0.1:{port}/v1/chat/completions",
+                            "-H", "content-type: application/json", "--data-binary", "@-"],
+                           input=orjson.dumps(big), capture_output=True, timeout=60)
+        body, _, code = r.stdout.rpartition(b"\n")
+        assert code == b"200" and orjson.loads(body)["usage"]["prompt_tokens"] > 16000, r.stdout[-400:]
     finally:
         stop_group(proc, 20)
 

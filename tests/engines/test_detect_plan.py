@@ -97,7 +97,7 @@ def test_sim_engines_without_gpu_or_model_or_with_mock(model, n_gpus, use_model,
 def test_flags_and_defaults():
     a = args()
     assert (a.model_path, a.mock, a.engines, a.tensor_parallel_size) == (None, False, 2, 1)
-    assert (a.gpu_memory_utilization, a.max_model_len, a.engine_base_port) == (0.92, 4096, 8100)
+    assert (a.gpu_memory_utilization, a.max_model_len, a.engine_base_port) == (0.92, 131072, 8100)
     with pytest.raises(SystemExit):
         args("--gpu-memory-utilization", "1.5")
     with pytest.raises(SystemExit):
@@ -210,3 +210,33 @@ def test_engines_skip_a_port_something_else_holds(model):
         assert all(flag(list(s.argv), "--port") == str(s.port) for s in plan.specs)
     finally:
         held.close()
+
+
+def test_vllm_gets_at_most_its_models_own_context(tmp_path):
+    """vLLM refuses a --max-model-len past the model's max_position_embeddings: the default
+    (long, for prompts of 256 KiB) is cut to the model's own, an explicit shorter one kept."""
+    folder = tmp_path / "short-model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 8192}')
+    short = ModelChoice(folder, "short", "flag")
+    plan = plan_engines(gpus(1), short, log_dir=tmp_path, path=str(FAKES_DIR))
+    assert flag(list(plan.specs[0].argv), "--max-model-len") == "8192"
+    plan = plan_engines(gpus(1), short, max_model_len=2048, log_dir=tmp_path, path=str(FAKES_DIR))
+    assert flag(list(plan.specs[0].argv), "--max-model-len") == "2048"
+
+
+def test_a_sim_engine_has_kv_blocks_for_one_whole_sequence():
+    """Without --num-gpu-blocks a sim sized for long prompts can hold one (vLLM would not start
+    otherwise); an explicit count is kept, and checked."""
+    from velocity_fast.sim.config import SimConfig
+    from velocity_fast.sim.options import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cfg = SimConfig.from_args(parser.parse_args(["--max-model-len", "131072"]))
+    cfg.validate()
+    assert cfg.num_gpu_blocks * cfg.block_size >= 131072
+    assert SimConfig.from_args(parser.parse_args([])).num_gpu_blocks == SimConfig().num_gpu_blocks
+    explicit = SimConfig.from_args(parser.parse_args(["--max-model-len", "131072", "--num-gpu-blocks", "100"]))
+    with pytest.raises(ValueError, match="KV blocks"):
+        explicit.validate()

@@ -8,7 +8,7 @@ import argparse
 
 DEFAULT_SIM_ENGINES = 2
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's own default
-DEFAULT_MAX_MODEL_LEN = 4096
+DEFAULT_MAX_MODEL_LEN = 131072
 DEFAULT_ENGINE_BASE_PORT = 8100  # above the gateway's 8000 and clear of the admin 9090
 
 

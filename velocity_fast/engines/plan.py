@@ -6,6 +6,7 @@ sim engines. Pure: it reads nothing but PATH (to find ``vllm``) and starts nothi
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -75,6 +76,20 @@ def tp_groups(gpus: Sequence[GPU], tp: int) -> list[tuple[GPU, ...]]:
             f"choose a --tensor-parallel-size that divides {len(gpus)}"
         )
     return [tuple(gpus[i : i + tp]) for i in range(0, len(gpus), tp)]
+
+
+def model_context(path: str | os.PathLike[str]) -> int | None:
+    """The context length the model folder's config.json gives (max_position_embeddings), as
+    vLLM derives its own default; None when it does not say. vLLM refuses a longer one."""
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for c in (cfg, cfg.get("text_config") or {}):
+        n = c.get("max_position_embeddings") if isinstance(c, dict) else None
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return n
+    return None
 
 
 def free_ports(base: int, n: int, *, span: int = 1000) -> list[int]:
@@ -151,7 +166,7 @@ def plan_engines(
             "--served-model-name", model.name,
             "--tensor-parallel-size", str(tensor_parallel_size),
             "--gpu-memory-utilization", str(gpu_memory_utilization),
-            "--max-model-len", str(max_model_len),
+            "--max-model-len", str(min(max_model_len, model_context(model.path) or max_model_len)),
         ]
         if api_key:
             argv += ["--api-key", api_key]

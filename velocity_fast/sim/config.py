@@ -96,4 +96,7 @@ class SimConfig:
             kw["root"] = model or served
         elif model:
             kw["model"] = model
-        return cls(**kw)
+        cfg = cls(**kw)
+        if "num_gpu_blocks" not in kw:  # room for one whole sequence, as vLLM needs to start
+            cfg.num_gpu_blocks = max(cfg.num_gpu_blocks, -(-cfg.max_model_len // cfg.block_size))
+        return cfg

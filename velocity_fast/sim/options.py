@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=_D.max_num_batched_tokens,
                    help="tokens computed per step at most (chunked prefill, default %(default)s)")
     p.add_argument("--num-gpu-blocks", "--num-gpu-blocks-override", dest="num_gpu_blocks", type=int,
-                   default=_D.num_gpu_blocks, help="KV-cache blocks (default %(default)s)")
+                   default=None, help=f"KV-cache blocks (default {_D.num_gpu_blocks}, or enough for one "
+                   "sequence of --max-model-len)")
     p.add_argument("--block-size", type=int, default=_D.block_size,
                    help="tokens per KV block (default %(default)s)")
     p.add_argument("--prefix-cache-blocks", type=int, default=None,
