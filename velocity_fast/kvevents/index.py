@@ -162,6 +162,19 @@ class _Entries:
                 del self.kids[parent]
 
 
+def _leading(closed, chain: list[int]) -> int:
+    """How many leading hashes of ``chain`` are in ``closed``. ``closed`` holds whole chains from
+    the root, so what it holds of one chain is a prefix of it: a binary search finds its end."""
+    lo, hi = 0, len(chain)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if chain[mid] in closed:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 class BlockIndex:
     """Per endpoint, the set of own chained hashes of the blocks its engine holds."""
 
@@ -175,16 +188,7 @@ class BlockIndex:
         e = self._entries.get(endpoint_key)
         if e is None:
             return 0
-        # ``closed`` is a prefix of any chain: binary search for where it ends.
-        closed = e.closed
-        lo, hi = 0, len(chain)
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if chain[mid] in closed:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return _leading(e.closed, chain)
 
     def match_exact(self, endpoint_key: Hashable, chain: list[int], block_size: int) -> int:
         """``match`` when the endpoint's entries are exact and of ``block_size`` (or hold no
@@ -195,15 +199,7 @@ class BlockIndex:
         e = self._entries.get(endpoint_key)
         if e is None:
             return 0
-        closed = e.closed
-        lo, hi = 0, len(chain)
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if chain[mid] in closed:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return _leading(e.closed, chain)
 
     def exact(self, endpoint_key: Hashable) -> bool:
         """True when the endpoint's entries can be trusted (else route approximately)."""

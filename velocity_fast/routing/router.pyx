@@ -254,8 +254,7 @@ cdef class Router:
             self._last_profiles = self._model_profiles
             return info
         if not self._plain_prefix:
-            data = body_obj if isinstance(body_obj, (bytes, bytearray, memoryview)) else render_prompt(body_obj)
-            return self._route_info_modes(model, profile, body_obj, data, session)
+            return self._route_info_modes(model, profile, body_obj, session)
         cdef BlockHashes hashes = None
         if isinstance(body_obj, (bytes, bytearray, memoryview)):
             hashes = self._hasher.hash(body_obj, model)
@@ -271,12 +270,18 @@ cdef class Router:
         return _new_info(model, profile, hashes, session,
                          _session_key(session) if session else None)
 
-    cdef RouteInfo _route_info_modes(self, model, profile, body_obj, data, session):
-        """_route_info's end where some pool is not approximate: off hashes nothing (the
-        chat profile then weighs load alone); precise also asks for the prompt's tokens."""
+    cdef RouteInfo _route_info_modes(self, model, profile, body_obj, session):
+        """_route_info's end where some pool is not approximate: off renders and hashes nothing
+        (the chat profile then weighs load alone); precise also asks for the prompt's tokens."""
         cdef RouteInfo info
         mode = self._prefix_modes.get(model, self._prefix_default)
-        info = _new_info(model, profile, self._hasher.hash(b"" if mode == "off" else data, model), session,
+        if mode == "off":
+            data = b""
+        elif isinstance(body_obj, (bytes, bytearray, memoryview)):
+            data = body_obj
+        else:
+            data = render_prompt(body_obj)
+        info = _new_info(model, profile, self._hasher.hash(data, model), session,
                          _session_key(session) if session else None)
         if mode == "precise" and self._precise is not None and profile == "chat":
             self._precise.attach(info, body_obj, data)
