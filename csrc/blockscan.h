@@ -29,11 +29,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "json_lex.h"
 #include "prefix_hash.h"
-
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 /* What vb_render reads: a request body (a JSON object) or the raw `messages` array. */
 #define VB_BODY 0
@@ -228,126 +225,6 @@ static inline int vb_peek(vb_scan *s)
     return p < e ? *p : -1;
 }
 
-/* Bytes a string's plain run may hold: printable ASCII but the quote and the backslash. */
-static const unsigned char vb_plain[256] = {
-#define VB_R16(x) x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x
-    VB_R16(0), VB_R16(0),
-    1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, /* 0x20: '"' */
-    VB_R16(1), VB_R16(1),
-    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, /* 0x50: '\\' */
-    VB_R16(1), VB_R16(1),
-    VB_R16(0), VB_R16(0), VB_R16(0), VB_R16(0), VB_R16(0), VB_R16(0), VB_R16(0), VB_R16(0),
-#undef VB_R16
-};
-
-/* The first byte at or after p that ends a plain run: '"', '\\', a control byte or a
- * non-ASCII one (end when there is none). 16 bytes a step where SSE2 is there: a signed
- * compare with 0x20 catches the control bytes and those >= 0x80 at once. */
-static inline const unsigned char *vb_special(const unsigned char *p, const unsigned char *e)
-{
-#if defined(__SSE2__)
-    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20);
-    while (e - p >= 16) {
-        __m128i v = _mm_loadu_si128((const __m128i *)p);
-        __m128i m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
-                                 _mm_cmplt_epi8(v, space));
-        int mask = _mm_movemask_epi8(m);
-        if (mask)
-            return p + __builtin_ctz((unsigned)mask);
-        p += 16;
-    }
-#endif
-    while (p < e && vb_plain[*p])
-        p++;
-    return p;
-}
-
-/* Length of the valid UTF-8 sequence at p (non-ASCII lead byte), 0 when invalid:
- * no overlong forms, no surrogates, nothing past U+10FFFF. */
-static inline size_t vb_utf8(const unsigned char *p, const unsigned char *e)
-{
-    unsigned c = p[0], c1;
-    if (c < 0xC2)
-        return 0;
-    if (c < 0xE0)
-        return (e - p >= 2 && (p[1] & 0xC0) == 0x80) ? 2 : 0;
-    if (c < 0xF0) {
-        if (e - p < 3)
-            return 0;
-        c1 = p[1];
-        if ((c1 & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80)
-            return 0;
-        if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 >= 0xA0))
-            return 0;
-        return 3;
-    }
-    if (c < 0xF5) {
-        if (e - p < 4)
-            return 0;
-        c1 = p[1];
-        if ((c1 & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80)
-            return 0;
-        if ((c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 >= 0x90))
-            return 0;
-        return 4;
-    }
-    return 0;
-}
-
-/* A hex digit's value, 16 when it is none. */
-static inline uint32_t vb_hexd(unsigned c)
-{
-    uint32_t d = (uint32_t)c - '0', l = ((uint32_t)c | 0x20) - 'a';
-    return d < 10 ? d : l < 6 ? l + 10 : 16;
-}
-
-static inline int vb_hex4(const unsigned char *p, uint32_t *out)
-{
-    uint32_t a = vb_hexd(p[0]), b = vb_hexd(p[1]), c = vb_hexd(p[2]), d = vb_hexd(p[3]);
-    if ((a | b | c | d) & 16)
-        return -1;
-    *out = (a << 12) | (b << 8) | (c << 4) | d;
-    return 0;
-}
-
-/* The escape at *pp (its backslash): its code point, *pp moved past it. A high
- * surrogate must be followed by a low one (msgspec refuses anything else). */
-static int vb_escape(const unsigned char **pp, const unsigned char *e, uint32_t *cp)
-{
-    const unsigned char *p = *pp;
-    uint32_t lo;
-    if (e - p < 2)
-        return -1;
-    switch (p[1]) {
-    case '"': *cp = '"'; break;
-    case '\\': *cp = '\\'; break;
-    case '/': *cp = '/'; break;
-    case 'b': *cp = '\b'; break;
-    case 'f': *cp = '\f'; break;
-    case 'n': *cp = '\n'; break;
-    case 'r': *cp = '\r'; break;
-    case 't': *cp = '\t'; break;
-    case 'u':
-        if (e - p < 6 || vb_hex4(p + 2, cp) < 0)
-            return -1;
-        if (*cp >= 0xDC00 && *cp <= 0xDFFF)
-            return -1;
-        if (*cp >= 0xD800 && *cp <= 0xDBFF) {
-            if (e - p < 12 || p[6] != '\\' || p[7] != 'u' || vb_hex4(p + 8, &lo) < 0 || lo < 0xDC00
-                || lo > 0xDFFF)
-                return -1;
-            *cp = 0x10000 + ((*cp - 0xD800) << 10) + (lo - 0xDC00);
-            *pp = p + 12;
-            return 0;
-        }
-        *pp = p + 6;
-        return 0;
-    default:
-        return -1;
-    }
-    *pp = p + 2;
-    return 0;
-}
 
 /* The byte a one-letter escape stands for (0: not one; \\u is handled apart). */
 static const unsigned char vb_unescape[256] = {
@@ -1333,6 +1210,75 @@ done:
     res->n = s.sink.n;
     res->text = s.sink.text.p;
     res->len = s.sink.text.len;
+    return 0;
+}
+
+/* ---- the JSON text of a value, as the client wrote it ------------------------------ */
+
+/*
+ * Block hashes of a JSON value's text as the client wrote it, with the whitespace
+ * between tokens left out, and without its last byte (the closing quote or bracket:
+ * the next turn of a conversation writes a comma and more items there). So the same
+ * conversation prefix gives the same blocks however long it grows, and whether the
+ * client writes `, ` or `,`. Strings are taken as they are escaped: no decoding.
+ *
+ * data[0..len) must be one valid JSON value (the request scanner or the decoder
+ * checked it); runs between whitespace are put into the sink whole. When the caller
+ * knows there is no whitespace between its tokens (compact: the request decoder made
+ * it so), the text is hashed where it lies without a walk, at the hash's own speed.
+ * 0, or -1 when out of memory.
+ */
+static int vb_hash_json(const unsigned char *data, size_t len, int compact, size_t block, uint64_t seed,
+                        vb_result *res)
+{
+    vb_sink k;
+    const unsigned char *p = data, *e, *run;
+    int rc = -1;
+    memset(&k, 0, sizeof k);
+    memset(res, 0, sizeof *res);
+    if (block == 0 || block % VP_STRIPE)
+        return -1;
+    k.block = block;
+    k.seed = k.h = seed;
+    k.cap = len / block + 1;
+    k.out = (uint64_t *)malloc(k.cap * sizeof(uint64_t));
+    k.blk = (unsigned char *)malloc(block);
+    if (k.out == NULL || k.blk == NULL)
+        goto done;
+    e = len ? data + len - 1 : data;
+    run = p = data;
+    while (!compact && p < e) {
+        p = vb_quote_or_space(p, e);
+        if (p >= e)
+            break;
+        if (*p == '"') {
+            p++;
+            for (;;) {
+                p = vb_quote_or_escape(p, e);
+                if (p >= e || *p == '"')
+                    break;
+                p += 2; /* an escape: its second byte is never the string's end */
+            }
+            p = p < e ? p + 1 : e;
+            continue;
+        }
+        if (vb_put(&k, run, (size_t)(p - run)) < 0)
+            goto done;
+        while (p < e && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+            p++;
+        run = p;
+    }
+    if (vb_put(&k, run, (size_t)(e - run)) < 0)
+        goto done;
+    rc = 0;
+done:
+    free(k.blk);
+    if (rc < 0) {
+        free(k.out);
+        return -1;
+    }
+    res->hashes = k.out;
+    res->n = k.n;
     return 0;
 }
 

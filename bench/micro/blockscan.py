@@ -1,5 +1,5 @@
-"""Instructions to find a chat request's prefix blocks: the Python rendering against the
-compiled scanner (velocity_fast/routing/blockscan.pyx), by prompt size.
+"""Instructions to decode a chat request and find its prefix blocks, by prompt size: the
+paths of issue 19's steps, from the Python rendering to the request scanner.
 
 Method: machine instructions counted by valgrind's callgrind, which do not drift with the
 machine's load. For each body size and path, one run of this script under callgrind does
@@ -10,10 +10,14 @@ quotes, and a little non-ASCII), the same bytes in every run (bench/overhead.py'
 chat_body).
 
 Paths, each one call per request:
-  decode    decode_proxy(body): the request decoder (messages kept raw); both paths pay it
-  old       decode + render_prompt (messages decoded to Python objects, rendered) + hash
-  new       decode + hash_messages(raw messages): the scanner
-  body      hash_body(body): the scanner over the whole body, without the decoder
+  msgspec   msgspec decodes the whole body (messages kept raw): the decoder before the scanner
+  decode    decode_proxy(body): the request scanner (csrc/reqscan.h), then msgspec on the
+            members the gateway reads
+  old       msgspec + render_prompt (messages decoded to Python objects, rendered) + hash:
+            the first path
+  rendered  msgspec + hash_messages(raw messages): the rendering scanner (csrc/blockscan.h),
+            the second
+  new       decode + hash_json(raw messages): the JSON text hashed where it lies, the path now
 
     python bench/micro/blockscan.py [--sizes 1,4,16,64,256] [--json out.json]
     python bench/micro/blockscan.py --smoke     # two sizes, few calls: it works
@@ -35,37 +39,47 @@ BENCH = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BENCH.parent))
 sys.path.insert(0, str(BENCH))
 
-PATHS = ("decode", "old", "new", "body")
+PATHS = ("msgspec", "decode", "old", "rendered", "new")
 MODEL = "fixed"
 
 
 def _worker(kib: int, path: str, n: int) -> None:
+    import msgspec
     from overhead import chat_body
 
+    from velocity_fast.gateway.request_types import ProxyRequest
     from velocity_fast.gateway.requests import decode_proxy
-    from velocity_fast.routing.blockscan import hash_body, hash_messages
+    from velocity_fast.routing.blockscan import hash_json, hash_messages
     from velocity_fast.routing.prefix import PrefixHasher
-    from velocity_fast.routing.prefix_render import render_prompt
+    from velocity_fast.routing.prefix_render import json_text, render_prompt
 
     body = chat_body(kib, MODEL)
     hasher = PrefixHasher(64)
+    whole = msgspec.json.Decoder(ProxyRequest).decode
+
+    def msgspec_decode():
+        return whole(body)
 
     def decode():
         return decode_proxy(body, True)
 
     def old():
-        return hasher.hash(render_prompt(decode_proxy(body, True)), MODEL)
+        r = whole(body)
+        r.prompt = None  # (the schema keeps it raw now; the old one decoded it, to None here)
+        return hasher.hash(render_prompt(r), MODEL)
+
+    def rendered():
+        return hash_messages(whole(body).messages, hasher, MODEL)
 
     def new():
-        return hash_messages(decode_proxy(body, True).messages, hasher, MODEL)
+        return hash_json(decode_proxy(body, True).messages, hasher, MODEL)
 
-    def whole():
-        return hash_body(body, hasher, MODEL)
-
-    calls = {"decode": decode, "old": old, "new": new, "body": whole}
-    # The same blocks either way, or the comparison means nothing.
-    if old().tolist() != new().tolist() or old().tolist() != whole().tolist():
-        raise SystemExit("the scanner's blocks differ from the Python rendering's")
+    calls = {"msgspec": msgspec_decode, "decode": decode, "old": old, "rendered": rendered, "new": new}
+    # Each path gives its rendering's blocks, or the comparison means nothing.
+    if old().tolist() != rendered().tolist():
+        raise SystemExit("the rendering scanner's blocks differ from the Python rendering's")
+    if new().tolist() != hasher.hash(json_text(decode().messages), MODEL).tolist():
+        raise SystemExit("hash_json's blocks differ from json_text's")
     fn = calls[path]
     for _ in range(n):
         fn()
@@ -87,12 +101,12 @@ def _count(kib: int, path: str, n: int, tmp: str) -> int:
 def measure(sizes: list[int], budget_kib: int) -> list[dict]:
     rows = []
     # Once outside callgrind, so that no counted run compiles and writes .pyc files.
-    subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_worker", str(sizes[0]), "decode", "0"],
+    subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_worker", str(sizes[0]), "msgspec", "0"],
                    check=True, timeout=120)
     with tempfile.TemporaryDirectory(prefix="velocity-blockscan-") as tmp:
         for kib in sizes:
             n = max(4, budget_kib // kib)
-            base = _count(kib, "decode", 0, tmp)
+            base = _count(kib, "msgspec", 0, tmp)
             row = {"kib": kib, "calls": n}
             for path in PATHS:
                 row[path] = (_count(kib, path, n, tmp) - base) / n
@@ -102,15 +116,14 @@ def measure(sizes: list[int], budget_kib: int) -> list[dict]:
 
 
 def _line(r: dict) -> str:
-    kib = r["kib"]
-    old_route, new_route = r["old"] - r["decode"], r["new"] - r["decode"]
-    return (f"{kib:>6} {r['decode']:>11,.0f} {old_route:>13,.0f} {new_route:>13,.0f} {r['old']:>11,.0f} "
-            f"{r['new']:>11,.0f} {r['old'] / r['new']:>7.1f}x {old_route / new_route:>7.1f}x "
-            f"{new_route / (kib * 1024):>7.2f} {r['body'] / (kib * 1024):>7.2f}")
+    b = r["kib"] * 1024
+    return (f"{r['kib']:>6} {r['msgspec']:>11,.0f} {r['decode']:>11,.0f} {r['old']:>11,.0f} {r['rendered']:>11,.0f} "
+            f"{r['new']:>11,.0f} {r['old'] / r['new']:>7.1f}x {r['old'] / b:>7.2f} {r['rendered'] / b:>7.2f} "
+            f"{r['new'] / b:>7.2f}")
 
 
-HEADER = (f"{'KiB':>6} {'decode':>11} {'old routing':>13} {'new routing':>13} {'old total':>11} "
-          f"{'new total':>11} {'total':>8} {'routing':>8} {'new i/B':>7} {'body i/B':>7}")
+HEADER = (f"{'KiB':>6} {'msgspec':>11} {'decode':>11} {'old':>11} {'rendered':>11} {'new':>11} {'old/new':>8} "
+          f"{'old i/B':>7} {'rend i/B':>7} {'new i/B':>7}")
 
 
 def main(argv=None) -> int:
@@ -130,7 +143,7 @@ def main(argv=None) -> int:
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind (apt-get install valgrind)")
     sizes = [int(s) for s in args.sizes.split(",") if s]
-    print("Instructions per call (callgrind); routing = the path minus decode; i/B = instructions per body byte")
+    print("Instructions per call (callgrind); i/B = instructions per body byte")
     print(HEADER, flush=True)
     rows = measure(sizes, args.budget_kib)
     if args.json:

@@ -422,3 +422,49 @@ async def test_answered_requests_leave_nothing_for_the_cycle_collector(engine):
         finally:
             gc.enable()
         assert left < 3, f"{left} exchanges kept alive by reference cycles"
+
+
+def _chat_of_size(n: int, spaced: bool, **extra) -> bytes:
+    """A chat body of exactly n bytes (a long user turn padded to fit)."""
+    obj = {"model": MODEL, "messages": [{"role": "system", "content": "Be brief.\n"},
+                                        {"role": "user", "content": ""}], "max_tokens": 3, **extra}
+    dump = (lambda o: json.dumps(o, ensure_ascii=False).encode()) if spaced else (
+        lambda o: json.dumps(o, separators=(",", ":"), ensure_ascii=False).encode())
+    short = len(dump(obj))
+    obj["messages"][1]["content"] = ("Some \"quoted\" text, caf\u00e9, and a line.\n" * (n // 40 + 1))[: n - short]
+    body = dump(obj)
+    while len(body) > n:  # the escapes made it longer than its characters
+        obj["messages"][1]["content"] = obj["messages"][1]["content"][: n - len(body) - 1]
+        body = dump(obj)
+    body = body[:-1] + b" " * (n - len(body)) + b"}"
+    assert len(body) == n
+    return body
+
+
+@pytest.mark.timeout(60)
+async def test_prompts_up_to_the_body_limit_pass_byte_for_byte_with_prefix_affinity_on():
+    """With prefix affinity on (policy smart) a large body is scanned, not decoded: what
+    reaches the engine is still the client's bytes, at 1 MiB and at the limit itself; one
+    byte more is a 413; the gateway's own fields are cut out and nothing else changes."""
+    limit = 3 * 1024 * 1024 + 17
+    async with RecordingUpstream() as up:
+        async with running_gateway(("u1", up.url, MODEL), policy="smart", server={"max_body_bytes": limit}) as gw:
+            for n, spaced in ((1 << 20, False), (1 << 20, True), (limit, False)):
+                body = _chat_of_size(n, spaced)
+                r = await http_request(gw.port, "POST", "/v1/chat/completions", body)
+                assert r.status == 200, r.body[:300]
+                assert up.requests[-1][3] == body, f"a {n}-byte body is forwarded byte for byte"
+            r = await http_request(gw.port, "POST", "/v1/chat/completions", _chat_of_size(limit + 1, False))
+            assert r.status == 413 and error_of(r)
+            own = _chat_of_size(1 << 20, True, priority="high", sla_ms=60000, seed=123456789012345678901234)
+            r = await http_request(gw.port, "POST", "/v1/chat/completions", own)
+            assert r.status == 200, r.body[:300]
+            assert r.headers["x-velocity-band"] == "high"
+            sent = up.requests[-1][3]
+            assert json.loads(sent) == {k: v for k, v in json.loads(own).items() if k not in ("priority", "sla_ms")}
+            assert b"123456789012345678901234" in sent  # as written: not decoded to a float
+            bad = _chat_of_size(1 << 20, False)[:-1] + b",}"  # a trailing comma: malformed JSON
+            before = len(up.requests)
+            r = await http_request(gw.port, "POST", "/v1/chat/completions", bad)
+            assert r.status == 400 and "not valid JSON" in error_of(r)["message"]
+            assert len(up.requests) == before, "a malformed body never reaches the engine"

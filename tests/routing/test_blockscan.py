@@ -28,8 +28,12 @@ _request = msgspec.json.Decoder(ProxyRequest)
 
 
 def decoded(body: bytes):
-    """The body as the gateway's decoder leaves it (messages kept raw)."""
-    return _request.decode(body)
+    """The body as the gateway's decoder leaves it (messages and prompt kept raw); a
+    prompt decode_proxy refuses (not a string, list or null) raises, as it does."""
+    r = _request.decode(body)
+    if r.prompt and bytes(r.prompt)[:1] not in (b'"', b"[", b"n"):
+        raise ValueError("decode_proxy refuses this prompt")
+    return r
 
 
 def reference(body: bytes, hasher=HASHER) -> list:

@@ -273,6 +273,7 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
     and a pool, then an Exchange takes it from admission to the answer."""
     cdef Ticket ticket
     cdef PyObject* f[P_FIELDS]  # the request's fields, read at once (borrowed: r holds them)
+    cdef bint compact  # the decoder left messages and prompt as compact JSON text
     cdef Identity identity = gw.identity
     cdef dict h = None
     # The gateway's own headers, looked up only when the request has any (most have none).
@@ -288,7 +289,7 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
         rid = new_request_id()
     band = "-"
     try:
-        r = decode_fields(req.body, chat, f)  # a ProxyRequest, its fields left in f
+        r = decode_fields(req.body, chat, f, &compact)  # a ProxyRequest, its fields left in f
         bound = identity.authenticate(h)[1] if identity.required else None
         tenant_name = identity.tenant_name(bound, tenant_h, <object>f[P_USER])  # tenant_for, without a tuple
         tenant = identity.tenant_named(bound, tenant_name)
@@ -312,7 +313,7 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
                 model = gw._last_model
             else:
                 gw._last_model = model
-        info = (<Router?>gw.router)._route_info(model, r, h if req.gateway_headers else None)
+        info = (<Router?>gw.router)._route_info(model, r, h if req.gateway_headers else None, compact)
     except (BadRequest, UnknownProfile) as e:
         count_request(gw, route, 400, band)
         return resp.send_error(400, str(e), param=e.param, headers=_rid_headers(rid))

@@ -5,7 +5,7 @@ The decoding itself is gateway/requests.pyx, the one request decoder.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Union
 
 import msgspec
 
@@ -37,10 +37,14 @@ class ProxyRequest(msgspec.Struct, gc=False):
 
     model: str | None = None
     # The messages kept as their raw JSON array: the gateway forwards the body as it
-    # came, and only prefix routing reads them (prefix_render decodes them there).
+    # came, and only prefix routing reads them (as JSON text: routing/blockscan.pyx).
+    # For a large body they are a span of the body itself (gateway/requests.pyx).
     # Empty when absent; decode_proxy checks that it is a non-empty array.
     messages: msgspec.Raw = msgspec.Raw()
-    prompt: Union[str, list[Any], None] = None
+    # The completions prompt, raw like messages (a string, a list of strings, token ids
+    # or lists of them, or null: decode_proxy checks which); prefix routing hashes its
+    # JSON text as it came (routing/blockscan.pyx's hash_json).
+    prompt: msgspec.Raw = msgspec.Raw()
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = None  # 1..MAX_TOKENS_LIMIT, checked by decode_proxy

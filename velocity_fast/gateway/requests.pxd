@@ -20,4 +20,4 @@ cdef enum:
     P_FIELDS = 10
 
 cdef object proxy_field(object r, int which)
-cdef object decode_fields(bytes body, bint chat, PyObject** f)
+cdef object decode_fields(bytes body, bint chat, PyObject** f, bint* compact)

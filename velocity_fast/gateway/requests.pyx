@@ -2,7 +2,11 @@
 proxied request (exchange.pyx's ``proxy`` calls them as C), decode_generate on /generate.
 
 Only the fields the gateway needs are decoded; the body is forwarded as is unless it
-carries the gateway's own fields. This is the one request decoder: the msgspec Structs
+carries the gateway's own fields. A body of a KiB or more is first scanned in C
+(csrc/reqscan.h: one strict pass, SIMD inside strings, no object made): msgspec then
+decodes only the members the gateway reads, the prompt stays a span of the body, and
+the gateway's own members are cut out by their spans. What the scanner does not take
+is decoded whole, as a small body is, so errors read the same either way. This is the one request decoder: the msgspec Structs
 it decodes into are declared in gateway/request_types.py (a schema, no code), and its
 errors are gateway/errors.py's BadRequest.
 """
@@ -11,6 +15,7 @@ cimport cython
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.object cimport PyObject
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 
 from velocity_fast.lowlevel.fmt cimport contains
 from velocity_fast.lowlevel.slots cimport slot, slot_offset
@@ -19,6 +24,32 @@ import msgspec
 
 from velocity_fast.gateway.errors import BadRequest
 from velocity_fast.gateway.request_types import GATEWAY_FIELDS, MAX_TOKENS_LIMIT, GenerateRequest, ProxyRequest
+
+cdef extern from "reqscan.h":
+    int VR_MESSAGES
+    int VR_PROMPT
+    ctypedef struct vr_member:
+        size_t ks
+        size_t vs
+        size_t ve
+        int field
+        int spaced
+    ctypedef struct vr_object:
+        int n
+        int messages
+        int prompt
+        int own
+        size_t read_bytes
+        vr_member m[64]
+    int vr_scan(const unsigned char *data, size_t length, vr_object *out) nogil
+    size_t vr_reduce(const unsigned char *data, const vr_object *o, unsigned char *dst) nogil
+    size_t vr_strip_len(const vr_object *o) nogil
+    void vr_strip(const unsigned char *data, const vr_object *o, unsigned char *dst) nogil
+    size_t vr_compact(const unsigned char *data, size_t length, unsigned char *dst) nogil
+
+# Bodies from this size on are scanned first (below it one msgspec decode is cheaper
+# than a scan and a decode of the members read).
+cdef Py_ssize_t _SCAN_MIN = 1024
 
 _proxy_decoder = msgspec.json.Decoder(ProxyRequest)
 _generate_decoder = msgspec.json.Decoder(GenerateRequest)
@@ -95,6 +126,88 @@ def _explain(e):
 
 cdef object _proxy_decode = _proxy_decoder.decode  # bound once: no method look-up per request
 cdef object _generate_decode = _generate_decoder.decode
+cdef object _Raw = msgspec.Raw
+cdef object _DecodeError = msgspec.DecodeError
+
+
+cdef object _scanned(bytes body):
+    """The ProxyRequest of a body the request scanner takes, else None (the caller then
+    decodes it whole): the members it reads decoded from a small object made of them,
+    ``messages`` and ``prompt`` set to spans of ``body`` (msgspec.Raw over a memoryview:
+    no copy)."""
+    cdef vr_object o
+    cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(body)
+    cdef size_t n = <size_t>PyBytes_GET_SIZE(body)
+    cdef size_t size
+    cdef int rc
+    with nogil:
+        rc = vr_scan(p, n, &o)
+    if rc < 0:
+        return None
+    size = o.read_bytes + 1 if o.read_bytes else 2
+    reduced = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>size)
+    if vr_reduce(p, &o, <unsigned char *>PyBytes_AS_STRING(reduced)) != size:
+        raise SystemError("vr_reduce wrote other than its size")
+    try:
+        r = _proxy_decode(reduced)
+    except (_DecodeError, RecursionError):
+        return None  # decoded whole, the error names what the client sent
+    if o.messages >= 0:
+        r.messages = _compact_raw(body, &o.m[o.messages])
+    if o.prompt >= 0:
+        r.prompt = _compact_raw(body, &o.m[o.prompt])
+    return r
+
+
+cdef object _compact_raw(bytes body, const vr_member *m):
+    """A member's value as msgspec.Raw of compact JSON text (no whitespace between its
+    tokens: what the router's hash_json then hashes without a walk): a view of the body
+    when the client wrote it so, else a compacted copy."""
+    cdef size_t n = m.ve - m.vs
+    cdef const unsigned char *src = <const unsigned char *>PyBytes_AS_STRING(body) + m.vs
+    if not m.spaced:
+        return _Raw(memoryview(body)[m.vs:m.ve])
+    out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>n)
+    n = vr_compact(src, n, <unsigned char *>PyBytes_AS_STRING(out))
+    return _Raw(memoryview(out)[:n])
+
+
+cdef int _first(raw) except -1:
+    """The first byte of a raw JSON value (msgspec.Raw: the decoder checked it, so no
+    whitespace before it); 0 when it is empty (absent)."""
+    cdef Py_buffer buf
+    cdef int c = 0
+    PyObject_GetBuffer(raw, &buf, PyBUF_SIMPLE)
+    if buf.len:
+        c = (<const unsigned char *>buf.buf)[0]
+    if c == c'"' and buf.len >= 2 and (<const unsigned char *>buf.buf)[1] == c'"':
+        c = 0  # the empty string: as absent
+    PyBuffer_Release(&buf)
+    return c
+
+
+cdef str _json_kind(int c, raw):
+    if c == c'{':
+        return "object"
+    if c == c't' or c == c'f':
+        return "bool"
+    return "float" if any(ch in bytes(raw) for ch in b".eE") else "int"
+
+
+cdef _check_prompt(raw):
+    """A completions prompt (raw): a non-empty string or list, as msgspec would have
+    typed it (str | array | null)."""
+    cdef int c = _first(raw)
+    if c == c'"':
+        return
+    if c == c'[':
+        if _nonempty_array(raw):
+            return
+        c = 0
+    if c == 0 or c == c'n':
+        raise BadRequest("`prompt` is required.", "prompt")
+    raise BadRequest(f"Invalid request: Expected `str | array | null`, got `{_json_kind(c, raw)}` - at `$.prompt`",
+                     "prompt")
 
 
 cdef str _TOO_DEEP = ("The request body is nested too deeply: JSON arrays and objects nested past the "
@@ -143,21 +256,36 @@ cdef bint _nonempty_array(raw) except -1:
 cpdef decode_proxy(bytes body, bint chat):
     """/v1/chat/completions (chat) or /v1/completions: a ProxyRequest, or BadRequest."""
     cdef PyObject* f[P_FIELDS]
-    return decode_fields(body, chat, f)
+    cdef bint compact
+    return decode_fields(body, chat, f, &compact)
 
 
-cdef object decode_fields(bytes body, bint chat, PyObject** f):
+def decode_proxy_compact(bytes body, bint chat):
+    """decode_proxy, and whether its messages and prompt are compact JSON text (True for
+    a body the request scanner took)."""
+    cdef PyObject* f[P_FIELDS]
+    cdef bint compact
+    r = decode_fields(body, chat, f, &compact)
+    return r, compact
+
+
+cdef object decode_fields(bytes body, bint chat, PyObject** f, bint* compact):
     """decode_proxy for compiled callers: the fields it read are left in ``f[P_FIELDS]``
-    (borrowed, alive while the returned ProxyRequest is), so they are read once."""
-    r = _decode(_proxy_decode, body)
+    (borrowed, alive while the returned ProxyRequest is), so they are read once; and
+    ``compact[0]`` says whether messages and prompt (raw) are compact JSON text."""
+    r = None
+    compact[0] = False
+    if PyBytes_GET_SIZE(body) >= _SCAN_MIN:
+        r = _scanned(body)
+        compact[0] = r is not None
+    if r is None:
+        r = _decode(_proxy_decode, body)
     proxy_fields(r, f)  # (a TypeError if the decoder made anything else)
     if chat:
         if not _nonempty_array(<object>f[P_MESSAGES]):
             raise BadRequest("`messages` is required and must be a non-empty list.", "messages")
     else:
-        prompt = <object>f[P_PROMPT]
-        if prompt is None or prompt == "" or prompt == []:
-            raise BadRequest("`prompt` is required.", "prompt")
+        _check_prompt(<object>f[P_PROMPT])
     max_tokens = <object>f[P_MAX_TOKENS]
     if max_tokens is not None and not _tokens_ok(max_tokens):
         raise _tokens_error("max_tokens", max_tokens)
@@ -195,7 +323,20 @@ cpdef bytes strip_own_fields(bytes body, r):
             and not contains(body, b'"sla_ms"')):
         return body
     # Values stay raw bytes: a full decode/encode would turn a 20-digit seed into a float
-    # and reformat numbers the engine may read differently.
+    # and reformat numbers the engine may read differently. The scanner cuts the members
+    # out by their spans; what it does not take is decoded into raw values and encoded.
+    cdef vr_object o
+    cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(body)
+    cdef size_t n = <size_t>PyBytes_GET_SIZE(body)
+    cdef int rc
+    with nogil:
+        rc = vr_scan(p, n, &o)
+    if rc == 0:
+        if not o.own:
+            return body
+        out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>vr_strip_len(&o))
+        vr_strip(p, &o, <unsigned char *>PyBytes_AS_STRING(out))
+        return out
     try:
         obj = _raw_object_decoder.decode(body)
     except RecursionError:  # (the body decoded once already, from a frame or two less deep)

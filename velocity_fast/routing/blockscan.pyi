@@ -10,6 +10,9 @@ def hash_body(body: Any, hasher: PrefixHasher, model: str) -> BlockHashes | None
 def hash_messages(messages: Any, hasher: PrefixHasher, model: str) -> BlockHashes | None:
     """The blocks of a chat body's raw ``messages`` (msgspec.Raw or bytes); None: not taken."""
 
+def hash_json(value: Any, hasher: PrefixHasher, model: str, compact: bool = False) -> BlockHashes:
+    """The blocks of one valid JSON value as the client wrote it (whitespace between tokens and the last byte left out)."""
+
 def render_body(body: Any) -> bytes | None:
     """The bytes ``render_prompt`` gives for a whole body; None: not taken."""
 

@@ -1,6 +1,10 @@
 """Prefix block hashes straight from a request's JSON bytes, compiled.
 
-The router's prefix affinity hashes a rendering of the prompt (routing/prefix_render.py).
+Approximate prefix affinity hashes the prompt's JSON text as the client wrote it
+(hash_json: no decoding, the hash's own speed). The rest of this module renders the
+prompt as text, for precise routing, which tokenizes it.
+
+The rendering is routing/prefix_render.py's.
 Rendering in Python means decoding the body's messages into Python objects first. Here
 the same rendering is made by a C scanner over the raw bytes
 (csrc/blockscan.h) and its full blocks hashed as they come, with PrefixHasher's chain:
@@ -32,10 +36,25 @@ cdef extern from "blockscan.h":
 
     int vb_render(const unsigned char *data, size_t length, int what, size_t block, uint64_t seed,
                   vb_result *res) nogil
+    int vb_hash_json(const unsigned char *data, size_t length, int compact, size_t block, uint64_t seed,
+                     vb_result *res) nogil
+
+
+cdef enum:
+    _JSON = -1  # vb_hash_json, not vb_render
+    _JSON_COMPACT = -2  # vb_hash_json of text without whitespace between tokens
+
+
+cdef inline int _call(const unsigned char *p, size_t n, int what, size_t block, uint64_t seed,
+                      vb_result *res) noexcept nogil:
+    if what == _JSON or what == _JSON_COMPACT:
+        return vb_hash_json(p, n, what == _JSON_COMPACT, block, seed, res)
+    return vb_render(p, n, what, block, seed, res)
 
 
 cdef int _render(object data, int what, size_t block, uint64_t seed, vb_result *res) except -2:
-    """vb_render over data's bytes (bytes, msgspec.Raw or any buffer): 0, or -1 when not taken."""
+    """vb_render (or vb_hash_json) over data's bytes (bytes, msgspec.Raw or any buffer):
+    0, or -1 when not taken."""
     cdef Py_buffer view
     cdef const unsigned char *p
     cdef size_t n
@@ -44,12 +63,12 @@ cdef int _render(object data, int what, size_t block, uint64_t seed, vb_result *
         p = <const unsigned char *>PyBytes_AS_STRING(data)
         n = <size_t>PyBytes_GET_SIZE(data)
         with nogil:
-            rc = vb_render(p, n, what, block, seed, res)
+            rc = _call(p, n, what, block, seed, res)
         return rc
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
     try:
         with nogil:
-            rc = vb_render(<const unsigned char *>view.buf, <size_t>view.len, what, block, seed, res)
+            rc = _call(<const unsigned char *>view.buf, <size_t>view.len, what, block, seed, res)
     finally:
         PyBuffer_Release(&view)
     return rc
@@ -91,6 +110,20 @@ cpdef BlockHashes hash_messages(object messages, PrefixHasher hasher, str model)
     msgspec.Raw that the request decoder keeps, or bytes); None when it is not a
     non-empty array (the prompt would decide) or the scanner does not take it."""
     return _hashes(messages, VB_MESSAGES, hasher, model)
+
+
+cpdef BlockHashes hash_json(object value, PrefixHasher hasher, str model, bint compact=False):
+    """The prompt block hashes of one JSON value as the client wrote it (a chat request's
+    raw ``messages``, a completions ``prompt``): its text without the whitespace between
+    tokens and without its last byte, cut into blocks (csrc/blockscan.h, vb_hash_json).
+    ``value`` (bytes, msgspec.Raw or any buffer) must be valid JSON, as the request
+    decoder leaves it. ``compact``: the caller knows there is no whitespace between its
+    tokens (the decoder said so), so it is hashed without a walk. prefix_render.json_text
+    is the same text in Python."""
+    cdef BlockHashes out = _hashes(value, _JSON_COMPACT if compact else _JSON, hasher, model)
+    if out is None:
+        raise MemoryError()
+    return out
 
 
 def render_body(body):

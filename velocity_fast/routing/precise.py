@@ -430,6 +430,8 @@ class PrecisePrefix:
 
     def _prompt(self, pool: _PoolTokens, bs: int, prompt: Any, data: bytes):
         """A completions prompt: text (special tokens as vLLM adds them) or token ids."""
+        if isinstance(prompt, msgspec.Raw):  # as the gateway's request decoder leaves it
+            prompt = msgspec.json.decode(prompt) if prompt else None
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
         if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):

@@ -1,4 +1,5 @@
-"""Canonical bytes of a request's prompt, the input of prefix hashing.
+"""Canonical bytes of a request's prompt, the input of precise prefix routing's tokenizer;
+and (prompt_json, json_text) the JSON text that approximate prefix routing hashes.
 
 Two requests that the engine would see with a common prefix must render with a common
 prefix, and the rendering must not depend on JSON key order or whitespace. Chat
@@ -13,6 +14,7 @@ unexpected renders as its canonical JSON (or nothing), which only costs affinity
 
 from __future__ import annotations
 
+import re
 import sys
 from array import array
 from typing import Any
@@ -20,7 +22,7 @@ from typing import Any
 import msgspec
 import orjson
 
-__all__ = ["render_prompt", "render_messages", "render_completion_prompt"]
+__all__ = ["render_prompt", "render_messages", "render_completion_prompt", "prompt_json", "json_text"]
 
 # Field separators (ASCII record / unit separators): they cannot be confused with the
 # text of a message, so "ab" + "c" and "a" + "bc" render differently.
@@ -138,6 +140,39 @@ def render_prompt(body: Any) -> bytes:
     if messages:
         return render_messages(messages) if isinstance(messages, list) else _text(messages)
     prompt = _get(body, "prompt")
+    if isinstance(prompt, msgspec.Raw):  # kept raw too
+        prompt = _raw_json.decode(prompt) if prompt else None
     if prompt is None:
         return b""
     return render_completion_prompt(prompt)
+
+
+_BETWEEN_TOKENS = re.compile(rb'("(?:[^"\\]|\\.)*")|[ \t\n\r]+', re.S)
+
+
+def prompt_json(body: Any) -> Any:
+    """The JSON value approximate prefix routing hashes for a request body (dict or
+    Struct): chat `messages` when present and not empty, else `prompt`; raw values
+    (msgspec.Raw, from the gateway's decoder) as they are, decoded ones encoded
+    (orjson: compact, as most clients write). b"" when there is neither."""
+    if body is None:
+        return b""
+    for name in ("messages", "prompt"):
+        v = _get(body, name)
+        if isinstance(v, msgspec.Raw):
+            if len(v):
+                return v
+        elif v is not None and v != [] and v != "":
+            try:
+                return orjson.dumps(v)
+            except TypeError:
+                return b""
+    return b""
+
+
+def json_text(value: Any) -> bytes:
+    """What blockscan.hash_json hashes of a valid JSON value (bytes or msgspec.Raw): its
+    text without the whitespace between tokens, and without its last byte. The Python
+    reference of the C, for tests."""
+    data = bytes(value)
+    return _BETWEEN_TOKENS.sub(lambda m: m.group(1) or b"", data)[:-1]

@@ -23,7 +23,8 @@ class Router:
         """Dispatched prompt blocks that the chosen endpoint already held, as a fraction."""
     def stats(self) -> dict:
         """Picks by profile and basis, filter outcomes, and the prefix index sizes."""
-    def route_info(self, model: str | None, body_obj: Any, headers: Mapping[str, str] | None) -> RouteInfo:
+    def route_info(self, model: str | None, body_obj: Any, headers: Mapping[str, str] | None,
+                   compact: bool = False) -> RouteInfo:
         """Profile, prefix block hashes and session of a request (UnknownProfile for a bad header)."""
     def pick(self, pool: Any, info: RouteInfo, has_room: Callable[[Any], bool] | None = None,
              exclude: Container = ()) -> Any:

@@ -50,12 +50,13 @@ from velocity_fast.metrics.registry import Registry
 from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.fleet.endpoint cimport RoomFilter, pool_endpoints, pool_model
 from velocity_fast.metrics.values cimport Value
-from velocity_fast.routing.blockscan cimport hash_messages
+from velocity_fast.routing.blockscan cimport hash_json
 from velocity_fast.routing.prefix cimport BlockHashes, PrefixHasher, PrefixIndex
 from velocity_fast.routing.route cimport RouteInfo, RouterPool
 
 # Leaf modules of the routing package (they import nothing of the router).
-from velocity_fast.routing.prefix_render import render_prompt
+from velocity_fast.routing.blockscan import render_messages
+from velocity_fast.routing.prefix_render import prompt_json, render_prompt
 from velocity_fast.routing.session import SessionAffinity
 
 from velocity_fast.routing.errors import UnknownProfile
@@ -200,13 +201,13 @@ cdef class Router:
 
     # -- per request -------------------------------------------------------------
 
-    def route_info(self, model, body_obj, headers):
+    def route_info(self, model, body_obj, headers, compact=False):
         """Profile, prefix block hashes and session of a request.
 
         body_obj is the decoded body (dict or Struct with `messages` or `prompt`), or the
         prompt bytes already rendered. Raises UnknownProfile for a bad x-velocity-profile.
         """
-        return self._route_info(model, body_obj, headers)
+        return self._route_info(model, body_obj, headers, compact)
 
     def pick(self, pool, RouteInfo info not None, has_room=None, exclude=()):
         """The endpoint of pool for this request, or None when none is healthy with room.
@@ -218,7 +219,7 @@ cdef class Router:
         """Remember that info's prompt blocks were sent to ep (call once it is bound)."""
         self._on_dispatch(ep, info)
 
-    cdef RouteInfo _route_info(self, model, body_obj, headers):
+    cdef RouteInfo _route_info(self, model, body_obj, headers, bint compact=False):
         cdef RouteInfo info
         model = model or ""
         if not headers and model is self._last_model and self._model_profiles is self._last_profiles:
@@ -255,18 +256,18 @@ cdef class Router:
             return info
         if not self._plain_prefix:
             return self._route_info_modes(model, profile, body_obj, session)
-        cdef BlockHashes hashes = None
+        cdef BlockHashes hashes
         if isinstance(body_obj, (bytes, bytearray, memoryview)):
             hashes = self._hasher.hash(body_obj, model)
         else:
-            # A chat body's messages stay one raw JSON value (gateway/requests.pyx): their
-            # blocks are hashed straight from those bytes. What the strict scanner does not
-            # take (None) is rendered in Python, to the same bytes.
+            # The prompt's JSON text as the client wrote it, hashed where it lies: the
+            # request decoder keeps messages and prompt raw (gateway/requests.pyx).
             raw = getattr(body_obj, "messages", None)
-            if type(raw) is _Raw:
-                hashes = hash_messages(raw, self._hasher, model)
-            if hashes is None:
-                hashes = self._hasher.hash(render_prompt(body_obj), model)
+            if type(raw) is not _Raw or not len(raw):
+                raw = getattr(body_obj, "prompt", None)
+                if type(raw) is not _Raw:
+                    raw = prompt_json(body_obj)  # a dict, /generate's request: encoded
+            hashes = hash_json(raw, self._hasher, model, compact)
         return _new_info(model, profile, hashes, session,
                          _session_key(session) if session else None)
 
@@ -280,7 +281,14 @@ cdef class Router:
         elif isinstance(body_obj, (bytes, bytearray, memoryview)):
             data = body_obj
         else:
-            data = render_prompt(body_obj)
+            # Precise routing tokenizes the rendered prompt: the compiled renderer reads
+            # the raw messages; what it does not take is rendered in Python, to the same bytes.
+            data = None
+            raw = getattr(body_obj, "messages", None)
+            if type(raw) is _Raw and len(raw):
+                data = render_messages(raw)
+            if data is None:
+                data = render_prompt(body_obj)
         info = _new_info(model, profile, self._hasher.hash(data, model), session,
                          _session_key(session) if session else None)
         if mode == "precise" and self._precise is not None and profile == "chat":

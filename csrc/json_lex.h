@@ -1,0 +1,178 @@
+/*
+ * The leaves of a strict JSON scanner (RFC 8259 as msgspec reads it), shared by the
+ * request scanner (reqscan.h: the gateway's fields) and the prompt renderer
+ * (blockscan.h: prefix blocks): the plain-run search inside strings, UTF-8 and escape
+ * validation. Header-only, no allocation.
+ */
+#ifndef VELOCITY_JSON_LEX_H
+#define VELOCITY_JSON_LEX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+
+#endif
+
+/* Bytes a string's plain run may hold: printable ASCII but the quote and the backslash. */
+static const unsigned char vb_plain[256] = {
+#define VB_R16(x) x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x
+    VB_R16(0), VB_R16(0),
+    1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, /* 0x20: '"' */
+    VB_R16(1), VB_R16(1),
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, /* 0x50: '\\' */
+    VB_R16(1), VB_R16(1),
+    VB_R16(0), VB_R16(0), VB_R16(0), VB_R16(0), VB_R16(0), VB_R16(0), VB_R16(0), VB_R16(0),
+#undef VB_R16
+};
+
+/* The first byte at or after p that ends a plain run: '"', '\\', a control byte or a
+ * non-ASCII one (end when there is none). 16 bytes a step where SSE2 is there: a signed
+ * compare with 0x20 catches the control bytes and those >= 0x80 at once. */
+static inline const unsigned char *vb_special(const unsigned char *p, const unsigned char *e)
+{
+#if defined(__SSE2__)
+    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20);
+    while (e - p >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)p);
+        __m128i m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
+                                 _mm_cmplt_epi8(v, space));
+        int mask = _mm_movemask_epi8(m);
+        if (mask)
+            return p + __builtin_ctz((unsigned)mask);
+        p += 16;
+    }
+
+#endif
+    while (p < e && vb_plain[*p])
+        p++;
+    return p;
+}
+
+/* Length of the valid UTF-8 sequence at p (non-ASCII lead byte), 0 when invalid:
+ * no overlong forms, no surrogates, nothing past U+10FFFF. */
+static inline size_t vb_utf8(const unsigned char *p, const unsigned char *e)
+{
+    unsigned c = p[0], c1;
+    if (c < 0xC2)
+        return 0;
+    if (c < 0xE0)
+        return (e - p >= 2 && (p[1] & 0xC0) == 0x80) ? 2 : 0;
+    if (c < 0xF0) {
+        if (e - p < 3)
+            return 0;
+        c1 = p[1];
+        if ((c1 & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80)
+            return 0;
+        if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 >= 0xA0))
+            return 0;
+        return 3;
+    }
+    if (c < 0xF5) {
+        if (e - p < 4)
+            return 0;
+        c1 = p[1];
+        if ((c1 & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80)
+            return 0;
+        if ((c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 >= 0x90))
+            return 0;
+        return 4;
+    }
+    return 0;
+}
+
+/* A hex digit's value, 16 when it is none. */
+static inline uint32_t vb_hexd(unsigned c)
+{
+    uint32_t d = (uint32_t)c - '0', l = ((uint32_t)c | 0x20) - 'a';
+    return d < 10 ? d : l < 6 ? l + 10 : 16;
+}
+
+static inline int vb_hex4(const unsigned char *p, uint32_t *out)
+{
+    uint32_t a = vb_hexd(p[0]), b = vb_hexd(p[1]), c = vb_hexd(p[2]), d = vb_hexd(p[3]);
+    if ((a | b | c | d) & 16)
+        return -1;
+    *out = (a << 12) | (b << 8) | (c << 4) | d;
+    return 0;
+}
+
+/* The escape at *pp (its backslash): its code point, *pp moved past it. A high
+ * surrogate must be followed by a low one (msgspec refuses anything else). */
+static int vb_escape(const unsigned char **pp, const unsigned char *e, uint32_t *cp)
+{
+    const unsigned char *p = *pp;
+    uint32_t lo;
+    if (e - p < 2)
+        return -1;
+    switch (p[1]) {
+    case '"': *cp = '"'; break;
+    case '\\': *cp = '\\'; break;
+    case '/': *cp = '/'; break;
+    case 'b': *cp = '\b'; break;
+    case 'f': *cp = '\f'; break;
+    case 'n': *cp = '\n'; break;
+    case 'r': *cp = '\r'; break;
+    case 't': *cp = '\t'; break;
+    case 'u':
+        if (e - p < 6 || vb_hex4(p + 2, cp) < 0)
+            return -1;
+        if (*cp >= 0xDC00 && *cp <= 0xDFFF)
+            return -1;
+        if (*cp >= 0xD800 && *cp <= 0xDBFF) {
+            if (e - p < 12 || p[6] != '\\' || p[7] != 'u' || vb_hex4(p + 8, &lo) < 0 || lo < 0xDC00
+                || lo > 0xDFFF)
+                return -1;
+            *cp = 0x10000 + ((*cp - 0xD800) << 10) + (lo - 0xDC00);
+            *pp = p + 12;
+            return 0;
+        }
+        *pp = p + 6;
+        return 0;
+    default:
+        return -1;
+    }
+    *pp = p + 2;
+    return 0;
+}
+
+/* The first '"' or '\\' at or after p (e when there is none). */
+static inline const unsigned char *vb_quote_or_escape(const unsigned char *p, const unsigned char *e)
+{
+#if defined(__SSE2__)
+    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\');
+    while (e - p >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)p);
+        int mask = _mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)));
+        if (mask)
+            return p + __builtin_ctz((unsigned)mask);
+        p += 16;
+    }
+#endif
+    while (p < e && *p != '"' && *p != '\\')
+        p++;
+    return p;
+}
+
+/* The first '"' or whitespace byte at or after p, outside strings (e when there is
+ * none). In valid JSON no byte there is a control or non-ASCII one, so a signed compare
+ * with 0x21 finds the whitespace. */
+static inline const unsigned char *vb_quote_or_space(const unsigned char *p, const unsigned char *e)
+{
+#if defined(__SSE2__)
+    const __m128i quote = _mm_set1_epi8('"'), bang = _mm_set1_epi8(0x21);
+    while (e - p >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)p);
+        int mask = _mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmplt_epi8(v, bang)));
+        if (mask)
+            return p + __builtin_ctz((unsigned)mask);
+        p += 16;
+    }
+#endif
+    while (p < e && *p != '"' && (*p > 0x20 && *p < 0x80))
+        p++;
+    return p;
+}
+
+#endif

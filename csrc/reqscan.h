@@ -1,0 +1,437 @@
+/*
+ * The top level of a request body, found in one strict pass over its bytes.
+ *
+ * The gateway reads a handful of a request's fields (model, stream, max_tokens, ...);
+ * the prompt (`messages`, `prompt`) and whatever else the client sent (`tools`,
+ * sampling options) only pass through. A JSON decoder still walks every byte of those,
+ * at several instructions a byte. This scanner walks them once at SIMD speed inside
+ * strings, validates the whole body as msgspec does (RFC 8259: no trailing commas, no
+ * control bytes in strings, escapes as the grammar says, no lone surrogates; like
+ * msgspec it leaves the UTF-8 of strings to the engine), and names where each
+ * top-level member lies. The caller then decodes only the members it reads, and
+ * leaves the prompt as a span of the original body.
+ *
+ * It takes no body it is not sure of: anything else (not an object, malformed JSON,
+ * nesting past VR_MAX_DEPTH, more than VR_MAX_MEMBERS members, a key with escapes,
+ * a prompt field named twice) returns -1 and the caller decodes the whole body as
+ * before, which gives the exact error or the same result.
+ */
+#ifndef VELOCITY_REQSCAN_H
+#define VELOCITY_REQSCAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "json_lex.h"
+
+/* Depth past which the caller's decoder decides (it refuses bodies nested about 1,000
+ * levels; real requests nest fewer than ten). */
+#define VR_MAX_DEPTH 256
+#define VR_MAX_MEMBERS 64
+
+/* The members the gateway's decoder reads, by id (vr_member.field). */
+#define VR_OTHER (-1)
+#define VR_MESSAGES 0
+#define VR_PROMPT 1
+#define VR_PRIORITY 2
+#define VR_SLA_MS 3
+#define VR_READ 4 /* any other field the decoder declares (model, stream, ...) */
+
+typedef struct {
+    size_t ks;  /* the key's opening quote */
+    size_t vs;  /* the value's first byte */
+    size_t ve;  /* one past the value's last byte */
+    int field;  /* VR_* */
+    int spaced; /* whitespace between the value's tokens */
+} vr_member;
+
+typedef struct {
+    int n;
+    int messages, prompt; /* member index, -1 when absent */
+    int own;              /* members that are the gateway's own (priority, sla_ms) */
+    size_t read_bytes;    /* bytes of the members the decoder reads, prompts left out */
+    vr_member m[VR_MAX_MEMBERS];
+} vr_object;
+
+static inline const unsigned char *vr_ws(const unsigned char *p, const unsigned char *e)
+{
+    while (p < e && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        p++;
+    return p;
+}
+
+/* The bytes that may follow a backslash as a one-letter escape. */
+static const unsigned char vr_escape1[256] = {
+    ['"'] = 1, ['\\'] = 1, ['/'] = 1, ['b'] = 1, ['f'] = 1, ['n'] = 1, ['r'] = 1, ['t'] = 1,
+};
+
+/* The first '"', '\\' or control byte at or after p (e when there is none): 16 bytes a
+ * step where SSE2 is there. Bytes >= 0x80 pass: msgspec leaves the UTF-8 of strings it
+ * skips unchecked, and so does this (the engine decodes the prompt). */
+static inline const unsigned char *vr_special(const unsigned char *p, const unsigned char *e)
+{
+#if defined(__SSE2__)
+    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\'), c1f = _mm_set1_epi8(0x1F);
+    while (e - p >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)p);
+        __m128i m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
+                                 _mm_cmpeq_epi8(_mm_max_epu8(v, c1f), c1f)); /* v <= 0x1F */
+        int mask = _mm_movemask_epi8(m);
+        if (mask)
+            return p + __builtin_ctz((unsigned)mask);
+        p += 16;
+    }
+#endif
+    while (p < e && *p != '"' && *p != '\\' && *p >= 0x20)
+        p++;
+    return p;
+}
+
+/* The string at p (its opening quote): one past its closing quote, NULL when invalid
+ * (a control byte, an escape the grammar does not have, a lone surrogate). */
+static inline const unsigned char *vr_string(const unsigned char *p, const unsigned char *e)
+{
+    uint32_t cp;
+    p++;
+    for (;;) {
+        p = vr_special(p, e);
+        if (p >= e)
+            return NULL;
+        if (*p == '"')
+            return p + 1;
+        if (*p != '\\')
+            return NULL; /* a control byte */
+        /* \n, \", \\ and the other one-letter escapes in place; \u checked whole */
+        if (e - p >= 2 && p[1] != 'u' && vr_escape1[p[1]]) {
+            p += 2;
+            continue;
+        }
+        if (vb_escape(&p, e, &cp) < 0)
+            return NULL;
+    }
+}
+
+static inline int vr_digit(const unsigned char *p, const unsigned char *e)
+{
+    return p < e && *p >= '0' && *p <= '9';
+}
+
+/* The number at p: one past it, NULL when it is not one (JSON's grammar exactly). */
+static const unsigned char *vr_number(const unsigned char *p, const unsigned char *e)
+{
+    if (p < e && *p == '-')
+        p++;
+    if (!vr_digit(p, e))
+        return NULL;
+    if (*p == '0')
+        p++;
+    else
+        while (vr_digit(p, e))
+            p++;
+    if (p < e && *p == '.') {
+        p++;
+        if (!vr_digit(p, e))
+            return NULL;
+        while (vr_digit(p, e))
+            p++;
+    }
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < e && (*p == '+' || *p == '-'))
+            p++;
+        if (!vr_digit(p, e))
+            return NULL;
+        while (vr_digit(p, e))
+            p++;
+    }
+    return p;
+}
+
+static inline const unsigned char *vr_word(const unsigned char *p, const unsigned char *e, const char *w, size_t n)
+{
+    return (size_t)(e - p) >= n && memcmp(p, w, n) == 0 ? p + n : NULL;
+}
+
+/* Whitespace skipped inside a value: noted in *spaced. */
+#define VR_WS(p)                                 \
+    do {                                         \
+        const unsigned char *w_ = vr_ws((p), e); \
+        sp |= w_ != (p);                         \
+        (p) = w_;                                \
+    } while (0)
+
+/* The value at p (no whitespace before it): one past it, NULL when invalid or nested
+ * past depth levels; *spaced set when there is whitespace between its tokens.
+ * Iterative: a stack of the open containers' kinds. */
+static const unsigned char *vr_value(const unsigned char *p, const unsigned char *e, int depth, int *spaced)
+{
+    unsigned char open[VR_MAX_DEPTH];
+    int d = 0, sp = 0;
+value:
+    if (p >= e)
+        return NULL;
+    switch (*p) {
+    case '"':
+        p = vr_string(p, e);
+        break;
+    case '{':
+        if (d >= depth)
+            return NULL;
+        open[d++] = '}';
+        p++;
+        VR_WS(p);
+        if (p < e && *p == '}') {
+            p++;
+            d--;
+            goto after;
+        }
+        goto key;
+    case '[':
+        if (d >= depth)
+            return NULL;
+        open[d++] = ']';
+        p++;
+        VR_WS(p);
+        if (p < e && *p == ']') {
+            p++;
+            d--;
+            goto after;
+        }
+        goto value;
+    case 't':
+        p = vr_word(p, e, "true", 4);
+        break;
+    case 'f':
+        p = vr_word(p, e, "false", 5);
+        break;
+    case 'n':
+        p = vr_word(p, e, "null", 4);
+        break;
+    default:
+        p = vr_number(p, e);
+    }
+    if (p == NULL)
+        return NULL;
+after:
+    if (d == 0) {
+        *spaced = sp;
+        return p;
+    }
+    VR_WS(p);
+    if (p >= e)
+        return NULL;
+    if (*p == ',') {
+        p++;
+        VR_WS(p);
+        if (open[d - 1] == ']')
+            goto value;
+        goto key;
+    }
+    if (*p != open[d - 1])
+        return NULL;
+    p++;
+    d--;
+    goto after;
+key:
+    if (p >= e || *p != '"')
+        return NULL;
+    p = vr_string(p, e);
+    if (p == NULL)
+        return NULL;
+    VR_WS(p);
+    if (p >= e || *p != ':')
+        return NULL;
+    p++;
+    VR_WS(p);
+    goto value;
+}
+
+#define VR_IS(k, n, lit) ((n) == sizeof(lit) - 1 && memcmp((k), (lit), (n)) == 0)
+
+/* The field id of key k[0..n) (its bytes without the quotes), among the decoder's. */
+static int vr_field(const unsigned char *k, size_t n)
+{
+    if (VR_IS(k, n, "messages"))
+        return VR_MESSAGES;
+    if (VR_IS(k, n, "prompt"))
+        return VR_PROMPT;
+    if (VR_IS(k, n, "priority"))
+        return VR_PRIORITY;
+    if (VR_IS(k, n, "sla_ms"))
+        return VR_SLA_MS;
+    if (VR_IS(k, n, "model") || VR_IS(k, n, "stream") || VR_IS(k, n, "stream_options") || VR_IS(k, n, "max_tokens")
+        || VR_IS(k, n, "max_completion_tokens") || VR_IS(k, n, "user"))
+        return VR_READ;
+    return VR_OTHER;
+}
+
+/* Scan data[0..len), a request body: 0 and out filled, or -1 (not taken, see above). */
+static int vr_scan(const unsigned char *data, size_t len, vr_object *out)
+{
+    const unsigned char *p = data, *e = data + len, *q;
+    vr_member *m;
+    out->n = 0;
+    out->messages = out->prompt = -1;
+    out->own = 0;
+    out->read_bytes = 0;
+    p = vr_ws(p, e);
+    if (p >= e || *p != '{')
+        return -1;
+    p = vr_ws(p + 1, e);
+    if (p < e && *p == '}') {
+        p++;
+        goto end;
+    }
+    for (;;) {
+        if (p >= e || *p != '"' || out->n == VR_MAX_MEMBERS)
+            return -1;
+        m = &out->m[out->n];
+        m->ks = (size_t)(p - data);
+        q = vr_string(p, e);
+        if (q == NULL || memchr(p + 1, '\\', (size_t)(q - p - 2)) != NULL)
+            return -1;
+        m->field = vr_field(p + 1, (size_t)(q - p - 2));
+        p = vr_ws(q, e);
+        if (p >= e || *p != ':')
+            return -1;
+        p = vr_ws(p + 1, e);
+        m->vs = (size_t)(p - data);
+        q = vr_value(p, e, VR_MAX_DEPTH - 1, &m->spaced);
+        if (q == NULL)
+            return -1;
+        m->ve = (size_t)(q - data);
+        switch (m->field) {
+        case VR_MESSAGES:
+            if (out->messages >= 0)
+                return -1;
+            out->messages = out->n;
+            out->read_bytes += m->vs - m->ks + 2;
+            break;
+        case VR_PROMPT:
+            if (out->prompt >= 0)
+                return -1;
+            out->prompt = out->n;
+            out->read_bytes += m->vs - m->ks + 2;
+            break;
+        case VR_PRIORITY:
+        case VR_SLA_MS:
+            out->own++;
+            /* fall through */
+        case VR_READ:
+            out->read_bytes += m->ve - m->ks + 1;
+            break;
+        }
+        out->n++;
+        p = vr_ws(q, e);
+        if (p < e && *p == ',') {
+            p = vr_ws(p + 1, e);
+            continue;
+        }
+        if (p < e && *p == '}') {
+            p++;
+            break;
+        }
+        return -1;
+    }
+end:
+    return vr_ws(p, e) == e ? 0 : -1;
+}
+
+/* The object of the members the decoder reads, into dst (room for read_bytes + 2):
+ * `{` those members, each as it came, with `messages` and `prompt` (present) given the
+ * value 0, joined by commas `}`. Its length. */
+static size_t vr_reduce(const unsigned char *data, const vr_object *o, unsigned char *dst)
+{
+    unsigned char *w = dst;
+    const vr_member *m;
+    int i, first = 1;
+    *w++ = '{';
+    for (i = 0; i < o->n; i++) {
+        m = &o->m[i];
+        if (m->field == VR_OTHER)
+            continue;
+        if (!first)
+            *w++ = ',';
+        first = 0;
+        if (m->field == VR_MESSAGES || m->field == VR_PROMPT) {
+            memcpy(w, data + m->ks, m->vs - m->ks);
+            w += m->vs - m->ks;
+            *w++ = '0';
+        } else {
+            memcpy(w, data + m->ks, m->ve - m->ks);
+            w += m->ve - m->ks;
+        }
+    }
+    *w++ = '}';
+    return (size_t)(w - dst);
+}
+
+/* Bytes of the body without the gateway's own members (priority, sla_ms), as
+ * vr_strip writes it. */
+static size_t vr_strip_len(const vr_object *o)
+{
+    size_t n = 2;
+    int i, kept = 0;
+    for (i = 0; i < o->n; i++) {
+        if (o->m[i].field == VR_PRIORITY || o->m[i].field == VR_SLA_MS)
+            continue;
+        n += o->m[i].ve - o->m[i].ks;
+        kept++;
+    }
+    return n + (kept ? (size_t)(kept - 1) : 0);
+}
+
+/* The body without the gateway's own members into dst (vr_strip_len bytes): `{` the
+ * others, each byte for byte as it came, joined by commas `}`. */
+static void vr_strip(const unsigned char *data, const vr_object *o, unsigned char *dst)
+{
+    unsigned char *w = dst;
+    int i, first = 1;
+    *w++ = '{';
+    for (i = 0; i < o->n; i++) {
+        const vr_member *m = &o->m[i];
+        if (m->field == VR_PRIORITY || m->field == VR_SLA_MS)
+            continue;
+        if (!first)
+            *w++ = ',';
+        first = 0;
+        memcpy(w, data + m->ks, m->ve - m->ks);
+        w += m->ve - m->ks;
+    }
+    *w = '}';
+}
+
+/* The JSON value data[0..len) without the whitespace between its tokens, into dst
+ * (room for len bytes): its length. data must be valid JSON (vr_scan took it). */
+static size_t vr_compact(const unsigned char *data, size_t len, unsigned char *dst)
+{
+    const unsigned char *p = data, *e = data + len, *run = data;
+    unsigned char *w = dst;
+    while (p < e) {
+        p = vb_quote_or_space(p, e);
+        if (p >= e)
+            break;
+        if (*p == '"') {
+            p++;
+            for (;;) {
+                p = vb_quote_or_escape(p, e);
+                if (p >= e || *p == '"')
+                    break;
+                p += 2;
+            }
+            p = p < e ? p + 1 : e;
+            continue;
+        }
+        memcpy(w, run, (size_t)(p - run));
+        w += p - run;
+        while (p < e && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+            p++;
+        run = p;
+    }
+    memcpy(w, run, (size_t)(e - run));
+    w += e - run;
+    return (size_t)(w - dst);
+}
+
+#endif
