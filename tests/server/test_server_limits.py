@@ -120,6 +120,24 @@ async def test_a_body_trickling_in_within_the_timeout_is_not_408():
         assert (await c.response()).json()["body"] == "abcd"
 
 
+async def test_a_body_split_across_reads_then_pipelined_requests_in_its_last_read():
+    """A whole head with part of its body is taken at once and its body filled in as it
+    comes (no llhttp): the requests that follow in the read that ends it are answered
+    too, in order, each with its own body."""
+    async with serving(echo, **LIMITS) as srv, connect(srv) as c:
+        first = build("POST", "/one", b"a" * 600)
+        c.send(first[:-550])  # the head and 50 bytes of the body
+        await asyncio.sleep(0.03)
+        c.send(first[-550:-300])
+        await asyncio.sleep(0.03)
+        c.send(first[-300:] + build("POST", "/two", b"b" * 10) + build("POST", "/three", b"c" * 700)[:-100])
+        await asyncio.sleep(0.03)
+        c.send(build("POST", "/three", b"c" * 700)[-100:])
+        got = [(await c.response()).json() for _ in range(3)]
+        assert [(g["path"], g["body"]) for g in got] == [("/one", "a" * 600), ("/two", "b" * 10), ("/three", "c" * 700)]
+        assert (await c.request("GET", "/after")).status == 200
+
+
 async def test_idle_keep_alive_connection_is_closed_after_the_timeout():
     limits = dict(LIMITS, keepalive_timeout=0.2)
     async with serving(echo, **limits) as srv, connect(srv) as c:

@@ -104,19 +104,25 @@ cdef inline list _rid_headers(str rid):
     return [("x-request-id", rid)]
 
 
-cdef bytes _engine_request(bytes head, str rid, bytes auth, bytes body):
+# From this size on a body is not copied behind its head: the two leave in one writev.
+cdef Py_ssize_t _JOIN_MAX = 16384
+
+
+cdef object _engine_request(bytes head, str rid, bytes auth, bytes body):
     """The engine request: ``head`` (request line, host, content type), x-request-id,
-    ``auth``, Content-Length and ``body``, in one allocation."""
+    ``auth``, Content-Length and ``body``, in one allocation; for a body past
+    _JOIN_MAX, the head so made and the body itself, as a pair (no copy of the body)."""
     cdef char digits[24]
     cdef Py_ssize_t n = PyBytes_GET_SIZE(body)
     cdef int nd = _digits(digits + 24, <unsigned long long>n)
+    cdef bint apart = n > _JOIN_MAX
     cdef char* p
     if not latin1(rid):
         rid_b = rid.encode("latin-1")  # raises as the header could not be written
         return cat((head, b"x-request-id: ", rid_b, b"\r\n", auth, b"content-length: ", dec(n),
                     b"\r\n\r\n", body))
     out = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(head) + 14 + len(rid) + 2 + PyBytes_GET_SIZE(auth)
-                                    + 16 + nd + 4 + n)
+                                    + 16 + nd + 4 + (0 if apart else n))
     p = put_bytes(PyBytes_AS_STRING(out), head)
     memcpy(p, b"x-request-id: ", 14)
     p = put(p + 14, rid)
@@ -126,6 +132,8 @@ cdef bytes _engine_request(bytes head, str rid, bytes auth, bytes body):
     memcpy(p + 16, digits + 24 - nd, nd)
     p += 16 + nd
     memcpy(p, b"\r\n\r\n", 4)
+    if apart:
+        return (out, body)
     put_bytes(p + 4, body)
     return out
 

@@ -6,7 +6,8 @@ gateway sees nearly always (HTTP/1.1, one read holds it whole, a Content-Length
 body, ordinary headers) these scanners read it in one call and return it whole.
 
 They accept a strict subset of what llhttp accepts and decline everything else
-by returning None: a message split across reads, chunked bodies, Expect, Upgrade,
+by returning None: a head split across reads (the server takes a whole head whose body
+is still coming, and fills the body in itself), chunked bodies, Expect, Upgrade,
 a request with Connection: close, HTTP/1.0, a header byte outside printable ASCII, a repeated Content-Length, a head
 or body past the server's limits, anything they do not recognise. The caller then
 hands the same bytes to llhttp, which parses them or produces the error the
@@ -245,9 +246,15 @@ def scan_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ssize_t max
 
 
 cdef Request take_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ssize_t max_body, client,
-                          double received_at, Py_ssize_t* end):
+                          double received_at, Py_ssize_t* end, Py_ssize_t* have=NULL):
     """scan_request for the server, as C: the Request itself (HTTP/1.1, ``client`` and
-    ``received_at`` as given), ``end`` set where the next request starts; or None."""
+    ``received_at`` as given), ``end`` set where the next request starts; or None.
+
+    With ``have``, a whole head whose body has not all come is taken too: the Request's
+    body is then a bytes object of the body's full length (Content-Length, within
+    ``max_body``) holding the ``have[0]`` bytes that came, and ``end`` is the end of
+    ``data``; the caller fills in the rest as it arrives (one copy, no llhttp). A whole
+    request sets ``have[0]`` to its body's length."""
     cdef const char* s
     cdef Py_ssize_t n
     cdef Py_ssize_t ms, us, ue, q, limit, body_end, cl
@@ -301,7 +308,7 @@ cdef Request take_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ss
     if cl > max_body:
         return None
     body_end = head.end + cl
-    if body_end > n:
+    if body_end > n and have == NULL:
         return None
     if q >= 0:
         path = _text(s + us, q - us)
@@ -311,8 +318,14 @@ cdef Request take_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ss
         query = ""
     if cl == 0:
         body = b""
+    elif body_end > n:  # the rest of the body is still coming
+        body = PyBytes_FromStringAndSize(NULL, cl)
+        memcpy(PyBytes_AS_STRING(body), s + head.end, n - head.end)
+        body_end = n
     else:
         body = PyBytes_FromStringAndSize(s + head.end, cl)
+    if have != NULL:
+        have[0] = body_end - head.end
     end[0] = body_end
     req = new_request(method, path, query, None, "1.1", head.keep_alive != 0, client, received_at, body)
     req._raw = data  # the header dict is made from it if asked

@@ -50,6 +50,9 @@ cdef class HttpProtocol(OutboxOwner):
     cdef list _body
     cdef Py_ssize_t _body_len
     cdef Request _req
+    cdef Request _pend  # a request taken whole but for the rest of its body
+    cdef Py_ssize_t _pend_have
+    cdef Py_ssize_t _fill(self, bytes data) except -1
     cdef readonly bint _in_message
     cdef readonly list _queue
     cdef public Responder _active

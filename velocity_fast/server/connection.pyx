@@ -353,6 +353,8 @@ cdef class HttpProtocol(OutboxOwner):
         self._body = []
         self._body_len = 0
         self._req = None
+        self._pend = None
+        self._pend_have = 0
         self._in_message = False
         # requests waiting their turn, and the one being answered
         self._queue = []
@@ -490,7 +492,7 @@ cdef class HttpProtocol(OutboxOwner):
     cdef _on_read_timeout(self):
         if not self._in_message or self._fatal is not None:
             return
-        head_done = self._req is not None
+        head_done = self._req is not None or self._pend is not None
         if self._read_paused:
             # We stopped reading (too many pipelined requests), not the client sending.
             self._arm(self._body_timeout if head_done else self._header_timeout, _T_READ)
@@ -503,19 +505,31 @@ cdef class HttpProtocol(OutboxOwner):
         self.received(data)
 
     cdef received(self, bytes data):
-        cdef Py_ssize_t pos, n
+        cdef Py_ssize_t pos, n, have
         if self._ignore_input:
             return
+        if self._pend is not None:
+            pos = self._fill(data)
+            if self._pend is not None or self._ignore_input or pos == len(data):
+                return
+            data = data[pos:]  # the requests after it
         if not self._in_message:
-            # Between requests: a plain, whole request is read in one call (http/http1.pyx);
-            # anything else, from where that stopped, goes to llhttp.
+            # Between requests: a plain request with a whole head is read in one call
+            # (http/http1.pyx), its body filled in by _fill when it spans reads; anything
+            # else, from where that stopped, goes to llhttp.
             pos = 0
             n = len(data)
             while True:
                 req = take_request(data, pos, self._max_header_bytes, self._max_body_bytes, self._client,
-                                   monotonic(), &pos)
+                                   monotonic(), &pos, &have)
                 if req is None:
                     break
+                if have < len(req.body):
+                    self._pend = req
+                    self._pend_have = have
+                    self._in_message = True
+                    self._arm(self._body_timeout, _T_READ)
+                    return
                 self._take(req)
                 if self._ignore_input or pos == n:
                     return
@@ -545,6 +559,23 @@ cdef class HttpProtocol(OutboxOwner):
             break
         if self._in_head and self._head_raw > self._max_header_bytes:
             self._fail(431, "Request headers are too large.")
+
+    cdef Py_ssize_t _fill(self, bytes data) except -1:
+        """The next bytes of the pending request's body, copied into it; once it is
+        whole the request is taken. Returns how many bytes of ``data`` it used."""
+        cdef Request req = self._pend
+        cdef Py_ssize_t size = PyBytes_GET_SIZE(req.body)
+        cdef Py_ssize_t k = PyBytes_GET_SIZE(data)
+        if k > size - self._pend_have:
+            k = size - self._pend_have
+        # The body is a bytes object only this request holds, not yet seen by anyone.
+        memcpy(PyBytes_AS_STRING(req.body) + self._pend_have, PyBytes_AS_STRING(data), k)
+        self._pend_have += k
+        if self._pend_have == size:
+            self._pend = None
+            self._in_message = False
+            self._take(req)
+        return k
 
     cdef _take(self, Request req):
         """A whole request: answered now, or queued behind the ones before it."""

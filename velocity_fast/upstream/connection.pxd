@@ -50,7 +50,7 @@ cdef class UpstreamConnection(OutboxOwner):
     cdef _bad_chunk(self)
     cpdef _fail(self, err)
     cdef _wake(self)
-    cpdef send_to(self, bytes data, listener, bint reused=*)
+    cpdef send_to(self, data, listener, bint reused=*)
     cpdef bytes take(self)
     cpdef pause(self)
     cpdef resume(self)

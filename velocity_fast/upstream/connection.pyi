@@ -56,7 +56,7 @@ class UpstreamConnection(OutboxOwner):
     def on_message_complete(self) -> None: ...
     def send(self, data: bytes) -> asyncio.Future[None]:
         """Send a whole request; returns the future of the response head."""
-    def send_to(self, data: bytes, listener: Any, reused: bool = False) -> None:
+    def send_to(self, data: bytes | tuple[bytes, bytes], listener: Any, reused: bool = False) -> None:
         """Send a whole request whose answer goes to ``listener``'s callbacks."""
     async def wait_body(self) -> None:
         """Wait until body pieces are available, the response is done, or it failed."""

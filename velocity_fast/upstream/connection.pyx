@@ -503,15 +503,20 @@ cdef class UpstreamConnection(OutboxOwner):
         self._outbox.write(self, data)  # leaves at the end of this loop pass (server.pyx's outbox)
         return self._head
 
-    cpdef send_to(self, bytes data, listener, bint reused=False):
-        """Send a whole request whose answer goes to ``listener``'s callbacks. On a
-        ``reused`` connection a failure before any response byte sends it again on a
-        fresh one (see UpstreamPool.request)."""
+    cpdef send_to(self, data, listener, bint reused=False):
+        """Send a whole request (bytes, or a (head, body) pair: one writev, no join)
+        whose answer goes to ``listener``'s callbacks. On a ``reused`` connection a
+        failure before any response byte sends it again on a fresh one (see
+        UpstreamPool.request)."""
         self._reset()
         self.requests += 1
         self.listener = listener
         self._resend = data if reused else None
-        self._outbox.write(self, data)
+        if type(data) is tuple:
+            self._outbox.write(self, <bytes>(<tuple>data)[0])
+            self._outbox.write(self, <bytes>(<tuple>data)[1])
+        else:
+            self._outbox.write(self, <bytes?>data)
 
     async def wait_body(self):
         """Wait until body pieces are available, the response is done, or it failed."""

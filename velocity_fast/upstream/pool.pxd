@@ -22,4 +22,4 @@ cdef class UpstreamPool:
     cpdef bytes json_post_head(self, str path)
     cpdef UpstreamConnection idle_connection(self)
     cpdef release(self, UpstreamConnection conn)
-    cpdef request(self, bytes data, listener)
+    cpdef request(self, data, listener)

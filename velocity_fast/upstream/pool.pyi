@@ -33,5 +33,5 @@ class UpstreamPool:
     def idle_connection(self) -> UpstreamConnection | None: ...
     def release(self, conn: UpstreamConnection) -> None:
         """Return a connection whose response completed; anything else is closed."""
-    def request(self, data: bytes, listener: Any) -> None:
-        """Send a request whose answer goes to ``listener`` (see upstream.connection.Listener)."""
+    def request(self, data: bytes | tuple[bytes, bytes], listener: Any) -> None:
+        """Send a request (bytes, or its head and body) whose answer goes to ``listener`` (see upstream.connection.Listener)."""

@@ -102,12 +102,12 @@ cdef class UpstreamPool:
             raise
         return conn
 
-    def _connect_for(self, data: bytes, listener) -> None:
+    def _connect_for(self, data, listener) -> None:
         task = asyncio.get_running_loop().create_task(self._connect_and_send(data, listener))
         self._connecting.add(task)
         task.add_done_callback(self._connecting.discard)
 
-    async def _connect_and_send(self, data: bytes, listener) -> None:
+    async def _connect_and_send(self, data, listener) -> None:
         try:
             conn = await self.connect()
         except UpstreamError as e:
@@ -192,8 +192,9 @@ cdef class UpstreamPool:
         else:
             conn.abort()
 
-    cpdef request(self, bytes data, listener):
-        """Send a request whose answer goes to ``listener`` (see UpstreamListener).
+    cpdef request(self, data, listener):
+        """Send a request whose answer goes to ``listener`` (see UpstreamListener): bytes,
+        or a (head, body) pair that leaves in one writev without being joined.
 
         On an idle connection this is all callbacks. With none idle, or when the
         reused one turns out closed by the engine before any response byte, a
