@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from velocity_fast.gateway.errors import BadRequest
 from velocity_fast.gateway.request_types import ProxyRequest
-from velocity_fast.gateway.requests import decode_proxy, decode_proxy_compact, strip_own_fields
+from velocity_fast.gateway.requests import decode_proxy, decode_proxy_compact, scan_members, strip_own_fields
 from velocity_fast.routing.blockscan import hash_json
 from velocity_fast.routing.prefix import PrefixHasher
 from velocity_fast.routing.prefix_render import json_text
@@ -211,3 +211,30 @@ def test_hash_json_is_json_text_hashed(value, indent, ascii_only):
     assert json_text(text) == compact[:-1]
     assert hash_json(text, HASHER, "m").tolist() == HASHER.hash(compact[:-1], "m").tolist()
     assert hash_json(compact, HASHER, "m", True).tolist() == HASHER.hash(compact[:-1], "m").tolist()
+
+
+# Pieces of string content that the 64-byte chunks of the scanner must get right where
+# they straddle a chunk's edge: backslash runs of every length, escaped quotes, \u
+# escapes and surrogate pairs (whole, cut, lone), control bytes, plain text.
+_PIECES = [b"a", b"plain text ", b"\\", b"\\\\", b"\\\\\\", b'\\"', b'\\\\\\"', b"\\n", b"\\/", b"\\u00e9",
+           b"\\uD83D\\uDE00", b"\\ud83d", b"\\ude00", b"\\u12", b"\\uZZZZ", b"\\q", b"\x01", b"\x1f", b"\t",
+           b'"', b"\xc3\xa9", b"x" * 63]
+
+
+@given(st.lists(st.sampled_from(_PIECES), max_size=60), st.integers(0, 70), st.sampled_from([b"", b"abc", b"d" * 200]))
+@settings(max_examples=2000, deadline=None)
+def test_the_scanner_takes_a_string_exactly_when_msgspec_does(pieces, offset, after):
+    """Every cut of the content against the 64-byte chunks: the scanner refuses exactly
+    the bodies msgspec refuses, and where it takes one, the member ends where it should."""
+    content = b"k" * offset + b"".join(pieces) + after
+    body = b'{"model":"m","messages":[{"role":"user","content":"' + content + b'"}],"max_tokens":5}'
+    try:
+        WHOLE.decode(body)
+        ok = True
+    except msgspec.DecodeError:
+        ok = False
+    members = scan_members(body)
+    assert (members is not None) == ok, (ok, body[:200])
+    if ok:
+        assert [body[ks:vs].split(b":")[0] for ks, vs, _ in members] == [b'"model"', b'"messages"', b'"max_tokens"']
+        assert body[members[2][1]:members[2][2]] == b"5"

@@ -172,6 +172,17 @@ cdef object _compact_raw(bytes body, const vr_member *m):
     return _Raw(memoryview(out)[:n])
 
 
+def scan_members(bytes body):
+    """What the request scanner makes of ``body``: its top-level members as (key start,
+    value start, value end) offsets, or None when it does not take it (for tests: the
+    decoder's own use is _scanned)."""
+    cdef vr_object o
+    cdef int i
+    if vr_scan(<const unsigned char *>PyBytes_AS_STRING(body), <size_t>PyBytes_GET_SIZE(body), &o) < 0:
+        return None
+    return [(o.m[i].ks, o.m[i].vs, o.m[i].ve) for i in range(o.n)]
+
+
 cdef int _first(raw) except -1:
     """The first byte of a raw JSON value (msgspec.Raw: the decoder checked it, so no
     whitespace before it); 0 when it is empty (absent)."""
