@@ -4,6 +4,7 @@ engines it started go too)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import random
@@ -31,6 +32,11 @@ def _port_range() -> tuple[int, int]:
 _PORT_RANGE = _port_range()
 
 
+# The ports handed out lately: two calls in a row (a gateway's port, then its admin
+# port) must not get the same one before either is bound.
+_handed_out: collections.deque = collections.deque(maxlen=512)
+
+
 def free_port_range(count: int, attempts: int = 200) -> int:
     """A base port such that ``count`` consecutive ports on 127.0.0.1 are free now.
 
@@ -41,12 +47,15 @@ def free_port_range(count: int, attempts: int = 200) -> int:
     low, high = _PORT_RANGE
     for _ in range(attempts):
         base = random.randrange(low, high - count)
+        if any(port in _handed_out for port in range(base, base + count)):
+            continue  # free now, but handed to a caller that may not have bound it yet
         socks = []
         try:
             for port in range(base, base + count):
                 s = socket.socket()
                 socks.append(s)
                 s.bind(("127.0.0.1", port))
+            _handed_out.extend(range(base, base + count))
             return base
         except OSError:
             continue
