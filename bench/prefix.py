@@ -37,6 +37,18 @@ workload's words (the ``tokenizers`` package), for every variant alike:
     python bench/prefix.py --scenario replicas
 
 Goal (issue 21): precise at least 2x better TTFT p90 than approximate in both.
+
+Scenario ``hot``: one prefix carries half the traffic (``--hot-share``), the rest spread
+over the other groups; ``chat`` as configured by default (the hot-spot guard sends the hot
+prefix to a less loaded engine once its engine is ``hotspot_gap`` requests ahead, and the
+index then holds it on both, so it stays spread) against ``affinity`` (the same profile
+with the guard and the load weight off), round-robin and least-loaded. Run it where the
+hot prefix's demand is past one engine and the whole load is within the fleet:
+
+    python bench/prefix.py --scenario hot --rate 45 --requests 480 --output-tokens 64
+
+Goal (issue 21): chat's TTFT p99 at least 2x better than affinity's, with a hit rate at
+least 0.9x of affinity's.
 """
 from __future__ import annotations
 
@@ -68,7 +80,11 @@ from velocity_fast.loadgen.workload import WorkloadConfig, build_workload  # noq
 
 VARIANTS = ("chat", "batch", "round-robin", "least-loaded")
 PRECISE_VARIANTS = ("precise", "approximate", "round-robin", "least-loaded")
-SCENARIOS = ("shared", "restart", "replicas")
+SCENARIOS = ("shared", "restart", "replicas", "hot")
+# One hot prefix: the router's spreading (chat, as configured by default) against pure
+# affinity (the same profile with the hot-spot guard and the load weight off).
+HOT_VARIANTS = ("chat", "affinity", "round-robin", "least-loaded")
+PURE_AFFINITY = {"hotspot_gap": 1e9, "load_weight": 0.0}
 # --smoke: every variant and phase at a size that runs in seconds (CI: tests/bench/).
 SMOKE = {"engines": 2, "requests": 24, "rate": 60.0, "groups": 4, "prefix_tokens": 256,
          "time_scale": 20.0}
@@ -169,6 +185,8 @@ def _model_config(variant: str) -> dict:
     """The `models:` entry of a variant: a profile, or chat with a prefix mode."""
     if variant in ("precise", "approximate"):
         return {"profile": "chat", "prefix": variant}
+    if variant == "affinity":
+        return {"profile": "chat"}  # (and PURE_AFFINITY in `routing:`)
     return {"profile": variant}
 
 
@@ -189,7 +207,7 @@ def bench_tokenizer(folder: str) -> str:
 
 async def run_variant(variant: str, args, specs) -> dict:
     scenario = getattr(args, "scenario", "shared")
-    kv_dir = tempfile.mkdtemp(prefix="velocity-prefix-bench-") if scenario != "shared" else None
+    kv_dir = tempfile.mkdtemp(prefix="velocity-prefix-bench-") if scenario in ("restart", "replicas") else None
     flags = ["--num-gpu-blocks", str(args.num_gpu_blocks), "--time-scale", str(args.time_scale),
              "--prefill-tps", str(args.prefill_tps)]
     tokenizer = bench_tokenizer(kv_dir) if kv_dir else None
@@ -205,6 +223,8 @@ async def run_variant(variant: str, args, specs) -> dict:
             events = KVEventsConfig(endpoint=kv[0], replay_endpoint=kv[1], topic="kv") if kv else None
             eps.append(EndpointConfig(name=f"e{i}", url=f"http://127.0.0.1:{p}", model=MODEL, kv_events=events))
         routing = {"seed": args.seed}
+        if variant == "affinity":
+            routing.update(PURE_AFFINITY)
         if tokenizer:
             routing["tokenizer"] = tokenizer
         settings = load_settings(None, {"host": "127.0.0.1", "port": 0, "admin_port": 0, "endpoints": eps,
@@ -261,13 +281,15 @@ async def run_variant(variant: str, args, specs) -> dict:
 
 
 async def main_async(args) -> int:
+    hot = args.hot_share if args.scenario == "hot" else 0.0
     mix = Mix(prompt_tokens=Dist(value=args.suffix_tokens), output_tokens=Dist(value=args.output_tokens),
-              prefix=Prefix(groups=args.groups, tokens=args.prefix_tokens, share=1.0), stream_share=1.0)
+              prefix=Prefix(groups=args.groups, tokens=args.prefix_tokens, share=1.0, hot=hot), stream_share=1.0)
     cfg = WorkloadConfig(num_requests=args.requests, pattern="poisson", duration=args.requests / args.rate,
                          seed=args.seed, route="chat", model=MODEL)
     specs = build_workload(cfg, mix)
     rows = []
-    variants = args.variants or ",".join(VARIANTS if args.scenario == "shared" else PRECISE_VARIANTS)
+    variants = args.variants or ",".join(VARIANTS if args.scenario == "shared" else
+                                         HOT_VARIANTS if args.scenario == "hot" else PRECISE_VARIANTS)
     for variant in variants.split(","):
         res = await run_variant(variant, args, specs)
         s = res["summary"]
@@ -281,6 +303,8 @@ async def main_async(args) -> int:
               f"p99 {res['ttft_ms_engine_time']['p99']:.0f} ms  {s['throughput_rps']:.1f} req/s  "
               f"engine hit rate {100 * res['engine_hit_rate']:.1f}%  per endpoint {res['requests_per_endpoint']}"
               + share, flush=True)
+    if args.scenario == "hot":
+        return _report_hot(args, rows)
     if args.scenario != "shared":
         return _report_precise(args, rows)
     by = {r["variant"]: r for r in rows}
@@ -330,11 +354,37 @@ def _report_precise(args, rows: list[dict]) -> int:
     return 0 if all(r["summary"]["completed"] == r["summary"]["requests"] for r in rows) else 1
 
 
+def _report_hot(args, rows: list[dict]) -> int:
+    by = {r["variant"]: r for r in rows}
+    lines = [f"prefix bench, scenario hot (one prefix carries {100 * args.hot_share:.0f}% of the traffic): "
+             f"{args.requests} streamed chat requests at {args.rate:.0f}/s, {args.groups} groups x "
+             f"{args.prefix_tokens}-token shared context + {args.suffix_tokens}-token question, "
+             f"{args.output_tokens} tokens out, {args.engines} sim engines x {args.num_gpu_blocks} KV blocks, "
+             f"time scale {args.time_scale} (TTFT in engine time)"]
+    for r in rows:
+        t = r["ttft_ms_engine_time"]
+        lines.append(f"  {r['variant']:<12} TTFT p50 {t['p50']:8.0f} ms  p90 {t['p90']:8.0f} ms  p99 {t['p99']:8.0f} ms  "
+                     f"throughput {r['summary']['throughput_rps']:6.1f} req/s  "
+                     f"engine prefix-cache hit rate {100 * r['engine_hit_rate']:5.1f}%  "
+                     f"per endpoint {r['requests_per_endpoint']}")
+    if "chat" in by and "affinity" in by and by["chat"]["ttft_ms_engine_time"]["p99"] > 0:
+        p99 = by["affinity"]["ttft_ms_engine_time"]["p99"] / by["chat"]["ttft_ms_engine_time"]["p99"]
+        hit = (by["chat"]["engine_hit_rate"] / by["affinity"]["engine_hit_rate"]
+               if by["affinity"]["engine_hit_rate"] else 0.0)
+        lines.append(f"  TTFT p99 affinity/chat {p99:.2f}x (goal >= 2x); hit rate chat/affinity {hit:.2f}x "
+                     "(goal >= 0.9x)")
+    print("\n".join(lines))
+    if args.output:
+        write_json(args.output, {"args": vars(args), "runs": rows})
+    return 0 if all(r["summary"]["completed"] == r["summary"]["requests"] for r in rows) else 1
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scenario", choices=SCENARIOS, default="shared",
                    help="shared (the profiles on shared prefixes), restart (an engine restarted halfway), "
-                        "replicas (two gateways): the last two compare precise and approximate routing")
+                        "replicas (two gateways): these two compare precise and approximate routing; "
+                        "hot (one prefix carries --hot-share of the traffic): spreading against pure affinity")
     p.add_argument("--variants", default=None,
                    help="comma-separated routing profiles, or precise / approximate (default: "
                         + ",".join(VARIANTS) + "; with restart or replicas " + ",".join(PRECISE_VARIANTS) + ")")
@@ -351,6 +401,8 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-tps", type=float, default=5000.0)
     p.add_argument("--time-scale", type=float, default=4.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--hot-share", type=float, default=0.5,
+                   help="scenario hot: the share of the requests that carry the hot prefix (default 0.5)")
     p.add_argument("--output", default=None, help="write the runs as JSON here")
     p.add_argument("--smoke", action="store_true",
                    help="tiny counts (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items())

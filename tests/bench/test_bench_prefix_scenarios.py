@@ -33,3 +33,34 @@ def test_precise_scenarios_run_and_complete(tmp_path, scenario):
     assert precise["precise_share"] and all(x > 0 for x in precise["precise_share"])
     if scenario == "replicas":
         assert len(precise["precise_share"]) == 2  # two gateways, each routing precisely
+
+
+@pytest.mark.timeout(240)
+def test_the_hot_prefix_scenario_runs_and_carries_its_share():
+    """Scenario hot at smoke size: every variant completes; the hot prefix is half the
+    traffic (group 0 of the seeded workload), and pure affinity is configured apart."""
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "prefix.py"), "--smoke", "--scenario", "hot",
+                           "--requests", "40"], cwd=REPO, capture_output=True, text=True, timeout=220)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "TTFT p99 affinity/chat" in proc.stdout
+    for variant in ("chat", "affinity", "round-robin", "least-loaded"):
+        assert f"  {variant} " in proc.stdout
+
+
+def test_a_hot_prefix_takes_its_share_of_a_seeded_workload():
+    from velocity_fast.loadgen.mix import Dist, Mix, Prefix
+    from velocity_fast.loadgen.workload import WorkloadConfig, build_workload
+
+    cfg = WorkloadConfig(num_requests=2000, pattern="poisson", duration=10.0, seed=3, route="chat", model="m")
+    plain = Mix(prompt_tokens=Dist(value=8), output_tokens=Dist(value=4), prefix=Prefix(groups=8, tokens=16, share=1.0))
+    hot = Mix(prompt_tokens=Dist(value=8), output_tokens=Dist(value=4),
+              prefix=Prefix(groups=8, tokens=16, share=1.0, hot=0.5))
+    groups = [s.prefix_group for s in build_workload(cfg, hot)]
+    assert 0.45 < groups.count(0) / len(groups) < 0.55
+    assert set(groups) == set(range(8))
+    others = [groups.count(g) for g in range(1, 8)]
+    assert max(others) < 2 * min(others)
+    plain_groups = [s.prefix_group for s in build_workload(cfg, plain)]
+    assert plain_groups.count(0) / len(plain_groups) < 0.25  # without hot, group 0 is one of eight
+    with pytest.raises(ValueError):
+        Mix(prefix=Prefix(groups=1, tokens=16, share=1.0, hot=0.5))

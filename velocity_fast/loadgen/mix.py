@@ -79,11 +79,14 @@ class Tenant(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Prefix(msgspec.Struct, forbid_unknown_fields=True):
-    """``share`` of the requests start with one of ``groups`` shared prefixes of ``tokens``."""
+    """``share`` of the requests start with one of ``groups`` shared prefixes of ``tokens``;
+    ``hot`` of those start with the first one (a hot prefix), the rest with one of the
+    others at random (with hot 0, any of them at random)."""
 
     groups: int = 0
     tokens: int = 0
     share: float = 0.0
+    hot: float = 0.0
 
 
 class Mix(msgspec.Struct, forbid_unknown_fields=True):
@@ -104,6 +107,8 @@ class Mix(msgspec.Struct, forbid_unknown_fields=True):
             raise ValueError("prefix share must be within [0, 1]")
         if self.prefix.share > 0 and (self.prefix.groups < 1 or self.prefix.tokens < 1):
             raise ValueError("a prefix share needs groups >= 1 and tokens >= 1")
+        if not 0.0 <= self.prefix.hot <= 1.0 or (self.prefix.hot > 0 and self.prefix.groups < 2):
+            raise ValueError("prefix hot must be within [0, 1], and a hot prefix needs groups >= 2")
         for items, what in ((self.bands, "band"), (self.tenants, "tenant")):
             if any(x.weight < 0 for x in items) or (items and sum(x.weight for x in items) <= 0):
                 raise ValueError(f"{what} weights must be >= 0 with a positive sum")

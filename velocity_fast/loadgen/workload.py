@@ -131,6 +131,8 @@ def build_workload(cfg: WorkloadConfig, mix: Mix) -> list[RequestSpec]:
         ptoks = mix.prompt_tokens.sample(rng)
         otoks = mix.output_tokens.sample(rng)
         group = rng.randrange(len(prefixes)) if prefixes and rng.random() < mix.prefix.share else -1
+        if group >= 0 and mix.prefix.hot > 0:  # (no draw without it: seeded workloads stay as they were)
+            group = 0 if rng.random() < mix.prefix.hot else 1 + rng.randrange(len(prefixes) - 1)
         session = f"sess-{rng.randrange(mix.sessions)}" if mix.sessions > 0 else ""
         # The unique tag follows the shared prefix so that only the prefix is shared.
         tag = f"Request {cfg.seed}-{i}: "
