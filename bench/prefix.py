@@ -335,45 +335,41 @@ async def main_async(args) -> int:
 def _report_precise(args, rows: list[dict]) -> int:
     by = {r["variant"]: r for r in rows}
     what = {"restart": "engine 0 restarted halfway", "replicas": "two gateway replicas, every other request each"}
-    lines = [f"prefix bench, scenario {args.scenario} ({what[args.scenario]}): {args.requests} streamed chat "
-             f"requests, {args.groups} groups x {args.prefix_tokens}-token shared context + "
-             f"{args.suffix_tokens}-token question, {args.engines} sim engines x {args.num_gpu_blocks} KV blocks, "
-             f"time scale {args.time_scale} (TTFT in engine time)"]
-    for r in rows:
-        t = r["ttft_ms_engine_time"]
-        lines.append(f"  {r['variant']:<12} TTFT p50 {t['p50']:8.0f} ms  p90 {t['p90']:8.0f} ms  "
-                     f"throughput {r['summary']['throughput_rps']:6.1f} req/s  "
-                     f"engine prefix-cache hit rate {100 * r['engine_hit_rate']:5.1f}%  "
-                     f"completed {r['summary']['completed']}/{r['summary']['requests']}")
+    verdict = []
     if "precise" in by and "approximate" in by and by["precise"]["ttft_ms_engine_time"]["p90"] > 0:
         ratio = by["approximate"]["ttft_ms_engine_time"]["p90"] / by["precise"]["ttft_ms_engine_time"]["p90"]
-        lines.append(f"  TTFT p90 approximate/precise {ratio:.2f}x (goal >= 2x)")
-    print("\n".join(lines))
-    if args.output:
-        write_json(args.output, {"args": vars(args), "runs": rows})
-    return 0 if all(r["summary"]["completed"] == r["summary"]["requests"] for r in rows) else 1
+        verdict.append(f"  TTFT p90 approximate/precise {ratio:.2f}x (goal >= 2x)")
+    return _report(args, rows, f"scenario {args.scenario} ({what[args.scenario]})", verdict)
 
 
 def _report_hot(args, rows: list[dict]) -> int:
     by = {r["variant"]: r for r in rows}
-    lines = [f"prefix bench, scenario hot (one prefix carries {100 * args.hot_share:.0f}% of the traffic): "
-             f"{args.requests} streamed chat requests at {args.rate:.0f}/s, {args.groups} groups x "
-             f"{args.prefix_tokens}-token shared context + {args.suffix_tokens}-token question, "
-             f"{args.output_tokens} tokens out, {args.engines} sim engines x {args.num_gpu_blocks} KV blocks, "
-             f"time scale {args.time_scale} (TTFT in engine time)"]
+    verdict = []
+    if "chat" in by and "affinity" in by and by["chat"]["ttft_ms_engine_time"]["p99"] > 0:
+        p99 = by["affinity"]["ttft_ms_engine_time"]["p99"] / by["chat"]["ttft_ms_engine_time"]["p99"]
+        hit = (by["chat"]["engine_hit_rate"] / by["affinity"]["engine_hit_rate"]
+               if by["affinity"]["engine_hit_rate"] else 0.0)
+        verdict.append(f"  TTFT p99 affinity/chat {p99:.2f}x (goal >= 2x); hit rate chat/affinity {hit:.2f}x "
+                       "(goal >= 0.9x)")
+    return _report(args, rows, f"scenario hot (one prefix carries {100 * args.hot_share:.0f}% of the traffic)",
+                   verdict)
+
+
+def _report(args, rows: list[dict], scenario: str, verdict: list[str]) -> int:
+    """A scenario's table: each variant's TTFT, throughput, hit rate and spread, then the
+    goal's verdict lines; the runs as JSON with --output."""
+    lines = [f"prefix bench, {scenario}: {args.requests} streamed chat requests at {args.rate:.0f}/s, "
+             f"{args.groups} groups x {args.prefix_tokens}-token shared context + {args.suffix_tokens}-token "
+             f"question, {args.output_tokens} tokens out, {args.engines} sim engines x {args.num_gpu_blocks} KV "
+             f"blocks, time scale {args.time_scale} (TTFT in engine time)"]
     for r in rows:
         t = r["ttft_ms_engine_time"]
         lines.append(f"  {r['variant']:<12} TTFT p50 {t['p50']:8.0f} ms  p90 {t['p90']:8.0f} ms  p99 {t['p99']:8.0f} ms  "
                      f"throughput {r['summary']['throughput_rps']:6.1f} req/s  "
                      f"engine prefix-cache hit rate {100 * r['engine_hit_rate']:5.1f}%  "
+                     f"completed {r['summary']['completed']}/{r['summary']['requests']}  "
                      f"per endpoint {r['requests_per_endpoint']}")
-    if "chat" in by and "affinity" in by and by["chat"]["ttft_ms_engine_time"]["p99"] > 0:
-        p99 = by["affinity"]["ttft_ms_engine_time"]["p99"] / by["chat"]["ttft_ms_engine_time"]["p99"]
-        hit = (by["chat"]["engine_hit_rate"] / by["affinity"]["engine_hit_rate"]
-               if by["affinity"]["engine_hit_rate"] else 0.0)
-        lines.append(f"  TTFT p99 affinity/chat {p99:.2f}x (goal >= 2x); hit rate chat/affinity {hit:.2f}x "
-                     "(goal >= 0.9x)")
-    print("\n".join(lines))
+    print("\n".join(lines + verdict))
     if args.output:
         write_json(args.output, {"args": vars(args), "runs": rows})
     return 0 if all(r["summary"]["completed"] == r["summary"]["requests"] for r in rows) else 1

@@ -1247,26 +1247,10 @@ static int vb_hash_json(const unsigned char *data, size_t len, int compact, size
         goto done;
     e = len ? data + len - 1 : data;
     run = p = data;
-    while (!compact && p < e) {
-        p = vb_quote_or_space(p, e);
-        if (p >= e)
-            break;
-        if (*p == '"') {
-            p++;
-            for (;;) {
-                p = vb_quote_or_escape(p, e);
-                if (p >= e || *p == '"')
-                    break;
-                p += 2; /* an escape: its second byte is never the string's end */
-            }
-            p = p < e ? p + 1 : e;
-            continue;
-        }
+    while (!compact && (p = vb_next_space(p, e)) < e) {
         if (vb_put(&k, run, (size_t)(p - run)) < 0)
             goto done;
-        while (p < e && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
-            p++;
-        run = p;
+        run = p = vb_skip_space(p, e);
     }
     if (vb_put(&k, run, (size_t)(e - run)) < 0)
         goto done;

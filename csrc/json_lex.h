@@ -175,4 +175,35 @@ static inline const unsigned char *vb_quote_or_space(const unsigned char *p, con
     return p;
 }
 
+/* In valid JSON text, from p outside a string: the first whitespace byte outside
+ * strings (e when there is none). Strings are skipped at SIMD speed. */
+static inline const unsigned char *vb_next_space(const unsigned char *p, const unsigned char *e)
+{
+    for (;;) {
+        p = vb_quote_or_space(p, e);
+        if (p >= e)
+            return e;
+        if (*p != '"')
+            return p;
+        p++;
+        for (;;) {
+            p = vb_quote_or_escape(p, e);
+            if (p >= e)
+                return e;
+            if (*p == '"')
+                break;
+            p += 2; /* an escape: its second byte is never the string's end */
+        }
+        p++;
+    }
+}
+
+/* Past the whitespace at p. */
+static inline const unsigned char *vb_skip_space(const unsigned char *p, const unsigned char *e)
+{
+    while (p < e && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        p++;
+    return p;
+}
+
 #endif

@@ -54,13 +54,6 @@ typedef struct {
     vr_member m[VR_MAX_MEMBERS];
 } vr_object;
 
-static inline const unsigned char *vr_ws(const unsigned char *p, const unsigned char *e)
-{
-    while (p < e && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
-        p++;
-    return p;
-}
-
 /* The bytes that may follow a backslash as a one-letter escape. */
 static const unsigned char vr_escape1[256] = {
     ['"'] = 1, ['\\'] = 1, ['/'] = 1, ['b'] = 1, ['f'] = 1, ['n'] = 1, ['r'] = 1, ['t'] = 1,
@@ -245,7 +238,7 @@ static inline const unsigned char *vr_word(const unsigned char *p, const unsigne
 /* Whitespace skipped inside a value: noted in *spaced. */
 #define VR_WS(p)                                 \
     do {                                         \
-        const unsigned char *w_ = vr_ws((p), e); \
+        const unsigned char *w_ = vb_skip_space((p), e); \
         sp |= w_ != (p);                         \
         (p) = w_;                                \
     } while (0)
@@ -364,10 +357,10 @@ static int vr_scan(const unsigned char *data, size_t len, vr_object *out)
     out->messages = out->prompt = -1;
     out->own = 0;
     out->read_bytes = 0;
-    p = vr_ws(p, e);
+    p = vb_skip_space(p, e);
     if (p >= e || *p != '{')
         return -1;
-    p = vr_ws(p + 1, e);
+    p = vb_skip_space(p + 1, e);
     if (p < e && *p == '}') {
         p++;
         goto end;
@@ -381,10 +374,10 @@ static int vr_scan(const unsigned char *data, size_t len, vr_object *out)
         if (q == NULL || memchr(p + 1, '\\', (size_t)(q - p - 2)) != NULL)
             return -1;
         m->field = vr_field(p + 1, (size_t)(q - p - 2));
-        p = vr_ws(q, e);
+        p = vb_skip_space(q, e);
         if (p >= e || *p != ':')
             return -1;
-        p = vr_ws(p + 1, e);
+        p = vb_skip_space(p + 1, e);
         m->vs = (size_t)(p - data);
         q = vr_value(p, e, VR_MAX_DEPTH - 1, &m->spaced);
         if (q == NULL)
@@ -412,9 +405,9 @@ static int vr_scan(const unsigned char *data, size_t len, vr_object *out)
             break;
         }
         out->n++;
-        p = vr_ws(q, e);
+        p = vb_skip_space(q, e);
         if (p < e && *p == ',') {
-            p = vr_ws(p + 1, e);
+            p = vb_skip_space(p + 1, e);
             continue;
         }
         if (p < e && *p == '}') {
@@ -424,7 +417,7 @@ static int vr_scan(const unsigned char *data, size_t len, vr_object *out)
         return -1;
     }
 end:
-    return vr_ws(p, e) == e ? 0 : -1;
+    return vb_skip_space(p, e) == e ? 0 : -1;
 }
 
 /* The object of the members the decoder reads, into dst (room for read_bytes + 2):
@@ -497,26 +490,10 @@ static size_t vr_compact(const unsigned char *data, size_t len, unsigned char *d
 {
     const unsigned char *p = data, *e = data + len, *run = data;
     unsigned char *w = dst;
-    while (p < e) {
-        p = vb_quote_or_space(p, e);
-        if (p >= e)
-            break;
-        if (*p == '"') {
-            p++;
-            for (;;) {
-                p = vb_quote_or_escape(p, e);
-                if (p >= e || *p == '"')
-                    break;
-                p += 2;
-            }
-            p = p < e ? p + 1 : e;
-            continue;
-        }
+    while ((p = vb_next_space(p, e)) < e) {
         memcpy(w, run, (size_t)(p - run));
         w += p - run;
-        while (p < e && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
-            p++;
-        run = p;
+        run = p = vb_skip_space(p, e);
     }
     memcpy(w, run, (size_t)(e - run));
     w += e - run;

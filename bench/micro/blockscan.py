@@ -17,7 +17,8 @@ Paths, each one call per request:
             the first path
   rendered  msgspec + hash_messages(raw messages): the rendering scanner (csrc/blockscan.h),
             the second
-  new       decode + hash_json(raw messages): the JSON text hashed where it lies, the path now
+  new       decode + hash_json(raw messages, compact): the JSON text hashed where it lies
+            (the decoder left it compact), the path now
 
     python bench/micro/blockscan.py [--sizes 1,4,16,64,256] [--json out.json]
     python bench/micro/blockscan.py --smoke     # two sizes, few calls: it works
@@ -48,7 +49,7 @@ def _worker(kib: int, path: str, n: int) -> None:
     from overhead import chat_body
 
     from velocity_fast.gateway.request_types import ProxyRequest
-    from velocity_fast.gateway.requests import decode_proxy
+    from velocity_fast.gateway.requests import decode_proxy, decode_proxy_compact
     from velocity_fast.routing.blockscan import hash_json, hash_messages
     from velocity_fast.routing.prefix import PrefixHasher
     from velocity_fast.routing.prefix_render import json_text, render_prompt
@@ -71,8 +72,9 @@ def _worker(kib: int, path: str, n: int) -> None:
     def rendered():
         return hash_messages(whole(body).messages, hasher, MODEL)
 
-    def new():
-        return hash_json(decode_proxy(body, True).messages, hasher, MODEL)
+    def new():  # as the exchange and the router call them
+        r, compact = decode_proxy_compact(body, True)
+        return hash_json(r.messages, hasher, MODEL, compact)
 
     calls = {"msgspec": msgspec_decode, "decode": decode, "old": old, "rendered": rendered, "new": new}
     # Each path gives its rendering's blocks, or the comparison means nothing.
@@ -105,7 +107,7 @@ def measure(sizes: list[int], budget_kib: int) -> list[dict]:
                    check=True, timeout=120)
     with tempfile.TemporaryDirectory(prefix="velocity-blockscan-") as tmp:
         for kib in sizes:
-            n = max(4, budget_kib // kib)
+            n = max(16, budget_kib // kib)  # (fewer calls of a large body drown in the noise of GC passes)
             base = _count(kib, "msgspec", 0, tmp)
             row = {"kib": kib, "calls": n}
             for path in PATHS:
@@ -134,7 +136,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="1,4,16,64,256", help="body sizes in KiB (default 1,4,16,64,256)")
     p.add_argument("--budget-kib", type=int, default=2048,
-                   help="KiB of bodies per measured run: calls = budget / size, at least 4 (default 2048)")
+                   help="KiB of bodies per measured run: calls = budget / size, at least 16 (default 2048)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
     p.add_argument("--smoke", action="store_true", help="sizes 1,16 and a small budget: checks that it runs")
     if "--smoke" in argv:
