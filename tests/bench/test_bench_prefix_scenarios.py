@@ -1,6 +1,6 @@
-"""bench/prefix.py's precise scenarios at smoke size: an engine restarted halfway, two
-gateway replicas; every variant completes every request, the precise one routes on
-the engines' KV events."""
+"""bench/prefix.py's scenarios at smoke size: an engine restarted halfway, two gateway
+replicas, many tenants over a small cache (every variant completes every request, the
+precise one routes on the engines' KV events), and one hot prefix."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("scenario", ["restart", "replicas"])
+@pytest.mark.parametrize("scenario", ["restart", "replicas", "tenants"])
 def test_precise_scenarios_run_and_complete(tmp_path, scenario):
     out = tmp_path / "prefix.json"
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "prefix.py"), "--smoke", "--scenario", scenario,
