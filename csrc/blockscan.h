@@ -417,7 +417,7 @@ static int vb_string(vb_scan *s, vb_buf *d, int copy, int json, vb_seg *g)
     if (copying && !json)
         return vb_string_copy(s, d, start, start, g);
     for (;;) {
-        p = vb_special(p, e);
+        p = vb_find_special(p, e, 1);
         if (p >= e)
             return -1;
         if (*p == '"')

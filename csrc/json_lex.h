@@ -27,26 +27,33 @@ static const unsigned char vb_plain[256] = {
 #undef VB_R16
 };
 
-/* The first byte at or after p that ends a plain run: '"', '\\', a control byte or a
- * non-ASCII one (end when there is none). 16 bytes a step where SSE2 is there: a signed
- * compare with 0x20 catches the control bytes and those >= 0x80 at once. */
-static inline const unsigned char *vb_special(const unsigned char *p, const unsigned char *e)
+/* The first byte at or after p that ends a plain run of a string (end when there is
+ * none): '"', '\\', a control byte, and when ascii (a constant at each call) any byte
+ * >= 0x80 too. 16 bytes a step where SSE2 is there. The renderer stops at non-ASCII to
+ * check its UTF-8; the request scanner passes it, as msgspec leaves the UTF-8 of strings
+ * it skips unchecked (the engine decodes the prompt). */
+static inline const unsigned char *vb_find_special(const unsigned char *p, const unsigned char *e, int ascii)
 {
 #if defined(__SSE2__)
-    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20);
+    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\');
+    const __m128i space = _mm_set1_epi8(0x20), c1f = _mm_set1_epi8(0x1F);
     while (e - p >= 16) {
         __m128i v = _mm_loadu_si128((const __m128i *)p);
-        __m128i m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
-                                 _mm_cmplt_epi8(v, space));
+        /* a signed compare with 0x20 catches the control bytes and those >= 0x80 at once */
+        __m128i low = ascii ? _mm_cmplt_epi8(v, space) : _mm_cmpeq_epi8(_mm_max_epu8(v, c1f), c1f);
+        __m128i m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)), low);
         int mask = _mm_movemask_epi8(m);
         if (mask)
             return p + __builtin_ctz((unsigned)mask);
         p += 16;
     }
-
 #endif
-    while (p < e && vb_plain[*p])
-        p++;
+    if (ascii)
+        while (p < e && vb_plain[*p])
+            p++;
+    else
+        while (p < e && *p != '"' && *p != '\\' && *p >= 0x20)
+            p++;
     return p;
 }
 

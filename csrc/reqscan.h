@@ -59,28 +59,6 @@ static const unsigned char vr_escape1[256] = {
     ['"'] = 1, ['\\'] = 1, ['/'] = 1, ['b'] = 1, ['f'] = 1, ['n'] = 1, ['r'] = 1, ['t'] = 1,
 };
 
-/* The first '"', '\\' or control byte at or after p (e when there is none): 16 bytes a
- * step where SSE2 is there. Bytes >= 0x80 pass: msgspec leaves the UTF-8 of strings it
- * skips unchecked, and so does this (the engine decodes the prompt). */
-static inline const unsigned char *vr_special(const unsigned char *p, const unsigned char *e)
-{
-#if defined(__SSE2__)
-    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\'), c1f = _mm_set1_epi8(0x1F);
-    while (e - p >= 16) {
-        __m128i v = _mm_loadu_si128((const __m128i *)p);
-        __m128i m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
-                                 _mm_cmpeq_epi8(_mm_max_epu8(v, c1f), c1f)); /* v <= 0x1F */
-        int mask = _mm_movemask_epi8(m);
-        if (mask)
-            return p + __builtin_ctz((unsigned)mask);
-        p += 16;
-    }
-#endif
-    while (p < e && *p != '"' && *p != '\\' && *p >= 0x20)
-        p++;
-    return p;
-}
-
 /* The rest of a string from p (inside it) byte run by byte run: one past its closing
  * quote, NULL when invalid. The plain runs go at SIMD speed; each quote, escape or
  * control byte is a branch. */
@@ -88,7 +66,7 @@ static const unsigned char *vr_string_tail(const unsigned char *p, const unsigne
 {
     uint32_t cp;
     for (;;) {
-        p = vr_special(p, e);
+        p = vb_find_special(p, e, 0);
         if (p >= e)
             return NULL;
         if (*p == '"')

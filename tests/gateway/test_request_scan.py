@@ -171,6 +171,16 @@ def test_own_fields_are_cut_from_a_large_body_and_the_rest_kept_as_written(style
     assert strip_own_fields(plain, decode_proxy(plain, True)) is plain  # nothing to cut: the same object
 
 
+def test_the_decoders_cut_is_taken_once_and_is_the_cut_a_fresh_scan_makes():
+    body = _dump(_chat(priority="low", sla_ms=900), "spaced")
+    r = decode_proxy(body, True)
+    first = strip_own_fields(body, r)          # cut by the decoder's scan
+    again = strip_own_fields(body, r)          # scanned afresh
+    copy = strip_own_fields(bytes(bytearray(body)), r)  # another object, the same bytes
+    assert first == again == copy and first is not again
+    assert json.loads(first) == {k: v for k, v in json.loads(body).items() if k not in ("priority", "sla_ms")}
+
+
 def _blocks(body: bytes, chat=True):
     r, compact = decode_proxy_compact(body, chat)
     raw = r.messages if chat else r.prompt

@@ -129,12 +129,19 @@ cdef object _generate_decode = _generate_decoder.decode
 cdef object _Raw = msgspec.Raw
 cdef object _DecodeError = msgspec.DecodeError
 
+# The body without the gateway's own members, cut by the decoder's scan of a large body
+# that names them, for the strip_own_fields that follows (one body at most, so a large
+# body is not scanned twice): the body it was cut from, and the result.
+cdef object _cut_from = None
+cdef object _cut = None
+
 
 cdef object _scanned(bytes body):
     """The ProxyRequest of a body the request scanner takes, else None (the caller then
     decodes it whole): the members it reads decoded from a small object made of them,
     ``messages`` and ``prompt`` set to spans of ``body`` (msgspec.Raw over a memoryview:
     no copy)."""
+    global _cut_from, _cut
     cdef vr_object o
     cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(body)
     cdef size_t n = <size_t>PyBytes_GET_SIZE(body)
@@ -152,11 +159,21 @@ cdef object _scanned(bytes body):
         r = _proxy_decode(reduced)
     except (_DecodeError, RecursionError):
         return None  # decoded whole, the error names what the client sent
+    if o.own:
+        _cut = _strip(p, &o)
+        _cut_from = body
     if o.messages >= 0:
         r.messages = _compact_raw(body, &o.m[o.messages])
     if o.prompt >= 0:
         r.prompt = _compact_raw(body, &o.m[o.prompt])
     return r
+
+
+cdef bytes _strip(const unsigned char *p, const vr_object *o):
+    """The body at p without the members vr_scan found to be the gateway's own."""
+    out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>vr_strip_len(o))
+    vr_strip(p, o, <unsigned char *>PyBytes_AS_STRING(out))
+    return out
 
 
 cdef object _compact_raw(bytes body, const vr_member *m):
@@ -323,6 +340,7 @@ def decode_generate(body):
 
 cpdef bytes strip_own_fields(bytes body, r):
     """The body to forward: byte for byte, unless it carries gateway fields."""
+    global _cut_from, _cut
     if body is None:  # contains() reads the bytes' buffer
         raise TypeError("strip_own_fields() needs the body as bytes, not None")
     # contains (memmem), not `in`: on bytes `in` first tries its operand as an integer,
@@ -336,6 +354,10 @@ cpdef bytes strip_own_fields(bytes body, r):
     # Values stay raw bytes: a full decode/encode would turn a 20-digit seed into a float
     # and reformat numbers the engine may read differently. The scanner cuts the members
     # out by their spans; what it does not take is decoded into raw values and encoded.
+    if body is _cut_from:  # the decoder cut it already
+        out = _cut
+        _cut_from = _cut = None
+        return out
     cdef vr_object o
     cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(body)
     cdef size_t n = <size_t>PyBytes_GET_SIZE(body)
@@ -343,11 +365,7 @@ cpdef bytes strip_own_fields(bytes body, r):
     with nogil:
         rc = vr_scan(p, n, &o)
     if rc == 0:
-        if not o.own:
-            return body
-        out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>vr_strip_len(&o))
-        vr_strip(p, &o, <unsigned char *>PyBytes_AS_STRING(out))
-        return out
+        return _strip(p, &o) if o.own else body
     try:
         obj = _raw_object_decoder.decode(body)
     except RecursionError:  # (the body decoded once already, from a frame or two less deep)

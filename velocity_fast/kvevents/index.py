@@ -162,9 +162,10 @@ class _Entries:
                 del self.kids[parent]
 
 
-def _leading(closed, chain: list[int]) -> int:
-    """How many leading hashes of ``chain`` are in ``closed``. ``closed`` holds whole chains from
-    the root, so what it holds of one chain is a prefix of it: a binary search finds its end."""
+def leading_in(closed, chain) -> int:
+    """How many leading hashes of ``chain`` (a sequence) are in ``closed`` (a set or map)
+    that holds whole chains from the root: what it holds of one chain is then a prefix
+    of it, and a binary search finds its end."""
     lo, hi = 0, len(chain)
     while lo < hi:
         mid = (lo + hi) >> 1
@@ -188,7 +189,7 @@ class BlockIndex:
         e = self._entries.get(endpoint_key)
         if e is None:
             return 0
-        return _leading(e.closed, chain)
+        return leading_in(e.closed, chain)
 
     def match_exact(self, endpoint_key: Hashable, chain: list[int], block_size: int) -> int:
         """``match`` when the endpoint's entries are exact and of ``block_size`` (or hold no
@@ -199,7 +200,7 @@ class BlockIndex:
         e = self._entries.get(endpoint_key)
         if e is None:
             return 0
-        return _leading(e.closed, chain)
+        return leading_in(e.closed, chain)
 
     def exact(self, endpoint_key: Hashable) -> bool:
         """True when the endpoint's entries can be trusted (else route approximately)."""

@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 import msgspec
 
-from velocity_fast.kvevents.index import BlockIndex, extend_chain
+from velocity_fast.kvevents.index import BlockIndex, extend_chain, leading_in
 from velocity_fast.metrics.registry import Registry
 from velocity_fast.routing.affinity import score
 from velocity_fast.routing.prefix import choose_by_affinity
@@ -278,13 +278,7 @@ class PrecisePrefix:
             self._hit.inc()
             return
         blocks = pool.blocks
-        lo, hi = 0, n
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if hashes[mid] in blocks:
-                lo = mid + 1
-            else:
-                hi = mid
+        lo = leading_in(blocks, hashes)  # (it caches runs of leading byte blocks: whole from the root)
         got = blocks.get(hashes[lo - 1]) if lo else None
         if got is not None and got[1]:
             req.chain = got[0][:got[1]]  # the leading part now; the thread adds the rest
