@@ -42,6 +42,7 @@ typedef struct {
     uint64_t key;
     uint32_t prev, next; /* toward head / toward tail; next doubles as the free-list link */
     uint32_t slot;
+    uint32_t weight; /* the blocks this key stands for (a key past a chain's fine head: many) */
 } vp_node;
 
 /* The key and slot are kept inline so that probing and backward shifts never touch the
@@ -54,7 +55,8 @@ typedef struct {
 
 typedef struct {
     uint32_t head, tail;
-    uint64_t count, capacity;
+    uint64_t count, capacity; /* in blocks: the sum of the keys' weights */
+    uint64_t keys;            /* keys held */
 } vp_lru;
 
 typedef struct {
@@ -315,7 +317,8 @@ static void vp_evict_tail(vp_index *ix, uint32_t slot)
     vp_entry_clear(ix, ix->nodes[n].key, slot);
     ix->nodes[n].next = ix->free_head;
     ix->free_head = n;
-    l->count--;
+    l->count -= ix->nodes[n].weight;
+    l->keys--;
     ix->live--;
 }
 
@@ -345,14 +348,16 @@ static uint32_t vp_node_alloc(vp_index *ix)
 
 /*
  * Mark key as recently sent to slot: move it to the head of the slot's LRU, or insert
- * it there, evicting the slot's least recently used pair when at capacity.
- * Returns 0, or -1 when memory ran out (the index is left consistent).
+ * it there with its weight (the blocks it stands for), evicting the slot's least
+ * recently used pairs while the weights would pass the capacity. A key heavier than the
+ * whole capacity is not kept. Returns 0, or -1 when memory ran out (the index is left
+ * consistent).
  */
-static int vp_touch(vp_index *ix, uint32_t slot, uint64_t key)
+static int vp_touch(vp_index *ix, uint32_t slot, uint64_t key, uint32_t weight)
 {
     vp_lru *l = &ix->lru[slot];
     uint32_t n;
-    if (l->capacity == 0)
+    if (l->capacity < weight || weight == 0)
         return 0;
     n = vp_ref_find(ix, key, slot);
     if (n != VP_NIL) {
@@ -362,7 +367,7 @@ static int vp_touch(vp_index *ix, uint32_t slot, uint64_t key)
         }
         return 0;
     }
-    if (l->count >= l->capacity)
+    while (l->count + weight > l->capacity && l->tail != VP_NIL)
         vp_evict_tail(ix, slot);
     if ((ix->live + 1) * 2 > ix->refs_mask + 1 && vp_refs_grow(ix) < 0)
         return -1;
@@ -375,17 +380,21 @@ static int vp_touch(vp_index *ix, uint32_t slot, uint64_t key)
     }
     ix->nodes[n].key = key;
     ix->nodes[n].slot = slot;
+    ix->nodes[n].weight = weight;
     vp_lru_push_head(ix, n);
     vp_ref_insert(ix, key, slot, n);
-    l->count++;
+    l->count += weight;
+    l->keys++;
     ix->live++;
     return 0;
 }
 
 /* Touch a prompt's chain, last block first, so that its leading blocks end up the most
  * recent and are evicted last (a longer prefix is useless once its head is gone;
- * vLLM frees a sequence's blocks tail first for the same reason). */
-static int vp_touch_chain(vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n)
+ * vLLM frees a sequence's blocks tail first for the same reason). The first `fine` keys
+ * weigh one block each, the others `coarse` blocks (a long prompt's thinned tail). */
+static int vp_touch_chain(vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n,
+                          size_t fine, uint32_t coarse)
 {
     size_t i = n;
     while (i > 0) {
@@ -396,7 +405,7 @@ static int vp_touch_chain(vp_index *ix, uint32_t slot, const uint64_t *keys, siz
             __builtin_prefetch(&ix->refs[vp_ref_home(k, slot, ix->refs_mask)]);
             __builtin_prefetch(&ix->ents[k & ix->ents_mask]);
         }
-        if (vp_touch(ix, slot, keys[i]) < 0)
+        if (vp_touch(ix, slot, keys[i], i < fine ? 1u : coarse) < 0)
             return -1;
     }
     return 0;

@@ -17,6 +17,7 @@ cdef extern from "prefix_index.h":
     ctypedef struct vp_lru:
         uint64_t count
         uint64_t capacity
+        uint64_t keys
 
     ctypedef struct vp_index:
         uint64_t ents_used
@@ -28,7 +29,8 @@ cdef extern from "prefix_index.h":
 
     int vp_index_init(vp_index *ix) nogil
     void vp_index_free(vp_index *ix) nogil
-    int vp_touch_chain(vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n) nogil
+    int vp_touch_chain(vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n,
+                       size_t fine, uint32_t coarse) nogil
     size_t vp_leading_held(const vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n) nogil
     void vp_set_capacity(vp_index *ix, uint32_t slot, uint64_t capacity) nogil
     void vp_match(const vp_index *ix, const uint64_t *keys, size_t n, uint64_t alive,
@@ -36,11 +38,24 @@ cdef extern from "prefix_index.h":
     void vp_lru_keys(const vp_index *ix, uint32_t slot, uint64_t *out, size_t cap) nogil
 
 
+# A long prompt's chain is thinned (BlockHashes.thin) past its first THIN_AFTER blocks to
+# every THIN_FACTOR-th: 16 KiB in 64-byte blocks, then 1 KiB steps.
+cdef enum:
+    THIN_AFTER = 256
+    THIN_FACTOR = 16
+
+
 cdef class BlockHashes:
     cdef uint64_t *_h
     cdef readonly Py_ssize_t n
     cdef readonly uint64_t seed
     cdef readonly Py_ssize_t block_bytes
+    # Thinned (thin()): the first `fine` hashes are one block each, the rest `coarse`
+    # blocks each; coarse 0 or 1: every hash is one block.
+    cdef readonly Py_ssize_t fine
+    cdef readonly Py_ssize_t coarse
+    cdef void thin(self, Py_ssize_t after, Py_ssize_t factor) noexcept
+    cdef Py_ssize_t blocks_of(self, Py_ssize_t m) noexcept
 
 
 cdef class PrefixHasher:
@@ -62,3 +77,8 @@ cdef class PrefixIndex:
     cpdef int slot_of(self, object name)
     cpdef Py_ssize_t touch(self, object name, BlockHashes hashes) except -1
     cpdef list match(self, BlockHashes hashes)
+
+
+cdef tuple pick_by_affinity(double *aff, bint any_affinity, list loads, list waits, Py_ssize_t nc,
+                            double hotspot_gap, double load_weight, double hotspot_waiting,
+                            uint64_t rand)

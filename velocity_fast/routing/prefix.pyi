@@ -3,6 +3,8 @@ from collections.abc import Hashable
 
 MAX_SLOTS: int
 STRIPE_BYTES: int
+THIN_BLOCKS_AFTER: int
+THIN_BLOCKS_FACTOR: int
 
 def hash_bytes(data: bytes | bytearray | memoryview | str, seed: int = 0) -> int:
     """Stable 64-bit hash of bytes (a str is hashed as UTF-8)."""
@@ -18,6 +20,15 @@ class BlockHashes:
     def seed(self) -> int: ...
     @property
     def block_bytes(self) -> int: ...
+    @property
+    def fine(self) -> int: ...
+    @property
+    def coarse(self) -> int: ...
+    @property
+    def blocks(self) -> int:
+        """The blocks all the hashes stand for (n unless thinned)."""
+    def thinned(self, after: int, factor: int) -> BlockHashes:
+        """A copy with the first `after` hashes, then every `factor`-th."""
     @staticmethod
     def of(values: list[int], seed: int = 0, block_bytes: int = 64) -> BlockHashes: ...
     def __len__(self) -> int: ...
@@ -51,5 +62,6 @@ class PrefixIndex:
     def stats(self) -> dict: ...
 
 def choose_by_affinity(index: PrefixIndex, hashes: BlockHashes, cands: list, loads: list[float],
-                       hotspot_gap: float, load_weight: float, rand: int) -> tuple[int, str]:
+                       hotspot_gap: float, load_weight: float, rand: int,
+                       waits: list[float] | None = None, hotspot_waiting: float = 2.0) -> tuple[int, str]:
     """The chat profile's scoring: (position in cands, "prefix" | "load" | "hotspot")."""

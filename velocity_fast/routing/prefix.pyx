@@ -25,6 +25,10 @@ from libc.stdlib cimport free, malloc
 
 MAX_SLOTS = VP_MAX_SLOTS
 STRIPE_BYTES = VP_STRIPE
+# Approximate routing thins a chain past its first THIN_AFTER blocks to every
+# THIN_FACTOR-th (BlockHashes.thin).
+THIN_BLOCKS_AFTER = THIN_AFTER
+THIN_BLOCKS_FACTOR = THIN_FACTOR
 
 # Scores closer than this are a tie: float noise must not defeat the random tie-break.
 cdef double TIE_EPS = 1e-9
@@ -79,6 +83,44 @@ cdef class BlockHashes:
 
     def __len__(self):
         return self.n
+
+    cdef void thin(self, Py_ssize_t after, Py_ssize_t factor) noexcept:
+        """Keep the first ``after`` hashes, then every ``factor``-th: a long prompt's tail
+        in coarse steps. Each hash still names the whole prefix up to its block, so a
+        continuation's thinned chain extends this one's, and an index touches a 256 KiB
+        prompt's 496 keys instead of its 4,096 blocks; its weight keeps the capacity in
+        blocks. The blocks after the last whole step are dropped, as a partial block is."""
+        cdef Py_ssize_t i, j
+        if factor <= 1 or self.coarse > 1:
+            return
+        self.fine = after
+        self.coarse = factor
+        if self.n <= after:
+            return
+        j = after
+        i = after + factor - 1
+        while i < self.n:
+            self._h[j] = self._h[i]
+            j += 1
+            i += factor
+        self.n = j
+
+    cdef Py_ssize_t blocks_of(self, Py_ssize_t m) noexcept:
+        """The blocks the first m hashes stand for."""
+        if self.coarse <= 1 or m <= self.fine:
+            return m
+        return self.fine + (m - self.fine) * self.coarse
+
+    @property
+    def blocks(self):
+        """The blocks all the hashes stand for (n unless thinned)."""
+        return self.blocks_of(self.n)
+
+    def thinned(self, Py_ssize_t after, Py_ssize_t factor):
+        """A thinned copy (see thin; for tests and benchmarks)."""
+        cdef BlockHashes out = BlockHashes.of(self.tolist(), self.seed, self.block_bytes)
+        out.thin(after, factor)
+        return out
 
     def __getitem__(self, Py_ssize_t i):
         if i < 0:
@@ -237,12 +279,15 @@ cdef class PrefixIndex:
         if i < 0:
             return 0
         held = vp_leading_held(&self._ix, <uint32_t>i, hashes._h, <size_t>hashes.n)
-        if vp_touch_chain(&self._ix, <uint32_t>i, hashes._h, <size_t>hashes.n) < 0:
+        if vp_touch_chain(&self._ix, <uint32_t>i, hashes._h, <size_t>hashes.n,
+                          <size_t>(hashes.fine if hashes.coarse > 1 else hashes.n),
+                          <uint32_t>(hashes.coarse if hashes.coarse > 1 else 1)) < 0:
             raise MemoryError()
-        return <Py_ssize_t>held
+        return hashes.blocks_of(<Py_ssize_t>held)
 
     cpdef list match(self, BlockHashes hashes):
-        """Matched leading blocks of every slot, in one pass: a list indexed by slot."""
+        """Matched leading blocks of every slot, in one pass: a list indexed by slot (in
+        blocks: a thinned chain's coarse hashes count as the blocks they stand for)."""
         cdef Py_ssize_t i, nslots = len(self._names)
         cdef list out
         if nslots == 0:
@@ -253,7 +298,7 @@ cdef class PrefixIndex:
         out = [0] * nslots
         for i in range(nslots):
             if self._matched[i]:
-                out[i] = self._matched[i]
+                out[i] = hashes.blocks_of(self._matched[i])
         return out
 
     def lru_keys(self, name):
@@ -263,7 +308,7 @@ cdef class PrefixIndex:
         cdef size_t n
         if i < 0:
             return []
-        n = <size_t>self._ix.lru[i].count
+        n = <size_t>self._ix.lru[i].keys
         buf = <uint64_t *>malloc((n if n else 1) * sizeof(uint64_t))
         if buf == NULL:
             raise MemoryError()
@@ -289,49 +334,40 @@ cdef str _BASIS_HOTSPOT = "hotspot"
 
 
 def choose_by_affinity(PrefixIndex index, BlockHashes hashes, list cands, list loads,
-                       double hotspot_gap, double load_weight, uint64_t rand):
+                       double hotspot_gap, double load_weight, uint64_t rand,
+                       list waits=None, double hotspot_waiting=2.0):
     """The chat profile's scoring, in one compiled pass over the candidates.
 
     affinity(e) = matched leading blocks of e / blocks of the prompt;
     score(e) = affinity(e) - load_weight * (load(e) - least load) / hotspot_gap.
-    The best score wins, unless its load exceeds the least load by more than
-    hotspot_gap: then the least loaded endpoints win (the most affine among them).
-    Without any affinity the least loaded wins. Ties go to ``rand`` (one 64-bit draw).
-    Candidates are objects with a ``name`` (the index key); loads are floats.
-    Returns (position in cands, basis): basis is "prefix", "load" or "hotspot".
+    The best score wins unless its engine is hot: then the best score among the
+    endpoints that are not (basis "hotspot"), or, all being hot, the least loaded
+    (the most affine among them). Without any affinity the least loaded wins.
+
+    Hot is demand past what the engine serves at once: its own queue (``waits[i]``, the
+    engine's waiting requests where its gauges are fresh) at ``hotspot_waiting`` or more;
+    where ``waits`` is None or ``waits[i]`` negative (no fresh gauge), a load more than
+    ``hotspot_gap`` above the least. A spilled prefix is then held by the endpoint it
+    spilled to too, so the best score among the cool ones is the next engine that already
+    holds it: the prefix stays on the engines it was spread over, and does not scatter.
+    Ties go to ``rand`` (one 64-bit draw). Candidates are objects with a ``name`` (the
+    index key); loads are floats. Returns (position in cands, basis): "prefix", "load"
+    or "hotspot".
     """
-    cdef Py_ssize_t nc = len(cands), i, best
+    cdef Py_ssize_t nc = len(cands), i, k
     cdef Py_ssize_t n = hashes.n
-    cdef double *buf
+    cdef double total = <double>hashes.blocks_of(hashes.n)
     cdef double *aff
-    cdef double *load
-    cdef double *score
-    cdef bint *all_ok
-    cdef bint *coolest
-    cdef double min_load, cost
-    cdef bint any_affinity = False
     cdef object slot
-    cdef int k
-    if nc == 0 or len(loads) != nc:
-        raise ValueError("cands and loads must be non-empty and of the same length")
-    buf = <double *>malloc(3 * nc * sizeof(double) + 2 * nc * sizeof(bint))
-    if buf == NULL:
+    cdef bint any_affinity = False
+    if nc == 0 or len(loads) != nc or (waits is not None and len(waits) != nc):
+        raise ValueError("cands, loads and waits must be non-empty and of the same length")
+    aff = <double *>malloc(nc * sizeof(double))
+    if aff == NULL:
         raise MemoryError()
-    aff = buf
-    load = buf + nc
-    score = buf + 2 * nc
-    all_ok = <bint *>(buf + 3 * nc)
-    coolest = all_ok + nc
     try:
-        min_load = INFINITY
         for i in range(nc):
-            load[i] = <double>loads[i]
-            if load[i] < min_load:
-                min_load = load[i]
             aff[i] = 0.0
-            all_ok[i] = True
-        for i in range(nc):
-            coolest[i] = load[i] <= min_load + TIE_EPS
         if n and index._active:
             for k in range(len(index._names)):
                 index._matched[k] = 0
@@ -339,18 +375,58 @@ def choose_by_affinity(PrefixIndex index, BlockHashes hashes, list cands, list l
             for i in range(nc):
                 slot = index._slots.get(cands[i].name)
                 if slot is not None and index._matched[<int>slot]:
-                    aff[i] = index._matched[<int>slot] / <double>n
+                    aff[i] = hashes.blocks_of(index._matched[<int>slot]) / total
                     any_affinity = True
+        return pick_by_affinity(aff, any_affinity, loads, waits, nc, hotspot_gap, load_weight,
+                                hotspot_waiting, rand)
+    finally:
+        free(aff)
+
+
+cdef tuple pick_by_affinity(double *aff, bint any_affinity, list loads, list waits, Py_ssize_t nc,
+                            double hotspot_gap, double load_weight, double hotspot_waiting,
+                            uint64_t rand):
+    """choose_by_affinity's rule over affinities already known (also precise routing's:
+    routing/affinity.pyx). Lengths are checked by the callers."""
+    cdef Py_ssize_t i, best
+    cdef double *buf
+    cdef double *load
+    cdef double *score
+    cdef bint *ok
+    cdef bint *coolest
+    cdef double min_load, cost, w
+    cdef bint any_cool = False
+    buf = <double *>malloc(2 * nc * sizeof(double) + 2 * nc * sizeof(bint))
+    if buf == NULL:
+        raise MemoryError()
+    load = buf
+    score = buf + nc
+    ok = <bint *>(buf + 2 * nc)
+    coolest = ok + nc
+    try:
+        min_load = INFINITY
+        for i in range(nc):
+            load[i] = <double>loads[i]
+            if load[i] < min_load:
+                min_load = load[i]
+        for i in range(nc):
+            coolest[i] = load[i] <= min_load + TIE_EPS
         if not any_affinity:
             return _nth_tie(aff, coolest, nc, rand), _BASIS_LOAD
         cost = load_weight / hotspot_gap if hotspot_gap > 0 else load_weight
         for i in range(nc):
             score[i] = aff[i] - cost * (load[i] - min_load)
-        best = _nth_tie(score, all_ok, nc, rand)
-        if load[best] - min_load > hotspot_gap:
-            # Load wins: the least loaded endpoints, the most affine among them.
-            return _nth_tie(aff, coolest, nc, rand), _BASIS_HOTSPOT
-        return best, _BASIS_PREFIX
+            ok[i] = True
+        best = _nth_tie(score, ok, nc, rand)
+        for i in range(nc):  # ok: not hot
+            w = <double>waits[i] if waits is not None else -1.0
+            ok[i] = w < hotspot_waiting if w >= 0.0 else load[i] - min_load <= hotspot_gap
+            any_cool = any_cool or ok[i]
+        if ok[best]:
+            return best, _BASIS_PREFIX
+        if any_cool:  # spill: the best score among the engines that are not hot
+            return _nth_tie(score, ok, nc, rand), _BASIS_HOTSPOT
+        return _nth_tie(aff, coolest, nc, rand), _BASIS_HOTSPOT
     finally:
         free(buf)
 

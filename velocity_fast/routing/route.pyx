@@ -15,7 +15,7 @@ cdef class RouteInfo:
         self.model = model
         self.profile = profile
         self.hashes = hashes
-        self.nblocks = len(hashes)
+        self.nblocks = hashes.blocks_of(hashes.n)
         self.session = session
         self.session_key = session_key
 

@@ -51,7 +51,7 @@ from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.fleet.endpoint cimport RoomFilter, pool_endpoints, pool_model
 from velocity_fast.metrics.values cimport Value
 from velocity_fast.routing.blockscan cimport hash_json
-from velocity_fast.routing.prefix cimport BlockHashes, PrefixHasher, PrefixIndex
+from velocity_fast.routing.prefix cimport THIN_AFTER, THIN_FACTOR, BlockHashes, PrefixHasher, PrefixIndex
 from velocity_fast.routing.route cimport RouteInfo, RouterPool
 
 # Leaf modules of the routing package (they import nothing of the router).
@@ -83,7 +83,7 @@ cdef inline RouteInfo _new_info(model, profile, BlockHashes hashes, session, ses
     info.model = model
     info.profile = profile
     info.hashes = hashes
-    info.nblocks = hashes.n
+    info.nblocks = hashes.blocks_of(hashes.n)
     info.session = session
     info.session_key = session_key
     return info
@@ -268,6 +268,7 @@ cdef class Router:
                 if type(raw) is not _Raw:
                     raw = prompt_json(body_obj)  # a dict, /generate's request: encoded
             hashes = hash_json(raw, self._hasher, model, compact)
+        hashes.thin(THIN_AFTER, THIN_FACTOR)  # a long prompt's tail in coarse steps
         return _new_info(model, profile, hashes, session,
                          _session_key(session) if session else None)
 
@@ -275,6 +276,7 @@ cdef class Router:
         """_route_info's end where some pool is not approximate: off renders and hashes nothing
         (the chat profile then weighs load alone); precise also asks for the prompt's tokens."""
         cdef RouteInfo info
+        cdef BlockHashes hashes
         mode = self._prefix_modes.get(model, self._prefix_default)
         if mode == "off":
             data = b""
@@ -289,8 +291,10 @@ cdef class Router:
                 data = render_messages(raw)
             if data is None:
                 data = render_prompt(body_obj)
-        info = _new_info(model, profile, self._hasher.hash(data, model), session,
-                         _session_key(session) if session else None)
+        hashes = self._hasher.hash(data, model)
+        if mode == "approximate":
+            hashes.thin(THIN_AFTER, THIN_FACTOR)
+        info = _new_info(model, profile, hashes, session, _session_key(session) if session else None)
         if mode == "precise" and self._precise is not None and profile == "chat":
             self._precise.attach(info, body_obj, data)
         return info

@@ -1,0 +1,72 @@
+"""A long prompt's chain thinned past its head (BlockHashes.thin): the index touches a
+256 KiB prompt's 496 keys instead of its 4,096 blocks, counts capacity in blocks, and a
+conversation's next turn still extends the last one's chain."""
+from __future__ import annotations
+
+import pytest
+
+from velocity_fast.fleet.endpoint import Endpoint, Pool
+from velocity_fast.metrics.registry import Registry
+from velocity_fast.routing.prefix import (THIN_BLOCKS_AFTER, THIN_BLOCKS_FACTOR, BlockHashes, PrefixHasher,
+                                          PrefixIndex)
+from velocity_fast.routing.router import Router
+from velocity_fast.routing.settings import RoutingSettings
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_thinning_keeps_the_head_then_every_factorth_hash():
+    full = BlockHashes.of(list(range(1, 1001)))
+    t = full.thinned(256, 16)
+    assert (t.fine, t.coarse) == (256, 16)
+    assert t.tolist() == list(range(1, 257)) + list(range(256 + 16, 1001, 16))
+    assert t.blocks == 256 + (1000 - 256) // 16 * 16
+    short = BlockHashes.of([7, 8, 9]).thinned(256, 16)
+    assert short.tolist() == [7, 8, 9] and short.blocks == 3
+
+
+def test_a_next_turns_thinned_chain_extends_the_last_ones():
+    h = PrefixHasher(64)
+    words = " ".join(f"word{i}" for i in range(60000)).encode()
+    for cut in (20000, 100000, 262144):
+        a = h.hash(words[:cut], "m").thinned(THIN_BLOCKS_AFTER, THIN_BLOCKS_FACTOR)
+        b = h.hash(words[:cut + 5000], "m").thinned(THIN_BLOCKS_AFTER, THIN_BLOCKS_FACTOR)
+        assert b.tolist()[:len(a)] == a.tolist()
+        assert len(b) > len(a)
+
+
+def test_the_index_weighs_coarse_keys_as_the_blocks_they_stand_for():
+    ix = PrefixIndex(100000)
+    t = BlockHashes.of(list(range(1, 4097))).thinned(256, 16)
+    assert len(t) == 256 + 240 and t.blocks == 4096
+    assert ix.touch("a", t) == 0
+    assert ix.size("a") == 4096 and len(ix.lru_keys("a")) == 496
+    assert ix.touch("a", t) == 4096                       # held: in blocks
+    assert ix.match(t)[ix.slot_of("a")] == 4096
+    half = BlockHashes.of(list(range(1, 2049))).thinned(256, 16)
+    assert ix.match(half)[ix.slot_of("a")] == 2048
+    ix.set_capacity("a", 1000)                           # the tail goes first, weight by weight
+    assert ix.size("a") <= 1000
+    assert ix.match(t)[ix.slot_of("a")] == ix.size("a")  # what is left is the chain's head
+    ix.set_capacity("a", 8)                              # below one coarse key: the head blocks only
+    assert ix.size("a") == 8
+
+
+def test_the_router_routes_a_256_kib_prompts_next_turn_to_where_it_went():
+    eps = []
+    for i in range(3):
+        ep = Endpoint(f"e{i}", f"http://127.0.0.1:{9200 + i}", "m")
+        ep.healthy = True
+        eps.append(ep)
+    pool = Pool("m", eps)
+    r = Router(RoutingSettings(seed=3), registry=Registry())
+    text = " ".join(f"w{i}" for i in range(52000))
+    turn1 = {"messages": [{"role": "user", "content": text[:262000]}]}
+    turn2 = {"messages": [{"role": "user", "content": text[:262000]}, {"role": "assistant", "content": "ok"},
+                          {"role": "user", "content": "and then?"}]}
+    info1 = r.route_info("m", turn1, {})
+    assert info1.nblocks > 4000 and len(info1.hashes) < 520  # blocks stood for, keys touched
+    r.on_dispatch(eps[1], info1)
+    info2 = r.route_info("m", turn2, {})
+    assert {r.pick(pool, info2).name for _ in range(10)} == {"e1"}
+    assert r.stats()["prefix_index"]["pools"]["m"]["endpoints"]["e1"]["blocks"] == info1.nblocks
