@@ -114,6 +114,17 @@ cdef class Protocol:
     cdef received(self, bytes data):
         self.data_received(data)
 
+    cdef char* recv_target(self, Py_ssize_t* room) noexcept:
+        """Where the next read should land, and how much room it has, when the protocol
+        already owns the buffer the bytes are for (a request body that spans reads);
+        NULL: the next read goes to ``received`` as bytes, at most ``room`` of them when
+        the protocol sets it (0: READ_SIZE)."""
+        return NULL
+
+    cdef int received_into(self, Py_ssize_t n) except -1:
+        """n bytes were read into what ``recv_target`` gave."""
+        return 0
+
 
 cdef class Poller:
     """One epoll instance for a loop, its descriptor a reader of the loop."""
@@ -215,9 +226,26 @@ cdef class FdTransport:
     cdef int _readable(self) except -1:
         cdef ssize_t n
         cdef int err
+        cdef char* target = NULL
+        cdef Py_ssize_t room = 0
         if not self._reading:
             return 0
-        n = recv(self._fd, self._poller._buf, READ_SIZE, 0)
+        if self._fast is not None:
+            target = self._fast.recv_target(&room)
+        if target != NULL:
+            # Straight into the protocol's buffer (a request body): no bytes object, no
+            # copy; at most what it still lacks, so the next request stays in the socket.
+            n = recv(self._fd, target, <size_t>room, 0)
+            if n > 0:
+                try:
+                    self._fast.received_into(n)
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    self._fatal(exc, "Fatal error: protocol.data_received() call failed.")
+                return 0
+        else:
+            n = recv(self._fd, self._poller._buf, <size_t>room if 0 < room < READ_SIZE else READ_SIZE, 0)
         if n > 0:
             data = PyBytes_FromStringAndSize(self._poller._buf, n)
             try:

@@ -53,6 +53,8 @@ cdef class HttpProtocol(OutboxOwner):
     cdef Request _pend  # a request taken whole but for the rest of its body
     cdef Py_ssize_t _pend_have
     cdef Py_ssize_t _fill(self, bytes data) except -1
+    cdef char* recv_target(self, Py_ssize_t* room) noexcept
+    cdef int received_into(self, Py_ssize_t n) except -1
     cdef readonly bint _in_message
     cdef readonly list _queue
     cdef public Responder _active

@@ -323,6 +323,10 @@ cdef class Responder:
 
 # -- connections --------------------------------------------------------------------------
 
+# Between requests, a read takes at most this much (HttpProtocol.recv_target).
+cdef Py_ssize_t HEAD_READ = 32768
+
+
 cdef class HttpProtocol(OutboxOwner):
     """One client connection (an asyncio Protocol for uvloop)."""
 
@@ -576,6 +580,30 @@ cdef class HttpProtocol(OutboxOwner):
             self._in_message = False
             self._take(req)
         return k
+
+    cdef char* recv_target(self, Py_ssize_t* room) noexcept:
+        """The rest of a pending body, to be read straight into it (io/fdio.pyx). Between
+        requests a read takes at most HEAD_READ bytes: a head and a body of up to about
+        32 KiB come in one read, and the rest of a longer body lands in it directly
+        rather than in the read buffer, then a bytes object, then the body."""
+        cdef Request req = self._pend
+        if req is None or self._ignore_input:
+            if not self._in_message:
+                room[0] = HEAD_READ
+            return NULL
+        room[0] = PyBytes_GET_SIZE(req.body) - self._pend_have
+        return PyBytes_AS_STRING(req.body) + self._pend_have
+
+    cdef int received_into(self, Py_ssize_t n) except -1:
+        """n more bytes of the pending body were read into it: once it is whole the
+        request is taken, as _fill does."""
+        cdef Request req = self._pend
+        self._pend_have += n
+        if self._pend_have == PyBytes_GET_SIZE(req.body):
+            self._pend = None
+            self._in_message = False
+            self._take(req)
+        return 0
 
     cdef _take(self, Request req):
         """A whole request: answered now, or queued behind the ones before it."""
