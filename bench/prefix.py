@@ -45,13 +45,24 @@ Goal (issue 21): precise at least 2x better TTFT p90 than approximate in restart
 replicas, and no worse in tenants.
 
 Scenario ``hot``: one prefix carries half the traffic (``--hot-share``), the rest spread
-over the other groups; ``chat`` as configured by default (the hot-spot guard sends the hot
-prefix to a less loaded engine once its engine is ``hotspot_gap`` requests ahead, and the
-index then holds it on both, so it stays spread) against ``affinity`` (the same profile
-with the guard and the load weight off), round-robin and least-loaded. Run it where the
-hot prefix's demand is past one engine and the whole load is within the fleet:
+over the other groups. Variants:
 
-    python bench/prefix.py --scenario hot --rate 45 --requests 480 --output-tokens 64
+- ``chat`` as configured by default: the hot-spot guard spills a request once its
+  affinity pick's engine queues ``hotspot_waiting`` requests, to the best engine that
+  does not; the index then holds the prefix on both, so it stays spread;
+- ``gap``: the same with the guard on the load gap alone (``hotspot_gap``: engine
+  waiting + gateway in flight, running requests included), the rule before the engine
+  queue was read;
+- ``affinity``: pure prefix affinity, as a cache-aware router without load terms: no
+  guard, no load weight, no saturation filter;
+- round-robin and least-loaded.
+
+Its defaults (``HOT``) put the hot prefix's demand past what one engine runs while the
+whole load is about two thirds of the fleet's: 11 requests/s of engine time (22.5/s at
+time scale 2), 128 tokens out, engines of 12 sequences, with KV for every group's
+context (1,024 blocks), so that the hot prefix, not the cache, is what is measured:
+
+    python bench/prefix.py --scenario hot
 
 Goal (issue 21): chat's TTFT p99 at least 2x better than affinity's, with a hit rate at
 least 0.9x of affinity's.
@@ -92,10 +103,17 @@ PRECISE_SCENARIOS = ("restart", "replicas", "tenants")
 # Scenario tenants: many tenants, each with its long system prompt, and a KV cache per
 # engine that holds a few of them (defaults where the command line does not say).
 TENANTS = {"groups": 64, "num_gpu_blocks": 256}
-# One hot prefix: the router's spreading (chat, as configured by default) against pure
-# affinity (the same profile with the hot-spot guard and the load weight off).
-HOT_VARIANTS = ("chat", "affinity", "round-robin", "least-loaded")
-PURE_AFFINITY = {"hotspot_gap": 1e9, "load_weight": 0.0}
+# Scenario hot: engines that run 12 sequences at once (vLLM's --max-num-seqs) and replies
+# of 128 tokens, so that the hot prefix's demand (half the traffic) is past what one
+# engine runs while the whole load is about two thirds of the fleet's.
+HOT = {"rate": 22.5, "time_scale": 2.0, "requests": 480, "output_tokens": 128, "max_num_seqs": 12,
+       "num_gpu_blocks": 1024}
+# One hot prefix: the router's spreading (chat, as configured by default) against the
+# load-gap guard alone and against pure affinity (no load term of any kind).
+HOT_VARIANTS = ("chat", "gap", "affinity", "round-robin", "least-loaded")
+PURE_AFFINITY = {"hotspot_gap": 1e9, "hotspot_waiting": 1e9, "load_weight": 0.0,
+                 "saturation_waiting": 1e9, "saturation_kv": 1.0}
+GAP_GUARD = {"hotspot_waiting": 0.0}  # 0: the engine queue is not read
 # --smoke: every variant and phase at a size that runs in seconds (CI: tests/bench/).
 SMOKE = {"engines": 2, "requests": 24, "rate": 60.0, "groups": 4, "prefix_tokens": 256,
          "time_scale": 20.0}
@@ -196,8 +214,8 @@ def _model_config(variant: str) -> dict:
     """The `models:` entry of a variant: a profile, or chat with a prefix mode."""
     if variant in ("precise", "approximate"):
         return {"profile": "chat", "prefix": variant}
-    if variant == "affinity":
-        return {"profile": "chat"}  # (and PURE_AFFINITY in `routing:`)
+    if variant in ("affinity", "gap"):
+        return {"profile": "chat"}  # (and PURE_AFFINITY or GAP_GUARD in `routing:`)
     return {"profile": variant}
 
 
@@ -220,7 +238,8 @@ async def run_variant(variant: str, args, specs) -> dict:
     scenario = getattr(args, "scenario", "shared")
     kv_dir = tempfile.mkdtemp(prefix="velocity-prefix-bench-") if scenario in PRECISE_SCENARIOS else None
     flags = ["--num-gpu-blocks", str(args.num_gpu_blocks), "--time-scale", str(args.time_scale),
-             "--prefill-tps", str(args.prefill_tps)]
+             "--prefill-tps", str(args.prefill_tps), "--max-num-seqs", str(args.max_num_seqs),
+             "--max-model-len", str(args.max_model_len)]
     tokenizer = bench_tokenizer(kv_dir) if kv_dir else None
     if tokenizer:
         flags += ["--tokenizer", tokenizer]
@@ -236,6 +255,8 @@ async def run_variant(variant: str, args, specs) -> dict:
         routing = {"seed": args.seed}
         if variant == "affinity":
             routing.update(PURE_AFFINITY)
+        elif variant == "gap":
+            routing.update(GAP_GUARD)
         if tokenizer:
             routing["tokenizer"] = tokenizer
         settings = load_settings(None, {"host": "127.0.0.1", "port": 0, "admin_port": 0, "endpoints": eps,
@@ -372,6 +393,8 @@ def _report_hot(args, rows: list[dict]) -> int:
         p99 = by["affinity"]["ttft_ms_engine_time"]["p99"] / by["chat"]["ttft_ms_engine_time"]["p99"]
         hit = (by["chat"]["engine_hit_rate"] / by["affinity"]["engine_hit_rate"]
                if by["affinity"]["engine_hit_rate"] else 0.0)
+        if "gap" in by and by["chat"]["ttft_ms_engine_time"]["p99"] > 0:
+            verdict.append(f"  TTFT p99 gap/chat {by['gap']['ttft_ms_engine_time']['p99'] / by['chat']['ttft_ms_engine_time']['p99']:.2f}x")
         verdict.append(f"  TTFT p99 affinity/chat {p99:.2f}x (goal >= 2x); hit rate chat/affinity {hit:.2f}x "
                        "(goal >= 0.9x)")
     return _report(args, rows, f"scenario hot (one prefix carries {100 * args.hot_share:.0f}% of the traffic)",
@@ -384,7 +407,7 @@ def _report(args, rows: list[dict], scenario: str, verdict: list[str]) -> int:
     lines = [f"prefix bench, {scenario}: {args.requests} streamed chat requests at {args.rate:.0f}/s, "
              f"{args.groups} groups x {args.prefix_tokens}-token shared context + {args.suffix_tokens}-token "
              f"question, {args.output_tokens} tokens out, {args.engines} sim engines x {args.num_gpu_blocks} KV "
-             f"blocks, time scale {args.time_scale} (TTFT in engine time)"]
+             f"blocks x {args.max_num_seqs} sequences, time scale {args.time_scale} (TTFT in engine time)"]
     for r in rows:
         t = r["ttft_ms_engine_time"]
         lines.append(f"  {r['variant']:<12} TTFT p50 {t['p50']:8.0f} ms  p90 {t['p90']:8.0f} ms  p99 {t['p99']:8.0f} ms  "
@@ -418,6 +441,9 @@ def main(argv=None) -> int:
     p.add_argument("--num-gpu-blocks", type=int, default=384,
                    help="KV blocks (16 tokens) per engine: 384 keep about 5 groups' contexts of 16")
     p.add_argument("--prefill-tps", type=float, default=5000.0)
+    p.add_argument("--max-num-seqs", type=int, default=256, help="sequences an engine runs at once (vLLM's flag)")
+    p.add_argument("--max-model-len", type=int, default=4096,
+                   help="the engines' context length (vLLM's flag): raise it with --prefix-tokens")
     p.add_argument("--time-scale", type=float, default=4.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--hot-share", type=float, default=0.5,
@@ -430,6 +456,8 @@ def main(argv=None) -> int:
         p.set_defaults(**SMOKE)
     elif any(a.endswith("tenants") for a in (sys.argv[1:] if argv is None else argv)):
         p.set_defaults(**TENANTS)
+    elif any(a.endswith("hot") for a in (sys.argv[1:] if argv is None else argv)):
+        p.set_defaults(**HOT)
     args = p.parse_args(argv)
     try:
         import uvloop

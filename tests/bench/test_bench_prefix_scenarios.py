@@ -42,8 +42,8 @@ def test_the_hot_prefix_scenario_runs_and_carries_its_share():
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "prefix.py"), "--smoke", "--scenario", "hot",
                            "--requests", "40"], cwd=REPO, capture_output=True, text=True, timeout=220)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "TTFT p99 affinity/chat" in proc.stdout
-    for variant in ("chat", "affinity", "round-robin", "least-loaded"):
+    assert "TTFT p99 affinity/chat" in proc.stdout and "TTFT p99 gap/chat" in proc.stdout
+    for variant in ("chat", "gap", "affinity", "round-robin", "least-loaded"):
         assert f"  {variant} " in proc.stdout
 
 

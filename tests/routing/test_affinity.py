@@ -32,6 +32,9 @@ def test_score_agrees_with_choose_by_affinity(seed):
         loads = [float(rng.choice([0, 1, 2, 9, 12])) for _ in eps]
         gap, weight, rand = rng.choice([8.0, 2.0, 0.0]), rng.choice([0.25, 1.0]), rng.getrandbits(64)
         assert score(aff, loads, gap, weight, rand) == choose_by_affinity(index, hashes, eps, loads, gap, weight, rand)
+        waits = [float(rng.choice([-1, 0, 1, 2, 5])) for _ in eps]
+        assert (score(aff, loads, gap, weight, rand, waits, 2.0)
+                == choose_by_affinity(index, hashes, eps, loads, gap, weight, rand, waits, 2.0))
 
 
 def test_bad_lengths_are_an_error():
@@ -39,3 +42,5 @@ def test_bad_lengths_are_an_error():
         score([], [], 8.0, 0.25, 1)
     with pytest.raises(ValueError):
         score([0.5], [1.0, 2.0], 8.0, 0.25, 1)
+    with pytest.raises(ValueError):
+        score([0.5, 0.5], [1.0, 2.0], 8.0, 0.25, 1, [0.0])

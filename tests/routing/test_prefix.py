@@ -240,6 +240,26 @@ def test_kernel_prefers_affinity_within_the_gap_and_load_past_it():
         choose_by_affinity(ix, chain, eps, [1.0], 4.0, 0.25, 1)
 
 
+def test_kernel_spills_on_the_engine_queue_where_the_gauge_is_fresh():
+    ix = PrefixIndex(1000)
+    chain = _chain(8)
+    eps = [_Ep("a"), _Ep("b"), _Ep("c")]
+    ix.touch("a", chain)
+    # a holds the prompt and carries 9 more than b (past the gap of 4) but queues nothing
+    assert choose_by_affinity(ix, chain, eps, [9.0, 0.0, 6.0], 4.0, 0.0, 1, [0.0, 0.0, 0.0], 2.0) == (0, "prefix")
+    ix.touch("c", chain)
+    # a queues 2: the best of the others is c, which holds it too, not the least loaded b
+    assert choose_by_affinity(ix, chain, eps, [9.0, 0.0, 10.0], 4.0, 0.25, 1, [0.0, 0.0, 0.0], 2.0) == (0, "prefix")
+    assert choose_by_affinity(ix, chain, eps, [9.0, 0.0, 10.0], 4.0, 0.25, 1, [2.0, 0.0, 0.0], 2.0) == (2, "hotspot")
+    # without a fresh gauge (-1) a falls back to the load gap: b and c are within it
+    assert choose_by_affinity(ix, chain, eps, [9.0, 0.0, 10.0], 4.0, 0.25, 1, [-1.0, 0.0, 0.0], 2.0) == (2, "hotspot")
+    assert choose_by_affinity(ix, chain, eps, [4.0, 0.0, 10.0], 4.0, 0.25, 1, [-1.0, 0.0, 0.0], 2.0) == (0, "prefix")
+    # all queue: the least loaded
+    assert choose_by_affinity(ix, chain, eps, [9.0, 0.0, 6.0], 4.0, 0.0, 1, [3.0, 2.0, 2.0], 2.0) == (1, "hotspot")
+    with pytest.raises(ValueError):
+        choose_by_affinity(ix, chain, eps, [1.0, 0.0, 0.0], 4.0, 0.25, 1, [0.0])
+
+
 def test_kernel_breaks_ties_with_the_random_draw():
     ix = PrefixIndex(1000)
     eps = [_Ep(n) for n in "abcd"]

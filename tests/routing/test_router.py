@@ -226,6 +226,86 @@ def test_hot_spot_guard_counts_the_engine_queue_too():
     assert r.pick(pool, info) is not pool.endpoints[0]
 
 
+def test_with_fresh_gauges_the_guard_spills_on_the_engine_queue_not_on_running_requests():
+    pool, r, info = _affine_setup(8.0)
+    hot, a, b = pool.endpoints
+    for ep in pool.endpoints:
+        scrape(ep)
+    hot.inflight = 12                             # past the gap, but all running: no queue
+    a.inflight, b.inflight = 1, 2
+    assert {r.pick(pool, info).name for _ in range(20)} == {"e0"}
+    scrape(hot, waiting=1)                        # one waiting: below hotspot_waiting (2)
+    assert {r.pick(pool, info).name for _ in range(20)} == {"e0"}
+    scrape(hot, waiting=2)                        # demand past what it runs: the best cool engine
+    assert {r.pick(pool, info).name for _ in range(20)} == {"e1"}
+    assert r.stats()["picks"]["chat"] == {"prefix": 40, "hotspot": 20}
+
+
+def test_a_spilled_prefix_stays_on_the_engines_it_was_spread_over():
+    pool, r, info = _affine_setup(8.0)
+    hot, a, b = pool.endpoints
+    for ep in pool.endpoints:
+        scrape(ep)
+    scrape(hot, waiting=3)
+    hot.inflight, a.inflight, b.inflight = 12, 0, 1
+    first = r.pick(pool, info)
+    assert first is a                              # the least loaded: neither holds the prefix
+    r.on_dispatch(a, info)
+    a.inflight = 4                                 # now b is the least loaded, but a holds the prefix
+    assert {r.pick(pool, info).name for _ in range(20)} == {"e1"}
+    scrape(a, waiting=2)                           # a queues too: the prefix grows onto b
+    assert {r.pick(pool, info).name for _ in range(20)} == {"e2"}
+    scrape(hot)                                    # e0's queue drained: back to the owner
+    assert {r.pick(pool, info).name for _ in range(20)} == {"e0"}
+
+
+def test_when_every_engine_queues_the_least_loaded_takes_it():
+    pool, r, info = _affine_setup(8.0)
+    for ep, (w, n) in zip(pool.endpoints, ((3, 9), (2, 3), (4, 1))):
+        scrape(ep, waiting=w)
+        ep.inflight = n
+    # loads (waiting + in flight): 12, 5, 5: the least loaded pair, the affine one first (none)
+    assert {r.pick(pool, info).name for _ in range(40)} == {"e1", "e2"}
+
+
+def test_an_engine_seen_full_is_hot_by_what_this_gateway_sent_beyond_it():
+    from velocity_fast.routing.profiles import engine_queues
+    e = make_pool(4).endpoints
+    for ep in e[:3]:
+        scrape(ep)
+    e[0].inflight = 20                          # never seen full: its own queue (0) alone
+    e[1].running_cap, e[1].inflight = 12.0, 15  # 3 sent beyond what it runs at once
+    e[2].running_cap, e[2].inflight = 12.0, 10  # room left: its gauge (0)
+    scrape(e[3], at=time.monotonic() - 60)      # stale gauges: the gap decides
+    assert engine_queues(e, 2.0, 2.0) == [0.0, 3.0, 0.0, -1.0]
+    scrape(e[0], waiting=4)
+    assert engine_queues(e, 2.0, 2.0)[0] == 4.0
+
+
+def test_the_guard_spills_only_a_prefix_past_one_engines_share_of_the_traffic():
+    pool = make_pool(2)
+    e0, e1 = pool.endpoints
+    r = router()
+    cold = r.route_info("m", chat("cold question", system="A cold tenant's prompt. " * 60), {})
+    r.on_dispatch(e0, cold)
+    for ep in pool.endpoints:
+        scrape(ep)
+    scrape(e0, waiting=3)                       # e0 queues
+    e0.inflight = 3
+    others = [r.route_info("m", chat(f"q{i}", system=f"Tenant {i}'s own prompt. " * 60), {}) for i in range(8)]
+    for i in range(20):                         # the pool's traffic so far: other prefixes
+        r.pick(pool, others[i % 8])
+    picks = []
+    for i in range(40):                         # the cold prefix is one request in five
+        if i % 5 == 0:
+            picks.append(r.pick(pool, cold).name)
+        else:
+            r.pick(pool, others[i % 8])
+    assert set(picks) == {"e0"}                 # within one engine's share: it stays with its cache
+    hot = [r.pick(pool, cold).name for _ in range(100)]
+    assert "e1" in hot                          # now most of the traffic: it spills
+
+
 def test_within_the_gap_load_still_weighs_against_partial_affinity():
     pool = make_pool(2)
     r = router(hotspot_gap=8.0, load_weight=0.5)

@@ -17,6 +17,7 @@ cdef class Endpoint:
     cdef public object block_size
     cdef public long limit
     cdef public double max_running_seen
+    cdef public double running_cap
     cdef public double ejected_until
     cdef public double eject_backoff
     cdef public long failures

@@ -17,6 +17,7 @@ class Endpoint:
     block_size: int | None
     limit: int
     max_running_seen: float
+    running_cap: float
     ejected_until: float
     eject_backoff: float
     failures: int

@@ -23,6 +23,8 @@ cdef class Endpoint:
         self.block_size = None
         self.limit = limit
         # max_running_seen: high-water mark of observed running, the learned batch capacity
+        # running_cap: the most it was seen to run, once requests were seen waiting (what it
+        # runs at once); 0: never seen full
         self.state = "unknown"        # unknown | healthy | ejected | down
         self.upstream = None          # the UpstreamPool, set by the gateway
 

@@ -270,7 +270,7 @@ class PrecisePrefix:
         if type(data) is not bytes:
             data = bytes(data)
         hashes = info.hashes
-        n = info.nblocks
+        n = len(hashes)  # a precise pool's chain is not thinned: n byte blocks
         wkey = hash((hashes[n - 1] if n else pool.seed, data[n * hashes.block_bytes:]))
         full = pool.whole.get(wkey)
         if full is not None:
@@ -442,14 +442,17 @@ class PrecisePrefix:
 
     # -- scoring (the chat profile of a precise pool) --------------------------------------------
     def choose(self, req: PreciseRequest, cands: list, loads: list, info: Any, state: Any,
-               rand: int) -> tuple[int, str]:
+               rand: int, waits: list | None = None, hotspot_waiting: float | None = None) -> tuple[int, str]:
         """(position in cands, basis), as ``choose_by_affinity``; endpoints whose KV index
-        is exact score the engine's own blocks, the others the approximate index."""
+        is exact score the engine's own blocks, the others the approximate index. ``waits``
+        and ``hotspot_waiting`` are the hot-spot guard's (the settings' by default)."""
+        hw = self.settings.hotspot_waiting if hotspot_waiting is None else hotspot_waiting
         chain = req.chain
         if chain is None:
             self._count(info.model, "not_ready")
             s = self.settings
-            return choose_by_affinity(state.index, info.hashes, cands, loads, s.hotspot_gap, s.load_weight, rand)
+            return choose_by_affinity(state.index, info.hashes, cands, loads, s.hotspot_gap, s.load_weight, rand,
+                                      waits, hw)
         match = self.index.match_exact
         bs = req.block_size
         n = len(chain)
@@ -469,9 +472,10 @@ class PrecisePrefix:
         s = self.settings
         if not used:
             self._count(info.model, "not_exact")
-            return choose_by_affinity(state.index, info.hashes, cands, loads, s.hotspot_gap, s.load_weight, rand)
+            return choose_by_affinity(state.index, info.hashes, cands, loads, s.hotspot_gap, s.load_weight, rand,
+                                      waits, hw)
         self._count(info.model, "precise")
-        return score(aff, loads, s.hotspot_gap, s.load_weight, rand)
+        return score(aff, loads, s.hotspot_gap, s.load_weight, rand, waits, hw)
 
     def _count(self, model: str, how: str) -> None:
         child = self._pick_children.get((model, how))

@@ -37,8 +37,13 @@ class RoutingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     index_capacity: Annotated[int, msgspec.Meta(ge=0)] = 16384
     # Converts the engine's KV blocks (block_size tokens each) into index blocks.
     bytes_per_token: _Positive = 4.0
-    # Hot-spot guard: once the affinity pick carries more than this many requests
-    # (engine waiting + gateway in flight) above the least loaded endpoint, load wins.
+    # Hot-spot guard: an affinity pick whose engine queues this many requests or more
+    # (its own waiting gauge: demand past what it runs at once) spills to the best of the
+    # engines that do not, which holds the prefix from then on too (docs/design.md).
+    hotspot_waiting: _NonNegative = 2.0
+    # The same guard where an engine's gauges are not fresh: a load (engine waiting +
+    # gateway in flight) more than this above the least loaded endpoint. Also the load
+    # scale of load_weight.
     hotspot_gap: _NonNegative = 8.0
     # Within the gap, how much load costs against affinity: a load gap of a full
     # hotspot_gap costs this fraction of a perfect prefix match.

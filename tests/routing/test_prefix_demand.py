@@ -1,0 +1,37 @@
+"""PrefixDemand: each prefix's share of a pool's recent requests (the hot-spot guard's gate)."""
+from __future__ import annotations
+
+import pytest
+
+from velocity_fast.routing.prefix import BlockHashes
+from velocity_fast.routing.profiles import DEMAND_DEPTH, DEMAND_KEYS, PrefixDemand
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def chain(tag: int, n: int = 40) -> BlockHashes:
+    return BlockHashes.of([tag * 1000 + i + 1 for i in range(n)])
+
+
+def test_share_is_the_prefix_part_of_recent_requests_keyed_at_the_demand_depth():
+    d = PrefixDemand()
+    for i in range(30):
+        d.share(chain(1 + i % 3))                   # three prefixes, a third each
+    assert d.share(chain(1)) == pytest.approx(11 / 31, rel=1e-3)
+    # the same first DEMAND_DEPTH blocks, another tail: the same prefix
+    tail = BlockHashes.of(chain(1).tolist()[:DEMAND_DEPTH] + [99, 98, 97])
+    assert d.share(tail) == pytest.approx(12 / 32, rel=1e-3)
+    # a short prompt is keyed by its last block
+    assert d.share(BlockHashes.of([5, 6])) == pytest.approx(1 / 33, rel=1e-3)
+    assert d.share(BlockHashes.of([])) == 0.0
+
+
+def test_the_table_stays_bounded_under_ever_new_prefixes():
+    d = PrefixDemand()
+    for i in range(3 * DEMAND_KEYS):
+        d.share(chain(i, 2))
+    hot = chain(10 ** 9, 2)
+    for _ in range(50):
+        d.share(hot)
+    assert len(d) <= DEMAND_KEYS
+    assert d.share(hot) > 50 / (3 * DEMAND_KEYS + 51) * 0.99
