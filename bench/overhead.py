@@ -33,6 +33,9 @@ Method
   A fresh gateway (max-concurrency = connections: this phase prices the relay, not the
   queue) and nginx with `proxy_buffering off` relay them; reported: streams/s, events/s,
   CPU us per event and events per CPU-second ("per core") of each proxy.
+  --stream-body-kb K sends a K KiB chat prompt with each stream (also after --body-kb's
+  sweep, with the gateway's --policy: prefix affinity on), so that the relay is priced
+  with what a real prompt costs the proxy on the way in.
 
 Every process runs on 127.0.0.1 and is stopped at the end, also on error or Ctrl-C.
 Usage::
@@ -669,6 +672,8 @@ def stream_phase(procs: Procs, args, work: Path, res: dict) -> None:
         return
     n = args.stream_events
     per_req = n + 3  # the role chunk, n tokens, the usage chunk, [DONE]
+    kib = args.stream_body_kb
+    body = chat_body(kib)[:-1] + b',"stream":true}' if kib else STREAM_BODY
     sdir = work / "stream"
     sdir.mkdir()
     up_p, up_port = start_upstream(procs, args.load_cpu, ["--stream-chunks", str(n), "--chunk-interval-ms",
@@ -679,16 +684,17 @@ def stream_phase(procs: Procs, args, work: Path, res: dict) -> None:
                        [f"--max-concurrency={args.connections}", *args.gateway_arg])
     targets = [Target("direct", up_port, None), gw]
     if not args.no_nginx:
-        ng = start_nginx(procs, args.proxy_cpu, up_port, sdir, stream=True)
+        ng = start_nginx(procs, args.proxy_cpu, up_port, sdir, stream=True, big_bodies=bool(kib))
         if ng is not None:
             targets.append(ng)
     rows: dict[str, list[dict]] = {t.name: [] for t in targets}
     for t in targets:
-        run_load(args.client, sdir, t.port, args.connections, args.warmup, args.load_cpu, STREAM_BODY)
+        run_load(args.client, sdir, t.port, args.connections, args.warmup, args.load_cpu, body)
     for i in range(args.rounds):
         for t in (targets if i % 2 == 0 else targets[::-1]):
-            rows[t.name].append(throughput(t, args, sdir, [up_p.pid], STREAM_BODY))
-    out = {"events_per_stream": per_req, "interval_ms": args.stream_interval_ms, "targets": {}}
+            rows[t.name].append(throughput(t, args, sdir, [up_p.pid], body))
+    out = {"events_per_stream": per_req, "interval_ms": args.stream_interval_ms, "prompt_bytes": len(body),
+           "policy": args.policy, "targets": {}}
     for t in targets:
         r = rows[t.name]
         rps, cpu = _median(r, "rps"), _median(r, "cpu_us_per_req")
@@ -764,6 +770,8 @@ def run_sizes(args) -> dict:
                     row["rps_ratio"] = g["rps"] / n["rps"]
                     row["cpu_ratio"] = g["cpu_us_per_req"] / n["cpu_us_per_req"]
                 rows.append(row)
+            if args.stream_body_kb and args.stream_events > 0:
+                stream_phase(procs, args, work, res)
         finally:
             procs.stop_all()
     out = {"policy": args.policy, "rows": rows, "us_per_kib": {}}
@@ -847,7 +855,25 @@ def summarize_sizes(res: dict) -> str:
                          f"{'met' if ok else 'not yet'})")
     if out.get("plot"):
         lines.append(f"plot: {out['plot']}")
+    lines += _stream_lines(res)
     return "\n".join(lines)
+
+
+def _stream_lines(res: dict) -> list[str]:
+    st = res.get("stream")
+    if not st:
+        return []
+    c = res["config"]
+    lines = ["", f"SSE relay: {c['connections']} connections, streams of {st['events_per_stream']} events "
+                 f"written {st['interval_ms']} ms apart by the upstream (one event per read), "
+                 f"{st.get('prompt_bytes', 0)}-byte prompts, gateway --policy {st.get('policy')}:",
+             f"{'target':<8} {'streams/s':>9} {'events/s':>9} {'CPU us/event':>12} {'events/s per core':>17}"]
+    for name, t in st["targets"].items():
+        lines.append(f"{name:<8} {_f(t['streams_per_s']):>9} {_f(t['events_per_s']):>9} "
+                     f"{_f(t['cpu_us_per_event'], '{:.1f}'):>12} {_f(t['events_per_core_s']):>17}")
+    r = res["ratios"].get("gateway_vs_nginx_events_per_core")
+    lines.append(f"gateway/nginx SSE events per core: {_f(r, '{:.2f}x')} (goal >= 1.0x)")
+    return lines
 
 
 def _f(v, fmt: str = "{:.0f}") -> str:
@@ -899,17 +925,7 @@ def summarize(res: dict) -> str:
     else:
         lines.append("gateway/nginx: nginx is not installed, so the reference is missing "
                      "(apt-get install nginx-light)")
-    st = res.get("stream")
-    if st:
-        lines.append("")
-        lines.append(f"SSE relay: {c['connections']} connections, streams of {st['events_per_stream']} events "
-                     f"written {st['interval_ms']} ms apart by the upstream (one event per read):")
-        lines.append(f"{'target':<8} {'streams/s':>9} {'events/s':>9} {'CPU us/event':>12} {'events/s per core':>17}")
-        for name, t in st["targets"].items():
-            lines.append(f"{name:<8} {_f(t['streams_per_s']):>9} {_f(t['events_per_s']):>9} "
-                         f"{_f(t['cpu_us_per_event'], '{:.1f}'):>12} {_f(t['events_per_core_s']):>17}")
-        r = ratios.get("gateway_vs_nginx_events_per_core")
-        lines.append(f"gateway/nginx SSE events per core: {_f(r, '{:.2f}x')}")
+    lines += _stream_lines(res)
     prof = res.get("profile")
     if prof:
         lines.append("")
@@ -1065,6 +1081,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="then the SSE relay phase: streams of N token events (0: skip)")
     p.add_argument("--stream-interval-ms", type=float, default=1.0,
                    help="the upstream's pause between events of a stream (default 1)")
+    p.add_argument("--stream-body-kb", type=int, default=0, metavar="K",
+                   help="the SSE phase's prompt: a K KiB chat body (default 0: a one-line prompt); with "
+                        "--body-kb, a stream phase runs after the sweep only when this is given")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
     p.add_argument("--smoke", action="store_true",
                    help="every phase, shortest (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items())

@@ -37,9 +37,10 @@ def quick_set(py: str, results: Path = RESULTS, smoke: bool = False) -> list[tup
         ("micro", micro, micro_cmd),
         ("inprocess", [b / "inprocess.py"], [py, str(b / "inprocess.py")]),
         ("overhead", [b / "overhead.py"], [py, str(b / "overhead.py"), "--json", str(results / "overhead.json")]),
-        # CPU per request against prompt size, prefix affinity on (smoke: the two ends only).
+        # CPU per request against prompt size, prefix affinity on (smoke: the two ends only),
+        # then the SSE relay with 64 KiB prompts.
         ("overhead_body_kb", [b / "overhead.py"],
-         [py, str(b / "overhead.py"), "--body-kb", "1,256" if smoke else "1,4,16,64,256",
+         [py, str(b / "overhead.py"), "--body-kb", "1,256" if smoke else "1,4,16,64,256", "--stream-body-kb", "64",
           "--json", str(results / "overhead_body_kb.json"), "--plot", str(results / "overhead_body_kb.png")]),
         ("isolation", [b / "isolation.py"], [py, str(b / "isolation.py"), "--json", str(results / "isolation.json")]),
         ("prefix", [b / "prefix.py"], [py, str(b / "prefix.py"), "--output", str(results / "prefix.json")]),

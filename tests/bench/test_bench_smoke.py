@@ -184,6 +184,14 @@ def test_overhead_body_kb_measures_both_proxies_at_each_prompt_size_and_plots_th
         number(r["cpu_ratio"], "cpu_ratio")
     number(out["extra_us_per_kib"], "extra_us_per_kib")
     assert Path(out["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # then streams with 64 KiB prompts through both proxies, the gateway with prefix affinity on
+    st = res["stream"]
+    assert st["prompt_bytes"] > 64 * 1024 and st["policy"] == "smart"
+    for name in ("gateway", "nginx"):
+        number(st["targets"][name]["events_per_core_s"], f"stream {name} events per core")
+        for run in st["targets"][name]["rounds"]:
+            assert run["requests"] > 0 and run["non2xx"] == 0 and run["errors"] == 0, (name, run)
+    number(res["ratios"]["gateway_vs_nginx_events_per_core"], "gateway_vs_nginx_events_per_core")
 
 
 @pytest.mark.timeout(300)
