@@ -265,6 +265,8 @@ cdef class Admission:
             return
         now = self.clock()
         st.load.observe(ep.running, ep.waiting, ep.kv_usage, ep.scraped_at)
+        # The batch learned here, for the router's hot-spot guard (0 until it is known).
+        ep.running_cap = st.load.capacity if st.load.capacity_known else 0.0
         ps = self._pools.get(ep.model)
         if st.aimd is not None and ep.kv_usage > self.settings.kv_hard_limit:
             # One cut per staleness window: a full cache stays full for a few scrapes.

@@ -23,8 +23,8 @@ cdef class Endpoint:
         self.block_size = None
         self.limit = limit
         # max_running_seen: high-water mark of observed running, the learned batch capacity
-        # running_cap: the most it was seen to run, once requests were seen waiting (what it
-        # runs at once); 0: never seen full
+        # running_cap: the batch admission learned from the gauges (the most seen running,
+        # once two scrapes in a row showed a queue beside it); 0: not known
         self.state = "unknown"        # unknown | healthy | ejected | down
         self.upstream = None          # the UpstreamPool, set by the gateway
 

@@ -113,11 +113,6 @@ class EndpointMonitor:
         ep.running, ep.waiting, ep.kv_usage = m.running, m.waiting, m.kv_usage
         if m.running > ep.max_running_seen:
             ep.max_running_seen = m.running
-        # The most the engine runs at once, known once requests were seen waiting (vLLM's
-        # limit on sequences or KV): a wait at a lower count (the step's token budget, a
-        # long prompt) does not lower it.
-        if (m.waiting > 0 or ep.running_cap) and m.running > ep.running_cap:
-            ep.running_cap = m.running
         if m.num_gpu_blocks:
             ep.num_gpu_blocks, ep.block_size = m.num_gpu_blocks, m.block_size
         if m.prefix_queries is not None:

@@ -222,9 +222,9 @@ cdef class PrefixDemand:
 cpdef list engine_queues(list cands, double stale_s, double hotspot_waiting):
     """Each candidate engine's queue as the hot-spot guard reads it (choose_by_affinity's
     ``waits``): where its gauges are at most ``stale_s`` old, the larger of its waiting
-    gauge and what this gateway has in flight there beyond the most the engine was seen
-    to run (``running_cap``, known once requests were seen waiting: the gauge lags by a
-    scrape, this count does not); -1 without fresh gauges (the load gap decides then).
+    gauge and what this gateway has in flight there beyond the batch admission learned
+    for it (``running_cap``: the gauge lags by a scrape, this count does not); -1
+    without fresh gauges (the load gap decides then).
     A long batch of running requests is no queue: it is what prefix caching is for.
     (``hotspot_waiting`` is the settings' threshold, kept in the signature for callers.)"""
     cdef double now = monotonic()
