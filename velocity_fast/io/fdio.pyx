@@ -236,23 +236,16 @@ cdef class FdTransport:
             # Straight into the protocol's buffer (a request body): no bytes object, no
             # copy; at most what it still lacks, so the next request stays in the socket.
             n = recv(self._fd, target, <size_t>room, 0)
-            if n > 0:
-                try:
-                    self._fast.received_into(n)
-                except (SystemExit, KeyboardInterrupt):
-                    raise
-                except BaseException as exc:
-                    self._fatal(exc, "Fatal error: protocol.data_received() call failed.")
-                return 0
         else:
             n = recv(self._fd, self._poller._buf, <size_t>room if 0 < room < READ_SIZE else READ_SIZE, 0)
         if n > 0:
-            data = PyBytes_FromStringAndSize(self._poller._buf, n)
             try:
-                if self._fast is not None:
-                    self._fast.received(data)
+                if target != NULL:
+                    self._fast.received_into(n)
+                elif self._fast is not None:
+                    self._fast.received(PyBytes_FromStringAndSize(self._poller._buf, n))
                 else:
-                    self._protocol.data_received(data)
+                    self._protocol.data_received(PyBytes_FromStringAndSize(self._poller._buf, n))
             except (SystemExit, KeyboardInterrupt):
                 raise
             except BaseException as exc:
