@@ -277,9 +277,9 @@ def test_an_engine_seen_full_is_hot_by_what_this_gateway_sent_beyond_it():
     e[1].running_cap, e[1].inflight = 12.0, 15  # 3 sent beyond what it runs at once
     e[2].running_cap, e[2].inflight = 12.0, 10  # room left: its gauge (0)
     scrape(e[3], at=time.monotonic() - 60)      # stale gauges: the gap decides
-    assert engine_queues(e, 2.0, 2.0) == [0.0, 3.0, 0.0, -1.0]
+    assert engine_queues(e, 2.0) == [0.0, 3.0, 0.0, -1.0]
     scrape(e[0], waiting=4)
-    assert engine_queues(e, 2.0, 2.0)[0] == 4.0
+    assert engine_queues(e, 2.0)[0] == 4.0
 
 
 def test_the_guard_spills_only_a_prefix_past_one_engines_share_of_the_traffic():

@@ -37,7 +37,7 @@ class PrefixDemand:
     def share(self, hashes: BlockHashes) -> float:
         """Count one request of this prompt's prefix; its share of the pool's recent requests."""
 
-def engine_queues(cands: list, stale_s: float, hotspot_waiting: float) -> list[float]:
+def engine_queues(cands: list, stale_s: float) -> list[float]:
     """Each candidate's queue as the hot-spot guard reads it (-1: the load gap decides)."""
 
 def make_profiles(settings: RoutingSettings, rng: random.Random, sessions: SessionAffinity) -> dict[str, Any]:

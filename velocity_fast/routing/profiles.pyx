@@ -151,7 +151,7 @@ class ChatProfile(Profile):
             demand = self.demand[info.model] = PrefixDemand()
         hw = s.hotspot_waiting
         if (<PrefixDemand>demand).share((<RouteInfo>info).hashes) * len(cands) > 1.0:
-            waits = engine_queues(cands, s.metrics_stale_s, hw) if hw > 0 else None
+            waits = engine_queues(cands, s.metrics_stale_s) if hw > 0 else None
         else:
             waits, hw = [0.0] * len(cands), INFINITY
         pr = (<RouteInfo?>info).precise  # a C field read: the approximate path pays a pointer test
@@ -219,14 +219,13 @@ cdef class PrefixDemand:
             del self._keys[k]
 
 
-cpdef list engine_queues(list cands, double stale_s, double hotspot_waiting):
+cpdef list engine_queues(list cands, double stale_s):
     """Each candidate engine's queue as the hot-spot guard reads it (choose_by_affinity's
     ``waits``): where its gauges are at most ``stale_s`` old, the larger of its waiting
     gauge and what this gateway has in flight there beyond the batch admission learned
     for it (``running_cap``: the gauge lags by a scrape, this count does not); -1
     without fresh gauges (the load gap decides then).
-    A long batch of running requests is no queue: it is what prefix caching is for.
-    (``hotspot_waiting`` is the settings' threshold, kept in the signature for callers.)"""
+    A long batch of running requests is no queue: it is what prefix caching is for."""
     cdef double now = monotonic()
     cdef double q, sent
     cdef Endpoint ep
