@@ -347,7 +347,7 @@ def choose_by_affinity(PrefixIndex index, BlockHashes hashes, list cands, list l
     Hot is demand past what the engine serves at once: its own queue (``waits[i]``, the
     engine's waiting requests where its gauges are fresh) at ``hotspot_waiting`` or more;
     where ``waits`` is None or ``waits[i]`` negative (no fresh gauge), a load more than
-    ``hotspot_gap`` above the least. A spilled prefix is then held by the endpoint it
+    ``hotspot_gap`` above the least. An infinite ``hotspot_waiting`` turns the guard off. A spilled prefix is then held by the endpoint it
     spilled to too, so the best score among the cool ones is the next engine that already
     holds it: the prefix stays on the engines it was spread over, and does not scatter.
     Ties go to ``rand`` (one 64-bit draw). Candidates are objects with a ``name`` (the
@@ -418,6 +418,8 @@ cdef tuple pick_by_affinity(double *aff, bint any_affinity, list loads, list wai
             score[i] = aff[i] - cost * (load[i] - min_load)
             ok[i] = True
         best = _nth_tie(score, ok, nc, rand)
+        if hotspot_waiting == INFINITY:  # the guard is off
+            return best, _BASIS_PREFIX
         for i in range(nc):  # ok: not hot
             w = <double>waits[i] if waits is not None else -1.0
             ok[i] = w < hotspot_waiting if w >= 0.0 else load[i] - min_load <= hotspot_gap

@@ -124,12 +124,11 @@ class ChatProfile(Profile):
     """Session affinity, then prefix affinity balanced against load, with a hot-spot guard."""
 
     name = "chat"
-    __slots__ = ("sessions", "demand")
+    __slots__ = ("sessions",)
 
     def __init__(self, settings: RoutingSettings, rng: random.Random, sessions: SessionAffinity) -> None:
         super().__init__(settings, rng)
         self.sessions = sessions
-        self.demand = {}  # pool model -> PrefixDemand
 
     def choose(self, cands, loads, info, state):
         s = self.settings
@@ -146,14 +145,15 @@ class ChatProfile(Profile):
             # load; the session stays mapped to its owner for the next one.
         # The hot-spot guard is for a prefix whose demand is past one engine's share of the
         # pool: a prefix within it stays where its cache is, however busy that engine.
-        demand = self.demand.get(info.model)
+        demand = (<RouterPool>state).demand
         if demand is None:
-            demand = self.demand[info.model] = PrefixDemand()
+            demand = (<RouterPool>state).demand = PrefixDemand()
         hw = s.hotspot_waiting
-        if (<PrefixDemand>demand).share((<RouteInfo>info).hashes) * len(cands) > 1.0:
-            waits = engine_queues(cands, s.metrics_stale_s) if hw > 0 else None
-        else:
-            waits, hw = [0.0] * len(cands), INFINITY
+        waits = None
+        if (<PrefixDemand>demand).share((<RouteInfo>info).hashes) * len(cands) <= 1.0:
+            hw = INFINITY  # the guard off
+        elif hw > 0:
+            waits = engine_queues(cands, s.metrics_stale_s)
         pr = (<RouteInfo?>info).precise  # a C field read: the approximate path pays a pointer test
         if pr is not None:  # a precise pool: the engines' own KV events where they can be trusted
             i, basis = pr.owner.choose(pr, cands, loads, info, state, self.rng.getrandbits(64), waits, hw)

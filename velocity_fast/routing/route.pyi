@@ -25,6 +25,7 @@ class RouterPool:
     """The router's memory of one pool: its prefix index and engine capacities seen."""
     pool: Any
     turn: int
+    demand: Any  # the chat profile's PrefixDemand of this pool (None until its first pick)
     def __init__(self, pool: Any, settings: Any) -> None: ...
     @property
     def index(self) -> PrefixIndex: ...
