@@ -110,7 +110,9 @@ async def test_a_flood_against_serve_sla_ms_gets_fast_429s_and_what_is_admitted_
                   f"declined {len(declined)}, median {med * 1000:.1f} ms" if declined else "")
             # The SLA was enforced: most of the flood declined, fast, saying why and when.
             assert len(declined) >= 40, len(declined)
-            assert med < 0.020, f"median 429 took {med * 1000:.1f} ms"
+            # "Fast" against what the engine takes to serve one: a decline at least 10x
+            # sooner than the quickest answer (a ratio, so a busy CI box does not decide it).
+            assert med < service / 10, f"median 429 took {med * 1000:.1f} ms, service {service * 1000:.0f} ms"
             for r, _ in declined:
                 assert r.headers["x-velocity-reject-reason"] == "sla"
                 assert int(r.headers["retry-after"]) >= 1
