@@ -31,7 +31,11 @@ workload's words (the ``tokenizers`` package), for every variant alike:
 - ``restart``: engine 0 is stopped and started again halfway through the run (its cache
   empties; a gateway that only remembers where it sent prompts does not know);
 - ``replicas``: two gateways in front of the same engines, each taking every other
-  request (each sees only half the traffic).
+  request (each sees only half the traffic). Its defaults (``REPLICAS``) size the fleet
+  for its traffic, as one sizes a real one: 288 KV blocks an engine, so the four hold the
+  16 groups' contexts once with about 12% to spare. Two approximate replicas that place a
+  group on different engines hold it twice and evict the others; each still believes its
+  own placements. 640 requests, so the run is long past the cold start.
 
 - ``tenants``: many tenants (64 groups), each with its long system prompt, and engines
   whose KV cache holds only a few of them (256 blocks): the working set is past the
@@ -103,6 +107,8 @@ PRECISE_SCENARIOS = ("restart", "replicas", "tenants")
 # Scenario tenants: many tenants, each with its long system prompt, and a KV cache per
 # engine that holds a few of them (defaults where the command line does not say).
 TENANTS = {"groups": 64, "num_gpu_blocks": 256}
+# Scenario replicas: a fleet whose KV cache holds the working set once, little more.
+REPLICAS = {"requests": 640, "num_gpu_blocks": 288}
 # Scenario hot: engines that run 12 sequences at once (vLLM's --max-num-seqs) and replies
 # of 128 tokens, so that the hot prefix's demand (half the traffic) is past what one
 # engine runs while the whole load is about two thirds of the fleet's.
@@ -456,6 +462,8 @@ def main(argv=None) -> int:
         p.set_defaults(**SMOKE)
     elif any(a.endswith("tenants") for a in (sys.argv[1:] if argv is None else argv)):
         p.set_defaults(**TENANTS)
+    elif any(a.endswith("replicas") for a in (sys.argv[1:] if argv is None else argv)):
+        p.set_defaults(**REPLICAS)
     elif any(a.endswith("hot") for a in (sys.argv[1:] if argv is None else argv)):
         p.set_defaults(**HOT)
     args = p.parse_args(argv)

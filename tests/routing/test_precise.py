@@ -129,6 +129,30 @@ def test_an_endpoint_not_exact_is_scored_by_the_approximate_index(setup, tokeniz
     assert {r.pick(pool, info).name for _ in range(20)} == {"e1"}
 
 
+def test_a_prefix_no_engine_holds_goes_to_the_emptiest_cache_among_the_least_loaded(setup, tokenizer_json):
+    """After a restart the restarted engine's cache is empty: a prompt cold everywhere
+    goes there (it evicts nothing), not onto a full cache at random; load still comes first."""
+    r, index, _, _ = setup()
+    pool = make_pool(3)
+    e0, e1, e2 = pool.endpoints
+    engine_holds(index, "e0", messages_ids(tokenizer_json, chat(SYSTEM, "alpha beta gamma")))
+    engine_holds(index, "e1", [])           # restarted: exact and empty
+    index.stats("e2").state = "approximate"  # unknown: counts as full
+    cold = chat("omega psi chi phi upsilon tau sigma rho pi omicron xi nu mu", "kappa iota")
+    info = r.route_info("m", cold, {})
+    wait_ready(info)
+    assert {r.pick(pool, info).name for _ in range(20)} == {"e1"}
+    assert r.stats()["picks"]["chat"]["kv"] == 20
+    # The emptiest engine is busier than the others: the least loaded of them takes it.
+    e1.inflight = 2
+    assert {r.pick(pool, info).name for _ in range(20)} == {"e0"}
+    # A prompt that one engine holds still goes by affinity, not to the empty cache.
+    e1.inflight = 0
+    warm = r.route_info("m", chat(SYSTEM, "alpha beta gamma"), {})
+    wait_ready(warm)
+    assert {r.pick(pool, warm).name for _ in range(20)} == {"e0"}
+
+
 def test_no_exact_endpoint_falls_back_to_approximate_routing(setup, tokenizer_json):
     r, index, _, reg = setup()
     pool = make_pool(2)

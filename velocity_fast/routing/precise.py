@@ -475,7 +475,29 @@ class PrecisePrefix:
             return choose_by_affinity(state.index, info.hashes, cands, loads, s.hotspot_gap, s.load_weight, rand,
                                       waits, hw)
         self._count(info.model, "precise")
+        if max(aff) == 0.0:
+            return self._place_cold(cands, loads, rand), "kv"
         return score(aff, loads, s.hotspot_gap, s.load_weight, rand, waits, hw)
+
+    def _place_cold(self, cands: list, loads: list, rand: int) -> int:
+        """A prefix no engine holds goes to the least loaded engine, and among those to
+        the one whose cache holds the fewest blocks (what the engines' events say): it
+        evicts least there. After a restart that is the restarted engine, which takes back
+        the prefixes it lost instead of pushing them onto full caches. An engine whose
+        entries are not exact counts as full. Ties at random."""
+        low = min(loads)
+        index = self.index
+        best: list[int] = []
+        fewest = None
+        for i, ep in enumerate(cands):
+            if loads[i] > low + 1e-9:
+                continue
+            held = index.size(ep.name) if index.exact(ep.name) else float("inf")
+            if fewest is None or held < fewest:
+                fewest, best = held, [i]
+            elif held == fewest:
+                best.append(i)
+        return best[rand % len(best)]
 
     def _count(self, model: str, how: str) -> None:
         child = self._pick_children.get((model, how))
