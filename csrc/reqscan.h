@@ -85,7 +85,7 @@ static const unsigned char *vr_string_tail(const unsigned char *p, const unsigne
 
 #if defined(__SSE2__)
 /* Bit i of each mask: byte p[i] is a quote, a backslash, a control byte (< 0x20). */
-static inline void vr_masks64(const unsigned char *p, uint64_t *quote, uint64_t *bslash, uint64_t *ctl)
+static inline void vr_masks64_sse2(const unsigned char *p, uint64_t *quote, uint64_t *bslash, uint64_t *ctl)
 {
     const __m128i q = _mm_set1_epi8('"'), b = _mm_set1_epi8('\\'), c1f = _mm_set1_epi8(0x1F);
     uint64_t mq = 0, mb = 0, mc = 0;
@@ -100,76 +100,79 @@ static inline void vr_masks64(const unsigned char *p, uint64_t *quote, uint64_t 
     *bslash = mb;
     *ctl = mc;
 }
-#endif
 
 /*
  * The string at p (its opening quote): one past its closing quote, NULL when invalid
  * (a control byte, an escape the grammar does not have, a lone surrogate).
- *
- * Prompts escape often (a newline, a quote every few dozen bytes), and a branch per
- * escape costs a misprediction each. So the string is read 64 bytes at a time as bit
- * masks: the escaped bytes are found by walking the backslashes (one step per escape,
- * no branch on the bytes between), the string's end is the first quote not escaped, and
- * the chunk is refused at once if a control byte lies before it. Only the escaped bytes
- * themselves are looked at one by one, to check that each is one the grammar has.
+ * csrc/reqscan_string.h, made once per instruction set: SSE2 (every x86-64), and AVX2
+ * where the compiler can target it, chosen at run time (vr_use_avx2).
  */
+#define VR_STRING vr_string_sse2
+#define VR_MASKS64 vr_masks64_sse2
+#include "reqscan_string.h"
+#undef VR_STRING
+#undef VR_MASKS64
+
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(VR_NO_AVX2)
+#define VR_HAVE_AVX2 1
+#include <immintrin.h>
+#pragma GCC push_options
+#pragma GCC target("avx2")
+/* vr_masks64_sse2's masks, 32 bytes a compare. */
+static inline void vr_masks64_avx2(const unsigned char *p, uint64_t *quote, uint64_t *bslash, uint64_t *ctl)
+{
+    const __m256i q = _mm256_set1_epi8('"'), b = _mm256_set1_epi8('\\'), c1f = _mm256_set1_epi8(0x1F);
+    __m256i v0 = _mm256_loadu_si256((const __m256i *)p);
+    __m256i v1 = _mm256_loadu_si256((const __m256i *)(p + 32));
+    *quote = (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v0, q))
+             | (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v1, q)) << 32;
+    *bslash = (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v0, b))
+              | (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v1, b)) << 32;
+    *ctl = (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(v0, c1f), c1f))
+           | (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(v1, c1f), c1f)) << 32;
+}
+#define VR_STRING vr_string_avx2
+#define VR_MASKS64 vr_masks64_avx2
+#define VR_STRING_NOINLINE 1
+#include "reqscan_string.h"
+#undef VR_STRING
+#undef VR_MASKS64
+#undef VR_STRING_NOINLINE
+#pragma GCC pop_options
+#endif
+#endif
+
+/* Which string walk vr_scan uses: -1 not yet decided, 0 SSE2 (or bytes), 1 AVX2. The
+ * CPU decides at the first scan; vr_set_isa overrides it (tests walk both). */
+static int vr_use_avx2 = -1;
+
+/* 1 to use AVX2 where the CPU has it, 0 for SSE2, -1 for the CPU's choice; returns the
+ * walk in use now (1 AVX2, 0 other). */
+static int vr_set_isa(int avx2)
+{
+#if defined(VR_HAVE_AVX2)
+    if (avx2 < 0 || avx2 == 1)
+        vr_use_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+    else
+        vr_use_avx2 = 0;
+#else
+    (void)avx2;
+    vr_use_avx2 = 0;
+#endif
+    return vr_use_avx2;
+}
+
 static inline const unsigned char *vr_string(const unsigned char *p, const unsigned char *e)
 {
-    p++;
-#if defined(__SSE2__)
-    {
-        const unsigned char *skip = p; /* bytes before it were read by a \u escape */
-        uint64_t carry = 0;            /* the chunk's first byte is escaped */
-        uint32_t cp;
-        while (e - p >= 64) {
-            uint64_t quote, bslash, ctl, esc = carry, bs, quotes, before, ev;
-            int i;
-            vr_masks64(p, &quote, &bslash, &ctl);
-            bs = bslash & ~carry; /* an escaped backslash starts nothing */
-            carry = 0;
-            while (bs) {
-                i = __builtin_ctzll(bs);
-                if (i == 63) {
-                    carry = 1;
-                    break;
-                }
-                esc |= 1ULL << (i + 1);
-                bs &= ~(3ULL << i); /* this backslash and the byte it escapes */
-            }
-            quotes = quote & ~esc;
-            before = quotes ? (quotes & (0 - quotes)) - 1 : ~0ULL;
-            if (ctl & before)
-                return NULL;
-            ev = esc & before;
-            while (ev) {
-                const unsigned char *x = p + __builtin_ctzll(ev);
-                ev &= ev - 1;
-                if (x < skip)
-                    continue;
-                if (*x == 'u') {
-                    const unsigned char *q = x - 1;
-                    if (vb_escape(&q, e, &cp) < 0)
-                        return NULL;
-                    skip = q;
-                } else if (!vr_escape1[*x]) {
-                    return NULL;
-                }
-            }
-            if (quotes)
-                return p + __builtin_ctzll(quotes) + 1;
-            p += 64;
-        }
-        if (skip > p)
-            p = skip;
-        else if (carry) { /* the last chunk ended in a backslash: its escape first */
-            const unsigned char *q = p - 1;
-            if (vb_escape(&q, e, &cp) < 0)
-                return NULL;
-            p = q;
-        }
-    }
+#if defined(VR_HAVE_AVX2)
+    if (vr_use_avx2)
+        return vr_string_avx2(p, e);
 #endif
-    return vr_string_tail(p, e);
+#if defined(__SSE2__)
+    return vr_string_sse2(p, e);
+#else
+    return vr_string_tail(p + 1, e);
+#endif
 }
 
 static inline int vr_digit(const unsigned char *p, const unsigned char *e)
@@ -331,6 +334,8 @@ static int vr_scan(const unsigned char *data, size_t len, vr_object *out)
 {
     const unsigned char *p = data, *e = data + len, *q;
     vr_member *m;
+    if (vr_use_avx2 < 0)
+        vr_set_isa(-1);
     out->n = 0;
     out->messages = out->prompt = -1;
     out->own = 0;

@@ -13,12 +13,32 @@ from hypothesis import strategies as st
 
 from velocity_fast.gateway.errors import BadRequest
 from velocity_fast.gateway.request_types import ProxyRequest
-from velocity_fast.gateway.requests import decode_proxy, decode_proxy_compact, scan_members, strip_own_fields
+from velocity_fast.gateway.requests import decode_proxy, decode_proxy_compact, scan_isa, scan_members, strip_own_fields
 from velocity_fast.routing.blockscan import hash_json
 from velocity_fast.routing.prefix import PrefixHasher
 from velocity_fast.routing.prefix_render import json_text
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True, params=["avx2", "sse2"])
+def walk(request):
+    """Every test here runs with each of the scanner's string walks (AVX2 where the CPU
+    has it; the CPU's choice is restored after)."""
+    yield scan_isa(request.param)
+    scan_isa("auto")
+
+
+def test_the_scanner_uses_the_cpus_best_walk_unless_told():
+    import re
+    from pathlib import Path
+    info = Path("/proc/cpuinfo")
+    flags = info.read_text() if info.exists() else ""
+    has = re.search(r"^flags\s*:.*\bavx2\b", flags, re.M) is not None
+    assert scan_isa("auto") == ("avx2" if has else "sse2")
+    assert scan_isa("sse2") == "sse2"
+    with pytest.raises(ValueError):
+        scan_isa("neon")
 
 WHOLE = msgspec.json.Decoder(ProxyRequest)
 FIELDS = ("model", "stream", "max_tokens", "max_completion_tokens", "priority", "sla_ms", "user")
