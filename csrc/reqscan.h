@@ -105,7 +105,8 @@ static inline void vr_masks64_sse2(const unsigned char *p, uint64_t *quote, uint
  * The string at p (its opening quote): one past its closing quote, NULL when invalid
  * (a control byte, an escape the grammar does not have, a lone surrogate).
  * csrc/reqscan_string.h, made once per instruction set: SSE2 (every x86-64), and AVX2
- * where the compiler can target it, chosen at run time (vr_use_avx2).
+ * where the compiler can target it (GCC: clang builds keep SSE2), chosen at run time
+ * (vr_use_avx2).
  */
 #define VR_STRING vr_string_sse2
 #define VR_MASKS64 vr_masks64_sse2
@@ -113,7 +114,7 @@ static inline void vr_masks64_sse2(const unsigned char *p, uint64_t *quote, uint
 #undef VR_STRING
 #undef VR_MASKS64
 
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(VR_NO_AVX2)
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(VR_NO_AVX2)
 #define VR_HAVE_AVX2 1
 #include <immintrin.h>
 #pragma GCC push_options
