@@ -28,8 +28,12 @@ seeded traffic for ``precise`` (chat, `prefix: precise`: the engines' KV events)
 the engines publish their KV events and tokenize with a tokenizer built here from the
 workload's words (the ``tokenizers`` package), for every variant alike:
 
-- ``restart``: engine 0 is stopped and started again halfway through the run (its cache
-  empties; a gateway that only remembers where it sent prompts does not know);
+- ``restart``: engine 0 is stopped halfway through the run and started again 4 s later
+  (``--restart-down-s``; 16 s of engine time) with an empty cache, on the fleet of
+  ``replicas`` (``RESTART``). While it is down its groups move to the others; a gateway
+  that only remembers where it sent prompts then sends them back to the restarted engine
+  too (it still believes that engine holds them, and it is the emptiest), so they are
+  held twice and push others out;
 - ``replicas``: two gateways in front of the same engines, each taking every other
   request (each sees only half the traffic). Its defaults (``REPLICAS``) size the fleet
   for its traffic, as one sizes a real one: 288 KV blocks an engine, so the four hold the
@@ -109,6 +113,9 @@ PRECISE_SCENARIOS = ("restart", "replicas", "tenants")
 TENANTS = {"groups": 64, "num_gpu_blocks": 256}
 # Scenario replicas: a fleet whose KV cache holds the working set once, little more.
 REPLICAS = {"requests": 640, "num_gpu_blocks": 288}
+# Scenario restart: the same fleet, and engine 0 down 4 s (16 s of engine time: a vLLM
+# engine takes tens of seconds to load its weights again) before it comes back empty.
+RESTART = {"requests": 640, "num_gpu_blocks": 288, "restart_down_s": 4.0}
 # Scenario hot: engines that run 12 sequences at once (vLLM's --max-num-seqs) and replies
 # of 128 tokens, so that the hot prefix's demand (half the traffic) is past what one
 # engine runs while the whole load is about two thirds of the fleet's.
@@ -171,9 +178,9 @@ class Engines:
         for p in self.procs:
             self.ports.append(self._port_of(p, deadline))
 
-    def restart(self, i: int, timeout: float = 30.0) -> None:
-        """Stop engine i (SIGTERM: it finishes what it runs) and start it again on the
-        same port and event sockets, with an empty cache."""
+    def restart(self, i: int, timeout: float = 30.0, down_s: float = 0.0) -> None:
+        """Stop engine i (SIGTERM: it finishes what it runs), leave it down ``down_s``
+        seconds, and start it again on the same port and event sockets, with an empty cache."""
         p = self.procs[i]
         p.terminate()
         try:
@@ -182,6 +189,7 @@ class Engines:
             p.kill()
             p.wait(5)
         p.stdout.close()
+        time.sleep(down_s)
         self.procs[i] = self._spawn(i, self.ports[i])
         self._port_of(self.procs[i], time.monotonic() + timeout)
 
@@ -283,7 +291,7 @@ async def run_variant(variant: str, args, specs) -> dict:
         if scenario == "restart":
             async def restart_halfway() -> None:
                 await asyncio.sleep(args.requests / args.rate / 2)
-                await asyncio.to_thread(engines.restart, 0)
+                await asyncio.to_thread(engines.restart, 0, 30.0, args.restart_down_s)
             restart = asyncio.create_task(restart_halfway())
         # Replicas take every other request (arrival times kept: the same traffic in all).
         parts = [[dataclasses.replace(sp, index=j) for j, sp in enumerate(specs[k::len(gws)])]
@@ -374,7 +382,8 @@ async def main_async(args) -> int:
 
 def _report_precise(args, rows: list[dict]) -> int:
     by = {r["variant"]: r for r in rows}
-    what = {"restart": "engine 0 restarted halfway", "replicas": "two gateway replicas, every other request each"}
+    what = {"restart": f"engine 0 down {args.restart_down_s:g} s halfway, then back empty",
+            "replicas": "two gateway replicas, every other request each"}
     verdict = []
     if "precise" in by and "approximate" in by and by["precise"]["ttft_ms_engine_time"]["p90"] > 0:
         ratio = by["approximate"]["ttft_ms_engine_time"]["p90"] / by["precise"]["ttft_ms_engine_time"]["p90"]
@@ -452,6 +461,8 @@ def main(argv=None) -> int:
                    help="the engines' context length (vLLM's flag): raise it with --prefix-tokens")
     p.add_argument("--time-scale", type=float, default=4.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--restart-down-s", type=float, default=0.0,
+                   help="scenario restart: seconds (wall) engine 0 stays down before it starts again")
     p.add_argument("--hot-share", type=float, default=0.5,
                    help="scenario hot: the share of the requests that carry the hot prefix (default 0.5)")
     p.add_argument("--output", default=None, help="write the runs as JSON here")
@@ -464,6 +475,8 @@ def main(argv=None) -> int:
         p.set_defaults(**TENANTS)
     elif any(a.endswith("replicas") for a in (sys.argv[1:] if argv is None else argv)):
         p.set_defaults(**REPLICAS)
+    elif any(a.endswith("restart") for a in (sys.argv[1:] if argv is None else argv)):
+        p.set_defaults(**RESTART)
     elif any(a.endswith("hot") for a in (sys.argv[1:] if argv is None else argv)):
         p.set_defaults(**HOT)
     args = p.parse_args(argv)

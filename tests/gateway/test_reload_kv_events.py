@@ -25,3 +25,21 @@ async def test_subscribers_start_stop_and_follow_reloads(tmp_path):
         assert not first.alive and "e1" not in gw.kv.index.endpoints()
         third = subs["e3"]
     assert not third.alive and not gw.kv._subs
+
+
+async def test_a_reload_of_free_cache_weight_keeps_the_token_side_and_takes_the_weight(tmp_path):
+    tok = tmp_path / "tokenizer.json"
+    from tokenizers import Tokenizer, models
+    Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]")).save(str(tok))
+    routing = {"prefix": "precise", "tokenizer": str(tok)}
+    async with running_gateway(healthy=0, endpoints=[ep("e1", tmp_path)], routing=routing) as gw:
+        before = gw.kv.precise
+        assert before is not None and before.settings.free_cache_weight == 1.0
+        gw.reload(gateway_settings(endpoints=[ep("e1", tmp_path)], routing={**routing, "free_cache_weight": 0.25}))
+        # The same token side (its cache kept), reading the new weight.
+        assert gw.kv.precise is before and before.settings.free_cache_weight == 0.25
+        # A tokenizer change makes a new one.
+        other = tmp_path / "other.json"
+        Tokenizer(models.WordLevel({"[UNK]": 0, "b": 1}, unk_token="[UNK]")).save(str(other))
+        gw.reload(gateway_settings(endpoints=[ep("e1", tmp_path)], routing={**routing, "tokenizer": str(other)}))
+        assert gw.kv.precise is not before

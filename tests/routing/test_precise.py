@@ -153,6 +153,33 @@ def test_a_prefix_no_engine_holds_goes_to_the_emptiest_cache_among_the_least_loa
     assert {r.pick(pool, warm).name for _ in range(20)} == {"e0"}
 
 
+@pytest.mark.parametrize("weight, expect", [(1.0, "e1"), (0.0, "e0")])
+def test_a_full_cache_holding_part_of_a_prompt_yields_it_to_an_emptied_engine(setup, tokenizer_json, weight, expect):
+    """e0's cache is full and holds the first half of the prompt (the rest evicted); e1
+    restarted and is empty. With free_cache_weight (default 1) e1 takes the prompt: a
+    cold prefill there evicts nothing, where on e0 the other half would push out another
+    tenant's blocks. With 0 the half match decides."""
+    r, index, _, _ = setup(free_cache_weight=weight)
+    pool = make_pool(2)
+    e0, e1 = pool.endpoints
+    body = chat(SYSTEM, "alpha beta gamma delta epsilon zeta eta theta")
+    ids = messages_ids(tokenizer_json, body)
+    half = ids[: (len(ids) // BS // 2) * BS]
+    engine_holds(index, "e0", half)
+    engine_holds(index, "e1", [])
+    e0.num_gpu_blocks = index.size("e0")   # full
+    e1.num_gpu_blocks = index.size("e0")
+    info = r.route_info("m", body, {})
+    wait_ready(info)
+    assert {r.pick(pool, info).name for _ in range(20)} == {expect}
+    if weight:
+        # A prompt the full engine holds whole stays there while the emptied one is busier.
+        engine_holds(index, "e0", ids)
+        e0.num_gpu_blocks = index.size("e0")
+        e1.inflight = 2
+        assert {r.pick(pool, info).name for _ in range(20)} == {"e0"}
+
+
 def test_no_exact_endpoint_falls_back_to_approximate_routing(setup, tokenizer_json):
     r, index, _, reg = setup()
     pool = make_pool(2)

@@ -147,6 +147,7 @@ class KVFleet:
         key = (rs.prefix, tuple(sorted(rs.prefix_modes.items())), rs.tokenizer,
                tuple(sorted(rs.tokenizers.items())), rs.token_cache_entries, rs.hotspot_gap, rs.load_weight)
         if key == self._precise_key and self.precise is not None:
+            self.precise.settings = rs  # what the key leaves out (free_cache_weight) is read live
             return self.precise
         new = PrecisePrefix(rs, self.index, registry=self._registry, block_size=self.block_size) \
             if rs.precise_models() else None

@@ -477,6 +477,13 @@ class PrecisePrefix:
         self._count(info.model, "precise")
         if max(aff) == 0.0:
             return self._place_cold(cands, loads, rand), "kv"
+        fw = s.free_cache_weight
+        if fw > 0.0:
+            index = self.index
+            for i, ep in enumerate(cands):
+                cap = ep.num_gpu_blocks
+                if cap and index.exact(ep.name):
+                    aff[i] += fw * max(0.0, 1.0 - index.size(ep.name) / cap)
         return score(aff, loads, s.hotspot_gap, s.load_weight, rand, waits, hw)
 
     def _place_cold(self, cands: list, loads: list, rand: int) -> int:

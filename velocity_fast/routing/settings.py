@@ -72,6 +72,10 @@ class RoutingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     # Prompt byte blocks whose token blocks precise routing keeps (the token cache; whole
     # prompts and runs of leading messages: a sixteenth of this each).
     token_cache_entries: Annotated[int, msgspec.Meta(ge=1)] = 16384
+    # Precise routing: an exact engine's free cache (1 - the blocks its events say it
+    # holds / its num_gpu_blocks) times this is added to its prefix score, so that an
+    # emptied engine (a restart) takes back prompts that full caches only partly hold.
+    free_cache_weight: _NonNegative = 1.0
 
     @classmethod
     def from_config(cls, routing: Mapping[str, Any] | None = None,
