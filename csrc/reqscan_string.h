@@ -12,6 +12,9 @@
  * the chunk is refused at once if a control byte lies before it. Only the escaped bytes
  * themselves are looked at one by one, to check that each is one the grammar has.
  */
+#ifndef VR_EVEN_BITS
+#define VR_EVEN_BITS 0x5555555555555555ULL
+#endif
 #if defined(VR_STRING_NOINLINE)
 static const unsigned char *VR_STRING(const unsigned char *p, const unsigned char *e)
 #else
@@ -24,20 +27,21 @@ static inline const unsigned char *VR_STRING(const unsigned char *p, const unsig
         uint64_t carry = 0;            /* the chunk's first byte is escaped */
         uint32_t cp;
         while (e - p >= 64) {
-            uint64_t quote, bslash, ctl, esc = carry, bs, quotes, before, ev;
-            int i;
+            uint64_t quote, bslash, ctl, esc, bs, starts, even_ends, odd_ends, quotes, before, ev;
+            unsigned long long odd_sum;
             VR_MASKS64(p, &quote, &bslash, &ctl);
-            bs = bslash & ~carry; /* an escaped backslash starts nothing */
-            carry = 0;
-            while (bs) {
-                i = __builtin_ctzll(bs);
-                if (i == 63) {
-                    carry = 1;
-                    break;
-                }
-                esc |= 1ULL << (i + 1);
-                bs &= ~(3ULL << i); /* this backslash and the byte it escapes */
-            }
+            /* The escaped bytes, without a branch: a byte is escaped when the run of
+             * backslashes before it is odd. Adding each run's first bit to the run ripples
+             * a carry to the byte past its end; the run is odd when its start and that
+             * end differ in parity. A run that began at an odd bit and reaches bit 63
+             * overflows: the next chunk's first byte is escaped. */
+            bs = bslash & ~carry; /* a backslash escaped by the last chunk starts nothing */
+            starts = bs & ~(bs << 1);
+            even_ends = (bs + (starts & VR_EVEN_BITS)) & ~bs;
+            esc = carry;
+            carry = __builtin_uaddll_overflow(bs, starts & ~VR_EVEN_BITS, &odd_sum);
+            odd_ends = (uint64_t)odd_sum & ~bs;
+            esc |= (even_ends & ~VR_EVEN_BITS) | (odd_ends & VR_EVEN_BITS);
             quotes = quote & ~esc;
             before = quotes ? (quotes & (0 - quotes)) - 1 : ~0ULL;
             if (ctl & before)
