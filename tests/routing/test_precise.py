@@ -8,7 +8,7 @@ import time
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from velocity_fast.fleet.endpoint import Endpoint, Pool
+from tests.support.fleet import make_pool
 from velocity_fast.kvevents.index import EXACT, BlockIndex, chain_hashes
 from velocity_fast.kvevents.wire import Stored
 from velocity_fast.metrics.registry import Registry
@@ -31,14 +31,6 @@ def tokenizer_json(tmp_path_factory):
     tok.save(str(path))
     return str(path)
 
-
-def make_pool(n=2, model="m"):
-    eps = []
-    for i in range(n):
-        ep = Endpoint(f"e{i}", f"http://127.0.0.1:{9200 + i}", model)
-        ep.healthy = True
-        eps.append(ep)
-    return Pool(model, eps)
 
 
 def chat(*turns):

@@ -5,19 +5,11 @@ import re
 import time
 from collections import Counter
 
-from velocity_fast.fleet.endpoint import Endpoint, Pool
+from tests.support.fleet import make_pool
 from velocity_fast.metrics.registry import Registry
 from velocity_fast.routing.router import Router
 from velocity_fast.routing.settings import RoutingSettings
 
-
-def make_pool(n=4, model="m"):
-    eps = []
-    for i in range(n):
-        ep = Endpoint(f"e{i}", f"http://127.0.0.1:{9300 + i}", model)
-        ep.healthy = True
-        eps.append(ep)
-    return Pool(model, eps)
 
 
 def router(**kw):

@@ -6,6 +6,7 @@ from types import MappingProxyType
 
 import pytest
 
+from tests.support.fleet import make_pool
 from velocity_fast.fleet.endpoint import Endpoint, Pool
 from velocity_fast.metrics.registry import Registry
 from velocity_fast.routing.errors import UnknownProfile
@@ -17,14 +18,6 @@ from velocity_fast.routing.settings import PROFILE_HEADER, SESSION_HEADER, Routi
 
 SYSTEM = "You are a careful assistant. " * 40  # ~1.1 KB: a shared system prompt
 
-
-def make_pool(n=4, model="m"):
-    eps = []
-    for i in range(n):
-        ep = Endpoint(f"e{i}", f"http://127.0.0.1:{9100 + i}", model)
-        ep.healthy = True
-        eps.append(ep)
-    return Pool(model, eps)
 
 
 def scrape(ep, *, waiting=0.0, running=0.0, kv=0.0, at=None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from velocity_fast.fleet.endpoint import Endpoint, Pool
+from tests.support.fleet import make_pool
 from velocity_fast.metrics.registry import Registry
 from velocity_fast.routing.prefix import (THIN_BLOCKS_AFTER, THIN_BLOCKS_FACTOR, BlockHashes, PrefixHasher,
                                           PrefixIndex)
@@ -53,12 +53,7 @@ def test_the_index_weighs_coarse_keys_as_the_blocks_they_stand_for():
 
 
 def test_the_router_routes_a_256_kib_prompts_next_turn_to_where_it_went():
-    eps = []
-    for i in range(3):
-        ep = Endpoint(f"e{i}", f"http://127.0.0.1:{9200 + i}", "m")
-        ep.healthy = True
-        eps.append(ep)
-    pool = Pool("m", eps)
+    pool = make_pool(3)
     r = Router(RoutingSettings(seed=3), registry=Registry())
     text = " ".join(f"w{i}" for i in range(52000))
     turn1 = {"messages": [{"role": "user", "content": text[:262000]}]}
@@ -66,7 +61,7 @@ def test_the_router_routes_a_256_kib_prompts_next_turn_to_where_it_went():
                           {"role": "user", "content": "and then?"}]}
     info1 = r.route_info("m", turn1, {})
     assert info1.nblocks > 4000 and len(info1.hashes) < 520  # blocks stood for, keys touched
-    r.on_dispatch(eps[1], info1)
+    r.on_dispatch(pool.endpoints[1], info1)
     info2 = r.route_info("m", turn2, {})
     assert {r.pick(pool, info2).name for _ in range(10)} == {"e1"}
     assert r.stats()["prefix_index"]["pools"]["m"]["endpoints"]["e1"]["blocks"] == info1.nblocks
