@@ -453,18 +453,21 @@ class PrecisePrefix:
             s = self.settings
             return choose_by_affinity(state.index, info.hashes, cands, loads, s.hotspot_gap, s.load_weight, rand,
                                       waits, hw)
-        match = self.index.match_exact
+        index = self.index
         bs = req.block_size
         n = len(chain)
         aff: list[float] = []
+        sizes: list[float] = []  # blocks each engine holds by its events; inf where not exact
         approx = None
         used = False
         for ep in cands:
-            held = match(ep.name, chain, bs)
+            held = index.match_exact(ep.name, chain, bs)
             if held >= 0:
                 used = True
                 aff.append(held / n if n else 0.0)
+                sizes.append(index.size(ep.name))
                 continue
+            sizes.append(INF)
             if approx is None:
                 approx = state.index.match(info.hashes) if info.nblocks else []
             slot = state.index.slot_of(ep.name)
@@ -476,35 +479,14 @@ class PrecisePrefix:
                                       waits, hw)
         self._count(info.model, "precise")
         if max(aff) == 0.0:
-            return self._place_cold(cands, loads, rand), "kv"
+            return _place_cold(sizes, loads, rand), "kv"
         fw = s.free_cache_weight
         if fw > 0.0:
-            index = self.index
             for i, ep in enumerate(cands):
                 cap = ep.num_gpu_blocks
-                if cap and index.exact(ep.name):
-                    aff[i] += fw * max(0.0, 1.0 - index.size(ep.name) / cap)
+                if cap and sizes[i] != INF:
+                    aff[i] += fw * max(0.0, 1.0 - sizes[i] / cap)
         return score(aff, loads, s.hotspot_gap, s.load_weight, rand, waits, hw)
-
-    def _place_cold(self, cands: list, loads: list, rand: int) -> int:
-        """A prefix no engine holds goes to the least loaded engine, and among those to
-        the one whose cache holds the fewest blocks (what the engines' events say): it
-        evicts least there. After a restart that is the restarted engine, which takes back
-        the prefixes it lost instead of pushing them onto full caches. An engine whose
-        entries are not exact counts as full. Ties at random."""
-        low = min(loads)
-        index = self.index
-        best: list[int] = []
-        fewest = None
-        for i, ep in enumerate(cands):
-            if loads[i] > low + 1e-9:
-                continue
-            held = index.size(ep.name) if index.exact(ep.name) else float("inf")
-            if fewest is None or held < fewest:
-                fewest, best = held, [i]
-            elif held == fewest:
-                best.append(i)
-        return best[rand % len(best)]
 
     def _count(self, model: str, how: str) -> None:
         child = self._pick_children.get((model, how))
@@ -524,6 +506,28 @@ class PrecisePrefix:
     def stats(self) -> dict:
         return {"share": round(self.precise_share(), 4), "pools": {m: {"cached": len(p.cache), "block_size": p.block_size, "split_by_message": p.split_ok}
                 for m, p in self._pools.items() if p is not None}}
+
+
+INF = float("inf")
+
+
+def _place_cold(sizes: list[float], loads: list, rand: int) -> int:
+    """A prefix no engine holds goes to the least loaded engine, and among those to the
+    one whose cache holds the fewest blocks (``sizes``, what the engines' events say; inf
+    where not exact: counted as full): it evicts least there. After a restart that is the
+    restarted engine, which takes back the prefixes it lost instead of pushing them onto
+    full caches. Ties at random."""
+    low = min(loads)
+    best: list[int] = []
+    fewest = INF
+    for i, held in enumerate(sizes):
+        if loads[i] > low + 1e-9:
+            continue
+        if not best or held < fewest:
+            fewest, best = held, [i]
+        elif held == fewest:
+            best.append(i)
+    return best[rand % len(best)]
 
 
 def _char_to_byte(text: str) -> list[int]:
