@@ -574,11 +574,7 @@ cdef class HttpProtocol(OutboxOwner):
             k = size - self._pend_have
         # The body is a bytes object only this request holds, not yet seen by anyone.
         memcpy(PyBytes_AS_STRING(req.body) + self._pend_have, PyBytes_AS_STRING(data), k)
-        self._pend_have += k
-        if self._pend_have == size:
-            self._pend = None
-            self._in_message = False
-            self._take(req)
+        self.received_into(k)
         return k
 
     cdef char* recv_target(self, Py_ssize_t* room) noexcept:
