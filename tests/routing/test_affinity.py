@@ -20,7 +20,8 @@ def test_score_agrees_with_choose_by_affinity(seed):
     rng = random.Random(seed)
     chain = [rng.getrandbits(63) + 1 for _ in range(12)]
     index = PrefixIndex(1024)
-    eps = [Ep(f"e{i}") for i in range(rng.randint(1, 6))]
+    # Small pools are scored on the stack, pools past 16 in memory of their own.
+    eps = [Ep(f"e{i}") for i in range(rng.randint(1, 6) if seed % 2 else rng.randint(15, 40))]
     for ep in eps:
         held = rng.choice([0, 0, 3, 6, 12])
         if held:

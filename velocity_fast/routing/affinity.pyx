@@ -22,10 +22,14 @@ def score(list aff not None, list loads not None, double hotspot_gap, double loa
     anywhere: the least loaded, basis "load". Ties go to ``rand``."""
     cdef Py_ssize_t n = len(aff), i
     cdef double *a
+    cdef double small[16]
     cdef bint any_aff = False
     if n == 0 or len(loads) != n or (waits is not None and len(waits) != n):
         raise ValueError("aff, loads and waits must be non-empty and of the same length")
-    a = <double *>malloc(n * sizeof(double))
+    if n <= 16:
+        a = &small[0]
+    else:
+        a = <double *>malloc(n * sizeof(double))
     if a == NULL:
         raise MemoryError()
     try:
@@ -35,4 +39,5 @@ def score(list aff not None, list loads not None, double hotspot_gap, double loa
                 any_aff = True
         return pick_by_affinity(a, any_aff, loads, waits, n, hotspot_gap, load_weight, hotspot_waiting, rand)
     finally:
-        free(a)
+        if a != &small[0]:
+            free(a)

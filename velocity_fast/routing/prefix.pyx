@@ -30,6 +30,10 @@ STRIPE_BYTES = VP_STRIPE
 THIN_BLOCKS_AFTER = THIN_AFTER
 THIN_BLOCKS_FACTOR = THIN_FACTOR
 
+# Candidates up to this many are scored in arrays on the stack (more: malloc).
+cdef enum:
+    SMALL_POOL = 16
+
 # Scores closer than this are a tie: float noise must not defeat the random tie-break.
 cdef double TIE_EPS = 1e-9
 
@@ -347,9 +351,10 @@ def choose_by_affinity(PrefixIndex index, BlockHashes hashes, list cands, list l
     Hot is demand past what the engine serves at once: its own queue (``waits[i]``, the
     engine's waiting requests where its gauges are fresh) at ``hotspot_waiting`` or more;
     where ``waits`` is None or ``waits[i]`` negative (no fresh gauge), a load more than
-    ``hotspot_gap`` above the least. An infinite ``hotspot_waiting`` turns the guard off. A spilled prefix is then held by the endpoint it
-    spilled to too, so the best score among the cool ones is the next engine that already
-    holds it: the prefix stays on the engines it was spread over, and does not scatter.
+    ``hotspot_gap`` above the least. An infinite ``hotspot_waiting`` turns the guard off.
+    A spilled prefix is then held by the endpoint it spilled to too, so the best score
+    among the cool ones is the next engine that already holds it: the prefix stays on the
+    engines it was spread over, and does not scatter.
     Ties go to ``rand`` (one 64-bit draw). Candidates are objects with a ``name`` (the
     index key); loads are floats. Returns (position in cands, basis): "prefix", "load"
     or "hotspot".
@@ -358,11 +363,15 @@ def choose_by_affinity(PrefixIndex index, BlockHashes hashes, list cands, list l
     cdef Py_ssize_t n = hashes.n
     cdef double total = <double>hashes.blocks_of(hashes.n)
     cdef double *aff
+    cdef double small[SMALL_POOL]
     cdef object slot
     cdef bint any_affinity = False
     if nc == 0 or len(loads) != nc or (waits is not None and len(waits) != nc):
         raise ValueError("cands, loads and waits must be non-empty and of the same length")
-    aff = <double *>malloc(nc * sizeof(double))
+    if nc <= SMALL_POOL:
+        aff = &small[0]
+    else:
+        aff = <double *>malloc(nc * sizeof(double))
     if aff == NULL:
         raise MemoryError()
     try:
@@ -380,7 +389,8 @@ def choose_by_affinity(PrefixIndex index, BlockHashes hashes, list cands, list l
         return pick_by_affinity(aff, any_affinity, loads, waits, nc, hotspot_gap, load_weight,
                                 hotspot_waiting, rand)
     finally:
-        free(aff)
+        if aff != &small[0]:
+            free(aff)
 
 
 cdef tuple pick_by_affinity(double *aff, bint any_affinity, list loads, list waits, Py_ssize_t nc,
@@ -396,7 +406,11 @@ cdef tuple pick_by_affinity(double *aff, bint any_affinity, list loads, list wai
     cdef bint *coolest
     cdef double min_load, cost, w
     cdef bint any_cool = False
-    buf = <double *>malloc(2 * nc * sizeof(double) + 2 * nc * sizeof(bint))
+    cdef double small[3 * SMALL_POOL]  # room for 2 * nc doubles and 2 * nc bints
+    if nc <= SMALL_POOL:
+        buf = &small[0]
+    else:
+        buf = <double *>malloc(2 * nc * sizeof(double) + 2 * nc * sizeof(bint))
     if buf == NULL:
         raise MemoryError()
     load = buf
@@ -430,7 +444,8 @@ cdef tuple pick_by_affinity(double *aff, bint any_affinity, list loads, list wai
             return _nth_tie(score, ok, nc, rand), _BASIS_HOTSPOT
         return _nth_tie(aff, coolest, nc, rand), _BASIS_HOTSPOT
     finally:
-        free(buf)
+        if buf != &small[0]:
+            free(buf)
 
 
 cdef Py_ssize_t _nth_tie(double *score, bint *eligible, Py_ssize_t nc, uint64_t rand) noexcept:
