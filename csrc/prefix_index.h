@@ -392,9 +392,10 @@ static int vp_touch(vp_index *ix, uint32_t slot, uint64_t key, uint32_t weight)
 /* Touch a prompt's chain, last block first, so that its leading blocks end up the most
  * recent and are evicted last (a longer prefix is useless once its head is gone;
  * vLLM frees a sequence's blocks tail first for the same reason). The first `fine` keys
- * weigh one block each, the others `coarse` blocks (a long prompt's thinned tail). */
+ * weigh one block each, the others `coarse` blocks (a long prompt's thinned tail), the
+ * last `tail` blocks when not 0 (the blocks after the last whole coarse step). */
 static int vp_touch_chain(vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n,
-                          size_t fine, uint32_t coarse)
+                          size_t fine, uint32_t coarse, uint32_t tail)
 {
     size_t i = n;
     while (i > 0) {
@@ -405,7 +406,7 @@ static int vp_touch_chain(vp_index *ix, uint32_t slot, const uint64_t *keys, siz
             __builtin_prefetch(&ix->refs[vp_ref_home(k, slot, ix->refs_mask)]);
             __builtin_prefetch(&ix->ents[k & ix->ents_mask]);
         }
-        if (vp_touch(ix, slot, keys[i], i < fine ? 1u : coarse) < 0)
+        if (vp_touch(ix, slot, keys[i], i < fine ? 1u : (tail && i == n - 1 ? tail : coarse)) < 0)
             return -1;
     }
     return 0;

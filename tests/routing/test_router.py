@@ -324,11 +324,14 @@ def test_index_capacity_comes_from_num_gpu_blocks_when_known():
     r.on_dispatch(e0, info)
     r.on_dispatch(e1, info)
     sizes = r.stats()["prefix_index"]["pools"]["m"]["endpoints"]
+    # Past its first 64 blocks a chain's keys weigh 16 blocks each (a thinned tail): the
+    # index fills to within one such key of its capacity.
     assert sizes["e0"] == {"blocks": 50, "capacity": 50}
-    assert sizes["e1"] == {"blocks": 100, "capacity": 100}
+    assert sizes["e1"]["capacity"] == 100 and 100 - 16 < sizes["e1"]["blocks"] <= 100
     e0.num_gpu_blocks = 200                         # the engine restarted bigger
     r.on_dispatch(e0, info)
-    assert r.stats()["prefix_index"]["pools"]["m"]["endpoints"]["e0"] == {"blocks": 200, "capacity": 200}
+    e0_size = r.stats()["prefix_index"]["pools"]["m"]["endpoints"]["e0"]
+    assert e0_size["capacity"] == 200 and 200 - 16 < e0_size["blocks"] <= 200
 
 
 def test_forget_drops_an_endpoint_and_slots_are_reclaimed_from_departed_endpoints():

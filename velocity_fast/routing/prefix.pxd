@@ -30,7 +30,7 @@ cdef extern from "prefix_index.h":
     int vp_index_init(vp_index *ix) nogil
     void vp_index_free(vp_index *ix) nogil
     int vp_touch_chain(vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n,
-                       size_t fine, uint32_t coarse) nogil
+                       size_t fine, uint32_t coarse, uint32_t tail) nogil
     size_t vp_leading_held(const vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n) nogil
     void vp_set_capacity(vp_index *ix, uint32_t slot, uint64_t capacity) nogil
     void vp_match(const vp_index *ix, const uint64_t *keys, size_t n, uint64_t alive,
@@ -39,9 +39,9 @@ cdef extern from "prefix_index.h":
 
 
 # A long prompt's chain is thinned (BlockHashes.thin) past its first THIN_AFTER blocks to
-# every THIN_FACTOR-th: 16 KiB in 64-byte blocks, then 1 KiB steps.
+# every THIN_FACTOR-th: 4 KiB in 64-byte blocks, then 1 KiB steps.
 cdef enum:
-    THIN_AFTER = 256
+    THIN_AFTER = 64
     THIN_FACTOR = 16
 
 
@@ -51,9 +51,11 @@ cdef class BlockHashes:
     cdef readonly uint64_t seed
     cdef readonly Py_ssize_t block_bytes
     # Thinned (thin()): the first `fine` hashes are one block each, the rest `coarse`
-    # blocks each; coarse 0 or 1: every hash is one block.
+    # blocks each, but the last `tail` blocks when not 0 (the blocks after the last whole
+    # step); coarse 0 or 1: every hash is one block.
     cdef readonly Py_ssize_t fine
     cdef readonly Py_ssize_t coarse
+    cdef readonly Py_ssize_t tail
     cdef void thin(self, Py_ssize_t after, Py_ssize_t factor) noexcept
     cdef Py_ssize_t blocks_of(self, Py_ssize_t m) noexcept
 

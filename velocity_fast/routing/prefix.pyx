@@ -92,27 +92,36 @@ cdef class BlockHashes:
         """Keep the first ``after`` hashes, then every ``factor``-th: a long prompt's tail
         in coarse steps. Each hash still names the whole prefix up to its block, so a
         continuation's thinned chain extends this one's, and an index touches a 256 KiB
-        prompt's 496 keys instead of its 4,096 blocks; its weight keeps the capacity in
-        blocks. The blocks after the last whole step are dropped, as a partial block is."""
-        cdef Py_ssize_t i, j
+        prompt's 316 keys instead of its 4,096 blocks; its weight keeps the capacity in
+        blocks. The blocks after the last whole step end in one more hash, which weighs
+        them (``tail``): the engine holds them too, so the index counts them; a
+        continuation does not match it (its own step there lies further on)."""
+        cdef Py_ssize_t i, j, rem
         if factor <= 1 or self.coarse > 1:
             return
         self.fine = after
         self.coarse = factor
         if self.n <= after:
             return
+        rem = (self.n - after) % factor
         j = after
         i = after + factor - 1
         while i < self.n:
             self._h[j] = self._h[i]
             j += 1
             i += factor
+        if rem:
+            self._h[j] = self._h[self.n - 1]
+            j += 1
+            self.tail = rem
         self.n = j
 
     cdef Py_ssize_t blocks_of(self, Py_ssize_t m) noexcept:
         """The blocks the first m hashes stand for."""
         if self.coarse <= 1 or m <= self.fine:
             return m
+        if self.tail and m == self.n:
+            return self.fine + (m - 1 - self.fine) * self.coarse + self.tail
         return self.fine + (m - self.fine) * self.coarse
 
     @property
@@ -285,7 +294,8 @@ cdef class PrefixIndex:
         held = vp_leading_held(&self._ix, <uint32_t>i, hashes._h, <size_t>hashes.n)
         if vp_touch_chain(&self._ix, <uint32_t>i, hashes._h, <size_t>hashes.n,
                           <size_t>(hashes.fine if hashes.coarse > 1 else hashes.n),
-                          <uint32_t>(hashes.coarse if hashes.coarse > 1 else 1)) < 0:
+                          <uint32_t>(hashes.coarse if hashes.coarse > 1 else 1),
+                          <uint32_t>hashes.tail) < 0:
             raise MemoryError()
         return hashes.blocks_of(<Py_ssize_t>held)
 
