@@ -105,7 +105,7 @@ cdef inline list _rid_headers(str rid):
 
 
 # From this size on a body is not copied behind its head: the two leave in one writev.
-cdef Py_ssize_t _JOIN_MAX = 16384
+cdef Py_ssize_t _JOIN_MAX = 2048
 
 
 cdef object _engine_request(bytes head, str rid, bytes auth, bytes body):
