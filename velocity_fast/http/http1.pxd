@@ -4,6 +4,8 @@ from velocity_fast.http.message cimport Request
 
 cdef Request take_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ssize_t max_body, client,
                           double received_at, Py_ssize_t* end, Py_ssize_t* have=*)
+cdef Request take_request_at(const char* s, Py_ssize_t n, Py_ssize_t max_head, Py_ssize_t max_body, client,
+                             double received_at, Py_ssize_t* end, Py_ssize_t* have)
 
 
 # What the header scan found: the framing, Connection, where Content-Type's value lies

@@ -255,15 +255,26 @@ cdef Request take_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ss
     ``max_body``) holding the ``have[0]`` bytes that came, and ``end`` is the end of
     ``data``; the caller fills in the rest as it arrives (one copy, no llhttp). A whole
     request sets ``have[0]`` to its body's length."""
-    cdef const char* s
-    cdef Py_ssize_t n
-    cdef Py_ssize_t ms, us, ue, q, limit, body_end, cl
-    cdef Head head
-    cdef Request req
     if data is None:
         raise TypeError("take_request() needs bytes, not None")
-    s = PyBytes_AS_STRING(data)
-    n = PyBytes_GET_SIZE(data)
+    return _take(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), data, pos, max_head, max_body, client,
+                 received_at, end, have)
+
+
+cdef Request take_request_at(const char* s, Py_ssize_t n, Py_ssize_t max_head, Py_ssize_t max_body, client,
+                             double received_at, Py_ssize_t* end, Py_ssize_t* have):
+    """take_request over the ``n`` bytes at ``s`` (a read buffer, from its start), which
+    nothing keeps: the body is copied out of it once, and the head's lines for the header
+    dict (made only if asked) into a bytes object of their own."""
+    return _take(s, n, None, 0, max_head, max_body, client, received_at, end, have)
+
+
+cdef Request _take(const char* s, Py_ssize_t n, bytes data, Py_ssize_t pos, Py_ssize_t max_head,
+                   Py_ssize_t max_body, client, double received_at, Py_ssize_t* end, Py_ssize_t* have):
+    """take_request's scan; ``data`` the bytes ``s`` lies in, or None (a buffer)."""
+    cdef Py_ssize_t ms, us, ue, q, limit, body_end, cl, start = pos
+    cdef Head head
+    cdef Request req
     if pos >= n:
         return None
     limit = pos + max_head
@@ -328,9 +339,14 @@ cdef Request take_request(bytes data, Py_ssize_t pos, Py_ssize_t max_head, Py_ss
         have[0] = body_end - head.end
     end[0] = body_end
     req = new_request(method, path, query, None, "1.1", head.keep_alive != 0, client, received_at, body)
-    req._raw = data  # the header dict is made from it if asked
-    req._hs = head.lines
-    req._he = head.end - 2
+    if data is not None:
+        req._raw = data  # the header dict is made from it if asked
+        req._hs = head.lines
+        req._he = head.end - 2
+    else:
+        req._raw = PyBytes_FromStringAndSize(s + start, head.end - start)
+        req._hs = head.lines - start
+        req._he = head.end - 2 - start
     req.gateway_headers = head.ours
     return req
 

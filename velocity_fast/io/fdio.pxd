@@ -5,6 +5,7 @@ from libc.stdint cimport uint32_t
 
 cdef class Protocol:
     cdef received(self, bytes data)
+    cdef received_buf(self, const char* buf, Py_ssize_t n)
     cdef char* recv_target(self, Py_ssize_t* room) noexcept
     cdef int received_into(self, Py_ssize_t n) except -1
 

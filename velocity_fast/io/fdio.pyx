@@ -114,6 +114,12 @@ cdef class Protocol:
     cdef received(self, bytes data):
         self.data_received(data)
 
+    cdef received_buf(self, const char* buf, Py_ssize_t n):
+        """n bytes read into the poller's buffer (``buf``): ``received`` with them as
+        bytes, unless the protocol takes what it needs from the buffer itself. The
+        buffer is the next read's: nothing may keep a pointer into it."""
+        self.received(PyBytes_FromStringAndSize(buf, n))
+
     cdef char* recv_target(self, Py_ssize_t* room) noexcept:
         """Where the next read should land, and how much room it has, when the protocol
         already owns the buffer the bytes are for (a request body that spans reads);
@@ -243,7 +249,7 @@ cdef class FdTransport:
                 if target != NULL:
                     self._fast.received_into(n)
                 elif self._fast is not None:
-                    self._fast.received(PyBytes_FromStringAndSize(self._poller._buf, n))
+                    self._fast.received_buf(self._poller._buf, n)
                 else:
                     self._protocol.data_received(PyBytes_FromStringAndSize(self._poller._buf, n))
             except (SystemExit, KeyboardInterrupt):

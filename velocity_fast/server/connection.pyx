@@ -20,7 +20,7 @@ from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.io.fdio cimport FdTransport
 from velocity_fast.lowlevel.fmt cimport _digits, cat, dec, put_bytes, str_eq
 
-from velocity_fast.http.http1 cimport take_request
+from velocity_fast.http.http1 cimport take_request, take_request_at
 from velocity_fast.http.message cimport Request, new_request
 
 from velocity_fast.http.errors import REASONS, error_body
@@ -563,6 +563,35 @@ cdef class HttpProtocol(OutboxOwner):
             break
         if self._in_head and self._head_raw > self._max_header_bytes:
             self._fail(431, "Request headers are too large.")
+
+    cdef received_buf(self, const char* buf, Py_ssize_t n):
+        """A read in the poller's buffer. Between requests a plain request is scanned
+        there (http1.take_request_at): its body is copied out once, straight into the
+        bytes the request keeps, with no bytes object of the whole read. What follows
+        it, and anything else, goes to ``received`` as bytes, made before the request is
+        answered (the answer may run the loop's next reads into that buffer)."""
+        cdef Py_ssize_t pos = 0, have = 0
+        cdef Request req
+        if self._ignore_input:
+            return
+        if self._pend is None and not self._in_message:
+            req = take_request_at(buf, n, self._max_header_bytes, self._max_body_bytes, self._client,
+                                  monotonic(), &pos, &have)
+            if req is not None:
+                if have < PyBytes_GET_SIZE(req.body):
+                    self._pend = req
+                    self._pend_have = have
+                    self._in_message = True
+                    self._arm(self._body_timeout, _T_READ)
+                    return
+                if pos == n:
+                    self._take(req)
+                    return
+                rest = PyBytes_FromStringAndSize(buf + pos, n - pos)
+                self._take(req)
+                self.received(rest)
+                return
+        self.received(PyBytes_FromStringAndSize(buf, n))
 
     cdef Py_ssize_t _fill(self, bytes data) except -1:
         """The next bytes of the pending request's body, copied into it; once it is
