@@ -117,6 +117,28 @@ async def test_headers_read_late_are_each_requests_own_repeats_joined():
     assert got[0]["headers"]["accept"] == "a/b" and got[1]["headers"] == {"host": "h", "x-tag": "two, three"}
     assert got[2]["headers"]["content-length"] == "2" and all(g["none"] is None for g in got)
 
+async def test_a_read_holding_a_whole_request_and_the_start_of_the_next_gives_both_whole():
+    # The first request is scanned in the read buffer and its body copied out; the next
+    # one's head and the first half of its body, in the same read, are kept for when the
+    # rest arrives. Each handler reads its headers after the buffer was read again.
+    async def handler(req, resp):
+        await asyncio.sleep(0.05)
+        resp.send_json(200, {"body": req.body.decode("latin-1"), "tag": req.header("x-tag")})
+
+    first = bytes(range(32, 127)) * 200          # 19,000 bytes
+    second = b"z" * 6000 + b"\xff" * 6000
+    async with serving(handler) as srv, connect(srv) as c:
+        two = build("POST", "/a", first, headers={"X-Tag": "one"}) + build("POST", "/b", second,
+                                                                             headers={"X-Tag": "two"})
+        cut = len(two) - 6000
+        c.send(two[:cut])
+        await asyncio.sleep(0.1)
+        c.send(two[cut:])
+        got = [orjson.loads((await c.response()).body) for _ in range(2)]
+    assert got[0] == {"body": first.decode("latin-1"), "tag": "one"}
+    assert got[1] == {"body": second.decode("latin-1"), "tag": "two"}
+
+
 async def test_deep_pipelining_past_the_queue_limit_answers_every_request_in_order():
     async with serving(echo, max_pipelined=4) as srv, connect(srv) as c:
         c.send(b"".join(build("POST", f"/{i}", b"x" * i) for i in range(60)))
