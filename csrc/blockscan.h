@@ -51,7 +51,7 @@ typedef struct {
     vb_buf text;        /* block 0: the rendering */
     unsigned char *blk; /* the block being filled across spans */
     size_t fill;
-    uint64_t seed, h;
+    uint64_t seed, h;   /* h: the chain's state (prefix_hash.h), out[] its avalanches */
     uint64_t *out;
     size_t n, cap;
 } vb_sink;
@@ -144,7 +144,7 @@ static int vb_reserve_out(vb_sink *k, size_t more)
 /* The digest of one block: the usual size spelled out, so that its stripes unroll. */
 static inline uint64_t vb_digest(const unsigned char *p, size_t block)
 {
-    return block == 64 ? vp_digest_stripes(p, 64) : vp_digest_stripes(p, block);
+    return block == 64 ? vp_digest_block(p, 64) : vp_digest_block(p, block);
 }
 
 /* The next n bytes of the rendering. Whole blocks are hashed where they lie. */
@@ -168,8 +168,8 @@ static int vb_put(vb_sink *k, const unsigned char *p, size_t n)
             return 0;
         if (k->n == k->cap && vb_reserve_out(k, 1) < 0)
             return -1;
-        k->h = vp_chain(k->h, vb_digest(k->blk, b));
-        k->out[k->n++] = k->h;
+        k->h = vp_step(k->h, vb_digest(k->blk, b));
+        k->out[k->n++] = vp_avalanche(k->h);
         k->fill = 0;
     }
     count = n / b;
@@ -179,8 +179,8 @@ static int vb_put(vb_sink *k, const unsigned char *p, size_t n)
         h = k->h; /* locals: a store to out[] could be k->n or k->h for the compiler */
         out = k->out + k->n;
         for (j = 0; j < count; j++, p += b) {
-            h = vp_chain(h, vb_digest(p, b));
-            out[j] = h;
+            h = vp_step(h, vb_digest(p, b));
+            out[j] = vp_avalanche(h);
         }
         k->h = h;
         k->n += count;

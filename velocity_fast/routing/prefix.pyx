@@ -59,6 +59,18 @@ def hash_bytes(data, seed=0):
     return _hash_obj(data, <uint64_t>seed)
 
 
+def block_digest(bytes data, bint portable=False):
+    """The digest of one block (its length a multiple of STRIPE_BYTES), as hashing takes
+    it (SSE2 on x86-64), or with ``portable`` as plain C computes it elsewhere: the two
+    must agree (for tests)."""
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
+    if n % <Py_ssize_t>VP_STRIPE:
+        raise ValueError(f"a block is a multiple of {VP_STRIPE} bytes, got {n}")
+    if portable:
+        return vp_digest_block_c(<const unsigned char *>PyBytes_AS_STRING(data), <size_t>n)
+    return vp_digest_block(<const unsigned char *>PyBytes_AS_STRING(data), <size_t>n)
+
+
 def rendezvous_weight(key, node):
     """Rendezvous (highest random weight) score of a key on a node, both 64-bit hashes."""
     return vp_rendezvous(<uint64_t>key, <uint64_t>node)
