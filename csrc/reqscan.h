@@ -132,12 +132,34 @@ static inline void vr_masks64_avx2(const unsigned char *p, uint64_t *quote, uint
     *ctl = (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(v0, c1f), c1f))
            | (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(v1, c1f), c1f)) << 32;
 }
+/* Bit i: p[i] is a byte an escape may name (" \\ / b f n r t u), and p[i] is 'u'. Two
+ * nibble look-ups: the low nibble's entry names the high nibbles it pairs with. */
+static inline void vr_escmasks64_avx2(const unsigned char *p, uint64_t *named, uint64_t *u)
+{
+    const __m256i lo_tab = _mm256_setr_epi8(0, 0, 0x0D, 0, 0x08, 0x08, 0x04, 0, 0, 0, 0, 0, 0x02, 0, 0x04, 0x01,
+                                            0, 0, 0x0D, 0, 0x08, 0x08, 0x04, 0, 0, 0, 0, 0, 0x02, 0, 0x04, 0x01);
+    const __m256i hi_tab = _mm256_setr_epi8(0, 0, 0x01, 0, 0, 0x02, 0x04, 0x08, 0, 0, 0, 0, 0, 0, 0, 0,
+                                            0, 0, 0x01, 0, 0, 0x02, 0x04, 0x08, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m256i nib = _mm256_set1_epi8(0x0F), uu = _mm256_set1_epi8('u'), zero = _mm256_setzero_si256();
+    __m256i v0 = _mm256_loadu_si256((const __m256i *)p);
+    __m256i v1 = _mm256_loadu_si256((const __m256i *)(p + 32));
+    __m256i c0 = _mm256_and_si256(_mm256_shuffle_epi8(lo_tab, _mm256_and_si256(v0, nib)),
+                                  _mm256_shuffle_epi8(hi_tab, _mm256_and_si256(_mm256_srli_epi16(v0, 4), nib)));
+    __m256i c1 = _mm256_and_si256(_mm256_shuffle_epi8(lo_tab, _mm256_and_si256(v1, nib)),
+                                  _mm256_shuffle_epi8(hi_tab, _mm256_and_si256(_mm256_srli_epi16(v1, 4), nib)));
+    *named = ~((uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(c0, zero))
+               | (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(c1, zero)) << 32);
+    *u = (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v0, uu))
+         | (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v1, uu)) << 32;
+}
 #define VR_STRING vr_string_avx2
 #define VR_MASKS64 vr_masks64_avx2
+#define VR_ESCMASKS64 vr_escmasks64_avx2
 #define VR_STRING_NOINLINE 1
 #include "reqscan_string.h"
 #undef VR_STRING
 #undef VR_MASKS64
+#undef VR_ESCMASKS64
 #undef VR_STRING_NOINLINE
 #pragma GCC pop_options
 #endif

@@ -1,6 +1,8 @@
 /*
  * A template, included by reqscan.h once per instruction set, with VR_STRING (the
- * function's name) and VR_MASKS64 (its 64-byte mask reader) defined. No include guard.
+ * function's name) and VR_MASKS64 (its 64-byte mask reader) defined, and VR_ESCMASKS64
+ * where the set can classify 64 bytes at once (AVX2: two nibble look-ups). No include
+ * guard.
  *
  * The string at p (its opening quote): one past its closing quote, NULL when invalid
  * (a control byte, an escape the grammar does not have, a lone surrogate).
@@ -9,8 +11,9 @@
  * escape costs a misprediction each. So the string is read 64 bytes at a time as bit
  * masks: the escaped bytes are found by walking the backslashes (one step per escape,
  * no branch on the bytes between), the string's end is the first quote not escaped, and
- * the chunk is refused at once if a control byte lies before it. Only the escaped bytes
- * themselves are looked at one by one, to check that each is one the grammar has.
+ * the chunk is refused at once if a control byte lies before it. The escaped bytes are
+ * checked against the grammar one by one, or, with VR_ESCMASKS64, all of a chunk's at
+ * once, leaving only the \u escapes to be read one by one.
  */
 #ifndef VR_EVEN_BITS
 #define VR_EVEN_BITS 0x5555555555555555ULL
@@ -47,6 +50,17 @@ static inline const unsigned char *VR_STRING(const unsigned char *p, const unsig
             if (ctl & before)
                 return NULL;
             ev = esc & before;
+#if defined(VR_ESCMASKS64)
+            if (ev) {
+                /* All the escaped bytes at once: each must be one an escape names; then
+                 * only the \u escapes need a closer look (their digits, surrogates). */
+                uint64_t named, us;
+                VR_ESCMASKS64(p, &named, &us);
+                if (ev & ~named)
+                    return NULL;
+                ev &= us;
+            }
+#endif
             while (ev) {
                 const unsigned char *x = p + __builtin_ctzll(ev);
                 ev &= ev - 1;
