@@ -9,6 +9,9 @@ THIN_BLOCKS_FACTOR: int
 def hash_bytes(data: bytes | bytearray | memoryview | str, seed: int = 0) -> int:
     """Stable 64-bit hash of bytes (a str is hashed as UTF-8)."""
 
+def block_digest(data: bytes, portable: bool = False) -> int:
+    """One block's digest as hashing takes it, or as plain C computes it (for tests)."""
+
 def rendezvous_weight(key: int, node: int) -> int:
     """Rendezvous (highest random weight) score of a key on a node."""
 
@@ -25,10 +28,13 @@ class BlockHashes:
     @property
     def coarse(self) -> int: ...
     @property
+    def tail(self) -> int:
+        """Blocks the last hash stands for when they are fewer than a coarse step (0: none)."""
+    @property
     def blocks(self) -> int:
         """The blocks all the hashes stand for (n unless thinned)."""
     def thinned(self, after: int, factor: int) -> BlockHashes:
-        """A copy with the first `after` hashes, then every `factor`-th."""
+        """A copy with the first `after` hashes, then every `factor`-th, then the last."""
     @staticmethod
     def of(values: list[int], seed: int = 0, block_bytes: int = 64) -> BlockHashes: ...
     def __len__(self) -> int: ...
