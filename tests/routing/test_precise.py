@@ -145,6 +145,27 @@ def test_a_prefix_no_engine_holds_goes_to_the_emptiest_cache_among_the_least_loa
     assert {r.pick(pool, warm).name for _ in range(20)} == {"e0"}
 
 
+def test_prefixes_no_engine_holds_spread_over_full_caches_that_differ_by_a_few_blocks(setup, tokenizer_json):
+    """Full caches hold a few blocks more or less from one event to the next; a cold
+    prefix evicts as much on each, so the equals are drawn at random, not all sent to the
+    one that happens to hold two blocks fewer. An engine with room stays the choice."""
+    r, index, _, _ = setup()
+    pool = make_pool(3)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota"]
+    for k, ep in enumerate(pool.endpoints):
+        ids = messages_ids(tokenizer_json, chat(SYSTEM, " ".join(words[k:] + words[:k]) * 3))
+        engine_holds(index, ep.name, ids[:len(ids) - k * BS])   # 0, 1 and 2 blocks fewer
+    cap = index.size("e0")
+    for ep in pool.endpoints:
+        ep.num_gpu_blocks = cap
+    cold = chat("omega psi chi phi upsilon tau sigma rho pi omicron xi nu mu", "kappa iota")
+    info = r.route_info("m", cold, {})
+    wait_ready(info)
+    assert {r.pick(pool, info).name for _ in range(60)} == {"e0", "e1", "e2"}
+    pool.endpoints[1].num_gpu_blocks = cap * 4                       # room for it: no eviction
+    assert {r.pick(pool, info).name for _ in range(20)} == {"e1"}
+
+
 @pytest.mark.parametrize("weight, expect", [(1.0, "e1"), (0.0, "e0")])
 def test_a_full_cache_holding_part_of_a_prompt_yields_it_to_an_emptied_engine(setup, tokenizer_json, weight, expect):
     """e0's cache is full and holds the first half of the prompt (the rest evicted); e1

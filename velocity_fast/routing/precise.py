@@ -458,6 +458,7 @@ class PrecisePrefix:
         n = len(chain)
         aff: list[float] = []
         sizes: list[float] = []  # blocks each engine holds by its events; inf where not exact
+        need: list[float] = []   # blocks the prompt would evict there, cold; inf where not exact
         approx = None
         used = False
         for ep in cands:
@@ -465,9 +466,13 @@ class PrecisePrefix:
             if held >= 0:
                 used = True
                 aff.append(held / n if n else 0.0)
-                sizes.append(index.size(ep.name))
+                size = index.size(ep.name)
+                sizes.append(size)
+                cap = ep.num_gpu_blocks
+                need.append(max(0, size + n - cap) if cap else size)
                 continue
             sizes.append(INF)
+            need.append(INF)
             if approx is None:
                 approx = state.index.match(info.hashes) if info.nblocks else []
             slot = state.index.slot_of(ep.name)
@@ -479,7 +484,7 @@ class PrecisePrefix:
                                       waits, hw)
         self._count(info.model, "precise")
         if max(aff) == 0.0:
-            return _place_cold(sizes, loads, rand), "kv"
+            return _place_cold(need, loads, rand, max(2, n // 4)), "kv"
         fw = s.free_cache_weight
         if fw > 0.0:
             for i, ep in enumerate(cands):
@@ -511,22 +516,21 @@ class PrecisePrefix:
 INF = float("inf")
 
 
-def _place_cold(sizes: list[float], loads: list, rand: int) -> int:
-    """A prefix no engine holds goes to the least loaded engine, and among those to the
-    one whose cache holds the fewest blocks (``sizes``, what the engines' events say; inf
-    where not exact: counted as full): it evicts least there. After a restart that is the
-    restarted engine, which takes back the prefixes it lost instead of pushing them onto
-    full caches. Ties at random."""
+def _place_cold(need: list[float], loads: list, rand: int, slack: float) -> int:
+    """A prefix no engine holds goes to the least loaded engine, and among those to one
+    where its prefill evicts least (``need``: the blocks it would push out, by the
+    engines' events and their ``num_gpu_blocks``; without that, the blocks the engine
+    holds; inf where not exact: counted as full). After a restart that is the restarted
+    engine, which takes back the prefixes it lost instead of pushing them onto full
+    caches. Engines within ``slack`` blocks of the least are equal, and equals are drawn
+    at random: full caches differ by a few blocks from one event to the next, and a
+    strict order would send every cold prefix to the same one."""
     low = min(loads)
-    best: list[int] = []
-    fewest = INF
-    for i, held in enumerate(sizes):
-        if loads[i] > low + 1e-9:
-            continue
-        if not best or held < fewest:
-            fewest, best = held, [i]
-        elif held == fewest:
-            best.append(i)
+    least = INF
+    for i, x in enumerate(need):
+        if loads[i] <= low + 1e-9 and x < least:
+            least = x
+    best = [i for i, x in enumerate(need) if loads[i] <= low + 1e-9 and x <= least + slack]
     return best[rand % len(best)]
 
 
