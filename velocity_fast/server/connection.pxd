@@ -27,6 +27,7 @@ cdef class Responder:
 cdef class HttpProtocol(OutboxOwner):
     cdef received(self, bytes data)
     cdef received_buf(self, const char* buf, Py_ssize_t n)
+    cdef bint _wait_body(self, Request req, Py_ssize_t have) except -1
     cdef object _server
     cdef readonly object _loop
     cdef object _handler

@@ -528,11 +528,7 @@ cdef class HttpProtocol(OutboxOwner):
                                    monotonic(), &pos, &have)
                 if req is None:
                     break
-                if have < len(req.body):
-                    self._pend = req
-                    self._pend_have = have
-                    self._in_message = True
-                    self._arm(self._body_timeout, _T_READ)
+                if self._wait_body(req, have):
                     return
                 self._take(req)
                 if self._ignore_input or pos == n:
@@ -578,11 +574,7 @@ cdef class HttpProtocol(OutboxOwner):
             req = take_request_at(buf, n, self._max_header_bytes, self._max_body_bytes, self._client,
                                   monotonic(), &pos, &have)
             if req is not None:
-                if have < PyBytes_GET_SIZE(req.body):
-                    self._pend = req
-                    self._pend_have = have
-                    self._in_message = True
-                    self._arm(self._body_timeout, _T_READ)
+                if self._wait_body(req, have):
                     return
                 if pos == n:
                     self._take(req)
@@ -592,6 +584,17 @@ cdef class HttpProtocol(OutboxOwner):
                 self.received(rest)
                 return
         self.received(PyBytes_FromStringAndSize(buf, n))
+
+    cdef bint _wait_body(self, Request req, Py_ssize_t have) except -1:
+        """True, the request kept to be filled in as its body comes, when only ``have``
+        bytes of its body are here."""
+        if have >= PyBytes_GET_SIZE(req.body):
+            return False
+        self._pend = req
+        self._pend_have = have
+        self._in_message = True
+        self._arm(self._body_timeout, _T_READ)
+        return True
 
     cdef Py_ssize_t _fill(self, bytes data) except -1:
         """The next bytes of the pending request's body, copied into it; once it is
