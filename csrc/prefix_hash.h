@@ -118,12 +118,29 @@ static inline uint64_t vp_lane_word(uint64_t w, uint64_t key)
     return (uint64_t)(uint32_t)k * (k >> 32) + w;
 }
 
-/* Digest of one block of n bytes, n a multiple of VP_STRIPE. */
+/* Digest of one block of n bytes, n a multiple of VP_STRIPE, in plain C on every host
+ * (vp_digest_block's values; the tests compare the two). */
+static inline uint64_t vp_digest_block_c(const unsigned char *p, size_t n)
+{
+    uint64_t ka = VP_KEY_A, kb = VP_KEY_B, kc = VP_KEY_C, kd = VP_KEY_D;
+    uint64_t a = VP_K1, b = VP_K2, c = VP_K3, d = VP_K4;
+    const unsigned char *end = p + n;
+    for (; p < end; p += VP_STRIPE) {
+        a += vp_lane_word(vp_read64(p), ka);
+        b += vp_lane_word(vp_read64(p + 8), kb);
+        c += vp_lane_word(vp_read64(p + 16), kc);
+        d += vp_lane_word(vp_read64(p + 24), kd);
+        ka += VP_K4; kb += VP_K4; kc += VP_K4; kd += VP_K4;
+    }
+    return a + vp_rotl(b, 19) + vp_rotl(c, 38) + vp_rotl(d, 57);
+}
+
+/* The same digest, two lanes a multiply in SSE2 where the host has it. */
 static inline uint64_t vp_digest_block(const unsigned char *p, size_t n)
 {
+#if defined(__SSE2__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     uint64_t v[4];
     const unsigned char *end = p + n;
-#if defined(__SSE2__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     __m128i ab = _mm_set_epi64x((long long)VP_K2, (long long)VP_K1);
     __m128i cd = _mm_set_epi64x((long long)VP_K4, (long long)VP_K3);
     __m128i kab = _mm_set_epi64x((long long)VP_KEY_B, (long long)VP_KEY_A);
@@ -140,34 +157,10 @@ static inline uint64_t vp_digest_block(const unsigned char *p, size_t n)
     }
     _mm_storeu_si128((__m128i *)v, ab);
     _mm_storeu_si128((__m128i *)(v + 2), cd);
-#else
-    uint64_t ka = VP_KEY_A, kb = VP_KEY_B, kc = VP_KEY_C, kd = VP_KEY_D;
-    v[0] = VP_K1; v[1] = VP_K2; v[2] = VP_K3; v[3] = VP_K4;
-    for (; p < end; p += VP_STRIPE) {
-        v[0] += vp_lane_word(vp_read64(p), ka);
-        v[1] += vp_lane_word(vp_read64(p + 8), kb);
-        v[2] += vp_lane_word(vp_read64(p + 16), kc);
-        v[3] += vp_lane_word(vp_read64(p + 24), kd);
-        ka += VP_K4; kb += VP_K4; kc += VP_K4; kd += VP_K4;
-    }
-#endif
     return v[0] + vp_rotl(v[1], 19) + vp_rotl(v[2], 38) + vp_rotl(v[3], 57);
-}
-
-/* The same in plain C on every host (the tests compare the two). */
-static inline uint64_t vp_digest_block_c(const unsigned char *p, size_t n)
-{
-    uint64_t ka = VP_KEY_A, kb = VP_KEY_B, kc = VP_KEY_C, kd = VP_KEY_D;
-    uint64_t a = VP_K1, b = VP_K2, c = VP_K3, d = VP_K4;
-    const unsigned char *end = p + n;
-    for (; p < end; p += VP_STRIPE) {
-        a += vp_lane_word(vp_read64(p), ka);
-        b += vp_lane_word(vp_read64(p + 8), kb);
-        c += vp_lane_word(vp_read64(p + 16), kc);
-        d += vp_lane_word(vp_read64(p + 24), kd);
-        ka += VP_K4; kb += VP_K4; kc += VP_K4; kd += VP_K4;
-    }
-    return a + vp_rotl(b, 19) + vp_rotl(c, 38) + vp_rotl(d, 57);
+#else
+    return vp_digest_block_c(p, n);
+#endif
 }
 
 /*
