@@ -9,7 +9,7 @@ endpoints by their engines' own blocks (routing/precise.py), then picks as
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, malloc
 
-from velocity_fast.routing.prefix cimport pick_by_affinity
+from velocity_fast.routing.prefix cimport SMALL_POOL, pick_by_affinity
 
 __all__ = ["score"]
 
@@ -22,11 +22,11 @@ def score(list aff not None, list loads not None, double hotspot_gap, double loa
     anywhere: the least loaded, basis "load". Ties go to ``rand``."""
     cdef Py_ssize_t n = len(aff), i
     cdef double *a
-    cdef double small[16]
+    cdef double small[SMALL_POOL]
     cdef bint any_aff = False
     if n == 0 or len(loads) != n or (waits is not None and len(waits) != n):
         raise ValueError("aff, loads and waits must be non-empty and of the same length")
-    if n <= 16:
+    if n <= SMALL_POOL:
         a = &small[0]
     else:
         a = <double *>malloc(n * sizeof(double))

@@ -457,7 +457,7 @@ class PrecisePrefix:
         bs = req.block_size
         n = len(chain)
         aff: list[float] = []
-        sizes: list[float] = []  # blocks each engine holds by its events; inf where not exact
+        free: list[float] = []   # the share of each engine's cache its events leave free; 0 unknown
         need: list[float] = []   # blocks the prompt would evict there, cold; inf where not exact
         approx = None
         used = False
@@ -467,11 +467,11 @@ class PrecisePrefix:
                 used = True
                 aff.append(held / n if n else 0.0)
                 size = index.size(ep.name)
-                sizes.append(size)
                 cap = ep.num_gpu_blocks
+                free.append(max(0.0, 1.0 - size / cap) if cap else 0.0)
                 need.append(max(0, size + n - cap) if cap else size)
                 continue
-            sizes.append(INF)
+            free.append(0.0)
             need.append(INF)
             if approx is None:
                 approx = state.index.match(info.hashes) if info.nblocks else []
@@ -487,10 +487,7 @@ class PrecisePrefix:
             return _place_cold(need, loads, rand, max(2, n // 4)), "kv"
         fw = s.free_cache_weight
         if fw > 0.0:
-            for i, ep in enumerate(cands):
-                cap = ep.num_gpu_blocks
-                if cap and sizes[i] != INF:
-                    aff[i] += fw * max(0.0, 1.0 - sizes[i] / cap)
+            aff = [a + fw * f for a, f in zip(aff, free)]
         return score(aff, loads, s.hotspot_gap, s.load_weight, rand, waits, hw)
 
     def _count(self, model: str, how: str) -> None:

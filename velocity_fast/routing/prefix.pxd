@@ -46,6 +46,10 @@ cdef enum:
     THIN_AFTER = 64
     THIN_FACTOR = 16
 
+# Candidates up to this many are scored in arrays on the stack (more: malloc).
+cdef enum:
+    SMALL_POOL = 16
+
 
 cdef class BlockHashes:
     cdef uint64_t *_h

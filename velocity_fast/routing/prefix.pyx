@@ -30,10 +30,6 @@ STRIPE_BYTES = VP_STRIPE
 THIN_BLOCKS_AFTER = THIN_AFTER
 THIN_BLOCKS_FACTOR = THIN_FACTOR
 
-# Candidates up to this many are scored in arrays on the stack (more: malloc).
-cdef enum:
-    SMALL_POOL = 16
-
 # Scores closer than this are a tie: float noise must not defeat the random tie-break.
 cdef double TIE_EPS = 1e-9
 
