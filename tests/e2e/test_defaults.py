@@ -83,6 +83,20 @@ async def wait_idle(admin_port: int, timeout: float = 30.0) -> None:
     raise TimeoutError("the gateway did not go idle")
 
 
+async def wait_ready(admin_port: int, timeout: float = 30.0) -> None:
+    """Until the gateway's readiness probe says an engine passed its health check (before
+    that, requests are answered 503 no-endpoint, as a load balancer's probe would see)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if (await http_request(admin_port, "GET", "/ready", timeout=2)).status == 200:
+                return
+        except OSError:
+            pass
+        await asyncio.sleep(0.05)
+    raise TimeoutError("the gateway did not turn ready")
+
+
 @pytest.mark.timeout(180)
 async def test_a_flood_against_serve_sla_ms_gets_fast_429s_and_what_is_admitted_meets_the_sla():
     """One engine of 8 sequences the gateway was not told about, `serve --sla-ms 2500`,
@@ -90,6 +104,7 @@ async def test_a_flood_against_serve_sla_ms_gets_fast_429s_and_what_is_admitted_
     sla_ms = 2500
     with sim_engine("--max-num-seqs", "8", model=MODEL, time_scale=10) as eng:
         with gateway_process("serve", "--endpoint", f"e1={eng.url}={MODEL}", "--sla-ms", str(sla_ms)) as gw:
+            await wait_ready(gw.admin_port)
             # A gateway that has run a while: it has seen a request finish and the engine's
             # queue (two bursts past its batch, the requests carrying long SLAs of their own).
             for _ in range(2):
