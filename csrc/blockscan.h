@@ -141,17 +141,10 @@ static int vb_reserve_out(vb_sink *k, size_t more)
     return 0;
 }
 
-/* The digest of one block: the usual size spelled out, so that its stripes unroll. */
-static inline uint64_t vb_digest(const unsigned char *p, size_t block)
-{
-    return block == 64 ? vp_digest_block(p, 64) : vp_digest_block(p, block);
-}
-
 /* The next n bytes of the rendering. Whole blocks are hashed where they lie. */
 static int vb_put(vb_sink *k, const unsigned char *p, size_t n)
 {
-    size_t b = k->block, take, count, j;
-    uint64_t h, *out;
+    size_t b = k->block, take, count;
     if (n == 0)
         return 0;
     if (b == 0)
@@ -168,22 +161,17 @@ static int vb_put(vb_sink *k, const unsigned char *p, size_t n)
             return 0;
         if (k->n == k->cap && vb_reserve_out(k, 1) < 0)
             return -1;
-        k->h = vp_step(k->h, vb_digest(k->blk, b));
-        k->out[k->n++] = vp_avalanche(k->h);
+        k->h = vp_hash_run(k->blk, 1, b, k->h, k->out + k->n);
+        k->n++;
         k->fill = 0;
     }
     count = n / b;
     if (count) {
         if (k->cap - k->n < count && vb_reserve_out(k, count) < 0)
             return -1;
-        h = k->h; /* locals: a store to out[] could be k->n or k->h for the compiler */
-        out = k->out + k->n;
-        for (j = 0; j < count; j++, p += b) {
-            h = vp_step(h, vb_digest(p, b));
-            out[j] = vp_avalanche(h);
-        }
-        k->h = h;
+        k->h = vp_hash_run(p, count, b, k->h, k->out + k->n);
         k->n += count;
+        p += count * b;
         n -= count * b;
     }
     if (n) {

@@ -114,22 +114,76 @@ def test_known_values_do_not_drift():
     assert hash_bytes(b"velocity") == 8853379761880632214
 
 
-def test_the_block_digest_is_the_same_in_sse2_and_in_plain_c():
-    # x86-64 hashes blocks two lanes at a time; other hosts run the plain C. A gateway's
-    # keys must not depend on which, so the two must agree on every block.
+def _cpu_has_avx2() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx2" in line for line in f)
+    except OSError:
+        return False
+
+
+def _digest_isas() -> list[str]:
+    isas = ["c", "sse2"]
+    try:
+        block_digest(b"\0" * 64, "avx2")
+        isas.append("avx2")
+    except ValueError:
+        # A GCC build on an x86-64 CPU with AVX2 must take it (CI's and ours do).
+        assert not (_cpu_has_avx2() and sys.platform == "linux" and os.uname().machine == "x86_64"
+                    and "GCC" in sys.version)
+    return isas
+
+
+def test_the_block_digest_is_the_same_in_avx2_sse2_and_plain_c():
+    # x86-64 hashes blocks four lanes at a time (AVX2) or two (SSE2); other hosts run the
+    # plain C. A gateway's keys must not depend on which, so all must agree on every block.
+    isas = _digest_isas()
     rnd = random.Random(5)
     for n in (32, 64, 96, 128, 256, 1024):
         for _ in range(200):
             block = bytes(rnd.getrandbits(8) for _ in range(n))
-            assert block_digest(block) == block_digest(block, portable=True)
-    edge = [b"\x00" * 64, b"\xff" * 64, bytes(range(64)), b"\xff\xff\xff\xff" + b"\x00" * 60]
-    assert all(block_digest(b) == block_digest(b, portable=True) for b in edge)
+            assert len({block_digest(block, isa) for isa in isas}) == 1
+    edge = [b"\x00" * 64, b"\xff" * 64, bytes(range(64)), b"\xff\xff\xff\xff" + b"\x00" * 60,
+            b"\x00" * 60 + b"\xff\xff\xff\xff", (b"\x00" * 7 + b"\x80") * 8]
+    for isa in isas:
+        assert [block_digest(b, isa) for b in edge] == [block_digest(b, "c") for b in edge]
     assert len({block_digest(b) for b in edge}) == len(edge)
     # The stripes do not commute: a block with its halves swapped digests differently.
     a, b = bytes(range(32)), bytes(range(100, 132))
     assert block_digest(a + b) != block_digest(b + a)
     with pytest.raises(ValueError):
         block_digest(b"x" * 33)
+    with pytest.raises(ValueError):
+        block_digest(b"x" * 64, "neon")
+
+
+_ISA_CHILD = """
+import json
+from velocity_fast.routing.blockscan import hash_body, hash_json
+from velocity_fast.routing.prefix import PrefixHasher
+data = bytes((i * 31 + i // 7) % 251 for i in range(64 * 300 + 10))
+body = json.dumps({"model": "m", "messages": [
+    {"role": "system", "content": "You are terse. " * 300},
+    {"role": "user", "content": "Tell me about \\u00e9 and \\"quotes\\".\\n" * 400}]}).encode()
+for block in (64, 128):
+    h = PrefixHasher(block)
+    print(h.hash(data, "m").tolist())
+    print(hash_body(body, h, "m").tolist())
+    print(hash_json(body, h, "m").tolist())
+"""
+
+
+def test_hashing_gives_the_same_keys_with_and_without_avx2():
+    # The whole chain, through every path that hashes (PrefixHasher, the body scanner, the
+    # raw-JSON hasher): VELOCITY_HASH_ISA=sse2 turns the AVX2 loop off in a fresh process.
+    outs = {}
+    for isa in ("auto", "sse2"):
+        env = dict(os.environ, VELOCITY_HASH_ISA=isa)
+        outs[isa] = subprocess.run([sys.executable, "-c", _ISA_CHILD], capture_output=True, text=True,
+                                   timeout=60, env=env, check=True).stdout
+    assert outs["auto"] == outs["sse2"]
+    lines = outs["auto"].splitlines()
+    assert len(lines) == 6 and all(len(eval(line)) >= 100 for line in lines)
 
 
 # -- index -------------------------------------------------------------------------------

@@ -8,8 +8,7 @@ cdef extern from "prefix_hash.h":
     size_t vp_hash_blocks(const unsigned char *data, size_t length, size_t block,
                           uint64_t seed, uint64_t *out) nogil
     uint64_t vp_hash_bytes(const unsigned char *data, size_t length, uint64_t seed) nogil
-    uint64_t vp_digest_block(const unsigned char *p, size_t n) nogil
-    uint64_t vp_digest_block_c(const unsigned char *p, size_t n) nogil
+    int vp_digest_block_isa(const unsigned char *p, size_t n, int isa, uint64_t *out) nogil
     uint64_t vp_rendezvous(uint64_t key, uint64_t node) nogil
 
 

@@ -9,7 +9,7 @@ THIN_BLOCKS_FACTOR: int
 def hash_bytes(data: bytes | bytearray | memoryview | str, seed: int = 0) -> int:
     """Stable 64-bit hash of bytes (a str is hashed as UTF-8)."""
 
-def block_digest(data: bytes, portable: bool = False) -> int:
+def block_digest(data: bytes, isa: str = "sse2") -> int:
     """One block's digest as hashing takes it, or as plain C computes it (for tests)."""
 
 def rendezvous_weight(key: int, node: int) -> int:

@@ -55,16 +55,24 @@ def hash_bytes(data, seed=0):
     return _hash_obj(data, <uint64_t>seed)
 
 
-def block_digest(bytes data, bint portable=False):
-    """The digest of one block (its length a multiple of STRIPE_BYTES), as hashing takes
-    it (SSE2 on x86-64), or with ``portable`` as plain C computes it elsewhere: the two
-    must agree (for tests)."""
+_DIGEST_ISAS = {"c": 0, "sse2": 1, "avx2": 2}
+
+
+def block_digest(bytes data, str isa="sse2"):
+    """The digest of one block (its length a multiple of STRIPE_BYTES) computed one named
+    way: "c" (plain C, as hosts without SIMD take it), "sse2" (every x86-64) or "avx2"
+    (what hashing takes where the CPU has it; ValueError where it has not). All must
+    agree (for tests): a gateway's keys never depend on the CPU."""
     cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
+    cdef uint64_t out = 0
     if n % <Py_ssize_t>VP_STRIPE:
         raise ValueError(f"a block is a multiple of {VP_STRIPE} bytes, got {n}")
-    if portable:
-        return vp_digest_block_c(<const unsigned char *>PyBytes_AS_STRING(data), <size_t>n)
-    return vp_digest_block(<const unsigned char *>PyBytes_AS_STRING(data), <size_t>n)
+    if isa not in _DIGEST_ISAS:
+        raise ValueError(f"isa: {isa!r} is not c, sse2 or avx2")
+    if vp_digest_block_isa(<const unsigned char *>PyBytes_AS_STRING(data), <size_t>n,
+                           _DIGEST_ISAS[isa], &out) < 0:
+        raise ValueError("avx2: not in this build or on this CPU")
+    return out
 
 
 def rendezvous_weight(key, node):
