@@ -193,6 +193,75 @@ def test_a_full_cache_holding_part_of_a_prompt_yields_it_to_an_emptied_engine(se
         assert {r.pick(pool, info).name for _ in range(20)} == {"e0"}
 
 
+def test_a_prompt_sent_counts_as_on_its_way_until_its_engine_reports_it(setup, tokenizer_json):
+    """A prompt's blocks appear in its engine's events only after the prefill. Until then
+    the router counts them as on their way there: the same prefix follows the first
+    request instead of being placed again at random (three empty engines tie), and the
+    engine's cache counts them, so another cold prompt goes where it evicts nothing."""
+    r, index, precise, reg = setup()
+    pool = make_pool(3)
+    for ep in pool.endpoints:
+        engine_holds(index, ep.name, [])
+    first = chat(SYSTEM, "alpha beta gamma delta epsilon")
+    info = r.route_info("m", first, {})
+    wait_ready(info)
+    n = len(info.precise.chain)
+    for ep in pool.endpoints:
+        ep.num_gpu_blocks = n + 1   # room for one such prompt each, and a block
+    # Not sent: picks alone change nothing, the three engines stay equal.
+    assert len({r.pick(pool, info).name for _ in range(30)}) > 1
+    assert precise.stats()["on_way"] == {}
+    to = r.pick(pool, info)
+    r.on_dispatch(to, info)
+    assert precise.stats()["on_way"] == {to.name: n}
+    # The same prompt and its next turn follow it.
+    assert {r.pick(pool, info).name for _ in range(20)} == {to.name}
+    nxt = r.route_info("m", chat(SYSTEM, "alpha beta gamma delta epsilon", "zeta eta", "theta iota"), {})
+    wait_ready(nxt)
+    assert {r.pick(pool, nxt).name for _ in range(20)} == {to.name}
+    # Another cold prompt avoids the engine whose room the first one takes.
+    other = r.route_info("m", chat("omega psi chi phi upsilon tau sigma rho", "pi omicron xi"), {})
+    wait_ready(other)
+    picks = {r.pick(pool, other).name for _ in range(30)}
+    assert to.name not in picks and len(picks) == 2
+    # Once the engine's events report the blocks they are held, no longer on their way.
+    engine_holds(index, to.name, messages_ids(tokenizer_json, first))
+    assert r.pick(pool, info).name == to.name
+    assert precise.stats()["on_way"] == {}
+
+
+def engine_also_holds(index: BlockIndex, key: str, ids: list[int], tag: str) -> None:
+    """More blocks in the engine's cache (another tenant's), beside what it holds."""
+    n = len(ids) // BS
+    index.apply(key, [Stored([f"{key}-{tag}-{i}" for i in range(n)], None, ids[:n * BS], BS, None, "GPU", None,
+                             None)])
+
+
+@pytest.mark.parametrize("kept, expect", [(0.7, "e1"), (0.95, "e0")])
+def test_a_full_cache_that_would_evict_for_the_rest_of_a_prompt_yields_it_to_one_with_room(
+        setup, tokenizer_json, kept, expect):
+    """e0's cache is full and kept part of the prompt; e1 is a third full of another
+    tenant's blocks. Prefilling the rest on e0 would push out other blocks, which counts
+    against it: at 70 % kept, e1 (room for all of it) takes the prompt, where the match
+    alone (0.7 against e1's free share, 0.63) would keep it on e0; at 95 % e0 keeps it."""
+    r, index, _, _ = setup()
+    pool = make_pool(2)
+    e0, e1 = pool.endpoints
+    body = chat(SYSTEM, "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron")
+    ids = messages_ids(tokenizer_json, body)
+    n = len(ids) // BS
+    k = round(n * kept)
+    engine_holds(index, "e0", ids[:k * BS])
+    engine_also_holds(index, "e0", list(range(1000, 1000 + 2 * n * BS)), "other")
+    engine_holds(index, "e1", [])
+    engine_also_holds(index, "e1", list(range(5000, 5000 + n * BS)), "other")
+    e0.num_gpu_blocks = e1.num_gpu_blocks = index.size("e0")   # e0 full
+    info = r.route_info("m", body, {})
+    wait_ready(info)
+    assert abs(1 - index.size("e1") / e1.num_gpu_blocks - 0.63) < 0.05
+    assert {r.pick(pool, info).name for _ in range(20)} == {expect}
+
+
 def test_no_exact_endpoint_falls_back_to_approximate_routing(setup, tokenizer_json):
     r, index, _, reg = setup()
     pool = make_pool(2)

@@ -33,7 +33,8 @@ import logging
 import os
 import queue
 import threading
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from typing import Any, Callable
 
 import msgspec
@@ -56,6 +57,12 @@ _MARGIN = 16
 #: Token jobs waiting at most; past it a request stays approximate (counted as dropped).
 MAX_PENDING = 4096
 DEFAULT_BLOCK_SIZE = 16
+#: A prompt routed to an engine counts as on its way there (``_Placed``) until the
+#: engine's events report its blocks, or this many seconds at most (a request that was
+#: declined, failed or is still queued behind a long prefill), or until this many newer
+#: ones on the same engine push it out.
+PLACED_TTL_S = 10.0
+PLACED_MAX = 64
 
 
 def chat_template(messages: list[tuple[str, str]]) -> str:
@@ -180,6 +187,33 @@ def _split_ok(tok: Any) -> bool:
     return whole == parts
 
 
+class _Placed:
+    """Prompts routed to one engine whose blocks its events have not reported yet: the
+    events come after the prefill, and until then the index alone would see an empty
+    cache where the router has just sent work. ``items``: (time, chain, blocks it adds,
+    blocks the engine's events showed of it then), oldest first; ``blocks``: the sum of
+    the third."""
+
+    __slots__ = ("items", "blocks")
+
+    def __init__(self) -> None:
+        self.items: deque = deque()
+        self.blocks = 0
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    """Leading blocks two chains share: chained hashes agree exactly up to where the two
+    prompts part, so a binary search finds it."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] == b[mid]:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 class PrecisePrefix:
     """The token side of precise pools and their scoring; see the module doc."""
 
@@ -212,6 +246,7 @@ class PrecisePrefix:
         else:
             reg.get("velocity_prefix_precise_share").fn = share
         self._pick_children: dict[tuple[str, str], Any] = {}
+        self._placed: dict[str, _Placed] = {}
         self._hit = self._lookups.labels("hit")
         self._prefix_hit = self._lookups.labels("prefix")
         self._miss = self._lookups.labels("miss")
@@ -456,23 +491,34 @@ class PrecisePrefix:
         index = self.index
         bs = req.block_size
         n = len(chain)
+        now = time.monotonic()
         aff: list[float] = []
         free: list[float] = []   # the share of each engine's cache its events leave free; 0 unknown
         need: list[float] = []   # blocks the prompt would evict there, cold; inf where not exact
+        evict: list[float] = []  # the share of the prompt whose prefill there evicts others' blocks
         approx = None
         used = False
         for ep in cands:
             held = index.match_exact(ep.name, chain, bs)
             if held >= 0:
                 used = True
+                coming = 0
+                placed = self._placed.get(ep.name)
+                if placed is not None:
+                    on_way = self._on_way(placed, ep.name, chain, bs, now)
+                    if on_way > held:
+                        held = on_way
+                    coming = placed.blocks
                 aff.append(held / n if n else 0.0)
-                size = index.size(ep.name)
+                size = index.size(ep.name) + coming
                 cap = ep.num_gpu_blocks
                 free.append(max(0.0, 1.0 - size / cap) if cap else 0.0)
                 need.append(max(0, size + n - cap) if cap else size)
+                evict.append(min(n - held, max(0, size + n - held - cap)) / n if cap and n else 0.0)
                 continue
             free.append(0.0)
             need.append(INF)
+            evict.append(0.0)
             if approx is None:
                 approx = state.index.match(info.hashes) if info.nblocks else []
             slot = state.index.slot_of(ep.name)
@@ -487,8 +533,60 @@ class PrecisePrefix:
             return _place_cold(need, loads, rand, max(2, n // 4)), "kv"
         fw = s.free_cache_weight
         if fw > 0.0:
-            aff = [a + fw * f for a, f in zip(aff, free)]
+            # The cache's side: room it has counts for it; the blocks this prompt would
+            # push out of a full one count against it. A full engine that kept only part
+            # of a prompt (the rest evicted: it holds more than it has room for) then
+            # loses it to one with room, instead of evicting again on every request.
+            aff = [a + fw * (f - x) for a, f, x in zip(aff, free, evict)]
         return score(aff, loads, s.hotspot_gap, s.load_weight, rand, waits, hw)
+
+    def dispatched(self, name: str, req: PreciseRequest) -> None:
+        """The request was sent to the engine ``name`` (the router's on_dispatch). Its
+        events report the prompt's blocks only after the prefill; until then they count
+        as on their way there: held, for the prompts that share them (a group's next
+        requests follow its first instead of each placing it again), and in the cache's
+        size, for where cold prompts go."""
+        chain = req.chain
+        if not chain:
+            return
+        bs = req.block_size
+        held = reported = self.index.match_exact(name, chain, bs)
+        if held < 0:
+            return  # not exact: the approximate index, which on_dispatch touches, stands in
+        now = time.monotonic()
+        placed = self._placed.get(name)
+        if placed is None:
+            placed = self._placed[name] = _Placed()
+        else:
+            held = max(held, self._on_way(placed, name, chain, bs, now))
+        if held < len(chain):
+            placed.items.append((now, chain, len(chain) - held, reported))
+            placed.blocks += len(chain) - held
+            if len(placed.items) > PLACED_MAX:
+                placed.blocks -= placed.items.popleft()[2]
+
+    def _on_way(self, placed: _Placed, name: str, chain: list[int], bs: int, now: float) -> int:
+        """The leading blocks of ``chain`` that prompts sent to the engine carry there (0:
+        none). A prompt leaves once the engine's events report blocks of it past what it
+        held when sent (its prefill is done, or under way in chunks), or after
+        PLACED_TTL_S."""
+        items = placed.items
+        best = 0
+        stale = False
+        for item in items:
+            t, other, blocks, held0 = item
+            if t < now - PLACED_TTL_S or self.index.match_exact(name, other, bs) > held0:
+                stale = True
+                continue
+            k = _common(chain, other)
+            if k > best:
+                best = k
+        if stale:
+            keep = [item for item in items
+                    if item[0] >= now - PLACED_TTL_S and self.index.match_exact(name, item[1], bs) <= item[3]]
+            placed.items = deque(keep)
+            placed.blocks = sum(item[2] for item in keep)
+        return best
 
     def _count(self, model: str, how: str) -> None:
         child = self._pick_children.get((model, how))
@@ -507,7 +605,8 @@ class PrecisePrefix:
 
     def stats(self) -> dict:
         return {"share": round(self.precise_share(), 4), "pools": {m: {"cached": len(p.cache), "block_size": p.block_size, "split_by_message": p.split_ok}
-                for m, p in self._pools.items() if p is not None}}
+                for m, p in self._pools.items() if p is not None},
+                "on_way": {name: p.blocks for name, p in self._placed.items() if p.blocks}}
 
 
 INF = float("inf")

@@ -360,6 +360,9 @@ cdef class Router:
         cdef Py_ssize_t n = info.nblocks, held
         cdef RouterPool state
         cdef PrefixIndex index
+        pr = info.precise
+        if pr is not None and self._precise is not None:
+            self._precise.dispatched(ep.name, pr)
         if not n:
             return
         name = ep.name
