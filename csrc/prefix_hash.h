@@ -19,9 +19,10 @@
  * stripe: k = w ^ key, lane += lo32(k) * hi32(k) + w, the keys moving on each stripe so
  * that stripes do not commute; lanes merged with distinct rotations. All four lanes at
  * once in AVX2 where the CPU has it (one multiply per 32 bytes), two at a time in SSE2
- * (every x86-64), the same arithmetic in plain C elsewhere. Words are little-endian on every host, so the values are the same across
- * runs, processes and machines. This is not a cryptographic hash: a collision only
- * costs a mis-routed request, never correctness.
+ * (every x86-64), the same arithmetic in plain C elsewhere. Words are little-endian on
+ * every host, so the values are the same across runs, processes and machines. This is
+ * not a cryptographic hash: a collision only costs a mis-routed request, never
+ * correctness.
  */
 #ifndef VELOCITY_PREFIX_HASH_H
 #define VELOCITY_PREFIX_HASH_H
