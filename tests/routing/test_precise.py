@@ -198,7 +198,7 @@ def test_a_prompt_sent_counts_as_on_its_way_until_its_engine_reports_it(setup, t
     the router counts them as on their way there: the same prefix follows the first
     request instead of being placed again at random (three empty engines tie), and the
     engine's cache counts them, so another cold prompt goes where it evicts nothing."""
-    r, index, precise, reg = setup()
+    r, index, precise, _ = setup()
     pool = make_pool(3)
     for ep in pool.endpoints:
         engine_holds(index, ep.name, [])

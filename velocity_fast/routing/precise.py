@@ -194,7 +194,7 @@ class _Placed:
     blocks the engine's events showed of it then), oldest first; ``blocks``: the sum of
     the third."""
 
-    __slots__ = ("items", "blocks")
+    __slots__ = ("blocks", "items")
 
     def __init__(self) -> None:
         self.items: deque = deque()
@@ -505,9 +505,7 @@ class PrecisePrefix:
                 coming = 0
                 placed = self._placed.get(ep.name)
                 if placed is not None:
-                    on_way = self._on_way(placed, ep.name, chain, bs, now)
-                    if on_way > held:
-                        held = on_way
+                    held = max(held, self._on_way(placed, ep.name, chain, bs, now))
                     coming = placed.blocks
                 aff.append(held / n if n else 0.0)
                 size = index.size(ep.name) + coming
@@ -570,23 +568,13 @@ class PrecisePrefix:
         none). A prompt leaves once the engine's events report blocks of it past what it
         held when sent (its prefill is done, or under way in chunks), or after
         PLACED_TTL_S."""
-        items = placed.items
-        best = 0
-        stale = False
-        for item in items:
-            t, other, blocks, held0 = item
-            if t < now - PLACED_TTL_S or self.index.match_exact(name, other, bs) > held0:
-                stale = True
-                continue
-            k = _common(chain, other)
-            if k > best:
-                best = k
-        if stale:
-            keep = [item for item in items
-                    if item[0] >= now - PLACED_TTL_S and self.index.match_exact(name, item[1], bs) <= item[3]]
-            placed.items = deque(keep)
-            placed.blocks = sum(item[2] for item in keep)
-        return best
+        cutoff = now - PLACED_TTL_S
+        match = self.index.match_exact
+        live = [item for item in placed.items if item[0] >= cutoff and match(name, item[1], bs) <= item[3]]
+        if len(live) != len(placed.items):
+            placed.items = deque(live)
+            placed.blocks = sum(item[2] for item in live)
+        return max((_common(chain, item[1]) for item in live), default=0)
 
     def _count(self, model: str, how: str) -> None:
         child = self._pick_children.get((model, how))
