@@ -37,20 +37,42 @@ class EndpointMonitor:
         self.on_change = on_change
         self.on_metrics = on_metrics
         self._tasks: dict[str, asyncio.Task] = {}
+        # Per endpoint not checked yet, a future its first check's answer settles.
+        self._first: dict[str, asyncio.Future] = {}
         # Per endpoint, the engine's prefix-cache counters at the last scrape (queries, hits).
         self.prefix_cache: dict[str, tuple[float, float]] = {}
 
     def watch(self, ep: Endpoint) -> None:
         if ep.name not in self._tasks:
-            self._tasks[ep.name] = asyncio.get_running_loop().create_task(self._watch(ep))
+            loop = asyncio.get_running_loop()
+            if ep.state == "unknown":
+                self._first[ep.name] = loop.create_future()
+            self._tasks[ep.name] = loop.create_task(self._watch(ep))
 
     def unwatch(self, ep: Endpoint) -> None:
         self.prefix_cache.pop(ep.name, None)
+        self._settle(ep.name)
         t = self._tasks.pop(ep.name, None)
         if t is not None:
             t.cancel()
 
+    async def first_checks(self, timeout: float) -> None:
+        """Wait, at most ``timeout`` seconds, until every endpoint watched has had its
+        first health check answered (healthy or down). The gateway takes clients only
+        then, so a request sent the moment it starts finds its engines checked, not a
+        503 for engines that nobody has asked yet."""
+        waiting = [f for f in self._first.values() if not f.done()]
+        if waiting:
+            await asyncio.wait(waiting, timeout=timeout)
+
+    def _settle(self, name: str) -> None:
+        f = self._first.pop(name, None)
+        if f is not None and not f.done():
+            f.set_result(None)
+
     async def stop(self) -> None:
+        for name in list(self._first):
+            self._settle(name)
         tasks = list(self._tasks.values())
         self._tasks.clear()
         # A cancel can be lost (a library call that swallows it as its own work completes):
@@ -70,6 +92,8 @@ class EndpointMonitor:
                 ep.up_since = time.monotonic()
             log.info("endpoint %s: %s -> %s", ep.name, old, state)
             self.on_change(ep, state)
+        if state != "unknown":
+            self._settle(ep.name)
 
     def eject(self, ep: Endpoint, why: str) -> None:
         s = self.settings

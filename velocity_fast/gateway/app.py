@@ -157,13 +157,17 @@ class Gateway:
                               keepalive_timeout=s.server.keepalive_timeout_s,
                               first_byte_timeout=s.server.first_byte_timeout_s)
         host = s.host if host is None else host
-        self.client_server = HTTPServer(self.handle, limits=limits, name="gateway", on_error=self.ingress._internal_error)
-        await self.client_server.start(host, s.port if port is None else port)
         self.admin_server = HTTPServer(self.handle_admin, limits=limits, name="admin")
         await self.admin_server.start(host, s.admin_port if admin_port is None else admin_port)
         for ep in self.endpoints.values():
             self.monitor.watch(ep)
         self.kv.start()
+        # Clients only once each engine has answered its first health check (or the
+        # check timed out), as a proxy warms a cluster before its listener: a request
+        # sent the moment the gateway is up must not meet engines nobody has asked yet.
+        await self.monitor.first_checks(s.health.check_timeout_ms / 1000 + 0.25)
+        self.client_server = HTTPServer(self.handle, limits=limits, name="gateway", on_error=self.ingress._internal_error)
+        await self.client_server.start(host, s.port if port is None else port)
         log.info("gateway on %s:%d, admin on %s:%d, policy %s, %d endpoint(s)", host, self.client_server.port,
                  host, self.admin_server.port, s.policy, len(self.endpoints))
 

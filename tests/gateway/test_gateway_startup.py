@@ -1,0 +1,80 @@
+"""The gateway takes clients only once its engines have answered their first health check
+(docs/design.md, "Dispatch and the answer"): a request sent the moment the gateway is up
+reaches an engine that is up, and an engine that never answers delays the start by no
+more than the check's timeout."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from tests.support.gateway import RecordingUpstream, gateway_settings
+from tests.support.sim import http_request
+from velocity_fast.gateway.app import Gateway
+
+MODEL = "m1"
+CHAT = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}).encode()
+
+
+class SlowHealthEngine(RecordingUpstream):
+    """A recording engine whose /health takes ``delay`` seconds (None: never answers)."""
+
+    def __init__(self, delay: float | None) -> None:
+        super().__init__()
+        self.delay = delay
+
+    async def _serve(self, reader, writer):
+        while True:
+            method, path, _, body = await self.read_request(reader)
+            if path == "/health":
+                if self.delay is None:
+                    await asyncio.Event().wait()
+                await asyncio.sleep(self.delay)
+                out, ct = b"", "text/plain"
+            elif path == "/metrics":
+                out, ct = b"vllm:num_requests_running 0\n", "text/plain"
+            else:
+                self.requests.append((method, path, {}, body))
+                out, ct = self.reply, "application/json"
+            writer.write(f"HTTP/1.1 200 OK\r\ncontent-type: {ct}\r\ncontent-length: {len(out)}\r\n\r\n".encode()
+                         + out)
+            await writer.drain()
+
+
+@pytest.mark.timeout(30)
+async def test_a_request_sent_the_moment_the_gateway_starts_reaches_its_engine():
+    # Default health settings (no test's fast checks): the engine takes 300 ms to answer
+    # its first check. Before, the port opened at once and the request met "unknown"
+    # engines: 503 no-endpoint.
+    async with SlowHealthEngine(0.3) as eng:
+        s = gateway_settings(("e1", eng.url, MODEL), health={})
+        gw = Gateway(s)
+        try:
+            await gw.start("127.0.0.1", 0, 0)
+            r = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT,
+                                   headers={"content-type": "application/json"})
+            assert r.status == 200, r.body
+            assert len(eng.requests) == 1
+        finally:
+            await gw.stop(grace=1.0)
+
+
+@pytest.mark.timeout(30)
+async def test_an_engine_that_never_answers_delays_the_start_by_the_check_timeout_only():
+    async with SlowHealthEngine(None) as eng:
+        s = gateway_settings(("e1", eng.url, MODEL), health={"check_timeout_ms": 400})
+        gw = Gateway(s)
+        try:
+            t0 = time.monotonic()
+            await gw.start("127.0.0.1", 0, 0)
+            took = time.monotonic() - t0
+            assert 0.3 < took < 3.0, took
+            r = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT,
+                                   headers={"content-type": "application/json"})
+            assert r.status == 503, r.body
+            assert json.loads(r.body)["error"]["type"]
+            assert r.headers.get("retry-after") == "1"
+        finally:
+            await gw.stop(grace=1.0)
