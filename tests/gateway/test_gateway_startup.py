@@ -1,7 +1,7 @@
-"""The gateway takes clients only once its engines have answered their first health check
-(docs/design.md, "Dispatch and the answer"): a request sent the moment the gateway is up
-reaches an engine that is up, and an engine that never answers delays the start by no
-more than the check's timeout."""
+"""The gateway routes to an engine once it has answered a health check, at start and on reload
+(docs/design.md, "Admission"): a request sent the moment the gateway is up, or the moment
+a reload is done, reaches an engine that is up; an engine that never answers delays
+either by no more than the check's timeout."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +13,7 @@ import pytest
 from tests.support.gateway import RecordingUpstream, gateway_settings
 from tests.support.sim import http_request
 from velocity_fast.gateway.app import Gateway
+from velocity_fast.gateway.reload import Reloader
 
 MODEL = "m1"
 CHAT = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}).encode()
@@ -77,4 +78,34 @@ async def test_an_engine_that_never_answers_delays_the_start_by_the_check_timeou
             assert json.loads(r.body)["error"]["type"]
             assert r.headers.get("retry-after") == "1"
         finally:
+            await gw.stop(grace=1.0)
+
+
+@pytest.mark.timeout(30)
+async def test_a_model_added_by_reload_serves_as_soon_as_the_reload_is_done():
+    # The new engine takes 300 ms to answer /health: without the check before the swap,
+    # a request right after the reload met an endpoint nobody had checked (503).
+    async with RecordingUpstream() as old, SlowHealthEngine(0.3) as new, SlowHealthEngine(None) as dead:
+        s = gateway_settings(("e1", old.url, MODEL), health={"check_timeout_ms": 600})
+        gw = Gateway(s)
+        reloader = Reloader(gw, lambda: gateway_settings(("e1", old.url, MODEL), ("e2", new.url, "m2"),
+                                                         ("e3", dead.url, "m3"), health={"check_timeout_ms": 600}))
+        try:
+            await gw.start("127.0.0.1", 0, 0)
+            t0 = time.monotonic()
+            assert await reloader.reload()
+            assert time.monotonic() - t0 < 3.0  # an engine that never answers costs the timeout only
+            body = json.dumps({"model": "m2", "messages": [{"role": "user", "content": "hi"}]}).encode()
+            r = await http_request(gw.port, "POST", "/v1/chat/completions", body,
+                                   headers={"content-type": "application/json"})
+            assert r.status == 200, r.body
+            assert r.headers["x-velocity-endpoint"] == "e2" and len(new.requests) == 1
+            # The one that did not answer is not routed to before its own checks pass.
+            assert gw.endpoints["e3"].state != "healthy"
+            body = json.dumps({"model": "m3", "messages": [{"role": "user", "content": "hi"}]}).encode()
+            r = await http_request(gw.port, "POST", "/v1/chat/completions", body,
+                                   headers={"content-type": "application/json"})
+            assert r.status == 503 and json.loads(r.body)["error"]["type"]
+        finally:
+            reloader.close()
             await gw.stop(grace=1.0)

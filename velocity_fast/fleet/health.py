@@ -95,6 +95,12 @@ class EndpointMonitor:
         if state != "unknown":
             self._settle(ep.name)
 
+    def checked_healthy(self, ep: Endpoint) -> None:
+        """A check made outside this monitor passed (a reload asks a new engine before it
+        goes into routing): the endpoint routes now, as after its own first check."""
+        ep.failures = 0
+        self._set(ep, "healthy")
+
     def eject(self, ep: Endpoint, why: str) -> None:
         s = self.settings
         ep.eject_backoff = min(s.eject_max_ms, max(s.eject_base_ms, ep.eject_backoff * 2)) / 1000.0 \

@@ -16,6 +16,10 @@ How a new configuration takes over without losing a request:
   count in-flight work on the same Endpoint objects, so neither oversubscribes an engine.
 - A removed endpoint leaves routing at once; its connections are closed only when its
   last in-flight request finished (or after the shutdown grace).
+- An added or changed endpoint is asked for its ``/health`` before the swap (at most
+  ``health.check_timeout_ms``); one that answered goes into routing healthy, so a pool
+  whose endpoints were all replaced, or a new model, serves at once rather than
+  answering 503 until the first routine check.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any, Callable
 from velocity_fast.admission.settings import AdmissionSettings
 from velocity_fast.gateway.identity import Identity
 from velocity_fast.gateway.policy import make_admission, make_router, routing_settings
+from velocity_fast.upstream.pool import UpstreamPool
 
 from ..config import ConfigError, Settings
 
@@ -219,12 +224,18 @@ class Reloader:
             self.refused += 1
             log.error("config reload refused, the running configuration stays in force: %s", e)
             return False
+        ready = await self._precheck(settings)
         try:
             changes, retired = self.gw.reload(settings)
         except Exception as e:  # a bug, not a config problem: keep serving on what runs
             self.refused += 1
             log.exception("config reload failed, the running configuration stays in force: %s", e)
             return False
+        monitor = getattr(self.gw, "monitor", None)
+        for name in ready:
+            ep = self.gw.endpoints.get(name)
+            if monitor is not None and ep is not None and ep.state == "unknown":
+                monitor.checked_healthy(ep)
         self.reloads += 1
         log.info("config reloaded: %s", "; ".join(changes) if changes else "no changes")
         if retired:
@@ -232,6 +243,27 @@ class Reloader:
             if self._drain_task is None or self._drain_task.done():
                 self._drain_task = asyncio.get_running_loop().create_task(self._drain())
         return True
+
+    async def _precheck(self, settings: Settings) -> list[str]:
+        """The added or changed endpoints whose engine answers ``/health`` with 200 now
+        (asked together, each for at most the check timeout)."""
+        _, add = _endpoint_diff(self.gw.settings, settings)
+        if not add:
+            return []
+        timeout = self.gw.settings.health.check_timeout_ms / 1000  # health: not live
+
+        async def ask(cfg) -> bool:
+            pool = UpstreamPool(cfg.url, connect_timeout=min(timeout, self.gw.settings.server.upstream_connect_timeout_s))
+            try:
+                status, _ = await pool.fetch("GET", "/health", timeout=timeout)
+                return status == 200
+            except (OSError, asyncio.TimeoutError):
+                return False
+            finally:
+                pool.close()
+
+        answers = await asyncio.gather(*(ask(cfg) for cfg in add))
+        return [cfg.name for cfg, ok in zip(add, answers) if ok]
 
     async def _drain(self) -> None:
         """Close retired controllers and endpoint connections once nothing uses them."""
