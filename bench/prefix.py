@@ -82,9 +82,11 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -100,7 +102,7 @@ from velocity_fast.loadgen.gateway_proc import _die_with_parent, http_get  # noq
 from velocity_fast.loadgen.mix import Dist, Mix, Prefix  # noqa: E402
 from velocity_fast.loadgen.report import write_json  # noqa: E402
 from velocity_fast.loadgen.runner import run_workload  # noqa: E402
-from velocity_fast.loadgen.stats import summarize  # noqa: E402
+from velocity_fast.loadgen.stats import percentile, summarize  # noqa: E402
 from velocity_fast.loadgen.workload import WorkloadConfig, build_workload  # noqa: E402
 
 VARIANTS = ("chat", "batch", "round-robin", "least-loaded")
@@ -309,7 +311,9 @@ async def run_variant(variant: str, args, specs) -> dict:
         spread = {}
         for r in results:
             spread[r.endpoint] = spread.get(r.endpoint, 0) + 1
-        out = {"variant": variant, "scenario": scenario, "summary": summary,
+        # Each completed request's TTFT (wall ms): --repeats pools them over the runs.
+        ttfts = sorted((r.first_token - r.sent) * 1000.0 for r in results if r.ok and r.first_token is not None)
+        out = {"variant": variant, "scenario": scenario, "summary": summary, "ttft_samples_ms": ttfts,
                "engine_hit_rate": hits / queries if queries else 0.0,
                "engine_hits_tokens": hits, "engine_queries_tokens": queries,
                "requests_per_endpoint": dict(sorted(spread.items())),
@@ -326,7 +330,65 @@ async def run_variant(variant: str, args, specs) -> dict:
             shutil.rmtree(kv_dir, ignore_errors=True)
 
 
+# Per scenario, the goal's figure: (baseline variant, variant, TTFT percentile, goal).
+GOALS = {"restart": ("approximate", "precise", "p90", 2.0), "replicas": ("approximate", "precise", "p90", 2.0),
+         "tenants": ("approximate", "precise", "p90", 1.0), "hot": ("affinity", "chat", "p99", 2.0)}
+
+
 async def main_async(args) -> int:
+    if args.repeats <= 1:
+        return (await run_once(args))[0]
+    runs: list[list[dict]] = []
+    code = 0
+    for k in range(args.repeats):
+        one = argparse.Namespace(**{**vars(args), "seed": args.seed + k, "output": None})
+        print(f"-- run {k + 1} of {args.repeats}, seed {one.seed}", flush=True)
+        c, rows = await run_once(one)
+        code = code or c
+        runs.append(rows)
+    _report_repeats(args, runs)
+    if args.output:
+        write_json(args.output, {"args": vars(args), "repeats": runs})
+    return code
+
+
+def _pooled(samples: list[float], p: str) -> float:
+    return percentile(sorted(samples), float(p[1:]))
+
+
+def _report_repeats(args, runs: list[list[dict]]) -> None:
+    """The runs side by side: each variant's TTFT percentiles over all runs' requests
+    pooled (engine time), its hit rate's mean, and the goal's figure run by run, its
+    median and pooled. One run's p90 or p99 rests on a few dozen requests; pooled, on
+    repeats times as many."""
+    variants = [r["variant"] for r in runs[0]]
+    lines = [f"prefix bench, scenario {args.scenario}, {len(runs)} runs (seeds {args.seed}-"
+             f"{args.seed + len(runs) - 1}), all requests pooled (TTFT in engine time):"]
+    pooled: dict[str, dict[str, float]] = {}
+    for v in variants:
+        rows = [r for run in runs for r in run if r["variant"] == v]
+        samples = [x * args.time_scale for r in rows for x in r["ttft_samples_ms"]]
+        pooled[v] = {p: _pooled(samples, p) for p in ("p50", "p90", "p99")}
+        hit = sum(r["engine_hit_rate"] for r in rows) / len(rows)
+        lines.append(f"  {v:<12} TTFT p50 {pooled[v]['p50']:8.0f} ms  p90 {pooled[v]['p90']:8.0f} ms  "
+                     f"p99 {pooled[v]['p99']:8.0f} ms  engine hit rate {100 * hit:5.1f}% (mean)  "
+                     f"requests {len(samples)}")
+    goal = GOALS.get(args.scenario)
+    if goal and goal[0] in pooled and goal[1] in pooled and pooled[goal[1]][goal[2]] > 0:
+        base, v, p, want = goal
+        per_run = []
+        for run in runs:
+            by = {r["variant"]: r for r in run}
+            if base in by and v in by and by[v]["ttft_ms_engine_time"][p] > 0:
+                per_run.append(by[base]["ttft_ms_engine_time"][p] / by[v]["ttft_ms_engine_time"][p])
+        median = statistics.median(per_run) if per_run else math.nan
+        lines.append(f"  TTFT {p} {base}/{v}: runs {', '.join(f'{x:.2f}x' for x in per_run)}; median {median:.2f}x; "
+                     f"pooled {pooled[base][p] / pooled[v][p]:.2f}x (goal >= {want:g}x)")
+    print("\n".join(lines), flush=True)
+
+
+async def run_once(args) -> tuple[int, list[dict]]:
+    """One workload (args.seed), every variant on it; the exit code and the rows."""
     hot = args.hot_share if args.scenario == "hot" else 0.0
     mix = Mix(prompt_tokens=Dist(value=args.suffix_tokens), output_tokens=Dist(value=args.output_tokens),
               prefix=Prefix(groups=args.groups, tokens=args.prefix_tokens, share=1.0, hot=hot), stream_share=1.0)
@@ -350,11 +412,11 @@ async def main_async(args) -> int:
               f"engine hit rate {100 * res['engine_hit_rate']:.1f}%  per endpoint {res['requests_per_endpoint']}"
               + share, flush=True)
     if args.scenario == "hot":
-        return _report_hot(args, rows)
+        return _report_hot(args, rows), rows
     if args.scenario == "tenants":
-        return _report_tenants(args, rows)
+        return _report_tenants(args, rows), rows
     if args.scenario != "shared":
-        return _report_precise(args, rows)
+        return _report_precise(args, rows), rows
     by = {r["variant"]: r for r in rows}
     lines = [f"prefix bench: {args.requests} streamed chat requests, {args.groups} groups x "
              f"{args.prefix_tokens}-token shared context + {args.suffix_tokens}-token question, "
@@ -377,7 +439,7 @@ async def main_async(args) -> int:
     print("\n".join(lines))
     if args.output:
         write_json(args.output, {"args": vars(args), "runs": rows})
-    return 0 if all(r["summary"]["completed"] == r["summary"]["requests"] for r in rows) else 1
+    return (0 if all(r["summary"]["completed"] == r["summary"]["requests"] for r in rows) else 1), rows
 
 
 def _report_precise(args, rows: list[dict]) -> int:
@@ -465,6 +527,9 @@ def main(argv=None) -> int:
                    help="scenario restart: seconds (wall) engine 0 stays down before it starts again")
     p.add_argument("--hot-share", type=float, default=0.5,
                    help="scenario hot: the share of the requests that carry the hot prefix (default 0.5)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run the scenario this many times (seeds --seed, --seed+1, ...) and report each "
+                        "variant's TTFT over all runs' requests pooled, and the goal's ratio run by run")
     p.add_argument("--output", default=None, help="write the runs as JSON here")
     p.add_argument("--smoke", action="store_true",
                    help="tiny counts (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items())

@@ -36,6 +36,34 @@ def test_precise_scenarios_run_and_complete(tmp_path, scenario):
 
 
 @pytest.mark.timeout(240)
+def test_repeats_pool_the_runs_and_give_the_goal_run_by_run(tmp_path):
+    """--repeats 2: two seeded runs, then each variant's TTFT over both runs' requests
+    pooled and the goal's ratio run by run, its median and pooled."""
+    out = tmp_path / "prefix.json"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "prefix.py"), "--smoke", "--scenario", "restart",
+                           "--variants", "precise,approximate", "--repeats", "2", "--seed", "5",
+                           "--output", str(out)], cwd=REPO, capture_output=True, text=True, timeout=220)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "-- run 1 of 2, seed 5" in proc.stdout and "-- run 2 of 2, seed 6" in proc.stdout
+    assert "2 runs (seeds 5-6), all requests pooled" in proc.stdout
+    runs = json.loads(out.read_text())["repeats"]
+    assert len(runs) == 2 and all([r["variant"] for r in run] == ["precise", "approximate"] for run in runs)
+    pooled = {}
+    for line in proc.stdout.split("all requests pooled")[1].splitlines():
+        parts = line.split()
+        if parts and parts[0] in ("precise", "approximate"):
+            assert f"requests {2 * runs[0][0]['summary']['requests']}" in line, line
+            pooled[parts[0]] = float(parts[parts.index("p90") + 1])
+    # The pooled p90 is the p90 of both runs' samples together, in engine time.
+    for v in ("precise", "approximate"):
+        samples = sorted(x * 20.0 for run in runs for r in run if r["variant"] == v for x in r["ttft_samples_ms"])
+        want = samples[int(0.9 * (len(samples) - 1))]
+        assert abs(pooled[v] - want) <= max(2.0, 0.15 * want), (v, pooled[v], want)
+    per_run = [run[1]["ttft_ms_engine_time"]["p90"] / run[0]["ttft_ms_engine_time"]["p90"] for run in runs]
+    assert f"runs {per_run[0]:.2f}x, {per_run[1]:.2f}x" in proc.stdout
+
+
+@pytest.mark.timeout(240)
 def test_the_hot_prefix_scenario_runs_and_carries_its_share():
     """Scenario hot at smoke size: every variant completes; the hot prefix is half the
     traffic (group 0 of the seeded workload), and pure affinity is configured apart."""
