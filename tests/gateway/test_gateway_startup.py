@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.support.gateway import RecordingUpstream, gateway_settings
+from tests.support.gateway import RecordingUpstream, ScriptedServer, gateway_settings
 from tests.support.sim import http_request
 from velocity_fast.gateway.app import Gateway
 from velocity_fast.gateway.reload import Reloader
@@ -81,15 +81,26 @@ async def test_an_engine_that_never_answers_delays_the_start_by_the_check_timeou
             await gw.stop(grace=1.0)
 
 
+class GarbageEngine(ScriptedServer):
+    """Answers anything with bytes that are not HTTP, then hangs up."""
+
+    async def _serve(self, reader, writer):
+        await self.read_request(reader)
+        writer.write(b"SSH-2.0-not-an-engine\r\n\r\n")
+        await writer.drain()
+
+
 @pytest.mark.timeout(30)
 async def test_a_model_added_by_reload_serves_as_soon_as_the_reload_is_done():
     # The new engine takes 300 ms to answer /health: without the check before the swap,
     # a request right after the reload met an endpoint nobody had checked (503).
-    async with RecordingUpstream() as old, SlowHealthEngine(0.3) as new, SlowHealthEngine(None) as dead:
+    async with RecordingUpstream() as old, SlowHealthEngine(0.3) as new, SlowHealthEngine(None) as dead, \
+            GarbageEngine() as garbage:
         s = gateway_settings(("e1", old.url, MODEL), health={"check_timeout_ms": 600})
         gw = Gateway(s)
         reloader = Reloader(gw, lambda: gateway_settings(("e1", old.url, MODEL), ("e2", new.url, "m2"),
-                                                         ("e3", dead.url, "m3"), health={"check_timeout_ms": 600}))
+                                                         ("e3", dead.url, "m3"), ("e4", garbage.url, "m4"),
+                                                         health={"check_timeout_ms": 600}))
         try:
             await gw.start("127.0.0.1", 0, 0)
             t0 = time.monotonic()
@@ -100,8 +111,9 @@ async def test_a_model_added_by_reload_serves_as_soon_as_the_reload_is_done():
                                    headers={"content-type": "application/json"})
             assert r.status == 200, r.body
             assert r.headers["x-velocity-endpoint"] == "e2" and len(new.requests) == 1
-            # The one that did not answer is not routed to before its own checks pass.
-            assert gw.endpoints["e3"].state != "healthy"
+            # Those that did not answer, or not in HTTP, are not routed to before their own
+            # checks pass; the reload took the rest all the same.
+            assert gw.endpoints["e3"].state != "healthy" and gw.endpoints["e4"].state != "healthy"
             body = json.dumps({"model": "m3", "messages": [{"role": "user", "content": "hi"}]}).encode()
             r = await http_request(gw.port, "POST", "/v1/chat/completions", body,
                                    headers={"content-type": "application/json"})

@@ -257,7 +257,8 @@ class Reloader:
             try:
                 status, _ = await pool.fetch("GET", "/health", timeout=timeout)
                 return status == 200
-            except (OSError, asyncio.TimeoutError):
+            except Exception as e:  # down, slow, or not speaking HTTP: its own checks decide later
+                log.debug("config reload: endpoint %s did not answer /health: %r", cfg.name, e)
                 return False
             finally:
                 pool.close()
