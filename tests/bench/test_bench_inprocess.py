@@ -5,22 +5,17 @@ Every request must come back 200 (the harness raises on anything else or a stall
 from __future__ import annotations
 
 import gc
-import importlib.util
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(60)
+from tests.support.bench import bench_module
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "inprocess.py"
+pytestmark = pytest.mark.timeout(60)
 
 
 def _harness():
-    spec = importlib.util.spec_from_file_location("bench_inprocess", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("inprocess")
 
 
 async def test_every_request_of_64_clients_is_answered_through_the_queue():

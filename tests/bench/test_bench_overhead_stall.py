@@ -6,21 +6,17 @@ that itself hangs still fails the smoke test."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(30)
+from tests.support.bench import bench_module
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "overhead.py"
+pytestmark = pytest.mark.timeout(30)
 
 
 def _overhead():
-    spec = importlib.util.spec_from_file_location("bench_overhead", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("overhead")
 
 
 def _runs(mod, monkeypatch, seconds: list[float]) -> tuple[dict, list[float]]:
