@@ -228,6 +228,11 @@ def test_a_prompt_sent_counts_as_on_its_way_until_its_engine_reports_it(setup, t
     engine_holds(index, to.name, messages_ids(tokenizer_json, first))
     assert r.pick(pool, info).name == to.name
     assert precise.stats()["on_way"] == {}
+    # An endpoint the router forgets (it left, or restarted) keeps nothing on its way.
+    r.on_dispatch(to, nxt)
+    assert to.name in precise.stats()["on_way"]
+    r.forget(to.name)
+    assert precise.stats()["on_way"] == {} and to.name not in precise._placed
 
 
 def engine_also_holds(index: BlockIndex, key: str, ids: list[int], tag: str) -> None:

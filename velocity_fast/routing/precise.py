@@ -563,6 +563,11 @@ class PrecisePrefix:
             if len(placed.items) > PLACED_MAX:
                 placed.blocks -= placed.items.popleft()[2]
 
+    def forget(self, name: str) -> None:
+        """The endpoint left (or its engine restarted): nothing is on its way there. An
+        engine name that is gone keeps no chains (endpoints come and go with discovery)."""
+        self._placed.pop(name, None)
+
     def _on_way(self, placed: _Placed, name: str, chain: list[int], bs: int, now: float) -> int:
         """The leading blocks of ``chain`` that prompts sent to the engine carry there (0:
         none). A prompt leaves once the engine's events report blocks of it past what it

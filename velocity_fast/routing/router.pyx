@@ -136,6 +136,8 @@ cdef class Router:
             if model is None or m == model:
                 state.index.remove(name)
                 state.caps.pop(name, None)
+        if self._precise is not None:
+            self._precise.forget(name)
 
     def hit_ratio(self) -> float:
         """Dispatched prompt blocks that the chosen endpoint already held, as a fraction."""
