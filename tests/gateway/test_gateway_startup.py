@@ -63,6 +63,38 @@ async def test_a_request_sent_the_moment_the_gateway_starts_reaches_its_engine()
 
 
 @pytest.mark.timeout(30)
+async def test_ready_waits_for_the_client_port_when_one_engine_passes_before_another():
+    # e1 answers its first check at once, e2 after 400 ms: the client port opens after
+    # both, so /ready must not say 200 in between (a client polling it would find the
+    # port closed).
+    async with RecordingUpstream() as fast, SlowHealthEngine(0.4) as slow:
+        s = gateway_settings(("e1", fast.url, MODEL), ("e2", slow.url, MODEL), health={})
+        gw = Gateway(s)
+        starting = asyncio.get_running_loop().create_task(gw.start("127.0.0.1", 0, 0))
+        try:
+            seen = []
+            while True:
+                if gw.admin_server is not None and gw.admin_port:
+                    r = await http_request(gw.admin_port, "GET", "/ready")
+                    seen.append((r.status, json.loads(r.body)["healthy_endpoints"]))
+                    if r.status == 200:
+                        break
+                assert not starting.done() or gw.port, "start() ended without /ready"
+                await asyncio.sleep(0.01)
+            # Ready means the client port takes requests now.
+            r = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT,
+                                   headers={"content-type": "application/json"})
+            assert r.status == 200, r.body
+            # e1 was healthy while e2 was still being asked, and /ready said 503 then.
+            assert (503, 1) in seen, seen
+            await starting
+        finally:
+            if not starting.done():
+                starting.cancel()
+            await gw.stop(grace=1.0)
+
+
+@pytest.mark.timeout(30)
 async def test_an_engine_that_never_answers_delays_the_start_by_the_check_timeout_only():
     async with SlowHealthEngine(None) as eng:
         s = gateway_settings(("e1", eng.url, MODEL), health={"check_timeout_ms": 400})

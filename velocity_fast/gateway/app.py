@@ -83,6 +83,7 @@ class Gateway:
                                   precise=self.kv.precise_for(routing_settings(settings)))
         self.band_names = [b.name for b in settings.bands]
         self.client_server: HTTPServer | None = None
+        self.watching = False  # health monitors run: endpoints added from now on are watched at once
         self.admin_server: HTTPServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         for cfg in settings.endpoints:
@@ -159,6 +160,7 @@ class Gateway:
         host = s.host if host is None else host
         self.admin_server = HTTPServer(self.handle_admin, limits=limits, name="admin")
         await self.admin_server.start(host, s.admin_port if admin_port is None else admin_port)
+        self.watching = True
         for ep in self.endpoints.values():
             self.monitor.watch(ep)
         self.kv.start()
@@ -166,8 +168,9 @@ class Gateway:
         # check timed out), as a proxy warms a cluster before its listener: a request
         # sent the moment the gateway is up must not meet engines nobody has asked yet.
         await self.monitor.first_checks(s.health.check_timeout_ms / 1000 + 0.25)
-        self.client_server = HTTPServer(self.handle, limits=limits, name="gateway", on_error=self.ingress._internal_error)
-        await self.client_server.start(host, s.port if port is None else port)
+        server = HTTPServer(self.handle, limits=limits, name="gateway", on_error=self.ingress._internal_error)
+        await server.start(host, s.port if port is None else port)
+        self.client_server = server  # /ready says so only from here on
         log.info("gateway on %s:%d, admin on %s:%d, policy %s, %d endpoint(s)", host, self.client_server.port,
                  host, self.admin_server.port, s.policy, len(self.endpoints))
 
@@ -330,8 +333,11 @@ class Gateway:
         if path == "/metrics":
             return resp.send(200, self.registry.render(), content_type="text/plain; version=0.0.4; charset=utf-8")
         if path == "/ready":
+            # Ready: an engine to send to, and the client port open (the engines' first
+            # checks come before it, and one engine may pass while another is asked).
             n = sum(e.healthy for e in self.endpoints.values())
-            return resp.send_json(200 if n else 503, {"ready": bool(n), "healthy_endpoints": n})
+            ready = bool(n) and self.client_server is not None
+            return resp.send_json(200 if ready else 503, {"ready": ready, "healthy_endpoints": n})
         if path == "/stats":
             return resp.send_json(200, self.stats())
         return resp.send_error(404, f"No route for {req.method} {path}.")

@@ -141,7 +141,7 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
     if router is not None:
         gw.router = router
         changes.append("routing settings")
-    started = gw.client_server is not None
+    started = gw.watching
     pools_before = {m: id(p) for m, p in gw.pools.items()}
     # Added before removed, so that a pool whose endpoints are all replaced stays the same
     # Pool object; a changed endpoint (same name) must leave first.
