@@ -26,8 +26,13 @@ def run_until_signalled(main: Callable[..., Any], *, grace: float = 10.0) -> int
       contextlib.asynccontextmanager): entered now, exited on the signal.
 
     In-flight work can thus finish within the grace period before the loop closes.
+    Freed request bodies stay in the process heap (``heap.keep_freed_memory``).
     """
     import uvloop
+
+    from .heap import keep_freed_memory
+
+    keep_freed_memory()
 
     async def amain() -> int:
         loop = asyncio.get_running_loop()
