@@ -403,14 +403,16 @@ def start_gateway(procs: Procs, cpu: int | None, upstream: int, policy: str, wor
 
 
 def start_nginx(procs: Procs, cpu: int | None, upstream: int, work: Path, stream: bool = False,
-                wrap: list[str] = (), ready_s: float = 10, big_bodies: bool = False) -> Target | None:
+                wrap: list[str] = (), ready_s: float = 10, big_bodies: bool = False,
+                name: str = "nginx", env: dict[str, str] | None = None) -> Target | None:
     """``wrap``: a command nginx runs under, as one process (no master: the worker is it).
-    ``big_bodies``: request bodies up to 16 MiB, kept in memory (never a temp file)."""
+    ``big_bodies``: request bodies up to 16 MiB, kept in memory (never a temp file).
+    ``name``: the target's name (and its directory); ``env``: variables added to nginx's."""
     exe = shutil.which("nginx") or next((x for x in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")
                                          if os.access(x, os.X_OK)), None)
     if exe is None:
         return None
-    ndir = work / "nginx"
+    ndir = work / name
     ndir.mkdir()
     port = _free_port()
     conf = ndir / "nginx.conf"
@@ -426,7 +428,8 @@ def start_nginx(procs: Procs, cpu: int | None, upstream: int, work: Path, stream
         text = "master_process off;\n" + text
     conf.write_text(text)
     log = ndir / "stdout.log"
-    p = procs.start([*wrap, exe, "-p", str(ndir), "-e", str(ndir / "error.log"), "-c", str(conf)], cpu, log=log)
+    p = procs.start([*wrap, exe, "-p", str(ndir), "-e", str(ndir / "error.log"), "-c", str(conf)], cpu, log=log,
+                    env=dict(os.environ, **env) if env else None)
 
     def ready() -> bool:
         if p.poll() is not None:
@@ -434,8 +437,8 @@ def start_nginx(procs: Procs, cpu: int | None, upstream: int, work: Path, stream
             raise RuntimeError("nginx exited: " + (err.read_text(errors="replace")[-800:] if err.exists() else ""))
         return _post_ok(port)
 
-    _wait_ready(ready, ready_s, "nginx", ndir / "error.log")
-    return Target("nginx", port, p.pid)
+    _wait_ready(ready, ready_s, name, ndir / "error.log")
+    return Target(name, port, p.pid)
 
 
 # -- the load client -------------------------------------------------------------------------------
@@ -747,6 +750,13 @@ def _slope(xs: list[float], ys: list[float]) -> float | None:
     return sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
 
 
+def _heap_env() -> dict[str, str]:
+    """glibc's malloc thresholds as the gateway sets them at start (velocity_fast/server/heap.py),
+    for --nginx-heap: nginx allocates each body's buffer with malloc too."""
+    from velocity_fast.server.heap import MMAP_THRESHOLD, TRIM_THRESHOLD
+    return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}
+
+
 def run_sizes(args) -> dict:
     """--body-kb: the gateway (--policy, smart unless given: prefix affinity on) and nginx
     (bodies in memory), each alone on the proxy core, at 64 connections, for chat bodies of
@@ -766,6 +776,9 @@ def run_sizes(args) -> dict:
                 ng = start_nginx(procs, args.proxy_cpu, up_port, work, big_bodies=True)
                 if ng is not None:
                     targets.append(ng)
+                    if args.nginx_heap:
+                        targets.append(start_nginx(procs, args.proxy_cpu, up_port, work, big_bodies=True,
+                                                   name="nginx-heap", env=_heap_env()))
             for kib in args.body_kb:
                 body = chat_body(kib)
                 for t in targets:  # warm-up: connections, the adaptive limit, the prefix index
@@ -787,6 +800,10 @@ def run_sizes(args) -> dict:
                 if g and n and n["rps"] and n["cpu_us_per_req"] and g["cpu_us_per_req"]:
                     row["rps_ratio"] = g["rps"] / n["rps"]
                     row["cpu_ratio"] = g["cpu_us_per_req"] / n["cpu_us_per_req"]
+                nh = row["targets"].get("nginx-heap")
+                if g and nh and nh["rps"] and nh["cpu_us_per_req"] and g["cpu_us_per_req"]:
+                    row["heap_rps_ratio"] = g["rps"] / nh["rps"]
+                    row["heap_cpu_ratio"] = g["cpu_us_per_req"] / nh["cpu_us_per_req"]
                 rows.append(row)
             if args.stream_body_kb and args.stream_events > 0:
                 stream_phase(procs, args, work, res)
@@ -871,6 +888,13 @@ def summarize_sizes(res: dict) -> str:
             lines.append(f"{r['kib']} KiB: gateway/nginx CPU {r['cpu_ratio']:.2f}x, req/s {r['rps_ratio']:.2f}x "
                          f"(issue 19 goal <= {GOAL_SIZES_CPU}x and >= {GOAL_SIZES_RPS}x: "
                          f"{'met' if ok else 'not yet'})")
+    for r in out["rows"]:
+        nh = r["targets"].get("nginx-heap")
+        if nh and "heap_cpu_ratio" in r:
+            lines.append(f"{r['kib']} KiB, nginx given the gateway's malloc thresholds (--nginx-heap): "
+                         f"{nh['cpu_us_per_req']:.1f} us ({nh['user_us_per_req']:.0f}/{nh['sys_us_per_req']:.0f}), "
+                         f"{nh['rps']:.0f} req/s; gateway/that CPU {r['heap_cpu_ratio']:.2f}x, "
+                         f"req/s {r['heap_rps_ratio']:.2f}x")
     if out.get("plot"):
         lines.append(f"plot: {out['plot']}")
     lines += _stream_lines(res)
@@ -1085,6 +1109,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(default bench/results/overhead_body_kb.png)")
     p.add_argument("--gateway-arg", action="append", default=[], metavar="ARG",
                    help="an extra flag for `velocityllm serve` (repeatable), e.g. --gateway-arg=--max-concurrency=64")
+    p.add_argument("--nginx-heap", action="store_true",
+                   help="with --body-kb: also nginx given the gateway's glibc malloc thresholds "
+                        "(velocity_fast/server/heap.py), as a third target")
     p.add_argument("--no-nginx", action="store_true", help="skip the nginx reference")
     p.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
                    help="then sample the gateway with py-spy under load for this long")

@@ -41,6 +41,7 @@ def quick_set(py: str, results: Path = RESULTS, smoke: bool = False) -> list[tup
         # then the SSE relay with 64 KiB prompts.
         ("overhead_body_kb", [b / "overhead.py"],
          [py, str(b / "overhead.py"), "--body-kb", "1,256" if smoke else "1,4,16,64,256", "--stream-body-kb", "64",
+          "--nginx-heap",
           "--json", str(results / "overhead_body_kb.json"), "--plot", str(results / "overhead_body_kb.png")]),
         ("isolation", [b / "isolation.py"], [py, str(b / "isolation.py"), "--json", str(results / "isolation.json")]),
         ("prefix", [b / "prefix.py"], [py, str(b / "prefix.py"), "--output", str(results / "prefix.json")]),

@@ -175,13 +175,15 @@ def test_overhead_body_kb_measures_both_proxies_at_each_prompt_size_and_plots_th
     assert [r["kib"] for r in out["rows"]] == [1, 256]
     for r in out["rows"]:
         assert r["bytes"] == r["kib"] * 1024
-        assert set(r["targets"]) == {"gateway", "nginx"}
+        # nginx as configured, and nginx given the gateway's malloc thresholds (--nginx-heap)
+        assert set(r["targets"]) == {"gateway", "nginx", "nginx-heap"}
         for name, t in r["targets"].items():
             number(t["rps"], f"{r['kib']} KiB {name} rps")
             number(t["cpu_us_per_req"], f"{r['kib']} KiB {name} cpu")
             for run in t["rounds"]:
                 assert run["requests"] > 0 and run["non2xx"] == 0 and run["errors"] == 0, (r["kib"], name, run)
         number(r["cpu_ratio"], "cpu_ratio")
+        number(r["heap_cpu_ratio"], "heap_cpu_ratio")
     number(out["extra_us_per_kib"], "extra_us_per_kib")
     assert Path(out["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # then streams with 64 KiB prompts through both proxies, the gateway with prefix affinity on
