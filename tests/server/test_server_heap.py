@@ -31,6 +31,13 @@ def _minor_faults(pid: int) -> int:
     return int(rest[7])
 
 
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
 def _load(port: int, n: int, failures: list) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
@@ -46,19 +53,28 @@ def _load(port: int, n: int, failures: list) -> None:
         conn.close()
 
 
-def _faults_per_request(upstream_port: int, env: dict[str, str]) -> float:
+def _round(port: int, failures: list) -> None:
+    threads = [threading.Thread(target=_load, args=(port, PER_CLIENT, failures)) for _ in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+
+
+def _faults_per_request(upstream_port: int, env: dict[str, str]) -> tuple[float, float]:
+    """Minor faults a request over a round of CLIENTS concurrent clients, and the RSS growth
+    (MiB) over a second round: what the heap keeps must not grow."""
     with gateway_process("serve", "--endpoint", f"e1=http://127.0.0.1:{upstream_port}=fixed", env=env) as gp:
         failures: list = []
         _load(gp.port, 16, failures)  # warm: connections, the heap's first growth
         before = _minor_faults(gp.proc.pid)
-        threads = [threading.Thread(target=_load, args=(gp.port, PER_CLIENT, failures)) for _ in range(CLIENTS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        _round(gp.port, failures)
         after = _minor_faults(gp.proc.pid)
+        rss = _rss_mib(gp.proc.pid)
+        _round(gp.port, failures)
+        grown = _rss_mib(gp.proc.pid) - rss
         assert not failures, failures[:5]
-        return (after - before) / (CLIENTS * PER_CLIENT)
+        return (after - before) / (CLIENTS * PER_CLIENT), grown
 
 
 @pytest.fixture
@@ -81,13 +97,15 @@ def upstream_port():
 
 
 def test_large_bodies_do_not_fault_pages_in_at_defaults(upstream_port):
-    kept = _faults_per_request(upstream_port, {})
+    kept, grown = _faults_per_request(upstream_port, {})
     # The same load with glibc's own thresholds (fixed at its 128 KiB default, as an
     # operator's MALLOC_* variables are left alone): every 256 KiB body is mapped afresh.
-    mapped = _faults_per_request(upstream_port, {"MALLOC_MMAP_THRESHOLD_": "131072",
-                                                 "MALLOC_TRIM_THRESHOLD_": "131072"})
+    mapped, _ = _faults_per_request(upstream_port, {"MALLOC_MMAP_THRESHOLD_": "131072",
+                                                    "MALLOC_TRIM_THRESHOLD_": "131072"})
     assert mapped >= 32, f"{mapped:.1f} faults a request: the load no longer shows glibc's cost"
     assert kept <= 8, f"{kept:.1f} minor page faults a 256 KiB request (glibc's own thresholds: {mapped:.1f})"
+    # The heap keeps what the busiest moment needed (8 bodies in flight), no more.
+    assert grown <= 8, f"RSS grew {grown:.1f} MiB over a second round of the same load"
 
 
 def test_operator_malloc_settings_are_left_alone():
