@@ -6,7 +6,7 @@ threshold (128 KiB at first) with a fresh mapping and unmaps it on free, and tri
 top of the heap once more than its trim threshold lies free there. Under a steady load of
 large prompts either way turns every body into page faults: at 256 KiB prompts the
 gateway spent about 5 % of its CPU in the kernel faulting in zeroed pages (``perf``:
-``exc_page_fault``, ``clear_page``, ``brk``), some 64 faults a request.
+``exc_page_fault``, ``clear_page``, ``brk``), about 40 faults a request.
 
 ``keep_freed_memory`` raises both thresholds once at start: allocations up to
 ``MMAP_THRESHOLD`` come from the heap and are reused, and up to ``TRIM_THRESHOLD`` of
