@@ -2,13 +2,12 @@
 timing right, reports written, failures counted."""
 import argparse
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
 
+from tests.support.bench import fixed_upstream
 from velocity_fast.loadgen.app import loadgen_main
 from velocity_fast.loadgen.bench_cmd import BENCH_DEFAULTS, peak_rate
 from velocity_fast.loadgen.gateway_proc import free_port
@@ -18,39 +17,18 @@ from velocity_fast.loadgen.runner import run_workload
 from velocity_fast.loadgen.stats import summarize
 from velocity_fast.loadgen.workload import WorkloadConfig, build_workload
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def start_fixed(*extra):
-    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "upstream_fixed.py"), "--port", "0", *extra],
-                            stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    proc.stdout.close()
-    if not line.startswith("listening on"):
-        proc.kill()
-        proc.wait()
-        raise RuntimeError(f"fixed upstream did not start: {line!r}")
-    return proc, int(line.rsplit(":", 1)[1])
 
 
 @pytest.fixture
 def fixed():
-    proc, port = start_fixed()
-    try:
+    with fixed_upstream() as port:
         yield port
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 @pytest.fixture
 def fixed_stream():
-    proc, port = start_fixed("--stream-chunks", "6", "--chunk-interval-ms", "10")
-    try:
+    with fixed_upstream("--stream-chunks", "6", "--chunk-interval-ms", "10") as port:
         yield port
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 async def test_sustains_five_times_the_bench_peak_rate(fixed):

@@ -4,21 +4,17 @@ from __future__ import annotations
 
 import http.client
 import json
-import re
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.gateway import gateway_process, stop_group
+from tests.support.bench import fixed_upstream
+from tests.support.gateway import gateway_process
 from velocity_fast.server.heap import keep_freed_memory
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = Path(__file__).resolve().parents[2]
 BODY = json.dumps({"model": "fixed", "messages": [
     {"role": "system", "content": "You answer briefly.\n" * 10},
     {"role": "user", "content": "a 256 KiB prompt " * (256 * 1024 // 17)}]}).encode()
@@ -79,21 +75,8 @@ def _faults_per_request(upstream_port: int, env: dict[str, str]) -> tuple[float,
 
 @pytest.fixture
 def upstream_port():
-    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "upstream_fixed.py"), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 15
-        line = b""
-        while time.monotonic() < deadline and b"listening" not in line:
-            line = proc.stdout.readline()
-            if not line and proc.poll() is not None:
-                break
-        m = re.search(rb"listening on 127\.0\.0\.1:(\d+)", line)
-        assert m, f"the fixed upstream did not start: {line!r}"
-        yield int(m.group(1))
-    finally:
-        stop_group(proc, 5)
-        proc.stdout.close()
+    with fixed_upstream() as port:
+        yield port
 
 
 def test_large_bodies_do_not_fault_pages_in_at_defaults(upstream_port):

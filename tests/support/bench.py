@@ -1,7 +1,12 @@
-"""The benchmark scripts in bench/ as modules, for tests that call their functions."""
+"""The benchmark scripts in bench/ as modules, for tests that call their functions, and
+bench/upstream_fixed.py as a process."""
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -14,3 +19,24 @@ def bench_module(name: str) -> ModuleType:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+@contextmanager
+def fixed_upstream(*extra: str) -> Iterator[int]:
+    """bench/upstream_fixed.py (the "infinitely fast engine") on a free port of 127.0.0.1
+    for a ``with`` block: its port. Stopped at the end, even on failure."""
+    proc = subprocess.Popen([sys.executable, str(BENCH / "upstream_fixed.py"), "--port", "0", *extra],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        proc.stdout.close()
+        if not line.startswith("listening on"):
+            raise RuntimeError(f"fixed upstream did not start: {line!r}")
+        yield int(line.rsplit(":", 1)[1])
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
