@@ -796,14 +796,12 @@ def run_sizes(args) -> dict:
                     bad = sum(x["non2xx"] + x["errors"] for x in r)
                     if bad:
                         res["warnings"].append(f"{kib} KiB, {t.name}: {bad} non-2xx answers or transport errors")
-                g, n = row["targets"].get("gateway"), row["targets"].get("nginx")
-                if g and n and n["rps"] and n["cpu_us_per_req"] and g["cpu_us_per_req"]:
-                    row["rps_ratio"] = g["rps"] / n["rps"]
-                    row["cpu_ratio"] = g["cpu_us_per_req"] / n["cpu_us_per_req"]
-                nh = row["targets"].get("nginx-heap")
-                if g and nh and nh["rps"] and nh["cpu_us_per_req"] and g["cpu_us_per_req"]:
-                    row["heap_rps_ratio"] = g["rps"] / nh["rps"]
-                    row["heap_cpu_ratio"] = g["cpu_us_per_req"] / nh["cpu_us_per_req"]
+                g = row["targets"].get("gateway")
+                for ref, key in (("nginx", ""), ("nginx-heap", "heap_")):  # ratios to each reference
+                    n = row["targets"].get(ref)
+                    if g and n and n["rps"] and n["cpu_us_per_req"] and g["cpu_us_per_req"]:
+                        row[key + "rps_ratio"] = g["rps"] / n["rps"]
+                        row[key + "cpu_ratio"] = g["cpu_us_per_req"] / n["cpu_us_per_req"]
                 rows.append(row)
             if args.stream_body_kb and args.stream_events > 0:
                 stream_phase(procs, args, work, res)
