@@ -93,6 +93,32 @@ def test_filter_fails_open_when_saturation_would_remove_every_endpoint():
     assert r.pick(pool, info, lambda e: e.name == "e0") is None
 
 
+@pytest.mark.parametrize("profile", ["batch", "chat"])
+def test_an_engine_with_its_whole_learned_batch_in_flight_comes_after_one_that_runs_at_once(profile):
+    # e0 runs 8 at once (admission learned it) and has 8 in flight: a request sent there
+    # waits in the engine behind all 8. e1's 20 in flight are more, but below what it runs.
+    pool = make_pool(2)
+    e0, e1 = pool.endpoints
+    e0.running_cap, e0.inflight = 8.0, 8
+    e1.inflight = 20
+    r = router(default_profile=profile)
+    info = r.route_info("m", chat("x"), {})
+    assert {r.pick(pool, info).name for _ in range(30)} == {"e1"}
+    assert r.stats()["full"] == 0
+    # Below its batch again, e0 is the shorter queue.
+    e0.inflight = 7
+    assert r.pick(pool, info) is e0
+    # Every engine full: the request still goes (admission decided it goes now), counted.
+    e0.inflight = 8
+    e1.running_cap = 20.0
+    assert r.pick(pool, info) is e0
+    assert r.stats()["full"] == 1
+    # Never past the room filter or health.
+    assert r.pick(pool, info, lambda e: e.name == "e1") is e1
+    e1.healthy = False
+    assert r.pick(pool, info, lambda e: e.name == "e1") is None
+
+
 def test_stale_metrics_are_ignored_and_do_not_filter():
     pool = make_pool(2)
     scrape(pool.endpoints[0], waiting=50, kv=0.99, at=time.monotonic() - 60)  # a minute old

@@ -22,6 +22,7 @@ cdef class Router:
     cdef public object _picks
     cdef public object _fail_open
     cdef public object _no_endpoint
+    cdef public object _full
     cdef public object _blocks_sent
     cdef public object _blocks_hit
     cdef object _clock_fn
@@ -33,6 +34,7 @@ cdef class Router:
     cdef dict _model_profiles
     cdef object _default_profile
     cdef Value _fail_open_v
+    cdef Value _full_v
     cdef Value _no_endpoint_v
     cdef Value _blocks_sent_v
     cdef Value _blocks_hit_v

@@ -10,8 +10,11 @@ Filters: unhealthy endpoints, endpoints without room (``has_room(ep)`` False: at
 concurrency limit) and saturated ones (engine queue or KV usage past the thresholds).
 When saturation alone would remove every endpoint, the saturated ones stay (fail open):
 admission already decided that this request goes now, and refusing here would only turn
-a slow answer into an error. Then the request's profile (profiles.py) scores what is
-left.
+a slow answer into an error. Full endpoints (the batch admission learned for them all
+in flight, ``Endpoint.running_cap``) come second: a band never held back, such as
+``high``, may go past an engine's batch, and there it would wait in the engine's FIFO
+behind the whole batch while another engine could run it at once. Then the request's
+profile (profiles.py) scores what is left.
 
 Load is the engine's waiting count plus the gateway's own in-flight count. Engine
 gauges older than ``metrics_stale_s`` (or never scraped) are ignored: the in-flight
@@ -116,6 +119,9 @@ cdef class Router:
         self._pick_children[TURN] = self._picks.labels(*TURN)
         self._fail_open = reg.counter("velocity_route_fail_open_total",
                                       "Picks made among saturated endpoints because all were saturated.")
+        self._full = reg.counter("velocity_route_full_total",
+                                 "Picks made among endpoints whose learned batch was all in flight, "
+                                 "because none could run the request at once.")
         self._no_endpoint = reg.counter("velocity_route_no_endpoint_total",
                                         "Picks that found no healthy endpoint with room.")
         self._blocks_sent = reg.counter("velocity_prefix_blocks_total",
@@ -153,6 +159,7 @@ cdef class Router:
         return {
             "picks": picks,
             "fail_open": int(self._fail_open.get()),
+            "full": int(self._full.get()),
             "no_endpoint": int(self._no_endpoint.get()),
             "prefix_index": {
                 "hit_ratio": round(self.hit_ratio(), 4),
@@ -173,6 +180,7 @@ cdef class Router:
         self._model_profiles = s.profiles
         self._default_profile = s.default_profile
         self._fail_open_v = self._fail_open.labels()
+        self._full_v = self._full.labels()
         self._no_endpoint_v = self._no_endpoint.labels()
         self._blocks_sent_v = self._blocks_sent.labels()
         self._blocks_hit_v = self._blocks_hit.labels()
@@ -308,7 +316,7 @@ cdef class Router:
         cdef bint check_room = has_room is not None
         cdef RoomFilter room = has_room if isinstance(has_room, RoomFilter) else None
         cdef list cands = None, loads = None
-        cdef list saturated = None, saturated_loads = None
+        cdef list saturated = None, saturated_loads = None, full = None, full_loads = None
         cdef Endpoint ep, first = None
         state = self._pool_state(pool_model(pool), pool)
         if state.pool is not pool:  # made by on_dispatch, or the pool was replaced
@@ -330,6 +338,14 @@ cdef class Router:
                     continue
             else:
                 load = <double>ep.inflight
+            if ep.running_cap > 0.0 and <double>ep.inflight >= ep.running_cap:
+                # Full: its learned batch is all in flight, so a request sent there waits in
+                # the engine's FIFO behind it. Kept for when no engine would run it at once.
+                if full is None:
+                    full, full_loads = [], []
+                full.append(ep)
+                full_loads.append(load)
+                continue
             # The lists are made only when a second candidate comes (one is the common pool).
             if first is None:
                 first, first_load = ep, load
@@ -339,11 +355,18 @@ cdef class Router:
             cands.append(ep)
             loads.append(load)
         if first is None:
-            if not saturated:
+            if full:
+                cands, loads = full, full_loads
+                self._full_v.value += 1.0
+            elif not saturated:
                 self._no_endpoint_v.value += 1.0
                 return None
-            cands, loads = saturated, saturated_loads
-            self._fail_open_v.value += 1.0
+            else:
+                cands, loads = saturated, saturated_loads
+                self._fail_open_v.value += 1.0
+            first = cands[0]
+            if len(cands) == 1:
+                cands = None
         if cands is None or len(cands) == 1:
             chosen = first if cands is None else cands[0]
             # the count of picks without a choice, by profile: no tuple key to make
