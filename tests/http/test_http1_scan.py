@@ -56,7 +56,7 @@ def _llhttp_request(data: bytes):
     assert p.done, "llhttp did not complete the request"
     method, url, raw, keep, body = p.done[0]
     headers: dict[str, str] = {}
-    for name, value in raw:  # as server/protocol.py builds them
+    for name, value in raw:  # as server/connection.pyx builds them
         k = name.decode("latin-1").lower()
         v = value.decode("latin-1")
         headers[k] = headers[k] + ", " + v if k in headers else v
@@ -204,10 +204,10 @@ class _Resp:
         self.body = b""
         self.complete = False
 
-    def on_header(self, name, value):  # as upstream/connection.py keeps them
+    def on_header(self, name, value):  # as upstream/connection.pyx keeps them
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
-    def on_headers_complete(self):  # as upstream/connection.py reads them
+    def on_headers_complete(self):  # as upstream/connection.pyx reads them
         self.status = self.parser.get_status_code()
         self.keep = self.parser.should_keep_alive()
 

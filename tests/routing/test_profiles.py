@@ -1,4 +1,4 @@
-"""The functional suite every routing profile must pass (velocity_fast/routing/profiles.py)."""
+"""The functional suite every routing profile must pass (velocity_fast/routing/profiles.pyx)."""
 
 import random
 import time

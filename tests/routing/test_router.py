@@ -1,4 +1,4 @@
-"""The router: filters, profile choice, hot-spot guard, visibility (velocity_fast/routing/router.py)."""
+"""The router: filters, profile choice, hot-spot guard, visibility (velocity_fast/routing/router.pyx)."""
 
 import time
 from collections import Counter

@@ -1,5 +1,5 @@
 """HTTP/1.1 server core on real sockets: keep-alive, pipelining, request bodies,
-100-continue, HTTP/1.0, HEAD and ignored upgrades (velocity_fast/server/protocol.py)."""
+100-continue, HTTP/1.0, HEAD and ignored upgrades (velocity_fast/server/connection.pyx)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Server limits and bad input on real sockets: each answer has its status code and
 the error shape, its connection closes, and the server goes on serving the other
-connections open at the time and new ones (velocity_fast/server/protocol.py)."""
+connections open at the time and new ones (velocity_fast/server/connection.pyx)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The error shape and limits of velocity_fast/server/messages.py."""
+"""The error shape and limits of velocity_fast/http/errors.py and velocity_fast/server/limits.py."""
 
 from __future__ import annotations
 

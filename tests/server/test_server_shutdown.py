@@ -1,5 +1,5 @@
 """Graceful shutdown of the HTTP server, in-process and by SIGTERM to a process
-running run_until_signalled (velocity_fast/server/protocol.py, run.py)."""
+running run_until_signalled (velocity_fast/server/connection.pyx, run.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Streamed responses, write flow control, disconnects and handler errors on real
-sockets (velocity_fast/server/protocol.py)."""
+sockets (velocity_fast/server/connection.pyx)."""
 
 from __future__ import annotations
 

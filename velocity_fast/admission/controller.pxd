@@ -1,4 +1,4 @@
-# Admission's request path, typed (see admission.pyx for the why).
+# Admission's request path, typed (see controller.pyx for the why).
 
 from velocity_fast.admission.aimd cimport AimdLimit
 from velocity_fast.admission.bands cimport BandQueues, Item

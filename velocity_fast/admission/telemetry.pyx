@@ -58,7 +58,7 @@ def _gauge_fn(reg, name, help, fn, labels):
 
 
 cdef class Telemetry:
-    """Counters, windows and the metric handles of one Admission (see telemetry.py)."""
+    """Counters, windows and the metric handles of one Admission (see the module doc)."""
 
     def __init__(self, registry, list band_names, Py_ssize_t window, depth_fn, saturation_fn, limit_fn,
                  inflight_fn):

@@ -49,7 +49,7 @@ from velocity_fast.http.errors import stream_error_event
 log = logging.getLogger("velocity.gateway")
 
 cdef object _UNSET = msgspec.UNSET  # ProxyRequest's priority and sla_ms when the body has none
-cdef str _JSON = intern("application/json")  # one object with server.pyx's: its head needs no look-up
+cdef str _JSON = intern("application/json")  # one object with server/connection.pyx's: its head needs no look-up
 cdef bytes _H_RID = b"x-request-id: "
 cdef bytes _H_EP = b"\r\nx-velocity-endpoint: "
 cdef bytes _H_QMS = b"\r\nx-velocity-queue-ms: "
@@ -523,7 +523,7 @@ cdef class Exchange(Listener):
         auth = f"authorization: Bearer {key}\r\n".encode("latin-1") if key else b""
         up.request(_engine_request(up.json_post_head(self.up_path), self.rid, auth, self.body), self)
 
-    # -- the engine connection's listener: called as C (upstream.pyx's Listener); the
+    # -- the engine connection's listener: called as C (upstream/connection.pyx's Listener); the
     # Python names are for a connection made by the pool's Python (a fresh connect) --
     def upstream_sent(self, UpstreamConnection conn):
         self.on_sent(conn)
@@ -560,7 +560,7 @@ cdef class Exchange(Listener):
         ct = _content_type(conn)
         if starts(ct, "text/event-stream") or (
                 not conn.has_length and conn.te_chunked and not starts(ct, "application/json")):
-            # A stream: its pieces come to upstream_body as they arrive (relay.py's rules).
+            # A stream: its pieces come to upstream_body as they arrive (upstream/connection.pyx relays each chunk as it is read).
             self.relaying = True
             self.ct = ct
             self.status = conn.status

@@ -20,7 +20,7 @@ class GatewayMetrics:
     """Per-request counters; per-endpoint values are read at scrape time.
 
     Admission registers the lease counters, rejections, queue, saturation, limit,
-    in-flight, TTFT and latency metrics itself (admission/telemetry.py)."""
+    in-flight, TTFT and latency metrics itself (admission/telemetry.pyx)."""
 
     def __init__(self, reg: Registry, gw: "Gateway") -> None:
         self.requests = reg.counter("velocity_requests_total", "Requests answered, by route, status and band.",

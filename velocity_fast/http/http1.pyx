@@ -12,7 +12,7 @@ a request with Connection: close, HTTP/1.0, a header byte outside printable ASCI
 or body past the server's limits, anything they do not recognise. The caller then
 hands the same bytes to llhttp, which parses them or produces the error the
 contract asks for. So a message taken here is one llhttp would have taken with the
-same meaning; tests/unit/test_http1_scan.py holds the two side by side.
+same meaning; tests/http/test_http1_scan.py holds the two side by side.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE

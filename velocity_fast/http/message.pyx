@@ -2,7 +2,7 @@
 request path reads its fields as C struct fields (a msgspec Struct's are attribute
 look-ups from compiled code: a type look-up and a descriptor call each).
 
-Python sees the same attributes as before (server/messages.py documents them); the
+Python sees the same attributes as before (message.pyi documents them); the
 server and the scanner (http1.pyx) make it with new_request, without an __init__ call.
 """
 

@@ -14,7 +14,7 @@ a slow answer into an error. Full endpoints (the batch admission learned for the
 in flight, ``Endpoint.running_cap``) come second: a band never held back, such as
 ``high``, may go past an engine's batch, and there it would wait in the engine's FIFO
 behind the whole batch while another engine could run it at once. Then the request's
-profile (profiles.py) scores what is left.
+profile (profiles.pyx) scores what is left.
 
 Load is the engine's waiting count plus the gateway's own in-flight count. Engine
 gauges older than ``metrics_stale_s`` (or never scraped) are ignored: the in-flight
@@ -39,7 +39,7 @@ filters of ``pick`` (health, room, exclusions, saturation on fresh gauges, fail 
 the prefix index's bookkeeping of ``on_dispatch``. Construction, ``forget``, ``hit_ratio``
 and ``stats`` run once or per scrape and are plain ``def`` methods of the same class.
 Endpoints are compiled too (fleet/endpoint.pyx): their fields are read as C. The Python
-profiles (routing/profiles.py) read ``RouteInfo`` and ``RouterPool`` fields through
+profiles (routing/profiles.pyx) read ``RouteInfo`` and ``RouterPool`` fields through
 descriptors.
 """
 

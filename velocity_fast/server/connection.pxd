@@ -1,4 +1,4 @@
-# The server's typed connection and response objects (see server.pyx).
+# The server's typed connection and response objects (see connection.pyx).
 
 from velocity_fast.io.outbox cimport Outbox, OutboxOwner
 from velocity_fast.http.message cimport Request

@@ -36,7 +36,7 @@ cdef dict _CT = {
     "text/plain; version=0.0.4; charset=utf-8": b"content-type: text/plain; version=0.0.4; charset=utf-8\r\n"}
 cdef bytes _OK = _STATUS_LINES[200]
 cdef str _HEAD_METHOD = "HEAD"
-cdef str _JSON = intern("application/json")  # one object: upstream.pyx and exchange.pyx use it too
+cdef str _JSON = intern("application/json")  # one object: upstream/connection.pyx and gateway/exchange.pyx use it too
 cdef bytes _JSON_LINE = _CT[_JSON]
 cdef bytes _KEEP = b"connection: keep-alive\r\n"
 cdef bytes _CLOSE = b"connection: close\r\n"

@@ -1,4 +1,4 @@
-# The engine connection as a typed class (see upstream.pyx).
+# The engine connection as a typed class (see connection.pyx).
 
 from velocity_fast.http.http1 cimport Head
 from velocity_fast.io.outbox cimport OutboxOwner, Outbox

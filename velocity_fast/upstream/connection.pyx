@@ -1,7 +1,7 @@
-"""One keep-alive HTTP/1.1 connection to an engine, compiled (velocity_fast/upstream/connection.py
-describes it: the future path for coroutines, the listener path for callbacks).
+"""One keep-alive HTTP/1.1 connection to an engine, compiled: the future path for
+coroutines, the listener path for callbacks (connection.pyi describes both).
 
-Typed like the server's connection (server.pyx): its fields are C struct members, and
+Typed like the server's connection (server/connection.pyx): its fields are C struct members, and
 the steps of a whole answer (read, scan, head, done) are C calls.
 """
 
@@ -44,7 +44,7 @@ cdef inline int _hex(unsigned char c) noexcept nogil:
     return -1
 
 
-cdef str _JSON = intern("application/json")  # the object server.pyx knows at once
+cdef str _JSON = intern("application/json")  # the object server/connection.pyx knows at once
 
 
 cdef class Listener:
@@ -500,7 +500,7 @@ cdef class UpstreamConnection(OutboxOwner):
         self.requests += 1
         self.listener = None
         self._head = self._loop.create_future()
-        self._outbox.write(self, data)  # leaves at the end of this loop pass (server.pyx's outbox)
+        self._outbox.write(self, data)  # leaves at the end of this loop pass (io/outbox.pyx)
         return self._head
 
     cpdef send_to(self, data, listener, bint reused=False):

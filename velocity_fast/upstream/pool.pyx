@@ -193,7 +193,7 @@ cdef class UpstreamPool:
             conn.abort()
 
     cpdef request(self, data, listener):
-        """Send a request whose answer goes to ``listener`` (see UpstreamListener): bytes,
+        """Send a request whose answer goes to ``listener`` (see connection.pyx's Listener): bytes,
         or a (head, body) pair that leaves in one writev without being joined.
 
         On an idle connection this is all callbacks. With none idle, or when the
