@@ -41,3 +41,16 @@ def _fail_on_loop_errors():
         msgs = [str(c.get("exception") or c.get("message")) for c in _loop_errors]
         _loop_errors.clear()
         pytest.fail(f"unhandled exceptions in the event loop: {msgs}")
+
+
+# Tests that measure time against time, or run whole benchmarks, run alone after the rest
+# (the Makefile's second pass): on 2 cores another test beside them is noise in their
+# figures. The rest run two at a time (pytest-xdist); see Makefile's `test`.
+SERIAL_DIRS = ("e2e", "bench")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        parts = item.path.relative_to(Path(__file__).parent).parts
+        if parts[0] in SERIAL_DIRS or item.get_closest_marker("e2e") or item.get_closest_marker("bench"):
+            item.add_marker(pytest.mark.serial)

@@ -1,7 +1,7 @@
 """Every project file that a comment, a docstring or a document names exists.
 
-A comment that cites ``server.pyx`` after the server moved to ``server/connection.pyx``
-sends a reader to a file that is not there. This test reads the comments and docstrings
+A comment that cites a file by the name it had before the code moved into its concept
+package sends a reader to a file that is not there. This test reads the comments and docstrings
 of the code (``.py``, ``.pyx``, ``.pxd``, ``.pyi``, ``csrc/*.h``) and the whole text of the
 documents (``*.md``), takes each name that looks like a source or document file, and
 finds it: a path (``routing/router.pyx``) relative to the repository, the package, the
