@@ -395,11 +395,12 @@ async def test_saturated_pool_holds_low_but_not_high():
     clock = Clock()
     adm, (ep,) = make(limit=8, clock=clock)
     ep.running, ep.waiting, ep.kv_usage, ep.scraped_at = 8, 6, 0.5, clock.t  # 1.2
+    ep.inflight_peak = 8  # the 8 running were this gateway's (since ended), not a replica's
     adm.on_metrics(ep)
     normal, low = await queued(adm, Ticket(band="normal"), Ticket(band="low"))
     high = await asyncio.wait_for(adm.admit(Ticket(band="high")), 1)
     assert not normal.done() and not low.done()
-    ep.waiting, ep.scraped_at = 0, clock.t + 0.1
+    ep.running, ep.waiting, ep.scraped_at = 0, 0, clock.t + 0.1  # the engine's work done
     clock.t += 0.1
     adm.on_metrics(ep)
     (await normal).release("completed")
@@ -411,6 +412,7 @@ async def test_aging_lets_low_work_through_under_the_high_ceiling():
     clock = Clock()
     adm, (ep,) = make(limit=8, clock=clock, aging_step_ms=1000)
     ep.running, ep.waiting, ep.kv_usage, ep.scraped_at = 8, 5, 0.5, clock.t  # 1.0: low held
+    ep.inflight_peak = 8  # the 8 running were this gateway's (since ended), not a replica's
     adm.on_metrics(ep)
     (low,) = await queued(adm, Ticket(band="low"))
     assert not low.done()

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from velocity_fast.admission.saturation import EndpointLoad, Saturation, free_slots, refresh
+from velocity_fast.admission.saturation import EndpointLoad, Saturation, free_slots, observe_endpoint, refresh
 from velocity_fast.fleet.endpoint import Endpoint
 
 
@@ -164,6 +164,38 @@ def test_refresh_copies_the_gateway_counts_and_only_a_new_scrape():
     assert refresh([], []) is False
     with pytest.raises(ValueError):
         refresh([la], [a, b])
+
+
+def test_other_replicas_work_is_what_the_engine_shows_beyond_our_own_peak():
+    """Two gateways in front of one engine: each sees the other's requests only in the
+    engine's gauges. What the engine runs beyond the most this gateway had in
+    flight since the scrape before is the other's, and counts as in-flight work."""
+    s = Saturation()
+    ep = Endpoint("a", "http://a", "m", limit=10)
+    ep.healthy = True
+    load = EndpointLoad(limit=10)
+    ep.inflight = ep.inflight_peak = 4
+    ep.running, ep.waiting, ep.kv_usage, ep.scraped_at = 10, 1, 0.1, 10.0
+    refresh([load], [ep])
+    assert load.others == 6 and ep.others == 6
+    # Ours 4 and theirs 6 of a limit of 10: full, where ours alone would be 0.4.
+    assert s.endpoint(load, 10.05) == pytest.approx(1.0)
+    # A scrape that is stale is no evidence of the others: our own count stands alone.
+    assert s.endpoint(load, 100.0) == pytest.approx(0.4)
+
+
+def test_a_single_gateway_sees_no_others_however_its_count_moved_between_scrapes():
+    # Six of ours ran when the engine was scraped; two ended since. The engine's six are
+    # all ours: the peak since the last scrape, not the count now, is subtracted.
+    ep = Endpoint("a", "http://a", "m", limit=10)
+    ep.healthy = True
+    load = EndpointLoad(limit=10)
+    ep.inflight = ep.inflight_peak = 6
+    ep.inflight = 4
+    ep.running, ep.waiting, ep.kv_usage, ep.scraped_at = 6, 0, 0.1, 10.0
+    observe_endpoint(load, ep)
+    assert load.others == 0
+    assert ep.inflight_peak == 4  # the next interval's peak starts from the count now
 
 
 def test_free_slots_count_healthy_endpoints_below_their_limit_less_pending():

@@ -36,7 +36,7 @@ from velocity_fast.admission.bands cimport BandQueues, Item
 from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.fleet.endpoint cimport Endpoint, pool_endpoints, same_endpoints
 from velocity_fast.metrics.values cimport HistChild, Value
-from velocity_fast.admission.saturation cimport EndpointLoad, Saturation, free_slots, refresh
+from velocity_fast.admission.saturation cimport EndpointLoad, Saturation, free_slots, observe_endpoint, refresh
 from velocity_fast.admission.estimators cimport Ewma, ServiceEstimate
 from velocity_fast.admission.telemetry cimport Telemetry, _CANCELLED, _COMPLETED, _FAILED, _outcome
 
@@ -264,7 +264,8 @@ cdef class Admission:
         if st is None or st.ep is not ep:
             return
         now = self.clock()
-        st.load.observe(ep.running, ep.waiting, ep.kv_usage, ep.scraped_at)
+        if ep.scraped_at != st.load.scraped_at:  # not yet taken by an arrival's refresh
+            observe_endpoint(st.load, ep)
         # The batch learned here, for the router's hot-spot guard (0 until it is known).
         ep.running_cap = st.load.capacity if st.load.capacity_known else 0.0
         ps = self._pools.get(ep.model)
@@ -417,6 +418,8 @@ cdef class Admission:
             ep = st.ep
             endpoints[ep.name] = {
                 "limit": ep.limit, "inflight": ep.inflight,
+                # Other gateways' work on this engine as the last scrape showed it (replicas).
+                "others": st.load.others,
                 "saturation": round(self.policy.saturation.endpoint(st.load, now), 4),
                 # The engine's batch once learned (None: not yet shown), and the most seen running.
                 "batch_capacity": st.load.capacity if st.load.capacity_known else None,
@@ -848,6 +851,8 @@ cdef class Admission:
         if not rebind:
             ps.pending -= 1
         ep.inflight += 1
+        if ep.inflight > ep.inflight_peak:
+            ep.inflight_peak = ep.inflight
         # An endpoint admission knows already (the common case) needs no call.
         st = self._known_state(ep)
         lease._st = st if st is not None else self._ep_state(ep)

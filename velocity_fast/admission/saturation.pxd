@@ -1,5 +1,7 @@
 # State and signatures of the saturation model (see saturation.pyx for the why).
 
+from velocity_fast.fleet.endpoint cimport Endpoint
+
 cdef extern from "admission_consts.h":
     double VF_QUEUE_THRESHOLD
     double VF_KV_THRESHOLD
@@ -18,6 +20,9 @@ cdef class EndpointLoad:
     cdef readonly bint capacity_known
     # The previous scrape showed a queue beside running requests.
     cdef readonly bint queue_seen
+    # What the engine ran or queued beyond this gateway's own requests at the last
+    # scrape: other replicas' work (observe_endpoint).
+    cdef readonly double others
     # The gateway's own view, kept by admission.
     cdef public long inflight
     cdef public long limit
@@ -27,6 +32,7 @@ cdef class EndpointLoad:
     cpdef void observe(self, double running, double waiting, double kv, double scraped_at)
 
 
+cpdef void observe_endpoint(EndpointLoad load, Endpoint ep)
 cpdef bint refresh(list loads, list eps) except -1
 cpdef long free_slots(list eps, long pending) except? -1
 

@@ -14,6 +14,14 @@ against its threshold (1.0 = saturated). Two lags of scraped metrics are closed:
   and a batch that ends together is replaced together, with fewer running meanwhile.
 * A request granted but not yet dispatched is invisible to both; the pool number
   takes those outstanding leases as extra in-flight work.
+* Other gateways in front of the same engines (replicas) are seen in the engine's
+  gauges only: what a scrape shows running beyond the most this gateway had in flight
+  there since the scrape before (``others``) is theirs (what waits in the engine, theirs
+  or ours, is the queue term already). It counts as
+  in-flight work beside the gateway's own, for as long as the scrape is fresh, so that
+  replicas together keep to the bands' ceilings of one engine's batch. Subtracting the
+  most this gateway had in flight, not what it has now, keeps a single gateway's
+  ``others`` at zero: the engine never counts more of its requests than it sent.
 
 The gateway's own use of the engine, in-flight against the smaller of the
 concurrency limit and the learned batch capacity, is a third term: a band ceiling
@@ -69,6 +77,19 @@ cdef class EndpointLoad:
                 f"capacity={self.capacity}, value={self.value:.3f})")
 
 
+cpdef void observe_endpoint(EndpointLoad load, Endpoint ep):
+    """Record ``ep``'s latest scrape in ``load``, with what it shows of other gateways'
+    work (``others``, also kept on the endpoint for the router), and start the next
+    interval's count of this gateway's own in-flight peak."""
+    cdef double others
+    load.observe(ep.running, ep.waiting, ep.kv_usage, ep.scraped_at)
+    # Running only: the engine's waiting requests, theirs and ours, are the queue term.
+    others = ep.running - <double>ep.inflight_peak
+    load.others = others if others > 0.0 else 0.0
+    ep.others = load.others
+    ep.inflight_peak = ep.inflight
+
+
 cpdef bint refresh(list loads, list eps) except -1:
     """Bring each load up to date with its endpoint (``eps[i]`` for ``loads[i]``):
     the gateway's counts always, the engine's gauges when another scrape landed.
@@ -87,7 +108,7 @@ cpdef bint refresh(list loads, list eps) except -1:
         load.inflight = ep.inflight
         load.limit = ep.limit
         if ep.scraped_at != load.scraped_at:
-            load.observe(ep.running, ep.waiting, ep.kv_usage, ep.scraped_at)
+            observe_endpoint(load, ep)
         if ep.healthy:
             any_healthy = True
     return any_healthy
@@ -125,15 +146,18 @@ cdef class Saturation:
         threshold, KV / KV threshold (fresh scrapes only) and in-flight / limit.
         Also stored in ``load.value``."""
         cdef double cap, queued, s, k, room
+        cdef bint fresh = load.scraped_at > 0.0 and now - load.scraped_at <= self.stale_after
         cap = load.capacity
         if not load.capacity_known and cap < load.limit:
             cap = load.limit
         if cap < 1.0:
             cap = 1.0
+        if fresh:
+            extra += load.others  # other replicas' work, while the scrape that showed it holds
         queued = load.inflight + extra - cap
         if queued < 0.0:
             queued = 0.0
-        if load.scraped_at > 0.0 and now - load.scraped_at <= self.stale_after:
+        if fresh:
             if load.waiting > queued:
                 queued = load.waiting
             s = queued / self.queue_threshold

@@ -18,6 +18,10 @@ cdef class Endpoint:
     cdef public long limit
     cdef public double max_running_seen
     cdef public double running_cap
+    # The most this gateway had in flight here since the last scrape, and what the last
+    # scrape showed beyond it: other gateways' requests (replicas of this one).
+    cdef public long inflight_peak
+    cdef public double others
     cdef public double ejected_until
     cdef public double eject_backoff
     cdef public long failures

@@ -25,6 +25,7 @@ cdef class Endpoint:
         # max_running_seen: high-water mark of observed running, the learned batch capacity
         # running_cap: the batch admission learned from the gauges (the most seen running,
         # once two scrapes in a row showed a queue beside it); 0: not known
+        # inflight_peak, others: see saturation.pyx's observe_endpoint
         self.state = "unknown"        # unknown | healthy | ejected | down
         self.upstream = None          # the UpstreamPool, set by the gateway
 

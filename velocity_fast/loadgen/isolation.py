@@ -65,9 +65,13 @@ class Fleet:
     engine_args: list[list[str]]
     policy: str
     log_dir: str
+    #: Gateways in front of the same engines (replicas, as behind a load balancer).
+    replicas: int = 1
     procs: list[subprocess.Popen] = field(default_factory=list)
     port: int = 0
     admin_port: int = 0
+    ports: list[int] = field(default_factory=list)
+    admin_ports: list[int] = field(default_factory=list)
 
     def start(self) -> None:
         base = free_port_range(len(self.engine_args))
@@ -79,11 +83,15 @@ class Fleet:
             argv = [*head, "--host", "127.0.0.1", "--port", str(base + i), "--model", MODEL, *BASE_SIM, *extra]
             self.procs.append(self._spawn(argv, env, f"engine-{i}.log"))
             endpoints += ["--endpoint", f"e{i}=http://127.0.0.1:{base + i}={MODEL}"]
-        self.port, self.admin_port = free_port(), free_port()
         gw, _ = python_child("velocity_fast")
-        self.procs.append(self._spawn([*gw, "serve", *endpoints, "--policy", self.policy, "--host", "127.0.0.1",
-                                       "--port", str(self.port), "--admin-port", str(self.admin_port)],
-                                      env, "gateway.log"))
+        for r in range(self.replicas):
+            port, admin = free_port(), free_port()
+            self.ports.append(port)
+            self.admin_ports.append(admin)
+            self.procs.append(self._spawn([*gw, "serve", *endpoints, "--policy", self.policy, "--host", "127.0.0.1",
+                                           "--port", str(port), "--admin-port", str(admin)],
+                                          env, f"gateway-{r}.log" if r else "gateway.log"))
+        self.port, self.admin_port = self.ports[0], self.admin_ports[0]
 
     def _spawn(self, argv: list[str], env: dict, log: str) -> subprocess.Popen:
         with open(os.path.join(self.log_dir, f"{self.policy}-{log}"), "ab") as out:
@@ -97,10 +105,14 @@ class Fleet:
             for p in self.procs:
                 if p.poll() is not None:
                     raise RuntimeError(f"a child exited with {p.returncode} (logs in {self.log_dir})")
-            with contextlib.suppress(OSError, asyncio.TimeoutError, ValueError, IndexError):
-                status, body = await http_get("127.0.0.1", self.admin_port, "/ready")
-                if status == 200 and orjson.loads(body)["healthy_endpoints"] == len(self.engine_args):
-                    return
+            ready = 0
+            for admin in self.admin_ports:
+                with contextlib.suppress(OSError, asyncio.TimeoutError, ValueError, IndexError):
+                    status, body = await http_get("127.0.0.1", admin, "/ready")
+                    if status == 200 and orjson.loads(body)["healthy_endpoints"] == len(self.engine_args):
+                        ready += 1
+            if ready == len(self.admin_ports):
+                return
             await asyncio.sleep(0.1)
         raise RuntimeError(f"not ready after {timeout:.0f} s (logs in {self.log_dir})")
 
@@ -175,14 +187,18 @@ async def settled(fleet: Fleet, timeout: float) -> dict:
 
 async def run(engine_args: list[list[str]], policy: str, log_dir: str, *, low: int = 300,
               high_samples: int = 40, spacing: float = 0.1, backlog: float = 4.0,
-              backoff_cap: float = 2.0, settle_timeout: float = 15.0) -> dict:
-    """One scenario under one policy: idle and loaded high series on a fresh fleet."""
-    fleet = Fleet(engine_args, policy, log_dir)
+              backoff_cap: float = 2.0, settle_timeout: float = 15.0, replicas: int = 1) -> dict:
+    """One scenario under one policy: idle and loaded high series on a fresh fleet.
+
+    With ``replicas`` gateways in front of the same engines, the low clients are spread
+    over them in turn and the high series goes to the first: what the others send is
+    known to it only through the engines' own gauges."""
+    fleet = Fleet(engine_args, policy, log_dir, replicas=replicas)
     fleet.start()
     try:
         await fleet.wait_ready()
         high = Client("127.0.0.1", fleet.port, timeout=300)
-        low_client = Client("127.0.0.1", fleet.port, timeout=300)
+        low_clients = [Client("127.0.0.1", port, timeout=300) for port in fleet.ports]
         counts = {"ok": 0, "declined": 0, "failed": 0}
         try:
             await high_series(high, fleet.port, 4, 0.05)  # warm connections and estimators
@@ -191,13 +207,13 @@ async def run(engine_args: list[list[str]], policy: str, log_dir: str, *, low: i
             idle_a, failed_a = await high_series(high, fleet.port, high_samples, spacing)
             idle_b, failed_b = await high_series(high, fleet.port, high_samples, spacing)
             idle, idle_failed = idle_a + idle_b, failed_a + failed_b
-            low_wire = wire(fleet.port, LOW_BODY, "low")
+            low_wires = [wire(port, LOW_BODY, "low") for port in fleet.ports]
             stop_at = time.monotonic() + backlog + high_samples * spacing + 120.0
             stopping = asyncio.Event()
 
             async def low_worker(i: int) -> None:
                 while not stopping.is_set() and time.monotonic() < stop_at:
-                    r = await low_client.send(i, low_wire)
+                    r = await low_clients[i % len(low_clients)].send(i, low_wires[i % len(low_wires)])
                     if r.ok:
                         counts["ok"] += 1
                     elif r.status in (429, 503):  # declined: back off as told (Retry-After)
@@ -224,7 +240,8 @@ async def run(engine_args: list[list[str]], policy: str, log_dir: str, *, low: i
                 await asyncio.gather(*workers, return_exceptions=True)
         finally:
             high.close()
-            low_client.close()
+            for c in low_clients:
+                c.close()
     finally:
         fleet.stop()
     adm = before.get("admission", {})

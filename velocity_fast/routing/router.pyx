@@ -338,9 +338,10 @@ cdef class Router:
                     continue
             else:
                 load = <double>ep.inflight
-            if ep.running_cap > 0.0 and <double>ep.inflight >= ep.running_cap:
-                # Full: its learned batch is all in flight, so a request sent there waits in
-                # the engine's FIFO behind it. Kept for when no engine would run it at once.
+            if ep.running_cap > 0.0 and <double>ep.inflight + ep.others >= ep.running_cap:
+                # Full: its learned batch is all in flight (ours, and other replicas' as the
+                # last scrape showed it), so a request sent there waits in the engine's FIFO
+                # behind it. Kept for when no engine would run it at once.
                 if full is None:
                     full, full_loads = [], []
                 full.append(ep)
