@@ -66,6 +66,9 @@ class Gateway:
         # every other route goes to _route below.
         self.handle = functools.partial(handle_client, self.ingress)
         self.settings = settings
+        # What it started with: a reload replaces `settings`, but the keys read once at
+        # start (reload.RESTART_KEYS) keep these values until the next start.
+        self.started_settings = settings
         self.backend = backend
         self.registry = Registry()
         self.identity = Identity(settings)
