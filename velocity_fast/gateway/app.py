@@ -57,6 +57,7 @@ class Gateway:
     pools = _ingress_field("pools")
     default_model = _ingress_field("default_model")
     band_names = _ingress_field("band_names")
+    default_band = _ingress_field("default_band")
     _loop = _ingress_field("_loop")
 
     def __init__(self, settings: Settings, *, backend: str = "endpoints", model_label: str | None = None) -> None:
@@ -85,6 +86,7 @@ class Gateway:
         self.router = make_router(settings, self.registry,
                                   precise=self.kv.precise_for(routing_settings(settings)))
         self.band_names = [b.name for b in settings.bands]
+        self.default_band = self._default_band()
         self.client_server: HTTPServer | None = None
         self.watching = False  # health monitors run: endpoints added from now on are watched at once
         self.admin_server: HTTPServer | None = None
@@ -246,7 +248,13 @@ class Gateway:
 
     def _band_for(self, raw, tenant) -> str:
         """The band a request asks for (header, then body), capped by its tenant's max_band."""
-        return band_for(self.band_names, raw, tenant)
+        return band_for(self.band_names, raw, tenant, self.default_band)
+
+    def _default_band(self) -> str | None:
+        """The band of a request that names none: admission.default_band (validated against
+        the bands; None leaves band_for its own rule)."""
+        band = self.admission.settings.default_band
+        return band if band in self.band_names else None
 
     def _sla_for(self, header: str | None, body_value: float | None) -> float | None:
         """The SLA the client asked for; None leaves it to the tenant's, else the server's

@@ -250,15 +250,20 @@ cdef list _names_seen = None
 cdef str _default_seen = None
 
 
-cpdef str band_for(list names, raw, tenant):
+cpdef str band_for(list names, raw, tenant, str default=None):
     """The band a request asks for (header, then body; ``names`` highest first), capped by
-    its tenant's max_band. A number is vLLM's priority: lower is higher."""
+    its tenant's max_band. A number is vLLM's priority: lower is higher. A request that
+    names none gets ``default`` (admission.default_band); one that names a band that does
+    not exist is a 400 naming the bands, not a silent default: the header and the body's
+    string ``priority`` are this gateway's own, so an unknown name is a mistake to show."""
     cdef str band
     global _names_seen, _default_seen
     if raw is None or raw == "":
-        # The default band of the last names list seen (the gateway replaces its list
-        # on a reload, never changes it in place): no search of the list each time.
-        if names is _names_seen and names is not None:
+        if default is not None:
+            band = default
+        # Without one: "normal", else the middle band, of the last names list seen (the
+        # gateway replaces its list on a reload, never changes it in place).
+        elif names is _names_seen and names is not None:
             band = _default_seen
         else:
             band = "normal" if "normal" in names else names[len(names) // 2]
@@ -305,7 +310,7 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
             prio = <object>f[P_PRIORITY]
             if prio is _UNSET:  # not in the body
                 prio = None
-        band = band_for(gw.band_names, prio, tenant)
+        band = band_for(gw.band_names, prio, tenant, gw.default_band)
         sla_ms = <object>f[P_SLA_MS]
         if sla_ms is _UNSET:
             sla_ms = None
