@@ -85,4 +85,5 @@ cdef class Exchange(Listener):
     cdef _fail_lease(self, error_text)
     cdef _refuse(self, int status, str reason, str message, retry_after=*)
     cdef _crashed(self)
+    cdef _cut(self)
     cpdef list base_headers(self)

@@ -711,6 +711,8 @@ cdef class Exchange(Listener):
 
     def on_disconnect(self):
         """The client left: out of the queue, or the engine request aborted and the lease cancelled."""
+        if self.resp.cut_short:
+            return self._cut()
         self.abandoned = True
         if self.state == _QUEUED:
             self.state = _DONE
@@ -724,6 +726,27 @@ cdef class Exchange(Listener):
             self.task.cancel()
         if self.lease is not None:
             self.lease.release("cancelled")
+
+    cdef _cut(self):
+        """The gateway's shutdown grace ran out first (Responder.cut, which then answers the
+        client): out of the queue, or the engine request aborted and the lease failed; the
+        request is counted with the status its client sees (its stream's, or 503)."""
+        self.abandoned = True
+        status = self.status if self.relaying else 503
+        if self.state == _QUEUED:
+            self.state = _DONE
+            self.adm._withdraw(self.ticket, self.qitem)
+        else:
+            self.state = _DONE
+            if self.conn is not None:
+                self.conn.abort()
+                self.conn = None
+            if self.task is not None:
+                self.task.cancel()
+            if self.lease is not None:
+                self.lease.release("failed", "the gateway shut down", self.events)
+        self.qitem = None
+        count_request(self.gw, self.route, status, self.ticket.band)
 
     cpdef list base_headers(self):
         """The headers of every answer to this request, an error's too (made when needed)."""
