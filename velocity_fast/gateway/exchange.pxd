@@ -60,6 +60,7 @@ cdef class Exchange(Listener):
     cdef long events
     cdef bint first
     cdef bint engine_failed
+    cdef bint done_sent           # a stream's data: [DONE] was relayed to the client
     cdef object error_text
 
     cdef bint waiting(self) except -1
@@ -86,4 +87,5 @@ cdef class Exchange(Listener):
     cdef _refuse(self, int status, str reason, str message, retry_after=*)
     cdef _crashed(self)
     cdef _cut(self)
+    cdef _left_after_done(self)
     cpdef list base_headers(self)

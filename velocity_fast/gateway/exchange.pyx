@@ -144,10 +144,11 @@ cdef inline str _content_type(UpstreamConnection conn):
     return _JSON if ct is None else ct
 
 
-cdef long _events(bytes data, Py_ssize_t* err_at):
+cdef long _events(bytes data, Py_ssize_t* err_at, bint* done):
     """How many SSE events begin in ``data`` (``data: `` lines), in one pass that also
     finds the first of them that is an error event (``data: {"error"``): its offset in
-    ``err_at``, else -1. ``data.count`` would be a method call per piece."""
+    ``err_at``, else -1; ``done`` is set when one is the stream's last, ``data: [DONE]``.
+    ``data.count`` would be a method call per piece."""
     cdef const char* s = PyBytes_AS_STRING(data)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(data), pos = 0
     cdef const char* hit
@@ -159,7 +160,9 @@ cdef long _events(bytes data, Py_ssize_t* err_at):
             return count
         count += 1
         pos = hit - s
-        if err_at[0] < 0 and n - pos >= 14 and memcmp(hit + 6, b'{"error"', 8) == 0:
+        if n - pos >= 12 and hit[6] == c'[' and memcmp(hit + 6, b"[DONE]", 6) == 0:
+            done[0] = True
+        elif err_at[0] < 0 and n - pos >= 14 and memcmp(hit + 6, b'{"error"', 8) == 0:
             err_at[0] = pos
         pos += 6
 
@@ -572,6 +575,7 @@ cdef class Exchange(Listener):
             self.events = 0
             self.first = True
             self.engine_failed = False
+            self.done_sent = False
             self.error_text = None
             self.resp.start(conn.status, content_type=ct, headers=self.out_headers())
             # An HTTP/1.1 client: the engine's chunks go on as they came (UpstreamConnection).
@@ -585,7 +589,7 @@ cdef class Exchange(Listener):
             self.first = False
             self.lease.first_byte()
         # (chunk framing is hex digits and CRLFs: it never holds an event's bytes)
-        self.events += _events(data, &err_at)
+        self.events += _events(data, &err_at, &self.done_sent)
         if err_at >= 0 and not self.engine_failed:  # the engine's own error event (e.g. out of memory)
             self.engine_failed = True
             self.error_text = data[err_at:err_at + 2000].decode("utf-8", "replace")
@@ -713,6 +717,8 @@ cdef class Exchange(Listener):
         """The client left: out of the queue, or the engine request aborted and the lease cancelled."""
         if self.resp.cut_short:
             return self._cut()
+        if self.done_sent and self.state == _ADMITTED:
+            return self._left_after_done()
         self.abandoned = True
         if self.state == _QUEUED:
             self.state = _DONE
@@ -726,6 +732,29 @@ cdef class Exchange(Listener):
             self.task.cancel()
         if self.lease is not None:
             self.lease.release("cancelled")
+
+    cdef _left_after_done(self):
+        """The client left once the stream's ``data: [DONE]`` reached it, before the
+        engine's end of the stream (its last, empty chunk, which vLLM and the sim engine
+        write apart from [DONE]) came: the openai client closes its connection at [DONE].
+        The client has the whole answer: the books are those of a stream that ended
+        (completed, counted with its status), not a cancel. The engine connection, not at
+        the end of its answer, cannot be reused: it is closed."""
+        self.abandoned = True
+        self.state = _DONE
+        self.qitem = None
+        if self.conn is not None:
+            self.conn.abort()
+            self.conn = None
+        if self.task is not None:
+            self.task.cancel()
+        status = self.status
+        ok = 200 <= status < 300 and not self.engine_failed
+        error_text = self.error_text
+        if not ok and error_text is None and status >= 400:
+            error_text = f"engine status {status}"
+        settle(self.gw, self.route, self.ticket.band, self.ep, self.lease, status, self.engine_failed, ok,
+               error_text, self.events)
 
     cdef _cut(self):
         """The gateway's shutdown grace ran out first (Responder.cut, which then answers the
