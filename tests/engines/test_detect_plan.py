@@ -212,6 +212,35 @@ def test_engines_skip_a_port_something_else_holds(model):
         held.close()
 
 
+def test_a_port_with_only_time_wait_connections_is_still_chosen(model):
+    """Engines that just stopped leave TIME-WAIT connections on their ports; a restart
+    must get the same ports, since the engines' servers bind with SO_REUSEADDR."""
+    import socket
+
+    lsock = socket.socket()
+    lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen()
+    port = lsock.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    served, _ = lsock.accept()
+    lsock.close()
+    served.close()  # the server side closes first: it is that side's port left in TIME-WAIT
+    client.recv(1)  # (the FIN)
+    client.close()
+    # /proc/net/tcp: local address (hex ip:port) in the second column, state 06 is TIME-WAIT
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    assert any(r[1].endswith(f":{port:04X}") and r[3] == "06" for r in rows), \
+        "the test needs a TIME-WAIT connection on the port"
+    plan = plan_engines(gpus(0), None, engines=1, base_port=port)
+    assert [s.port for s in plan.specs] == [port]
+    # ... and the engine's own server can listen there (fdio.listen, as the sim engine binds).
+    from velocity_fast.io import fdio
+
+    for s in fdio.listen("127.0.0.1", port):
+        s.close()
+
+
 def test_vllm_gets_at_most_its_models_own_context(tmp_path):
     """vLLM refuses a --max-model-len past the model's max_position_embeddings: the default
     (long, for prompts of 256 KiB) is cut to the model's own, an explicit shorter one kept."""

@@ -292,6 +292,32 @@ async def test_request_id_end_to_end_and_gateway_headers(engine):
         assert r.body.rstrip().endswith(b"data: [DONE]")
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/generate"])
+async def test_a_request_naming_no_band_gets_default_band_and_an_unknown_band_is_400(engine, path, tmp_path):
+    """docs/configuration.md, admission.default_band: the band of a request that names none;
+    a band that does not exist is the client's mistake, shown as a 400 whether it came in
+    the header or in the body (never run in another band). The default is live on reload."""
+    from tests.support.gateway import gateway_settings
+    from velocity_fast.gateway.reload import apply_settings
+
+    body = {"/v1/chat/completions": CHAT, "/v1/completions": {"model": MODEL, "prompt": "x", "max_tokens": 2},
+            "/generate": {"prompt": "x", "max_tokens": 2}}[path]
+    async with running_gateway(engine, admission={"default_band": "low"}) as gw:
+        r = await http_request(gw.port, "POST", path, body)
+        assert r.status == 200 and r.headers["x-velocity-band"] == "low", r.body
+        for headers, sent in (({"x-velocity-priority": "urgent"}, body), ({}, dict(body, priority="urgent"))):
+            r = await http_request(gw.port, "POST", path, sent, headers=headers)
+            assert r.status == 400, (headers, r.body)
+            err = error_of(r)
+            assert err["param"] == "priority"
+            assert err["message"] == "Unknown priority band 'urgent'; bands are ['high', 'normal', 'low']."
+        r = await http_request(gw.port, "POST", path, dict(body, priority="HIGH"))
+        assert r.status == 200 and r.headers["x-velocity-band"] == "high"
+        apply_settings(gw, gateway_settings(engine, admission={"default_band": "high"}))
+        r = await http_request(gw.port, "POST", path, body)
+        assert r.status == 200 and r.headers["x-velocity-band"] == "high"
+
+
 # -- native route, health, stats, admin ------------------------------------------------------------------
 
 async def test_generate_native_answer(engine):

@@ -244,6 +244,23 @@ async def test_each_restart_key_is_named_in_the_warning(tmp_path, caplog, key):
             assert (await http_request(gw.port, "GET", "/health")).status == 200
 
 
+async def test_a_restart_key_set_back_to_its_running_value_is_not_reported(caplog):
+    """log_level changed to debug (reported: it applies at the next start), then back to
+    the info the gateway runs with: nothing to report, and again a change after that."""
+    from velocity_fast.gateway.reload import apply_settings
+
+    async with GaugeEngine() as eng:
+        async with running_gateway(("a", eng.url, "m1"), policy="static", log_level="info") as gw:
+            warned = []
+            for level in ("debug", "info", "info", "warning"):
+                caplog.clear()
+                with caplog.at_level(logging.WARNING, logger="velocity.reload"):
+                    apply_settings(gw, gateway_settings(("a", eng.url, "m1"), policy="static", log_level=level))
+                warned.append([r.getMessage() for r in caplog.records if r.name == "velocity.reload"])
+            change = ["config reload: log_level changed; it takes effect at the next start"]
+            assert warned == [change, [], [], change]
+
+
 async def test_the_servers_sla_acts_on_new_requests_after_sighup(tmp_path):
     """sla_ms is live: a request without its own SLA queued under the old one is served;
     after the reload, the same request on a full pool is declined against the new one."""

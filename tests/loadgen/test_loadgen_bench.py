@@ -25,6 +25,19 @@ def test_run_order_is_seeded_and_visits_every_policy_per_repeat():
     assert len({tuple(p for rr, p in order if rr == r) for r in range(4)}) > 1
 
 
+def test_bench_help_says_where_the_results_go_by_default():
+    import argparse
+
+    from velocity_fast.loadgen.bench_cmd import add_bench_arguments
+
+    p = argparse.ArgumentParser(prog="velocityllm bench")
+    add_bench_arguments(p)
+    assert p.get_default("output") == "bench/results/policies"
+    text = " ".join(p.format_help().split())
+    assert "(default bench/results/policies, relative to the current folder; its folder is made if missing)" \
+        in text
+
+
 def test_gauges_read_limits_inflight_and_queue():
     stats = {"endpoints": [{"limit": 32, "inflight": 3}, {"limit": 20, "inflight": 1}],
              "admission": {"bands": {"high": {"queued": 2}, "low": {"queued": 5}}}}

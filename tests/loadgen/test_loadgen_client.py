@@ -103,6 +103,22 @@ def test_cli_exit_codes(capsys):
     assert "only http://" in capsys.readouterr().err
 
 
+def test_cli_shows_the_first_error_of_each_status_and_fails_when_nothing_completed(capsys):
+    """`loadgen --model gpt-4` against an engine that serves another model: every request
+    is a 404; the report says what the server said, and the exit code is not 0."""
+    from tests.support.sim import sim_engine
+
+    with sim_engine(model="m1") as eng:
+        rc = run_cli("--url", eng.url, "--model", "gpt-4", "-n", "5", "--pattern", "flood", "--no-progress")
+        out = capsys.readouterr()
+        assert rc == 1
+        assert "not completed by status: 404: 5" in out.out
+        assert "first error with status 404: The model `gpt-4` does not exist." in out.out
+        assert "no request completed (404: The model `gpt-4` does not exist.)" in out.err
+        # One that completes is still a success: exit 0.
+        assert run_cli("--url", eng.url, "--model", "m1", "-n", "2", "--pattern", "flood", "--no-progress") == 0
+
+
 async def test_rejections_by_status_and_reason_and_stream_errors():
     from velocity_fast.server.http_server import HTTPServer
 
@@ -137,7 +153,9 @@ async def test_rejections_by_status_and_reason_and_stream_errors():
     assert s["completed"] == 10 and s["good"] == 10
     assert s["rejections"]["by_status"] == {"429": 10, "503": 10}
     assert s["rejections"]["by_reason"] == {"capacity": 10, "sla": 10}
+    assert s["rejections"]["first_error"] == {"429": "cannot meet SLA", "503": "queue full"}
     assert {r.endpoint for r in out.results if r.ok} == {"e1"}
     assert all(r.output_tokens == 7 for r in out.results if r.ok)
     assert s2["completed"] == 0 and s2["rejections"]["by_reason"] == {"stream-error": 3}
+    assert s2["rejections"]["first_error"] == {"200": "engine died"}
     assert all(r.error == "engine died" and r.status == 200 for r in out2.results)

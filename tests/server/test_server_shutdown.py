@@ -4,6 +4,7 @@ running run_until_signalled (velocity_fast/server/connection.pyx, run.py)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import sys
 import time
@@ -89,7 +90,9 @@ async def test_a_request_arriving_during_shutdown_on_an_open_connection_is_answe
         await srv.shutdown(grace=0)
 
 
-async def test_what_is_left_after_the_grace_is_aborted():
+async def test_an_event_stream_left_after_the_grace_ends_with_an_error_event_and_done():
+    """As an engine that dies mid-stream is relayed: vLLM's error event, `data: [DONE]`,
+    then the stream's proper end; the handler sees a disconnect."""
     log: list[str] = []
     srv = await started(streaming(chunks=1000, interval=0.02, log=log))  # 20 s if left alone
     try:
@@ -101,16 +104,43 @@ async def test_what_is_left_after_the_grace_is_aborted():
             await asyncio.wait_for(srv.shutdown(grace=0.2), WAIT)
             took = time.monotonic() - t0
             assert 0.2 * 0.5 <= took < 0.2 * 10
-            # The client sees the stream cut off: no last chunk.
-            with pytest.raises((asyncio.IncompleteReadError, ConnectionResetError)):
-                while await c.chunk() is not None:
-                    pass
-        assert log and srv.in_flight == 0 and srv.connections == 0
+            rest = b"".join([x async for x in c.chunks()])  # a whole chunked body: its last chunk came
+            events = [e for e in rest.split(b"\n\n") if e]
+            assert events[-1] == b"data: [DONE]"
+            assert json.loads(events[-2].removeprefix(b"data: ")) == {"error": {
+                "message": "The server shut down before the response was complete.",
+                "type": "ServiceUnavailableError", "param": None, "code": 503}}
+            assert all(e.startswith(b"data: ") and e[6:].isdigit() for e in events[:-2])
+            assert await c.closed()
+        assert log and srv.in_flight == 0 and srv.connections == 0 and srv.cut == 1
     finally:
         await srv.shutdown(grace=0)
 
 
-async def test_a_handler_that_ignores_the_disconnect_is_cancelled_after_the_grace():
+async def test_a_stream_that_is_no_event_stream_left_after_the_grace_is_aborted():
+    async def ndjson(req, resp):
+        resp.start(200, content_type="application/x-ndjson")
+        for i in range(1000):
+            await resp.write(b'{"n": %d}\n' % i)
+            await asyncio.sleep(0.02)
+
+    srv = await started(ndjson)
+    try:
+        async with connect(srv) as c:
+            c.send(build("GET", "/"))
+            await c.head()
+            await c.chunk()
+            await asyncio.wait_for(srv.shutdown(grace=0.2), WAIT)
+            # The client sees the stream cut off: no last chunk.
+            with pytest.raises((asyncio.IncompleteReadError, ConnectionResetError)):
+                while await c.chunk() is not None:
+                    pass
+        assert srv.in_flight == 0 and srv.connections == 0 and srv.cut == 0
+    finally:
+        await srv.shutdown(grace=0)
+
+
+async def test_a_request_not_answered_within_the_grace_gets_a_503_and_its_handler_is_cancelled():
     state = {}
 
     async def stuck(req, resp):
@@ -128,7 +158,13 @@ async def test_a_handler_that_ignores_the_disconnect_is_cancelled_after_the_grac
                 if srv.in_flight:
                     break
                 await asyncio.sleep(0.01)
+            assert srv.requests == 1
+            t0 = time.monotonic()
             await asyncio.wait_for(srv.shutdown(grace=0.1), WAIT)
+            assert time.monotonic() - t0 < 0.1 + 1.0  # not held for the endings' flush time
+            r = await c.response()
+            assert r.status == 503 and r.headers["connection"] == "close"
+            assert r.json()["error"]["message"] == "The server shut down before the response was complete."
             assert await c.closed()
         assert state == {"cancelled": True} and srv.in_flight == 0
     finally:

@@ -41,7 +41,8 @@ class AdmissionSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     """Everything admission needs to know; times in milliseconds unless named _s."""
 
     bands: list[BandSettings] = msgspec.field(default_factory=_default_bands)
-    # The band of a request that names none (or names one that does not exist).
+    # The band of a request that names none (the gateway answers 400 to a band name that
+    # does not exist; a ticket of an unknown band gets this one here).
     default_band: str = "normal"
     # Across all bands and pools: 0 = no limit.
     global_capacity: int = 10000

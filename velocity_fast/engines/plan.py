@@ -94,10 +94,16 @@ def model_context(path: str | os.PathLike[str]) -> int | None:
 
 def free_ports(base: int, n: int, *, span: int = 1000) -> list[int]:
     """The first ``n`` ports from ``base`` that nothing on this host holds: an engine whose
-    port is taken would exit at once, and a readiness check could meet whatever holds it."""
+    port is taken would exit at once, and a readiness check could meet whatever holds it.
+
+    The probe binds with SO_REUSEADDR, as the engines' servers do (the sim engine's and
+    vLLM's alike): a port left with only TIME-WAIT connections by engines that just
+    stopped is free to them, so a restart within a minute keeps its ports. A listener
+    still refuses the bind."""
     out: list[int] = []
     for port in range(base, min(base + span, 65536)):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((ENGINE_HOST, port))
             except OSError:

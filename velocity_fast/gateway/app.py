@@ -57,6 +57,7 @@ class Gateway:
     pools = _ingress_field("pools")
     default_model = _ingress_field("default_model")
     band_names = _ingress_field("band_names")
+    default_band = _ingress_field("default_band")
     _loop = _ingress_field("_loop")
 
     def __init__(self, settings: Settings, *, backend: str = "endpoints", model_label: str | None = None) -> None:
@@ -66,6 +67,9 @@ class Gateway:
         # every other route goes to _route below.
         self.handle = functools.partial(handle_client, self.ingress)
         self.settings = settings
+        # What it started with: a reload replaces `settings`, but the keys read once at
+        # start (reload.RESTART_KEYS) keep these values until the next start.
+        self.started_settings = settings
         self.backend = backend
         self.registry = Registry()
         self.identity = Identity(settings)
@@ -82,9 +86,11 @@ class Gateway:
         self.router = make_router(settings, self.registry,
                                   precise=self.kv.precise_for(routing_settings(settings)))
         self.band_names = [b.name for b in settings.bands]
+        self.default_band = self._default_band()
         self.client_server: HTTPServer | None = None
         self.watching = False  # health monitors run: endpoints added from now on are watched at once
         self.admin_server: HTTPServer | None = None
+        self.draining = False  # stop() began: /ready answers 503, the client port is closed
         self._loop: asyncio.AbstractEventLoop | None = None
         for cfg in settings.endpoints:
             self.add_endpoint(cfg, watch=False)
@@ -169,6 +175,7 @@ class Gateway:
         # sent the moment the gateway is up must not meet engines nobody has asked yet.
         await self.monitor.first_checks(s.health.check_timeout_ms / 1000 + 0.25)
         server = HTTPServer(self.handle, limits=limits, name="gateway", on_error=self.ingress._internal_error)
+        server.cut_message = "The gateway shut down before the response was complete."
         await server.start(host, s.port if port is None else port)
         self.client_server = server  # /ready says so only from here on
         log.info("gateway on %s:%d, admin on %s:%d, policy %s, %d endpoint(s)", host, self.client_server.port,
@@ -183,9 +190,18 @@ class Gateway:
         return self.admin_server.port if self.admin_server else 0
 
     async def stop(self, grace: float | None = None) -> None:
+        """The drain (SIGTERM): the client port stops accepting at once and /ready answers
+        503, as a load balancer expects; requests in flight get ``grace`` seconds to finish,
+        then what still runs is ended for its client (HTTPServer.shutdown: a 503, or a
+        stream's error event and [DONE]). The admin port closes last."""
         grace = self.settings.server.shutdown_grace_s if grace is None else grace
-        servers = [s for s in (self.client_server, self.admin_server) if s is not None]
-        await asyncio.gather(*(s.shutdown(grace) for s in servers))
+        self.draining = True
+        if self.client_server is not None:
+            log.info("shutting down: %d request(s) in flight, grace %g s; new connections refused, /ready 503",
+                     self.client_server.requests, grace)
+            await self.client_server.shutdown(grace)
+        if self.admin_server is not None:
+            await self.admin_server.shutdown(grace)
         self.admission.close()
         await self.monitor.stop()
         self.kv.stop()
@@ -243,7 +259,13 @@ class Gateway:
 
     def _band_for(self, raw, tenant) -> str:
         """The band a request asks for (header, then body), capped by its tenant's max_band."""
-        return band_for(self.band_names, raw, tenant)
+        return band_for(self.band_names, raw, tenant, self.default_band)
+
+    def _default_band(self) -> str | None:
+        """The band of a request that names none: admission.default_band (validated against
+        the bands; None leaves band_for its own rule)."""
+        band = self.admission.settings.default_band
+        return band if band in self.band_names else None
 
     def _sla_for(self, header: str | None, body_value: float | None) -> float | None:
         """The SLA the client asked for; None leaves it to the tenant's, else the server's
@@ -334,10 +356,12 @@ class Gateway:
             return resp.send(200, self.registry.render(), content_type="text/plain; version=0.0.4; charset=utf-8")
         if path == "/ready":
             # Ready: an engine to send to, and the client port open (the engines' first
-            # checks come before it, and one engine may pass while another is asked).
+            # checks come before it, and one engine may pass while another is asked); not
+            # once the drain began.
             n = sum(e.healthy for e in self.endpoints.values())
-            ready = bool(n) and self.client_server is not None
-            return resp.send_json(200 if ready else 503, {"ready": ready, "healthy_endpoints": n})
+            ready = bool(n) and self.client_server is not None and not self.draining
+            return resp.send_json(200 if ready else 503, {"ready": ready, "healthy_endpoints": n,
+                                                          "draining": self.draining})
         if path == "/stats":
             return resp.send_json(200, self.stats())
         return resp.send_error(404, f"No route for {req.method} {path}.")

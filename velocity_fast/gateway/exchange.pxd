@@ -21,6 +21,7 @@ cdef class Ingress:
     cdef public dict pools
     cdef public object default_model
     cdef public list band_names
+    cdef public str default_band  # admission.default_band (None: "normal", else the middle band)
     cdef public object _loop
     cdef list _grants
     cdef object _requests_metric
@@ -59,6 +60,7 @@ cdef class Exchange(Listener):
     cdef long events
     cdef bint first
     cdef bint engine_failed
+    cdef bint done_sent           # a stream's data: [DONE] was relayed to the client
     cdef object error_text
 
     cdef bint waiting(self) except -1
@@ -84,4 +86,6 @@ cdef class Exchange(Listener):
     cdef _fail_lease(self, error_text)
     cdef _refuse(self, int status, str reason, str message, retry_after=*)
     cdef _crashed(self)
+    cdef _cut(self)
+    cdef _left_after_done(self)
     cpdef list base_headers(self)

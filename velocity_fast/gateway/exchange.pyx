@@ -144,10 +144,11 @@ cdef inline str _content_type(UpstreamConnection conn):
     return _JSON if ct is None else ct
 
 
-cdef long _events(bytes data, Py_ssize_t* err_at):
+cdef long _events(bytes data, Py_ssize_t* err_at, bint* done):
     """How many SSE events begin in ``data`` (``data: `` lines), in one pass that also
     finds the first of them that is an error event (``data: {"error"``): its offset in
-    ``err_at``, else -1. ``data.count`` would be a method call per piece."""
+    ``err_at``, else -1; ``done`` is set when one is the stream's last, ``data: [DONE]``.
+    ``data.count`` would be a method call per piece."""
     cdef const char* s = PyBytes_AS_STRING(data)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(data), pos = 0
     cdef const char* hit
@@ -159,7 +160,9 @@ cdef long _events(bytes data, Py_ssize_t* err_at):
             return count
         count += 1
         pos = hit - s
-        if err_at[0] < 0 and n - pos >= 14 and memcmp(hit + 6, b'{"error"', 8) == 0:
+        if n - pos >= 12 and hit[6] == c'[' and memcmp(hit + 6, b"[DONE]", 6) == 0:
+            done[0] = True
+        elif err_at[0] < 0 and n - pos >= 14 and memcmp(hit + 6, b'{"error"', 8) == 0:
             err_at[0] = pos
         pos += 6
 
@@ -250,15 +253,20 @@ cdef list _names_seen = None
 cdef str _default_seen = None
 
 
-cpdef str band_for(list names, raw, tenant):
+cpdef str band_for(list names, raw, tenant, str default=None):
     """The band a request asks for (header, then body; ``names`` highest first), capped by
-    its tenant's max_band. A number is vLLM's priority: lower is higher."""
+    its tenant's max_band. A number is vLLM's priority: lower is higher. A request that
+    names none gets ``default`` (admission.default_band); one that names a band that does
+    not exist is a 400 naming the bands, not a silent default: the header and the body's
+    string ``priority`` are this gateway's own, so an unknown name is a mistake to show."""
     cdef str band
     global _names_seen, _default_seen
     if raw is None or raw == "":
-        # The default band of the last names list seen (the gateway replaces its list
-        # on a reload, never changes it in place): no search of the list each time.
-        if names is _names_seen and names is not None:
+        if default is not None:
+            band = default
+        # Without one: "normal", else the middle band, of the last names list seen (the
+        # gateway replaces its list on a reload, never changes it in place).
+        elif names is _names_seen and names is not None:
             band = _default_seen
         else:
             band = "normal" if "normal" in names else names[len(names) // 2]
@@ -305,7 +313,7 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
             prio = <object>f[P_PRIORITY]
             if prio is _UNSET:  # not in the body
                 prio = None
-        band = band_for(gw.band_names, prio, tenant)
+        band = band_for(gw.band_names, prio, tenant, gw.default_band)
         sla_ms = <object>f[P_SLA_MS]
         if sla_ms is _UNSET:
             sla_ms = None
@@ -567,6 +575,7 @@ cdef class Exchange(Listener):
             self.events = 0
             self.first = True
             self.engine_failed = False
+            self.done_sent = False
             self.error_text = None
             self.resp.start(conn.status, content_type=ct, headers=self.out_headers())
             # An HTTP/1.1 client: the engine's chunks go on as they came (UpstreamConnection).
@@ -580,7 +589,7 @@ cdef class Exchange(Listener):
             self.first = False
             self.lease.first_byte()
         # (chunk framing is hex digits and CRLFs: it never holds an event's bytes)
-        self.events += _events(data, &err_at)
+        self.events += _events(data, &err_at, &self.done_sent)
         if err_at >= 0 and not self.engine_failed:  # the engine's own error event (e.g. out of memory)
             self.engine_failed = True
             self.error_text = data[err_at:err_at + 2000].decode("utf-8", "replace")
@@ -706,6 +715,10 @@ cdef class Exchange(Listener):
 
     def on_disconnect(self):
         """The client left: out of the queue, or the engine request aborted and the lease cancelled."""
+        if self.resp.cut_short:
+            return self._cut()
+        if self.done_sent and self.state == _ADMITTED:
+            return self._left_after_done()
         self.abandoned = True
         if self.state == _QUEUED:
             self.state = _DONE
@@ -719,6 +732,50 @@ cdef class Exchange(Listener):
             self.task.cancel()
         if self.lease is not None:
             self.lease.release("cancelled")
+
+    cdef _left_after_done(self):
+        """The client left once the stream's ``data: [DONE]`` reached it, before the
+        engine's end of the stream (its last, empty chunk, which vLLM and the sim engine
+        write apart from [DONE]) came: the openai client closes its connection at [DONE].
+        The client has the whole answer: the books are those of a stream that ended
+        (completed, counted with its status), not a cancel. The engine connection, not at
+        the end of its answer, cannot be reused: it is closed."""
+        self.abandoned = True
+        self.state = _DONE
+        self.qitem = None
+        if self.conn is not None:
+            self.conn.abort()
+            self.conn = None
+        if self.task is not None:
+            self.task.cancel()
+        status = self.status
+        ok = 200 <= status < 300 and not self.engine_failed
+        error_text = self.error_text
+        if not ok and error_text is None and status >= 400:
+            error_text = f"engine status {status}"
+        settle(self.gw, self.route, self.ticket.band, self.ep, self.lease, status, self.engine_failed, ok,
+               error_text, self.events)
+
+    cdef _cut(self):
+        """The gateway's shutdown grace ran out first (Responder.cut, which then answers the
+        client): out of the queue, or the engine request aborted and the lease failed; the
+        request is counted with the status its client sees (its stream's, or 503)."""
+        self.abandoned = True
+        status = self.status if self.relaying else 503
+        if self.state == _QUEUED:
+            self.state = _DONE
+            self.adm._withdraw(self.ticket, self.qitem)
+        else:
+            self.state = _DONE
+            if self.conn is not None:
+                self.conn.abort()
+                self.conn = None
+            if self.task is not None:
+                self.task.cancel()
+            if self.lease is not None:
+                self.lease.release("failed", "the gateway shut down", self.events)
+        self.qitem = None
+        count_request(self.gw, self.route, status, self.ticket.band)
 
     cpdef list base_headers(self):
         """The headers of every answer to this request, an error's too (made when needed)."""

@@ -160,8 +160,12 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
         retired.append(gw.admission)
         gw.admission = make_admission(new, gw.pools, gw.registry)
         changes.append(f"admission rebuilt (policy {new.policy})")
+    gw.default_band = gw._default_band()  # admission.default_band over the bands now in force
+    # Compared with the values the gateway runs with (those it started with), not with the
+    # last file read: a key set back to its running value is no change to report.
+    running = getattr(gw, "started_settings", old)
     for key in RESTART_KEYS:
-        if getattr(new, key) != getattr(old, key):
+        if getattr(new, key) != getattr(running, key):
             log.warning("config reload: %s changed; it takes effect at the next start", key)
     return changes, retired
 

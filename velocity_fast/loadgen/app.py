@@ -46,7 +46,7 @@ def describe(cfg: WorkloadConfig, concurrency: int, target: str) -> str:
 
 
 def loadgen_main(args) -> int:
-    """Run ``velocityllm loadgen``; 0 unless the flags are wrong or no request got an answer."""
+    """Run ``velocityllm loadgen``; 0 when a request completed, 1 when none did, 2 for wrong flags."""
     from .report import format_summary, plain_args, print_to, request_rows, write_csv, write_json
 
     try:
@@ -71,8 +71,12 @@ def loadgen_main(args) -> int:
                                            "mix": msgspec.to_builtins(mix), "summary": summary})
         write_csv(args.output + ".csv", request_rows(specs, outcome.results, outcome.start))
         print_to(sys.stdout, f"wrote {args.output}.json and {args.output}.csv")
-    if summary["completed"] == 0 and all(r.status == 0 for r in outcome.results):
-        print(f"loadgen: no response from {args.url} ({outcome.results[0].reason})", file=sys.stderr)
+    if summary["completed"] == 0:
+        if all(r.status == 0 for r in outcome.results):
+            print(f"loadgen: no response from {args.url} ({outcome.results[0].reason})", file=sys.stderr)
+        else:
+            said = "; ".join(f"{k}: {v}" for k, v in summary["rejections"]["first_error"].items())
+            print("loadgen: no request completed" + (f" ({said})" if said else ""), file=sys.stderr)
         return 1
     return 0
 

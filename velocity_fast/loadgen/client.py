@@ -35,7 +35,8 @@ class Result:
     first_token: float | None = None
     gaps: list[float] = field(default_factory=list)
     output_tokens: int = 0
-    error: str = ""          # a transport error or an error event inside a 200 stream
+    error: str = ""          # a transport error, an error event inside a 200 stream, or
+                             # the message of an error answer (its body's error.message)
 
     @property
     def ok(self) -> bool:
@@ -210,7 +211,11 @@ def _finish(result: Result, ex: _Exchange) -> None:
         if sse.error:
             result.error = sse.error
         return
-    if result.status != 200 or not ex.body:
+    if result.status != 200:
+        if ex.body:
+            result.error = error_message(b"".join(ex.body))
+        return
+    if not ex.body:
         return
     try:
         obj = orjson.loads(b"".join(ex.body))
@@ -223,3 +228,21 @@ def _finish(result: Result, ex: _Exchange) -> None:
             result.output_tokens = int(usage.get("completion_tokens") or 0)
         elif isinstance(obj.get("tokens_generated"), int):
             result.output_tokens = obj["tokens_generated"]
+
+
+def error_message(body: bytes) -> str:
+    """What an error answer says: the error shape's ``error.message`` (OpenAI's, the
+    gateway's and vLLM's), else the start of the body as text."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        obj = None
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"]
+        if isinstance(err, str):
+            return err
+        if isinstance(obj.get("message"), str):
+            return obj["message"]
+    return body[:300].decode("utf-8", "replace").strip()

@@ -34,6 +34,8 @@ def format_summary(s: dict) -> str:
     if rej["by_status"]:
         lines.append("not completed by status: " + ", ".join(f"{k}: {v}" for k, v in rej["by_status"].items()))
         lines.append("not completed by reason: " + ", ".join(f"{k}: {v}" for k, v in rej["by_reason"].items()))
+        for status, message in rej.get("first_error", {}).items():
+            lines.append(f"first error with status {status}: {message}")
     if len(s["by_band"]) > 1:
         for band, b in s["by_band"].items():
             lines.append(f"band {band:<8} {b['completed']}/{b['requests']} completed, "

@@ -53,6 +53,10 @@ def summarize(specs, results, *, start: float, cpu_seconds: float | None = None)
     by_status = Counter(str(r.status) for r in results if not r.ok)
     by_reason = Counter(r.reason or ("stream-error" if r.status == 200 else "none")
                         for r in results if not r.ok)
+    first_error: dict[str, str] = {}  # status -> what the first failure of that status said
+    for r in results:
+        if not r.ok and r.error and str(r.status) not in first_error:
+            first_error[str(r.status)] = r.error
     ttft = [results[i].first_token - results[i].sent for i in completed
             if results[i].first_token is not None]
     itl = [g for i in completed for g in results[i].gaps]
@@ -72,7 +76,8 @@ def summarize(specs, results, *, start: float, cpu_seconds: float | None = None)
         "client_wait_ms": distribution(
             (max(0.0, r.sent - start - s.at) for s, r in zip(specs, results)), 1000.0),
         "rejections": {"by_status": dict(sorted(by_status.items())),
-                       "by_reason": dict(sorted(by_reason.items()))},
+                       "by_reason": dict(sorted(by_reason.items())),
+                       "first_error": dict(sorted(first_error.items()))},
         "by_band": _by_band(specs, results),
     }
     summary["peak_completion_rps"] = peak_rate_in_window([results[i].done for i in completed])

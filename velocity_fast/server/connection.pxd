@@ -15,6 +15,8 @@ cdef class Responder:
     cdef list _callbacks
     cdef public object _task
     cdef public int status
+    cdef readonly bint cut_short  # the server's shutdown grace ended it (Responder.cut)
+    cdef bint _sse  # a started text/event-stream response
 
     cdef _send(self, int status, bytes body, content_type, headers)
     cpdef add_disconnect_callback(self, cb)

@@ -23,7 +23,7 @@ from velocity_fast.lowlevel.fmt cimport _digits, cat, dec, put_bytes, str_eq
 from velocity_fast.http.http1 cimport take_request, take_request_at
 from velocity_fast.http.message cimport Request, new_request
 
-from velocity_fast.http.errors import REASONS, error_body
+from velocity_fast.http.errors import REASONS, error_body, stream_error_event
 from velocity_fast.server.errors import ClientDisconnected
 
 log = logging.getLogger("velocity.server")
@@ -144,6 +144,8 @@ cdef class Responder:
         self._callbacks = None
         self._task = None
         self.status = 0
+        self.cut_short = False
+        self._sse = False
 
     # -- whole responses -------------------------------------------------
     def send(self, int status, bytes body=b"", *, content_type="application/json", headers=()):
@@ -196,6 +198,7 @@ cdef class Responder:
         self.status = status
         if self.disconnected:
             return
+        self._sse = type(content_type) is str and content_type.startswith("text/event-stream")
         req = self._request
         if req.http_version == "1.0":
             self._mode = _RAW
@@ -285,6 +288,39 @@ cdef class Responder:
         self.finished = True
         self._mode = _IDLE
         self._proto._close()
+
+    def cut(self, str message):
+        """The server's shutdown grace ran out before this response finished.
+
+        The handler is told first, through its disconnect callbacks (``cut_short`` is then
+        True, so it can tell a shutdown from a client that left): it must stop producing.
+        Then the client gets an ending it can read, as an engine that fails mid-stream is
+        relayed: nothing sent yet, a 503 in the error shape; a server-sent event stream,
+        vLLM's error event and ``data: [DONE]``, then the stream's proper end. From then
+        on the response counts as gone (writes raise ClientDisconnected). Another started
+        response cannot be ended cleanly: False, and the server closes its connection.
+        Returns whether the client got such an ending."""
+        if self.finished or self.disconnected:
+            return False
+        if self.started and not (self._sse and (self._mode == _CHUNKED or self._mode == _RAW)):
+            return False
+        self.cut_short = True
+        first, self._watcher = self._watcher, None
+        cbs, self._callbacks = self._callbacks, None
+        for cb in ([first] if first is not None else []) + (cbs or []):
+            try:
+                cb()
+            except Exception:  # a callback must not keep the client from its ending
+                log.exception("disconnect callback failed")
+        if self.finished or self.disconnected:  # the handler ended it itself meanwhile
+            return not self.disconnected
+        if not self.started:
+            self._send(503, error_body(503, message), _JSON, ())
+        else:
+            self.write_nowait(stream_error_event(message, 503, "ServiceUnavailableError"))
+            self.end()
+        self.disconnected = True
+        return True
 
     # -- disconnects -------------------------------------------------------
     cpdef add_disconnect_callback(self, cb):

@@ -25,6 +25,10 @@ log = logging.getLogger("velocity.server")
 # callbacks of its own (no task per request; it must watch for disconnects itself).
 Handler = Callable[[Request, "Responder"], "Awaitable[None] | None"]
 
+# After the grace, how long the endings given to cut responses (Responder.cut) may take
+# to leave before their connections are aborted.
+CUT_FLUSH_S = 1.0
+
 # The connection and response objects are compiled (server/connection.pyx): what they do is
 # described here and in docs/internals.md; the code is Python with C types.
 
@@ -50,6 +54,9 @@ class HTTPServer:
         self._stopping: asyncio.Task | None = None
         self.port = 0
         self.host = ""
+        # What a response still running at the end of the shutdown grace tells its client.
+        self.cut_message = "The server shut down before the response was complete."
+        self.cut = 0  # responses so ended by the last shutdown
 
     async def start(self, host: str = "127.0.0.1", port: int = 0, *, sock=None, backlog: int = 2048,
                     reuse_port: bool = False) -> None:
@@ -78,13 +85,21 @@ class HTTPServer:
         """Handlers running now."""
         return len(self._tasks)
 
+    @property
+    def requests(self) -> int:
+        """Requests taken and not yet answered in full: one being answered on each busy
+        connection, and those pipelined behind it (a handler without a task included)."""
+        return sum((p._active is not None) + len(p._queue) for p in self._connections)
+
     def _maybe_idle(self) -> None:
         if (self._idle is not None and not self._idle.done() and not self._connections
                 and not self._tasks):
             self._idle.set_result(None)
 
     async def shutdown(self, grace: float = 10.0) -> None:
-        """Stop accepting, let in-flight responses finish within `grace`, then close everything."""
+        """Stop accepting (the listening socket closes at once), let in-flight responses
+        finish within `grace`, then end what still runs as Responder.cut does (a 503, or an
+        event stream's error event and [DONE]) and close everything."""
         if self._server is None:
             return
         if self._stopping is None:
@@ -100,6 +115,21 @@ class HTTPServer:
         try:
             await asyncio.wait_for(asyncio.shield(self._idle), grace)
         except asyncio.TimeoutError:
+            cut = 0
+            for proto in list(self._connections):
+                resp = proto._active
+                if resp is not None and resp.cut(self.cut_message):
+                    cut += 1
+                    if resp._task is not None:  # its handler has nothing left to do
+                        resp._task.cancel()
+            self.cut = cut
+            if cut:
+                log.warning("%s: shutdown grace of %g s over: %d response(s) still running ended with "
+                            "an error for the client", self.name, grace, cut)
+                try:  # their endings leave, then the connections close
+                    await asyncio.wait_for(asyncio.shield(self._idle), CUT_FLUSH_S)
+                except asyncio.TimeoutError:
+                    pass
             for proto in list(self._connections):
                 # Mark the response gone first: a handler that runs before
                 # connection_lost must see a disconnect, not a dead transport.
