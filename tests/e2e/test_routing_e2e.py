@@ -191,7 +191,7 @@ async def test_unknown_profile_is_400_naming_the_header(engines):
 async def test_session_id_sticks_to_one_engine_and_only_a_departed_engines_sessions_move(engines):
     rng = random.Random(3)
     sessions = [f"user-{k}" for k in range(8)]
-    async with running_gateway(*engines, policy="smart") as gw:  # smart routes with `chat` by default
+    async with running_gateway(*engines, policy="smart") as gw:  # every policy routes with `chat` by default
 
         async def send(session: str | None) -> str:
             hdrs = {"x-session-id": session} if session else {}
