@@ -74,6 +74,19 @@ context (1,024 blocks), so that the hot prefix, not the cache, is what is measur
 
 Goal (issue 21): chat's TTFT p99 at least 2x better than affinity's, with a hit rate at
 least 0.9x of affinity's.
+
+Scenario ``hot-admission`` (issue 33): the same question with the gateway at its defaults
+(dynamic admission, its SLA, concurrency bound and scrape interval, no ``models:``
+section: the default profile). One prefix carries half of 20 requests/s (Poisson, real
+time), twelve others the rest; four engines of 8 sequences, 32 tokens out (``HOT_ADMISSION``).
+Variants ``chat`` (the defaults) and ``affinity`` (pure affinity, as above); end-to-end
+latency, the engines' hit rate, where group 0 (the hot prefix) went, and, sampled every
+50 ms, the gateway's queue and each engine's in-flight, running and waiting:
+
+    python bench/prefix.py --scenario hot-admission --repeats 5
+
+Goal (issue 33): chat's latency p95 at least 1.5x better than affinity's in every run, with
+a hit rate at least 0.9x of affinity's. Not met on this tree (bench/README.md says why).
 """
 from __future__ import annotations
 
@@ -107,7 +120,7 @@ from velocity_fast.loadgen.workload import WorkloadConfig, build_workload  # noq
 
 VARIANTS = ("chat", "batch", "round-robin", "least-loaded")
 PRECISE_VARIANTS = ("precise", "approximate", "round-robin", "least-loaded")
-SCENARIOS = ("shared", "restart", "replicas", "tenants", "hot")
+SCENARIOS = ("shared", "restart", "replicas", "tenants", "hot", "hot-admission")
 # The precise scenarios: the engines publish KV events and tokenize.
 PRECISE_SCENARIOS = ("restart", "replicas", "tenants")
 # Scenario tenants: many tenants, each with its long system prompt, and a KV cache per
@@ -129,6 +142,13 @@ HOT_VARIANTS = ("chat", "gap", "affinity", "round-robin", "least-loaded")
 PURE_AFFINITY = {"hotspot_gap": 1e9, "hotspot_waiting": 1e9, "load_weight": 0.0,
                  "saturation_waiting": 1e9, "saturation_kv": 1.0}
 GAP_GUARD = {"hotspot_waiting": 0.0}  # 0: the engine queue is not read
+# Scenario hot-admission: the gateway at its defaults (dynamic admission, its SLA, no
+# models: section), one prefix carrying half of 20 requests/s over 13 groups, engines of
+# 8 sequences, 32 tokens out, in real time: the hot prefix's demand is about 85 % of one
+# engine's, so under pure affinity its backlog waits in admission's queue.
+HOT_ADMISSION = {"rate": 20.0, "time_scale": 1.0, "requests": 480, "output_tokens": 32, "max_num_seqs": 8,
+                 "num_gpu_blocks": 1024, "groups": 13, "concurrency": 1024}
+HOT_ADMISSION_VARIANTS = ("chat", "affinity")
 # --smoke: every variant and phase at a size that runs in seconds (CI: tests/bench/).
 SMOKE = {"engines": 2, "requests": 24, "rate": 60.0, "groups": 4, "prefix_tokens": 256,
          "time_scale": 20.0}
@@ -209,6 +229,38 @@ class Engines:
                 p.stdout.close()
 
 
+async def _sample(gw, out: list, every_s: float = 0.05) -> None:
+    """Every ``every_s``: the gateway's queue (admission, all bands) and, per endpoint, what
+    it has in flight there and the engine's last gauges (waiting, running)."""
+    while True:
+        eps = {ep.name: (ep.inflight, ep.waiting, ep.running) for ep in gw.endpoints.values()}
+        out.append((gw.admission._queued_total(), eps))
+        await asyncio.sleep(every_s)
+
+
+def _load_summary(samples: list) -> dict:
+    """Means over the run's samples: the gateway's queue, the share of samples with one,
+    and per endpoint its in-flight, waiting and running, and the most waiting seen."""
+    if not samples:
+        return {}
+    n = len(samples)
+    out = {"gateway_queued_mean": round(sum(q for q, _ in samples) / n, 2),
+           "gateway_queued_share": round(sum(q > 0 for q, _ in samples) / n, 3), "endpoints": {}}
+    for name in samples[0][1]:
+        rows = [eps[name] for _, eps in samples if name in eps]
+        out["endpoints"][name] = {"inflight": round(sum(r[0] for r in rows) / len(rows), 2),
+                                  "waiting": round(sum(r[1] for r in rows) / len(rows), 2),
+                                  "running": round(sum(r[2] for r in rows) / len(rows), 2),
+                                  "waiting_max": max(r[1] for r in rows)}
+    return out
+
+
+def _admission_summary(gw) -> dict:
+    s = gw.admission.stats()
+    return {"rejections": s["rejections"], "limits": s["limits"], "sla": s["sla"],
+            "batch_capacity": {k: e["batch_capacity"] for k, e in s["endpoints"].items()}}
+
+
 def _counter(text: str, name: str) -> float:
     pattern = re.compile(_COUNTER.format(name=re.escape(name)), re.MULTILINE)
     return sum(float(m.group(1)) for m in pattern.finditer(text))
@@ -275,11 +327,19 @@ async def run_variant(variant: str, args, specs) -> dict:
             routing.update(GAP_GUARD)
         if tokenizer:
             routing["tokenizer"] = tokenizer
-        settings = load_settings(None, {"host": "127.0.0.1", "port": 0, "admin_port": 0, "endpoints": eps,
-                                        "policy": "static", "max_concurrency": args.concurrency,
-                                        "models": {MODEL: _model_config(variant)},
-                                        "routing": routing,
-                                        "health": {"scrape_interval_ms": 50.0}}, env={})
+        keys = {"host": "127.0.0.1", "port": 0, "admin_port": 0, "endpoints": eps, "routing": routing,
+                "health": {"scrape_interval_ms": 50.0}}
+        if scenario == "hot-admission":
+            # The gateway's defaults: admission, its SLA and concurrency bound, its scrape
+            # interval, and the default profile (chat) for a model not listed; a load-only
+            # baseline by profile.
+            del keys["health"]
+            if variant not in ("chat", "affinity"):
+                keys["models"] = {MODEL: _model_config(variant)}
+        else:
+            keys.update({"policy": "static", "max_concurrency": args.concurrency,
+                         "models": {MODEL: _model_config(variant)}})
+        settings = load_settings(None, keys, env={})
         for _ in range(2 if scenario == "replicas" else 1):
             gw = Gateway(settings)
             gws.append(gw)
@@ -298,9 +358,16 @@ async def run_variant(variant: str, args, specs) -> dict:
         # Replicas take every other request (arrival times kept: the same traffic in all).
         parts = [[dataclasses.replace(sp, index=j) for j, sp in enumerate(specs[k::len(gws)])]
                  for k in range(len(gws))]
-        outcomes = await asyncio.gather(*(run_workload(part, "127.0.0.1", gw.client_server.port,
-                                                       concurrency=args.concurrency, timeout=120.0)
-                                          for part, gw in zip(parts, gws)))
+        samples: list = []
+        sampler = asyncio.create_task(_sample(gws[0], samples))
+        try:
+            outcomes = await asyncio.gather(*(run_workload(part, "127.0.0.1", gw.client_server.port,
+                                                           concurrency=args.concurrency, timeout=120.0)
+                                              for part, gw in zip(parts, gws)))
+        finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
         if restart is not None:
             await restart
         hits, queries = await engine_hits(engines.ports)
@@ -309,15 +376,25 @@ async def run_variant(variant: str, args, specs) -> dict:
         start = min(o.start for o in outcomes)
         summary = summarize(all_specs, results, start=start, cpu_seconds=sum(o.cpu_seconds for o in outcomes))
         spread = {}
-        for r in results:
+        hot_spread = {}  # where the requests of group 0 (the hot prefix, in scenario hot) went
+        for sp, r in zip(all_specs, results):
             spread[r.endpoint] = spread.get(r.endpoint, 0) + 1
+            if sp.prefix_group == 0:
+                hot_spread[r.endpoint] = hot_spread.get(r.endpoint, 0) + 1
+        latencies = sorted((r.done - r.sent) * 1000.0 for r in results if r.ok)
         # Each completed request's TTFT (wall ms): --repeats pools them over the runs.
         ttfts = sorted((r.first_token - r.sent) * 1000.0 for r in results if r.ok and r.first_token is not None)
         out = {"variant": variant, "scenario": scenario, "summary": summary, "ttft_samples_ms": ttfts,
                "engine_hit_rate": hits / queries if queries else 0.0,
                "engine_hits_tokens": hits, "engine_queries_tokens": queries,
                "requests_per_endpoint": dict(sorted(spread.items())),
-               "router": gws[0].router.stats()}
+               "group0_per_endpoint": dict(sorted(hot_spread.items())),
+               "latency_samples_ms": latencies, "load": _load_summary(samples),
+               "router": gws[0].router.stats(), "admission": _admission_summary(gws[0])}
+        if scenario == "hot-admission":  # each request: arrival s, group, endpoint, latency and TTFT ms
+            out["requests"] = [(round(sp.at, 3), sp.prefix_group, r.endpoint, round((r.done - r.sent) * 1000.0, 1),
+                                round((r.first_token - r.sent) * 1000.0, 1) if r.first_token is not None else None)
+                               for sp, r in zip(all_specs, results)]
         if variant == "precise":
             out["precise_share"] = [gw.kv.precise.precise_share() for gw in gws if gw.kv.precise is not None]
         return out
@@ -373,6 +450,17 @@ def _report_repeats(args, runs: list[list[dict]]) -> None:
         lines.append(f"  {v:<12} TTFT p50 {pooled[v]['p50']:8.0f} ms  p90 {pooled[v]['p90']:8.0f} ms  "
                      f"p99 {pooled[v]['p99']:8.0f} ms  engine hit rate {100 * hit:5.1f}% (mean)  "
                      f"requests {len(samples)}")
+    if args.scenario == "hot-admission":
+        per = [_hot_admission_ratios({r["variant"]: r for r in run}) for run in runs]
+        per = [x for x in per if x is not None]
+        if per:
+            lat = {v: _pooled([x * args.time_scale for r in runs for row in r if row["variant"] == v
+                               for x in row["latency_samples_ms"]], "p95") for v in ("chat", "affinity")}
+            every = all(p >= 1.5 and h >= 0.9 for p, h in per)
+            lines.append(f"  latency p95 affinity/chat: runs {', '.join(f'{p:.2f}x' for p, _ in per)}; "
+                         f"pooled {lat['affinity'] / lat['chat']:.2f}x (goal >= 1.5x in every run)")
+            lines.append(f"  hit rate chat/affinity: runs {', '.join(f'{h:.2f}x' for _, h in per)} "
+                         f"(goal >= 0.9x); goal {'met' if every else 'NOT met'} in every run: {every}")
     goal = GOALS.get(args.scenario)
     if goal and goal[0] in pooled and goal[1] in pooled and pooled[goal[1]][goal[2]] > 0:
         base, v, p, want = goal
@@ -389,7 +477,7 @@ def _report_repeats(args, runs: list[list[dict]]) -> None:
 
 async def run_once(args) -> tuple[int, list[dict]]:
     """One workload (args.seed), every variant on it; the exit code and the rows."""
-    hot = args.hot_share if args.scenario == "hot" else 0.0
+    hot = args.hot_share if args.scenario in ("hot", "hot-admission") else 0.0
     mix = Mix(prompt_tokens=Dist(value=args.suffix_tokens), output_tokens=Dist(value=args.output_tokens),
               prefix=Prefix(groups=args.groups, tokens=args.prefix_tokens, share=1.0, hot=hot), stream_share=1.0)
     cfg = WorkloadConfig(num_requests=args.requests, pattern="poisson", duration=args.requests / args.rate,
@@ -397,13 +485,17 @@ async def run_once(args) -> tuple[int, list[dict]]:
     specs = build_workload(cfg, mix)
     rows = []
     variants = args.variants or ",".join(VARIANTS if args.scenario == "shared" else
-                                         HOT_VARIANTS if args.scenario == "hot" else PRECISE_VARIANTS)
+                                         HOT_VARIANTS if args.scenario == "hot" else
+                                         HOT_ADMISSION_VARIANTS if args.scenario == "hot-admission" else
+                                         PRECISE_VARIANTS)
     for variant in variants.split(","):
         res = await run_variant(variant, args, specs)
         s = res["summary"]
         # TTFT is scaled back to engine time: the sims run time_scale times faster.
         res["ttft_ms_engine_time"] = {k: v * args.time_scale for k, v in s["ttft_ms"].items()
                                       if isinstance(v, (int, float))}
+        res["latency_ms_engine_time"] = {k: v * args.time_scale for k, v in s["latency_ms"].items()
+                                         if isinstance(v, (int, float))}
         rows.append(res)
         share = f"  precise share {res['precise_share']}" if "precise_share" in res else ""
         print(f"{variant:<12} completed {s['completed']}/{s['requests']}  TTFT p50 "
@@ -413,6 +505,8 @@ async def run_once(args) -> tuple[int, list[dict]]:
               + share, flush=True)
     if args.scenario == "hot":
         return _report_hot(args, rows), rows
+    if args.scenario == "hot-admission":
+        return _report_hot_admission(args, rows), rows
     if args.scenario == "tenants":
         return _report_tenants(args, rows), rows
     if args.scenario != "shared":
@@ -475,6 +569,37 @@ def _report_hot(args, rows: list[dict]) -> int:
         verdict.append(f"  TTFT p99 affinity/chat {p99:.2f}x (goal >= 2x); hit rate chat/affinity {hit:.2f}x "
                        "(goal >= 0.9x)")
     return _report(args, rows, f"scenario hot (one prefix carries {100 * args.hot_share:.0f}% of the traffic)",
+                   verdict)
+
+
+def _hot_admission_ratios(by: dict) -> tuple[float, float] | None:
+    """(latency p95 affinity/chat, hit rate chat/affinity) of one run, None without both."""
+    if "chat" not in by or "affinity" not in by or not by["chat"]["latency_ms_engine_time"]["p95"] > 0:
+        return None
+    p95 = by["affinity"]["latency_ms_engine_time"]["p95"] / by["chat"]["latency_ms_engine_time"]["p95"]
+    hit = by["chat"]["engine_hit_rate"] / by["affinity"]["engine_hit_rate"] if by["affinity"]["engine_hit_rate"] else 0.0
+    return p95, hit
+
+
+def _report_hot_admission(args, rows: list[dict]) -> int:
+    by = {r["variant"]: r for r in rows}
+    verdict = []
+    for r in rows:
+        lat, load, adm = r["latency_ms_engine_time"], r["load"], r["admission"]
+        verdict.append(f"  {r['variant']:<12} latency p50 {lat['p50']:6.0f} ms  p95 {lat['p95']:6.0f} ms  "
+                       f"p99 {lat['p99']:6.0f} ms  hot prefix per endpoint {r['group0_per_endpoint']}  "
+                       f"gateway queue mean {load.get('gateway_queued_mean')} (in {load.get('gateway_queued_share')} "
+                       f"of samples)  declined {adm['rejections']}  sla {adm['sla']}")
+        for name, e in sorted(load.get("endpoints", {}).items()):
+            verdict.append(f"      {name}: in flight {e['inflight']:5.2f}  engine running {e['running']:5.2f}  "
+                           f"waiting {e['waiting']:5.2f} (max {e['waiting_max']:g})  limit {adm['limits'].get(name)}  "
+                           f"batch learned {adm['batch_capacity'].get(name)}")
+    ratios = _hot_admission_ratios(by)
+    if ratios is not None:
+        verdict.append(f"  latency p95 affinity/chat {ratios[0]:.2f}x (goal >= 1.5x); hit rate chat/affinity "
+                       f"{ratios[1]:.2f}x (goal >= 0.9x)")
+    return _report(args, rows, f"scenario hot-admission (one prefix carries {100 * args.hot_share:.0f}% of the "
+                               "traffic; the gateway at its defaults: dynamic admission, no models: section)",
                    verdict)
 
 
@@ -544,6 +669,8 @@ def main(argv=None) -> int:
         p.set_defaults(**RESTART)
     elif any(a.endswith("hot") for a in (sys.argv[1:] if argv is None else argv)):
         p.set_defaults(**HOT)
+    elif any(a.endswith("hot-admission") for a in (sys.argv[1:] if argv is None else argv)):
+        p.set_defaults(**HOT_ADMISSION)
     args = p.parse_args(argv)
     try:
         import uvloop

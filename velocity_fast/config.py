@@ -126,10 +126,26 @@ class Settings(_S):
             rs = RoutingSettings.from_config(self.routing, self.models)
         except (AdmissionConfigError, ValueError) as e:
             raise ConfigError(str(e)) from None
-        for model in sorted({e.model for e in self.endpoints} | set(self.models)):
-            if rs.prefix_for(model) == "precise" and rs.tokenizer_for(model) is None:
-                raise ConfigError(f"routing.prefix: model {model!r} is precise but has no tokenizer "
+        # A precise pool that could make no precise pick is refused, saying why: precise
+        # routing needs the prompt's tokens, the chat profile (the one that reads prefixes)
+        # and an endpoint whose engine publishes its KV events.
+        served = {e.model for e in self.endpoints}
+        for model in sorted(served | set(self.models)):
+            if rs.prefix_for(model) != "precise":
+                continue
+            where = f"models.{model}.prefix" if model in rs.prefix_modes else "routing.prefix"
+            if rs.tokenizer_for(model) is None:
+                raise ConfigError(f"{where}: model {model!r} is precise but has no tokenizer "
                                   f"(models.{model}.tokenizer, routing.tokenizer or --tokenizer)")
+            if rs.profile_for(model) != "chat":
+                raise ConfigError(f"{where}: model {model!r} is precise but routes with the "
+                                  f"{rs.profile_for(model)!r} profile, which reads no prefix (precise "
+                                  f"routing is the chat profile's: models.{model}.profile or "
+                                  f"routing.default_profile chat)")
+            if model in served and not any(e.kv_events is not None for e in self.endpoints if e.model == model):
+                raise ConfigError(f"{where}: model {model!r} is precise but none of its endpoints publishes "
+                                  f"KV events (give endpoints[].kv_events in the config file; "
+                                  f"chargeVelocity sets them up for the engines it starts)")
         for where, path in [("routing.tokenizer", rs.tokenizer)] + [
                 (f"models.{m}.tokenizer", p) for m, p in rs.tokenizers.items()]:
             if path is not None and not os.path.exists(path):

@@ -1,6 +1,7 @@
 """bench/prefix.py's scenarios at smoke size: an engine restarted halfway, two gateway
 replicas, many tenants over a small cache (every variant completes every request, the
-precise one routes on the engines' KV events), and one hot prefix."""
+precise one routes on the engines' KV events), one hot prefix, and one hot prefix under
+the gateway's default admission."""
 from __future__ import annotations
 
 import json
@@ -73,6 +74,34 @@ def test_the_hot_prefix_scenario_runs_and_carries_its_share():
     assert "TTFT p99 affinity/chat" in proc.stdout and "TTFT p99 gap/chat" in proc.stdout
     for variant in ("chat", "gap", "affinity", "round-robin", "least-loaded"):
         assert f"  {variant} " in proc.stdout
+
+
+@pytest.mark.timeout(240)
+def test_the_hot_prefix_under_admission_scenario_runs_at_defaults_and_reports_its_goal(tmp_path):
+    """Scenario hot-admission at smoke size, two seeds: the gateway at its defaults
+    (dynamic admission, default profile) against pure affinity; every request completes,
+    the hot prefix is group 0, and the goal's ratios are given run by run."""
+    out = tmp_path / "prefix.json"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "prefix.py"), "--smoke", "--scenario", "hot-admission",
+                           "--requests", "40", "--repeats", "2", "--output", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=220)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "latency p95 affinity/chat: runs " in proc.stdout and "hit rate chat/affinity: runs " in proc.stdout
+    runs = json.loads(out.read_text())["repeats"]
+    assert len(runs) == 2
+    for run in runs:
+        assert [r["variant"] for r in run] == ["chat", "affinity"]
+        chat, affinity = run
+        for r in run:
+            s = r["summary"]
+            assert s["completed"] == s["requests"] == 40, (r["variant"], s)
+            assert r["latency_ms_engine_time"]["p95"] > 0 and 0 <= r["engine_hit_rate"] <= 1
+            assert r["admission"]["limits"] and "gateway_queued_mean" in r["load"]
+            groups = [g for _, g, _, _, _ in r["requests"]]
+            assert groups.count(0) >= 10  # the hot prefix carries about half of them
+        # The default run routes with chat (no models: section), pure affinity with its
+        # guard and load weight off: their picks are counted under the chat profile.
+        assert set(chat["router"]["picks"]) == {"chat"} and set(affinity["router"]["picks"]) == {"chat"}
 
 
 def test_a_hot_prefix_takes_its_share_of_a_seeded_workload():

@@ -9,6 +9,10 @@ where a request runs decides whether its prefix is still cached. Both rates are 
 from the engines (`vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`,
 deltas over the run, summed over engines), never from the gateway's own index.
 
+The same holds at default flags: `velocityllm serve` with nothing but its endpoints (no
+`models:` section, no profile header) routes with prefix affinity under its default
+policy, and `chargeVelocity --prefix precise` makes precise picks.
+
 Also: an unknown `x-velocity-profile` is a 400 naming the header, and `x-session-id`
 keeps a session on one engine across requests with unrelated prompts (and when its
 engine leaves, only that session moves).
@@ -24,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 import pytest
 
-from tests.support.gateway import running_gateway, wait_until
+from tests.support.gateway import gateway_process, running_gateway, wait_until
 from tests.support.sim import http_request, start_sim_engine
 from velocity_fast.loadgen.client import Client
 from velocity_fast.loadgen.workload import render_request
@@ -162,6 +166,113 @@ async def test_chat_profile_earns_at_least_twice_the_engine_prefix_cache_hit_rat
     assert len(chat["spread"]) == ENGINES and max(chat["spread"].values()) <= REQUESTS // 2, chat["spread"]
 
 
+async def send_waves(port: int, workload: list[tuple[int, bytes]], headers: dict) -> list:
+    """The workload in waves of 8 (the engines busy without a standing queue)."""
+    client = Client("127.0.0.1", port, timeout=60)
+    results = []
+    try:
+        for start in range(0, len(workload), 8):
+            results += await asyncio.gather(*(client.send(i, render_request("POST", CHAT, "127.0.0.1", headers, body))
+                                              for i, (_, body) in enumerate(workload[start:start + 8], start)))
+    finally:
+        client.close()
+    return results
+
+
+async def stats(admin_port: int) -> dict:
+    return (await http_request(admin_port, "GET", "/stats", timeout=10)).json()
+
+
+async def run_serve_defaults(workload: list[tuple[int, bytes]], headers: dict) -> dict:
+    """The workload through `velocityllm serve --endpoint ...` (nothing else) in front of
+    fresh engines; the engines' hit rate and the gateway's picks."""
+    engines = await asyncio.to_thread(start_engines, ENGINES, "--enable-prefix-caching",
+                                      "--num-gpu-blocks", str(KV_BLOCKS), "--block-size", "16",
+                                      "--max-model-len", "2048")
+    try:
+        eps = [arg for i, e in enumerate(engines, 1) for arg in ("--endpoint", f"e{i}={e.url}={MODEL}")]
+        with gateway_process("serve", *eps) as gp:
+            async def scraped():
+                s = await stats(gp.admin_port)
+                return all(e["healthy"] and e["num_gpu_blocks"] for e in s["endpoints"])
+            await wait_until(scraped, 10.0, interval=0.1, what="every engine healthy with its cache config scraped")
+            hits0, queries0 = await asyncio.to_thread(prefix_counters, engines)
+            results = await send_waves(gp.port, workload, headers)
+            hits1, queries1 = await asyncio.to_thread(prefix_counters, engines)
+            picks = (await stats(gp.admin_port))["routing"]["picks"]
+    finally:
+        await asyncio.to_thread(stop_engines, engines)
+    failed = [(r.status, r.reason, r.error) for r in results if not r.ok]
+    assert not failed, failed[:5]
+    queries = queries1 - queries0
+    return {"hit_rate": (hits1 - hits0) / queries if queries else 0.0, "queries": queries, "picks": picks}
+
+
+async def test_at_default_flags_with_no_models_section_prefix_affinity_is_in_effect():
+    """A new user's `serve`: no `models:`, no profile header, the default policy. The
+    engines' own hit rate is at least twice that of shortest-queue routing (asked for
+    with the header, as the baseline) on the same shared prefixes."""
+    workload = shared_prefix_workload(seed=11)
+    default = await run_serve_defaults(workload, {})
+    batch = await run_serve_defaults(workload, {"x-velocity-profile": "batch"})
+    print(f"\nengine prefix-cache hit rate at default flags {default['hit_rate']:.3f} {default['picks']}, "
+          f"batch {batch['hit_rate']:.3f} {batch['picks']}")
+    assert default["queries"] >= REQUESTS * SYSTEM_TOKENS and batch["queries"] >= REQUESTS * SYSTEM_TOKENS
+    assert batch["hit_rate"] >= 0.05, batch
+    assert default["hit_rate"] >= 2.0 * batch["hit_rate"], (default, batch)
+    assert set(default["picks"]) == {"chat"} and default["picks"]["chat"].get("prefix", 0) >= REQUESTS // 2, default
+    assert set(batch["picks"]) == {"batch"}, batch
+
+
+def test_charge_velocity_prefix_precise_at_default_flags_makes_precise_picks(tmp_path):
+    """`chargeVelocity --prefix precise --tokenizer T` and nothing else (default policy, no
+    `models:` section, no profile header): its picks are precise ones, in /stats and
+    /metrics."""
+    from urllib.request import Request, urlopen
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from tests.support.fakes import free_port_block
+
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([" ".join(WORDS)] + [f"You are assistant number {g}. Question {g}:" for g in range(50)],
+                            trainers.WordLevelTrainer(special_tokens=["[UNK]", "<|im_start|>", "<|im_end|>"]))
+    path = str(tmp_path / "tokenizer.json")
+    tok.save(path)
+    base = free_port_block(2)
+    with gateway_process("chargeVelocity", "--mock", "--engines", "2", "--engine-base-port", str(base),
+                         "--prefix", "precise", "--tokenizer", path,
+                         "--sim-args", "--time-scale 50 --block-size 16", timeout=40) as gp:
+        def get(url):
+            with urlopen(url, timeout=10) as r:
+                return r.read()
+
+        def ready():
+            s = orjson.loads(get(gp.admin_url + "/stats"))
+            return (sum(e["healthy"] for e in s["endpoints"]) == 2 and len(s["kv_events"]["endpoints"]) == 2
+                    and all(e["state"] == "exact" for e in s["kv_events"]["endpoints"].values()))
+
+        deadline = time.monotonic() + 20
+        while not ready():
+            assert time.monotonic() < deadline, get(gp.admin_url + "/stats")
+            time.sleep(0.1)
+        model = orjson.loads(get(gp.url + "/v1/models"))["data"][0]["id"]
+        workload = [w for w in shared_prefix_workload(seed=5) if w[0] < 3][:24]  # groups that recur
+        for _, body in workload:
+            data = orjson.dumps(dict(orjson.loads(body), model=model))
+            with urlopen(Request(gp.url + CHAT, data=data, headers={"content-type": "application/json"}),
+                         timeout=10) as r:
+                assert r.status == 200
+        s = orjson.loads(get(gp.admin_url + "/stats"))
+        metrics = get(gp.admin_url + "/metrics").decode()
+    assert s["kv_events"]["precise"]["share"] > 0.5, s["kv_events"]
+    assert s["routing"]["picks"].get("chat"), s["routing"]["picks"]
+    line = [ln for ln in metrics.splitlines()
+            if ln.startswith("velocity_prefix_precise_picks_total{") and 'how="precise"' in ln]
+    assert line and float(line[0].split()[-1]) >= 12, line
+
+
 # -- profiles and sessions ---------------------------------------------------------------------
 
 @pytest.fixture
@@ -191,7 +302,7 @@ async def test_unknown_profile_is_400_naming_the_header(engines):
 async def test_session_id_sticks_to_one_engine_and_only_a_departed_engines_sessions_move(engines):
     rng = random.Random(3)
     sessions = [f"user-{k}" for k in range(8)]
-    async with running_gateway(*engines, policy="smart") as gw:  # smart routes with `chat` by default
+    async with running_gateway(*engines, policy="smart") as gw:  # every policy routes with `chat` by default
 
         async def send(session: str | None) -> str:
             hdrs = {"x-session-id": session} if session else {}

@@ -459,6 +459,52 @@ def test_the_last_models_route_follows_headers_and_a_new_profile_map():
     r._configure()
     assert r.route_info(model, {"prompt": "d"}, None).profile == "chat"
 
+
+def test_a_profile_header_is_not_remembered_for_the_next_request_without_one():
+    """x-velocity-profile: batch on one request of a chat model: the next request of that
+    model without the header routes by the model's profile again."""
+    import msgspec
+
+    r = batch_router(default_profile="chat")
+    long_raw = msgspec.Raw(b'[{"role":"user","content":"' + b"x" * 200 + b'"}]')
+
+    class Body:
+        messages = long_raw
+
+    assert r.route_info("m", Body(), {PROFILE_HEADER: "batch"}).profile == "batch"
+    after = r.route_info("m", Body(), None)
+    assert after.profile == "chat" and after.nblocks == 3
+
+
+def test_a_prompt_without_a_full_block_shares_one_route_info_and_a_longer_one_is_hashed():
+    """Chat with a prompt shorter than one block: nothing to hash, one RouteInfo per model
+    and profile (as batch's); the next longer prompt of the same model is hashed as ever."""
+    import msgspec
+
+    r = batch_router(default_profile="chat")
+
+    class Body:
+        def __init__(self, raw: bytes) -> None:
+            self.messages = msgspec.Raw(raw)
+
+    short = b'[{"role":"user","content":"Say hello."}]'
+    exact = b'[{"role":"user","content":"' + b"y" * (64 - 30) + b'"}]'  # 64 bytes: 63 hashed, no block
+    assert len(exact) == 64
+    a = r.route_info("m", Body(short), None)
+    assert a.profile == "chat" and a.nblocks == 0
+    assert r.route_info("m", Body(short.replace(b"Say", b"Hey")), None) is a
+    assert r.route_info("m", Body(exact), None) is a
+    assert r.route_info("m", Body(exact), {}) is a
+    # One byte more is a full block of 64 once the last byte is cut: hashed.
+    longer = r.route_info("m", Body(exact[:-2] + b'z"}]'), None)
+    assert longer is not a and longer.nblocks == 1
+    hashed = r.route_info("m", Body(b'[{"role":"user","content":"' + b"q" * 300 + b'"}]'), None)
+    assert hashed.nblocks == 5 and r.route_info("m", Body(short), None) is a
+    # Rendered bytes: a full block is block_bytes of them; a session is never shared.
+    assert r.route_info("m", b"z" * 63, None).nblocks == 0 and r.route_info("m", b"z" * 64, None).nblocks == 1
+    with_session = r.route_info("m", Body(short), {SESSION_HEADER: "s"})
+    assert with_session is not a and with_session.session == "s"
+
 def test_staleness_is_judged_on_the_process_monotonic_clock():
     # The compiled path reads CLOCK_MONOTONIC in C: gauges scraped by Python code with
     # time.monotonic must be fresh or stale exactly as metrics_stale_s says.

@@ -26,8 +26,10 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, *, endpoints: bool = 
     g.add_argument("--structured-logs", action="store_true", default=None, help="one JSON object per log line")
     g.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"))
     g.add_argument("--prefix", default=None, choices=("approximate", "precise", "off"),
-                   help="prefix affinity of the chat profile: where this gateway sent prompts "
-                        "(approximate, the default), the engines' KV cache events (precise), or none")
+                   help="prefix affinity of the chat profile, which every policy routes with unless "
+                        "configured otherwise: where this gateway sent prompts (approximate, the default), "
+                        "the engines' KV cache events (precise: needs --tokenizer and endpoints' kv_events "
+                        "in the config file; chargeVelocity sets those up for its engines), or none (off)")
     g.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="tokenizer.json (or a model folder) for precise prefix routing")
     if endpoints:

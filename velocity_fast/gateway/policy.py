@@ -20,12 +20,10 @@ def make_admission(settings: Settings, pools: dict[str, Pool], registry: Registr
 def routing_settings(settings: Settings) -> RoutingSettings:
     """The routing section, with what it shares with admission filled in from there.
 
-    Prefix affinity is on by default only with the `smart` policy (docs/design.md, "Admission");
-    `static` and `dynamic` route to the shortest queue unless configured otherwise.
+    Every policy routes with the `chat` profile (prefix affinity) unless
+    `routing.default_profile` or a model's profile says otherwise (RoutingSettings' default).
     """
     data = dict(settings.routing)
-    if "default_profile" not in data:
-        data["default_profile"] = "chat" if settings.policy == "smart" else "batch"
     adm = AdmissionSettings.from_settings(settings)
     data.setdefault("saturation_waiting", adm.queue_threshold)
     data.setdefault("saturation_kv", adm.kv_threshold)

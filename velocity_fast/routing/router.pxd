@@ -16,9 +16,11 @@ cdef class Router:
     cdef public dict _batch_infos
     cdef public dict _pick_children
     cdef dict _only_children
-    cdef object _last_model  # the last batch-path RouteInfo, for the same model and profiles
+    cdef object _last_model  # the last shared RouteInfo, for the same model and profiles
     cdef RouteInfo _last_info
     cdef object _last_profiles
+    cdef bint _last_short    # _last_info is for prompts shorter than one block (else: batch's)
+    cdef dict _short_infos   # (model, profile) -> the RouteInfo of a prompt without a full block
     cdef public object _picks
     cdef public object _fail_open
     cdef public object _no_endpoint

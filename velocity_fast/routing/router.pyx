@@ -81,6 +81,20 @@ cdef object _py_monotonic = time.monotonic
 cdef object _Raw = msgspec.Raw
 
 
+cdef inline bint _short_prompt(body_obj, Py_ssize_t block_bytes) except -1:
+    """Whether the prompt's JSON text (raw ``messages``, else raw ``prompt``, or the bytes
+    already rendered) holds no full block once its last byte is cut (hash_json's text);
+    False where it cannot tell without rendering."""
+    if isinstance(body_obj, bytes):
+        return len(<bytes>body_obj) < block_bytes
+    raw = getattr(body_obj, "messages", None)
+    if type(raw) is not _Raw or not len(raw):
+        raw = getattr(body_obj, "prompt", None)
+        if type(raw) is not _Raw:
+            return False
+    return len(raw) <= block_bytes
+
+
 cdef inline RouteInfo _new_info(model, profile, BlockHashes hashes, session, session_key):
     cdef RouteInfo info = RouteInfo.__new__(RouteInfo)
     info.model = model
@@ -107,6 +121,7 @@ cdef class Router:
         self._rng = rng or random.Random(s.seed)
         self._hasher = PrefixHasher(s.block_bytes)
         self._batch_infos = {}  # by model: nothing per request in them
+        self._short_infos = {}  # the same for prompts shorter than one block, by (model, profile)
         self._sessions = SessionAffinity()
         self._profiles = make_profiles(s, self._rng, self._sessions)
         self._pools = {}  # model -> RouterPool
@@ -231,9 +246,13 @@ cdef class Router:
 
     cdef RouteInfo _route_info(self, model, body_obj, headers, bint compact=False):
         cdef RouteInfo info
+        cdef bint by_model = True
         model = model or ""
         if not headers and model is self._last_model and self._model_profiles is self._last_profiles:
-            return self._last_info  # the usual request: the same model as the last, no routing headers
+            # The usual request: the same model as the last, no routing headers. Batch needs
+            # no prompt; a prompt shorter than one block has none to route by.
+            if not self._last_short or _short_prompt(body_obj, self._hasher.block_bytes):
+                return self._last_info
         profile = None
         session = None
         if headers:
@@ -247,6 +266,7 @@ cdef class Router:
             profile = profile.strip().lower()
             if profile not in self._profiles:
                 raise UnknownProfile(profile)
+            by_model = False
         else:
             profile = self._model_profiles.get(model, self._default_profile)
         if session:
@@ -258,14 +278,31 @@ cdef class Router:
                 info = _new_info(model, profile, self._hasher.hash(b"", model), None, None)
                 if len(self._batch_infos) < 256:  # models come from clients: the cache stays bounded
                     self._batch_infos[model] = info
-            # What decided it is the model and the profiles it maps to: the next request
-            # with the same model object and no routing headers gets the same info.
-            self._last_model = model
-            self._last_info = info
-            self._last_profiles = self._model_profiles
+            if by_model:
+                # What decided it is the model and the profiles it maps to: the next request
+                # with the same model object and no routing headers gets the same info.
+                self._last_model = model
+                self._last_info = info
+                self._last_profiles = self._model_profiles
+                self._last_short = False
             return info
         if not self._plain_prefix:
             return self._route_info_modes(model, profile, body_obj, session)
+        if not session and _short_prompt(body_obj, self._hasher.block_bytes):
+            # No full block to hash (the hashed text is at most the JSON less one byte): the
+            # same empty prefix for every such prompt, one shared RouteInfo as batch's.
+            key = (model, profile)
+            info = self._short_infos.get(key)
+            if info is None:
+                info = _new_info(model, profile, self._hasher.hash(b"", model), None, None)
+                if len(self._short_infos) < 256:
+                    self._short_infos[key] = info
+            if by_model:
+                self._last_model = model
+                self._last_info = info
+                self._last_profiles = self._model_profiles
+                self._last_short = True
+            return info
         cdef BlockHashes hashes
         if isinstance(body_obj, (bytes, bytearray, memoryview)):
             hashes = self._hasher.hash(body_obj, model)
