@@ -26,7 +26,13 @@ class EndpointLoad:
     def queue_seen(self) -> bool: ...
     @property
     def value(self) -> float: ...
+    @property
+    def others(self) -> float:
+        """Other gateways' running requests on this engine, as the last scrape showed them."""
     def observe(self, running: float, waiting: float, kv: float, scraped_at: float) -> None: ...
+
+def observe_endpoint(load: EndpointLoad, ep: object) -> None:
+    """Record ``ep``'s latest scrape in ``load``, with other gateways' work (``others``)."""
 
 def refresh(loads: list[EndpointLoad], eps: list) -> bool:
     """Bring each load up to date with its endpoint; True if any is healthy."""

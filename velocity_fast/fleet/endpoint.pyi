@@ -18,6 +18,8 @@ class Endpoint:
     limit: int
     max_running_seen: float
     running_cap: float
+    inflight_peak: int
+    others: float
     ejected_until: float
     eject_backoff: float
     failures: int
