@@ -25,6 +25,10 @@ cdef class Item:
     # What a grant needs, carried for admission (push)
     cdef public double grant_deadline
     cdef public long max_tokens
+    # Token fairness: the estimate charged when it was dispatched, and to whom (its
+    # tenant's queue in this band), for the settlement when the answer ends.
+    cdef readonly double charged
+    cdef readonly TenantQueue charged_to
     # Intrusive links: the tenant's FIFO and the band's age (enqueue-order) list.
     cdef Item t_prev
     cdef Item t_next
@@ -74,6 +78,7 @@ cdef class BandQueues:
     cdef readonly double aging_step
     cdef dict _weights            # tenant -> weight; read when a tenant's queue is made
     cdef double _quantum_scale    # 1 / the smallest weight (weight 1 if none is smaller)
+    cdef readonly double out_weight   # token fairness: an output token costs this many input tokens
     cdef list bands
     cdef dict items
     cdef long long next_id
@@ -96,3 +101,6 @@ cdef class BandQueues:
     cdef void _activate(self, BandQueue bq, TenantQueue t)
     cdef void _deactivate(self, BandQueue bq, TenantQueue t)
     cdef void _remove(self, Item it) except *
+    cdef double estimate(self, long long nbytes, double tokens) noexcept
+    cdef TenantQueue charge(self, int band, object tenant, double cost)
+    cdef void settle(self, TenantQueue t, double delta) noexcept

@@ -6,6 +6,13 @@ requests takes one slot in the rotation) or by a virtual token counter (the tena
 that was served the fewest tokens goes next, so long requests cannot take more than
 their share). Within a tenant the order is FIFO, or earliest deadline first.
 
+The counter follows VTC (Sheng et al., OSDI 2024): a tenant whose queue goes from empty
+to non-empty is lifted to the least counter among the backlogged ones; the least counter
+is served next; a request costs its input tokens plus ``out_weight`` (default 2) times
+its output tokens. It is charged the estimate (body bytes / 4 plus ``max_tokens``) when
+it is dispatched, queued or not (``charge`` for a request granted at once), and the
+caller settles the difference (``settle``) once the engine said what it served.
+
 A tenant's weight is its share: by turns, a visit of the rotation lasts ``weight``
 requests (deficit round-robin: a fraction carries over to the next visit; weights are
 scaled so that the smallest is 1, so that a visit never ends without a turn); by tokens,
@@ -120,8 +127,6 @@ cdef inline Item _heap_pop(list heap):
     return top
 
 
-cdef inline double _cost(Item it):
-    return it.tokens + it.nbytes / VF_BYTES_PER_TOKEN
 
 
 cdef class BandQueues:
@@ -134,16 +139,20 @@ cdef class BandQueues:
     arrival; ``token_fair`` picks tenants by virtual token counter instead of by
     turns; ``aging_step`` (seconds, <= 0: off) raises an item's effective band by
     one for every step it has waited. ``weights`` maps a tenant to its share in
-    fairness (a positive number; a tenant not in it has weight 1).
+    fairness (a positive number; a tenant not in it has weight 1). ``out_weight``:
+    what an output token costs in input tokens, for the token counter.
     """
 
     def __cinit__(self, list bands, Py_ssize_t capacity=0, long long byte_capacity=0,
                   bint edf=False, bint token_fair=False, double aging_step=0.0,
-                  dict weights=None):
+                  dict weights=None, double out_weight=2.0):
         cdef int i
         cdef double w
         if not bands:
             raise ValueError("at least one band is required")
+        if not (out_weight >= 0 and out_weight < INFINITY):
+            raise ValueError(f"out_weight: must be a finite number >= 0, got {out_weight!r}")
+        self.out_weight = out_weight
         self._weights = {}
         low = 1.0
         for name, value in (weights or {}).items():
@@ -373,9 +382,50 @@ cdef class BandQueues:
         else:
             it = t.head
         if self.token_fair:
-            t.vtc += _cost(it) * t.inv_weight
+            it.charged = self.estimate(it.nbytes, it.tokens)
+            it.charged_to = t
+            t.vtc += it.charged * t.inv_weight
         self._remove(it)
         return it
+
+    cdef double estimate(self, long long nbytes, double tokens) noexcept:
+        """What a request is charged before the engine says: its body in tokens (bytes /
+        4) plus ``out_weight`` times the output tokens it asks for."""
+        return nbytes / VF_BYTES_PER_TOKEN + self.out_weight * tokens
+
+    cdef TenantQueue charge(self, int band, object tenant, double cost):
+        """Charge ``cost`` to ``tenant``'s counter in ``band`` (a request dispatched
+        without queueing); returns its queue, made (empty) if it had none."""
+        cdef BandQueue bq = <BandQueue>self.bands[band]
+        cdef TenantQueue t = <TenantQueue>bq.tenants.get(tenant)
+        if t is None:
+            t = TenantQueue(tenant, self._weights.get(tenant, 1.0) if self._weights else 1.0,
+                            self._quantum_scale)
+            bq.tenants[tenant] = t
+        t.vtc += cost * t.inv_weight
+        return t
+
+    cdef void settle(self, TenantQueue t, double delta) noexcept:
+        """The answer ended: ``delta`` (what it cost less what was charged) to the counter."""
+        t.vtc += delta * t.inv_weight
+
+    def charge_tenant(self, int band, tenant, double cost):
+        """``charge`` from Python (tests): the tenant's counter after it."""
+        return self.charge(band, tenant, cost).vtc
+
+    def settle_tenant(self, int band, tenant, double delta):
+        """``settle`` from Python (tests)."""
+        self.settle((<BandQueue>self.bands[band]).tenants[tenant], delta)
+
+    def tenant_snapshot(self):
+        """Per band, per tenant: (counter, queued) for /stats; a tenant whose queue in a
+        band was made (it was queued or charged there) is listed."""
+        cdef BandQueue bq
+        cdef TenantQueue t
+        out = []
+        for bq in self.bands:
+            out.append({name: (t.vtc, t.count) for name, t in bq.tenants.items()})
+        return out
 
     cdef void _activate(self, BandQueue bq, TenantQueue t):
         cdef TenantQueue c, low

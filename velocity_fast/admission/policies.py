@@ -123,7 +123,7 @@ class Policy:
         specs = [(b.queue_capacity, b.queue_bytes, b.ttl_ms / 1000.0) for b in self.bands]
         return BandQueues(specs, settings.global_capacity, settings.global_bytes,
                           self.ordering.edf, self.fairness.token_fair, self.aging_step_s,
-                          self.weights)
+                          self.weights, settings.fairness_output_weight)
 
     def __repr__(self) -> str:
         return (f"Policy({self.name}: {self.fairness.name}/{self.ordering.name}/"

@@ -346,4 +346,31 @@ class Gateway:
         return {"policy": self.settings.policy, "uptime_seconds": round(time.monotonic() - self.started_at, 3),
                 "endpoints": [e.snapshot() for e in self.endpoints.values()],
                 "pools": {m: [e.name for e in p.endpoints] for m, p in self.pools.items()},
-                "admission": self.admission.stats(), "routing": self.router.stats(), "kv_events": self.kv.stats()}
+                "admission": self.admission.stats(), "routing": self.router.stats(), "kv_events": self.kv.stats(),
+                "tenants": self.tenant_stats()}
+
+    def tenant_stats(self) -> dict:
+        """Per tenant: the tokens the engines served it (prompt, cached, completion, from
+        their usage), its quota left, its requests declined by reason, and per band its
+        fairness counter and queue depth. Every configured tenant is listed, and any other
+        that has a counter in a band (it was queued or charged there)."""
+        out: dict = {}
+        for name, t in self.identity.tenants.items():
+            left = t.tokens_left()
+            out[name] = {"weight": t.weight,
+                         "tokens": {"prompt": t.served_prompt, "cached": t.served_cached,
+                                    "completion": t.served_completion},
+                         "requests_per_second": t.rate, "tokens_per_minute": t.tpm,
+                         "quota_tokens_left": None if left is None else round(left, 1),
+                         "rejections": dict(t.rejections), "bands": {}}
+        names = self.admission.band_names
+        for ps in self.admission._known_pools().values():
+            for i, tenants in enumerate(ps.queues.tenant_snapshot()):
+                for name, (counter, queued) in tenants.items():
+                    entry = out.get(name)
+                    if entry is None:
+                        entry = out[name] = {"bands": {}}
+                    band = entry["bands"].setdefault(names[i], {"counter": 0.0, "queued": 0})
+                    band["counter"] = round(max(band["counter"], counter), 3)
+                    band["queued"] += queued
+        return out

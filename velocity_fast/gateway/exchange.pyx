@@ -24,7 +24,8 @@ from libc.string cimport memcmp, memcpy
 from velocity_fast.admission.controller cimport Admission, Lease, Ticket, set_waiter
 from velocity_fast.metrics.values cimport Value
 from velocity_fast.gateway.requests cimport (P_FIELDS, P_MAX_COMPLETION_TOKENS, P_MAX_TOKENS, P_MODEL, P_PRIORITY,
-                                           P_SLA_MS, P_USER, decode_fields, strip_own_fields)
+                                           P_SLA_MS, P_STREAM, P_STREAM_OPTIONS, P_USER, ask_usage, decode_fields,
+                                           strip_own_fields)
 from velocity_fast.routing.route cimport RouteInfo
 from velocity_fast.routing.router cimport Router
 from velocity_fast.server.connection cimport Responder
@@ -164,6 +165,122 @@ cdef long _events(bytes data, Py_ssize_t* err_at):
         pos += 6
 
 
+# -- the engine's usage: read from a few hundred bytes at the end of an answer ----------
+
+cdef long long _int_at(const char* s, const char* end, const char* key, size_t klen) noexcept:
+    """The non-negative integer after ``key`` in [s, end), or -1."""
+    cdef const char* hit = <const char*>memmem(s, end - s, key, klen)
+    cdef long long v = 0
+    if hit == NULL:
+        return -1
+    s = hit + klen
+    while s < end and s[0] == c' ':
+        s += 1
+    if s >= end or s[0] < c'0' or s[0] > c'9':
+        return -1
+    while s < end and s[0] >= c'0' and s[0] <= c'9' and v < 1000000000000000:
+        v = v * 10 + (s[0] - c'0')
+        s += 1
+    return v
+
+
+cdef bint _read_usage(const char* s, const char* end, long long* out) noexcept:
+    """The usage object that opens at ``s``: its prompt, cached (0 when not reported) and
+    completion tokens into ``out[3]``; False when it does not close before ``end`` or
+    lacks the counts. (Its members are numbers and objects of numbers: no string to skip.)"""
+    cdef int depth = 0
+    cdef const char* p = s
+    while p < end:
+        if p[0] == c'{':
+            depth += 1
+        elif p[0] == c'}':
+            depth -= 1
+            if depth == 0:
+                break
+        p += 1
+    if p >= end:
+        return False
+    p += 1
+    out[0] = _int_at(s, p, b'"prompt_tokens":', 16)
+    out[2] = _int_at(s, p, b'"completion_tokens":', 20)
+    if out[0] < 0 or out[2] < 0:
+        return False
+    out[1] = _int_at(s, p, b'"cached_tokens":', 16)
+    if out[1] < 0:
+        out[1] = 0
+    return True
+
+
+# vLLM ends a whole answer with its usage and a few members of null: it is in this tail.
+cdef Py_ssize_t _USAGE_TAIL = 2048
+
+
+cdef bint _body_usage(bytes body, long long* out) noexcept:
+    """A whole answer's usage (the last ``"usage":{`` of its tail) into ``out[3]``."""
+    cdef const char* s = PyBytes_AS_STRING(body)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(body)
+    cdef const char* p = s + (n - _USAGE_TAIL if n > _USAGE_TAIL else 0)
+    cdef const char* last = NULL
+    cdef const char* hit
+    while True:
+        hit = <const char*>memmem(p, s + n - p, b'"usage":', 8)
+        if hit == NULL:
+            break
+        last = hit
+        p = hit + 8
+    if last == NULL:
+        return False
+    p = last + 8
+    while p < s + n and p[0] == c' ':
+        p += 1
+    if p >= s + n or p[0] != c'{':
+        return False
+    return _read_usage(p, s + n, out)
+
+
+def body_usage(bytes body):
+    """(prompt, cached, completion) tokens of a whole answer's usage, or None (tests)."""
+    cdef long long u[3]
+    return (u[0], u[1], u[2]) if _body_usage(body, u) else None
+
+
+# A stream's final usage chunk, as vLLM (and the sim) write it: no choices, then usage.
+cdef const char* _USAGE_EVENT = b'"choices":[],"usage":{'
+cdef size_t _USAGE_EVENT_LEN = 22
+
+
+cdef bytes _unframe(bytes framed):
+    """The data of whole HTTP chunks (size line, data, CRLF each), joined."""
+    cdef const char* s = PyBytes_AS_STRING(framed)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(framed), pos = 0, size, w = 0
+    cdef int h
+    cdef char* q
+    out = PyBytes_FromStringAndSize(NULL, n)
+    q = PyBytes_AS_STRING(out)
+    while pos < n:
+        size = 0
+        while pos < n and s[pos] != c'\r':
+            h = s[pos]
+            if c'0' <= h <= c'9':
+                size = size * 16 + h - c'0'
+            elif c'a' <= h <= c'f':
+                size = size * 16 + h - c'a' + 10
+            elif c'A' <= h <= c'F':
+                size = size * 16 + h - c'A' + 10
+            else:  # an extension: skipped to the end of the line
+                while pos < n and s[pos] != c'\r':
+                    pos += 1
+                break
+            pos += 1
+        pos += 2
+        if size > n - pos:
+            size = n - pos if n > pos else 0
+        memcpy(q + w, s + pos, size)
+        w += size
+        pos += size + 2
+    return out[:w]
+
+
 cdef class Ingress:
     """What every proxied request reads of its gateway: C fields instead of instance-dict
     look-ups. A reload assigns new ones (admission, router, identity, band names); a
@@ -284,6 +401,8 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
     cdef bint compact  # the decoder left messages and prompt as compact JSON text
     cdef Identity identity = gw.identity
     cdef dict h = None
+    cdef Tenant t
+    cdef Exchange x
     # The gateway's own headers, looked up only when the request has any (most have none).
     rid = tenant_h = prio = sla = None
     if req.gateway_headers or identity.required:
@@ -334,14 +453,35 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
         count_request(gw, route, 404, band)
         return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
                                param="model", headers=_rid_headers(rid))
+    body = strip_own_fields(req.body, r)
+    max_tokens = <object>f[P_MAX_COMPLETION_TOKENS] or <object>f[P_MAX_TOKENS] or 256
+    q_est = 0.0
     if tenant is not None:
-        wait = (<Tenant?>tenant).take()
+        t = <Tenant?>tenant
+        if t.tpm is not None:  # its quota of tokens: the estimate must fit in what is left
+            q_est = PyBytes_GET_SIZE(body) / _BYTES_PER_TOKEN + <long>max_tokens
+            wait = t.take_tokens(q_est)
+            if wait:
+                _count_reject(t, "rate-limit")
+                return gw.app._reject(resp, route, 429, "rate-limit",
+                                      f"Tenant {tenant_name!r} is over its tokens per minute.", band,
+                                      _rid_headers(rid), wait)
+        wait = t.take()
         if wait:
+            if q_est:
+                t.settle_tokens(-q_est)
+            _count_reject(t, "rate-limit")
             return gw.app._reject(resp, route, 429, "rate-limit",
                               f"Tenant {tenant_name!r} is over its request rate.", band,
                               _rid_headers(rid), wait)
-    body = strip_own_fields(req.body, r)
-    max_tokens = <object>f[P_MAX_COMPLETION_TOKENS] or <object>f[P_MAX_TOKENS] or 256
+    stream = <object>f[P_STREAM] is True
+    strip = False
+    if stream:
+        options = <object>f[P_STREAM_OPTIONS]
+        if options is None or not options.include_usage:
+            # Asked of the engine for the settlement, cut from the client's stream.
+            body = ask_usage(body, options is not None)
+            strip = True
     ticket = Ticket.__new__(Ticket)  # the fields are already what Ticket() would make of them
     ticket.band = band
     ticket.tenant = tenant_name
@@ -349,9 +489,24 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
     ticket.max_tokens = max_tokens
     ticket.prompt_bytes = len(body)
     ticket.model = model
+    x = _exchange(gw, req, resp, route, pool, ticket, info, body, rid)
+    x.tenant = tenant
+    x.q_est = q_est
+    x.prompt_est = <long long>(ticket.prompt_bytes / _BYTES_PER_TOKEN)
+    x.stream_req = stream
+    x.usage_strip = strip
     # No task: admission, the engine connection and the client meet in callbacks,
     # a stream's events included.
-    _exchange(gw, req, resp, route, pool, ticket, info, body, rid).start()
+    x.start()
+
+
+cdef double _BYTES_PER_TOKEN = 4.0  # the estimate of a prompt's tokens from its bytes (admission's)
+
+
+cdef inline void _count_reject(Tenant t, str reason):
+    """One more request of ``t`` declined for ``reason`` (its figures in /stats, /metrics)."""
+    d = t.rejections
+    d[reason] = d.get(reason, 0) + 1
 
 
 cdef count_request(Ingress gw, str route, int status, str band):
@@ -434,6 +589,8 @@ cdef class Exchange(Listener):
         try:
             got = self.adm._admit(self.ticket, self)
         except Rejected as e:
+            self._account(0, 0, 0, True)  # nothing served: the quota's draw comes back
+            self._reject_counted(e.reason)
             self._end()
             self.gw.app._reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band,
                             self.base_headers(), e.retry_after, from_admission=True)
@@ -488,6 +645,8 @@ cdef class Exchange(Listener):
     def _refused(self, e):
         if self.abandoned:
             return
+        self._account(0, 0, 0, True)
+        self._reject_counted(e.reason)
         self._end()
         self.gw.app._reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band, self.base_headers(),
                         e.retry_after, from_admission=True)
@@ -510,6 +669,7 @@ cdef class Exchange(Listener):
         ep = (router._pick(self.pool, self.info, lease, tried)  # the lease's fits(), as C
               or router._pick(self.pool, self.info, gw.admission.has_room, tried))
         if ep is None:
+            self._account(0, 0, 0, True)  # no engine produced anything
             self._fail_lease(None)
             if tried:
                 return self._refuse(502, "upstream", "The engine failed before answering and no other engine "
@@ -584,14 +744,44 @@ cdef class Exchange(Listener):
         if err_at >= 0 and not self.engine_failed:  # the engine's own error event (e.g. out of memory)
             self.engine_failed = True
             self.error_text = data[err_at:err_at + 2000].decode("utf-8", "replace")
+        if not self.usage_seen and self.stream_req and memmem(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data),
+                                                              _USAGE_EVENT, _USAGE_EVENT_LEN) != NULL:
+            if framed and self.usage_strip:  # the piece is cut: its data goes on as one chunk
+                data = _unframe(data)
+                framed = False
+            data = self._usage_event(data)
         if framed:
             resp.write_chunks(data)
-        else:
+        elif PyBytes_GET_SIZE(data):  # (an empty write would end the chunked stream)
             resp.write_nowait(data)
         if resp._proto._write_paused and self.task is None:
             conn.pause()  # the client reads slowly: so do we, from the engine
             self.task = task = self.loop.create_task(resp.write(b""))
             task.add_done_callback(self._drained)
+
+    cdef bytes _usage_event(self, bytes data):
+        """The piece that holds the final usage chunk: its counts read; the chunk cut
+        from the piece when the gateway asked for it and the client did not."""
+        cdef const char* s = PyBytes_AS_STRING(data)
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(data), at, i
+        cdef const char* end
+        cdef long long u[3]
+        at = <const char*>memmem(s, n, _USAGE_EVENT, _USAGE_EVENT_LEN) - s
+        if not _read_usage(s + at + _USAGE_EVENT_LEN - 1, s + n, u):
+            return data  # split across pieces: settled from the chunks relayed
+        self.usage_seen = True
+        self.u_prompt, self.u_cached, self.u_completion = u[0], u[1], u[2]
+        if not self.usage_strip:
+            return data
+        # The event: from its "data: " to the blank line that ends it.
+        i = at
+        while i >= 0 and memcmp(s + i, b"data: ", 6) != 0:
+            i -= 1
+        end = <const char*>memmem(s + at, n - at, b"\n\n", 2)
+        if i < 0 or end == NULL:
+            return data
+        self.events -= 1
+        return data[:i] + data[end - s + 2:]
 
     def _drained(self, task):
         self.task = None
@@ -616,6 +806,7 @@ cdef class Exchange(Listener):
         (<UpstreamPool?>ep.upstream).release(conn)
         self.conn = None
         self._end()
+        self._account_stream()
         status = self.status
         ok = 200 <= status < 300 and not self.engine_failed
         error_text = self.error_text
@@ -632,11 +823,13 @@ cdef class Exchange(Listener):
         if starts(self.ct, "text/event-stream"):
             resp.write_nowait(stream_error_event(f"The engine failed during streaming: {e}", 500))
         resp.end()
+        self._account_stream()
         settle(self.gw, self.route, self.ticket.band, self.ep, self.lease, self.status, True, False, str(e),
                         self.events)
 
     cdef _answer(self, UpstreamConnection conn):
         cdef Endpoint ep = self.ep
+        cdef long long u[3]
         resp = self.resp
         if conn.status < 200 or conn.status > 599:  # (the C int: no Python comparison)
             return self._invalid_status(conn, conn.status)
@@ -650,6 +843,12 @@ cdef class Exchange(Listener):
         error_text = None
         if not ok and status >= 400:
             error_text = body[:2000].decode("utf-8", "replace") if body else f"engine status {status}"
+        if not ok:
+            self._account(0, 0, 0, True)  # an engine's error answer served no tokens
+        elif _body_usage(body, u):
+            self._account(u[0], u[1], u[2], True)
+        else:
+            self._account(0, 0, 0, False)  # no usage in the answer: the estimate stands
         if self.reshape is not None and ok and starts(ct, "application/json"):
             native = self.reshape(self, body)
             if native is None:
@@ -669,6 +868,7 @@ cdef class Exchange(Listener):
         self.conn = None
         self.gw.monitor.passive_failure(ep, connect=False)
         ep.errors += 1
+        self._account(0, 0, 0, True)
         self._fail_lease(f"engine status {status}")
         self._refuse(502, "upstream", f"The engine answered with an invalid HTTP status ({status}).")
 
@@ -696,6 +896,7 @@ cdef class Exchange(Listener):
             self.tried.append(ep)
         if not e.received and len(self.tried) < 2:
             return self._dispatch()  # nothing reached the client: once more on another endpoint
+        self._account(0, 0, 0, True)  # the engine answered nothing
         self._fail_lease(str(e))
         self._refuse(502, "upstream", f"The engine failed before answering: {e}")
 
@@ -710,7 +911,18 @@ cdef class Exchange(Listener):
         if self.state == _QUEUED:
             self.state = _DONE
             self.adm._withdraw(self.ticket, self.qitem)
+            self._account(0, 0, 0, True)  # never served: the quota's draw comes back
             return
+        if self.state != _DONE:
+            # What the engine produced up to the abort: a stream's relayed chunks (its
+            # usage, if it came); the prompt of a stream not yet answered; nothing if the
+            # engine never had it. A whole answer's work is unknown: its estimate stands.
+            if self.relaying:
+                self._account_stream()
+            elif self.ep is None:
+                self._account(0, 0, 0, True)
+            elif self.stream_req:
+                self._account(self.prompt_est, 0, 0, True)
         self.state = _DONE
         if self.conn is not None:
             self.conn.abort()
@@ -760,8 +972,40 @@ cdef class Exchange(Listener):
         self.qitem = None
 
     cdef _fail_lease(self, error_text):
+        self._account(0, 0, 0, False)  # (unless told before: the estimate stands)
         if self.lease is not None:
             self.lease.release("failed", error_text=error_text)
+
+    cdef _account(self, long long prompt, long long cached, long long completion, bint known):
+        """Once per request, before its lease ends: what the engine served (``known``;
+        else the estimates drawn stand) settles the tenant's fairness counter and quota,
+        and counts in its figures."""
+        cdef Tenant t = self.tenant
+        if self.accounted:
+            return
+        self.accounted = True
+        if not known:
+            return
+        if self.lease is not None:
+            self.lease.usage(prompt, cached, completion)
+        if t is not None:
+            t.served_prompt += prompt
+            t.served_cached += cached
+            t.served_completion += completion
+            if self.q_est:
+                t.settle_tokens(prompt + completion - self.q_est)
+
+    cdef _account_stream(self):
+        """A stream's end: its usage chunk's counts, else the prompt estimated and a token
+        for each chunk relayed."""
+        if self.usage_seen:
+            self._account(self.u_prompt, self.u_cached, self.u_completion, True)
+        else:
+            self._account(self.prompt_est, 0, self.events, True)
+
+    cdef _reject_counted(self, str reason):
+        if self.tenant is not None:
+            _count_reject(self.tenant, reason)
 
     cdef _refuse(self, int status, str reason, str message, retry_after=None):
         self._end()

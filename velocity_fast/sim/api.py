@@ -213,7 +213,7 @@ class SimAPI:
         # As vLLM: per-chunk usage only when usage was asked for at all.
         include_usage = bool(so and so.include_usage)
         meta = RequestMeta(rid, int(time.time()), cfg.model, chat, prompt_tokens, include_usage,
-                           include_usage and bool(so.continuous_usage_stats))
+                           include_usage and bool(so.continuous_usage_stats), cfg.enable_prompt_tokens_details)
         if not cfg.enable_prefix_caching:
             hashes = []
         elif ids is not None:
@@ -229,7 +229,7 @@ class SimAPI:
         engine = self.engine
         if body.stream:
             sink = StreamSink(resp, meta)
-            seq = Sequence(prompt_tokens, hashes, target, finish, rng, sink, failure, ids)
+            seq = meta.seq = Sequence(prompt_tokens, hashes, target, finish, rng, sink, failure, ids)
             resp.start(200, headers=headers)
             resp.add_disconnect_callback(lambda: engine.abort(seq))
             engine.submit(seq)
@@ -238,7 +238,7 @@ class SimAPI:
             return
         done = asyncio.get_running_loop().create_future()
         whole = WholeSink(meta, done)
-        seq = Sequence(prompt_tokens, hashes, target, finish, rng, whole, failure, ids)
+        seq = meta.seq = Sequence(prompt_tokens, hashes, target, finish, rng, whole, failure, ids)
         resp.add_disconnect_callback(lambda: engine.abort(seq))
         engine.submit(seq)
         await done

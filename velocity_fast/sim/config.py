@@ -34,6 +34,9 @@ class SimConfig:
     #: Freed blocks that keep their prefix content (LRU); None = all free blocks (vLLM).
     prefix_cache_blocks: int | None = None
     enable_prefix_caching: bool = True
+    #: vLLM's ``--enable-prompt-tokens-details`` (off by default, as there): usage then
+    #: carries ``prompt_tokens_details.cached_tokens`` when the prefix cache served any.
+    enable_prompt_tokens_details: bool = False
     max_model_len: int = 4096
     #: Mean length of a reply that ends by itself (no max_tokens given).
     natural_output_mean: int = 128
