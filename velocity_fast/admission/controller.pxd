@@ -111,7 +111,7 @@ cdef class Admission:
     cdef bint _adaptive
     cdef double _out_w            # token fairness: an output token's cost in input tokens
     cdef double _cached_w         # and a cached prompt token's
-    cdef bint _settle             # settle the counter from usage ("actual"), or keep the estimate
+    cdef bint _settle             # token fairness settled from usage (fairness_charge: actual)
 
     cdef double _now(self) except? -1.0
     cdef double _pool_sat(self, PoolState ps, double now) except? -1.0

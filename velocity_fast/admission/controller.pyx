@@ -474,7 +474,7 @@ cdef class Admission:
         self._adaptive = p.adaptive
         self._out_w = s.fairness_output_weight
         self._cached_w = s.fairness_cached_weight
-        self._settle = s.fairness_charge == "actual"
+        self._settle = p.fairness.token_fair and s.fairness_charge == "actual"
 
     cdef double _now(self) except? -1.0:
         if self._mono:

@@ -67,6 +67,7 @@ cdef class Exchange(Listener):
     cdef double q_est
     cdef long long prompt_est
     cdef bint stream_req          # the client asked for a stream
+    cdef bint want_usage          # something settles from usage: a configured tenant, or token fairness
     cdef bint usage_strip         # the gateway asked for usage: the usage chunk is not relayed
     cdef bint usage_seen
     cdef long long u_prompt
@@ -87,7 +88,7 @@ cdef class Exchange(Listener):
     cdef on_done(self, UpstreamConnection conn)
     cdef on_error(self, UpstreamConnection conn, err)
     cdef _relay(self, UpstreamConnection conn, bytes data, bint framed)
-    cdef bytes _usage_event(self, bytes data)
+    cdef bytes _usage_event(self, bytes data, bint framed)
     cdef _stream_done(self, UpstreamConnection conn)
     cdef _stream_failed(self, e)
     cdef _answer(self, UpstreamConnection conn)

@@ -165,77 +165,131 @@ cdef long _events(bytes data, Py_ssize_t* err_at):
         pos += 6
 
 
-# -- the engine's usage: read from a few hundred bytes at the end of an answer ----------
+# -- the engine's usage: read from the last bytes of an answer, in one pass, in C ---------
 
-cdef long long _int_at(const char* s, const char* end, const char* key, size_t klen) noexcept:
-    """The non-negative integer after ``key`` in [s, end), or -1."""
-    cdef const char* hit = <const char*>memmem(s, end - s, key, klen)
-    cdef long long v = 0
-    if hit == NULL:
-        return -1
-    s = hit + klen
-    while s < end and s[0] == c' ':
-        s += 1
-    if s >= end or s[0] < c'0' or s[0] > c'9':
-        return -1
-    while s < end and s[0] >= c'0' and s[0] <= c'9' and v < 1000000000000000:
-        v = v * 10 + (s[0] - c'0')
-        s += 1
-    return v
+cdef extern from "string.h":
+    void* memrchr(const void* s, int c, size_t n) nogil
+
+
+cdef inline bint _key_is(const char* k, Py_ssize_t n, const char* name, Py_ssize_t m) noexcept:
+    return n == m and memcmp(k, name, m) == 0
+
+
+cdef inline const char* _number(const char* p, const char* end, long long* v) noexcept:
+    """The digits at ``p`` into ``v``; the byte after them, or NULL when there are none."""
+    cdef long long n = 0
+    cdef const char* start = p
+    while p < end and p[0] >= c'0' and p[0] <= c'9' and n < 1000000000000000:
+        n = n * 10 + (p[0] - c'0')
+        p += 1
+    v[0] = n
+    return p if p > start else NULL
+
+
+cdef inline const char* _member(const char* p, const char* end, const char* key, Py_ssize_t klen,
+                                long long* v) noexcept:
+    """``key`` (with its quotes, colon and the comma before it) then a number at ``p``."""
+    if end - p <= klen or memcmp(p, key, klen) != 0:
+        return NULL
+    return _number(p + klen, end, v)
 
 
 cdef bint _read_usage(const char* s, const char* end, long long* out) noexcept:
-    """The usage object that opens at ``s``: its prompt, cached (0 when not reported) and
-    completion tokens into ``out[3]``; False when it does not close before ``end`` or
-    lacks the counts. (Its members are numbers and objects of numbers: no string to skip.)"""
+    """The usage object that opens at ``s`` (its ``{``): its prompt, cached (0 when not
+    reported) and completion tokens into ``out[3]``. vLLM writes it compact and in one
+    order, read as such; anything else is walked (_walk_usage)."""
+    cdef const char* p = s
+    cdef long long total
+    p = _member(p, end, b'{"prompt_tokens":', 17, &out[0])
+    if p != NULL:
+        p = _member(p, end, b',"total_tokens":', 16, &total)
+    if p != NULL:
+        p = _member(p, end, b',"completion_tokens":', 21, &out[2])
+    if p != NULL and p < end:
+        if p[0] == c'}':
+            out[1] = 0
+            return True
+        if _member(p, end, b',"prompt_tokens_details":{"cached_tokens":', 41, &out[1]) != NULL:
+            return True
+    return _walk_usage(s, end, out)
+
+
+cdef bint _walk_usage(const char* s, const char* end, long long* out) noexcept:
+    """The usage object that opens at ``s`` (its ``{``), walked once: its prompt, cached (0
+    when not reported) and completion tokens into ``out[3]``. False when it does not
+    close before ``end`` or lacks the counts. Its members are numbers and objects of
+    numbers (prompt_tokens_details): no string value to skip."""
     cdef int depth = 0
     cdef const char* p = s
+    cdef const char* k
+    cdef Py_ssize_t klen
+    cdef long long v
+    cdef char c
+    out[0] = out[2] = -1
+    out[1] = 0
     while p < end:
-        if p[0] == c'{':
+        c = p[0]
+        if c == c'{':
             depth += 1
-        elif p[0] == c'}':
+        elif c == c'}':
             depth -= 1
             if depth == 0:
-                break
+                return out[0] >= 0 and out[2] >= 0
+        elif c == c'"':
+            k = p + 1
+            p = k
+            while p < end and p[0] != c'"':
+                p += 1
+            klen = p - k
+            p += 1
+            while p < end and (p[0] == c' ' or p[0] == c':'):
+                p += 1
+            if p < end and p[0] >= c'0' and p[0] <= c'9':
+                v = 0
+                while p < end and p[0] >= c'0' and p[0] <= c'9' and v < 1000000000000000:
+                    v = v * 10 + (p[0] - c'0')
+                    p += 1
+                if _key_is(k, klen, b"prompt_tokens", 13):
+                    out[0] = v
+                elif _key_is(k, klen, b"completion_tokens", 17):
+                    out[2] = v
+                elif _key_is(k, klen, b"cached_tokens", 13):
+                    out[1] = v
+            continue
         p += 1
-    if p >= end:
-        return False
-    p += 1
-    out[0] = _int_at(s, p, b'"prompt_tokens":', 16)
-    out[2] = _int_at(s, p, b'"completion_tokens":', 20)
-    if out[0] < 0 or out[2] < 0:
-        return False
-    out[1] = _int_at(s, p, b'"cached_tokens":', 16)
-    if out[1] < 0:
-        out[1] = 0
-    return True
+    return False
 
 
 # vLLM ends a whole answer with its usage and a few members of null: it is in this tail.
 cdef Py_ssize_t _USAGE_TAIL = 2048
 
 
+cdef const char* _usage_back(const char* low, const char* e) noexcept:
+    """The last ``"usage":`` in [low, e): the byte after it, or NULL. Found by its 'g' from
+    the end (memrchr): no key of a usage object has one, and what vLLM writes after it
+    few (prompt_logprobs)."""
+    cdef const char* p
+    while e > low:
+        p = <const char*>memrchr(low, c'g', e - low)
+        if p == NULL:
+            return NULL
+        if p - low >= 4 and memcmp(p - 4, b'"usage":', 8) == 0:
+            return p + 4
+        e = p
+    return NULL
+
+
 cdef bint _body_usage(bytes body, long long* out) noexcept:
     """A whole answer's usage (the last ``"usage":{`` of its tail) into ``out[3]``."""
     cdef const char* s = PyBytes_AS_STRING(body)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(body)
-    cdef const char* p = s + (n - _USAGE_TAIL if n > _USAGE_TAIL else 0)
-    cdef const char* last = NULL
-    cdef const char* hit
-    while True:
-        hit = <const char*>memmem(p, s + n - p, b'"usage":', 8)
-        if hit == NULL:
-            break
-        last = hit
-        p = hit + 8
-    if last == NULL:
+    cdef const char* end = s + n
+    cdef const char* p = _usage_back(s + (n - _USAGE_TAIL if n > _USAGE_TAIL else 0), end)
+    if p == NULL:
         return False
-    p = last + 8
-    while p < s + n and p[0] == c' ':
+    while p < end and p[0] == c' ':
         p += 1
-    if p >= s + n or p[0] != c'{':
-        return False
-    return _read_usage(p, s + n, out)
+    return p < end and p[0] == c'{' and _read_usage(p, end, out)
 
 
 def body_usage(bytes body):
@@ -246,7 +300,38 @@ def body_usage(bytes body):
 
 # A stream's final usage chunk, as vLLM (and the sim) write it: no choices, then usage.
 cdef const char* _USAGE_EVENT = b'"choices":[],"usage":{'
-cdef size_t _USAGE_EVENT_LEN = 22
+cdef Py_ssize_t _USAGE_EVENT_LEN = 22
+
+
+cdef inline bint _hex_digit(char c) noexcept:
+    return (c'0' <= c <= c'9') or (c'a' <= c <= c'f') or (c'A' <= c <= c'F')
+
+
+cdef Py_ssize_t _usage_at(const char* s, Py_ssize_t n, bint framed) noexcept:
+    """Where a stream's final usage chunk begins its ``"choices":[],"usage":{`` in a
+    piece, or -1. Only the piece's last event is looked at, or the one before a closing
+    [DONE] (vLLM sends usage last): and only when it ends as a usage chunk does, with two
+    closing braces (a token's chunk ends with its choices, ``]}``). ``framed``: whole
+    HTTP chunks, framing and all."""
+    cdef Py_ssize_t e = n
+    cdef const char* p
+    if framed and e >= 2 and s[e - 2] == c'\r':
+        e -= 2
+    if e >= 14 and memcmp(s + e - 14, b"data: [DONE]\n\n", 14) == 0:
+        e -= 14
+        if framed and e >= 2 and s[e - 2] == c'\r':  # the framing of [DONE]'s own chunk
+            e -= 2
+            while e > 0 and _hex_digit(s[e - 1]):
+                e -= 1
+            if e >= 2 and s[e - 1] == c'\n':
+                e -= 2
+    if e < 4 or memcmp(s + e - 4, b"}}\n\n", 4) != 0:
+        return -1
+    p = _usage_back(s + (e - 2048 if e > 2048 else 0), s + e)
+    if p != NULL and p - s >= _USAGE_EVENT_LEN - 1 and memcmp(p - _USAGE_EVENT_LEN + 1, _USAGE_EVENT,
+                                                              _USAGE_EVENT_LEN) == 0:
+        return p - s - _USAGE_EVENT_LEN + 1
+    return -1
 
 
 cdef bytes _unframe(bytes framed):
@@ -403,6 +488,8 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
     cdef dict h = None
     cdef Tenant t
     cdef Exchange x
+    cdef double q_est
+    cdef bint stream, strip, want
     # The gateway's own headers, looked up only when the request has any (most have none).
     rid = tenant_h = prio = sla = None
     if req.gateway_headers or identity.required:
@@ -476,7 +563,10 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
                               _rid_headers(rid), wait)
     stream = <object>f[P_STREAM] is True
     strip = False
-    if stream:
+    # Usage is read only where something settles from it: a configured tenant (its
+    # quota, its figures) or token fairness on what was served.
+    want = tenant is not None or (<Admission>gw.admission)._settle
+    if stream and want:
         options = <object>f[P_STREAM_OPTIONS]
         if options is None or not options.include_usage:
             # Asked of the engine for the settlement, cut from the client's stream.
@@ -494,6 +584,7 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
     x.q_est = q_est
     x.prompt_est = <long long>(ticket.prompt_bytes / _BYTES_PER_TOKEN)
     x.stream_req = stream
+    x.want_usage = want
     x.usage_strip = strip
     # No task: admission, the engine connection and the client meet in callbacks,
     # a stream's events included.
@@ -744,12 +835,12 @@ cdef class Exchange(Listener):
         if err_at >= 0 and not self.engine_failed:  # the engine's own error event (e.g. out of memory)
             self.engine_failed = True
             self.error_text = data[err_at:err_at + 2000].decode("utf-8", "replace")
-        if not self.usage_seen and self.stream_req and memmem(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data),
-                                                              _USAGE_EVENT, _USAGE_EVENT_LEN) != NULL:
+        if self.want_usage and not self.usage_seen and _usage_at(PyBytes_AS_STRING(data),
+                                                                 PyBytes_GET_SIZE(data), framed) >= 0:
             if framed and self.usage_strip:  # the piece is cut: its data goes on as one chunk
                 data = _unframe(data)
                 framed = False
-            data = self._usage_event(data)
+            data = self._usage_event(data, framed)
         if framed:
             resp.write_chunks(data)
         elif PyBytes_GET_SIZE(data):  # (an empty write would end the chunked stream)
@@ -759,15 +850,15 @@ cdef class Exchange(Listener):
             self.task = task = self.loop.create_task(resp.write(b""))
             task.add_done_callback(self._drained)
 
-    cdef bytes _usage_event(self, bytes data):
+    cdef bytes _usage_event(self, bytes data, bint framed):
         """The piece that holds the final usage chunk: its counts read; the chunk cut
         from the piece when the gateway asked for it and the client did not."""
         cdef const char* s = PyBytes_AS_STRING(data)
         cdef Py_ssize_t n = PyBytes_GET_SIZE(data), at, i
         cdef const char* end
         cdef long long u[3]
-        at = <const char*>memmem(s, n, _USAGE_EVENT, _USAGE_EVENT_LEN) - s
-        if not _read_usage(s + at + _USAGE_EVENT_LEN - 1, s + n, u):
+        at = _usage_at(s, n, framed)
+        if at < 0 or not _read_usage(s + at + _USAGE_EVENT_LEN - 1, s + n, u):
             return data  # split across pieces: settled from the chunks relayed
         self.usage_seen = True
         self.u_prompt, self.u_cached, self.u_completion = u[0], u[1], u[2]
@@ -843,7 +934,9 @@ cdef class Exchange(Listener):
         error_text = None
         if not ok and status >= 400:
             error_text = body[:2000].decode("utf-8", "replace") if body else f"engine status {status}"
-        if not ok:
+        if not self.want_usage:
+            pass
+        elif not ok:
             self._account(0, 0, 0, True)  # an engine's error answer served no tokens
         elif _body_usage(body, u):
             self._account(u[0], u[1], u[2], True)
@@ -984,7 +1077,7 @@ cdef class Exchange(Listener):
         if self.accounted:
             return
         self.accounted = True
-        if not known:
+        if not known or not self.want_usage:
             return
         if self.lease is not None:
             self.lease.usage(prompt, cached, completion)
