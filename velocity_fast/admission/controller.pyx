@@ -474,7 +474,7 @@ cdef class Admission:
         self._adaptive = p.adaptive
         self._out_w = s.fairness_output_weight
         self._cached_w = s.fairness_cached_weight
-        self._settle = p.fairness.token_fair and s.fairness_charge == "actual"
+        self._settle = p.counts_tokens and s.fairness_charge == "actual"
 
     cdef double _now(self) except? -1.0:
         if self._mono:
@@ -549,7 +549,7 @@ cdef class Admission:
             sat = self._pool_sat(ps, now)
             if sat < <double>self._ceilings[band]:
                 lease = self._grant(ps, band, ticket.tenant, ticket.max_tokens, deadline, now, now)
-                if q.token_fair:  # dispatched without queueing: charged all the same
+                if q.counted(band):  # dispatched without queueing: charged all the same
                     lease.fair_charged = q.estimate(ticket.prompt_bytes, ticket.max_tokens)
                     lease._fair_t = q.charge(band, ticket.tenant, lease.fair_charged)
                 return lease

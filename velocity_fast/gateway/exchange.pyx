@@ -21,6 +21,7 @@ from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeASCII
 from libc.string cimport memcmp, memcpy
 
+from velocity_fast.admission.bands cimport set_locality
 from velocity_fast.admission.controller cimport Admission, Lease, Ticket, set_waiter
 from velocity_fast.metrics.values cimport Value
 from velocity_fast.gateway.requests cimport (P_FIELDS, P_MAX_COMPLETION_TOKENS, P_MAX_TOKENS, P_MODEL, P_PRIORITY,
@@ -1128,4 +1129,17 @@ cdef void _x_granted(object x, Lease lease) except *:
     (<Exchange>x).granted(lease)
 
 
+cdef double _x_locality(object x) except? -1.0:
+    """Admission's locality fairness: how much of a queued request's prompt an engine
+    with room holds (the router's prefix index). A waiter of another kind answers with
+    its ``prefix_cached()``, if it has one (else 0)."""
+    cdef Exchange e
+    if type(x) is not Exchange:
+        fn = getattr(x, "prefix_cached", None)
+        return fn() if fn is not None else 0.0
+    e = <Exchange>x
+    return (<Router?>e.gw.router).cached_room(e.pool, e.info)
+
+
 set_waiter(Exchange, _x_waiting, _x_granted)
+set_locality(_x_locality)

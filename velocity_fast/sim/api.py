@@ -192,13 +192,15 @@ class SimAPI:
             resp.send_error(400, str(e), type="BadRequestError")
             return
         rng = request_rng(cfg.seed, prompt)
-        if max_tokens is not None:
+        if max_tokens is not None and not (cfg.natural_stop and not body.ignore_eos):
             target, finish = max_tokens, "length"
         else:
             # No limit asked: the reply ends by itself (EOS) unless ignore_eos, and
             # never runs past the context window.
             cap = cfg.max_model_len - prompt_tokens
             natural = 1 + int(rng.expovariate(1.0 / max(1, cfg.natural_output_mean)))
+            if max_tokens is not None:  # --natural-stop: ends by itself, or at max_tokens
+                cap = min(cap, max_tokens)
             if body.ignore_eos or natural >= cap:
                 target, finish = cap, "length"
             else:

@@ -40,6 +40,9 @@ class SimConfig:
     max_model_len: int = 4096
     #: Mean length of a reply that ends by itself (no max_tokens given).
     natural_output_mean: int = 128
+    #: A reply may end by itself before max_tokens too (as a model's end-of-sequence
+    #: does); off: a request with max_tokens gets exactly that many (the default).
+    natural_stop: bool = False
     fail_rate: float = 0.0
     oom_rate: float = 0.0
     seed: int = 0
