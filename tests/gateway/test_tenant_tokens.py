@@ -168,7 +168,7 @@ async def _backlogged_service(gw, per_tenant: int) -> dict[str, float]:
     all served), and return each tenant's service (prompt + 2 x completion tokens, from
     the usage of its answers) while both still had work queued."""
     adm = gw.admission
-    blocker = asyncio.create_task(http_request(gw.port, "POST", "/v1/chat/completions", _chat(300),
+    blocker = asyncio.create_task(http_request(gw.port, "POST", "/v1/chat/completions", _chat(3000),
                                                {"authorization": "Bearer k-b", **LONG_SLA}, timeout=60))
     await wait_until(lambda: adm.stats()["counters"]["in_flight"] == 1, 10.0, what="the blocker in flight")
     done: list[tuple[str, float]] = []
@@ -313,3 +313,17 @@ async def test_per_tenant_figures_in_stats_and_metrics(engine):
         assert 'velocity_tenant_quota_tokens_left{tenant="f"}' in text
         assert 'velocity_tenant_fairness_counter{tenant="f",band="normal"}' in text
         assert 'velocity_tenant_queue_depth{tenant="f",band="normal"} 0' in text
+
+
+@pytest.mark.timeout(60)
+async def test_generate_counts_against_the_token_quota_too(engine):
+    tenants = [{"name": "g", "api_key": "k-g", "tokens_per_minute": 300}]
+    async with running_gateway(engine, tenants=tenants) as gw:
+        h = {"authorization": "Bearer k-g", **LONG_SLA}
+        r = await http_request(gw.port, "POST", "/generate", {"prompt": "hello", "max_tokens": 100}, h, timeout=30)
+        assert r.status == 200, r.body
+        t = gw.identity.tenants["g"]
+        await wait_until(lambda: t.served_completion == 100, 5.0, what="the answer settled")
+        r = await http_request(gw.port, "POST", "/generate", {"prompt": "hello", "max_tokens": 250}, h, timeout=30)
+        assert r.status == 429 and r.headers["x-velocity-reject-reason"] == "rate-limit"
+        assert t.rejections == {"rate-limit": 1}

@@ -283,21 +283,34 @@ class Gateway:
         if pool is None:
             return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
                                    param="model", headers=base_headers)
-        if tenant is not None:
-            wait = tenant.take()
-            if wait:
-                return self._reject(resp, "/generate", 429, "rate-limit",
-                                    f"Tenant {tenant_name!r} is over its request rate.", band, base_headers, wait)
         payload = {"model": model, "prompt": r.prompt, "max_tokens": r.max_tokens, "stream": r.stream}
         if r.temperature is not None:
             payload["temperature"] = r.temperature
         if r.stream:
             payload["stream_options"] = {"include_usage": True}
         body = orjson.dumps(payload)
+        q_est = 0.0
+        if tenant is not None:
+            # As the OpenAI routes: its tokens per minute (the estimate must fit), then its rate.
+            if tenant.tpm is not None:
+                q_est = len(body) / 4.0 + r.max_tokens
+                wait = tenant.take_tokens(q_est)
+                if wait:
+                    tenant.rejections["rate-limit"] = tenant.rejections.get("rate-limit", 0) + 1
+                    return self._reject(resp, "/generate", 429, "rate-limit",
+                                        f"Tenant {tenant_name!r} is over its tokens per minute.", band,
+                                        base_headers, wait)
+            wait = tenant.take()
+            if wait:
+                if q_est:
+                    tenant.settle_tokens(-q_est)
+                tenant.rejections["rate-limit"] = tenant.rejections.get("rate-limit", 0) + 1
+                return self._reject(resp, "/generate", 429, "rate-limit",
+                                    f"Tenant {tenant_name!r} is over its request rate.", band, base_headers, wait)
         ticket = Ticket(band=band, tenant=tenant_name, sla_ms=sla_ms, max_tokens=r.max_tokens,
                         prompt_bytes=len(body), model=model)
         # The same exchange as the OpenAI routes; the engine's completion is reshaped.
-        start_native(self.ingress, req, resp, pool, ticket, info, body, rid, self._native_answer)
+        start_native(self.ingress, req, resp, pool, ticket, info, body, rid, self._native_answer, tenant, q_est)
 
     def _native_answer(self, x, body: bytes) -> bytes | None:
         """The native answer of /generate from the engine's whole completion (None: the

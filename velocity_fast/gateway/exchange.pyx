@@ -659,14 +659,21 @@ cdef Exchange _exchange(Ingress gw, Request req, Responder resp, str route, pool
 
 
 cpdef start_native(Ingress gw, Request req, Responder resp, pool, Ticket ticket, RouteInfo info, bytes body,
-                   str rid, reshape):
+                   str rid, reshape, tenant=None, double q_est=0.0):
     """/generate on the same path as the OpenAI routes: its body (already a completions
     request) goes to the engine's /v1/completions, and ``reshape(exchange, body)`` turns
     a whole 2xx JSON answer into the native one (None: the engine's body was not what a
-    completion looks like, a 502). Streams and errors go on as the engine sent them."""
+    completion looks like, a 502). Streams and errors go on as the engine sent them (the
+    body asks a stream's usage itself: its chunk is relayed). ``tenant``: the configured
+    tenant, ``q_est``: the tokens drawn from its quota (settled as the OpenAI routes')."""
     cdef Exchange x = _exchange(gw, req, resp, "/generate", pool, ticket, info, body, rid)
     x.up_path = "/v1/completions"
     x.reshape = reshape
+    x.tenant = tenant
+    x.q_est = q_est
+    x.prompt_est = <long long>(ticket.prompt_bytes / _BYTES_PER_TOKEN)
+    x.stream_req = b'"stream":true' in body
+    x.want_usage = tenant is not None or x.adm._settle
     x.start()
 
 
