@@ -65,3 +65,21 @@ def test_fairness_modes_per_band_and_their_errors():
         BandQueues([(0, 0, 0.0)], modes=["lottery"])
     with pytest.raises(ValueError, match="locality_bound"):
         BandQueues([(0, 0, 0.0)], modes=["locality"], locality_bound=-1.0)
+
+
+def test_settings_take_locality_globally_or_per_band_and_name_a_bad_key():
+    from velocity_fast.admission.errors import AdmissionConfigError
+    from velocity_fast.admission.policies import make_policy
+    from velocity_fast.admission.settings import AdmissionSettings, BandSettings
+
+    s = AdmissionSettings(fairness="locality", fairness_locality_bound=500.0).validate()
+    q = make_policy("dynamic", s).make_queues(s)
+    assert [q.fairness_of(i) for i in range(3)] == ["locality"] * 3 and q.locality_bound == 500.0
+    bands = [BandSettings(name="high", ceiling=1.5, fairness="rr"), BandSettings(name="normal", ceiling=1.0)]
+    s = AdmissionSettings(bands=bands, fairness="tokens").validate()
+    q = make_policy("dynamic", s).make_queues(s)
+    assert [q.fairness_of(0), q.fairness_of(1)] == ["rr", "tokens"]
+    with pytest.raises(AdmissionConfigError, match=r"bands\[1\]\.fairness"):
+        AdmissionSettings(bands=[bands[0], BandSettings(name="n", ceiling=1.0, fairness="lottery")]).validate()
+    with pytest.raises(AdmissionConfigError, match="fairness_locality_bound"):
+        AdmissionSettings(fairness_locality_bound=-1.0).validate()
