@@ -122,6 +122,8 @@ async def run_variant(variant: str, args) -> dict:
     flags = ["--time-scale", str(args.time_scale), "--natural-stop", "--natural-output-mean", "16",
              "--enable-prompt-tokens-details", "--num-gpu-blocks", str(args.num_gpu_blocks),
              "--max-num-seqs", str(args.concurrency), "--max-model-len", "3072"]
+    if args.prefix_cache_blocks:
+        flags += ["--prefix-cache-blocks", str(args.prefix_cache_blocks)]
     engines = Engines(args.engines, flags)
     gw = None
     try:
@@ -233,6 +235,8 @@ def main(argv=None) -> int:
     p.add_argument("--engines", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=4, help="requests in flight per engine (and its batch)")
     p.add_argument("--num-gpu-blocks", type=int, default=400, help="each engine's KV blocks (16 tokens)")
+    p.add_argument("--prefix-cache-blocks", type=int, default=0,
+                   help="freed blocks each engine keeps for its prefix cache (0: all, the sim's default)")
     p.add_argument("--time-scale", type=float, default=10.0)
     p.add_argument("--bound", type=float, default=4000.0, help="fairness_locality_bound for locality")
     p.add_argument("--seed", type=int, default=1)
