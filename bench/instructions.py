@@ -24,6 +24,12 @@ Needs valgrind, wrk and nginx (apt-get install valgrind wrk nginx-light).
 
     python bench/instructions.py [--duration 10] [--json out.json]
     python bench/instructions.py --smoke [--json out.json]   # 1 s windows: it works, figures rough
+    python bench/instructions.py --tenants 1000   # the gateway with tenants budgeted in tokens
+
+--tenants N: the gateway is given N tenants (weights 1 to 4, a tokens_per_minute quota
+too large to bind) and token fairness settled from the engine's usage, and wrk names a
+different tenant on each request (x-velocity-tenant, in turn): the per-request cost of
+the quota, the usage read and the settlement, and of that many tenants in the books.
 """
 from __future__ import annotations
 
@@ -48,10 +54,42 @@ def _callgrind(out: Path) -> list[str]:
     return ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
 
 
-def _wrk(work: Path, port: int, seconds: float, cpu: int | None) -> dict:
+TENANT_LUA = """\
+wrk.method = "POST"
+local f = assert(io.open("{path}", "rb"))
+wrk.body = f:read("*a")
+f:close()
+local n = 0
+request = function()
+  n = n + 1
+  return wrk.format(nil, nil, {{["Content-Type"] = "application/json",
+                                ["x-velocity-tenant"] = "t" .. (n % {tenants})}})
+end
+"""
+
+
+def _tenant_config(work: Path, tenants: int) -> Path:
+    """A config of ``tenants`` tenants in tokens (see the module doc)."""
+    out = work / "tenants.yaml"
+    rows = [f"  - {{name: t{i}, weight: {1 + i % 4}, tokens_per_minute: 1.0e12}}" for i in range(tenants)]
+    out.write_text("admission:\n  fairness: tokens\ntenants:\n" + "\n".join(rows) + "\n")
+    return out
+
+
+def _wrk_argv(work: Path, tenants: int) -> list[str]:
+    if not tenants:
+        return _wrk_cmd(work, BODY)
+    script = work / "tenants.lua"
+    if not script.exists():
+        (work / "tenants.body").write_bytes(BODY)
+        script.write_text(TENANT_LUA.format(path=work / "tenants.body", tenants=tenants))
+    return [*_wrk_cmd(work, BODY)[:5], str(script)]
+
+
+def _wrk(work: Path, port: int, seconds: float, cpu: int | None, tenants: int = 0) -> dict:
     """Requests wrk completed in ``seconds`` at 64 connections, and those that failed:
     answers other than 2xx/3xx, and socket errors (connect, read, write, timeout)."""
-    argv = [*_wrk_cmd(work, BODY), "-c64", f"-d{seconds:g}s", f"http://127.0.0.1:{port}{PATH}"]
+    argv = [*_wrk_argv(work, tenants), "-c64", f"-d{seconds:g}s", f"http://127.0.0.1:{port}{PATH}"]
     if cpu is not None:
         argv = ["taskset", "-c", str(cpu), *argv]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60).stdout
@@ -77,9 +115,10 @@ def measure(name: str, start, args, work: Path) -> dict:
     procs = Procs()
     try:
         target = start(procs, out)
-        _wrk(work, target.port, args.warmup, args.load_cpu)
+        tenants = args.tenants if name == "gateway" else 0
+        _wrk(work, target.port, args.warmup, args.load_cpu, tenants)
         subprocess.run(["callgrind_control", "-i", "on", str(target.pid)], capture_output=True, check=True)
-        w = _wrk(work, target.port, args.duration, args.load_cpu)
+        w = _wrk(work, target.port, args.duration, args.load_cpu, tenants)
         subprocess.run(["callgrind_control", "-i", "off", str(target.pid)], capture_output=True, check=True)
         subprocess.run(["callgrind_control", "-d", str(target.pid)], capture_output=True, check=True)
         time.sleep(1)
@@ -104,8 +143,10 @@ def run(args) -> dict:
             _, up_port = start_upstream(up_procs, args.load_cpu)
             gw_dir = work / "gw"
             gw_dir.mkdir()
+            extra = ["--config", str(_tenant_config(work, args.tenants))] if args.tenants else []
+            res["tenants"] = args.tenants
             res["targets"]["gateway"] = measure("gateway", lambda procs, out: start_gateway(
-                procs, args.proxy_cpu, up_port, "dynamic", gw_dir, [], wrap=_callgrind(out), ready_s=300),
+                procs, args.proxy_cpu, up_port, "dynamic", gw_dir, extra, wrap=_callgrind(out), ready_s=300),
                 args, work)
             res["targets"]["nginx"] = measure("nginx", lambda procs, out: start_nginx(
                 procs, args.proxy_cpu, up_port, work, wrap=_callgrind(out), ready_s=120), args, work)
@@ -123,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--proxy-cpu", type=int, default=0)
     p.add_argument("--load-cpu", type=int, default=1)
     p.add_argument("--json", type=Path)
+    p.add_argument("--tenants", type=int, default=0,
+                   help="give the gateway this many tenants budgeted in tokens, one a request in turn")
     p.add_argument("--smoke", action="store_true",
                    help="short windows (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items()) + "): checks that it runs")
     if "--smoke" in (sys.argv[1:] if argv is None else argv):

@@ -61,6 +61,7 @@ class TenantConfig(_S):
     weight: float = 1.0
     requests_per_second: float | None = None   # token-bucket rate limit (429 rate-limit)
     burst: int | None = None
+    tokens_per_minute: float | None = None     # engine tokens (prompt + completion) a minute (429 rate-limit)
     sla_ms: float | None = None       # this tenant's SLA for requests that name none (None: the server's)
 
 
@@ -172,6 +173,10 @@ class Settings(_S):
                 raise ConfigError(f"tenants[{i}].sla_ms: must be positive, got {t.sla_ms}")
             if not 0 < t.weight < float("inf"):
                 raise ConfigError(f"tenants[{i}].weight: must be a positive number, got {t.weight}")
+            for key in ("requests_per_second", "burst", "tokens_per_minute"):
+                v = getattr(t, key)
+                if v is not None and not 0 < v < float("inf"):
+                    raise ConfigError(f"tenants[{i}].{key}: must be a positive, finite number, got {v}")
             if t.api_key:
                 if t.api_key in keys:
                     raise ConfigError(f"tenants[{i}].api_key: the same key is given to two tenants")

@@ -25,12 +25,28 @@ cdef class Item:
     # What a grant needs, carried for admission (push)
     cdef public double grant_deadline
     cdef public long max_tokens
+    # Token fairness: the estimate charged when it was dispatched, and to whom (its
+    # tenant's queue in this band), for the settlement when the answer ends.
+    cdef readonly double charged
+    cdef readonly TenantQueue charged_to
     # Intrusive links: the tenant's FIFO and the band's age (enqueue-order) list.
     cdef Item t_prev
     cdef Item t_next
     cdef Item a_prev
     cdef Item a_next
     cdef TenantQueue owner
+
+
+# How a queued request's prefix stands (the gateway's: set_locality): the fraction of its
+# prompt an engine with room holds, 0 to 1.
+ctypedef double (*locality_fn)(object waiter) except? -1.0
+cdef void set_locality(locality_fn fn) noexcept
+
+# Fairness between the tenants of a band.
+cdef enum:
+    FAIR_RR = 0
+    FAIR_TOKENS = 1
+    FAIR_LOCALITY = 2
 
 
 cdef class TenantQueue:
@@ -57,6 +73,7 @@ cdef class BandQueue:
     cdef readonly long long byte_capacity
     cdef readonly double ttl
     cdef readonly Py_ssize_t active_tenants
+    cdef readonly int mode        # FAIR_RR, FAIR_TOKENS or FAIR_LOCALITY
     cdef dict tenants
     cdef TenantQueue cursor
     cdef Item age_head
@@ -74,6 +91,8 @@ cdef class BandQueues:
     cdef readonly double aging_step
     cdef dict _weights            # tenant -> weight; read when a tenant's queue is made
     cdef double _quantum_scale    # 1 / the smallest weight (weight 1 if none is smaller)
+    cdef readonly double out_weight   # token fairness: an output token costs this many input tokens
+    cdef readonly double locality_bound  # locality: how far past the least counter a tenant may be preferred
     cdef list bands
     cdef dict items
     cdef long long next_id
@@ -96,3 +115,8 @@ cdef class BandQueues:
     cdef void _activate(self, BandQueue bq, TenantQueue t)
     cdef void _deactivate(self, BandQueue bq, TenantQueue t)
     cdef void _remove(self, Item it) except *
+    cdef double estimate(self, long long nbytes, double tokens) noexcept
+    cdef bint counted(self, int band) noexcept
+    cdef TenantQueue _pick_local(self, BandQueue bq, TenantQueue low)
+    cdef TenantQueue charge(self, int band, object tenant, double cost)
+    cdef void settle(self, TenantQueue t, double delta) noexcept

@@ -6,6 +6,13 @@ requests takes one slot in the rotation) or by a virtual token counter (the tena
 that was served the fewest tokens goes next, so long requests cannot take more than
 their share). Within a tenant the order is FIFO, or earliest deadline first.
 
+The counter follows VTC (Sheng et al., OSDI 2024): a tenant whose queue goes from empty
+to non-empty is lifted to the least counter among the backlogged ones; the least counter
+is served next; a request costs its input tokens plus ``out_weight`` (default 2) times
+its output tokens. It is charged the estimate (body bytes / 4 plus ``max_tokens``) when
+it is dispatched, queued or not (``charge`` for a request granted at once), and the
+caller settles the difference (``settle``) once the engine said what it served.
+
 A tenant's weight is its share: by turns, a visit of the rotation lasts ``weight``
 requests (deficit round-robin: a fraction carries over to the next visit; weights are
 scaled so that the smallest is 1, so that a visit never ends without a turn); by tokens,
@@ -31,6 +38,22 @@ REJECT_GLOBAL_COUNT = VF_REJECT_GLOBAL_COUNT
 REJECT_GLOBAL_BYTES = VF_REJECT_GLOBAL_BYTES
 REJECT_BAD_BAND = VF_REJECT_BAD_BAND
 BYTES_PER_TOKEN = VF_BYTES_PER_TOKEN
+
+FAIRNESS_MODES = {"rr": FAIR_RR, "tokens": FAIR_TOKENS, "locality": FAIR_LOCALITY}
+
+# Locality: the gateway's view of where a queued request's prefix is cached.
+cdef locality_fn _locality = NULL
+# Locality looks at this many tenants at most (those within the bound, from the turn
+# on): each look asks the prefix index, and a band may hold thousands of tenants.
+cdef int _LOCALITY_SCAN = 16
+
+
+cdef void set_locality(locality_fn fn) noexcept:
+    """Register how a waiter's prefix stands: ``fn(waiter)`` is the fraction of its prompt
+    (0 to 1) that an engine with room holds (the gateway's exchange registers it)."""
+    global _locality
+    _locality = fn
+
 
 # A visit of the rotation goes on while this much credit is left: one whole turn, less
 # what summing fractional weights loses to rounding (ten visits of 0.1 make a turn).
@@ -120,8 +143,6 @@ cdef inline Item _heap_pop(list heap):
     return top
 
 
-cdef inline double _cost(Item it):
-    return it.tokens + it.nbytes / VF_BYTES_PER_TOKEN
 
 
 cdef class BandQueues:
@@ -134,16 +155,24 @@ cdef class BandQueues:
     arrival; ``token_fair`` picks tenants by virtual token counter instead of by
     turns; ``aging_step`` (seconds, <= 0: off) raises an item's effective band by
     one for every step it has waited. ``weights`` maps a tenant to its share in
-    fairness (a positive number; a tenant not in it has weight 1).
+    fairness (a positive number; a tenant not in it has weight 1). ``out_weight``:
+    what an output token costs in input tokens, for the token counter. ``modes``: per
+    band, "rr", "tokens" or "locality" (None: every band "tokens" when ``token_fair``,
+    else "rr"); ``locality_bound``: how far (in counter units) past the least-served
+    tenant's counter a tenant whose request's prefix is cached may be served first.
     """
 
     def __cinit__(self, list bands, Py_ssize_t capacity=0, long long byte_capacity=0,
                   bint edf=False, bint token_fair=False, double aging_step=0.0,
-                  dict weights=None):
+                  dict weights=None, double out_weight=2.0, list modes=None, double locality_bound=0.0):
         cdef int i
         cdef double w
+        cdef BandQueue bq
         if not bands:
             raise ValueError("at least one band is required")
+        if not (out_weight >= 0 and out_weight < INFINITY):
+            raise ValueError(f"out_weight: must be a finite number >= 0, got {out_weight!r}")
+        self.out_weight = out_weight
         self._weights = {}
         low = 1.0
         for name, value in (weights or {}).items():
@@ -158,10 +187,24 @@ cdef class BandQueues:
         # no visit passes without a turn (else a tenant of weight 0.001 would take a
         # thousand rotations of the ring to be served once).
         self._quantum_scale = 1.0 / low
+        if modes is not None and len(modes) != len(bands):
+            raise ValueError(f"modes: one per band ({len(bands)}), got {len(modes)}")
+        if not (locality_bound >= 0 and locality_bound < INFINITY):
+            raise ValueError(f"locality_bound: must be a finite number >= 0, got {locality_bound!r}")
+        self.locality_bound = locality_bound
         self.bands = []
         for i, spec in enumerate(bands):
             cap, nbytes, ttl = spec
-            self.bands.append(BandQueue(i, cap, nbytes, ttl))
+            bq = BandQueue(i, cap, nbytes, ttl)
+            if modes is None:
+                bq.mode = FAIR_TOKENS if token_fair else FAIR_RR
+            elif modes[i] in FAIRNESS_MODES:
+                bq.mode = FAIRNESS_MODES[modes[i]]
+            else:
+                raise ValueError(f"modes[{i}]: 'rr', 'tokens' or 'locality', not {modes[i]!r}")
+            if bq.mode != FAIR_RR:
+                token_fair = True
+            self.bands.append(bq)
         self.nbands = len(self.bands)
         self.capacity = capacity
         self.byte_capacity = byte_capacity
@@ -345,12 +388,14 @@ cdef class BandQueues:
         if bq.cursor is None:
             return None
         t = bq.cursor
-        if self.token_fair:
+        if bq.mode != FAIR_RR:
             c = t.r_next
             while c is not bq.cursor:
                 if c.vtc < t.vtc:
                     t = c
                 c = c.r_next
+            if bq.mode == FAIR_LOCALITY and _locality != NULL and t.r_next is not t:
+                t = self._pick_local(bq, t)
             # Move the turn past the chosen tenant (ties rotate).
             bq.cursor = t.r_next
         elif not self._weights:
@@ -372,10 +417,84 @@ cdef class BandQueues:
                 it = _heap_pop(t.heap)
         else:
             it = t.head
-        if self.token_fair:
-            t.vtc += _cost(it) * t.inv_weight
+        if bq.mode != FAIR_RR:
+            it.charged = self.estimate(it.nbytes, it.tokens)
+            it.charged_to = t
+            t.vtc += it.charged * t.inv_weight
         self._remove(it)
         return it
+
+    cdef TenantQueue _pick_local(self, BandQueue bq, TenantQueue low):
+        """Locality: among the tenants whose counter is within ``locality_bound`` of the
+        least one (``low``), the one whose next request's prefix an engine with room
+        holds the most of; ``low`` when none holds any. Fairness then holds within the
+        bound, and a tenant's prefix is served where it is cached while it lasts."""
+        cdef TenantQueue c = bq.cursor, best = low
+        cdef double limit = low.vtc + self.locality_bound, score, top = 0.0
+        cdef int seen = 0
+        cdef Item head
+        while True:
+            if c.vtc <= limit:
+                head = c.head if not self.edf else (<Item>c.heap[0] if c.heap else None)
+                if head is not None and head.queued:
+                    score = _locality(head.waiter)
+                    if score > top or (score == top and score > 0 and c.vtc < best.vtc):
+                        top = score
+                        best = c
+                seen += 1
+                if seen >= _LOCALITY_SCAN:
+                    break
+            c = c.r_next
+            if c is bq.cursor:
+                break
+        return best
+
+    cdef bint counted(self, int band) noexcept:
+        """The band's tenants are served by token counter (tokens or locality)."""
+        return (<BandQueue>self.bands[band]).mode != FAIR_RR
+
+    def fairness_of(self, int band):
+        """The band's fairness: "rr", "tokens" or "locality"."""
+        return ("rr", "tokens", "locality")[(<BandQueue>self.bands[band]).mode]
+
+    cdef double estimate(self, long long nbytes, double tokens) noexcept:
+        """What a request is charged before the engine says: its body in tokens (bytes /
+        4) plus ``out_weight`` times the output tokens it asks for."""
+        return nbytes / VF_BYTES_PER_TOKEN + self.out_weight * tokens
+
+    cdef TenantQueue charge(self, int band, object tenant, double cost):
+        """Charge ``cost`` to ``tenant``'s counter in ``band`` (a request dispatched
+        without queueing); returns its queue, made (empty) if it had none."""
+        cdef BandQueue bq = <BandQueue>self.bands[band]
+        cdef TenantQueue t = <TenantQueue>bq.tenants.get(tenant)
+        if t is None:
+            t = TenantQueue(tenant, self._weights.get(tenant, 1.0) if self._weights else 1.0,
+                            self._quantum_scale)
+            bq.tenants[tenant] = t
+        t.vtc += cost * t.inv_weight
+        return t
+
+    cdef void settle(self, TenantQueue t, double delta) noexcept:
+        """The answer ended: ``delta`` (what it cost less what was charged) to the counter."""
+        t.vtc += delta * t.inv_weight
+
+    def charge_tenant(self, int band, tenant, double cost):
+        """``charge`` from Python (tests): the tenant's counter after it."""
+        return self.charge(band, tenant, cost).vtc
+
+    def settle_tenant(self, int band, tenant, double delta):
+        """``settle`` from Python (tests)."""
+        self.settle((<BandQueue>self.bands[band]).tenants[tenant], delta)
+
+    def tenant_snapshot(self):
+        """Per band, per tenant: (counter, queued) for /stats; a tenant whose queue in a
+        band was made (it was queued or charged there) is listed."""
+        cdef BandQueue bq
+        cdef TenantQueue t
+        out = []
+        for bq in self.bands:
+            out.append({name: (t.vtc, t.count) for name, t in bq.tenants.items()})
+        return out
 
     cdef void _activate(self, BandQueue bq, TenantQueue t):
         cdef TenantQueue c, low
@@ -384,7 +503,7 @@ cdef class BandQueues:
             t.r_prev = t
             bq.cursor = t
         else:
-            if self.token_fair:
+            if bq.mode != FAIR_RR:
                 # A returning tenant starts level with the least-served active one,
                 # so time spent idle is not banked as credit (VTC's lift).
                 low = bq.cursor

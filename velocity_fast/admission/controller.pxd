@@ -1,7 +1,7 @@
 # Admission's request path, typed (see controller.pyx for the why).
 
 from velocity_fast.admission.aimd cimport AimdLimit
-from velocity_fast.admission.bands cimport BandQueues, Item
+from velocity_fast.admission.bands cimport BandQueues, Item, TenantQueue
 from velocity_fast.fleet.endpoint cimport Endpoint, RoomFilter
 from velocity_fast.metrics.values cimport Value
 from velocity_fast.admission.saturation cimport EndpointLoad, Saturation
@@ -62,6 +62,12 @@ cdef class Lease(RoomFilter):
     cdef readonly Endpoint endpoint
     cdef readonly EndpointState _st
     cdef readonly bint done
+    # Token fairness: the tenant's counter charged at dispatch (None: not charged), the
+    # estimate charged, and the cost of what the engine served once it said (usage).
+    cdef TenantQueue _fair_t
+    cdef readonly double fair_charged
+    cdef readonly double fair_actual
+    cdef readonly bint fair_known
 
     cpdef bind(self, Endpoint ep)
     cpdef rebind(self, Endpoint ep)
@@ -69,6 +75,7 @@ cdef class Lease(RoomFilter):
     cdef bint room(self, Endpoint ep) except -1
     cpdef first_byte(self)
     cpdef release(self, str outcome=*, error_text=*, long tokens=*)
+    cpdef usage(self, double prompt, double cached, double completion)
 
 
 cdef class Admission:
@@ -102,6 +109,9 @@ cdef class Admission:
     cdef bint _oom_throttle
     cdef bint _sla_reject
     cdef bint _adaptive
+    cdef double _out_w            # token fairness: an output token's cost in input tokens
+    cdef double _cached_w         # and a cached prompt token's
+    cdef bint _settle             # token fairness settled from usage (fairness_charge: actual)
 
     cdef double _now(self) except? -1.0
     cdef double _pool_sat(self, PoolState ps, double now) except? -1.0

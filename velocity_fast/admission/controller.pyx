@@ -32,7 +32,7 @@ from asyncio import get_running_loop
 from libc.math cimport INFINITY, ceil
 
 from velocity_fast.admission.aimd cimport AimdLimit
-from velocity_fast.admission.bands cimport BandQueues, Item
+from velocity_fast.admission.bands cimport BandQueues, Item, TenantQueue
 from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.fleet.endpoint cimport Endpoint, pool_endpoints, same_endpoints
 from velocity_fast.metrics.values cimport HistChild, Value
@@ -187,6 +187,18 @@ cdef class Lease(RoomFilter):
             self.first_byte_at = self._adm._now()
             if self.endpoint is not None:
                 self._st.est.first_byte(self.first_byte_at - self.bound_at)
+
+    cpdef usage(self, double prompt, double cached, double completion):
+        """What the engine served this request (its ``usage``: prompt tokens, the cached
+        part of them, completion tokens), told before ``release``: token fairness then
+        settles the tenant's counter from the estimate charged at dispatch to this."""
+        cdef Admission adm = self._adm
+        if self.done:
+            return
+        if cached > prompt:
+            cached = prompt
+        self.fair_actual = prompt - cached + cached * adm._cached_w + completion * adm._out_w
+        self.fair_known = True
 
     cpdef release(self, str outcome="completed", error_text=None, long tokens=0):
         """End the lease with one terminal outcome (idempotent)."""
@@ -463,6 +475,9 @@ cdef class Admission:
         self._oom_throttle = p.oom_throttle
         self._sla_reject = p.sla_reject
         self._adaptive = p.adaptive
+        self._out_w = s.fairness_output_weight
+        self._cached_w = s.fairness_cached_weight
+        self._settle = p.counts_tokens and s.fairness_charge == "actual"
 
     cdef double _now(self) except? -1.0:
         if self._mono:
@@ -508,6 +523,7 @@ cdef class Admission:
         cdef long long rid
         cdef Item item
         cdef BandQueues q
+        cdef Lease lease
         if ps is None:
             ps = self._state_of(ticket.model)
         if ps is None or not self._refresh(ps):
@@ -535,7 +551,11 @@ cdef class Admission:
         if (q.count == 0 or q.count_through(band) == 0) and room > 0:
             sat = self._pool_sat(ps, now)
             if sat < <double>self._ceilings[band]:
-                return self._grant(ps, band, ticket.tenant, ticket.max_tokens, deadline, now, now)
+                lease = self._grant(ps, band, ticket.tenant, ticket.max_tokens, deadline, now, now)
+                if q.counted(band):  # dispatched without queueing: charged all the same
+                    lease.fair_charged = q.estimate(ticket.prompt_bytes, ticket.max_tokens)
+                    lease._fair_t = q.charge(band, ticket.tenant, lease.fair_charged)
+                return lease
         if self._sla_reject:
             self._check_sla(ps, band, ticket.max_tokens, budget, room, sat, now)
         # With one pool (the common case) its queue is all that waits.
@@ -821,6 +841,9 @@ cdef class Admission:
                 have_sat = False
                 lease = self._grant(ps, item.band, item.tenant, item.max_tokens, item.grant_deadline,
                                     item.enqueued_at, now)
+                if item.charged_to is not None:  # token fairness: for the settlement
+                    (<Lease>lease)._fair_t = item.charged_to
+                    (<Lease>lease).fair_charged = item.charged
                 if type(fut) is _waiter_type:
                     _c_granted(fut, lease)
                 else:
@@ -872,6 +895,10 @@ cdef class Admission:
         cdef int sla = -1
         cdef Endpoint ep = lease.endpoint
         self._in_flight -= 1
+        if lease._fair_t is not None:
+            if lease.fair_known and self._settle:
+                ps.queues.settle(lease._fair_t, lease.fair_actual - lease.fair_charged)
+            lease._fair_t = None  # (the lease is recycled: no queue kept alive by it)
         if outcome == _COMPLETED:
             sla = 1 if now <= lease.deadline else 0
         self.telemetry._finished(lease.band_index, outcome, now - lease.arrived_at,

@@ -23,7 +23,7 @@ from velocity_fast.admission.bands import BandQueues
 from velocity_fast.admission.saturation import Saturation
 from velocity_fast.admission.settings import POLICIES, AdmissionSettings, BandSettings
 
-__all__ = ["RoundRobin", "TokenWeighted", "Fifo", "EarliestDeadline", "FixedConcurrency",
+__all__ = ["RoundRobin", "TokenWeighted", "Locality", "Fifo", "EarliestDeadline", "FixedConcurrency",
            "EngineSaturation", "Policy", "make_policy"]
 
 
@@ -38,6 +38,15 @@ class TokenWeighted:
     """Between tenants by virtual token counter: least-served tenant goes next."""
 
     name = "tokens"
+    token_fair = True
+
+
+class Locality:
+    """Between tenants by virtual token counter, and among those within
+    ``fairness_locality_bound`` of the least-served one, the request whose prefix an
+    engine with room holds goes first."""
+
+    name = "locality"
     token_fair = True
 
 
@@ -113,6 +122,16 @@ class Policy:
         # Tenant name -> its share in fairness (absent: 1), from the tenants' `weight`.
         self.weights = dict(weights or {})
 
+    def band_fairness(self, settings: AdmissionSettings) -> list[str]:
+        """Per band its fairness: the band's own ``fairness``, else the policy's."""
+        return [getattr(b, "fairness", None) or self.fairness.name for b in self.bands]
+
+    @property
+    def counts_tokens(self) -> bool:
+        """Some band serves its tenants by token counter (tokens or locality)."""
+        return self.fairness.token_fair or any(getattr(b, "fairness", None) in ("tokens", "locality")
+                                               for b in self.bands)
+
     @property
     def single_band(self) -> bool:
         """True when every request lands in one band (the static baseline)."""
@@ -123,7 +142,8 @@ class Policy:
         specs = [(b.queue_capacity, b.queue_bytes, b.ttl_ms / 1000.0) for b in self.bands]
         return BandQueues(specs, settings.global_capacity, settings.global_bytes,
                           self.ordering.edf, self.fairness.token_fair, self.aging_step_s,
-                          self.weights)
+                          self.weights, settings.fairness_output_weight, self.band_fairness(settings),
+                          settings.fairness_locality_bound)
 
     def __repr__(self) -> str:
         return (f"Policy({self.name}: {self.fairness.name}/{self.ordering.name}/"
@@ -131,7 +151,7 @@ class Policy:
 
 
 def _fairness(settings: AdmissionSettings):
-    return TokenWeighted() if settings.fairness == "tokens" else RoundRobin()
+    return {"tokens": TokenWeighted, "locality": Locality}.get(settings.fairness, RoundRobin)()
 
 
 def make_policy(name: str, settings: AdmissionSettings,

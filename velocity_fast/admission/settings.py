@@ -7,6 +7,7 @@ configuration (its ``bands``, ``sla_ms``, ``max_concurrency`` and the free-form
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
@@ -27,6 +28,8 @@ class BandSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     queue_capacity: int = 1000
     queue_bytes: int = 0
     ttl_ms: float = 30000.0
+    # Fairness between this band's tenants: rr, tokens or locality (None: admission.fairness).
+    fairness: str | None = None
 
 
 def _default_bands() -> list[BandSettings]:
@@ -59,6 +62,18 @@ class AdmissionSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     aging_step_ms: float = 30000.0
     # Between tenants: "rr" (turns) or "tokens" (virtual token counter).
     fairness: str = "rr"
+    # Token fairness: the cost of a request is its prompt tokens plus this many times its
+    # output tokens (VTC's and llm-d's 2), prompt tokens the engine had cached counting
+    # fairness_cached_weight each; "actual" settles the estimate charged at dispatch to
+    # the engine's usage when the answer ends, "estimate" keeps the estimate.
+    fairness_output_weight: float = 2.0
+    fairness_cached_weight: float = 0.1
+    fairness_charge: str = "actual"
+    # fairness: locality: a tenant whose counter is at most this far (tokens / weight)
+    # past the least-served backlogged tenant's may be served first when an engine with
+    # room holds its request's prefix. Fairness then holds within this bound (plus the
+    # counter's own, twice the largest request's cost).
+    fairness_locality_bound: float = 4000.0
     # The server's SLA: the deadline of every request that names none of its own (nor
     # its tenant): predicted, declined early (429 sla), judged for compliance and AIMD.
     sla_ms: float = 3000.0
@@ -125,8 +140,19 @@ class AdmissionSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
         if self.default_band not in names:
             # A config with its own band names and no "normal": the middle band.
             self.default_band = names[len(names) // 2]
-        if self.fairness not in ("rr", "tokens"):
-            raise AdmissionConfigError(f"admission.fairness: 'rr' or 'tokens', not {self.fairness!r}")
+        if self.fairness not in ("rr", "tokens", "locality"):
+            raise AdmissionConfigError(f"admission.fairness: 'rr', 'tokens' or 'locality', not {self.fairness!r}")
+        for i, b in enumerate(self.bands):
+            if b.fairness is not None and b.fairness not in ("rr", "tokens", "locality"):
+                raise AdmissionConfigError(
+                    f"bands[{i}].fairness: 'rr', 'tokens' or 'locality' (or null), not {b.fairness!r}")
+        if self.fairness_charge not in ("actual", "estimate"):
+            raise AdmissionConfigError(
+                f"admission.fairness_charge: 'actual' or 'estimate', not {self.fairness_charge!r}")
+        for key in ("fairness_output_weight", "fairness_cached_weight", "fairness_locality_bound"):
+            v = getattr(self, key)
+            if not 0 <= v < math.inf:
+                raise AdmissionConfigError(f"admission.{key}: must be a finite number >= 0, got {v}")
         if not (self.queue_threshold > 0 and self.kv_threshold > 0):
             raise AdmissionConfigError("admission.queue_threshold/kv_threshold: must be positive")
         if not 1 <= self.aimd_min <= self.aimd_max:

@@ -305,21 +305,34 @@ class Gateway:
         if pool is None:
             return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
                                    param="model", headers=base_headers)
-        if tenant is not None:
-            wait = tenant.take()
-            if wait:
-                return self._reject(resp, "/generate", 429, "rate-limit",
-                                    f"Tenant {tenant_name!r} is over its request rate.", band, base_headers, wait)
         payload = {"model": model, "prompt": r.prompt, "max_tokens": r.max_tokens, "stream": r.stream}
         if r.temperature is not None:
             payload["temperature"] = r.temperature
         if r.stream:
             payload["stream_options"] = {"include_usage": True}
         body = orjson.dumps(payload)
+        q_est = 0.0
+        if tenant is not None:
+            # As the OpenAI routes: its tokens per minute (the estimate must fit), then its rate.
+            if tenant.tpm is not None:
+                q_est = len(body) / 4.0 + r.max_tokens
+                wait = tenant.take_tokens(q_est)
+                if wait:
+                    tenant.rejections["rate-limit"] = tenant.rejections.get("rate-limit", 0) + 1
+                    return self._reject(resp, "/generate", 429, "rate-limit",
+                                        f"Tenant {tenant_name!r} is over its tokens per minute.", band,
+                                        base_headers, wait)
+            wait = tenant.take()
+            if wait:
+                if q_est:
+                    tenant.settle_tokens(-q_est)
+                tenant.rejections["rate-limit"] = tenant.rejections.get("rate-limit", 0) + 1
+                return self._reject(resp, "/generate", 429, "rate-limit",
+                                    f"Tenant {tenant_name!r} is over its request rate.", band, base_headers, wait)
         ticket = Ticket(band=band, tenant=tenant_name, sla_ms=sla_ms, max_tokens=r.max_tokens,
                         prompt_bytes=len(body), model=model)
         # The same exchange as the OpenAI routes; the engine's completion is reshaped.
-        start_native(self.ingress, req, resp, pool, ticket, info, body, rid, self._native_answer)
+        start_native(self.ingress, req, resp, pool, ticket, info, body, rid, self._native_answer, tenant, q_est)
 
     def _native_answer(self, x, body: bytes) -> bytes | None:
         """The native answer of /generate from the engine's whole completion (None: the
@@ -370,4 +383,31 @@ class Gateway:
         return {"policy": self.settings.policy, "uptime_seconds": round(time.monotonic() - self.started_at, 3),
                 "endpoints": [e.snapshot() for e in self.endpoints.values()],
                 "pools": {m: [e.name for e in p.endpoints] for m, p in self.pools.items()},
-                "admission": self.admission.stats(), "routing": self.router.stats(), "kv_events": self.kv.stats()}
+                "admission": self.admission.stats(), "routing": self.router.stats(), "kv_events": self.kv.stats(),
+                "tenants": self.tenant_stats()}
+
+    def tenant_stats(self) -> dict:
+        """Per tenant: the tokens the engines served it (prompt, cached, completion, from
+        their usage), its quota left, its requests declined by reason, and per band its
+        fairness counter and queue depth. Every configured tenant is listed, and any other
+        that has a counter in a band (it was queued or charged there)."""
+        out: dict = {}
+        for name, t in self.identity.tenants.items():
+            left = t.tokens_left()
+            out[name] = {"weight": t.weight,
+                         "tokens": {"prompt": t.served_prompt, "cached": t.served_cached,
+                                    "completion": t.served_completion},
+                         "requests_per_second": t.rate, "tokens_per_minute": t.tpm,
+                         "quota_tokens_left": None if left is None else round(left, 1),
+                         "rejections": dict(t.rejections), "bands": {}}
+        names = self.admission.band_names
+        for ps in self.admission._known_pools().values():
+            for i, tenants in enumerate(ps.queues.tenant_snapshot()):
+                for name, (counter, queued) in tenants.items():
+                    entry = out.get(name)
+                    if entry is None:
+                        entry = out[name] = {"bands": {}}
+                    band = entry["bands"].setdefault(names[i], {"counter": 0.0, "queued": 0})
+                    band["counter"] = round(max(band["counter"], counter), 3)
+                    band["queued"] += queued
+        return out

@@ -3,7 +3,7 @@
 from velocity_fast.admission.bands cimport Item
 from velocity_fast.fleet.endpoint cimport Endpoint
 from velocity_fast.metrics.values cimport Value
-from velocity_fast.gateway.identity cimport Identity
+from velocity_fast.gateway.identity cimport Identity, Tenant
 from velocity_fast.http.message cimport Request
 from velocity_fast.admission.controller cimport Admission, Lease, Ticket
 from velocity_fast.routing.route cimport RouteInfo
@@ -62,6 +62,20 @@ cdef class Exchange(Listener):
     cdef bint engine_failed
     cdef bint done_sent           # a stream's data: [DONE] was relayed to the client
     cdef object error_text
+    # Tokens: the configured tenant (its quota and figures; None for any other), the
+    # tokens drawn from its quota at admission, the prompt estimated from the body, and
+    # the engine's usage once read (a stream's final usage chunk, a whole answer's body).
+    cdef Tenant tenant
+    cdef double q_est
+    cdef long long prompt_est
+    cdef bint stream_req          # the client asked for a stream
+    cdef bint want_usage          # something settles from usage: a configured tenant, or token fairness
+    cdef bint usage_strip         # the gateway asked for usage: the usage chunk is not relayed
+    cdef bint usage_seen
+    cdef long long u_prompt
+    cdef long long u_cached
+    cdef long long u_completion
+    cdef bint accounted
 
     cdef bint waiting(self) except -1
     cdef void granted(self, Lease lease) except *
@@ -76,6 +90,7 @@ cdef class Exchange(Listener):
     cdef on_done(self, UpstreamConnection conn)
     cdef on_error(self, UpstreamConnection conn, err)
     cdef _relay(self, UpstreamConnection conn, bytes data, bint framed)
+    cdef bytes _usage_event(self, bytes data, bint framed)
     cdef _stream_done(self, UpstreamConnection conn)
     cdef _stream_failed(self, e)
     cdef _answer(self, UpstreamConnection conn)
@@ -84,6 +99,9 @@ cdef class Exchange(Listener):
     cdef bytes _out_lines(self)
     cdef _end(self)
     cdef _fail_lease(self, error_text)
+    cdef _account(self, long long prompt, long long cached, long long completion, bint known)
+    cdef _account_stream(self)
+    cdef _reject_counted(self, str reason)
     cdef _refuse(self, int status, str reason, str message, retry_after=*)
     cdef _crashed(self)
     cdef _cut(self)

@@ -21,10 +21,12 @@ from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeASCII
 from libc.string cimport memcmp, memcpy
 
+from velocity_fast.admission.bands cimport set_locality
 from velocity_fast.admission.controller cimport Admission, Lease, Ticket, set_waiter
 from velocity_fast.metrics.values cimport Value
 from velocity_fast.gateway.requests cimport (P_FIELDS, P_MAX_COMPLETION_TOKENS, P_MAX_TOKENS, P_MODEL, P_PRIORITY,
-                                           P_SLA_MS, P_USER, decode_fields, strip_own_fields)
+                                           P_SLA_MS, P_STREAM, P_STREAM_OPTIONS, P_USER, ask_usage, decode_fields,
+                                           strip_own_fields)
 from velocity_fast.routing.route cimport RouteInfo
 from velocity_fast.routing.router cimport Router
 from velocity_fast.server.connection cimport Responder
@@ -167,6 +169,207 @@ cdef long _events(bytes data, Py_ssize_t* err_at, bint* done):
         pos += 6
 
 
+# -- the engine's usage: read from the last bytes of an answer, in one pass, in C ---------
+
+cdef extern from "string.h":
+    void* memrchr(const void* s, int c, size_t n) nogil
+
+
+cdef inline bint _key_is(const char* k, Py_ssize_t n, const char* name, Py_ssize_t m) noexcept:
+    return n == m and memcmp(k, name, m) == 0
+
+
+cdef inline const char* _number(const char* p, const char* end, long long* v) noexcept:
+    """The digits at ``p`` into ``v``; the byte after them, or NULL when there are none."""
+    cdef long long n = 0
+    cdef const char* start = p
+    while p < end and p[0] >= c'0' and p[0] <= c'9' and n < 1000000000000000:
+        n = n * 10 + (p[0] - c'0')
+        p += 1
+    v[0] = n
+    return p if p > start else NULL
+
+
+cdef inline const char* _member(const char* p, const char* end, const char* key, Py_ssize_t klen,
+                                long long* v) noexcept:
+    """``key`` (with its quotes, colon and the comma before it) then a number at ``p``."""
+    if end - p <= klen or memcmp(p, key, klen) != 0:
+        return NULL
+    return _number(p + klen, end, v)
+
+
+cdef bint _read_usage(const char* s, const char* end, long long* out) noexcept:
+    """The usage object that opens at ``s`` (its ``{``): its prompt, cached (0 when not
+    reported) and completion tokens into ``out[3]``. vLLM writes it compact and in one
+    order, read as such; anything else is walked (_walk_usage)."""
+    cdef const char* p = s
+    cdef long long total
+    p = _member(p, end, b'{"prompt_tokens":', 17, &out[0])
+    if p != NULL:
+        p = _member(p, end, b',"total_tokens":', 16, &total)
+    if p != NULL:
+        p = _member(p, end, b',"completion_tokens":', 21, &out[2])
+    if p != NULL and p < end:
+        if p[0] == c'}':
+            out[1] = 0
+            return True
+        if _member(p, end, b',"prompt_tokens_details":{"cached_tokens":', 41, &out[1]) != NULL:
+            return True
+    return _walk_usage(s, end, out)
+
+
+cdef bint _walk_usage(const char* s, const char* end, long long* out) noexcept:
+    """The usage object that opens at ``s`` (its ``{``), walked once: its prompt, cached (0
+    when not reported) and completion tokens into ``out[3]``. False when it does not
+    close before ``end`` or lacks the counts. Its members are numbers and objects of
+    numbers (prompt_tokens_details): no string value to skip."""
+    cdef int depth = 0
+    cdef const char* p = s
+    cdef const char* k
+    cdef Py_ssize_t klen
+    cdef long long v
+    cdef char c
+    out[0] = out[2] = -1
+    out[1] = 0
+    while p < end:
+        c = p[0]
+        if c == c'{':
+            depth += 1
+        elif c == c'}':
+            depth -= 1
+            if depth == 0:
+                return out[0] >= 0 and out[2] >= 0
+        elif c == c'"':
+            k = p + 1
+            p = k
+            while p < end and p[0] != c'"':
+                p += 1
+            klen = p - k
+            p += 1
+            while p < end and (p[0] == c' ' or p[0] == c':'):
+                p += 1
+            if p < end and p[0] >= c'0' and p[0] <= c'9':
+                v = 0
+                while p < end and p[0] >= c'0' and p[0] <= c'9' and v < 1000000000000000:
+                    v = v * 10 + (p[0] - c'0')
+                    p += 1
+                if _key_is(k, klen, b"prompt_tokens", 13):
+                    out[0] = v
+                elif _key_is(k, klen, b"completion_tokens", 17):
+                    out[2] = v
+                elif _key_is(k, klen, b"cached_tokens", 13):
+                    out[1] = v
+            continue
+        p += 1
+    return False
+
+
+# vLLM ends a whole answer with its usage and a few members of null: it is in this tail.
+cdef Py_ssize_t _USAGE_TAIL = 2048
+
+
+cdef const char* _usage_back(const char* low, const char* e) noexcept:
+    """The last ``"usage":`` in [low, e): the byte after it, or NULL. Found by its 'g' from
+    the end (memrchr): no key of a usage object has one, and what vLLM writes after it
+    few (prompt_logprobs)."""
+    cdef const char* p
+    while e > low:
+        p = <const char*>memrchr(low, c'g', e - low)
+        if p == NULL:
+            return NULL
+        if p - low >= 4 and memcmp(p - 4, b'"usage":', 8) == 0:
+            return p + 4
+        e = p
+    return NULL
+
+
+cdef bint _body_usage(bytes body, long long* out) noexcept:
+    """A whole answer's usage (the last ``"usage":{`` of its tail) into ``out[3]``."""
+    cdef const char* s = PyBytes_AS_STRING(body)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(body)
+    cdef const char* end = s + n
+    cdef const char* p = _usage_back(s + (n - _USAGE_TAIL if n > _USAGE_TAIL else 0), end)
+    if p == NULL:
+        return False
+    while p < end and p[0] == c' ':
+        p += 1
+    return p < end and p[0] == c'{' and _read_usage(p, end, out)
+
+
+def body_usage(bytes body):
+    """(prompt, cached, completion) tokens of a whole answer's usage, or None (tests)."""
+    cdef long long u[3]
+    return (u[0], u[1], u[2]) if _body_usage(body, u) else None
+
+
+# A stream's final usage chunk, as vLLM (and the sim) write it: no choices, then usage.
+cdef const char* _USAGE_EVENT = b'"choices":[],"usage":{'
+cdef Py_ssize_t _USAGE_EVENT_LEN = 22
+
+
+cdef inline bint _hex_digit(char c) noexcept:
+    return (c'0' <= c <= c'9') or (c'a' <= c <= c'f') or (c'A' <= c <= c'F')
+
+
+cdef Py_ssize_t _usage_at(const char* s, Py_ssize_t n, bint framed) noexcept:
+    """Where a stream's final usage chunk begins its ``"choices":[],"usage":{`` in a
+    piece, or -1. Only the piece's last event is looked at, or the one before a closing
+    [DONE] (vLLM sends usage last): and only when it ends as a usage chunk does, with two
+    closing braces (a token's chunk ends with its choices, ``]}``). ``framed``: whole
+    HTTP chunks, framing and all."""
+    cdef Py_ssize_t e = n
+    cdef const char* p
+    if framed and e >= 2 and s[e - 2] == c'\r':
+        e -= 2
+    if e >= 14 and memcmp(s + e - 14, b"data: [DONE]\n\n", 14) == 0:
+        e -= 14
+        if framed and e >= 2 and s[e - 2] == c'\r':  # the framing of [DONE]'s own chunk
+            e -= 2
+            while e > 0 and _hex_digit(s[e - 1]):
+                e -= 1
+            if e >= 2 and s[e - 1] == c'\n':
+                e -= 2
+    if e < 4 or memcmp(s + e - 4, b"}}\n\n", 4) != 0:
+        return -1
+    p = _usage_back(s + (e - 2048 if e > 2048 else 0), s + e)
+    if p != NULL and p - s >= _USAGE_EVENT_LEN - 1 and memcmp(p - _USAGE_EVENT_LEN + 1, _USAGE_EVENT,
+                                                              _USAGE_EVENT_LEN) == 0:
+        return p - s - _USAGE_EVENT_LEN + 1
+    return -1
+
+
+cdef bytes _unframe(bytes framed):
+    """The data of whole HTTP chunks (size line, data, CRLF each), joined."""
+    cdef const char* s = PyBytes_AS_STRING(framed)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(framed), pos = 0, size, w = 0
+    cdef int h
+    cdef char* q
+    out = PyBytes_FromStringAndSize(NULL, n)
+    q = PyBytes_AS_STRING(out)
+    while pos < n:
+        size = 0
+        while pos < n and s[pos] != c'\r':
+            h = s[pos]
+            if c'0' <= h <= c'9':
+                size = size * 16 + h - c'0'
+            elif c'a' <= h <= c'f':
+                size = size * 16 + h - c'a' + 10
+            elif c'A' <= h <= c'F':
+                size = size * 16 + h - c'A' + 10
+            else:  # an extension: skipped to the end of the line
+                while pos < n and s[pos] != c'\r':
+                    pos += 1
+                break
+            pos += 1
+        pos += 2
+        if size > n - pos:
+            size = n - pos if n > pos else 0
+        memcpy(q + w, s + pos, size)
+        w += size
+        pos += size + 2
+    return out[:w]
+
+
 cdef class Ingress:
     """What every proxied request reads of its gateway: C fields instead of instance-dict
     look-ups. A reload assigns new ones (admission, router, identity, band names); a
@@ -292,6 +495,10 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
     cdef bint compact  # the decoder left messages and prompt as compact JSON text
     cdef Identity identity = gw.identity
     cdef dict h = None
+    cdef Tenant t
+    cdef Exchange x
+    cdef double q_est
+    cdef bint stream, strip, want
     # The gateway's own headers, looked up only when the request has any (most have none).
     rid = tenant_h = prio = sla = None
     if req.gateway_headers or identity.required:
@@ -342,14 +549,38 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
         count_request(gw, route, 404, band)
         return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
                                param="model", headers=_rid_headers(rid))
+    body = strip_own_fields(req.body, r)
+    max_tokens = <object>f[P_MAX_COMPLETION_TOKENS] or <object>f[P_MAX_TOKENS] or 256
+    q_est = 0.0
     if tenant is not None:
-        wait = (<Tenant?>tenant).take()
+        t = <Tenant?>tenant
+        if t.tpm is not None:  # its quota of tokens: the estimate must fit in what is left
+            q_est = PyBytes_GET_SIZE(body) / _BYTES_PER_TOKEN + <long>max_tokens
+            wait = t.take_tokens(q_est)
+            if wait:
+                _count_reject(t, "rate-limit")
+                return gw.app._reject(resp, route, 429, "rate-limit",
+                                      f"Tenant {tenant_name!r} is over its tokens per minute.", band,
+                                      _rid_headers(rid), wait)
+        wait = t.take()
         if wait:
+            if q_est:
+                t.settle_tokens(-q_est)
+            _count_reject(t, "rate-limit")
             return gw.app._reject(resp, route, 429, "rate-limit",
                               f"Tenant {tenant_name!r} is over its request rate.", band,
                               _rid_headers(rid), wait)
-    body = strip_own_fields(req.body, r)
-    max_tokens = <object>f[P_MAX_COMPLETION_TOKENS] or <object>f[P_MAX_TOKENS] or 256
+    stream = <object>f[P_STREAM] is True
+    strip = False
+    # Usage is read only where something settles from it: a configured tenant (its
+    # quota, its figures) or token fairness on what was served.
+    want = tenant is not None or (<Admission>gw.admission)._settle
+    if stream and want:
+        options = <object>f[P_STREAM_OPTIONS]
+        if options is None or not options.include_usage:
+            # Asked of the engine for the settlement, cut from the client's stream.
+            body = ask_usage(body, options is not None)
+            strip = True
     ticket = Ticket.__new__(Ticket)  # the fields are already what Ticket() would make of them
     ticket.band = band
     ticket.tenant = tenant_name
@@ -357,9 +588,25 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
     ticket.max_tokens = max_tokens
     ticket.prompt_bytes = len(body)
     ticket.model = model
+    x = _exchange(gw, req, resp, route, pool, ticket, info, body, rid)
+    x.tenant = tenant
+    x.q_est = q_est
+    x.prompt_est = <long long>(ticket.prompt_bytes / _BYTES_PER_TOKEN)
+    x.stream_req = stream
+    x.want_usage = want
+    x.usage_strip = strip
     # No task: admission, the engine connection and the client meet in callbacks,
     # a stream's events included.
-    _exchange(gw, req, resp, route, pool, ticket, info, body, rid).start()
+    x.start()
+
+
+cdef double _BYTES_PER_TOKEN = 4.0  # the estimate of a prompt's tokens from its bytes (admission's)
+
+
+cdef inline void _count_reject(Tenant t, str reason):
+    """One more request of ``t`` declined for ``reason`` (its figures in /stats, /metrics)."""
+    d = t.rejections
+    d[reason] = d.get(reason, 0) + 1
 
 
 cdef count_request(Ingress gw, str route, int status, str band):
@@ -420,14 +667,21 @@ cdef Exchange _exchange(Ingress gw, Request req, Responder resp, str route, pool
 
 
 cpdef start_native(Ingress gw, Request req, Responder resp, pool, Ticket ticket, RouteInfo info, bytes body,
-                   str rid, reshape):
+                   str rid, reshape, tenant=None, double q_est=0.0):
     """/generate on the same path as the OpenAI routes: its body (already a completions
     request) goes to the engine's /v1/completions, and ``reshape(exchange, body)`` turns
     a whole 2xx JSON answer into the native one (None: the engine's body was not what a
-    completion looks like, a 502). Streams and errors go on as the engine sent them."""
+    completion looks like, a 502). Streams and errors go on as the engine sent them (the
+    body asks a stream's usage itself: its chunk is relayed). ``tenant``: the configured
+    tenant, ``q_est``: the tokens drawn from its quota (settled as the OpenAI routes')."""
     cdef Exchange x = _exchange(gw, req, resp, "/generate", pool, ticket, info, body, rid)
     x.up_path = "/v1/completions"
     x.reshape = reshape
+    x.tenant = tenant
+    x.q_est = q_est
+    x.prompt_est = <long long>(ticket.prompt_bytes / _BYTES_PER_TOKEN)
+    x.stream_req = b'"stream":true' in body
+    x.want_usage = tenant is not None or x.adm._settle
     x.start()
 
 
@@ -442,6 +696,8 @@ cdef class Exchange(Listener):
         try:
             got = self.adm._admit(self.ticket, self)
         except Rejected as e:
+            self._account(0, 0, 0, True)  # nothing served: the quota's draw comes back
+            self._reject_counted(e.reason)
             self._end()
             self.gw.app._reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band,
                             self.base_headers(), e.retry_after, from_admission=True)
@@ -496,6 +752,8 @@ cdef class Exchange(Listener):
     def _refused(self, e):
         if self.abandoned:
             return
+        self._account(0, 0, 0, True)
+        self._reject_counted(e.reason)
         self._end()
         self.gw.app._reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band, self.base_headers(),
                         e.retry_after, from_admission=True)
@@ -518,6 +776,7 @@ cdef class Exchange(Listener):
         ep = (router._pick(self.pool, self.info, lease, tried)  # the lease's fits(), as C
               or router._pick(self.pool, self.info, gw.admission.has_room, tried))
         if ep is None:
+            self._account(0, 0, 0, True)  # no engine produced anything
             self._fail_lease(None)
             if tried:
                 return self._refuse(502, "upstream", "The engine failed before answering and no other engine "
@@ -593,14 +852,44 @@ cdef class Exchange(Listener):
         if err_at >= 0 and not self.engine_failed:  # the engine's own error event (e.g. out of memory)
             self.engine_failed = True
             self.error_text = data[err_at:err_at + 2000].decode("utf-8", "replace")
+        if self.want_usage and not self.usage_seen and _usage_at(PyBytes_AS_STRING(data),
+                                                                 PyBytes_GET_SIZE(data), framed) >= 0:
+            if framed and self.usage_strip:  # the piece is cut: its data goes on as one chunk
+                data = _unframe(data)
+                framed = False
+            data = self._usage_event(data, framed)
         if framed:
             resp.write_chunks(data)
-        else:
+        elif PyBytes_GET_SIZE(data):  # (an empty write would end the chunked stream)
             resp.write_nowait(data)
         if resp._proto._write_paused and self.task is None:
             conn.pause()  # the client reads slowly: so do we, from the engine
             self.task = task = self.loop.create_task(resp.write(b""))
             task.add_done_callback(self._drained)
+
+    cdef bytes _usage_event(self, bytes data, bint framed):
+        """The piece that holds the final usage chunk: its counts read; the chunk cut
+        from the piece when the gateway asked for it and the client did not."""
+        cdef const char* s = PyBytes_AS_STRING(data)
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(data), at, i
+        cdef const char* end
+        cdef long long u[3]
+        at = _usage_at(s, n, framed)
+        if at < 0 or not _read_usage(s + at + _USAGE_EVENT_LEN - 1, s + n, u):
+            return data  # split across pieces: settled from the chunks relayed
+        self.usage_seen = True
+        self.u_prompt, self.u_cached, self.u_completion = u[0], u[1], u[2]
+        if not self.usage_strip:
+            return data
+        # The event: from its "data: " to the blank line that ends it.
+        i = at
+        while i >= 0 and memcmp(s + i, b"data: ", 6) != 0:
+            i -= 1
+        end = <const char*>memmem(s + at, n - at, b"\n\n", 2)
+        if i < 0 or end == NULL:
+            return data
+        self.events -= 1
+        return data[:i] + data[end - s + 2:]
 
     def _drained(self, task):
         self.task = None
@@ -625,6 +914,7 @@ cdef class Exchange(Listener):
         (<UpstreamPool?>ep.upstream).release(conn)
         self.conn = None
         self._end()
+        self._account_stream()
         status = self.status
         ok = 200 <= status < 300 and not self.engine_failed
         error_text = self.error_text
@@ -641,11 +931,13 @@ cdef class Exchange(Listener):
         if starts(self.ct, "text/event-stream"):
             resp.write_nowait(stream_error_event(f"The engine failed during streaming: {e}", 500))
         resp.end()
+        self._account_stream()
         settle(self.gw, self.route, self.ticket.band, self.ep, self.lease, self.status, True, False, str(e),
                         self.events)
 
     cdef _answer(self, UpstreamConnection conn):
         cdef Endpoint ep = self.ep
+        cdef long long u[3]
         resp = self.resp
         if conn.status < 200 or conn.status > 599:  # (the C int: no Python comparison)
             return self._invalid_status(conn, conn.status)
@@ -659,6 +951,14 @@ cdef class Exchange(Listener):
         error_text = None
         if not ok and status >= 400:
             error_text = body[:2000].decode("utf-8", "replace") if body else f"engine status {status}"
+        if not self.want_usage:
+            pass
+        elif not ok:
+            self._account(0, 0, 0, True)  # an engine's error answer served no tokens
+        elif _body_usage(body, u):
+            self._account(u[0], u[1], u[2], True)
+        else:
+            self._account(0, 0, 0, False)  # no usage in the answer: the estimate stands
         if self.reshape is not None and ok and starts(ct, "application/json"):
             native = self.reshape(self, body)
             if native is None:
@@ -678,6 +978,7 @@ cdef class Exchange(Listener):
         self.conn = None
         self.gw.monitor.passive_failure(ep, connect=False)
         ep.errors += 1
+        self._account(0, 0, 0, True)
         self._fail_lease(f"engine status {status}")
         self._refuse(502, "upstream", f"The engine answered with an invalid HTTP status ({status}).")
 
@@ -705,6 +1006,7 @@ cdef class Exchange(Listener):
             self.tried.append(ep)
         if not e.received and len(self.tried) < 2:
             return self._dispatch()  # nothing reached the client: once more on another endpoint
+        self._account(0, 0, 0, True)  # the engine answered nothing
         self._fail_lease(str(e))
         self._refuse(502, "upstream", f"The engine failed before answering: {e}")
 
@@ -723,7 +1025,18 @@ cdef class Exchange(Listener):
         if self.state == _QUEUED:
             self.state = _DONE
             self.adm._withdraw(self.ticket, self.qitem)
+            self._account(0, 0, 0, True)  # never served: the quota's draw comes back
             return
+        if self.state != _DONE:
+            # What the engine produced up to the abort: a stream's relayed chunks (its
+            # usage, if it came); the prompt of a stream not yet answered; nothing if the
+            # engine never had it. A whole answer's work is unknown: its estimate stands.
+            if self.relaying:
+                self._account_stream()
+            elif self.ep is None:
+                self._account(0, 0, 0, True)
+            elif self.stream_req:
+                self._account(self.prompt_est, 0, 0, True)
         self.state = _DONE
         if self.conn is not None:
             self.conn.abort()
@@ -817,8 +1130,40 @@ cdef class Exchange(Listener):
         self.qitem = None
 
     cdef _fail_lease(self, error_text):
+        self._account(0, 0, 0, False)  # (unless told before: the estimate stands)
         if self.lease is not None:
             self.lease.release("failed", error_text=error_text)
+
+    cdef _account(self, long long prompt, long long cached, long long completion, bint known):
+        """Once per request, before its lease ends: what the engine served (``known``;
+        else the estimates drawn stand) settles the tenant's fairness counter and quota,
+        and counts in its figures."""
+        cdef Tenant t = self.tenant
+        if self.accounted:
+            return
+        self.accounted = True
+        if not known or not self.want_usage:
+            return
+        if self.lease is not None:
+            self.lease.usage(prompt, cached, completion)
+        if t is not None:
+            t.served_prompt += prompt
+            t.served_cached += cached
+            t.served_completion += completion
+            if self.q_est:
+                t.settle_tokens(prompt + completion - self.q_est)
+
+    cdef _account_stream(self):
+        """A stream's end: its usage chunk's counts, else the prompt estimated and a token
+        for each chunk relayed."""
+        if self.usage_seen:
+            self._account(self.u_prompt, self.u_cached, self.u_completion, True)
+        else:
+            self._account(self.prompt_est, 0, self.events, True)
+
+    cdef _reject_counted(self, str reason):
+        if self.tenant is not None:
+            _count_reject(self.tenant, reason)
 
     cdef _refuse(self, int status, str reason, str message, retry_after=None):
         self._end()
@@ -848,4 +1193,17 @@ cdef void _x_granted(object x, Lease lease) except *:
     (<Exchange>x).granted(lease)
 
 
+cdef double _x_locality(object x) except? -1.0:
+    """Admission's locality fairness: how much of a queued request's prompt an engine
+    with room holds (the router's prefix index). A waiter of another kind answers with
+    its ``prefix_cached()``, if it has one (else 0)."""
+    cdef Exchange e
+    if type(x) is not Exchange:
+        fn = getattr(x, "prefix_cached", None)
+        return fn() if fn is not None else 0.0
+    e = <Exchange>x
+    return (<Router?>e.gw.router).cached_room(e.pool, e.info)
+
+
 set_waiter(Exchange, _x_waiting, _x_granted)
+set_locality(_x_locality)

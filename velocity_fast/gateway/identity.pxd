@@ -9,8 +9,20 @@ cdef class Tenant:
     cdef public double stamp
     cdef public object weight
     cdef public object sla_ms
+    # Tokens per minute: a bucket of tokens (None: no quota), its level (below 0: in debt)
+    cdef public object tpm
+    cdef public double tlevel
+    cdef public double tstamp
+    # What the engines served this tenant, and its requests declined, by reason
+    cdef public long long served_prompt
+    cdef public long long served_cached
+    cdef public long long served_completion
+    cdef public dict rejections
 
     cpdef double take(self) except -1
+    cpdef double take_tokens(self, double estimate) except -1
+    cpdef settle_tokens(self, double delta)
+    cdef void _refill(self) noexcept
 
 
 cdef class Identity:

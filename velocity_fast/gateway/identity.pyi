@@ -12,8 +12,19 @@ class Tenant:
     stamp: float
     weight: Any
     sla_ms: float | None
+    tpm: float | None
+    tlevel: float
+    tstamp: float
+    served_prompt: int
+    served_cached: int
+    served_completion: int
+    rejections: dict[str, int]
     def __init__(self, cfg: Any) -> None: ...
     def take(self) -> float: ...
+    def take_tokens(self, estimate: float) -> float: ...
+    def settle_tokens(self, delta: float) -> None: ...
+    def tokens_left(self) -> float | None: ...
+    def keep_state(self, prev: Tenant) -> None: ...
 
 class Identity:
     global_key: str | None

@@ -10,7 +10,14 @@ DEFAULT_TENANT = "default"
 
 
 cdef class Tenant:
-    """A configured tenant: its band cap, weight, SLA, and token bucket of requests."""
+    """A configured tenant: its band cap, weight, SLA, token bucket of requests, and
+    bucket of engine tokens (``tokens_per_minute``).
+
+    The token bucket holds a minute's tokens and refills at tokens_per_minute / 60 a
+    second. A request draws its estimate (prompt bytes / 4 plus max_tokens) when it is
+    admitted, and the gateway settles the draw to the tokens the engine served (prompt
+    plus completion, from its ``usage``) when the answer ends: the level may fall below
+    zero (debt), and then no request is admitted until it has refilled."""
 
     def __init__(self, cfg):
         self.name = cfg.name
@@ -21,6 +28,10 @@ cdef class Tenant:
         self.burst = float(cfg.burst if cfg.burst is not None else max(1.0, (self.rate or 0) * 2))
         self.tokens = self.burst
         self.stamp = monotonic()
+        self.tpm = getattr(cfg, "tokens_per_minute", None)
+        self.tlevel = float(self.tpm or 0.0)
+        self.tstamp = self.stamp
+        self.rejections = {}
 
     cpdef double take(self) except -1:
         """A token-bucket draw: 0.0 when allowed, else the seconds until one is available."""
@@ -35,6 +46,50 @@ cdef class Tenant:
             self.tokens -= 1.0
             return 0.0
         return (1.0 - self.tokens) / rate
+
+    cdef void _refill(self) noexcept:
+        cdef double now = monotonic(), cap = self.tpm
+        self.tlevel = min(cap, self.tlevel + (now - self.tstamp) * cap / 60.0)
+        self.tstamp = now
+
+    cpdef double take_tokens(self, double estimate) except -1:
+        """Draw ``estimate`` tokens: 0.0 when they fit in what is left (drawn), else the
+        seconds until they would. An estimate past a minute's tokens needs a full bucket."""
+        cdef double need, cap
+        if self.tpm is None:
+            return 0.0
+        cap = self.tpm
+        self._refill()
+        need = estimate if estimate < cap else cap
+        if self.tlevel >= need:
+            self.tlevel -= estimate
+            return 0.0
+        return (need - self.tlevel) * 60.0 / cap
+
+    cpdef settle_tokens(self, double delta):
+        """The answer ended: ``delta`` more tokens than drawn (less when negative)."""
+        if self.tpm is not None:
+            self._refill()
+            self.tlevel -= delta
+
+    def tokens_left(self):
+        """Tokens left in the bucket now (None: no quota; below 0: in debt)."""
+        if self.tpm is None:
+            return None
+        self._refill()
+        return self.tlevel
+
+    def keep_state(self, Tenant prev):
+        """Take over ``prev``'s figures and the buckets whose limits did not change (a
+        reload): an unchanged limit keeps its level, a changed one starts full."""
+        self.served_prompt = prev.served_prompt
+        self.served_cached = prev.served_cached
+        self.served_completion = prev.served_completion
+        self.rejections = prev.rejections
+        if (prev.rate, prev.burst) == (self.rate, self.burst):
+            self.tokens, self.stamp = prev.tokens, prev.stamp
+        if prev.tpm == self.tpm:
+            self.tlevel, self.tstamp = prev.tlevel, prev.tstamp
 
 
 cdef class Identity:

@@ -40,6 +40,34 @@ class GatewayMetrics:
                      eps("waiting"), ("endpoint", "model"))
         reg.gauge_fn("velocity_endpoint_kv_usage", "Engine-reported KV-cache usage, 0..1 (last scrape).",
                      eps("kv_usage"), ("endpoint", "model"))
+        # Per tenant, read at scrape time from the tenants and the band queues (/stats'
+        # "tenants"): configured tenants, and others once they have a counter in a band.
+        def served():
+            return [((n, kind), float(v)) for n, t in gw.identity.tenants.items()
+                    for kind, v in (("prompt", t.served_prompt), ("cached", t.served_cached),
+                                    ("completion", t.served_completion))]
+
+        def quota():
+            return [((n,), t.tokens_left()) for n, t in gw.identity.tenants.items() if t.tpm is not None]
+
+        def rejected():
+            return [((n, reason), float(c)) for n, t in gw.identity.tenants.items()
+                    for reason, c in t.rejections.items()]
+
+        def per_band(key):
+            return lambda: [((n, band), float(v[key])) for n, s in gw.tenant_stats().items()
+                            for band, v in s["bands"].items()]
+
+        reg.counter_fn("velocity_tenant_tokens_served_total", "Tokens the engines served a tenant, from their "
+                       "usage (kind: prompt, cached (of the prompt), completion).", served, ("tenant", "kind"))
+        reg.gauge_fn("velocity_tenant_quota_tokens_left", "Tokens left in a tenant's tokens_per_minute bucket "
+                     "(below 0: in debt).", quota, ("tenant",))
+        reg.counter_fn("velocity_tenant_rejections_total", "A tenant's requests declined, by reason.",
+                       rejected, ("tenant", "reason"))
+        reg.gauge_fn("velocity_tenant_fairness_counter", "A tenant's virtual token counter in a band "
+                     "(fairness: tokens).", per_band("counter"), ("tenant", "band"))
+        reg.gauge_fn("velocity_tenant_queue_depth", "A tenant's requests queued in a band.",
+                     per_band("queued"), ("tenant", "band"))
         started = time.monotonic()
         reg.gauge_fn("velocity_uptime_seconds", "Seconds since the gateway started.",
                      lambda: time.monotonic() - started)

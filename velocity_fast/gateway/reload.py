@@ -79,16 +79,21 @@ class _AdoptingRegistry:
 
 
 def _identity(old: Identity, settings: Settings) -> Identity:
-    """A new Identity that keeps the rate-limit buckets of tenants whose limits did not change."""
+    """A new Identity that keeps the state of tenants that stay: an unchanged tenant is the
+    same object; a changed one keeps its figures and the buckets whose limits did not change."""
     new = Identity(settings)
     for name, t in list(new.tenants.items()):
         prev = old.tenants.get(name)
-        if prev is not None and (prev.max_band, prev.weight, prev.rate, prev.burst, prev.sla_ms) == (
-                t.max_band, t.weight, t.rate, t.burst, t.sla_ms):
+        if prev is None:
+            continue
+        if (prev.max_band, prev.weight, prev.rate, prev.burst, prev.sla_ms, prev.tpm) == (
+                t.max_band, t.weight, t.rate, t.burst, t.sla_ms, t.tpm):
             new.tenants[name] = prev
             for key, bound in list(new.by_key.items()):
                 if bound is t:
                     new.by_key[key] = prev
+        else:
+            t.keep_state(prev)
     return new
 
 

@@ -4,6 +4,7 @@ from cpython.object cimport PyObject
 
 cpdef decode_proxy(bytes body, bint chat)
 cpdef bytes strip_own_fields(bytes body, r)
+cpdef bytes ask_usage(bytes body, bint has_options)
 
 # ProxyRequest's fields, for proxy_field (the order of its declaration).
 cdef enum:

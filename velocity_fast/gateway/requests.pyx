@@ -16,6 +16,7 @@ from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.object cimport PyObject
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.string cimport memcpy
 
 from velocity_fast.lowlevel.fmt cimport contains
 from velocity_fast.lowlevel.slots cimport slot, slot_offset
@@ -394,3 +395,37 @@ cpdef bytes strip_own_fields(bytes body, r):
         if obj.pop(f, None) is not None:
             removed = True
     return msgspec.json.encode(obj) if removed else body
+
+
+cdef bytes _ASK_USAGE = b'"stream_options":{"include_usage":true},'
+
+
+cpdef bytes ask_usage(bytes body, bint has_options):
+    """The body of a stream whose client did not ask for usage, asking the engine for it
+    (``stream_options.include_usage``): the gateway settles token fairness and quotas from
+    the stream's final usage chunk, and cuts that chunk from what the client gets.
+    ``has_options``: the body names ``stream_options`` (without include_usage), which is
+    then replaced by one that asks for usage alone (``continuous_usage_stats`` has no
+    effect without include_usage, and with it would put usage on every chunk)."""
+    cdef const char* p = PyBytes_AS_STRING(body)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(body), i = 0
+    cdef char* q
+    if has_options:
+        try:
+            obj = _raw_object_decoder.decode(body)
+        except RecursionError:
+            raise too_deep() from None
+        obj["stream_options"] = _Raw(b'{"include_usage":true}')
+        return msgspec.json.encode(obj)
+    # The member goes first, after the object's opening brace: one copy of the body, no
+    # decoding (the decoder checked that it is an object with members, stream among them).
+    while i < n and p[i] != c'{':
+        i += 1
+    if i == n:
+        raise ValueError("ask_usage: the body is not a JSON object")
+    out = PyBytes_FromStringAndSize(NULL, n + len(_ASK_USAGE))
+    q = PyBytes_AS_STRING(out)
+    memcpy(q, p, i + 1)
+    memcpy(q + i + 1, PyBytes_AS_STRING(_ASK_USAGE), len(_ASK_USAGE))
+    memcpy(q + i + 1 + len(_ASK_USAGE), p + i + 1, n - i - 1)
+    return out

@@ -135,6 +135,10 @@ class _FnGauge(_Metric):
             out.append(f"{self.name} {_fmt(got)}")
 
 
+class _FnCounter(_FnGauge):
+    kind = "counter"
+
+
 class Histogram(_Metric):
     """Cumulative buckets, _sum and _count, as Prometheus expects."""
 
@@ -190,6 +194,10 @@ class Registry:
     def gauge_fn(self, name: str, help: str, fn: Callable, labelnames: Sequence[str] = ()) -> None:
         """A gauge computed at scrape time: fn() -> value, or [(label values, value)] with labels."""
         self._add(_FnGauge(name, help, fn, labelnames))
+
+    def counter_fn(self, name: str, help: str, fn: Callable, labelnames: Sequence[str] = ()) -> None:
+        """A counter read at scrape time (a count kept elsewhere that only grows), as gauge_fn."""
+        self._add(_FnCounter(name, help, fn, labelnames))
 
     def get(self, name: str) -> _Metric | None:
         return self._metrics.get(name)

@@ -52,3 +52,4 @@ cdef class Router:
     cdef RouteInfo _route_info_modes(self, model, profile, body_obj, session)
     cdef object _pick(self, pool, RouteInfo info, has_room, exclude)
     cdef void _on_dispatch(self, Endpoint ep, RouteInfo info) except *
+    cpdef double cached_room(self, pool, RouteInfo info) except? -1.0

@@ -31,3 +31,5 @@ class Router:
         """The endpoint of pool for this request, or None when none is healthy with room."""
     def on_dispatch(self, ep: Any, info: RouteInfo) -> None:
         """Remember that info's prompt blocks were sent to ep (call once it is bound)."""
+    def cached_room(self, pool: Any, info: RouteInfo) -> float:
+        """The largest fraction of info's prompt an endpoint of pool with room holds."""

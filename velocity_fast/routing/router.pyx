@@ -419,6 +419,36 @@ cdef class Router:
         (<Value?>self._pick_children[(info.profile, basis)]).value += 1.0
         return chosen
 
+    cpdef double cached_room(self, pool, RouteInfo info) except? -1.0:
+        """The largest fraction of ``info``'s prompt blocks that an endpoint of ``pool``
+        with room (healthy, in-flight below its limit) was sent recently, 0 to 1: what
+        admission's locality fairness asks of a queued request (the approximate index)."""
+        cdef RouterPool state
+        cdef PrefixIndex index
+        cdef Endpoint ep
+        cdef list matched = None
+        cdef Py_ssize_t best = 0, m
+        cdef int s
+        if info is None or not info.nblocks:
+            return 0.0
+        state = self._pools.get(pool_model(pool))
+        if state is None:
+            return 0.0
+        index = state.index
+        for ep in pool_endpoints(pool):
+            if not ep.healthy or ep.inflight >= ep.limit:
+                continue
+            s = index.slot_of(ep.name)
+            if s < 0:
+                continue
+            if matched is None:
+                matched = index.match(info.hashes)
+            if s < len(matched):
+                m = matched[s]
+                if m > best:
+                    best = m
+        return min(1.0, <double>best / info.nblocks)
+
     cdef void _on_dispatch(self, Endpoint ep, RouteInfo info) except *:
         cdef Py_ssize_t n = info.nblocks, held
         cdef RouterPool state

@@ -192,13 +192,15 @@ class SimAPI:
             resp.send_error(400, str(e), type="BadRequestError")
             return
         rng = request_rng(cfg.seed, prompt)
-        if max_tokens is not None:
+        if max_tokens is not None and not (cfg.natural_stop and not body.ignore_eos):
             target, finish = max_tokens, "length"
         else:
             # No limit asked: the reply ends by itself (EOS) unless ignore_eos, and
             # never runs past the context window.
             cap = cfg.max_model_len - prompt_tokens
             natural = 1 + int(rng.expovariate(1.0 / max(1, cfg.natural_output_mean)))
+            if max_tokens is not None:  # --natural-stop: ends by itself, or at max_tokens
+                cap = min(cap, max_tokens)
             if body.ignore_eos or natural >= cap:
                 target, finish = cap, "length"
             else:
@@ -213,7 +215,7 @@ class SimAPI:
         # As vLLM: per-chunk usage only when usage was asked for at all.
         include_usage = bool(so and so.include_usage)
         meta = RequestMeta(rid, int(time.time()), cfg.model, chat, prompt_tokens, include_usage,
-                           include_usage and bool(so.continuous_usage_stats))
+                           include_usage and bool(so.continuous_usage_stats), cfg.enable_prompt_tokens_details)
         if not cfg.enable_prefix_caching:
             hashes = []
         elif ids is not None:
@@ -229,7 +231,7 @@ class SimAPI:
         engine = self.engine
         if body.stream:
             sink = StreamSink(resp, meta)
-            seq = Sequence(prompt_tokens, hashes, target, finish, rng, sink, failure, ids)
+            seq = meta.seq = Sequence(prompt_tokens, hashes, target, finish, rng, sink, failure, ids)
             resp.start(200, headers=headers)
             resp.add_disconnect_callback(lambda: engine.abort(seq))
             engine.submit(seq)
@@ -238,7 +240,7 @@ class SimAPI:
             return
         done = asyncio.get_running_loop().create_future()
         whole = WholeSink(meta, done)
-        seq = Sequence(prompt_tokens, hashes, target, finish, rng, whole, failure, ids)
+        seq = meta.seq = Sequence(prompt_tokens, hashes, target, finish, rng, whole, failure, ids)
         resp.add_disconnect_callback(lambda: engine.abort(seq))
         engine.submit(seq)
         await done

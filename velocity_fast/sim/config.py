@@ -34,9 +34,15 @@ class SimConfig:
     #: Freed blocks that keep their prefix content (LRU); None = all free blocks (vLLM).
     prefix_cache_blocks: int | None = None
     enable_prefix_caching: bool = True
+    #: vLLM's ``--enable-prompt-tokens-details`` (off by default, as there): usage then
+    #: carries ``prompt_tokens_details.cached_tokens`` when the prefix cache served any.
+    enable_prompt_tokens_details: bool = False
     max_model_len: int = 4096
     #: Mean length of a reply that ends by itself (no max_tokens given).
     natural_output_mean: int = 128
+    #: A reply may end by itself before max_tokens too (as a model's end-of-sequence
+    #: does); off: a request with max_tokens gets exactly that many (the default).
+    natural_stop: bool = False
     fail_rate: float = 0.0
     oom_rate: float = 0.0
     seed: int = 0

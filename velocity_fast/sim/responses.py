@@ -23,10 +23,11 @@ KEEP_ALIVE = b": keep-alive\n\n"
 class RequestMeta:
     """The constant parts of one request's response."""
 
-    __slots__ = ("id", "created", "model", "chat", "prompt_tokens", "include_usage", "continuous_usage")
+    __slots__ = ("id", "created", "model", "chat", "prompt_tokens", "include_usage", "continuous_usage",
+                 "details", "seq")
 
     def __init__(self, id: str, created: int, model: str, chat: bool, prompt_tokens: int,
-                 include_usage: bool, continuous_usage: bool) -> None:
+                 include_usage: bool, continuous_usage: bool, details: bool = False) -> None:
         self.id = id
         self.created = created
         self.model = model
@@ -34,14 +35,32 @@ class RequestMeta:
         self.prompt_tokens = prompt_tokens
         self.include_usage = include_usage
         self.continuous_usage = continuous_usage
+        # --enable-prompt-tokens-details: the final usage names the prompt tokens the
+        # prefix cache served (the sequence's, known once it is scheduled).
+        self.details = details
+        self.seq = None
+
+    @property
+    def cached_tokens(self) -> int:
+        seq = self.seq
+        return seq.cached_tokens if (self.details and seq is not None) else 0
 
     def usage(self, completion_tokens: int) -> dict:
-        """The ``usage`` object for this many generated tokens."""
+        """The ``usage`` object for this many generated tokens (vLLM's member order)."""
         p = self.prompt_tokens
-        return {"prompt_tokens": p, "total_tokens": p + completion_tokens, "completion_tokens": completion_tokens}
+        out = {"prompt_tokens": p, "total_tokens": p + completion_tokens, "completion_tokens": completion_tokens}
+        if self.cached_tokens:
+            out["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return out
 
 
-def _usage_bytes(prompt_tokens: int, completion_tokens: int) -> bytes:
+def _usage_bytes(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> bytes:
+    # As vLLM: prompt_tokens_details only in the final usage, and only when the prefix
+    # cache served some of the prompt (with --enable-prompt-tokens-details).
+    if cached_tokens:
+        return b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,' \
+               b'"prompt_tokens_details":{"cached_tokens":%d}}' % (
+                   prompt_tokens, prompt_tokens + completion_tokens, completion_tokens, cached_tokens)
     return b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (
         prompt_tokens, prompt_tokens + completion_tokens, completion_tokens)
 
@@ -123,7 +142,8 @@ class StreamSink:
             parts += [b',"usage":', _usage_bytes(meta.prompt_tokens, self.generated)]
         parts.append(b"}\n\n")
         if meta.include_usage:
-            parts += [self._envelope(b'[],"usage":'), _usage_bytes(meta.prompt_tokens, self.generated), b"}\n\n"]
+            parts += [self._envelope(b'[],"usage":'),
+                      _usage_bytes(meta.prompt_tokens, self.generated, meta.cached_tokens), b"}\n\n"]
         parts.append(DONE)
         pending.append(b"".join(parts))
         self.closing = True
