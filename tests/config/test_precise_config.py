@@ -82,4 +82,4 @@ def test_serve_with_a_tokenizer_that_is_not_one_exits_2_naming_the_key(tmp_path)
                            "--prefix", "precise", "--tokenizer", str(bad), "--port", "0", "--admin-port", "0"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
-    assert "config error: routing.tokenizer" in proc.stderr and "Traceback" not in proc.stderr
+    assert "config error: --tokenizer: routing.tokenizer" in proc.stderr and "Traceback" not in proc.stderr

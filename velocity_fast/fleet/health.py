@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable
+from typing import Annotated, Callable
 
 import msgspec
 
@@ -17,14 +17,19 @@ __all__ = ["HealthSettings", "EndpointMonitor"]
 log = logging.getLogger("velocity.health")
 
 
+# A period or timeout in ms (docs/configuration.md, "Ranges"): at least 1 ms, so that no
+# value spins a loop, and at most a day.
+_Ms = Annotated[float, msgspec.Meta(ge=1, le=86_400_000)]
+
+
 class HealthSettings(msgspec.Struct, forbid_unknown_fields=True):
-    scrape_interval_ms: float = 100.0     # engine /metrics
-    scrape_timeout_ms: float = 500.0      # a hanging scrape is abandoned; metrics go stale
-    check_interval_ms: float = 1000.0     # engine /health while healthy
-    check_timeout_ms: float = 1000.0
-    eject_base_ms: float = 500.0          # first ejection; doubles on each repeat
-    eject_max_ms: float = 30000.0
-    eject_after_5xx: int = 3              # consecutive engine 5xx answers before ejection
+    scrape_interval_ms: _Ms = 100.0     # engine /metrics
+    scrape_timeout_ms: _Ms = 500.0      # a hanging scrape is abandoned; metrics go stale
+    check_interval_ms: _Ms = 1000.0     # engine /health while healthy
+    check_timeout_ms: _Ms = 1000.0
+    eject_base_ms: _Ms = 500.0          # first ejection; doubles on each repeat
+    eject_max_ms: _Ms = 30000.0
+    eject_after_5xx: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 3  # consecutive engine 5xx before ejection
     metrics: MetricNames = msgspec.field(default_factory=MetricNames)
 
 

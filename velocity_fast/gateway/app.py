@@ -34,6 +34,9 @@ __all__ = ["Gateway"]
 
 log = logging.getLogger("velocity.gateway")
 
+# The longest Retry-After the gateway sends (seconds).
+_RETRY_AFTER_MAX_S = 86400.0
+
 
 def _ingress_field(name: str) -> property:
     """A field the request path reads as C: kept in the gateway's Ingress (gateway/exchange.pyx)."""
@@ -235,7 +238,10 @@ class Gateway:
         hdrs = list(headers)
         hdrs.append(("x-velocity-reject-reason", reason))
         if retry_after is not None:
-            hdrs.append(("retry-after", str(max(1, int(retry_after + 0.999)))))
+            # Whole seconds, at least 1, at most a day: a wait computed from a tiny rate stays
+            # a short header, and one that is not finite never reaches int() (nan < x is false).
+            wait = retry_after if retry_after < _RETRY_AFTER_MAX_S else _RETRY_AFTER_MAX_S
+            hdrs.append(("retry-after", str(max(1, int(wait + 0.999)))))
         if not from_admission:  # admission counts its own
             self.admission.telemetry.reject(reason)
         self.metrics.requests.labels(route, status, band).inc()
