@@ -37,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="the gateway alone, in front of engines that already run")
     add_gateway_arguments(p)
-    p.add_argument("--max-model-len", type=int, default=None, help="reported in /v1/models (default 4096)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest prompt + completion the gateway accepts; /v1/models reports the smaller of "
+                        "this and what the engines report (default 131072)")
 
     p = sub.add_parser("sim-engine", help="one simulated vLLM engine")
     add_sim_arguments(p)

@@ -15,7 +15,7 @@ from velocity_fast.admission.controller import Ticket
 from velocity_fast.config import EndpointConfig, Settings
 from velocity_fast.fleet.endpoint import Endpoint, Pool
 from velocity_fast.fleet.health import EndpointMonitor
-from velocity_fast.gateway.errors import BadRequest
+from velocity_fast.gateway.errors import BadRequest, context_error
 from velocity_fast.gateway.exchange import Ingress, band_for, handle_client, new_request_id, start_native
 from velocity_fast.gateway.identity import Identity
 from velocity_fast.gateway.kv import KVFleet
@@ -225,7 +225,7 @@ class Gateway:
             if pool.healthy():
                 data.append({"id": model, "object": "model", "created": int(self.started_at_wall),
                              "owned_by": "velocityllm", "root": model, "parent": None,
-                             "max_model_len": self.settings.max_model_len})
+                             "max_model_len": pool.context_length(self.settings.max_model_len)})
         resp.send_json(200, {"object": "list", "data": data})
 
     @property
@@ -289,6 +289,11 @@ class Gateway:
         if pool is None:
             return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
                                    param="model", headers=base_headers)
+        limit = pool.context_length(self.settings.max_model_len)
+        if r.max_tokens >= limit:  # as the OpenAI routes (gateway/exchange.pyx)
+            self.metrics.requests.labels("/generate", 400, band).inc()
+            return resp.send_error(400, context_error(limit, r.max_tokens), param="max_tokens",
+                                   headers=base_headers)
         if tenant is not None:
             wait = tenant.take()
             if wait:
