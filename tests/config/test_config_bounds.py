@@ -134,3 +134,15 @@ async def test_a_refused_reload_logs_file_key_why(tmp_path, caplog):
                 assert refusals == ["config reload refused, the running configuration stays in force: "
                                     f"{f}: {line}"], refusals
             reloader.close()
+
+
+def test_a_sim_section_its_engines_would_refuse_stops_charge_velocity_naming_it(tmp_path):
+    """The example's own mistake: KV blocks too few for one sequence of max_model_len. Said
+    as a config error before any engine starts, not as an engine that exits."""
+    f = write(tmp_path, "max_model_len: 131072\nsim: {num_gpu_blocks: 2048}\n")
+    r = subprocess.run([sys.executable, "-m", "velocity_fast", "chargeVelocity", "--mock", "--config", f,
+                        "--host", "127.0.0.1", "--port", "0", "--admin-port", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"velocityllm: config error: {f}: sim: --max-model-len 131072 needs 8192 KV "
+                               "blocks but --num-gpu-blocks is 2048"), r.stderr

@@ -69,6 +69,31 @@ def _sim_flags(settings: Settings, extra: str | None) -> list[str]:
     return out
 
 
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise ValueError(message)
+
+
+def _check_sim_engines(plan, args: argparse.Namespace) -> None:
+    """The sim engines' flags (the `sim:` section, --sim-args, max_model_len), read as each
+    engine will read them: a value it would refuse is a config error now, in the one form,
+    not an engine that exits before answering."""
+    from velocity_fast.sim.config import SimConfig
+    from velocity_fast.sim.options import add_arguments
+
+    parser = _RaisingParser(prog="sim-engine", add_help=False)
+    add_arguments(parser)
+    argv = list(plan.specs[0].argv)
+    flags = argv[argv.index("velocity_fast.sim") + 1:]
+    try:
+        SimConfig.from_args(parser.parse_args(flags)).validate()
+    except ValueError as e:
+        source = "--sim-args" if getattr(args, "sim_args", None) else \
+            args.config or os.environ.get("VELOCITY_CONFIG") or "defaults"
+        raise ConfigError(f"{source}: sim: {e} (the sim engines' flags: `sim:`, --sim-args, "
+                          "max_model_len)") from None
+
+
 def serve_main(args: argparse.Namespace) -> int:
     """The gateway alone, in front of engines that already run (--endpoint / config)."""
     from velocity_fast.server.run import run_until_signalled
@@ -138,6 +163,12 @@ def charge_main(args: argparse.Namespace) -> int:
     except ModelPromptAborted as e:
         print(f"velocityllm: {e}", file=sys.stderr)
         return exit_code_for(e)
+    if plan.kind == "sim":
+        try:
+            _check_sim_engines(plan, args)
+        except ConfigError as e:
+            print(f"velocityllm: config error: {e}", file=sys.stderr)
+            return 2
     if plan.kind == "sim" and not args.mock:
         print(f"velocityllm: {plan.reason}; starting {len(plan.specs)} built-in sim engine(s) instead.",
               flush=True)
