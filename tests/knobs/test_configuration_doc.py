@@ -51,7 +51,6 @@ DERIVED = {
     "admission.aimd_max": "the top-level max_concurrency",
     "routing.saturation_waiting": "admission.queue_threshold",
     "routing.saturation_kv": "admission.kv_threshold",
-    "routing.default_profile": "depends on the policy",
     "routing.profiles": "the models: section",
     "routing.prefix_modes": "the models: section",
     "routing.tokenizers": "the models: section",
