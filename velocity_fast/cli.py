@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("chargeVelocity", help="detect GPUs and the model; start engines (vLLM or sim) "
                                               "and the gateway in front")
-    add_gateway_arguments(p, endpoints=False)
+    add_gateway_arguments(p)  # --endpoint: engines beside the ones it starts, as VELOCITY_ENDPOINTS
     add_engine_arguments(p)
     p.set_defaults(max_model_len=None)  # let the config file and VELOCITY_MAX_MODEL_LEN speak first
     p.add_argument("--sim-args", default=None, metavar="'FLAGS'",

@@ -66,6 +66,7 @@ def _keys_text() -> str:
 def _ranges() -> dict[str, str]:
     _, _, text = DOC.read_text().partition("\n## Ranges\n")
     assert text, "docs/configuration.md has no Ranges section"
+    text = text.split("\n## ", 1)[0]
     out = {}
     for line in text.splitlines():
         if line.startswith("| `"):
