@@ -12,7 +12,7 @@ start and on every reload.
 
 from __future__ import annotations
 
-import math
+import json
 import os
 import re
 from pathlib import Path
@@ -46,7 +46,7 @@ class _S(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 # finite.
 _Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]                   # 0: a free port
 _SlaMs = Annotated[float, msgspec.Meta(gt=0, le=86_400_000)]
-_Seconds = Annotated[float, msgspec.Meta(gt=0, le=86_400)]
+_Seconds = Annotated[float, msgspec.Meta(ge=0.001, le=86_400)]        # a timeout: at least 1 ms
 _Weight = Annotated[float, msgspec.Meta(gt=0, le=1_000_000)]
 
 
@@ -267,6 +267,13 @@ def _lookup(data: Any, key: str) -> Any:
     return data
 
 
+def _join(key: str, name: str) -> str:
+    """``key.name``; a name that is no plain word (a key typed by mistake) as ``key["..."]``."""
+    if re.fullmatch(r"\w+", name):
+        return f"{key}.{name}" if key else name
+    return f"{key}[{json.dumps(name)}]"
+
+
 def explain(text: str, data: Any = _MISSING_VALUE) -> str:
     """A validation message in the form ``<key>: <why>``: msgspec's ("Expected `int` >= 1 -
     at `$.tenants[0].burst`", after a section's name or not) rewritten with the full key,
@@ -282,9 +289,9 @@ def explain(text: str, data: Any = _MISSING_VALUE) -> str:
         return text  # already "<key>: <why>"
     key = ".".join(p for p in (section, path.lstrip(".")) if p).replace(".[", "[").replace("[...]", ".<name>")
     if (u := _UNKNOWN.match(why)) is not None:
-        return f"{key + '.' if key else ''}{u.group(1)}: unknown key"
+        return f"{_join(key, u.group(1))}: unknown key"
     if (u := _MISSING.match(why)) is not None:
-        return f"{key + '.' if key else ''}{u.group(1)}: required, missing"
+        return f"{_join(key, u.group(1))}: required, missing"
     value = _lookup(data, key) if data is not _MISSING_VALUE else _MISSING_VALUE
     got = "" if value is _MISSING_VALUE else f", got {value!r}"
     if _BOUND.match(why) and (rng := key_range(key)) is not None:

@@ -96,7 +96,7 @@ def test_an_environment_variable_is_named(tmp_path):
     ("routing:\n  block_bytes: 50\n", "routing.block_bytes: must be an integer in [32, 65536], a multiple of 32"),
     ("routing:\n  saturation_kv: 2\n", "routing.saturation_kv: must be a number in (0, 1], got 2"),
     ("server:\n  max_bodybytes: 1\n", "server.max_bodybytes: unknown key"),
-    ("server:\n  header_timeout_s: 0\n", "server.header_timeout_s: must be a number in (0, 86400], got 0"),
+    ("server:\n  header_timeout_s: 0\n", "server.header_timeout_s: must be a number in [0.001, 86400], got 0"),
     ("health:\n  scrape_interval_ms: 0.001\n", "health.scrape_interval_ms: must be a number in [1, 86400000]"),
     ("bands:\n  - {name: x, ceiling: -1}\n", "bands[0].ceiling: must be a number in (0, 1000], got -1"),
     ("tenants:\n  - {api_key: k}\n", "tenants[0].name: required, missing"),

@@ -88,9 +88,14 @@ class RoutingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
         Raises ValueError naming the offending key.
         """
         data = dict(routing or {})
-        profiles = dict(data.pop("profiles", None) or {})
-        modes = dict(data.pop("prefix_modes", None) or {})
-        tokenizers = dict(data.pop("tokenizers", None) or {})
+
+        def mapping(key: str) -> dict:
+            value = data.pop(key, None)
+            if value is not None and not isinstance(value, Mapping):
+                raise ValueError(f"routing.{key}: expected a mapping of model name to value, got {value!r}")
+            return dict(value or {})
+
+        profiles, modes, tokenizers = mapping("profiles"), mapping("prefix_modes"), mapping("tokenizers")
         for name, entry in (models or {}).items():
             def get(key: str) -> Any:
                 return entry.get(key) if isinstance(entry, Mapping) else getattr(entry, key, None)
