@@ -33,6 +33,15 @@
 /* Blocks looked up ahead of use while matching, to hide memory latency. */
 #define VP_PREFETCH 8
 
+/* The entry points routing/prefix.pxd declares. Every module that cimports that .pxd
+ * includes this header, and only prefix.pyx calls them: unused elsewhere by design, which
+ * the attribute tells the compiler (it changes no generated code, unlike `inline`). */
+#if defined(__GNUC__)
+#define VP_API static __attribute__((unused))
+#else
+#define VP_API static
+#endif
+
 typedef struct {
     uint64_t key;
     uint64_t mask; /* 0: empty bucket */
@@ -76,7 +85,7 @@ static inline uint64_t vp_ref_home(uint64_t key, uint32_t slot, uint64_t mask)
     return (key + (uint64_t)(slot + 1) * VP_K0) & mask;
 }
 
-static int vp_index_init(vp_index *ix)
+VP_API int vp_index_init(vp_index *ix)
 {
     int s;
     memset(ix, 0, sizeof *ix);
@@ -99,7 +108,7 @@ static int vp_index_init(vp_index *ix)
     return 0;
 }
 
-static void vp_index_free(vp_index *ix)
+VP_API void vp_index_free(vp_index *ix)
 {
     free(ix->ents);
     free(ix->refs);
@@ -394,7 +403,7 @@ static int vp_touch(vp_index *ix, uint32_t slot, uint64_t key, uint32_t weight)
  * vLLM frees a sequence's blocks tail first for the same reason). The first `fine` keys
  * weigh one block each, the others `coarse` blocks (a long prompt's thinned tail), the
  * last `tail` blocks when not 0 (the blocks after the last whole coarse step). */
-static int vp_touch_chain(vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n,
+VP_API int vp_touch_chain(vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n,
                           size_t fine, uint32_t coarse, uint32_t tail)
 {
     size_t i = n;
@@ -413,7 +422,7 @@ static int vp_touch_chain(vp_index *ix, uint32_t slot, const uint64_t *keys, siz
 }
 
 /* How many leading keys of a chain slot already holds (the hit of one dispatch). */
-static size_t vp_leading_held(const vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n)
+VP_API size_t vp_leading_held(const vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n)
 {
     size_t i;
     for (i = 0; i < n; i++) {
@@ -424,7 +433,7 @@ static size_t vp_leading_held(const vp_index *ix, uint32_t slot, const uint64_t 
 }
 
 /* A slot's keys from the most to the least recently used, at most cap of them. */
-static void vp_lru_keys(const vp_index *ix, uint32_t slot, uint64_t *out, size_t cap)
+VP_API void vp_lru_keys(const vp_index *ix, uint32_t slot, uint64_t *out, size_t cap)
 {
     uint32_t n = ix->lru[slot].head;
     size_t i = 0;
@@ -434,7 +443,7 @@ static void vp_lru_keys(const vp_index *ix, uint32_t slot, uint64_t *out, size_t
     }
 }
 
-static void vp_set_capacity(vp_index *ix, uint32_t slot, uint64_t capacity)
+VP_API void vp_set_capacity(vp_index *ix, uint32_t slot, uint64_t capacity)
 {
     vp_lru *l = &ix->lru[slot];
     l->capacity = capacity;
@@ -447,7 +456,7 @@ static void vp_set_capacity(vp_index *ix, uint32_t slot, uint64_t capacity)
  * out[s] = number of leading keys that slot s holds, for each s in alive (others are
  * left untouched). Stops as soon as no slot matches any more.
  */
-static void vp_match(const vp_index *ix, const uint64_t *keys, size_t n, uint64_t alive,
+VP_API void vp_match(const vp_index *ix, const uint64_t *keys, size_t n, uint64_t alive,
                      uint32_t *out)
 {
     size_t i;

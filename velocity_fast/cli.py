@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("chargeVelocity", help="detect GPUs and the model; start engines (vLLM or sim) "
                                               "and the gateway in front")
-    add_gateway_arguments(p, endpoints=False)
+    add_gateway_arguments(p)  # --endpoint: engines beside the ones it starts, as VELOCITY_ENDPOINTS
     add_engine_arguments(p)
     p.set_defaults(max_model_len=None)  # let the config file and VELOCITY_MAX_MODEL_LEN speak first
     p.add_argument("--sim-args", default=None, metavar="'FLAGS'",
@@ -37,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="the gateway alone, in front of engines that already run")
     add_gateway_arguments(p)
-    p.add_argument("--max-model-len", type=int, default=None, help="reported in /v1/models (default 4096)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest prompt + completion the gateway accepts; /v1/models reports the smaller of "
+                        "this and what the engines report (default 131072)")
 
     p = sub.add_parser("sim-engine", help="one simulated vLLM engine")
     add_sim_arguments(p)

@@ -1,14 +1,22 @@
 """Settings: msgspec Structs, YAML loading, precedence and validation (docs/configuration.md).
 
 Precedence: command-line flag > VELOCITY_* environment variable > config file > default.
-Every error names the key that is wrong, in one line.
+Every error is one line, ``<source>: <key>: <why>``: the source is the flag
+(``--sla-ms``), the environment variable (``VELOCITY_SLA_MS``) or the file that gave the
+value, the key its full name (``admission.tick_ms``, ``tenants[0].burst``).
+
+Every number has a range, declared beside its default as msgspec ``Meta`` constraints
+(docs/configuration.md, "Ranges"), so that it is checked wherever settings are read: at
+start and on every reload.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -21,11 +29,25 @@ __all__ = ["Settings", "EndpointConfig", "KVEventsConfig", "BandConfig", "Tenant
 
 
 class ConfigError(ValueError):
-    """A configuration problem, said in one line that names the key."""
+    """A configuration problem, said in one line that names the key. ``raw``: msgspec's own
+    text, where it came from there (so that the value can be looked up where it was given)."""
+
+    def __init__(self, message: str, raw: str | None = None) -> None:
+        super().__init__(message)
+        self.raw = raw
 
 
 class _S(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pass
+
+
+# Ranges (docs/configuration.md, "Ranges"). Times stop at a day: a longer wait, timeout or
+# SLA is a mistake, and a bounded one keeps every derived figure (a Retry-After, a timer)
+# finite.
+_Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]                   # 0: a free port
+_SlaMs = Annotated[float, msgspec.Meta(gt=0, le=86_400_000)]
+_Seconds = Annotated[float, msgspec.Meta(ge=0.001, le=86_400)]        # a timeout: at least 1 ms
+_Weight = Annotated[float, msgspec.Meta(gt=0, le=1_000_000)]
 
 
 class KVEventsConfig(_S):
@@ -58,27 +80,30 @@ class TenantConfig(_S):
     name: str
     api_key: str | None = None
     max_band: str | None = None       # the highest band this tenant may ask for
-    weight: float = 1.0
-    requests_per_second: float | None = None   # token-bucket rate limit (429 rate-limit)
-    burst: int | None = None
-    tokens_per_minute: float | None = None     # engine tokens (prompt + completion) a minute (429 rate-limit)
-    sla_ms: float | None = None       # this tenant's SLA for requests that name none (None: the server's)
+    weight: _Weight = 1.0
+    # Token-bucket rate limit (429 rate-limit). Positive: a rate of 0 would never refill
+    # the bucket, and a burst below 1 never holds the one token a request takes.
+    requests_per_second: Annotated[float, msgspec.Meta(gt=0, le=1_000_000)] | None = None
+    burst: Annotated[int, msgspec.Meta(ge=1, le=1_000_000_000)] | None = None
+    # Engine tokens (prompt + completion) a minute (429 rate-limit); positive, as the rate.
+    tokens_per_minute: Annotated[float, msgspec.Meta(gt=0, le=1e12)] | None = None
+    sla_ms: _SlaMs | None = None      # this tenant's SLA for requests that name none (None: the server's)
 
 
 class ServerSettings(_S):
     """Client-facing HTTP limits of the gateway."""
 
-    max_body_bytes: int = 16 * 1024 * 1024
-    max_header_bytes: int = 64 * 1024
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 60.0
-    keepalive_timeout_s: float = 75.0
-    shutdown_grace_s: float = 10.0
-    upstream_connect_timeout_s: float = 3.0
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=1, le=2 ** 31 - 1)] = 16 * 1024 * 1024
+    max_header_bytes: Annotated[int, msgspec.Meta(ge=1024, le=16 * 1024 * 1024)] = 64 * 1024
+    header_timeout_s: _Seconds = 10.0
+    body_timeout_s: _Seconds = 60.0
+    keepalive_timeout_s: _Seconds = 75.0
+    shutdown_grace_s: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 10.0
+    upstream_connect_timeout_s: _Seconds = 3.0
     # A new connection that sends no byte within this is closed without an answer (nginx's
     # client_header_timeout); None: header_timeout_s. Kept-alive connections wait
     # keepalive_timeout_s between requests.
-    first_byte_timeout_s: float | None = None
+    first_byte_timeout_s: _Seconds | None = None
 
 
 DEFAULT_BANDS = AdmissionSettings().bands
@@ -88,11 +113,12 @@ class Settings(_S):
     policy: str = "dynamic"
     model_path: str | None = None
     host: str = "0.0.0.0"
-    port: int = 8000
-    admin_port: int = 9090
-    sla_ms: float = 3000.0
-    max_concurrency: int = 32
-    max_model_len: int = 131072  # prompts of 256 KiB and more; vLLM engines get at most their model's own
+    port: _Port = 8000
+    admin_port: _Port = 9090
+    sla_ms: _SlaMs = 3000.0
+    max_concurrency: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 32
+    # Prompts of 256 KiB and more; vLLM engines get at most their model's own.
+    max_model_len: Annotated[int, msgspec.Meta(ge=1, le=16_777_216)] = 131072
     api_key: str | None = None
     structured_logs: bool = False
     log_level: str = "info"
@@ -107,26 +133,22 @@ class Settings(_S):
     sim: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def validate(self) -> "Settings":
+        """Check ranges and the relations between values; raise ConfigError naming the key."""
+        try:  # the ranges, also of an instance built directly rather than converted
+            msgspec.convert(msgspec.to_builtins(self), Settings)
+        except msgspec.ValidationError as e:
+            raise ConfigError(explain(str(e)), str(e)) from None
         if self.policy not in ("static", "dynamic", "smart"):
             raise ConfigError(f"policy: must be static, dynamic or smart, not {self.policy!r}")
-        for key in ("port", "admin_port"):
-            v = getattr(self, key)
-            if not 0 <= v <= 65535:
-                raise ConfigError(f"{key}: {v} is not a TCP port")
-        if self.sla_ms <= 0:
-            raise ConfigError(f"sla_ms: must be positive, got {self.sla_ms}")
-        for key in ("header_timeout_s", "body_timeout_s", "keepalive_timeout_s", "first_byte_timeout_s"):
-            v = getattr(self.server, key)
-            if v is not None and not v > 0:
-                raise ConfigError(f"server.{key}: must be positive, got {v}")
-        if self.max_concurrency < 1:
-            raise ConfigError(f"max_concurrency: must be at least 1, got {self.max_concurrency}")
         try:  # bands and the admission section are admission's to judge, routing's its own
-            AdmissionSettings.from_settings(self)
+            adm = AdmissionSettings.from_settings(self)
             from .routing.settings import RoutingSettings
-            rs = RoutingSettings.from_config(self.routing, self.models)
+            # As the gateway builds it (gateway/policy.py): saturation defaults from admission.
+            routing = {"saturation_waiting": adm.queue_threshold, "saturation_kv": adm.kv_threshold,
+                       **self.routing}
+            rs = RoutingSettings.from_config(routing, self.models)
         except (AdmissionConfigError, ValueError) as e:
-            raise ConfigError(str(e)) from None
+            raise ConfigError(explain(str(e)), str(e)) from None
         # A precise pool that could make no precise pick is refused, saying why: precise
         # routing needs the prompt's tokens, the chat profile (the one that reads prefixes)
         # and an endpoint whose engine publishes its KV events.
@@ -169,14 +191,6 @@ class Settings(_S):
         for i, t in enumerate(self.tenants):
             if t.max_band is not None and t.max_band not in names:
                 raise ConfigError(f"tenants[{i}].max_band: unknown band {t.max_band!r} (bands: {names})")
-            if t.sla_ms is not None and not t.sla_ms > 0:
-                raise ConfigError(f"tenants[{i}].sla_ms: must be positive, got {t.sla_ms}")
-            if not 0 < t.weight < float("inf"):
-                raise ConfigError(f"tenants[{i}].weight: must be a positive number, got {t.weight}")
-            for key in ("requests_per_second", "burst", "tokens_per_minute"):
-                v = getattr(t, key)
-                if v is not None and not 0 < v < float("inf"):
-                    raise ConfigError(f"tenants[{i}].{key}: must be a positive, finite number, got {v}")
             if t.api_key:
                 if t.api_key in keys:
                     raise ConfigError(f"tenants[{i}].api_key: the same key is given to two tenants")
@@ -184,18 +198,125 @@ class Settings(_S):
         return self
 
 
-def parse_endpoint_flag(value: str) -> EndpointConfig:
+def parse_endpoint_flag(value: str, source: str = "--endpoint") -> EndpointConfig:
     """--endpoint NAME=URL=MODEL (the URL may hold '=' only in its query, which we do not use)."""
     parts = value.split("=")
     if len(parts) != 3 or not all(parts):
-        raise ConfigError(f"--endpoint: expected NAME=URL=MODEL, got {value!r}")
+        raise ConfigError(f"{source}: endpoints: expected NAME=URL=MODEL, got {value!r}")
     return EndpointConfig(name=parts[0], url=parts[1], model=parts[2])
 
 
-def _msgspec_error(err: Exception, source: str) -> ConfigError:
-    text = str(err)
-    # msgspec says e.g. "Object contains unknown field `foo` - at `$.bands[0]`": keep it, name the source.
-    return ConfigError(f"{source}: {text}")
+# -- errors: msgspec's text in the project's form -----------------------------------------------
+
+# msgspec says "<why> - at `$.<path>`"; a section adds its name in front ("admission: ...").
+_SECTION = re.compile(r"^(?P<section>[a-z_]+): (?P<rest>[A-Z].*)$")
+_UNKNOWN = re.compile(r"^Object contains unknown field `([^`]*)`$")
+_MISSING = re.compile(r"^Object missing required field `([^`]*)`$")
+_TYPE = re.compile(r"^Expected `([^`]*)`, got `([^`]*)`$")
+_BOUND = re.compile(r"^Expected `(int|float)` (?:>|>=|<|<=|that's a multiple of) ")
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(x)
+
+
+def _range_text(t: Any) -> str | None:
+    """A number type's range: 'integer in [1, 1000]', 'number in (0, 86400000]',
+    'any integer'; None for other types."""
+    if not isinstance(t, (msgspec.inspect.IntType, msgspec.inspect.FloatType)):
+        return None
+    kind = "integer" if isinstance(t, msgspec.inspect.IntType) else "number"
+    if t.ge is None and t.gt is None and t.le is None and t.lt is None:
+        return f"any {kind}"
+    lo = f"[{_num(t.ge)}" if t.ge is not None else f"({_num(t.gt)}" if t.gt is not None else "(-inf"
+    hi = f"{_num(t.le)}]" if t.le is not None else f"{_num(t.lt)})" if t.lt is not None else "inf)"
+    text = f"{kind} in {lo}, {hi}"
+    if t.multiple_of is not None:
+        text += f", a multiple of {_num(t.multiple_of)}"
+    return text
+
+
+def _key_parts(key: str) -> list[str]:
+    return re.findall(r"\[[^\]]*\]|[^.\[\]]+", key)
+
+
+def key_type(key: str) -> Any:
+    """The msgspec.inspect type of a full key ('tenants[0].burst', 'admission.tick_ms'), or None."""
+    from .routing.settings import RoutingSettings
+
+    sections = {"admission": AdmissionSettings, "routing": RoutingSettings}
+    t: Any = msgspec.inspect.type_info(Settings)
+    for i, part in enumerate(_key_parts(key)):
+        if isinstance(t, msgspec.inspect.UnionType):
+            rest = [m for m in t.types if not isinstance(m, msgspec.inspect.NoneType)]
+            t = rest[0] if len(rest) == 1 else None
+        if i == 0 and part in sections:
+            t = msgspec.inspect.type_info(sections[part])
+        elif part.startswith("["):
+            t = getattr(t, "item_type", None) or getattr(t, "value_type", None)
+        elif isinstance(t, msgspec.inspect.StructType):
+            t = next((f.type for f in t.fields if f.name == part), None)
+        elif isinstance(t, msgspec.inspect.DictType):
+            t = t.value_type
+        else:
+            return None
+        if t is None:
+            return None
+    if isinstance(t, msgspec.inspect.UnionType):
+        rest = [m for m in t.types if not isinstance(m, msgspec.inspect.NoneType)]
+        t = rest[0] if len(rest) == 1 else t
+    return t
+
+
+def key_range(key: str) -> str | None:
+    """The documented range of a numeric key, as docs/configuration.md writes it."""
+    return _range_text(key_type(key))
+
+
+_MISSING_VALUE = object()
+
+
+def _lookup(data: Any, key: str) -> Any:
+    for part in _key_parts(key):
+        try:
+            data = data[int(part[1:-1])] if part.startswith("[") else data[part]
+        except (KeyError, IndexError, TypeError, ValueError):
+            return _MISSING_VALUE
+    return data
+
+
+def _join(key: str, name: str) -> str:
+    """``key.name``; a name that is no plain word (a key typed by mistake) as ``key["..."]``."""
+    if re.fullmatch(r"\w+", name):
+        return f"{key}.{name}" if key else name
+    return f"{key}[{json.dumps(name)}]"
+
+
+def explain(text: str, data: Any = _MISSING_VALUE) -> str:
+    """A validation message in the form ``<key>: <why>``: msgspec's ("Expected `int` >= 1 -
+    at `$.tenants[0].burst`", after a section's name or not) rewritten with the full key,
+    the key's range and the value given (looked up in ``data``, the merged settings);
+    a message already in that form is returned as it is."""
+    section, why = None, text
+    if (m := _SECTION.match(text)) is not None:
+        section, why = m.group("section"), m.group("rest")
+    path = ""
+    if why.endswith("`") and " - at `$" in why:
+        why, _, path = why[:-1].rpartition(" - at `$")
+    elif not (_UNKNOWN.match(why) or _MISSING.match(why) or _TYPE.match(why)):
+        return text  # already "<key>: <why>"
+    key = ".".join(p for p in (section, path.lstrip(".")) if p).replace(".[", "[").replace("[...]", ".<name>")
+    if (u := _UNKNOWN.match(why)) is not None:
+        return f"{_join(key, u.group(1))}: unknown key"
+    if (u := _MISSING.match(why)) is not None:
+        return f"{_join(key, u.group(1))}: required, missing"
+    value = _lookup(data, key) if data is not _MISSING_VALUE else _MISSING_VALUE
+    got = "" if value is _MISSING_VALUE else f", got {value!r}"
+    if _BOUND.match(why) and (rng := key_range(key)) is not None:
+        return f"{key}: must be {'an' if rng.startswith('integer') else 'a'} {rng}{got}"
+    if (u := _TYPE.match(why)) is not None:
+        return f"{key}: expected {u.group(1)}{got or ', got ' + u.group(2)}"
+    return f"{key}: {why.replace('`', '')}{got}"
 
 
 def _env_overrides(env: dict[str, str]) -> dict[str, Any]:
@@ -210,21 +331,38 @@ def _env_overrides(env: dict[str, str]) -> dict[str, Any]:
         if name in scalar:
             out[name] = value
         elif name == "endpoints":
-            out[name] = [msgspec.to_builtins(parse_endpoint_flag(v.strip())) for v in value.split(",") if v.strip()]
+            out[name] = [msgspec.to_builtins(parse_endpoint_flag(v.strip(), key))
+                         for v in value.split(",") if v.strip()]
     return out
+
+
+def _flag_name(key: str) -> str:
+    return {"endpoints": "--endpoint"}.get(key, "--" + key.replace("_", "-"))
+
+
+def _source_of(key: str, origin: dict[str, str], fallback: str) -> str:
+    """The flag, variable or file that gave ``key`` (its own entry, else its section's)."""
+    parts = _key_parts(key)
+    for n in range(len(parts), 0, -1):
+        name = ".".join(parts[:n]).replace(".[", "[")
+        if name in origin:
+            return origin[name]
+    return fallback
 
 
 def load_settings(config_file: str | None = None, flags: dict[str, Any] | None = None,
                   env: dict[str, str] | None = None) -> Settings:
-    """Merge default < file < environment < flags, then validate. Raises ConfigError."""
+    """Merge default < file < environment < flags, then validate. Raises ConfigError,
+    whose one line is ``<source>: <key>: <why>``."""
     import yaml
 
     env = dict(os.environ if env is None else env)
     config_file = config_file or env.get("VELOCITY_CONFIG")
     data: dict[str, Any] = {}
-    source = "defaults"
+    origin: dict[str, str] = {}   # key -> where its value came from
+    fallback = "defaults"
     if config_file:
-        source = str(config_file)
+        fallback = str(config_file)
         try:
             text = Path(config_file).read_text()
         except OSError as e:
@@ -240,8 +378,10 @@ def load_settings(config_file: str | None = None, flags: dict[str, Any] | None =
         if not isinstance(loaded, dict):
             raise ConfigError(f"{config_file}: the top level must be a mapping of keys")
         data.update(loaded)
+        origin.update({str(k): str(config_file) for k in loaded})
     env_part = _env_overrides(env)
     data.update(env_part)
+    origin.update({k: f"VELOCITY_{k.upper()}" for k in env_part})
     for key, value in (flags or {}).items():
         if value is None:
             continue
@@ -249,14 +389,22 @@ def load_settings(config_file: str | None = None, flags: dict[str, Any] | None =
             data["endpoints"] = [msgspec.to_builtins(e) for e in value]
         elif key == "routing":  # a flag sets its key of the section, the file keeps the rest
             data["routing"] = {**(data.get("routing") or {}), **value}
+            origin.update({f"routing.{k}": _flag_name(k) for k in value})
+            continue
         else:
             data[key] = value
+        origin[key] = _flag_name(key)
+
+    def error(text: str) -> ConfigError:
+        why = explain(text, data)
+        key = why.split(":", 1)[0]
+        return ConfigError(f"{_source_of(key, origin, fallback)}: {why}")
+
     try:
         settings = msgspec.convert(data, Settings, strict=False)
     except msgspec.ValidationError as e:
-        where = source + (" (with VELOCITY_* environment)" if env_part else "")
-        raise _msgspec_error(e, where) from None
+        raise error(str(e)) from None
     try:
         return settings.validate()
     except ConfigError as e:
-        raise ConfigError(f"{source}: {e}") from None
+        raise error(e.raw or str(e)) from None

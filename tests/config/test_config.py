@@ -178,6 +178,19 @@ def test_example_values_are_the_defaults():
     assert {k: defaults[k] for k in data["routing"]} == data["routing"]
 
 
+def test_example_admission_bands_and_sim_values_are_the_defaults():
+    """The file claims to show each key's default: the admission section's, the bands' and
+    each `sim:` key's (the sim-engine flag's own default, as `chargeVelocity` passes them)."""
+    data = yaml.safe_load(EXAMPLE.read_text())
+    adm = msgspec.to_builtins(AdmissionSettings())
+    assert {k: adm[k] for k in data["admission"]} == data["admission"]
+    assert data["bands"] == adm["bands"]
+    p = argparse.ArgumentParser()
+    add_sim_arguments(p)
+    flags = vars(p.parse_args([]))
+    assert {k: flags[k] for k in data["sim"]} == data["sim"]
+
+
 def test_example_is_commented_throughout():
     # Every key sits under a comment: the nearest line above it that is not itself a key
     # or a list item is a comment (keys of one block may share theirs).

@@ -125,7 +125,7 @@ def test_serve_with_a_tokenizer_that_is_not_one_exits_2_naming_the_key(tmp_path)
                            "--prefix", "precise", "--tokenizer", str(bad), "--port", "0", "--admin-port", "0"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
-    assert "config error: routing.tokenizer" in proc.stderr and "Traceback" not in proc.stderr
+    assert "config error: --tokenizer: routing.tokenizer" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_serve_precise_with_endpoints_given_by_flag_exits_2_saying_they_publish_no_events(tmp_path):
@@ -140,5 +140,4 @@ def test_serve_precise_with_endpoints_given_by_flag_exits_2_saying_they_publish_
                            "--prefix", "precise", "--tokenizer", str(tok), "--port", "0", "--admin-port", "0"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
-    assert "routing.prefix: model 'm' is precise but none of its endpoints publishes KV events" \
-        in proc.stderr and "Traceback" not in proc.stderr
+    assert "model 'm' is precise but none of its endpoints publishes KV events" in proc.stderr and "Traceback" not in proc.stderr

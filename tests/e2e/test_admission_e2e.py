@@ -91,6 +91,8 @@ class FakeEngine(ScriptedServer):
             _, path, _, body = await self.read_request(reader)
             if path == "/health":
                 status, out = 200, b""
+            elif path == "/v1/models":  # the gateway's monitor asks once (the context length)
+                status, out = 200, b'{"object": "list", "data": []}'
             elif path == "/metrics":
                 if self.metrics is None:
                     await asyncio.Event().wait()  # a scrape that never gets an answer

@@ -7,8 +7,14 @@ example against local sim engines standing in for the two remote GPUs (the READM
 10.0.0.x addresses are replaced, never reached), and the inline commands of the prose
 (`serve --config`, `chargeVelocity --model-path` on a machine with fake GPUs and a fake
 `vllm`, `detect`). Only `make test` is left out: it is the command running this test.
-docs/operations.md shows commands for systemd, docker and kubectl, which cannot run here;
-its configuration snippet is checked to load.
+
+The same holds for docs/: every command line there (the lines of its `sh`/`bash` blocks,
+and inline code that starts `velocityllm ...`, `bench/....py`, `make ...` or `python ...`)
+is sorted by DOC_RULES into one it runs here, one another test runs (named), or one that
+cannot run on this machine (systemd, docker, kubectl: said why); a command that fits no
+rule fails, so a new command in the docs comes with its test. docs/operations.md's
+configuration snippet is checked to load, and docs/configuration.md's example error is
+the one the command prints.
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ def commands(block: str) -> list[str]:
 def env_for(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VELOCITY_")}
     env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "")])
+    # This checkout's code, whichever checkout the venv's `velocityllm` was installed from.
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.update(extra)
     return env
 
@@ -229,3 +237,120 @@ def test_the_operations_guide_config_snippet_loads():
     finally:
         path.unlink()
     assert [e.name for e in s.endpoints] == ["gpu0", "gpu1"]
+
+
+# -- docs/ ----------------------------------------------------------------------------------------
+
+DOCS = sorted((REPO / "docs").glob("*.md"))
+_INLINE_COMMAND = re.compile(r"(\.venv/bin/)?velocityllm [\w-]|bench/[\w/]+\.py|make |python ")
+
+# (pattern, how): "run" (run by this file), "test:bench" (a benchmark some test runs),
+# "name" (a command's name in prose; its flags are the tables of docs/configuration.md,
+# checked by tests/knobs/test_help_doc.py) or "cannot: <why>".
+DOC_RULES = [
+    (r"(sudo|systemctl|journalctl) .*", "cannot: needs root and systemd"),
+    (r"docker run .* velocityllm chargeVelocity --mock", "run"),   # its command, run here
+    (r"docker run --gpus .*", "cannot: needs docker and GPUs"),
+    (r"docker .*", "cannot: needs docker"),
+    (r"kubectl .*", "cannot: needs a Kubernetes cluster"),
+    (r"[A-Z_]+=.*", "cannot: a line of an environment file, not a command"),
+    (r"velocityllm (chargeVelocity|serve|sim-engine|detect|loadgen|bench)", "name"),
+    (r"velocityllm version", "run"),
+    (r"velocityllm sim-engine --kv-events-config JSON", "run"),
+    (r"bench/(\w+)\.py( .*)?", "test:bench"),
+]
+RUN_HERE = [p for p, how in DOC_RULES if how == "run"]
+
+
+def _without_blocks(text: str) -> str:
+    return re.sub(r"```.*?```", "", text, flags=re.S)
+
+
+def doc_commands() -> list[tuple[str, str]]:
+    """(file, command) for every command line of docs/*.md."""
+    out = []
+    for path in DOCS:
+        text = path.read_text()
+        for lang in ("sh", "bash"):
+            out += [(path.name, c) for b in blocks(text, lang) for c in commands(b)]
+        out += [(path.name, span) for span in re.findall(r"`([^`\n]+)`", _without_blocks(text))
+                if _INLINE_COMMAND.match(span)]
+    return out
+
+
+def rule_for(cmd: str) -> str:
+    for pattern, how in DOC_RULES:
+        if re.fullmatch(pattern, cmd):
+            return how
+    raise AssertionError(f"a command line of docs/ that no test runs and no rule explains: {cmd!r}")
+
+
+def test_every_command_line_of_the_docs_is_run_or_said_why_not():
+    found = doc_commands()
+    assert len(found) > 20, "the docs' command lines were not found"
+    for doc, cmd in found:
+        how = rule_for(cmd)
+        if how == "test:bench":  # a benchmark: some test runs it (tests/bench at smoke size, ...)
+            script = re.match(r"bench/\S+\.py", cmd).group(0)
+            assert (REPO / script).exists(), f"{doc}: {script} does not exist"
+            tests = [t.read_text() for t in (REPO / "tests").rglob("test_*.py")]
+            by_run_all = Path(script).name in (REPO / "bench" / "run_all.py").read_text() \
+                and any('"run_all.py"' in t for t in tests)   # tests/bench: run_all.py --smoke
+            assert by_run_all or any(Path(script).name in t for t in tests), f"{doc}: no test runs {script}"
+    # Each command the tests below run is still in the docs.
+    for pattern in RUN_HERE:
+        assert any(re.fullmatch(pattern, c) for _, c in found), f"no command of the docs is {pattern!r} any more"
+
+
+def test_velocityllm_version_as_the_docs_say():
+    r = subprocess.run([str(BIN / "velocityllm"), "version"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("velocityllm "), r.stdout + r.stderr
+
+
+def test_the_containers_try_it_command_runs_here(tmp_path):
+    """operations.md: `docker run ... velocityllm chargeVelocity --mock`: the container's
+    command, run here (ports moved off 8000/9090 by the environment)."""
+    ops = (REPO / "docs" / "operations.md").read_text()
+    (line,) = [c for b in blocks(ops, "sh") for c in commands(b) if c.endswith("velocityllm chargeVelocity --mock")]
+    args = line.split(" velocityllm ", 1)[1].split()
+    port, engines = free_port_block(2), free_port_block(2)
+    env = env_for(VELOCITY_PORT=str(port), VELOCITY_ADMIN_PORT=str(port + 1), VELOCITY_HOST="127.0.0.1")
+    proc = popen([str(BIN / "velocityllm"), *args, "--engine-base-port", str(engines)], tmp_path / "log",
+                 cwd=tmp_path, env=env)
+    try:
+        wait_ready(port + 1, proc)
+        name = orjson.loads(run_sh(f"curl -s 127.0.0.1:{port}/v1/models").stdout)["data"][0]["id"]
+        body = orjson.dumps({"model": name, "prompt": "Hi", "max_tokens": 4}).decode()
+        r = run_sh(f"curl -s 127.0.0.1:{port}/v1/completions -H 'content-type: application/json' -d '{body}'")
+        assert orjson.loads(r.stdout)["choices"][0]["text"], r.stdout
+    finally:
+        stop_group(proc, 20)
+
+
+def test_the_sim_engine_with_the_kv_events_config_of_the_docs(tmp_path):
+    """kv-events.md: `velocityllm sim-engine --kv-events-config JSON` with the JSON the page
+    gives, its ports moved to free loopback ones."""
+    doc = (REPO / "docs" / "kv-events.md").read_text()
+    (block,) = [b for b in blocks(doc, "") if "--kv-events-config" in b]
+    config = orjson.loads(" ".join(block.split()).split("--kv-events-config ", 1)[1].strip().strip("'"))
+    assert config["enable_kv_cache_events"] is True
+    pub, port = free_port_block(2), free_port_block(1)
+    config.update(endpoint=f"tcp://127.0.0.1:{pub}", replay_endpoint=f"tcp://127.0.0.1:{pub + 1}")
+    proc = popen([str(BIN / "velocityllm"), "sim-engine", "--port", str(port), "--kv-events-config",
+                  orjson.dumps(config).decode()], tmp_path / "log", cwd=tmp_path, env=env_for())
+    try:
+        deadline = time.monotonic() + 30
+        while run_sh(f"curl -s -o /dev/null -w '%{{http_code}}' 127.0.0.1:{port}/health").stdout != "200":
+            assert proc.poll() is None, (tmp_path / "log").read_text()
+            assert time.monotonic() < deadline, "the sim engine never answered /health"
+            time.sleep(0.1)
+    finally:
+        stop_group(proc, 10)
+
+
+def test_the_example_error_of_configuration_md_is_what_the_command_prints():
+    doc = (REPO / "docs" / "configuration.md").read_text()
+    example = re.search(r"e\.g\. `(config error: --sla-ms: [^`]+)`", " ".join(doc.split())).group(1)
+    r = subprocess.run([str(BIN / "velocityllm"), "serve", "--sla-ms", "-1", "--endpoint", "e1=http://127.0.0.1:9=m"],
+                       capture_output=True, text=True, timeout=60, env=env_for())
+    assert r.returncode == 2 and r.stderr.strip() == f"velocityllm: {example}", r.stderr

@@ -54,6 +54,8 @@ class GaugeEngine(ScriptedServer):
             method, path, headers, body = await self.read_request(reader)
             if path == "/health":
                 out, ct = b"", "text/plain"
+            elif path == "/v1/models":  # the gateway's monitor asks once (the context length)
+                out, ct = b'{"object": "list", "data": []}', "application/json"
             elif path == "/metrics":
                 self.scrapes += 1
                 out = (f"vllm:num_requests_running {self.running}\n"

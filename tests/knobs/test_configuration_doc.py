@@ -1,6 +1,7 @@
 """docs/configuration.md against the settings Structs: every field has a row, every row a
-field, a default written as a value is the Struct's default, and the reload column agrees
-with the keys the reload reports as needing a restart."""
+field, a default written as a value is the Struct's default, the reload column agrees
+with the keys the reload reports as needing a restart, and every numeric key's range in
+"Ranges" is the range its Struct declares (and enforces)."""
 from __future__ import annotations
 
 import re
@@ -11,7 +12,16 @@ import pytest
 import yaml
 
 from velocity_fast.admission.settings import AdmissionSettings, BandSettings
-from velocity_fast.config import EndpointConfig, ModelConfig, ServerSettings, Settings, TenantConfig
+from velocity_fast.config import (
+    ConfigError,
+    EndpointConfig,
+    ModelConfig,
+    ServerSettings,
+    Settings,
+    TenantConfig,
+    key_range,
+    load_settings,
+)
 from velocity_fast.fleet.health import HealthSettings
 from velocity_fast.fleet.scrape import MetricNames
 from velocity_fast.gateway.reload import RESTART_KEYS
@@ -49,9 +59,27 @@ DERIVED = {
 _ROW = re.compile(r"^\| `([^`]+)` \| (.+?) \| (yes|no) \| (.+) \|$")
 
 
+def _keys_text() -> str:
+    return DOC.read_text().split("\n## Ranges\n", 1)[0]
+
+
+def _ranges() -> dict[str, str]:
+    _, _, text = DOC.read_text().partition("\n## Ranges\n")
+    assert text, "docs/configuration.md has no Ranges section"
+    text = text.split("\n## ", 1)[0]
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("| `"):
+            m = re.fullmatch(r"\| `([^`]+)` \| (.+?) \|", line)
+            assert m, f"a row of Ranges that does not parse: {line}"
+            assert m.group(1) not in out, f"{m.group(1)} has two ranges"
+            out[m.group(1)] = m.group(2)
+    return out
+
+
 def _rows() -> dict[str, tuple[str, str, str]]:
     rows: dict[str, tuple[str, str, str]] = {}
-    for line in DOC.read_text().splitlines():
+    for line in _keys_text().splitlines():
         if not line.startswith("| `"):
             continue
         m = _ROW.match(line)
@@ -138,3 +166,58 @@ def test_the_example_config_sets_only_documented_keys():
             assert "models" in rows
         else:
             walk("", {k: v})
+
+
+def _numeric_keys() -> dict[str, str]:
+    out = {}
+    for key in _fields():
+        rng = key_range(key.replace("[]", "[0]").replace("<name>", "x"))
+        if rng is not None:
+            out[key] = rng
+    return out
+
+
+def test_every_numeric_key_has_its_range_in_the_doc():
+    numeric, documented = _numeric_keys(), _ranges()
+    assert len(numeric) > 50
+    assert sorted(set(numeric) - set(documented)) == [], "numeric keys without a range in Ranges"
+    assert sorted(set(documented) - set(numeric)) == [], "Ranges rows that are no numeric key"
+    for key, rng in numeric.items():
+        assert documented[key] == rng, f"{key}: the doc says {documented[key]}, the Struct {rng}"
+
+
+def _below_and_above(rng: str) -> list[float]:
+    """Values just outside a range written as an interval."""
+    m = re.match(r"(integer|number) in ([\[(])(-?[\d.e+]+), (-?[\d.e+]+)([\])])", rng)
+    assert m, rng
+    kind, lo_b, lo, hi, hi_b = m.groups()
+    step = 1 if kind == "integer" else 0.5
+    lo_v, hi_v = float(lo), float(hi)
+    out = [lo_v if lo_b == "(" else lo_v - step, hi_v if hi_b == ")" else hi_v + step]
+    return [int(v) if kind == "integer" else v for v in out]
+
+
+@pytest.mark.parametrize("key", sorted(k for k, r in _numeric_keys().items() if r.startswith(("integer in",
+                                                                                               "number in"))))
+def test_a_value_just_outside_the_range_is_refused_naming_the_key(key, tmp_path):
+    """The documented range is the one enforced: a value past either end is a config error
+    that names the full key."""
+    for value in _below_and_above(_ranges()[key]):
+        data: dict = {}
+        parts = key.split(".")
+        if key.startswith(("bands[]", "tenants[]")):
+            top, field = key.split("[].")
+            item = {"name": "x", "ceiling": 1.0} if top == "bands" else {"name": "x"}
+            data[top] = [{**item, field: value}]
+            shown = f"{top}[0].{field}"
+        else:
+            node = data
+            for p in parts[:-1]:
+                node = node.setdefault(p, {})
+            node[parts[-1]] = value
+            shown = key
+        f = tmp_path / "c.yaml"
+        f.write_text(yaml.safe_dump(data))
+        with pytest.raises(ConfigError) as ei:
+            load_settings(str(f), {}, env={})
+        assert str(ei.value).startswith(f"{f}: {shown}: must be "), (value, str(ei.value))

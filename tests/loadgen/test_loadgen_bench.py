@@ -6,7 +6,8 @@ from pathlib import Path
 
 import orjson
 
-from velocity_fast.loadgen.bench_cmd import run_order
+from velocity_fast.cli import build_parser
+from velocity_fast.loadgen.bench_cmd import bench_setup, run_config, run_order
 from velocity_fast.loadgen.gateway_proc import gauges
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +37,14 @@ def test_bench_help_says_where_the_results_go_by_default():
     text = " ".join(p.format_help().split())
     assert "(default bench/results/policies, relative to the current folder; its folder is made if missing)" \
         in text
+
+
+def test_the_json_config_records_the_duration_that_ran():
+    """--rate sets the duration to N / rate: the JSON says 2.0 s, not the --duration default."""
+    args = build_parser().parse_args(["bench", "-n", "20", "--rate", "10"])
+    cfg = bench_setup(args)[0]
+    assert cfg.duration == 2.0 and cfg.pattern == "burst"
+    assert run_config(args, cfg)["duration"] == 2.0 and run_config(args, cfg)["pattern"] == "burst"
 
 
 def test_gauges_read_limits_inflight_and_queue():

@@ -552,6 +552,9 @@ class FaultyEngine(ScriptedServer):
                 if path == "/health":
                     writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
                     continue
+                if path == "/v1/models":  # the gateway's monitor asks once (the context length)
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+                    continue
                 if path == "/metrics":
                     m = b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
                     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: %d\r\n\r\n"

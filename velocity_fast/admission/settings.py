@@ -8,7 +8,7 @@ configuration (its ``bands``, ``sla_ms``, ``max_concurrency`` and the free-form
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -18,16 +18,30 @@ __all__ = ["BandSettings", "AdmissionSettings", "POLICIES"]
 
 POLICIES = ("static", "dynamic", "smart")
 
+# The range of every number (docs/configuration.md, "Ranges"): msgspec checks them where
+# the settings are read, so a value out of range never reaches the controller. Times stop
+# at a day, counts at what one process can hold, so no value makes an infinite wait, an
+# integer overflow or an allocation that cannot succeed.
+DAY_MS = 86_400_000.0
+_Ms = Annotated[float, msgspec.Meta(gt=0, le=DAY_MS)]                 # a duration
+_MsOrOff = Annotated[float, msgspec.Meta(ge=0, le=DAY_MS)]            # 0: off
+_Count = Annotated[int, msgspec.Meta(ge=0, le=10_000_000)]            # 0: no limit
+_Bytes = Annotated[int, msgspec.Meta(ge=0, le=2 ** 40)]               # 0: no limit
+_Concurrency = Annotated[int, msgspec.Meta(ge=1, le=100_000)]
+_Fraction = Annotated[float, msgspec.Meta(gt=0, le=1)]
+_Waiting = Annotated[float, msgspec.Meta(gt=0, le=1_000_000)]         # requests waiting in an engine
+_Tolerance = Annotated[float, msgspec.Meta(ge=0, le=100)]             # a fraction of the deadline
+
 
 
 class BandSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """One priority band. ``queue_bytes`` 0 = no byte limit; ``ttl_ms`` 0 = no TTL."""
 
     name: str
-    ceiling: float
-    queue_capacity: int = 1000
-    queue_bytes: int = 0
-    ttl_ms: float = 30000.0
+    ceiling: Annotated[float, msgspec.Meta(gt=0, le=1000)]
+    queue_capacity: _Count = 1000
+    queue_bytes: _Bytes = 0
+    ttl_ms: _MsOrOff = 30000.0
     # Fairness between this band's tenants: rr, tokens or locality (None: admission.fairness).
     fairness: str | None = None
 
@@ -48,57 +62,57 @@ class AdmissionSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     # does not exist; a ticket of an unknown band gets this one here).
     default_band: str = "normal"
     # Across all bands and pools: 0 = no limit.
-    global_capacity: int = 10000
-    global_bytes: int = 0
+    global_capacity: _Count = 10000
+    global_bytes: _Bytes = 0
     # Saturation thresholds (docs/design.md, "Admission") and when a scrape counts as stale.
-    queue_threshold: float = 5.0
-    kv_threshold: float = 0.8
+    queue_threshold: _Waiting = 5.0
+    kv_threshold: _Fraction = 0.8
     # KV above this on a scrape is a breach for AIMD (x0.75).
-    kv_hard_limit: float = 0.95
-    stale_after_ms: float = 1000.0
+    kv_hard_limit: _Fraction = 0.95
+    stale_after_ms: _Ms = 1000.0
     # Anti-starvation: a waiting request rises one band per step (0 = off). A
     # backstop, not a scheduler: a short step would let a deep low backlog rise
     # into the headroom kept for higher bands.
-    aging_step_ms: float = 30000.0
+    aging_step_ms: _MsOrOff = 30000.0
     # Between tenants: "rr" (turns) or "tokens" (virtual token counter).
     fairness: str = "rr"
     # Token fairness: the cost of a request is its prompt tokens plus this many times its
     # output tokens (VTC's and llm-d's 2), prompt tokens the engine had cached counting
     # fairness_cached_weight each; "actual" settles the estimate charged at dispatch to
     # the engine's usage when the answer ends, "estimate" keeps the estimate.
-    fairness_output_weight: float = 2.0
-    fairness_cached_weight: float = 0.1
+    fairness_output_weight: Annotated[float, msgspec.Meta(ge=0, le=1000)] = 2.0
+    fairness_cached_weight: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.1
     fairness_charge: str = "actual"
     # fairness: locality: a tenant whose counter is at most this far (tokens / weight)
     # past the least-served backlogged tenant's may be served first when an engine with
     # room holds its request's prefix. Fairness then holds within this bound (plus the
     # counter's own, twice the largest request's cost).
-    fairness_locality_bound: float = 4000.0
+    fairness_locality_bound: Annotated[float, msgspec.Meta(ge=0, le=1e12)] = 4000.0
     # The server's SLA: the deadline of every request that names none of its own (nor
     # its tenant): predicted, declined early (429 sla), judged for compliance and AIMD.
-    sla_ms: float = 3000.0
+    sla_ms: _Ms = 3000.0
     # A prediction may exceed the deadline by this fraction before 429 (high: more).
     # 0 keeps the promise that what is admitted finishes within its SLA (the queue model
     # is the engines' own measured pace); high trades that for fewer declines.
-    sla_tolerance: float = 0.0
-    sla_tolerance_high: float = 0.5
+    sla_tolerance: _Tolerance = 0.0
+    sla_tolerance_high: _Tolerance = 0.5
     # Engine-side time to first token above this is a latency breach for AIMD.
-    ttft_slo_ms: float = 2000.0
+    ttft_slo_ms: _Ms = 2000.0
     # AIMD bounds per engine (max: --max-concurrency) and where a new engine's limit starts
     # (0 = max). From 8, the limit grows by half per scrape while the engine runs all it
     # is sent and work waits (slow start: 8 -> 32 in four scrapes), so a cold flood
     # overfills an engine whose batch is smaller than the maximum by a few requests, not
     # by the difference, before its learned batch bounds it.
-    aimd_min: int = 1
-    aimd_max: int = 32
-    aimd_initial: int = 8
-    oom_cooldown_ms: float = 10000.0
+    aimd_min: _Concurrency = 1
+    aimd_max: _Concurrency = 32
+    aimd_initial: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 8
+    oom_cooldown_ms: _MsOrOff = 10000.0
     # Weight of a new sample in the online estimators (EWMA).
-    ewma_alpha: float = 0.2
+    ewma_alpha: _Fraction = 0.2
     # Housekeeping tick while anything is queued: TTL, aging, hopeless requests.
-    tick_ms: float = 20.0
+    tick_ms: Annotated[float, msgspec.Meta(ge=1, le=60_000)] = 20.0
     # Latency samples kept for the percentiles of stats().
-    latency_window: int = 2048
+    latency_window: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 2048
 
     @classmethod
     def from_settings(cls, settings: Any) -> "AdmissionSettings":
@@ -120,23 +134,24 @@ class AdmissionSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
 
     def validate(self) -> "AdmissionSettings":
         """Check the values; raise AdmissionConfigError naming the bad key."""
+        try:  # the ranges, also of an instance built directly rather than converted
+            msgspec.convert(msgspec.to_builtins(self), type(self))
+        except msgspec.ValidationError as e:
+            raise AdmissionConfigError(f"admission: {e}") from None
         if not self.bands:
             raise AdmissionConfigError("bands: at least one band is needed")
         names = [b.name for b in self.bands]
         if len(set(names)) != len(names):
             raise AdmissionConfigError(f"bands: duplicate band names in {names}")
+        # The ranges of single values are checked by msgspec (the Meta of each field); what
+        # is left are the relations between values.
         for i, b in enumerate(self.bands):
-            if not b.ceiling > 0:
-                raise AdmissionConfigError(f"bands[{i}].ceiling: band {b.name!r} needs a positive ceiling")
             if i and b.ceiling > self.bands[i - 1].ceiling:
                 prev = self.bands[i - 1]
                 raise AdmissionConfigError(
                     f"bands[{i}].ceiling: band {b.name!r} has ceiling {b.ceiling}, above "
                     f"{prev.ceiling} of the higher-priority band {prev.name!r}; ceilings must "
                     "not rise as priority falls")
-            if b.queue_capacity < 0 or b.queue_bytes < 0 or b.ttl_ms < 0:
-                raise AdmissionConfigError(
-                    f"bands[{i}]: queue_capacity, queue_bytes and ttl_ms of band {b.name!r} must be >= 0")
         if self.default_band not in names:
             # A config with its own band names and no "normal": the middle band.
             self.default_band = names[len(names) // 2]
@@ -149,20 +164,7 @@ class AdmissionSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
         if self.fairness_charge not in ("actual", "estimate"):
             raise AdmissionConfigError(
                 f"admission.fairness_charge: 'actual' or 'estimate', not {self.fairness_charge!r}")
-        for key in ("fairness_output_weight", "fairness_cached_weight", "fairness_locality_bound"):
-            v = getattr(self, key)
-            if not 0 <= v < math.inf:
-                raise AdmissionConfigError(f"admission.{key}: must be a finite number >= 0, got {v}")
-        if not (self.queue_threshold > 0 and self.kv_threshold > 0):
-            raise AdmissionConfigError("admission.queue_threshold/kv_threshold: must be positive")
-        if not 1 <= self.aimd_min <= self.aimd_max:
+        if self.aimd_min > self.aimd_max:
             raise AdmissionConfigError(
-                f"admission.aimd_min/aimd_max: need 1 <= min <= max, got {self.aimd_min}..{self.aimd_max}")
-        if not 0 < self.ewma_alpha <= 1:
-            raise AdmissionConfigError(f"admission.ewma_alpha: in (0, 1], got {self.ewma_alpha}")
-        for key in ("sla_ms", "tick_ms", "ttft_slo_ms"):
-            if not getattr(self, key) > 0:
-                raise AdmissionConfigError(f"admission.{key}: must be positive")
-        if self.latency_window < 1:
-            raise AdmissionConfigError("admission.latency_window: must be at least 1")
+                f"admission.aimd_min: {self.aimd_min} is above aimd_max (max_concurrency) {self.aimd_max}")
         return self

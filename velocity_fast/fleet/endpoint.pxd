@@ -15,6 +15,7 @@ cdef class Endpoint:
     cdef public double scraped_at
     cdef public object num_gpu_blocks
     cdef public object block_size
+    cdef public object max_model_len
     cdef public long limit
     cdef public double max_running_seen
     cdef public double running_cap
@@ -35,6 +36,8 @@ cdef class Endpoint:
 cdef class Pool:
     cdef public str model
     cdef public list endpoints
+
+    cpdef long context_length(self, long cap)
 
 
 cdef class RoomFilter:

@@ -15,6 +15,7 @@ class Endpoint:
     scraped_at: float
     num_gpu_blocks: int | None
     block_size: int | None
+    max_model_len: int | None
     limit: int
     max_running_seen: float
     running_cap: float
@@ -38,6 +39,7 @@ class Pool:
     endpoints: list[Endpoint]
     def __init__(self, model: str, endpoints: list[Endpoint] | None = None) -> None: ...
     def healthy(self) -> list[Endpoint]: ...
+    def context_length(self, cap: int) -> int: ...
 
 class RoomFilter:
     """A router's filter of endpoints asked as C (an admission lease is one)."""

@@ -21,6 +21,7 @@ cdef class Endpoint:
         self.healthy = False          # set by the first good health check
         self.num_gpu_blocks = None
         self.block_size = None
+        self.max_model_len = None     # the engine's, from its /v1/models once healthy
         self.limit = limit
         # max_running_seen: high-water mark of observed running, the learned batch capacity
         # running_cap: the batch admission learned from the gauges (the most seen running,
@@ -54,6 +55,17 @@ cdef class Pool:
 
     def healthy(self):
         return [e for e in self.endpoints if (<Endpoint>e).healthy]
+
+    cpdef long context_length(self, long cap):
+        """The longest prompt + completion every healthy engine of the pool accepts: the
+        smallest ``max_model_len`` they reported, at most ``cap`` (the gateway's own)."""
+        cdef Endpoint e
+        cdef long n = cap
+        for x in self.endpoints:
+            e = <Endpoint>x
+            if e.healthy and e.max_model_len is not None and <long>e.max_model_len < n:
+                n = <long>e.max_model_len
+        return n
 
 
 cdef class RoomFilter:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable
+from typing import Annotated, Callable
 
 import msgspec
 
@@ -17,14 +17,28 @@ __all__ = ["HealthSettings", "EndpointMonitor"]
 log = logging.getLogger("velocity.health")
 
 
+# A period or timeout in ms (docs/configuration.md, "Ranges"): at least 1 ms, so that no
+# value spins a loop, and at most a day.
+_Ms = Annotated[float, msgspec.Meta(ge=1, le=86_400_000)]
+
+
+class _ModelEntry(msgspec.Struct):
+    id: str = ""
+    max_model_len: Annotated[int, msgspec.Meta(ge=1, le=2 ** 31 - 1)] | None = None
+
+
+class _ModelList(msgspec.Struct):
+    data: list[_ModelEntry] = []
+
+
 class HealthSettings(msgspec.Struct, forbid_unknown_fields=True):
-    scrape_interval_ms: float = 100.0     # engine /metrics
-    scrape_timeout_ms: float = 500.0      # a hanging scrape is abandoned; metrics go stale
-    check_interval_ms: float = 1000.0     # engine /health while healthy
-    check_timeout_ms: float = 1000.0
-    eject_base_ms: float = 500.0          # first ejection; doubles on each repeat
-    eject_max_ms: float = 30000.0
-    eject_after_5xx: int = 3              # consecutive engine 5xx answers before ejection
+    scrape_interval_ms: _Ms = 100.0     # engine /metrics
+    scrape_timeout_ms: _Ms = 500.0      # a hanging scrape is abandoned; metrics go stale
+    check_interval_ms: _Ms = 1000.0     # engine /health while healthy
+    check_timeout_ms: _Ms = 1000.0
+    eject_base_ms: _Ms = 500.0          # first ejection; doubles on each repeat
+    eject_max_ms: _Ms = 30000.0
+    eject_after_5xx: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 3  # consecutive engine 5xx before ejection
     metrics: MetricNames = msgspec.field(default_factory=MetricNames)
 
 
@@ -41,6 +55,8 @@ class EndpointMonitor:
         self._first: dict[str, asyncio.Future] = {}
         # Per endpoint, the engine's prefix-cache counters at the last scrape (queries, hits).
         self.prefix_cache: dict[str, tuple[float, float]] = {}
+        # Endpoints whose /v1/models was asked since they last became healthy.
+        self._asked_len: set[str] = set()
 
     def watch(self, ep: Endpoint) -> None:
         if ep.name not in self._tasks:
@@ -51,6 +67,7 @@ class EndpointMonitor:
 
     def unwatch(self, ep: Endpoint) -> None:
         self.prefix_cache.pop(ep.name, None)
+        self._asked_len.discard(ep.name)
         self._settle(ep.name)
         t = self._tasks.pop(ep.name, None)
         if t is not None:
@@ -88,6 +105,8 @@ class EndpointMonitor:
         if ep.state != state:
             old, ep.state = ep.state, state
             ep.healthy = state == "healthy"
+            if not ep.healthy:  # a restarted engine may come back with another context
+                self._asked_len.discard(ep.name)
             if ep.healthy:
                 ep.up_since = time.monotonic()
             log.info("endpoint %s: %s -> %s", ep.name, old, state)
@@ -128,6 +147,22 @@ class EndpointMonitor:
             return status == 200
         except (OSError, asyncio.TimeoutError):
             return False
+
+    async def _learn_context(self, ep: Endpoint) -> None:
+        """The engine's max_model_len, from its /v1/models (vLLM and the sim engine give it
+        per model), so that the gateway reports and enforces what the engine accepts."""
+        headers = [("authorization", f"Bearer {ep.api_key}")] if ep.api_key else []
+        try:
+            status, body = await ep.upstream.fetch("GET", "/v1/models", headers=headers,
+                                                   timeout=self.settings.check_timeout_ms / 1000)
+            models = msgspec.json.decode(body, type=_ModelList).data if status == 200 else []
+        except (OSError, asyncio.TimeoutError, msgspec.DecodeError) as e:
+            log.debug("endpoint %s: no context length from /v1/models: %r", ep.name, e)
+            return
+        lens = [m.max_model_len for m in models if m.max_model_len and m.id == ep.model] or \
+               [m.max_model_len for m in models if m.max_model_len]
+        if lens:
+            ep.max_model_len = min(lens)
 
     async def _scrape(self, ep: Endpoint) -> None:
         try:
@@ -178,6 +213,9 @@ class EndpointMonitor:
                         await asyncio.sleep(s.eject_base_ms / 1000)
                         continue
                 if ep.healthy:
+                    if ep.name not in self._asked_len:
+                        self._asked_len.add(ep.name)
+                        await self._learn_context(ep)
                     await self._scrape(ep)
                 await asyncio.sleep(s.scrape_interval_ms / 1000)
             except asyncio.CancelledError:

@@ -15,7 +15,7 @@ from velocity_fast.admission.controller import Ticket
 from velocity_fast.config import EndpointConfig, Settings
 from velocity_fast.fleet.endpoint import Endpoint, Pool
 from velocity_fast.fleet.health import EndpointMonitor
-from velocity_fast.gateway.errors import BadRequest
+from velocity_fast.gateway.errors import BadRequest, context_error
 from velocity_fast.gateway.exchange import Ingress, band_for, handle_client, new_request_id, start_native
 from velocity_fast.gateway.identity import Identity
 from velocity_fast.gateway.kv import KVFleet
@@ -33,6 +33,9 @@ from velocity_fast.upstream.pool import UpstreamPool
 __all__ = ["Gateway"]
 
 log = logging.getLogger("velocity.gateway")
+
+# The longest Retry-After the gateway sends (seconds).
+_RETRY_AFTER_MAX_S = 86400.0
 
 
 def _ingress_field(name: str) -> property:
@@ -238,7 +241,7 @@ class Gateway:
             if pool.healthy():
                 data.append({"id": model, "object": "model", "created": int(self.started_at_wall),
                              "owned_by": "velocityllm", "root": model, "parent": None,
-                             "max_model_len": self.settings.max_model_len})
+                             "max_model_len": pool.context_length(self.settings.max_model_len)})
         resp.send_json(200, {"object": "list", "data": data})
 
     @property
@@ -251,7 +254,10 @@ class Gateway:
         hdrs = list(headers)
         hdrs.append(("x-velocity-reject-reason", reason))
         if retry_after is not None:
-            hdrs.append(("retry-after", str(max(1, int(retry_after + 0.999)))))
+            # Whole seconds, at least 1, at most a day: a wait computed from a tiny rate stays
+            # a short header, and one that is not finite never reaches int() (nan < x is false).
+            wait = retry_after if retry_after < _RETRY_AFTER_MAX_S else _RETRY_AFTER_MAX_S
+            hdrs.append(("retry-after", str(max(1, int(wait + 0.999)))))
         if not from_admission:  # admission counts its own
             self.admission.telemetry.reject(reason)
         self.metrics.requests.labels(route, status, band).inc()
@@ -305,6 +311,11 @@ class Gateway:
         if pool is None:
             return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
                                    param="model", headers=base_headers)
+        limit = pool.context_length(self.settings.max_model_len)
+        if r.max_tokens >= limit:  # as the OpenAI routes (gateway/exchange.pyx)
+            self.metrics.requests.labels("/generate", 400, band).inc()
+            return resp.send_error(400, context_error(limit, r.max_tokens), param="max_tokens",
+                                   headers=base_headers)
         payload = {"model": model, "prompt": r.prompt, "max_tokens": r.max_tokens, "stream": r.stream}
         if r.temperature is not None:
             payload["temperature"] = r.temperature

@@ -34,7 +34,7 @@ from velocity_fast.upstream.pool cimport UpstreamPool
 from velocity_fast.upstream.connection cimport Listener, UpstreamConnection
 
 from velocity_fast.lowlevel.clock cimport monotonic
-from velocity_fast.fleet.endpoint cimport Endpoint
+from velocity_fast.fleet.endpoint cimport Endpoint, Pool
 from velocity_fast.gateway.identity cimport Identity, Tenant
 from velocity_fast.http.message cimport Request
 from velocity_fast.lowlevel.fmt cimport (_digits, cat, dec, memmem, latin1, put, put_bytes, put_tenths, starts, str_eq,
@@ -43,7 +43,7 @@ from velocity_fast.lowlevel.fmt cimport (_digits, cat, dec, memmem, latin1, put,
 import msgspec
 
 from velocity_fast.admission.errors import Rejected
-from velocity_fast.gateway.errors import BadRequest
+from velocity_fast.gateway.errors import BadRequest, context_error
 from velocity_fast.gateway.requests import too_deep
 from velocity_fast.routing.errors import UnknownProfile
 from velocity_fast.http.errors import stream_error_event
@@ -549,6 +549,16 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
         count_request(gw, route, 404, band)
         return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
                                param="model", headers=_rid_headers(rid))
+    asked = <object>f[P_MAX_COMPLETION_TOKENS] or <object>f[P_MAX_TOKENS]
+    if asked is not None and type(pool) is Pool:
+        # As vLLM answers: a completion that cannot fit the engines' context beside even a
+        # one-token prompt is a 400 here, not a request admission would queue and charge.
+        limit = (<Pool>pool).context_length(gw.app.settings.max_model_len)
+        if asked >= limit:
+            count_request(gw, route, 400, band)
+            return resp.send_error(400, context_error(limit, asked),
+                                   param="max_completion_tokens" if <object>f[P_MAX_COMPLETION_TOKENS]
+                                   else "max_tokens", headers=_rid_headers(rid))
     body = strip_own_fields(req.body, r)
     max_tokens = <object>f[P_MAX_COMPLETION_TOKENS] or <object>f[P_MAX_TOKENS] or 256
     q_est = 0.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import shlex
 import shutil
 import sys
@@ -22,14 +23,14 @@ log = logging.getLogger("velocity.launch")
 def _settings(args: argparse.Namespace) -> Settings | None:
     try:
         settings = load_settings(args.config, flag_overrides(args))
-        _check_tokenizers(settings)
+        _check_tokenizers(settings, args)
         return settings
     except ConfigError as e:
         print(f"velocityllm: config error: {e}", file=sys.stderr)
         return None
 
 
-def _check_tokenizers(settings: Settings) -> None:
+def _check_tokenizers(settings: Settings, args: argparse.Namespace, source: str | None = None) -> None:
     """Precise pools' tokenizers load (a file that is no tokenizer.json, or no `tokenizers`
     package, is a config error at start, not a traceback)."""
     from velocity_fast.routing.precise import load_tokenizer
@@ -45,7 +46,9 @@ def _check_tokenizers(settings: Settings) -> None:
             try:
                 load_tokenizer(path)
             except ValueError as e:
-                raise ConfigError(f"{key}: {e}") from None
+                where = source or ("--tokenizer" if key == "routing.tokenizer" and getattr(args, "tokenizer", None)
+                                   else args.config or os.environ.get("VELOCITY_CONFIG") or "defaults")
+                raise ConfigError(f"{where}: {key}: {e}") from None
 
 
 def _sim_flags(settings: Settings, extra: str | None) -> list[str]:
@@ -64,6 +67,31 @@ def _sim_flags(settings: Settings, extra: str | None) -> list[str]:
     if extra:
         out += shlex.split(extra)
     return out
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise ValueError(message)
+
+
+def _check_sim_engines(plan, args: argparse.Namespace) -> None:
+    """The sim engines' flags (the `sim:` section, --sim-args, max_model_len), read as each
+    engine will read them: a value it would refuse is a config error now, in the one form,
+    not an engine that exits before answering."""
+    from velocity_fast.sim.config import SimConfig
+    from velocity_fast.sim.options import add_arguments
+
+    parser = _RaisingParser(prog="sim-engine", add_help=False)
+    add_arguments(parser)
+    argv = list(plan.specs[0].argv)
+    flags = argv[argv.index("velocity_fast.sim") + 1:]
+    try:
+        SimConfig.from_args(parser.parse_args(flags)).validate()
+    except ValueError as e:
+        source = "--sim-args" if getattr(args, "sim_args", None) else \
+            args.config or os.environ.get("VELOCITY_CONFIG") or "defaults"
+        raise ConfigError(f"{source}: sim: {e} (the sim engines' flags: `sim:`, --sim-args, "
+                          "max_model_len)") from None
 
 
 def serve_main(args: argparse.Namespace) -> int:
@@ -85,7 +113,8 @@ def serve_main(args: argparse.Namespace) -> int:
     def reread() -> Settings:
         s = load_settings(args.config, flag_overrides(args))
         if not s.endpoints:
-            raise ConfigError("no endpoints: a gateway alone needs at least one")
+            raise ConfigError(f"{args.config or os.environ.get('VELOCITY_CONFIG') or 'defaults'}: endpoints: "
+                              "none left; a gateway alone needs at least one")
         return s
 
     async def main(stop: asyncio.Event):
@@ -134,6 +163,12 @@ def charge_main(args: argparse.Namespace) -> int:
     except ModelPromptAborted as e:
         print(f"velocityllm: {e}", file=sys.stderr)
         return exit_code_for(e)
+    if plan.kind == "sim":
+        try:
+            _check_sim_engines(plan, args)
+        except ConfigError as e:
+            print(f"velocityllm: config error: {e}", file=sys.stderr)
+            return 2
     if plan.kind == "sim" and not args.mock:
         print(f"velocityllm: {plan.reason}; starting {len(plan.specs)} built-in sim engine(s) instead.",
               flush=True)
@@ -149,9 +184,12 @@ def charge_main(args: argparse.Namespace) -> int:
     plan, engine_endpoints = kv_events_for_engines(plan, routing_settings(settings), sock_dir)
     settings.endpoints.extend(engine_endpoints)
     try:
-        settings.validate()
+        try:
+            settings.validate()
+        except ConfigError as e:  # what the engines started here added: their own flags
+            raise ConfigError(f"{'--model-path' if own_tokenizer else '--engines'}: {e}") from None
         if own_tokenizer is not None:
-            _check_tokenizers(settings)
+            _check_tokenizers(settings, args, source="--model-path")
     except ConfigError as e:
         shutil.rmtree(sock_dir, ignore_errors=True)
         print(f"velocityllm: config error: {e}", file=sys.stderr)

@@ -24,17 +24,19 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, *, endpoints: bool = 
                    help="upper bound of the adaptive concurrency limit per engine (default 32)")
     g.add_argument("--api-key", default=None, help="key clients must present (Bearer or X-API-Key)")
     g.add_argument("--structured-logs", action="store_true", default=None, help="one JSON object per log line")
-    g.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"))
+    g.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"),
+                   help="least severe messages logged (default info)")
     g.add_argument("--prefix", default=None, choices=("approximate", "precise", "off"),
                    help="prefix affinity of the chat profile, which every policy routes with unless "
-                        "configured otherwise: where this gateway sent prompts (approximate, the default), "
-                        "the engines' KV cache events (precise: needs --tokenizer and endpoints' kv_events "
-                        "in the config file; chargeVelocity sets those up for its engines), or none (off)")
+                        "configured otherwise: where this gateway sent prompts (approximate), the engines' "
+                        "KV cache events (precise: needs --tokenizer and endpoints' kv_events in the config "
+                        "file; chargeVelocity sets those up for its engines), or none (off) (default approximate)")
     g.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="tokenizer.json (or a model folder) for precise prefix routing")
     if endpoints:
         g.add_argument("--endpoint", action="append", default=None, metavar="NAME=URL=MODEL",
-                       help="an engine the gateway sends to (repeatable)")
+                       help="an engine the gateway sends to (repeatable; chargeVelocity adds the "
+                            "engines it starts)")
 
 
 def flag_overrides(args: argparse.Namespace) -> dict:

@@ -9,6 +9,7 @@ repeats. Nothing heavy is imported at module top.
 from __future__ import annotations
 
 import argparse
+import re
 
 from .options import add_client_arguments, add_workload_arguments
 
@@ -44,18 +45,22 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add_workload_arguments(parser)
     add_client_arguments(parser)
     parser.set_defaults(**BENCH_DEFAULTS)
+    # The shared workload flags' help gives loadgen's defaults; bench's own are these.
+    for action in parser._actions:
+        if action.dest in BENCH_DEFAULTS and action.help:
+            action.help = re.sub(r"\(default [^)]*\)", "(default %(default)s)", action.help)
     g = parser.add_argument_group("bench")
-    g.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies to compare")
+    g.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies to compare (default %(default)s)")
     from velocity_fast.engines.options import DEFAULT_SIM_ENGINES
 
     g.add_argument("--engines", type=int, default=DEFAULT_SIM_ENGINES,
                    help=f"sim engines per gateway (default {DEFAULT_SIM_ENGINES}, as chargeVelocity)")
-    g.add_argument("--repeats", type=int, default=3, help="runs per policy; the table shows medians")
+    g.add_argument("--repeats", type=int, default=3, help="runs per policy; the table shows medians (default %(default)s)")
     g.add_argument("--warmup-requests", type=int, default=8,
                    help="requests sent over 0.5 s before each run, to open connections and give "
                         "the estimators a first sample (default 8)")
-    g.add_argument("--stats-interval", type=float, default=0.25, help="seconds between /stats samples")
-    g.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for /ready")
+    g.add_argument("--stats-interval", type=float, default=0.25, help="seconds between /stats samples (default %(default)s)")
+    g.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for /ready (default %(default)s)")
     g.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for chargeVelocity (repeatable), e.g. --server-arg=--sla-ms=2000")
     g.add_argument("--no-request-sla", action="store_true",
@@ -99,6 +104,14 @@ def bench_setup(args):
             server_args.append(f"--sla-ms={cfg.sla_ms:g}")
     mix = mix_from_args(args)
     return cfg, mix, build_workload(cfg, mix), server_args
+
+
+def run_config(args, cfg) -> dict:
+    """The run's flags as JSON, with the workload as it ran: ``--rate`` sets the duration
+    (N / rate), which the ``--duration`` flag's value would misstate."""
+    from .report import plain_args
+
+    return {**plain_args(args), "duration": cfg.duration, "duration_s": cfg.duration}
 
 
 def run_order(policies: list[str], repeats: int, seed: int) -> list[tuple[int, str]]:
@@ -156,7 +169,7 @@ def bench_main(args) -> int:
                          f"1 s, all runs); peak arrival rate {load['peak_arrival_rps']:.1f} req/s = "
                          f"{load['overload']:.2f}x capacity")
     write_json(args.output + ".json", {
-        "config": {**plain_args(args), "duration_s": cfg.duration},
+        "config": run_config(args, cfg),
         "mix": msgspec.to_builtins(mix),
         "medians": meds,
         "load": load,

@@ -16,7 +16,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
                    help="mean arrival rate in requests/s; sets the duration to N / rate")
     g.add_argument("--seed", type=int, default=0, help="same seed, same workload (default 0)")
     g.add_argument("--route", choices=("chat", "completions", "generate"), default="chat",
-                   help="API to call: /v1/chat/completions, /v1/completions or /generate")
+                   help="API to call: /v1/chat/completions, /v1/completions or /generate (default chat)")
     g.add_argument("--model", default=None, help="model name to put in the body (default: none)")
     g.add_argument("--stream", action="store_true", help="stream every request (SSE)")
     g.add_argument("--sla-ms", type=float, default=None,
@@ -48,7 +48,7 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--concurrency", "-c", type=int, default=256,
                    help="most requests in flight (and connections) at once (default 256)")
     g.add_argument("--api-key", default=None, help="sent as Authorization: Bearer KEY")
-    g.add_argument("--timeout", type=float, default=300.0, help="per-request timeout in seconds")
+    g.add_argument("--timeout", type=float, default=300.0, help="per-request timeout in seconds (default 300)")
     g.add_argument("--no-progress", action="store_true", help="no progress display even on a terminal")
 
 

@@ -24,8 +24,10 @@ ProfileName = Literal["chat", "batch", "long-context", "round-robin", "least-loa
 PREFIX_MODES = ("approximate", "precise", "off")
 PrefixMode = Literal["approximate", "precise", "off"]
 
-_Positive = Annotated[float, msgspec.Meta(gt=0)]
-_NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+# The range of every number (docs/configuration.md, "Ranges"), checked by msgspec where
+# the section is read. Loads and gaps are counts of requests: a million is past any engine.
+_Load = Annotated[float, msgspec.Meta(ge=0, le=1_000_000)]
+_Weight = Annotated[float, msgspec.Meta(ge=0, le=1_000_000)]
 
 
 class RoutingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -34,28 +36,28 @@ class RoutingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     # Prefix blocks: 64 bytes is about 16 tokens, one vLLM KV block. A multiple of 32.
     block_bytes: Annotated[int, msgspec.Meta(ge=32, le=65536, multiple_of=32)] = 64
     # Blocks remembered per endpoint while the engine's num_gpu_blocks is unknown.
-    index_capacity: Annotated[int, msgspec.Meta(ge=0)] = 16384
+    index_capacity: Annotated[int, msgspec.Meta(ge=0, le=1_000_000_000)] = 16384
     # Converts the engine's KV blocks (block_size tokens each) into index blocks.
-    bytes_per_token: _Positive = 4.0
+    bytes_per_token: Annotated[float, msgspec.Meta(gt=0, le=1024)] = 4.0
     # Hot-spot guard: an affinity pick whose engine queues this many requests or more
     # (its own waiting gauge: demand past what it runs at once) spills to the best of the
     # engines that do not, which holds the prefix from then on too (docs/design.md).
-    hotspot_waiting: _NonNegative = 2.0
+    hotspot_waiting: _Load = 2.0
     # The same guard where an engine's gauges are not fresh: a load (engine waiting +
     # gateway in flight) more than this above the least loaded endpoint. Also the load
     # scale of load_weight.
-    hotspot_gap: _NonNegative = 8.0
+    hotspot_gap: _Load = 8.0
     # Within the gap, how much load costs against affinity: a load gap of a full
     # hotspot_gap costs this fraction of a perfect prefix match.
-    load_weight: _NonNegative = 0.25
+    load_weight: _Weight = 0.25
     # Session affinity's load guard, in the same units as hotspot_gap.
-    session_gap: _NonNegative = 8.0
+    session_gap: _Load = 8.0
     # Saturated endpoints are filtered out (fail open when that would remove all):
     # engine queue at or past this many waiting, or KV usage at or past this fraction.
-    saturation_waiting: _Positive = 5.0
+    saturation_waiting: Annotated[float, msgspec.Meta(gt=0, le=1_000_000)] = 5.0
     saturation_kv: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.8
     # Engine gauges older than this are ignored (the gateway's own counts stand in).
-    metrics_stale_s: _Positive = 2.0
+    metrics_stale_s: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 2.0
     default_profile: ProfileName = "chat"
     # Per model (served name) profile; the x-velocity-profile header overrides it.
     profiles: dict[str, ProfileName] = msgspec.field(default_factory=dict)
@@ -71,11 +73,11 @@ class RoutingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     tokenizers: dict[str, str] = msgspec.field(default_factory=dict)
     # Prompt byte blocks whose token blocks precise routing keeps (the token cache; whole
     # prompts and runs of leading messages: a sixteenth of this each).
-    token_cache_entries: Annotated[int, msgspec.Meta(ge=1)] = 16384
+    token_cache_entries: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 16384
     # Precise routing: an exact engine's free cache (1 - the blocks its events say it
     # holds / its num_gpu_blocks) times this is added to its prefix score, so that an
     # emptied engine (a restart) takes back prompts that full caches only partly hold.
-    free_cache_weight: _NonNegative = 1.0
+    free_cache_weight: _Weight = 1.0
 
     @classmethod
     def from_config(cls, routing: Mapping[str, Any] | None = None,
@@ -86,9 +88,14 @@ class RoutingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
         Raises ValueError naming the offending key.
         """
         data = dict(routing or {})
-        profiles = dict(data.pop("profiles", None) or {})
-        modes = dict(data.pop("prefix_modes", None) or {})
-        tokenizers = dict(data.pop("tokenizers", None) or {})
+
+        def mapping(key: str) -> dict:
+            value = data.pop(key, None)
+            if value is not None and not isinstance(value, Mapping):
+                raise ValueError(f"routing.{key}: expected a mapping of model name to value, got {value!r}")
+            return dict(value or {})
+
+        profiles, modes, tokenizers = mapping("profiles"), mapping("prefix_modes"), mapping("tokenizers")
         for name, entry in (models or {}).items():
             def get(key: str) -> Any:
                 return entry.get(key) if isinstance(entry, Mapping) else getattr(entry, key, None)

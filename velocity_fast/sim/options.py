@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-tps", type=float, default=_D.prefill_tps,
                    help="prompt tokens/s computed in prefill (default %(default)s)")
     p.add_argument("--max-num-batched-tokens", type=int, default=_D.max_num_batched_tokens,
-                   help="tokens computed per step at most (chunked prefill, default %(default)s)")
+                   help="tokens computed per step at most, chunked prefill (default %(default)s)")
     p.add_argument("--num-gpu-blocks", "--num-gpu-blocks-override", dest="num_gpu_blocks", type=int,
                    default=None, help=f"KV-cache blocks (default {_D.num_gpu_blocks}, or enough for one "
                    "sequence of --max-model-len)")
@@ -51,10 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--natural-output-mean", type=int, default=_D.natural_output_mean,
                    help="mean reply length when a request sets no max_tokens (default %(default)s)")
     p.add_argument("--fail-rate", type=float, default=_D.fail_rate,
-                   help="fraction of requests that fail (some before the response, some mid-stream)")
+                   help="fraction of requests that fail, some before the response, some mid-stream "
+                        "(default %(default)s)")
     p.add_argument("--oom-rate", type=float, default=_D.oom_rate,
-                   help="fraction of requests that fail with `CUDA out of memory`")
-    p.add_argument("--seed", type=int, default=_D.seed, help="seed of generated text and failures")
+                   help="fraction of requests that fail with `CUDA out of memory` (default %(default)s)")
+    p.add_argument("--seed", type=int, default=_D.seed, help="seed of generated text and failures (default %(default)s)")
     p.add_argument("--time-scale", type=float, default=_D.time_scale,
                    help="run this many times faster than real time (default %(default)s)")
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/ paths")
