@@ -70,7 +70,7 @@ _any_env = st.dictionaries(st.sampled_from([f"VELOCITY_{k.upper()}" for k in SCA
 
 
 @pytest.mark.timeout(300)
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(config=_any_config, env=_any_env)
 def test_any_config_loads_or_is_refused_in_the_one_form(tmp_path_factory, config, env):
     _loads_or_is_refused(tmp_path_factory, config, env)
@@ -184,7 +184,7 @@ async def _requests(gw: Gateway, cfg: dict) -> list[tuple[str, int]]:
 
 
 @pytest.mark.timeout(300)
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow,
                                                                 HealthCheck.function_scoped_fixture])
 @given(cfg=_served_config())
 def test_a_config_in_range_starts_a_gateway_that_never_answers_500(tmp_path_factory, engine, cfg):
@@ -231,7 +231,7 @@ def _nearly_valid_config(draw) -> dict:
 
 
 @pytest.mark.timeout(300)
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=600, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(config=_nearly_valid_config())
 def test_a_config_with_a_few_bad_values_loads_or_is_refused_in_the_one_form(tmp_path_factory, config):
     _loads_or_is_refused(tmp_path_factory, config, {})

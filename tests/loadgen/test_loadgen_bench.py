@@ -35,7 +35,7 @@ def test_bench_help_says_where_the_results_go_by_default():
     add_bench_arguments(p)
     assert p.get_default("output") == "bench/results/policies"
     text = " ".join(p.format_help().split())
-    assert "(default bench/results/policies, relative to the current folder; its folder is made if missing)" \
+    assert "relative to the current folder, whose folder is made if missing (default bench/results/policies)" \
         in text
 
 

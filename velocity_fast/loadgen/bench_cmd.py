@@ -68,8 +68,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         "band's): the gateway's SLA applies, set to --sla-ms unless --server-arg "
                         "gives one; --sla-ms still judges goodput")
     g.add_argument("--output", metavar="PREFIX", default="bench/results/policies",
-                   help="write PREFIX.json, PREFIX.csv, PREFIX_runs.csv and PNG plots (default "
-                        "%(default)s, relative to the current folder; its folder is made if missing)")
+                   help="write PREFIX.json, PREFIX.csv, PREFIX_runs.csv and PNG plots, relative to the "
+                        "current folder, whose folder is made if missing (default %(default)s)")
     g.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
 
 

@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="automatic prefix caching (default on, as vLLM v1)")
     p.add_argument("--natural-stop", action="store_true", default=False,
-                   help="a reply may end by itself before max_tokens (default: exactly max_tokens)")
+                   help="a reply may end by itself before max_tokens, as a model's do (without it every reply is "
+                        "exactly max_tokens long)")
     p.add_argument("--enable-prompt-tokens-details", action="store_true", default=False,
                    help="usage reports prompt_tokens_details.cached_tokens when the prefix cache hit (as vLLM)")
     p.add_argument("--max-model-len", type=int, default=_D.max_model_len,
