@@ -25,6 +25,7 @@ cdef class Item:
     # What a grant needs, carried for admission (push)
     cdef public double grant_deadline
     cdef public long max_tokens
+    cdef public double service   # its expected service when queued (-1: unknown then)
     # Intrusive links: the tenant's FIFO and the band's age (enqueue-order) list.
     cdef Item t_prev
     cdef Item t_next

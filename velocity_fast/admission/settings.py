@@ -7,6 +7,7 @@ configuration (its ``bands``, ``sla_ms``, ``max_concurrency`` and the free-form
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
@@ -20,20 +21,26 @@ POLICIES = ("static", "dynamic", "smart")
 
 
 class BandSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """One priority band. ``queue_bytes`` 0 = no byte limit; ``ttl_ms`` 0 = no TTL."""
+    """One priority band. ``queue_bytes`` 0 = no byte limit; ``ttl_ms`` 0 = no TTL.
+
+    ``sla_ms``: the deadline of this band's requests that name none of their own (nor
+    their tenant); None: the server's ``sla_ms``; 0: none. A request without a deadline
+    is never declined on a prediction: it waits its turn and fills what the engines run
+    up to the band's ceiling (batch work is judged by throughput, not by a deadline)."""
 
     name: str
     ceiling: float
     queue_capacity: int = 1000
     queue_bytes: int = 0
     ttl_ms: float = 30000.0
+    sla_ms: float | None = None
 
 
 def _default_bands() -> list[BandSettings]:
     return [
         BandSettings(name="high", ceiling=1.5, queue_capacity=1000, ttl_ms=60000.0),
         BandSettings(name="normal", ceiling=1.0, queue_capacity=1000, ttl_ms=30000.0),
-        BandSettings(name="low", ceiling=0.8, queue_capacity=5000, ttl_ms=120000.0),
+        BandSettings(name="low", ceiling=0.8, queue_capacity=5000, ttl_ms=120000.0, sla_ms=0.0),
     ]
 
 
@@ -121,6 +128,10 @@ class AdmissionSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
             if b.queue_capacity < 0 or b.queue_bytes < 0 or b.ttl_ms < 0:
                 raise AdmissionConfigError(
                     f"bands[{i}]: queue_capacity, queue_bytes and ttl_ms of band {b.name!r} must be >= 0")
+            if b.sla_ms is not None and not 0 <= b.sla_ms < math.inf:
+                raise AdmissionConfigError(
+                    f"bands[{i}].sla_ms: band {b.name!r} needs a finite number of milliseconds >= 0 "
+                    f"(0: no deadline; leave it out for the server's), got {b.sla_ms}")
         if self.default_band not in names:
             # A config with its own band names and no "normal": the middle band.
             self.default_band = names[len(names) // 2]
