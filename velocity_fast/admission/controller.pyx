@@ -462,6 +462,9 @@ cdef class Admission:
             "endpoints": endpoints,
             "sla": {"met": tel.sla_met, "missed": tel.sla_missed,
                     "compliance": round(tel.sla_met / judged, 4) if judged else None},
+            # Retry-After times told (made), and of those come due, whether a request
+            # arriving then would have been admitted within its SLA (kept) or not (broken).
+            "retry_promises": dict(self.promise_counts),
             "latency_ms": {"e2e": percentiles(tel.e2e), "ttft": percentiles(tel.ttfts)},
         }
 

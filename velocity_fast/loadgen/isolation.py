@@ -65,6 +65,9 @@ class Fleet:
     engine_args: list[list[str]]
     policy: str
     log_dir: str
+    #: More `serve` flags (e.g. --sla-ms), and the sim flags every engine gets.
+    gateway_args: tuple[str, ...] = ()
+    sim_base: tuple[str, ...] = BASE_SIM
     procs: list[subprocess.Popen] = field(default_factory=list)
     port: int = 0
     admin_port: int = 0
@@ -76,13 +79,14 @@ class Fleet:
         env.update(env_add)
         endpoints = []
         for i, extra in enumerate(self.engine_args):
-            argv = [*head, "--host", "127.0.0.1", "--port", str(base + i), "--model", MODEL, *BASE_SIM, *extra]
+            argv = [*head, "--host", "127.0.0.1", "--port", str(base + i), "--model", MODEL, *self.sim_base, *extra]
             self.procs.append(self._spawn(argv, env, f"engine-{i}.log"))
             endpoints += ["--endpoint", f"e{i}=http://127.0.0.1:{base + i}={MODEL}"]
         self.port, self.admin_port = free_port(), free_port()
         gw, _ = python_child("velocity_fast")
         self.procs.append(self._spawn([*gw, "serve", *endpoints, "--policy", self.policy, "--host", "127.0.0.1",
-                                       "--port", str(self.port), "--admin-port", str(self.admin_port)],
+                                       "--port", str(self.port), "--admin-port", str(self.admin_port),
+                                       *self.gateway_args],
                                       env, "gateway.log"))
 
     def _spawn(self, argv: list[str], env: dict, log: str) -> subprocess.Popen:
