@@ -30,7 +30,7 @@ from collections import deque
 
 from asyncio import get_running_loop
 
-from libc.math cimport INFINITY, ceil
+from libc.math cimport INFINITY, ceil, floor
 
 from velocity_fast.admission.aimd cimport AimdLimit
 from velocity_fast.admission.bands cimport BandQueue, BandQueues, Item
@@ -294,7 +294,7 @@ cdef class Admission:
             if st.aimd.on_breach(now - self.settings.stale_after_ms / 1000.0, now):
                 ep.limit = st.aimd.limit
         elif (st.aimd is not None and not st.load.capacity_known and ep.waiting == 0 and ps is not None
-              and ps.queues.count and ep.inflight + 1 >= ep.limit * self._held_share(ps)):
+              and ps.queues.count and ep.inflight + 1 >= math.floor(ep.limit * self._held_share(ps))):
             # Slow start: the engine runs all it was sent and work waits on this limit.
             if st.aimd.on_probe(now):
                 ep.limit = st.aimd.limit
@@ -499,15 +499,19 @@ cdef class Admission:
         return self.clock()
 
     cdef double _pool_sat(self, PoolState ps, double now) except? -1.0:
+        """The pool's saturation once one more request is granted: a band may grant it while
+        this stays within its ceiling. Counting the grant itself, not the state before it,
+        makes a ceiling below 1 keep at least one slot of every engine for higher bands,
+        whatever the engine's batch (0.95 of 8 leaves one, as of 64 it leaves four)."""
         cdef EndpointLoad e
         if self._sat is not None:
-            return self._sat.pool(ps.loads, ps.pending, now)
+            return self._sat.pool(ps.loads, ps.pending + 1, now)
         if self._fixed:
             for e in ps.loads:
                 if e.healthy:
                     return 0.0
             return INFINITY
-        return self._sat_obj.pool(ps.loads, ps.pending, now)
+        return self._sat_obj.pool(ps.loads, ps.pending + 1, now)
 
     cdef double _endpoint_sat(self, EndpointLoad load, double now) except? -1.0:
         if self._sat is not None:
@@ -566,7 +570,7 @@ cdef class Admission:
         sat = -1.0
         if (q.count == 0 or q.count_through(band) == 0) and room > 0:
             sat = self._pool_sat(ps, now)
-            if sat < <double>self._ceilings[band]:
+            if sat <= <double>self._ceilings[band] and sat != INFINITY:
                 return self._grant(ps, band, ticket.tenant, ticket.max_tokens, ticket.prompt_bytes, service,
                                    deadline, now, now)
         if self._sla_reject and budget != INFINITY:
@@ -668,7 +672,7 @@ cdef class Admission:
         if free > 0:
             if sat < 0.0:
                 sat = self._pool_sat(ps, now)
-            if sat >= ceiling:
+            if sat > ceiling:
                 free = 0  # the room there is kept for higher bands
         if ahead + 1 <= free:
             return service
@@ -678,8 +682,8 @@ cdef class Admission:
     cdef double _held_share(self, PoolState ps):
         """The share of an engine's limit the highest band with queued work may fill (its
         ceiling, at most 1): a limit is what holds that work back once in-flight reaches
-        this share of it. Low work waits at 0.8 of the limit, so a limit that grew only
-        when in-flight reached all of it would never grow for low work alone."""
+        this share of it (as many as the band may hold, rounded down). Low work stops below all of the limit, so a limit
+        that grew only when in-flight reached all of it would never grow for low work alone."""
         cdef BandQueues q = ps.queues
         cdef double c
         cdef int i
@@ -760,7 +764,7 @@ cdef class Admission:
             if self._refresh(ps):
                 room = free_slots(ps.seen, ps.pending)
                 sat = self._pool_sat(ps, now) if room > 0 else -1.0
-                if not (ps.queues.count_through(band) == 0 and room > 0 and sat < <double>self._ceilings[band]):
+                if not (ps.queues.count_through(band) == 0 and room > 0 and sat <= <double>self._ceilings[band]):
                     self._predict(ps, band, service, room, sat, now, &wait)
                     kept = wait + service <= budget * (1.0 + self._tolerance(band))
             outcome = "kept" if kept else "broken"
@@ -790,6 +794,7 @@ cdef class Admission:
         cdef EndpointState st
         cdef EndpointLoad load
         cdef double ceiling
+        cdef bint ok
         if not (ep.healthy and ep.inflight < ep.limit):
             return False
         ceiling = self._ceilings[lease.band_index]
@@ -799,9 +804,12 @@ cdef class Admission:
         if st is None:
             return True
         load = st.load
-        load.inflight = ep.inflight
         load.limit = ep.limit
-        return self._endpoint_sat(load, self._now()) < ceiling
+        # With this lease on it, as the pool's number counts the next grant.
+        load.inflight = ep.inflight + 1
+        ok = self._endpoint_sat(load, self._now()) <= ceiling
+        load.inflight = ep.inflight
+        return ok
 
     def _reject(self, int status, str reason, str message, retry_after):
         self.telemetry.reject(reason)
@@ -930,7 +938,7 @@ cdef class Admission:
                 if not have_sat:
                     sat = self._pool_sat(ps, now)
                     have_sat = True
-                if sat >= ceiling:
+                if sat > ceiling or sat == INFINITY:
                     return
                 item = q.pop(band, now)
                 if item is None:
@@ -1061,7 +1069,7 @@ cdef class Admission:
             aimd.on_breach(lease.bound_at, now)
         else:
             queued = ps.queues.count > 0
-            aimd.on_sample(queued, queued and ep.inflight + 1 >= ep.limit * self._held_share(ps),
+            aimd.on_sample(queued, queued and ep.inflight + 1 >= floor(ep.limit * self._held_share(ps)),
                            st.load.kv <= self._kv_hard_limit, now)
         ep.limit = <int>aimd.value
 
