@@ -92,8 +92,9 @@ async def test_low_band_keeps_headroom_for_higher_bands():
         lows.append(asyncio.create_task(adm.admit(Ticket(band="low"))))
     await asyncio.sleep(0.01)
     granted = [t for t in lows if t.done()]
-    # Ceiling 0.95 of a limit of 10, counting the grant itself: 9, one slot kept.
-    assert len(granted) == 9
+    # The engine's batch is not learned: the limit stands in for it, and low's soft
+    # ceiling (0.8) holds: 8 of 10.
+    assert len(granted) == 8
     for t in granted:
         t.result().bind(ep)
     high = await asyncio.wait_for(adm.admit(Ticket(band="high")), 1)

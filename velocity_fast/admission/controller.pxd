@@ -117,19 +117,20 @@ cdef class Admission:
     cdef bint _sla_reject
     cdef bint _adaptive
     cdef list _band_sla           # per band: its deadline in seconds (INFINITY: none)
+    cdef list _soft_scales        # per band: its ceiling over its soft ceiling (1: the same)
     cdef public object promise_counts
     cdef public object promise_metric
 
     cdef double _now(self) except? -1.0
-    cdef double _pool_sat(self, PoolState ps, double now) except? -1.0
-    cdef double _endpoint_sat(self, EndpointLoad load, double now) except? -1.0
+    cdef double _pool_sat(self, PoolState ps, double now, int band) except? -1.0
+    cdef double _endpoint_sat(self, EndpointLoad load, double now, int band) except? -1.0
     cdef object _admit(self, Ticket ticket, waiter)
     cdef bint _withdraw(self, Ticket ticket, Item item) except -1
     cdef double _predict(self, PoolState ps, int band, double service, long room, double sat, double now,
                          double* wait) except? -2.0
     cdef double _slots(self, PoolState ps, int band)
     cdef double _backlog(self, PoolState ps, int band, double now)
-    cdef double _held_share(self, PoolState ps)
+    cdef double _held_share(self, PoolState ps, bint learned)
     cdef double _tolerance(self, int band)
     cdef void _check_sla(self, PoolState ps, int band, double service, double budget, long room, double sat,
                          double now) except *

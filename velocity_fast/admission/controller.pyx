@@ -294,7 +294,7 @@ cdef class Admission:
             if st.aimd.on_breach(now - self.settings.stale_after_ms / 1000.0, now):
                 ep.limit = st.aimd.limit
         elif (st.aimd is not None and not st.load.capacity_known and ep.waiting == 0 and ps is not None
-              and ps.queues.count and ep.inflight + 1 >= math.floor(ep.limit * self._held_share(ps))):
+              and ps.queues.count and ep.inflight + 1 >= math.floor(ep.limit * self._held_share(ps, False))):
             # Slow start: the engine runs all it was sent and work waits on this limit.
             if st.aimd.on_probe(now):
                 ep.limit = st.aimd.limit
@@ -483,6 +483,8 @@ cdef class Admission:
         # A band's own SLA over the server's; 0: no deadline at all.
         self._band_sla = [self._sla_s if b.sla_ms is None else (INFINITY if b.sla_ms == 0 else b.sla_ms / 1000.0)
                           for b in p.bands]
+        self._soft_scales = [b.ceiling / b.soft_ceiling if b.soft_ceiling and math.isfinite(b.ceiling) else 1.0
+                           for b in p.bands]
         self._sla_tol = s.sla_tolerance
         self._sla_tol_high = s.sla_tolerance_high
         self._global_capacity = s.global_capacity or 0
@@ -498,14 +500,16 @@ cdef class Admission:
             return monotonic()
         return self.clock()
 
-    cdef double _pool_sat(self, PoolState ps, double now) except? -1.0:
-        """The pool's saturation once one more request is granted: a band may grant it while
-        this stays within its ceiling. Counting the grant itself, not the state before it,
-        makes a ceiling below 1 keep at least one slot of every engine for higher bands,
-        whatever the engine's batch (0.95 of 8 leaves one, as of 64 it leaves four)."""
+    cdef double _pool_sat(self, PoolState ps, double now, int band) except? -1.0:
+        """The pool's saturation once one more request of ``band`` is granted: the band may
+        grant it while this stays within its ceiling. Counting the grant itself, not the
+        state before it, makes a ceiling below 1 keep at least one slot of every engine for
+        higher bands, whatever the engine's batch (0.95 of 8 leaves one, as of 64 it leaves
+        four). What is only guessed of an engine is held to the band's soft ceiling
+        (saturation.pyx: its KV, and its limit while its batch is not learned)."""
         cdef EndpointLoad e
         if self._sat is not None:
-            return self._sat.pool(ps.loads, ps.pending + 1, now)
+            return self._sat.pool(ps.loads, ps.pending + 1, now, <double>self._soft_scales[band])
         if self._fixed:
             for e in ps.loads:
                 if e.healthy:
@@ -513,9 +517,9 @@ cdef class Admission:
             return INFINITY
         return self._sat_obj.pool(ps.loads, ps.pending + 1, now)
 
-    cdef double _endpoint_sat(self, EndpointLoad load, double now) except? -1.0:
+    cdef double _endpoint_sat(self, EndpointLoad load, double now, int band) except? -1.0:
         if self._sat is not None:
-            return self._sat.endpoint(load, now, 0.0)
+            return self._sat.endpoint(load, now, 0.0, <double>self._soft_scales[band])
         if self._fixed:
             return 0.0
         return self._sat_obj.endpoint(load, now)
@@ -569,7 +573,7 @@ cdef class Admission:
         # plainest case): no wait of the gateway's making stands between it and its SLA.
         sat = -1.0
         if (q.count == 0 or q.count_through(band) == 0) and room > 0:
-            sat = self._pool_sat(ps, now)
+            sat = self._pool_sat(ps, now, band)
             if sat <= <double>self._ceilings[band] and sat != INFINITY:
                 return self._grant(ps, band, ticket.tenant, ticket.max_tokens, ticket.prompt_bytes, service,
                                    deadline, now, now)
@@ -671,7 +675,7 @@ cdef class Admission:
         free = room if room > 0 else 0
         if free > 0:
             if sat < 0.0:
-                sat = self._pool_sat(ps, now)
+                sat = self._pool_sat(ps, now, band)
             if sat > ceiling:
                 free = 0  # the room there is kept for higher bands
         if ahead + 1 <= free:
@@ -679,17 +683,20 @@ cdef class Admission:
         wait[0] = self._backlog(ps, band, now) / self._slots(ps, band)
         return service
 
-    cdef double _held_share(self, PoolState ps):
+    cdef double _held_share(self, PoolState ps, bint learned):
         """The share of an engine's limit the highest band with queued work may fill (its
-        ceiling, at most 1): a limit is what holds that work back once in-flight reaches
-        this share of it (as many as the band may hold, rounded down). Low work stops below all of the limit, so a limit
-        that grew only when in-flight reached all of it would never grow for low work alone."""
+        ceiling, at most 1; its soft ceiling while the engine's batch is not ``learned``): a
+        limit is what holds that work back once in-flight reaches this share of it (as many
+        as the band may hold, rounded down). Low work stops below all of the limit, so a
+        limit that grew only when in-flight reached all of it would never grow for it."""
         cdef BandQueues q = ps.queues
         cdef double c
         cdef int i
         for i in range(q.nbands):
             if (<BandQueue>q.bands[i]).count:
                 c = self._ceilings[i]
+                if not learned:  # the limit stands in for the batch: the soft ceiling holds
+                    c /= <double>self._soft_scales[i]
                 return c if c < 1.0 else 1.0
         return 1.0
 
@@ -763,7 +770,7 @@ cdef class Admission:
             kept = True
             if self._refresh(ps):
                 room = free_slots(ps.seen, ps.pending)
-                sat = self._pool_sat(ps, now) if room > 0 else -1.0
+                sat = self._pool_sat(ps, now, band) if room > 0 else -1.0
                 if not (ps.queues.count_through(band) == 0 and room > 0 and sat <= <double>self._ceilings[band]):
                     self._predict(ps, band, service, room, sat, now, &wait)
                     kept = wait + service <= budget * (1.0 + self._tolerance(band))
@@ -807,7 +814,7 @@ cdef class Admission:
         load.limit = ep.limit
         # With this lease on it, as the pool's number counts the next grant.
         load.inflight = ep.inflight + 1
-        ok = self._endpoint_sat(load, self._now()) <= ceiling
+        ok = self._endpoint_sat(load, self._now(), lease.band_index) <= ceiling
         load.inflight = ep.inflight
         return ok
 
@@ -932,11 +939,13 @@ cdef class Admission:
         nbands = len(self._ceilings)
         for band in range(nbands):
             ceiling = self._ceilings[band]
+            if band and <double>self._soft_scales[band] != <double>self._soft_scales[band - 1]:
+                have_sat = False  # this band's soft ceiling differs: its own number
             while True:
                 if room <= 0:
                     return
                 if not have_sat:
-                    sat = self._pool_sat(ps, now)
+                    sat = self._pool_sat(ps, now, band)
                     have_sat = True
                 if sat > ceiling or sat == INFINITY:
                     return
@@ -1069,7 +1078,8 @@ cdef class Admission:
             aimd.on_breach(lease.bound_at, now)
         else:
             queued = ps.queues.count > 0
-            aimd.on_sample(queued, queued and ep.inflight + 1 >= floor(ep.limit * self._held_share(ps)),
+            aimd.on_sample(queued, queued and ep.inflight + 1 >= floor(
+                ep.limit * self._held_share(ps, st.load.capacity_known)),
                            st.load.kv <= self._kv_hard_limit, now)
         ep.limit = <int>aimd.value
 

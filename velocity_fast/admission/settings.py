@@ -34,6 +34,12 @@ class BandSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     queue_bytes: int = 0
     ttl_ms: float = 30000.0
     sla_ms: float | None = None
+    # The ceiling on what the gateway only guesses of an engine (None: the ceiling): its KV
+    # use, which grows as the requests running decode, and its concurrency limit while it
+    # stands in for a batch not yet learned. Batch work fills all of a learned batch but a
+    # slot (0.95), and a fifth of the rest (0.8): a guess overfills the engine's own FIFO
+    # queue, where priorities no longer apply.
+    soft_ceiling: float | None = None
 
 
 def _default_bands() -> list[BandSettings]:
@@ -42,7 +48,8 @@ def _default_bands() -> list[BandSettings]:
         BandSettings(name="normal", ceiling=1.0, queue_capacity=1000, ttl_ms=30000.0),
         # Batch work: no deadline, and all of each engine's batch but a slot or a
         # twentieth, whichever is more, kept for higher bands.
-        BandSettings(name="low", ceiling=0.95, queue_capacity=5000, ttl_ms=120000.0, sla_ms=0.0),
+        BandSettings(name="low", ceiling=0.95, queue_capacity=5000, ttl_ms=120000.0, sla_ms=0.0,
+                     soft_ceiling=0.8),
     ]
 
 
@@ -130,6 +137,8 @@ class AdmissionSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
             if b.queue_capacity < 0 or b.queue_bytes < 0 or b.ttl_ms < 0:
                 raise AdmissionConfigError(
                     f"bands[{i}]: queue_capacity, queue_bytes and ttl_ms of band {b.name!r} must be >= 0")
+            if b.soft_ceiling is not None and not b.soft_ceiling > 0:
+                raise AdmissionConfigError(f"bands[{i}].soft_ceiling: band {b.name!r} needs a positive value")
             if b.sla_ms is not None and not 0 <= b.sla_ms < math.inf:
                 raise AdmissionConfigError(
                     f"bands[{i}].sla_ms: band {b.name!r} needs a finite number of milliseconds >= 0 "
