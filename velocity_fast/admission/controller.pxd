@@ -118,6 +118,7 @@ cdef class Admission:
     cdef bint _adaptive
     cdef list _band_sla           # per band: its deadline in seconds (INFINITY: none)
     cdef list _soft_scales        # per band: its ceiling over its soft ceiling (1: the same)
+    cdef unsigned long long _soft_breaks  # bit b: band b's soft scale differs from band b-1's
     cdef public object promise_counts
     cdef public object promise_metric
 

@@ -485,6 +485,12 @@ cdef class Admission:
                           for b in p.bands]
         self._soft_scales = [b.ceiling / b.soft_ceiling if b.soft_ceiling and math.isfinite(b.ceiling) else 1.0
                            for b in p.bands]
+        # Where the dispatch cycle must count a band's own saturation (a bit a band: the
+        # cycle reads it as C; bands past 63 always count their own).
+        self._soft_breaks = 0
+        for i in range(1, len(p.bands)):
+            if i > 63 or self._soft_scales[i] != self._soft_scales[i - 1]:
+                self._soft_breaks |= (<unsigned long long>1) << (i if i < 63 else 63)
         self._sla_tol = s.sla_tolerance
         self._sla_tol_high = s.sla_tolerance_high
         self._global_capacity = s.global_capacity or 0
@@ -939,7 +945,7 @@ cdef class Admission:
         nbands = len(self._ceilings)
         for band in range(nbands):
             ceiling = self._ceilings[band]
-            if band and <double>self._soft_scales[band] != <double>self._soft_scales[band - 1]:
+            if band and (self._soft_breaks >> (band if band < 63 else 63)) & 1:
                 have_sat = False  # this band's soft ceiling differs: its own number
             while True:
                 if room <= 0:
@@ -959,7 +965,7 @@ cdef class Admission:
                 # Learned since it was queued, or grown slower: one that cannot finish by
                 # its deadline from now is declined, not admitted to miss it.
                 service = item.service
-                if service < 0.0 or ps.est.tpot.samples > 0:
+                if service < 0.0:  # nothing was known when it was queued: what is known now
                     service = ps.est.expect_size(<double>item.nbytes, item.max_tokens)
                 if self._sla_reject and service > 0.0 and now + service > item.deadline:
                     self._fail_waiter(item, 429, "sla", "can no longer meet its SLA",
