@@ -202,6 +202,7 @@ cdef class Lease(RoomFilter):
             self.first_byte_at = self._adm._now()
             if self.endpoint is not None:
                 self._st.est.first_byte(self.first_byte_at - self.bound_at)
+                # The pool's too: a gateway under its first long streams can already predict.
                 self._ps.est.first_byte(self.first_byte_at - self.bound_at)
 
     cpdef release(self, str outcome="completed", error_text=None, long tokens=0):
