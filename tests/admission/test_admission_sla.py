@@ -271,3 +271,18 @@ async def test_low_work_fills_a_learned_batch_but_one_slot_and_a_guessed_one_to_
     for it in got:
         if it.__class__.__name__ == "Item" and it.waiter.done() and not it.waiter.cancelled():
             it.waiter.exception()  # the shutdown's 503, retrieved
+
+
+async def test_retry_after_looks_no_further_than_a_minute():
+    clock = Clock()
+    adm, (ep,) = make(limit=1, clock=clock, sla_ms=1000)
+    await learn(adm, ep, clock, service=2.0, tokens=20)
+    held = fill(adm, [ep], 1, band="normal")
+    told = []
+    for _ in range(100):
+        with pytest.raises(Rejected) as e:
+            await adm.admit(Ticket(max_tokens=20))
+        told.append(e.value.retry_after)
+    assert told == sorted(told) and told[-1] == 60.0 and told[0] < 60.0
+    held[0].release("cancelled")
+    adm.close()

@@ -62,6 +62,11 @@ cdef str _OOM_TEXT = "out of memory"
 # queue model is an average, and a promise made at the edge is broken half the time.
 RETRY_MARGIN = 0.1
 cdef double _RETRY_MARGIN = 0.1
+# The furthest a Retry-After looks ahead: under a sustained overload the times told would
+# grow without end (and the OpenAI clients give up on one past two minutes); past this
+# the time told is this, and it is not booked ahead of the next.
+RETRY_MAX_S = 60.0
+cdef double _RETRY_MAX_S = 60.0
 
 
 # -- what admission is asked --------------------------------------------------------------
@@ -756,6 +761,9 @@ cdef class Admission:
             at = now
         if at < ps.last_promise:
             at = ps.last_promise
+        if at - now > _RETRY_MAX_S:
+            self.promise_counts["made"] += 1
+            return _RETRY_MAX_S
         ps.promises.append((at, service, band, budget))
         ps.promised_work += service
         ps.last_promise = at
