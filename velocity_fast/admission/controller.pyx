@@ -1093,9 +1093,13 @@ cdef class Admission:
             aimd.on_breach(lease.bound_at, now)
         else:
             queued = ps.queues.count > 0
+            # Healthy: KV below its hard limit, and no queue of the engine's own (two or
+            # more waiting): an engine that queues is held back by itself, not by the limit,
+            # and a larger limit only lengthens its FIFO queue, where priorities no longer
+            # apply (an engine whose batch is bound by its KV shows it so).
             aimd.on_sample(queued, queued and ep.inflight + 1 >= floor(
                 ep.limit * self._held_share(ps, st.load.capacity_known)),
-                           st.load.kv <= self._kv_hard_limit, now)
+                           st.load.kv <= self._kv_hard_limit and st.load.waiting < 2.0, now)
         ep.limit = <int>aimd.value
 
     # -- housekeeping -------------------------------------------------------------------------

@@ -37,8 +37,8 @@ class BandSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # The ceiling on what the gateway only guesses of an engine (None: the ceiling): its KV
     # use, which grows as the requests running decode, and its concurrency limit while it
     # stands in for a batch not yet learned. Batch work fills all of a learned batch but a
-    # slot (0.95), and a fifth of the rest (0.8): a guess overfills the engine's own FIFO
-    # queue, where priorities no longer apply.
+    # slot (0.95), and 0.7 of a guess: a guess overfills the engine's own FIFO queue, where
+    # priorities no longer apply (an engine bound by its KV blocks never shows its batch).
     soft_ceiling: float | None = None
 
 
@@ -49,7 +49,7 @@ def _default_bands() -> list[BandSettings]:
         # Batch work: no deadline, and all of each engine's batch but a slot or a
         # twentieth, whichever is more, kept for higher bands.
         BandSettings(name="low", ceiling=0.95, queue_capacity=5000, ttl_ms=120000.0, sla_ms=0.0,
-                     soft_ceiling=0.8),
+                     soft_ceiling=0.7),
     ]
 
 
