@@ -77,9 +77,10 @@ async def test_what_is_admitted_finishes_within_its_sla_whatever_the_mix_of_size
     assert len(within) >= 0.95 * len(ok), (len(within), len(ok))
     sla = res["stats"]["sla"]
     assert sla["missed"] <= 0.05 * (sla["met"] + sla["missed"]), sla
-    # Not by declining everything: at least the 16 slots a fresh gateway gives two engines
-    # (8 each, more once slow start has seen them run all they were sent) were used.
-    assert len(ok) >= 12, len(ok)
+    # Not by declining everything: at least the slots a fresh gateway gives low work on two
+    # engines whose batch it has not learned were used (0.7 of a limit of 8 each: 10; more
+    # once slow start has seen them run all they were sent).
+    assert len(ok) >= 8, len(ok)
 
 
 @pytest.mark.timeout(240)
