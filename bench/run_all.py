@@ -48,6 +48,9 @@ def quick_set(py: str, results: Path = RESULTS, smoke: bool = False) -> list[tup
         # One repeat keeps the quick set quick; `velocityllm bench` repeats three times.
         ("policies", [b / "policies.py"],
          [py, str(b / "policies.py"), "--repeats", "1", "--no-progress", "--output", str(results / "policies")]),
+        # A burst declined at an SLA: clients that retry when told against a tenth of it.
+        ("retry_after", [b / "retry_after.py"],
+         [py, str(b / "retry_after.py"), "--json", str(results / "retry_after.json")]),
         # The same with requests that carry no SLA of their own: the server's applies.
         ("policies_no_sla", [b / "policies.py"],
          [py, str(b / "policies.py"), "--repeats", "1", "--no-progress", "--no-request-sla",

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.bench
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 QUICK_SET = ("micro", "inprocess", "overhead", "overhead_body_kb", "isolation", "prefix", "policies",
-             "policies_no_sla")
+             "retry_after", "policies_no_sla")
 # Benchmarks whose --smoke their authors add; until then run_all skips them, saying so.
 SMOKE_PENDING = ()
 PREFIX_VARIANTS = ("chat", "batch", "round-robin", "least-loaded")
@@ -235,6 +235,23 @@ def test_policies_runs_every_policy_and_answers_every_request(quick_set, name):
         if r["policy"] == "static":  # the baseline admits everything
             assert s["completed"] == s["requests"], s
     number(res["load"]["capacity_rps"], "capacity")
+
+
+@pytest.mark.timeout(300)
+def test_retry_after_reports_both_kinds_of_client_and_the_times_told(quick_set):
+    _, _, results = quick_set
+    res = json.loads((results / "retry_after.json").read_text())
+    for key in ("service_s", "drain_s", "span_of_drain"):
+        number(res[key], key)
+    for kind in ("as_told", "at_a_tenth"):
+        f = res[kind]
+        assert f["first_served"] + f["declined"] == res["requests"], (kind, f)
+        assert f["retried"] <= f["declined"] and f["retry_served_within_sla"] <= f["retried"], (kind, f)
+    assert res["as_told"]["declined"] > 0, "the smoke burst was not declined in part"
+    told = res["as_told"]["told_s"]
+    assert 0 < number(told["min"], "min told") <= number(told["max"], "max told")
+    made = res["promises"]["after_as_told"]["made"]
+    assert made >= res["as_told"]["declined_sla"]
 
 
 # -- outside the quick set ---------------------------------------------------------------

@@ -59,6 +59,21 @@ def test_summary_goodput_rejections_and_streams():
     assert s["client_cpu_us_per_request"] == pytest.approx(1000.0)
     assert s["by_band"]["high"]["good"] == 1 and s["by_band"]["low"]["good"] == 1
     assert s["by_band"]["low"]["requests"] == 4
+    # Of the three completed, one finished past its SLA.
+    assert s["admitted_miss_ratio"] == pytest.approx(1 / 3)
+
+
+def test_admitted_past_the_sla_by_load_level():
+    """Seconds of the workload split by their arrival rate: 1/s, 4/s and 9/s land in the
+    light, middle and peak levels; each level counts its completed past the SLA."""
+    specs = [spec(0, at=0.2)] + [spec(1 + i, at=1.0 + i / 4) for i in range(4)] + \
+        [spec(5 + i, at=2.0 + i / 9) for i in range(9)]
+    results = [Result(s.index, sent=s.at, done=s.at + (0.2 if s.index in (3, 9, 10) else 0.05),
+                      status=429 if s.index == 13 else 200) for s in specs]
+    levels = summarize(specs, results, start=0.0)["by_load"]
+    assert [(lv["rate_min"], lv["rate_max"], lv["requests"], lv["completed"], lv["missed"]) for lv in levels] == \
+        [(1, 1, 1, 1, 0), (4, 4, 4, 4, 1), (9, 9, 9, 8, 2)]
+    assert levels[2]["admitted_miss_ratio"] == pytest.approx(2 / 8)
 
 
 def test_client_wait_is_send_minus_schedule():

@@ -29,6 +29,7 @@ cdef class Item:
     # tenant's queue in this band), for the settlement when the answer ends.
     cdef readonly double charged
     cdef readonly TenantQueue charged_to
+    cdef public double service   # its expected service when queued (-1: unknown then)
     # Intrusive links: the tenant's FIFO and the band's age (enqueue-order) list.
     cdef Item t_prev
     cdef Item t_next

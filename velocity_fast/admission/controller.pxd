@@ -33,6 +33,18 @@ cdef class PoolState:
     cdef public list loads
     cdef public list seen
     cdef public double overload_until
+    # The pool's own service estimate (every endpoint's answers), by request size.
+    cdef readonly ServiceEstimate est
+    # The work already admitted: the expected ends of the leases held (granted, not
+    # released) whose size was estimated, and the expected service of what is queued.
+    cdef public double busy_end
+    cdef public long busy_n
+    cdef public double queued_work
+    # Retry-After promises still to come due: (at, service, band, budget) in time order,
+    # the service they add, and the latest time promised.
+    cdef public object promises
+    cdef public double promised_work
+    cdef public double last_promise
 
 
 cdef class Admission
@@ -54,6 +66,8 @@ cdef class Lease(RoomFilter):
     cdef readonly str band
     cdef readonly object tenant
     cdef readonly long max_tokens
+    cdef readonly long prompt_bytes
+    cdef readonly double expect_end
     cdef readonly double deadline
     cdef readonly double arrived_at
     cdef readonly double granted_at
@@ -112,16 +126,24 @@ cdef class Admission:
     cdef double _out_w            # token fairness: an output token's cost in input tokens
     cdef double _cached_w         # and a cached prompt token's
     cdef bint _settle             # token fairness settled from usage (fairness_charge: actual)
+    cdef list _band_sla           # per band: its deadline in seconds (INFINITY: none)
+    cdef list _soft_scales        # per band: its ceiling over its soft ceiling (1: the same)
+    cdef unsigned long long _soft_breaks  # bit b: band b's soft scale differs from band b-1's
+    cdef public object promise_counts
+    cdef public object promise_metric
 
     cdef double _now(self) except? -1.0
-    cdef double _pool_sat(self, PoolState ps, double now) except? -1.0
-    cdef double _endpoint_sat(self, EndpointLoad load, double now) except? -1.0
+    cdef double _pool_sat(self, PoolState ps, double now, int band) except? -1.0
+    cdef double _endpoint_sat(self, EndpointLoad load, double now, int band) except? -1.0
     cdef object _admit(self, Ticket ticket, waiter)
     cdef bint _withdraw(self, Ticket ticket, Item item) except -1
-    cdef double _predict(self, PoolState ps, int band, long max_tokens, long room, double sat, double now,
+    cdef double _predict(self, PoolState ps, int band, double service, long room, double sat, double now,
                          double* wait) except? -2.0
+    cdef double _slots(self, PoolState ps, int band)
+    cdef double _backlog(self, PoolState ps, int band, double now)
+    cdef double _held_share(self, PoolState ps, bint learned)
     cdef double _tolerance(self, int band)
-    cdef void _check_sla(self, PoolState ps, int band, long max_tokens, double budget, long room, double sat,
+    cdef void _check_sla(self, PoolState ps, int band, double service, double budget, long room, double sat,
                          double now) except *
     cdef PoolState _state_of(self, model)
     cdef EndpointState _ep_state(self, Endpoint ep)
@@ -129,8 +151,8 @@ cdef class Admission:
     cdef bint _refresh(self, PoolState ps) except -1
     cdef long _queued(self) except -1
     cdef void _cycle(self, PoolState ps, double now, bint have_now) except *
-    cdef Lease _grant(self, PoolState ps, int band, tenant, long max_tokens, double deadline, double arrived_at,
-                      double now)
+    cdef Lease _grant(self, PoolState ps, int band, tenant, long max_tokens, long prompt_bytes, double service,
+                      double deadline, double arrived_at, double now)
     cdef bint _fits(self, Lease lease, Endpoint ep) except -1
     cdef void _on_bind(self, Lease lease, Endpoint ep, bint rebind) except *
     cdef void _on_unbind(self, Lease lease, Endpoint ep) except *

@@ -61,7 +61,13 @@ class Lease(RoomFilter):
     @property
     def max_tokens(self) -> int: ...
     @property
-    def deadline(self) -> float: ...
+    def prompt_bytes(self) -> int: ...
+    @property
+    def expect_end(self) -> float:
+        """When it is expected to end (0: its size could not be estimated at the grant)."""
+    @property
+    def deadline(self) -> float:
+        """Arrival plus its SLA (infinity: no deadline)."""
     @property
     def arrived_at(self) -> float: ...
     @property
@@ -97,6 +103,8 @@ class Admission:
     clock: Callable[[], float]
     band_names: list[str]
     telemetry: Telemetry
+    promise_counts: dict[str, int]
+    """Retry-After times told (``made``) and, of those come due, ``kept`` and ``broken``."""
     def __init__(self, settings: Any, pools: dict, policy: Any = "dynamic", registry: Any = None,
                  clock: Callable[[], float] = ...) -> None: ...
     async def admit(self, ticket: Ticket) -> Lease:
@@ -104,7 +112,8 @@ class Admission:
     def on_metrics(self, ep: Endpoint) -> None:
         """A scrape of ``ep`` landed: update saturation, check KV, maybe dispatch."""
     def housekeep(self) -> None:
-        """Expire TTLs, decline hopeless requests (smart), then dispatch (aging)."""
+        """Judge the Retry-After promises come due, expire TTLs, decline hopeless requests,
+        then dispatch (aging)."""
     def close(self) -> None:
         """Stop the housekeeping timer and fail whatever still waits (503)."""
     def stats(self) -> dict:
@@ -114,7 +123,7 @@ class Admission:
     def withdraw(self, ticket: Ticket, item: Item) -> bool:
         """Take a queued request out of its queue (its client left); False if no longer queued."""
     def prediction(self, model: Any = None, band: str | None = None,
-                   max_tokens: int = 16) -> tuple[float, float] | None:
+                   max_tokens: int = 16, prompt_bytes: int = 0) -> tuple[float, float] | None:
         """``(wait_s, service_s)`` the SLA check would predict now; None while nothing is known."""
     def has_room(self, ep: Endpoint) -> bool:
         """True when ``ep`` may take one more request now (the router's filter)."""

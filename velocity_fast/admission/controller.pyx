@@ -26,13 +26,14 @@ import asyncio
 import logging
 import math
 import time
+from collections import deque
 
 from asyncio import get_running_loop
 
-from libc.math cimport INFINITY, ceil
+from libc.math cimport INFINITY, ceil, floor
 
 from velocity_fast.admission.aimd cimport AimdLimit
-from velocity_fast.admission.bands cimport BandQueues, Item, TenantQueue
+from velocity_fast.admission.bands cimport BandQueue, BandQueues, Item, TenantQueue
 from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.fleet.endpoint cimport Endpoint, pool_endpoints, same_endpoints
 from velocity_fast.metrics.values cimport HistChild, Value
@@ -40,7 +41,7 @@ from velocity_fast.admission.saturation cimport EndpointLoad, Saturation, free_s
 from velocity_fast.admission.estimators cimport Ewma, ServiceEstimate
 from velocity_fast.admission.telemetry cimport Telemetry, _CANCELLED, _COMPLETED, _FAILED, _outcome
 
-from velocity_fast.admission.telemetry import OUTCOMES, percentiles
+from velocity_fast.admission.telemetry import OUTCOMES, _reuse, percentiles
 
 from velocity_fast.admission.bands import REJECT_BAND_BYTES, REJECT_BAND_COUNT
 from velocity_fast.admission.errors import Rejected
@@ -57,6 +58,15 @@ log = logging.getLogger("velocity.admission")
 CONGESTION_FACTOR = 1.5
 cdef double _CONGESTION = 1.5
 cdef str _OOM_TEXT = "out of memory"
+# A Retry-After aims at a completion this share of the SLA before the deadline: the
+# queue model is an average, and a promise made at the edge is broken half the time.
+RETRY_MARGIN = 0.1
+cdef double _RETRY_MARGIN = 0.1
+# The furthest a Retry-After looks ahead: under a sustained overload the times told would
+# grow without end (and the OpenAI clients give up on one past two minutes); past this
+# the time told is this, and it is not booked ahead of the next.
+RETRY_MAX_S = 60.0
+cdef double _RETRY_MAX_S = 60.0
 
 
 # -- what admission is asked --------------------------------------------------------------
@@ -102,12 +112,22 @@ cdef class EndpointState:
 cdef class PoolState:
     """One pool's queues and what is granted but not yet bound."""
 
-    def __init__(self, pool, BandQueues queues):
+    def __init__(self, pool, BandQueues queues, double alpha=0.2):
         self.pool = pool
         self.queues = queues
         self.states = []
         self.loads = []
         self.seen = None
+        self.est = ServiceEstimate(alpha)
+        self.promises = deque()
+
+
+cdef inline void _unqueue(PoolState ps, Item item):
+    """``item`` left ``ps``'s queue: its expected service is no longer ahead of anyone."""
+    if item.service > 0.0:
+        ps.queued_work -= item.service
+    if ps.queues.count == 0 or ps.queued_work < 0.0:
+        ps.queued_work = 0.0
 
 
 # -- the waiter -----------------------------------------------------------------------------
@@ -187,6 +207,8 @@ cdef class Lease(RoomFilter):
             self.first_byte_at = self._adm._now()
             if self.endpoint is not None:
                 self._st.est.first_byte(self.first_byte_at - self.bound_at)
+                # The pool's too: a gateway under its first long streams can already predict.
+                self._ps.est.first_byte(self.first_byte_at - self.bound_at)
 
     cpdef usage(self, double prompt, double cached, double completion):
         """What the engine served this request (its ``usage``: prompt tokens, the cached
@@ -248,6 +270,11 @@ cdef class Admission:
         self.telemetry = Telemetry(registry, self.band_names, self.settings.latency_window,
                                    self._depth_samples, self._saturation_samples, self._limit_samples,
                                    self._inflight_samples)
+        reg = self.telemetry.registry
+        self.promise_metric = _reuse(reg, reg.counter, "velocity_retry_promises_total",
+                                     "Retry-After times come due, by whether a request arriving then would "
+                                     "be admitted and meet its SLA (kept) or not (broken).", ("outcome",))
+        self.promise_counts = {"made": 0, "kept": 0, "broken": 0}
         sat = self.policy.saturation
         self._configure(sat.model if type(sat) is EngineSaturation else None, type(sat) is FixedConcurrency)
         for model in list(pools):
@@ -285,8 +312,8 @@ cdef class Admission:
             # One cut per staleness window: a full cache stays full for a few scrapes.
             if st.aimd.on_breach(now - self.settings.stale_after_ms / 1000.0, now):
                 ep.limit = st.aimd.limit
-        elif (st.aimd is not None and not st.load.capacity_known and ep.waiting == 0
-              and ep.inflight + 1 >= ep.limit and ps is not None and ps.queues.count):
+        elif (st.aimd is not None and not st.load.capacity_known and ep.waiting == 0 and ps is not None
+              and ps.queues.count and ep.inflight + 1 >= math.floor(ep.limit * self._held_share(ps, False))):
             # Slow start: the engine runs all it was sent and work waits on this limit.
             if st.aimd.on_probe(now):
                 ep.limit = st.aimd.limit
@@ -307,6 +334,7 @@ cdef class Admission:
         shed = [it for it in ps.queues if it.band > 0]
         for it in shed:
             ps.queues.cancel(it.id)
+            _unqueue(ps, it)
             self._fail_waiter(it, 503, "overload", "an engine ran out of memory; shedding non-high work", retry)
 
     # -- housekeeping ----------------------------------------------------------------
@@ -317,37 +345,39 @@ cdef class Admission:
             self.housekeep()
         except Exception:
             log.exception("admission housekeeping failed")
-        if self._queued_total():
+        if self._queued_total() or any(ps.promises for ps in self._pools.values()):
             self._arm_tick()
 
     def housekeep(self) -> None:
-        """Expire TTLs, decline hopeless requests (smart), then dispatch (aging)."""
+        """Judge the Retry-After promises come due, expire TTLs, decline hopeless
+        requests, then dispatch (aging)."""
         now = self.clock()
         for ps in self._pools.values():
+            if ps.promises:
+                self._settle_promises(ps, now)
             q = ps.queues
             if q.count == 0:
                 continue
             for it in q.expire(now):
+                _unqueue(ps, it)
                 self._fail_waiter(it, 504, "ttl", "waited in the queue past its TTL", None)
             if self.policy.drop_hopeless and q.count:
                 self._drop_hopeless(ps, now)
             self._dispatch(ps, now)
 
-    def _drop_hopeless(self, ps: PoolState, now: float) -> None:
-        base = tpot = None
-        for st in ps.states:
-            if not (st.ep.healthy and st.est.known):
-                continue
-            t = st.est.ttft.value if st.est.ttft.value is not None else st.est.service.value
-            p = st.est.tpot.value or 0.0
-            base = t if base is None else min(base, t)
-            tpot = p if tpot is None else min(tpot, p)
-        if base is None:
+    def _drop_hopeless(self, PoolState ps, double now) -> None:
+        cdef ServiceEstimate est = ps.est
+        if not est.tpot.seen:
             return
-        # Only the best case counts (no queue wait, fastest endpoint): what is dropped
-        # here could not have made it under any schedule.
+        # Only the best case counts (no queue wait): what is dropped here could not have
+        # made it under any schedule. The pool's own estimate by size: a first token by
+        # the line learned from streams (none from whole answers), then each token.
+        base = est.first_token(0.0) if est.streams else 0.0
+        tpot = est.tpot.value
         for it in ps.queues.pop_hopeless(now, base, tpot):
-            self._fail_waiter(it, 429, "sla", "can no longer meet its SLA", 1)
+            _unqueue(ps, it)
+            self._fail_waiter(it, 429, "sla", "can no longer meet its SLA",
+                              self._promise(ps, it.band, it.service, it.grant_deadline - it.enqueued_at, now))
 
     def _fail_waiter(self, item, status: int, reason: str, message: str, retry_after) -> None:
         fut = item.waiter
@@ -361,8 +391,10 @@ cdef class Admission:
             self._tick.cancel()
             self._tick = None
         for ps in self._pools.values():
+            ps.promises.clear()
             for it in list(ps.queues):
                 ps.queues.cancel(it.id)
+                _unqueue(ps, it)
                 self._fail_waiter(it, 503, "no-endpoint", "the gateway is shutting down", 1)
 
     # -- visibility ------------------------------------------------------------------
@@ -451,6 +483,9 @@ cdef class Admission:
             "endpoints": endpoints,
             "sla": {"met": tel.sla_met, "missed": tel.sla_missed,
                     "compliance": round(tel.sla_met / judged, 4) if judged else None},
+            # Retry-After times told (made), and of those come due, whether a request
+            # arriving then would have been admitted within its SLA (kept) or not (broken).
+            "retry_promises": dict(self.promise_counts),
             "latency_ms": {"e2e": percentiles(tel.e2e), "ttft": percentiles(tel.ttfts)},
         }
 
@@ -466,6 +501,17 @@ cdef class Admission:
         self._fixed = fixed
         self._sat_obj = p.saturation
         self._sla_s = s.sla_ms / 1000.0
+        # A band's own SLA over the server's; 0: no deadline at all.
+        self._band_sla = [self._sla_s if b.sla_ms is None else (INFINITY if b.sla_ms == 0 else b.sla_ms / 1000.0)
+                          for b in p.bands]
+        self._soft_scales = [b.ceiling / b.soft_ceiling if b.soft_ceiling and math.isfinite(b.ceiling) else 1.0
+                           for b in p.bands]
+        # Where the dispatch cycle must count a band's own saturation (a bit a band: the
+        # cycle reads it as C; bands past 63 always count their own).
+        self._soft_breaks = 0
+        for i in range(1, len(p.bands)):
+            if i > 63 or self._soft_scales[i] != self._soft_scales[i - 1]:
+                self._soft_breaks |= (<unsigned long long>1) << (i if i < 63 else 63)
         self._sla_tol = s.sla_tolerance
         self._sla_tol_high = s.sla_tolerance_high
         self._global_capacity = s.global_capacity or 0
@@ -484,20 +530,26 @@ cdef class Admission:
             return monotonic()
         return self.clock()
 
-    cdef double _pool_sat(self, PoolState ps, double now) except? -1.0:
+    cdef double _pool_sat(self, PoolState ps, double now, int band) except? -1.0:
+        """The pool's saturation once one more request of ``band`` is granted: the band may
+        grant it while this stays within its ceiling. Counting the grant itself, not the
+        state before it, makes a ceiling below 1 keep at least one slot of every engine for
+        higher bands, whatever the engine's batch (0.95 of 8 leaves one, as of 64 it leaves
+        four). What is only guessed of an engine is held to the band's soft ceiling
+        (saturation.pyx: its KV, and its limit while its batch is not learned)."""
         cdef EndpointLoad e
         if self._sat is not None:
-            return self._sat.pool(ps.loads, ps.pending, now)
+            return self._sat.pool(ps.loads, ps.pending + 1, now, <double>self._soft_scales[band])
         if self._fixed:
             for e in ps.loads:
                 if e.healthy:
                     return 0.0
             return INFINITY
-        return self._sat_obj.pool(ps.loads, ps.pending, now)
+        return self._sat_obj.pool(ps.loads, ps.pending + 1, now)
 
-    cdef double _endpoint_sat(self, EndpointLoad load, double now) except? -1.0:
+    cdef double _endpoint_sat(self, EndpointLoad load, double now, int band) except? -1.0:
         if self._sat is not None:
-            return self._sat.endpoint(load, now, 0.0)
+            return self._sat.endpoint(load, now, 0.0, <double>self._soft_scales[band])
         if self._fixed:
             return 0.0
         return self._sat_obj.endpoint(load, now)
@@ -518,7 +570,7 @@ cdef class Admission:
         cdef double now = self._now()
         cdef PoolState ps = self._pools.get(ticket.model)
         cdef int band
-        cdef double deadline, budget, sat
+        cdef double deadline, budget, sat, service
         cdef long room, cap
         cdef long long rid
         cdef Item item
@@ -535,11 +587,14 @@ cdef class Admission:
         if self._oom_throttle and band > 0 and now < ps.overload_until:
             raise self._reject(503, "overload", "an engine ran out of memory; shedding non-high work",
                                max(1, <long>ceil(ps.overload_until - now)))
-        # The SLA: the request's own (or its tenant's, filled in by the gateway), else the
-        # server's. Either is a real deadline: predicted, declined early, judged.
+        # The SLA: the request's own (or its tenant's, filled in by the gateway), else its
+        # band's, else the server's. Each is a real deadline: predicted, declined early,
+        # judged. A band may have none (INFINITY): its work is never declined on a prediction.
         sla_ms = ticket.sla_ms
-        budget = <double>sla_ms / 1000.0 if sla_ms is not None and sla_ms > 0 else self._sla_s
+        budget = <double>sla_ms / 1000.0 if sla_ms is not None and sla_ms > 0 else <double>self._band_sla[band]
         deadline = now + budget
+        # Its expected service by its size (-1: nothing learned yet).
+        service = ps.est.expect_size(<double>ticket.prompt_bytes, ticket.max_tokens)
         q = ps.queues
         # Free slots on the pool's endpoints: nothing below binds or frees one, so the
         # count holds until this call returns.
@@ -549,15 +604,16 @@ cdef class Admission:
         # plainest case): no wait of the gateway's making stands between it and its SLA.
         sat = -1.0
         if (q.count == 0 or q.count_through(band) == 0) and room > 0:
-            sat = self._pool_sat(ps, now)
-            if sat < <double>self._ceilings[band]:
-                lease = self._grant(ps, band, ticket.tenant, ticket.max_tokens, deadline, now, now)
+            sat = self._pool_sat(ps, now, band)
+            if sat <= <double>self._ceilings[band] and sat != INFINITY:
+                lease = self._grant(ps, band, ticket.tenant, ticket.max_tokens, ticket.prompt_bytes, service,
+                                    deadline, now, now)
                 if q.counted(band):  # dispatched without queueing: charged all the same
                     lease.fair_charged = q.estimate(ticket.prompt_bytes, ticket.max_tokens)
                     lease._fair_t = q.charge(band, ticket.tenant, lease.fair_charged)
                 return lease
-        if self._sla_reject:
-            self._check_sla(ps, band, ticket.max_tokens, budget, room, sat, now)
+        if self._sla_reject and budget != INFINITY:
+            self._check_sla(ps, band, service, budget, room, sat, now)
         # With one pool (the common case) its queue is all that waits.
         cap = self._global_capacity
         if cap and (q.count if len(self._pools) == 1 else self._queued()) >= cap:
@@ -576,6 +632,9 @@ cdef class Admission:
         # deadline from the same arrival time).
         item.grant_deadline = deadline
         item.max_tokens = ticket.max_tokens
+        item.service = service
+        if service > 0.0:
+            ps.queued_work += service
         if room > 0:  # else the cycle would stop at once (the pool was just refreshed)
             self._cycle(ps, now, True)
         # Under load the tick is already armed: no need to ask the waiter.
@@ -595,91 +654,181 @@ cdef class Admission:
         if ps is None or not ps.queues.holds(item):
             return False
         ps.queues._remove(item)
+        _unqueue(ps, item)
         self.telemetry.queue_cancelled += 1
         return True
 
-    cdef double _predict(self, PoolState ps, int band, long max_tokens, long room, double sat, double now,
-                         double* wait) except? -2.0:
-        """The expected service of a request of ``band`` asking ``max_tokens``, arriving
-        now, on the fastest healthy endpoint (-1 when no estimate is known yet); its
-        expected queue wait goes to ``wait``. ``room``: free slots in the pool;
-        ``sat``: the pool's saturation when the caller already counted it (else < 0)."""
+    cdef double _slots(self, PoolState ps, int band):
+        """What the pool runs at once for ``band``: each healthy engine's limit, or its
+        learned batch when smaller, times the band's share when its ceiling is below 1."""
         cdef EndpointState st
         cdef EndpointLoad load
-        cdef double service = -1.0, s, mean = 0.0, slots = 0.0, cap, w, ceiling
-        cdef long known = 0, ahead, free
-        wait[0] = 0.0
+        cdef double slots = 0.0, cap, ceiling
         for st in ps.states:
             if not st.ep.healthy:
                 continue
-            s = st.est.expect(max_tokens)
-            if s >= 0.0 and (service < 0.0 or s < service):
-                service = s
-            if st.est.service.seen:
-                mean += st.est.service._value
-                known += 1
-            # What the engine runs at once: its limit, or its learned batch when smaller.
             load = st.load
             cap = <double>st.ep.limit
             if load.capacity_known and load.capacity < cap:
                 cap = load.capacity
             slots += cap
-        if service < 0.0:
-            return -1.0
-        mean = mean / known if known else service
         ceiling = self._ceilings[band]
         if ceiling < 1.0:
             slots *= ceiling  # the share of each engine this band may hold
-        if slots < 1.0:
-            slots = 1.0
-        # Queue model: the requests ahead (queued at or above this band) and this one
-        # take the free slots this band may use, then the engines' slots in rounds of
-        # ``mean`` seconds. Whole rounds: a flood's batch starts together and ends
-        # together, so the first one queued waits a whole service, not a share of one
-        # (in a steady stream this overstates the wait by less than one service).
+        return slots if slots >= 1.0 else 1.0
+
+    cdef double _backlog(self, PoolState ps, int band, double now):
+        """The work (seconds of one slot) ahead of a request of ``band`` arriving now: what
+        the leases held still have to run by their expected ends, and the expected service
+        of what is queued at or above its band (the queue's share of its queued work)."""
+        cdef double busy = ps.busy_end - ps.busy_n * now, queued = 0.0
+        cdef long count = ps.queues.count
+        if busy < 0.0:
+            busy = 0.0
+        if count > 0 and ps.queued_work > 0.0:
+            queued = ps.queued_work * ps.queues.count_through(band) / count
+        return busy + queued
+
+    cdef double _predict(self, PoolState ps, int band, double service, long room, double sat, double now,
+                         double* wait) except? -2.0:
+        """The expected queue wait of a request of ``band`` whose own expected service is
+        ``service`` (-1: unknown), arriving now, goes to ``wait``; returns ``service``.
+        ``room``: free slots in the pool; ``sat``: the pool's saturation when the caller
+        already counted it (else < 0).
+
+        Queue model: the engines drain the work ahead, the leases held (each by its own
+        size, as far as it is still expected to run) and what is queued ahead, at the rate
+        of the slots this band may use. A request that free slots can take with those
+        ahead of it does not wait."""
+        cdef double ceiling
+        cdef long ahead, free
+        wait[0] = 0.0
+        if service < 0.0:
+            return -1.0
+        ceiling = self._ceilings[band]
         ahead = ps.queues.count_through(band)
         free = room if room > 0 else 0
         if free > 0:
             if sat < 0.0:
-                sat = self._pool_sat(ps, now)
-            if sat >= ceiling:
+                sat = self._pool_sat(ps, now, band)
+            if sat > ceiling:
                 free = 0  # the room there is kept for higher bands
-        w = (ahead + 1 - free) / slots
-        wait[0] = ceil(w) * mean if w > 0.0 else 0.0
+        if ahead + 1 <= free:
+            return service
+        wait[0] = self._backlog(ps, band, now) / self._slots(ps, band)
         return service
+
+    cdef double _held_share(self, PoolState ps, bint learned):
+        """The share of an engine's limit the highest band with queued work may fill (its
+        ceiling, at most 1; its soft ceiling while the engine's batch is not ``learned``): a
+        limit is what holds that work back once in-flight reaches this share of it (as many
+        as the band may hold, rounded down). Low work stops below all of the limit, so a
+        limit that grew only when in-flight reached all of it would never grow for it."""
+        cdef BandQueues q = ps.queues
+        cdef double c
+        cdef int i
+        for i in range(q.nbands):
+            if (<BandQueue>q.bands[i]).count:
+                c = self._ceilings[i]
+                if not learned:  # the limit stands in for the batch: the soft ceiling holds
+                    c /= <double>self._soft_scales[i]
+                return c if c < 1.0 else 1.0
+        return 1.0
 
     cdef double _tolerance(self, int band):
         """How far past its SLA a prediction may go before a 429: the first band's own."""
         return self._sla_tol_high if band == 0 else self._sla_tol
 
-    cdef void _check_sla(self, PoolState ps, int band, long max_tokens, double budget, long room, double sat,
+    cdef void _check_sla(self, PoolState ps, int band, double service, double budget, long room, double sat,
                          double now) except *:
         """A request that cannot go at once: raise Rejected (429 ``sla``) when its
         predicted completion, the queue wait ahead of it plus its own service, passes
         its SLA (with the band's tolerance). Unknown estimates predict nothing: a cold
         gateway never declines on a guess."""
         cdef double wait = 0.0, predicted
-        cdef double service = self._predict(ps, band, max_tokens, room, sat, now, &wait)
+        service = self._predict(ps, band, service, room, sat, now, &wait)
         if service < 0.0:
             return
         predicted = wait + service
         if predicted > budget * (1.0 + self._tolerance(band)):
-            # Retry-After: once the queue ahead has drained, a request goes at once, and one
-            # that goes at once is not declined on a prediction.
             raise self._reject(
                 429, "sla", f"predicted completion {predicted * 1000:.0f} ms exceeds the SLA of "
-                f"{budget * 1000:.0f} ms", max(1, <long>ceil(wait)))
+                f"{budget * 1000:.0f} ms", self._promise(ps, band, service, budget, now))
 
-    def prediction(self, model=None, band=None, long max_tokens=16):
+    # -- Retry-After: a time that keeps its promise ------------------------------------------
+
+    def _promise(self, PoolState ps, int band, double service, double budget, double now):
+        """When a declined request of ``band`` (own service ``service``, SLA ``budget``)
+        should come back, in seconds from now: the time at which a request arriving then
+        would be admitted and meet its SLA, with the retries already promised ahead of it.
+
+        The work ahead now drains at the rate of the slots this band may use; each promise
+        adds its own service to the work ahead of the later ones, so successive declines of
+        a burst are told successive times, one service per slot apart: the burst comes back
+        at the pace the engines drain, not as one herd. The time aims at a completion a
+        tenth of the SLA before the deadline (RETRY_MARGIN). A float: the gateway writes
+        whole seconds in Retry-After and the milliseconds in ``retry-after-ms``."""
+        cdef double slots, allowed, ahead, at
+        self._settle_promises(ps, now)
+        if service < 0.0:
+            service = 0.0
+        slots = self._slots(ps, band)
+        # The wait that still meets the SLA; an SLA shorter than the service itself is
+        # met by no wait: come back when the work ahead has drained.
+        allowed = budget * (1.0 - _RETRY_MARGIN) - service
+        if allowed < 0.0:
+            allowed = 0.0
+        ahead = self._backlog(ps, band, now) + ps.promised_work
+        at = now + (ahead - allowed * slots) / slots
+        if at < now:
+            at = now
+        if at < ps.last_promise:
+            at = ps.last_promise
+        if at - now > _RETRY_MAX_S:
+            self.promise_counts["made"] += 1
+            return _RETRY_MAX_S
+        ps.promises.append((at, service, band, budget))
+        ps.promised_work += service
+        ps.last_promise = at
+        self.promise_counts["made"] += 1
+        self._arm()
+        return at - now
+
+    def _settle_promises(self, PoolState ps, double now):
+        """Judge the promises come due: would a request of the promised band and size,
+        arriving now, be admitted and meet its SLA? Kept or broken (engines slower than
+        learned, higher bands taking the room, arrivals nobody was told of)."""
+        cdef double wait = 0.0, service, budget, sat
+        cdef long room
+        cdef int band
+        promises = ps.promises
+        while promises and promises[0][0] <= now:
+            _, service, band, budget = promises.popleft()
+            ps.promised_work -= service
+            kept = True
+            if self._refresh(ps):
+                room = free_slots(ps.seen, ps.pending)
+                sat = self._pool_sat(ps, now, band) if room > 0 else -1.0
+                if not (ps.queues.count_through(band) == 0 and room > 0 and sat <= <double>self._ceilings[band]):
+                    self._predict(ps, band, service, room, sat, now, &wait)
+                    kept = wait + service <= budget * (1.0 + self._tolerance(band))
+            outcome = "kept" if kept else "broken"
+            self.promise_counts[outcome] += 1
+            self.promise_metric.labels(outcome).inc()
+        if not promises:
+            ps.promised_work = 0.0
+
+    def prediction(self, model=None, band=None, long max_tokens=16, long prompt_bytes=0):
         """``(wait_s, service_s)`` that the SLA check would predict for a request of
-        ``band`` (name; None: the default) and ``max_tokens`` arriving now in ``model``'s
-        pool (None: the default pool); None while nothing is known."""
+        ``band`` (name; None: the default), ``prompt_bytes`` and ``max_tokens`` arriving
+        now in ``model``'s pool (None: the default pool); None while nothing is known."""
         cdef PoolState ps = self._state_of(model)
         cdef int b = self._band_of.get(band, self._default_band) if band else self._default_band
         cdef double wait = 0.0, service
         if ps is None or not self._refresh(ps):
             return None
-        service = self._predict(ps, b, max_tokens, free_slots(ps.seen, ps.pending), -1.0, self._now(), &wait)
+        service = ps.est.expect_size(<double>prompt_bytes, max_tokens)
+        service = self._predict(ps, b, service, free_slots(ps.seen, ps.pending), -1.0, self._now(), &wait)
         return None if service < 0.0 else (wait, service)
 
     def has_room(self, Endpoint ep):
@@ -690,6 +839,7 @@ cdef class Admission:
         cdef EndpointState st
         cdef EndpointLoad load
         cdef double ceiling
+        cdef bint ok
         if not (ep.healthy and ep.inflight < ep.limit):
             return False
         ceiling = self._ceilings[lease.band_index]
@@ -699,9 +849,12 @@ cdef class Admission:
         if st is None:
             return True
         load = st.load
-        load.inflight = ep.inflight
         load.limit = ep.limit
-        return self._endpoint_sat(load, self._now()) < ceiling
+        # With this lease on it, as the pool's number counts the next grant.
+        load.inflight = ep.inflight + 1
+        ok = self._endpoint_sat(load, self._now(), lease.band_index) <= ceiling
+        load.inflight = ep.inflight
+        return ok
 
     def _reject(self, int status, str reason, str message, retry_after):
         self.telemetry.reject(reason)
@@ -726,7 +879,8 @@ cdef class Admission:
                 return None
         ps = self._pools.get(model)
         if ps is None:
-            ps = self._pools[model] = PoolState(pools[model], self.policy.make_queues(self.settings))
+            ps = self._pools[model] = PoolState(pools[model], self.policy.make_queues(self.settings),
+                                                self.settings.ewma_alpha)
         return ps
 
     def _endpoint_state(self, Endpoint ep):
@@ -795,7 +949,7 @@ cdef class Admission:
         cdef BandQueues q = ps.queues
         cdef long room
         cdef bint healthy, have_sat = False
-        cdef double sat = 0.0, ceiling
+        cdef double sat = 0.0, ceiling, service
         cdef int band, nbands
         cdef Item item
         if q.count == 0:
@@ -823,24 +977,37 @@ cdef class Admission:
         nbands = len(self._ceilings)
         for band in range(nbands):
             ceiling = self._ceilings[band]
+            if band and (self._soft_breaks >> (band if band < 63 else 63)) & 1:
+                have_sat = False  # this band's soft ceiling differs: its own number
             while True:
                 if room <= 0:
                     return
                 if not have_sat:
-                    sat = self._pool_sat(ps, now)
+                    sat = self._pool_sat(ps, now, band)
                     have_sat = True
-                if sat >= ceiling:
+                if sat > ceiling or sat == INFINITY:
                     return
                 item = q.pop(band, now)
                 if item is None:
                     break
+                _unqueue(ps, item)
                 fut = item.waiter
                 if not _waiting(fut):
                     continue
+                # Learned since it was queued, or grown slower: one that cannot finish by
+                # its deadline from now is declined, not admitted to miss it.
+                service = item.service
+                if service < 0.0:  # nothing was known when it was queued: what is known now
+                    service = ps.est.expect_size(<double>item.nbytes, item.max_tokens)
+                if self._sla_reject and service > 0.0 and now + service > item.deadline:
+                    self._fail_waiter(item, 429, "sla", "can no longer meet its SLA",
+                                      self._promise(ps, item.band, service,
+                                                    item.grant_deadline - item.enqueued_at, now))
+                    continue
                 room -= 1
                 have_sat = False
-                lease = self._grant(ps, item.band, item.tenant, item.max_tokens, item.grant_deadline,
-                                    item.enqueued_at, now)
+                lease = self._grant(ps, item.band, item.tenant, item.max_tokens, item.nbytes, service,
+                                    item.grant_deadline, item.enqueued_at, now)
                 if item.charged_to is not None:  # token fairness: for the settlement
                     (<Lease>lease)._fair_t = item.charged_to
                     (<Lease>lease).fair_charged = item.charged
@@ -849,10 +1016,15 @@ cdef class Admission:
                 else:
                     fut.set_result(lease)
 
-    cdef Lease _grant(self, PoolState ps, int band, tenant, long max_tokens, double deadline, double arrived_at,
-                      double now):
+    cdef Lease _grant(self, PoolState ps, int band, tenant, long max_tokens, long prompt_bytes, double service,
+                      double deadline, double arrived_at, double now):
         cdef Lease lease = Lease.__new__(Lease)
         ps.pending += 1
+        # Admitted work: counted by its expected end until it is released.
+        if service > 0.0:
+            lease.expect_end = now + service
+            ps.busy_end += lease.expect_end
+            ps.busy_n += 1
         self._in_flight += 1
         self.telemetry._granted(band, now - arrived_at)
         lease._adm = self
@@ -861,6 +1033,7 @@ cdef class Admission:
         lease.band = self.band_names[band]
         lease.tenant = tenant
         lease.max_tokens = max_tokens
+        lease.prompt_bytes = prompt_bytes
         lease.deadline = deadline
         lease.arrived_at = arrived_at
         lease.granted_at = now
@@ -899,7 +1072,13 @@ cdef class Admission:
             if lease.fair_known and self._settle:
                 ps.queues.settle(lease._fair_t, lease.fair_actual - lease.fair_charged)
             lease._fair_t = None  # (the lease is recycled: no queue kept alive by it)
-        if outcome == _COMPLETED:
+        if lease.expect_end > 0.0:
+            ps.busy_n -= 1
+            ps.busy_end -= lease.expect_end
+            if ps.busy_n == 0:
+                ps.busy_end = 0.0  # no drift left behind by the sums
+        # Work without a deadline is not judged against one.
+        if outcome == _COMPLETED and lease.deadline != INFINITY:
             sla = 1 if now <= lease.deadline else 0
         self.telemetry._finished(lease.band_index, outcome, now - lease.arrived_at,
                                  lease.first_byte_at - lease.arrived_at if lease.first_byte_at else -1.0, sla)
@@ -918,11 +1097,12 @@ cdef class Admission:
         cdef double expected = -1.0
         cdef long n = tokens if tokens else lease.max_tokens
         cdef AimdLimit aimd
-        cdef bint slow, missed
+        cdef bint slow, missed, queued
         # What this engine usually takes for such a request, before this sample counts.
-        expected = st.est.expect(n)
+        expected = st.est.expect_size(<double>lease.prompt_bytes, n)
         if outcome == _COMPLETED:
-            st.est.done(engine_ttft, engine_s, n)
+            st.est.done(engine_ttft, engine_s, n, <double>lease.prompt_bytes)
+            ps.est.done(engine_ttft, engine_s, n, <double>lease.prompt_bytes)
         aimd = st.aimd
         if aimd is None:
             return
@@ -931,17 +1111,27 @@ cdef class Admission:
             return
         if outcome != _COMPLETED:
             return
-        slow = engine_ttft >= 0 and engine_ttft * 1000.0 > self._ttft_slo_ms
-        # A miss is the engine's doing only if its own part overran the whole budget
-        # (time queued in the gateway is not cured by a smaller engine limit) and it
-        # was slower than usual: an SLA no engine could meet says nothing of load.
-        missed = (engine_s > lease.deadline - lease.arrived_at
-                  and expected >= 0 and engine_s > _CONGESTION * expected)
+        # Latency is a breach only for work that has a deadline: a limit cut for what only
+        # deadline-free work sees would cost its throughput and serve no SLA.
+        slow = missed = False
+        if lease.deadline != INFINITY:
+            slow = engine_ttft >= 0 and engine_ttft * 1000.0 > self._ttft_slo_ms
+            # A miss is the engine's doing only if its own part overran the whole budget
+            # (time queued in the gateway is not cured by a smaller engine limit) and it
+            # was slower than usual: an SLA no engine could meet says nothing of load.
+            missed = (engine_s > lease.deadline - lease.arrived_at
+                      and expected >= 0 and engine_s > _CONGESTION * expected)
         if slow or missed:
             aimd.on_breach(lease.bound_at, now)
         else:
-            aimd.on_sample(ps.queues.count > 0, ep.inflight + 1 >= ep.limit,
-                           st.load.kv <= self._kv_hard_limit, now)
+            queued = ps.queues.count > 0
+            # Healthy: KV below its hard limit, and no queue of the engine's own (two or
+            # more waiting): an engine that queues is held back by itself, not by the limit,
+            # and a larger limit only lengthens its FIFO queue, where priorities no longer
+            # apply (an engine whose batch is bound by its KV shows it so).
+            aimd.on_sample(queued, queued and ep.inflight + 1 >= floor(
+                ep.limit * self._held_share(ps, st.load.capacity_known)),
+                           st.load.kv <= self._kv_hard_limit and st.load.waiting < 2.0, now)
         ep.limit = <int>aimd.value
 
     # -- housekeeping -------------------------------------------------------------------------

@@ -2,7 +2,26 @@
 
 from __future__ import annotations
 
-__all__ = ["Rejected", "AdmissionConfigError"]
+import math
+
+__all__ = ["Rejected", "AdmissionConfigError", "retry_headers"]
+
+
+RETRY_AFTER_MAX_S = 86400.0
+
+
+def retry_headers(retry_after: float) -> list[tuple[str, str]]:
+    """When to come back, ``retry_after`` seconds from now: ``Retry-After`` in whole
+    seconds as HTTP has it (rounded up, at least 1), and ``retry-after-ms``, the same time
+    to the millisecond. One second is too coarse for a burst paced a few tens of
+    milliseconds apart; the OpenAI clients read ``retry-after-ms`` before
+    ``Retry-After`` (docs/operations.md, "Retry-After")."""
+    # At most a day: a wait computed from a tiny rate stays a short header, and one that is
+    # not finite never reaches ceil() (nan < x is false).
+    if not retry_after < RETRY_AFTER_MAX_S:
+        retry_after = RETRY_AFTER_MAX_S
+    return [("retry-after", str(max(1, math.ceil(retry_after - 1e-9)))),
+            ("retry-after-ms", str(max(1, round(retry_after * 1000.0))))]
 
 
 class AdmissionConfigError(ValueError):
@@ -11,9 +30,10 @@ class AdmissionConfigError(ValueError):
 
 class Rejected(Exception):
     """Admission declined the request: answer ``status`` with ``reason`` in
-    ``x-velocity-reject-reason`` and, when set, ``Retry-After: retry_after``."""
+    ``x-velocity-reject-reason`` and, when set, the headers of ``retry_headers(retry_after)``
+    (``retry_after`` in seconds, a float)."""
 
-    def __init__(self, status: int, reason: str, message: str, retry_after: int | None = None) -> None:
+    def __init__(self, status: int, reason: str, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.reason = reason
@@ -24,7 +44,7 @@ class Rejected(Exception):
         """The response headers this rejection calls for."""
         out = [("x-velocity-reject-reason", self.reason)]
         if self.retry_after is not None:
-            out.append(("retry-after", str(self.retry_after)))
+            out.extend(retry_headers(self.retry_after))
         return out
 
     def __repr__(self) -> str:

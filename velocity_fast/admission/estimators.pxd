@@ -14,7 +14,17 @@ cdef class ServiceEstimate:
     cdef readonly Ewma ttft
     cdef readonly Ewma tpot
     cdef readonly Ewma service
+    cdef double keep              # 1 - alpha: the weight an older stream keeps in the line
+    # The first-token line's weighted sums (prompt bytes x, first token y), streams only.
+    cdef double w
+    cdef double sx
+    cdef double sy
+    cdef double sxx
+    cdef double sxy
+    cdef readonly long streams
 
     cdef void first_byte(self, double ttft_s)
-    cdef void done(self, double ttft_s, double service_s, long tokens)
+    cdef double first_token(self, double nbytes)
+    cdef void done(self, double ttft_s, double service_s, long tokens, double nbytes)
+    cdef double expect_size(self, double nbytes, long max_tokens)
     cdef double expect(self, long max_tokens)

@@ -1,4 +1,5 @@
-"""Stubs for velocity_fast.admission.estimators (per-endpoint EWMA estimators behind SLA prediction)."""
+"""Stubs for velocity_fast.admission.estimators (per-endpoint and per-pool estimators behind SLA
+prediction, by request size)."""
 
 class Ewma:
     """Exponentially weighted moving average; ``value`` is None until the first sample."""
@@ -15,7 +16,8 @@ class Ewma:
         """Fold one sample in."""
 
 class ServiceEstimate:
-    """How long one endpoint takes to serve a request (seconds); unknown until a first observation."""
+    """How long one endpoint (or pool) takes to serve a request of a given size (seconds);
+    unknown until a first observation."""
     def __init__(self, alpha: float) -> None: ...
     @property
     def ttft(self) -> Ewma: ...
@@ -24,13 +26,17 @@ class ServiceEstimate:
     @property
     def service(self) -> Ewma: ...
     @property
+    def streams(self) -> int:
+        """Streams seen (their first tokens teach the first-token line)."""
+    @property
     def known(self) -> bool:
         """True once a first byte or a whole request has been seen here."""
     def observe_first_byte(self, ttft_s: float) -> None:
         """A first byte came back ``ttft_s`` after dispatch."""
-    def observe(self, ttft_s: float | None, service_s: float, tokens: int) -> None:
-        """One finished request: dispatch to first byte (None: none seen), dispatch to end, tokens out."""
-    def predict(self, max_tokens: int) -> float | None:
-        """Expected service time of a request asking ``max_tokens``; None if unknown."""
+    def observe(self, ttft_s: float | None, service_s: float, tokens: int, prompt_bytes: float = 0.0) -> None:
+        """One finished request: dispatch to first byte (None: none seen), dispatch to end, tokens
+        out, the prompt's size in bytes."""
+    def predict(self, max_tokens: int, prompt_bytes: float = 0.0) -> float | None:
+        """Expected service time of a request of ``prompt_bytes`` asking ``max_tokens``; None if unknown."""
     def snapshot(self) -> dict:
         """Current estimates in milliseconds (None when unknown)."""

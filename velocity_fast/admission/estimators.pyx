@@ -1,12 +1,27 @@
-"""Online estimators behind SLA prediction, learned per endpoint (EWMA).
+"""Online estimators behind SLA prediction, learned per endpoint and per pool.
 
-Per endpoint: time to first token measured from dispatch (prefill plus the engine's
-own queue), time per output token after the first, and whole service time. They
-start unknown; until a first observation the prediction says nothing, so a cold
-gateway never rejects on a guess. Compiled: the lease's release feeds them.
+A request's service time is estimated from its own size: time to first token as a
+line in the prompt's size (prefill grows with the prompt), then output tokens at the
+learned time per token. Both are learned online:
+
+* time per output token: from a stream, the time after the first byte over the tokens
+  after the first; from a whole answer (no stream: its first byte is its last), the
+  time past the expected first token over the tokens produced. A flood of short
+  requests teaches the rate that a long one is then charged per token, so the estimate
+  scales with ``max_tokens`` instead of repeating what short ones took.
+* time to first token: an exponentially weighted least-squares line in the prompt's
+  bytes, from streams only (a whole answer says nothing of its first token). While the
+  prompts seen are all of one size, the line is flat (their mean).
+
+Each estimate starts unknown; until a first observation the prediction says nothing,
+so a cold gateway never rejects on a guess. Compiled: the lease's release feeds them.
 """
 
 __all__ = ["Ewma", "ServiceEstimate"]
+
+# A first byte this late in a request (as a share of its whole time) is an answer that
+# came whole, not a stream: its first byte says nothing of its first token.
+cdef double _WHOLE_ANSWER = 0.8
 
 
 cdef class Ewma:
@@ -33,50 +48,91 @@ cdef class Ewma:
 
 
 cdef class ServiceEstimate:
-    """How long one endpoint takes to serve a request (seconds). Each estimate starts
-    unknown; until a first observation the prediction says nothing, so a cold gateway
-    never rejects on a guess."""
+    """How long one endpoint (or pool) takes to serve a request of a given size
+    (seconds). Each estimate starts unknown; until a first observation the prediction
+    says nothing, so a cold gateway never rejects on a guess."""
 
     def __cinit__(self, double alpha):
         self.ttft = Ewma(alpha)
         self.tpot = Ewma(alpha)
         self.service = Ewma(alpha)
+        self.keep = 1.0 - alpha
 
     cdef void first_byte(self, double ttft_s):
         if ttft_s >= 0:
             self.ttft.add(ttft_s)
 
-    cdef void done(self, double ttft_s, double service_s, long tokens):
+    cdef double first_token(self, double nbytes):
+        """Expected time to first token of a prompt of ``nbytes``: the learned line,
+        never below zero (0 while no stream was seen)."""
+        cdef double w = self.w, mx, var, slope, v
+        if w <= 0.0:
+            return self.ttft._value if self.ttft.seen else 0.0
+        mx = self.sx / w
+        var = self.sxx / w - mx * mx
+        slope = 0.0
+        # A spread of prompt sizes under a byte's square is one size: no slope to learn.
+        if var > 1.0:
+            slope = (self.sxy / w - mx * (self.sy / w)) / var
+            if slope < 0.0:
+                slope = 0.0
+        v = self.sy / w + slope * (nbytes - mx)
+        return v if v > 0.0 else 0.0
+
+    cdef void done(self, double ttft_s, double service_s, long tokens, double nbytes):
         # ttft_s < 0: no first byte was seen
-        if ttft_s >= 0 and tokens > 1 and service_s > ttft_s:
-            self.tpot.add((service_s - ttft_s) / (tokens - 1))
+        cdef double k = self.keep, first
+        cdef bint stream = ttft_s >= 0 and service_s > 0 and ttft_s < _WHOLE_ANSWER * service_s
+        if stream:
+            self.w = self.w * k + 1.0
+            self.sx = self.sx * k + nbytes
+            self.sy = self.sy * k + ttft_s
+            self.sxx = self.sxx * k + nbytes * nbytes
+            self.sxy = self.sxy * k + nbytes * ttft_s
+            self.streams += 1
+            if tokens > 1:
+                self.tpot.add((service_s - ttft_s) / (tokens - 1))
+        elif tokens > 0 and service_s > 0:
+            first = self.first_token(nbytes) if self.streams else 0.0
+            if first > service_s:
+                first = 0.0
+            self.tpot.add((service_s - first) / tokens)
         self.service.add(service_s)
 
-    cdef double expect(self, long max_tokens):
-        """The prediction, or -1 when unknown."""
-        if not self.ttft.seen:
+    cdef double expect_size(self, double nbytes, long max_tokens):
+        """The prediction for a prompt of ``nbytes`` asking ``max_tokens``, or -1 when unknown."""
+        cdef long n = max_tokens if max_tokens > 0 else 1
+        if not self.tpot.seen:
+            if self.ttft.seen:
+                return self.ttft._value
             return self.service._value if self.service.seen else -1.0
-        cdef double per = self.tpot._value if self.tpot.seen else 0.0
-        return self.ttft._value + (max_tokens - 1 if max_tokens > 1 else 0) * per
+        if self.streams:
+            return self.first_token(nbytes) + (n - 1) * self.tpot._value
+        return n * self.tpot._value
+
+    cdef double expect(self, long max_tokens):
+        """The prediction for a short prompt, or -1 when unknown."""
+        return self.expect_size(0.0, max_tokens)
 
     def observe_first_byte(self, double ttft_s):
         """A first byte came back ``ttft_s`` after dispatch. Learned at once, not at
         the end, so that a gateway under its first long requests can already predict."""
         self.first_byte(ttft_s)
 
-    def observe(self, ttft_s, double service_s, long tokens):
-        """One finished request: dispatch to first byte (None: none seen; already fed
-        through ``observe_first_byte``), dispatch to end, tokens out."""
-        self.done(-1.0 if ttft_s is None else <double>ttft_s, service_s, tokens)
+    def observe(self, ttft_s, double service_s, long tokens, double prompt_bytes=0.0):
+        """One finished request: dispatch to first byte (None: none seen), dispatch to
+        end, tokens out, the prompt's size in bytes."""
+        self.done(-1.0 if ttft_s is None else <double>ttft_s, service_s, tokens, prompt_bytes)
 
     @property
     def known(self):
         """True once a first byte or a whole request has been seen here."""
         return self.ttft.seen or self.service.seen
 
-    def predict(self, long max_tokens):
-        """Expected service time of a request asking ``max_tokens``; None if unknown."""
-        cdef double s = self.expect(max_tokens)
+    def predict(self, long max_tokens, double prompt_bytes=0.0):
+        """Expected service time of a request of ``prompt_bytes`` asking ``max_tokens``;
+        None if unknown."""
+        cdef double s = self.expect_size(prompt_bytes, max_tokens)
         return None if s < 0 else s
 
     def snapshot(self):

@@ -42,7 +42,7 @@ cdef class Saturation:
     cdef readonly double kv_threshold
     cdef readonly double stale_after
 
-    cpdef double endpoint(self, EndpointLoad load, double now, double extra=*)
+    cpdef double endpoint(self, EndpointLoad load, double now, double extra=*, double soft_scale=*)
     cpdef double update(self, EndpointLoad load, double running, double waiting,
                         double kv, double scraped_at, double now)
-    cpdef double pool(self, list loads, double pending, double now)
+    cpdef double pool(self, list loads, double pending, double now, double soft_scale=*)

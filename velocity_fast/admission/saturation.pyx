@@ -140,11 +140,16 @@ cdef class Saturation:
         self.kv_threshold = kv_threshold
         self.stale_after = stale_after
 
-    cpdef double endpoint(self, EndpointLoad load, double now, double extra=0.0):
+    cpdef double endpoint(self, EndpointLoad load, double now, double extra=0.0, double soft_scale=1.0):
         """Saturation of one endpoint at ``now`` with ``extra`` in-flight requests
         (outstanding leases) on top of its own: the worst of queued / queue
-        threshold, KV / KV threshold (fresh scrapes only) and in-flight / limit.
-        Also stored in ``load.value``."""
+        threshold, KV / KV threshold (fresh scrapes only) and in-flight / limit. Also
+        stored in ``load.value``.
+
+        ``soft_scale`` (a band's ceiling over its soft ceiling) weighs what the gateway
+        only guesses of the engine: its KV use, which grows as the requests running decode,
+        and in-flight over the concurrency limit while it stands in for a batch not yet
+        learned. In-flight over a learned batch is exact: it is not scaled."""
         cdef double cap, queued, s, k, room
         cdef bint fresh = load.scraped_at > 0.0 and now - load.scraped_at <= self.stale_after
         cap = load.capacity
@@ -161,7 +166,7 @@ cdef class Saturation:
             if load.waiting > queued:
                 queued = load.waiting
             s = queued / self.queue_threshold
-            k = load.kv / self.kv_threshold
+            k = load.kv / self.kv_threshold * soft_scale
             if k > s:
                 s = k
         else:
@@ -174,6 +179,8 @@ cdef class Saturation:
             room = cap
         if room > 0.0:
             k = (load.inflight + extra) / room
+            if not load.capacity_known:
+                k *= soft_scale
             if k > s:
                 s = k
         load.value = s
@@ -185,7 +192,7 @@ cdef class Saturation:
         load.observe(running, waiting, kv, scraped_at)
         return self.endpoint(load, now, 0.0)
 
-    cpdef double pool(self, list loads, double pending, double now):
+    cpdef double pool(self, list loads, double pending, double now, double soft_scale=1.0):
         """One number for a pool: the minimum over its eligible endpoints.
 
         Minimum, not an average: the router sends the next request to an endpoint
@@ -217,7 +224,7 @@ cdef class Saturation:
         for e in loads:
             if not e.healthy or (any_room and e.inflight >= e.limit):
                 continue
-            s = self.endpoint(e, now, pending)
+            s = self.endpoint(e, now, pending, soft_scale)
             if s < best:
                 best = s
         return best

@@ -35,7 +35,12 @@ _Tolerance = Annotated[float, msgspec.Meta(ge=0, le=100)]             # a fracti
 
 
 class BandSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """One priority band. ``queue_bytes`` 0 = no byte limit; ``ttl_ms`` 0 = no TTL."""
+    """One priority band. ``queue_bytes`` 0 = no byte limit; ``ttl_ms`` 0 = no TTL.
+
+    ``sla_ms``: the deadline of this band's requests that name none of their own (nor
+    their tenant); None: the server's ``sla_ms``; 0: none. A request without a deadline
+    is never declined on a prediction: it waits its turn and fills what the engines run
+    up to the band's ceiling (batch work is judged by throughput, not by a deadline)."""
 
     name: str
     ceiling: Annotated[float, msgspec.Meta(gt=0, le=1000)]
@@ -44,13 +49,24 @@ class BandSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ttl_ms: _MsOrOff = 30000.0
     # Fairness between this band's tenants: rr, tokens or locality (None: admission.fairness).
     fairness: str | None = None
+    # 0: no deadline; None: the server's sla_ms.
+    sla_ms: Annotated[float, msgspec.Meta(ge=0, le=86_400_000)] | None = None
+    # The ceiling on what the gateway only guesses of an engine (None: the ceiling): its KV
+    # use, which grows as the requests running decode, and its concurrency limit while it
+    # stands in for a batch not yet learned. Batch work fills all of a learned batch but a
+    # slot (0.95), and 0.7 of a guess: a guess overfills the engine's own FIFO queue, where
+    # priorities no longer apply (an engine bound by its KV blocks never shows its batch).
+    soft_ceiling: Annotated[float, msgspec.Meta(gt=0, le=1000)] | None = None
 
 
 def _default_bands() -> list[BandSettings]:
     return [
         BandSettings(name="high", ceiling=1.5, queue_capacity=1000, ttl_ms=60000.0),
         BandSettings(name="normal", ceiling=1.0, queue_capacity=1000, ttl_ms=30000.0),
-        BandSettings(name="low", ceiling=0.8, queue_capacity=5000, ttl_ms=120000.0),
+        # Batch work: no deadline, and all of each engine's batch but a slot or a
+        # twentieth, whichever is more, kept for higher bands.
+        BandSettings(name="low", ceiling=0.95, queue_capacity=5000, ttl_ms=120000.0, sla_ms=0.0,
+                     soft_ceiling=0.7),
     ]
 
 

@@ -12,6 +12,7 @@ import time
 import orjson
 
 from velocity_fast.admission.controller import Ticket
+from velocity_fast.admission.errors import retry_headers
 from velocity_fast.config import EndpointConfig, Settings
 from velocity_fast.fleet.endpoint import Endpoint, Pool
 from velocity_fast.fleet.health import EndpointMonitor
@@ -33,10 +34,6 @@ from velocity_fast.upstream.pool import UpstreamPool
 __all__ = ["Gateway"]
 
 log = logging.getLogger("velocity.gateway")
-
-# The longest Retry-After the gateway sends (seconds).
-_RETRY_AFTER_MAX_S = 86400.0
-
 
 def _ingress_field(name: str) -> property:
     """A field the request path reads as C: kept in the gateway's Ingress (gateway/exchange.pyx)."""
@@ -254,10 +251,7 @@ class Gateway:
         hdrs = list(headers)
         hdrs.append(("x-velocity-reject-reason", reason))
         if retry_after is not None:
-            # Whole seconds, at least 1, at most a day: a wait computed from a tiny rate stays
-            # a short header, and one that is not finite never reaches int() (nan < x is false).
-            wait = retry_after if retry_after < _RETRY_AFTER_MAX_S else _RETRY_AFTER_MAX_S
-            hdrs.append(("retry-after", str(max(1, int(wait + 0.999)))))
+            hdrs.extend(retry_headers(retry_after))
         if not from_admission:  # admission counts its own
             self.admission.telemetry.reject(reason)
         self.metrics.requests.labels(route, status, band).inc()
@@ -357,13 +351,16 @@ class Gateway:
         ticket = x.ticket
         latency = time.monotonic() - x.req.received_at
         execution = max(latency - x.queue_s, 1e-9)
-        # The SLA judged is the one admission applied: the request's own, else the server's.
-        sla_ms = ticket.sla_ms if ticket.sla_ms is not None else self.admission.settings.sla_ms
+        # The SLA judged is the one admission applied (the request's own, its tenant's, its
+        # band's or the server's); null when it had none (a band without a deadline).
+        lease = x.lease
+        sla_s = lease.deadline - lease.arrived_at if lease is not None else math.inf
         return orjson.dumps({"request_id": x.rid, "response": text, "latency_seconds": round(latency, 6),
                              "queue_time_seconds": round(x.queue_s, 6),
                              "execution_time_seconds": round(execution, 6), "tokens_generated": tokens,
                              "tokens_per_second": round(tokens / execution, 3),
-                             "sla_met": latency * 1000.0 <= sla_ms, "priority": ticket.band})
+                             "sla_met": latency <= sla_s if math.isfinite(sla_s) else None,
+                             "priority": ticket.band})
 
     # -- admin port ----------------------------------------------------------------------------------------
     async def handle_admin(self, req: Request, resp: Responder) -> None:

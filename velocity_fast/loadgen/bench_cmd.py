@@ -272,4 +272,8 @@ async def _bench(args, policies, cfg, mix, specs, logs, server_args):
                              f"req/s ({100 * summary['goodput_ratio']:.0f}% in SLA), completed "
                              f"{summary['completed']}/{summary['requests']}, p99 "
                              f"{summary['latency_ms']['p99']:.0f} ms")
+        levels = "; ".join(
+            f"{lv['rate_min']}-{lv['rate_max']}/s: {lv['missed']}/{lv['completed']}"
+            for lv in summary["by_load"])
+        print_to(sys.stdout, f"    admitted past the SLA by arrival rate: {levels}")
     return runs

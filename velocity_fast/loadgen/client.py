@@ -20,6 +20,8 @@ from .sse import SSETokenTimer
 _REASON = b"x-velocity-reject-reason"
 _ENDPOINT = b"x-velocity-endpoint"
 _CTYPE = b"content-type"
+_RETRY_AFTER = b"retry-after"
+_RETRY_AFTER_MS = b"retry-after-ms"
 
 
 @dataclass(slots=True)
@@ -37,6 +39,7 @@ class Result:
     output_tokens: int = 0
     error: str = ""          # a transport error, an error event inside a 200 stream, or
                              # the message of an error answer (its body's error.message)
+    retry_after: float | None = None  # seconds: retry-after-ms when given, else Retry-After
 
     @property
     def ok(self) -> bool:
@@ -99,6 +102,16 @@ class _Conn(asyncio.Protocol):
             self.ex.result.endpoint = value.decode("latin-1")
         elif n == _CTYPE and value.startswith(b"text/event-stream"):
             self.ex.sse = SSETokenTimer()
+        elif n == _RETRY_AFTER_MS:
+            try:
+                self.ex.result.retry_after = float(value) / 1000.0
+            except ValueError:
+                pass
+        elif n == _RETRY_AFTER and self.ex.result.retry_after is None:
+            try:
+                self.ex.result.retry_after = float(value)
+            except ValueError:
+                pass
 
     def on_headers_complete(self) -> None:
         self.ex.result.status = self.parser.get_status_code()

@@ -11,6 +11,7 @@ COLUMNS = (
     ("throughput_rps", "thruput req/s", ("throughput_rps",), "{:.2f}"),
     ("completed", "completed", ("completed",), "{:.0f}"),
     ("failed", "not done", ("failed",), "{:.0f}"),
+    ("admitted_miss_ratio", "admitted late %", ("admitted_miss_ratio",), "pct"),
     ("latency_p50_ms", "p50 ms", ("latency_ms", "p50"), "{:.0f}"),
     ("latency_p90_ms", "p90 ms", ("latency_ms", "p90"), "{:.0f}"),
     ("latency_p99_ms", "p99 ms", ("latency_ms", "p99"), "{:.0f}"),

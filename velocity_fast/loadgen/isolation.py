@@ -67,6 +67,9 @@ class Fleet:
     log_dir: str
     #: Gateways in front of the same engines (replicas, as behind a load balancer).
     replicas: int = 1
+    #: More `serve` flags (e.g. --sla-ms), and the sim flags every engine gets.
+    gateway_args: tuple[str, ...] = ()
+    sim_base: tuple[str, ...] = BASE_SIM
     procs: list[subprocess.Popen] = field(default_factory=list)
     port: int = 0
     admin_port: int = 0
@@ -80,7 +83,7 @@ class Fleet:
         env.update(env_add)
         endpoints = []
         for i, extra in enumerate(self.engine_args):
-            argv = [*head, "--host", "127.0.0.1", "--port", str(base + i), "--model", MODEL, *BASE_SIM, *extra]
+            argv = [*head, "--host", "127.0.0.1", "--port", str(base + i), "--model", MODEL, *self.sim_base, *extra]
             self.procs.append(self._spawn(argv, env, f"engine-{i}.log"))
             endpoints += ["--endpoint", f"e{i}=http://127.0.0.1:{base + i}={MODEL}"]
         gw, _ = python_child("velocity_fast")
@@ -89,7 +92,7 @@ class Fleet:
             self.ports.append(port)
             self.admin_ports.append(admin)
             self.procs.append(self._spawn([*gw, "serve", *endpoints, "--policy", self.policy, "--host", "127.0.0.1",
-                                           "--port", str(port), "--admin-port", str(admin)],
+                                           "--port", str(port), "--admin-port", str(admin), *self.gateway_args],
                                           env, f"gateway-{r}.log" if r else "gateway.log"))
         self.port, self.admin_port = self.ports[0], self.admin_ports[0]
 

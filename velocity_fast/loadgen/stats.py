@@ -69,6 +69,9 @@ def summarize(specs, results, *, start: float, cpu_seconds: float | None = None)
         "throughput_rps": len(completed) / wall,
         "goodput_rps": len(good) / wall,
         "goodput_ratio": len(good) / n if n else math.nan,
+        # What the gateway admitted and the engines completed, past its SLA: the promise
+        # admission makes is that this stays small, whatever the load.
+        "admitted_miss_ratio": (len(completed) - len(good)) / len(completed) if completed else math.nan,
         "output_tokens_per_s": out_tokens / wall,
         "latency_ms": distribution((_latency(results[i]) for i in completed), 1000.0),
         "ttft_ms": distribution(ttft, 1000.0),
@@ -79,6 +82,7 @@ def summarize(specs, results, *, start: float, cpu_seconds: float | None = None)
                        "by_reason": dict(sorted(by_reason.items())),
                        "first_error": dict(sorted(first_error.items()))},
         "by_band": _by_band(specs, results),
+        "by_load": by_load(specs, results),
     }
     summary["peak_completion_rps"] = peak_rate_in_window([results[i].done for i in completed])
     if cpu_seconds is not None:
@@ -102,6 +106,35 @@ def peak_rate_in_window(times: list[float], window: float = 1.0) -> float:
 
 def _latency(r) -> float:
     return r.done - r.sent
+
+
+def by_load(specs, results, levels: int = 3) -> list[dict]:
+    """Admitted requests past their SLA at each load level: every request is placed by the
+    arrival rate of the second of the workload it arrived in, and the seconds are split
+    into ``levels`` ranges of that rate, from the lightest to the peak (empty ones left
+    out). Per level: its range of arrivals per second, requests, completed, completed past
+    the SLA, and their share of the completed (``admitted_miss_ratio``)."""
+    if not specs:
+        return []
+    per_second = Counter(int(s.at) for s in specs)
+    top = max(per_second.values())
+    rows = [{"rate_min": math.inf, "rate_max": 0, "requests": 0, "completed": 0, "missed": 0}
+            for _ in range(levels)]
+    for s, r in zip(specs, results):
+        rate = per_second[int(s.at)]
+        row = rows[min(levels - 1, (rate - 1) * levels // top)]
+        row["rate_min"] = min(row["rate_min"], rate)
+        row["rate_max"] = max(row["rate_max"], rate)
+        row["requests"] += 1
+        if r.ok:
+            row["completed"] += 1
+            row["missed"] += _latency(r) * 1000.0 > s.sla_ms
+    out = []
+    for row in rows:
+        if row["requests"]:
+            row["admitted_miss_ratio"] = row["missed"] / row["completed"] if row["completed"] else math.nan
+            out.append(row)
+    return out
 
 
 def _by_band(specs, results) -> dict:
