@@ -35,6 +35,7 @@ __all__ = ["Gateway"]
 
 log = logging.getLogger("velocity.gateway")
 
+
 def _ingress_field(name: str) -> property:
     """A field the request path reads as C: kept in the gateway's Ingress (gateway/exchange.pyx)."""
     return property(lambda self: getattr(self.ingress, name), lambda self, v: setattr(self.ingress, name, v),
