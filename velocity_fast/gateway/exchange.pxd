@@ -21,6 +21,7 @@ cdef class Ingress:
     cdef public dict pools
     cdef public object default_model
     cdef public list band_names
+    cdef public long max_model_len
     cdef public object _loop
     cdef list _grants
     cdef object _requests_metric
