@@ -25,7 +25,7 @@ from velocity_fast.admission.settings import AdmissionSettings, BandSettings
 from velocity_fast.fleet.health import HealthSettings
 
 __all__ = ["Settings", "EndpointConfig", "KVEventsConfig", "BandConfig", "TenantConfig", "ModelConfig", "ServerSettings",
-           "ConfigError", "load_settings", "parse_endpoint_flag", "DEFAULT_BANDS"]
+           "ConfigError", "load_settings", "parse_endpoint_flag", "DEFAULT_BANDS", "explain", "key_range", "key_type"]
 
 
 class ConfigError(ValueError):

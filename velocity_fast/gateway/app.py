@@ -59,6 +59,17 @@ class Gateway:
     default_model = _ingress_field("default_model")
     band_names = _ingress_field("band_names")
     default_band = _ingress_field("default_band")
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    @settings.setter
+    def settings(self, settings: Settings) -> None:
+        # What the request path reads of the settings, as a C field of the Ingress (a
+        # reload sets the settings, so it follows).
+        self._settings = settings
+        self.ingress.max_model_len = settings.max_model_len
     _loop = _ingress_field("_loop")
 
     def __init__(self, settings: Settings, *, backend: str = "endpoints", model_label: str | None = None) -> None:

@@ -22,6 +22,7 @@ cdef class Ingress:
     cdef public object default_model
     cdef public list band_names
     cdef public str default_band  # admission.default_band (None: "normal", else the middle band)
+    cdef public long max_model_len
     cdef public object _loop
     cdef list _grants
     cdef object _requests_metric

@@ -20,6 +20,7 @@ class Ingress:
     pools: dict[str, Any]
     default_model: str | None
     band_names: list[str]
+    max_model_len: int
 
 class Exchange(Listener):
     """One proxied request: admission, routing, the engine request and the relay back (made by the

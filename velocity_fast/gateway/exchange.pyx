@@ -15,7 +15,6 @@ metrics and _reject.
 import logging
 import os
 
-cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeASCII
@@ -493,6 +492,7 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
     cdef Ticket ticket
     cdef PyObject* f[P_FIELDS]  # the request's fields, read at once (borrowed: r holds them)
     cdef bint compact  # the decoder left messages and prompt as compact JSON text
+    cdef long limit
     cdef Identity identity = gw.identity
     cdef dict h = None
     cdef Tenant t
@@ -553,8 +553,9 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
     if asked is not None and type(pool) is Pool:
         # As vLLM answers: a completion that cannot fit the engines' context beside even a
         # one-token prompt is a 400 here, not a request admission would queue and charge.
-        limit = (<Pool>pool).context_length(gw.app.settings.max_model_len)
-        if asked >= limit:
+        # (asked: at most MAX_TOKENS_LIMIT, checked when the body was decoded.)
+        limit = (<Pool>pool).context_length(gw.max_model_len)
+        if <long>asked >= limit:
             count_request(gw, route, 400, band)
             return resp.send_error(400, context_error(limit, asked),
                                    param="max_completion_tokens" if <object>f[P_MAX_COMPLETION_TOKENS]
@@ -695,7 +696,8 @@ cpdef start_native(Ingress gw, Request req, Responder resp, pool, Ticket ticket,
     x.start()
 
 
-@cython.freelist(256)  # one per request: reused, not allocated and freed each time
+# No @cython.freelist: Cython keeps one only for a base class, and Exchange extends Listener
+# (it ignored the decorator here, with a warning at every build).
 cdef class Exchange(Listener):
     """See the module doc. The engine connection's listener (called as C), and admission's
     waiter while queued (registered below with ``set_waiter``: the dispatch cycle calls

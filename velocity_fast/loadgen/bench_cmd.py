@@ -50,16 +50,19 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         if action.dest in BENCH_DEFAULTS and action.help:
             action.help = re.sub(r"\(default [^)]*\)", "(default %(default)s)", action.help)
     g = parser.add_argument_group("bench")
-    g.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies to compare (default %(default)s)")
+    g.add_argument("--policies", default=",".join(POLICIES),
+                   help="comma-separated policies to compare (default %(default)s)")
     from velocity_fast.engines.options import DEFAULT_SIM_ENGINES
 
     g.add_argument("--engines", type=int, default=DEFAULT_SIM_ENGINES,
                    help=f"sim engines per gateway (default {DEFAULT_SIM_ENGINES}, as chargeVelocity)")
-    g.add_argument("--repeats", type=int, default=3, help="runs per policy; the table shows medians (default %(default)s)")
+    g.add_argument("--repeats", type=int, default=3,
+                   help="runs per policy; the table shows medians (default %(default)s)")
     g.add_argument("--warmup-requests", type=int, default=8,
                    help="requests sent over 0.5 s before each run, to open connections and give "
                         "the estimators a first sample (default 8)")
-    g.add_argument("--stats-interval", type=float, default=0.25, help="seconds between /stats samples (default %(default)s)")
+    g.add_argument("--stats-interval", type=float, default=0.25,
+                   help="seconds between /stats samples (default %(default)s)")
     g.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for /ready (default %(default)s)")
     g.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for chargeVelocity (repeatable), e.g. --server-arg=--sla-ms=2000")

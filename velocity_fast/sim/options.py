@@ -56,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default %(default)s)")
     p.add_argument("--oom-rate", type=float, default=_D.oom_rate,
                    help="fraction of requests that fail with `CUDA out of memory` (default %(default)s)")
-    p.add_argument("--seed", type=int, default=_D.seed, help="seed of generated text and failures (default %(default)s)")
+    p.add_argument("--seed", type=int, default=_D.seed,
+                   help="seed of generated text and failures (default %(default)s)")
     p.add_argument("--time-scale", type=float, default=_D.time_scale,
                    help="run this many times faster than real time (default %(default)s)")
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/ paths")
