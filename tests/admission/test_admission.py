@@ -697,3 +697,19 @@ def test_service_estimate_scales_with_the_requests_own_size():
     # A whole answer after streams: the prefill its prompt costs is not charged per token.
     s.observe(None, 0.21 + 16 * 0.02, 16, 20000)
     assert s.tpot.value == pytest.approx(0.02, rel=0.05)
+
+
+async def test_an_idle_pool_grants_a_band_whose_ceiling_is_below_one_slot():
+    """A ceiling of 0.05 on an engine of limit 8 is less than one slot: counting the grant
+    itself, no request of that band would ever fit. With nothing in flight and nothing
+    running, the pool grants one all the same (work-conserving); the second waits."""
+    from velocity_fast.admission.settings import BandSettings
+
+    adm, (ep,) = make(limit=8, bands=[BandSettings(name="high", ceiling=1.5),
+                                      BandSettings(name="tiny", ceiling=0.05)])
+    first = await asyncio.wait_for(adm.admit(Ticket(band="tiny")), 1)
+    first.bind(ep)
+    (second,) = await queued(adm, Ticket(band="tiny"))
+    assert not second.done()
+    first.release("completed")
+    (await asyncio.wait_for(second, 1)).release("completed")

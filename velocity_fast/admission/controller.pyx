@@ -538,7 +538,22 @@ cdef class Admission:
         four). What is only guessed of an engine is held to the band's soft ceiling
         (saturation.pyx: its KV, and its limit while its batch is not learned)."""
         cdef EndpointLoad e
+        cdef bint idle
         if self._sat is not None:
+            if ps.pending == 0:
+                # Work-conserving: an idle pool grants one whatever the band's ceilings (a
+                # ceiling below 1/limit would otherwise hold a band back with nothing running).
+                idle = False
+                for e in ps.loads:
+                    if not e.healthy:
+                        continue
+                    if e.inflight or (now - e.scraped_at <= self._sat.stale_after
+                                      and (e.others > 0.0 or e.waiting > 0.0)):
+                        idle = False
+                        break
+                    idle = True
+                if idle:
+                    return 0.0
             return self._sat.pool(ps.loads, ps.pending + 1, now, <double>self._soft_scales[band])
         if self._fixed:
             for e in ps.loads:
