@@ -91,7 +91,7 @@ class SharedBucket:
     is units a second, ``cap`` the bucket's size."""
 
     __slots__ = ("store", "key", "rate", "cap", "chunk", "low", "need", "lease", "debt", "asking", "not_before",
-                 "shared_level", "level", "stamp", "spent")
+                 "lent", "shared_level", "level", "stamp", "spent")
 
     def __init__(self, store: "StateStore", key: str, rate: float, cap: float, floor: float) -> None:
         self.store = store
@@ -107,6 +107,7 @@ class SharedBucket:
         self.lease = 0.0          # units granted to this replica, not yet drawn
         self.debt = 0.0           # settlements not yet sent (below 0: a credit)
         self.asking = False       # a refill is queued or in flight
+        self.lent = False         # a draw was made on the shared level since the last answer
         self.not_before = 0.0     # monotonic time before which no refill is asked
         self.shared_level = cap   # the bucket's level at the last answer
         # The local fallback while the store is down: level, its time, what it admitted.
@@ -129,10 +130,13 @@ class SharedBucket:
             return 0.0
         if not self.asking:
             self.store.ask(self)
-        if self.shared_level + lease >= need:
+        if not self.lent and self.shared_level + lease >= need:
             # Short of lease, but the bucket held enough at its last answer (a tenant's
             # first draw, an estimate larger than any before): drawn from it as a debt,
-            # settled with the next round trip, as a settlement would be.
+            # settled with the next round trip, as a settlement would be. Once a round
+            # trip at most, so that replicas drawing on one stale view overshoot by no
+            # more than a draw each.
+            self.lent = True
             short = amount - lease
             self.shared_level -= short
             self.debt += short
@@ -349,7 +353,9 @@ class StateStore:
             return
         sent = []
         for b in batch:
-            ask = max(0.0, b.chunk - b.lease) if b in refill else 0.0
+            # While the bucket is full (a burst), a lease of an eighth of what it holds: the
+            # burst is served at the clients' pace, not one chunk a round trip.
+            ask = max(0.0, max(b.chunk, b.shared_level / 8) - b.lease) if b in refill else 0.0
             sent.append((b, ask, b.debt))
             b.debt = 0.0
         try:
@@ -381,6 +387,7 @@ class StateStore:
         for (b, ask, _), (grant, level) in zip(sent, replies):
             grant, b.shared_level = float(grant), float(level)
             b.lease += grant
+            b.lent = False
             if ask:
                 b.asking = False
                 if grant < ask and b.lease <= b.low:
