@@ -5,7 +5,7 @@ A tenant's request bucket (``requests_per_second``, ``burst``) and token bucket
 own clock: every replica draws from the same bucket, so N replicas admit what one would.
 No request waits on Redis. Each replica holds a *lease*, a small share of the bucket
 (about 100 ms of its rate) taken atomically by the script; a request draws from the lease
-synchronously (identity.pyx's hooks call ``SharedBucket.draw``). When the lease runs low
+synchronously (identity.pyx's hooks call ``SharedBucket.draw`` of fleet/lease.pyx as C). When the lease runs low
 a refill is queued for this module's one task, which sends the refills and the batched
 token settlements of all buckets in one pipeline; at most one is queued or in flight per
 bucket. A lease that is empty while its refill is on the way answers 429 with a
@@ -27,11 +27,12 @@ import logging
 import time
 from urllib.parse import urlsplit
 
+from velocity_fast.fleet.lease import LEASE_S, SharedBucket
+
 __all__ = ["StateStore", "SharedBucket", "check_url", "LEASE_S"]
 
 log = logging.getLogger("velocity.statestore")
 
-LEASE_S = 0.1            # a lease is about this many seconds of the bucket's rate
 _TIMEOUT_S = 0.25        # a store slower than this to answer is taken for down
 _BACKOFF_S = (0.05, 1.0)  # first and longest wait between attempts while it is down
 _KEY = "velocity:tenant:{}:{}"
@@ -84,124 +85,6 @@ def check_url(url: str) -> str | None:
     return None
 
 
-class SharedBucket:
-    """This replica's lease of one shared bucket, and its local fallback.
-
-    Units are requests (the request bucket) or engine tokens (the token bucket); ``rate``
-    is units a second, ``cap`` the bucket's size."""
-
-    __slots__ = ("store", "key", "rate", "cap", "chunk", "low", "need", "lease", "debt", "asking", "not_before",
-                 "lent", "shared_level", "level", "stamp", "spent")
-
-    def __init__(self, store: "StateStore", key: str, rate: float, cap: float, floor: float) -> None:
-        self.store = store
-        self.key = key
-        self.rate = rate
-        self.cap = cap
-        # The lease asked for: about LEASE_S of the rate, at least ``floor`` units and two of
-        # the largest draws seen (so one is in hand while the next is fetched), at most the
-        # bucket; refilled at half.
-        self.chunk = min(cap, max(floor, rate * LEASE_S))
-        self.low = self.chunk / 2
-        self.need = 0.0
-        self.lease = 0.0          # units granted to this replica, not yet drawn
-        self.debt = 0.0           # settlements not yet sent (below 0: a credit)
-        self.asking = False       # a refill is queued or in flight
-        self.lent = False         # a draw was made on the shared level since the last answer
-        self.not_before = 0.0     # monotonic time before which no refill is asked
-        self.shared_level = cap   # the bucket's level at the last answer
-        # The local fallback while the store is down: level, its time, what it admitted.
-        self.level = 0.0
-        self.stamp = 0.0
-        self.spent = 0.0
-
-    def draw(self, amount: float, need: float) -> float:
-        """Draw ``amount`` units if ``need`` are there: 0.0, else the seconds until they
-        would be (a Retry-After). Never waits."""
-        if not self.store.up:
-            return self._draw_local(amount, need)
-        if need > self.need:
-            self._grow(need)
-        lease = self.lease
-        if lease >= need:
-            self.lease = lease = lease - amount
-            if lease <= self.low and not self.asking:
-                self.store.ask(self)
-            return 0.0
-        if not self.asking:
-            self.store.ask(self)
-        if not self.lent and self.shared_level + lease >= need:
-            # Short of lease, but the bucket held enough at its last answer (a tenant's
-            # first draw, an estimate larger than any before): drawn from it as a debt,
-            # settled with the next round trip, as a settlement would be. Once a round
-            # trip at most, so that replicas drawing on one stale view overshoot by no
-            # more than a draw each.
-            self.lent = True
-            short = amount - lease
-            self.shared_level -= short
-            self.debt += short
-            self.lease = 0.0
-            self.store.owe(self)
-            return 0.0
-        return (need - lease) / self.rate
-
-    def _grow(self, need: float) -> None:
-        self.need = need = min(need, self.cap)
-        self.chunk = min(self.cap, max(self.chunk, 2 * need))
-        self.low = self.chunk / 2
-
-    def settle(self, delta: float) -> None:
-        """The answer used ``delta`` units more than were drawn (fewer when negative)."""
-        if not self.store.up:
-            self._refill_local()
-            self.level -= delta
-            self.spent += delta
-            return
-        lease = self.lease - delta
-        if lease < 0:  # more than this replica holds: a debt of the shared bucket
-            self.debt -= lease
-            self.shared_level += lease
-            lease = 0.0
-            self.store.owe(self)
-        elif lease > 2 * self.chunk:  # more than it needs: back to the shared bucket
-            self.debt -= lease - self.chunk
-            self.shared_level += lease - self.chunk
-            lease = self.chunk
-            self.store.owe(self)
-        self.lease = lease
-
-    def left(self) -> float:
-        """Units left: the shared level at the last answer and this replica's lease (the
-        local bucket while the store is down)."""
-        if not self.store.up:
-            self._refill_local()
-            return self.level
-        return self.shared_level + self.lease
-
-    def _refill_local(self) -> None:
-        now = time.monotonic()
-        self.level = min(self.cap, self.level + (now - self.stamp) * self.rate)
-        self.stamp = now
-
-    def _draw_local(self, amount: float, need: float) -> float:
-        self._refill_local()
-        if self.level >= need:
-            self.level -= amount
-            self.spent += amount
-            return 0.0
-        return (need - self.level) / self.rate
-
-    def to_local(self) -> None:
-        """The store is down: the local bucket starts from what this replica held, and the
-        settlements not sent count as spent."""
-        self.level = self.lease
-        self.stamp = time.monotonic()
-        self.spent = self.debt
-        self.lease = self.debt = 0.0
-        self.asking = False
-        self.not_before = 0.0
-
-
 class StateStore:
     """One gateway process's connection to Redis and its buckets (see the module doc)."""
 
@@ -218,7 +101,7 @@ class StateStore:
         self._noscript = NoScriptError
         self._sha: str | None = None
         self.buckets: dict[str, SharedBucket] = {}
-        self.up = False
+        self._up = False
         self.errors = 0
         self.calls = 0
         self._pending: dict[SharedBucket, None] = {}  # refills queued (ordered, unique)
@@ -234,6 +117,17 @@ class StateStore:
                                 "(unreachable, timed out, refused).", lambda: float(self.errors))
             registry.counter_fn("velocity_state_store_calls_total", "Round trips to the state store "
                                 "(each a pipeline of bucket refills and settlements).", lambda: float(self.calls))
+
+    @property
+    def up(self) -> bool:
+        """The store answers: the buckets draw from their leases (else from local buckets)."""
+        return self._up
+
+    @up.setter
+    def up(self, value: bool) -> None:
+        self._up = value
+        for b in self.buckets.values():
+            b.up = value
 
     # -- the tenants' buckets ------------------------------------------------------------
     def attach(self, identity) -> None:
@@ -258,6 +152,7 @@ class StateStore:
         if b is not None and (b.rate, b.cap) == (rate, cap):
             return b
         b = SharedBucket(self, key, rate, cap, floor)
+        b.up = self.up
         if not self.up:
             b.to_local()
             b.level = cap  # a bucket new while the store is down starts full, as a local one
@@ -297,15 +192,13 @@ class StateStore:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="state-store")
 
     async def close(self) -> None:
+        # Bounded: a shutdown does not wait on a store that does not answer.
         if self._task is not None:
             self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - closing
-                pass
+            await asyncio.wait({self._task}, timeout=1.0)
             self._task = None
         try:
-            await self._redis.aclose()
+            await asyncio.wait_for(self._redis.aclose(), 1.0)
         except Exception:  # noqa: BLE001 - closing a connection to a store that may be gone
             pass
 

@@ -4,6 +4,7 @@ The gateway asks on every proxied request (the key check, the tenant, its rate):
 calls from exchange.pyx rather than Python frames.
 """
 
+from velocity_fast.fleet.lease cimport SharedBucket
 from velocity_fast.lowlevel.clock cimport monotonic
 
 DEFAULT_TENANT = "default"
@@ -40,7 +41,7 @@ cdef class Tenant:
         if self.rate is None:
             return 0.0
         if self.shared is not None:  # the bucket shared through the state store (fleet/statestore.py)
-            return self.shared.draw(1.0, 1.0)
+            return (<SharedBucket?>self.shared).draw(1.0, 1.0)
         rate = self.rate
         now = monotonic()
         self.tokens = min(self.burst, self.tokens + (now - self.stamp) * rate)
@@ -64,7 +65,7 @@ cdef class Tenant:
         cap = self.tpm
         need = estimate if estimate < cap else cap
         if self.tshared is not None:
-            return self.tshared.draw(estimate, need)
+            return (<SharedBucket?>self.tshared).draw(estimate, need)
         self._refill()
         if self.tlevel >= need:
             self.tlevel -= estimate
@@ -74,7 +75,7 @@ cdef class Tenant:
     cpdef settle_tokens(self, double delta):
         """The answer ended: ``delta`` more tokens than drawn (less when negative)."""
         if self.tshared is not None:
-            self.tshared.settle(delta)
+            (<SharedBucket?>self.tshared).settle(delta)
         elif self.tpm is not None:
             self._refill()
             self.tlevel -= delta
