@@ -153,3 +153,34 @@ async def test_a_store_that_never_answers_is_not_waited_on(rs):
         await wait_until(lambda: store.up, 5.0, what="the store back")
     finally:
         await store.close()
+
+
+def test_without_the_redis_package_state_store_is_a_config_error(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "redis" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"state_store: needs the redis package"):
+        load_settings(None, {"state_store": "redis://127.0.0.1:6379/0"}, env={})
+    assert load_settings(None, {}, env={}).state_store is None  # not asked for: not needed
+
+
+async def test_a_reload_keeps_the_lease_of_a_bucket_whose_limits_did_not_change(rs):
+    old = Identity(_Settings(TenantConfig(name="t", requests_per_second=10),
+                             TenantConfig(name="u", tokens_per_minute=600)))
+    store = await _started(rs.url, old)
+    try:
+        lease_t, lease_u = old.tenants["t"].shared, old.tenants["u"].tshared
+        assert lease_t.lease > 0 and lease_u.lease > 0
+        new = Identity(_Settings(TenantConfig(name="t", requests_per_second=10),
+                                 TenantConfig(name="u", tokens_per_minute=1200),
+                                 TenantConfig(name="v", requests_per_second=5)))
+        store.attach(new)
+        assert new.tenants["t"].shared is lease_t  # same limits: the same lease
+        assert new.tenants["u"].tshared is not lease_u and new.tenants["u"].tshared.cap == 1200
+        assert new.tenants["v"].shared is not None and new.tenants["v"].tshared is None
+        assert set(store.buckets) == {"velocity:tenant:t:requests", "velocity:tenant:u:tokens",
+                                      "velocity:tenant:v:requests"}
+        await wait_until(lambda: new.tenants["v"].shared.lease > 0, 2.0, what="the new tenant's first lease")
+    finally:
+        await store.close()
