@@ -5,11 +5,13 @@
         rs.pause(); rs.resume()  # SIGSTOP / SIGCONT: a store that does not answer
         rs.stop(); rs.start()    # gone, then back on the same port (empty: no persistence)
 
-Debian's ``redis-server`` package (.ci/run installs it). Without it the test skips,
-saying so, except under CI (``CI`` set), where it fails: CI must run these tests.
+Debian's ``redis-server`` package (.ci/run installs it) and the ``redis`` Python package.
+Without them the test skips, saying so, except under CI (``CI`` set), where it fails: CI
+must run these tests.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -28,11 +30,16 @@ __all__ = ["RedisServer", "redis_server", "redis_binary"]
 
 
 def redis_binary() -> str:
-    """The redis-server binary, or skip (fail under CI)."""
+    """The redis-server binary, or skip (fail under CI); the gateway's side needs the
+    `redis` package (the `test` extra has it) as well."""
     path = shutil.which("redis-server") or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server")
                                             else None)
+    msg = None
     if path is None:
         msg = "redis-server is not installed (apt-get install redis-server)"
+    elif importlib.util.find_spec("redis") is None:
+        msg = "the redis package is not installed (pip install -e '.[test]')"
+    if msg:
         if os.environ.get("CI"):
             pytest.fail(msg)
         pytest.skip(msg)
