@@ -171,7 +171,8 @@ async def test_tokens_per_minute_hold_across_replicas_and_through_a_store_restar
 
 
 def test_a_bad_state_store_is_refused_at_start_naming_the_key(engine, tmp_path):
-    gp = GatewayProcess("serve", "--endpoint", f"e1={engine.url}={MODEL}", "--state-store", "redis://127.0.0.1:notaport/0")
+    gp = GatewayProcess("serve", "--endpoint", f"e1={engine.url}={MODEL}",
+                        "--state-store", "redis://127.0.0.1:notaport/0")
     try:
         gp.spawn()
         assert gp.wait(20) != 0

@@ -92,6 +92,21 @@ async def test_requests_draw_from_a_lease_and_the_shared_bucket_bounds_them(rs):
         await sb.close()
 
 
+async def test_a_refill_no_longer_needed_when_it_goes_still_ends(rs):
+    # Credits filled the lease between the ask and the round trip: nothing is asked, and
+    # the bucket may ask again later.
+    ident = _identity(tokens_per_minute=600)
+    store = await _started(rs.url, ident)
+    try:
+        b = ident.tenants["t"].tshared
+        store.ask(b)
+        b.lease = b.cap  # more than any refill would ask for
+        await wait_until(lambda: not b.asking, 2.0, what="the refill done")
+        assert b.lease == b.cap
+    finally:
+        await store.close()
+
+
 async def test_token_settlements_reach_the_shared_bucket(rs):
     ident = _identity(tokens_per_minute=600)  # 10 tokens a second, 600 in the bucket
     store = await _started(rs.url, ident)

@@ -5,10 +5,10 @@ A tenant's request bucket (``requests_per_second``, ``burst``) and token bucket
 own clock: every replica draws from the same bucket, so N replicas admit what one would.
 No request waits on Redis. Each replica holds a *lease*, a small share of the bucket
 (about 100 ms of its rate) taken atomically by the script; a request draws from the lease
-synchronously (identity.pyx's hooks call ``SharedBucket.draw`` of fleet/lease.pyx as C). When the lease runs low
-a refill is queued for this module's one task, which sends the refills and the batched
-token settlements of all buckets in one pipeline; at most one is queued or in flight per
-bucket. A lease that is empty while its refill is on the way answers 429 with a
+synchronously (identity.pyx's hooks call ``SharedBucket.draw`` of fleet/lease.pyx as C).
+When the lease runs low a refill is queued for this module's one task, which sends the
+refills and the batched token settlements of all buckets in one pipeline; at most one is
+queued or in flight per bucket. A lease that is empty while its refill is on the way answers 429 with a
 Retry-After from the bucket's rate.
 
 Store unreachable: logged once (and once when it is back), counted
@@ -249,7 +249,7 @@ class StateStore:
             # While the bucket is full (a burst), a lease of an eighth of what it holds: the
             # burst is served at the clients' pace, not one chunk a round trip.
             ask = max(0.0, max(b.chunk, b.shared_level / 8) - b.lease) if b in refill else 0.0
-            sent.append((b, ask, b.debt))
+            sent.append((b, ask, b.debt, b in refill))
             b.debt = 0.0
         try:
             try:
@@ -258,18 +258,18 @@ class StateStore:
                 self._sha = None
                 replies = await self._eval(sent, [0.0] * len(sent))
         except BaseException:
-            for b, _, debt in sent:  # not known to have arrived: still owed
+            for b, _, debt, _ in sent:  # not known to have arrived: still owed
                 b.debt += debt
             raise
         self._apply(sent, replies)
 
     async def _eval(self, sent, charges) -> list:
-        """The bucket script for each (bucket, asked, debt) and charge, in one pipeline."""
+        """The bucket script for each (bucket, asked, debt, refill) and charge, in one pipeline."""
         if self._sha is None:
             self._sha = await self._redis.script_load(LUA)
             self.calls += 1
         async with self._redis.pipeline(transaction=False) as pipe:
-            for (b, ask, debt), charge in zip(sent, charges):
+            for (b, ask, debt, _), charge in zip(sent, charges):
                 pipe.evalsha(self._sha, 1, b.key, repr(b.rate), repr(b.cap), repr(ask), repr(debt), repr(charge))
             replies = await pipe.execute()
         self.calls += 1
@@ -277,11 +277,11 @@ class StateStore:
 
     def _apply(self, sent, replies) -> None:
         now = time.monotonic()
-        for (b, ask, _), (grant, level) in zip(sent, replies):
+        for (b, ask, _, refill), (grant, level) in zip(sent, replies):
             grant, b.shared_level = float(grant), float(level)
             b.lease += grant
             b.lent = False
-            if ask:
+            if refill:
                 b.asking = False
                 if grant < ask and b.lease <= b.low:
                     # The bucket is short: ask again once it would have a draw's worth.
@@ -294,7 +294,7 @@ class StateStore:
         """The store answers (again): charge what the local buckets admitted, take leases,
         and draw from them from now on."""
         buckets = list(self.buckets.values())
-        sent = [(b, b.chunk, 0.0) for b in buckets]
+        sent = [(b, b.chunk, 0.0, True) for b in buckets]
         charged = [b.spent for b in buckets]
         self._sha = None  # a store back from a restart has forgotten the script
         if buckets:
