@@ -11,12 +11,14 @@ must run these tests.
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -46,6 +48,12 @@ def redis_binary() -> str:
     return path
 
 
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when the test process dies (a run killed by its timeout runs no
+    teardown); SIGKILL, as a paused server cannot act on SIGTERM."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 class RedisServer:
     def __init__(self) -> None:
         self.binary = redis_binary()
@@ -61,7 +69,8 @@ class RedisServer:
         self.proc = subprocess.Popen(
             [self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
              "--dir", self.dir, "--daemonize", "no", "--loglevel", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         deadline = time.monotonic() + timeout
         while not self.ping():
             if self.proc.poll() is not None:
