@@ -26,6 +26,11 @@ Needs valgrind, wrk and nginx (apt-get install valgrind wrk nginx-light).
     python bench/instructions.py --smoke [--json out.json]   # 1 s windows: it works, figures rough
     python bench/instructions.py --tenants 1000   # the gateway with tenants budgeted in tokens
 
+--state-store (with --tenants): the same tenants' buckets shared through a redis-server
+the benchmark starts on a free loopback port (state_store; needs redis-server and the
+`redis` extra): the per-request cost of drawing from the local lease of a shared bucket,
+for tenants under their limit, against the same run without it.
+
 --tenants N: the gateway is given N tenants (weights 1 to 4, a tokens_per_minute quota
 too large to bind) and token fairness settled from the engine's usage, and wrk names a
 different tenant on each request (x-velocity-tenant, in turn): the per-request cost of
@@ -68,12 +73,36 @@ end
 """
 
 
-def _tenant_config(work: Path, tenants: int) -> Path:
+def _tenant_config(work: Path, tenants: int, state_store: str | None = None) -> Path:
     """A config of ``tenants`` tenants in tokens (see the module doc)."""
     out = work / "tenants.yaml"
     rows = [f"  - {{name: t{i}, weight: {1 + i % 4}, tokens_per_minute: 1.0e12}}" for i in range(tenants)]
-    out.write_text("admission:\n  fairness: tokens\ntenants:\n" + "\n".join(rows) + "\n")
+    store = f"state_store: {state_store}\n" if state_store else ""
+    out.write_text(store + "admission:\n  fairness: tokens\ntenants:\n" + "\n".join(rows) + "\n")
     return out
+
+
+def _start_redis(work: Path) -> tuple[subprocess.Popen, str]:
+    """A redis-server on a free loopback port, no persistence: (process, its URL)."""
+    import socket
+
+    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+                          "--dir", str(work)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as c:
+                c.sendall(b"PING\r\n")
+                if c.recv(16).startswith(b"+PONG"):
+                    return p, f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            time.sleep(0.05)
+    p.kill()
+    raise RuntimeError("redis-server did not start")
 
 
 def _wrk_argv(work: Path, tenants: int) -> list[str]:
@@ -139,12 +168,17 @@ def run(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="velocity-instr-") as tmp:
         work = Path(tmp)
         up_procs = Procs()
+        redis = None
         try:
             _, up_port = start_upstream(up_procs, args.load_cpu)
             gw_dir = work / "gw"
             gw_dir.mkdir()
-            extra = ["--config", str(_tenant_config(work, args.tenants))] if args.tenants else []
+            store = None
+            if args.state_store:
+                redis, store = _start_redis(work)
+            extra = ["--config", str(_tenant_config(work, args.tenants, store))] if args.tenants else []
             res["tenants"] = args.tenants
+            res["state_store"] = bool(store)
             res["targets"]["gateway"] = measure("gateway", lambda procs, out: start_gateway(
                 procs, args.proxy_cpu, up_port, "dynamic", gw_dir, extra, wrap=_callgrind(out), ready_s=300),
                 args, work)
@@ -152,6 +186,9 @@ def run(args) -> dict:
                 procs, args.proxy_cpu, up_port, work, wrap=_callgrind(out), ready_s=120), args, work)
         finally:
             up_procs.stop_all()
+            if redis is not None:
+                redis.terminate()
+                redis.wait(10)
     g, n = res["targets"]["gateway"]["per_request"], res["targets"]["nginx"]["per_request"]
     res["gateway_vs_nginx"] = g / n if g and n else None
     return res
@@ -166,11 +203,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path)
     p.add_argument("--tenants", type=int, default=0,
                    help="give the gateway this many tenants budgeted in tokens, one a request in turn")
+    p.add_argument("--state-store", action="store_true",
+                   help="with --tenants: their buckets shared through a redis-server started for the run")
     p.add_argument("--smoke", action="store_true",
                    help="short windows (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items()) + "): checks that it runs")
     if "--smoke" in (sys.argv[1:] if argv is None else argv):
         p.set_defaults(**SMOKE)
     args = p.parse_args(argv)
+    if args.state_store and not args.tenants:
+        p.error("--state-store needs --tenants (the buckets it shares are the tenants')")
     res = run(args)
     for name, t in res["targets"].items():
         failed = t["non2xx"] + t["errors"]

@@ -131,6 +131,8 @@ class Settings(_S):
     health: HealthSettings = msgspec.field(default_factory=HealthSettings)
     server: ServerSettings = msgspec.field(default_factory=ServerSettings)
     sim: dict[str, Any] = msgspec.field(default_factory=dict)
+    # redis://host:port/db: tenant buckets shared by every replica (None: each replica its own)
+    state_store: str | None = None
 
     def validate(self) -> "Settings":
         """Check ranges and the relations between values; raise ConfigError naming the key."""
@@ -173,6 +175,14 @@ class Settings(_S):
                 (f"models.{m}.tokenizer", p) for m, p in rs.tokenizers.items()]:
             if path is not None and not os.path.exists(path):
                 raise ConfigError(f"{where}: no such file or folder: {path!r}")
+        if self.state_store is not None:
+            from .fleet.statestore import check_url
+            wrong = check_url(self.state_store)
+            if wrong:
+                raise ConfigError(f"state_store: {wrong}")
+            import importlib.util
+            if importlib.util.find_spec("redis") is None:
+                raise ConfigError("state_store: needs the redis package (pip install 'velocityllm[redis]')")
         names = [b.name for b in self.bands]
         seen_ep = set()
         for i, e in enumerate(self.endpoints):

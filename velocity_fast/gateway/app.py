@@ -85,6 +85,14 @@ class Gateway:
         self.backend = backend
         self.registry = Registry()
         self.identity = Identity(settings)
+        # Tenant buckets shared with the other replicas (fleet/statestore.py); redis is
+        # imported only when configured.
+        self.state_store = None
+        if settings.state_store:
+            from velocity_fast.fleet.statestore import StateStore
+
+            self.state_store = StateStore(settings.state_store, self.registry)
+            self.state_store.attach(self.identity)
         self.endpoints: dict[str, Endpoint] = {}
         self.pools: dict[str, Pool] = {}
         self.default_model: str | None = None
@@ -182,6 +190,8 @@ class Gateway:
         for ep in self.endpoints.values():
             self.monitor.watch(ep)
         self.kv.start()
+        if self.state_store is not None:  # the first leases before the first client (at most 0.5 s)
+            await self.state_store.start()
         # Clients only once each engine has answered its first health check (or the
         # check timed out), as a proxy warms a cluster before its listener: a request
         # sent the moment the gateway is up must not meet engines nobody has asked yet.
@@ -217,6 +227,8 @@ class Gateway:
         self.admission.close()
         await self.monitor.stop()
         self.kv.stop()
+        if self.state_store is not None:
+            await self.state_store.close()
         for ep in self.endpoints.values():
             ep.upstream.close()
 

@@ -18,6 +18,9 @@ cdef class Tenant:
     cdef public long long served_cached
     cdef public long long served_completion
     cdef public dict rejections
+    # Leases of the buckets shared across replicas (fleet/statestore.py; None: local only)
+    cdef public object shared
+    cdef public object tshared
 
     cpdef double take(self) except -1
     cpdef double take_tokens(self, double estimate) except -1

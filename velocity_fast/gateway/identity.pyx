@@ -4,6 +4,7 @@ The gateway asks on every proxied request (the key check, the tenant, its rate):
 calls from exchange.pyx rather than Python frames.
 """
 
+from velocity_fast.fleet.lease cimport SharedBucket
 from velocity_fast.lowlevel.clock cimport monotonic
 
 DEFAULT_TENANT = "default"
@@ -32,12 +33,15 @@ cdef class Tenant:
         self.tlevel = float(self.tpm or 0.0)
         self.tstamp = self.stamp
         self.rejections = {}
+        self.shared = self.tshared = None
 
     cpdef double take(self) except -1:
         """A token-bucket draw: 0.0 when allowed, else the seconds until one is available."""
         cdef double now, rate
         if self.rate is None:
             return 0.0
+        if self.shared is not None:  # the bucket shared through the state store (fleet/statestore.py)
+            return (<SharedBucket?>self.shared).draw(1.0, 1.0)
         rate = self.rate
         now = monotonic()
         self.tokens = min(self.burst, self.tokens + (now - self.stamp) * rate)
@@ -59,8 +63,10 @@ cdef class Tenant:
         if self.tpm is None:
             return 0.0
         cap = self.tpm
-        self._refill()
         need = estimate if estimate < cap else cap
+        if self.tshared is not None:
+            return (<SharedBucket?>self.tshared).draw(estimate, need)
+        self._refill()
         if self.tlevel >= need:
             self.tlevel -= estimate
             return 0.0
@@ -68,7 +74,9 @@ cdef class Tenant:
 
     cpdef settle_tokens(self, double delta):
         """The answer ended: ``delta`` more tokens than drawn (less when negative)."""
-        if self.tpm is not None:
+        if self.tshared is not None:
+            (<SharedBucket?>self.tshared).settle(delta)
+        elif self.tpm is not None:
             self._refill()
             self.tlevel -= delta
 
@@ -76,6 +84,8 @@ cdef class Tenant:
         """Tokens left in the bucket now (None: no quota; below 0: in debt)."""
         if self.tpm is None:
             return None
+        if self.tshared is not None:
+            return self.tshared.left()
         self._refill()
         return self.tlevel
 

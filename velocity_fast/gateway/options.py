@@ -33,6 +33,8 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, *, endpoints: bool = 
                         "file; chargeVelocity sets those up for its engines), or none (off) (default approximate)")
     g.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="tokenizer.json (or a model folder) for precise prefix routing")
+    g.add_argument("--state-store", default=None, metavar="redis://HOST:PORT/DB",
+                   help="Redis that holds the tenant limits every replica shares (default: none, each its own)")
     if endpoints:
         g.add_argument("--endpoint", action="append", default=None, metavar="NAME=URL=MODEL",
                        help="an engine the gateway sends to (repeatable; chargeVelocity adds the "
@@ -45,7 +47,7 @@ def flag_overrides(args: argparse.Namespace) -> dict:
 
     out = {}
     for key in ("host", "port", "admin_port", "policy", "sla_ms", "max_concurrency", "api_key",
-                "structured_logs", "log_level", "max_model_len", "model_path"):
+                "structured_logs", "log_level", "max_model_len", "model_path", "state_store"):
         v = getattr(args, key, None)
         if v is not None:
             out[key] = v

@@ -42,7 +42,7 @@ log = logging.getLogger("velocity.reload")
 
 # Keys that are read once at start: a change is reported, and applies at the next start.
 RESTART_KEYS = ("host", "port", "admin_port", "server", "health", "sim", "model_path", "structured_logs",
-                "log_level")
+                "log_level", "state_store")
 
 _DRAIN_POLL_S = 0.2
 
@@ -137,6 +137,9 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
     # -- the swap: synchronous, so no request sees half of it -----------------------------
     gw.settings = new
     if identity is not None:
+        store = getattr(gw, "state_store", None)
+        if store is not None:  # before the swap: no request sees a tenant without its shared bucket
+            store.attach(identity)
         gw.identity = identity
         changes.append(f"tenants: {sorted(identity.tenants)}"
                        + (", api key changed" if new.api_key != old.api_key else ""))

@@ -1,0 +1,181 @@
+"""Tenant limits across replicas (state_store): two `velocityllm serve` processes in front
+of one sim engine share a real redis-server on a loopback port. Clients over the limit on
+both replicas: the admitted rate is the tenant's, not twice it; with Redis stopped the
+requests still flow under each replica's local limit and none waits on the store; when it
+is back the shared limit holds again. The same for tokens_per_minute, and a bad
+state_store is refused at start with the key named."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from contextlib import ExitStack, contextmanager
+
+import pytest
+
+from tests.support.gateway import GatewayProcess, gateway_process
+from tests.support.redis_server import redis_server
+from tests.support.sim import http_request, sim_engine
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+MODEL = "sim-model"
+BODY = {"model": MODEL, "prompt": "hello from a tenant", "max_tokens": 8}
+HEADERS = {"x-velocity-tenant": "t", "x-velocity-sla-ms": "600000"}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with sim_engine("--decode-tps", "2000", "--prefill-tps", "200000") as eng:
+        yield eng
+
+
+@contextmanager
+def two_gateways(engine, tmp_path, tenant: str, store_url: str):
+    cfg = tmp_path / "gw.yaml"
+    cfg.write_text(f"state_store: {store_url}\ntenants:\n  - {tenant}\n")
+    with ExitStack() as stack:
+        gws = [stack.enter_context(gateway_process("serve", "--config", str(cfg), "--endpoint",
+                                                   f"e1={engine.url}={MODEL}")) for _ in range(2)]
+        yield gws
+
+
+async def _client(port: int, until: float, out: list) -> None:
+    """Requests one after another; after a 429, 20 ms before the next (over the limit)."""
+    while time.monotonic() < until:
+        t0 = time.monotonic()
+        try:
+            r = await http_request(port, "POST", "/v1/completions", BODY, HEADERS, timeout=5.0)
+        except (OSError, asyncio.TimeoutError):
+            out.append((t0, port, 0, time.monotonic() - t0, 0))
+            continue
+        tokens = r.json()["usage"]["total_tokens"] if r.status == 200 else 0
+        out.append((t0, port, r.status, time.monotonic() - t0, tokens))
+        if r.status != 200:
+            await asyncio.sleep(0.02)
+
+
+async def _load(gws, seconds: float, clients: int = 4) -> list:
+    out: list = []
+    until = time.monotonic() + seconds
+    await asyncio.gather(*(_client(g.port, until, out) for g in gws for _ in range(clients)))
+    return out
+
+
+def _window(recs, start: float, end: float) -> list:
+    return [r for r in recs if start <= r[0] < end]
+
+
+def _admitted(recs) -> int:
+    return sum(r[2] == 200 for r in recs)
+
+
+def _level(rs, kind: str) -> float:
+    """The shared bucket's level, read from Redis (a missing key is a full bucket)."""
+    raw = rs.command("HGET", f"velocity:tenant:t:{kind}", "level")
+    return float("inf") if raw.startswith(b"$-1") else float(raw.split(b"\r\n")[1])
+
+
+async def _drain(gws, rs, kind: str, cap: float, timeout: float = 15.0) -> None:
+    """Load until the shared bucket is (nearly) empty and both replicas turn requests away."""
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        recs = await _load(gws, 0.5)
+        if _level(rs, kind) < 0.05 * cap and all(any(r[1] == g.port and r[2] == 429 for r in recs) for g in gws):
+            return
+    raise AssertionError("the tenant's bucket never emptied")
+
+
+async def test_two_replicas_admit_the_tenant_rate_once(engine, tmp_path):
+    rate = 40
+    with redis_server() as rs, two_gateways(engine, tmp_path, f"{{name: t, requests_per_second: {rate}, burst: 10}}",
+                                            rs.url) as gws:
+        await _drain(gws, rs, "requests", 10)
+        t0 = time.monotonic()
+        recs = await _load(gws, 6.0)
+        got = _admitted(_window(recs, t0, t0 + 6.0)) / 6.0
+        print(f"two replicas, limit {rate}/s: admitted {got:.2f}/s")
+        assert abs(got - rate) <= 0.05 * rate, f"admitted {got:.1f}/s across two replicas, limit {rate}/s"
+        for g in gws:  # both replicas carried load over the limit
+            mine = [r for r in recs if r[1] == g.port]
+            assert _admitted(mine) > 0 and any(r[2] == 429 for r in mine)
+            assert all(r[2] in (200, 429) for r in mine)
+
+
+async def test_a_stopped_store_leaves_requests_to_the_local_limit_and_never_waited_on(engine, tmp_path):
+    rate = 40
+    with redis_server() as rs, two_gateways(engine, tmp_path, f"{{name: t, requests_per_second: {rate}, burst: 10}}",
+                                            rs.url) as gws:
+        await _drain(gws, rs, "requests", 10)
+        t0 = time.monotonic()
+        shared = _admitted(await _load(gws, 3.0)) / (time.monotonic() - t0)
+        assert abs(shared - rate) <= 0.1 * rate, shared
+        rs.pause()  # stopped: accepts connections, answers nothing
+        try:
+            t1 = time.monotonic()
+            down = await _load(gws, 3.0)
+            elapsed = time.monotonic() - t1
+        finally:
+            rs.resume()
+        got = _admitted(down) / elapsed
+        print(f"store paused: admitted {got:.2f}/s, slowest {max(r[3] for r in down) * 1000:.0f} ms")
+        # Each replica alone applies the limit: more than the shared rate, at most twice it
+        # (and the burst each local bucket may hold).
+        assert rate * 1.2 <= got <= (2 * rate * elapsed + 2 * 10 + 4) / elapsed, got
+        lat = sorted(r[3] for r in down)
+        assert all(r[2] in (200, 429) for r in down)
+        # Not one request waited on the store: a wait would last its 250 ms timeout.
+        assert lat[-1] < 0.2, f"slowest {lat[-1] * 1000:.0f} ms while the store was stopped"
+        for g in gws:
+            metrics = (await http_request(g.admin_port, "GET", "/metrics")).body.decode()
+            assert "velocity_state_store_up 1" in metrics or "velocity_state_store_up 1.0" in metrics
+            errors = [ln for ln in metrics.splitlines() if ln.startswith("velocity_state_store_errors_total")]
+            assert errors and float(errors[0].split()[-1]) >= 1
+        await asyncio.sleep(1.5)  # reconnect (backoff at most 1 s)
+        await _drain(gws, rs, "requests", 10)
+        t2 = time.monotonic()
+        back = _admitted(await _load(gws, 3.0)) / (time.monotonic() - t2)
+        print(f"limit {rate}/s: shared {shared:.2f}/s, after the store returned {back:.2f}/s")
+        assert abs(back - rate) <= 0.1 * rate, f"after the store returned: {back:.1f}/s, limit {rate}/s"
+
+
+async def test_tokens_per_minute_hold_across_replicas_and_through_a_store_restart(engine, tmp_path):
+    tpm = 6000  # 100 tokens a second; a request here costs about 15 (prompt and 8 completed)
+    per_s = tpm / 60
+    with redis_server() as rs, two_gateways(engine, tmp_path, f"{{name: t, tokens_per_minute: {tpm}}}",
+                                            rs.url) as gws:
+        await _drain(gws, rs, "tokens", tpm)
+        t0 = time.monotonic()
+        recs = await _load(gws, 6.0)
+        tokens = sum(r[4] for r in _window(recs, t0, t0 + 6.0)) / 6.0
+        print(f"two replicas, quota {per_s} tokens/s: served {tokens:.2f}/s")
+        assert abs(tokens - per_s) <= 0.1 * per_s, f"{tokens:.1f} tokens/s across two replicas, quota {per_s}/s"
+        rs.stop()  # gone: connections refused
+        try:
+            t1 = time.monotonic()
+            down = await _load(gws, 3.0)
+            elapsed = time.monotonic() - t1
+        finally:
+            rs.start()  # back on the same port, empty (no persistence): every bucket full
+        assert _admitted(down) > 0
+        assert max(r[3] for r in down) < 0.2
+        assert sum(r[4] for r in down) / elapsed <= 2 * per_s + (2 * 2 * 30) / elapsed
+        await asyncio.sleep(1.5)
+        await _drain(gws, rs, "tokens", tpm)  # the fresh store's full bucket, less what the outage was charged
+        t2 = time.monotonic()
+        back = await _load(gws, 4.0)
+        got = sum(r[4] for r in back) / (time.monotonic() - t2)
+        print(f"store restarted: down {sum(r[4] for r in down) / elapsed:.2f} tokens/s, "
+              f"slowest {max(r[3] for r in down) * 1000:.0f} ms; after {got:.2f} tokens/s")
+        assert abs(got - per_s) <= 0.15 * per_s, f"after the store returned: {got:.1f} tokens/s, quota {per_s}/s"
+
+
+def test_a_bad_state_store_is_refused_at_start_naming_the_key(engine, tmp_path):
+    gp = GatewayProcess("serve", "--endpoint", f"e1={engine.url}={MODEL}",
+                        "--state-store", "redis://127.0.0.1:notaport/0")
+    try:
+        gp.spawn()
+        assert gp.wait(20) != 0
+        assert "state_store" in gp.stderr_text + gp.stdout_text
+    finally:
+        gp.close()

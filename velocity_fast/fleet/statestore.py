@@ -1,0 +1,338 @@
+"""Tenant buckets shared across gateway replicas through Redis (``state_store``).
+
+A tenant's request bucket (``requests_per_second``, ``burst``) and token bucket
+(``tokens_per_minute``) live in Redis, one hash each, refilled by a Lua script from Redis'
+own clock: every replica draws from the same bucket, so N replicas admit what one would.
+No request waits on Redis. Each replica holds a *lease*, a small share of the bucket
+(about 100 ms of its rate) taken atomically by the script; a request draws from the lease
+synchronously (identity.pyx's hooks call ``SharedBucket.draw`` of fleet/lease.pyx as C).
+When the lease runs low a refill is queued for this module's one task, which sends the
+refills and the batched token settlements of all buckets in one pipeline; at most one is
+queued or in flight per bucket. A lease that is empty while its refill is on the way answers 429 with a
+Retry-After from the bucket's rate.
+
+Store unreachable: logged once (and once when it is back), counted
+(``velocity_state_store_errors_total``, ``velocity_state_store_up``), and each bucket
+falls back to a local one that applies the configured limit to this replica alone,
+starting from the lease it held. What is admitted meanwhile is charged to the shared
+bucket when the store answers again, at most emptying it (an outage does not leave a
+tenant in debt beyond what its own settlements made). The store is asked again with
+backoff (50 ms doubling to 1 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from urllib.parse import urlsplit
+
+from velocity_fast.fleet.lease import LEASE_S, SharedBucket
+
+__all__ = ["StateStore", "SharedBucket", "check_url", "LEASE_S"]
+
+log = logging.getLogger("velocity.statestore")
+
+_TIMEOUT_S = 0.25        # a store slower than this to answer is taken for down
+_BACKOFF_S = (0.05, 1.0)  # first and longest wait between attempts while it is down
+_KEY = "velocity:tenant:{}:{}"
+
+# KEYS[1]: the bucket (hash: level, stamp). ARGV: rate a second, capacity, units asked,
+# debt to settle (negative: a credit), outage consumption to charge. Refills from Redis'
+# TIME, settles the debt (the level may go below 0), charges the outage down to at most 0
+# (a level already below 0 stays), grants min(asked, level) when the level is positive.
+# Returns {granted, level}, as strings (Redis would cut Lua numbers to integers). The
+# key expires once it would be full again and a minute more: an absent bucket is full.
+LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local rate, cap = tonumber(ARGV[1]), tonumber(ARGV[2])
+local ask, debt, charge = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local v = redis.call('HMGET', KEYS[1], 'level', 'stamp')
+local level, stamp = tonumber(v[1]), tonumber(v[2])
+if level == nil or stamp == nil then level, stamp = cap, now end
+if now > stamp then level = math.min(cap, level + (now - stamp) * rate); stamp = now end
+level = level - debt
+if level > cap then level = cap end
+if charge > 0 then level = math.max(level - charge, math.min(level, 0)) end
+local grant = 0
+if ask > 0 and level > 0 then grant = math.min(ask, level) end
+level = level - grant
+redis.call('HSET', KEYS[1], 'level', tostring(level), 'stamp', tostring(stamp))
+redis.call('PEXPIRE', KEYS[1], math.ceil(((cap - level) / rate + 60) * 1000))
+return {tostring(grant), tostring(level)}
+"""
+
+
+def check_url(url: str) -> str | None:
+    """What is wrong with a ``state_store`` URL (None: nothing)."""
+    try:
+        u = urlsplit(url)
+        port = u.port
+    except ValueError as e:
+        return f"not a URL: {e}"
+    if u.scheme not in ("redis", "rediss"):
+        return f"must be redis://host:port/db (or rediss://), got {url!r}"
+    if not u.hostname:
+        return f"names no host: {url!r}"
+    if port is not None and port == 0:
+        return f"port 0 is not a port: {url!r}"
+    db = u.path.lstrip("/")
+    if db and not db.isdigit():
+        return f"the database must be a number (redis://host:port/0), got {db!r}"
+    if u.query or u.fragment:
+        return f"takes no query or fragment: {url!r}"
+    return None
+
+
+class StateStore:
+    """One gateway process's connection to Redis and its buckets (see the module doc)."""
+
+    def __init__(self, url: str, registry=None) -> None:
+        try:
+            import redis.asyncio as aioredis
+        except ImportError:  # config.validate says so first; this is for direct use
+            raise RuntimeError("state_store needs the redis package: pip install 'velocityllm[redis]'") from None
+        self.url = url
+        self._redis = aioredis.from_url(url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S,
+                                        retry_on_timeout=False, retry=None, health_check_interval=0)
+        from redis.exceptions import NoScriptError
+
+        self._noscript = NoScriptError
+        self._sha: str | None = None
+        self.buckets: dict[str, SharedBucket] = {}
+        self._up = False
+        self.errors = 0
+        self.calls = 0
+        self._pending: dict[SharedBucket, None] = {}  # refills queued (ordered, unique)
+        self._owing: dict[SharedBucket, None] = {}    # settlements queued
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._down_logged = False
+        self._flush_timer = False
+        if registry is not None:
+            registry.gauge_fn("velocity_state_store_up", "1 while the state store (Redis) answers, else 0: "
+                              "tenant buckets are then local to this replica.", lambda: float(self.up))
+            registry.counter_fn("velocity_state_store_errors_total", "State store calls that failed "
+                                "(unreachable, timed out, refused).", lambda: float(self.errors))
+            registry.counter_fn("velocity_state_store_calls_total", "Round trips to the state store "
+                                "(each a pipeline of bucket refills and settlements).", lambda: float(self.calls))
+
+    @property
+    def up(self) -> bool:
+        """The store answers: the buckets draw from their leases (else from local buckets)."""
+        return self._up
+
+    @up.setter
+    def up(self, value: bool) -> None:
+        self._up = value
+        for b in self.buckets.values():
+            b.up = value
+
+    # -- the tenants' buckets ------------------------------------------------------------
+    def attach(self, identity) -> None:
+        """Give the identity's tenants their shared buckets (again after a reload: a bucket
+        whose limits did not change is the same object, lease and all)."""
+        keep: dict[str, SharedBucket] = {}
+        for t in identity.tenants.values():
+            t.shared = t.tshared = None
+            if t.rate is not None:
+                key = _KEY.format(t.name, "requests")
+                t.shared = keep[key] = self._bucket(key, t.rate, t.burst, 2.0)
+            if t.tpm is not None:
+                key = _KEY.format(t.name, "tokens")
+                t.tshared = keep[key] = self._bucket(key, t.tpm / 60.0, t.tpm, 16.0)
+        self.buckets = keep
+        for b in keep.values():
+            if self.up and not b.asking and b.lease <= b.low:
+                self.ask(b)
+
+    def _bucket(self, key: str, rate: float, cap: float, floor: float) -> SharedBucket:
+        b = self.buckets.get(key)
+        if b is not None and (b.rate, b.cap) == (rate, cap):
+            return b
+        b = SharedBucket(self, key, rate, cap, floor)
+        b.up = self.up
+        if not self.up:
+            b.to_local()
+            b.level = cap  # a bucket new while the store is down starts full, as a local one
+        return b
+
+    def ask(self, b: SharedBucket) -> None:
+        """Queue a refill of ``b`` (the request path: no wait)."""
+        b.asking = True
+        self._pending[b] = None
+        if self._wake is not None:
+            self._wake.set()
+
+    def owe(self, b: SharedBucket) -> None:
+        """Queue ``b``'s settlement; it goes with the next round trip (at most LEASE_S on)."""
+        self._owing[b] = None
+        if self._wake is not None and not self._flush_timer:
+            self._flush_timer = True
+            asyncio.get_running_loop().call_later(LEASE_S, self._flush_due)
+
+    def _flush_due(self) -> None:
+        self._flush_timer = False
+        if self._owing and self._wake is not None:
+            self._wake.set()
+
+    # -- the task ------------------------------------------------------------------------------
+    async def start(self, timeout: float = 0.5) -> None:
+        """Reach the store once (at most ``timeout``) and take the first leases, then run the
+        task. A store that does not answer leaves the buckets local until it does."""
+        self._wake = asyncio.Event()
+        for b in self.buckets.values():
+            b.to_local()
+            b.level = b.cap
+        try:
+            await asyncio.wait_for(self._reconcile(), timeout)
+        except Exception as e:  # noqa: BLE001 - any failure to reach it: local buckets, said once
+            self._went_down(e)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="state-store")
+
+    async def close(self) -> None:
+        # Bounded: a shutdown does not wait on a store that does not answer.
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait({self._task}, timeout=1.0)
+            self._task = None
+        try:
+            await asyncio.wait_for(self._redis.aclose(), 1.0)
+        except Exception:  # noqa: BLE001 - closing a connection to a store that may be gone
+            pass
+
+    async def _run(self) -> None:
+        backoff = _BACKOFF_S[0]
+        while True:
+            if not self.up:
+                await asyncio.sleep(backoff)
+                try:
+                    await self._reconcile()
+                    backoff = _BACKOFF_S[0]
+                except Exception as e:  # noqa: BLE001 - still down
+                    self._went_down(e)
+                    backoff = min(_BACKOFF_S[1], backoff * 2)
+                continue
+            wait = self._next_wait()
+            if wait is None or wait > 0:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), wait)
+                except TimeoutError:
+                    pass
+            self._wake.clear()
+            try:
+                await self._exchange()
+            except Exception as e:  # noqa: BLE001 - the store failed: local buckets from now on
+                self._went_down(e)
+
+    def _next_wait(self) -> float | None:
+        """Seconds until a queued refill may go (None: nothing queued; wait to be woken)."""
+        if not self._pending:
+            return None
+        now = time.monotonic()
+        return max(0.0, min(b.not_before for b in self._pending) - now)
+
+    async def _exchange(self) -> None:
+        """One round trip: the refills that are due and every settlement owed."""
+        now = time.monotonic()
+        refill = [b for b in self._pending if b.not_before <= now]
+        for b in refill:
+            del self._pending[b]
+        owing = [b for b in self._owing if b not in refill]
+        self._owing.clear()
+        batch = refill + owing
+        if not batch:
+            return
+        sent = []
+        for b in batch:
+            # While the bucket is full (a burst), a lease of an eighth of what it holds: the
+            # burst is served at the clients' pace, not one chunk a round trip.
+            ask = max(0.0, max(b.chunk, b.shared_level / 8) - b.lease) if b in refill else 0.0
+            sent.append((b, ask, b.debt, b in refill))
+            b.debt = 0.0
+        try:
+            try:
+                replies = await self._eval(sent, [0.0] * len(sent))
+            except self._noscript:  # the store restarted between two round trips
+                self._sha = None
+                replies = await self._eval(sent, [0.0] * len(sent))
+        except BaseException:
+            for b, _, debt, _ in sent:  # not known to have arrived: still owed
+                b.debt += debt
+            raise
+        self._apply(sent, replies)
+
+    async def _eval(self, sent, charges) -> list:
+        """The bucket script for each (bucket, asked, debt, refill) and charge, in one pipeline."""
+        if self._sha is None:
+            self._sha = await self._redis.script_load(LUA)
+            self.calls += 1
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for (b, ask, debt, _), charge in zip(sent, charges):
+                pipe.evalsha(self._sha, 1, b.key, repr(b.rate), repr(b.cap), repr(ask), repr(debt), repr(charge))
+            replies = await pipe.execute()
+        self.calls += 1
+        return replies
+
+    def _apply(self, sent, replies) -> None:
+        now = time.monotonic()
+        for (b, ask, _, refill), (grant, level) in zip(sent, replies):
+            grant, b.shared_level = float(grant), float(level)
+            b.lease += grant
+            b.lent = False
+            if refill:
+                b.asking = False
+                if grant < ask and b.lease <= b.low:
+                    # The bucket is short: ask again once it would have a draw's worth.
+                    b.not_before = now + min(1.0, max(0.005, (max(b.need, 1.0) - b.lease) / b.rate))
+                    self.ask(b)
+                else:
+                    b.not_before = 0.0
+
+    async def _reconcile(self) -> None:
+        """The store answers (again): charge what the local buckets admitted, take leases,
+        and draw from them from now on."""
+        buckets = list(self.buckets.values())
+        sent = [(b, b.chunk, 0.0, True) for b in buckets]
+        charged = [b.spent for b in buckets]
+        self._sha = None  # a store back from a restart has forgotten the script
+        if buckets:
+            replies = await self._eval(sent, [max(0.0, c) for c in charged])
+        else:
+            await self._redis.ping()
+            self.calls += 1
+            replies = []
+        self._pending.clear()
+        self._owing.clear()
+        for b, c in zip(buckets, charged):
+            # Admitted locally while this round trip was on its way: a settlement to send.
+            b.debt = b.spent - c
+            b.spent = b.lease = 0.0
+            b.asking = False
+            b.not_before = 0.0
+        self._apply(sent, replies)
+        for b in buckets:
+            if b.debt:
+                self.owe(b)
+        if self._down_logged:
+            log.warning("state store %s answers again: tenant buckets are shared again", self._safe_url())
+            self._down_logged = False
+        self.up = True
+
+    def _went_down(self, e: BaseException) -> None:
+        self.errors += 1
+        if self.up or not self._down_logged:
+            log.warning("state store %s unreachable (%s): tenant buckets are local to this replica until it "
+                        "answers", self._safe_url(), type(e).__name__ + (f": {e}" if str(e) else ""))
+            self._down_logged = True
+        if self.up:
+            self.up = False
+            for b in self.buckets.values():
+                b.to_local()
+        self._pending.clear()
+        self._owing.clear()
+
+    def _safe_url(self) -> str:
+        u = urlsplit(self.url)
+        return f"{u.scheme}://{u.hostname}:{u.port or 6379}{u.path}"
