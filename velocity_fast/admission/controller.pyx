@@ -158,7 +158,8 @@ cdef inline bint _waiting(waiter) except -1:
 
 # -- the lease ----------------------------------------------------------------------------
 
-@cython.freelist(256)  # one per request
+# No @cython.freelist: Cython keeps one only for a base class, and Lease extends RoomFilter
+# (it ignored the decorator here, with a warning at every build).
 cdef class Lease(RoomFilter):
     """Granted by ``Admission.admit``; ``bind`` when an endpoint is chosen,
     ``first_byte`` when the engine answers, ``release`` exactly once at the end
