@@ -83,3 +83,39 @@ async def test_killing_one_replica_loses_only_its_in_flight_requests(tmp_path):
     assert 0 < stats[victim]["failed"] <= failed_in_flight_at_kill[0], (stats, failed_in_flight_at_kill)
     # The survivor served on, the moved clients included.
     assert stats[survivor]["ok_after_kill"] > 20, stats
+
+
+@pytest.mark.timeout(120)
+async def test_a_replica_sees_the_others_work_within_a_few_scrapes(tmp_path):
+    """How stale one replica's view of another's work is: requests sent through the second
+    replica show in the first one's ``others`` (admin /stats) once the engines' running
+    gauges have been scraped (every 100 ms by default). Measured from the moment the
+    requests were sent; bounded at 1 s (the scrape interval, the engines' first step and
+    a loaded machine's delays, with room)."""
+    from velocity_fast.loadgen.gateway_proc import http_get
+    import orjson
+
+    fleet = Fleet(SCENARIOS["seqs-16"], "dynamic", str(tmp_path), replicas=2)
+    fleet.start()
+    try:
+        await fleet.wait_ready()
+        first_admin, second = fleet.admin_ports[0], fleet.ports[1]
+        client = Client("127.0.0.1", second, timeout=60)
+        n = 6
+        t0 = time.monotonic()
+        sends = [asyncio.create_task(client.send(i, wire(second, LOW_BODY, "low"))) for i in range(n)]
+        seen_after = None
+        while time.monotonic() - t0 < 5.0:
+            status, body = await http_get("127.0.0.1", first_admin, "/stats")
+            eps = orjson.loads(body)["admission"]["endpoints"]
+            if sum(e["others"] for e in eps.values()) >= n:
+                seen_after = time.monotonic() - t0
+                break
+            await asyncio.sleep(0.01)
+        results = await asyncio.gather(*sends)
+        client.close()
+    finally:
+        fleet.stop()
+    print(f"\nothers seen after {seen_after}")
+    assert all(r.ok for r in results)
+    assert seen_after is not None and seen_after <= 1.0, seen_after
