@@ -106,5 +106,6 @@ cdef class Exchange(Listener):
     cdef _refuse(self, int status, str reason, str message, retry_after=*)
     cdef _crashed(self)
     cdef _cut(self)
+    cdef void _drop_engine(self) except *
     cdef _left_after_done(self)
     cpdef list base_headers(self)

@@ -1050,13 +1050,18 @@ cdef class Exchange(Listener):
             elif self.stream_req:
                 self._account(self.prompt_est, 0, 0, True)
         self.state = _DONE
+        self._drop_engine()
+        if self.lease is not None:
+            self.lease.release("cancelled")
+
+    cdef void _drop_engine(self) except *:
+        """The engine request ends here: its connection aborted (the engine aborts the
+        sequence), the task that was connecting cancelled."""
         if self.conn is not None:
             self.conn.abort()
             self.conn = None
         if self.task is not None:
             self.task.cancel()
-        if self.lease is not None:
-            self.lease.release("cancelled")
 
     cdef _left_after_done(self):
         """The client left once the stream's ``data: [DONE]`` reached it, before the
@@ -1068,11 +1073,7 @@ cdef class Exchange(Listener):
         self.abandoned = True
         self.state = _DONE
         self.qitem = None
-        if self.conn is not None:
-            self.conn.abort()
-            self.conn = None
-        if self.task is not None:
-            self.task.cancel()
+        self._drop_engine()
         status = self.status
         ok = 200 <= status < 300 and not self.engine_failed
         error_text = self.error_text
@@ -1092,11 +1093,7 @@ cdef class Exchange(Listener):
             self.adm._withdraw(self.ticket, self.qitem)
         else:
             self.state = _DONE
-            if self.conn is not None:
-                self.conn.abort()
-                self.conn = None
-            if self.task is not None:
-                self.task.cancel()
+            self._drop_engine()
             if self.lease is not None:
                 self.lease.release("failed", "the gateway shut down", self.events)
         self.qitem = None
