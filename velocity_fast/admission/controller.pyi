@@ -13,6 +13,8 @@ from velocity_fast.fleet.endpoint import Endpoint, RoomFilter
 
 log: logging.Logger
 CONGESTION_FACTOR: float
+RETRY_MARGIN: float
+RETRY_MAX_S: float
 
 class Ticket:
     """One request as admission sees it."""

@@ -544,12 +544,15 @@ cdef class Admission:
             if ps.pending == 0:
                 # Work-conserving: an idle pool grants one whatever the band's ceilings (a
                 # ceiling below 1/limit would otherwise hold a band back with nothing running).
+                # Idle: nothing of ours in flight, and no fresh scrape shows others' work, a
+                # queue or a KV cache past its threshold.
                 idle = False
                 for e in ps.loads:
                     if not e.healthy:
                         continue
                     if e.inflight or (now - e.scraped_at <= self._sat.stale_after
-                                      and (e.others > 0.0 or e.waiting > 0.0)):
+                                      and (e.others > 0.0 or e.waiting > 0.0
+                                           or e.kv >= self._sat.kv_threshold)):
                         idle = False
                         break
                     idle = True

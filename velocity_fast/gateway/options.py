@@ -34,7 +34,8 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, *, endpoints: bool = 
     g.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="tokenizer.json (or a model folder) for precise prefix routing")
     g.add_argument("--state-store", default=None, metavar="redis://HOST:PORT/DB",
-                   help="Redis that holds the tenant limits every replica shares (default: none, each its own)")
+                   help="Redis that holds the tenant limits every replica shares; without one each "
+                        "replica applies them alone")
     if endpoints:
         g.add_argument("--endpoint", action="append", default=None, metavar="NAME=URL=MODEL",
                        help="an engine the gateway sends to (repeatable; chargeVelocity adds the "
