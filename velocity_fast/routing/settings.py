@@ -26,8 +26,10 @@ PrefixMode = Literal["approximate", "precise", "off"]
 
 # The range of every number (docs/configuration.md, "Ranges"), checked by msgspec where
 # the section is read. Loads and gaps are counts of requests: a million is past any engine.
-_Load = Annotated[float, msgspec.Meta(ge=0, le=1_000_000)]
-_Weight = Annotated[float, msgspec.Meta(ge=0, le=1_000_000)]
+# Up to 1e12: a guard or weight set far past any load (1e9) is how it is turned off, as
+# for pure prefix affinity (bench/prefix.py's comparison).
+_Load = Annotated[float, msgspec.Meta(ge=0, le=1e12)]
+_Weight = Annotated[float, msgspec.Meta(ge=0, le=1e12)]
 
 
 class RoutingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
@@ -54,7 +56,7 @@ class RoutingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     session_gap: _Load = 8.0
     # Saturated endpoints are filtered out (fail open when that would remove all):
     # engine queue at or past this many waiting, or KV usage at or past this fraction.
-    saturation_waiting: Annotated[float, msgspec.Meta(gt=0, le=1_000_000)] = 5.0
+    saturation_waiting: Annotated[float, msgspec.Meta(gt=0, le=1e12)] = 5.0
     saturation_kv: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.8
     # Engine gauges older than this are ignored (the gateway's own counts stand in).
     metrics_stale_s: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 2.0
