@@ -143,6 +143,10 @@ class ChatProfile(Profile):
                         break
             # The owner is filtered out or too hot: this request goes by prefix and
             # load; the session stays mapped to its owner for the next one.
+        if (<RouteInfo>info).nblocks == 0:
+            # No full block: no prefix to route by, and no demand of its own (every such
+            # prompt would count as one hot prefix): the shortest queue, as batch.
+            return cands[_least_loaded(self.rng, loads)], "load"
         # The hot-spot guard is for a prefix whose demand is past one engine's share of the
         # pool: a prefix within it stays where its cache is, however busy that engine.
         demand = (<RouterPool>state).demand
