@@ -7,7 +7,7 @@ from velocity_fast.admission.settings import AdmissionSettings, BandSettings
 
 def test_defaults_are_the_design_bands():
     s = AdmissionSettings().validate()
-    assert [(b.name, b.ceiling) for b in s.bands] == [("high", 1.5), ("normal", 1.0), ("low", 0.95)]
+    assert [(b.name, b.ceiling) for b in s.bands] == [("high", 1.5), ("normal", 1.0), ("low", 0.8)]
     # Batch work has no deadline by default; the others take the server's.
     assert [b.sla_ms for b in s.bands] == [None, None, 0.0]
     assert (s.queue_threshold, s.kv_threshold, s.default_band) == (5.0, 0.8, "normal")

@@ -65,7 +65,7 @@ def _default_bands() -> list[BandSettings]:
         BandSettings(name="normal", ceiling=1.0, queue_capacity=1000, ttl_ms=30000.0),
         # Batch work: no deadline, and all of each engine's batch but a slot or a
         # twentieth, whichever is more, kept for higher bands.
-        BandSettings(name="low", ceiling=0.95, queue_capacity=5000, ttl_ms=120000.0, sla_ms=0.0,
+        BandSettings(name="low", ceiling=0.8, queue_capacity=5000, ttl_ms=120000.0, sla_ms=0.0,
                      soft_ceiling=0.7),
     ]
 
