@@ -3,6 +3,7 @@
 from velocity_fast.admission.aimd cimport AimdLimit
 from velocity_fast.admission.bands cimport BandQueues, Item, TenantQueue
 from velocity_fast.fleet.endpoint cimport Endpoint, RoomFilter
+from velocity_fast.fleet.shared cimport vf_pool
 from velocity_fast.metrics.values cimport Value
 from velocity_fast.admission.saturation cimport EndpointLoad, Saturation
 from velocity_fast.admission.estimators cimport ServiceEstimate
@@ -45,6 +46,10 @@ cdef class PoolState:
     cdef public object promises
     cdef public double promised_work
     cdef public double last_promise
+    # Workers: the pool's slot in the shared state (NULL: one process), and a lease
+    # reserved there by the dispatch cycle for the item it is about to grant
+    cdef vf_pool *shm
+    cdef bint spare
 
 
 cdef class Admission
@@ -82,8 +87,14 @@ cdef class Lease(RoomFilter):
     cdef readonly double fair_charged
     cdef readonly double fair_actual
     cdef readonly bint fair_known
+    # Workers: the pool's reservation is held (released with the lease); the endpoint's
+    # slot was claimed before the bind
+    cdef bint _reserved
+    cdef bint _claimed
 
     cpdef bind(self, Endpoint ep)
+    cpdef bint claim(self, Endpoint ep) except -1
+    cpdef force(self, Endpoint ep)
     cpdef rebind(self, Endpoint ep)
     cpdef bint fits(self, Endpoint ep) except -1
     cdef bint room(self, Endpoint ep) except -1
@@ -151,6 +162,7 @@ cdef class Admission:
     cdef bint _refresh(self, PoolState ps) except -1
     cdef long _queued(self) except -1
     cdef void _cycle(self, PoolState ps, double now, bint have_now) except *
+    cdef void _cycle_run(self, PoolState ps, double now, bint have_now) except *
     cdef Lease _grant(self, PoolState ps, int band, tenant, long max_tokens, long prompt_bytes, double service,
                       double deadline, double arrived_at, double now)
     cdef bint _fits(self, Lease lease, Endpoint ep) except -1

@@ -36,8 +36,12 @@ from velocity_fast.admission.aimd cimport AimdLimit
 from velocity_fast.admission.bands cimport BandQueue, BandQueues, Item, TenantQueue
 from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.fleet.endpoint cimport Endpoint, pool_endpoints, same_endpoints
+from velocity_fast.fleet.shared cimport (current, pool_slot, publish_limit, publish_queued, vf_atomic_add,
+                                        vf_ep_add, vf_ep_claim, vf_pool_queued_others, vf_pool_release,
+                                        vf_pool_reserve, worker)
 from velocity_fast.metrics.values cimport HistChild, Value
-from velocity_fast.admission.saturation cimport EndpointLoad, Saturation, free_slots, observe_endpoint, refresh
+from velocity_fast.admission.saturation cimport (EndpointLoad, Saturation, free_slots, observe_endpoint, refresh,
+                                                sync_shared)
 from velocity_fast.admission.estimators cimport Ewma, ServiceEstimate
 from velocity_fast.admission.telemetry cimport Telemetry, _CANCELLED, _COMPLETED, _FAILED, _outcome
 
@@ -96,6 +100,43 @@ cdef class Ticket:
                 f"max_tokens={self.max_tokens}, prompt_bytes={self.prompt_bytes}, model={self.model!r})")
 
 
+cdef inline void _set_limit(Endpoint ep, long limit):
+    """This gateway's concurrency limit on ``ep``; with workers, told to the others too
+    (the smallest a worker set holds for all: fleet/shared.pyx)."""
+    ep.limit = limit
+    if ep.shm != NULL:
+        publish_limit(ep.shm, limit)
+
+
+# -- workers: the pool's share of the shared state (fleet/shared.pyx) ---------------------
+
+cdef bint _reserve(PoolState ps) except -1:
+    """One lease more of the pool's, across the workers, if the leases stay within the
+    limits of its healthy endpoints: a grant made so finds an engine with room at its bind."""
+    cdef long cap = 0
+    cdef Endpoint ep
+    for ep in ps.seen:
+        if ep.healthy:
+            cap += ep.limit
+    return vf_pool_reserve(ps.shm, worker(), cap) != 0
+
+
+cdef inline bint _others_queued(PoolState ps, int band) noexcept:
+    """Another worker holds requests queued in ``band`` or a higher one."""
+    return band >= 0 and vf_pool_queued_others(ps.shm, worker(), current().workers, band) > 0
+
+
+cdef void _publish(PoolState ps) except *:
+    """This worker's queue depth per band, for the others."""
+    cdef BandQueues q = ps.queues
+    cdef Py_ssize_t above = 0, through
+    cdef int b
+    for b in range(q.nbands):
+        through = q.count_through(b)
+        publish_queued(ps.shm, b, through - above)
+        above = through
+
+
 # -- admission's state --------------------------------------------------------------------
 
 cdef class EndpointState:
@@ -106,7 +147,7 @@ cdef class EndpointState:
         self.aimd = aimd
         self.load = EndpointLoad(limit)
         self.est = ServiceEstimate(alpha)
-        ep.limit = limit
+        _set_limit(ep, limit)
 
 
 cdef class PoolState:
@@ -191,6 +232,26 @@ cdef class Lease(RoomFilter):
         self.endpoint = ep
         self.bound_at = self._adm._now()
         self._adm._on_bind(self, ep, old is not None)
+
+    cpdef bint claim(self, Endpoint ep) except -1:
+        """Bind to ``ep`` if it has room, as every worker counts it: True, else False
+        (nothing bound). One process: a bind."""
+        cdef long long n
+        if ep.shm != NULL and not self.done:
+            n = vf_ep_claim(ep.shm, worker(), ep.limit)
+            if n < 0:
+                ep.inflight = <long>ep.shm.inflight
+                return False
+            self._claimed = True
+        self.rebind(ep)
+        return True
+
+    cpdef force(self, Endpoint ep):
+        """Bind to ``ep`` past its limit: every engine was claimed full by other workers
+        between the grant and the bind (a limit lowered meanwhile). Counted."""
+        if ep.shm != NULL:
+            vf_atomic_add(&ep.shm.overcommits, 1)
+        self.rebind(ep)
 
     cpdef bint fits(self, Endpoint ep) except -1:
         """Room on ``ep`` for this lease's band (the router's filter): below the
@@ -312,12 +373,12 @@ cdef class Admission:
         if st.aimd is not None and ep.kv_usage > self.settings.kv_hard_limit:
             # One cut per staleness window: a full cache stays full for a few scrapes.
             if st.aimd.on_breach(now - self.settings.stale_after_ms / 1000.0, now):
-                ep.limit = st.aimd.limit
+                _set_limit(ep, st.aimd.limit)
         elif (st.aimd is not None and not st.load.capacity_known and ep.waiting == 0 and ps is not None
               and ps.queues.count and ep.inflight + 1 >= math.floor(ep.limit * self._held_share(ps, False))):
             # Slow start: the engine runs all it was sent and work waits on this limit.
             if st.aimd.on_probe(now):
-                ep.limit = st.aimd.limit
+                _set_limit(ep, st.aimd.limit)
         if ps is not None:
             self._dispatch(ps, now)
 
@@ -325,7 +386,7 @@ cdef class Admission:
 
     def _on_oom(self, ps: PoolState, st: EndpointState, now: float) -> None:
         st.aimd.on_oom(now)
-        st.ep.limit = st.aimd.limit
+        _set_limit(st.ep, st.aimd.limit)
         if not self.policy.oom_throttle:
             return
         ps.overload_until = max(ps.overload_until, st.aimd.frozen_until)
@@ -622,9 +683,10 @@ cdef class Admission:
         # that goes at once is never declined on a prediction (an idle pool is the
         # plainest case): no wait of the gateway's making stands between it and its SLA.
         sat = -1.0
-        if (q.count == 0 or q.count_through(band) == 0) and room > 0:
+        if (q.count == 0 or q.count_through(band) == 0) and room > 0 and (ps.shm == NULL or
+                                                                         not _others_queued(ps, band)):
             sat = self._pool_sat(ps, now, band)
-            if sat <= <double>self._ceilings[band] and sat != INFINITY:
+            if sat <= <double>self._ceilings[band] and sat != INFINITY and (ps.shm == NULL or _reserve(ps)):
                 lease = self._grant(ps, band, ticket.tenant, ticket.max_tokens, ticket.prompt_bytes, service,
                                     deadline, now, now)
                 if q.counted(band):  # dispatched without queueing: charged all the same
@@ -656,6 +718,8 @@ cdef class Admission:
             ps.queued_work += service
         if room > 0:  # else the cycle would stop at once (the pool was just refreshed)
             self._cycle(ps, now, True)
+        elif ps.shm != NULL:
+            _publish(ps)
         # Under load the tick is already armed: no need to ask the waiter.
         if self._tick is None and _waiting(waiter):
             self._arm()
@@ -674,6 +738,8 @@ cdef class Admission:
             return False
         ps.queues._remove(item)
         _unqueue(ps, item)
+        if ps.shm != NULL:
+            _publish(ps)
         self.telemetry.queue_cancelled += 1
         return True
 
@@ -852,6 +918,8 @@ cdef class Admission:
 
     def has_room(self, Endpoint ep):
         """True when ``ep`` may take one more request now (the router's filter)."""
+        if ep.shm != NULL:
+            sync_shared(ep, None)
         return ep.healthy and ep.inflight < ep.limit
 
     cdef bint _fits(self, Lease lease, Endpoint ep) except -1:
@@ -859,6 +927,8 @@ cdef class Admission:
         cdef EndpointLoad load
         cdef double ceiling
         cdef bint ok
+        if ep.shm != NULL:
+            sync_shared(ep, None)
         if not (ep.healthy and ep.inflight < ep.limit):
             return False
         ceiling = self._ceilings[lease.band_index]
@@ -900,6 +970,7 @@ cdef class Admission:
         if ps is None:
             ps = self._pools[model] = PoolState(pools[model], self.policy.make_queues(self.settings),
                                                 self.settings.ewma_alpha)
+            (<PoolState>ps).shm = pool_slot(model)
         return ps
 
     def _endpoint_state(self, Endpoint ep):
@@ -965,6 +1036,18 @@ cdef class Admission:
         self._cycle(ps, 0.0 if now is None else <double>now, now is not None)
 
     cdef void _cycle(self, PoolState ps, double now, bint have_now) except *:
+        if ps.shm == NULL:
+            self._cycle_run(ps, now, have_now)
+            return
+        try:
+            self._cycle_run(ps, now, have_now)
+        finally:
+            if ps.spare:  # a lease reserved for an item that was no longer waiting
+                ps.spare = False
+                vf_pool_release(ps.shm, worker())
+            _publish(ps)
+
+    cdef void _cycle_run(self, PoolState ps, double now, bint have_now) except *:
         cdef BandQueues q = ps.queues
         cdef long room
         cdef bint healthy, have_sat = False
@@ -1006,6 +1089,15 @@ cdef class Admission:
                     have_sat = True
                 if sat > ceiling or sat == INFINITY:
                     return
+                if ps.shm != NULL:
+                    # Workers: a higher band queued in another worker goes first (it
+                    # takes the room at its next cycle); a lease is reserved across them.
+                    if _others_queued(ps, band - 1):
+                        return
+                    if not ps.spare:
+                        if not _reserve(ps):
+                            return
+                        ps.spare = True
                 item = q.pop(band, now)
                 if item is None:
                     break
@@ -1025,6 +1117,7 @@ cdef class Admission:
                     continue
                 room -= 1
                 have_sat = False
+                ps.spare = False
                 lease = self._grant(ps, item.band, item.tenant, item.max_tokens, item.nbytes, service,
                                     item.grant_deadline, item.enqueued_at, now)
                 if item.charged_to is not None:  # token fairness: for the settlement
@@ -1048,6 +1141,7 @@ cdef class Admission:
         self.telemetry._granted(band, now - arrived_at)
         lease._adm = self
         lease._ps = ps
+        lease._reserved = ps.shm != NULL  # (every grant is reserved first when workers share)
         lease.band_index = band
         lease.band = self.band_names[band]
         lease.tenant = tenant
@@ -1065,7 +1159,13 @@ cdef class Admission:
         cdef EndpointState st
         if not rebind:
             ps.pending -= 1
-        ep.inflight += 1
+        if ep.shm == NULL:
+            ep.inflight += 1
+        elif lease._claimed:  # the slot is taken already (claim)
+            lease._claimed = False
+            ep.inflight = <long>ep.shm.inflight
+        else:
+            ep.inflight = <long>vf_ep_add(ep.shm, worker(), 1)
         if ep.inflight > ep.inflight_peak:
             ep.inflight_peak = ep.inflight
         # An endpoint admission knows already (the common case) needs no call.
@@ -1078,7 +1178,10 @@ cdef class Admission:
             self._cycle(ps, 0.0, False)
 
     cdef void _on_unbind(self, Lease lease, Endpoint ep) except *:
-        ep.inflight -= 1
+        if ep.shm == NULL:
+            ep.inflight -= 1
+        else:
+            ep.inflight = <long>vf_ep_add(ep.shm, worker(), -1)
         self._cycle(lease._ps, 0.0, False)
 
     cdef void _on_release(self, Lease lease, int outcome, error_text, long tokens) except *:
@@ -1101,10 +1204,16 @@ cdef class Admission:
             sla = 1 if now <= lease.deadline else 0
         self.telemetry._finished(lease.band_index, outcome, now - lease.arrived_at,
                                  lease.first_byte_at - lease.arrived_at if lease.first_byte_at else -1.0, sla)
+        if lease._reserved:
+            lease._reserved = False
+            vf_pool_release(ps.shm, worker())
         if ep is None:
             ps.pending -= 1
         else:
-            ep.inflight -= 1
+            if ep.shm == NULL:
+                ep.inflight -= 1
+            else:
+                ep.inflight = <long>vf_ep_add(ep.shm, worker(), -1)
             self._learn(ps, lease, ep, outcome, error_text, tokens, now)
         self._cycle(ps, now, True)
 
@@ -1151,7 +1260,7 @@ cdef class Admission:
             aimd.on_sample(queued, queued and ep.inflight + 1 >= floor(
                 ep.limit * self._held_share(ps, st.load.capacity_known)),
                            st.load.kv <= self._kv_hard_limit and st.load.waiting < 2.0, now)
-        ep.limit = <int>aimd.value
+        _set_limit(ep, <int>aimd.value)
 
     # -- housekeeping -------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ cdef class EndpointLoad:
     cpdef void observe(self, double running, double waiting, double kv, double scraped_at)
 
 
+cdef void sync_shared(Endpoint ep, EndpointLoad load) noexcept
 cpdef void observe_endpoint(EndpointLoad load, Endpoint ep)
 cpdef bint refresh(list loads, list eps) except -1
 cpdef long free_slots(list eps, long pending) except? -1

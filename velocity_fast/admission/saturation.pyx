@@ -40,6 +40,7 @@ so a scrape that hangs never halts dispatch.
 from libc.math cimport INFINITY
 
 from velocity_fast.fleet.endpoint cimport Endpoint
+from velocity_fast.fleet.shared cimport shared_limit, vf_ep_cap, vf_ep_learn_cap
 
 QUEUE_THRESHOLD = VF_QUEUE_THRESHOLD
 KV_THRESHOLD = VF_KV_THRESHOLD
@@ -83,6 +84,8 @@ cpdef void observe_endpoint(EndpointLoad load, Endpoint ep):
     interval's count of this gateway's own in-flight peak."""
     cdef double others
     load.observe(ep.running, ep.waiting, ep.kv_usage, ep.scraped_at)
+    if ep.shm != NULL and load.capacity_known:  # workers: the batch one learned is every one's
+        vf_ep_learn_cap(ep.shm, load.capacity)
     # Running only: the engine's waiting requests, theirs and ours, are the queue term.
     others = ep.running - <double>ep.inflight_peak
     load.others = others if others > 0.0 else 0.0
@@ -104,6 +107,8 @@ cpdef bint refresh(list loads, list eps) except -1:
     for i in range(n):
         load = loads[i]
         ep = eps[i]
+        if ep.shm != NULL:
+            sync_shared(ep, load)
         load.healthy = ep.healthy
         load.inflight = ep.inflight
         load.limit = ep.limit
@@ -114,12 +119,33 @@ cpdef bint refresh(list loads, list eps) except -1:
     return any_healthy
 
 
+cdef void sync_shared(Endpoint ep, EndpointLoad load) noexcept:
+    """Workers: the endpoint's counts as every worker made them (fleet/shared.pyx): the
+    requests in flight (``inflight`` is their total; the peak with it), the smallest
+    limit a worker set, the largest batch one learned."""
+    cdef long limit
+    cdef double cap
+    ep.inflight = <long>ep.shm.inflight
+    if ep.inflight > ep.inflight_peak:
+        ep.inflight_peak = ep.inflight
+    limit = <long>shared_limit(ep.shm)
+    if limit > 0:
+        ep.limit = limit
+    if load is not None:
+        cap = vf_ep_cap(ep.shm)
+        if cap > 0.0 and (not load.capacity_known or cap > load.capacity):
+            load.capacity = cap
+            load.capacity_known = True
+
+
 cpdef long free_slots(list eps, long pending) except? -1:
     """Room on a pool's endpoints, as admission counts it: the free slots of each
     healthy endpoint below its limit, less ``pending`` (granted, not yet bound)."""
     cdef long room = -pending, inflight, limit
     cdef Endpoint ep
     for ep in eps:
+        if ep.shm != NULL:
+            sync_shared(ep, None)
         if ep.healthy:
             inflight = ep.inflight
             limit = ep.limit

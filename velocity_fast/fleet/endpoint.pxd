@@ -2,6 +2,9 @@
 # (see endpoint.pyx for the why).
 
 
+from velocity_fast.fleet.shared cimport vf_ep
+
+
 cdef class Endpoint:
     cdef public str name
     cdef public str url
@@ -31,6 +34,8 @@ cdef class Endpoint:
     cdef public long served
     cdef public long errors
     cdef public object upstream
+    # The engine's slot in the workers' shared state (NULL: one process; fleet/shared.pyx)
+    cdef vf_ep *shm
 
 
 cdef class Pool:

@@ -7,6 +7,7 @@ lookup and a descriptor call each. The health monitor and the scraper, which wri
 them once per check or scrape, use them as ordinary attributes.
 """
 
+from velocity_fast.fleet.shared cimport endpoint_slot
 from velocity_fast.lowlevel.clock cimport monotonic
 
 
@@ -29,6 +30,9 @@ cdef class Endpoint:
         # inflight_peak, others: see saturation.pyx's observe_endpoint
         self.state = "unknown"        # unknown | healthy | ejected | down
         self.upstream = None          # the UpstreamPool, set by the gateway
+        # With workers, ``inflight`` counts every worker's requests (admission keeps it
+        # from the shared slot); one process: NULL, its own count.
+        self.shm = endpoint_slot(name)
 
     def metrics_age(self, now=None):
         if not self.scraped_at:

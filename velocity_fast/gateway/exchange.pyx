@@ -794,7 +794,17 @@ cdef class Exchange(Listener):
                 return self._refuse(502, "upstream", "The engine failed before answering and no other engine "
                                                      "could take the request.")
             return self._refuse(503, "no-endpoint", f"No healthy engine for model `{self.pool.model}`.", 1.0)
-        lease.rebind(ep)
+        if not lease.claim(ep):
+            # Workers: another took the engine's last slot since the pick; the grant
+            # reserved a lease within the pool's limits, so another has room.
+            first = ep
+            full = list(tried) if tried else []
+            while ep is not None and not lease.claim(ep):
+                full.append(ep)
+                ep = router._pick(self.pool, self.info, gw.admission.has_room, full)
+            if ep is None:
+                ep = first
+                lease.force(ep)
         self.ep = ep
         up = ep.upstream
         # The bytes request_head would build (same headers, same order), in one step.

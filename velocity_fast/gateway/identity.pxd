@@ -1,5 +1,7 @@
 # Who is calling, typed (see identity.pyx).
 
+from velocity_fast.fleet.shared cimport vf_tenant
+
 cdef class Tenant:
     cdef public str name
     cdef public object max_band
@@ -21,6 +23,8 @@ cdef class Tenant:
     # Leases of the buckets shared across replicas (fleet/statestore.py; None: local only)
     cdef public object shared
     cdef public object tshared
+    # Workers: the tenant's slot in the shared state (NULL: one process)
+    cdef vf_tenant *shm
 
     cpdef double take(self) except -1
     cpdef double take_tokens(self, double estimate) except -1

@@ -5,6 +5,7 @@ calls from exchange.pyx rather than Python frames.
 """
 
 from velocity_fast.fleet.lease cimport SharedBucket
+from velocity_fast.fleet.shared cimport tenant_slot, vf_cell_config, vf_cell_draw, vf_cell_left, vf_cell_settle
 from velocity_fast.lowlevel.clock cimport monotonic
 
 DEFAULT_TENANT = "default"
@@ -34,6 +35,16 @@ cdef class Tenant:
         self.tstamp = self.stamp
         self.rejections = {}
         self.shared = self.tshared = None
+        # Workers: the buckets are one cell each in the shared state (a limit that changed
+        # starts full there, an unchanged one keeps its level); one process: NULL.
+        self.shm = NULL
+        if self.rate is not None or self.tpm is not None:
+            self.shm = tenant_slot(self.name)
+            if self.shm != NULL:
+                if self.rate is not None:
+                    vf_cell_config(&self.shm.req, float(self.rate), self.burst)
+                if self.tpm is not None:
+                    vf_cell_config(&self.shm.tok, float(self.tpm) / 60.0, float(self.tpm))
 
     cpdef double take(self) except -1:
         """A token-bucket draw: 0.0 when allowed, else the seconds until one is available."""
@@ -42,6 +53,8 @@ cdef class Tenant:
             return 0.0
         if self.shared is not None:  # the bucket shared through the state store (fleet/statestore.py)
             return (<SharedBucket?>self.shared).draw(1.0, 1.0)
+        if self.shm != NULL:  # every worker's draws from one cell
+            return vf_cell_draw(&self.shm.req, 1.0, 1.0)
         rate = self.rate
         now = monotonic()
         self.tokens = min(self.burst, self.tokens + (now - self.stamp) * rate)
@@ -66,6 +79,8 @@ cdef class Tenant:
         need = estimate if estimate < cap else cap
         if self.tshared is not None:
             return (<SharedBucket?>self.tshared).draw(estimate, need)
+        if self.shm != NULL:
+            return vf_cell_draw(&self.shm.tok, estimate, need)
         self._refill()
         if self.tlevel >= need:
             self.tlevel -= estimate
@@ -76,6 +91,8 @@ cdef class Tenant:
         """The answer ended: ``delta`` more tokens than drawn (less when negative)."""
         if self.tshared is not None:
             (<SharedBucket?>self.tshared).settle(delta)
+        elif self.shm != NULL and self.tpm is not None:
+            vf_cell_settle(&self.shm.tok, delta)
         elif self.tpm is not None:
             self._refill()
             self.tlevel -= delta
@@ -86,6 +103,8 @@ cdef class Tenant:
             return None
         if self.tshared is not None:
             return self.tshared.left()
+        if self.shm != NULL:
+            return vf_cell_left(&self.shm.tok)
         self._refill()
         return self.tlevel
 
