@@ -931,7 +931,7 @@ def summarize(res: dict) -> str:
     # Warnings before the table and the ratios last, so that a log's tail holds the figures.
     lines += ["warning: " + w for w in res["warnings"]]
     lines.append("")
-    hdr = (f"{'target':<8} {'req/s@64':>9} {'CPU us/req':>10} {'usr/sys':>9} {'p50@1 us':>9} {'p99@1 us':>9} "
+    hdr = (f"{'target':<10} {'req/s@64':>9} {'CPU us/req':>10} {'usr/sys':>9} {'p50@1 us':>9} {'p99@1 us':>9} "
            f"{'+p50 us':>8} {'+p99 us':>8} {'proxy core':>10} {'load core':>9} {'waited':>7} {'others':>7}"
            f"  rounds req/s")
     lines.append(hdr)
@@ -944,7 +944,7 @@ def summarize(res: dict) -> str:
         others = _f(t.get("load_core_foreign"), "{:.0%}")
         split = (f"{t['user_us_per_req']:.0f}/{t['sys_us_per_req']:.0f}"
                  if t.get("user_us_per_req") is not None else "-")
-        lines.append(f"{name:<8} {_f(t['rps']):>9} {_f(t.get('cpu_us_per_req'), '{:.1f}'):>10} {split:>9} "
+        lines.append(f"{name:<10} {_f(t['rps']):>9} {_f(t.get('cpu_us_per_req'), '{:.1f}'):>10} {split:>9} "
                      f"{_f(lat['p50_us']):>9} {_f(lat['p99_us']):>9} {_f(add50):>8} {_f(add99):>8} "
                      f"{_f(t.get('proxy_core_busy'), '{:.0%}'):>10} {_f(t.get('load_core_busy'), '{:.0%}'):>9} "
                      f"{waited:>7} {others:>7}  {' '.join(_f(r['rps']) for r in t['rounds'])}")
@@ -965,6 +965,13 @@ def summarize(res: dict) -> str:
     else:
         lines.append("gateway/nginx: nginx is not installed, so the reference is missing "
                      "(apt-get install nginx-light)")
+    for key, v in ratios.items():
+        if key.startswith("workers_") and key.endswith("_cpu"):
+            n, one = key.split("_")[1], key.split("_")[3]
+            lines.append(f"gateway {n} workers / {one}: CPU us/req {v:.2f}x (goal <= 1.10x: "
+                         f"{'met' if v <= 1.10 else 'NOT met'}), req/s {ratios[key[:-3] + 'rps']:.2f}x "
+                         f"(every worker shares the proxy core with the others here: req/s is bounded by "
+                         f"that one core, and by the load core's client and upstream, not by the workers)")
     lines += _stream_lines(res)
     prof = res.get("profile")
     if prof:
@@ -1032,8 +1039,15 @@ def run(args) -> dict:
         os.chmod(work, 0o755)
         try:
             up_p, up_port = start_upstream(procs, args.load_cpu)
-            targets = [Target("direct", up_port, None),
-                       start_gateway(procs, args.proxy_cpu, up_port, args.policy, work, args.gateway_arg)]
+            targets = [Target("direct", up_port, None)]
+            # One gateway per --workers count: "gateway" the first, "gateway-Nw" the others
+            # (their CPU is the supervisor's and every worker's: the process tree).
+            for n in args.workers:
+                t = start_gateway(procs, args.proxy_cpu, up_port, args.policy, work,
+                                  [*args.gateway_arg, *(["--workers", str(n)] if n > 1 else [])])
+                if n != args.workers[0]:
+                    t.name = f"gateway-{n}w"
+                targets.append(t)
             if not args.no_nginx:
                 ng = start_nginx(procs, args.proxy_cpu, up_port, work)
                 if ng is not None:
@@ -1074,6 +1088,11 @@ def run(args) -> dict:
         finally:
             procs.stop_all()
     T = res["targets"]
+    for n in args.workers[1:]:
+        w = T.get(f"gateway-{n}w")
+        if w and T.get("gateway") and T["gateway"]["cpu_us_per_req"] and w["cpu_us_per_req"]:
+            res["ratios"][f"workers_{n}_vs_{args.workers[0]}_cpu"] = w["cpu_us_per_req"] / T["gateway"]["cpu_us_per_req"]
+            res["ratios"][f"workers_{n}_vs_{args.workers[0]}_rps"] = w["rps"] / T["gateway"]["rps"]
     if "gateway" in T and "direct" in T and T["direct"]["rps"]:
         res["ratios"]["gateway_vs_direct_rps"] = T["gateway"]["rps"] / T["direct"]["rps"]
     if "gateway" in T and "nginx" in T:
@@ -1128,6 +1147,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the SSE phase's prompt: a K KiB chat body (default 0: a one-line prompt); with "
                         "--body-kb, a stream phase runs after the sweep only when this is given")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
+    p.add_argument("--workers", default="1", metavar="LIST",
+                   help="gateway worker processes, a comma-separated list (e.g. 1,2): one gateway target "
+                        "per count, all pinned to the proxy core; CPU us/req and req/s of each (default 1)")
     p.add_argument("--smoke", action="store_true",
                    help="every phase, shortest (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items())
                    + "): checks that it runs")
@@ -1145,6 +1167,12 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--body-kb: sizes from 1 to 8192 KiB")
         args.plot = args.plot or str(REPO / "bench" / "results" / "overhead_body_kb.png")
     args.policy = args.policy or ("smart" if args.body_kb else "dynamic")
+    try:
+        args.workers = [int(x) for x in str(args.workers).split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--workers: a comma-separated list of counts, not {args.workers!r}")
+    if not args.workers or min(args.workers) < 1 or len(set(args.workers)) != len(args.workers):
+        p.error("--workers: distinct counts of at least 1")
 
     global NICE
     NICE = args.nice

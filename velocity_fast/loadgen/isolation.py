@@ -67,6 +67,8 @@ class Fleet:
     log_dir: str
     #: Gateways in front of the same engines (replicas, as behind a load balancer).
     replicas: int = 1
+    #: Worker processes per gateway (`serve --workers`; 1: one process, no supervisor).
+    workers: int = 1
     #: More `serve` flags (e.g. --sla-ms), and the sim flags every engine gets.
     gateway_args: tuple[str, ...] = ()
     sim_base: tuple[str, ...] = BASE_SIM
@@ -75,6 +77,7 @@ class Fleet:
     admin_port: int = 0
     ports: list[int] = field(default_factory=list)
     admin_ports: list[int] = field(default_factory=list)
+    engine_ports: list[int] = field(default_factory=list)
 
     def start(self) -> None:
         base = free_port_range(len(self.engine_args))
@@ -85,6 +88,7 @@ class Fleet:
         for i, extra in enumerate(self.engine_args):
             argv = [*head, "--host", "127.0.0.1", "--port", str(base + i), "--model", MODEL, *self.sim_base, *extra]
             self.procs.append(self._spawn(argv, env, f"engine-{i}.log"))
+            self.engine_ports.append(base + i)
             endpoints += ["--endpoint", f"e{i}=http://127.0.0.1:{base + i}={MODEL}"]
         gw, _ = python_child("velocity_fast")
         for r in range(self.replicas):
@@ -92,7 +96,9 @@ class Fleet:
             self.ports.append(port)
             self.admin_ports.append(admin)
             self.procs.append(self._spawn([*gw, "serve", *endpoints, "--policy", self.policy, "--host", "127.0.0.1",
-                                           "--port", str(port), "--admin-port", str(admin), *self.gateway_args],
+                                           "--port", str(port), "--admin-port", str(admin),
+                                           *(["--workers", str(self.workers)] if self.workers > 1 else []),
+                                           *self.gateway_args],
                                           env, f"gateway-{r}.log" if r else "gateway.log"))
         self.port, self.admin_port = self.ports[0], self.admin_ports[0]
 
@@ -190,13 +196,15 @@ async def settled(fleet: Fleet, timeout: float) -> dict:
 
 async def run(engine_args: list[list[str]], policy: str, log_dir: str, *, low: int = 300,
               high_samples: int = 40, spacing: float = 0.1, backlog: float = 4.0,
-              backoff_cap: float = 2.0, settle_timeout: float = 15.0, replicas: int = 1) -> dict:
+              backoff_cap: float = 2.0, settle_timeout: float = 15.0, replicas: int = 1,
+              workers: int = 1) -> dict:
     """One scenario under one policy: idle and loaded high series on a fresh fleet.
 
     With ``replicas`` gateways in front of the same engines, the low clients are spread
     over them in turn and the high series goes to the first: what the others send is
-    known to it only through the engines' own gauges."""
-    fleet = Fleet(engine_args, policy, log_dir, replicas=replicas)
+    known to it only through the engines' own gauges. With ``workers`` each gateway runs
+    that many processes on one port, sharing their counts in memory."""
+    fleet = Fleet(engine_args, policy, log_dir, replicas=replicas, workers=workers)
     fleet.start()
     try:
         await fleet.wait_ready()
