@@ -58,6 +58,7 @@ typedef struct {
     vf_key key;
     vf_cell req;                          /* requests_per_second, burst */
     vf_cell tok;                          /* tokens_per_minute */
+    int64_t vtc[VF_MAX_BANDS];            /* per band, the fairness counter (a double's bits) */
 } vf_tenant;
 
 typedef struct {
@@ -221,6 +222,46 @@ static inline int64_t vf_pool_queued_others(vf_pool *p, int w, int64_t workers, 
             n += VF_LOAD(&p->queued[i][b]);
     }
     return n;
+}
+
+/* -- counters held as doubles ------------------------------------------------------ */
+
+static inline double vf_dbl_load(int64_t *p) {
+    int64_t bits = VF_LOAD(p);
+    double v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+/* Add d to the double at p: the new value. */
+static inline double vf_dbl_add(int64_t *p, double d) {
+    int64_t cur = VF_LOAD(p), nbits;
+    double v;
+    for (;;) {
+        memcpy(&v, &cur, sizeof v);
+        v += d;
+        memcpy(&nbits, &v, sizeof nbits);
+        if (VF_CAS(p, &cur, nbits))
+            return v;
+    }
+}
+
+/* Raise the double at p to at least v: the value it holds then. */
+static inline double vf_dbl_raise(int64_t *p, double v) {
+    int64_t cur = VF_LOAD(p), nbits;
+    double have;
+    memcpy(&nbits, &v, sizeof nbits);
+    for (;;) {
+        memcpy(&have, &cur, sizeof have);
+        if (have >= v)
+            return have;
+        if (VF_CAS(p, &cur, nbits))
+            return v;
+    }
+}
+
+static inline int64_t *vf_tenant_vtc(vf_tenant *t, int band) {
+    return &t->vtc[band < VF_MAX_BANDS ? band : VF_MAX_BANDS - 1];
 }
 
 /* -- buckets ------------------------------------------------------------------------ */

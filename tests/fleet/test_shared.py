@@ -222,3 +222,27 @@ def test_open_refuses_what_is_no_segment(tmp_path):
     with pytest.raises(ValueError):
         SharedState.create(str(tmp_path / "y"), 0)
     assert attached() is None
+
+
+def test_a_tenants_fairness_counter_is_one_across_workers(state):
+    # Worker 0 serves tenant "a" 10 requests of 100 tokens; worker 1 then queues "b" and
+    # "a": "a" has been served already (in the other worker), so "b" goes first until it
+    # has caught up. (With a counter per worker, "a" would start level and they would
+    # alternate.)
+    from velocity_fast.admission.bands import BandQueues
+    inf = float("inf")
+    attach(state, 0)
+    q0 = BandQueues([(0, 0, 0.0)], token_fair=True)
+    for i in range(10):
+        q0.enqueue(i, "a", 0, 0, 100, inf, 0.0)
+    for _ in range(10):
+        q0.pop(0, 0.0)
+    attach(state, 1)
+    q1 = BandQueues([(0, 0, 0.0)], token_fair=True)
+    for i in range(10):
+        q1.enqueue(("b", i), "b", 0, 0, 100, inf, 0.0)
+        q1.enqueue(("a", i), "a", 0, 0, 100, inf, 0.0)
+    served = [q1.pop(0, 0.0).tenant for _ in range(10)]
+    assert served.count("b") >= 9, served
+    snap = q1.tenant_snapshot()[0]
+    assert snap["a"][0] == pytest.approx(snap["b"][0], rel=0.15)

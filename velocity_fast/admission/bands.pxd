@@ -50,6 +50,9 @@ cdef enum:
     FAIR_LOCALITY = 2
 
 
+from libc.stdint cimport int64_t
+
+
 cdef class TenantQueue:
     cdef readonly object name
     cdef readonly Py_ssize_t count
@@ -64,6 +67,8 @@ cdef class TenantQueue:
     cdef bint active
     cdef TenantQueue r_prev
     cdef TenantQueue r_next
+    # Workers: the counter as every worker charges it (fleet/shared.pyx; NULL: one process)
+    cdef int64_t *shm_vtc
 
 
 cdef class BandQueue:

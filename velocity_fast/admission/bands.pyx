@@ -32,6 +32,8 @@ Nothing here knows asyncio: an item carries an opaque waiter for the caller.
 cimport cython
 from libc.math cimport INFINITY, floor
 
+from velocity_fast.fleet.shared cimport tenant_counter, vf_dbl_add, vf_dbl_load, vf_dbl_raise
+
 REJECT_BAND_COUNT = VF_REJECT_BAND_COUNT
 REJECT_BAND_BYTES = VF_REJECT_BAND_BYTES
 REJECT_GLOBAL_COUNT = VF_REJECT_GLOBAL_COUNT
@@ -143,6 +145,21 @@ cdef inline Item _heap_pop(list heap):
     return top
 
 
+
+
+cdef inline void _vtc_add(TenantQueue t, double d) noexcept:
+    """Add to a tenant's counter; with workers, to every worker's one."""
+    if t.shm_vtc != NULL:
+        t.vtc = vf_dbl_add(t.shm_vtc, d)
+    else:
+        t.vtc += d
+
+
+cdef inline double _vtc(TenantQueue t) noexcept:
+    """A tenant's counter now (with workers: as the others charged it too)."""
+    if t.shm_vtc != NULL:
+        t.vtc = vf_dbl_load(t.shm_vtc)
+    return t.vtc
 
 
 cdef class BandQueues:
@@ -317,6 +334,8 @@ cdef class BandQueues:
             t = TenantQueue(tenant, self._weights.get(tenant, 1.0) if self._weights else 1.0,
                             self._quantum_scale)
             bq.tenants[tenant] = t
+            if bq.mode != FAIR_RR:  # with workers, one counter for all of them
+                t.shm_vtc = tenant_counter(tenant, band)
         it.owner = t
         if self.edf:
             _heap_push(t.heap, it)
@@ -389,9 +408,10 @@ cdef class BandQueues:
             return None
         t = bq.cursor
         if bq.mode != FAIR_RR:
+            _vtc(t)
             c = t.r_next
             while c is not bq.cursor:
-                if c.vtc < t.vtc:
+                if _vtc(c) < t.vtc:
                     t = c
                 c = c.r_next
             if bq.mode == FAIR_LOCALITY and _locality != NULL and t.r_next is not t:
@@ -420,7 +440,7 @@ cdef class BandQueues:
         if bq.mode != FAIR_RR:
             it.charged = self.estimate(it.nbytes, it.tokens)
             it.charged_to = t
-            t.vtc += it.charged * t.inv_weight
+            _vtc_add(t, it.charged * t.inv_weight)
         self._remove(it)
         return it
 
@@ -471,12 +491,13 @@ cdef class BandQueues:
             t = TenantQueue(tenant, self._weights.get(tenant, 1.0) if self._weights else 1.0,
                             self._quantum_scale)
             bq.tenants[tenant] = t
-        t.vtc += cost * t.inv_weight
+            t.shm_vtc = tenant_counter(tenant, band)
+        _vtc_add(t, cost * t.inv_weight)
         return t
 
     cdef void settle(self, TenantQueue t, double delta) noexcept:
         """The answer ended: ``delta`` (what it cost less what was charged) to the counter."""
-        t.vtc += delta * t.inv_weight
+        _vtc_add(t, delta * t.inv_weight)
 
     def charge_tenant(self, int band, tenant, double cost):
         """``charge`` from Python (tests): the tenant's counter after it."""
@@ -493,7 +514,7 @@ cdef class BandQueues:
         cdef TenantQueue t
         out = []
         for bq in self.bands:
-            out.append({name: (t.vtc, t.count) for name, t in bq.tenants.items()})
+            out.append({name: (_vtc(t), t.count) for name, t in bq.tenants.items()})
         return out
 
     cdef void _activate(self, BandQueue bq, TenantQueue t):
@@ -507,13 +528,17 @@ cdef class BandQueues:
                 # A returning tenant starts level with the least-served active one,
                 # so time spent idle is not banked as credit (VTC's lift).
                 low = bq.cursor
+                _vtc(low)
                 c = low.r_next
                 while c is not bq.cursor:
-                    if c.vtc < low.vtc:
+                    if _vtc(c) < low.vtc:
                         low = c
                     c = c.r_next
-                if t.vtc < low.vtc:
-                    t.vtc = low.vtc
+                if _vtc(t) < low.vtc:
+                    if t.shm_vtc != NULL:
+                        t.vtc = vf_dbl_raise(t.shm_vtc, low.vtc)
+                    else:
+                        t.vtc = low.vtc
             # Insert just behind the cursor: the newcomer waits one full turn.
             c = bq.cursor.r_prev
             t.r_prev = c

@@ -32,6 +32,10 @@ cdef extern from "shared_state.h":
     double vf_cell_draw(vf_cell *c, double amount, double need) nogil
     void vf_cell_settle(vf_cell *c, double delta) nogil
     double vf_cell_left(vf_cell *c) nogil
+    double vf_dbl_load(int64_t *p) nogil
+    double vf_dbl_add(int64_t *p, double d) nogil
+    double vf_dbl_raise(int64_t *p, double v) nogil
+    int64_t *vf_tenant_vtc(vf_tenant *t, int band) nogil
 
 
 cdef class SharedState:
@@ -46,6 +50,7 @@ cdef int worker() noexcept
 cdef vf_ep *endpoint_slot(str name) except? NULL
 cdef vf_pool *pool_slot(str name) except? NULL
 cdef vf_tenant *tenant_slot(str name) except? NULL
+cdef int64_t *tenant_counter(object tenant, int band) except? NULL
 cdef void publish_queued(vf_pool *p, int band, int64_t n) noexcept
 cdef void publish_limit(vf_ep *e, int64_t limit) noexcept
 cdef int64_t shared_limit(vf_ep *e) noexcept

@@ -227,3 +227,13 @@ cdef int64_t shared_limit(vf_ep *e) noexcept:
     if e == NULL or _shm == NULL:
         return 0
     return vf_ep_limit(e, _shm.workers)
+
+
+cdef int64_t *tenant_counter(object tenant, int band) except? NULL:
+    """A tenant's fairness counter in ``band`` (a double's bits), every worker's; NULL in
+    one process. The anonymous tenant (None) has one too."""
+    cdef vf_tenant *t
+    if _shm == NULL:
+        return NULL
+    t = tenant_slot("" if tenant is None else str(tenant))
+    return vf_tenant_vtc(t, band)
