@@ -16,7 +16,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -133,6 +133,9 @@ class Settings(_S):
     sim: dict[str, Any] = msgspec.field(default_factory=dict)
     # redis://host:port/db: tenant buckets shared by every replica (None: each replica its own)
     state_store: str | None = None
+    # Gateway processes on the client port under a supervisor (gateway/workers.py); auto:
+    # one per core. 1: the one process of old, no supervisor.
+    workers: Annotated[int, msgspec.Meta(ge=1, le=1024)] | Literal["auto"] = 1
 
     def validate(self) -> "Settings":
         """Check ranges and the relations between values; raise ConfigError naming the key."""
@@ -224,6 +227,7 @@ _UNKNOWN = re.compile(r"^Object contains unknown field `([^`]*)`$")
 _MISSING = re.compile(r"^Object missing required field `([^`]*)`$")
 _TYPE = re.compile(r"^Expected `([^`]*)`, got `([^`]*)`$")
 _BOUND = re.compile(r"^Expected `(int|float)` (?:>|>=|<|<=|that's a multiple of) ")
+_ENUM = re.compile(r"^Invalid enum value ")
 
 
 def _num(x: float) -> str:
@@ -232,7 +236,14 @@ def _num(x: float) -> str:
 
 def _range_text(t: Any) -> str | None:
     """A number type's range: 'integer in [1, 1000]', 'number in (0, 86400000]',
-    'any integer'; None for other types."""
+    'any integer'; a number or words ('integer in [1, 1024] or auto'); None for other types."""
+    if isinstance(t, msgspec.inspect.UnionType):
+        nums = [m for m in t.types if isinstance(m, (msgspec.inspect.IntType, msgspec.inspect.FloatType))]
+        words = [str(v) for m in t.types if isinstance(m, msgspec.inspect.LiteralType) for v in m.values]
+        if len(nums) == 1 and words and len(nums) + sum(isinstance(m, msgspec.inspect.LiteralType)
+                                                         for m in t.types) == len(t.types):
+            return f"{_range_text(nums[0])} or {', '.join(words)}"
+        return None
     if not isinstance(t, (msgspec.inspect.IntType, msgspec.inspect.FloatType)):
         return None
     kind = "integer" if isinstance(t, msgspec.inspect.IntType) else "number"
@@ -322,7 +333,8 @@ def explain(text: str, data: Any = _MISSING_VALUE) -> str:
         return f"{_join(key, u.group(1))}: required, missing"
     value = _lookup(data, key) if data is not _MISSING_VALUE else _MISSING_VALUE
     got = "" if value is _MISSING_VALUE else f", got {value!r}"
-    if _BOUND.match(why) and (rng := key_range(key)) is not None:
+    rng = key_range(key)
+    if rng is not None and (_BOUND.match(why) or (" or " in rng and (_ENUM.match(why) or _TYPE.match(why)))):
         return f"{key}: must be {'an' if rng.startswith('integer') else 'a'} {rng}{got}"
     if (u := _TYPE.match(why)) is not None:
         return f"{key}: expected {u.group(1)}{got or ', got ' + u.group(2)}"

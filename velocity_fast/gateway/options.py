@@ -36,6 +36,10 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, *, endpoints: bool = 
     g.add_argument("--state-store", default=None, metavar="redis://HOST:PORT/DB",
                    help="Redis that holds the tenant limits every replica shares; without one each "
                         "replica applies them alone")
+    g.add_argument("--workers", default=None, metavar="N|auto",
+                   help="gateway processes that share the client port under a supervisor, which restarts "
+                        "a dead one, relays SIGHUP and SIGTERM and reports the whole gateway on the admin "
+                        "port; auto: one per core; 1: one process, no supervisor (default 1)")
     if endpoints:
         g.add_argument("--endpoint", action="append", default=None, metavar="NAME=URL=MODEL",
                        help="an engine the gateway sends to (repeatable; chargeVelocity adds the "
@@ -48,7 +52,7 @@ def flag_overrides(args: argparse.Namespace) -> dict:
 
     out = {}
     for key in ("host", "port", "admin_port", "policy", "sla_ms", "max_concurrency", "api_key",
-                "structured_logs", "log_level", "max_model_len", "model_path", "state_store"):
+                "structured_logs", "log_level", "max_model_len", "model_path", "state_store", "workers"):
         v = getattr(args, key, None)
         if v is not None:
             out[key] = v

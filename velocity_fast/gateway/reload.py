@@ -42,7 +42,7 @@ log = logging.getLogger("velocity.reload")
 
 # Keys that are read once at start: a change is reported, and applies at the next start.
 RESTART_KEYS = ("host", "port", "admin_port", "server", "health", "sim", "model_path", "structured_logs",
-                "log_level", "state_store")
+                "log_level", "state_store", "workers")
 
 _DRAIN_POLL_S = 0.2
 
