@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"velocityllm {__version__}")
         return 0
     args = build_parser().parse_args(argv)
+    args.argv = list(argv)  # as given: `serve --workers N` starts its workers with the same flags
     cmd = args.command
     if cmd is None:
         build_parser().print_help()

@@ -176,7 +176,11 @@ class Gateway:
         self.admission.on_metrics(ep)
 
     # -- lifecycle --------------------------------------------------------------------------
-    async def start(self, host: str | None = None, port: int | None = None, admin_port: int | None = None) -> None:
+    async def start(self, host: str | None = None, port: int | None = None, admin_port: int | None = None, *,
+                    admin_host: str | None = None, reuse_port: bool = False) -> None:
+        """Listen (host, ports: the settings' unless given; ``admin_host``: the admin
+        port's own address, a worker's loopback; ``reuse_port``: the client port is shared
+        with the other workers of a supervisor, gateway/workers.py)."""
         s = self.settings
         self._loop = asyncio.get_running_loop()
         limits = ServerLimits(max_body_bytes=s.server.max_body_bytes, max_header_bytes=s.server.max_header_bytes,
@@ -185,7 +189,8 @@ class Gateway:
                               first_byte_timeout=s.server.first_byte_timeout_s)
         host = s.host if host is None else host
         self.admin_server = HTTPServer(self.handle_admin, limits=limits, name="admin")
-        await self.admin_server.start(host, s.admin_port if admin_port is None else admin_port)
+        await self.admin_server.start(host if admin_host is None else admin_host,
+                                      s.admin_port if admin_port is None else admin_port)
         self.watching = True
         for ep in self.endpoints.values():
             self.monitor.watch(ep)
@@ -198,10 +203,10 @@ class Gateway:
         await self.monitor.first_checks(s.health.check_timeout_ms / 1000 + 0.25)
         server = HTTPServer(self.handle, limits=limits, name="gateway", on_error=self.ingress._internal_error)
         server.cut_message = "The gateway shut down before the response was complete."
-        await server.start(host, s.port if port is None else port)
+        await server.start(host, s.port if port is None else port, reuse_port=reuse_port)
         self.client_server = server  # /ready says so only from here on
         log.info("gateway on %s:%d, admin on %s:%d, policy %s, %d endpoint(s)", host, self.client_server.port,
-                 host, self.admin_server.port, s.policy, len(self.endpoints))
+                 self.admin_server.host, self.admin_server.port, s.policy, len(self.endpoints))
 
     @property
     def port(self) -> int:

@@ -100,6 +100,7 @@ def serve_main(args: argparse.Namespace) -> int:
 
     from .app import Gateway
     from .observability import setup_logging
+    from .workers import supervise, worker_count, worker_side
 
     settings = _settings(args)
     if settings is None:
@@ -109,6 +110,8 @@ def serve_main(args: argparse.Namespace) -> int:
               "in the config file", file=sys.stderr)
         return 2
     setup_logging(settings.structured_logs, settings.log_level)
+    side = worker_side()  # a worker of a supervisor (gateway/workers.py), or the gateway itself
+    workers = worker_count(settings)
 
     def reread() -> Settings:
         s = load_settings(args.config, flag_overrides(args))
@@ -117,13 +120,25 @@ def serve_main(args: argparse.Namespace) -> int:
                               "none left; a gateway alone needs at least one")
         return s
 
+    if side is None and workers > 1:
+        return supervise(args, settings, reread)
+
     async def main(stop: asyncio.Event):
+        if side is not None:
+            side.attach()
         gw = Gateway(settings, backend="endpoints")
-        await gw.start()
+        if side is None:
+            await gw.start()
+        else:  # the supervisor's port, shared; a private admin port it merges from
+            await gw.start(port=side.port, admin_port=0, admin_host="127.0.0.1", reuse_port=True)
         reloader = Reloader(gw, reread)
         reloader.install()
-        print(f"velocityllm: gateway http://{settings.host}:{gw.port} admin http://{settings.host}:{gw.admin_port} "
-              f"policy {settings.policy}, {len(settings.endpoints)} endpoint(s)", flush=True)
+        if side is None:
+            print(f"velocityllm: gateway http://{settings.host}:{gw.port} admin http://{settings.host}:"
+                  f"{gw.admin_port} policy {settings.policy}, {len(settings.endpoints)} endpoint(s), 1 worker",
+                  flush=True)
+        else:
+            side.report(gw.admin_port)
 
         async def cleanup() -> None:
             reloader.close()
@@ -146,8 +161,18 @@ def charge_main(args: argparse.Namespace) -> int:
     from .observability import setup_logging
     from .policy import routing_settings
 
+    from .workers import worker_count
+
     settings = _settings(args)
     if settings is None:
+        return 2
+    if worker_count(settings) > 1:
+        source = "--workers" if getattr(args, "workers", None) is not None else \
+            "VELOCITY_WORKERS" if os.environ.get("VELOCITY_WORKERS") else \
+            args.config or os.environ.get("VELOCITY_CONFIG") or "defaults"
+        print(f"velocityllm: config error: {source}: workers: chargeVelocity runs one gateway process beside "
+              f"the engines it supervises; for more, start the engines on their own and run `velocityllm serve "
+              f"--workers {settings.workers}` in front of them", file=sys.stderr)
         return 2
     setup_logging(settings.structured_logs, settings.log_level)
     if settings.model_path and not args.model_path:
