@@ -649,8 +649,8 @@ class Supervisor:
         answers = await self._gather(path, fwd)
         if path == "/metrics":
             texts = [body.decode() for a in answers if a is not None and a[1] == 200 for body in (a[2],)]
-            text = merge_metrics(texts) + self.registry.render()
-            return resp.send(200, text.encode(), content_type="text/plain; version=0.0.4; charset=utf-8")
+            body = merge_metrics(texts).encode() + self.registry.render()
+            return resp.send(200, body, content_type="text/plain; version=0.0.4; charset=utf-8")
         if path == "/ready":
             ready_n = sum(1 for a in answers if a is not None and a[1] == 200)
             ready = ready_n == self.count and not self.draining
