@@ -194,3 +194,15 @@ def test_sigterm_drains_every_worker_and_exits_0(tmp_path):
         assert gp.proc.wait(30) == 0
         assert not any(_alive(p) for p in pids)
         assert not any(n.startswith(f"velocity-{gp.proc.pid}") for n in os.listdir("/dev/shm"))
+
+
+@pytest.mark.timeout(60)
+def test_charge_velocity_refuses_more_than_one_worker_saying_why():
+    from tests.support.gateway import GatewayProcess
+
+    gp = GatewayProcess("chargeVelocity", "--mock", "--workers", "2").spawn()
+    try:
+        assert gp.wait(30) == 2
+        assert "config error: --workers: workers: chargeVelocity runs one gateway process" in gp.stderr_text
+    finally:
+        gp.close()
