@@ -7,7 +7,7 @@ The supervisor:
   open, so that the port stays this gateway's while workers come and go; each worker
   binds its own listening socket to it with SO_REUSEPORT and the kernel spreads the
   connections between them;
-- creates the state the workers share in memory (``fleet/shared.py``) before any starts,
+- creates the state the workers share in memory (``fleet/shared.pyx``) before any starts,
   and removes it at exit;
 - starts the workers as ``python -m velocity_fast.cli serve <the same flags>`` (spawned,
   not forked), each told in its environment its index (``VELOCITY_WORKER``), the shared
