@@ -1,7 +1,7 @@
 """Two workers, one gateway: the limits hold across them (issue: "every core, one truth").
 
-`serve --workers 2` in front of two sim engines of 16 sequences, a concurrency limit of 4
-per engine, and a flood of 120 low clients spread over the workers by the kernel
+`serve --workers 2 --policy static` in front of two sim engines of 16 sequences, a
+concurrency limit of 4 per engine, and a flood of 120 low clients spread over the workers by the kernel
 (SO_REUSEPORT). Each engine's own gauges (running + waiting: every request the gateway
 has sent it and not yet seen answered) are sampled every 20 ms: they never pass 4, and
 they reach 4 (the load was real). Then one worker is killed with SIGKILL: the other
@@ -55,7 +55,9 @@ async def engine_load(port: int) -> float:
 
 @pytest.mark.timeout(240)
 async def test_two_workers_never_pass_an_engines_limit_and_a_dead_ones_share_comes_back(tmp_path):
-    fleet = Fleet(ENGINES, "dynamic", str(tmp_path), workers=2,
+    # `static`: one band let through up to the limit, so that the flood fills it (under
+    # `dynamic` the low band keeps a share of each engine free for higher bands).
+    fleet = Fleet(ENGINES, "static", str(tmp_path), workers=2,
                   gateway_args=("--max-concurrency", str(LIMIT)))
     fleet.start()
     try:
@@ -113,3 +115,28 @@ async def test_two_workers_never_pass_an_engines_limit_and_a_dead_ones_share_com
         assert status == 200 and b"velocity_worker_restarts_total 1" in body
     finally:
         fleet.stop()
+
+
+@pytest.mark.timeout(300)
+async def test_isolation_holds_at_default_flags_with_two_workers(tmp_path):
+    """The isolation e2e (tests/e2e/test_isolation_matrix.py, seqs-16) through `serve
+    --workers 2`: the low flood and the high series are spread over both workers by the
+    kernel, and the band ceilings hold across them."""
+    from velocity_fast.loadgen.isolation import SCENARIOS, run
+
+    params = dict(low=200, high_samples=30, spacing=0.1, backlog=3.0)  # the matrix's
+
+    def bound(r: dict) -> float:  # the matrix's: 1.5x, widened by the run's idle noise (at most 2.25x)
+        return 1.5 * min(r["noise"], 1.5)
+
+    dyn = await run(SCENARIOS["seqs-16"], "dynamic", str(tmp_path), workers=2, **params)
+    if dyn["p95_ratio"] > bound(dyn):  # the one retry the matrix allows, for the same reason
+        again = await run(SCENARIOS["seqs-16"], "dynamic", str(tmp_path), workers=2, **params)
+        dyn = min(dyn, again, key=lambda r: r["p95_ratio"] / bound(r))
+    sta = await run(SCENARIOS["seqs-16"], "static", str(tmp_path), workers=2, **params)
+    print(f"\n2 workers, seqs-16: dynamic {dyn['p95_ratio']:.2f}x (bound {bound(dyn):.2f}x, "
+          f"{dyn['idle_ms']['p95']:.0f} -> {dyn['loaded_ms']['p95']:.0f} ms), static {sta['p95_ratio']:.2f}x")
+    assert dyn["idle_ms"]["failed"] == dyn["loaded_ms"]["failed"] == 0
+    assert dyn["low"]["completed_during_high_series"] > 0 and sta["low"]["completed_during_high_series"] > 0
+    assert dyn["p95_ratio"] <= bound(dyn), dyn
+    assert sta["p95_ratio"] >= 10.0, f"static only {sta['p95_ratio']:.2f}x: the load is not real"
