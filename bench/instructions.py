@@ -25,6 +25,7 @@ Needs valgrind, wrk and nginx (apt-get install valgrind wrk nginx-light).
     python bench/instructions.py [--duration 10] [--json out.json]
     python bench/instructions.py --smoke [--json out.json]   # 1 s windows: it works, figures rough
     python bench/instructions.py --tenants 1000   # the gateway with tenants budgeted in tokens
+    python bench/instructions.py --keep /tmp/cg   # then: callgrind_annotate /tmp/cg/callgrind.gateway*
 
 --state-store (with --tenants): the same tenants' buckets shared through a redis-server
 the benchmark starts on a free loopback port (state_store; needs redis-server and the
@@ -155,6 +156,11 @@ def measure(name: str, start, args, work: Path) -> dict:
         procs.stop_all()
     # The dump holds the counted window; the file written at exit, the rest (none).
     total = sum(_total(p) for p in work.glob(f"callgrind.{name}*") if p.stat().st_size)
+    if args.keep:  # for callgrind_annotate: where the instructions went
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
+        for p in work.glob(f"callgrind.{name}*"):
+            if p.stat().st_size:
+                shutil.copy(p, Path(args.keep) / p.name)
     n = w["requests"]
     return {"requests": n, "non2xx": w["non2xx"], "errors": w["errors"], "instructions": total,
             "per_request": total / n if n else None}
@@ -198,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--duration", type=float, default=10.0, help="counted seconds per proxy")
     p.add_argument("--warmup", type=float, default=3.0)
+    p.add_argument("--keep", default=None, metavar="DIR",
+                   help="keep the callgrind files of the counted windows here (callgrind_annotate reads them)")
     p.add_argument("--proxy-cpu", type=int, default=0)
     p.add_argument("--load-cpu", type=int, default=1)
     p.add_argument("--json", type=Path)
