@@ -16,7 +16,8 @@ against its threshold (1.0 = saturated). Two lags of scraped metrics are closed:
   takes those outstanding leases as extra in-flight work.
 * Other gateways in front of the same engines (replicas) are seen in the engine's
   gauges only: what a scrape shows running beyond the most this gateway had in flight
-  there since the scrape before (``others``) is theirs (what waits in the engine, theirs
+  there while the scrape was on its way (``others``; fleet/health.py starts the window
+  when it sends the scrape) is theirs (what waits in the engine, theirs
   or ours, is the queue term already). It counts as
   in-flight work beside the gateway's own, for as long as the scrape is fresh, so that
   replicas together keep to the bands' ceilings of one engine's batch. Subtracting the

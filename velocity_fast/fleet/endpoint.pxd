@@ -22,8 +22,8 @@ cdef class Endpoint:
     cdef public long limit
     cdef public double max_running_seen
     cdef public double running_cap
-    # The most this gateway had in flight here since the last scrape, and what the last
-    # scrape showed beyond it: other gateways' requests (replicas of this one).
+    # The most this gateway had in flight here while the last scrape was on its way, and
+    # what that scrape showed beyond it: other gateways' requests (replicas of this one).
     cdef public long inflight_peak
     cdef public double others
     cdef public double ejected_until

@@ -165,6 +165,11 @@ class EndpointMonitor:
             ep.max_model_len = min(lens)
 
     async def _scrape(self, ep: Endpoint) -> None:
+        # What the engine shows running beyond the most this gateway had in flight there
+        # while the scrape was on its way is other gateways' work (saturation.pyx's
+        # observe_endpoint): the window starts now, not at the scrape before, so that a
+        # peak of ours long gone does not hide theirs.
+        ep.inflight_peak = ep.inflight
         try:
             status, body = await ep.upstream.fetch("GET", "/metrics",
                                                    timeout=self.settings.scrape_timeout_ms / 1000)
