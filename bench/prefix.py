@@ -39,7 +39,12 @@ workload's words (the ``tokenizers`` package), for every variant alike:
   for its traffic, as one sizes a real one: 288 KV blocks an engine, so the four hold the
   16 groups' contexts once with about 12% to spare. Two approximate replicas that place a
   group on different engines hold it twice and evict the others; each still believes its
-  own placements. 640 requests, so the run is long past the cold start.
+  own placements. 640 requests, so the run is long past the cold start. Two more
+  variants, ``precise-1`` and ``approximate-1``, send the same traffic through one gateway
+  on the same fleet (configured as each replica is; its client's ``--concurrency`` is one
+  replica's, which at 40 requests/s never binds): the reference for the replicas' engine
+  hit rate. The scenario prints, per mode, the two replicas' hit rate over one
+  gateway's, and writes it (``replicas_vs_one_gateway`` in the JSON).
 
 - ``tenants``: many tenants (64 groups), each with its long system prompt, and engines
   whose KV cache holds only a few of them (256 blocks): the working set is past the
@@ -50,7 +55,8 @@ workload's words (the ``tokenizers`` package), for every variant alike:
     python bench/prefix.py --scenario tenants
 
 Goal (issue 21): precise at least 2x better TTFT p90 than approximate in restart and
-replicas, and no worse in tenants.
+replicas, and no worse in tenants. Goal (issue 37): two precise replicas' engine hit rate
+within 5% of one precise gateway's (ratio >= 0.95); measured 0.972-0.981 (bench/README.md).
 
 Scenario ``hot``: one prefix carries half the traffic (``--hot-share``), the rest spread
 over the other groups. Variants:
@@ -120,6 +126,13 @@ from velocity_fast.loadgen.workload import WorkloadConfig, build_workload  # noq
 
 VARIANTS = ("chat", "batch", "round-robin", "least-loaded")
 PRECISE_VARIANTS = ("precise", "approximate", "round-robin", "least-loaded")
+# Scenario replicas: the same modes through one gateway that takes every request, the
+# reference the two replicas are held to (issue 37: precise replicas within 5% of its
+# engine hit rate).
+REPLICAS_VARIANTS = ("precise", "precise-1", "approximate", "approximate-1", "round-robin", "least-loaded")
+ONE_GATEWAY = "-1"  # a variant's suffix: one gateway, in scenario replicas
+# Issue 37: two precise replicas' engine hit rate at least this share of one gateway's.
+REPLICAS_HIT_GOAL = 0.95
 SCENARIOS = ("shared", "restart", "replicas", "tenants", "hot", "hot-admission")
 # The precise scenarios: the engines publish KV events and tokenize.
 PRECISE_SCENARIOS = ("restart", "replicas", "tenants")
@@ -280,6 +293,7 @@ async def engine_hits(ports: list[int]) -> tuple[float, float]:
 
 def _model_config(variant: str) -> dict:
     """The `models:` entry of a variant: a profile, or chat with a prefix mode."""
+    variant = variant.removesuffix(ONE_GATEWAY)
     if variant in ("precise", "approximate"):
         return {"profile": "chat", "prefix": variant}
     if variant in ("affinity", "gap"):
@@ -340,7 +354,8 @@ async def run_variant(variant: str, args, specs) -> dict:
             keys.update({"policy": "static", "max_concurrency": args.concurrency,
                          "models": {MODEL: _model_config(variant)}})
         settings = load_settings(None, keys, env={})
-        for _ in range(2 if scenario == "replicas" else 1):
+        replicas = 2 if scenario == "replicas" and not variant.endswith(ONE_GATEWAY) else 1
+        for _ in range(replicas):
             gw = Gateway(settings)
             gws.append(gw)
             await gw.start("127.0.0.1", 0, 0)
@@ -384,7 +399,8 @@ async def run_variant(variant: str, args, specs) -> dict:
         latencies = sorted((r.done - r.sent) * 1000.0 for r in results if r.ok)
         # Each completed request's TTFT (wall ms): --repeats pools them over the runs.
         ttfts = sorted((r.first_token - r.sent) * 1000.0 for r in results if r.ok and r.first_token is not None)
-        out = {"variant": variant, "scenario": scenario, "summary": summary, "ttft_samples_ms": ttfts,
+        out = {"variant": variant, "scenario": scenario, "gateways": len(gws), "summary": summary,
+               "ttft_samples_ms": ttfts,
                "engine_hit_rate": hits / queries if queries else 0.0,
                "engine_hits_tokens": hits, "engine_queries_tokens": queries,
                "requests_per_endpoint": dict(sorted(spread.items())),
@@ -395,7 +411,7 @@ async def run_variant(variant: str, args, specs) -> dict:
             out["requests"] = [(round(sp.at, 3), sp.prefix_group, r.endpoint, round((r.done - r.sent) * 1000.0, 1),
                                 round((r.first_token - r.sent) * 1000.0, 1) if r.first_token is not None else None)
                                for sp, r in zip(all_specs, results)]
-        if variant == "precise":
+        if variant.removesuffix(ONE_GATEWAY) == "precise":
             out["precise_share"] = [gw.kv.precise.precise_share() for gw in gws if gw.kv.precise is not None]
         return out
     finally:
@@ -423,9 +439,9 @@ async def main_async(args) -> int:
         c, rows = await run_once(one)
         code = code or c
         runs.append(rows)
-    _report_repeats(args, runs)
+    extra = _report_repeats(args, runs)
     if args.output:
-        write_json(args.output, {"args": vars(args), "repeats": runs})
+        write_json(args.output, {"args": vars(args), "repeats": runs, **extra})
     return code
 
 
@@ -433,11 +449,11 @@ def _pooled(samples: list[float], p: str) -> float:
     return percentile(sorted(samples), float(p[1:]))
 
 
-def _report_repeats(args, runs: list[list[dict]]) -> None:
+def _report_repeats(args, runs: list[list[dict]]) -> dict:
     """The runs side by side: each variant's TTFT percentiles over all runs' requests
     pooled (engine time), its hit rate's mean, and the goal's figure run by run, its
     median and pooled. One run's p90 or p99 rests on a few dozen requests; pooled, on
-    repeats times as many."""
+    repeats times as many. Returns the scenario's figures run by run, for the JSON."""
     variants = [r["variant"] for r in runs[0]]
     lines = [f"prefix bench, scenario {args.scenario}, {len(runs)} runs (seeds {args.seed}-"
              f"{args.seed + len(runs) - 1}), all requests pooled (TTFT in engine time):"]
@@ -447,7 +463,7 @@ def _report_repeats(args, runs: list[list[dict]]) -> None:
         samples = [x * args.time_scale for r in rows for x in r["ttft_samples_ms"]]
         pooled[v] = {p: _pooled(samples, p) for p in ("p50", "p90", "p99")}
         hit = sum(r["engine_hit_rate"] for r in rows) / len(rows)
-        lines.append(f"  {v:<12} TTFT p50 {pooled[v]['p50']:8.0f} ms  p90 {pooled[v]['p90']:8.0f} ms  "
+        lines.append(f"  {v:<13} TTFT p50 {pooled[v]['p50']:8.0f} ms  p90 {pooled[v]['p90']:8.0f} ms  "
                      f"p99 {pooled[v]['p99']:8.0f} ms  engine hit rate {100 * hit:5.1f}% (mean)  "
                      f"requests {len(samples)}")
     if args.scenario == "hot-admission":
@@ -472,7 +488,22 @@ def _report_repeats(args, runs: list[list[dict]]) -> None:
         median = statistics.median(per_run) if per_run else math.nan
         lines.append(f"  TTFT {p} {base}/{v}: runs {', '.join(f'{x:.2f}x' for x in per_run)}; median {median:.2f}x; "
                      f"pooled {pooled[base][p] / pooled[v][p]:.2f}x (goal >= {want:g}x)")
+    extra = {}
+    if args.scenario == "replicas":
+        per = [replicas_vs_one_gateway({r["variant"]: r for r in run}) for run in runs]
+        extra["replicas_vs_one_gateway"] = per
+        for mode in ("precise", "approximate"):
+            ratios = [x[mode]["ratio"] for x in per if mode in x]
+            if ratios:
+                lines.append(f"  engine hit rate, two {mode} replicas / one {mode} gateway: runs "
+                             f"{', '.join(f'{x:.3f}' for x in ratios)}; mean {statistics.fmean(ratios):.3f}")
+        met = [x["met"] for x in per if "met" in x]
+        if met:
+            lines.append(f"  goal (issue 37): two precise replicas within {100 * (1 - REPLICAS_HIT_GOAL):.0f}% of one "
+                         f"gateway's hit rate: {'met' if all(met) else 'NOT met'} in every run "
+                         f"({sum(met)} of {len(met)})")
     print("\n".join(lines), flush=True)
+    return extra
 
 
 async def run_once(args) -> tuple[int, list[dict]]:
@@ -487,6 +518,7 @@ async def run_once(args) -> tuple[int, list[dict]]:
     variants = args.variants or ",".join(VARIANTS if args.scenario == "shared" else
                                          HOT_VARIANTS if args.scenario == "hot" else
                                          HOT_ADMISSION_VARIANTS if args.scenario == "hot-admission" else
+                                         REPLICAS_VARIANTS if args.scenario == "replicas" else
                                          PRECISE_VARIANTS)
     for variant in variants.split(","):
         res = await run_variant(variant, args, specs)
@@ -498,7 +530,7 @@ async def run_once(args) -> tuple[int, list[dict]]:
                                          if isinstance(v, (int, float))}
         rows.append(res)
         share = f"  precise share {res['precise_share']}" if "precise_share" in res else ""
-        print(f"{variant:<12} completed {s['completed']}/{s['requests']}  TTFT p50 "
+        print(f"{variant:<13} completed {s['completed']}/{s['requests']}  TTFT p50 "
               f"{res['ttft_ms_engine_time']['p50']:.0f} ms  p90 {res['ttft_ms_engine_time']['p90']:.0f} ms  "
               f"p99 {res['ttft_ms_engine_time']['p99']:.0f} ms  {s['throughput_rps']:.1f} req/s  "
               f"engine hit rate {100 * res['engine_hit_rate']:.1f}%  per endpoint {res['requests_per_endpoint']}"
@@ -536,15 +568,47 @@ async def run_once(args) -> tuple[int, list[dict]]:
     return (0 if all(r["summary"]["completed"] == r["summary"]["requests"] for r in rows) else 1), rows
 
 
+def replicas_vs_one_gateway(by: dict) -> dict:
+    """Per mode run both ways (``precise`` and ``precise-1``, ``approximate`` and
+    ``approximate-1``): the engines' hit rate behind two replicas, behind one gateway, and
+    the ratio; for precise, whether it meets issue 37's goal (``REPLICAS_HIT_GOAL``)."""
+    out = {}
+    for mode in ("precise", "approximate"):
+        two, one = by.get(mode), by.get(mode + ONE_GATEWAY)
+        if two is None or one is None:
+            continue
+        ratio = two["engine_hit_rate"] / one["engine_hit_rate"] if one["engine_hit_rate"] else 0.0
+        out[mode] = {"two_replicas": two["engine_hit_rate"], "one_gateway": one["engine_hit_rate"],
+                     "ratio": ratio}
+    if "precise" in out:
+        out["goal"] = REPLICAS_HIT_GOAL
+        out["met"] = out["precise"]["ratio"] >= REPLICAS_HIT_GOAL
+    return out
+
+
+def _replicas_lines(ratios: dict) -> list[str]:
+    lines = [f"  engine hit rate, two {mode} replicas / one {mode} gateway: {100 * r['two_replicas']:.1f}% / "
+             f"{100 * r['one_gateway']:.1f}% = {r['ratio']:.3f}"
+             for mode, r in ratios.items() if mode in ("precise", "approximate")]
+    if "met" in ratios:
+        lines.append(f"  goal (issue 37): two precise replicas within {100 * (1 - REPLICAS_HIT_GOAL):.0f}% of one "
+                     f"gateway's hit rate: {'met' if ratios['met'] else 'NOT met'}")
+    return lines
+
+
 def _report_precise(args, rows: list[dict]) -> int:
     by = {r["variant"]: r for r in rows}
     what = {"restart": f"engine 0 down {args.restart_down_s:g} s halfway, then back empty",
-            "replicas": "two gateway replicas, every other request each"}
+            "replicas": "two gateway replicas, every other request each; variants -1: one gateway, every request"}
     verdict = []
     if "precise" in by and "approximate" in by and by["precise"]["ttft_ms_engine_time"]["p90"] > 0:
         ratio = by["approximate"]["ttft_ms_engine_time"]["p90"] / by["precise"]["ttft_ms_engine_time"]["p90"]
         verdict.append(f"  TTFT p90 approximate/precise {ratio:.2f}x (goal >= 2x)")
-    return _report(args, rows, f"scenario {args.scenario} ({what[args.scenario]})", verdict)
+    extra = {}
+    if args.scenario == "replicas":
+        extra["replicas_vs_one_gateway"] = ratios = replicas_vs_one_gateway(by)
+        verdict += _replicas_lines(ratios)
+    return _report(args, rows, f"scenario {args.scenario} ({what[args.scenario]})", verdict, extra)
 
 
 def _report_tenants(args, rows: list[dict]) -> int:
@@ -603,23 +667,23 @@ def _report_hot_admission(args, rows: list[dict]) -> int:
                    verdict)
 
 
-def _report(args, rows: list[dict], scenario: str, verdict: list[str]) -> int:
+def _report(args, rows: list[dict], scenario: str, verdict: list[str], extra: dict | None = None) -> int:
     """A scenario's table: each variant's TTFT, throughput, hit rate and spread, then the
-    goal's verdict lines; the runs as JSON with --output."""
+    goal's verdict lines; the runs (and ``extra``, the scenario's figures) as JSON with --output."""
     lines = [f"prefix bench, {scenario}: {args.requests} streamed chat requests at {args.rate:.0f}/s, "
              f"{args.groups} groups x {args.prefix_tokens}-token shared context + {args.suffix_tokens}-token "
              f"question, {args.output_tokens} tokens out, {args.engines} sim engines x {args.num_gpu_blocks} KV "
              f"blocks x {args.max_num_seqs} sequences, time scale {args.time_scale} (TTFT in engine time)"]
     for r in rows:
         t = r["ttft_ms_engine_time"]
-        lines.append(f"  {r['variant']:<12} TTFT p50 {t['p50']:8.0f} ms  p90 {t['p90']:8.0f} ms  p99 {t['p99']:8.0f} ms  "
+        lines.append(f"  {r['variant']:<13} TTFT p50 {t['p50']:8.0f} ms  p90 {t['p90']:8.0f} ms  p99 {t['p99']:8.0f} ms  "
                      f"throughput {r['summary']['throughput_rps']:6.1f} req/s  "
                      f"engine prefix-cache hit rate {100 * r['engine_hit_rate']:5.1f}%  "
                      f"completed {r['summary']['completed']}/{r['summary']['requests']}  "
                      f"per endpoint {r['requests_per_endpoint']}")
     print("\n".join(lines + verdict))
     if args.output:
-        write_json(args.output, {"args": vars(args), "runs": rows})
+        write_json(args.output, {"args": vars(args), "runs": rows, **(extra or {})})
     return 0 if all(r["summary"]["completed"] == r["summary"]["requests"] for r in rows) else 1
 
 
@@ -630,8 +694,10 @@ def main(argv=None) -> int:
                         "replicas (two gateways): these two compare precise and approximate routing; "
                         "hot (one prefix carries --hot-share of the traffic): spreading against pure affinity")
     p.add_argument("--variants", default=None,
-                   help="comma-separated routing profiles, or precise / approximate (default: "
-                        + ",".join(VARIANTS) + "; with restart or replicas " + ",".join(PRECISE_VARIANTS) + ")")
+                   help="comma-separated routing profiles, or precise / approximate, and with replicas "
+                        "precise-1 / approximate-1 (one gateway) (default: " + ",".join(VARIANTS)
+                        + "; with restart or tenants " + ",".join(PRECISE_VARIANTS) + "; with replicas "
+                        + ",".join(REPLICAS_VARIANTS) + ")")
     p.add_argument("--engines", type=int, default=4)
     p.add_argument("--requests", type=int, default=320)
     p.add_argument("--rate", type=float, default=40.0, help="arrivals per second (Poisson), wall time")

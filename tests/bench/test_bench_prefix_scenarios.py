@@ -25,7 +25,9 @@ def test_precise_scenarios_run_and_complete(tmp_path, scenario):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "TTFT p90 approximate/precise" in proc.stdout
     runs = json.loads(out.read_text())["runs"]
-    assert [r["variant"] for r in runs] == ["precise", "approximate", "round-robin", "least-loaded"]
+    want = (["precise", "precise-1", "approximate", "approximate-1", "round-robin", "least-loaded"]
+            if scenario == "replicas" else ["precise", "approximate", "round-robin", "least-loaded"])
+    assert [r["variant"] for r in runs] == want
     for r in runs:
         s = r["summary"]
         assert s["completed"] == s["requests"] > 0, (r["variant"], s)
@@ -121,3 +123,54 @@ def test_a_hot_prefix_takes_its_share_of_a_seeded_workload():
     assert plain_groups.count(0) / len(plain_groups) < 0.25  # without hot, group 0 is one of eight
     with pytest.raises(ValueError):
         Mix(prefix=Prefix(groups=1, tokens=16, share=1.0, hot=0.5))
+
+
+@pytest.mark.timeout(240)
+def test_replicas_measure_one_gateway_beside_them_and_give_the_hit_rate_ratio(tmp_path):
+    """Scenario replicas at smoke size: each mode also runs through one gateway taking
+    every request (``precise-1``, ``approximate-1``), and the two replicas' engine hit rate
+    over that one gateway's is printed and written, with issue 37's goal for precise.
+
+    Only that the figures exist and agree is asserted here: at smoke size (24 requests,
+    4 groups) the cold start is most of the run, so the ratio says nothing about routing.
+    Whether the goal holds is a bench result (bench/README.md), not a CI assertion."""
+    out = tmp_path / "prefix.json"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "prefix.py"), "--smoke", "--scenario", "replicas",
+                           "--variants", "precise,precise-1,approximate,approximate-1", "--output", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=220)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    by = {r["variant"]: r for r in data["runs"]}
+    assert {v: r["gateways"] for v, r in by.items()} == {"precise": 2, "precise-1": 1, "approximate": 2,
+                                                         "approximate-1": 1}
+    assert len(by["precise"]["precise_share"]) == 2 and len(by["precise-1"]["precise_share"]) == 1
+    for r in by.values():
+        assert r["summary"]["completed"] == r["summary"]["requests"] > 0, (r["variant"], r["summary"])
+    ratios = data["replicas_vs_one_gateway"]
+    for mode in ("precise", "approximate"):
+        two, one = by[mode]["engine_hit_rate"], by[mode + "-1"]["engine_hit_rate"]
+        assert ratios[mode] == {"two_replicas": two, "one_gateway": one, "ratio": pytest.approx(two / one)}
+        assert (f"engine hit rate, two {mode} replicas / one {mode} gateway: {100 * two:.1f}% / {100 * one:.1f}% "
+                f"= {two / one:.3f}") in proc.stdout
+    assert ratios["goal"] == 0.95 and ratios["met"] == (ratios["precise"]["ratio"] >= 0.95)
+    verdict = "met" if ratios["met"] else "NOT met"
+    assert (f"goal (issue 37): two precise replicas within 5% of one gateway's hit rate: {verdict}\n"
+            in proc.stdout)
+
+
+@pytest.mark.timeout(240)
+def test_two_precise_replicas_keep_one_gateways_engine_hit_rate(tmp_path):
+    """Issue 37's must-hold at the scenario's full size (its defaults: 640 requests, 16
+    groups, 4 engines of 288 blocks), precise only: two replicas' engine hit rate at least
+    0.95 of one gateway's on the same traffic. About 35 s here. Measured on this 2-core
+    machine: 0.972-0.981 over seeds 1-4, 0.967 with one core kept busy by another process.
+    The gap is about one prefill per group, the second replica's first request of each
+    group, routed before its tokens are ready (docs/kv-events.md, "Replicas")."""
+    out = tmp_path / "prefix.json"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "prefix.py"), "--scenario", "replicas",
+                           "--variants", "precise,precise-1", "--output", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=220)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ratios = json.loads(out.read_text())["replicas_vs_one_gateway"]
+    assert ratios["precise"]["one_gateway"] > 0.85, ratios  # the fleet holds the working set: a warm run
+    assert ratios["precise"]["ratio"] >= 0.95 and ratios["met"], ratios
