@@ -257,7 +257,9 @@ DOC_RULES = [
     (r"velocityllm (chargeVelocity|serve|sim-engine|detect|loadgen|bench)", "name"),
     (r"velocityllm version", "run"),
     (r"velocityllm sim-engine --kv-events-config JSON", "run"),
-    (r"bench/(\w+)\.py( .*)?", "test:bench"),
+    (r"(?:python3? )?bench/(\w+)\.py( .*)?", "test:bench"),
+    # The workers' command: a config at a system path; the test runs `serve --workers 2`.
+    (r"velocityllm serve --config /etc/velocityllm/config\.yaml --workers auto", "test:tests/e2e/test_workers_e2e.py"),
 ]
 RUN_HERE = [p for p, how in DOC_RULES if how == "run"]
 
@@ -291,12 +293,16 @@ def test_every_command_line_of_the_docs_is_run_or_said_why_not():
     for doc, cmd in found:
         how = rule_for(cmd)
         if how == "test:bench":  # a benchmark: some test runs it (tests/bench at smoke size, ...)
-            script = re.match(r"bench/\S+\.py", cmd).group(0)
+            script = re.search(r"bench/\S+\.py", cmd).group(0)
             assert (REPO / script).exists(), f"{doc}: {script} does not exist"
             tests = [t.read_text() for t in (REPO / "tests").rglob("test_*.py")]
             by_run_all = Path(script).name in (REPO / "bench" / "run_all.py").read_text() \
                 and any('"run_all.py"' in t for t in tests)   # tests/bench: run_all.py --smoke
             assert by_run_all or any(Path(script).name in t for t in tests), f"{doc}: no test runs {script}"
+        elif how.startswith("test:tests/"):  # a test file of its own runs what the line shows
+            flag = re.search(r"--\w[\w-]*(?= \w+$)", cmd)
+            text = (REPO / how[5:]).read_text()
+            assert flag is None or flag.group(0) in text, f"{doc}: {how[5:]} does not run {cmd!r}"
     # Each command the tests below run is still in the docs.
     for pattern in RUN_HERE:
         assert any(re.fullmatch(pattern, c) for _, c in found), f"no command of the docs is {pattern!r} any more"
