@@ -501,8 +501,10 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
     cdef bint stream, strip, want
     # The gateway's own headers, looked up only when the request has any (most have none).
     rid = tenant_h = prio = sla = None
-    if req.gateway_headers or identity.required:
+    if identity.required:  # the key's header too
         h = req.header_dict()
+    elif req.gateway_headers:
+        h = req.own_headers()
     if req.gateway_headers:
         rid = h.get("x-request-id")
         tenant_h = h.get("x-velocity-tenant")

@@ -17,6 +17,7 @@ cdef class Request:
     cdef public bint gateway_headers
 
     cdef dict header_dict(self)
+    cdef dict own_headers(self)
 
 
 cdef Request new_request(str method, str path, str query, dict headers, str http_version, bint keep_alive,
@@ -25,4 +26,4 @@ cdef Request new_request(str method, str path, str query, dict headers, str http
 
 cdef object header_name(const char* p, Py_ssize_t n)
 cdef object short_text(const char* p, Py_ssize_t n)
-cdef dict header_lines(bytes raw, Py_ssize_t pos, Py_ssize_t end, bint join)
+cdef dict header_lines(bytes raw, Py_ssize_t pos, Py_ssize_t end, bint join, bint only_x=*)

@@ -13,7 +13,7 @@ from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.unicode cimport PyUnicode_DecodeLatin1
 from libc.stdint cimport uint64_t
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memchr, memcmp, memcpy
 
 
 cdef extern from "Python.h":
@@ -97,19 +97,28 @@ cdef object short_text(const char* p, Py_ssize_t n):
     return text
 
 
-cdef dict header_lines(bytes raw, Py_ssize_t pos, Py_ssize_t end, bint join):
+cdef dict header_lines(bytes raw, Py_ssize_t pos, Py_ssize_t end, bint join, bint only_x=False):
     """The header lines of ``raw[pos:end]`` (lines a scanner checked: name, ':', spaces,
     value, CRLF; ``end`` past the last line's CRLF) as a dict of lower-case names. A
     repeated name: its values joined with ", " (``join``: a request's, as llhttp's path
-    does), else the last wins (a response's). ValueError for what is not such a block."""
+    does), else the last wins (a response's). ``only_x``: the lines whose name starts
+    with ``x-`` only (the rest are stepped over unread). ValueError for what is not such
+    a block."""
     cdef const char* s = PyBytes_AS_STRING(raw)
     cdef Py_ssize_t ls, colon, vs, had
+    cdef const char* skip
     cdef dict headers = {}
     cdef PyObject* old
     if pos < 0 or end > PyBytes_GET_SIZE(raw) or end < pos:
         raise ValueError("not a header block of this data")
     while pos < end:
         ls = pos
+        if only_x and not (end - ls > 2 and (s[ls] | 0x20) == c'x' and s[ls + 1] == c'-'):
+            skip = <const char*>memchr(s + pos, c'\r', end - pos)  # the line's end, unread
+            if skip == NULL:
+                raise ValueError("not a header block of this data")
+            pos = (skip - s) + 2
+            continue
         while pos < end and s[pos] != c':':
             pos += 1
         colon = pos
@@ -163,6 +172,15 @@ cdef class Request:
     def headers(self, dict value):
         self._headers = value
         self._raw = None
+
+    cdef dict own_headers(self):
+        """The ``x-`` headers, where the gateway's own are (x-velocity-*, x-request-id,
+        x-session-id): the scanner's request makes a dict of those lines only, not of every
+        header (a client that names its tenant in a header should not pay for its host and
+        content-type as Python strings); otherwise the whole dict, as it is."""
+        if self._headers is None and self._raw is not None:
+            return header_lines(self._raw, self._hs, self._he, True, True)
+        return self.header_dict()
 
     cdef dict header_dict(self):
         """The headers: the scanner's request makes its dict when first asked (the
