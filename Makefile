@@ -33,7 +33,7 @@ run: build
 # at a time. A pass that selects no test (exit 5, with PYTEST_ARGS naming a few) is fine.
 test: build
 	$(BIN)/python -m pytest -q -n 2 -m "not serial" $(PYTEST_ARGS) || [ $$? -eq 5 ]
-	$(BIN)/python -m pytest -q -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q -m serial --durations=25 $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # The quick benchmark set; each prints one summary (see bench/README.md).
 bench: build
