@@ -1,10 +1,23 @@
 # The compiled profiles (see profiles.pyx).
 
-cdef class RoundRobinProfile:
-    cdef readonly object settings
-    cdef readonly object rng
+from velocity_fast.routing.plugins cimport Profile
 
 
-cdef class LeastLoadedProfile:
-    cdef readonly object settings
-    cdef readonly object rng
+cdef class BatchProfile(Profile):
+    pass
+
+
+cdef class LongContextProfile(Profile):
+    pass
+
+
+cdef class ChatProfile(Profile):
+    cdef readonly object sessions
+
+
+cdef class RoundRobinProfile(Profile):
+    pass
+
+
+cdef class LeastLoadedProfile(Profile):
+    pass

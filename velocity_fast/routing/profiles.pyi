@@ -2,18 +2,10 @@
 import random
 from typing import Any
 
-from velocity_fast.routing.route import RouteInfo, RouterPool
+from velocity_fast.routing.plugins import Profile
 from velocity_fast.routing.session import SessionAffinity
 from velocity_fast.routing.prefix import BlockHashes
 from velocity_fast.routing.settings import RoutingSettings
-
-class Profile:
-    """Base of the profiles: holds the settings and the tie-breaking generator."""
-    name: str
-    settings: RoutingSettings
-    rng: random.Random
-    def __init__(self, settings: RoutingSettings, rng: random.Random) -> None: ...
-    def choose(self, cands: list, loads: list[float], info: RouteInfo, state: RouterPool) -> tuple[Any, str]: ...
 
 class BatchProfile(Profile):
     """The shortest queue: engine waiting + gateway in flight."""
@@ -23,7 +15,8 @@ class LongContextProfile(Profile):
 
 class ChatProfile(Profile):
     """Session affinity, then prefix affinity balanced against load, with a hot-spot guard."""
-    sessions: SessionAffinity
+    @property
+    def sessions(self) -> SessionAffinity: ...
     def __init__(self, settings: RoutingSettings, rng: random.Random, sessions: SessionAffinity) -> None: ...
 
 DEMAND_DEPTH: int
@@ -43,22 +36,8 @@ def engine_queues(cands: list, stale_s: float) -> list[float]:
 def make_profiles(settings: RoutingSettings, rng: random.Random, sessions: SessionAffinity) -> dict[str, Any]:
     """The profiles by name."""
 
-class RoundRobinProfile:
+class RoundRobinProfile(Profile):
     """Endpoints in turn, in pool order (routing profile ``round-robin``)."""
-    name: str
-    def __init__(self, settings: RoutingSettings, rng: random.Random) -> None: ...
-    @property
-    def settings(self) -> RoutingSettings: ...
-    @property
-    def rng(self) -> random.Random: ...
-    def choose(self, cands: list, loads: list[float], info: RouteInfo, state: RouterPool) -> tuple[Any, str]: ...
 
-class LeastLoadedProfile:
+class LeastLoadedProfile(Profile):
     """The fewest requests in flight from this gateway (routing profile ``least-loaded``)."""
-    name: str
-    def __init__(self, settings: RoutingSettings, rng: random.Random) -> None: ...
-    @property
-    def settings(self) -> RoutingSettings: ...
-    @property
-    def rng(self) -> random.Random: ...
-    def choose(self, cands: list, loads: list[float], info: RouteInfo, state: RouterPool) -> tuple[Any, str]: ...

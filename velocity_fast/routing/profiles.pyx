@@ -1,14 +1,14 @@
 # cython: annotation_typing=False
 """Routing profiles: how the router scores the endpoints that passed its filters.
 
-A profile is a small policy object with one method::
+A profile is a ``Profile`` (plugins.pyx) with one C method::
 
-    choose(cands, loads, info, state) -> (endpoint, basis)
+    choose(cands, loads, info, state) -> position in cands; sets basis
 
-``cands`` are the endpoints left after filtering (never empty), ``loads[i]`` the load of
+``cands`` are the endpoints left after filtering (two or more), ``loads[i]`` the load of
 ``cands[i]`` (engine waiting + gateway in flight, in requests), ``info`` the request's
 RouteInfo and ``state`` the router's per-pool state (prefix index, pool). ``basis`` says
-what decided the pick, for the metrics: prefix, session, load, hotspot or kv.
+what decided the pick, for the metrics: prefix, session, load, hotspot, kv or turn.
 
 - ``chat``: session affinity, then prefix affinity balanced against load, with a
   hot-spot guard: once the affinity pick's engine queues ``hotspot_waiting`` requests
@@ -22,14 +22,13 @@ what decided the pick, for the metrics: prefix, session, load, hotspot or kv.
 Ties are broken at random, so equal endpoints share the traffic.
 
 ``round-robin`` and ``least-loaded`` ignore prefix affinity and sessions: the classic
-balancers, for uniform traffic and as baselines. The module is compiled; the
-load-blind two read only C fields.
+balancers, for uniform traffic and as baselines. The router calls ``choose`` as C.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any, Sequence
+from typing import Any
 
 from velocity_fast.routing.prefix import choose_by_affinity
 from velocity_fast.fleet.endpoint cimport Endpoint, pool_endpoints
@@ -37,59 +36,35 @@ from libc.math cimport INFINITY, exp
 from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.routing.prefix cimport BlockHashes
 from velocity_fast.routing.route cimport RouteInfo, RouterPool
+from velocity_fast.routing.plugins cimport Profile, least_loaded
 
 from velocity_fast.routing.session import SessionAffinity
 from velocity_fast.routing.settings import RoutingSettings
 
-__all__ = ["Profile", "ChatProfile", "BatchProfile", "LongContextProfile", "RoundRobinProfile",
+__all__ = ["ChatProfile", "BatchProfile", "LongContextProfile", "RoundRobinProfile",
            "LeastLoadedProfile", "PrefixDemand", "engine_queues", "make_profiles"]
 
-# Scores closer than this are a tie (float noise must not defeat the random tie-break).
-_EPS = 1e-9
 # Free KV fractions closer than this count as equal for long-context (then the shorter
 # queue wins): scraped usage is not more precise than that.
-_KV_TIE = 1e-3
+cdef double _KV_TIE = 1e-3
+
+cdef str _LOAD = "load"
+cdef str _KV = "kv"
+cdef str _SESSION = "session"
+cdef str _TURN = "turn"
 
 
-def _pick_max(rng: random.Random, scores: Sequence[float], among: Sequence[int] | None = None) -> int:
-    """Index of the highest score (restricted to `among` when given), ties at random."""
-    idx = range(len(scores)) if among is None else among
-    top = max(scores[i] for i in idx)
-    ties = [i for i in idx if scores[i] >= top - _EPS]
-    return ties[0] if len(ties) == 1 else ties[rng.randrange(len(ties))]
-
-
-def _least_loaded(rng: random.Random, loads: Sequence[float]) -> int:
-    low = min(loads)
-    ties = [i for i, x in enumerate(loads) if x <= low + _EPS]
-    return ties[0] if len(ties) == 1 else ties[rng.randrange(len(ties))]
-
-
-class Profile:
-    """Base of the profiles: holds the settings and the tie-breaking generator."""
-
-    name = ""
-    __slots__ = ("settings", "rng")
-
-    def __init__(self, settings: RoutingSettings, rng: random.Random) -> None:
-        self.settings = settings
-        self.rng = rng
-
-    def choose(self, cands: list, loads: list[float], info: Any, state: Any) -> tuple[Any, str]:
-        raise NotImplementedError
-
-
-class BatchProfile(Profile):
+cdef class BatchProfile(Profile):
     """The shortest queue: engine waiting + gateway in flight."""
 
     name = "batch"
-    __slots__ = ()
 
-    def choose(self, cands, loads, info, state):
-        return cands[_least_loaded(self.rng, loads)], "load"
+    cdef Py_ssize_t choose(self, list cands, list loads, RouteInfo info, RouterPool state) except -1:
+        self.basis = _LOAD
+        return least_loaded(self.rng, loads)
 
 
-class LongContextProfile(Profile):
+cdef class LongContextProfile(Profile):
     """The most free KV cache.
 
     Scraped KV usage lags by a scrape interval, so requests sent since (gateway in
@@ -100,71 +75,78 @@ class LongContextProfile(Profile):
     """
 
     name = "long-context"
-    __slots__ = ()
 
-    def choose(self, cands, loads, info, state):
-        blocks = info.nblocks
-        free = []
-        for ep in cands:
+    cdef Py_ssize_t choose(self, list cands, list loads, RouteInfo info, RouterPool state) except -1:
+        cdef Py_ssize_t blocks = info.nblocks, i, n = len(cands)
+        cdef double f, unseen, cap, top = 0.0
+        cdef Endpoint ep
+        cdef list free = []
+        cdef list near
+        for i in range(n):
+            ep = <Endpoint?>cands[i]
             f = 1.0 - ep.kv_usage
-            unseen = ep.inflight - ep.running - ep.waiting
+            unseen = <double>ep.inflight - ep.running - ep.waiting
             if unseen > 0 and blocks:
                 cap = state.kv_capacity_blocks(ep)
                 if cap:
                     f -= unseen * blocks / cap
             free.append(f)
-        top = max(free)
-        near = [i for i, f in enumerate(free) if f >= top - _KV_TIE]
+            if i == 0 or f > top:
+                top = f
+        near = [i for i in range(n) if <double>free[i] >= top - _KV_TIE]
+        self.basis = _KV
         if len(near) > 1:
-            return cands[_pick_max(self.rng, [-x for x in loads], near)], "kv"
-        return cands[near[0]], "kv"
+            return least_loaded(self.rng, loads, near)
+        return <Py_ssize_t>near[0]
 
 
-class ChatProfile(Profile):
+cdef class ChatProfile(Profile):
     """Session affinity, then prefix affinity balanced against load, with a hot-spot guard."""
 
     name = "chat"
-    __slots__ = ("sessions",)
 
-    def __init__(self, settings: RoutingSettings, rng: random.Random, sessions: SessionAffinity) -> None:
-        super().__init__(settings, rng)
+    def __init__(self, settings, rng, sessions):
+        Profile.__init__(self, settings, rng)
         self.sessions = sessions
 
-    def choose(self, cands, loads, info, state):
+    cdef Py_ssize_t choose(self, list cands, list loads, RouteInfo info, RouterPool state) except -1:
+        cdef Py_ssize_t i
         s = self.settings
         if info.session_key is not None:
             min_load = min(loads)
             owner = self.sessions.owner(info.session_key, state.pool.endpoints)
             if owner is not None:
-                for i, ep in enumerate(cands):
-                    if ep is owner:
+                for i in range(len(cands)):
+                    if cands[i] is owner:
                         if loads[i] - min_load <= s.session_gap:
-                            return ep, "session"
+                            self.basis = _SESSION
+                            return i
                         break
             # The owner is filtered out or too hot: this request goes by prefix and
             # load; the session stays mapped to its owner for the next one.
-        if (<RouteInfo>info).nblocks == 0:
+        if info.nblocks == 0:
             # No full block: no prefix to route by, and no demand of its own (every such
             # prompt would count as one hot prefix): the shortest queue, as batch.
-            return cands[_least_loaded(self.rng, loads)], "load"
+            self.basis = _LOAD
+            return least_loaded(self.rng, loads)
         # The hot-spot guard is for a prefix whose demand is past one engine's share of the
         # pool: a prefix within it stays where its cache is, however busy that engine.
-        demand = (<RouterPool>state).demand
+        demand = state.demand
         if demand is None:
-            demand = (<RouterPool>state).demand = PrefixDemand()
+            demand = state.demand = PrefixDemand()
         hw = s.hotspot_waiting
         waits = None
-        if (<PrefixDemand>demand).share((<RouteInfo>info).hashes) * len(cands) <= 1.0:
+        if (<PrefixDemand>demand).share(info.hashes) * len(cands) <= 1.0:
             hw = INFINITY  # the guard off
         elif hw > 0:
             waits = engine_queues(cands, s.metrics_stale_s)
-        pr = (<RouteInfo?>info).precise  # a C field read: the approximate path pays a pointer test
+        pr = info.precise  # a C field read: the approximate path pays a pointer test
         if pr is not None:  # a precise pool: the engines' own KV events where they can be trusted
-            i, basis = pr.owner.choose(pr, cands, loads, info, state, self.rng.getrandbits(64), waits, hw)
-            return cands[i], basis
-        i, basis = choose_by_affinity(state.index, info.hashes, cands, loads, s.hotspot_gap,
-                                      s.load_weight, self.rng.getrandbits(64), waits, hw)
-        return cands[i], basis
+            i, self.basis = pr.owner.choose(pr, cands, loads, info, state, self.rng.getrandbits(64), waits, hw)
+            return i
+        i, self.basis = choose_by_affinity(state.index, info.hashes, cands, loads, s.hotspot_gap,
+                                           s.load_weight, self.rng.getrandbits(64), waits, hw)
+        return i
 
 
 # A prompt's prefix, for its demand: the chain hash at this many blocks (1 KiB: a system
@@ -261,59 +243,47 @@ def make_profiles(settings: RoutingSettings, rng: random.Random, sessions: Sessi
 
 # -- the load-blind profiles -------------------------------------------------------
 #
-# Profiles are dispatched by name in ``_pick`` (``choose`` of the request's profile,
-# after the filters), so adding these two leaves the path of chat, batch and
-# long-context as it was. They ignore prefix affinity, sessions and the engines'
-# gauges: the classic balancers, for uniform traffic and as baselines.
+# They ignore prefix affinity, sessions and the engines' gauges: the classic balancers,
+# for uniform traffic and as baselines.
 
-cdef str _TURN = "turn"
-cdef str _LOAD = "load"
-
-
-cdef class RoundRobinProfile:
+cdef class RoundRobinProfile(Profile):
     """Endpoints in turn, in pool order: each pick takes the first candidate at or after
     the pool position following the last pick (wrapping around), so the endpoints the
     filters leave share the traffic evenly whatever the load."""
 
     name = "round-robin"
 
-    def __init__(self, settings, rng):
-        self.settings = settings
-        self.rng = rng
-
-    def choose(self, list cands not None, list loads, RouteInfo info, RouterPool state not None):
+    cdef Py_ssize_t choose(self, list cands, list loads, RouteInfo info, RouterPool state) except -1:
         cdef list eps = pool_endpoints(state.pool) if state.pool is not None else cands
-        cdef Py_ssize_t n = len(eps), j = 0, turn = state.turn, first_pos = -1
-        first = None
+        cdef Py_ssize_t n = len(eps), j = 0, turn = state.turn, first_pos = -1, ci
+        self.basis = _TURN
         # cands are in pool order (the filters keep it): one walk finds their positions.
-        for c in cands:
+        for ci in range(len(cands)):
+            c = cands[ci]
             while j < n and eps[j] is not c:
                 j += 1
             if j == n:
                 break
             if first_pos < 0:
-                first_pos, first = j, c
+                first_pos = j
             if j >= turn:
                 state.turn = j + 1
-                return c, _TURN
-        if first is None:  # candidates not found in the pool's order: take them in turn
+                return ci
+        if first_pos < 0:  # candidates not found in the pool's order: take them in turn
             first_pos = turn % len(cands)
-            first = cands[first_pos]
-        state.turn = first_pos + 1
-        return first, _TURN
+            state.turn = first_pos + 1
+            return first_pos
+        state.turn = first_pos + 1  # past the last: around to the first candidate
+        return 0
 
 
-cdef class LeastLoadedProfile:
+cdef class LeastLoadedProfile(Profile):
     """The fewest requests in flight from this gateway (least connections); the engines'
     gauges are not read. Ties are broken at random."""
 
     name = "least-loaded"
 
-    def __init__(self, settings, rng):
-        self.settings = settings
-        self.rng = rng
-
-    def choose(self, list cands not None, list loads, RouteInfo info, RouterPool state):
+    cdef Py_ssize_t choose(self, list cands, list loads, RouteInfo info, RouterPool state) except -1:
         cdef Endpoint ep
         cdef long low = 0, ties = 0, k
         cdef Py_ssize_t i, n = len(cands), best = 0
@@ -331,4 +301,5 @@ cdef class LeastLoadedProfile:
                         best = i
                         break
                     k -= 1
-        return cands[best], _LOAD
+        self.basis = _LOAD
+        return best
