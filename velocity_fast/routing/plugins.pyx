@@ -10,7 +10,7 @@ the router calls them as C (a vtable call, no Python dispatch on the request pat
   (load.pyx), which every profile weighs.
 - ``Profile.choose(cands, loads, info, state)``: the profile's own scoring and its pick
   among two or more candidates, as their position; it says what decided in ``basis``.
-  One profile a file in profiles/, registered by one line of profiles/__init__.py.
+  One profile a module in profiles/, registered by one line of profiles/__init__.py.
 
 ``Pick`` carries what the steps read besides the endpoint (the clock, staleness, the
 request's room test and exclusions): the router owns one and refills it per request.

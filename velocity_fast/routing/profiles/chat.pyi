@@ -1,17 +1,10 @@
-"""Stubs for velocity_fast.routing.profiles (how the router scores the endpoints its filters left)."""
+"""Stubs for velocity_fast.routing.profiles.chat (the chat profile: sessions, prefix affinity against load)."""
 import random
-from typing import Any
 
 from velocity_fast.routing.plugins import Profile
-from velocity_fast.routing.session import SessionAffinity
 from velocity_fast.routing.prefix import BlockHashes
+from velocity_fast.routing.session import SessionAffinity
 from velocity_fast.routing.settings import RoutingSettings
-
-class BatchProfile(Profile):
-    """The shortest queue: engine waiting + gateway in flight."""
-
-class LongContextProfile(Profile):
-    """The most free KV cache (requests sent since the last scrape counted as taking blocks)."""
 
 class ChatProfile(Profile):
     """Session affinity, then prefix affinity balanced against load, with a hot-spot guard."""
@@ -32,12 +25,3 @@ class PrefixDemand:
 
 def engine_queues(cands: list, stale_s: float) -> list[float]:
     """Each candidate's queue as the hot-spot guard reads it (-1: the load gap decides)."""
-
-def make_profiles(settings: RoutingSettings, rng: random.Random, sessions: SessionAffinity) -> dict[str, Any]:
-    """The profiles by name."""
-
-class RoundRobinProfile(Profile):
-    """Endpoints in turn, in pool order (routing profile ``round-robin``)."""
-
-class LeastLoadedProfile(Profile):
-    """The fewest requests in flight from this gateway (routing profile ``least-loaded``)."""
