@@ -49,6 +49,13 @@ def test_each_profile_is_its_own_module_with_its_test_beside_it():
         assert (root / "tests/routing/profiles" / f"test_{module}.py").exists(), name
 
 
+def test_each_profile_has_a_row_in_the_configuration_doc():
+    doc = (Path(__file__).resolve().parents[2] / "docs/configuration.md").read_text()
+    table = doc.split("\n## Routing profiles\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([^`]+)` \|", table, re.M)
+    assert tuple(rows) == PROFILES
+
+
 @pytest.mark.parametrize("profile", PROFILES)
 def test_picks_only_among_the_candidates(profile):
     r, pool, info = _setup(profile, 6)

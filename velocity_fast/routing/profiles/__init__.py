@@ -22,6 +22,7 @@ REGISTRY = {
     "long-context": "long_context.LongContextProfile",
     "round-robin": "round_robin.RoundRobinProfile",
     "least-loaded": "least_loaded.LeastLoadedProfile",
+    "power-of-two": "power_of_two.PowerOfTwoProfile",
 }
 
 PROFILES = tuple(REGISTRY)
