@@ -1,6 +1,6 @@
 """The compiled core builds without a compiler warning (`make run` prints none).
 
-Every C file cythonize generated (``velocity_fast/*/*.c``, beside its ``.pyx``) is compiled
+Every C file cythonize generated (``velocity_fast/**/*.c``, beside its ``.pyx``) is compiled
 again with the warning flags the build uses (Python's own CFLAGS, ``-Wall`` among them)
 and the headers of ``csrc/``. Optimisation is off to keep this quick: the warnings that
 matter here (unused functions of a shared header, sign comparisons, unused variables)
@@ -31,7 +31,7 @@ def _flags() -> list[str]:
 def test_the_generated_c_compiles_without_warnings():
     cc = shutil.which("cc") or shutil.which("gcc")
     assert cc, "no C compiler: the compiled core cannot have been built here either"
-    sources = sorted(REPO.glob("velocity_fast/*/*.c"))
+    sources = sorted(REPO.glob("velocity_fast/**/*.c"))
     assert sources, "no generated C: build in place first (setup.py build_ext --inplace)"
 
     def compile_one(c: Path) -> str:

@@ -1,13 +1,18 @@
-"""The functional suite every routing profile must pass (velocity_fast/routing/profiles.pyx)."""
+"""The functional suite every routing profile must pass (velocity_fast/routing/profiles/),
+through the router; each profile's own tests are beside it in tests/routing/profiles/."""
 
 import random
+import re
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
+from tests.support.fleet import make_pool
 from velocity_fast.fleet.endpoint import Endpoint, Pool
-from velocity_fast.routing.profiles import make_profiles
+from velocity_fast.metrics.registry import Registry
+from velocity_fast.routing.profiles import REGISTRY, make_profiles
 from velocity_fast.routing.router import Router
 from velocity_fast.routing.session import SessionAffinity
 from velocity_fast.routing.settings import PROFILES, RoutingSettings
@@ -36,6 +41,21 @@ def test_every_profile_is_registered():
     assert all(p.name == name for name, p in profiles.items())
 
 
+def test_each_profile_is_its_own_module_with_its_test_beside_it():
+    root = Path(__file__).resolve().parents[2]
+    for name, where in REGISTRY.items():
+        module = where.partition(".")[0]
+        assert (root / "velocity_fast/routing/profiles" / f"{module}.pyx").exists(), name
+        assert (root / "tests/routing/profiles" / f"test_{module}.py").exists(), name
+
+
+def test_each_profile_has_a_row_in_the_configuration_doc():
+    doc = (Path(__file__).resolve().parents[2] / "docs/configuration.md").read_text()
+    table = doc.split("\n## Routing profiles\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([^`]+)` \|", table, re.M)
+    assert tuple(rows) == PROFILES
+
+
 @pytest.mark.parametrize("profile", PROFILES)
 def test_picks_only_among_the_candidates(profile):
     r, pool, info = _setup(profile, 6)
@@ -59,7 +79,7 @@ def test_equal_endpoints_share_the_traffic(profile):
     assert len(counts) == 4 and min(counts.values()) > 50
 
 
-# round-robin serves in turn whatever the load (tests/routing/test_profiles_load_blind.py).
+# round-robin serves in turn whatever the load (tests/routing/profiles/test_round_robin.py).
 @pytest.mark.parametrize("profile", [p for p in PROFILES if p != "round-robin"])
 def test_a_clearly_idle_endpoint_wins_over_a_loaded_one_without_affinity(profile):
     r, pool, info = _setup(profile, 2)
@@ -75,3 +95,33 @@ def test_the_pick_is_counted_under_its_profile(profile):
     for _ in range(5):
         r.pick(pool, info)
     assert sum(r.stats()["picks"][profile].values()) == 5
+
+
+def picks(r, pool, info, n, has_room=None):
+    return [r.pick(pool, info, has_room).name for _ in range(n)]
+
+
+def test_chosen_per_model_in_the_config_or_per_request_by_header():
+    settings = RoutingSettings.from_config({"seed": 1}, {"rr": {"profile": "round-robin"},
+                                                         "ll": {"profile": "least-loaded"}})
+    r = Router(settings, registry=Registry())
+    assert r.route_info("rr", {"prompt": "x"}, {}).profile == "round-robin"
+    assert r.route_info("ll", {"prompt": "x"}, {}).profile == "least-loaded"
+    assert r.route_info("other", {"prompt": "x"}, {}).profile == "chat"
+    info = r.route_info("other", {"prompt": "x"}, {"x-velocity-profile": " Round-Robin "})
+    assert info.profile == "round-robin"
+    pool = make_pool(3, "other")
+    assert picks(r, pool, info, 6) == ["e0", "e1", "e2"] * 2
+
+
+def test_the_picks_show_in_the_metrics_by_profile_and_basis():
+    reg = Registry()
+    r = Router(RoutingSettings(default_profile="round-robin", seed=1), registry=reg)
+    pool = make_pool(2)
+    info = r.route_info("m", {"prompt": "x"}, {})
+    picks(r, pool, info, 3)
+    ll = r.route_info("m", {"prompt": "x"}, {"x-velocity-profile": "least-loaded"})
+    picks(r, pool, ll, 2)
+    text = reg.render().decode()
+    assert re.search(r'^velocity_route_picks_total\{profile="round-robin",basis="turn"\} 3(\.0)?$', text, re.M)
+    assert re.search(r'^velocity_route_picks_total\{profile="least-loaded",basis="load"\} 2(\.0)?$', text, re.M)

@@ -19,7 +19,6 @@ from velocity_fast.routing.settings import PROFILE_HEADER, SESSION_HEADER, Routi
 SYSTEM = "You are a careful assistant. " * 40  # ~1.1 KB: a shared system prompt
 
 
-
 def scrape(ep, *, waiting=0.0, running=0.0, kv=0.0, at=None):
     ep.waiting, ep.running, ep.kv_usage = float(waiting), float(running), kv
     ep.scraped_at = time.monotonic() if at is None else at
@@ -149,39 +148,6 @@ def test_unknown_profile_header_is_a_clear_400():
     assert "fastest" in str(err) and "long-context" in str(err)
 
 
-def test_batch_takes_the_shortest_queue():
-    pool = make_pool(4)
-    for ep, (waiting, inflight) in zip(pool.endpoints, [(3, 2), (0, 4), (1, 1), (2, 2)]):
-        scrape(ep, waiting=waiting)
-        ep.inflight = inflight
-    r = router(default_profile="batch")
-    info = r.route_info("m", chat("x"), {})
-    assert {r.pick(pool, info).name for _ in range(50)} == {"e2"}
-
-
-def test_long_context_takes_the_most_free_kv():
-    pool = make_pool(3)
-    scrape(pool.endpoints[0], kv=0.6)
-    scrape(pool.endpoints[1], kv=0.1, waiting=2)
-    scrape(pool.endpoints[2], kv=0.4)
-    r = router(default_profile="long-context")
-    info = r.route_info("m", {"prompt": "x" * 4000}, {})
-    assert {r.pick(pool, info).name for _ in range(50)} == {"e1"}
-
-
-def test_long_context_counts_requests_sent_since_the_last_scrape():
-    pool = make_pool(2)
-    for ep in pool.endpoints:
-        ep.num_gpu_blocks, ep.block_size = 1000, 16   # 1000 blocks of 16 tokens = 64000 bytes
-    scrape(pool.endpoints[0], kv=0.10)
-    scrape(pool.endpoints[1], kv=0.20)
-    r = router(default_profile="long-context")
-    info = r.route_info("m", {"prompt": "x" * 6400}, {})  # 100 blocks: 10% of an engine
-    assert r.pick(pool, info) is pool.endpoints[0]
-    pool.endpoints[0].inflight = 2                 # sent since the scrape: about 20% more used
-    assert r.pick(pool, info) is pool.endpoints[1]
-
-
 def test_chat_follows_the_prefix_and_spreads_new_prefixes():
     pool = make_pool(4)
     r = router()
@@ -285,20 +251,6 @@ def test_when_every_engine_queues_the_least_loaded_takes_it():
         ep.inflight = n
     # loads (waiting + in flight): 12, 5, 5: the least loaded pair, the affine one first (none)
     assert {r.pick(pool, info).name for _ in range(40)} == {"e1", "e2"}
-
-
-def test_an_engine_seen_full_is_hot_by_what_this_gateway_sent_beyond_it():
-    from velocity_fast.routing.profiles import engine_queues
-    e = make_pool(4).endpoints
-    for ep in e[:3]:
-        scrape(ep)
-    e[0].inflight = 20                          # never seen full: its own queue (0) alone
-    e[1].running_cap, e[1].inflight = 12.0, 15  # 3 sent beyond what it runs at once
-    e[2].running_cap, e[2].inflight = 12.0, 10  # room left: its gauge (0)
-    scrape(e[3], at=time.monotonic() - 60)      # stale gauges: the gap decides
-    assert engine_queues(e, 2.0) == [0.0, 3.0, 0.0, -1.0]
-    scrape(e[0], waiting=4)
-    assert engine_queues(e, 2.0)[0] == 4.0
 
 
 def test_the_guard_spills_only_a_prefix_past_one_engines_share_of_the_traffic():
@@ -442,7 +394,6 @@ def test_route_info_reads_any_mapping_of_headers_and_raw_prompt_bytes():
         assert r.route_info(None, data, headers).hashes.tolist() == info.hashes.tolist()
     # Batch without a session shares one RouteInfo per model: nothing per request in it.
     assert r.route_info("m", {"prompt": "a"}, None) is r.route_info("m", {"prompt": "b"}, {})
-
 
 
 def test_the_last_models_route_follows_headers_and_a_new_profile_map():

@@ -20,7 +20,7 @@ cdef class RouterPool:
     cdef readonly double kv_scale
     cdef readonly object default_capacity
     cdef public Py_ssize_t turn  # round-robin: the pool position served next
-    cdef public object demand    # chat: the pool's PrefixDemand (routing/profiles.pyx), made on first use
+    cdef public object demand    # chat: the pool's PrefixDemand (routing/profiles/chat.pyx), made on first use
 
     cpdef double kv_capacity_blocks(self, ep) except? -1.0
     cpdef sync_capacity(self, ep)

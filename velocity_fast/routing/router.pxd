@@ -4,6 +4,8 @@ from velocity_fast.fleet.endpoint cimport Endpoint
 from velocity_fast.metrics.values cimport Value
 from velocity_fast.routing.prefix cimport BlockHashes, PrefixHasher, PrefixIndex
 from velocity_fast.routing.route cimport RouteInfo, RouterPool
+from velocity_fast.routing.load cimport EngineLoad
+from velocity_fast.routing.plugins cimport Pick
 
 
 cdef class Router:
@@ -15,7 +17,6 @@ cdef class Router:
     cdef public dict _pools
     cdef public dict _batch_infos
     cdef public dict _pick_children
-    cdef dict _only_children
     cdef object _last_model  # the last shared RouteInfo, for the same model and profiles
     cdef RouteInfo _last_info
     cdef object _last_profiles
@@ -30,9 +31,9 @@ cdef class Router:
     cdef object _clock_fn
     cdef bint _mono
     # Settings and metric children read on every request (set by _configure).
-    cdef double _stale_s
-    cdef double _sat_waiting
-    cdef double _sat_kv
+    cdef tuple _filters     # filters.pyx's, in order
+    cdef EngineLoad _load   # the candidates' load, which the profiles weigh
+    cdef Pick _pickst       # refilled by each pick
     cdef dict _model_profiles
     cdef object _default_profile
     cdef Value _fail_open_v

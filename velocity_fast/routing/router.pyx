@@ -6,19 +6,20 @@
     ep = router.pick(pool, info, has_room, exclude=())   # None when no endpoint qualifies
     router.on_dispatch(ep, info)                         # remember the blocks sent to ep
 
-Filters: unhealthy endpoints, endpoints without room (``has_room(ep)`` False: at their
-concurrency limit) and saturated ones (engine queue or KV usage past the thresholds).
-When saturation alone would remove every endpoint, the saturated ones stay (fail open):
-admission already decided that this request goes now, and refusing here would only turn
-a slow answer into an error. Full endpoints (the batch admission learned for them all
-in flight, ``Endpoint.running_cap``) come second: a band never held back, such as
-``high``, may go past an engine's batch, and there it would wait in the engine's FIFO
-behind the whole batch while another engine could run it at once. Then the request's
-profile (profiles.pyx) scores what is left.
+Each step is a class of the interface in plugins.pxd, called as C. Filters (filters.pyx,
+asked in order): unhealthy endpoints, endpoints without room (``has_room(ep)`` False: at
+their concurrency limit), excluded ones, saturated ones (engine queue or KV usage past
+the thresholds) and full ones. When saturation alone would remove every endpoint, the
+saturated ones stay (fail open): admission already decided that this request goes now,
+and refusing here would only turn a slow answer into an error. Full endpoints (the batch
+admission learned for them all in flight, ``Endpoint.running_cap``) come second: a band
+never held back, such as ``high``, may go past an engine's batch, and there it would
+wait in the engine's FIFO behind the whole batch while another engine could run it at
+once. Then the request's profile (``Profile.choose``) scores what is left and picks.
 
-Load is the engine's waiting count plus the gateway's own in-flight count. Engine
-gauges older than ``metrics_stale_s`` (or never scraped) are ignored: the in-flight
-count stands alone and nobody is filtered as saturated on stale evidence.
+Load (load.pyx) is the engine's waiting count plus the gateway's own in-flight count.
+Engine gauges older than ``metrics_stale_s`` (or never scraped) are ignored: the
+in-flight count stands alone and nobody is filtered as saturated on stale evidence.
 
 One prefix index per pool (at most 64 endpoints with affinity each); the chains are
 seeded by the model name, so pools never share hashes. Pass ``route_info`` the model
@@ -38,9 +39,8 @@ touches is the request's ``RouteInfo`` (profile, prefix block hashes, session), 
 filters of ``pick`` (health, room, exclusions, saturation on fresh gauges, fail open) and
 the prefix index's bookkeeping of ``on_dispatch``. Construction, ``forget``, ``hit_ratio``
 and ``stats`` run once or per scrape and are plain ``def`` methods of the same class.
-Endpoints are compiled too (fleet/endpoint.pyx): their fields are read as C. The Python
-profiles (routing/profiles.pyx) read ``RouteInfo`` and ``RouterPool`` fields through
-descriptors.
+Endpoints are compiled too (fleet/endpoint.pyx): their fields are read as C, and so are
+``RouteInfo`` and ``RouterPool`` by the filters and the profiles.
 """
 
 import random
@@ -56,6 +56,8 @@ from velocity_fast.metrics.values cimport Value
 from velocity_fast.routing.blockscan cimport hash_json
 from velocity_fast.routing.prefix cimport THIN_AFTER, THIN_FACTOR, BlockHashes, PrefixHasher, PrefixIndex
 from velocity_fast.routing.route cimport RouteInfo, RouterPool
+from velocity_fast.routing.plugins cimport DROP, FULL, KEEP, SATURATED, Filter, Pick, Profile
+from velocity_fast.routing.load cimport EngineLoad
 
 # Leaf modules of the routing package (they import nothing of the router).
 from velocity_fast.routing.blockscan import render_messages
@@ -63,6 +65,7 @@ from velocity_fast.routing.prefix_render import prompt_json, render_prompt
 from velocity_fast.routing.session import SessionAffinity
 
 from velocity_fast.routing.errors import UnknownProfile
+from velocity_fast.routing.filters import make_filters
 from velocity_fast.routing.profiles import make_profiles
 from velocity_fast.routing.settings import PROFILE_HEADER, PROFILES, SESSION_HEADER, RoutingSettings
 
@@ -124,6 +127,8 @@ cdef class Router:
         self._short_infos = {}  # the same for prompts shorter than one block, by (model, profile)
         self._sessions = SessionAffinity()
         self._profiles = make_profiles(s, self._rng, self._sessions)
+        self._pickst = Pick()
+        self._load = EngineLoad()
         self._pools = {}  # model -> RouterPool
         self._clock = time.monotonic
         reg = registry if registry is not None else Registry()
@@ -132,6 +137,9 @@ cdef class Router:
                                   ("profile", "basis"))
         self._pick_children = {(p, b): self._picks.labels(p, b) for p in PROFILES for b in BASES}
         self._pick_children[TURN] = self._picks.labels(*TURN)
+        for name, p in self._profiles.items():
+            (<Profile?>p).picks = {b: child for (n, b), child in self._pick_children.items() if n == name}
+            (<Profile>p).only = (<Profile>p).picks[_ONLY]
         self._fail_open = reg.counter("velocity_route_fail_open_total",
                                       "Picks made among saturated endpoints because all were saturated.")
         self._full = reg.counter("velocity_route_full_total",
@@ -189,9 +197,8 @@ cdef class Router:
         """Read the settings and metric children the request path uses (the settings are
         frozen; call again after replacing them)."""
         s = self.settings
-        self._stale_s = s.metrics_stale_s
-        self._sat_waiting = s.saturation_waiting
-        self._sat_kv = s.saturation_kv
+        self._pickst.stale_s = s.metrics_stale_s
+        self._filters = make_filters(s)
         self._model_profiles = s.profiles
         self._default_profile = s.default_profile
         self._fail_open_v = self._fail_open.labels()
@@ -348,50 +355,57 @@ cdef class Router:
 
     cdef object _pick(self, pool, RouteInfo info, has_room, exclude):
         cdef RouterPool state
-        cdef double now, load, scraped, waiting, first_load = 0.0
-        cdef double stale = self._stale_s, sat_wait = self._sat_waiting, sat_kv = self._sat_kv
-        cdef bint check_room = has_room is not None
-        cdef RoomFilter room = has_room if isinstance(has_room, RoomFilter) else None
+        cdef Pick pk = self._pickst
+        cdef Profile profile
+        cdef double load, first_load = 0.0
+        cdef int verdict
         cdef list cands = None, loads = None
         cdef list saturated = None, saturated_loads = None, full = None, full_loads = None
         cdef Endpoint ep, first = None
         state = self._pool_state(pool_model(pool), pool)
         if state.pool is not pool:  # made by on_dispatch, or the pool was replaced
             state.pool = pool
-        now = self._now()
-        for ep in pool_endpoints(pool):
-            if not ep.healthy or (check_room and not (room.room(ep) if room is not None else has_room(ep))) \
-                    or (exclude and ep in exclude):
-                continue
-            scraped = ep.scraped_at
-            if scraped and now - scraped <= stale:
-                waiting = ep.waiting
-                load = waiting + <double>ep.inflight
-                if waiting >= sat_wait or <double>ep.kv_usage >= sat_kv:
+        pk.now = self._now()
+        pk.has_room = has_room
+        pk.room = has_room if isinstance(has_room, RoomFilter) else None
+        pk.exclude = exclude
+        try:
+            for ep in pool_endpoints(pool):
+                # The filters in order (filters.pyx): the first that does not keep ep decides.
+                verdict = KEEP
+                for f in self._filters:
+                    verdict = (<Filter>f).check(ep, pk)
+                    if verdict != KEEP:
+                        break
+                if verdict == DROP:
+                    continue
+                load = self._load.score(ep, pk)
+                if verdict == SATURATED:
                     if saturated is None:
                         saturated, saturated_loads = [], []
                     saturated.append(ep)
                     saturated_loads.append(load)
                     continue
-            else:
-                load = <double>ep.inflight
-            if ep.running_cap > 0.0 and <double>ep.inflight + ep.others >= ep.running_cap:
-                # Full: its learned batch is all in flight (ours, and other replicas' as the
-                # last scrape showed it), so a request sent there waits in the engine's FIFO
-                # behind it. Kept for when no engine would run it at once.
-                if full is None:
-                    full, full_loads = [], []
-                full.append(ep)
-                full_loads.append(load)
-                continue
-            # The lists are made only when a second candidate comes (one is the common pool).
-            if first is None:
-                first, first_load = ep, load
-                continue
-            if cands is None:
-                cands, loads = [first], [first_load]
-            cands.append(ep)
-            loads.append(load)
+                if verdict == FULL:
+                    # A request sent there waits in the engine's FIFO behind its batch: kept
+                    # for when no engine would run it at once.
+                    if full is None:
+                        full, full_loads = [], []
+                    full.append(ep)
+                    full_loads.append(load)
+                    continue
+                # The lists are made only when a second candidate comes (one is the common pool).
+                if first is None:
+                    first, first_load = ep, load
+                    continue
+                if cands is None:
+                    cands, loads = [first], [first_load]
+                cands.append(ep)
+                loads.append(load)
+        finally:
+            # The pick holds no request's objects past its end.
+            pk.has_room = pk.room = None
+            pk.exclude = ()
         if first is None:
             if full:
                 cands, loads = full, full_loads
@@ -405,18 +419,12 @@ cdef class Router:
             first = cands[0]
             if len(cands) == 1:
                 cands = None
+        profile = <Profile>self._profiles[info.profile]
         if cands is None or len(cands) == 1:
-            chosen = first if cands is None else cands[0]
-            # the count of picks without a choice, by profile: no tuple key to make
-            if self._only_children is None:
-                self._only_children = {}
-            only = self._only_children.get(info.profile)
-            if only is None:
-                only = self._only_children[info.profile] = self._pick_children[(info.profile, _ONLY)]
-            (<Value?>only).value += 1.0
-            return chosen
-        chosen, basis = self._profiles[info.profile].choose(cands, loads, info, state)
-        (<Value?>self._pick_children[(info.profile, basis)]).value += 1.0
+            profile.only.value += 1.0  # a pick without a choice
+            return first if cands is None else cands[0]
+        chosen = cands[profile.choose(cands, loads, info, state)]
+        (<Value>profile.picks[profile.basis]).value += 1.0
         return chosen
 
     cpdef double cached_room(self, pool, RouteInfo info) except? -1.0:

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal, Mapping
 
 import msgspec
 
+from velocity_fast.routing.profiles import PROFILES
+
 __all__ = ["PROFILES", "PROFILE_HEADER", "SESSION_HEADER", "PREFIX_MODES", "ProfileName", "PrefixMode",
            "RoutingSettings"]
 
@@ -18,8 +20,8 @@ __all__ = ["PROFILES", "PROFILE_HEADER", "SESSION_HEADER", "PREFIX_MODES", "Prof
 PROFILE_HEADER = "x-velocity-profile"
 SESSION_HEADER = "x-session-id"
 
-PROFILES = ("chat", "batch", "long-context", "round-robin", "least-loaded")
-ProfileName = Literal["chat", "batch", "long-context", "round-robin", "least-loaded"]
+# The routing profiles are those registered in profiles/__init__.py (one line each).
+ProfileName = Literal[PROFILES]  # type: ignore[valid-type]
 # How the chat profile knows what an engine's prefix cache holds (docs/kv-events.md).
 PREFIX_MODES = ("approximate", "precise", "off")
 PrefixMode = Literal["approximate", "precise", "off"]

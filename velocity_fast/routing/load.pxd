@@ -1,0 +1,7 @@
+# The load scorer (see load.pyx).
+
+from velocity_fast.routing.plugins cimport Scorer
+
+
+cdef class EngineLoad(Scorer):
+    pass

@@ -1,0 +1,44 @@
+"""Stubs for velocity_fast.routing.plugins (the steps of a pick: filter, score, pick)."""
+import random
+from typing import Any
+
+from velocity_fast.fleet.endpoint import Endpoint, RoomFilter
+from velocity_fast.routing.route import RouteInfo, RouterPool
+from velocity_fast.routing.session import SessionAffinity
+from velocity_fast.routing.settings import RoutingSettings
+
+class Pick:
+    """What the steps of one pick read besides the endpoint (the router refills one per request)."""
+    now: float
+    stale_s: float
+    has_room: Any
+    room: RoomFilter | None
+    exclude: Any
+    def __init__(self, stale_s: float = 2.0) -> None: ...
+    def fresh(self, ep: Endpoint) -> bool:
+        """Whether ep's engine gauges are fresh at ``now``."""
+
+class Filter:
+    """A filter of a pick: says KEEP, FULL, SATURATED or DROP of an endpoint."""
+    name: str
+    def verdict(self, ep: Endpoint, pick: Pick) -> str:
+        """check, from Python: "keep", "full", "saturated" or "drop"."""
+
+class Scorer:
+    """A scorer of a pick: one number for each candidate endpoint."""
+    name: str
+    def score_of(self, ep: Endpoint, pick: Pick) -> float:
+        """score, from Python."""
+
+class Profile:
+    """A routing profile: its scoring and its pick among the candidates the filters left."""
+    name: str
+    basis: str | None
+    def __init__(self, settings: RoutingSettings, rng: random.Random,
+                 sessions: SessionAffinity | None = None) -> None: ...
+    @property
+    def settings(self) -> RoutingSettings: ...
+    @property
+    def rng(self) -> random.Random: ...
+    def decide(self, cands: list, loads: list[float], info: RouteInfo, state: RouterPool) -> tuple[int, str]:
+        """choose, from Python: (position in cands, basis)."""
