@@ -206,3 +206,55 @@ def test_charge_velocity_refuses_more_than_one_worker_saying_why():
         assert "config error: --workers: workers: chargeVelocity runs one gateway process" in gp.stderr_text
     finally:
         gp.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_tenants_rate_holds_once_across_two_workers(tmp_path):
+    """A tenant limited to 40 requests/s, with clients over the limit on both workers (a
+    new connection each request: the kernel spreads them): the admitted rate is 40/s, not
+    twice it. One bucket in the shared state, drawn by both workers with one CAS a draw."""
+    rate, seconds = 40, 6.0
+    extra = f"tenants:\n  - {{name: t, requests_per_second: {rate}, burst: 10}}\n"
+    body = json.dumps({"model": "m1", "prompt": "hello", "max_tokens": 2}).encode()
+    headers = {"content-type": "application/json", "x-velocity-tenant": "t"}
+
+    def one(_) -> tuple[float, int]:
+        t0 = time.monotonic()
+        try:
+            with urlopen(Request(gp.url + "/v1/completions", body, headers), timeout=10) as r:
+                r.read()
+                return t0, r.status
+        except HTTPError as e:
+            with e:
+                e.read()
+                if e.code == 429:
+                    time.sleep(0.02)
+                return t0, e.code
+
+    def load(until: float) -> list[tuple[float, int]]:
+        out: list[tuple[float, int]] = []
+        lock = threading.Lock()
+
+        def client(_):
+            while time.monotonic() < until:
+                got = one(None)
+                with lock:
+                    out.append(got)
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(client, range(8)))
+        return out
+
+    with sim_engine(model="m1", time_scale=50) as e1, sim_engine(model="m1", time_scale=50) as e2, \
+            gateway_process("serve", "--config", _config(tmp_path, e1, e2, extra), "--workers", "2") as gp:
+        _wait(lambda: _ready(gp), 20, "/ready 200")
+        load(time.monotonic() + 1.5)  # the burst spent
+        t0 = time.monotonic()
+        recs = load(t0 + seconds)
+        got = sum(1 for t, s in recs if s == 200 and t0 <= t < t0 + seconds) / seconds
+        print(f"\ntwo workers, limit {rate}/s: admitted {got:.2f}/s of {len(recs)} tries")
+        assert all(s in (200, 429) for _, s in recs)
+        assert sum(s == 429 for _, s in recs) > len(recs) / 3  # the clients were over the limit
+        assert abs(got - rate) <= 0.05 * rate, f"admitted {got:.1f}/s across two workers, limit {rate}/s"
+        # Both workers admitted the tenant's requests: the one bucket was drawn from both.
+        per = _stats(gp)["per_worker"]
+        assert all(sum(e["served"] for e in p["endpoints"]) > 0 for p in per), per
