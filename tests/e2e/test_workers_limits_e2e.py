@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from tests.support.procs import stat_fields
 from velocity_fast.loadgen.client import Client
 from velocity_fast.loadgen.gateway_proc import http_get
 from velocity_fast.loadgen.isolation import LOW_BODY, Fleet, wire
@@ -29,17 +30,7 @@ ENGINES = [["--max-num-seqs", "16"]] * 2
 
 def children(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` (the supervisor's workers)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(entry))
-    return out
+    return [child for child, fields in stat_fields() if int(fields[1]) == pid]
 
 
 async def engine_load(port: int) -> float:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.procs import stat_fields
 from tests.support.fakes import (
     FakeMachine,
     free_port_block,
@@ -31,17 +32,7 @@ SIM_ARGS = "--time-scale 20"
 
 def group_members(pgids):
     """Live processes (not zombies) whose process group is one of ``pgids``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z" and int(fields[2]) in pgids:
-                found.append(int(entry))
-    return found
+    return [pid for pid, fields in stat_fields() if fields[0] != "Z" and int(fields[2]) in pgids]
 
 
 class Charge:

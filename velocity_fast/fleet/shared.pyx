@@ -174,42 +174,35 @@ cdef int worker() noexcept:
     return _worker
 
 
-cdef int64_t _slot(char *base, size_t stride, int64_t n, str name) except -2:
+cdef int64_t _slot(char *base, size_t stride, int64_t n, str name, str what) except -1:
+    """The index of ``name``'s slot among the ``n`` keys at ``base``, found or claimed."""
+    cdef int64_t k
     cdef bytes b = name.encode()
     if len(b) >= VF_NAME:  # a longer name shares its slot by a digest of it
         import hashlib
         b = b[:VF_NAME - 18] + b"#" + hashlib.blake2b(b, digest_size=8).hexdigest().encode()
-    return vf_slot(base, stride, n, b, len(b))
+    k = vf_slot(base, stride, n, b, len(b))
+    if k < 0:
+        raise OSError(f"shared state: no {what} slot left ({n} in all)")
+    return k
 
 
 cdef vf_ep *endpoint_slot(str name) except? NULL:
-    cdef int64_t k
     if _shm == NULL:
         return NULL
-    k = _slot(<char *>vf_eps(_shm), sizeof(vf_ep), VF_EP_SLOTS, name)
-    if k < 0:
-        raise OSError("shared state: no endpoint slot left")
-    return vf_eps(_shm) + k
+    return vf_eps(_shm) + _slot(<char *>vf_eps(_shm), sizeof(vf_ep), VF_EP_SLOTS, name, "endpoint")
 
 
 cdef vf_pool *pool_slot(str name) except? NULL:
-    cdef int64_t k
     if _shm == NULL:
         return NULL
-    k = _slot(<char *>vf_pools(_shm), sizeof(vf_pool), VF_POOL_SLOTS, name)
-    if k < 0:
-        raise OSError("shared state: no pool slot left")
-    return vf_pools(_shm) + k
+    return vf_pools(_shm) + _slot(<char *>vf_pools(_shm), sizeof(vf_pool), VF_POOL_SLOTS, name, "pool")
 
 
 cdef vf_tenant *tenant_slot(str name) except? NULL:
-    cdef int64_t k
     if _shm == NULL:
         return NULL
-    k = _slot(<char *>vf_tenants(_shm), sizeof(vf_tenant), VF_TENANT_SLOTS, name)
-    if k < 0:
-        raise OSError("shared state: no tenant slot left")
-    return vf_tenants(_shm) + k
+    return vf_tenants(_shm) + _slot(<char *>vf_tenants(_shm), sizeof(vf_tenant), VF_TENANT_SLOTS, name, "tenant")
 
 
 cdef void publish_queued(vf_pool *p, int band, int64_t n) noexcept:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import os
 import signal
 import socket
@@ -39,6 +38,7 @@ import time
 from typing import Any, Callable
 
 from ..config import Settings
+from ..metrics.registry import format_value
 
 __all__ = ["MERGE", "STATS_MAX_KEYS", "WorkerSide", "merge_metrics", "merge_stats", "supervise", "worker_count",
            "worker_side"]
@@ -146,18 +146,6 @@ def worker_count(settings: Settings) -> int:
 # -- the merge --------------------------------------------------------------------------------
 
 
-def _number(v: float) -> str:
-    if v == math.inf:
-        return "+Inf"
-    if v == -math.inf:
-        return "-Inf"
-    if v != v:
-        return "NaN"
-    if float(v).is_integer() and abs(v) < 1e15:
-        return f"{float(v):.1f}"
-    return repr(float(v))
-
-
 class _Family:
     __slots__ = ("name", "help", "kind", "samples", "seen")
 
@@ -232,7 +220,7 @@ def merge_metrics(texts: list[str]) -> str:
             out.append(f"# HELP {fam.name} {fam.help}")
         out.append(f"# TYPE {fam.name} {fam.kind}")
         for key, v in fam.samples.items():
-            out.append(f"{key} {_number(v)}")
+            out.append(f"{key} {format_value(v)}")
     return "\n".join(out) + "\n" if out else ""
 
 

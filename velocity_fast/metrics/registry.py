@@ -14,12 +14,13 @@ from typing import Callable, Iterable, Sequence
 from velocity_fast.metrics.values import HistChild as _HistChild
 from velocity_fast.metrics.values import Value as _Value
 
-__all__ = ["Registry", "Counter", "Gauge", "Histogram", "DEFAULT_BUCKETS"]
+__all__ = ["Registry", "Counter", "Gauge", "Histogram", "DEFAULT_BUCKETS", "format_value"]
 
 DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
-def _fmt(v: float) -> str:
+def format_value(v: float) -> str:
+    """A sample's value as the text format writes it (+Inf, NaN, 3.0, 0.25)."""
     if v == math.inf:
         return "+Inf"
     if v == -math.inf:
@@ -98,7 +99,7 @@ class Counter(_Metric):
     def render(self, out: list[str]) -> None:
         self._header(out)
         for key, child in self._children.items():
-            out.append(f"{self.name}{_label_text(self.labelnames, key)} {_fmt(child.value)}")
+            out.append(f"{self.name}{_label_text(self.labelnames, key)} {format_value(child.value)}")
 
 
 class Gauge(Counter):
@@ -130,9 +131,9 @@ class _FnGauge(_Metric):
         got = self.fn()
         if self.labelnames:
             for key, v in got:
-                out.append(f"{self.name}{_label_text(self.labelnames, key)} {_fmt(v)}")
+                out.append(f"{self.name}{_label_text(self.labelnames, key)} {format_value(v)}")
         else:
-            out.append(f"{self.name} {_fmt(got)}")
+            out.append(f"{self.name} {format_value(got)}")
 
 
 class _FnCounter(_FnGauge):
@@ -161,11 +162,11 @@ class Histogram(_Metric):
             acc = 0
             for bound, n in zip(self.bounds, child.counts):
                 acc += n
-                le = 'le="' + _fmt(bound) + '"'
+                le = 'le="' + format_value(bound) + '"'
                 out.append(f"{self.name}_bucket{_label_text(self.labelnames, key, le)} {acc}.0")
             inf = _label_text(self.labelnames, key, 'le="+Inf"')
             out.append(f"{self.name}_bucket{inf} {child.count}.0")
-            out.append(f"{self.name}_sum{_label_text(self.labelnames, key)} {_fmt(child.sum)}")
+            out.append(f"{self.name}_sum{_label_text(self.labelnames, key)} {format_value(child.sum)}")
             out.append(f"{self.name}_count{_label_text(self.labelnames, key)} {child.count}.0")
 
 
