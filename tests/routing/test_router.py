@@ -6,7 +6,7 @@ from types import MappingProxyType
 
 import pytest
 
-from tests.support.fleet import make_pool
+from tests.support.fleet import make_pool, scrape, make_router as router
 from velocity_fast.fleet.endpoint import Endpoint, Pool
 from velocity_fast.metrics.registry import Registry
 from velocity_fast.routing.errors import UnknownProfile
@@ -19,18 +19,8 @@ from velocity_fast.routing.settings import PROFILE_HEADER, SESSION_HEADER, Routi
 SYSTEM = "You are a careful assistant. " * 40  # ~1.1 KB: a shared system prompt
 
 
-def scrape(ep, *, waiting=0.0, running=0.0, kv=0.0, at=None):
-    ep.waiting, ep.running, ep.kv_usage = float(waiting), float(running), kv
-    ep.scraped_at = time.monotonic() if at is None else at
-
-
 def chat(user, system=SYSTEM):
     return {"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
-
-
-def router(**kw):
-    kw.setdefault("seed", 7)
-    return Router(RoutingSettings(**kw), registry=Registry())
 
 
 # -- filters -------------------------------------------------------------------------

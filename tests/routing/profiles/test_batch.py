@@ -1,21 +1,6 @@
 """The batch profile (velocity_fast/routing/profiles/batch.pyx): the shortest queue."""
 
-import time
-
-from tests.support.fleet import make_pool
-from velocity_fast.metrics.registry import Registry
-from velocity_fast.routing.router import Router
-from velocity_fast.routing.settings import RoutingSettings
-
-
-def scrape(ep, *, waiting=0.0, running=0.0, kv=0.0, at=None):
-    ep.waiting, ep.running, ep.kv_usage = float(waiting), float(running), kv
-    ep.scraped_at = time.monotonic() if at is None else at
-
-
-def router(**kw):
-    kw.setdefault("seed", 7)
-    return Router(RoutingSettings(**kw), registry=Registry())
+from tests.support.fleet import make_pool, scrape, make_router as router
 
 
 def chat(user):

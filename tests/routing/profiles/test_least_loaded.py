@@ -4,15 +4,11 @@ requests in flight from this gateway; the engines' gauges are not read."""
 import time
 from collections import Counter
 
-from tests.support.fleet import make_pool
-from velocity_fast.metrics.registry import Registry
-from velocity_fast.routing.router import Router
-from velocity_fast.routing.settings import RoutingSettings
+from tests.support.fleet import make_pool, make_router
 
 
 def router(**kw):
-    kw.setdefault("seed", 5)
-    return Router(RoutingSettings(**kw), registry=Registry())
+    return make_router(**{"seed": 5, **kw})
 
 
 def picks(r, pool, info, n, has_room=None):

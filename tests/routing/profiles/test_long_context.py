@@ -1,21 +1,6 @@
 """The long-context profile (velocity_fast/routing/profiles/long_context.pyx): the most free KV cache."""
 
-import time
-
-from tests.support.fleet import make_pool
-from velocity_fast.metrics.registry import Registry
-from velocity_fast.routing.router import Router
-from velocity_fast.routing.settings import RoutingSettings
-
-
-def scrape(ep, *, waiting=0.0, running=0.0, kv=0.0, at=None):
-    ep.waiting, ep.running, ep.kv_usage = float(waiting), float(running), kv
-    ep.scraped_at = time.monotonic() if at is None else at
-
-
-def router(**kw):
-    kw.setdefault("seed", 7)
-    return Router(RoutingSettings(**kw), registry=Registry())
+from tests.support.fleet import make_pool, scrape, make_router as router
 
 
 def test_long_context_takes_the_most_free_kv():

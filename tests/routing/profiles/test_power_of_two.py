@@ -6,17 +6,14 @@ import random
 import time
 from collections import Counter
 
-from tests.support.fleet import make_pool
-from velocity_fast.metrics.registry import Registry
+from tests.support.fleet import make_pool, make_router
 from velocity_fast.routing.profiles.power_of_two import PowerOfTwoProfile
 from velocity_fast.routing.route import RouterPool
-from velocity_fast.routing.router import Router
 from velocity_fast.routing.settings import RoutingSettings
 
 
 def router(**kw):
-    kw.setdefault("seed", 11)
-    return Router(RoutingSettings(**kw), registry=Registry())
+    return make_router(**{"seed": 11, **kw})
 
 
 def loaded_pool(inflight):

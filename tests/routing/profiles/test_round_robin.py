@@ -3,15 +3,11 @@ turn, in pool order, whatever their load."""
 
 import time
 
-from tests.support.fleet import make_pool
-from velocity_fast.metrics.registry import Registry
-from velocity_fast.routing.router import Router
-from velocity_fast.routing.settings import RoutingSettings
+from tests.support.fleet import make_pool, make_router
 
 
 def router(**kw):
-    kw.setdefault("seed", 5)
-    return Router(RoutingSettings(**kw), registry=Registry())
+    return make_router(**{"seed": 5, **kw})
 
 
 def picks(r, pool, info, n, has_room=None):
