@@ -15,9 +15,9 @@ sum of ``vllm:prefix_cache_hits_total`` / sum of ``vllm:prefix_cache_queries_tot
 scraped from each engine after the run. The engines' KV cache is sized so that one
 engine cannot keep every group's context (the regime where routing matters).
 
-    python bench/prefix.py                       # prints the table, writes nothing
-    python bench/prefix.py --output bench/results/prefix.json
-    python bench/prefix.py --smoke               # tiny counts: every variant runs, figures not meaningful
+    python -m bench.prefix                       # prints the table, writes nothing
+    python -m bench.prefix --output bench/results/prefix.json
+    python -m bench.prefix --smoke               # tiny counts: every variant runs, figures not meaningful
 
 Targets: chat's engine hit rate >= 2x batch's; chat's TTFT p50 >= 3x better than
 round-robin's.
@@ -50,9 +50,9 @@ workload's words (the ``tokenizers`` package), for every variant alike:
   whose KV cache holds only a few of them (256 blocks): the working set is past the
   fleet's cache, so what each engine still holds changes all the time.
 
-    python bench/prefix.py --scenario restart
-    python bench/prefix.py --scenario replicas
-    python bench/prefix.py --scenario tenants
+    python -m bench.prefix --scenario restart
+    python -m bench.prefix --scenario replicas
+    python -m bench.prefix --scenario tenants
 
 Goal (issue 21): precise at least 2x better TTFT p90 than approximate in restart and
 replicas, and no worse in tenants. Goal (issue 37): two precise replicas' engine hit rate
@@ -76,7 +76,7 @@ whole load is about two thirds of the fleet's: 11 requests/s of engine time (22.
 time scale 2), 128 tokens out, engines of 12 sequences, with KV for every group's
 context (1,024 blocks), so that the hot prefix, not the cache, is what is measured:
 
-    python bench/prefix.py --scenario hot
+    python -m bench.prefix --scenario hot
 
 Goal (issue 21): chat's TTFT p99 at least 2x better than affinity's, with a hit rate at
 least 0.9x of affinity's.
@@ -89,7 +89,7 @@ Variants ``chat`` (the defaults) and ``affinity`` (pure affinity, as above); end
 latency, the engines' hit rate, where group 0 (the hot prefix) went, and, sampled every
 50 ms, the gateway's queue and each engine's in-flight, running and waiting:
 
-    python bench/prefix.py --scenario hot-admission --repeats 5
+    python -m bench.prefix --scenario hot-admission --repeats 5
 
 Goal (issue 33): chat's latency p95 at least 1.5x better than affinity's in every run, with
 a hit rate at least 0.9x of affinity's. Not met on this tree (bench/README.md says why).
@@ -113,16 +113,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from velocity_fast.config import EndpointConfig, KVEventsConfig, load_settings  # noqa: E402
-from velocity_fast.gateway.app import Gateway  # noqa: E402
-from velocity_fast.loadgen.gateway_proc import _die_with_parent, http_get  # noqa: E402
-from velocity_fast.loadgen.mix import Dist, Mix, Prefix  # noqa: E402
-from velocity_fast.loadgen.report import write_json  # noqa: E402
-from velocity_fast.loadgen.runner import run_workload  # noqa: E402
-from velocity_fast.loadgen.stats import percentile, summarize  # noqa: E402
-from velocity_fast.loadgen.workload import WorkloadConfig, build_workload  # noqa: E402
+from velocity_fast.config import EndpointConfig, KVEventsConfig, load_settings
+from velocity_fast.gateway.app import Gateway
+from velocity_fast.loadgen.gateway_proc import _die_with_parent, http_get
+from velocity_fast.loadgen.mix import Dist, Mix, Prefix
+from velocity_fast.loadgen.report import write_json
+from velocity_fast.loadgen.runner import run_workload
+from velocity_fast.loadgen.stats import percentile, summarize
+from velocity_fast.loadgen.workload import WorkloadConfig, build_workload
 
 VARIANTS = ("chat", "batch", "round-robin", "least-loaded")
 PRECISE_VARIANTS = ("precise", "approximate", "round-robin", "least-loaded")

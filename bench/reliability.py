@@ -15,10 +15,10 @@ figure per line for each part (issue 20).
                minutes or more) to the end, the RSS every 30 s
   reloads      SIGHUP with a good, two invalid and a good config again under load: failures
 
-    python bench/reliability.py                   # the defaults: a few minutes
-    python bench/reliability.py --cases 1000000 --jobs 8 --only fuzz
-    python bench/reliability.py --smoke           # tiny counts: every figure, in seconds
-    python bench/reliability.py --json out.json   # the figures as JSON too
+    python -m bench.reliability                   # the defaults: a few minutes
+    python -m bench.reliability --cases 1000000 --jobs 8 --only fuzz
+    python -m bench.reliability --smoke           # tiny counts: every figure, in seconds
+    python -m bench.reliability --json out.json   # the figures as JSON too
 
 The gateway runs with 1 s read timeouts (header, body, first byte) so that every
 unfinished case settles quickly; everything listens on 127.0.0.1.
@@ -37,13 +37,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import orjson
 
-import orjson  # noqa: E402
-
-from tests.reliability import harness as h  # noqa: E402
-from velocity_fast.loadgen.client import Client  # noqa: E402
+from tests.reliability import harness as h
+from velocity_fast.loadgen.client import Client
 
 FIGURES: dict[str, float] = {}
 

@@ -22,8 +22,8 @@ span most of the drain time (at least half).
 Every process is on 127.0.0.1 and is stopped at the end, also on error or Ctrl-C.
 Usage::
 
-    python bench/retry_after.py [--requests 160] [--seqs 8] [--sla-ms 2000] [--json out.json]
-    python bench/retry_after.py --smoke   # tiny and fast: it works, figures rough
+    python -m bench.retry_after [--requests 160] [--seqs 8] [--sla-ms 2000] [--json out.json]
+    python -m bench.retry_after --smoke   # tiny and fast: it works, figures rough
 """
 from __future__ import annotations
 
@@ -33,16 +33,12 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import orjson
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from velocity_fast.loadgen.client import Client  # noqa: E402
-from velocity_fast.loadgen.isolation import MODEL, Fleet  # noqa: E402
-from velocity_fast.loadgen.report import write_json  # noqa: E402
+from velocity_fast.loadgen.client import Client
+from velocity_fast.loadgen.isolation import MODEL, Fleet
+from velocity_fast.loadgen.report import write_json
 
 TOLD_AT_LEAST = 0.80
 TENTH_POINTS_WORSE = 0.30
