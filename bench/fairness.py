@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-from bench.prefix import Engines, engine_hits
+from bench.lib.engines import Engines, engine_hits
 from velocity_fast.config import EndpointConfig, load_settings
 from velocity_fast.gateway.app import Gateway
 

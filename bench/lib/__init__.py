@@ -6,6 +6,7 @@
 - ``targets``: the fixed upstream, the gateway (`velocityllm serve`) and nginx as targets;
 - ``load``: the load client (wrk, or the project's HTTP client closed- or open-loop);
 - ``pyspy``: py-spy's samples of a process under load;
+- ``engines``: sim engine processes for the routing benchmarks, and their cache hits;
 - ``stack``: a gateway in front of sim engines, from a config file (reliability);
 - ``hostile``: a raw client and seeded hostile cases (mutated heads, odd bodies).
 """
