@@ -6,7 +6,7 @@ variant (``admission.fairness`` and ``fairness_charge``):
 
 - ``rr``: turns (a tenant with work waiting takes one slot per rotation, by weight);
 - ``vtc-estimate``: the virtual token counter charged at dispatch with the estimate
-  (body bytes / 4 + 2 x max_tokens) and never corrected (the counter before issue 35);
+  (body bytes / 4 + 2 x max_tokens) and never corrected (the counter before answers settled it);
 - ``vtc-actual``: the same counter settled from the engines' usage when each answer
   ends (cached prompt tokens at 0.1);
 - ``locality``: vtc-actual, and among the tenants within ``fairness_locality_bound`` of
@@ -30,7 +30,7 @@ hit rate; throughput (engine tokens and requests a second).
     python -m bench.fairness [--duration 20] [--output out.json]
     python -m bench.fairness --smoke        # short: every variant runs, figures rough
 
-Goals (issue 35): vtc-actual within its bound where vtc-estimate is not; locality at
+Goals: vtc-actual within its bound where vtc-estimate is not; locality at
 least 1.5x vtc-actual's hit rate and more throughput, within its own bound.
 """
 from __future__ import annotations

@@ -66,7 +66,8 @@ from bench.lib.processes import Procs
 from bench.lib.procfs import CLK_TCK, core_times, cpu_ticks, cpu_model, runq_wait_ns
 from bench.lib.targets import REPO, Target, nginx_version, start_gateway, start_nginx, start_upstream
 
-# Targets of issue 3 (rps >= 0.5x nginx) and issue 8 (rps >= 1.0x nginx, CPU <= 1.0x nginx).
+# Goals (bench/README.md, "Goals"): the gateway's req/s at least half nginx's (the floor) and at
+# least nginx's, its CPU per request at most nginx's.
 TARGET_RPS_MIN = 0.5
 GOAL_RPS = 1.0
 GOAL_CPU = 1.0
@@ -209,7 +210,7 @@ def stream_phase(procs: Procs, args, work: Path, res: dict) -> None:
 
 # -- prompt sizes (--body-kb) ----------------------------------------------------------------------
 
-GOAL_SIZES_CPU = 1.25  # issue 19: CPU per request <= 1.25x nginx's at 16 and 256 KiB
+GOAL_SIZES_CPU = 1.25  # the gateway's CPU per request <= 1.25x nginx's at 16 and 256 KiB
 GOAL_SIZES_RPS = 0.8   # and req/s >= 0.8x
 GOAL_EXTRA_PER_KIB_US = 0.25  # the gateway's CPU per request may grow at most this much faster per KiB
 
@@ -352,13 +353,13 @@ def summarize_sizes(res: dict) -> str:
                  + ", ".join(f"{k} {_f(v, '{:.3f}')}" for k, v in per.items()))
     if "extra_us_per_kib" in out:
         x = out["extra_us_per_kib"]
-        lines.append(f"the gateway's extra CPU per KiB: {x:.3f} us (issue 19 goal <= {GOAL_EXTRA_PER_KIB_US}: "
-                     f"{'met' if x <= GOAL_EXTRA_PER_KIB_US else 'not yet'})")
+        lines.append(f"the gateway's extra CPU per KiB: {x:.3f} us (goal: at most {GOAL_EXTRA_PER_KIB_US} us a KiB "
+                     f"more than nginx: {'met' if x <= GOAL_EXTRA_PER_KIB_US else 'not yet'})")
     for r in out["rows"]:
         if r["kib"] in (16, 256) and "cpu_ratio" in r:
             ok = r["cpu_ratio"] <= GOAL_SIZES_CPU and r["rps_ratio"] >= GOAL_SIZES_RPS
             lines.append(f"{r['kib']} KiB: gateway/nginx CPU {r['cpu_ratio']:.2f}x, req/s {r['rps_ratio']:.2f}x "
-                         f"(issue 19 goal <= {GOAL_SIZES_CPU}x and >= {GOAL_SIZES_RPS}x: "
+                         f"(goal: CPU <= {GOAL_SIZES_CPU}x nginx's and req/s >= {GOAL_SIZES_RPS}x nginx's: "
                          f"{'met' if ok else 'not yet'})")
     for r in out["rows"]:
         nh = r["targets"].get("nginx-heap")
@@ -431,10 +432,10 @@ def summarize(res: dict) -> str:
         lines.append("req/s per core from CPU time: " + ", ".join(per_core))
     if "gateway_vs_nginx_rps" in ratios:
         r_rps, r_cpu = ratios["gateway_vs_nginx_rps"], ratios.get("gateway_vs_nginx_cpu")
-        lines.append(f"gateway/nginx req/s: {r_rps:.2f}x  (issue 3 target >= {TARGET_RPS_MIN}x: "
-                     f"{'met' if r_rps >= TARGET_RPS_MIN else 'NOT met'}; issue 8 goal >= {GOAL_RPS}x: "
+        lines.append(f"gateway/nginx req/s: {r_rps:.2f}x  (floor: gateway req/s >= {TARGET_RPS_MIN}x nginx's: "
+                     f"{'met' if r_rps >= TARGET_RPS_MIN else 'NOT met'}; goal: gateway req/s >= {GOAL_RPS}x nginx's: "
                      f"{'met' if r_rps >= GOAL_RPS else 'not yet'})")
-        lines.append(f"gateway/nginx CPU us/req: {_f(r_cpu, '{:.2f}x')}  (issue 8 goal <= {GOAL_CPU}x: "
+        lines.append(f"gateway/nginx CPU us/req: {_f(r_cpu, '{:.2f}x')}  (goal: gateway CPU per request <= {GOAL_CPU}x nginx's: "
                      f"{'met' if r_cpu is not None and r_cpu <= GOAL_CPU else 'not yet'})")
     else:
         lines.append("gateway/nginx: nginx is not installed, so the reference is missing "

@@ -54,8 +54,8 @@ workload's words (the ``tokenizers`` package), for every variant alike:
     python -m bench.prefix --scenario replicas
     python -m bench.prefix --scenario tenants
 
-Goal (issue 21): precise at least 2x better TTFT p90 than approximate in restart and
-replicas, and no worse in tenants. Goal (issue 37): two precise replicas' engine hit rate
+Goal: precise at least 2x better TTFT p90 than approximate in restart and
+replicas, and no worse in tenants. Goal: two precise replicas' engine hit rate
 within 5% of one precise gateway's (ratio >= 0.95); measured 0.972-0.981 (bench/README.md).
 
 Scenario ``hot``: one prefix carries half the traffic (``--hot-share``), the rest spread
@@ -78,10 +78,10 @@ context (1,024 blocks), so that the hot prefix, not the cache, is what is measur
 
     python -m bench.prefix --scenario hot
 
-Goal (issue 21): chat's TTFT p99 at least 2x better than affinity's, with a hit rate at
+Goal: chat's TTFT p99 at least 2x better than affinity's, with a hit rate at
 least 0.9x of affinity's.
 
-Scenario ``hot-admission`` (issue 33): the same question with the gateway at its defaults
+Scenario ``hot-admission``: the same question with the gateway at its defaults
 (dynamic admission, its SLA, concurrency bound and scrape interval, no ``models:``
 section: the default profile). One prefix carries half of 20 requests/s (Poisson, real
 time), twelve others the rest; four engines of 8 sequences, 32 tokens out (``HOT_ADMISSION``).
@@ -91,7 +91,7 @@ latency, the engines' hit rate, where group 0 (the hot prefix) went, and, sample
 
     python -m bench.prefix --scenario hot-admission --repeats 5
 
-Goal (issue 33): chat's latency p95 at least 1.5x better than affinity's in every run, with
+Goal: chat's latency p95 at least 1.5x better than affinity's in every run, with
 a hit rate at least 0.9x of affinity's. Not met on this tree (bench/README.md says why).
 """
 from __future__ import annotations
@@ -120,11 +120,11 @@ from velocity_fast.loadgen.workload import WorkloadConfig, build_workload
 VARIANTS = ("chat", "batch", "round-robin", "least-loaded")
 PRECISE_VARIANTS = ("precise", "approximate", "round-robin", "least-loaded")
 # Scenario replicas: the same modes through one gateway that takes every request, the
-# reference the two replicas are held to (issue 37: precise replicas within 5% of its
+# reference the two replicas are held to (the goal: precise replicas within 5% of its
 # engine hit rate).
 REPLICAS_VARIANTS = ("precise", "precise-1", "approximate", "approximate-1", "round-robin", "least-loaded")
 ONE_GATEWAY = "-1"  # a variant's suffix: one gateway, in scenario replicas
-# Issue 37: two precise replicas' engine hit rate at least this share of one gateway's.
+# The goal: two precise replicas' engine hit rate at least this share of one gateway's.
 REPLICAS_HIT_GOAL = 0.95
 SCENARIOS = ("shared", "restart", "replicas", "tenants", "hot", "hot-admission")
 # The precise scenarios: the engines publish KV events and tokenize.
@@ -402,7 +402,7 @@ def _report_repeats(args, runs: list[list[dict]]) -> dict:
                              f"{', '.join(f'{x:.3f}' for x in ratios)}; mean {statistics.fmean(ratios):.3f}")
         met = [x["met"] for x in per if "met" in x]
         if met:
-            lines.append(f"  goal (issue 37): two precise replicas within {100 * (1 - REPLICAS_HIT_GOAL):.0f}% of one "
+            lines.append(f"  goal: two precise replicas within {100 * (1 - REPLICAS_HIT_GOAL):.0f}% of one "
                          f"gateway's hit rate: {'met' if all(met) else 'NOT met'} in every run "
                          f"({sum(met)} of {len(met)})")
     print("\n".join(lines), flush=True)
@@ -474,7 +474,7 @@ async def run_once(args) -> tuple[int, list[dict]]:
 def replicas_vs_one_gateway(by: dict) -> dict:
     """Per mode run both ways (``precise`` and ``precise-1``, ``approximate`` and
     ``approximate-1``): the engines' hit rate behind two replicas, behind one gateway, and
-    the ratio; for precise, whether it meets issue 37's goal (``REPLICAS_HIT_GOAL``)."""
+    the ratio; for precise, whether it meets the goal (``REPLICAS_HIT_GOAL``)."""
     out = {}
     for mode in ("precise", "approximate"):
         two, one = by.get(mode), by.get(mode + ONE_GATEWAY)
@@ -494,7 +494,7 @@ def _replicas_lines(ratios: dict) -> list[str]:
              f"{100 * r['one_gateway']:.1f}% = {r['ratio']:.3f}"
              for mode, r in ratios.items() if mode in ("precise", "approximate")]
     if "met" in ratios:
-        lines.append(f"  goal (issue 37): two precise replicas within {100 * (1 - REPLICAS_HIT_GOAL):.0f}% of one "
+        lines.append(f"  goal: two precise replicas within {100 * (1 - REPLICAS_HIT_GOAL):.0f}% of one "
                      f"gateway's hit rate: {'met' if ratios['met'] else 'NOT met'}")
     return lines
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Hostile input and long runs against a gateway process in front of sim engines: one
-figure per line for each part (issue 20).
+figure per line for each part.
 
   slowloris    other clients' p99 with slow heads and silent connections open against it
                idle, the 408s and quiet closes they got, the gateway's fds before and after

@@ -15,7 +15,7 @@ Method
   span of the times told (first to last) against the burst's drain time (the requests
   times one service over the slots); the promises the gateway counted kept and broken.
 
-Targets (issue 33): at least 80 % of the clients that wait as told are served within
+Targets: at least 80 % of the clients that wait as told are served within
 the SLA; those that come back at a tenth do at least 30 points worse; the times told
 span most of the drain time (at least half).
 

@@ -1,5 +1,5 @@
 """Instructions to decode a chat request and find its prefix blocks, by prompt size: the
-paths of issue 19's steps, from the Python rendering to the request scanner.
+paths the router has taken, from the Python rendering to the request scanner.
 
 Method: machine instructions counted by valgrind's callgrind, which do not drift with the
 machine's load. For each body size and path, one run of this script under callgrind does

@@ -129,7 +129,7 @@ def test_a_hot_prefix_takes_its_share_of_a_seeded_workload():
 def test_replicas_measure_one_gateway_beside_them_and_give_the_hit_rate_ratio(tmp_path):
     """Scenario replicas at smoke size: each mode also runs through one gateway taking
     every request (``precise-1``, ``approximate-1``), and the two replicas' engine hit rate
-    over that one gateway's is printed and written, with issue 37's goal for precise.
+    over that one gateway's is printed and written, with the goal for precise.
 
     Only that the figures exist and agree is asserted here: at smoke size (24 requests,
     4 groups) the cold start is most of the run, so the ratio says nothing about routing.
@@ -154,7 +154,7 @@ def test_replicas_measure_one_gateway_beside_them_and_give_the_hit_rate_ratio(tm
                 f"= {two / one:.3f}") in proc.stdout
     assert ratios["goal"] == 0.95 and ratios["met"] == (ratios["precise"]["ratio"] >= 0.95)
     verdict = "met" if ratios["met"] else "NOT met"
-    assert (f"goal (issue 37): two precise replicas within 5% of one gateway's hit rate: {verdict}\n"
+    assert (f"goal: two precise replicas within 5% of one gateway's hit rate: {verdict}\n"
             in proc.stdout)
 
 
