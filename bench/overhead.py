@@ -11,7 +11,8 @@ Method
   The direct phase sends the same load to the upstream itself.
 * The load client is `wrk` (when installed; 1 thread) or else the closed-loop client of
   bench/lib/load.py (the project's uvloop + httptools client, one request in flight per
-  connection), each in its own process. Every request is a keep-alive POST /v1/chat/completions with a small body.
+  connection), each in its own process. Every request is a keep-alive
+  POST /v1/chat/completions with a small body.
 * Throughput: requests/s at 64 connections for --duration seconds per phase, after a
   short warm-up; --rounds rounds alternate the targets and the median is reported.
 * Latency: p50/p99 at 1 connection; "added" is the target's figure minus direct's.
@@ -435,7 +436,8 @@ def summarize(res: dict) -> str:
         lines.append(f"gateway/nginx req/s: {r_rps:.2f}x  (floor: gateway req/s >= {TARGET_RPS_MIN}x nginx's: "
                      f"{'met' if r_rps >= TARGET_RPS_MIN else 'NOT met'}; goal: gateway req/s >= {GOAL_RPS}x nginx's: "
                      f"{'met' if r_rps >= GOAL_RPS else 'not yet'})")
-        lines.append(f"gateway/nginx CPU us/req: {_f(r_cpu, '{:.2f}x')}  (goal: gateway CPU per request <= {GOAL_CPU}x nginx's: "
+        lines.append(f"gateway/nginx CPU us/req: {_f(r_cpu, '{:.2f}x')}  "
+                     f"(goal: gateway CPU per request <= {GOAL_CPU}x nginx's: "
                      f"{'met' if r_cpu is not None and r_cpu <= GOAL_CPU else 'not yet'})")
     else:
         lines.append("gateway/nginx: nginx is not installed, so the reference is missing "
