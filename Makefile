@@ -37,11 +37,11 @@ test: build
 
 # The quick benchmark set; each prints one summary (see bench/README.md).
 bench: build
-	$(BIN)/python bench/run_all.py
+	$(BIN)/python -m bench.run_all
 
 # The same set at smoke size (tiny counts, about 40 s): checks that every benchmark runs.
 bench-smoke: build
-	$(BIN)/python bench/run_all.py --smoke
+	$(BIN)/python -m bench.run_all --smoke
 
 clean:
 	rm -rf build velocity_fast/*/*.c velocity_fast/*/*.so velocity_fast/*/*.html

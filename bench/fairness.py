@@ -6,7 +6,7 @@ variant (``admission.fairness`` and ``fairness_charge``):
 
 - ``rr``: turns (a tenant with work waiting takes one slot per rotation, by weight);
 - ``vtc-estimate``: the virtual token counter charged at dispatch with the estimate
-  (body bytes / 4 + 2 x max_tokens) and never corrected (the counter before issue 35);
+  (body bytes / 4 + 2 x max_tokens) and never corrected (the counter before answers settled it);
 - ``vtc-actual``: the same counter settled from the engines' usage when each answer
   ends (cached prompt tokens at 0.1);
 - ``locality``: vtc-actual, and among the tenants within ``fairness_locality_bound`` of
@@ -27,10 +27,10 @@ the largest difference in weighted service (service / weight) between two tenant
 the run, against VTC's bound (twice the largest request's cost); the engines' prefix-cache
 hit rate; throughput (engine tokens and requests a second).
 
-    python bench/fairness.py [--duration 20] [--output out.json]
-    python bench/fairness.py --smoke        # short: every variant runs, figures rough
+    python -m bench.fairness [--duration 20] [--output out.json]
+    python -m bench.fairness --smoke        # short: every variant runs, figures rough
 
-Goals (issue 35): vtc-actual within its bound where vtc-estimate is not; locality at
+Goals: vtc-actual within its bound where vtc-estimate is not; locality at
 least 1.5x vtc-actual's hit rate and more throughput, within its own bound.
 """
 from __future__ import annotations
@@ -45,12 +45,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-from prefix import Engines, engine_hits  # noqa: E402
-
-from velocity_fast.config import EndpointConfig, load_settings  # noqa: E402
-from velocity_fast.gateway.app import Gateway  # noqa: E402
+from bench.lib.engines import Engines, engine_hits
+from velocity_fast.config import EndpointConfig, load_settings
+from velocity_fast.gateway.app import Gateway
 
 MODEL = "sim-model"
 VARIANTS = ("rr", "vtc-estimate", "vtc-actual", "locality")

@@ -21,9 +21,9 @@ deterministic: two runs (500 and 2,500 requests) under callgrind, and the differ
 their totals over the 2,000 extra requests (start-up and imports cancel out). About a
 minute; needs valgrind (apt-get install valgrind).
 
-    python bench/inprocess.py [--requests 20000] [--connections 64] [--repeat 3] [--profile]
-    python bench/inprocess.py --instructions [--stream-events 32]
-    python bench/inprocess.py --smoke            # 500 requests, one run: it works, the figure is rough
+    python -m bench.inprocess [--requests 20000] [--connections 64] [--repeat 3] [--profile]
+    python -m bench.inprocess --instructions [--stream-events 32]
+    python -m bench.inprocess --smoke            # 500 requests, one run: it works, the figure is rough
 
 --stream-events N: each engine answer is instead a vLLM-style SSE stream of N token events
 and [DONE], chunked, one event per read (as bench/overhead.py's SSE phase); the figures are
@@ -48,14 +48,12 @@ from pathlib import Path
 
 import uvloop
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from velocity_fast.config import load_settings, parse_endpoint_flag  # noqa: E402
-from velocity_fast.gateway.app import Gateway  # noqa: E402
-from velocity_fast.server.connection import HttpProtocol  # noqa: E402
+from velocity_fast.config import load_settings, parse_endpoint_flag
+from velocity_fast.gateway.app import Gateway
+from velocity_fast.server.connection import HttpProtocol
 from velocity_fast.server.http_server import HTTPServer
-from velocity_fast.server.limits import ServerLimits  # noqa: E402
-from velocity_fast.upstream.connection import UpstreamConnection  # noqa: E402
+from velocity_fast.server.limits import ServerLimits
+from velocity_fast.upstream.connection import UpstreamConnection
 
 BODY = b'{"model":"fixed","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
 REQUEST = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Type: application/json\r\n"

@@ -22,10 +22,10 @@ off again. Instructions counted over requests wrk completed in that window is th
 
 Needs valgrind, wrk and nginx (apt-get install valgrind wrk nginx-light).
 
-    python bench/instructions.py [--duration 10] [--json out.json]
-    python bench/instructions.py --smoke [--json out.json]   # 1 s windows: it works, figures rough
-    python bench/instructions.py --tenants 1000   # the gateway with tenants budgeted in tokens
-    python bench/instructions.py --keep /tmp/cg   # then: callgrind_annotate /tmp/cg/callgrind.gateway*
+    python -m bench.instructions [--duration 10] [--json out.json]
+    python -m bench.instructions --smoke [--json out.json]   # 1 s windows: it works, figures rough
+    python -m bench.instructions --tenants 1000   # the gateway with tenants budgeted in tokens
+    python -m bench.instructions --keep /tmp/cg   # then: callgrind_annotate /tmp/cg/callgrind.gateway*
 
 --state-store (with --tenants): the same tenants' buckets shared through a redis-server
 the benchmark starts on a free loopback port (state_store; needs redis-server and the
@@ -49,8 +49,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import BODY, PATH, Procs, _wrk_cmd, start_gateway, start_nginx, start_upstream  # noqa: E402
+from bench.lib.bodies import BODY, PATH
+from bench.lib.load import wrk_cmd
+from bench.lib.processes import Procs
+from bench.lib.targets import start_gateway, start_nginx, start_upstream
 
 # --smoke: one-second windows (CI: tests/bench/); flags given still win.
 SMOKE = {"duration": 3.0, "warmup": 2.0}  # under valgrind a loaded machine may finish nothing in 1 s
@@ -108,12 +110,12 @@ def _start_redis(work: Path) -> tuple[subprocess.Popen, str]:
 
 def _wrk_argv(work: Path, tenants: int) -> list[str]:
     if not tenants:
-        return _wrk_cmd(work, BODY)
+        return wrk_cmd(work, BODY)
     script = work / "tenants.lua"
     if not script.exists():
         (work / "tenants.body").write_bytes(BODY)
         script.write_text(TENANT_LUA.format(path=work / "tenants.body", tenants=tenants))
-    return [*_wrk_cmd(work, BODY)[:5], str(script)]
+    return [*wrk_cmd(work, BODY)[:5], str(script)]
 
 
 def _wrk(work: Path, port: int, seconds: float, cpu: int | None, tenants: int = 0) -> dict:

@@ -19,22 +19,17 @@ Method (velocity_fast/loadgen/isolation.py)
 Every process is on 127.0.0.1 and is stopped at the end, also on error or Ctrl-C.
 Usage::
 
-    python bench/isolation.py [--matrix | --scenario NAME] [--policies dynamic,static]
+    python -m bench.isolation [--matrix | --scenario NAME] [--policies dynamic,static]
                               [--low 300] [--json out.json] [--smoke]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import tempfile
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from velocity_fast.loadgen.isolation import SCENARIOS, matrix  # noqa: E402
-from velocity_fast.loadgen.report import write_json  # noqa: E402
+from velocity_fast.loadgen.isolation import SCENARIOS, matrix
+from velocity_fast.loadgen.report import write_json
 
 TARGET = 1.5
 STATIC_AT_LEAST = 10.0

@@ -9,9 +9,10 @@ Method
     (dynamic admission, routing, metrics: the whole scheduler path);
   - nginx `proxy_pass` with 1 worker and upstream keep-alive, when nginx is installed.
   The direct phase sends the same load to the upstream itself.
-* The load client is `wrk` (when installed; 1 thread) or else a lean closed-loop client
-  in this file (uvloop + httptools, one request in flight per connection), each in its
-  own process. Every request is a keep-alive POST /v1/chat/completions with a small body.
+* The load client is `wrk` (when installed; 1 thread) or else the closed-loop client of
+  bench/lib/load.py (the project's uvloop + httptools client, one request in flight per
+  connection), each in its own process. Every request is a keep-alive
+  POST /v1/chat/completions with a small body.
 * Throughput: requests/s at 64 connections for --duration seconds per phase, after a
   short warm-up; --rounds rounds alternate the targets and the median is reported.
 * Latency: p50/p99 at 1 connection; "added" is the target's figure minus direct's.
@@ -40,8 +41,8 @@ Method
 Every process runs on 127.0.0.1 and is stopped at the end, also on error or Ctrl-C.
 Usage::
 
-    python bench/overhead.py [--duration 5] [--rounds 2] [--json out.json] [--profile 5]
-    python bench/overhead.py --smoke [--json out.json]   # every phase for about a second: it works
+    python -m bench.overhead [--duration 5] [--rounds 2] [--json out.json] [--profile 5]
+    python -m bench.overhead --smoke [--json out.json]   # every phase for about a second: it works
 
 --smoke runs every target and phase at the shortest length (wrk counts whole seconds);
 its figures are too short to quote.
@@ -49,515 +50,31 @@ its figures are too short to quote.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import ctypes
-import http.client
 import json
 import os
 import platform
-import re
-import resource
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
-import zlib
-from collections import Counter
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from velocity_fast.loadgen.gateway_proc import free_port as _free_port  # noqa: E402  (below the ephemeral range)
+from bench.lib import processes, pyspy
+from bench.lib.bodies import BODY, STREAM_BODY, chat_body
+from bench.lib.load import run_load
+from bench.lib.processes import Procs
+from bench.lib.procfs import CLK_TCK, core_times, cpu_ticks, cpu_model, runq_wait_ns
+from bench.lib.targets import REPO, Target, nginx_version, start_gateway, start_nginx, start_upstream
 
-MODEL = "fixed"
-BODY = b'{"model":"fixed","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
-STREAM_BODY = (b'{"model":"fixed","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16,'
-               b'"stream":true}')
-PATH = "/v1/chat/completions"
-_WORDS = ("the", "engine", "cache", "prompt", "block", "route", "token", "reply", "request", "gateway", "model",
-          "a", "of", "to", "and", "is", "in", "that", "with", '"quoted"', "café", "naïve", "step", "result")
-
-
-def chat_body(kib: int, model: str = MODEL) -> bytes:
-    """A chat request of exactly ``kib`` KiB of JSON: a system prompt, then user and
-    assistant turns of about 1.5 KiB of text (newlines, quotes, a little non-ASCII: the
-    escapes a real history has), ending with a user turn; the same bytes for the same size."""
-    import random
-
-    rng = random.Random(kib)
-
-    def text(nbytes: int) -> str:
-        out, size = [], 0
-        while size < nbytes:
-            w = rng.choice(_WORDS) + ("\n" if rng.random() < 0.08 else " ")
-            out.append(w)
-            size += len(w.encode())
-        return "".join(out)
-
-    def encode(messages) -> bytes:
-        return json.dumps({"model": model, "messages": messages, "max_tokens": 16},
-                          ensure_ascii=False, separators=(",", ":")).encode()
-
-    target = kib * 1024
-    messages = [{"role": "system", "content": "You are a careful assistant. Answer briefly.\n"}]
-    while len(encode(messages)) + 1600 < target:
-        messages.append({"role": "user" if len(messages) % 2 else "assistant", "content": text(1500)})
-    last = {"role": "user", "content": ""}
-    room = target - len(encode(messages + [last]))
-    if room < 0:
-        raise ValueError(f"a {kib} KiB chat body is too small for its system prompt")
-    words = []
-    while room > 0:  # ASCII without escapes: one byte of JSON each
-        w = rng.choice(_WORDS[:19])[:room - 1] + " " if room > 1 else "x"
-        words.append(w)
-        room -= len(w)
-    last["content"] = "".join(words)
-    body = encode(messages + [last])
-    assert len(body) == target, (kib, len(body))
-    return body
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-# Targets of issue 3 (rps >= 0.5x nginx) and issue 8 (rps >= 1.0x nginx, CPU <= 1.0x nginx).
+# Goals (bench/README.md, "Goals"): the gateway's req/s at least half nginx's (the floor) and at
+# least nginx's, its CPU per request at most nginx's.
 TARGET_RPS_MIN = 0.5
 GOAL_RPS = 1.0
 GOAL_CPU = 1.0
 LOAD_BOUND_BUSY = 0.9
 # --smoke: each phase as short as the load client allows (CI: tests/bench/); flags given still win.
 SMOKE = {"duration": 1.0, "rounds": 1, "latency_duration": 1.0, "warmup": 1.0, "stream_events": 8}
-
-NGINX_CONF = """\
-worker_processes 1;
-daemon off;
-pid {dir}/nginx.pid;
-error_log {dir}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;{http_extra}
-    client_body_temp_path {dir}/body;
-    proxy_temp_path {dir}/proxy;
-    fastcgi_temp_path {dir}/fastcgi;
-    uwsgi_temp_path {dir}/uwsgi;
-    scgi_temp_path {dir}/scgi;
-    upstream engine {{
-        server 127.0.0.1:{upstream};
-        keepalive 128;
-        keepalive_requests 1000000;
-    }}
-    server {{
-        listen 127.0.0.1:{port} backlog=4096;
-        keepalive_requests 1000000;
-        location / {{
-            proxy_pass http://engine;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";{extra}
-        }}
-    }}
-}}
-"""
-
-WRK_LUA = """\
-wrk.method = "POST"
-local f = assert(io.open("{path}", "rb"))
-wrk.body = f:read("*a")
-f:close()
-wrk.headers["Content-Type"] = "application/json"
-done = function(summary, latency, requests)
-  io.write(string.format(
-    'OVERHEAD_JSON {{"requests":%d,"duration_s":%.6f,"non2xx":%d,"errors":%d,' ..
-    '"p50_us":%.1f,"p99_us":%.1f,"mean_us":%.1f}}\\n',
-    summary.requests, summary.duration / 1e6, summary.errors.status,
-    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
-    latency:percentile(50), latency:percentile(99), latency.mean))
-end
-"""
-
-
-# -- processes -----------------------------------------------------------------------------------
-
-NICE = 0  # --nice: the measured processes' niceness, so that other work on a shared machine yields
-
-
-def _child_setup(cpu: int | None):
-    """preexec_fn: pin the child, set its niceness, and have it killed if this script dies
-    without cleaning up."""
-    nice = NICE
-
-    def setup() -> None:
-        if cpu is not None:
-            os.sched_setaffinity(0, {cpu})
-        if nice:
-            os.setpriority(os.PRIO_PROCESS, 0, nice)
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    return setup
-
-
-class Procs:
-    """Every process this run started, each in its own session so that it can be stopped whole."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, argv: list[str], cpu: int | None, log: Path | None = None, **kw) -> subprocess.Popen:
-        out = open(log, "wb") if log is not None else subprocess.PIPE
-        try:
-            p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_child_setup(cpu),
-                                 start_new_session=True, **kw)
-        finally:
-            if log is not None:
-                out.close()
-        self.procs.append(p)
-        return p
-
-    def stop(self, p: subprocess.Popen, grace: float = 5.0) -> None:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                p.wait(grace)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait(grace)
-        if p.stdout is not None:
-            p.stdout.close()
-        if p in self.procs:
-            self.procs.remove(p)
-
-    def stop_all(self) -> None:
-        for p in reversed(list(self.procs)):
-            self.stop(p)
-
-
-def _cpu_ticks(pid: int) -> tuple[int, int]:
-    """(utime, stime) of one process (all its threads), in clock ticks; zeros once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return int(fields[11]), int(fields[12])
-    except (OSError, IndexError, ValueError):
-        return 0, 0
-
-
-def _runq_wait_ns(pids: list[int]) -> int | None:
-    """Nanoseconds the threads of these processes spent runnable but waiting for a CPU
-    (/proc/PID/task/TID/schedstat); None where the kernel does not keep schedstats."""
-    total = 0
-    for pid in pids:
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[1])
-            except FileNotFoundError:
-                continue
-            except (OSError, IndexError, ValueError):
-                return None
-    return total
-
-
-def _group_pids(root: int) -> list[int]:
-    """The process and its descendants (nginx's workers under its master)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, ()))
-    return out
-
-
-def _core_times() -> dict[int, tuple[int, int, int]]:
-    """Per-CPU (busy, interrupt, total) clock ticks from /proc/stat. Interrupt time is
-    mostly our own loopback traffic, which no process is charged for."""
-    out = {}
-    with open("/proc/stat") as f:
-        for line in f:
-            m = re.match(r"cpu(\d+) (.*)", line)
-            if m:
-                v = [int(x) for x in m.group(2).split()]
-                idle = v[3] + v[4]
-                total = sum(v[:8])
-                out[int(m.group(1))] = (total - idle, v[5] + v[6], total)
-    return out
-
-
-def _wait_line(p: subprocess.Popen, pattern: str, timeout: float, what: str) -> re.Match:
-    """Read the child's output until a line matches (it must print it once ready)."""
-    deadline = time.monotonic() + timeout
-    seen = []
-    os.set_blocking(p.stdout.fileno(), False)
-    buf = b""
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            break
-        chunk = p.stdout.read() or b""
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        for raw in lines:
-            line = raw.decode(errors="replace")
-            seen.append(line)
-            m = re.search(pattern, line)
-            if m:
-                return m
-        if not chunk:
-            time.sleep(0.05)
-    raise RuntimeError(f"{what} did not start: " + " | ".join(seen[-5:]))
-
-
-def _post_ok(port: int, timeout: float = 2.0) -> bool:
-    try:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-        try:
-            c.request("POST", PATH, BODY, {"content-type": "application/json"})
-            return c.getresponse().status == 200
-        finally:
-            c.close()
-    except OSError:
-        return False
-
-
-def _wait_ready(check, timeout: float, what: str, log: Path | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    tail = log.read_text(errors="replace")[-800:] if log is not None and log.exists() else ""
-    raise RuntimeError(f"{what} not ready after {timeout:.0f} s. {tail}")
-
-
-# -- the targets ---------------------------------------------------------------------------------
-
-class Target:
-    """A thing to send load to: its port and the pid whose process tree is the proxy."""
-
-    def __init__(self, name: str, port: int, pid: int | None) -> None:
-        self.name = name
-        self.port = port
-        self.pid = pid
-
-    def cpu_ticks(self) -> tuple[int, int]:
-        """(user, system) clock ticks of the proxy's processes."""
-        if self.pid is None:
-            return 0, 0
-        ticks = [_cpu_ticks(p) for p in _group_pids(self.pid)]
-        return sum(t[0] for t in ticks), sum(t[1] for t in ticks)
-
-    def runq_wait_ns(self) -> int | None:
-        return None if self.pid is None else _runq_wait_ns(_group_pids(self.pid))
-
-
-def start_upstream(procs: Procs, cpu: int | None, extra: list[str] = ()) -> tuple[subprocess.Popen, int]:
-    p = procs.start([sys.executable, str(REPO / "bench" / "upstream_fixed.py"), "--port", "0", *extra], cpu)
-    m = _wait_line(p, r"listening on 127\.0\.0\.1:(\d+)", 15, "the fixed upstream")
-    return p, int(m.group(1))
-
-
-def start_gateway(procs: Procs, cpu: int | None, upstream: int, policy: str, work: Path,
-                  extra: list[str], wrap: list[str] = (), ready_s: float = 20) -> Target:
-    """``wrap``: a command the gateway runs under (bench/instructions.py: valgrind)."""
-    port, admin = _free_port(), _free_port()
-    log = work / "gateway.log"
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    argv = [*wrap, sys.executable, "-m", "velocity_fast", "serve", "--endpoint",
-            f"e1=http://127.0.0.1:{upstream}={MODEL}", "--host", "127.0.0.1", "--port", str(port),
-            "--admin-port", str(admin), "--policy", policy, *extra]
-    p = procs.start(argv, cpu, log=log, cwd=str(REPO), env=env)
-
-    def ready() -> bool:
-        if p.poll() is not None:
-            raise RuntimeError("the gateway exited: " + log.read_text(errors="replace")[-800:])
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", admin, timeout=1)
-            try:
-                c.request("GET", "/ready")
-                return c.getresponse().status == 200 and _post_ok(port)
-            finally:
-                c.close()
-        except OSError:
-            return False
-
-    _wait_ready(ready, ready_s, "the gateway", log)
-    return Target("gateway", port, p.pid)
-
-
-def start_nginx(procs: Procs, cpu: int | None, upstream: int, work: Path, stream: bool = False,
-                wrap: list[str] = (), ready_s: float = 10, big_bodies: bool = False,
-                name: str = "nginx", env: dict[str, str] | None = None) -> Target | None:
-    """``wrap``: a command nginx runs under, as one process (no master: the worker is it).
-    ``big_bodies``: request bodies up to 16 MiB, kept in memory (never a temp file).
-    ``name``: the target's name (and its directory); ``env``: variables added to nginx's."""
-    exe = shutil.which("nginx") or next((x for x in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")
-                                         if os.access(x, os.X_OK)), None)
-    if exe is None:
-        return None
-    ndir = work / name
-    ndir.mkdir()
-    port = _free_port()
-    conf = ndir / "nginx.conf"
-    # For streams nginx relays as the engine writes (as an SSE proxy must), not buffered.
-    text = NGINX_CONF.format(dir=ndir, upstream=upstream, port=port,
-                             extra="\n            proxy_buffering off;" if stream else "",
-                             http_extra=("\n    client_max_body_size 16m;\n    client_body_buffer_size 16m;"
-                                         if big_bodies else ""))
-    if os.geteuid() == 0:
-        # As root nginx would switch its worker to nobody, who cannot enter our temp dir.
-        text = "user root;\n" + text
-    if wrap:
-        text = "master_process off;\n" + text
-    conf.write_text(text)
-    log = ndir / "stdout.log"
-    p = procs.start([*wrap, exe, "-p", str(ndir), "-e", str(ndir / "error.log"), "-c", str(conf)], cpu, log=log,
-                    env=dict(os.environ, **env) if env else None)
-
-    def ready() -> bool:
-        if p.poll() is not None:
-            err = ndir / "error.log"
-            raise RuntimeError("nginx exited: " + (err.read_text(errors="replace")[-800:] if err.exists() else ""))
-        return _post_ok(port)
-
-    _wait_ready(ready, ready_s, name, ndir / "error.log")
-    return Target(name, port, p.pid)
-
-
-# -- the load client -------------------------------------------------------------------------------
-
-def _wrk_cmd(work: Path, body: bytes = BODY) -> list[str] | None:
-    exe = shutil.which("wrk")
-    if exe is None:
-        return None
-    name = "post" if body == BODY else "stream" if body == STREAM_BODY else f"body-{len(body)}-{zlib.crc32(body):08x}"
-    script = work / f"{name}.lua"
-    if not script.exists():
-        # The body from a file, as its bytes: a JSON body's escapes would be Lua's in a literal.
-        (work / f"{name}.body").write_bytes(body)
-        script.write_text(WRK_LUA.format(path=work / f"{name}.body"))
-    return [exe, "-t1", "--timeout", "5s", "-s", str(script)]
-
-
-def run_load(client: str, work: Path, port: int, conns: int, duration: float, cpu: int | None,
-             body: bytes = BODY) -> dict:
-    """One closed-loop load run in its own process; returns its figures and its own CPU seconds."""
-    if client == "wrk":
-        argv = _wrk_cmd(work, body) + [f"-c{conns}", f"-d{max(1, round(duration))}s",
-                                 f"http://127.0.0.1:{port}{PATH}"]
-    else:
-        argv = [sys.executable, str(Path(__file__).resolve()), "--_client", str(port), str(conns), str(duration)]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    p = subprocess.run(argv, capture_output=True, timeout=duration + 30, preexec_fn=_child_setup(cpu))
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out = p.stdout.decode(errors="replace")
-    m = re.search(r"OVERHEAD_JSON (\{.*\})", out)
-    if p.returncode != 0 or m is None:
-        raise RuntimeError(f"load client failed ({p.returncode}): {out[-500:]} {p.stderr.decode()[-500:]}")
-    r = json.loads(m.group(1))
-    r["client_cpu_s"] = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    return r
-
-
-async def _client_main(port: int, conns: int, duration: float) -> dict:
-    """The fallback load client: each connection sends its next request as soon as the last ends."""
-    import httptools
-
-    wire = (f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(BODY)}\r\n\r\n").encode() + BODY
-    loop = asyncio.get_running_loop()
-    clock = time.perf_counter
-    lat: list[float] = []
-    state = {"ok": 0, "non2xx": 0, "errors": 0, "stopping": False, "live": 0}
-    drained = loop.create_future()
-
-    class Conn(asyncio.Protocol):
-        def __init__(self) -> None:
-            self.parser = httptools.HttpResponseParser(self)
-            self.transport = None
-            self.sent = 0.0
-
-        def connection_made(self, transport) -> None:
-            self.transport = transport
-            state["live"] += 1
-            self.send()
-
-        def send(self) -> None:
-            if state["stopping"]:
-                self.transport.close()
-                return
-            self.sent = clock()
-            self.transport.write(wire)
-
-        def data_received(self, data: bytes) -> None:
-            try:
-                self.parser.feed_data(data)
-            except httptools.HttpParserError:
-                state["errors"] += 1
-                self.transport.close()
-
-        def on_message_complete(self) -> None:
-            lat.append(clock() - self.sent)
-            if 200 <= self.parser.get_status_code() < 300:
-                state["ok"] += 1
-            else:
-                state["non2xx"] += 1
-            self.send()
-
-        def connection_lost(self, exc) -> None:
-            state["live"] -= 1
-            if not state["stopping"]:
-                state["errors"] += 1
-            if state["live"] == 0 and not drained.done():
-                drained.set_result(None)
-
-    t0 = clock()
-    for _ in range(conns):
-        await loop.create_connection(Conn, "127.0.0.1", port)
-    await asyncio.sleep(duration - (clock() - t0))
-    state["stopping"] = True
-    counted = state["ok"] + state["non2xx"]
-    elapsed = clock() - t0
-    try:
-        await asyncio.wait_for(drained, 5)
-    except asyncio.TimeoutError:
-        pass
-    lat.sort()
-
-    def pct(q: float) -> float:
-        return lat[min(len(lat) - 1, int(q * len(lat)))] * 1e6 if lat else 0.0
-
-    return {"requests": counted, "duration_s": elapsed, "non2xx": state["non2xx"], "errors": state["errors"],
-            "p50_us": pct(0.50), "p99_us": pct(0.99), "mean_us": (sum(lat) / len(lat) * 1e6) if lat else 0.0}
-
-
-def client_entry(argv: list[str]) -> int:
-    port, conns, duration = int(argv[0]), int(argv[1]), float(argv[2])
-    try:
-        import uvloop
-        result = uvloop.run(_client_main(port, conns, duration))
-    except ImportError:
-        result = asyncio.run(_client_main(port, conns, duration))
-    print("OVERHEAD_JSON " + json.dumps(result), flush=True)
-    return 0
-
 
 # -- phases ---------------------------------------------------------------------------------------------
 
@@ -581,13 +98,13 @@ def throughput(target: Target, args, work: Path, load_pids: list[int], body: byt
 
 
 def _throughput_once(target: Target, args, work: Path, load_pids: list[int], body: bytes) -> dict:
-    cores0 = _core_times()
+    cores0 = core_times()
     proxy0, wait0 = target.cpu_ticks(), target.runq_wait_ns()
-    load0, lwait0 = sum(sum(_cpu_ticks(p)) for p in load_pids), _runq_wait_ns(load_pids)
+    load0, lwait0 = sum(sum(cpu_ticks(p)) for p in load_pids), runq_wait_ns(load_pids)
     r = run_load(args.client, work, target.port, args.connections, args.duration, args.load_cpu, body)
     proxy1, wait1 = target.cpu_ticks(), target.runq_wait_ns()
-    load1, lwait1 = sum(sum(_cpu_ticks(p)) for p in load_pids), _runq_wait_ns(load_pids)
-    cores1 = _core_times()
+    load1, lwait1 = sum(sum(cpu_ticks(p)) for p in load_pids), runq_wait_ns(load_pids)
+    cores1 = core_times()
     served = r["requests"]
     wall = r["duration_s"]
     user_s = (proxy1[0] - proxy0[0]) / CLK_TCK
@@ -632,55 +149,14 @@ def _median(rows: list[dict], key: str):
     return statistics.median(vals) if vals else None
 
 
-# Frames of the process's entry chain: in every stack, so they say nothing about the request path.
-_ENTRY_FRAMES = ("(<frozen runpy>)", "(asyncio/runners.py)", "(velocity_fast/__main__.py)",
-                 "(velocity_fast/cli.py)", "(velocity_fast/gateway/launch.py)", "(velocity_fast/server/run.py)")
-
-
 def profile_gateway(target: Target, args, work: Path) -> dict | None:
     """Sample the gateway with py-spy under the throughput load; top functions by self and total share."""
-    spy = shutil.which("py-spy") or (str(Path(sys.executable).parent / "py-spy")
-                                     if (Path(sys.executable).parent / "py-spy").exists() else None)
-    if spy is None:
-        return {"error": "py-spy is not installed (pip install py-spy)"}
     raw = Path(args.profile_out) if args.profile_out else work / "gateway.prof.txt"
-    cmd = [spy, "record", "--format", "raw", "-r", "250", "-d", str(max(1, round(args.profile))),
-           "-p", str(target.pid), "-o", str(raw)]
-    # --nonblocking samples without stopping the gateway; py-spy cannot unwind C frames that way.
-    cmd.insert(2, "--native" if args.profile_native else "--nonblocking")
-    spy_p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                             preexec_fn=_child_setup(args.load_cpu))
-    try:
-        time.sleep(0.5)
-        run_load(args.client, work, target.port, args.connections, args.profile, args.load_cpu)
-        out, _ = spy_p.communicate(timeout=args.profile + 30)
-    finally:
-        if spy_p.poll() is None:
-            os.killpg(spy_p.pid, signal.SIGKILL)
-            spy_p.wait()
-    if not raw.exists():
-        return {"error": "py-spy wrote nothing: " + out.decode(errors="replace")[-300:]}
-    self_c: Counter = Counter()
-    incl_c: Counter = Counter()
-    total = 0
-    for line in raw.read_text(errors="replace").splitlines():
-        stack, _, n = line.rpartition(" ")
-        if not stack or not n.isdigit():
-            continue
-        n = int(n)
-        frames = [re.sub(r":\d+\)$", ")", f.replace(str(REPO) + "/", "")) for f in stack.split(";")]
-        frames = [f for f in frames if not f.startswith(("process ", "thread "))] or ["?"]
-        total += n
-        self_c[frames[-1]] += n
-        for f in set(frames):
-            incl_c[f] += n
-    if not total:
-        return {"error": "py-spy collected no samples"}
-    top = args.profile_top
-    inclusive = [(f, c) for f, c in incl_c.most_common() if not f.endswith(_ENTRY_FRAMES)][:top]
-    return {"samples": total, "raw": str(raw) if args.profile_out else None,
-            "self": [(f, round(100 * c / total, 1)) for f, c in self_c.most_common(top)],
-            "inclusive": [(f, round(100 * c / total, 1)) for f, c in inclusive]}
+    return pyspy.profile(target.pid, args.profile,
+                         lambda: run_load(args.client, work, target.port, args.connections, args.profile,
+                                          args.load_cpu),
+                         raw, native=args.profile_native, cpu=args.load_cpu, top=args.profile_top,
+                         keep=bool(args.profile_out))
 
 
 # -- report -----------------------------------------------------------------------------------------------
@@ -735,7 +211,7 @@ def stream_phase(procs: Procs, args, work: Path, res: dict) -> None:
 
 # -- prompt sizes (--body-kb) ----------------------------------------------------------------------
 
-GOAL_SIZES_CPU = 1.25  # issue 19: CPU per request <= 1.25x nginx's at 16 and 256 KiB
+GOAL_SIZES_CPU = 1.25  # the gateway's CPU per request <= 1.25x nginx's at 16 and 256 KiB
 GOAL_SIZES_RPS = 0.8   # and req/s >= 0.8x
 GOAL_EXTRA_PER_KIB_US = 0.25  # the gateway's CPU per request may grow at most this much faster per KiB
 
@@ -878,13 +354,13 @@ def summarize_sizes(res: dict) -> str:
                  + ", ".join(f"{k} {_f(v, '{:.3f}')}" for k, v in per.items()))
     if "extra_us_per_kib" in out:
         x = out["extra_us_per_kib"]
-        lines.append(f"the gateway's extra CPU per KiB: {x:.3f} us (issue 19 goal <= {GOAL_EXTRA_PER_KIB_US}: "
-                     f"{'met' if x <= GOAL_EXTRA_PER_KIB_US else 'not yet'})")
+        lines.append(f"the gateway's extra CPU per KiB: {x:.3f} us (goal: at most {GOAL_EXTRA_PER_KIB_US} us a KiB "
+                     f"more than nginx: {'met' if x <= GOAL_EXTRA_PER_KIB_US else 'not yet'})")
     for r in out["rows"]:
         if r["kib"] in (16, 256) and "cpu_ratio" in r:
             ok = r["cpu_ratio"] <= GOAL_SIZES_CPU and r["rps_ratio"] >= GOAL_SIZES_RPS
             lines.append(f"{r['kib']} KiB: gateway/nginx CPU {r['cpu_ratio']:.2f}x, req/s {r['rps_ratio']:.2f}x "
-                         f"(issue 19 goal <= {GOAL_SIZES_CPU}x and >= {GOAL_SIZES_RPS}x: "
+                         f"(goal: CPU <= {GOAL_SIZES_CPU}x nginx's and req/s >= {GOAL_SIZES_RPS}x nginx's: "
                          f"{'met' if ok else 'not yet'})")
     for r in out["rows"]:
         nh = r["targets"].get("nginx-heap")
@@ -957,10 +433,11 @@ def summarize(res: dict) -> str:
         lines.append("req/s per core from CPU time: " + ", ".join(per_core))
     if "gateway_vs_nginx_rps" in ratios:
         r_rps, r_cpu = ratios["gateway_vs_nginx_rps"], ratios.get("gateway_vs_nginx_cpu")
-        lines.append(f"gateway/nginx req/s: {r_rps:.2f}x  (issue 3 target >= {TARGET_RPS_MIN}x: "
-                     f"{'met' if r_rps >= TARGET_RPS_MIN else 'NOT met'}; issue 8 goal >= {GOAL_RPS}x: "
+        lines.append(f"gateway/nginx req/s: {r_rps:.2f}x  (floor: gateway req/s >= {TARGET_RPS_MIN}x nginx's: "
+                     f"{'met' if r_rps >= TARGET_RPS_MIN else 'NOT met'}; goal: gateway req/s >= {GOAL_RPS}x nginx's: "
                      f"{'met' if r_rps >= GOAL_RPS else 'not yet'})")
-        lines.append(f"gateway/nginx CPU us/req: {_f(r_cpu, '{:.2f}x')}  (issue 8 goal <= {GOAL_CPU}x: "
+        lines.append(f"gateway/nginx CPU us/req: {_f(r_cpu, '{:.2f}x')}  "
+                     f"(goal: gateway CPU per request <= {GOAL_CPU}x nginx's: "
                      f"{'met' if r_cpu is not None and r_cpu <= GOAL_CPU else 'not yet'})")
     else:
         lines.append("gateway/nginx: nginx is not installed, so the reference is missing "
@@ -990,24 +467,6 @@ def summarize(res: dict) -> str:
     return "\n".join(lines)
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
-def _nginx_version() -> str | None:
-    exe = shutil.which("nginx") or ("/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None)
-    if exe is None:
-        return None
-    p = subprocess.run([exe, "-v"], capture_output=True, text=True)
-    return (p.stderr or p.stdout).strip().replace("nginx version: ", "")
-
-
 def _base_result(args) -> dict:
     """The run's config, host and warnings (the cores checked, the load client chosen)."""
     allowed = os.sched_getaffinity(0)
@@ -1021,9 +480,9 @@ def _base_result(args) -> dict:
     elif args.client == "wrk" and not shutil.which("wrk"):
         raise SystemExit("wrk is not installed (apt-get install wrk), use --client python")
     return {"config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
-            "host": {"cpus": os.cpu_count(), "cpu_model": _cpu_model(), "python": platform.python_version(),
+            "host": {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "python": platform.python_version(),
                      "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()), "proxy_cpu": args.proxy_cpu,
-                     "load_cpu": args.load_cpu, "nginx": None if args.no_nginx else _nginx_version()},
+                     "load_cpu": args.load_cpu, "nginx": None if args.no_nginx else nginx_version()},
             "targets": {}, "ratios": {}, "warnings": warnings}
 
 
@@ -1104,8 +563,6 @@ def run(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--_client"]:
-        return client_entry(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--duration", type=float, default=5.0, help="seconds per throughput phase (default 5)")
     p.add_argument("--rounds", type=int, default=2, help="throughput rounds per target, median reported (default 2)")
@@ -1113,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up load per target")
     p.add_argument("--connections", type=int, default=64)
     p.add_argument("--client", choices=("auto", "wrk", "python"), default="auto",
-                   help="load client: wrk when installed, else the one in this file (auto)")
+                   help="load client: wrk when installed, else the Python one of bench.lib.load (auto)")
     p.add_argument("--proxy-cpu", type=int, default=0, help="core of the gateway and nginx (default 0)")
     p.add_argument("--load-cpu", type=int, default=1, help="core of the upstream and the client (default 1)")
     p.add_argument("--policy", default=None, choices=("dynamic", "static", "smart"),
@@ -1174,9 +631,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.workers or min(args.workers) < 1 or len(set(args.workers)) != len(args.workers):
         p.error("--workers: distinct counts of at least 1")
 
-    global NICE
-    NICE = args.nice
-    if NICE < 0 and os.geteuid() != 0:
+    processes.set_nice(args.nice)
+    if args.nice < 0 and os.geteuid() != 0:
         p.error("a negative --nice needs root")
 
     def on_term(signum, frame):

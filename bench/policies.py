@@ -3,18 +3,15 @@
 This is ``velocityllm bench`` with the same flags and defaults; see bench/README.md for
 how it measures. Example::
 
-    python bench/policies.py --repeats 3 --output bench/results/policies
-    python bench/policies.py --smoke --output /tmp/policies   # every policy once, tiny: it works
+    python -m bench.policies --repeats 3 --output bench/results/policies
+    python -m bench.policies --smoke --output /tmp/policies   # every policy once, tiny: it works
 """
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from velocity_fast.loadgen.bench_cmd import add_bench_arguments, bench_main  # noqa: E402
+from velocity_fast.loadgen.bench_cmd import add_bench_arguments, bench_main
 
 # --smoke: every policy once on a tiny burst (CI: tests/bench/); flags given still win.
 SMOKE = {"num_requests": 24, "duration": 1.0, "prompt_tokens": "uniform:16:64", "output_tokens": "uniform:4:12",

@@ -15,9 +15,9 @@ sum of ``vllm:prefix_cache_hits_total`` / sum of ``vllm:prefix_cache_queries_tot
 scraped from each engine after the run. The engines' KV cache is sized so that one
 engine cannot keep every group's context (the regime where routing matters).
 
-    python bench/prefix.py                       # prints the table, writes nothing
-    python bench/prefix.py --output bench/results/prefix.json
-    python bench/prefix.py --smoke               # tiny counts: every variant runs, figures not meaningful
+    python -m bench.prefix                       # prints the table, writes nothing
+    python -m bench.prefix --output bench/results/prefix.json
+    python -m bench.prefix --smoke               # tiny counts: every variant runs, figures not meaningful
 
 Targets: chat's engine hit rate >= 2x batch's; chat's TTFT p50 >= 3x better than
 round-robin's.
@@ -50,12 +50,12 @@ workload's words (the ``tokenizers`` package), for every variant alike:
   whose KV cache holds only a few of them (256 blocks): the working set is past the
   fleet's cache, so what each engine still holds changes all the time.
 
-    python bench/prefix.py --scenario restart
-    python bench/prefix.py --scenario replicas
-    python bench/prefix.py --scenario tenants
+    python -m bench.prefix --scenario restart
+    python -m bench.prefix --scenario replicas
+    python -m bench.prefix --scenario tenants
 
-Goal (issue 21): precise at least 2x better TTFT p90 than approximate in restart and
-replicas, and no worse in tenants. Goal (issue 37): two precise replicas' engine hit rate
+Goal: precise at least 2x better TTFT p90 than approximate in restart and
+replicas, and no worse in tenants. Goal: two precise replicas' engine hit rate
 within 5% of one precise gateway's (ratio >= 0.95); measured 0.972-0.981 (bench/README.md).
 
 Scenario ``hot``: one prefix carries half the traffic (``--hot-share``), the rest spread
@@ -76,12 +76,12 @@ whole load is about two thirds of the fleet's: 11 requests/s of engine time (22.
 time scale 2), 128 tokens out, engines of 12 sequences, with KV for every group's
 context (1,024 blocks), so that the hot prefix, not the cache, is what is measured:
 
-    python bench/prefix.py --scenario hot
+    python -m bench.prefix --scenario hot
 
-Goal (issue 21): chat's TTFT p99 at least 2x better than affinity's, with a hit rate at
+Goal: chat's TTFT p99 at least 2x better than affinity's, with a hit rate at
 least 0.9x of affinity's.
 
-Scenario ``hot-admission`` (issue 33): the same question with the gateway at its defaults
+Scenario ``hot-admission``: the same question with the gateway at its defaults
 (dynamic admission, its SLA, concurrency bound and scrape interval, no ``models:``
 section: the default profile). One prefix carries half of 20 requests/s (Poisson, real
 time), twelve others the rest; four engines of 8 sequences, 32 tokens out (``HOT_ADMISSION``).
@@ -89,9 +89,9 @@ Variants ``chat`` (the defaults) and ``affinity`` (pure affinity, as above); end
 latency, the engines' hit rate, where group 0 (the hot prefix) went, and, sampled every
 50 ms, the gateway's queue and each engine's in-flight, running and waiting:
 
-    python bench/prefix.py --scenario hot-admission --repeats 5
+    python -m bench.prefix --scenario hot-admission --repeats 5
 
-Goal (issue 33): chat's latency p95 at least 1.5x better than affinity's in every run, with
+Goal: chat's latency p95 at least 1.5x better than affinity's in every run, with
 a hit rate at least 0.9x of affinity's. Not met on this tree (bench/README.md says why).
 """
 from __future__ import annotations
@@ -100,38 +100,31 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
 import math
 import os
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from velocity_fast.config import EndpointConfig, KVEventsConfig, load_settings  # noqa: E402
-from velocity_fast.gateway.app import Gateway  # noqa: E402
-from velocity_fast.loadgen.gateway_proc import _die_with_parent, http_get  # noqa: E402
-from velocity_fast.loadgen.mix import Dist, Mix, Prefix  # noqa: E402
-from velocity_fast.loadgen.report import write_json  # noqa: E402
-from velocity_fast.loadgen.runner import run_workload  # noqa: E402
-from velocity_fast.loadgen.stats import percentile, summarize  # noqa: E402
-from velocity_fast.loadgen.workload import WorkloadConfig, build_workload  # noqa: E402
+from bench.lib.engines import MODEL, Engines, engine_hits
+from velocity_fast.config import EndpointConfig, KVEventsConfig, load_settings
+from velocity_fast.gateway.app import Gateway
+from velocity_fast.loadgen.mix import Dist, Mix, Prefix
+from velocity_fast.loadgen.report import write_json
+from velocity_fast.loadgen.runner import run_workload
+from velocity_fast.loadgen.stats import percentile, summarize
+from velocity_fast.loadgen.workload import WorkloadConfig, build_workload
 
 VARIANTS = ("chat", "batch", "round-robin", "least-loaded")
 PRECISE_VARIANTS = ("precise", "approximate", "round-robin", "least-loaded")
 # Scenario replicas: the same modes through one gateway that takes every request, the
-# reference the two replicas are held to (issue 37: precise replicas within 5% of its
+# reference the two replicas are held to (the goal: precise replicas within 5% of its
 # engine hit rate).
 REPLICAS_VARIANTS = ("precise", "precise-1", "approximate", "approximate-1", "round-robin", "least-loaded")
 ONE_GATEWAY = "-1"  # a variant's suffix: one gateway, in scenario replicas
-# Issue 37: two precise replicas' engine hit rate at least this share of one gateway's.
+# The goal: two precise replicas' engine hit rate at least this share of one gateway's.
 REPLICAS_HIT_GOAL = 0.95
 SCENARIOS = ("shared", "restart", "replicas", "tenants", "hot", "hot-admission")
 # The precise scenarios: the engines publish KV events and tokenize.
@@ -165,81 +158,6 @@ HOT_ADMISSION_VARIANTS = ("chat", "affinity")
 # --smoke: every variant and phase at a size that runs in seconds (CI: tests/bench/).
 SMOKE = {"engines": 2, "requests": 24, "rate": 60.0, "groups": 4, "prefix_tokens": 256,
          "time_scale": 20.0}
-MODEL = "sim-model"
-_LISTEN = re.compile(rb"listening on http://[^:\s]+:(\d+)")
-_COUNTER = r"^{name}(?:\{{[^}}]*\}})?\s+([0-9.eE+-]+)"
-
-
-class Engines:
-    """N sim engine processes on ports they pick themselves; stopped for sure."""
-
-    def __init__(self, n: int, flags: list[str], kv_dir: str | None = None) -> None:
-        self.n = n
-        self.flags = flags
-        self.kv_dir = kv_dir   # KV events on ipc:// sockets here (None: no events)
-        self.procs: list[subprocess.Popen] = []
-        self.ports: list[int] = []
-
-    def kv_events(self, i: int) -> tuple[str, str] | None:
-        if self.kv_dir is None:
-            return None
-        return f"ipc://{self.kv_dir}/e{i}.kv", f"ipc://{self.kv_dir}/e{i}.replay"
-
-    def _spawn(self, i: int, port: int) -> subprocess.Popen:
-        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        cmd = [sys.executable, "-m", "velocity_fast.sim", "--host", "127.0.0.1", "--port", str(port),
-               "--model", MODEL, "--seed", str(i), *self.flags]
-        kv = self.kv_events(i)
-        if kv is not None:
-            cmd += ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                                                      "endpoint": kv[0], "replay_endpoint": kv[1], "topic": "kv"})]
-        # An engine gets SIGTERM if this bench dies without stopping it (killed, timed out).
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True, preexec_fn=_die_with_parent)
-
-    @staticmethod
-    def _port_of(p: subprocess.Popen, deadline: float) -> int:
-        line = b""
-        while not _LISTEN.search(line):
-            if time.monotonic() > deadline or p.poll() is not None:
-                raise RuntimeError("a sim engine did not start")
-            line = p.stdout.readline()
-        return int(_LISTEN.search(line).group(1))
-
-    def start(self, timeout: float = 30.0) -> None:
-        for i in range(self.n):
-            self.procs.append(self._spawn(i, 0))
-        deadline = time.monotonic() + timeout
-        for p in self.procs:
-            self.ports.append(self._port_of(p, deadline))
-
-    def restart(self, i: int, timeout: float = 30.0, down_s: float = 0.0) -> None:
-        """Stop engine i (SIGTERM: it finishes what it runs), leave it down ``down_s``
-        seconds, and start it again on the same port and event sockets, with an empty cache."""
-        p = self.procs[i]
-        p.terminate()
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
-        p.stdout.close()
-        time.sleep(down_s)
-        self.procs[i] = self._spawn(i, self.ports[i])
-        self._port_of(self.procs[i], time.monotonic() + timeout)
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-            if p.stdout:
-                p.stdout.close()
 
 
 async def _sample(gw, out: list, every_s: float = 0.05) -> None:
@@ -274,21 +192,6 @@ def _admission_summary(gw) -> dict:
             "batch_capacity": {k: e["batch_capacity"] for k, e in s["endpoints"].items()}}
 
 
-def _counter(text: str, name: str) -> float:
-    pattern = re.compile(_COUNTER.format(name=re.escape(name)), re.MULTILINE)
-    return sum(float(m.group(1)) for m in pattern.finditer(text))
-
-
-async def engine_hits(ports: list[int]) -> tuple[float, float]:
-    hits = queries = 0.0
-    for port in ports:
-        status, body = await http_get("127.0.0.1", port, "/metrics", timeout=5.0)
-        if status != 200:
-            raise RuntimeError(f"engine on {port}: /metrics answered {status}")
-        text = body.decode()
-        hits += _counter(text, "vllm:prefix_cache_hits_total")
-        queries += _counter(text, "vllm:prefix_cache_queries_total")
-    return hits, queries
 
 
 def _model_config(variant: str) -> dict:
@@ -499,7 +402,7 @@ def _report_repeats(args, runs: list[list[dict]]) -> dict:
                              f"{', '.join(f'{x:.3f}' for x in ratios)}; mean {statistics.fmean(ratios):.3f}")
         met = [x["met"] for x in per if "met" in x]
         if met:
-            lines.append(f"  goal (issue 37): two precise replicas within {100 * (1 - REPLICAS_HIT_GOAL):.0f}% of one "
+            lines.append(f"  goal: two precise replicas within {100 * (1 - REPLICAS_HIT_GOAL):.0f}% of one "
                          f"gateway's hit rate: {'met' if all(met) else 'NOT met'} in every run "
                          f"({sum(met)} of {len(met)})")
     print("\n".join(lines), flush=True)
@@ -571,7 +474,7 @@ async def run_once(args) -> tuple[int, list[dict]]:
 def replicas_vs_one_gateway(by: dict) -> dict:
     """Per mode run both ways (``precise`` and ``precise-1``, ``approximate`` and
     ``approximate-1``): the engines' hit rate behind two replicas, behind one gateway, and
-    the ratio; for precise, whether it meets issue 37's goal (``REPLICAS_HIT_GOAL``)."""
+    the ratio; for precise, whether it meets the goal (``REPLICAS_HIT_GOAL``)."""
     out = {}
     for mode in ("precise", "approximate"):
         two, one = by.get(mode), by.get(mode + ONE_GATEWAY)
@@ -591,7 +494,7 @@ def _replicas_lines(ratios: dict) -> list[str]:
              f"{100 * r['one_gateway']:.1f}% = {r['ratio']:.3f}"
              for mode, r in ratios.items() if mode in ("precise", "approximate")]
     if "met" in ratios:
-        lines.append(f"  goal (issue 37): two precise replicas within {100 * (1 - REPLICAS_HIT_GOAL):.0f}% of one "
+        lines.append(f"  goal: two precise replicas within {100 * (1 - REPLICAS_HIT_GOAL):.0f}% of one "
                      f"gateway's hit rate: {'met' if ratios['met'] else 'NOT met'}")
     return lines
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Hostile input and long runs against a gateway process in front of sim engines: one
-figure per line for each part (issue 20).
+figure per line for each part.
 
   slowloris    other clients' p99 with slow heads and silent connections open against it
                idle, the 408s and quiet closes they got, the gateway's fds before and after
@@ -15,10 +15,10 @@ figure per line for each part (issue 20).
                minutes or more) to the end, the RSS every 30 s
   reloads      SIGHUP with a good, two invalid and a good config again under load: failures
 
-    python bench/reliability.py                   # the defaults: a few minutes
-    python bench/reliability.py --cases 1000000 --jobs 8 --only fuzz
-    python bench/reliability.py --smoke           # tiny counts: every figure, in seconds
-    python bench/reliability.py --json out.json   # the figures as JSON too
+    python -m bench.reliability                   # the defaults: a few minutes
+    python -m bench.reliability --cases 1000000 --jobs 8 --only fuzz
+    python -m bench.reliability --smoke           # tiny counts: every figure, in seconds
+    python -m bench.reliability --json out.json   # the figures as JSON too
 
 The gateway runs with 1 s read timeouts (header, body, first byte) so that every
 unfinished case settles quickly; everything listens on 127.0.0.1.
@@ -37,13 +37,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import orjson
 
-import orjson  # noqa: E402
-
-from tests.reliability import harness as h  # noqa: E402
-from velocity_fast.loadgen.client import Client  # noqa: E402
+from bench.lib import hostile as h
+from bench.lib.load import closed_loop as _closed_loop
+from bench.lib.load import open_loop as _open_loop
+from bench.lib.procfs import fds, rss_kib
+from bench.lib.stack import Stack, gateway_stack
 
 FIGURES: dict[str, float] = {}
 
@@ -52,18 +52,6 @@ def figure(name: str, value: float, note: str = "") -> None:
     FIGURES[name] = value
     v = f"{value:.3f}" if isinstance(value, float) and not value.is_integer() else f"{int(value)}"
     print(f"  {name:34s} {v:>12s}  {note}", flush=True)
-
-
-def fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 def p99(values: list[float]) -> float:
@@ -82,71 +70,25 @@ def wire(route: str, rng: random.Random, stream_share: float = 0.0) -> bytes:
             f"content-length: {len(body)}\r\n\r\n").encode() + body
 
 
+def _make_wire(stream_share: float):
+    """Each request: a route drawn from the client's random stream, then its body."""
+    return lambda rng: wire(rng.choice(h.ROUTES), rng, stream_share)
+
+
 async def closed_loop(port: int, clients: int, seconds: float, *, stream_share: float = 0.0,
                       think: float = 0.0, seed: int = 0) -> list:
     """``clients`` keep-alive clients, each sending its next request when the last is
     answered, for ``seconds``: every Result (status 0: no answer)."""
-    results = []
-    end = time.monotonic() + seconds
-
-    async def one(i: int) -> None:
-        rng = random.Random(seed * 1000 + i)
-        client = Client("127.0.0.1", port, timeout=30.0)
-        try:
-            n = 0
-            while time.monotonic() < end:
-                route = rng.choice(h.ROUTES)
-                results.append(await client.send(n, wire(route, rng, stream_share)))
-                n += 1
-                if think:
-                    await asyncio.sleep(think * rng.random() * 2)
-        finally:
-            client.close()
-
-    await asyncio.gather(*(one(i) for i in range(clients)))
-    return results
+    return await _closed_loop(port, clients, seconds, _make_wire(stream_share), think=think, seed=seed)
 
 
 async def open_loop(port: int, rate: float, seconds: float, *, seed: int = 0, stream_share: float = 0.2,
                     connections: int = 64, on_tick=None) -> tuple[list, int]:
     """Requests at ``rate`` per second for ``seconds`` over a pool of at most ``connections``
-    keep-alive connections (a request due while all are busy waits in the client for one,
-    as behind any client's bounded pool), each answered or timed out: (every Result, with
-    None for one that never finished, and the number sent)."""
-    rng = random.Random(seed)
-    client = Client("127.0.0.1", port, timeout=30.0)
-    slots = asyncio.Semaphore(connections)
-    results = []
-    tasks = set()
-    t0 = time.monotonic()
-    n = 0
-    next_tick = t0 + 5.0
-
-    async def one(i: int, data: bytes):
-        async with slots:
-            return await client.send(i, data)
-
-    try:
-        while True:
-            now = time.monotonic()
-            if now - t0 >= seconds:
-                break
-            due = int((now - t0) * rate) + 1
-            while n < due:
-                t = asyncio.ensure_future(one(n, wire(rng.choice(h.ROUTES), rng, stream_share)))
-                t.add_done_callback(lambda t: results.append(t.result()) if not t.cancelled() else None)
-                tasks.add(t)
-                t.add_done_callback(tasks.discard)
-                n += 1
-            if on_tick is not None and now >= next_tick:
-                on_tick(now - t0)
-                next_tick += 5.0
-            await asyncio.sleep(0.005)
-        if tasks:
-            await asyncio.wait(tasks, timeout=40.0)
-    finally:
-        client.close()
-    return results + [None] * (n - len(results)), n
+    keep-alive connections: (every Result, with None for one that never finished, and the
+    number sent)."""
+    return await _open_loop(port, rate, seconds, _make_wire(stream_share), seed=seed, connections=connections,
+                            on_tick=on_tick)
 
 
 def statuses(results) -> Counter:
@@ -155,8 +97,8 @@ def statuses(results) -> Counter:
 
 # -- parts -----------------------------------------------------------------------------------------
 
-async def slowloris(stack: h.Stack, slow: int, silent: int, seconds: float) -> None:
-    pid = stack.gw.proc.pid
+async def slowloris(stack: Stack, slow: int, silent: int, seconds: float) -> None:
+    pid = stack.gw.pid
     idle = [r.done - r.sent for r in await closed_loop(stack.port, 8, seconds, seed=1) if r.status == 200]
     await asyncio.sleep(0.5)
     fds_before = fds(pid)  # after the idle run: the engine connections it pooled are counted in both
@@ -234,7 +176,7 @@ def _fuzz_worker(args: tuple) -> dict:
             "first_500s": [(repr(c)[:300], b.decode("latin-1")) for c, b in tally.five_hundreds]}
 
 
-def fuzz(stack: h.Stack, kind: str, cases: int, jobs: int, seed: int) -> None:
+def fuzz(stack: Stack, kind: str, cases: int, jobs: int, seed: int) -> None:
     t0 = time.monotonic()
     jobs = max(1, min(jobs, cases))
     shares = [(stack.port, kind, seed * 100 + j, cases // jobs + (j < cases % jobs), 1000) for j in range(jobs)]
@@ -262,7 +204,7 @@ def fuzz(stack: h.Stack, kind: str, cases: int, jobs: int, seed: int) -> None:
             print(f"    500 for {case}: {body[:200]}")
 
 
-async def faults(stack: h.Stack, clients: int, seconds: float, fail_rate: float) -> None:
+async def faults(stack: Stack, clients: int, seconds: float, fail_rate: float) -> None:
     results = await closed_loop(stack.port, clients, seconds, stream_share=0.3, seed=3)
     await asyncio.sleep(0.5)
     m = await h.metrics(stack.admin_port)
@@ -299,9 +241,9 @@ def _rss_growth(samples: list, since: float, end_kib: int) -> tuple[float, int]:
     return 100.0 * (end_kib - rss) / rss, int(t)
 
 
-async def soak(stack: h.Stack, seconds: float, rate: float, load: float, connections: int,
+async def soak(stack: Stack, seconds: float, rate: float, load: float, connections: int,
                capacity_s: float) -> None:
-    pid = stack.gw.proc.pid
+    pid = stack.gw.pid
     if not rate:
         cap = await capacity(stack.port, connections, capacity_s)
         rate = load * cap
@@ -356,11 +298,11 @@ async def soak(stack: h.Stack, seconds: float, rate: float, load: float, connect
            "counted == answered, admitted == completed+failed+cancelled")
 
 
-async def reloads(stack: h.Stack, seconds: float) -> None:
+async def reloads(stack: Stack, seconds: float) -> None:
     good = Path(stack.config).read_text()
     changed = good.replace("keepalive_timeout_s: 5.0", "keepalive_timeout_s: 6.0") + "sla_ms: 2500.0\n"
     steps = [changed, "server: [this is: not valid\n", good + "no_such_key: 1\n", good]
-    pid = stack.gw.proc.pid
+    pid = stack.gw.pid
 
     async def hups() -> None:
         for text in steps:
@@ -373,7 +315,7 @@ async def reloads(stack: h.Stack, seconds: float) -> None:
     await hups()
     results = await load
     Path(stack.config).write_text(good)
-    log = stack.gw.stderr_text
+    log = stack.log_text
     st = statuses(results)
     figure("reload_signals", len(steps), "good, invalid YAML, unknown key, good")
     figure("reload_applied", log.count("config reloaded"))
@@ -410,27 +352,27 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     if "slowloris" in parts:
         print(f"slowloris: {slow} slow heads, {silent} silent connections, 8 other clients", flush=True)
-        with h.gateway_stack() as stack:
+        with gateway_stack() as stack:
             asyncio.run(slowloris(stack, slow, silent, attack_s))
     if "fuzz" in parts:
         print(f"fuzz: {args.cases} heads, {max(1, args.cases // 10)} bodies, seed {args.seed}", flush=True)
-        with h.gateway_stack() as stack:
+        with gateway_stack() as stack:
             fuzz(stack, "heads", args.cases, args.jobs, args.seed)
             fuzz(stack, "bodies", max(1, args.cases // 10), args.jobs, args.seed + 1)
             m = asyncio.run(h.metrics(stack.admin_port))
             figure("fuzz_internal_errors", h.total(m, "velocity_internal_errors_total"))
     if "faults" in parts:
         print(f"faults: sim engine --fail-rate {args.fail_rate}, 16 clients, {fault_s:.0f} s", flush=True)
-        with h.gateway_stack("--fail-rate", str(args.fail_rate), engines=2) as stack:
+        with gateway_stack("--fail-rate", str(args.fail_rate), engines=2) as stack:
             asyncio.run(faults(stack, 16, fault_s, args.fail_rate))
     if "soak" in parts:
         at = f"{args.rate:.0f} requests/s" if args.rate else f"{args.load:.0%} of the capacity measured first"
         print(f"soak: {args.seconds:.0f} s at {at}, {args.connections} connections, 1% engine faults", flush=True)
-        with h.gateway_stack("--fail-rate", "0.01", engines=2) as stack:
+        with gateway_stack("--fail-rate", "0.01", engines=2) as stack:
             asyncio.run(soak(stack, args.seconds, args.rate, args.load, args.connections, capacity_s))
     if "reloads" in parts:
         print(f"reloads: 4 SIGHUPs under load, {reload_s:.0f} s", flush=True)
-        with h.gateway_stack(log_level="info") as stack:
+        with gateway_stack(log_level="info") as stack:
             asyncio.run(reloads(stack, reload_s))
     print(f"done in {time.monotonic() - t0:.0f} s", flush=True)
     if args.json:

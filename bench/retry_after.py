@@ -15,15 +15,15 @@ Method
   span of the times told (first to last) against the burst's drain time (the requests
   times one service over the slots); the promises the gateway counted kept and broken.
 
-Targets (issue 33): at least 80 % of the clients that wait as told are served within
+Targets: at least 80 % of the clients that wait as told are served within
 the SLA; those that come back at a tenth do at least 30 points worse; the times told
 span most of the drain time (at least half).
 
 Every process is on 127.0.0.1 and is stopped at the end, also on error or Ctrl-C.
 Usage::
 
-    python bench/retry_after.py [--requests 160] [--seqs 8] [--sla-ms 2000] [--json out.json]
-    python bench/retry_after.py --smoke   # tiny and fast: it works, figures rough
+    python -m bench.retry_after [--requests 160] [--seqs 8] [--sla-ms 2000] [--json out.json]
+    python -m bench.retry_after --smoke   # tiny and fast: it works, figures rough
 """
 from __future__ import annotations
 
@@ -33,16 +33,12 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import orjson
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from velocity_fast.loadgen.client import Client  # noqa: E402
-from velocity_fast.loadgen.isolation import MODEL, Fleet  # noqa: E402
-from velocity_fast.loadgen.report import write_json  # noqa: E402
+from velocity_fast.loadgen.client import Client
+from velocity_fast.loadgen.isolation import MODEL, Fleet
+from velocity_fast.loadgen.report import write_json
 
 TOLD_AT_LEAST = 0.80
 TENTH_POINTS_WORSE = 0.30

@@ -35,25 +35,25 @@ def quick_set(py: str, results: Path = RESULTS, smoke: bool = False) -> list[tup
         micro_cmd += ["--benchmark-min-rounds=1", "--benchmark-max-time=0", "--benchmark-warmup=off"]
     sets = [
         ("micro", micro, micro_cmd),
-        ("inprocess", [b / "inprocess.py"], [py, str(b / "inprocess.py")]),
-        ("overhead", [b / "overhead.py"], [py, str(b / "overhead.py"), "--json", str(results / "overhead.json")]),
+        ("inprocess", [b / "inprocess.py"], [py, "-m", "bench.inprocess"]),
+        ("overhead", [b / "overhead.py"], [py, "-m", "bench.overhead", "--json", str(results / "overhead.json")]),
         # CPU per request against prompt size, prefix affinity on (smoke: the two ends only),
         # then the SSE relay with 64 KiB prompts.
         ("overhead_body_kb", [b / "overhead.py"],
-         [py, str(b / "overhead.py"), "--body-kb", "1,256" if smoke else "1,4,16,64,256", "--stream-body-kb", "64",
+         [py, "-m", "bench.overhead", "--body-kb", "1,256" if smoke else "1,4,16,64,256", "--stream-body-kb", "64",
           "--nginx-heap",
           "--json", str(results / "overhead_body_kb.json"), "--plot", str(results / "overhead_body_kb.png")]),
-        ("isolation", [b / "isolation.py"], [py, str(b / "isolation.py"), "--json", str(results / "isolation.json")]),
-        ("prefix", [b / "prefix.py"], [py, str(b / "prefix.py"), "--output", str(results / "prefix.json")]),
+        ("isolation", [b / "isolation.py"], [py, "-m", "bench.isolation", "--json", str(results / "isolation.json")]),
+        ("prefix", [b / "prefix.py"], [py, "-m", "bench.prefix", "--output", str(results / "prefix.json")]),
         # One repeat keeps the quick set quick; `velocityllm bench` repeats three times.
         ("policies", [b / "policies.py"],
-         [py, str(b / "policies.py"), "--repeats", "1", "--no-progress", "--output", str(results / "policies")]),
+         [py, "-m", "bench.policies", "--repeats", "1", "--no-progress", "--output", str(results / "policies")]),
         # A burst declined at an SLA: clients that retry when told against a tenth of it.
         ("retry_after", [b / "retry_after.py"],
-         [py, str(b / "retry_after.py"), "--json", str(results / "retry_after.json")]),
+         [py, "-m", "bench.retry_after", "--json", str(results / "retry_after.json")]),
         # The same with requests that carry no SLA of their own: the server's applies.
         ("policies_no_sla", [b / "policies.py"],
-         [py, str(b / "policies.py"), "--repeats", "1", "--no-progress", "--no-request-sla",
+         [py, "-m", "bench.policies", "--repeats", "1", "--no-progress", "--no-request-sla",
           "--output", str(results / "policies_no_sla")]),
     ]
     if smoke:
@@ -63,8 +63,10 @@ def quick_set(py: str, results: Path = RESULTS, smoke: bool = False) -> list[tup
 
 def has_smoke(cmd: list[str]) -> bool:
     """Whether the script a smoke command runs has a --smoke option (micro's is run_all's)."""
-    script = Path(cmd[1])
-    return cmd[1] == "-m" or (script.exists() and '"--smoke"' in script.read_text(errors="replace"))
+    if not cmd[2].startswith("bench."):  # python -m pytest
+        return True
+    script = ROOT / (cmd[2].replace(".", "/") + ".py")
+    return script.exists() and '"--smoke"' in script.read_text(errors="replace")
 
 
 def run_one(cmd: list[str], env: dict, out, timeout: float) -> int | None:

@@ -11,8 +11,8 @@ the engine's CPU time from /proc to report tokens per CPU-second of the engine
 (= per core). Where the machine has two cores or more, engine and client are pinned
 to different ones.
 
-    python bench/sim_throughput.py [--streams 256] [--duration 5] [--json [FILE]]
-    python bench/sim_throughput.py --smoke       # tiny counts: it runs, the figure means nothing
+    python -m bench.sim_throughput [--streams 256] [--duration 5] [--json [FILE]]
+    python -m bench.sim_throughput --smoke       # tiny counts: it runs, the figure means nothing
 """
 from __future__ import annotations
 
@@ -83,7 +83,6 @@ async def run(args) -> dict:
     if pin:
         cmd = ["taskset", "-c", str(cores[0])] + cmd
         os.sched_setaffinity(0, {cores[1]})
-    sys.path.insert(0, str(REPO))
     from velocity_fast.loadgen.gateway_proc import _die_with_parent  # SIGTERM to the engine if this dies
 
     proc = subprocess.Popen(cmd, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

@@ -9,7 +9,7 @@ It is a raw uvloop Protocol with httptools parsing and keep-alive, so that it co
 far less per request than anything measured against it (the loadgen's throughput
 test, the gateway's overhead benchmark). Usage::
 
-    python bench/upstream_fixed.py --port 0 [--stream-chunks 8] [--chunk-interval-ms 2]
+    python -m bench.upstream_fixed --port 0 [--stream-chunks 8] [--chunk-interval-ms 2]
 
 It prints ``listening on 127.0.0.1:PORT`` once it accepts connections.
 """
@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-import sys
-from pathlib import Path
 
 import httptools
 import orjson
@@ -146,7 +144,6 @@ def main(argv=None) -> int:
     # Each large body becomes a bytes object of its size: with glibc's defaults every one
     # was mapped and unmapped, and at 256 KiB bodies this server spent most of its core on
     # page faults and became the overhead benchmark's limit instead of the proxy it feeds.
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from velocity_fast.server.heap import keep_freed_memory
     keep_freed_memory()
     try:

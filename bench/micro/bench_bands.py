@@ -7,15 +7,11 @@ Each round enqueues and dispatches N items over 8 tenants with a steady backlog 
 at the end divides by N. Target: <= 1 microsecond per enqueue + dispatch.
 """
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from reference_admission import RefBands  # noqa: E402
-
-from velocity_fast.admission.bands import BandQueues  # noqa: E402
+from bench.micro.reference_admission import RefBands
+from velocity_fast.admission.bands import BandQueues
 
 N = 10_000
 TENANTS = [f"t{i}" for i in range(8)]

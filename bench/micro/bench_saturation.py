@@ -4,15 +4,11 @@ through the compiled core vs the pure-Python reference.
 Run: .venv/bin/python -m pytest bench/micro/bench_saturation.py --benchmark-only -q -p no:cacheprovider
 Target: <= 1 microsecond per update. Also times one pool number over 4 endpoints.
 """
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from reference_admission import RefLoad, ref_update  # noqa: E402
-
-from velocity_fast.admission.saturation import EndpointLoad, Saturation  # noqa: E402
+from bench.micro.reference_admission import RefLoad, ref_update
+from velocity_fast.admission.saturation import EndpointLoad, Saturation
 
 N = 10_000
 RESULTS = {}

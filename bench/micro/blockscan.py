@@ -1,5 +1,5 @@
 """Instructions to decode a chat request and find its prefix blocks, by prompt size: the
-paths of issue 19's steps, from the Python rendering to the request scanner.
+paths the router has taken, from the Python rendering to the request scanner.
 
 Method: machine instructions counted by valgrind's callgrind, which do not drift with the
 machine's load. For each body size and path, one run of this script under callgrind does
@@ -20,8 +20,8 @@ Paths, each one call per request:
   new       decode + hash_json(raw messages, compact): the JSON text hashed where it lies
             (the decoder left it compact), the path now
 
-    python bench/micro/blockscan.py [--sizes 1,4,16,64,256] [--json out.json]
-    python bench/micro/blockscan.py --smoke     # two sizes, few calls: it works
+    python -m bench.micro.blockscan [--sizes 1,4,16,64,256] [--json out.json]
+    python -m bench.micro.blockscan --smoke     # two sizes, few calls: it works
 
 Needs valgrind (apt-get install valgrind).
 """
@@ -36,9 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(BENCH.parent))
-sys.path.insert(0, str(BENCH))
+ROOT = Path(__file__).resolve().parents[2]
 
 PATHS = ("msgspec", "decode", "old", "rendered", "new")
 MODEL = "fixed"
@@ -46,7 +44,7 @@ MODEL = "fixed"
 
 def _worker(kib: int, path: str, n: int) -> None:
     import msgspec
-    from overhead import chat_body
+    from bench.lib.bodies import chat_body
 
     from velocity_fast.gateway.request_types import ProxyRequest
     from velocity_fast.gateway.requests import decode_proxy, decode_proxy_compact
@@ -89,8 +87,8 @@ def _worker(kib: int, path: str, n: int) -> None:
 
 def _count(kib: int, path: str, n: int, tmp: str) -> int:
     p = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.{kib}.{path}.{n}",
-                        sys.executable, str(Path(__file__).resolve()), "--_worker", str(kib), path, str(n)],
-                       capture_output=True, text=True,
+                        sys.executable, "-m", "bench.micro.blockscan", "--_worker", str(kib), path, str(n)],
+                       capture_output=True, text=True, cwd=ROOT,
                        # No counted run writes a .pyc (only the first would): the runs differ in N only.
                        env={"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"},
                        timeout=900)
@@ -103,8 +101,8 @@ def _count(kib: int, path: str, n: int, tmp: str) -> int:
 def measure(sizes: list[int], budget_kib: int) -> list[dict]:
     rows = []
     # Once outside callgrind, so that no counted run compiles and writes .pyc files.
-    subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_worker", str(sizes[0]), "msgspec", "0"],
-                   check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "bench.micro.blockscan", "--_worker", str(sizes[0]), "msgspec", "0"],
+                   check=True, timeout=120, cwd=ROOT)
     with tempfile.TemporaryDirectory(prefix="velocity-blockscan-") as tmp:
         for kib in sizes:
             n = max(16, budget_kib // kib)  # (fewer calls of a large body drown in the noise of GC passes)

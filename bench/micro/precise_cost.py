@@ -1,6 +1,6 @@
 """Micro benchmark: what precise prefix routing adds to a request on the event loop.
 
-    python bench/micro/precise_cost.py            # instructions per request (callgrind)
+    python -m bench.micro.precise_cost            # instructions per request (callgrind)
 
 One request = Router.route_info + Router.pick over 4 endpoints, for a chat body of a
 system prompt (~2 KB) and a question, in three setups on the same bodies:

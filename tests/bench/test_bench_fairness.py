@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(240)
 def test_fairness_bench_runs_every_variant(tmp_path):
     out = tmp_path / "fairness.json"
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "fairness.py"), "--smoke", "--output", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "bench.fairness", "--smoke", "--output", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=220)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "vtc-actual within its bound" in proc.stdout and "locality: hit rate" in proc.stdout

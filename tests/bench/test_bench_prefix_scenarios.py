@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("scenario", ["restart", "replicas", "tenants"])
 def test_precise_scenarios_run_and_complete(tmp_path, scenario):
     out = tmp_path / "prefix.json"
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "prefix.py"), "--smoke", "--scenario", scenario,
+    proc = subprocess.run([sys.executable, "-m", "bench.prefix", "--smoke", "--scenario", scenario,
                            "--output", str(out)], cwd=REPO, capture_output=True, text=True, timeout=220)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "TTFT p90 approximate/precise" in proc.stdout
@@ -43,7 +43,7 @@ def test_repeats_pool_the_runs_and_give_the_goal_run_by_run(tmp_path):
     """--repeats 2: two seeded runs, then each variant's TTFT over both runs' requests
     pooled and the goal's ratio run by run, its median and pooled."""
     out = tmp_path / "prefix.json"
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "prefix.py"), "--smoke", "--scenario", "restart",
+    proc = subprocess.run([sys.executable, "-m", "bench.prefix", "--smoke", "--scenario", "restart",
                            "--variants", "precise,approximate", "--repeats", "2", "--seed", "5",
                            "--output", str(out)], cwd=REPO, capture_output=True, text=True, timeout=220)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -70,7 +70,7 @@ def test_repeats_pool_the_runs_and_give_the_goal_run_by_run(tmp_path):
 def test_the_hot_prefix_scenario_runs_and_carries_its_share():
     """Scenario hot at smoke size: every variant completes; the hot prefix is half the
     traffic (group 0 of the seeded workload), and pure affinity is configured apart."""
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "prefix.py"), "--smoke", "--scenario", "hot",
+    proc = subprocess.run([sys.executable, "-m", "bench.prefix", "--smoke", "--scenario", "hot",
                            "--requests", "40"], cwd=REPO, capture_output=True, text=True, timeout=220)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "TTFT p99 affinity/chat" in proc.stdout and "TTFT p99 gap/chat" in proc.stdout
@@ -84,7 +84,7 @@ def test_the_hot_prefix_under_admission_scenario_runs_at_defaults_and_reports_it
     (dynamic admission, default profile) against pure affinity; every request completes,
     the hot prefix is group 0, and the goal's ratios are given run by run."""
     out = tmp_path / "prefix.json"
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "prefix.py"), "--smoke", "--scenario", "hot-admission",
+    proc = subprocess.run([sys.executable, "-m", "bench.prefix", "--smoke", "--scenario", "hot-admission",
                            "--requests", "40", "--repeats", "2", "--output", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=220)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -129,13 +129,13 @@ def test_a_hot_prefix_takes_its_share_of_a_seeded_workload():
 def test_replicas_measure_one_gateway_beside_them_and_give_the_hit_rate_ratio(tmp_path):
     """Scenario replicas at smoke size: each mode also runs through one gateway taking
     every request (``precise-1``, ``approximate-1``), and the two replicas' engine hit rate
-    over that one gateway's is printed and written, with issue 37's goal for precise.
+    over that one gateway's is printed and written, with the goal for precise.
 
     Only that the figures exist and agree is asserted here: at smoke size (24 requests,
     4 groups) the cold start is most of the run, so the ratio says nothing about routing.
     Whether the goal holds is a bench result (bench/README.md), not a CI assertion."""
     out = tmp_path / "prefix.json"
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "prefix.py"), "--smoke", "--scenario", "replicas",
+    proc = subprocess.run([sys.executable, "-m", "bench.prefix", "--smoke", "--scenario", "replicas",
                            "--variants", "precise,precise-1,approximate,approximate-1", "--output", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=220)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -154,7 +154,7 @@ def test_replicas_measure_one_gateway_beside_them_and_give_the_hit_rate_ratio(tm
                 f"= {two / one:.3f}") in proc.stdout
     assert ratios["goal"] == 0.95 and ratios["met"] == (ratios["precise"]["ratio"] >= 0.95)
     verdict = "met" if ratios["met"] else "NOT met"
-    assert (f"goal (issue 37): two precise replicas within 5% of one gateway's hit rate: {verdict}\n"
+    assert (f"goal: two precise replicas within 5% of one gateway's hit rate: {verdict}\n"
             in proc.stdout)
 
 
@@ -167,7 +167,7 @@ def test_two_precise_replicas_keep_one_gateways_engine_hit_rate(tmp_path):
     The gap is about one prefill per group, the second replica's first request of each
     group, routed before its tokens are ready (docs/kv-events.md, "Replicas")."""
     out = tmp_path / "prefix.json"
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "prefix.py"), "--scenario", "replicas",
+    proc = subprocess.run([sys.executable, "-m", "bench.prefix", "--scenario", "replicas",
                            "--variants", "precise,precise-1", "--output", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=220)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

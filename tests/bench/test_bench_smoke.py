@@ -81,7 +81,7 @@ def number(v, what: str) -> float:
 @pytest.fixture(scope="module")
 def quick_set(tmp_path_factory):
     results = tmp_path_factory.mktemp("bench-results")
-    rc, out = run([sys.executable, str(BENCH / "run_all.py"), "--smoke", "--results", str(results)], timeout=240)
+    rc, out = run([sys.executable, "-m", "bench.run_all", "--smoke", "--results", str(results)], timeout=240)
     return rc, out, results
 
 
@@ -261,7 +261,7 @@ def test_retry_after_reports_both_kinds_of_client_and_the_times_told(quick_set):
 def test_instructions_counts_gateway_and_nginx_and_every_request_succeeds(tmp_path):
     need("valgrind", "callgrind_control", "wrk", "nginx")
     out_json = tmp_path / "instructions.json"
-    rc, out = run([sys.executable, str(BENCH / "instructions.py"), "--smoke", "--json", str(out_json)], timeout=180)
+    rc, out = run([sys.executable, "-m", "bench.instructions", "--smoke", "--json", str(out_json)], timeout=180)
     assert rc == 0, out[-4000:]
     res = json.loads(out_json.read_text())
     assert set(res["targets"]) == {"gateway", "nginx"}
@@ -275,7 +275,7 @@ def test_instructions_counts_gateway_and_nginx_and_every_request_succeeds(tmp_pa
 @pytest.mark.timeout(60)
 def test_sim_throughput_relays_tokens_and_loses_no_stream(tmp_path):
     out_json = tmp_path / "sim.json"
-    rc, out = run([sys.executable, str(BENCH / "sim_throughput.py"), "--smoke", "--json", str(out_json)], timeout=45)
+    rc, out = run([sys.executable, "-m", "bench.sim_throughput", "--smoke", "--json", str(out_json)], timeout=45)
     assert rc == 0, out[-4000:]
     res = json.loads(out_json.read_text())
     assert res["requests_completed"] > 0 and res["tokens"] > 0

@@ -257,7 +257,7 @@ DOC_RULES = [
     (r"velocityllm (chargeVelocity|serve|sim-engine|detect|loadgen|bench)", "name"),
     (r"velocityllm version", "run"),
     (r"velocityllm sim-engine --kv-events-config JSON", "run"),
-    (r"(?:python3? )?bench/(\w+)\.py( .*)?", "test:bench"),
+    (r"(bench/[\w/]+\.py|python3? -m bench\.[\w.]+)( .*)?", "test:bench"),
     # The workers' command: a config at a system path; the test runs `serve --workers 2`.
     (r"velocityllm serve --config /etc/velocityllm/config\.yaml --workers auto", "test:tests/e2e/test_workers_e2e.py"),
 ]
@@ -293,12 +293,15 @@ def test_every_command_line_of_the_docs_is_run_or_said_why_not():
     for doc, cmd in found:
         how = rule_for(cmd)
         if how == "test:bench":  # a benchmark: some test runs it (tests/bench at smoke size, ...)
-            script = re.search(r"bench/\S+\.py", cmd).group(0)
+            m = re.match(r"python3? -m (bench\.[\w.]+)", cmd)
+            script = m.group(1).replace(".", "/") + ".py" if m else re.match(r"bench/\S+\.py", cmd).group(0)
+            module = script[:-3].replace("/", ".")
             assert (REPO / script).exists(), f"{doc}: {script} does not exist"
             tests = [t.read_text() for t in (REPO / "tests").rglob("test_*.py")]
-            by_run_all = Path(script).name in (REPO / "bench" / "run_all.py").read_text() \
-                and any('"run_all.py"' in t for t in tests)   # tests/bench: run_all.py --smoke
-            assert by_run_all or any(Path(script).name in t for t in tests), f"{doc}: no test runs {script}"
+            by_run_all = f'"{module}"' in (REPO / "bench" / "run_all.py").read_text() \
+                and any('"bench.run_all"' in t for t in tests)   # tests/bench: python -m bench.run_all --smoke
+            assert by_run_all or any(f'"{module}"' in t or Path(script).name in t for t in tests), \
+                f"{doc}: no test runs {script}"
         elif how.startswith("test:tests/"):  # a test file of its own runs what the line shows
             flag = re.search(r"--\w[\w-]*(?= \w+$)", cmd)
             text = (REPO / how[5:]).read_text()

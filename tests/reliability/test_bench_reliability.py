@@ -16,7 +16,7 @@ from tests.support.sim import REPO
 @pytest.mark.timeout(240)
 def test_smoke_prints_a_number_for_every_figure(tmp_path):
     out = tmp_path / "figures.json"
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "reliability.py"), "--smoke", "--json", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "bench.reliability", "--smoke", "--json", str(out)],
                           cwd=str(REPO), capture_output=True, text=True, timeout=220)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     figures = json.loads(out.read_text())

@@ -14,8 +14,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def bench_module(name: str) -> ModuleType:
-    """bench/<name>.py, loaded afresh (a test may patch its functions)."""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    """bench/<name>.py (the module bench.<name>), loaded afresh (a test may patch its functions)."""
+    spec = importlib.util.spec_from_file_location(f"bench.{name}", BENCH / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -25,8 +25,8 @@ def bench_module(name: str) -> ModuleType:
 def fixed_upstream(*extra: str) -> Iterator[int]:
     """bench/upstream_fixed.py (the "infinitely fast engine") on a free port of 127.0.0.1
     for a ``with`` block: its port. Stopped at the end, even on failure."""
-    proc = subprocess.Popen([sys.executable, str(BENCH / "upstream_fixed.py"), "--port", "0", *extra],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "bench.upstream_fixed", "--port", "0", *extra],
+                            cwd=BENCH.parent, stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         proc.stdout.close()

@@ -1,0 +1,1 @@
+"""Micro benchmarks (pytest-benchmark files ``bench_*.py``) and instruction counts."""
