@@ -43,7 +43,7 @@ def test_fairness_bench_cache_bound_locality_beats_vtc(tmp_path):
     not of time, so a slow machine moves it little. The gaps and the bounds are checked
     as numbers only: over 4 s they swing by thousands of tokens."""
     out = tmp_path / "cache-bound.json"
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "fairness.py"), "--scenario", "cache-bound", "--smoke",
+    proc = subprocess.run([sys.executable, "-m", "bench.fairness", "--scenario", "cache-bound", "--smoke",
                            "--output", str(out)], cwd=REPO, capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "locality: hit rate" in proc.stdout and "goal (at least 1.5x the hit rate" in proc.stdout
