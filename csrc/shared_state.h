@@ -46,6 +46,7 @@ typedef struct {
     int64_t committed;                    /* granted leases, bound or not, of every worker */
     int64_t mine[VF_MAX_WORKERS];
     int64_t queued[VF_MAX_WORKERS][VF_MAX_BANDS];  /* each worker's queue depth per band */
+    int64_t oldest[VF_MAX_WORKERS][VF_MAX_BANDS];  /* when its oldest queued item came (a double's bits; 0: none) */
 } vf_pool;
 
 typedef struct {
@@ -264,6 +265,34 @@ static inline int64_t *vf_tenant_vtc(vf_tenant *t, int band) {
     return &t->vtc[band < VF_MAX_BANDS ? band : VF_MAX_BANDS - 1];
 }
 
+/* Another worker holds an item queued in `band` that came before `at` (seconds, the
+ * monotonic clock every process shares): the slot is its to take. */
+static inline int vf_pool_older_elsewhere(vf_pool *p, int w, int64_t workers, int band, double at) {
+    int64_t i, bits;
+    double v;
+    if (band < 0 || band >= VF_MAX_BANDS)
+        return 0;
+    for (i = 0; i < workers && i < VF_MAX_WORKERS; i++) {
+        if (i == w)
+            continue;
+        bits = VF_LOAD(&p->oldest[i][band]);
+        if (bits == 0)
+            continue;
+        memcpy(&v, &bits, sizeof v);
+        if (v < at)
+            return 1;
+    }
+    return 0;
+}
+
+static inline void vf_pool_publish_oldest(vf_pool *p, int w, int band, double at) {
+    int64_t bits = 0;
+    if (at > 0.0)
+        memcpy(&bits, &at, sizeof bits);
+    if (band < VF_MAX_BANDS)
+        VF_STORE(&p->oldest[w][band], bits);
+}
+
 /* -- buckets ------------------------------------------------------------------------ */
 
 /* Set the cell's rate and size; a cell whose limits change (or a new one) starts full. */
@@ -352,8 +381,10 @@ static inline int64_t vf_reclaim(vf_shm *s, int w, int64_t *leases) {
         if (x)
             VF_ADD(&p->committed, -x);
         held += x;
-        for (b = 0; b < VF_MAX_BANDS; b++)
+        for (b = 0; b < VF_MAX_BANDS; b++) {
             VF_STORE(&p->queued[w][b], 0);
+            VF_STORE(&p->oldest[w][b], 0);
+        }
     }
     if (leases)
         *leases = held;

@@ -115,7 +115,9 @@ async def test_isolation_holds_at_default_flags_with_two_workers(tmp_path):
     kernel, and the band ceilings hold across them."""
     from velocity_fast.loadgen.isolation import SCENARIOS, run
 
-    params = dict(low=200, high_samples=30, spacing=0.1, backlog=3.0)  # the matrix's
+    # The matrix's, with the two-replica case's 300 low clients: split over two workers'
+    # FIFOs, 200 left static's high p95 as close as 10.6x to its 10x floor here.
+    params = dict(low=300, high_samples=30, spacing=0.1, backlog=3.0)
 
     def bound(r: dict) -> float:  # the matrix's: 1.5x, widened by the run's idle noise (at most 2.25x)
         return 1.5 * min(r["noise"], 1.5)

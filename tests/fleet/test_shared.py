@@ -246,3 +246,34 @@ def test_a_tenants_fairness_counter_is_one_across_workers(state):
     assert served.count("b") >= 9, served
     snap = q1.tenant_snapshot()[0]
     assert snap["a"][0] == pytest.approx(snap["b"][0], rel=0.15)
+
+
+async def test_a_slot_freed_in_one_worker_goes_to_the_oldest_request_of_any(state):
+    # Without this a worker whose own answers free the slots refills them from its own
+    # queue at once, and another worker's older requests wait for a moment when a slot is
+    # free at its tick, which under a flood never comes.
+    adm0, (ep0,) = worker(state, 0, limit=1)
+    adm1, (ep1,) = worker(state, 1, limit=1)
+    attach(state, 0)
+    first = await adm0.admit(Ticket())
+    assert first.claim(ep0)
+    attach(state, 1)
+    older = asyncio.create_task(adm1.admit(Ticket()))
+    await asyncio.sleep(0.01)
+    attach(state, 0)
+    younger = asyncio.create_task(adm0.admit(Ticket()))
+    await asyncio.sleep(0.01)
+    assert not older.done() and not younger.done()
+    first.release("completed")  # worker 0's own release: its younger request waits
+    await asyncio.sleep(0.01)
+    assert not younger.done()
+    attach(state, 1)
+    adm1.housekeep()
+    got = await asyncio.wait_for(older, 1)
+    assert got.claim(ep1)
+    got.release("completed")
+    attach(state, 0)
+    adm0.housekeep()
+    (await asyncio.wait_for(younger, 1)).release("completed")
+    adm0.close()
+    adm1.close()

@@ -37,8 +37,8 @@ from velocity_fast.admission.bands cimport BandQueue, BandQueues, Item, TenantQu
 from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.fleet.endpoint cimport Endpoint, pool_endpoints, same_endpoints
 from velocity_fast.fleet.shared cimport (current, pool_slot, publish_limit, publish_queued, vf_atomic_add,
-                                        vf_ep_add, vf_ep_claim, vf_pool_queued_others, vf_pool_release,
-                                        vf_pool_reserve, worker)
+                                        vf_ep_add, vf_ep_claim, vf_pool_older_elsewhere, vf_pool_publish_oldest,
+                                        vf_pool_queued_others, vf_pool_release, vf_pool_reserve, worker)
 from velocity_fast.metrics.values cimport HistChild, Value
 from velocity_fast.admission.saturation cimport (EndpointLoad, Saturation, free_slots, observe_endpoint, refresh,
                                                 sync_shared)
@@ -127,14 +127,28 @@ cdef inline bint _others_queued(PoolState ps, int band) noexcept:
 
 
 cdef void _publish(PoolState ps) except *:
-    """This worker's queue depth per band, for the others."""
+    """This worker's queue depth per band, and when its oldest item there came, for the
+    others."""
     cdef BandQueues q = ps.queues
+    cdef BandQueue bq
     cdef Py_ssize_t above = 0, through
     cdef int b
     for b in range(q.nbands):
         through = q.count_through(b)
         publish_queued(ps.shm, b, through - above)
         above = through
+        bq = <BandQueue>q.bands[b]
+        vf_pool_publish_oldest(ps.shm, worker(), b, bq.age_head.enqueued_at if bq.age_head is not None else 0.0)
+
+
+cdef inline bint _older_elsewhere(PoolState ps, int band) noexcept:
+    """Another worker's queue holds an item of ``band`` that came before this worker's
+    oldest there: a slot freed here is that one's (first come, first served across the
+    workers; it takes the slot at its next cycle, its tick at the latest)."""
+    cdef BandQueue bq = <BandQueue>ps.queues.bands[band]
+    if bq.age_head is None:
+        return False
+    return vf_pool_older_elsewhere(ps.shm, worker(), current().workers, band, bq.age_head.enqueued_at) != 0
 
 
 # -- admission's state --------------------------------------------------------------------
@@ -1092,7 +1106,7 @@ cdef class Admission:
                 if ps.shm != NULL:
                     # Workers: a higher band queued in another worker goes first (it
                     # takes the room at its next cycle); a lease is reserved across them.
-                    if _others_queued(ps, band - 1):
+                    if _others_queued(ps, band - 1) or _older_elsewhere(ps, band):
                         return
                     if not ps.spare:
                         if not _reserve(ps):

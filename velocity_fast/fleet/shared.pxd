@@ -28,6 +28,8 @@ cdef extern from "shared_state.h":
     int vf_pool_reserve(vf_pool *p, int w, int64_t capacity) nogil
     void vf_pool_release(vf_pool *p, int w) nogil
     int64_t vf_pool_queued_others(vf_pool *p, int w, int64_t workers, int band) nogil
+    int vf_pool_older_elsewhere(vf_pool *p, int w, int64_t workers, int band, double at) nogil
+    void vf_pool_publish_oldest(vf_pool *p, int w, int band, double at) nogil
     void vf_cell_config(vf_cell *c, double rate, double cap) nogil
     double vf_cell_draw(vf_cell *c, double amount, double need) nogil
     void vf_cell_settle(vf_cell *c, double delta) nogil
