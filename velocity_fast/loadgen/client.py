@@ -8,6 +8,8 @@ caller bounds those (``--concurrency``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -22,6 +24,32 @@ _ENDPOINT = b"x-velocity-endpoint"
 _CTYPE = b"content-type"
 _RETRY_AFTER = b"retry-after"
 _RETRY_AFTER_MS = b"retry-after-ms"
+
+_frozen_depth = 0
+
+
+@contextlib.contextmanager
+def frozen_heap():
+    """Leave the objects the process already holds out of garbage collection while a run
+    times requests, and give them back after.
+
+    The client runs in its caller's process: a test runner late in a long suite, a bench
+    with its earlier phases' results. Every full collection walks that whole heap, and the
+    request that is waiting on the event loop meanwhile pays for it: with six million
+    objects held, one two-replica isolation run measured high p95 2.72x idle, and 1.11x
+    with them frozen (1.08x with no such heap). A client's pause is not the server's
+    latency."""
+    global _frozen_depth
+    if _frozen_depth == 0:
+        gc.collect()
+        gc.freeze()
+    _frozen_depth += 1
+    try:
+        yield
+    finally:
+        _frozen_depth -= 1
+        if _frozen_depth == 0:
+            gc.unfreeze()
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from ..engines.process import python_child
-from .client import Client
+from .client import Client, frozen_heap
 from .gateway_proc import free_port, free_port_range, http_get
 
 MODEL = "velocity-sim"
@@ -194,10 +194,18 @@ async def settled(fleet: Fleet, timeout: float) -> dict:
     return last
 
 
-async def run(engine_args: list[list[str]], policy: str, log_dir: str, *, low: int = 300,
-              high_samples: int = 40, spacing: float = 0.1, backlog: float = 4.0,
-              backoff_cap: float = 2.0, settle_timeout: float = 15.0, replicas: int = 1,
-              workers: int = 1) -> dict:
+async def run(engine_args: list[list[str]], policy: str, log_dir: str, **kw) -> dict:
+    """One scenario under one policy: idle and loaded high series on a fresh fleet (the
+    arguments of :func:`measure`), with the caller's heap left out of garbage collection
+    meanwhile (:func:`frozen_heap`: the client's pauses are not the gateway's)."""
+    with frozen_heap():
+        return await measure(engine_args, policy, log_dir, **kw)
+
+
+async def measure(engine_args: list[list[str]], policy: str, log_dir: str, *, low: int = 300,
+                  high_samples: int = 40, spacing: float = 0.1, backlog: float = 4.0,
+                  backoff_cap: float = 2.0, settle_timeout: float = 15.0, replicas: int = 1,
+                  workers: int = 1) -> dict:
     """One scenario under one policy: idle and loaded high series on a fresh fleet.
 
     With ``replicas`` gateways in front of the same engines, the low clients are spread

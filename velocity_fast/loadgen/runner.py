@@ -10,7 +10,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from .client import Client, Result
+from .client import Client, Result, frozen_heap
 from .workload import RequestSpec
 
 
@@ -57,14 +57,15 @@ async def run_workload(specs: list[RequestSpec], host: str, port: int, *, concur
     start = time.perf_counter()
     tasks = []
     try:
-        for spec in specs:
-            delay = start + spec.at - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            await sem.acquire()
-            progress.sent += 1
-            tasks.append(loop.create_task(one(spec)))
-        await asyncio.gather(*tasks)
+        with frozen_heap():
+            for spec in specs:
+                delay = start + spec.at - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                await sem.acquire()
+                progress.sent += 1
+                tasks.append(loop.create_task(one(spec)))
+            await asyncio.gather(*tasks)
     finally:
         for t in tasks:
             t.cancel()
