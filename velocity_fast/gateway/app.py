@@ -438,7 +438,7 @@ class Gateway:
                          "quota_tokens_left": None if left is None else round(left, 1),
                          "rejections": dict(t.rejections), "bands": {}}
         names = self.admission.band_names
-        for ps in self.admission._known_pools().values():
+        for ps in self.admission.known_pools().values():
             for i, tenants in enumerate(ps.queues.tenant_snapshot()):
                 for name, (counter, queued) in tenants.items():
                     entry = out.get(name)
