@@ -3,7 +3,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from velocity_fast.upstream.connection import Listener
+from velocity_fast.upstream.connection import ResponseHandler
 
 log: logging.Logger
 
@@ -22,7 +22,7 @@ class Ingress:
     band_names: list[str]
     max_model_len: int
 
-class Exchange(Listener):
+class Exchange(ResponseHandler):
     """One proxied request: admission, routing, the engine request and the relay back (made by the
     proxy path; no public constructor)."""
     @property

@@ -30,7 +30,7 @@ from velocity_fast.routing.route cimport RouteInfo
 from velocity_fast.routing.router cimport Router
 from velocity_fast.server.connection cimport Responder
 from velocity_fast.upstream.pool cimport UpstreamPool
-from velocity_fast.upstream.connection cimport Listener, UpstreamConnection
+from velocity_fast.upstream.connection cimport ResponseHandler, UpstreamConnection
 
 from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.fleet.endpoint cimport Endpoint, Pool
@@ -538,7 +538,7 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
                 model = gw._last_model
             else:
                 gw._last_model = model
-        info = (<Router?>gw.router)._route_info(model, r, h if req.gateway_headers else None, compact)
+        info = (<Router?>gw.router).route_info(model, r, h if req.gateway_headers else None, compact)
     except (BadRequest, UnknownProfile) as e:
         count_request(gw, route, 400, band)
         return resp.send_error(400, str(e), param=e.param, headers=_rid_headers(rid))
@@ -659,7 +659,7 @@ cdef Exchange _exchange(Ingress gw, Request req, Responder resp, str route, pool
     """A new Exchange, made without an __init__ call. Fields not set here start as None,
     0 or False: no lease, endpoint, engine connection or drain task yet; a streamed
     answer's fields (relaying, ct, status, events, first, engine_failed, error_text) are
-    set in upstream_head when it begins, and only read after."""
+    set in on_head when it begins, and only read after."""
     cdef Exchange x = Exchange.__new__(Exchange)
     x.gw = gw
     x.loop = gw._loop
@@ -698,17 +698,17 @@ cpdef start_native(Ingress gw, Request req, Responder resp, pool, Ticket ticket,
     x.start()
 
 
-# No @cython.freelist: Cython keeps one only for a base class, and Exchange extends Listener
+# No @cython.freelist: Cython keeps one only for a base class, and Exchange extends ResponseHandler
 # (it ignored the decorator here, with a warning at every build).
-cdef class Exchange(Listener):
-    """See the module doc. The engine connection's listener (called as C), and admission's
+cdef class Exchange(ResponseHandler):
+    """See the module doc. The engine connection's response handler (called as C), and admission's
     waiter while queued (registered below with ``set_waiter``: the dispatch cycle calls
     ``waiting`` and ``granted`` as C)."""
 
     cpdef start(self):
         self.resp.add_disconnect_callback(self)  # itself, callable: no bound method to make
         try:
-            got = self.adm._admit(self.ticket, self)
+            got = self.adm.admit_nowait(self.ticket, self)
         except Rejected as e:
             self._account(0, 0, 0, True)  # nothing served: the quota's draw comes back
             self._reject_counted(e.reason)
@@ -787,8 +787,8 @@ cdef class Exchange(Listener):
         gw, tried = self.gw, self.tried
         router = gw.router
         # The lease's own band first, then any endpoint with room (the pool had headroom).
-        ep = (router._pick(self.pool, self.info, lease, tried)  # the lease's fits(), as C
-              or router._pick(self.pool, self.info, gw.admission.has_room, tried))
+        ep = (router.pick(self.pool, self.info, lease, tried)  # the lease's has_room, as C
+              or router.pick(self.pool, self.info, gw.admission.has_room, tried))
         if ep is None:
             self._account(0, 0, 0, True)  # no engine produced anything
             self._fail_lease(None)
@@ -803,7 +803,7 @@ cdef class Exchange(Listener):
             full = list(tried) if tried else []
             while ep is not None and not lease.claim(ep):
                 full.append(ep)
-                ep = router._pick(self.pool, self.info, gw.admission.has_room, full)
+                ep = router.pick(self.pool, self.info, gw.admission.has_room, full)
             if ep is None:
                 ep = first
                 lease.force(ep)
@@ -814,44 +814,26 @@ cdef class Exchange(Listener):
         auth = f"authorization: Bearer {key}\r\n".encode("latin-1") if key else b""
         up.request(_engine_request(up.json_post_head(self.up_path), self.rid, auth, self.body), self)
 
-    # -- the engine connection's listener: called as C (upstream/connection.pyx's Listener); the
-    # Python names are for a connection made by the pool's Python (a fresh connect) --
-    def upstream_sent(self, UpstreamConnection conn):
-        self.on_sent(conn)
-
-    def upstream_head(self, UpstreamConnection conn):
-        self.on_head(conn)
-
-    def upstream_body(self, UpstreamConnection conn, bytes data):
-        self.on_body(conn, data)
-
-    def upstream_raw(self, UpstreamConnection conn, bytes framed):
-        self.on_raw(conn, framed)
-
-    def upstream_done(self, UpstreamConnection conn):
-        self.on_done(conn)
-
-    def upstream_error(self, conn, err):
-        self.on_error(conn, err)
-
-    cdef on_sent(self, UpstreamConnection conn):
+    # -- the engine connection's response handler: called as C (upstream/connection.pyx's
+    # ResponseHandler) --
+    cpdef on_sent(self, UpstreamConnection conn):
         self.conn = conn
 
-    cdef on_body(self, UpstreamConnection conn, bytes data):
+    cpdef on_body(self, UpstreamConnection conn, bytes data):
         self._relay(conn, data, False)
 
-    cdef on_raw(self, UpstreamConnection conn, bytes framed):
+    cpdef on_raw(self, UpstreamConnection conn, bytes framed):
         self._relay(conn, framed, True)
 
-    cdef on_head(self, UpstreamConnection conn):
+    cpdef on_head(self, UpstreamConnection conn):
         self.headed = True
-        (<Router?>self.gw.router)._on_dispatch(self.ep, self.info)
+        (<Router?>self.gw.router).on_dispatch(self.ep, self.info)
         if conn.status < 200 or conn.status > 599:
             return  # not an answer to relay: _answer makes it a 502 once the engine is done
         ct = _content_type(conn)
         if starts(ct, "text/event-stream") or (
                 not conn.has_length and conn.te_chunked and not starts(ct, "application/json")):
-            # A stream: its pieces come to upstream_body as they arrive (upstream/connection.pyx relays each chunk as it is read).
+            # A stream: its pieces come to on_body as they arrive (upstream/connection.pyx relays each chunk as it is read).
             self.relaying = True
             self.ct = ct
             self.status = conn.status
@@ -923,7 +905,7 @@ cdef class Exchange(Listener):
         if conn is not None:
             conn.resume()
 
-    cdef on_done(self, UpstreamConnection conn):
+    cpdef on_done(self, UpstreamConnection conn):
         try:
             if self.relaying:
                 self._stream_done(conn)
@@ -1006,7 +988,7 @@ cdef class Exchange(Listener):
         self._fail_lease(f"engine status {status}")
         self._refuse(502, "upstream", f"The engine answered with an invalid HTTP status ({status}).")
 
-    cdef on_error(self, UpstreamConnection conn, err):
+    cpdef on_error(self, UpstreamConnection conn, err):
         if self.abandoned or self.state == _DONE:
             return
         try:  # a bug in it fails this request (500), not the connection it was called from
@@ -1048,7 +1030,7 @@ cdef class Exchange(Listener):
         self.abandoned = True
         if self.state == _QUEUED:
             self.state = _DONE
-            self.adm._withdraw(self.ticket, self.qitem)
+            self.adm.withdraw(self.ticket, self.qitem)
             self._account(0, 0, 0, True)  # never served: the quota's draw comes back
             return
         if self.state != _DONE:
@@ -1102,7 +1084,7 @@ cdef class Exchange(Listener):
         status = self.status if self.relaying else 503
         if self.state == _QUEUED:
             self.state = _DONE
-            self.adm._withdraw(self.ticket, self.qitem)
+            self.adm.withdraw(self.ticket, self.qitem)
         else:
             self.state = _DONE
             self._drop_engine()
