@@ -34,7 +34,7 @@ cdef class Ingress:
 
 
 cdef class Exchange(ResponseHandler):
-    cdef readonly Ingress gw
+    cdef readonly Ingress ingress
     cdef object loop
     cdef readonly Request req
     cdef readonly Responder resp
