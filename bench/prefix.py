@@ -165,7 +165,7 @@ async def _sample(gw, out: list, every_s: float = 0.05) -> None:
     it has in flight there and the engine's last gauges (waiting, running)."""
     while True:
         eps = {ep.name: (ep.inflight, ep.waiting, ep.running) for ep in gw.endpoints.values()}
-        out.append((gw.admission._queued_total(), eps))
+        out.append((gw.admission.queued(), eps))
         await asyncio.sleep(every_s)
 
 

@@ -106,7 +106,7 @@ class Gateway:
         self.router = make_router(settings, self.registry,
                                   precise=self.kv.precise_for(routing_settings(settings)))
         self.band_names = [b.name for b in settings.bands]
-        self.default_band = self._default_band()
+        self.default_band = self.resolve_default_band()
         self.client_server: HTTPServer | None = None
         self.watching = False  # health monitors run: endpoints added from now on are watched at once
         self.admin_server: HTTPServer | None = None
@@ -290,7 +290,7 @@ class Gateway:
         """The band a request asks for (header, then body), capped by its tenant's max_band."""
         return band_for(self.band_names, raw, tenant, self.default_band)
 
-    def _default_band(self) -> str | None:
+    def resolve_default_band(self) -> str | None:
         """The band of a request that names none: admission.default_band (validated against
         the bands; None leaves band_for its own rule)."""
         band = self.admission.settings.default_band
