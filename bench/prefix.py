@@ -165,7 +165,7 @@ async def _sample(gw, out: list, every_s: float = 0.05) -> None:
     it has in flight there and the engine's last gauges (waiting, running)."""
     while True:
         eps = {ep.name: (ep.inflight, ep.waiting, ep.running) for ep in gw.endpoints.values()}
-        out.append((gw.admission._queued_total(), eps))
+        out.append((gw.admission.queued(), eps))
         await asyncio.sleep(every_s)
 
 
@@ -208,11 +208,11 @@ def bench_tokenizer(folder: str) -> str:
     """A word-level tokenizer.json over the workload's words, with ChatML's markers."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    from velocity_fast.loadgen.workload import _WORDS
+    from velocity_fast.loadgen.workload import WORDS
 
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator([" ".join(_WORDS)], trainers.WordLevelTrainer(
+    tok.train_from_iterator([" ".join(WORDS)], trainers.WordLevelTrainer(
         special_tokens=["[UNK]", "<|im_start|>", "<|im_end|>"]))
     path = os.path.join(folder, "tokenizer.json")
     tok.save(path)

@@ -83,10 +83,10 @@ async def run(args) -> dict:
     if pin:
         cmd = ["taskset", "-c", str(cores[0])] + cmd
         os.sched_setaffinity(0, {cores[1]})
-    from velocity_fast.loadgen.gateway_proc import _die_with_parent  # SIGTERM to the engine if this dies
+    from velocity_fast.loadgen.gateway_proc import die_with_parent  # SIGTERM to the engine if this dies
 
     proc = subprocess.Popen(cmd, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=_die_with_parent)
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=die_with_parent)
     try:
         line = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, proc.stdout.readline), 30)
         port = int(line.decode().rsplit(":", 1)[1])

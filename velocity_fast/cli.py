@@ -15,11 +15,11 @@ COMMANDS = ("chargeVelocity", "serve", "sim-engine", "detect", "loadgen", "bench
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .engines.options import add_engine_arguments
-    from .gateway.options import add_gateway_arguments
+    from .engines.flags import add_engine_arguments
+    from .gateway.flags import add_gateway_arguments
     from .loadgen.bench_cmd import add_bench_arguments
-    from .loadgen.options import add_loadgen_arguments
-    from .sim.options import add_arguments as add_sim_arguments
+    from .loadgen.flags import add_loadgen_arguments
+    from .sim.flags import add_arguments as add_sim_arguments
 
     parser = argparse.ArgumentParser(
         prog="velocityllm",

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from velocity_fast.loadgen.gateway_proc import _die_with_parent, http_get
+from velocity_fast.loadgen.gateway_proc import die_with_parent, http_get
 
 from .targets import REPO as ROOT
 
@@ -44,7 +44,7 @@ class Engines:
                                                       "endpoint": kv[0], "replay_endpoint": kv[1], "topic": "kv"})]
         # An engine gets SIGTERM if this bench dies without stopping it (killed, timed out).
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True, preexec_fn=_die_with_parent)
+                                env=env, start_new_session=True, preexec_fn=die_with_parent)
 
     @staticmethod
     def _port_of(p: subprocess.Popen, deadline: float) -> int:

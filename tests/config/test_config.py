@@ -23,9 +23,9 @@ from velocity_fast.config import (
 )
 from velocity_fast.fleet.health import HealthSettings
 from velocity_fast.fleet.scrape import MetricNames
-from velocity_fast.gateway.launch import _sim_flags
+from velocity_fast.gateway.launch import sim_flags
 from velocity_fast.routing.settings import RoutingSettings
-from velocity_fast.sim.options import add_arguments as add_sim_arguments
+from velocity_fast.sim.flags import add_arguments as add_sim_arguments
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "config.example.yaml"
 
@@ -208,7 +208,7 @@ def test_example_sim_section_are_sim_engine_flags():
     s = load_settings(str(EXAMPLE), {}, env={})
     p = argparse.ArgumentParser(exit_on_error=False)
     add_sim_arguments(p)
-    ns = p.parse_args(_sim_flags(s, None))
+    ns = p.parse_args(sim_flags(s, None))
     assert ns.max_num_seqs == s.sim["max_num_seqs"]
     assert ns.enable_prefix_caching is True
     assert ns.prefix_cache_blocks is None

@@ -6,7 +6,7 @@ import argparse
 import pytest
 
 from velocity_fast.config import ConfigError, load_settings
-from velocity_fast.gateway.options import add_gateway_arguments, flag_overrides
+from velocity_fast.gateway.flags import add_gateway_arguments, flag_overrides
 from velocity_fast.gateway.policy import routing_settings
 
 EP = {"name": "e1", "url": "http://127.0.0.1:9", "model": "m"}

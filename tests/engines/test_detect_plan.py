@@ -15,7 +15,7 @@ from velocity_fast.engines.app import detect_main, prepare_engines
 from velocity_fast.engines.detect import GPU
 from velocity_fast.engines.errors import PlanError, VllmNotFound
 from velocity_fast.engines.models import ModelChoice
-from velocity_fast.engines.options import add_engine_arguments
+from velocity_fast.engines.flags import add_engine_arguments
 from velocity_fast.engines.plan import plan_engines
 
 
@@ -107,7 +107,7 @@ def test_flags_and_defaults():
 def test_options_module_imports_nothing_heavy():
     import subprocess
 
-    code = ("import sys, velocity_fast.engines.options; "
+    code = ("import sys, velocity_fast.engines.flags; "
             "print(sorted(m for m in sys.modules if m.startswith(('velocity_fast', 'asyncio', 'subprocess'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(FAKES_DIR.parents[2])).stdout
@@ -257,8 +257,8 @@ def test_vllm_gets_at_most_its_models_own_context(tmp_path):
 def test_a_sim_engine_has_kv_blocks_for_one_whole_sequence():
     """Without --num-gpu-blocks a sim sized for long prompts can hold one (vLLM would not start
     otherwise); an explicit count is kept, and checked."""
-    from velocity_fast.sim.config import SimConfig
-    from velocity_fast.sim.options import add_arguments
+    from velocity_fast.sim.settings import SimConfig
+    from velocity_fast.sim.flags import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -80,7 +80,7 @@ async def test_a_slow_client_holds_back_the_engine_and_then_gets_every_byte():
             assert eng.sent <= TOTAL // 2, eng.sent  # held back, far from the whole stream
             upstream = gw.endpoints["e1"].upstream
             # (health checks and scrapes share the pool: only the stream's connection counts)
-            relaying = [c for c in upstream._all if c.listener is not None and c.listener.relaying]
+            relaying = [c for c in upstream._all if c.handler is not None and c.handler.relaying]
             assert len(relaying) == 1 and relaying[0]._paused  # reading from the engine is paused
             # The gateway's own share: its write buffer (the outbox and the transport
             # together, paused past the high-water mark) and one read's worth of events

@@ -21,9 +21,9 @@ import pytest
 
 from velocity_fast.cli import COMMANDS, build_parser
 from velocity_fast.config import Settings
-from velocity_fast.gateway.options import flag_overrides
+from velocity_fast.gateway.flags import flag_overrides
 from velocity_fast.routing.settings import RoutingSettings
-from velocity_fast.sim.config import SimConfig
+from velocity_fast.sim.settings import SimConfig
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 STATED = re.compile(r"\(default:? ([^)]*)\)")

@@ -119,8 +119,8 @@ async def test_an_internal_error_is_a_counted_500_with_the_request_id(engine, ro
 
         def broken(*a, **k):
             raise RuntimeError("provoked for the test")
-        # x-velocity-sla-ms makes both routes call Gateway._sla_for
-        monkeypatch.setattr(gw, "_sla_for", broken)
+        # x-velocity-sla-ms makes both routes call Gateway.sla_for
+        monkeypatch.setattr(gw, "sla_for", broken)
         with caplog.at_level(logging.ERROR, logger="velocity"):
             r = await http_request(gw.port, "POST", route, base(route),
                                    headers={"x-request-id": "rid-provoked-1", "x-velocity-sla-ms": "500"})

@@ -40,7 +40,7 @@ def test_no_room_asks_the_callable_or_the_room_filter_as_c():
     room = lambda ep: ep is a  # noqa: E731
     assert NoRoom().verdict(a, _pick(has_room=room)) == "keep"
     assert NoRoom().verdict(b, _pick(has_room=room)) == "drop"
-    assert NoRoom().verdict(b, _pick(room=RoomFilter())) == "keep"  # the base filter has room everywhere
+    assert NoRoom().verdict(b, _pick(room_filter=RoomFilter())) == "keep"  # the base filter has room everywhere
 
 
 def test_excluded_takes_any_container():

@@ -1,7 +1,7 @@
 """The engine connection's own reading of chunked streams (upstream/connection.pyx), against llhttp.
 
-A stream's whole chunks go on to the client as they came (``upstream_raw``); a chunk split
-across reads goes as its pieces of data (``upstream_body``, framed anew by the Responder).
+A stream's whole chunks go on to the client as they came (``on_raw``); a chunk split
+across reads goes as its pieces of data (``on_body``, framed anew by the Responder).
 Whatever the reads, the client must get whole chunks carrying exactly the engine's data,
 and the answer must end once, where llhttp says it ends. Framing llhttp refuses must fail
 the request, not pass on.
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from velocity_fast.http.http1 import scan_chunked_head
-from velocity_fast.upstream.connection import Listener, UpstreamConnection
+from velocity_fast.upstream.connection import ResponseHandler, UpstreamConnection
 from velocity_fast.upstream.errors import UpstreamError
 
 HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
@@ -26,7 +26,7 @@ class _Pool:
     def __init__(self) -> None:
         self.forgotten = 0
 
-    def _forget(self, conn) -> None:
+    def forget(self, conn) -> None:
         self.forgotten += 1
 
 
@@ -49,7 +49,7 @@ class _Transport:
         pass
 
 
-class _Relay(Listener):
+class _Relay(ResponseHandler):
     """Frames what it is given as a chunked Responder would: the client's bytes."""
 
     def __init__(self, raw: bool) -> None:
@@ -59,23 +59,23 @@ class _Relay(Listener):
         self.done = 0
         self.errors: list[UpstreamError] = []
 
-    def upstream_head(self, conn) -> None:
+    def on_head(self, conn) -> None:
         self.relaying = True
         self.raw_chunks = self.raw
 
-    def upstream_raw(self, conn, framed: bytes) -> None:
+    def on_raw(self, conn, framed: bytes) -> None:
         self.pieces.append(("raw", framed))
         self.out += framed
 
-    def upstream_body(self, conn, data: bytes) -> None:
+    def on_body(self, conn, data: bytes) -> None:
         assert data, "an empty piece would end the client's stream"
         self.pieces.append(("body", data))
         self.out += b"%x\r\n%s\r\n" % (len(data), data)
 
-    def upstream_done(self, conn) -> None:
+    def on_done(self, conn) -> None:
         self.done += 1
 
-    def upstream_error(self, conn, err) -> None:
+    def on_error(self, conn, err) -> None:
         self.errors.append(err)
 
 
@@ -107,7 +107,7 @@ def _llhttp_body(wire: bytes) -> tuple[bytes, bool]:
     return P.body, P.complete
 
 
-def _conn(listener) -> tuple[UpstreamConnection, _Transport]:
+def _conn(handler) -> tuple[UpstreamConnection, _Transport]:
     import asyncio
 
     loop = asyncio.new_event_loop()
@@ -117,7 +117,7 @@ def _conn(listener) -> tuple[UpstreamConnection, _Transport]:
         loop.close()
     t = _Transport()
     conn.connection_made(t)
-    conn.listener = listener  # as send_to leaves it
+    conn.handler = handler  # as send_to leaves it
     return conn, t
 
 
@@ -211,11 +211,11 @@ def test_only_a_chunked_head_is_read_here():
         assert scan_chunked_head(other, 0) is None
 
 
-class _Keep(Listener):
+class _Keep(ResponseHandler):
     def __init__(self) -> None:
         self.done = 0
 
-    def upstream_done(self, conn) -> None:
+    def on_done(self, conn) -> None:
         self.done += 1
 
 
@@ -231,10 +231,10 @@ def test_a_head_read_whole_is_what_llhttp_reads_from_the_same_bytes_split(wire):
     # status line: llhttp's callbacks. The exchange reads these fields, not the dict.
     seen = []
     for cuts in ([], [5]):
-        listener = _Keep()
-        conn, _ = _conn(listener)
+        handler = _Keep()
+        conn, _ = _conn(handler)
         _feed(conn, wire, cuts)
-        assert listener.done == 1
+        assert handler.done == 1
         seen.append((conn.status, conn.keep_alive, conn.content_type, conn.has_length, conn.te_chunked,
                      dict(conn.headers), conn.take()))
     assert seen[0] == seen[1]

@@ -96,8 +96,7 @@ cdef class Lease(RoomFilter):
     cpdef bint claim(self, Endpoint ep) except -1
     cpdef force(self, Endpoint ep)
     cpdef rebind(self, Endpoint ep)
-    cpdef bint fits(self, Endpoint ep) except -1
-    cdef bint room(self, Endpoint ep) except -1
+    cpdef bint has_room(self, Endpoint ep) except -1
     cpdef first_byte(self)
     cpdef release(self, str outcome=*, error_text=*, long tokens=*)
     cpdef usage(self, double prompt, double cached, double completion)
@@ -146,8 +145,8 @@ cdef class Admission:
     cdef double _now(self) except? -1.0
     cdef double _pool_sat(self, PoolState ps, double now, int band) except? -1.0
     cdef double _endpoint_sat(self, EndpointLoad load, double now, int band) except? -1.0
-    cdef object _admit(self, Ticket ticket, waiter)
-    cdef bint _withdraw(self, Ticket ticket, Item item) except -1
+    cpdef object admit_nowait(self, Ticket ticket, waiter)
+    cpdef bint withdraw(self, Ticket ticket, Item item) except -1
     cdef double _predict(self, PoolState ps, int band, double service, long room, double sat, double now,
                          double* wait) except? -2.0
     cdef double _slots(self, PoolState ps, int band)
@@ -165,7 +164,6 @@ cdef class Admission:
     cdef void _cycle_run(self, PoolState ps, double now, bint have_now) except *
     cdef Lease _grant(self, PoolState ps, int band, tenant, long max_tokens, long prompt_bytes, double service,
                       double deadline, double arrived_at, double now)
-    cdef bint _fits(self, Lease lease, Endpoint ep) except -1
     cdef void _on_bind(self, Lease lease, Endpoint ep, bint rebind) except *
     cdef void _on_unbind(self, Lease lease, Endpoint ep) except *
     cdef void _on_release(self, Lease lease, int outcome, error_text, long tokens) except *

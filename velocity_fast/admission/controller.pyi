@@ -95,7 +95,8 @@ class Lease(RoomFilter):
     def rebind(self, ep: Endpoint) -> None: ...
     def claim(self, ep: Endpoint) -> bool: ...
     def force(self, ep: Endpoint) -> None: ...
-    def fits(self, ep: Endpoint) -> bool: ...
+    def has_room(self, ep: Endpoint) -> bool:
+        """Room on ``ep`` for this lease's band: below its limit and its band's ceiling there."""
     def first_byte(self) -> None: ...
     def release(self, outcome: str = "completed", error_text: str | None = None, tokens: int = 0) -> None: ...
 
@@ -122,6 +123,10 @@ class Admission:
         """Stop the housekeeping timer and fail whatever still waits (503)."""
     def stats(self) -> dict:
         """Scheduler statistics for /stats."""
+    def known_pools(self) -> dict[str, Any]:
+        """Every pool's state, created for pools no request has asked for yet."""
+    def queued(self) -> int:
+        """Requests waiting in admission, every pool and band."""
     def admit_nowait(self, ticket: Ticket, waiter: Any) -> Lease | Item:
         """Grant a lease now, raise Rejected, or queue ``waiter`` and return its queue Item."""
     def withdraw(self, ticket: Ticket, item: Item) -> bool:

@@ -267,15 +267,33 @@ cdef class Lease(RoomFilter):
             vf_atomic_add(&ep.shm.overcommits, 1)
         self.rebind(ep)
 
-    cpdef bint fits(self, Endpoint ep) except -1:
+    cpdef bint has_room(self, Endpoint ep) except -1:
         """Room on ``ep`` for this lease's band (the router's filter): below the
         endpoint's limit and below the band's ceiling on this endpoint too — the pool
         may have headroom on another endpoint, and a request must not take slots that
         this engine cannot run (its learned batch) or that are kept for higher bands."""
-        return self._adm._fits(self, ep)
-
-    cdef bint room(self, Endpoint ep) except -1:
-        return self._adm._fits(self, ep)
+        cdef Admission adm = self._adm
+        cdef EndpointState st
+        cdef EndpointLoad load
+        cdef double ceiling
+        cdef bint ok
+        if ep.shm != NULL:
+            sync_shared(ep, None)
+        if not (ep.healthy and ep.inflight < ep.limit):
+            return False
+        ceiling = adm._ceilings[self.band_index]
+        if ceiling == INFINITY:  # a band never held back (static's one band)
+            return True
+        st = adm._known_state(ep)
+        if st is None:
+            return True
+        load = st.load
+        load.limit = ep.limit
+        # With this lease on it, as the pool's number counts the next grant.
+        load.inflight = ep.inflight + 1
+        ok = adm._endpoint_sat(load, adm._now(), self.band_index) <= ceiling
+        load.inflight = ep.inflight
+        return ok
 
     cpdef first_byte(self):
         """The first byte of the response came back (time-to-first-token)."""
@@ -354,7 +372,7 @@ cdef class Admission:
         sat = self.policy.saturation
         self._configure(sat.model if type(sat) is EngineSaturation else None, type(sat) is FixedConcurrency)
         for model in list(pools):
-            self._pool_state(model)
+            self._state_of(model)
 
     # -- the request path ------------------------------------------------------------
 
@@ -394,7 +412,7 @@ cdef class Admission:
             if st.aimd.on_probe(now):
                 _set_limit(ep, st.aimd.limit)
         if ps is not None:
-            self._dispatch(ps, now)
+            self._cycle(ps, now, True)
 
     # -- out of memory ---------------------------------------------------------------
 
@@ -421,8 +439,8 @@ cdef class Admission:
             self.housekeep()
         except Exception:
             log.exception("admission housekeeping failed")
-        if self._queued_total() or any(ps.promises for ps in self._pools.values()):
-            self._arm_tick()
+        if self._queued() or any(ps.promises for ps in self._pools.values()):
+            self._arm()
 
     def housekeep(self) -> None:
         """Judge the Retry-After promises come due, expire TTLs, decline hopeless
@@ -439,7 +457,7 @@ cdef class Admission:
                 self._fail_waiter(it, 504, "ttl", "waited in the queue past its TTL", None)
             if self.policy.drop_hopeless and q.count:
                 self._drop_hopeless(ps, now)
-            self._dispatch(ps, now)
+            self._cycle(ps, now, True)
 
     def _drop_hopeless(self, PoolState ps, double now) -> None:
         cdef ServiceEstimate est = ps.est
@@ -482,20 +500,20 @@ cdef class Admission:
                 depth[i] += ps.queues.band(i).count
         return [((n,), d) for n, d in zip(self.band_names, depth)]
 
-    def _known_pools(self) -> dict[str, PoolState]:
+    def known_pools(self) -> dict[str, PoolState]:
         """Every pool's state, created for pools no request has asked for yet: the
         gateway adds its endpoints after building admission, and /stats and the
         metrics must show their limits before the first request."""
         for model in list(self.pools):
             if model not in self._pools:
-                self._pool_state(model)
+                self._state_of(model)
         return self._pools
 
     def _saturation_samples(self):
         now = self.clock()
         out = []
-        for model, ps in self._known_pools().items():
-            self._sync(ps)
+        for model, ps in self.known_pools().items():
+            self._refresh(ps)
             out.append(((model,), min(self.policy.saturation.pool(ps.loads, ps.pending, now), 1e9)))
         return out
 
@@ -527,8 +545,8 @@ cdef class Admission:
                            "oldest_wait_ms": None if oldest is None else round((now - oldest) * 1000.0, 3),
                            "wait_ms": percentiles(tel.waits[i])}
         pools = {}
-        for model, ps in self._known_pools().items():
-            self._sync(ps)
+        for model, ps in self.known_pools().items():
+            self._refresh(ps)
             sat = self.policy.saturation.pool(ps.loads, ps.pending, now)
             pools[model] = {"saturation": None if math.isinf(sat) else round(sat, 4), "queued": ps.queues.count,
                             "pending_leases": ps.pending,
@@ -550,7 +568,7 @@ cdef class Admission:
         return {
             "policy": self.policy.name,
             "counters": counts,
-            "queued": self._queued_total(),
+            "queued": self._queued(),
             "queue_cancelled": tel.queue_cancelled,
             "rejections": dict(tel.reasons),
             "bands": bands,
@@ -650,7 +668,7 @@ cdef class Admission:
 
     # -- arrival ----------------------------------------------------------------------------
 
-    def admit_nowait(self, Ticket ticket, waiter):
+    cpdef object admit_nowait(self, Ticket ticket, waiter):
         """Grant a lease now, raise Rejected, or queue ``waiter`` and return its queue Item
         (``item.waiter`` is the waiter).
 
@@ -658,9 +676,6 @@ cdef class Admission:
         ``set_exception(rejected)`` (called from the dispatch cycle: it must only
         schedule its work); None queues a new future. ``withdraw`` takes it back.
         """
-        return self._admit(ticket, waiter)
-
-    cdef object _admit(self, Ticket ticket, waiter):
         cdef double now = self._now()
         cdef PoolState ps = self._pools.get(ticket.model)
         cdef int band
@@ -739,11 +754,8 @@ cdef class Admission:
             self._arm()
         return item
 
-    def withdraw(self, Ticket ticket, Item item):
+    cpdef bint withdraw(self, Ticket ticket, Item item) except -1:
         """Take a queued request out of its queue (its client left); False if no longer queued."""
-        return self._withdraw(ticket, item)
-
-    cdef bint _withdraw(self, Ticket ticket, Item item) except -1:
         cdef PoolState ps
         if item is None:
             return False
@@ -931,33 +943,11 @@ cdef class Admission:
         return None if service < 0.0 else (wait, service)
 
     def has_room(self, Endpoint ep):
-        """True when ``ep`` may take one more request now (the router's filter)."""
+        """True when ``ep`` may take one more request now, of any band (the router's
+        filter once a lease's own band found none: ``Lease.has_room``)."""
         if ep.shm != NULL:
             sync_shared(ep, None)
         return ep.healthy and ep.inflight < ep.limit
-
-    cdef bint _fits(self, Lease lease, Endpoint ep) except -1:
-        cdef EndpointState st
-        cdef EndpointLoad load
-        cdef double ceiling
-        cdef bint ok
-        if ep.shm != NULL:
-            sync_shared(ep, None)
-        if not (ep.healthy and ep.inflight < ep.limit):
-            return False
-        ceiling = self._ceilings[lease.band_index]
-        if ceiling == INFINITY:  # a band never held back (static's one band)
-            return True
-        st = self._known_state(ep)
-        if st is None:
-            return True
-        load = st.load
-        load.limit = ep.limit
-        # With this lease on it, as the pool's number counts the next grant.
-        load.inflight = ep.inflight + 1
-        ok = self._endpoint_sat(load, self._now(), lease.band_index) <= ceiling
-        load.inflight = ep.inflight
-        return ok
 
     def _reject(self, int status, str reason, str message, retry_after):
         self.telemetry.reject(reason)
@@ -965,14 +955,11 @@ cdef class Admission:
 
     # -- pools and endpoints ------------------------------------------------------------------
 
-    def _pool_state(self, model):
+    cdef PoolState _state_of(self, model):
         """The state of ``model``'s pool (None: the default pool), made on first use;
         None when there is no such pool. A pool once known keeps its state even after
         it left ``pools`` (its queue may still hold requests): a look-up in ``_pools``
         is this method's answer when it finds one."""
-        return self._state_of(model)
-
-    cdef PoolState _state_of(self, model):
         pools = self.pools
         if model is None or model not in pools:
             if model is not None and model in self._pools:
@@ -986,9 +973,6 @@ cdef class Admission:
                                                 self.settings.ewma_alpha)
             (<PoolState>ps).shm = pool_slot(model)
         return ps
-
-    def _endpoint_state(self, Endpoint ep):
-        return self._ep_state(ep)
 
     cdef EndpointState _known_state(self, Endpoint ep):
         """``ep``'s state if admission knows it, else None. The last one found is kept:
@@ -1018,11 +1002,8 @@ cdef class Admission:
             self._eps[_key(ep)] = st
         return st
 
-    def _sync(self, PoolState ps):
-        """Refresh the compiled loads from the endpoints; True if any is healthy."""
-        return self._refresh(ps)
-
     cdef bint _refresh(self, PoolState ps) except -1:
+        """Refresh the compiled loads from the endpoints; True if any is healthy."""
         cdef EndpointState st
         cdef list eps = pool_endpoints(ps.pool)
         # The pool has not changed since the last cycle: the same endpoints.
@@ -1032,7 +1013,8 @@ cdef class Admission:
             ps.seen = list(eps)
         return refresh(ps.loads, ps.seen)
 
-    def _queued_total(self):
+    def queued(self):
+        """Requests waiting in admission, every pool and band."""
         return self._queued()
 
     cdef long _queued(self) except -1:
@@ -1044,12 +1026,10 @@ cdef class Admission:
 
     # -- the dispatch cycle -------------------------------------------------------------------
 
-    def _dispatch(self, PoolState ps, now=None):
-        """One cycle for ``ps``; ``now``: the caller's own reading of the clock, when
-        it has just taken one (the cycle runs at the moment of what triggered it)."""
-        self._cycle(ps, 0.0 if now is None else <double>now, now is not None)
-
     cdef void _cycle(self, PoolState ps, double now, bint have_now) except *:
+        """One dispatch cycle for ``ps``; ``now``: the caller's own reading of the clock,
+        when it has just taken one (``have_now``: the cycle runs at the moment of what
+        triggered it)."""
         if ps.shm == NULL:
             self._cycle_run(ps, now, have_now)
             return
@@ -1277,9 +1257,6 @@ cdef class Admission:
         _set_limit(ep, <int>aimd.value)
 
     # -- housekeeping -------------------------------------------------------------------------
-
-    def _arm_tick(self):
-        self._arm()
 
     cdef void _arm(self) except *:
         if self._tick is None:

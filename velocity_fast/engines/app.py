@@ -125,7 +125,7 @@ def detect_main(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .options import add_engine_arguments
+    from .flags import add_engine_arguments
 
     parser = argparse.ArgumentParser(prog="velocityllm detect", description=detect_main.__doc__)
     add_engine_arguments(parser)

@@ -19,7 +19,7 @@ from velocity_fast.engines.errors import PlanError, VllmNotFound
 from velocity_fast.engines.models import ModelChoice
 
 from .detect import GPU
-from .options import (
+from .flags import (
     DEFAULT_ENGINE_BASE_PORT,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     DEFAULT_MAX_MODEL_LEN,

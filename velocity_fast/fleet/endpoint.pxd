@@ -46,7 +46,7 @@ cdef class Pool:
 
 
 cdef class RoomFilter:
-    cdef bint room(self, Endpoint ep) except -1
+    cpdef bint has_room(self, Endpoint ep) except -1
 
 
 cdef inline list pool_endpoints(pool):

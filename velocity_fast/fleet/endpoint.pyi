@@ -43,4 +43,6 @@ class Pool:
 
 class RoomFilter:
     """A router's filter of endpoints asked as C (an admission lease is one)."""
+    def has_room(self, ep: Endpoint) -> bool:
+        """Room on ``ep`` for the request (this base: everywhere)."""
     def __call__(self, ep: Endpoint) -> bool: ...

@@ -76,8 +76,9 @@ cdef class RoomFilter:
     """A router's filter of endpoints asked as C (an admission lease is one); any other
     filter is a Python callable taking the endpoint."""
 
-    cdef bint room(self, Endpoint ep) except -1:
+    cpdef bint has_room(self, Endpoint ep) except -1:
+        """Room on ``ep`` for the request (this base: everywhere)."""
         return True
 
     def __call__(self, Endpoint ep):
-        return self.room(ep)
+        return self.has_room(ep)

@@ -48,7 +48,7 @@ class Gateway:
     Its identity, router, admission, monitor, metrics, pools, default model, band names
     and loop live in its ``Ingress`` (compiled, gateway/exchange.pyx), where the request
     path reads them as C; the Ingress calls back into this object for the rest
-    (``_health``, ``_route``, ``_reject``, ``_sla_for``)."""
+    (``health``, ``route_other``, ``reject``, ``sla_for``)."""
 
     identity = _ingress_field("identity")
     router = _ingress_field("router")
@@ -76,7 +76,7 @@ class Gateway:
         self.ingress = Ingress()
         self.ingress.app = self
         # The client port's handler (compiled): /health, the key check, the proxy routes;
-        # every other route goes to _route below.
+        # every other route goes to route_other below.
         self.handle = functools.partial(handle_client, self.ingress)
         self.settings = settings
         # What it started with: a reload replaces `settings`, but the keys read once at
@@ -106,7 +106,7 @@ class Gateway:
         self.router = make_router(settings, self.registry,
                                   precise=self.kv.precise_for(routing_settings(settings)))
         self.band_names = [b.name for b in settings.bands]
-        self.default_band = self._default_band()
+        self.default_band = self.resolve_default_band()
         self.client_server: HTTPServer | None = None
         self.watching = False  # health monitors run: endpoints added from now on are watched at once
         self.admin_server: HTTPServer | None = None
@@ -201,7 +201,7 @@ class Gateway:
         # check timed out), as a proxy warms a cluster before its listener: a request
         # sent the moment the gateway is up must not meet engines nobody has asked yet.
         await self.monitor.first_checks(s.health.check_timeout_ms / 1000 + 0.25)
-        server = HTTPServer(self.handle, limits=limits, name="gateway", on_error=self.ingress._internal_error)
+        server = HTTPServer(self.handle, limits=limits, name="gateway", on_error=self.ingress.answer_internal_error)
         server.cut_message = "The gateway shut down before the response was complete."
         await server.start(host, s.port if port is None else port, reuse_port=reuse_port)
         self.client_server = server  # /ready says so only from here on
@@ -239,7 +239,7 @@ class Gateway:
 
     # -- client port -----------------------------------------------------------------------------
 
-    def _route(self, req: Request, resp: Responder):
+    def route_other(self, req: Request, resp: Responder):
         """The client port's routes other than /health and the proxy routes (already
         authenticated): answers at once or returns a coroutine the server runs as a task."""
         path = req.path
@@ -253,7 +253,7 @@ class Gateway:
             return resp.send_json(200, self.stats())
         return resp.send_error(404, f"No route for {req.method} {path}.")
 
-    def _health(self, resp: Responder) -> None:
+    def health(self, resp: Responder) -> None:
         healthy = any(e.healthy for e in self.endpoints.values())
         resp.send_json(200, {"status": "ok" if healthy else "degraded", "policy": self.settings.policy,
                              "backend": self.backend, "model": self.model_label or self.default_model,
@@ -275,7 +275,7 @@ class Gateway:
         return time.time() - (time.monotonic() - self.started_at)
 
     # -- the proxy path ----------------------------------------------------------------------------
-    def _reject(self, resp: Responder, route: str, status: int, reason: str, message: str, band: str,
+    def reject(self, resp: Responder, route: str, status: int, reason: str, message: str, band: str,
                 headers: list, retry_after: float | None = None, from_admission: bool = False) -> None:
         hdrs = list(headers)
         hdrs.append(("x-velocity-reject-reason", reason))
@@ -290,13 +290,13 @@ class Gateway:
         """The band a request asks for (header, then body), capped by its tenant's max_band."""
         return band_for(self.band_names, raw, tenant, self.default_band)
 
-    def _default_band(self) -> str | None:
+    def resolve_default_band(self) -> str | None:
         """The band of a request that names none: admission.default_band (validated against
         the bands; None leaves band_for its own rule)."""
         band = self.admission.settings.default_band
         return band if band in self.band_names else None
 
-    def _sla_for(self, header: str | None, body_value: float | None) -> float | None:
+    def sla_for(self, header: str | None, body_value: float | None) -> float | None:
         """The SLA the client asked for; None leaves it to the tenant's, else the server's
         (admission's ``sla_ms``), which is enforced the same way."""
         if header is not None:
@@ -322,7 +322,7 @@ class Gateway:
             tenant_name, tenant = self.identity.tenant_for(bound, h.get("x-velocity-tenant"), None)
             prio = h.get("x-velocity-priority")
             band = self._band_for(prio if prio is not None else r.priority, tenant)
-            sla_ms = self._sla_for(h.get("x-velocity-sla-ms"), r.sla_ms)
+            sla_ms = self.sla_for(h.get("x-velocity-sla-ms"), r.sla_ms)
             if sla_ms is None and tenant is not None:
                 sla_ms = tenant.sla_ms  # the tenant's SLA, else (None) the server's
             info = self.router.route_info(r.model or self.default_model, r, h)
@@ -353,7 +353,7 @@ class Gateway:
                 wait = tenant.take_tokens(q_est)
                 if wait:
                     tenant.rejections["rate-limit"] = tenant.rejections.get("rate-limit", 0) + 1
-                    return self._reject(resp, "/generate", 429, "rate-limit",
+                    return self.reject(resp, "/generate", 429, "rate-limit",
                                         f"Tenant {tenant_name!r} is over its tokens per minute.", band,
                                         base_headers, wait)
             wait = tenant.take()
@@ -361,7 +361,7 @@ class Gateway:
                 if q_est:
                     tenant.settle_tokens(-q_est)
                 tenant.rejections["rate-limit"] = tenant.rejections.get("rate-limit", 0) + 1
-                return self._reject(resp, "/generate", 429, "rate-limit",
+                return self.reject(resp, "/generate", 429, "rate-limit",
                                     f"Tenant {tenant_name!r} is over its request rate.", band, base_headers, wait)
         ticket = Ticket(band=band, tenant=tenant_name, sla_ms=sla_ms, max_tokens=r.max_tokens,
                         prompt_bytes=len(body), model=model)
@@ -395,7 +395,7 @@ class Gateway:
     async def handle_admin(self, req: Request, resp: Responder) -> None:
         path = req.path
         if path == "/health":
-            return self._health(resp)
+            return self.health(resp)
         if self.identity.required:  # /metrics too (every path but /health); scrapers send the key
             ok, _ = self.identity.authenticate(req.headers)
             if not ok:
@@ -438,7 +438,7 @@ class Gateway:
                          "quota_tokens_left": None if left is None else round(left, 1),
                          "rejections": dict(t.rejections), "bands": {}}
         names = self.admission.band_names
-        for ps in self.admission._known_pools().values():
+        for ps in self.admission.known_pools().values():
             for i, tenants in enumerate(ps.queues.tenant_snapshot()):
                 for name, (counter, queued) in tenants.items():
                     entry = out.get(name)

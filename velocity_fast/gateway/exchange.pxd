@@ -8,7 +8,7 @@ from velocity_fast.http.message cimport Request
 from velocity_fast.admission.controller cimport Admission, Lease, Ticket
 from velocity_fast.routing.route cimport RouteInfo
 from velocity_fast.server.connection cimport Responder
-from velocity_fast.upstream.connection cimport Listener, UpstreamConnection
+from velocity_fast.upstream.connection cimport ResponseHandler, UpstreamConnection
 
 
 cdef class Ingress:
@@ -33,8 +33,8 @@ cdef class Ingress:
     cdef str _last_model
 
 
-cdef class Exchange(Listener):
-    cdef readonly Ingress gw
+cdef class Exchange(ResponseHandler):
+    cdef readonly Ingress ingress
     cdef object loop
     cdef readonly Request req
     cdef readonly Responder resp
@@ -84,12 +84,12 @@ cdef class Exchange(Listener):
     cpdef start(self)
     cdef _admitted(self, Lease lease)
     cdef _dispatch(self)
-    cdef on_sent(self, UpstreamConnection conn)
-    cdef on_head(self, UpstreamConnection conn)
-    cdef on_body(self, UpstreamConnection conn, bytes data)
-    cdef on_raw(self, UpstreamConnection conn, bytes framed)
-    cdef on_done(self, UpstreamConnection conn)
-    cdef on_error(self, UpstreamConnection conn, err)
+    cpdef on_sent(self, UpstreamConnection conn)
+    cpdef on_head(self, UpstreamConnection conn)
+    cpdef on_body(self, UpstreamConnection conn, bytes data)
+    cpdef on_raw(self, UpstreamConnection conn, bytes framed)
+    cpdef on_done(self, UpstreamConnection conn)
+    cpdef on_error(self, UpstreamConnection conn, err)
     cdef _relay(self, UpstreamConnection conn, bytes data, bint framed)
     cdef bytes _usage_event(self, bytes data, bint framed)
     cdef _stream_done(self, UpstreamConnection conn)

@@ -3,7 +3,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from velocity_fast.upstream.connection import Listener
+from velocity_fast.upstream.connection import ResponseHandler
 
 log: logging.Logger
 
@@ -21,12 +21,15 @@ class Ingress:
     default_model: str | None
     band_names: list[str]
     max_model_len: int
+    def answer_internal_error(self, req: Any, resp: Any, what: Any = None) -> None:
+        """The client server's on_error: a counted 500 with the request id."""
 
-class Exchange(Listener):
+
+class Exchange(ResponseHandler):
     """One proxied request: admission, routing, the engine request and the relay back (made by the
     proxy path; no public constructor)."""
     @property
-    def gw(self) -> Ingress: ...
+    def ingress(self) -> Ingress: ...
     @property
     def req(self) -> Any: ...
     @property
@@ -65,11 +68,11 @@ class Exchange(Listener):
 
 def new_request_id() -> str: ...
 def body_usage(body: bytes) -> tuple[int, int, int] | None: ...
-def handle_client(gw: Ingress, req: Any, resp: Any) -> Any: ...
+def handle_client(ingress: Ingress, req: Any, resp: Any) -> Any: ...
 def band_for(names: list[str], raw: Any, tenant: Any, default: str | None = None) -> str: ...
-def proxy(gw: Ingress, req: Any, resp: Any, route: str, chat: bool) -> Any: ...
-def settle(gw: Ingress, route: str, band: str, ep: Any, lease: Any, status: int, engine_failed: bool, ok: bool,
+def proxy(ingress: Ingress, req: Any, resp: Any, route: str, chat: bool) -> Any: ...
+def settle(ingress: Ingress, route: str, band: str, ep: Any, lease: Any, status: int, engine_failed: bool, ok: bool,
            error_text: Any, events: int) -> None: ...
-def start_native(gw: Ingress, req: Any, resp: Any, pool: Any, ticket: Any, info: Any, body: bytes, rid: str,
+def start_native(ingress: Ingress, req: Any, resp: Any, pool: Any, ticket: Any, info: Any, body: bytes, rid: str,
                  reshape: Callable[[Exchange, bytes], bytes | None], tenant: Any = None,
                  q_est: float = 0.0) -> None: ...

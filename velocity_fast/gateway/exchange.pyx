@@ -9,7 +9,7 @@ Every proxied route takes it: the OpenAI routes as they are, /generate with its 
 reshaped (``start_native``). A connect failure is retried once elsewhere. Every admitted
 request ends its lease exactly once, a client that leaves included ("cancelled", engine
 connection aborted). The Gateway supplies the shared parts: router, admission, monitor,
-metrics and _reject.
+metrics and reject.
 """
 
 import logging
@@ -30,13 +30,13 @@ from velocity_fast.routing.route cimport RouteInfo
 from velocity_fast.routing.router cimport Router
 from velocity_fast.server.connection cimport Responder
 from velocity_fast.upstream.pool cimport UpstreamPool
-from velocity_fast.upstream.connection cimport Listener, UpstreamConnection
+from velocity_fast.upstream.connection cimport ResponseHandler, UpstreamConnection
 
 from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.fleet.endpoint cimport Endpoint, Pool
 from velocity_fast.gateway.identity cimport Identity, Tenant
 from velocity_fast.http.message cimport Request
-from velocity_fast.lowlevel.fmt cimport (_digits, cat, dec, memmem, latin1, put, put_bytes, put_tenths, starts, str_eq,
+from velocity_fast.lowlevel.fmt cimport (cat, dec, digits_before, memmem, latin1, put, put_bytes, put_tenths, starts, str_eq,
                                       tenths)
 
 import msgspec
@@ -115,7 +115,7 @@ cdef object _engine_request(bytes head, str rid, bytes auth, bytes body):
     _JOIN_MAX, the head so made and the body itself, as a pair (no copy of the body)."""
     cdef char digits[24]
     cdef Py_ssize_t n = PyBytes_GET_SIZE(body)
-    cdef int nd = _digits(digits + 24, <unsigned long long>n)
+    cdef int nd = digits_before(digits + 24, <unsigned long long>n)
     cdef bint apart = n > _JOIN_MAX
     cdef char* p
     if not latin1(rid):
@@ -375,11 +375,11 @@ cdef class Ingress:
     request holds what it read when it arrived.
 
     ``app`` is the gateway above (gateway/app.py), called through a small interface for
-    what is not the proxy path: ``_health(resp)``, ``_route(req, resp)`` (every other
-    route), ``_reject(resp, route, status, reason, message, band, headers, retry_after,
-    from_admission=...)`` and ``_sla_for(header, body_value)``."""
+    what is not the proxy path: ``health(resp)``, ``route_other(req, resp)`` (every other
+    route), ``reject(resp, route, status, reason, message, band, headers, retry_after,
+    from_admission=...)`` and ``sla_for(header, body_value)``."""
 
-    def _internal_error(self, Request req, Responder resp, what=None):
+    def answer_internal_error(self, Request req, Responder resp, what=None):
         """The client server's on_error: the handler raised (called in its except clause)
         or, with ``what``, returned without an answer."""
         h = req.header_dict()
@@ -397,7 +397,7 @@ cdef str _error_route(str path):
     return path if path in _ERROR_ROUTES else "other"
 
 
-cdef internal_error(Ingress gw, Request req, Responder resp, str rid, str route, str band, what):
+cdef internal_error(Ingress ingress, Request req, Responder resp, str rid, str route, str band, what):
     """Whatever failed inside the gateway, on the way out: logged once with its traceback,
     counted (velocity_requests_total{status="500"} and velocity_internal_errors_total), and
     a 500 in the error shape that carries the request id; a started answer is cut short."""
@@ -405,9 +405,9 @@ cdef internal_error(Ingress gw, Request req, Responder resp, str rid, str route,
               exc_info=what is None, extra={"request_id": rid, "status": 500})
     answered = resp.finished  # (an answer already sent is counted as what it was)
     try:
-        gw.metrics.internal_errors.labels(route).inc()
+        ingress.metrics.internal_errors.labels(route).inc()
         if not answered:
-            count_request(gw, route, 500, band)
+            count_request(ingress, route, 500, band)
     finally:  # the client is answered even if the books fail
         if not resp.started:
             resp.send_error(500, f"Internal server error (request {rid}).", headers=_rid_headers(rid))
@@ -415,10 +415,10 @@ cdef internal_error(Ingress gw, Request req, Responder resp, str rid, str route,
             resp.abort()  # a stream that cannot be finished: the client sees it cut short
 
 
-def _run_grants(Ingress gw):
+def _run_grants(Ingress ingress):
     """The exchanges granted a lease since the last run, in the order of their grants."""
     cdef Exchange x
-    grants, gw._grants = gw._grants, []
+    grants, ingress._grants = ingress._grants, []
     for x in grants:
         try:
             x._granted()
@@ -426,14 +426,14 @@ def _run_grants(Ingress gw):
             log.exception("granted exchange failed")
 
 
-def handle_client(Ingress gw, Request req, Responder resp):
+def handle_client(Ingress ingress, Request req, Responder resp):
     """Gateway.handle, the client port's handler: /health, the key check (every path but
-    /health), the proxy routes (arranged from callbacks); the rest is Gateway._route's."""
+    /health), the proxy routes (arranged from callbacks); the rest is Gateway.route_other's."""
     cdef str path = req.path
     cdef Identity identity
     if str_eq(path, _HEALTH):
-        return gw.app._health(resp)
-    identity = gw.identity
+        return ingress.app.health(resp)
+    identity = ingress.identity
     if identity.required:
         ok, _ = identity.authenticate(req.header_dict())
         if not ok:
@@ -447,8 +447,8 @@ def handle_client(Ingress gw, Request req, Responder resp):
     if chat is not None:
         if not str_eq(req.method, _POST):
             return resp.send_error(405, f"Use POST for {path}.")
-        return proxy(gw, req, resp, path, chat)
-    return gw.app._route(req, resp)
+        return proxy(ingress, req, resp, path, chat)
+    return ingress.app.route_other(req, resp)
 
 
 cdef list _names_seen = None
@@ -486,14 +486,14 @@ cpdef str band_for(list names, raw, tenant, str default=None):
     return band
 
 
-cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
+cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
     """Gateway.handle's /v1/chat/completions and /v1/completions: validate, place in a band
     and a pool, then an Exchange takes it from admission to the answer."""
     cdef Ticket ticket
     cdef PyObject* f[P_FIELDS]  # the request's fields, read at once (borrowed: r holds them)
     cdef bint compact  # the decoder left messages and prompt as compact JSON text
     cdef long limit
-    cdef Identity identity = gw.identity
+    cdef Identity identity = ingress.identity
     cdef dict h = None
     cdef Tenant t
     cdef Exchange x
@@ -522,33 +522,33 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
             prio = <object>f[P_PRIORITY]
             if prio is _UNSET:  # not in the body
                 prio = None
-        band = band_for(gw.band_names, prio, tenant, gw.default_band)
+        band = band_for(ingress.band_names, prio, tenant, ingress.default_band)
         sla_ms = <object>f[P_SLA_MS]
         if sla_ms is _UNSET:
             sla_ms = None
         if sla is not None:
-            sla_ms = gw.app._sla_for(sla, sla_ms)
+            sla_ms = ingress.app.sla_for(sla, sla_ms)
         if sla_ms is None and tenant is not None:
             sla_ms = (<Tenant>tenant).sla_ms  # the tenant's SLA, else (None) the server's
-        model = <object>f[P_MODEL] or gw.default_model
+        model = <object>f[P_MODEL] or ingress.default_model
         if type(model) is str:
             # The last model named, as one object: its hash is kept, so the look-ups by
             # model below (routing, pool, admission) do not hash a new string each time.
-            if str_eq(model, gw._last_model):
-                model = gw._last_model
+            if str_eq(model, ingress._last_model):
+                model = ingress._last_model
             else:
-                gw._last_model = model
-        info = (<Router?>gw.router)._route_info(model, r, h if req.gateway_headers else None, compact)
+                ingress._last_model = model
+        info = (<Router?>ingress.router).route_info(model, r, h if req.gateway_headers else None, compact)
     except (BadRequest, UnknownProfile) as e:
-        count_request(gw, route, 400, band)
+        count_request(ingress, route, 400, band)
         return resp.send_error(400, str(e), param=e.param, headers=_rid_headers(rid))
     except RecursionError:  # prefix routing decoding messages nested past its depth
         e = too_deep()
-        count_request(gw, route, 400, band)
+        count_request(ingress, route, 400, band)
         return resp.send_error(400, str(e), headers=_rid_headers(rid))
-    pool = gw.pools.get(model) if model else None
+    pool = ingress.pools.get(model) if model else None
     if pool is None:
-        count_request(gw, route, 404, band)
+        count_request(ingress, route, 404, band)
         return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
                                param="model", headers=_rid_headers(rid))
     asked = <object>f[P_MAX_COMPLETION_TOKENS] or <object>f[P_MAX_TOKENS]
@@ -556,9 +556,9 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
         # As vLLM answers: a completion that cannot fit the engines' context beside even a
         # one-token prompt is a 400 here, not a request admission would queue and charge.
         # (asked: at most MAX_TOKENS_LIMIT, checked when the body was decoded.)
-        limit = (<Pool>pool).context_length(gw.max_model_len)
+        limit = (<Pool>pool).context_length(ingress.max_model_len)
         if <long>asked >= limit:
-            count_request(gw, route, 400, band)
+            count_request(ingress, route, 400, band)
             return resp.send_error(400, context_error(limit, asked),
                                    param="max_completion_tokens" if <object>f[P_MAX_COMPLETION_TOKENS]
                                    else "max_tokens", headers=_rid_headers(rid))
@@ -572,7 +572,7 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
             wait = t.take_tokens(q_est)
             if wait:
                 _count_reject(t, "rate-limit")
-                return gw.app._reject(resp, route, 429, "rate-limit",
+                return ingress.app.reject(resp, route, 429, "rate-limit",
                                       f"Tenant {tenant_name!r} is over its tokens per minute.", band,
                                       _rid_headers(rid), wait)
         wait = t.take()
@@ -580,14 +580,14 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
             if q_est:
                 t.settle_tokens(-q_est)
             _count_reject(t, "rate-limit")
-            return gw.app._reject(resp, route, 429, "rate-limit",
+            return ingress.app.reject(resp, route, 429, "rate-limit",
                               f"Tenant {tenant_name!r} is over its request rate.", band,
                               _rid_headers(rid), wait)
     stream = <object>f[P_STREAM] is True
     strip = False
     # Usage is read only where something settles from it: a configured tenant (its
     # quota, its figures) or token fairness on what was served.
-    want = tenant is not None or (<Admission>gw.admission)._settle
+    want = tenant is not None or (<Admission>ingress.admission)._settle
     if stream and want:
         options = <object>f[P_STREAM_OPTIONS]
         if options is None or not options.include_usage:
@@ -601,7 +601,7 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
     ticket.max_tokens = max_tokens
     ticket.prompt_bytes = len(body)
     ticket.model = model
-    x = _exchange(gw, req, resp, route, pool, ticket, info, body, rid)
+    x = _exchange(ingress, req, resp, route, pool, ticket, info, body, rid)
     x.tenant = tenant
     x.q_est = q_est
     x.prompt_est = <long long>(ticket.prompt_bytes / _BYTES_PER_TOKEN)
@@ -622,47 +622,47 @@ cdef inline void _count_reject(Tenant t, str reason):
     d[reason] = d.get(reason, 0) + 1
 
 
-cdef count_request(Ingress gw, str route, int status, str band):
+cdef count_request(Ingress ingress, str route, int status, str band):
     """velocity_requests_total{route, status, band} += 1: the child held by the metric for
     these very values, found without a call (the metric makes it on first use)."""
-    if route is gw._last_route and band is gw._last_band and status == gw._last_status:
+    if route is ingress._last_route and band is ingress._last_band and status == ingress._last_status:
         # the same as the last request's (shared strs): its child again, no tuple to make
         # (the metric never drops a child of this family: its labels name no endpoint)
-        gw._last_count.value += 1.0
+        ingress._last_count.value += 1.0
         return
-    metric = gw._requests_metric
+    metric = ingress._requests_metric
     if metric is None:  # the gateway's metrics are made once, with it
-        metric = gw._requests_metric = gw.metrics.requests
+        metric = ingress._requests_metric = ingress.metrics.requests
     child = (<dict>metric._by_raw).get((route, status, band))
     if type(child) is Value:
         (<Value>child).value += 1.0
-        gw._last_route, gw._last_band, gw._last_status, gw._last_count = route, band, status, child
+        ingress._last_route, ingress._last_band, ingress._last_status, ingress._last_count = route, band, status, child
     else:
         metric.labels(route, status, band).inc()
 
 
-cpdef settle(Ingress gw, str route, str band, Endpoint ep, Lease lease, int status, bint engine_failed, bint ok, error_text,
+cpdef settle(Ingress ingress, str route, str band, Endpoint ep, Lease lease, int status, bint engine_failed, bint ok, error_text,
              long events):
     """The books of one relayed answer: endpoint health, the lease's outcome, the request count."""
     if status >= 500 or engine_failed:
-        gw.monitor.passive_failure(ep, connect=False)
+        ingress.monitor.passive_failure(ep, connect=False)
         ep.errors += 1
     elif ep.failures:  # a success resets the failures counted (there is nothing else to do)
-        gw.monitor.passive_success(ep)
+        ingress.monitor.passive_success(ep)
     ep.served += 1
     lease.release("completed" if ok else "failed", error_text, events)
-    count_request(gw, route, status, band)
+    count_request(ingress, route, status, band)
 
 
-cdef Exchange _exchange(Ingress gw, Request req, Responder resp, str route, pool, Ticket ticket, RouteInfo info, bytes body,
+cdef Exchange _exchange(Ingress ingress, Request req, Responder resp, str route, pool, Ticket ticket, RouteInfo info, bytes body,
                         str rid):
     """A new Exchange, made without an __init__ call. Fields not set here start as None,
     0 or False: no lease, endpoint, engine connection or drain task yet; a streamed
     answer's fields (relaying, ct, status, events, first, engine_failed, error_text) are
-    set in upstream_head when it begins, and only read after."""
+    set in on_head when it begins, and only read after."""
     cdef Exchange x = Exchange.__new__(Exchange)
-    x.gw = gw
-    x.loop = gw._loop
+    x.ingress = ingress
+    x.loop = ingress._loop
     x.req = req
     x.resp = resp
     x.route = route
@@ -672,14 +672,14 @@ cdef Exchange _exchange(Ingress gw, Request req, Responder resp, str route, pool
     x.body = body
     x.rid = rid
     x.state = _ADMITTING
-    x.adm = gw.admission  # a reload may replace the gateway's: the queue is this one's
+    x.adm = ingress.admission  # a reload may replace the gateway's: the queue is this one's
     x.tried = None  # the endpoints that failed it, once one has
     x.up_path = req.path
     x.reshape = None
     return x
 
 
-cpdef start_native(Ingress gw, Request req, Responder resp, pool, Ticket ticket, RouteInfo info, bytes body,
+cpdef start_native(Ingress ingress, Request req, Responder resp, pool, Ticket ticket, RouteInfo info, bytes body,
                    str rid, reshape, tenant=None, double q_est=0.0):
     """/generate on the same path as the OpenAI routes: its body (already a completions
     request) goes to the engine's /v1/completions, and ``reshape(exchange, body)`` turns
@@ -687,7 +687,7 @@ cpdef start_native(Ingress gw, Request req, Responder resp, pool, Ticket ticket,
     completion looks like, a 502). Streams and errors go on as the engine sent them (the
     body asks a stream's usage itself: its chunk is relayed). ``tenant``: the configured
     tenant, ``q_est``: the tokens drawn from its quota (settled as the OpenAI routes')."""
-    cdef Exchange x = _exchange(gw, req, resp, "/generate", pool, ticket, info, body, rid)
+    cdef Exchange x = _exchange(ingress, req, resp, "/generate", pool, ticket, info, body, rid)
     x.up_path = "/v1/completions"
     x.reshape = reshape
     x.tenant = tenant
@@ -698,22 +698,22 @@ cpdef start_native(Ingress gw, Request req, Responder resp, pool, Ticket ticket,
     x.start()
 
 
-# No @cython.freelist: Cython keeps one only for a base class, and Exchange extends Listener
+# No @cython.freelist: Cython keeps one only for a base class, and Exchange extends ResponseHandler
 # (it ignored the decorator here, with a warning at every build).
-cdef class Exchange(Listener):
-    """See the module doc. The engine connection's listener (called as C), and admission's
+cdef class Exchange(ResponseHandler):
+    """See the module doc. The engine connection's response handler (called as C), and admission's
     waiter while queued (registered below with ``set_waiter``: the dispatch cycle calls
     ``waiting`` and ``granted`` as C)."""
 
     cpdef start(self):
         self.resp.add_disconnect_callback(self)  # itself, callable: no bound method to make
         try:
-            got = self.adm._admit(self.ticket, self)
+            got = self.adm.admit_nowait(self.ticket, self)
         except Rejected as e:
             self._account(0, 0, 0, True)  # nothing served: the quota's draw comes back
             self._reject_counted(e.reason)
             self._end()
-            self.gw.app._reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band,
+            self.ingress.app.reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band,
                             self.base_headers(), e.retry_after, from_admission=True)
             return
         if type(got) is Item:
@@ -731,16 +731,16 @@ cdef class Exchange(Listener):
         return self.state == _QUEUED or self.state == _ADMITTING
 
     cdef void granted(self, Lease lease) except *:
-        cdef Ingress gw = self.gw
+        cdef Ingress ingress = self.ingress
         self.state = _ADMITTED
         self.lease = lease
         self.qitem = None  # the queue's item refers to this exchange: no cycle left behind
         # The grants of one pass run together, from one callback: no handle per request.
-        if gw._grants is None:
-            gw._grants = []
-        gw._grants.append(self)
-        if len(gw._grants) == 1:
-            self.loop.call_soon(_run_grants, gw)
+        if ingress._grants is None:
+            ingress._grants = []
+        ingress._grants.append(self)
+        if len(ingress._grants) == 1:
+            self.loop.call_soon(_run_grants, ingress)
 
     def done(self):
         return not self.waiting()
@@ -769,7 +769,7 @@ cdef class Exchange(Listener):
         self._account(0, 0, 0, True)
         self._reject_counted(e.reason)
         self._end()
-        self.gw.app._reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band, self.base_headers(),
+        self.ingress.app.reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band, self.base_headers(),
                         e.retry_after, from_admission=True)
 
     # -- the engine ----------------------------------------------------------------------
@@ -784,11 +784,11 @@ cdef class Exchange(Listener):
         cdef Lease lease = self.lease
         cdef Router router
         cdef Endpoint ep
-        gw, tried = self.gw, self.tried
-        router = gw.router
+        ingress, tried = self.ingress, self.tried
+        router = ingress.router
         # The lease's own band first, then any endpoint with room (the pool had headroom).
-        ep = (router._pick(self.pool, self.info, lease, tried)  # the lease's fits(), as C
-              or router._pick(self.pool, self.info, gw.admission.has_room, tried))
+        ep = (router.pick(self.pool, self.info, lease, tried)  # the lease's has_room, as C
+              or router.pick(self.pool, self.info, ingress.admission.has_room, tried))
         if ep is None:
             self._account(0, 0, 0, True)  # no engine produced anything
             self._fail_lease(None)
@@ -803,7 +803,7 @@ cdef class Exchange(Listener):
             full = list(tried) if tried else []
             while ep is not None and not lease.claim(ep):
                 full.append(ep)
-                ep = router._pick(self.pool, self.info, gw.admission.has_room, full)
+                ep = router.pick(self.pool, self.info, ingress.admission.has_room, full)
             if ep is None:
                 ep = first
                 lease.force(ep)
@@ -814,44 +814,26 @@ cdef class Exchange(Listener):
         auth = f"authorization: Bearer {key}\r\n".encode("latin-1") if key else b""
         up.request(_engine_request(up.json_post_head(self.up_path), self.rid, auth, self.body), self)
 
-    # -- the engine connection's listener: called as C (upstream/connection.pyx's Listener); the
-    # Python names are for a connection made by the pool's Python (a fresh connect) --
-    def upstream_sent(self, UpstreamConnection conn):
-        self.on_sent(conn)
-
-    def upstream_head(self, UpstreamConnection conn):
-        self.on_head(conn)
-
-    def upstream_body(self, UpstreamConnection conn, bytes data):
-        self.on_body(conn, data)
-
-    def upstream_raw(self, UpstreamConnection conn, bytes framed):
-        self.on_raw(conn, framed)
-
-    def upstream_done(self, UpstreamConnection conn):
-        self.on_done(conn)
-
-    def upstream_error(self, conn, err):
-        self.on_error(conn, err)
-
-    cdef on_sent(self, UpstreamConnection conn):
+    # -- the engine connection's response handler: called as C (upstream/connection.pyx's
+    # ResponseHandler) --
+    cpdef on_sent(self, UpstreamConnection conn):
         self.conn = conn
 
-    cdef on_body(self, UpstreamConnection conn, bytes data):
+    cpdef on_body(self, UpstreamConnection conn, bytes data):
         self._relay(conn, data, False)
 
-    cdef on_raw(self, UpstreamConnection conn, bytes framed):
+    cpdef on_raw(self, UpstreamConnection conn, bytes framed):
         self._relay(conn, framed, True)
 
-    cdef on_head(self, UpstreamConnection conn):
+    cpdef on_head(self, UpstreamConnection conn):
         self.headed = True
-        (<Router?>self.gw.router)._on_dispatch(self.ep, self.info)
+        (<Router?>self.ingress.router).on_dispatch(self.ep, self.info)
         if conn.status < 200 or conn.status > 599:
             return  # not an answer to relay: _answer makes it a 502 once the engine is done
         ct = _content_type(conn)
         if starts(ct, "text/event-stream") or (
                 not conn.has_length and conn.te_chunked and not starts(ct, "application/json")):
-            # A stream: its pieces come to upstream_body as they arrive (upstream/connection.pyx relays each chunk as it is read).
+            # A stream: its pieces come to on_body as they arrive (upstream/connection.pyx relays each chunk as it is read).
             self.relaying = True
             self.ct = ct
             self.status = conn.status
@@ -923,7 +905,7 @@ cdef class Exchange(Listener):
         if conn is not None:
             conn.resume()
 
-    cdef on_done(self, UpstreamConnection conn):
+    cpdef on_done(self, UpstreamConnection conn):
         try:
             if self.relaying:
                 self._stream_done(conn)
@@ -944,7 +926,7 @@ cdef class Exchange(Listener):
         error_text = self.error_text
         if not ok and error_text is None and status >= 400:
             error_text = f"engine status {status}"
-        settle(self.gw, self.route, self.ticket.band, ep, self.lease, status, self.engine_failed, ok, error_text,
+        settle(self.ingress, self.route, self.ticket.band, ep, self.lease, status, self.engine_failed, ok, error_text,
                         self.events)
 
     cdef _stream_failed(self, e):
@@ -956,7 +938,7 @@ cdef class Exchange(Listener):
             resp.write_nowait(stream_error_event(f"The engine failed during streaming: {e}", 500))
         resp.end()
         self._account_stream()
-        settle(self.gw, self.route, self.ticket.band, self.ep, self.lease, self.status, True, False, str(e),
+        settle(self.ingress, self.route, self.ticket.band, self.ep, self.lease, self.status, True, False, str(e),
                         self.events)
 
     cdef _answer(self, UpstreamConnection conn):
@@ -986,12 +968,12 @@ cdef class Exchange(Listener):
         if self.reshape is not None and ok and starts(ct, "application/json"):
             native = self.reshape(self, body)
             if native is None:
-                settle(self.gw, self.route, self.ticket.band, ep, self.lease, 502, True, False,
+                settle(self.ingress, self.route, self.ticket.band, ep, self.lease, 502, True, False,
                        "engine answered with an unexpected body", 0)
                 return resp.send_error(502, "The engine answered with an unexpected body.",
                                        headers=self.out_headers())
             body = native
-        settle(self.gw, self.route, self.ticket.band, ep, self.lease, status, False, ok, error_text, 0)
+        settle(self.ingress, self.route, self.ticket.band, ep, self.lease, status, False, ok, error_text, 0)
         resp._send(status, body, ct, self._out_lines())
 
     cdef _invalid_status(self, UpstreamConnection conn, int status):
@@ -1000,13 +982,13 @@ cdef class Exchange(Listener):
         cdef Endpoint ep = self.ep
         conn.abort()
         self.conn = None
-        self.gw.monitor.passive_failure(ep, connect=False)
+        self.ingress.monitor.passive_failure(ep, connect=False)
         ep.errors += 1
         self._account(0, 0, 0, True)
         self._fail_lease(f"engine status {status}")
         self._refuse(502, "upstream", f"The engine answered with an invalid HTTP status ({status}).")
 
-    cdef on_error(self, UpstreamConnection conn, err):
+    cpdef on_error(self, UpstreamConnection conn, err):
         if self.abandoned or self.state == _DONE:
             return
         try:  # a bug in it fails this request (500), not the connection it was called from
@@ -1017,13 +999,13 @@ cdef class Exchange(Listener):
     cdef _engine_failed(self, e):
         if self.relaying:
             return self._stream_failed(e)
-        gw, ep = self.gw, self.ep
+        ingress, ep = self.ingress, self.ep
         self.conn = None
         if self.headed:  # the engine broke its answer
             self._fail_lease(str(e))
             return self._refuse(502, "upstream", f"The engine failed while answering: {e}")
-        gw.metrics.upstream_errors.labels(ep.name, "connect" if e.connect else "reset").inc()
-        gw.monitor.passive_failure(ep, connect=True)
+        ingress.metrics.upstream_errors.labels(ep.name, "connect" if e.connect else "reset").inc()
+        ingress.monitor.passive_failure(ep, connect=True)
         if self.tried is None:
             self.tried = [ep]
         else:
@@ -1048,7 +1030,7 @@ cdef class Exchange(Listener):
         self.abandoned = True
         if self.state == _QUEUED:
             self.state = _DONE
-            self.adm._withdraw(self.ticket, self.qitem)
+            self.adm.withdraw(self.ticket, self.qitem)
             self._account(0, 0, 0, True)  # never served: the quota's draw comes back
             return
         if self.state != _DONE:
@@ -1091,7 +1073,7 @@ cdef class Exchange(Listener):
         error_text = self.error_text
         if not ok and error_text is None and status >= 400:
             error_text = f"engine status {status}"
-        settle(self.gw, self.route, self.ticket.band, self.ep, self.lease, status, self.engine_failed, ok,
+        settle(self.ingress, self.route, self.ticket.band, self.ep, self.lease, status, self.engine_failed, ok,
                error_text, self.events)
 
     cdef _cut(self):
@@ -1102,14 +1084,14 @@ cdef class Exchange(Listener):
         status = self.status if self.relaying else 503
         if self.state == _QUEUED:
             self.state = _DONE
-            self.adm._withdraw(self.ticket, self.qitem)
+            self.adm.withdraw(self.ticket, self.qitem)
         else:
             self.state = _DONE
             self._drop_engine()
             if self.lease is not None:
                 self.lease.release("failed", "the gateway shut down", self.events)
         self.qitem = None
-        count_request(self.gw, self.route, status, self.ticket.band)
+        count_request(self.ingress, self.route, status, self.ticket.band)
 
     cpdef list base_headers(self):
         """The headers of every answer to this request, an error's too (made when needed)."""
@@ -1189,7 +1171,7 @@ cdef class Exchange(Listener):
     cdef _refuse(self, int status, str reason, str message, retry_after=None):
         self._end()
         if not self.resp.started:
-            self.gw.app._reject(self.resp, self.route, status, reason, message, self.ticket.band, self.base_headers(),
+            self.ingress.app.reject(self.resp, self.route, status, reason, message, self.ticket.band, self.base_headers(),
                             retry_after)
 
     cdef _crashed(self):
@@ -1202,7 +1184,7 @@ cdef class Exchange(Listener):
             self._fail_lease("gateway error")
             self._end()
         finally:
-            internal_error(self.gw, self.req, self.resp, self.rid, self.route,
+            internal_error(self.ingress, self.req, self.resp, self.rid, self.route,
                            self.ticket.band if self.ticket is not None else "-", None)
 
 
@@ -1223,7 +1205,7 @@ cdef double _x_locality(object x) except? -1.0:
         fn = getattr(x, "prefix_cached", None)
         return fn() if fn is not None else 0.0
     e = <Exchange>x
-    return (<Router?>e.gw.router).cached_room(e.pool, e.info)
+    return (<Router?>e.ingress.router).cached_room(e.pool, e.info)
 
 
 set_waiter(Exchange, _x_waiting, _x_granted)

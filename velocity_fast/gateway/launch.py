@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 from ..config import ConfigError, Settings, load_settings
-from .options import flag_overrides
+from .flags import flag_overrides
 from .reload import Reloader
 
 __all__ = ["serve_main", "charge_main"]
@@ -51,7 +51,7 @@ def _check_tokenizers(settings: Settings, args: argparse.Namespace, source: str 
                 raise ConfigError(f"{where}: {key}: {e}") from None
 
 
-def _sim_flags(settings: Settings, extra: str | None) -> list[str]:
+def sim_flags(settings: Settings, extra: str | None) -> list[str]:
     """The `sim:` config section (and --sim-args) as sim-engine flags."""
     out: list[str] = []
     for key, value in settings.sim.items():
@@ -78,8 +78,8 @@ def _check_sim_engines(plan, args: argparse.Namespace) -> None:
     """The sim engines' flags (the `sim:` section, --sim-args, max_model_len), read as each
     engine will read them: a value it would refuse is a config error now, in the one form,
     not an engine that exits before answering."""
-    from velocity_fast.sim.config import SimConfig
-    from velocity_fast.sim.options import add_arguments
+    from velocity_fast.sim.settings import SimConfig
+    from velocity_fast.sim.flags import add_arguments
 
     parser = _RaisingParser(prog="sim-engine", add_help=False)
     add_arguments(parser)
@@ -181,7 +181,7 @@ def charge_main(args: argparse.Namespace) -> int:
         args.max_model_len = settings.max_model_len
     try:
         detection, plan = prepare_engines(args, api_key=None,
-                                          sim_args=_sim_flags(settings, getattr(args, "sim_args", None)))
+                                          sim_args=sim_flags(settings, getattr(args, "sim_args", None)))
     except (ModelPathError, PlanError) as e:
         print(f"velocityllm: {e}", file=sys.stderr)
         return exit_code_for(e)

@@ -168,7 +168,7 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
         retired.append(gw.admission)
         gw.admission = make_admission(new, gw.pools, gw.registry)
         changes.append(f"admission rebuilt (policy {new.policy})")
-    gw.default_band = gw._default_band()  # admission.default_band over the bands now in force
+    gw.default_band = gw.resolve_default_band()  # admission.default_band over the bands now in force
     # Compared with the values the gateway runs with (those it started with), not with the
     # last file read: a key set back to its running value is no change to report.
     running = getattr(gw, "started_settings", old)

@@ -36,7 +36,7 @@ cdef class FdTransport:
     cdef bint _lost
     cdef list _wbuf
     cdef Py_ssize_t _woff
-    cdef Py_ssize_t _wsize
+    cdef Py_ssize_t wsize
     cdef Py_ssize_t _high
     cdef Py_ssize_t _low
 

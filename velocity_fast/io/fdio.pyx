@@ -211,7 +211,7 @@ cdef class FdTransport:
             return 0
         if self._reading:
             want |= EPOLLIN
-        if self._wsize > 0:
+        if self.wsize > 0:
             want |= EPOLLOUT
         if want == self._mask:
             return 0
@@ -300,7 +300,7 @@ cdef class FdTransport:
             return 0
         if self._eof_pending or self._eof_sent:
             raise RuntimeError("Cannot call write() after write_eof()")
-        if self._wsize == 0:
+        if self.wsize == 0:
             k = send(self._fd, PyBytes_AS_STRING(data), n, MSG_NOSIGNAL)
             if k == n:
                 return 0
@@ -312,11 +312,11 @@ cdef class FdTransport:
                 k = 0
             self._wbuf.append(data)
             self._woff = k
-            self._wsize = n - k
+            self.wsize = n - k
             self._update()
         else:
             self._wbuf.append(data)
-            self._wsize += n
+            self.wsize += n
         self._maybe_pause()
         return 0
 
@@ -328,7 +328,7 @@ cdef class FdTransport:
             return 0
         if self._eof_pending or self._eof_sent:
             raise RuntimeError("Cannot call write() after write_eof()")
-        was_empty = self._wsize == 0
+        was_empty = self.wsize == 0
         for piece in pieces:
             if not isinstance(piece, bytes):
                 piece = bytes(piece)
@@ -337,7 +337,7 @@ cdef class FdTransport:
                 total += PyBytes_GET_SIZE(piece)
         if total == 0:
             return 0
-        self._wsize += total
+        self.wsize += total
         if was_empty:
             self._woff = 0
             self._sent()
@@ -367,7 +367,7 @@ cdef class FdTransport:
             if not _again(err):
                 self._fatal(_os_error(err), "Fatal write error on socket transport")
             return 0
-        self._wsize -= k
+        self.wsize -= k
         k += self._woff
         while done < len(buf):
             size = PyBytes_GET_SIZE(buf[done])
@@ -384,9 +384,9 @@ cdef class FdTransport:
         self._sent()
         if self._lost:
             return 0
-        if self._protocol_paused and self._wsize <= self._low:
+        if self._protocol_paused and self.wsize <= self._low:
             self._flow(False)
-        if self._wsize == 0:
+        if self.wsize == 0:
             self._update()
             if self._eof_pending:
                 self._eof_pending = False
@@ -397,7 +397,7 @@ cdef class FdTransport:
         return 0
 
     cdef _maybe_pause(self):
-        if not self._protocol_paused and self._wsize > self._high:
+        if not self._protocol_paused and self.wsize > self._high:
             self._flow(True)
 
     cdef _flow(self, bint pause):
@@ -427,7 +427,7 @@ cdef class FdTransport:
     def write_eof(self):
         if self._closing or self._eof_pending or self._eof_sent:
             return
-        if self._wsize:
+        if self.wsize:
             self._eof_pending = True
         else:
             self._eof_sent = True
@@ -437,7 +437,7 @@ cdef class FdTransport:
         return True
 
     def get_write_buffer_size(self):
-        return self._wsize
+        return self.wsize
 
     def get_write_buffer_limits(self):
         return (self._low, self._high)
@@ -463,7 +463,7 @@ cdef class FdTransport:
             return
         self._closing = True
         self._reading = False
-        if self._wsize == 0:
+        if self.wsize == 0:
             self._force_close(None)
         else:
             self._update()
@@ -487,7 +487,7 @@ cdef class FdTransport:
         self._closing = True
         self._reading = False
         self._wbuf = []
-        self._wsize = 0
+        self.wsize = 0
         self._update()
         self._fd = -1  # events of this pass for it are skipped; the socket closes after connection_lost
         self._poller._live.discard(self)

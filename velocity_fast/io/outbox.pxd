@@ -25,8 +25,8 @@ cpdef flush_out(OutboxOwner owner)
 cpdef Outbox outbox_for(loop)
 
 
-cdef inline Py_ssize_t _buffered(t) except -1:
+cdef inline Py_ssize_t transport_buffered(t) except -1:
     """What waits in transport ``t``'s own buffer."""
     if type(t) is FdTransport:
-        return (<FdTransport>t)._wsize
+        return (<FdTransport>t).wsize
     return t.get_write_buffer_size()

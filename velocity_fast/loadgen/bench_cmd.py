@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from .options import add_client_arguments, add_workload_arguments
+from .flags import add_client_arguments, add_workload_arguments
 
 POLICIES = ("static", "dynamic", "smart")
 
@@ -52,7 +52,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("bench")
     g.add_argument("--policies", default=",".join(POLICIES),
                    help="comma-separated policies to compare (default %(default)s)")
-    from velocity_fast.engines.options import DEFAULT_SIM_ENGINES
+    from velocity_fast.engines.flags import DEFAULT_SIM_ENGINES
 
     g.add_argument("--engines", type=int, default=DEFAULT_SIM_ENGINES,
                    help=f"sim engines per gateway (default {DEFAULT_SIM_ENGINES}, as chargeVelocity)")

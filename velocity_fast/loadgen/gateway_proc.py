@@ -125,7 +125,7 @@ class GatewayProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
-                                         preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                         preexec_fn=die_with_parent if sys.platform == "linux" else None)
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Return once admin ``GET /ready`` answers 200; raise if the child dies or times out."""
@@ -184,7 +184,7 @@ class GatewayProcess:
         return ""
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     # If the bench itself is killed (SIGKILL, a test timeout), the kernel sends the
     # gateway SIGTERM, and the gateway stops its engines: no orphans either way.
     import ctypes

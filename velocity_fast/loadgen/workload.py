@@ -28,7 +28,7 @@ ROUTES = {
 # The sim engines and the gateway approximate a token as about 4 bytes of text.
 BYTES_PER_TOKEN = 4
 
-_WORDS = (
+WORDS = (
     "the of and to in is was that for on are with as be at by this had not but from "
     "or have an they which one you were all we her she there been if more when will "
     "would who so no model token cache engine queue batch prefill decode latency "
@@ -83,7 +83,7 @@ class _Text:
         words = []
         n = 0
         while n < size:
-            w = rng.choice(_WORDS)
+            w = rng.choice(WORDS)
             words.append(w)
             n += len(w) + 1
         self.corpus = " ".join(words)

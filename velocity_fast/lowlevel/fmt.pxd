@@ -18,7 +18,7 @@ cdef inline bint contains(bytes hay, bytes needle):
                   PyBytes_AS_STRING(needle), PyBytes_GET_SIZE(needle)) != NULL
 
 
-cdef inline int _digits(char* end, unsigned long long u):
+cdef inline int digits_before(char* end, unsigned long long u):
     """The decimal digits of ``u`` written backwards, ending just before ``end``; how many."""
     cdef int n = 0
     while True:
@@ -32,7 +32,7 @@ cdef inline int _digits(char* end, unsigned long long u):
 cdef inline bytes dec(long long n):
     """``n`` in decimal ASCII, as ``b"%d" % n`` gives it."""
     cdef char buf[24]
-    cdef int i = 24 - _digits(buf + 24, <unsigned long long>(-n) if n < 0 else <unsigned long long>n)
+    cdef int i = 24 - digits_before(buf + 24, <unsigned long long>(-n) if n < 0 else <unsigned long long>n)
     if n < 0:
         i -= 1
         buf[i] = 45
@@ -79,7 +79,7 @@ cdef inline int put_tenths(char* out, double x):
     t = <unsigned long long>(x * 10.0 + 0.5)
     buf[23] = <char>(48 + t % 10)
     buf[22] = 46
-    i = 22 - _digits(buf + 22, t // 10)
+    i = 22 - digits_before(buf + 22, t // 10)
     memcpy(out, buf + i, 24 - i)
     return 24 - i
 

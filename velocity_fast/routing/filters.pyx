@@ -37,8 +37,8 @@ cdef class NoRoom(Filter):
     name = "no-room"
 
     cdef int check(self, Endpoint ep, Pick pick) except -1:
-        if pick.room is not None:
-            return KEEP if pick.room.room(ep) else DROP
+        if pick.room_filter is not None:
+            return KEEP if pick.room_filter.has_room(ep) else DROP
         if pick.has_room is None or pick.has_room(ep):
             return KEEP
         return DROP

@@ -26,7 +26,7 @@ cdef class Pick:
     cdef public double now          # the router's clock
     cdef public double stale_s      # engine gauges older than this are not read
     cdef public object has_room     # has_room(ep) -> bool, or None: every endpoint has room
-    cdef public RoomFilter room     # has_room when it is a RoomFilter (asked as C), else None
+    cdef public RoomFilter room_filter  # has_room when it is a RoomFilter (asked as C), else None
     cdef public object exclude      # endpoints not to use (a retry's failed ones), or ()
 
 

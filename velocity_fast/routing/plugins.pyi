@@ -12,7 +12,7 @@ class Pick:
     now: float
     stale_s: float
     has_room: Any
-    room: RoomFilter | None
+    room_filter: RoomFilter | None
     exclude: Any
     def __init__(self, stale_s: float = 2.0) -> None: ...
     def fresh(self, ep: Endpoint) -> bool:

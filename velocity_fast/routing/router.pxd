@@ -49,8 +49,8 @@ cdef class Router:
 
     cdef double _now(self) except? -1.0
     cdef RouterPool _pool_state(self, model, pool)
-    cdef RouteInfo _route_info(self, model, body_obj, headers, bint compact=*)
+    cpdef RouteInfo route_info(self, model, body_obj, headers, bint compact=*)
     cdef RouteInfo _route_info_modes(self, model, profile, body_obj, session)
-    cdef object _pick(self, pool, RouteInfo info, has_room, exclude)
-    cdef void _on_dispatch(self, Endpoint ep, RouteInfo info) except *
+    cpdef object pick(self, pool, RouteInfo info, has_room=*, exclude=*)
+    cpdef void on_dispatch(self, Endpoint ep, RouteInfo info) except *
     cpdef double cached_room(self, pool, RouteInfo info) except? -1.0

@@ -233,25 +233,12 @@ cdef class Router:
 
     # -- per request -------------------------------------------------------------
 
-    def route_info(self, model, body_obj, headers, compact=False):
+    cpdef RouteInfo route_info(self, model, body_obj, headers, bint compact=False):
         """Profile, prefix block hashes and session of a request.
 
         body_obj is the decoded body (dict or Struct with `messages` or `prompt`), or the
         prompt bytes already rendered. Raises UnknownProfile for a bad x-velocity-profile.
         """
-        return self._route_info(model, body_obj, headers, compact)
-
-    def pick(self, pool, RouteInfo info not None, has_room=None, exclude=()):
-        """The endpoint of pool for this request, or None when none is healthy with room.
-
-        exclude: endpoints not to use (those a retry already failed on)."""
-        return self._pick(pool, info, has_room, exclude)
-
-    def on_dispatch(self, ep, RouteInfo info not None):
-        """Remember that info's prompt blocks were sent to ep (call once it is bound)."""
-        self._on_dispatch(ep, info)
-
-    cdef RouteInfo _route_info(self, model, body_obj, headers, bint compact=False):
         cdef RouteInfo info
         cdef bint by_model = True
         model = model or ""
@@ -327,7 +314,7 @@ cdef class Router:
                          _session_key(session) if session else None)
 
     cdef RouteInfo _route_info_modes(self, model, profile, body_obj, session):
-        """_route_info's end where some pool is not approximate: off renders and hashes nothing
+        """route_info's end where some pool is not approximate: off renders and hashes nothing
         (the chat profile then weighs load alone); precise also asks for the prompt's tokens."""
         cdef RouteInfo info
         cdef BlockHashes hashes
@@ -353,7 +340,11 @@ cdef class Router:
             self._precise.attach(info, body_obj, data)
         return info
 
-    cdef object _pick(self, pool, RouteInfo info, has_room, exclude):
+    cpdef object pick(self, pool, RouteInfo info, has_room=None, exclude=()):
+        """The endpoint of pool for this request, or None when none is healthy with room.
+
+        has_room(ep): room for this request on ep (a RoomFilter is asked as C); None: room
+        everywhere. exclude: endpoints not to use (those a retry already failed on)."""
         cdef RouterPool state
         cdef Pick pk = self._pickst
         cdef Profile profile
@@ -362,12 +353,14 @@ cdef class Router:
         cdef list cands = None, loads = None
         cdef list saturated = None, saturated_loads = None, full = None, full_loads = None
         cdef Endpoint ep, first = None
+        if info is None:
+            raise TypeError("pick needs the request's RouteInfo, not None")
         state = self._pool_state(pool_model(pool), pool)
         if state.pool is not pool:  # made by on_dispatch, or the pool was replaced
             state.pool = pool
         pk.now = self._now()
         pk.has_room = has_room
-        pk.room = has_room if isinstance(has_room, RoomFilter) else None
+        pk.room_filter = has_room if isinstance(has_room, RoomFilter) else None
         pk.exclude = exclude
         try:
             for ep in pool_endpoints(pool):
@@ -404,7 +397,7 @@ cdef class Router:
                 loads.append(load)
         finally:
             # The pick holds no request's objects past its end.
-            pk.has_room = pk.room = None
+            pk.has_room = pk.room_filter = None
             pk.exclude = ()
         if first is None:
             if full:
@@ -457,10 +450,14 @@ cdef class Router:
                     best = m
         return min(1.0, <double>best / info.nblocks)
 
-    cdef void _on_dispatch(self, Endpoint ep, RouteInfo info) except *:
-        cdef Py_ssize_t n = info.nblocks, held
+    cpdef void on_dispatch(self, Endpoint ep, RouteInfo info) except *:
+        """Remember that info's prompt blocks were sent to ep (call once it is bound)."""
+        cdef Py_ssize_t n, held
         cdef RouterPool state
         cdef PrefixIndex index
+        if info is None:
+            raise TypeError("on_dispatch needs the request's RouteInfo, not None")
+        n = info.nblocks
         pr = info.precise
         if pr is not None and self._precise is not None:
             self._precise.dispatched(ep.name, pr)

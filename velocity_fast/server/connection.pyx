@@ -18,7 +18,7 @@ import orjson
 
 from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.io.fdio cimport FdTransport
-from velocity_fast.lowlevel.fmt cimport _digits, cat, dec, put_bytes, str_eq
+from velocity_fast.lowlevel.fmt cimport cat, digits_before, dec, put_bytes, str_eq
 
 from velocity_fast.http.http1 cimport take_request, take_request_at
 from velocity_fast.http.message cimport Request, new_request
@@ -104,7 +104,7 @@ cdef bytes _whole(int status, object content_type, bytes lines, Py_ssize_t lengt
     """A whole answer's head (status line, content type, ``lines``, Content-Length
     ``length``, Connection) and ``body`` in one allocation: no pieces to join."""
     cdef char digits[24]
-    cdef int nd = _digits(digits + 24, <unsigned long long>length)
+    cdef int nd = digits_before(digits + 24, <unsigned long long>length)
     cdef bytes end = _KEEP_END if keep else _CLOSE_END
     cdef Py_ssize_t total
     cdef char* p
@@ -124,7 +124,7 @@ cdef bytes _whole(int status, object content_type, bytes lines, Py_ssize_t lengt
     return out
 
 
-from velocity_fast.io.outbox cimport Outbox, OutboxOwner, _buffered, flush_out, outbox_for
+from velocity_fast.io.outbox cimport Outbox, OutboxOwner, flush_out, outbox_for, transport_buffered
 
 
 # -- responses ----------------------------------------------------------------------------
@@ -458,7 +458,7 @@ cdef class HttpProtocol(OutboxOwner):
         # flow control then pauses the producer (one that never yields would otherwise
         # fill memory). The transport is asked (a Python call) only when that can matter.
         if (self._write_paused or self._out_bytes > self._write_buffer_high // 2) and \
-                self._out_bytes + _buffered(self._transport) > self._write_buffer_high:
+                self._out_bytes + transport_buffered(self._transport) > self._write_buffer_high:
             flush_out(self)
 
     cpdef _close(self):

@@ -2,7 +2,7 @@
 import argparse
 import sys
 
-from .options import add_arguments
+from .flags import add_arguments
 
 
 def _main() -> int:

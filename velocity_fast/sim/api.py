@@ -16,7 +16,7 @@ from velocity_fast.http.message import Request
 from velocity_fast.server.connection import Responder
 from velocity_fast.sim.errors import BadRequest
 
-from .config import SimConfig
+from .settings import SimConfig
 from .engine import Engine, Sequence
 from .responses import RequestMeta, StreamSink, WholeSink
 from .schema import (ChatRequest, CompletionRequest, chat_decoder, completion_decoder, message_texts,

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import sys
 
-from .config import SimConfig
+from .settings import SimConfig
 
 log = logging.getLogger("velocity.sim")
 

@@ -18,7 +18,7 @@ import random
 from collections import deque
 from typing import Protocol
 
-from .config import SimConfig
+from .settings import SimConfig
 from .kvcache import Allocation, KVCache
 from .metrics import SimMetrics
 from .tokens import VOCAB_BITS

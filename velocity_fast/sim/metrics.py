@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from velocity_fast.metrics.registry import Registry
 
 if TYPE_CHECKING:
-    from .config import SimConfig
+    from .settings import SimConfig
     from .engine import Engine, Sequence
 
 LABELS = ("model_name", "engine")

@@ -4,6 +4,9 @@ from velocity_fast.http.http1 cimport Head
 from velocity_fast.io.outbox cimport OutboxOwner, Outbox
 
 
+cdef class ResponseHandler
+
+
 cdef class UpstreamConnection(OutboxOwner):
     cdef received(self, bytes data)
     cdef public object pool
@@ -29,7 +32,7 @@ cdef class UpstreamConnection(OutboxOwner):
     cdef public bint closed
     cdef readonly bint _paused
     cdef public long requests
-    cdef public object listener
+    cdef public ResponseHandler handler
     cdef object _resend
     cdef bint _parsing
     cdef readonly bint _chunked
@@ -50,21 +53,22 @@ cdef class UpstreamConnection(OutboxOwner):
     cdef _bad_chunk(self)
     cpdef _fail(self, err)
     cdef _wake(self)
-    cpdef send_to(self, data, listener, bint reused=*)
+    cpdef send_to(self, data, ResponseHandler handler, bint reused=*)
     cpdef bytes take(self)
     cpdef pause(self)
     cpdef resume(self)
     cpdef abort(self)
 
 
-cdef class Listener:
+# What a callback-driven request is told (connection.pyx): every handler subclasses it.
+cdef class ResponseHandler:
     cdef public bint relaying
     cdef public bint raw_chunks
     cdef public bint abandoned
 
-    cdef on_sent(self, UpstreamConnection conn)
-    cdef on_head(self, UpstreamConnection conn)
-    cdef on_body(self, UpstreamConnection conn, bytes data)
-    cdef on_raw(self, UpstreamConnection conn, bytes framed)
-    cdef on_done(self, UpstreamConnection conn)
-    cdef on_error(self, UpstreamConnection conn, err)
+    cpdef on_sent(self, UpstreamConnection conn)
+    cpdef on_head(self, UpstreamConnection conn)
+    cpdef on_body(self, UpstreamConnection conn, bytes data)
+    cpdef on_raw(self, UpstreamConnection conn, bytes framed)
+    cpdef on_done(self, UpstreamConnection conn)
+    cpdef on_error(self, UpstreamConnection conn, err)

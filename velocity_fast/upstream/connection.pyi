@@ -1,25 +1,26 @@
-"""Stubs for velocity_fast.upstream.connection (one engine connection and its listener)."""
+"""Stubs for velocity_fast.upstream.connection (one engine connection and its response handler)."""
 import asyncio
 from typing import Any
 
 from velocity_fast.io.outbox import OutboxOwner
 
-class Listener:
-    """What a callback-driven request is told (``UpstreamPool.request``): head, then done or error."""
+class ResponseHandler:
+    """What a callback-driven request is told (``UpstreamPool.request``): sent, head, then
+    done or error. Every handler subclasses it and overrides the methods it needs."""
     relaying: bool
     raw_chunks: bool
     abandoned: bool
-    def upstream_sent(self, conn: UpstreamConnection) -> None:
+    def on_sent(self, conn: UpstreamConnection) -> None:
         """The request went out on ``conn`` (to abort it on a cancel)."""
-    def upstream_head(self, conn: UpstreamConnection) -> None:
+    def on_head(self, conn: UpstreamConnection) -> None:
         """The response head arrived."""
-    def upstream_body(self, conn: UpstreamConnection, data: bytes) -> None:
+    def on_body(self, conn: UpstreamConnection, data: bytes) -> None:
         """A piece of the body (only while ``relaying``)."""
-    def upstream_raw(self, conn: UpstreamConnection, framed: bytes) -> None:
+    def on_raw(self, conn: UpstreamConnection, framed: bytes) -> None:
         """Whole chunks, framed (only while ``relaying`` and ``raw_chunks``)."""
-    def upstream_done(self, conn: UpstreamConnection) -> None:
+    def on_done(self, conn: UpstreamConnection) -> None:
         """The whole response arrived."""
-    def upstream_error(self, conn: UpstreamConnection, err: BaseException) -> None:
+    def on_error(self, conn: UpstreamConnection | None, err: BaseException) -> None:
         """The request failed (``err.received``: after the engine began answering)."""
 
 class UpstreamConnection(OutboxOwner):
@@ -37,7 +38,7 @@ class UpstreamConnection(OutboxOwner):
     keep_alive: bool
     closed: bool
     requests: int
-    listener: Any
+    handler: ResponseHandler | None
     @property
     def _paused(self) -> bool: ...
     @property
@@ -56,8 +57,8 @@ class UpstreamConnection(OutboxOwner):
     def on_message_complete(self) -> None: ...
     def send(self, data: bytes) -> asyncio.Future[None]:
         """Send a whole request; returns the future of the response head."""
-    def send_to(self, data: bytes | tuple[bytes, bytes], listener: Any, reused: bool = False) -> None:
-        """Send a whole request whose answer goes to ``listener``'s callbacks."""
+    def send_to(self, data: bytes | tuple[bytes, bytes], handler: ResponseHandler, reused: bool = False) -> None:
+        """Send a whole request whose answer goes to ``handler``'s callbacks."""
     async def wait_body(self) -> None:
         """Wait until body pieces are available, the response is done, or it failed."""
     def take(self) -> bytes: ...

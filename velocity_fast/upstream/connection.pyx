@@ -1,5 +1,5 @@
 """One keep-alive HTTP/1.1 connection to an engine, compiled: the future path for
-coroutines, the listener path for callbacks (connection.pyi describes both).
+coroutines, the handler path for callbacks (connection.pyi describes both).
 
 Typed like the server's connection (server/connection.pyx): its fields are C struct members, and
 the steps of a whole answer (read, scan, head, done) are C calls.
@@ -47,74 +47,39 @@ cdef inline int _hex(unsigned char c) noexcept nogil:
 cdef str _JSON = intern("application/json")  # the object server/connection.pyx knows at once
 
 
-cdef class Listener:
-    """What a callback-driven request is told (``UpstreamPool.request``). Each runs once at
-    most, in this order: head (status and headers known), then done (the whole body is in
-    ``conn.chunks``) or error. ``abandoned`` True: the listener no longer wants an answer.
-    A listener that sets ``relaying`` (at the head) gets the body piece by piece, as it
-    arrives, and done or error at its end. One that also sets ``raw_chunks`` gets a chunked
-    body's whole chunks as they came, framing and all (to pass on to a chunked response
-    unchanged), and the data of a chunk split across reads as a body piece.
+cdef class ResponseHandler:
+    """What a callback-driven request is told (``UpstreamPool.request``): every such
+    request's handler is one of these, its subclass overriding the methods. Each runs once
+    at most, in this order: sent (the request went out on ``conn``), head (status and
+    headers known), then done (the whole body is in ``conn.chunks``) or error.
+    ``abandoned`` True: the handler no longer wants an answer. A handler that sets
+    ``relaying`` (at the head) gets the body piece by piece, as it arrives, and done or
+    error at its end. One that also sets ``raw_chunks`` gets a chunked body's whole chunks
+    as they came, framing and all (to pass on to a chunked response unchanged), and the
+    data of a chunk split across reads as a body piece.
 
-    The connection calls the C methods (``on_head`` ...); the gateway's exchange overrides
-    them. Their defaults call the Python methods (``upstream_head`` ...), so a Python
-    subclass works by defining those."""
+    The connection calls the methods as C (``cpdef``): the gateway's exchange overrides
+    them in C; a Python subclass (a test's) overrides them as Python methods of the same
+    names. The defaults do nothing."""
 
-    cdef on_sent(self, UpstreamConnection conn):
-        self.upstream_sent(conn)
-
-    cdef on_head(self, UpstreamConnection conn):
-        self.upstream_head(conn)
-
-    cdef on_body(self, UpstreamConnection conn, bytes data):
-        self.upstream_body(conn, data)
-
-    cdef on_raw(self, UpstreamConnection conn, bytes framed):
-        self.upstream_raw(conn, framed)
-
-    cdef on_done(self, UpstreamConnection conn):
-        self.upstream_done(conn)
-
-    cdef on_error(self, UpstreamConnection conn, err):
-        self.upstream_error(conn, err)
-
-    def upstream_sent(self, conn):
+    cpdef on_sent(self, UpstreamConnection conn):
         """The request went out on ``conn`` (to abort it on a cancel)."""
 
-    def upstream_head(self, conn):
+    cpdef on_head(self, UpstreamConnection conn):
         """The response head arrived."""
 
-    def upstream_body(self, conn, bytes data):
+    cpdef on_body(self, UpstreamConnection conn, bytes data):
         """A piece of the body (only while ``relaying``)."""
 
-    def upstream_raw(self, conn, bytes framed):
+    cpdef on_raw(self, UpstreamConnection conn, bytes framed):
         """Whole chunks, framed (only while ``relaying`` and ``raw_chunks``)."""
 
-    def upstream_done(self, conn):
+    cpdef on_done(self, UpstreamConnection conn):
         """The whole response arrived."""
 
-    def upstream_error(self, conn, err):
-        """The request failed (``err.received``: after the engine began answering)."""
-
-
-cdef inline _head(listener, UpstreamConnection conn):
-    if isinstance(listener, Listener):
-        (<Listener>listener).on_head(conn)
-    else:
-        listener.upstream_head(conn)
-
-
-cdef inline _body(listener, UpstreamConnection conn, bytes data):
-    if isinstance(listener, Listener):
-        (<Listener>listener).on_body(conn, data)
-    else:
-        listener.upstream_body(conn, data)
-
-
-cdef inline bint _relaying(listener) except -1:
-    if isinstance(listener, Listener):
-        return (<Listener>listener).relaying
-    return listener.relaying
+    cpdef on_error(self, UpstreamConnection conn, err):
+        """The request failed (``err.received``: after the engine began answering;
+        ``conn`` None: no connection was made)."""
 
 
 cdef class UpstreamConnection(OutboxOwner):
@@ -128,7 +93,7 @@ cdef class UpstreamConnection(OutboxOwner):
         self._parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.requests = 0
-        self.listener = None
+        self.handler = None
         self._resend = None
         self._parsing = False  # llhttp is inside a response
         self._reset()
@@ -164,7 +129,7 @@ cdef class UpstreamConnection(OutboxOwner):
         if self._chunked:
             self._scan_chunks(data, 0)
             return
-        if not self._parsing and self.listener is not None:
+        if not self._parsing and self.handler is not None:
             # The usual whole answer in one read: one call (http/http1.pyx), not llhttp's
             # callbacks; a stream's head, then its chunks, read here too (_scan_chunks);
             # anything else is llhttp's.
@@ -190,7 +155,7 @@ cdef class UpstreamConnection(OutboxOwner):
         if not self.done:
             self._fail(UpstreamError("engine closed the connection" + (f": {exc}" if exc else ""),
                                      received=self._received))
-        self.pool._forget(self)
+        self.pool.forget(self)
 
     def pause_writing(self):
         pass  # a request is written whole; nothing to hold back
@@ -235,14 +200,15 @@ cdef class UpstreamConnection(OutboxOwner):
 
     cdef _whole_response(self, bytes data, Head* head):
         """What the parser callbacks below would have done for a response read whole."""
+        cdef ResponseHandler handler
         self._scanned_head(data, head)
-        _head(self.listener, self)
+        self.handler.on_head(self)
         body = PyBytes_FromStringAndSize(PyBytes_AS_STRING(data) + head.end, head.content_length) \
             if head.content_length else b""
         if body:
-            listener = self.listener
-            if listener is not None and _relaying(listener):
-                _body(listener, self, body)
+            handler = self.handler
+            if handler is not None and handler.relaying:
+                handler.on_body(self, body)
             elif self.chunks is None:
                 self.chunks = [body]
             else:
@@ -250,56 +216,49 @@ cdef class UpstreamConnection(OutboxOwner):
         self._complete()
 
     cdef _complete(self):
-        """The whole response is in: the listener's upstream_done, or the waiting coroutine woken."""
+        """The whole response is in: the handler's on_done, or the waiting coroutine woken."""
+        cdef ResponseHandler handler = self.handler
         self.done = True
-        listener = self.listener
-        if listener is not None:
-            self.listener = None
-            if isinstance(listener, Listener):
-                (<Listener>listener).on_done(self)
-            else:
-                listener.upstream_done(self)
+        if handler is not None:
+            self.handler = None
+            handler.on_done(self)
         else:
             self._wake()
 
     # -- chunked bodies, read here -----------------------------------------------------
     # A stream arrives as chunks, most reads holding whole ones (an SSE event each). Those
-    # go on as they came, framing and all, to a listener that relays them to an HTTP/1.1
-    # client (``raw_chunks`` set at the head: upstream_raw): nothing is taken apart and
+    # go on as they came, framing and all, to a handler that relays them to an HTTP/1.1
+    # client (``raw_chunks`` set at the head: on_raw): nothing is taken apart and
     # put together again. A chunk split across reads goes as its pieces of data
-    # (upstream_body, which frames each anew), so what the client gets is always whole
+    # (on_body, which frames each anew), so what the client gets is always whole
     # chunks, even when the engine stops in the middle of one. The last chunk and any
     # trailers end the message and are not passed on (the Responder ends its own stream).
     cdef _chunked_head(self, bytes data, Head* head):
+        cdef ResponseHandler handler
         self._scanned_head(data, head)
         self._chunked = True
         self._cstate = C_SIZE
         self._csize = 0
         self._cdigits = 0
         self._cleft = 0
-        _head(self.listener, self)
-        listener = self.listener
-        if listener is None:
-            self._raw = False
-        elif isinstance(listener, Listener):
-            self._raw = (<Listener>listener).relaying and (<Listener>listener).raw_chunks
-        else:
-            self._raw = listener.relaying and listener.raw_chunks
+        self.handler.on_head(self)
+        handler = self.handler
+        self._raw = handler is not None and handler.relaying and handler.raw_chunks
         if not self.closed:
             self._scan_chunks(data, head.end)
 
     cdef _deliver(self, bytes piece):
         """A piece of the body (llhttp's, or data of a chunk read here): to a relaying
-        listener, else kept for upstream_done or the waiting coroutine."""
-        listener = self.listener
-        if listener is not None and _relaying(listener):
-            _body(listener, self, piece)
+        handler, else kept for on_done or the waiting coroutine."""
+        cdef ResponseHandler handler = self.handler
+        if handler is not None and handler.relaying:
+            handler.on_body(self, piece)
             return
         if self.chunks is None:
             self.chunks = [piece]
         else:
             self.chunks.append(piece)
-        if listener is None:
+        if handler is None:
             self._wake()
 
     cdef _scan_chunks(self, bytes data, Py_ssize_t pos):
@@ -419,15 +378,12 @@ cdef class UpstreamConnection(OutboxOwner):
     cdef _flush_run(self, bytes data, Py_ssize_t run_s, Py_ssize_t run_e):
         if run_s < 0 or self.closed:
             return
-        listener = self.listener
-        if listener is None:
+        cdef ResponseHandler handler = self.handler
+        if handler is None:
             return
         if run_s != 0 or run_e != PyBytes_GET_SIZE(data):
             data = data[run_s:run_e]
-        if isinstance(listener, Listener):
-            (<Listener>listener).on_raw(self, data)
-        else:
-            listener.upstream_raw(self, data)
+        handler.on_raw(self, data)
 
     cdef _bad_chunk(self):
         self._chunked = False
@@ -454,9 +410,9 @@ cdef class UpstreamConnection(OutboxOwner):
         self.content_type = h.get("content-type")
         self.has_length = "content-length" in h
         self.te_chunked = h.get("transfer-encoding", "").lower() == "chunked"
-        if self.listener is not None:
+        if self.handler is not None:
             self._resend = None  # the answer has begun: no retry from here on
-            _head(self.listener, self)
+            self.handler.on_head(self)
             return
         h = self._head
         if h is not None and not h.done():
@@ -473,15 +429,15 @@ cdef class UpstreamConnection(OutboxOwner):
     cpdef _fail(self, err):
         if self.error is None:
             self.error = err
-        listener = self.listener
-        if listener is not None:
-            self.listener = None
+        cdef ResponseHandler handler = self.handler
+        if handler is not None:
+            self.handler = None
             data, self._resend = self._resend, None
-            if data is not None and not err.received and not listener.abandoned:
+            if data is not None and not err.received and not handler.abandoned:
                 # A reused connection the engine had closed while idle: send again on a fresh one.
-                self.pool._connect_for(data, listener)
+                self.pool.connect_for(data, handler)
             else:
-                listener.upstream_error(self, err)
+                handler.on_error(self, err)
             return
         h = self._head
         if h is not None and not h.done():
@@ -498,19 +454,19 @@ cdef class UpstreamConnection(OutboxOwner):
         """Send a whole request; returns the future of the response head."""
         self._reset()
         self.requests += 1
-        self.listener = None
+        self.handler = None
         self._head = self._loop.create_future()
         self._outbox.write(self, data)  # leaves at the end of this loop pass (io/outbox.pyx)
         return self._head
 
-    cpdef send_to(self, data, listener, bint reused=False):
+    cpdef send_to(self, data, ResponseHandler handler, bint reused=False):
         """Send a whole request (bytes, or a (head, body) pair: one writev, no join)
-        whose answer goes to ``listener``'s callbacks. On a ``reused`` connection a
+        whose answer goes to ``handler``'s callbacks. On a ``reused`` connection a
         failure before any response byte sends it again on a fresh one (see
         UpstreamPool.request)."""
         self._reset()
         self.requests += 1
-        self.listener = listener
+        self.handler = handler
         self._resend = data if reused else None
         if type(data) is tuple:
             self._outbox.write(self, <bytes>(<tuple>data)[0])
@@ -544,7 +500,7 @@ cdef class UpstreamConnection(OutboxOwner):
 
     cpdef abort(self):
         """Close at once: the engine sees the disconnect and aborts the request."""
-        self.listener = None
+        self.handler = None
         self._resend = None
         self._out = None  # a request not yet sent never leaves
         if not self.closed and self.transport is not None:

@@ -1,6 +1,6 @@
 # The engine connection pool, typed (see pool.pyx).
 
-from velocity_fast.upstream.connection cimport UpstreamConnection
+from velocity_fast.upstream.connection cimport ResponseHandler, UpstreamConnection
 
 
 cdef class UpstreamPool:
@@ -22,4 +22,4 @@ cdef class UpstreamPool:
     cpdef bytes json_post_head(self, str path)
     cpdef UpstreamConnection idle_connection(self)
     cpdef release(self, UpstreamConnection conn)
-    cpdef request(self, data, listener)
+    cpdef request(self, data, ResponseHandler handler)

@@ -1,7 +1,7 @@
 """Stubs for velocity_fast.upstream.pool (a keep-alive connection pool per engine endpoint)."""
 from typing import Any
 
-from velocity_fast.upstream.connection import UpstreamConnection
+from velocity_fast.upstream.connection import ResponseHandler, UpstreamConnection
 
 def request_head(method: str, path: str, host: bytes, headers: list[tuple[str, str]], body_len: int) -> bytes:
     """The request line and headers for one request with a Content-Length body."""
@@ -33,5 +33,9 @@ class UpstreamPool:
     def idle_connection(self) -> UpstreamConnection | None: ...
     def release(self, conn: UpstreamConnection) -> None:
         """Return a connection whose response completed; anything else is closed."""
-    def request(self, data: bytes | tuple[bytes, bytes], listener: Any) -> None:
-        """Send a request (bytes, or its head and body) whose answer goes to ``listener`` (see upstream.connection.Listener)."""
+    def request(self, data: bytes | tuple[bytes, bytes], handler: ResponseHandler) -> None:
+        """Send a request (bytes, or its head and body) whose answer goes to ``handler`` (see upstream.connection.ResponseHandler)."""
+    def connect_for(self, data: bytes | tuple[bytes, bytes], handler: ResponseHandler) -> None:
+        """Connect a fresh connection and send ``data`` there, its answer to ``handler``."""
+    def forget(self, conn: UpstreamConnection) -> None:
+        """The connection closed: no longer the pool's."""

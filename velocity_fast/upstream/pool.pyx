@@ -1,7 +1,7 @@
 # cython: annotation_typing=False
 """A keep-alive connection pool per engine endpoint (compiled: the request path sends through it)."""
 
-from velocity_fast.upstream.connection cimport Listener, UpstreamConnection
+from velocity_fast.upstream.connection cimport ResponseHandler, UpstreamConnection
 
 import asyncio
 from urllib.parse import urlsplit
@@ -49,7 +49,8 @@ cdef class UpstreamPool:
         self._connecting: set[asyncio.Task] = set()
         self.connects = 0
 
-    def _forget(self, conn: UpstreamConnection) -> None:
+    def forget(self, conn: UpstreamConnection) -> None:
+        """The connection closed: no longer the pool's."""
         self._all.discard(conn)
         try:
             self._idle.remove(conn)
@@ -102,29 +103,30 @@ cdef class UpstreamPool:
             raise
         return conn
 
-    def _connect_for(self, data, listener) -> None:
-        task = asyncio.get_running_loop().create_task(self._connect_and_send(data, listener))
+    def connect_for(self, data, ResponseHandler handler not None) -> None:
+        """Connect a fresh connection and send ``data`` there, its answer to ``handler``."""
+        task = asyncio.get_running_loop().create_task(self._connect_and_send(data, handler))
         self._connecting.add(task)
         task.add_done_callback(self._connecting.discard)
 
-    async def _connect_and_send(self, data, listener) -> None:
+    async def _connect_and_send(self, data, ResponseHandler handler) -> None:
         try:
             conn = await self.connect()
         except UpstreamError as e:
-            if not listener.abandoned:
-                listener.upstream_error(None, e)
+            if not handler.abandoned:
+                handler.on_error(None, e)
             return
         except BaseException:
-            # The pool closed under the connect (or a bug): the listener must still hear
+            # The pool closed under the connect (or a bug): the handler must still hear
             # of it, or its request would wait for an answer that never comes.
-            if not listener.abandoned:
-                listener.upstream_error(None, UpstreamError(f"no connection to {self.url}", connect=True))
+            if not handler.abandoned:
+                handler.on_error(None, UpstreamError(f"no connection to {self.url}", connect=True))
             raise
-        if listener.abandoned:
+        if handler.abandoned:
             self._idle.append(conn)  # unused: keep it for the next request
             return
-        listener.upstream_sent(conn)
-        conn.send_to(data, listener)
+        handler.on_sent(conn)
+        conn.send_to(data, handler)
 
     async def fetch(self, method: str, path: str, *, body: bytes = b"",
                     headers: list[tuple[str, str]] | None = None, timeout: float = 2.0) -> tuple[int, bytes]:
@@ -192,8 +194,8 @@ cdef class UpstreamPool:
         else:
             conn.abort()
 
-    cpdef request(self, data, listener):
-        """Send a request whose answer goes to ``listener`` (see connection.pyx's Listener): bytes,
+    cpdef request(self, data, ResponseHandler handler):
+        """Send a request whose answer goes to ``handler`` (see connection.pyx's ResponseHandler): bytes,
         or a (head, body) pair that leaves in one writev without being joined.
 
         On an idle connection this is all callbacks. With none idle, or when the
@@ -202,10 +204,7 @@ cdef class UpstreamPool:
         """
         conn = self.idle_connection()
         if conn is None:
-            self._connect_for(data, listener)
+            self.connect_for(data, handler)
             return
-        if isinstance(listener, Listener):
-            (<Listener>listener).on_sent(conn)
-        else:
-            listener.upstream_sent(conn)
-        conn.send_to(data, listener, True)
+        handler.on_sent(conn)
+        conn.send_to(data, handler, True)

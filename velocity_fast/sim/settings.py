@@ -1,6 +1,6 @@
 """Settings of one sim engine, with the defaults and why they were chosen.
 
-Kept free of heavy imports: ``options.py`` reads the defaults from here when the CLI
+Kept free of heavy imports: ``flags.py`` reads the defaults from here when the CLI
 builds its parser.
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from .config import SimConfig
+from .settings import SimConfig
 
 _D = SimConfig()
 
