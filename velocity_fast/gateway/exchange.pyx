@@ -178,11 +178,14 @@ cdef inline bint _key_is(const char* k, Py_ssize_t n, const char* name, Py_ssize
     return n == m and memcmp(k, name, m) == 0
 
 
+cdef long long _NUMBER_MAX = 1000000000000000  # (a C constant: a literal this long is compared as a Python int)
+
+
 cdef inline const char* _number(const char* p, const char* end, long long* v) noexcept:
     """The digits at ``p`` into ``v``; the byte after them, or NULL when there are none."""
     cdef long long n = 0
     cdef const char* start = p
-    while p < end and p[0] >= c'0' and p[0] <= c'9' and n < 1000000000000000:
+    while p < end and p[0] >= c'0' and p[0] <= c'9' and n < _NUMBER_MAX:
         n = n * 10 + (p[0] - c'0')
         p += 1
     v[0] = n
@@ -249,7 +252,7 @@ cdef bint _walk_usage(const char* s, const char* end, long long* out) noexcept:
                 p += 1
             if p < end and p[0] >= c'0' and p[0] <= c'9':
                 v = 0
-                while p < end and p[0] >= c'0' and p[0] <= c'9' and v < 1000000000000000:
+                while p < end and p[0] >= c'0' and p[0] <= c'9' and v < _NUMBER_MAX:
                     v = v * 10 + (p[0] - c'0')
                     p += 1
                 if _key_is(k, klen, b"prompt_tokens", 13):
