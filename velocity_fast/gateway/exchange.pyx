@@ -35,7 +35,7 @@ from velocity_fast.upstream.connection cimport Listener, UpstreamConnection
 from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.fleet.endpoint cimport Endpoint, Pool
 from velocity_fast.gateway.identity cimport Identity, Tenant
-from velocity_fast.http.message cimport Request
+from velocity_fast.http.message cimport OWN_PRIORITY, OWN_PROFILE, OWN_RID, OWN_SESSION, OWN_SLA, OWN_TENANT, Request
 from velocity_fast.lowlevel.fmt cimport (_digits, cat, dec, memmem, latin1, put, put_bytes, put_tenths, starts, str_eq,
                                       tenths)
 
@@ -45,6 +45,7 @@ from velocity_fast.admission.errors import Rejected
 from velocity_fast.gateway.errors import BadRequest, context_error
 from velocity_fast.gateway.requests import too_deep
 from velocity_fast.routing.errors import UnknownProfile
+from velocity_fast.routing.settings import PROFILE_HEADER, SESSION_HEADER
 from velocity_fast.http.errors import stream_error_event
 
 log = logging.getLogger("velocity.gateway")
@@ -502,17 +503,34 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
     cdef Exchange x
     cdef double q_est
     cdef bint stream, strip, want
-    # The gateway's own headers, looked up only when the request has any (most have none).
-    rid = tenant_h = prio = sla = None
+    cdef unsigned int own
+    # The gateway's own headers, looked up only when the request has any (most have none):
+    # read where the scanner found them, no dict (the router is given one only of what it
+    # reads, when the request has any).
+    rid = tenant_h = prio = sla = route_h = None
     if identity.required:  # the key's header too
         h = req.header_dict()
-    elif req.gateway_headers:
-        h = req.own_headers()
     if req.gateway_headers:
-        rid = h.get("x-request-id")
-        tenant_h = h.get("x-velocity-tenant")
-        prio = h.get("x-velocity-priority")
-        sla = h.get("x-velocity-sla-ms")
+        if h is None and req.own_direct():
+            own = req._own
+            if own & (1u << OWN_RID):
+                rid = req.own_text(OWN_RID)
+            if own & (1u << OWN_TENANT):
+                tenant_h = req.own_text(OWN_TENANT)
+            if own & (1u << OWN_PRIORITY):
+                prio = req.own_text(OWN_PRIORITY)
+            if own & (1u << OWN_SLA):
+                sla = req.own_text(OWN_SLA)
+            if own & ((1u << OWN_PROFILE) | (1u << OWN_SESSION)):
+                route_h = {PROFILE_HEADER: req.own_text(OWN_PROFILE), SESSION_HEADER: req.own_text(OWN_SESSION)}
+        else:
+            if h is None:
+                h = req.own_headers()
+            rid = h.get("x-request-id")
+            tenant_h = h.get("x-velocity-tenant")
+            prio = h.get("x-velocity-priority")
+            sla = h.get("x-velocity-sla-ms")
+            route_h = h
     if not rid:
         rid = new_request_id()
     band = "-"
@@ -541,7 +559,7 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
                 model = gw._last_model
             else:
                 gw._last_model = model
-        info = (<Router?>gw.router)._route_info(model, r, h if req.gateway_headers else None, compact)
+        info = (<Router?>gw.router)._route_info(model, r, route_h, compact)
     except (BadRequest, UnknownProfile) as e:
         count_request(gw, route, 400, band)
         return resp.send_error(400, str(e), param=e.param, headers=_rid_headers(rid))

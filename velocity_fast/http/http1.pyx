@@ -20,7 +20,8 @@ from cpython.unicode cimport PyUnicode_DecodeLatin1
 from libc.stdint cimport uint64_t
 from libc.string cimport memcpy
 
-from velocity_fast.http.message cimport Request, new_request
+from velocity_fast.http.message cimport OWN_DUP, OWN_N, OWN_PRIORITY, OWN_PROFILE, OWN_RID, OWN_SESSION, OWN_SLA
+from velocity_fast.http.message cimport OWN_TENANT, Request, new_request
 from velocity_fast.http.message cimport header_lines, short_text as _text
 
 # RFC 9110 tchar: the bytes of a header name (and a method).
@@ -105,12 +106,29 @@ cdef inline int _kind(const char* p, Py_ssize_t n) nogil:
     return H_OTHER
 
 
-cdef inline bint _ours(const char* p, Py_ssize_t n) nogil:
-    """A header the gateway reads on its proxy path: x-velocity-*, x-request-id, x-session-id.
-    The request says whether it has any (``Request.gateway_headers``), so that the proxy
-    path need not look each up in a dict that, from most clients, has none of them."""
-    return (n > 11 and _is_word(p, 11, b"x-velocity-", 11)) or _is_word(p, n, b"x-request-id", 12) \
-        or _is_word(p, n, b"x-session-id", 12)
+cdef inline int _ours(const char* p, Py_ssize_t n) nogil:
+    """A header the gateway reads on its proxy path: x-velocity-*, x-request-id, x-session-id
+    (-1: none of them). The request says whether it has any (``Request.gateway_headers``),
+    so that the proxy path need not look each up in a dict that, from most clients, has
+    none of them; and where the value lies of those it reads (OWN_*; OWN_N: another
+    x-velocity-* header), so that it reads them without a dict."""
+    if n > 11 and _is_word(p, 11, b"x-velocity-", 11):
+        p += 11
+        n -= 11
+        if _is_word(p, n, b"tenant", 6):
+            return OWN_TENANT
+        if _is_word(p, n, b"priority", 8):
+            return OWN_PRIORITY
+        if _is_word(p, n, b"sla-ms", 6):
+            return OWN_SLA
+        if _is_word(p, n, b"profile", 7):
+            return OWN_PROFILE
+        return OWN_N
+    if _is_word(p, n, b"x-request-id", 12):
+        return OWN_RID
+    if _is_word(p, n, b"x-session-id", 12):
+        return OWN_SESSION
+    return -1
 
 
 cdef int _connection(const char* p, Py_ssize_t n) nogil:
@@ -152,6 +170,7 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
     out.ct_start = -1
     out.ct_len = 0
     out.ours = False
+    out.own = 0
     while True:
         if pos + 1 >= n or pos >= limit:
             return -1
@@ -208,8 +227,17 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
             out.ct_len = ve - vs
         elif kind != H_OTHER:
             return -1  # other transfer codings, upgrade, expect: llhttp's
-        if request and not out.ours and (s[ls] == c'x' or s[ls] == c'X') and _ours(s + ls, colon - ls):
-            out.ours = True
+        if request and (s[ls] == c'x' or s[ls] == c'X'):
+            kind = _ours(s + ls, colon - ls)
+            if kind >= 0:
+                out.ours = True
+                if kind < OWN_N:
+                    if out.own & (1u << kind):
+                        out.own |= OWN_DUP  # the dict joins a repeated name's values: it reads them
+                    else:
+                        out.own |= 1u << kind
+                        out.own_vs[kind] = vs
+                        out.own_ve[kind] = ve
     if pos > limit:
         return -1
     if chunked and cl != -1:
@@ -348,6 +376,14 @@ cdef Request _take(const char* s, Py_ssize_t n, bytes data, Py_ssize_t pos, Py_s
         req._hs = head.lines - start
         req._he = head.end - 2 - start
     req.gateway_headers = head.ours
+    req._own = head.own
+    if head.own:
+        if data is not None:
+            start = 0  # (in a buffer's copy of the head, the offsets are from its start)
+        for q in range(OWN_N):
+            if head.own & (1u << q):
+                req._own_vs[q] = head.own_vs[q] - start
+                req._own_ve[q] = head.own_ve[q] - start
     return req
 
 
