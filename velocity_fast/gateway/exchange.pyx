@@ -484,7 +484,7 @@ cpdef str band_for(list names, raw, tenant, str default=None):
         if band not in names:
             raise BadRequest(f"Unknown priority band {raw!r}; bands are {names}.", "priority")
     if tenant is not None:
-        cap = tenant.max_band
+        cap = (<Tenant>tenant).max_band if type(tenant) is Tenant else tenant.max_band
         if cap is not None and names.index(band) < names.index(cap):
             band = cap
     return band
@@ -501,7 +501,7 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
     cdef dict h = None
     cdef Tenant t
     cdef Exchange x
-    cdef double q_est
+    cdef double q_est, wait
     cdef bint stream, strip, want
     cdef unsigned int own
     # The gateway's own headers, looked up only when the request has any (most have none):
