@@ -17,7 +17,7 @@ same meaning; tests/http/test_http1_scan.py holds the two side by side.
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeLatin1
-from libc.stdint cimport uint64_t
+from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcpy
 
 from velocity_fast.http.message cimport OWN_DUP, OWN_N, OWN_PRIORITY, OWN_PROFILE, OWN_RID, OWN_SESSION, OWN_SLA
@@ -76,8 +76,29 @@ cdef inline bint _is_word(const char* p, Py_ssize_t n, const char* word, Py_ssiz
     ``word`` of letters and '-', whatever its case. OR 0x20 lowers a letter, leaves '-',
     and maps no other tchar onto a letter or '-': no table, no branch per byte."""
     cdef Py_ssize_t i
+    cdef uint64_t a, b
+    cdef uint32_t c, d
     if n != wn:
         return False
+    if n >= 8:  # eight bytes at a time, the last eight overlapping the ones before
+        i = 0
+        while i + 8 < n:
+            memcpy(&a, p + i, 8)
+            memcpy(&b, word + i, 8)
+            if (a | 0x2020202020202020ULL) != b:
+                return False
+            i += 8
+        memcpy(&a, p + n - 8, 8)
+        memcpy(&b, word + n - 8, 8)
+        return (a | 0x2020202020202020ULL) == b
+    if n >= 4:  # the first four and the last four
+        memcpy(&c, p, 4)
+        memcpy(&d, word, 4)
+        if (c | 0x20202020u) != d:
+            return False
+        memcpy(&c, p + n - 4, 4)
+        memcpy(&d, word + n - 4, 4)
+        return (c | 0x20202020u) == d
     for i in range(n):
         if (<unsigned char>p[i] | 0x20) != <unsigned char>word[i]:
             return False
