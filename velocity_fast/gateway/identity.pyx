@@ -31,7 +31,9 @@ cdef class Tenant:
         self.tokens = self.burst
         self.stamp = monotonic()
         self.tpm = getattr(cfg, "tokens_per_minute", None)
-        self.tlevel = float(self.tpm or 0.0)
+        self.rate_c = float(self.rate or 0.0)
+        self.tpm_c = float(self.tpm or 0.0)
+        self.tlevel = self.tpm_c
         self.tstamp = self.stamp
         self.rejections = {}
         self.shared = self.tshared = None
@@ -55,7 +57,7 @@ cdef class Tenant:
             return (<SharedBucket?>self.shared).draw(1.0, 1.0)
         if self.shm != NULL:  # every worker's draws from one cell
             return vf_cell_draw(&self.shm.req, 1.0, 1.0)
-        rate = self.rate
+        rate = self.rate_c
         now = monotonic()
         self.tokens = min(self.burst, self.tokens + (now - self.stamp) * rate)
         self.stamp = now
@@ -65,7 +67,7 @@ cdef class Tenant:
         return (1.0 - self.tokens) / rate
 
     cdef void _refill(self) noexcept:
-        cdef double now = monotonic(), cap = self.tpm
+        cdef double now = monotonic(), cap = self.tpm_c
         self.tlevel = min(cap, self.tlevel + (now - self.tstamp) * cap / 60.0)
         self.tstamp = now
 
@@ -75,7 +77,7 @@ cdef class Tenant:
         cdef double need, cap
         if self.tpm is None:
             return 0.0
-        cap = self.tpm
+        cap = self.tpm_c
         need = estimate if estimate < cap else cap
         if self.tshared is not None:
             return (<SharedBucket?>self.tshared).draw(estimate, need)
@@ -166,4 +168,10 @@ cdef class Identity:
         """tenant_for's tenant for the name tenant_name gave."""
         if bound is not None:
             return bound
-        return self.tenants.get(name)
+        if name is self._last_name and name is not None:
+            return self._last_tenant
+        t = self.tenants.get(name)
+        if t is not None:
+            self._last_name = name
+            self._last_tenant = t
+        return t
