@@ -18,6 +18,7 @@ import os
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeASCII
+from libc.stdint cimport uint64_t
 from libc.string cimport memcmp, memcpy
 
 from velocity_fast.admission.bands cimport set_locality
@@ -193,10 +194,26 @@ cdef inline const char* _number(const char* p, const char* end, long long* v) no
     return p if p > start else NULL
 
 
+cdef inline bint _same(const char* a, const char* b, Py_ssize_t n) noexcept:
+    """a[:n] == b[:n] for n >= 8, eight bytes at a time (the last eight overlapping the
+    ones before): inlined where n is a constant, no memcmp call."""
+    cdef uint64_t x, y
+    cdef Py_ssize_t i = 0
+    while i + 8 < n:
+        memcpy(&x, a + i, 8)
+        memcpy(&y, b + i, 8)
+        if x != y:
+            return False
+        i += 8
+    memcpy(&x, a + n - 8, 8)
+    memcpy(&y, b + n - 8, 8)
+    return x == y
+
+
 cdef inline const char* _member(const char* p, const char* end, const char* key, Py_ssize_t klen,
                                 long long* v) noexcept:
     """``key`` (with its quotes, colon and the comma before it) then a number at ``p``."""
-    if end - p <= klen or memcmp(p, key, klen) != 0:
+    if end - p <= klen or not _same(p, key, klen):
         return NULL
     return _number(p + klen, end, v)
 
