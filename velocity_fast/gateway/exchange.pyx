@@ -613,7 +613,7 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
                 return gw.app._reject(resp, route, 429, "rate-limit",
                                       f"Tenant {tenant_name!r} is over its tokens per minute.", band,
                                       _rid_headers(rid), wait)
-        wait = t.take()
+        wait = t.take() if t.rate is not None else 0.0  # (no call for a tenant with no request rate)
         if wait:
             if q_est:
                 t.settle_tokens(-q_est)

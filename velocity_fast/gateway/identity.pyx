@@ -4,6 +4,8 @@ The gateway asks on every proxied request (the key check, the tenant, its rate):
 calls from exchange.pyx rather than Python frames.
 """
 
+from cpython.unicode cimport PyUnicode_GET_LENGTH
+
 from velocity_fast.fleet.lease cimport SharedBucket
 from velocity_fast.fleet.shared cimport tenant_slot, vf_cell_config, vf_cell_draw, vf_cell_left, vf_cell_settle
 from velocity_fast.lowlevel.clock cimport monotonic
@@ -162,6 +164,10 @@ cdef class Identity:
         """tenant_for's name, as C (no tuple made)."""
         if bound is not None:
             return bound.name
+        if type(header) is str:  # (a str's truth without a call)
+            if PyUnicode_GET_LENGTH(header):
+                return header
+            return user or DEFAULT_TENANT
         return header or user or DEFAULT_TENANT
 
     cdef object tenant_named(self, bound, name):
