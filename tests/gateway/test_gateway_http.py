@@ -536,3 +536,19 @@ async def test_gateway_headers_of_any_case_and_a_repeated_one_joined(engine, clo
         assert s3 == 400 and "'high, low'" in json.loads(b3)["error"]["message"]
         assert s4 == 400 and "no-such-profile" in json.loads(b4)["error"]["message"]
         assert s5 == 200 and h5["x-request-id"] not in ("", "rid-7")
+
+
+async def test_tenants_named_by_header_in_turn_each_keep_their_own_bucket(engine):
+    # The header's bytes find their tenant again without a look-up by name (Identity.by_header):
+    # each must still be the tenant it names, in turn and repeated.
+    body = json.dumps(CHAT).encode()
+    tenants = [{"name": n, "requests_per_second": 0.001, "burst": 1} for n in ("a", "b", "a-long-tenant-name-past-8-bytes")]
+    async with running_gateway(engine, tenants=tenants) as gw:
+        statuses = []
+        for name in (b"a", b"b", b"a-long-tenant-name-past-8-bytes", b"nobody") * 2:
+            data = _post(b"x-velocity-tenant: " + name + b"\r\n", body) \
+                + b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n"
+            statuses.append(_answers(await raw_exchange(gw.port, data))[0][0])
+        assert statuses == [200, 200, 200, 200, 429, 429, 429, 200]
+        assert {n: t.rejections for n, t in gw.identity.tenants.items()} == {
+            "a": {"rate-limit": 1}, "b": {"rate-limit": 1}, "a-long-tenant-name-past-8-bytes": {"rate-limit": 1}}

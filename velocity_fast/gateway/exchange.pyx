@@ -521,6 +521,9 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
     cdef double q_est, wait
     cdef bint stream, strip, want
     cdef unsigned int own
+    cdef const char* tenant_p = NULL  # the tenant header's bytes (in raw), when read where they lie
+    cdef Py_ssize_t tenant_n = 0
+    cdef Tenant known = None  # the tenant those bytes named before
     # The gateway's own headers, looked up only when the request has any (most have none):
     # read where the scanner found them, no dict (the router is given one only of what it
     # reads, when the request has any).
@@ -533,7 +536,11 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
             if own & (1u << OWN_RID):
                 rid = req.own_text(OWN_RID)
             if own & (1u << OWN_TENANT):
-                tenant_h = req.own_text(OWN_TENANT)
+                raw = req._raw  # (held: tenant_p lies in it)
+                tenant_p = PyBytes_AS_STRING(raw) + req._own_vs[OWN_TENANT]
+                tenant_n = req._own_ve[OWN_TENANT] - req._own_vs[OWN_TENANT]
+                known = identity.by_header(tenant_p, tenant_n)
+                tenant_h = known.name if known is not None else req.own_text(OWN_TENANT)
             if own & (1u << OWN_PRIORITY):
                 prio = req.own_text(OWN_PRIORITY)
             if own & (1u << OWN_SLA):
@@ -553,9 +560,15 @@ cpdef proxy(Ingress gw, Request req, Responder resp, str route, bint chat):
     band = "-"
     try:
         r = decode_fields(req.body, chat, f, &compact)  # a ProxyRequest, its fields left in f
-        bound = identity.authenticate(h)[1] if identity.required else None
-        tenant_name = identity.tenant_name(bound, tenant_h, <object>f[P_USER])  # tenant_for, without a tuple
-        tenant = identity.tenant_named(bound, tenant_name)
+        if known is not None:  # (no key to check: the header's tenant)
+            tenant_name = tenant_h
+            tenant = known
+        else:
+            bound = identity.authenticate(h)[1] if identity.required else None
+            tenant_name = identity.tenant_name(bound, tenant_h, <object>f[P_USER])  # tenant_for, without a tuple
+            tenant = identity.tenant_named(bound, tenant_name)
+            if tenant_p != NULL and tenant is not None and tenant_name is tenant_h:
+                identity.keep_header(tenant_p, tenant_n, <Tenant>tenant)
         if prio is None:
             prio = <object>f[P_PRIORITY]
             if prio is _UNSET:  # not in the body

@@ -1,5 +1,7 @@
 # Who is calling, typed (see identity.pyx).
 
+from cpython.object cimport PyObject
+
 from velocity_fast.fleet.shared cimport vf_tenant
 
 cdef class Tenant:
@@ -34,6 +36,13 @@ cdef class Tenant:
     cdef void _refill(self) noexcept
 
 
+# A tenant named by the x-velocity-tenant header, kept by the header's bytes (up to 32).
+cdef struct HeaderSlot:
+    Py_ssize_t n              # 0: empty
+    char raw[32]
+    PyObject* tenant          # a reference the Identity holds
+
+
 cdef class Identity:
     cdef public object global_key
     cdef public dict tenants
@@ -45,8 +54,13 @@ cdef class Identity:
     # a reload makes a new Identity.)
     cdef object _last_name
     cdef object _last_tenant
+    # Tenants by their header's bytes (HEADER_SLOTS of them, made when the first is kept):
+    # the request path then makes no str of the header and looks up no dict.
+    cdef HeaderSlot* _slots
 
     cpdef tuple authenticate(self, dict headers)
     cpdef tuple tenant_for(self, bound, header, user)
     cdef object tenant_name(self, bound, header, user)
     cdef object tenant_named(self, bound, name)
+    cdef Tenant by_header(self, const char* p, Py_ssize_t n)
+    cdef void keep_header(self, const char* p, Py_ssize_t n, Tenant t) except *
