@@ -26,7 +26,7 @@ from velocity_fast.http.message cimport header_lines, short_text as _text
 
 # RFC 9110 tchar: the bytes of a header name (and a method).
 cdef bint _TCHAR[256]
-cdef int _i
+cdef int _i, _at
 cdef bytes _tchars = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 for _i in range(256):
     _TCHAR[_i] = False
@@ -152,6 +152,29 @@ cdef inline int _ours(const char* p, Py_ssize_t n) nogil:
     return -1
 
 
+# "x-velocity-tenant:", the line every request of a tenant named by header starts with, as
+# three 8-byte words (at 0, 8 and 10) and their masks: 0x20 where a letter may be either
+# case, 0 where the byte must be as it is ('-', ':'). A match is a name of tchars, checked.
+cdef bytes _TENANT_LINE = b"x-velocity-tenant:"
+cdef uint64_t _TENANT_WORD[3]
+cdef uint64_t _TENANT_MASK[3]
+cdef bytes _masks = bytes(0x20 if 97 <= c <= 122 else 0 for c in _TENANT_LINE)
+for _i, _at in enumerate((0, 8, 10)):
+    memcpy(&_TENANT_WORD[_i], <const char*>_TENANT_LINE + _at, 8)
+    memcpy(&_TENANT_MASK[_i], <const char*>_masks + _at, 8)
+
+
+cdef inline bint _tenant_line(const char* p) noexcept nogil:
+    """``p[:18]`` (there are 18) is ``x-velocity-tenant:``, the name in any case: three word
+    compares instead of the name's scan a byte at a time and the look at what it names."""
+    cdef uint64_t a, b, c
+    memcpy(&a, p, 8)
+    memcpy(&b, p + 8, 8)
+    memcpy(&c, p + 10, 8)
+    return ((a | _TENANT_MASK[0]) == _TENANT_WORD[0] and (b | _TENANT_MASK[1]) == _TENANT_WORD[1]
+            and (c | _TENANT_MASK[2]) == _TENANT_WORD[2])
+
+
 cdef int _connection(const char* p, Py_ssize_t n) nogil:
     """1 keep-alive, 0 close, -1 anything else (a token list, upgrade...)."""
     if _eq_lower(p, n, b"keep-alive", 10):
@@ -185,7 +208,7 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
     the gateway reads (``ours``). ``s`` is a bytes object's data: the NUL CPython keeps
     after it ends the scan of a name or value there."""
     cdef Py_ssize_t ls, colon, vs, ve, cl = -1
-    cdef int kind, keep = -2, c
+    cdef int kind, keep = -2, c, own
     cdef bint chunked = False
     cdef unsigned char ch
     out.ct_start = -1
@@ -201,13 +224,18 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
             pos += 2
             break
         ls = pos
-        # name: one or more tchar, then ':' at once (no space before it). The bytes
-        # object ends in a NUL (CPython keeps one past every bytes' data), which is no
-        # tchar, space or tab: these loops stop at the end without a bounds test.
-        while _TCHAR[<unsigned char>s[pos]]:
-            pos += 1
-        if pos == ls or pos >= n or s[pos] != c':':
-            return -1
+        own = -1
+        if request and n - pos > 18 and (s[pos] == c'x' or s[pos] == c'X') and _tenant_line(s + pos):
+            pos += 17  # (at its ':')
+            own = OWN_TENANT
+        else:
+            # name: one or more tchar, then ':' at once (no space before it). The bytes
+            # object ends in a NUL (CPython keeps one past every bytes' data), which is no
+            # tchar, space or tab: these loops stop at the end without a bounds test.
+            while _TCHAR[<unsigned char>s[pos]]:
+                pos += 1
+            if pos == ls or pos >= n or s[pos] != c':':
+                return -1
         colon = pos
         pos += 1
         while s[pos] == c' ' or s[pos] == c'\t':
@@ -228,7 +256,7 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
             return -1
         ve = pos  # trailing spaces stay part of the value, as llhttp leaves them
         pos += 2
-        kind = _kind(s + ls, colon - ls)
+        kind = _kind(s + ls, colon - ls) if own < 0 else H_OTHER
         if kind == H_CONTENT_LENGTH:
             if cl != -1:
                 return -1
@@ -249,7 +277,7 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
         elif kind != H_OTHER:
             return -1  # other transfer codings, upgrade, expect: llhttp's
         if request and (s[ls] == c'x' or s[ls] == c'X'):
-            kind = _ours(s + ls, colon - ls)
+            kind = own if own >= 0 else _ours(s + ls, colon - ls)
             if kind >= 0:
                 out.ours = True
                 if kind < OWN_N:
