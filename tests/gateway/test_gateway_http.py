@@ -494,3 +494,61 @@ async def test_prompts_up_to_the_body_limit_pass_byte_for_byte_with_prefix_affin
             r = await http_request(gw.port, "POST", "/v1/chat/completions", bad)
             assert r.status == 400 and "not valid JSON" in error_of(r)["message"]
             assert len(up.requests) == before, "a malformed body never reaches the engine"
+
+
+# -- the gateway's own headers, read where the scanner found them -------------------------------
+
+def _post(headers: bytes, body: bytes, close: bool = False) -> bytes:
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n" + headers
+            + (b"Connection: close\r\n" if close else b"") + b"content-length: %d\r\n\r\n" % len(body) + body)
+
+
+def _answers(data: bytes) -> list[tuple[int, dict, bytes]]:
+    """The answers in ``data``: (status, lower-case headers, body)."""
+    out = []
+    while data:
+        head, _, data = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        hdrs = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+        n = int(hdrs.get("content-length", 0))
+        out.append((int(lines[0].split()[1]), hdrs, data[:n]))
+        data = data[n:]
+    return out
+
+
+@pytest.mark.parametrize("close", [False, True])  # the scanner's request, or llhttp's (Connection: close)
+async def test_gateway_headers_of_any_case_and_a_repeated_one_joined(engine, close):
+    body = json.dumps(CHAT).encode()
+    tenants = [{"name": "beta", "requests_per_second": 0.001, "burst": 1}]
+    heads = [b"X-Request-Id: rid-7\r\nX-VELOCITY-PRIORITY: low\r\nX-Velocity-Tenant: beta\r\n",
+             b"x-velocity-tenant: beta\r\n",  # beta's one request is spent: 429
+             b"x-velocity-priority: high\r\nx-velocity-priority: low\r\n",  # the values joined: "high, low"
+             b"x-velocity-profile: no-such-profile\r\n",
+             b"x-session-id: s1\r\nx-velocity-other: 1\r\n"]
+    async with running_gateway(engine, tenants=tenants) as gw:
+        got = []
+        for head in heads:
+            data = _post(head, body, close) + (b"" if close else b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")
+            got.append(_answers(await raw_exchange(gw.port, data))[0])
+        (s1, h1, _), (s2, h2, _), (s3, _, b3), (s4, _, b4), (s5, h5, _) = got
+        assert (s1, h1["x-request-id"], h1["x-velocity-band"]) == (200, "rid-7", "low")
+        assert s2 == 429 and h2["x-velocity-reject-reason"] == "rate-limit"
+        assert s3 == 400 and "'high, low'" in json.loads(b3)["error"]["message"]
+        assert s4 == 400 and "no-such-profile" in json.loads(b4)["error"]["message"]
+        assert s5 == 200 and h5["x-request-id"] not in ("", "rid-7")
+
+
+async def test_tenants_named_by_header_in_turn_each_keep_their_own_bucket(engine):
+    # The header's bytes find their tenant again without a look-up by name (Identity.by_header):
+    # each must still be the tenant it names, in turn and repeated.
+    body = json.dumps(CHAT).encode()
+    tenants = [{"name": n, "requests_per_second": 0.001, "burst": 1} for n in ("a", "b", "a-long-tenant-name-past-8-bytes")]
+    async with running_gateway(engine, tenants=tenants) as gw:
+        statuses = []
+        for name in (b"a", b"b", b"a-long-tenant-name-past-8-bytes", b"nobody") * 2:
+            data = _post(b"x-velocity-tenant: " + name + b"\r\n", body) \
+                + b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n"
+            statuses.append(_answers(await raw_exchange(gw.port, data))[0][0])
+        assert statuses == [200, 200, 200, 200, 429, 429, 429, 200]
+        assert {n: t.rejections for n, t in gw.identity.tenants.items()} == {
+            "a": {"rate-limit": 1}, "b": {"rate-limit": 1}, "a-long-tenant-name-past-8-bytes": {"rate-limit": 1}}

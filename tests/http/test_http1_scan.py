@@ -320,3 +320,17 @@ def test_header_names_are_lower_case_whatever_was_seen_before():
             req = (b"GET / HTTP/1.1\r\nHost: h\r\n%s: v\r\n\r\n" % name.encode())
             r = scan_request(req, 0, MAX_HEAD, MAX_BODY)
             assert r is not None and r[3] == {"host": "h", name.lower(): "v"}, name
+
+
+@pytest.mark.parametrize("line, headers", [
+    (b"x-velocity-tenant: t0", {"x-velocity-tenant": "t0"}),
+    (b"X-VELOCITY-TENANT:t1 ", {"x-velocity-tenant": "t1 "}),  # any case; trailing spaces kept
+    (b"X-Velocity-Tenant: a\r\nx-velocity-tenant: b", {"x-velocity-tenant": "a, b"}),
+    (b"x-velocity-tenantx: y", {"x-velocity-tenantx": "y"}),
+    (b"x-velocity-tenant :t", None),   # a space before the colon: declined
+    (b"x\rvelocity-tenant: t", None),  # no tchar: declined
+    (b"x_velocity-tenant: t", {"x_velocity-tenant": "t"}),
+])
+def test_the_tenant_line_read_by_words_is_the_line_read_byte_by_byte(line, headers):
+    r = scan_request(b"POST / HTTP/1.1\r\n" + line + b"\r\ncontent-length: 0\r\n\r\n", 0, 8192, 8192)
+    assert (r and {k: v for k, v in r[3].items() if k != "content-length"}) == headers

@@ -18,6 +18,7 @@ import os
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeASCII
+from libc.stdint cimport uint64_t
 from libc.string cimport memcmp, memcpy
 
 from velocity_fast.admission.bands cimport set_locality
@@ -35,7 +36,7 @@ from velocity_fast.upstream.connection cimport ResponseHandler, UpstreamConnecti
 from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.fleet.endpoint cimport Endpoint, Pool
 from velocity_fast.gateway.identity cimport Identity, Tenant
-from velocity_fast.http.message cimport Request
+from velocity_fast.http.message cimport OWN_PRIORITY, OWN_PROFILE, OWN_RID, OWN_SESSION, OWN_SLA, OWN_TENANT, Request
 from velocity_fast.lowlevel.fmt cimport (cat, dec, digits_before, memmem, latin1, put, put_bytes, put_tenths, starts, str_eq,
                                       tenths)
 
@@ -45,6 +46,7 @@ from velocity_fast.admission.errors import Rejected
 from velocity_fast.gateway.errors import BadRequest, context_error
 from velocity_fast.gateway.requests import too_deep
 from velocity_fast.routing.errors import UnknownProfile
+from velocity_fast.routing.settings import PROFILE_HEADER, SESSION_HEADER
 from velocity_fast.http.errors import stream_error_event
 
 log = logging.getLogger("velocity.gateway")
@@ -178,21 +180,40 @@ cdef inline bint _key_is(const char* k, Py_ssize_t n, const char* name, Py_ssize
     return n == m and memcmp(k, name, m) == 0
 
 
+cdef long long _NUMBER_MAX = 1000000000000000  # (a C constant: a literal this long is compared as a Python int)
+
+
 cdef inline const char* _number(const char* p, const char* end, long long* v) noexcept:
     """The digits at ``p`` into ``v``; the byte after them, or NULL when there are none."""
     cdef long long n = 0
     cdef const char* start = p
-    while p < end and p[0] >= c'0' and p[0] <= c'9' and n < 1000000000000000:
+    while p < end and p[0] >= c'0' and p[0] <= c'9' and n < _NUMBER_MAX:
         n = n * 10 + (p[0] - c'0')
         p += 1
     v[0] = n
     return p if p > start else NULL
 
 
+cdef inline bint _same(const char* a, const char* b, Py_ssize_t n) noexcept:
+    """a[:n] == b[:n] for n >= 8, eight bytes at a time (the last eight overlapping the
+    ones before): inlined where n is a constant, no memcmp call."""
+    cdef uint64_t x, y
+    cdef Py_ssize_t i = 0
+    while i + 8 < n:
+        memcpy(&x, a + i, 8)
+        memcpy(&y, b + i, 8)
+        if x != y:
+            return False
+        i += 8
+    memcpy(&x, a + n - 8, 8)
+    memcpy(&y, b + n - 8, 8)
+    return x == y
+
+
 cdef inline const char* _member(const char* p, const char* end, const char* key, Py_ssize_t klen,
                                 long long* v) noexcept:
     """``key`` (with its quotes, colon and the comma before it) then a number at ``p``."""
-    if end - p <= klen or memcmp(p, key, klen) != 0:
+    if end - p <= klen or not _same(p, key, klen):
         return NULL
     return _number(p + klen, end, v)
 
@@ -249,7 +270,7 @@ cdef bint _walk_usage(const char* s, const char* end, long long* out) noexcept:
                 p += 1
             if p < end and p[0] >= c'0' and p[0] <= c'9':
                 v = 0
-                while p < end and p[0] >= c'0' and p[0] <= c'9' and v < 1000000000000000:
+                while p < end and p[0] >= c'0' and p[0] <= c'9' and v < _NUMBER_MAX:
                     v = v * 10 + (p[0] - c'0')
                     p += 1
                 if _key_is(k, klen, b"prompt_tokens", 13):
@@ -480,7 +501,7 @@ cpdef str band_for(list names, raw, tenant, str default=None):
         if band not in names:
             raise BadRequest(f"Unknown priority band {raw!r}; bands are {names}.", "priority")
     if tenant is not None:
-        cap = tenant.max_band
+        cap = (<Tenant>tenant).max_band if type(tenant) is Tenant else tenant.max_band
         if cap is not None and names.index(band) < names.index(cap):
             band = cap
     return band
@@ -497,27 +518,57 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
     cdef dict h = None
     cdef Tenant t
     cdef Exchange x
-    cdef double q_est
+    cdef double q_est, wait
     cdef bint stream, strip, want
-    # The gateway's own headers, looked up only when the request has any (most have none).
-    rid = tenant_h = prio = sla = None
+    cdef unsigned int own
+    cdef const char* tenant_p = NULL  # the tenant header's bytes (in raw), when read where they lie
+    cdef Py_ssize_t tenant_n = 0
+    cdef Tenant known = None  # the tenant those bytes named before
+    # The gateway's own headers, looked up only when the request has any (most have none):
+    # read where the scanner found them, no dict (the router is given one only of what it
+    # reads, when the request has any).
+    rid = tenant_h = prio = sla = route_h = None
     if identity.required:  # the key's header too
         h = req.header_dict()
-    elif req.gateway_headers:
-        h = req.own_headers()
     if req.gateway_headers:
-        rid = h.get("x-request-id")
-        tenant_h = h.get("x-velocity-tenant")
-        prio = h.get("x-velocity-priority")
-        sla = h.get("x-velocity-sla-ms")
+        if h is None and req.own_direct():
+            own = req._own
+            if own & (1u << OWN_RID):
+                rid = req.own_text(OWN_RID)
+            if own & (1u << OWN_TENANT):
+                raw = req._raw  # (held: tenant_p lies in it)
+                tenant_p = PyBytes_AS_STRING(raw) + req._own_vs[OWN_TENANT]
+                tenant_n = req._own_ve[OWN_TENANT] - req._own_vs[OWN_TENANT]
+                known = identity.by_header(tenant_p, tenant_n)
+                tenant_h = known.name if known is not None else req.own_text(OWN_TENANT)
+            if own & (1u << OWN_PRIORITY):
+                prio = req.own_text(OWN_PRIORITY)
+            if own & (1u << OWN_SLA):
+                sla = req.own_text(OWN_SLA)
+            if own & ((1u << OWN_PROFILE) | (1u << OWN_SESSION)):
+                route_h = {PROFILE_HEADER: req.own_text(OWN_PROFILE), SESSION_HEADER: req.own_text(OWN_SESSION)}
+        else:
+            if h is None:
+                h = req.own_headers()
+            rid = h.get("x-request-id")
+            tenant_h = h.get("x-velocity-tenant")
+            prio = h.get("x-velocity-priority")
+            sla = h.get("x-velocity-sla-ms")
+            route_h = h
     if not rid:
         rid = new_request_id()
     band = "-"
     try:
         r = decode_fields(req.body, chat, f, &compact)  # a ProxyRequest, its fields left in f
-        bound = identity.authenticate(h)[1] if identity.required else None
-        tenant_name = identity.tenant_name(bound, tenant_h, <object>f[P_USER])  # tenant_for, without a tuple
-        tenant = identity.tenant_named(bound, tenant_name)
+        if known is not None:  # (no key to check: the header's tenant)
+            tenant_name = tenant_h
+            tenant = known
+        else:
+            bound = identity.authenticate(h)[1] if identity.required else None
+            tenant_name = identity.tenant_name(bound, tenant_h, <object>f[P_USER])  # tenant_for, without a tuple
+            tenant = identity.tenant_named(bound, tenant_name)
+            if tenant_p != NULL and tenant is not None and tenant_name is tenant_h:
+                identity.keep_header(tenant_p, tenant_n, <Tenant>tenant)
         if prio is None:
             prio = <object>f[P_PRIORITY]
             if prio is _UNSET:  # not in the body
@@ -538,7 +589,7 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
                 model = ingress._last_model
             else:
                 ingress._last_model = model
-        info = (<Router?>ingress.router).route_info(model, r, h if req.gateway_headers else None, compact)
+        info = (<Router?>ingress.router).route_info(model, r, route_h, compact)
     except (BadRequest, UnknownProfile) as e:
         count_request(ingress, route, 400, band)
         return resp.send_error(400, str(e), param=e.param, headers=_rid_headers(rid))
@@ -575,7 +626,7 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
                 return ingress.app.reject(resp, route, 429, "rate-limit",
                                       f"Tenant {tenant_name!r} is over its tokens per minute.", band,
                                       _rid_headers(rid), wait)
-        wait = t.take()
+        wait = t.take() if t.rate is not None else 0.0  # (no call for a tenant with no request rate)
         if wait:
             if q_est:
                 t.settle_tokens(-q_est)

@@ -4,6 +4,12 @@ The gateway asks on every proxied request (the key check, the tenant, its rate):
 calls from exchange.pyx rather than Python frames.
 """
 
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.ref cimport Py_INCREF, Py_XDECREF
+from cpython.unicode cimport PyUnicode_GET_LENGTH
+from libc.stdint cimport uint64_t
+from libc.string cimport memcpy, memset
+
 from velocity_fast.fleet.lease cimport SharedBucket
 from velocity_fast.fleet.shared cimport tenant_slot, vf_cell_config, vf_cell_draw, vf_cell_left, vf_cell_settle
 from velocity_fast.lowlevel.clock cimport monotonic
@@ -31,7 +37,9 @@ cdef class Tenant:
         self.tokens = self.burst
         self.stamp = monotonic()
         self.tpm = getattr(cfg, "tokens_per_minute", None)
-        self.tlevel = float(self.tpm or 0.0)
+        self.rate_c = float(self.rate or 0.0)
+        self.tpm_c = float(self.tpm or 0.0)
+        self.tlevel = self.tpm_c
         self.tstamp = self.stamp
         self.rejections = {}
         self.shared = self.tshared = None
@@ -55,7 +63,7 @@ cdef class Tenant:
             return (<SharedBucket?>self.shared).draw(1.0, 1.0)
         if self.shm != NULL:  # every worker's draws from one cell
             return vf_cell_draw(&self.shm.req, 1.0, 1.0)
-        rate = self.rate
+        rate = self.rate_c
         now = monotonic()
         self.tokens = min(self.burst, self.tokens + (now - self.stamp) * rate)
         self.stamp = now
@@ -65,7 +73,7 @@ cdef class Tenant:
         return (1.0 - self.tokens) / rate
 
     cdef void _refill(self) noexcept:
-        cdef double now = monotonic(), cap = self.tpm
+        cdef double now = monotonic(), cap = self.tpm_c
         self.tlevel = min(cap, self.tlevel + (now - self.tstamp) * cap / 60.0)
         self.tstamp = now
 
@@ -75,7 +83,7 @@ cdef class Tenant:
         cdef double need, cap
         if self.tpm is None:
             return 0.0
-        cap = self.tpm
+        cap = self.tpm_c
         need = estimate if estimate < cap else cap
         if self.tshared is not None:
             return (<SharedBucket?>self.tshared).draw(estimate, need)
@@ -121,8 +129,37 @@ cdef class Tenant:
             self.tlevel, self.tstamp = prev.tlevel, prev.tstamp
 
 
+cdef enum:
+    HEADER_SLOTS = 4096  # a power of two: 1,000 tenants' names mostly each in a slot of its own
+
+
+cdef inline unsigned int _header_hash(const char* p, Py_ssize_t n) noexcept nogil:
+    """A hash of ``p[:n]`` (1 <= n <= 32) from three 8-byte words, the first, the middle and
+    the last (fewer bytes: those), as http/message.pyx's texts."""
+    cdef uint64_t a = 0, b = 0, c = 0, h
+    cdef Py_ssize_t i
+    if n >= 8:
+        memcpy(&a, p, 8)
+        memcpy(&b, p + (n >> 1) - 4, 8)
+        memcpy(&c, p + n - 8, 8)
+    else:
+        for i in range(n):  # (no memcpy call for a length not known when compiled)
+            a |= <uint64_t>(<unsigned char>p[i]) << (8 * i)
+    h = (a * 0x9E3779B97F4A7C15ULL) ^ (b * 0xC2B2AE3D27D4EB4FULL) ^ (c * 0x165667B19E3779F9ULL) ^ <uint64_t>n
+    h ^= h >> 29
+    return <unsigned int>(h ^ (h >> 32))
+
+
 cdef class Identity:
     """Resolves a request's key to a tenant. With no key configured, everybody may call."""
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self._slots != NULL:
+            for i in range(HEADER_SLOTS):
+                Py_XDECREF(self._slots[i].tenant)
+            PyMem_Free(self._slots)
+            self._slots = NULL
 
     def __init__(self, settings):
         self.global_key = settings.api_key
@@ -160,10 +197,53 @@ cdef class Identity:
         """tenant_for's name, as C (no tuple made)."""
         if bound is not None:
             return bound.name
+        if type(header) is str:  # (a str's truth without a call)
+            if PyUnicode_GET_LENGTH(header):
+                return header
+            return user or DEFAULT_TENANT
         return header or user or DEFAULT_TENANT
 
     cdef object tenant_named(self, bound, name):
         """tenant_for's tenant for the name tenant_name gave."""
         if bound is not None:
             return bound
-        return self.tenants.get(name)
+        if name is self._last_name and name is not None:
+            return self._last_tenant
+        t = self.tenants.get(name)
+        if t is not None:
+            self._last_name = name
+            self._last_tenant = t
+        return t
+
+    cdef Tenant by_header(self, const char* p, Py_ssize_t n):
+        """The tenant an x-velocity-tenant header of these bytes named before (keep_header),
+        or None: not seen, or its slot taken by another since."""
+        cdef HeaderSlot* slot
+        cdef Py_ssize_t i
+        if self._slots == NULL or n <= 0 or n > 32:
+            return None
+        slot = &self._slots[_header_hash(p, n) & (HEADER_SLOTS - 1)]
+        if slot.n != n:
+            return None
+        for i in range(n):  # (a short name: no memcmp call)
+            if slot.raw[i] != p[i]:
+                return None
+        return <Tenant>slot.tenant
+
+    cdef void keep_header(self, const char* p, Py_ssize_t n, Tenant t) except *:
+        """An x-velocity-tenant header of these bytes named ``t`` (by tenant_named): the
+        next one finds it by by_header."""
+        cdef HeaderSlot* slot
+        if n <= 0 or n > 32:
+            return
+        if self._slots == NULL:
+            self._slots = <HeaderSlot*>PyMem_Malloc(HEADER_SLOTS * sizeof(HeaderSlot))
+            if self._slots == NULL:
+                raise MemoryError()
+            memset(self._slots, 0, HEADER_SLOTS * sizeof(HeaderSlot))
+        slot = &self._slots[_header_hash(p, n) & (HEADER_SLOTS - 1)]
+        Py_INCREF(t)
+        Py_XDECREF(slot.tenant)
+        slot.tenant = <PyObject*>t
+        memcpy(slot.raw, p, n)
+        slot.n = n

@@ -17,15 +17,16 @@ same meaning; tests/http/test_http1_scan.py holds the two side by side.
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeLatin1
-from libc.stdint cimport uint64_t
+from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcpy
 
-from velocity_fast.http.message cimport Request, new_request
+from velocity_fast.http.message cimport OWN_DUP, OWN_N, OWN_PRIORITY, OWN_PROFILE, OWN_RID, OWN_SESSION, OWN_SLA
+from velocity_fast.http.message cimport OWN_TENANT, Request, new_request
 from velocity_fast.http.message cimport header_lines, short_text as _text
 
 # RFC 9110 tchar: the bytes of a header name (and a method).
 cdef bint _TCHAR[256]
-cdef int _i
+cdef int _i, _at
 cdef bytes _tchars = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 for _i in range(256):
     _TCHAR[_i] = False
@@ -75,8 +76,29 @@ cdef inline bint _is_word(const char* p, Py_ssize_t n, const char* word, Py_ssiz
     ``word`` of letters and '-', whatever its case. OR 0x20 lowers a letter, leaves '-',
     and maps no other tchar onto a letter or '-': no table, no branch per byte."""
     cdef Py_ssize_t i
+    cdef uint64_t a, b
+    cdef uint32_t c, d
     if n != wn:
         return False
+    if n >= 8:  # eight bytes at a time, the last eight overlapping the ones before
+        i = 0
+        while i + 8 < n:
+            memcpy(&a, p + i, 8)
+            memcpy(&b, word + i, 8)
+            if (a | 0x2020202020202020ULL) != b:
+                return False
+            i += 8
+        memcpy(&a, p + n - 8, 8)
+        memcpy(&b, word + n - 8, 8)
+        return (a | 0x2020202020202020ULL) == b
+    if n >= 4:  # the first four and the last four
+        memcpy(&c, p, 4)
+        memcpy(&d, word, 4)
+        if (c | 0x20202020u) != d:
+            return False
+        memcpy(&c, p + n - 4, 4)
+        memcpy(&d, word + n - 4, 4)
+        return (c | 0x20202020u) == d
     for i in range(n):
         if (<unsigned char>p[i] | 0x20) != <unsigned char>word[i]:
             return False
@@ -105,12 +127,52 @@ cdef inline int _kind(const char* p, Py_ssize_t n) nogil:
     return H_OTHER
 
 
-cdef inline bint _ours(const char* p, Py_ssize_t n) nogil:
-    """A header the gateway reads on its proxy path: x-velocity-*, x-request-id, x-session-id.
-    The request says whether it has any (``Request.gateway_headers``), so that the proxy
-    path need not look each up in a dict that, from most clients, has none of them."""
-    return (n > 11 and _is_word(p, 11, b"x-velocity-", 11)) or _is_word(p, n, b"x-request-id", 12) \
-        or _is_word(p, n, b"x-session-id", 12)
+cdef inline int _ours(const char* p, Py_ssize_t n) nogil:
+    """A header the gateway reads on its proxy path: x-velocity-*, x-request-id, x-session-id
+    (-1: none of them). The request says whether it has any (``Request.gateway_headers``),
+    so that the proxy path need not look each up in a dict that, from most clients, has
+    none of them; and where the value lies of those it reads (OWN_*; OWN_N: another
+    x-velocity-* header), so that it reads them without a dict."""
+    if n > 11 and _is_word(p, 11, b"x-velocity-", 11):
+        p += 11
+        n -= 11
+        if _is_word(p, n, b"tenant", 6):
+            return OWN_TENANT
+        if _is_word(p, n, b"priority", 8):
+            return OWN_PRIORITY
+        if _is_word(p, n, b"sla-ms", 6):
+            return OWN_SLA
+        if _is_word(p, n, b"profile", 7):
+            return OWN_PROFILE
+        return OWN_N
+    if _is_word(p, n, b"x-request-id", 12):
+        return OWN_RID
+    if _is_word(p, n, b"x-session-id", 12):
+        return OWN_SESSION
+    return -1
+
+
+# "x-velocity-tenant:", the line every request of a tenant named by header starts with, as
+# three 8-byte words (at 0, 8 and 10) and their masks: 0x20 where a letter may be either
+# case, 0 where the byte must be as it is ('-', ':'). A match is a name of tchars, checked.
+cdef bytes _TENANT_LINE = b"x-velocity-tenant:"
+cdef uint64_t _TENANT_WORD[3]
+cdef uint64_t _TENANT_MASK[3]
+cdef bytes _masks = bytes(0x20 if 97 <= c <= 122 else 0 for c in _TENANT_LINE)
+for _i, _at in enumerate((0, 8, 10)):
+    memcpy(&_TENANT_WORD[_i], <const char*>_TENANT_LINE + _at, 8)
+    memcpy(&_TENANT_MASK[_i], <const char*>_masks + _at, 8)
+
+
+cdef inline bint _tenant_line(const char* p) noexcept nogil:
+    """``p[:18]`` (there are 18) is ``x-velocity-tenant:``, the name in any case: three word
+    compares instead of the name's scan a byte at a time and the look at what it names."""
+    cdef uint64_t a, b, c
+    memcpy(&a, p, 8)
+    memcpy(&b, p + 8, 8)
+    memcpy(&c, p + 10, 8)
+    return ((a | _TENANT_MASK[0]) == _TENANT_WORD[0] and (b | _TENANT_MASK[1]) == _TENANT_WORD[1]
+            and (c | _TENANT_MASK[2]) == _TENANT_WORD[2])
 
 
 cdef int _connection(const char* p, Py_ssize_t n) nogil:
@@ -146,12 +208,13 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
     the gateway reads (``ours``). ``s`` is a bytes object's data: the NUL CPython keeps
     after it ends the scan of a name or value there."""
     cdef Py_ssize_t ls, colon, vs, ve, cl = -1
-    cdef int kind, keep = -2, c
+    cdef int kind, keep = -2, c, own
     cdef bint chunked = False
     cdef unsigned char ch
     out.ct_start = -1
     out.ct_len = 0
     out.ours = False
+    out.own = 0
     while True:
         if pos + 1 >= n or pos >= limit:
             return -1
@@ -161,13 +224,18 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
             pos += 2
             break
         ls = pos
-        # name: one or more tchar, then ':' at once (no space before it). The bytes
-        # object ends in a NUL (CPython keeps one past every bytes' data), which is no
-        # tchar, space or tab: these loops stop at the end without a bounds test.
-        while _TCHAR[<unsigned char>s[pos]]:
-            pos += 1
-        if pos == ls or pos >= n or s[pos] != c':':
-            return -1
+        own = -1
+        if request and n - pos > 18 and (s[pos] == c'x' or s[pos] == c'X') and _tenant_line(s + pos):
+            pos += 17  # (at its ':')
+            own = OWN_TENANT
+        else:
+            # name: one or more tchar, then ':' at once (no space before it). The bytes
+            # object ends in a NUL (CPython keeps one past every bytes' data), which is no
+            # tchar, space or tab: these loops stop at the end without a bounds test.
+            while _TCHAR[<unsigned char>s[pos]]:
+                pos += 1
+            if pos == ls or pos >= n or s[pos] != c':':
+                return -1
         colon = pos
         pos += 1
         while s[pos] == c' ' or s[pos] == c'\t':
@@ -188,7 +256,7 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
             return -1
         ve = pos  # trailing spaces stay part of the value, as llhttp leaves them
         pos += 2
-        kind = _kind(s + ls, colon - ls)
+        kind = _kind(s + ls, colon - ls) if own < 0 else H_OTHER
         if kind == H_CONTENT_LENGTH:
             if cl != -1:
                 return -1
@@ -208,8 +276,17 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
             out.ct_len = ve - vs
         elif kind != H_OTHER:
             return -1  # other transfer codings, upgrade, expect: llhttp's
-        if request and not out.ours and (s[ls] == c'x' or s[ls] == c'X') and _ours(s + ls, colon - ls):
-            out.ours = True
+        if request and (s[ls] == c'x' or s[ls] == c'X'):
+            kind = own if own >= 0 else _ours(s + ls, colon - ls)
+            if kind >= 0:
+                out.ours = True
+                if kind < OWN_N:
+                    if out.own & (1u << kind):
+                        out.own |= OWN_DUP  # the dict joins a repeated name's values: it reads them
+                    else:
+                        out.own |= 1u << kind
+                        out.own_vs[kind] = vs
+                        out.own_ve[kind] = ve
     if pos > limit:
         return -1
     if chunked and cl != -1:
@@ -348,6 +425,14 @@ cdef Request _take(const char* s, Py_ssize_t n, bytes data, Py_ssize_t pos, Py_s
         req._hs = head.lines - start
         req._he = head.end - 2 - start
     req.gateway_headers = head.ours
+    req._own = head.own
+    if head.own:
+        if data is not None:
+            start = 0  # (in a buffer's copy of the head, the offsets are from its start)
+        for q in range(OWN_N):
+            if head.own & (1u << q):
+                req._own_vs[q] = head.own_vs[q] - start
+                req._own_ve[q] = head.own_ve[q] - start
     return req
 
 

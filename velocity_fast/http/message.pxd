@@ -1,5 +1,17 @@
 # The parsed HTTP request as a typed class (see message.pyx).
 
+# The headers the gateway reads on its proxy path, by index: the scanner keeps where
+# each one's value lies (Request._own), so that the path reads them with no dict.
+cdef enum:
+    OWN_RID = 0        # x-request-id
+    OWN_TENANT = 1     # x-velocity-tenant
+    OWN_PRIORITY = 2   # x-velocity-priority
+    OWN_SLA = 3        # x-velocity-sla-ms
+    OWN_PROFILE = 4    # x-velocity-profile
+    OWN_SESSION = 5    # x-session-id
+    OWN_N = 6
+    OWN_DUP = 64       # one of them named twice: the dict joins the values (own_direct() is False)
+
 cdef class Request:
     cdef public str method
     cdef public str path
@@ -15,9 +27,14 @@ cdef class Request:
     cdef public bytes body
     cdef public bint expect_continue
     cdef public bint gateway_headers
+    cdef unsigned int _own          # bit OWN_*: that header seen once, its value at [_own_vs, _own_ve) of _raw
+    cdef Py_ssize_t _own_vs[6]
+    cdef Py_ssize_t _own_ve[6]
 
     cdef dict header_dict(self)
     cdef dict own_headers(self)
+    cdef bint own_direct(self)
+    cdef object own_text(self, int which)
 
 
 cdef Request new_request(str method, str path, str query, dict headers, str http_version, bint keep_alive,

@@ -182,6 +182,20 @@ cdef class Request:
             return header_lines(self._raw, self._hs, self._he, True, True)
         return self.header_dict()
 
+    cdef bint own_direct(self):
+        """The gateway's own headers can be read with own_text: the scanner made this
+        request, kept where they lie, no dict has been made since, and none is named
+        twice (the dict would join the values)."""
+        return self._headers is None and self._raw is not None and not (self._own & OWN_DUP)
+
+    cdef object own_text(self, int which):
+        """The value of the gateway's header ``which`` (OWN_*), the str the dict would
+        hold, or None when the request has none. Only where own_direct() is True."""
+        if not (self._own & (1u << which)):
+            return None
+        return short_text(PyBytes_AS_STRING(self._raw) + self._own_vs[which],
+                          self._own_ve[which] - self._own_vs[which])
+
     cdef dict header_dict(self):
         """The headers: the scanner's request makes its dict when first asked (the
         gateway's proxy path, from most clients, never asks)."""
