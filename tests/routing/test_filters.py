@@ -30,52 +30,52 @@ def test_the_router_asks_them_in_this_order():
 def test_unhealthy_drops_and_keeps():
     a, b = make_pool(2).endpoints
     b.healthy = False
-    assert Unhealthy().verdict(a, _pick()) == "keep"
-    assert Unhealthy().verdict(b, _pick()) == "drop"
+    assert Unhealthy().check(a, _pick()) == "keep"
+    assert Unhealthy().check(b, _pick()) == "drop"
 
 
 def test_no_room_asks_the_callable_or_the_room_filter_as_c():
     a, b = make_pool(2).endpoints
-    assert NoRoom().verdict(a, _pick()) == "keep"  # no has_room: all have room
+    assert NoRoom().check(a, _pick()) == "keep"  # no has_room: all have room
     room = lambda ep: ep is a  # noqa: E731
-    assert NoRoom().verdict(a, _pick(has_room=room)) == "keep"
-    assert NoRoom().verdict(b, _pick(has_room=room)) == "drop"
-    assert NoRoom().verdict(b, _pick(room_filter=RoomFilter())) == "keep"  # the base filter has room everywhere
+    assert NoRoom().check(a, _pick(has_room=room)) == "keep"
+    assert NoRoom().check(b, _pick(has_room=room)) == "drop"
+    assert NoRoom().check(b, _pick(room_filter=RoomFilter())) == "keep"  # the base filter has room everywhere
 
 
 def test_excluded_takes_any_container():
     a, b = make_pool(2).endpoints
     for exclude in ([b], (b,), {b}):
-        assert Excluded().verdict(a, _pick(exclude=exclude)) == "keep"
-        assert Excluded().verdict(b, _pick(exclude=exclude)) == "drop"
+        assert Excluded().check(a, _pick(exclude=exclude)) == "keep"
+        assert Excluded().check(b, _pick(exclude=exclude)) == "drop"
 
 
 def test_saturated_reads_fresh_gauges_only():
     a, = make_pool(1).endpoints
     f = Saturated(5.0, 0.8)
     a.waiting, a.scraped_at = 5.0, time.monotonic()
-    assert f.verdict(a, _pick()) == "saturated"
+    assert f.check(a, _pick()) == "saturated"
     a.waiting, a.kv_usage = 0.0, 0.8
-    assert f.verdict(a, _pick()) == "saturated"
+    assert f.check(a, _pick()) == "saturated"
     a.kv_usage = 0.5
-    assert f.verdict(a, _pick()) == "keep"
+    assert f.check(a, _pick()) == "keep"
     a.waiting, a.scraped_at = 9.0, time.monotonic() - 10.0  # stale: not read
-    assert f.verdict(a, _pick()) == "keep"
+    assert f.check(a, _pick()) == "keep"
 
 
 def test_full_counts_other_replicas_against_the_learned_batch():
     a, = make_pool(1).endpoints
-    assert Full().verdict(a, _pick()) == "keep"  # no batch learned
+    assert Full().check(a, _pick()) == "keep"  # no batch learned
     a.running_cap, a.inflight = 4.0, 3
-    assert Full().verdict(a, _pick()) == "keep"
+    assert Full().check(a, _pick()) == "keep"
     a.others = 1.0
-    assert Full().verdict(a, _pick()) == "full"
+    assert Full().check(a, _pick()) == "full"
 
 
 def test_the_load_is_engine_waiting_on_fresh_gauges_plus_gateway_in_flight():
     a, = make_pool(1).endpoints
     a.inflight, a.waiting = 3, 2.0
-    assert EngineLoad().score_of(a, _pick()) == 3.0  # never scraped
+    assert EngineLoad().score(a, _pick()) == 3.0  # never scraped
     a.scraped_at = time.monotonic()
-    assert EngineLoad().score_of(a, _pick()) == 5.0
+    assert EngineLoad().score(a, _pick()) == 5.0
     assert _pick().fresh(a)

@@ -300,9 +300,9 @@ cdef class Lease(RoomFilter):
         if not self.first_byte_at and not self.done:
             self.first_byte_at = self._adm._now()
             if self.endpoint is not None:
-                self._st.est.first_byte(self.first_byte_at - self.bound_at)
+                self._st.est._observe_first_byte(self.first_byte_at - self.bound_at)
                 # The pool's too: a gateway under its first long streams can already predict.
-                self._ps.est.first_byte(self.first_byte_at - self.bound_at)
+                self._ps.est._observe_first_byte(self.first_byte_at - self.bound_at)
 
     cpdef usage(self, double prompt, double cached, double completion):
         """What the engine served this request (its ``usage``: prompt tokens, the cached
@@ -1223,8 +1223,8 @@ cdef class Admission:
         # What this engine usually takes for such a request, before this sample counts.
         expected = st.est.expect_size(<double>lease.prompt_bytes, n)
         if outcome == _COMPLETED:
-            st.est.done(engine_ttft, engine_s, n, <double>lease.prompt_bytes)
-            ps.est.done(engine_ttft, engine_s, n, <double>lease.prompt_bytes)
+            st.est._observe(engine_ttft, engine_s, n, <double>lease.prompt_bytes)
+            ps.est._observe(engine_ttft, engine_s, n, <double>lease.prompt_bytes)
         aimd = st.aimd
         if aimd is None:
             return

@@ -7,7 +7,7 @@ cdef class Ewma:
     cdef readonly bint seen
     cdef readonly long samples
 
-    cdef void add(self, double x)
+    cdef void _observe(self, double x)
 
 
 cdef class ServiceEstimate:
@@ -23,8 +23,8 @@ cdef class ServiceEstimate:
     cdef double sxy
     cdef readonly long streams
 
-    cdef void first_byte(self, double ttft_s)
+    cdef void _observe_first_byte(self, double ttft_s)
     cdef double first_token(self, double nbytes)
-    cdef void done(self, double ttft_s, double service_s, long tokens, double nbytes)
+    cdef void _observe(self, double ttft_s, double service_s, long tokens, double nbytes)
     cdef double expect_size(self, double nbytes, long max_tokens)
     cdef double expect(self, long max_tokens)

@@ -34,7 +34,7 @@ cdef class Ewma:
     def value(self):
         return self._value if self.seen else None
 
-    cdef void add(self, double x):
+    cdef void _observe(self, double x):
         self.samples += 1
         if not self.seen:
             self._value = x
@@ -44,7 +44,7 @@ cdef class Ewma:
 
     def observe(self, double x):
         """Fold one sample in."""
-        self.add(x)
+        self._observe(x)
 
 
 cdef class ServiceEstimate:
@@ -58,9 +58,9 @@ cdef class ServiceEstimate:
         self.service = Ewma(alpha)
         self.keep = 1.0 - alpha
 
-    cdef void first_byte(self, double ttft_s):
+    cdef void _observe_first_byte(self, double ttft_s):
         if ttft_s >= 0:
-            self.ttft.add(ttft_s)
+            self.ttft._observe(ttft_s)
 
     cdef double first_token(self, double nbytes):
         """Expected time to first token of a prompt of ``nbytes``: the learned line,
@@ -79,7 +79,7 @@ cdef class ServiceEstimate:
         v = self.sy / w + slope * (nbytes - mx)
         return v if v > 0.0 else 0.0
 
-    cdef void done(self, double ttft_s, double service_s, long tokens, double nbytes):
+    cdef void _observe(self, double ttft_s, double service_s, long tokens, double nbytes):
         # ttft_s < 0: no first byte was seen
         cdef double k = self.keep, first
         cdef bint stream = ttft_s >= 0 and service_s > 0 and ttft_s < _WHOLE_ANSWER * service_s
@@ -91,13 +91,13 @@ cdef class ServiceEstimate:
             self.sxy = self.sxy * k + nbytes * ttft_s
             self.streams += 1
             if tokens > 1:
-                self.tpot.add((service_s - ttft_s) / (tokens - 1))
+                self.tpot._observe((service_s - ttft_s) / (tokens - 1))
         elif tokens > 0 and service_s > 0:
             first = self.first_token(nbytes) if self.streams else 0.0
             if first > service_s:
                 first = 0.0
-            self.tpot.add((service_s - first) / tokens)
-        self.service.add(service_s)
+            self.tpot._observe((service_s - first) / tokens)
+        self.service._observe(service_s)
 
     cdef double expect_size(self, double nbytes, long max_tokens):
         """The prediction for a prompt of ``nbytes`` asking ``max_tokens``, or -1 when unknown."""
@@ -117,12 +117,12 @@ cdef class ServiceEstimate:
     def observe_first_byte(self, double ttft_s):
         """A first byte came back ``ttft_s`` after dispatch. Learned at once, not at
         the end, so that a gateway under its first long requests can already predict."""
-        self.first_byte(ttft_s)
+        self._observe_first_byte(ttft_s)
 
     def observe(self, ttft_s, double service_s, long tokens, double prompt_bytes=0.0):
         """One finished request: dispatch to first byte (None: none seen), dispatch to
         end, tokens out, the prompt's size in bytes."""
-        self.done(-1.0 if ttft_s is None else <double>ttft_s, service_s, tokens, prompt_bytes)
+        self._observe(-1.0 if ttft_s is None else <double>ttft_s, service_s, tokens, prompt_bytes)
 
     @property
     def known(self):

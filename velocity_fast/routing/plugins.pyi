@@ -21,13 +21,13 @@ class Pick:
 class Filter:
     """A filter of a pick: says KEEP, FULL, SATURATED or DROP of an endpoint."""
     name: str
-    def verdict(self, ep: Endpoint, pick: Pick) -> str:
+    def check(self, ep: Endpoint, pick: Pick) -> str:
         """check, from Python: "keep", "full", "saturated" or "drop"."""
 
 class Scorer:
     """A scorer of a pick: one number for each candidate endpoint."""
     name: str
-    def score_of(self, ep: Endpoint, pick: Pick) -> float:
+    def score(self, ep: Endpoint, pick: Pick) -> float:
         """score, from Python."""
 
 class Profile:

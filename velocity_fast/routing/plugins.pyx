@@ -37,12 +37,12 @@ cdef class Filter:
 
     name = ""
 
-    cdef int check(self, Endpoint ep, Pick pick) except -1:
+    cdef int _check(self, Endpoint ep, Pick pick) except -1:
         raise NotImplementedError
 
-    def verdict(self, Endpoint ep not None, Pick pick not None):
+    def check(self, Endpoint ep not None, Pick pick not None):
         """check, from Python (tests, tools): "keep", "full", "saturated" or "drop"."""
-        return _VERDICTS[self.check(ep, pick)]
+        return _VERDICTS[self._check(ep, pick)]
 
 
 _VERDICTS = ("keep", "full", "saturated", "drop")
@@ -53,12 +53,12 @@ cdef class Scorer:
 
     name = ""
 
-    cdef double score(self, Endpoint ep, Pick pick) except? -1.0:
+    cdef double _score(self, Endpoint ep, Pick pick) except? -1.0:
         raise NotImplementedError
 
-    def score_of(self, Endpoint ep not None, Pick pick not None):
+    def score(self, Endpoint ep not None, Pick pick not None):
         """score, from Python (tests, tools)."""
-        return self.score(ep, pick)
+        return self._score(ep, pick)
 
 
 cdef class Profile:
