@@ -713,3 +713,63 @@ async def test_an_idle_pool_grants_a_band_whose_ceiling_is_below_one_slot():
     assert not second.done()
     first.release("completed")
     (await asyncio.wait_for(second, 1)).release("completed")
+
+
+@pytest.mark.parametrize("borrow_after_ms, lows", [(60000.0, 9), (0.0, 8)])
+async def test_low_work_alone_borrows_all_of_a_learned_batch_but_a_slot(borrow_after_ms, lows):
+    """A minute with no higher band asking: low (no deadline, ceiling 0.8) keeps 9 of a
+    learned batch of 10 running, not 8; ``borrow_after_ms: 0`` keeps it to its ceiling.
+    The first high request then finds the slot free, and ends the borrowing: a low that
+    ends is not replaced while low holds its ceiling's share or more."""
+    clock = Clock()
+    adm, (ep,) = make(limit=16, clock=clock, borrow_after_ms=borrow_after_ms)
+
+    def scrape(running, waiting):
+        clock.t += 0.1
+        ep.running, ep.waiting, ep.scraped_at = running, waiting, clock.t
+        adm.on_metrics(ep)
+
+    first = [await adm.admit(Ticket()) for _ in range(12)]
+    for le in first:
+        le.bind(ep)
+    scrape(10, 2)
+    scrape(10, 2)
+    assert adm.stats()["endpoints"]["e0"]["batch_capacity"] == 10
+    for le in first:
+        le.release("cancelled")
+    clock.t += 61.0
+    scrape(0, 0)
+    tasks = await queued(adm, *[Ticket(band="low") for _ in range(30)])
+    running = []
+
+    async def settle():
+        """Bind what was granted, then let each end once: what is granted in its place
+        is what the band may keep running."""
+        for _ in range(3):
+            for t in tasks:
+                if t.done() and t.result() not in running:
+                    running.append(t.result())
+                    t.result().bind(ep)
+            await asyncio.sleep(0)
+
+    await settle()
+    for le in list(running):
+        if not le.done:
+            le.release("completed")
+            await settle()
+    assert ep.inflight == lows
+    high = await asyncio.wait_for(adm.admit(Ticket(band="high")), 1)
+    assert high.queue_ms == 0.0
+    high.bind(ep)
+    ended = next(le for le in running if not le.done)
+    ended.release("completed")
+    await settle()
+    # Borrowing ended with the high request: no low took the freed slot.
+    assert ep.inflight == lows
+    high.release("completed")
+    for le in running:
+        le.release("cancelled")
+    for t in tasks:
+        if not t.done():
+            t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

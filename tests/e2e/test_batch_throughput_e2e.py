@@ -1,13 +1,16 @@
 """Batch work near full speed: with only `low` work, whose band has no deadline by default,
-`dynamic` serves most of what `static` serves.
+`dynamic` serves nearly what `static` serves.
 
 Two sim engines of 16 sequences the gateway is not told about, `velocityllm serve` with
 nothing but `--policy`; 300 `low` clients each keep one 200-token request in flight and,
 when declined, wait what Retry-After says. Requests per second are counted over a window
-after the engines have filled. Asserted both ways: `dynamic` serves at least 0.7x what
-`static` serves (0.75x here: the low band's ceiling of 0.8 keeps a fifth of each batch for
-higher bands; the goal of 0.9x is open), and `static` itself is the engines' full batches at work (so the load
-is real), not a figure a broken baseline pulled down.
+after the engines have filled. With no higher band asking, low borrows all of each
+learned batch but a slot (15 of 16, `admission.borrow_after_ms`): 0.94x `static` here,
+where its ceiling of 0.8 alone gave 0.75x. Asserted both ways: `dynamic` serves at least
+0.85x what `static` serves (a margin for the machine's noise under 0.94x; above the 0.8x
+that low's ceiling alone allows), and `static` itself is the engines' full batches at
+work (so the load is real), not a figure a broken baseline pulled down. Then the other
+side: high work arriving after low borrowed keeps its latency.
 """
 from __future__ import annotations
 
@@ -18,8 +21,8 @@ import time
 import orjson
 import pytest
 
-from velocity_fast.loadgen.client import Client
-from velocity_fast.loadgen.isolation import MODEL, Fleet
+from velocity_fast.loadgen.client import Client, frozen_heap
+from velocity_fast.loadgen.isolation import LOW_BODY, MODEL, Fleet, high_series, noise, percentile, wire
 
 pytestmark = [pytest.mark.e2e]
 
@@ -83,7 +86,7 @@ async def served_per_second(policy: str, fill_s: float = 6.0, window_s: float = 
 
 
 @pytest.mark.timeout(180)
-async def test_low_work_alone_is_served_by_dynamic_at_least_seven_tenths_of_static():
+async def test_low_work_alone_borrows_the_engines_and_is_served_near_statics_rate():
     dyn = await served_per_second("dynamic")
     sta = await served_per_second("static")
     print(f"\ndynamic {dyn}\nstatic  {sta}\nratio {dyn['rps'] / sta['rps']:.2f}")
@@ -93,6 +96,69 @@ async def test_low_work_alone_is_served_by_dynamic_at_least_seven_tenths_of_stat
     # static runs both engines' full batches: 32 requests of 200 tokens at 50 tokens/s per
     # sequence (4x time): about 28/s; at least half of that, or the load was not real.
     assert sta["rps"] >= 14.0, sta
-    # 0.9x was the goal (low at ceiling 0.95); at 0.95 the isolation matrix's high band
-    # missed its 1.5x on engines of 8 and 16, so low keeps 0.8 and serves 0.75x here.
-    assert dyn["rps"] >= 0.7 * sta["rps"], (dyn, sta)
+    # Borrowing: 15 of each engine's 16 run low work (its ceiling alone would hold 12).
+    assert all(v == 15 for v in dyn["inflight"].values()), dyn
+    assert dyn["rps"] >= 0.85 * sta["rps"], (dyn, sta)
+
+
+@pytest.mark.timeout(240)
+async def test_high_work_after_batch_borrowed_the_engines_keeps_its_latency(tmp_path):
+    """Low work alone has borrowed all of each batch but a slot (admission.borrow_after_ms,
+    3 s here); then a high series arrives. The first high request finds a slot free on
+    every engine and ends the borrowing: high p95 stays within 1.5x of idle (times the
+    run's own idle noise, as the isolation matrix judges), where a gateway that kept low
+    at 15 of 16 would queue high behind it."""
+    cfg = tmp_path / "borrow.yaml"
+    cfg.write_text("admission:\n  borrow_after_ms: 3000\n")
+    fleet = Fleet([["--max-num-seqs", "16"]] * 2, "dynamic", str(tmp_path), gateway_args=("--config", str(cfg)))
+    fleet.start()
+    try:
+        with frozen_heap():
+            await fleet.wait_ready()
+            high = Client("127.0.0.1", fleet.port, timeout=120)
+            low = Client("127.0.0.1", fleet.port, timeout=120)
+            await high_series(high, fleet.port, 4, 0.05)
+            idle_a, fa = await high_series(high, fleet.port, 30, 0.1)
+            idle_b, fb = await high_series(high, fleet.port, 30, 0.1)
+            data = wire(fleet.port, LOW_BODY, "low")
+            stop = asyncio.Event()
+
+            async def low_client(i: int) -> None:
+                while not stop.is_set():
+                    r = await low.send(i, data)
+                    if not r.ok:
+                        await asyncio.sleep(0.2)
+
+            workers = [asyncio.create_task(low_client(i)) for i in range(200)]
+            try:
+                # Borrowing: both engines run 15 of their 16 (low's ceiling alone: 12).
+                inflight: dict = {}
+                deadline = time.monotonic() + 60.0
+                while time.monotonic() < deadline:
+                    await asyncio.sleep(0.5)
+                    eps = (await fleet.stats()).get("admission", {}).get("endpoints", {})
+                    inflight = {n: e.get("inflight") for n, e in eps.items()}
+                    if inflight and all(v == 15 for v in inflight.values()):
+                        break
+                assert inflight and all(v == 15 for v in inflight.values()), inflight
+                await asyncio.sleep(1.0)
+                loaded, fl = await high_series(high, fleet.port, 30, 0.1)
+                after = (await fleet.stats()).get("admission", {}).get("endpoints", {})
+            finally:
+                stop.set()
+                for w in workers:
+                    w.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+                high.close()
+                low.close()
+    finally:
+        fleet.stop()
+    assert fa == fb == fl == 0
+    idle = idle_a + idle_b
+    ratio = percentile(loaded, 95) / percentile(idle, 95)
+    bound = 1.5 * min(noise(idle_a, idle_b), 1.5)
+    print(f"\nborrowed then high: p95 {percentile(idle, 95) * 1000:.0f} -> {percentile(loaded, 95) * 1000:.0f} ms, "
+          f"{ratio:.2f}x (bound {bound:.2f}x); in flight after {after and {n: e['inflight'] for n, e in after.items()}}")
+    assert ratio <= bound, (ratio, bound)
+    # The borrowing ended with the first high request: low is back under its ceiling.
+    assert all(e["inflight"] <= 14 for e in after.values()), after

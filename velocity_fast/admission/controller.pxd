@@ -50,6 +50,8 @@ cdef class PoolState:
     # reserved there by the dispatch cycle for the item it is about to grant
     cdef vf_pool *shm
     cdef bint spare
+    # When a request of a band above the borrowing ones last arrived (-inf: never).
+    cdef public double higher_at
 
 
 cdef class Admission
@@ -139,12 +141,15 @@ cdef class Admission:
     cdef list _band_sla           # per band: its deadline in seconds (INFINITY: none)
     cdef list _soft_scales        # per band: its ceiling over its soft ceiling (1: the same)
     cdef unsigned long long _soft_breaks  # bit b: band b's soft scale differs from band b-1's
+    cdef int _borrow_from         # the first band that may borrow past its ceiling (nbands: none)
+    cdef double _borrow_after     # seconds without a higher band's request before it may
     cdef public object promise_counts
     cdef public object promise_metric
 
     cdef double _now(self) except? -1.0
     cdef double _pool_sat(self, PoolState ps, double now, int band) except? -1.0
     cdef double _endpoint_sat(self, EndpointLoad load, double now, int band) except? -1.0
+    cdef double _ceiling(self, PoolState ps, int band, double now) except? -1.0
     cpdef object admit_nowait(self, Ticket ticket, waiter)
     cpdef bint withdraw(self, Ticket ticket, Item item) except -1
     cdef double _predict(self, PoolState ps, int band, double service, long room, double sat, double now,

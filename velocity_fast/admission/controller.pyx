@@ -175,6 +175,31 @@ cdef class PoolState:
         self.seen = None
         self.est = ServiceEstimate(alpha)
         self.promises = deque()
+        self.higher_at = -INFINITY
+
+
+cdef double _borrowed(PoolState ps, double now, double stale_after, double ceiling) noexcept:
+    """The ceiling a deadline-free band may fill while no higher band has asked for a
+    while: all of each engine's batch but one slot (of the smallest batch), or its own
+    ceiling when that is more. Only where the gateway knows every engine's batch and no
+    other gateway's work shows on them: a guessed batch, or another replica or worker
+    whose higher-band work this one cannot see, keeps the ceiling."""
+    cdef EndpointLoad e
+    cdef double cap, least = INFINITY, b
+    for e in ps.loads:
+        if not e.healthy:
+            continue
+        if not e.capacity_known:
+            return ceiling
+        if e.others > 0.0 and now - e.scraped_at <= stale_after:
+            return ceiling
+        cap = e.capacity if e.capacity < <double>e.limit else <double>e.limit
+        if cap < least:
+            least = cap
+    if least == INFINITY or least < 2.0:
+        return ceiling
+    b = 1.0 - 1.0 / least + 1e-9
+    return b if b > ceiling else ceiling
 
 
 cdef inline void _unqueue(PoolState ps, Item item):
@@ -275,7 +300,7 @@ cdef class Lease(RoomFilter):
         cdef Admission adm = self._adm
         cdef EndpointState st
         cdef EndpointLoad load
-        cdef double ceiling
+        cdef double ceiling, now
         cdef bint ok
         if ep.shm != NULL:
             sync_shared(ep, None)
@@ -287,11 +312,14 @@ cdef class Lease(RoomFilter):
         st = adm._known_state(ep)
         if st is None:
             return True
+        now = adm._now()
+        if self.band_index >= adm._borrow_from:
+            ceiling = adm._ceiling(self._ps, self.band_index, now)
         load = st.load
         load.limit = ep.limit
         # With this lease on it, as the pool's number counts the next grant.
         load.inflight = ep.inflight + 1
-        ok = adm._endpoint_sat(load, adm._now(), self.band_index) <= ceiling
+        ok = adm._endpoint_sat(load, now, self.band_index) <= ceiling
         load.inflight = ep.inflight
         return ok
 
@@ -606,6 +634,19 @@ cdef class Admission:
         for i in range(1, len(p.bands)):
             if i > 63 or self._soft_scales[i] != self._soft_scales[i - 1]:
                 self._soft_breaks |= (<unsigned long long>1) << (i if i < 63 else 63)
+        # Borrowing: the lowest bands, each with no deadline and a ceiling below 1, fill
+        # all of a known batch but a slot while no higher band has asked for a while
+        # (``_ceiling``). Not with one band (nothing above to keep room for), nor where
+        # saturation is not the engines' (fixed concurrency, a policy's own).
+        nb = len(p.bands)
+        self._borrow_from = nb
+        self._borrow_after = s.borrow_after_ms / 1000.0
+        if sat_model is not None and s.borrow_after_ms > 0:
+            for i in range(nb - 1, 0, -1):
+                if self._band_sla[i] == INFINITY and p.bands[i].ceiling < 1.0:
+                    self._borrow_from = i
+                else:
+                    break
         self._sla_tol = s.sla_tolerance
         self._sla_tol_high = s.sla_tolerance_high
         self._global_capacity = s.global_capacity or 0
@@ -666,6 +707,17 @@ cdef class Admission:
             return 0.0
         return self._sat_obj.endpoint(load, now)
 
+    cdef double _ceiling(self, PoolState ps, int band, double now) except? -1.0:
+        """``band``'s ceiling in ``ps`` now: its own, or what it borrows (``_borrowed``)
+        when it is a deadline-free band and no higher band has asked in the pool for
+        ``admission.borrow_after_ms``. Batch work alone then runs the engines nearly full; the first
+        higher request finds a slot free on every engine, and its arrival ends the
+        borrowing: no more low work is granted until low is back under its ceiling."""
+        cdef double c = <double>self._ceilings[band]
+        if band < self._borrow_from or ps.shm != NULL or now - ps.higher_at < self._borrow_after:
+            return c
+        return _borrowed(ps, now, self._sat.stale_after, c)
+
     # -- arrival ----------------------------------------------------------------------------
 
     cpdef object admit_nowait(self, Ticket ticket, waiter):
@@ -693,6 +745,8 @@ cdef class Admission:
         # both the only name's and the default's).
         name = ticket.band
         band = self._band_of.get(name, self._default_band) if name else self._default_band
+        if band < self._borrow_from:
+            ps.higher_at = now
         if self._oom_throttle and band > 0 and now < ps.overload_until:
             raise self._reject(503, "overload", "an engine ran out of memory; shedding non-high work",
                                max(1, <long>ceil(ps.overload_until - now)))
@@ -715,7 +769,7 @@ cdef class Admission:
         if (q.count == 0 or q.count_through(band) == 0) and room > 0 and (ps.shm == NULL or
                                                                          not _others_queued(ps, band)):
             sat = self._pool_sat(ps, now, band)
-            if sat <= <double>self._ceilings[band] and sat != INFINITY and (ps.shm == NULL or _reserve(ps)):
+            if sat <= self._ceiling(ps, band, now) and sat != INFINITY and (ps.shm == NULL or _reserve(ps)):
                 lease = self._grant(ps, band, ticket.tenant, ticket.max_tokens, ticket.prompt_bytes, service,
                                     deadline, now, now)
                 if q.counted(band):  # dispatched without queueing: charged all the same
@@ -1072,7 +1126,7 @@ cdef class Admission:
         # each grant (one more pending lease), not once per band.
         nbands = len(self._ceilings)
         for band in range(nbands):
-            ceiling = self._ceilings[band]
+            ceiling = self._ceiling(ps, band, now)
             if band and (self._soft_breaks >> (band if band < 63 else 63)) & 1:
                 have_sat = False  # this band's soft ceiling differs: its own number
             while True:

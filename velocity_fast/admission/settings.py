@@ -90,6 +90,10 @@ class AdmissionSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     # backstop, not a scheduler: a short step would let a deep low backlog rise
     # into the headroom kept for higher bands.
     aging_step_ms: _MsOrOff = 30000.0
+    # Borrowing: the lowest bands with no deadline fill all of each engine's known batch
+    # but a slot once no higher band has asked in the pool for this long (0: never; they
+    # keep to their ceilings).
+    borrow_after_ms: _MsOrOff = 60000.0
     # Between tenants: "rr" (turns) or "tokens" (virtual token counter).
     fairness: str = "rr"
     # Token fairness: the cost of a request is its prompt tokens plus this many times its
