@@ -3,6 +3,7 @@
 from cpython.object cimport PyObject
 
 from velocity_fast.fleet.shared cimport vf_tenant
+from velocity_fast.lowlevel.clock cimport monotonic
 
 cdef class Tenant:
     cdef public str name
@@ -64,3 +65,40 @@ cdef class Identity:
     cdef object tenant_named(self, bound, name)
     cdef Tenant by_header(self, const char* p, Py_ssize_t n)
     cdef void keep_header(self, const char* p, Py_ssize_t n, Tenant t) except *
+
+
+# The request path's draw and settlement of a tenant's tokens per minute (exchange.pyx),
+# inline where its bucket is this process's own: no method call, and the draw refills to
+# the clock its caller already read. A shared bucket (state store, workers) is left to
+# Tenant.take_tokens and settle_tokens.
+
+cdef inline void _tokens_refill(Tenant t, double now) noexcept:
+    """Tenant._refill at ``now`` (a time before the bucket's last: no refill, as none is due)."""
+    cdef double cap = t.tpm_c, level = t.tlevel
+    if now > t.tstamp:
+        level = level + (now - t.tstamp) * cap / 60.0
+        t.tstamp = now
+    t.tlevel = level if level < cap else cap
+
+
+cdef inline double tenant_draw_tokens(Tenant t, double estimate, double now) except -1:
+    """Tenant.take_tokens(estimate) at ``now`` (the monotonic clock, read by the caller)."""
+    cdef double need, cap = t.tpm_c
+    if t.tshared is not None or t.shm != NULL or t.tpm is None:
+        return t.take_tokens(estimate)
+    need = estimate if estimate < cap else cap
+    _tokens_refill(t, now)
+    if t.tlevel >= need:
+        t.tlevel -= estimate
+        return 0.0
+    return (need - t.tlevel) * 60.0 / cap
+
+
+cdef inline int tenant_settle_tokens(Tenant t, double delta) except -1:
+    """Tenant.settle_tokens(delta)."""
+    if t.tshared is not None or t.shm != NULL:
+        t.settle_tokens(delta)
+    elif t.tpm is not None:
+        _tokens_refill(t, monotonic())
+        t.tlevel -= delta
+    return 0

@@ -73,9 +73,7 @@ cdef class Tenant:
         return (1.0 - self.tokens) / rate
 
     cdef void _refill(self) noexcept:
-        cdef double now = monotonic(), cap = self.tpm_c
-        self.tlevel = min(cap, self.tlevel + (now - self.tstamp) * cap / 60.0)
-        self.tstamp = now
+        _tokens_refill(self, monotonic())
 
     cpdef double take_tokens(self, double estimate) except -1:
         """Draw ``estimate`` tokens: 0.0 when they fit in what is left (drawn), else the
