@@ -35,7 +35,7 @@ from velocity_fast.upstream.connection cimport ResponseHandler, UpstreamConnecti
 
 from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.fleet.endpoint cimport Endpoint, Pool
-from velocity_fast.gateway.identity cimport Identity, Tenant, tenant_draw_tokens, tenant_settle_tokens
+from velocity_fast.gateway.identity cimport Identity, Tenant, tenant_by_header, tenant_draw_tokens, tenant_settle_tokens
 from velocity_fast.http.message cimport OWN_PRIORITY, OWN_PROFILE, OWN_RID, OWN_SESSION, OWN_SLA, OWN_TENANT, Request
 from velocity_fast.lowlevel.fmt cimport (cat, dec, digits_before, memmem, latin1, put, put_bytes, put_tenths, starts, str_eq,
                                       tenths)
@@ -552,7 +552,7 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
                 raw = req._raw  # (held: tenant_p lies in it)
                 tenant_p = PyBytes_AS_STRING(raw) + req._own_vs[OWN_TENANT]
                 tenant_n = req._own_ve[OWN_TENANT] - req._own_vs[OWN_TENANT]
-                known = identity.by_header(tenant_p, tenant_n)
+                known = tenant_by_header(identity, tenant_p, tenant_n)
                 tenant_h = known.name if known is not None else req.own_text(OWN_TENANT)
             if own & (1u << OWN_PRIORITY):
                 prio = req.own_text(OWN_PRIORITY)
@@ -580,8 +580,12 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
             bound = identity.authenticate(h)[1] if identity.required else None
             tenant_name = identity.tenant_name(bound, tenant_h, <object>f[P_USER])  # tenant_for, without a tuple
             tenant = identity.tenant_named(bound, tenant_name)
-            if tenant_p != NULL and tenant is not None and tenant_name is tenant_h:
-                identity.keep_header(tenant_p, tenant_n, <Tenant>tenant)
+            if tenant is not None:
+                if tenant_p != NULL and tenant_name is tenant_h:
+                    identity.keep_header(tenant_p, tenant_n, <Tenant>tenant)
+                # The tenant's own name (an equal str): the one that later requests, found
+                # by by_header, pass on, so admission's dicts by tenant find it by identity.
+                tenant_name = (<Tenant>tenant).name
         if prio is None:
             prio = <object>f[P_PRIORITY]
             if prio is _UNSET:  # not in the body

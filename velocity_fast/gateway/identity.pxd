@@ -58,6 +58,9 @@ cdef class Identity:
     # Tenants by their header's bytes (HEADER_SLOTS of them, made when the first is kept):
     # the request path then makes no str of the header and looks up no dict.
     cdef HeaderSlot* _slots
+    # The last header by_header found, and its tenant (a header's bytes name the same
+    # tenant for the Identity's life): a repeated header is found without hashing it.
+    cdef HeaderSlot _last_header
 
     cpdef tuple authenticate(self, dict headers)
     cpdef tuple tenant_for(self, bound, header, user)
@@ -102,3 +105,14 @@ cdef inline int tenant_settle_tokens(Tenant t, double delta) except -1:
         _tokens_refill(t, monotonic())
         t.tlevel -= delta
     return 0
+
+
+cdef inline Tenant tenant_by_header(Identity idn, const char* p, Py_ssize_t n):
+    """Identity.by_header(p, n), the header by_header found last compared first."""
+    cdef Py_ssize_t i
+    if n == idn._last_header.n and n > 0:
+        for i in range(n):  # (a short name: no memcmp call)
+            if idn._last_header.raw[i] != p[i]:
+                return idn.by_header(p, n)
+        return <Tenant>idn._last_header.tenant
+    return idn.by_header(p, n)

@@ -158,6 +158,8 @@ cdef class Identity:
                 Py_XDECREF(self._slots[i].tenant)
             PyMem_Free(self._slots)
             self._slots = NULL
+        Py_XDECREF(self._last_header.tenant)
+        self._last_header.tenant = NULL
 
     def __init__(self, settings):
         self.global_key = settings.api_key
@@ -226,6 +228,12 @@ cdef class Identity:
         for i in range(n):  # (a short name: no memcmp call)
             if slot.raw[i] != p[i]:
                 return None
+        if self._last_header.tenant != slot.tenant:
+            Py_INCREF(<Tenant>slot.tenant)
+            Py_XDECREF(self._last_header.tenant)
+            self._last_header.tenant = slot.tenant
+        memcpy(self._last_header.raw, p, n)
+        self._last_header.n = n
         return <Tenant>slot.tenant
 
     cdef void keep_header(self, const char* p, Py_ssize_t n, Tenant t) except *:
