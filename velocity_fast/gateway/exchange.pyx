@@ -35,7 +35,7 @@ from velocity_fast.upstream.connection cimport ResponseHandler, UpstreamConnecti
 
 from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.fleet.endpoint cimport Endpoint, Pool
-from velocity_fast.gateway.identity cimport Identity, Tenant
+from velocity_fast.gateway.identity cimport Identity, Tenant, tenant_by_header, tenant_draw_tokens, tenant_settle_tokens
 from velocity_fast.http.message cimport OWN_PRIORITY, OWN_PROFILE, OWN_RID, OWN_SESSION, OWN_SLA, OWN_TENANT, Request
 from velocity_fast.lowlevel.fmt cimport (cat, dec, digits_before, memmem, latin1, put, put_bytes, put_tenths, starts, str_eq,
                                       tenths)
@@ -196,9 +196,22 @@ cdef inline const char* _number(const char* p, const char* end, long long* v) no
 
 cdef inline bint _same(const char* a, const char* b, Py_ssize_t n) noexcept:
     """a[:n] == b[:n] for n >= 8, eight bytes at a time (the last eight overlapping the
-    ones before): inlined where n is a constant, no memcmp call."""
-    cdef uint64_t x, y
+    ones before): inlined where n is a constant, no memcmp call; up to 24 bytes, the
+    words' differences or-ed, one branch."""
+    cdef uint64_t x, y, d
     cdef Py_ssize_t i = 0
+    if n <= 24:
+        memcpy(&x, a, 8)
+        memcpy(&y, b, 8)
+        d = x ^ y
+        memcpy(&x, a + n - 8, 8)
+        memcpy(&y, b + n - 8, 8)
+        d |= x ^ y
+        if n > 16:
+            memcpy(&x, a + 8, 8)
+            memcpy(&y, b + 8, 8)
+            d |= x ^ y
+        return d == 0
     while i + 8 < n:
         memcpy(&x, a + i, 8)
         memcpy(&y, b + i, 8)
@@ -297,7 +310,7 @@ cdef const char* _usage_back(const char* low, const char* e) noexcept:
         p = <const char*>memrchr(low, c'g', e - low)
         if p == NULL:
             return NULL
-        if p - low >= 4 and memcmp(p - 4, b'"usage":', 8) == 0:
+        if p - low >= 4 and _same(p - 4, b'"usage":', 8):
             return p + 4
         e = p
     return NULL
@@ -518,7 +531,7 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
     cdef dict h = None
     cdef Tenant t
     cdef Exchange x
-    cdef double q_est, wait
+    cdef double q_est, wait, now
     cdef bint stream, strip, want
     cdef unsigned int own
     cdef const char* tenant_p = NULL  # the tenant header's bytes (in raw), when read where they lie
@@ -539,7 +552,7 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
                 raw = req._raw  # (held: tenant_p lies in it)
                 tenant_p = PyBytes_AS_STRING(raw) + req._own_vs[OWN_TENANT]
                 tenant_n = req._own_ve[OWN_TENANT] - req._own_vs[OWN_TENANT]
-                known = identity.by_header(tenant_p, tenant_n)
+                known = tenant_by_header(identity, tenant_p, tenant_n)
                 tenant_h = known.name if known is not None else req.own_text(OWN_TENANT)
             if own & (1u << OWN_PRIORITY):
                 prio = req.own_text(OWN_PRIORITY)
@@ -567,8 +580,12 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
             bound = identity.authenticate(h)[1] if identity.required else None
             tenant_name = identity.tenant_name(bound, tenant_h, <object>f[P_USER])  # tenant_for, without a tuple
             tenant = identity.tenant_named(bound, tenant_name)
-            if tenant_p != NULL and tenant is not None and tenant_name is tenant_h:
-                identity.keep_header(tenant_p, tenant_n, <Tenant>tenant)
+            if tenant is not None:
+                if tenant_p != NULL and tenant_name is tenant_h:
+                    identity.keep_header(tenant_p, tenant_n, <Tenant>tenant)
+                # The tenant's own name (an equal str): the one that later requests, found
+                # by by_header, pass on, so admission's dicts by tenant find it by identity.
+                tenant_name = (<Tenant>tenant).name
         if prio is None:
             prio = <object>f[P_PRIORITY]
             if prio is _UNSET:  # not in the body
@@ -620,7 +637,9 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
         t = <Tenant?>tenant
         if t.tpm is not None:  # its quota of tokens: the estimate must fit in what is left
             q_est = PyBytes_GET_SIZE(body) / _BYTES_PER_TOKEN + <long>max_tokens
-            wait = t.take_tokens(q_est)
+            # Refilled to when the request was read (this pass's clock), no second read.
+            now = req.received_at
+            wait = tenant_draw_tokens(t, q_est, now if now > 0.0 else monotonic())
             if wait:
                 _count_reject(t, "rate-limit")
                 return ingress.app.reject(resp, route, 429, "rate-limit",
@@ -629,7 +648,7 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
         wait = t.take() if t.rate is not None else 0.0  # (no call for a tenant with no request rate)
         if wait:
             if q_est:
-                t.settle_tokens(-q_est)
+                tenant_settle_tokens(t, -q_est)
             _count_reject(t, "rate-limit")
             return ingress.app.reject(resp, route, 429, "rate-limit",
                               f"Tenant {tenant_name!r} is over its request rate.", band,
@@ -1193,19 +1212,26 @@ cdef class Exchange(ResponseHandler):
         else the estimates drawn stand) settles the tenant's fairness counter and quota,
         and counts in its figures."""
         cdef Tenant t = self.tenant
+        cdef Lease lease = self.lease
+        cdef Admission adm
+        cdef long long c
         if self.accounted:
             return
         self.accounted = True
         if not known or not self.want_usage:
             return
-        if self.lease is not None:
-            self.lease.usage(prompt, cached, completion)
+        if lease is not None and not lease.done:
+            # Lease.usage, inline (no method call): the cost token fairness settles to
+            c = cached if cached < prompt else prompt
+            adm = lease._adm
+            lease.fair_actual = <double>(prompt - c) + c * adm._cached_w + completion * adm._out_w
+            lease.fair_known = True
         if t is not None:
             t.served_prompt += prompt
             t.served_cached += cached
             t.served_completion += completion
             if self.q_est:
-                t.settle_tokens(prompt + completion - self.q_est)
+                tenant_settle_tokens(t, prompt + completion - self.q_est)
 
     cdef _account_stream(self):
         """A stream's end: its usage chunk's counts, else the prompt estimated and a token

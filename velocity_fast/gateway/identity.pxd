@@ -3,6 +3,7 @@
 from cpython.object cimport PyObject
 
 from velocity_fast.fleet.shared cimport vf_tenant
+from velocity_fast.lowlevel.clock cimport monotonic
 
 cdef class Tenant:
     cdef public str name
@@ -57,6 +58,9 @@ cdef class Identity:
     # Tenants by their header's bytes (HEADER_SLOTS of them, made when the first is kept):
     # the request path then makes no str of the header and looks up no dict.
     cdef HeaderSlot* _slots
+    # The last header by_header found, and its tenant (a header's bytes name the same
+    # tenant for the Identity's life): a repeated header is found without hashing it.
+    cdef HeaderSlot _last_header
 
     cpdef tuple authenticate(self, dict headers)
     cpdef tuple tenant_for(self, bound, header, user)
@@ -64,3 +68,51 @@ cdef class Identity:
     cdef object tenant_named(self, bound, name)
     cdef Tenant by_header(self, const char* p, Py_ssize_t n)
     cdef void keep_header(self, const char* p, Py_ssize_t n, Tenant t) except *
+
+
+# The request path's draw and settlement of a tenant's tokens per minute (exchange.pyx),
+# inline where its bucket is this process's own: no method call, and the draw refills to
+# the clock its caller already read. A shared bucket (state store, workers) is left to
+# Tenant.take_tokens and settle_tokens.
+
+cdef inline void _tokens_refill(Tenant t, double now) noexcept:
+    """Tenant._refill at ``now`` (a time before the bucket's last: no refill, as none is due)."""
+    cdef double cap = t.tpm_c, level = t.tlevel
+    if now > t.tstamp:
+        level = level + (now - t.tstamp) * cap / 60.0
+        t.tstamp = now
+    t.tlevel = level if level < cap else cap
+
+
+cdef inline double tenant_draw_tokens(Tenant t, double estimate, double now) except -1:
+    """Tenant.take_tokens(estimate) at ``now`` (the monotonic clock, read by the caller)."""
+    cdef double need, cap = t.tpm_c
+    if t.tshared is not None or t.shm != NULL or t.tpm is None:
+        return t.take_tokens(estimate)
+    need = estimate if estimate < cap else cap
+    _tokens_refill(t, now)
+    if t.tlevel >= need:
+        t.tlevel -= estimate
+        return 0.0
+    return (need - t.tlevel) * 60.0 / cap
+
+
+cdef inline int tenant_settle_tokens(Tenant t, double delta) except -1:
+    """Tenant.settle_tokens(delta)."""
+    if t.tshared is not None or t.shm != NULL:
+        t.settle_tokens(delta)
+    elif t.tpm is not None:
+        _tokens_refill(t, monotonic())
+        t.tlevel -= delta
+    return 0
+
+
+cdef inline Tenant tenant_by_header(Identity idn, const char* p, Py_ssize_t n):
+    """Identity.by_header(p, n), the header by_header found last compared first."""
+    cdef Py_ssize_t i
+    if n == idn._last_header.n and n > 0:
+        for i in range(n):  # (a short name: no memcmp call)
+            if idn._last_header.raw[i] != p[i]:
+                return idn.by_header(p, n)
+        return <Tenant>idn._last_header.tenant
+    return idn.by_header(p, n)

@@ -73,9 +73,7 @@ cdef class Tenant:
         return (1.0 - self.tokens) / rate
 
     cdef void _refill(self) noexcept:
-        cdef double now = monotonic(), cap = self.tpm_c
-        self.tlevel = min(cap, self.tlevel + (now - self.tstamp) * cap / 60.0)
-        self.tstamp = now
+        _tokens_refill(self, monotonic())
 
     cpdef double take_tokens(self, double estimate) except -1:
         """Draw ``estimate`` tokens: 0.0 when they fit in what is left (drawn), else the
@@ -160,6 +158,8 @@ cdef class Identity:
                 Py_XDECREF(self._slots[i].tenant)
             PyMem_Free(self._slots)
             self._slots = NULL
+        Py_XDECREF(self._last_header.tenant)
+        self._last_header.tenant = NULL
 
     def __init__(self, settings):
         self.global_key = settings.api_key
@@ -228,6 +228,12 @@ cdef class Identity:
         for i in range(n):  # (a short name: no memcmp call)
             if slot.raw[i] != p[i]:
                 return None
+        if self._last_header.tenant != slot.tenant:
+            Py_INCREF(<Tenant>slot.tenant)
+            Py_XDECREF(self._last_header.tenant)
+            self._last_header.tenant = slot.tenant
+        memcpy(self._last_header.raw, p, n)
+        self._last_header.n = n
         return <Tenant>slot.tenant
 
     cdef void keep_header(self, const char* p, Py_ssize_t n, Tenant t) except *:
