@@ -84,12 +84,7 @@ cdef class Exchange(ResponseHandler):
     cpdef start(self)
     cdef _admitted(self, Lease lease)
     cdef _dispatch(self)
-    cpdef on_sent(self, UpstreamConnection conn)
-    cpdef on_head(self, UpstreamConnection conn)
-    cpdef on_body(self, UpstreamConnection conn, bytes data)
-    cpdef on_raw(self, UpstreamConnection conn, bytes framed)
-    cpdef on_done(self, UpstreamConnection conn)
-    cpdef on_error(self, UpstreamConnection conn, err)
+    # on_sent .. on_error: ResponseHandler's, overridden (upstream/connection.pxd).
     cdef _relay(self, UpstreamConnection conn, bytes data, bint framed)
     cdef bytes _usage_event(self, bytes data, bint framed)
     cdef _stream_done(self, UpstreamConnection conn)
