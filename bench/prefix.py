@@ -145,7 +145,7 @@ HOT = {"rate": 22.5, "time_scale": 2.0, "requests": 480, "output_tokens": 128, "
 # One hot prefix: the router's spreading (chat, as configured by default) against the
 # load-gap guard alone and against pure affinity (no load term of any kind).
 HOT_VARIANTS = ("chat", "gap", "affinity", "round-robin", "least-loaded")
-PURE_AFFINITY = {"hotspot_gap": 1e9, "hotspot_waiting": 1e9, "load_weight": 0.0,
+PURE_AFFINITY = {"hotspot_gap": 1e9, "hotspot_waiting": 1e9, "load_weight": 0.0, "spill": False,
                  "saturation_waiting": 1e9, "saturation_kv": 1.0}
 GAP_GUARD = {"hotspot_waiting": 0.0}  # 0: the engine queue is not read
 # Scenario hot-admission: the gateway at its defaults (dynamic admission, its SLA, no
@@ -153,7 +153,7 @@ GAP_GUARD = {"hotspot_waiting": 0.0}  # 0: the engine queue is not read
 # 8 sequences, 32 tokens out, in real time: the hot prefix's demand is about 85 % of one
 # engine's, so under pure affinity its backlog waits in admission's queue.
 HOT_ADMISSION = {"rate": 20.0, "time_scale": 1.0, "requests": 480, "output_tokens": 32, "max_num_seqs": 8,
-                 "num_gpu_blocks": 1024, "groups": 13, "concurrency": 1024}
+                 "num_gpu_blocks": 1024, "groups": 13, "concurrency": 1024, "warmup_s": 8.0}
 HOT_ADMISSION_VARIANTS = ("chat", "affinity")
 # --smoke: every variant and phase at a size that runs in seconds (CI: tests/bench/).
 SMOKE = {"engines": 2, "requests": 24, "rate": 60.0, "groups": 4, "prefix_tokens": 256,
@@ -300,6 +300,10 @@ async def run_variant(variant: str, args, specs) -> dict:
             if sp.prefix_group == 0:
                 hot_spread[r.endpoint] = hot_spread.get(r.endpoint, 0) + 1
         latencies = sorted((r.done - r.sent) * 1000.0 for r in results if r.ok)
+        # After the warm-up (--warmup-s of arrivals): each context's first prefill, which no
+        # router avoids, and the limits admission learns at start are behind.
+        warm = sorted((r.done - r.sent) * 1000.0 for sp, r in zip(all_specs, results)
+                      if r.ok and sp.at >= args.warmup_s)
         # Each completed request's TTFT (wall ms): --repeats pools them over the runs.
         ttfts = sorted((r.first_token - r.sent) * 1000.0 for r in results if r.ok and r.first_token is not None)
         out = {"variant": variant, "scenario": scenario, "gateways": len(gws), "summary": summary,
@@ -308,7 +312,9 @@ async def run_variant(variant: str, args, specs) -> dict:
                "engine_hits_tokens": hits, "engine_queries_tokens": queries,
                "requests_per_endpoint": dict(sorted(spread.items())),
                "group0_per_endpoint": dict(sorted(hot_spread.items())),
-               "latency_samples_ms": latencies, "load": _load_summary(samples),
+               "latency_samples_ms": latencies, "latency_warm_samples_ms": warm,
+               "latency_warm_ms": {p: _pooled(warm, p) if warm else 0.0 for p in ("p50", "p95", "p99")},
+               "load": _load_summary(samples),
                "router": gws[0].router.stats(), "admission": _admission_summary(gws[0])}
         if scenario == "hot-admission":  # each request: arrival s, group, endpoint, latency and TTFT ms
             out["requests"] = [(round(sp.at, 3), sp.prefix_group, r.endpoint, round((r.done - r.sent) * 1000.0, 1),
@@ -374,9 +380,9 @@ def _report_repeats(args, runs: list[list[dict]]) -> dict:
         per = [x for x in per if x is not None]
         if per:
             lat = {v: _pooled([x * args.time_scale for r in runs for row in r if row["variant"] == v
-                               for x in row["latency_samples_ms"]], "p95") for v in ("chat", "affinity")}
+                               for x in row["latency_warm_samples_ms"]], "p95") for v in ("chat", "affinity")}
             every = all(p >= 1.5 and h >= 0.9 for p, h in per)
-            lines.append(f"  latency p95 affinity/chat: runs {', '.join(f'{p:.2f}x' for p, _ in per)}; "
+            lines.append(f"  latency p95 after the first {args.warmup_s:g} s, affinity/chat: runs {', '.join(f'{p:.2f}x' for p, _ in per)}; "
                          f"pooled {lat['affinity'] / lat['chat']:.2f}x (goal >= 1.5x in every run)")
             lines.append(f"  hit rate chat/affinity: runs {', '.join(f'{h:.2f}x' for _, h in per)} "
                          f"(goal >= 0.9x); goal {'met' if every else 'NOT met'} in every run: {every}")
@@ -541,9 +547,9 @@ def _report_hot(args, rows: list[dict]) -> int:
 
 def _hot_admission_ratios(by: dict) -> tuple[float, float] | None:
     """(latency p95 affinity/chat, hit rate chat/affinity) of one run, None without both."""
-    if "chat" not in by or "affinity" not in by or not by["chat"]["latency_ms_engine_time"]["p95"] > 0:
+    if "chat" not in by or "affinity" not in by or not by["chat"]["latency_warm_ms"]["p95"] > 0:
         return None
-    p95 = by["affinity"]["latency_ms_engine_time"]["p95"] / by["chat"]["latency_ms_engine_time"]["p95"]
+    p95 = by["affinity"]["latency_warm_ms"]["p95"] / by["chat"]["latency_warm_ms"]["p95"]
     hit = by["chat"]["engine_hit_rate"] / by["affinity"]["engine_hit_rate"] if by["affinity"]["engine_hit_rate"] else 0.0
     return p95, hit
 
@@ -552,9 +558,11 @@ def _report_hot_admission(args, rows: list[dict]) -> int:
     by = {r["variant"]: r for r in rows}
     verdict = []
     for r in rows:
-        lat, load, adm = r["latency_ms_engine_time"], r["load"], r["admission"]
+        lat, warm, load, adm = r["latency_ms_engine_time"], r["latency_warm_ms"], r["load"], r["admission"]
         verdict.append(f"  {r['variant']:<12} latency p50 {lat['p50']:6.0f} ms  p95 {lat['p95']:6.0f} ms  "
-                       f"p99 {lat['p99']:6.0f} ms  hot prefix per endpoint {r['group0_per_endpoint']}  "
+                       f"p99 {lat['p99']:6.0f} ms; after the first {args.warmup_s:g} s p50 {warm['p50']:6.0f} ms  "
+                       f"p95 {warm['p95']:6.0f} ms  p99 {warm['p99']:6.0f} ms  "
+                       f"hot prefix per endpoint {r['group0_per_endpoint']}  "
                        f"gateway queue mean {load.get('gateway_queued_mean')} (in {load.get('gateway_queued_share')} "
                        f"of samples)  declined {adm['rejections']}  sla {adm['sla']}")
         for name, e in sorted(load.get("endpoints", {}).items()):
@@ -563,7 +571,8 @@ def _report_hot_admission(args, rows: list[dict]) -> int:
                            f"batch learned {adm['batch_capacity'].get(name)}")
     ratios = _hot_admission_ratios(by)
     if ratios is not None:
-        verdict.append(f"  latency p95 affinity/chat {ratios[0]:.2f}x (goal >= 1.5x); hit rate chat/affinity "
+        verdict.append(f"  latency p95 after the warm-up, affinity/chat {ratios[0]:.2f}x (goal >= 1.5x); "
+                       f"hit rate chat/affinity "
                        f"{ratios[1]:.2f}x (goal >= 0.9x)")
     return _report(args, rows, f"scenario hot-admission (one prefix carries {100 * args.hot_share:.0f}% of the "
                                "traffic; the gateway at its defaults: dynamic admission, no models: section)",
@@ -624,6 +633,9 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=1,
                    help="run the scenario this many times (seeds --seed, --seed+1, ...) and report each "
                         "variant's TTFT over all runs' requests pooled, and the goal's ratio run by run")
+    p.add_argument("--warmup-s", type=float, default=0.0,
+                   help="arrivals in the first seconds that scenario hot-admission's latency goal leaves out "
+                        "(each context's first prefill; default 8 there, 0 elsewhere)")
     p.add_argument("--output", default=None, help="write the runs as JSON here")
     p.add_argument("--smoke", action="store_true",
                    help="tiny counts (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items())

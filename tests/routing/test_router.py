@@ -35,6 +35,20 @@ def test_unhealthy_and_at_limit_endpoints_are_never_picked():
     assert picks == {"e2", "e3"}
 
 
+@pytest.mark.parametrize("spill", [True, False])
+def test_a_prefix_engine_without_room_is_passed_over_unless_spill_is_off(spill):
+    """routing.spill false is pure affinity: the engine holding the prompt's prefix takes
+    it even at its limit (where it queues); by default the pick goes where there is room."""
+    pool = make_pool(2)
+    r = router(hotspot_gap=1e9, hotspot_waiting=1e9, load_weight=0.0, saturation_waiting=1e9, spill=spill)
+    info = r.route_info("m", chat("first question"), {})
+    owner = r.pick(pool, info)
+    r.on_dispatch(owner, info)  # sent there: the prefix is the owner's now
+    info = r.route_info("m", chat("a second question"), {})
+    picks = {r.pick(pool, info, lambda ep: ep is not owner) for _ in range(20)}
+    assert picks == ({owner} if not spill else set(pool.endpoints) - {owner})
+
+
 def test_excluded_endpoints_are_not_picked_again():
     pool = make_pool(3)
     r = router()

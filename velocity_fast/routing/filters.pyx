@@ -81,5 +81,7 @@ cdef class Full(Filter):
 
 def make_filters(settings):
     """The router's filters, in the order it asks them."""
+    if not settings.spill:  # pure affinity: room is not asked (an engine queues what it cannot run)
+        return (Unhealthy(), Excluded(), Saturated(settings.saturation_waiting, settings.saturation_kv))
     return (Unhealthy(), NoRoom(), Excluded(), Saturated(settings.saturation_waiting, settings.saturation_kv),
             Full())

@@ -60,6 +60,11 @@ class RoutingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     # engine queue at or past this many waiting, or KV usage at or past this fraction.
     saturation_waiting: Annotated[float, msgspec.Meta(gt=0, le=1e12)] = 5.0
     saturation_kv: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.8
+    # An engine without room for the request (at its concurrency limit, past the band's
+    # share of it, or its learned batch all in flight) is passed over while another has
+    # room. False: pure affinity, for comparison: the engine the profile scores best takes
+    # the request anyway and queues it (docs/configuration.md).
+    spill: bool = True
     # Engine gauges older than this are ignored (the gateway's own counts stand in).
     metrics_stale_s: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 2.0
     default_profile: ProfileName = "chat"
