@@ -545,13 +545,13 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
         h = req.header_dict()
     if req.gateway_headers:
         if h is None and req.own_direct():
-            own = req._own
+            own = req.own
             if own & (1u << OWN_RID):
                 rid = req.own_text(OWN_RID)
             if own & (1u << OWN_TENANT):
-                raw = req._raw  # (held: tenant_p lies in it)
-                tenant_p = PyBytes_AS_STRING(raw) + req._own_vs[OWN_TENANT]
-                tenant_n = req._own_ve[OWN_TENANT] - req._own_vs[OWN_TENANT]
+                raw = req.head_data  # (held: tenant_p lies in it)
+                tenant_p = PyBytes_AS_STRING(raw) + req.own_vs[OWN_TENANT]
+                tenant_n = req.own_ve[OWN_TENANT] - req.own_vs[OWN_TENANT]
                 known = tenant_by_header(identity, tenant_p, tenant_n)
                 tenant_h = known.name if known is not None else req.own_text(OWN_TENANT)
             if own & (1u << OWN_PRIORITY):
@@ -657,7 +657,7 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
     strip = False
     # Usage is read only where something settles from it: a configured tenant (its
     # quota, its figures) or token fairness on what was served.
-    want = tenant is not None or (<Admission>ingress.admission)._settle
+    want = tenant is not None or (<Admission>ingress.admission).settle_usage
     if stream and want:
         options = <object>f[P_STREAM_OPTIONS]
         if options is None or not options.include_usage:
@@ -703,7 +703,7 @@ cdef count_request(Ingress ingress, str route, int status, str band):
     metric = ingress._requests_metric
     if metric is None:  # the gateway's metrics are made once, with it
         metric = ingress._requests_metric = ingress.metrics.requests
-    child = (<dict>metric._by_raw).get((route, status, band))
+    child = (<dict>metric.by_values).get((route, status, band))
     if type(child) is Value:
         (<Value>child).value += 1.0
         ingress._last_route, ingress._last_band, ingress._last_status, ingress._last_count = route, band, status, child
@@ -764,7 +764,7 @@ cpdef start_native(Ingress ingress, Request req, Responder resp, pool, Ticket ti
     x.q_est = q_est
     x.prompt_est = <long long>(ticket.prompt_bytes / _BYTES_PER_TOKEN)
     x.stream_req = b'"stream":true' in body
-    x.want_usage = tenant is not None or x.adm._settle
+    x.want_usage = tenant is not None or x.adm.settle_usage
     x.start()
 
 
@@ -1223,8 +1223,8 @@ cdef class Exchange(ResponseHandler):
         if lease is not None and not lease.done:
             # Lease.usage, inline (no method call): the cost token fairness settles to
             c = cached if cached < prompt else prompt
-            adm = lease._adm
-            lease.fair_actual = <double>(prompt - c) + c * adm._cached_w + completion * adm._out_w
+            adm = self.adm  # (the lease's: it granted it)
+            lease.fair_actual = <double>(prompt - c) + c * adm.cached_weight + completion * adm.output_weight
             lease.fair_known = True
         if t is not None:
             t.served_prompt += prompt
