@@ -938,7 +938,7 @@ cdef class Exchange(ResponseHandler):
             resp.write_chunks(data)
         elif PyBytes_GET_SIZE(data):  # (an empty write would end the chunked stream)
             resp.write_nowait(data)
-        if resp._proto._write_paused and self.task is None:
+        if resp.proto.write_paused and self.task is None:
             conn.pause()  # the client reads slowly: so do we, from the engine
             self.task = task = self.loop.create_task(resp.write(b""))
             task.add_done_callback(self._drained)
@@ -1044,7 +1044,7 @@ cdef class Exchange(ResponseHandler):
                                        headers=self.out_headers())
             body = native
         settle(self.ingress, self.route, self.ticket.band, ep, self.lease, status, False, ok, error_text, 0)
-        resp._send(status, body, ct, self._out_lines())
+        resp.send(status, body, ct, self._out_lines())
 
     cdef _invalid_status(self, UpstreamConnection conn, int status):
         """An engine status that is no final HTTP answer (1xx, or past 599): a 502, the
