@@ -121,20 +121,19 @@ async def drive(requests: int, connections: int, stream_events: int = 0) -> tupl
     loop = asyncio.get_running_loop()
     settings = load_settings(None, {"endpoints": [parse_endpoint_flag("e1=http://127.0.0.1:9=fixed")]}, env={})
     gw = Gateway(settings)
-    gw._loop = loop
+    gw.loop = loop
     ep = gw.endpoints["e1"]
     ep.healthy, ep.state = True, "healthy"
     gw.admission.on_metrics(ep)
     server = HTTPServer(gw.handle, limits=ServerLimits(), name="gateway")
-    server._loop = loop
+    server.loop = loop
     # Engine connections: enough idle ones for every client.
     engines: list[tuple[UpstreamConnection, FakeTransport]] = []
     for _ in range(connections):
         conn = UpstreamConnection(ep.upstream, loop)
         t = FakeTransport()
         conn.connection_made(t)
-        ep.upstream._all.add(conn)
-        ep.upstream._idle.append(conn)
+        ep.upstream.adopt(conn)
         engines.append((conn, t))
     clients: list[tuple[HttpProtocol, FakeTransport]] = []
     for i in range(connections):

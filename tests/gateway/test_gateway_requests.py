@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from velocity_fast.gateway.errors import BadRequest
-from velocity_fast.gateway.exchange import band_for, new_request_id
+from velocity_fast.gateway.ingress import band_for, new_request_id
 from velocity_fast.gateway.requests import decode_generate, decode_proxy, strip_own_fields
 
 
@@ -92,7 +92,7 @@ def test_decode_errors_carry_msgspec_text():
 
 
 def test_request_path_is_compiled():
-    """The proxy path calls the decoder as C (exchange.pyx): compiled functions, not Python ones."""
+    """The proxy path calls the decoder as C (ingress.pyx): compiled functions, not Python ones."""
     import inspect
 
     for f in (decode_proxy, strip_own_fields, decode_generate):

@@ -14,7 +14,7 @@ import pytest
 from tests.support.gateway import gateway_settings, running_gateway, wait_until
 from tests.support.sim import http_request, open_request, sim_engine
 from velocity_fast.config import ConfigError, load_settings
-from velocity_fast.gateway.exchange import body_usage
+from velocity_fast.gateway.usage import body_usage
 from velocity_fast.gateway.reload import Reloader
 from velocity_fast.gateway.requests import ask_usage
 

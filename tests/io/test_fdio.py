@@ -231,7 +231,7 @@ async def test_connect_refused_is_an_oserror_and_a_closed_server_accepts_no_more
 
 async def test_the_loops_own_transports_serve_when_asked(monkeypatch):
     async def handler(req, resp):
-        resp.send(200, type(resp._proto._transport).__name__.encode())
+        resp.send(200, type(resp.proto._transport).__name__.encode())
 
     for io, fd in (("asyncio", False), ("epoll", True)):
         monkeypatch.setenv("VELOCITY_IO", io)

@@ -135,9 +135,9 @@ cdef class Admission:
     cdef bint _oom_throttle
     cdef bint _sla_reject
     cdef bint _adaptive
-    cdef double _out_w            # token fairness: an output token's cost in input tokens
-    cdef double _cached_w         # and a cached prompt token's
-    cdef bint _settle             # token fairness settled from usage (fairness_charge: actual)
+    cdef double output_weight     # token fairness: an output token's cost in input tokens
+    cdef double cached_weight     # and a cached prompt token's
+    cdef bint settle_usage        # token fairness settled from usage (fairness_charge: actual)
     cdef list _band_sla           # per band: its deadline in seconds (INFINITY: none)
     cdef list _soft_scales        # per band: its ceiling over its soft ceiling (1: the same)
     cdef unsigned long long _soft_breaks  # bit b: band b's soft scale differs from band b-1's

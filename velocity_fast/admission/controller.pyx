@@ -341,7 +341,7 @@ cdef class Lease(RoomFilter):
             return
         if cached > prompt:
             cached = prompt
-        self.fair_actual = prompt - cached + cached * adm._cached_w + completion * adm._out_w
+        self.fair_actual = prompt - cached + cached * adm.cached_weight + completion * adm.output_weight
         self.fair_known = True
 
     cpdef release(self, str outcome="completed", error_text=None, long tokens=0):
@@ -656,9 +656,9 @@ cdef class Admission:
         self._oom_throttle = p.oom_throttle
         self._sla_reject = p.sla_reject
         self._adaptive = p.adaptive
-        self._out_w = s.fairness_output_weight
-        self._cached_w = s.fairness_cached_weight
-        self._settle = p.counts_tokens and s.fairness_charge == "actual"
+        self.output_weight = s.fairness_output_weight
+        self.cached_weight = s.fairness_cached_weight
+        self.settle_usage = p.counts_tokens and s.fairness_charge == "actual"
 
     cdef double _now(self) except? -1.0:
         if self._mono:
@@ -1239,7 +1239,7 @@ cdef class Admission:
         cdef Endpoint ep = lease.endpoint
         self._in_flight -= 1
         if lease._fair_t is not None:
-            if lease.fair_known and self._settle:
+            if lease.fair_known and self.settle_usage:
                 ps.queues.settle(lease._fair_t, lease.fair_actual - lease.fair_charged)
             lease._fair_t = None  # (the lease is recycled: no queue kept alive by it)
         if lease.expect_end > 0.0:

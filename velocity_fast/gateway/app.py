@@ -17,7 +17,7 @@ from velocity_fast.config import EndpointConfig, Settings
 from velocity_fast.fleet.endpoint import Endpoint, Pool
 from velocity_fast.fleet.health import EndpointMonitor
 from velocity_fast.gateway.errors import BadRequest, context_error
-from velocity_fast.gateway.exchange import Ingress, band_for, handle_client, new_request_id, start_native
+from velocity_fast.gateway.ingress import Ingress, band_for, handle_client, new_request_id, start_native
 from velocity_fast.gateway.identity import Identity
 from velocity_fast.gateway.kv import KVFleet
 from velocity_fast.gateway.observability import GatewayMetrics
@@ -37,7 +37,7 @@ log = logging.getLogger("velocity.gateway")
 
 
 def _ingress_field(name: str) -> property:
-    """A field the request path reads as C: kept in the gateway's Ingress (gateway/exchange.pyx)."""
+    """A field the request path reads as C: kept in the gateway's Ingress (gateway/ingress.pyx)."""
     return property(lambda self: getattr(self.ingress, name), lambda self, v: setattr(self.ingress, name, v),
                     doc=f"The Ingress's {name} (read by the request path as C).")
 
@@ -46,7 +46,7 @@ class Gateway:
     """One gateway process: client server, admin server, endpoint monitors, admission, router.
 
     Its identity, router, admission, monitor, metrics, pools, default model, band names
-    and loop live in its ``Ingress`` (compiled, gateway/exchange.pyx), where the request
+    and loop live in its ``Ingress`` (compiled, gateway/ingress.pyx), where the request
     path reads them as C; the Ingress calls back into this object for the rest
     (``health``, ``route_other``, ``reject``, ``sla_for``)."""
 
@@ -70,7 +70,7 @@ class Gateway:
         # reload sets the settings, so it follows).
         self._settings = settings
         self.ingress.max_model_len = settings.max_model_len
-    _loop = _ingress_field("_loop")
+    loop = _ingress_field("loop")
 
     def __init__(self, settings: Settings, *, backend: str = "endpoints", model_label: str | None = None) -> None:
         self.ingress = Ingress()
@@ -111,7 +111,7 @@ class Gateway:
         self.watching = False  # health monitors run: endpoints added from now on are watched at once
         self.admin_server: HTTPServer | None = None
         self.draining = False  # stop() began: /ready answers 503, the client port is closed
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         for cfg in settings.endpoints:
             self.add_endpoint(cfg, watch=False)
 
@@ -182,7 +182,7 @@ class Gateway:
         port's own address, a worker's loopback; ``reuse_port``: the client port is shared
         with the other workers of a supervisor, gateway/workers.py)."""
         s = self.settings
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
         limits = ServerLimits(max_body_bytes=s.server.max_body_bytes, max_header_bytes=s.server.max_header_bytes,
                               header_timeout=s.server.header_timeout_s, body_timeout=s.server.body_timeout_s,
                               keepalive_timeout=s.server.keepalive_timeout_s,
@@ -335,7 +335,7 @@ class Gateway:
             return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
                                    param="model", headers=base_headers)
         limit = pool.context_length(self.settings.max_model_len)
-        if r.max_tokens >= limit:  # as the OpenAI routes (gateway/exchange.pyx)
+        if r.max_tokens >= limit:  # as the OpenAI routes (gateway/ingress.pyx)
             self.metrics.requests.labels("/generate", 400, band).inc()
             return resp.send_error(400, context_error(limit, r.max_tokens), param="max_tokens",
                                    headers=base_headers)

@@ -1,36 +1,14 @@
-# One proxied request's callback chain, typed (see exchange.pyx).
+# One proxied request's state machine, typed (see exchange.pyx).
 
 from velocity_fast.admission.bands cimport Item
 from velocity_fast.fleet.endpoint cimport Endpoint
-from velocity_fast.metrics.values cimport Value
-from velocity_fast.gateway.identity cimport Identity, Tenant
+from velocity_fast.gateway.identity cimport Tenant
+from velocity_fast.gateway.ingress cimport Ingress
 from velocity_fast.http.message cimport Request
 from velocity_fast.admission.controller cimport Admission, Lease, Ticket
 from velocity_fast.routing.route cimport RouteInfo
 from velocity_fast.server.connection cimport Responder
 from velocity_fast.upstream.connection cimport ResponseHandler, UpstreamConnection
-
-
-cdef class Ingress:
-    cdef public object app
-    cdef public Identity identity
-    cdef public object router
-    cdef public object admission
-    cdef public object monitor
-    cdef public object metrics
-    cdef public dict pools
-    cdef public object default_model
-    cdef public list band_names
-    cdef public str default_band  # admission.default_band (None: "normal", else the middle band)
-    cdef public long max_model_len
-    cdef public object _loop
-    cdef list _grants
-    cdef object _requests_metric
-    cdef str _last_route
-    cdef str _last_band
-    cdef int _last_status
-    cdef Value _last_count
-    cdef str _last_model
 
 
 cdef class Exchange(ResponseHandler):
@@ -92,7 +70,6 @@ cdef class Exchange(ResponseHandler):
     cdef _answer(self, UpstreamConnection conn)
     cdef _invalid_status(self, UpstreamConnection conn, int status)
     cdef _engine_failed(self, e)
-    cdef bytes _out_lines(self)
     cdef _end(self)
     cdef _fail_lease(self, error_text)
     cdef _account(self, long long prompt, long long cached, long long completion, bint known)
@@ -104,3 +81,8 @@ cdef class Exchange(ResponseHandler):
     cdef void _drop_engine(self) except *
     cdef _left_after_done(self)
     cpdef list base_headers(self)
+
+
+# A new exchange for the front door (gateway/ingress.pyx) to start.
+cdef Exchange new_exchange(Ingress ingress, Request req, Responder resp, str route, pool, Ticket ticket, RouteInfo info,
+                           bytes body, str rid)

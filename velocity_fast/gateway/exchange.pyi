@@ -1,29 +1,11 @@
 """Stubs for velocity_fast.gateway.exchange (one proxied request's state machine)."""
 import logging
-from collections.abc import Callable
 from typing import Any
 
+from velocity_fast.gateway.ingress import Ingress
 from velocity_fast.upstream.connection import ResponseHandler
 
 log: logging.Logger
-
-class Ingress:
-    """What every proxied request reads of its gateway: C fields instead of instance-dict look-ups.
-
-    ``app`` is the gateway above (gateway/app.py), called for what is not the proxy path."""
-    app: Any
-    identity: Any
-    router: Any
-    admission: Any
-    monitor: Any
-    metrics: Any
-    pools: dict[str, Any]
-    default_model: str | None
-    band_names: list[str]
-    max_model_len: int
-    def answer_internal_error(self, req: Any, resp: Any, what: Any = None) -> None:
-        """The client server's on_error: a counted 500 with the request id."""
-
 
 class Exchange(ResponseHandler):
     """One proxied request: admission, routing, the engine request and the relay back (made by the
@@ -65,14 +47,3 @@ class Exchange(ResponseHandler):
     def on_disconnect(self) -> None: ...
     def base_headers(self) -> list[tuple[str, str]]: ...
     def out_headers(self) -> list[tuple[str, str]]: ...
-
-def new_request_id() -> str: ...
-def body_usage(body: bytes) -> tuple[int, int, int] | None: ...
-def handle_client(ingress: Ingress, req: Any, resp: Any) -> Any: ...
-def band_for(names: list[str], raw: Any, tenant: Any, default: str | None = None) -> str: ...
-def proxy(ingress: Ingress, req: Any, resp: Any, route: str, chat: bool) -> Any: ...
-def settle(ingress: Ingress, route: str, band: str, ep: Any, lease: Any, status: int, engine_failed: bool, ok: bool,
-           error_text: Any, events: int) -> None: ...
-def start_native(ingress: Ingress, req: Any, resp: Any, pool: Any, ticket: Any, info: Any, body: bytes, rid: str,
-                 reshape: Callable[[Exchange, bytes], bytes | None], tenant: Any = None,
-                 q_est: float = 0.0) -> None: ...

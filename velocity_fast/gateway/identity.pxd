@@ -70,7 +70,7 @@ cdef class Identity:
     cdef void keep_header(self, const char* p, Py_ssize_t n, Tenant t) except *
 
 
-# The request path's draw and settlement of a tenant's tokens per minute (exchange.pyx),
+# The request path's draw and settlement of a tenant's tokens per minute (ingress.pyx, exchange.pyx),
 # inline where its bucket is this process's own: no method call, and the draw refills to
 # the clock its caller already read. A shared bucket (state store, workers) is left to
 # Tenant.take_tokens and settle_tokens.

@@ -1,7 +1,7 @@
 """Who is calling: API keys, tenants and their rate limits, compiled.
 
 The gateway asks on every proxied request (the key check, the tenant, its rate): as C
-calls from exchange.pyx rather than Python frames.
+calls from ingress.pyx rather than Python frames.
 """
 
 from cpython.mem cimport PyMem_Free, PyMem_Malloc

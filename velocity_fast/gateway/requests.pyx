@@ -1,5 +1,5 @@
 """Decoding client requests, compiled: decode_proxy and strip_own_fields run on every
-proxied request (exchange.pyx's ``proxy`` calls them as C), decode_generate on /generate.
+proxied request (ingress.pyx's ``proxy`` calls them as C), decode_generate on /generate.
 
 Only the fields the gateway needs are decoded; the body is forwarded as is unless it
 carries the gateway's own fields. A body of 3 KiB or more is first scanned in C

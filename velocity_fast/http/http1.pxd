@@ -20,7 +20,7 @@ cdef struct Head:
     Py_ssize_t ct_start      # -1: none
     Py_ssize_t ct_len
     bint ours                # a request header the gateway reads (x-velocity-*...)
-    unsigned int own         # Request._own: which of those the proxy path reads were seen (OWN_*)
+    unsigned int own         # Request.own: which of those the proxy path reads were seen (OWN_*)
     Py_ssize_t own_vs[6]     # where their values lie (only those seen)
     Py_ssize_t own_ve[6]
 

@@ -417,22 +417,22 @@ cdef Request _take(const char* s, Py_ssize_t n, bytes data, Py_ssize_t pos, Py_s
     end[0] = body_end
     req = new_request(method, path, query, None, "1.1", head.keep_alive != 0, client, received_at, body)
     if data is not None:
-        req._raw = data  # the header dict is made from it if asked
-        req._hs = head.lines
-        req._he = head.end - 2
+        req.head_data = data  # the header dict is made from it if asked
+        req.lines_start = head.lines
+        req.lines_end = head.end - 2
     else:
-        req._raw = PyBytes_FromStringAndSize(s + start, head.end - start)
-        req._hs = head.lines - start
-        req._he = head.end - 2 - start
+        req.head_data = PyBytes_FromStringAndSize(s + start, head.end - start)
+        req.lines_start = head.lines - start
+        req.lines_end = head.end - 2 - start
     req.gateway_headers = head.ours
-    req._own = head.own
+    req.own = head.own
     if head.own:
         if data is not None:
             start = 0  # (in a buffer's copy of the head, the offsets are from its start)
         for q in range(OWN_N):
             if head.own & (1u << q):
-                req._own_vs[q] = head.own_vs[q] - start
-                req._own_ve[q] = head.own_ve[q] - start
+                req.own_vs[q] = head.own_vs[q] - start
+                req.own_ve[q] = head.own_ve[q] - start
     return req
 
 

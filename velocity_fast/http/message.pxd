@@ -1,7 +1,7 @@
 # The parsed HTTP request as a typed class (see message.pyx).
 
 # The headers the gateway reads on its proxy path, by index: the scanner keeps where
-# each one's value lies (Request._own), so that the path reads them with no dict.
+# each one's value lies (Request.own), so that the path reads them with no dict.
 cdef enum:
     OWN_RID = 0        # x-request-id
     OWN_TENANT = 1     # x-velocity-tenant
@@ -17,9 +17,9 @@ cdef class Request:
     cdef public str path
     cdef public str query
     cdef dict _headers
-    cdef bytes _raw          # the scanner's: the bytes the header lines lie in, until asked
-    cdef Py_ssize_t _hs
-    cdef Py_ssize_t _he
+    cdef bytes head_data     # the scanner's: the bytes the header lines lie in, until asked
+    cdef Py_ssize_t lines_start  # the header lines lie at [lines_start, lines_end) of head_data
+    cdef Py_ssize_t lines_end
     cdef public str http_version
     cdef public bint keep_alive
     cdef public object client
@@ -27,9 +27,9 @@ cdef class Request:
     cdef public bytes body
     cdef public bint expect_continue
     cdef public bint gateway_headers
-    cdef unsigned int _own          # bit OWN_*: that header seen once, its value at [_own_vs, _own_ve) of _raw
-    cdef Py_ssize_t _own_vs[6]
-    cdef Py_ssize_t _own_ve[6]
+    cdef unsigned int own    # bit OWN_*: that header seen once, its value at [own_vs, own_ve) of head_data
+    cdef Py_ssize_t own_vs[6]
+    cdef Py_ssize_t own_ve[6]
 
     cdef dict header_dict(self)
     cdef dict own_headers(self)

@@ -171,37 +171,37 @@ cdef class Request:
     @headers.setter
     def headers(self, dict value):
         self._headers = value
-        self._raw = None
+        self.head_data = None
 
     cdef dict own_headers(self):
         """The ``x-`` headers, where the gateway's own are (x-velocity-*, x-request-id,
         x-session-id): the scanner's request makes a dict of those lines only, not of every
         header (a client that names its tenant in a header should not pay for its host and
         content-type as Python strings); otherwise the whole dict, as it is."""
-        if self._headers is None and self._raw is not None:
-            return header_lines(self._raw, self._hs, self._he, True, True)
+        if self._headers is None and self.head_data is not None:
+            return header_lines(self.head_data, self.lines_start, self.lines_end, True, True)
         return self.header_dict()
 
     cdef bint own_direct(self):
         """The gateway's own headers can be read with own_text: the scanner made this
         request, kept where they lie, no dict has been made since, and none is named
         twice (the dict would join the values)."""
-        return self._headers is None and self._raw is not None and not (self._own & OWN_DUP)
+        return self._headers is None and self.head_data is not None and not (self.own & OWN_DUP)
 
     cdef object own_text(self, int which):
         """The value of the gateway's header ``which`` (OWN_*), the str the dict would
         hold, or None when the request has none. Only where own_direct() is True."""
-        if not (self._own & (1u << which)):
+        if not (self.own & (1u << which)):
             return None
-        return short_text(PyBytes_AS_STRING(self._raw) + self._own_vs[which],
-                          self._own_ve[which] - self._own_vs[which])
+        return short_text(PyBytes_AS_STRING(self.head_data) + self.own_vs[which],
+                          self.own_ve[which] - self.own_vs[which])
 
     cdef dict header_dict(self):
         """The headers: the scanner's request makes its dict when first asked (the
         gateway's proxy path, from most clients, never asks)."""
-        if self._headers is None and self._raw is not None:
-            self._headers = header_lines(self._raw, self._hs, self._he, True)
-            self._raw = None
+        if self._headers is None and self.head_data is not None:
+            self._headers = header_lines(self.head_data, self.lines_start, self.lines_end, True)
+            self.head_data = None
         return self._headers
 
     def header(self, str name, default=None):

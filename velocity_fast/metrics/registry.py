@@ -51,7 +51,8 @@ class _Metric:
         self.help = help
         self.labelnames = tuple(labelnames)
         self._children: dict[tuple, object] = {}
-        self._by_raw: dict[tuple, object] = {}
+        # The children by the label values as given (the request path reads it: no str() per look-up).
+        self.by_values: dict[tuple, object] = {}
         if not self.labelnames:
             self._children[()] = self._new_child()
 
@@ -60,7 +61,7 @@ class _Metric:
 
     def labels(self, *values):
         """The child for these label values (created on first use)."""
-        child = self._by_raw.get(values)  # the values as given: no str() per call
+        child = self.by_values.get(values)  # the values as given: no str() per call
         if child is not None:
             return child
         key = tuple(str(v) for v in values)
@@ -69,13 +70,13 @@ class _Metric:
             if len(key) != len(self.labelnames):
                 raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {key}")
             child = self._children[key] = self._new_child()
-        self._by_raw[values] = child
+        self.by_values[values] = child
         return child
 
     def remove(self, *values) -> None:
         key = tuple(str(v) for v in values)
         self._children.pop(key, None)
-        self._by_raw = {k: c for k, c in self._by_raw.items() if tuple(str(v) for v in k) != key}
+        self.by_values = {k: c for k, c in self.by_values.items() if tuple(str(v) for v in k) != key}
 
     def _header(self, out: list[str]) -> None:
         out.append(f"# HELP {self.name} {self.help}")

@@ -4,7 +4,7 @@ from velocity_fast.io.outbox cimport Outbox, OutboxOwner
 from velocity_fast.http.message cimport Request
 
 cdef class Responder:
-    cdef readonly HttpProtocol _proto
+    cdef readonly HttpProtocol proto
     cdef readonly Request _request
     cdef public bint started
     cdef public bint finished
@@ -18,7 +18,7 @@ cdef class Responder:
     cdef readonly bint cut_short  # the server's shutdown grace ended it (Responder.cut)
     cdef bint _sse  # a started text/event-stream response
 
-    cdef _send(self, int status, bytes body, content_type, headers)
+    cpdef send(self, int status, bytes body=*, content_type=*, headers=*)
     cpdef add_disconnect_callback(self, cb)
     cpdef remove_disconnect_callback(self, cb)
     cpdef bint write_nowait(self, bytes data) except -1
@@ -65,7 +65,7 @@ cdef class HttpProtocol(OutboxOwner):
     cdef object _fatal
     cdef bint _ignore_input
     cdef bint _continue_pending
-    cdef readonly bint _write_paused
+    cdef readonly bint write_paused
     cdef object _drain_waiter
     cdef readonly bint _read_paused
     cdef readonly bint _closing

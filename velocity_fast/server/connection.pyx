@@ -18,30 +18,21 @@ import orjson
 
 from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.io.fdio cimport FdTransport
-from velocity_fast.lowlevel.fmt cimport cat, digits_before, dec, put_bytes, str_eq
+from velocity_fast.lowlevel.fmt cimport str_eq
 
+from velocity_fast.http.heads cimport FRAME_CHUNKED_CLOSE, FRAME_CHUNKED_KEEP, FRAME_CLOSE, stream_head, whole_answer
 from velocity_fast.http.http1 cimport take_request, take_request_at
 from velocity_fast.http.message cimport Request, new_request
 
-from velocity_fast.http.errors import REASONS, error_body, stream_error_event
+from velocity_fast.http.errors import error_body, stream_error_event
+from velocity_fast.http.heads import CONTINUE
 from velocity_fast.server.errors import ClientDisconnected
 
 log = logging.getLogger("velocity.server")
 
-cdef dict _STATUS_LINES = {code: f"HTTP/1.1 {code} {reason}\r\n".encode() for code, reason in REASONS.items()}
-cdef bytes _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-cdef dict _CT = {
-    "application/json": b"content-type: application/json\r\n",
-    "text/event-stream": b"content-type: text/event-stream\r\ncache-control: no-cache\r\n",
-    "text/plain; version=0.0.4; charset=utf-8": b"content-type: text/plain; version=0.0.4; charset=utf-8\r\n"}
-cdef bytes _OK = _STATUS_LINES[200]
 cdef str _HEAD_METHOD = "HEAD"
-cdef str _JSON = intern("application/json")  # one object: upstream/connection.pyx and gateway/exchange.pyx use it too
-cdef bytes _JSON_LINE = _CT[_JSON]
-cdef bytes _KEEP = b"connection: keep-alive\r\n"
-cdef bytes _CLOSE = b"connection: close\r\n"
-cdef bytes _KEEP_END = b"\r\nconnection: keep-alive\r\n\r\n"  # after content-length's value
-cdef bytes _CLOSE_END = b"\r\nconnection: close\r\n\r\n"
+cdef str _JSON = intern("application/json")  # one object with http/heads.pyx's: its head needs no look-up
+cdef bytes _CONTINUE = CONTINUE
 
 # How a started response frames what write() gets. _IDLE: not started or already
 # finished, so a write is a bug that would corrupt the next response on the connection.
@@ -59,71 +50,6 @@ cdef enum:
     _T_LINGER = 3
 
 
-def status_line(int status):
-    """b"HTTP/1.1 <status> <reason>\\r\\n"."""
-    line = _STATUS_LINES.get(status)
-    if line is None:
-        line = f"HTTP/1.1 {status} Status\r\n".encode()
-    return line
-
-
-cdef inline bytes _status(int status):
-    """The status line (the usual 200 without a look-up)."""
-    if status == 200:
-        return _OK
-    line = _STATUS_LINES.get(status)
-    return status_line(status) if line is None else line
-
-
-cdef inline bytes _ct_line(object content_type):
-    """The content-type line; none for None or ""."""
-    if content_type is _JSON:  # the proxy's usual answer: no look-up
-        return _JSON_LINE
-    if not content_type:
-        return b""
-    ct = _CT.get(content_type)
-    return f"content-type: {content_type}\r\n".encode("latin-1") if ct is None else ct
-
-
-cdef bytes _lines(object headers):
-    """(name, value) pairs as header lines; bytes are lines already."""
-    if type(headers) is bytes:
-        return <bytes>headers
-    if not headers:
-        return b""
-    return b"".join([f"{name}: {value}\r\n".encode("latin-1") for name, value in headers])
-
-
-cdef bytes _head(int status, object content_type, object headers, bytes extra, bytes body=b""):
-    """Status line, content type, ``headers`` and ``extra`` (the framing lines and the
-    blank line), then ``body``: one bytes object."""
-    return cat((_status(status), _ct_line(content_type), _lines(headers), extra, body))
-
-
-cdef bytes _whole(int status, object content_type, bytes lines, Py_ssize_t length, bint keep, bytes body):
-    """A whole answer's head (status line, content type, ``lines``, Content-Length
-    ``length``, Connection) and ``body`` in one allocation: no pieces to join."""
-    cdef char digits[24]
-    cdef int nd = digits_before(digits + 24, <unsigned long long>length)
-    cdef bytes end = _KEEP_END if keep else _CLOSE_END
-    cdef Py_ssize_t total
-    cdef char* p
-    cdef bytes line = _status(status)
-    cdef bytes ct = _ct_line(content_type)
-    total = (PyBytes_GET_SIZE(line) + PyBytes_GET_SIZE(ct) + PyBytes_GET_SIZE(lines) + 16 + nd
-             + PyBytes_GET_SIZE(end) + PyBytes_GET_SIZE(body))
-    out = PyBytes_FromStringAndSize(NULL, total)
-    p = PyBytes_AS_STRING(out)
-    p = put_bytes(p, <bytes>line)
-    p = put_bytes(p, <bytes>ct)
-    p = put_bytes(p, lines)
-    memcpy(p, b"content-length: ", 16)
-    memcpy(p + 16, digits + 24 - nd, nd)
-    p = put_bytes(p + 16 + nd, end)
-    put_bytes(p, body)
-    return out
-
-
 from velocity_fast.io.outbox cimport Outbox, OutboxOwner, flush_out, outbox_for, transport_buffered
 
 
@@ -134,7 +60,7 @@ cdef class Responder:
     """Writes the response of one request; see docs/internals.md."""
 
     def __init__(self, HttpProtocol proto, Request request):
-        self._proto = proto
+        self.proto = proto
         self._request = request
         self.started = False
         self.finished = False
@@ -148,12 +74,9 @@ cdef class Responder:
         self._sse = False
 
     # -- whole responses -------------------------------------------------
-    def send(self, int status, bytes body=b"", *, content_type="application/json", headers=()):
+    cpdef send(self, int status, bytes body=b"", content_type="application/json", headers=()):
         """A whole response with Content-Length. ``headers``: (name, value) pairs, or
         header lines already encoded (``b"name: value\\r\\n"`` each)."""
-        self._send(status, body, content_type, headers)
-
-    cdef _send(self, int status, bytes body, content_type, headers):
         cdef HttpProtocol proto
         cdef Request req
         cdef bint keep
@@ -165,7 +88,7 @@ cdef class Responder:
         self.status = status
         if self.disconnected:
             return
-        proto = self._proto
+        proto = self.proto
         req = self._request
         keep = req.keep_alive and not proto._closing
         n = PyBytes_GET_SIZE(body)
@@ -174,9 +97,9 @@ cdef class Responder:
         if str_eq(req.method, _HEAD_METHOD):
             body = b""
         if n < 16384:  # one write, one copy
-            proto._write(_whole(status, content_type, _lines(headers), n, keep, body))
+            proto._write(whole_answer(status, content_type, headers, n, keep, body))
         else:
-            proto._write(_whole(status, content_type, _lines(headers), n, keep, b""))
+            proto._write(whole_answer(status, content_type, headers, n, keep, b""))
             proto._write(body)
         proto._response_done(self, keep)
 
@@ -192,6 +115,7 @@ cdef class Responder:
     def start(self, int status=200, *, content_type="text/event-stream", headers=()):
         """Begin a streamed response: chunked on HTTP/1.1, close-delimited on HTTP/1.0."""
         cdef Request req
+        cdef int framing
         if self.started:
             raise RuntimeError("response already started")
         self.started = True
@@ -202,15 +126,15 @@ cdef class Responder:
         req = self._request
         if req.http_version == "1.0":
             self._mode = _RAW
-            extra = b"connection: close\r\n\r\n"
+            framing = FRAME_CLOSE
         else:
             self._mode = _CHUNKED
-            self._keep = self._proto._keep_alive_after(req)
-            extra = b"transfer-encoding: chunked\r\n%s\r\n" % (_KEEP if self._keep else _CLOSE)
+            self._keep = self.proto._keep_alive_after(req)
+            framing = FRAME_CHUNKED_KEEP if self._keep else FRAME_CHUNKED_CLOSE
         if req.method == "HEAD":
             # The head says what a GET would get; the body is not sent.
             self._mode = _DISCARD
-        self._proto._write(_head(status, content_type, headers, extra))
+        self.proto._write(stream_head(status, content_type, headers, framing))
 
     cpdef bint write_nowait(self, bytes data) except -1:
         """Queue one chunk without waiting; False once the client is gone.
@@ -224,9 +148,9 @@ cdef class Responder:
         mode = self._mode
         if mode == _CHUNKED:
             if data:  # an empty chunk would end the stream
-                self._proto._write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.proto._write(b"%x\r\n%s\r\n" % (len(data), data))
         elif mode == _RAW:
-            self._proto._write(data)
+            self.proto._write(data)
         elif mode == _IDLE:
             raise RuntimeError("response finished" if self.finished else "response not started")
         return True
@@ -238,7 +162,7 @@ cdef class Responder:
             return False
         if self._mode != _CHUNKED:
             raise RuntimeError("the response is not chunked")
-        self._proto._write(framed)
+        self.proto._write(framed)
         return True
 
     @property
@@ -249,15 +173,15 @@ cdef class Responder:
     @property
     def paused(self):
         """True while the client's transport buffer is above its high-water mark."""
-        return self._proto._write_paused
+        return self.proto.write_paused
 
     async def write(self, bytes data):
         """Write one chunk; waits while the client reads slowly; raises ClientDisconnected."""
         if self.disconnected:
             raise ClientDisconnected()
         self.write_nowait(data)
-        if self._proto._write_paused:
-            await self._proto._drain()
+        if self.proto.write_paused:
+            await self.proto._drain()
 
     def end(self):
         """Finish a streamed response."""
@@ -271,7 +195,7 @@ cdef class Responder:
         self._mode = _IDLE
         if self.disconnected:
             return
-        proto = self._proto
+        proto = self.proto
         if mode == _CHUNKED:
             proto._write(b"0\r\n\r\n")
             proto._response_done(self, self._keep and not proto._closing)
@@ -287,7 +211,7 @@ cdef class Responder:
             return
         self.finished = True
         self._mode = _IDLE
-        self._proto._close()
+        self.proto._close()
 
     def cut(self, str message):
         """The server's shutdown grace ran out before this response finished.
@@ -315,7 +239,7 @@ cdef class Responder:
         if self.finished or self.disconnected:  # the handler ended it itself meanwhile
             return not self.disconnected
         if not self.started:
-            self._send(503, error_body(503, message), _JSON, ())
+            self.send(503, error_body(503, message), _JSON, ())
         else:
             self.write_nowait(stream_error_event(message, 503, "ServiceUnavailableError"))
             self.end()
@@ -326,7 +250,7 @@ cdef class Responder:
     cpdef add_disconnect_callback(self, cb):
         """cb() runs once if the client goes away before the response ends (at once if gone)."""
         if self.disconnected:
-            self._proto._loop.call_soon(cb)
+            self.proto._loop.call_soon(cb)
             return
         if self._watcher is None and self._callbacks is None:
             self._watcher = cb  # the usual one (the exchange's): no list
@@ -368,7 +292,7 @@ cdef class HttpProtocol(OutboxOwner):
 
     def __init__(self, server):
         self._server = server
-        self._loop = server._loop
+        self._loop = server.loop
         limits = server.limits
         self._handler = server.handler
         self._outbox = outbox_for(self._loop)
@@ -403,7 +327,7 @@ cdef class HttpProtocol(OutboxOwner):
         self._ignore_input = False  # set once the connection is on its way out
         self._continue_pending = False
         # flow control and lifecycle
-        self._write_paused = False
+        self.write_paused = False
         self._drain_waiter = None
         self._read_paused = False
         self._closing = False
@@ -418,8 +342,7 @@ cdef class HttpProtocol(OutboxOwner):
     # -- connection lifecycle ----------------------------------------------
     def connection_made(self, transport):
         self._transport = transport
-        self._server._connections.add(self)
-        if self._server._idle is not None:  # accepted just before the listener closed
+        if not self._server.connection_opened(self):  # accepted just before the listener closed
             transport.close()
             return
         transport.set_write_buffer_limits(high=self._write_buffer_high)
@@ -435,7 +358,6 @@ cdef class HttpProtocol(OutboxOwner):
         # The parser holds bound methods of this protocol: dropped here, a closed connection
         # is freed at once, not left for the cyclic GC (thousands of them under churn).
         self._parser = None
-        self._server._connections.discard(self)
         self._on_deadline = _T_NONE
         if self._timer is not None:
             self._timer.cancel()
@@ -446,7 +368,7 @@ cdef class HttpProtocol(OutboxOwner):
         if self._drain_waiter is not None and not self._drain_waiter.done():
             self._drain_waiter.set_exception(ClientDisconnected())
             self._drain_waiter.exception()  # mark retrieved: nobody may be waiting any more
-        self._server._maybe_idle()
+        self._server.connection_closed(self)
 
     # -- output: gathered per loop pass (see the outbox above) -----------------------
     cdef _write(self, bytes data):
@@ -457,7 +379,7 @@ cdef class HttpProtocol(OutboxOwner):
         # share being under the mark): past it the bytes go to the transport now, whose
         # flow control then pauses the producer (one that never yields would otherwise
         # fill memory). The transport is asked (a Python call) only when that can matter.
-        if (self._write_paused or self._out_bytes > self._write_buffer_high // 2) and \
+        if (self.write_paused or self._out_bytes > self._write_buffer_high // 2) and \
                 self._out_bytes + transport_buffered(self._transport) > self._write_buffer_high:
             flush_out(self)
 
@@ -475,10 +397,10 @@ cdef class HttpProtocol(OutboxOwner):
             flush_out(self)
 
     def pause_writing(self):
-        self._write_paused = True
+        self.write_paused = True
 
     def resume_writing(self):
-        self._write_paused = False
+        self.write_paused = False
         w = self._drain_waiter
         if w is not None and not w.done():
             w.set_result(None)
@@ -792,7 +714,7 @@ cdef class HttpProtocol(OutboxOwner):
     cdef _answer(self, Request req):
         """The handler called for the request at the head of the line."""
         cdef Responder resp = Responder.__new__(Responder)  # __init__'s fields, without the call
-        resp._proto = self
+        resp.proto = self
         resp._request = req
         self._active = resp
         try:
@@ -808,7 +730,7 @@ cdef class HttpProtocol(OutboxOwner):
             return  # answered already, or the handler answers from its own callbacks
         task = self._loop.create_task(self._run(coro, req, resp))
         resp._task = task
-        self._server._tasks.add(task)
+        self._server.task_started(task)
 
     cdef _handler_failed(self, Request req, Responder resp, str what=None):
         """The handler raised (called in the except clause) or, with ``what``, returned
@@ -845,12 +767,11 @@ cdef class HttpProtocol(OutboxOwner):
             elif not resp.finished:
                 resp.end()
         finally:
-            self._server._tasks.discard(resp._task)
             if self._active is resp:  # the response never completed: the connection is done
                 self._active = None
                 if not self._closed:
                     self._close()
-            self._server._maybe_idle()
+            self._server.task_ended(resp._task)
 
     cdef _response_done(self, Responder resp, bint keep_alive):
         """Called when a response has been fully written."""
@@ -887,8 +808,7 @@ cdef class HttpProtocol(OutboxOwner):
     cdef _send_fatal(self):
         status, message = self._fatal
         body = error_body(status, message)
-        self._write(status_line(status) + b"content-type: application/json\r\n"
-                    b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body) + body)
+        self._write(whole_answer(status, _JSON, None, len(body), False, body))
         self._server.errors += 1
         self._linger()
 
@@ -915,8 +835,35 @@ cdef class HttpProtocol(OutboxOwner):
             t.resume_reading()
         self._arm(self._linger_timeout, _T_LINGER)
 
-    # -- shutdown -----------------------------------------------------------
-    def _shutdown(self):
+    # -- the server's view: what it counts, and shutdown (server/http_server.py) ------------
+    @property
+    def unanswered(self):
+        """Requests taken and not yet answered in full: the one being answered, and those
+        pipelined behind it."""
+        return (self._active is not None) + len(self._queue)
+
+    def shutdown(self):
+        """The server is shutting down: close now when idle, else after the answers in hand."""
         self._closing = True
         if self._active is None and not self._queue and not self._ignore_input:
             self._close()
+
+    def cut(self, str message):
+        """The shutdown grace ran out: the response in hand ends as Responder.cut ends it,
+        and the task of its handler, if it has one, is cancelled (it has nothing left to
+        do). Whether its client got such an ending."""
+        cdef Responder resp = self._active
+        if resp is None or not resp.cut(message):
+            return False
+        if resp._task is not None:
+            resp._task.cancel()
+        return True
+
+    def abort(self):
+        """Close at once, dropping what waits to be written. The response in hand is marked
+        gone first: a handler that runs before connection_lost sees a disconnect, not a
+        dead transport."""
+        if self._active is not None:
+            self._active._lost()
+        self._out = None
+        self._transport.abort()

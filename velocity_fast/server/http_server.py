@@ -49,7 +49,7 @@ class HTTPServer:
         self._connections: set[HttpProtocol] = set()
         self._tasks: set[asyncio.Task] = set()
         self._server: asyncio.base_events.Server | None = None
-        self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start()
         self._idle: asyncio.Future | None = None
         self._stopping: asyncio.Task | None = None
         self.port = 0
@@ -61,16 +61,16 @@ class HTTPServer:
     async def start(self, host: str = "127.0.0.1", port: int = 0, *, sock=None, backlog: int = 2048,
                     reuse_port: bool = False) -> None:
         """Listen on host:port (port 0 picks a free one; see `port`) or on `sock`."""
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
         if fdio.enabled():  # the gateway's own socket I/O (io/fdio.pyx)
             socks = [sock] if sock is not None else fdio.listen(host, port, backlog=backlog,
                                                                  reuse_port=reuse_port)
-            self._server = fdio.Server(self._loop, lambda: HttpProtocol(self), socks, backlog)
+            self._server = fdio.Server(self.loop, lambda: HttpProtocol(self), socks, backlog)
         elif sock is not None:
-            self._server = await self._loop.create_server(lambda: HttpProtocol(self), sock=sock,
+            self._server = await self.loop.create_server(lambda: HttpProtocol(self), sock=sock,
                                                           backlog=backlog)
         else:
-            self._server = await self._loop.create_server(lambda: HttpProtocol(self), host, port,
+            self._server = await self.loop.create_server(lambda: HttpProtocol(self), host, port,
                                                           backlog=backlog, reuse_port=reuse_port or None)
         addr = self._server.sockets[0].getsockname()
         self.host, self.port = addr[0], addr[1]
@@ -89,7 +89,26 @@ class HTTPServer:
     def requests(self) -> int:
         """Requests taken and not yet answered in full: one being answered on each busy
         connection, and those pipelined behind it (a handler without a task included)."""
-        return sum((p._active is not None) + len(p._queue) for p in self._connections)
+        return sum(p.unanswered for p in self._connections)
+
+    # -- what the connections tell it (server/connection.pyx) --------------------------------
+    def connection_opened(self, proto: HttpProtocol) -> bool:
+        """A connection was accepted; False when the server is shutting down (it is to
+        close at once: accepted just before the listener closed)."""
+        self._connections.add(proto)
+        return self._idle is None
+
+    def connection_closed(self, proto: HttpProtocol) -> None:
+        self._connections.discard(proto)
+        self._maybe_idle()
+
+    def task_started(self, task: asyncio.Task) -> None:
+        """A handler's task (handlers without one are not counted: see ``requests``)."""
+        self._tasks.add(task)
+
+    def task_ended(self, task: asyncio.Task | None) -> None:
+        self._tasks.discard(task)
+        self._maybe_idle()
 
     def _maybe_idle(self) -> None:
         if (self._idle is not None and not self._idle.done() and not self._connections
@@ -103,25 +122,22 @@ class HTTPServer:
         if self._server is None:
             return
         if self._stopping is None:
-            self._stopping = self._loop.create_task(self._shutdown(grace))
+            self._stopping = self.loop.create_task(self._shutdown(grace))
         await asyncio.shield(self._stopping)
 
     async def _shutdown(self, grace: float) -> None:
         self._server.close()
-        self._idle = self._loop.create_future()
+        self._idle = self.loop.create_future()
         for proto in list(self._connections):
-            proto._shutdown()
+            proto.shutdown()
         self._maybe_idle()
         try:
             await asyncio.wait_for(asyncio.shield(self._idle), grace)
         except asyncio.TimeoutError:
             cut = 0
             for proto in list(self._connections):
-                resp = proto._active
-                if resp is not None and resp.cut(self.cut_message):
+                if proto.cut(self.cut_message):
                     cut += 1
-                    if resp._task is not None:  # its handler has nothing left to do
-                        resp._task.cancel()
             self.cut = cut
             if cut:
                 log.warning("%s: shutdown grace of %g s over: %d response(s) still running ended with "
@@ -131,12 +147,7 @@ class HTTPServer:
                 except asyncio.TimeoutError:
                     pass
             for proto in list(self._connections):
-                # Mark the response gone first: a handler that runs before
-                # connection_lost must see a disconnect, not a dead transport.
-                if proto._active is not None:
-                    proto._active._lost()
-                proto._out = None  # aborted: what waits is dropped
-                proto._transport.abort()
+                proto.abort()  # what waits is dropped
             await asyncio.sleep(0)  # connection_lost runs: handlers see the disconnect
             # A handler that still runs would outlive its server: cancel it.
             tasks = list(self._tasks)

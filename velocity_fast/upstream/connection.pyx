@@ -44,7 +44,7 @@ cdef inline int _hex(unsigned char c) noexcept nogil:
     return -1
 
 
-cdef str _JSON = intern("application/json")  # the object server/connection.pyx knows at once
+cdef str _JSON = intern("application/json")  # the object http/heads.pyx knows at once
 
 
 cdef class ResponseHandler:

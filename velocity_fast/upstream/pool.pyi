@@ -37,5 +37,7 @@ class UpstreamPool:
         """Send a request (bytes, or its head and body) whose answer goes to ``handler`` (see upstream.connection.ResponseHandler)."""
     def connect_for(self, data: bytes | tuple[bytes, bytes], handler: ResponseHandler) -> None:
         """Connect a fresh connection and send ``data`` there, its answer to ``handler``."""
+    def adopt(self, conn: UpstreamConnection) -> None:
+        """An open connection made elsewhere joins the pool as an idle one."""
     def forget(self, conn: UpstreamConnection) -> None:
         """The connection closed: no longer the pool's."""

@@ -49,6 +49,12 @@ cdef class UpstreamPool:
         self._connecting: set[asyncio.Task] = set()
         self.connects = 0
 
+    def adopt(self, conn: UpstreamConnection) -> None:
+        """An open connection made elsewhere (a benchmark's, on a transport of its own)
+        joins the pool as an idle one."""
+        self._all.add(conn)
+        self._idle.append(conn)
+
     def forget(self, conn: UpstreamConnection) -> None:
         """The connection closed: no longer the pool's."""
         self._all.discard(conn)
