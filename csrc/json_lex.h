@@ -1,8 +1,8 @@
 /*
  * The leaves of a strict JSON scanner (RFC 8259 as msgspec reads it), shared by the
- * request scanner (reqscan.h: the gateway's fields) and the prompt renderer
- * (blockscan.h: prefix blocks): the plain-run search inside strings, UTF-8 and escape
- * validation. Header-only, no allocation.
+ * request scanner (reqscan.h: the gateway's fields) and the renderer's scanner
+ * (json_scan.h, under blockscan.h: prefix blocks): the plain-run search inside strings,
+ * UTF-8 and escape validation. Header-only, no allocation.
  */
 #ifndef VELOCITY_JSON_LEX_H
 #define VELOCITY_JSON_LEX_H
