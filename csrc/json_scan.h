@@ -2,7 +2,8 @@
  * A strict JSON scanner (RFC 8259 as msgspec reads it: no trailing commas, valid UTF-8,
  * no lone surrogates) over a cursor (vb_scan): strings checked or decoded (in place when
  * they have no escapes), numbers, literals, containers opened and walked member by
- * member, values skipped, and Python's truth of a value. Its leaves are json_lex.h's.
+ * member, values skipped (json_skip.h's walk, which the request scanner shares), and
+ * Python's truth of a value. Its leaves are json_lex.h's.
  * Included by json_canon.h and prompt_render.h. Header-only.
  */
 #ifndef VELOCITY_JSON_SCAN_H
@@ -35,22 +36,15 @@ typedef struct {
     vb_buf key; /* the current key, when it has escapes */
 } vb_scan;
 
-typedef struct {
-    int is_int, neg, digits, big; /* big: the integer part is past 2**64 - 1 (v is not it) */
-    uint64_t v;
-} vb_num;
-
 #define VB_IS(k, n, lit) ((n) == sizeof(lit) - 1 && memcmp((k), (lit), (n)) == 0)
 
 /* ---- the scanner's leaves ------------------------------------------------------- */
 
 static inline int vb_peek(vb_scan *s)
 {
-    const unsigned char *p = s->p, *e = s->end;
-    while (p < e && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
-        p++;
+    const unsigned char *p = vb_skip_space(s->p, s->end);
     s->p = p;
-    return p < e ? *p : -1;
+    return p < s->end ? *p : -1;
 }
 
 
@@ -219,15 +213,15 @@ static int vb_string_copy(vb_scan *s, vb_buf *d, const unsigned char *start, con
 }
 
 /*
- * The string at s->p (its opening quote), checked. Without d it is only checked. With d
- * its decoded text goes to d (json: re-escaped as orjson writes it): all of it when copy
- * is set, else only once an escape is met, and *g names the source when none is.
+ * The string at s->p (its opening quote), checked, its decoded text into d (json:
+ * re-escaped as orjson writes it): all of it when copy is set, else only once an escape
+ * is met, and *g names the source when none is. (Checked only: vb_string_end.)
  */
 static int vb_string(vb_scan *s, vb_buf *d, int copy, int json, vb_seg *g)
 {
     const unsigned char *start = s->p + 1, *p = start, *run = start, *e = s->end;
-    size_t off = d ? d->len : 0, n;
-    int copying = d != NULL && copy;
+    size_t off = d->len, n;
+    int copying = copy;
     uint32_t cp;
     if (copying && !json)
         return vb_string_copy(s, d, start, start, g);
@@ -248,11 +242,6 @@ static int vb_string(vb_scan *s, vb_buf *d, int copy, int json, vb_seg *g)
         }
         if (*p != '\\')
             return -1; /* a raw control byte */
-        if (d == NULL) { /* checking only */
-            if (vb_escape(&p, e, &cp) < 0)
-                return -1;
-            continue;
-        }
         if (!json)
             return vb_string_copy(s, d, start, p, g); /* (nothing copied yet) */
         /* The run before the escape, then what it stands for: room for both at once. */
@@ -295,57 +284,19 @@ static int vb_string(vb_scan *s, vb_buf *d, int copy, int json, vb_seg *g)
 /* A JSON number at s->p, checked; what it is in *num. */
 static int vb_number(vb_scan *s, vb_num *num)
 {
-    const unsigned char *p = s->p, *e = s->end;
-    num->neg = 0;
-    num->is_int = 1;
-    num->digits = 0;
-    num->big = 0;
-    num->v = 0;
-    if (p < e && *p == '-') {
-        num->neg = 1;
-        p++;
-    }
-    if (p >= e || *p < '0' || *p > '9')
+    const unsigned char *q = vb_number_end(s->p, s->end, num);
+    if (q == NULL)
         return -1;
-    if (*p == '0') {
-        p++;
-        num->digits = 1;
-    } else {
-        for (; p < e && *p >= '0' && *p <= '9'; p++) {
-            uint64_t d = (uint64_t)(*p - '0');
-            if (num->v > (UINT64_MAX - d) / 10)
-                num->big = 1;
-            num->v = num->v * 10 + d;
-            num->digits++;
-        }
-    }
-    if (p < e && *p == '.') {
-        num->is_int = 0;
-        p++;
-        if (p >= e || *p < '0' || *p > '9')
-            return -1;
-        while (p < e && *p >= '0' && *p <= '9')
-            p++;
-    }
-    if (p < e && (*p == 'e' || *p == 'E')) {
-        num->is_int = 0;
-        p++;
-        if (p < e && (*p == '+' || *p == '-'))
-            p++;
-        if (p >= e || *p < '0' || *p > '9')
-            return -1;
-        while (p < e && *p >= '0' && *p <= '9')
-            p++;
-    }
-    s->p = p;
+    s->p = q;
     return 0;
 }
 
 static inline int vb_literal(vb_scan *s, const char *w, size_t n)
 {
-    if ((size_t)(s->end - s->p) < n || memcmp(s->p, w, n) != 0)
+    const unsigned char *q = vb_word(s->p, s->end, w, n);
+    if (q == NULL)
         return -1;
-    s->p += n;
+    s->p = q;
     return 0;
 }
 
@@ -398,41 +349,26 @@ static int vb_key(vb_scan *s, const unsigned char **k, size_t *n)
     return 0;
 }
 
+/* One value checked and passed (json_skip.h's walk, with vb_string_end: strings checked
+ * as this scanner reads them), within what is left of VB_MAX_DEPTH. */
+#define JSON_SKIP vb_skip_value
+#define JSON_SKIP_STRING vb_string_end
+#define JSON_SKIP_STACK VB_MAX_DEPTH
+#include "json_skip.h"
+#undef JSON_SKIP
+#undef JSON_SKIP_STRING
+#undef JSON_SKIP_STACK
+
 static int vb_skip(vb_scan *s)
 {
-    vb_seg g;
-    vb_num num;
-    const unsigned char *k;
-    size_t kn;
-    int r, c = vb_peek(s);
-    switch (c) {
-    case '"':
-        return vb_string(s, NULL, 0, 0, &g);
-    case '[':
-        r = vb_open(s, ']');
-        while (r > 0) {
-            if (vb_skip(s) < 0)
-                return -1;
-            r = vb_next(s, ']');
-        }
-        return r;
-    case '{':
-        r = vb_open(s, '}');
-        while (r > 0) {
-            if (vb_key(s, &k, &kn) < 0 || vb_skip(s) < 0)
-                return -1;
-            r = vb_next(s, '}');
-        }
-        return r;
-    case 't':
-        return vb_literal(s, "true", 4);
-    case 'f':
-        return vb_literal(s, "false", 5);
-    case 'n':
-        return vb_literal(s, "null", 4);
-    default:
-        return vb_number(s, &num);
-    }
+    const unsigned char *q;
+    int spaced;
+    vb_peek(s);
+    q = vb_skip_value(s->p, s->end, VB_MAX_DEPTH - s->depth, &spaced);
+    if (q == NULL)
+        return -1;
+    s->p = q;
+    return 0;
 }
 
 /* Python's truth of the value at s->p (not consumed): 1, 0, or -1 for a float (whose
@@ -448,8 +384,7 @@ static int vb_truthy(vb_scan *s)
         return p < e && *p != '"';
     case '[':
     case '{':
-        while (p < e && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
-            p++;
+        p = vb_skip_space(p, e);
         return p < e && *p != (c == '[' ? ']' : '}');
     case 't':
         return 1;
