@@ -1,14 +1,17 @@
 /*
  * The leaves of a strict JSON scanner (RFC 8259 as msgspec reads it), shared by the
- * request scanner (reqscan.h: the gateway's fields) and the prompt renderer
- * (blockscan.h: prefix blocks): the plain-run search inside strings, UTF-8 and escape
- * validation. Header-only, no allocation.
+ * request scanner (reqscan.h: the gateway's fields) and the renderer's scanner
+ * (json_scan.h, under blockscan.h: prefix blocks), and by the value walk both use
+ * (json_skip.h): the plain-run search inside strings, UTF-8 and escape validation,
+ * whitespace, numbers (checked, or read too), literals, and the strict string check.
+ * Header-only, no allocation.
  */
 #ifndef VELOCITY_JSON_LEX_H
 #define VELOCITY_JSON_LEX_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -211,6 +214,105 @@ static inline const unsigned char *vb_skip_space(const unsigned char *p, const u
     while (p < e && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
         p++;
     return p;
+}
+
+/* A JSON number as the renderer reads it. */
+typedef struct {
+    int is_int, neg, digits, big; /* big: the integer part is past 2**64 - 1 (v is not it) */
+    uint64_t v;
+} vb_num;
+
+/* The number at p: one past it, NULL when it is not one (JSON's grammar exactly). With
+ * num, what it is too (NULL: checked only, the value work folded away). */
+static inline const unsigned char *vb_number_end(const unsigned char *p, const unsigned char *e, vb_num *num)
+{
+    if (num) {
+        num->neg = 0;
+        num->is_int = 1;
+        num->digits = 0;
+        num->big = 0;
+        num->v = 0;
+    }
+    if (p < e && *p == '-') {
+        if (num)
+            num->neg = 1;
+        p++;
+    }
+    if (p >= e || *p < '0' || *p > '9')
+        return NULL;
+    if (*p == '0') {
+        p++;
+        if (num)
+            num->digits = 1;
+    } else if (num) {
+        for (; p < e && *p >= '0' && *p <= '9'; p++) {
+            uint64_t d = (uint64_t)(*p - '0');
+            if (num->v > (UINT64_MAX - d) / 10)
+                num->big = 1;
+            num->v = num->v * 10 + d;
+            num->digits++;
+        }
+    } else {
+        while (p < e && *p >= '0' && *p <= '9')
+            p++;
+    }
+    if (p < e && *p == '.') {
+        if (num)
+            num->is_int = 0;
+        p++;
+        if (p >= e || *p < '0' || *p > '9')
+            return NULL;
+        while (p < e && *p >= '0' && *p <= '9')
+            p++;
+    }
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        if (num)
+            num->is_int = 0;
+        p++;
+        if (p < e && (*p == '+' || *p == '-'))
+            p++;
+        if (p >= e || *p < '0' || *p > '9')
+            return NULL;
+        while (p < e && *p >= '0' && *p <= '9')
+            p++;
+    }
+    return p;
+}
+
+/* The literal w (n bytes: true, false, null) at p: one past it, NULL when it is not there. */
+static inline const unsigned char *vb_word(const unsigned char *p, const unsigned char *e, const char *w, size_t n)
+{
+    return (size_t)(e - p) >= n && memcmp(p, w, n) == 0 ? p + n : NULL;
+}
+
+/* The string at p (its opening quote), checked as the renderer reads strings: one past
+ * its closing quote, NULL when invalid (a control byte, an escape the grammar does not
+ * have, a lone surrogate, and unlike the request scanner's walk, invalid UTF-8). */
+static inline const unsigned char *vb_string_end(const unsigned char *p, const unsigned char *e)
+{
+    uint32_t cp;
+    size_t n;
+    p++;
+    for (;;) {
+        p = vb_find_special(p, e, 1);
+        if (p >= e)
+            return NULL;
+        if (*p == '"')
+            return p + 1;
+        if (*p >= 0x80) {
+            do {
+                n = vb_utf8(p, e);
+                if (n == 0)
+                    return NULL;
+                p += n;
+            } while (p < e && *p >= 0x80);
+            continue;
+        }
+        if (*p != '\\')
+            return NULL; /* a raw control byte */
+        if (vb_escape(&p, e, &cp) < 0)
+            return NULL;
+    }
 }
 
 #endif

@@ -15,6 +15,10 @@
  * nesting past VR_MAX_DEPTH, more than VR_MAX_MEMBERS members, a key with escapes,
  * a prompt field named twice) returns -1 and the caller decodes the whole body as
  * before, which gives the exact error or the same result.
+ *
+ * Included by gateway/requests.pyx. Its leaves and its value walk are shared with the
+ * renderer's scanner (json_lex.h, json_skip.h); its string walk is its own
+ * (reqscan_string.h), as msgspec leaves the UTF-8 of the strings it skips unchecked.
  */
 #ifndef VELOCITY_REQSCAN_H
 #define VELOCITY_REQSCAN_H
@@ -198,140 +202,16 @@ static inline const unsigned char *vr_string(const unsigned char *p, const unsig
 #endif
 }
 
-static inline int vr_digit(const unsigned char *p, const unsigned char *e)
-{
-    return p < e && *p >= '0' && *p <= '9';
-}
-
-/* The number at p: one past it, NULL when it is not one (JSON's grammar exactly). */
-static const unsigned char *vr_number(const unsigned char *p, const unsigned char *e)
-{
-    if (p < e && *p == '-')
-        p++;
-    if (!vr_digit(p, e))
-        return NULL;
-    if (*p == '0')
-        p++;
-    else
-        while (vr_digit(p, e))
-            p++;
-    if (p < e && *p == '.') {
-        p++;
-        if (!vr_digit(p, e))
-            return NULL;
-        while (vr_digit(p, e))
-            p++;
-    }
-    if (p < e && (*p == 'e' || *p == 'E')) {
-        p++;
-        if (p < e && (*p == '+' || *p == '-'))
-            p++;
-        if (!vr_digit(p, e))
-            return NULL;
-        while (vr_digit(p, e))
-            p++;
-    }
-    return p;
-}
-
-static inline const unsigned char *vr_word(const unsigned char *p, const unsigned char *e, const char *w, size_t n)
-{
-    return (size_t)(e - p) >= n && memcmp(p, w, n) == 0 ? p + n : NULL;
-}
-
-/* Whitespace skipped inside a value: noted in *spaced. */
-#define VR_WS(p)                                 \
-    do {                                         \
-        const unsigned char *w_ = vb_skip_space((p), e); \
-        sp |= w_ != (p);                         \
-        (p) = w_;                                \
-    } while (0)
-
 /* The value at p (no whitespace before it): one past it, NULL when invalid or nested
- * past depth levels; *spaced set when there is whitespace between its tokens.
- * Iterative: a stack of the open containers' kinds. */
-static const unsigned char *vr_value(const unsigned char *p, const unsigned char *e, int depth, int *spaced)
-{
-    unsigned char open[VR_MAX_DEPTH];
-    int d = 0, sp = 0;
-value:
-    if (p >= e)
-        return NULL;
-    switch (*p) {
-    case '"':
-        p = vr_string(p, e);
-        break;
-    case '{':
-        if (d >= depth)
-            return NULL;
-        open[d++] = '}';
-        p++;
-        VR_WS(p);
-        if (p < e && *p == '}') {
-            p++;
-            d--;
-            goto after;
-        }
-        goto key;
-    case '[':
-        if (d >= depth)
-            return NULL;
-        open[d++] = ']';
-        p++;
-        VR_WS(p);
-        if (p < e && *p == ']') {
-            p++;
-            d--;
-            goto after;
-        }
-        goto value;
-    case 't':
-        p = vr_word(p, e, "true", 4);
-        break;
-    case 'f':
-        p = vr_word(p, e, "false", 5);
-        break;
-    case 'n':
-        p = vr_word(p, e, "null", 4);
-        break;
-    default:
-        p = vr_number(p, e);
-    }
-    if (p == NULL)
-        return NULL;
-after:
-    if (d == 0) {
-        *spaced = sp;
-        return p;
-    }
-    VR_WS(p);
-    if (p >= e)
-        return NULL;
-    if (*p == ',') {
-        p++;
-        VR_WS(p);
-        if (open[d - 1] == ']')
-            goto value;
-        goto key;
-    }
-    if (*p != open[d - 1])
-        return NULL;
-    p++;
-    d--;
-    goto after;
-key:
-    if (p >= e || *p != '"')
-        return NULL;
-    p = vr_string(p, e);
-    if (p == NULL)
-        return NULL;
-    VR_WS(p);
-    if (p >= e || *p != ':')
-        return NULL;
-    p++;
-    VR_WS(p);
-    goto value;
-}
+ * past depth levels; *spaced set when there is whitespace between its tokens. The walk
+ * is json_skip.h's, with this scanner's string walk. */
+#define JSON_SKIP vr_value
+#define JSON_SKIP_STRING vr_string
+#define JSON_SKIP_STACK VR_MAX_DEPTH
+#include "json_skip.h"
+#undef JSON_SKIP
+#undef JSON_SKIP_STRING
+#undef JSON_SKIP_STACK
 
 #define VR_IS(k, n, lit) ((n) == sizeof(lit) - 1 && memcmp((k), (lit), (n)) == 0)
 

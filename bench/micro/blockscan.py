@@ -15,7 +15,7 @@ Paths, each one call per request:
             members the gateway reads
   old       msgspec + render_prompt (messages decoded to Python objects, rendered) + hash:
             the first path
-  rendered  msgspec + hash_messages(raw messages): the rendering scanner (csrc/blockscan.h),
+  rendered  msgspec + hash_messages(raw messages): the rendering scanner (csrc/prompt_render.h),
             the second
   new       decode + hash_json(raw messages, compact): the JSON text hashed where it lies
             (the decoder left it compact), the path now

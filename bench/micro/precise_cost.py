@@ -118,10 +118,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--time", action="store_true", help="microseconds per request instead of instructions")
     p.add_argument("--modes", default="approximate,precise-hit,precise-not-ready")
-    p.add_argument("--_worker", nargs=2, help=argparse.SUPPRESS)
+    p.add_argument("--_worker", dest="worker", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args()
-    if a._worker:
-        _loop(a._worker[0], int(a._worker[1]))
+    if a.worker:
+        _loop(a.worker[0], int(a.worker[1]))
         return
     for mode in a.modes.split(","):
         if a.time:

@@ -617,7 +617,7 @@ def test_service_estimate_predicts_nothing_until_it_has_seen_a_request():
     s = ServiceEstimate(1.0)
     assert not s.known and s.predict(10) is None
     assert s.snapshot() == {"ttft_ms": None, "tpot_ms": None, "service_ms": None, "samples": 0}
-    s.observe(None, 0.5, 10)           # no first byte seen: a whole answer, 0.05 s a token
+    s.observe(-1.0, 0.5, 10)           # no first byte seen: a whole answer, 0.05 s a token
     assert s.known and s.predict(10) == 0.5 and s.tpot.value == pytest.approx(0.05)
     assert s.predict(40) == pytest.approx(2.0)  # by its own size, not the last one's
     s.observe_first_byte(0.1)
@@ -689,7 +689,7 @@ def test_service_estimate_scales_with_the_requests_own_size():
     prompts of two sizes teach the first token as a line in the prompt's bytes."""
     s = ServiceEstimate(0.2)
     for _ in range(6):
-        s.observe(None, 16 * 0.02, 16)          # short whole answers, 20 ms a token
+        s.observe(-1.0, 16 * 0.02, 16)          # short whole answers, 20 ms a token
     assert s.predict(60) == pytest.approx(60 * 0.02)
     assert s.predict(60) > 3 * s.service.value  # the mean of what was seen would be far short
     for _ in range(20):                         # streams: 1 ms of prefill per 100 bytes
@@ -700,7 +700,7 @@ def test_service_estimate_scales_with_the_requests_own_size():
     assert s.predict(16, 1000) == pytest.approx(0.02 + 15 * 0.02, rel=0.02)
     assert s.predict(16, 20000) == pytest.approx(0.21 + 15 * 0.02, rel=0.02)
     # A whole answer after streams: the prefill its prompt costs is not charged per token.
-    s.observe(None, 0.21 + 16 * 0.02, 16, 20000)
+    s.observe(-1.0, 0.21 + 16 * 0.02, 16, 20000)
     assert s.tpot.value == pytest.approx(0.02, rel=0.05)
 
 

@@ -8,8 +8,12 @@ from tests.support.fleet import make_pool
 from velocity_fast.fleet.endpoint import RoomFilter
 from velocity_fast.routing.filters import Excluded, Full, NoRoom, Saturated, Unhealthy, make_filters
 from velocity_fast.routing.load import EngineLoad
-from velocity_fast.routing.plugins import Pick
+from velocity_fast.routing.plugins import VERDICTS, Pick
 from velocity_fast.routing.settings import RoutingSettings
+
+
+def _verdict(f, ep, pick):
+    return VERDICTS[f.check(ep, pick)]
 
 
 def _pick(**kw):
@@ -30,46 +34,46 @@ def test_the_router_asks_them_in_this_order():
 def test_unhealthy_drops_and_keeps():
     a, b = make_pool(2).endpoints
     b.healthy = False
-    assert Unhealthy().check(a, _pick()) == "keep"
-    assert Unhealthy().check(b, _pick()) == "drop"
+    assert _verdict(Unhealthy(), a, _pick()) == "keep"
+    assert _verdict(Unhealthy(), b, _pick()) == "drop"
 
 
 def test_no_room_asks_the_callable_or_the_room_filter_as_c():
     a, b = make_pool(2).endpoints
-    assert NoRoom().check(a, _pick()) == "keep"  # no has_room: all have room
+    assert _verdict(NoRoom(), a, _pick()) == "keep"  # no has_room: all have room
     room = lambda ep: ep is a  # noqa: E731
-    assert NoRoom().check(a, _pick(has_room=room)) == "keep"
-    assert NoRoom().check(b, _pick(has_room=room)) == "drop"
-    assert NoRoom().check(b, _pick(room_filter=RoomFilter())) == "keep"  # the base filter has room everywhere
+    assert _verdict(NoRoom(), a, _pick(has_room=room)) == "keep"
+    assert _verdict(NoRoom(), b, _pick(has_room=room)) == "drop"
+    assert _verdict(NoRoom(), b, _pick(room_filter=RoomFilter())) == "keep"  # the base filter has room everywhere
 
 
 def test_excluded_takes_any_container():
     a, b = make_pool(2).endpoints
     for exclude in ([b], (b,), {b}):
-        assert Excluded().check(a, _pick(exclude=exclude)) == "keep"
-        assert Excluded().check(b, _pick(exclude=exclude)) == "drop"
+        assert _verdict(Excluded(), a, _pick(exclude=exclude)) == "keep"
+        assert _verdict(Excluded(), b, _pick(exclude=exclude)) == "drop"
 
 
 def test_saturated_reads_fresh_gauges_only():
     a, = make_pool(1).endpoints
     f = Saturated(5.0, 0.8)
     a.waiting, a.scraped_at = 5.0, time.monotonic()
-    assert f.check(a, _pick()) == "saturated"
+    assert _verdict(f, a, _pick()) == "saturated"
     a.waiting, a.kv_usage = 0.0, 0.8
-    assert f.check(a, _pick()) == "saturated"
+    assert _verdict(f, a, _pick()) == "saturated"
     a.kv_usage = 0.5
-    assert f.check(a, _pick()) == "keep"
+    assert _verdict(f, a, _pick()) == "keep"
     a.waiting, a.scraped_at = 9.0, time.monotonic() - 10.0  # stale: not read
-    assert f.check(a, _pick()) == "keep"
+    assert _verdict(f, a, _pick()) == "keep"
 
 
 def test_full_counts_other_replicas_against_the_learned_batch():
     a, = make_pool(1).endpoints
-    assert Full().check(a, _pick()) == "keep"  # no batch learned
+    assert _verdict(Full(), a, _pick()) == "keep"  # no batch learned
     a.running_cap, a.inflight = 4.0, 3
-    assert Full().check(a, _pick()) == "keep"
+    assert _verdict(Full(), a, _pick()) == "keep"
     a.others = 1.0
-    assert Full().check(a, _pick()) == "full"
+    assert _verdict(Full(), a, _pick()) == "full"
 
 
 def test_the_load_is_engine_waiting_on_fresh_gauges_plus_gateway_in_flight():

@@ -120,7 +120,7 @@ cdef class BandQueues:
     cdef Item _pop_fair(self, BandQueue bq)
     cdef void _activate(self, BandQueue bq, TenantQueue t)
     cdef void _deactivate(self, BandQueue bq, TenantQueue t)
-    cdef void _remove(self, Item it) except *
+    cdef void remove(self, Item it) except *
     cdef double estimate(self, long long nbytes, double tokens) noexcept
     cdef bint counted(self, int band) noexcept
     cdef TenantQueue _pick_local(self, BandQueue bq, TenantQueue low)

@@ -291,7 +291,7 @@ cdef class BandQueues:
     cdef Item push(self, object waiter, object tenant, int band, long long nbytes, double tokens,
                    double deadline, double now, long long* code):
         """enqueue for a caller that keeps the Item (admission): not indexed by id (no
-        dict entry, no int object), taken back with ``_remove``. None when refused,
+        dict entry, no int object), taken back with ``remove``. None when refused,
         ``code`` set to the REJECT_* code; else ``code`` is the item's id."""
         cdef BandQueue bq
         cdef TenantQueue t
@@ -398,7 +398,7 @@ cdef class BandQueues:
                 if best is None or head.seq < best.seq:
                     best = head
         if best is not None:
-            self._remove(best)
+            self.remove(best)
         return best
 
     cdef Item _pop_fair(self, BandQueue bq):
@@ -441,7 +441,7 @@ cdef class BandQueues:
             it.charged = self.estimate(it.nbytes, it.tokens)
             it.charged_to = t
             _vtc_add(t, it.charged * t.inv_weight)
-        self._remove(it)
+        self.remove(it)
         return it
 
     cdef TenantQueue _pick_local(self, BandQueue bq, TenantQueue low):
@@ -565,7 +565,7 @@ cdef class BandQueues:
         if t.heap:
             t.heap = []
 
-    cdef void _remove(self, Item it) except *:
+    cdef void remove(self, Item it) except *:
         cdef BandQueue bq = <BandQueue>self.bands[it.band]
         cdef TenantQueue t = it.owner
         it.queued = False
@@ -615,7 +615,7 @@ cdef class BandQueues:
         cdef Item it = <Item>self.items.get(item_id)
         if it is None:
             return None
-        self._remove(it)
+        self.remove(it)
         return it
 
     cpdef list expire(self, double now):
@@ -626,7 +626,7 @@ cdef class BandQueues:
         for bq in self.bands:
             it = bq.age_head
             while it is not None and it.expires_at <= now:
-                self._remove(it)
+                self.remove(it)
                 out.append(it)
                 it = bq.age_head
         return out
@@ -645,7 +645,7 @@ cdef class BandQueues:
             while it is not None:
                 nxt = it.a_next
                 if now + base_s + it.tokens * per_token_s > it.deadline:
-                    self._remove(it)
+                    self.remove(it)
                     out.append(it)
                 it = nxt
         return out

@@ -7,7 +7,7 @@ from velocity_fast.fleet.shared cimport vf_pool
 from velocity_fast.metrics.values cimport Value
 from velocity_fast.admission.saturation cimport EndpointLoad, Saturation
 from velocity_fast.admission.estimators cimport ServiceEstimate
-from velocity_fast.admission.telemetry cimport Telemetry, _COMPLETED, _FAILED, _CANCELLED
+from velocity_fast.admission.telemetry cimport Telemetry, COMPLETED, FAILED, CANCELLED
 
 
 cdef class Ticket:

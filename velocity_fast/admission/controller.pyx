@@ -43,9 +43,9 @@ from velocity_fast.metrics.values cimport HistChild, Value
 from velocity_fast.admission.saturation cimport (EndpointLoad, Saturation, free_slots, observe_endpoint, refresh,
                                                 sync_shared)
 from velocity_fast.admission.estimators cimport Ewma, ServiceEstimate
-from velocity_fast.admission.telemetry cimport Telemetry, _CANCELLED, _COMPLETED, _FAILED, _outcome
+from velocity_fast.admission.telemetry cimport Telemetry, CANCELLED, COMPLETED, FAILED, outcome_code
 
-from velocity_fast.admission.telemetry import OUTCOMES, _reuse, percentiles
+from velocity_fast.admission.telemetry import OUTCOMES, reuse_metric, percentiles
 
 from velocity_fast.admission.bands import REJECT_BAND_BYTES, REJECT_BAND_COUNT
 from velocity_fast.admission.errors import Rejected
@@ -328,9 +328,9 @@ cdef class Lease(RoomFilter):
         if not self.first_byte_at and not self.done:
             self.first_byte_at = self._adm._now()
             if self.endpoint is not None:
-                self._st.est._observe_first_byte(self.first_byte_at - self.bound_at)
+                self._st.est.observe_first_byte(self.first_byte_at - self.bound_at)
                 # The pool's too: a gateway under its first long streams can already predict.
-                self._ps.est._observe_first_byte(self.first_byte_at - self.bound_at)
+                self._ps.est.observe_first_byte(self.first_byte_at - self.bound_at)
 
     cpdef usage(self, double prompt, double cached, double completion):
         """What the engine served this request (its ``usage``: prompt tokens, the cached
@@ -348,7 +348,7 @@ cdef class Lease(RoomFilter):
         """End the lease with one terminal outcome (idempotent)."""
         if self.done:
             return
-        cdef int o = _outcome(outcome)
+        cdef int o = outcome_code(outcome)
         self.done = True
         self._adm._on_release(self, o, error_text, tokens)
 
@@ -393,7 +393,7 @@ cdef class Admission:
                                    self._depth_samples, self._saturation_samples, self._limit_samples,
                                    self._inflight_samples)
         reg = self.telemetry.registry
-        self.promise_metric = _reuse(reg, reg.counter, "velocity_retry_promises_total",
+        self.promise_metric = reuse_metric(reg, reg.counter, "velocity_retry_promises_total",
                                      "Retry-After times come due, by whether a request arriving then would "
                                      "be admitted and meet its SLA (kept) or not (broken).", ("outcome",))
         self.promise_counts = {"made": 0, "kept": 0, "broken": 0}
@@ -816,7 +816,7 @@ cdef class Admission:
         ps = self._state_of(ticket.model)
         if ps is None or not ps.queues.holds(item):
             return False
-        ps.queues._remove(item)
+        ps.queues.remove(item)
         _unqueue(ps, item)
         if ps.shm != NULL:
             _publish(ps)
@@ -1186,7 +1186,7 @@ cdef class Admission:
             ps.busy_end += lease.expect_end
             ps.busy_n += 1
         self._in_flight += 1
-        self.telemetry._granted(band, now - arrived_at)
+        self.telemetry.granted(band, now - arrived_at)
         lease._adm = self
         lease._ps = ps
         lease._reserved = ps.shm != NULL  # (every grant is reserved first when workers share)
@@ -1248,10 +1248,10 @@ cdef class Admission:
             if ps.busy_n == 0:
                 ps.busy_end = 0.0  # no drift left behind by the sums
         # Work without a deadline is not judged against one.
-        if outcome == _COMPLETED and lease.deadline != INFINITY:
+        if outcome == COMPLETED and lease.deadline != INFINITY:
             sla = 1 if now <= lease.deadline else 0
-        self.telemetry._finished(lease.band_index, outcome, now - lease.arrived_at,
-                                 lease.first_byte_at - lease.arrived_at if lease.first_byte_at else -1.0, sla)
+        self.telemetry.finished(lease.band_index, outcome, now - lease.arrived_at,
+                                lease.first_byte_at - lease.arrived_at if lease.first_byte_at else -1.0, sla)
         if lease._reserved:
             lease._reserved = False
             vf_pool_release(ps.shm, worker())
@@ -1276,16 +1276,16 @@ cdef class Admission:
         cdef bint slow, missed, queued
         # What this engine usually takes for such a request, before this sample counts.
         expected = st.est.expect_size(<double>lease.prompt_bytes, n)
-        if outcome == _COMPLETED:
-            st.est._observe(engine_ttft, engine_s, n, <double>lease.prompt_bytes)
-            ps.est._observe(engine_ttft, engine_s, n, <double>lease.prompt_bytes)
+        if outcome == COMPLETED:
+            st.est.observe(engine_ttft, engine_s, n, <double>lease.prompt_bytes)
+            ps.est.observe(engine_ttft, engine_s, n, <double>lease.prompt_bytes)
         aimd = st.aimd
         if aimd is None:
             return
         if error_text and _OOM_TEXT in error_text.lower():
             self._on_oom(ps, st, now)
             return
-        if outcome != _COMPLETED:
+        if outcome != COMPLETED:
             return
         # Latency is a breach only for work that has a deadline: a limit cut for what only
         # deadline-free work sees would cost its throughput and serve no SLA.

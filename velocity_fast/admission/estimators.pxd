@@ -1,5 +1,7 @@
 # The estimators, typed (see estimators.pyx).
 
+cimport cython
+
 
 cdef class Ewma:
     cdef readonly double alpha
@@ -10,6 +12,7 @@ cdef class Ewma:
     cdef void _observe(self, double x)
 
 
+@cython.final
 cdef class ServiceEstimate:
     cdef readonly Ewma ttft
     cdef readonly Ewma tpot
@@ -23,8 +26,8 @@ cdef class ServiceEstimate:
     cdef double sxy
     cdef readonly long streams
 
-    cdef void _observe_first_byte(self, double ttft_s)
+    cpdef void observe_first_byte(self, double ttft_s)
     cdef double first_token(self, double nbytes)
-    cdef void _observe(self, double ttft_s, double service_s, long tokens, double nbytes)
+    cpdef void observe(self, double ttft_s, double service_s, long tokens, double nbytes=*)
     cdef double expect_size(self, double nbytes, long max_tokens)
     cdef double expect(self, long max_tokens)

@@ -32,10 +32,10 @@ class ServiceEstimate:
     def known(self) -> bool:
         """True once a first byte or a whole request has been seen here."""
     def observe_first_byte(self, ttft_s: float) -> None:
-        """A first byte came back ``ttft_s`` after dispatch."""
-    def observe(self, ttft_s: float | None, service_s: float, tokens: int, prompt_bytes: float = 0.0) -> None:
-        """One finished request: dispatch to first byte (None: none seen), dispatch to end, tokens
-        out, the prompt's size in bytes."""
+        """A first byte came back ``ttft_s`` after dispatch (a negative time is not learned)."""
+    def observe(self, ttft_s: float, service_s: float, tokens: int, nbytes: float = 0.0) -> None:
+        """One finished request: dispatch to first byte (negative: none seen), dispatch to end,
+        tokens out, the prompt's size in bytes."""
     def predict(self, max_tokens: int, prompt_bytes: float = 0.0) -> float | None:
         """Expected service time of a request of ``prompt_bytes`` asking ``max_tokens``; None if unknown."""
     def snapshot(self) -> dict:

@@ -58,7 +58,10 @@ cdef class ServiceEstimate:
         self.service = Ewma(alpha)
         self.keep = 1.0 - alpha
 
-    cdef void _observe_first_byte(self, double ttft_s):
+    cpdef void observe_first_byte(self, double ttft_s):
+        """A first byte came back ``ttft_s`` after dispatch (a negative time is not learned).
+        Learned at once, not at the end, so that a gateway under its first long requests can
+        already predict."""
         if ttft_s >= 0:
             self.ttft._observe(ttft_s)
 
@@ -79,8 +82,9 @@ cdef class ServiceEstimate:
         v = self.sy / w + slope * (nbytes - mx)
         return v if v > 0.0 else 0.0
 
-    cdef void _observe(self, double ttft_s, double service_s, long tokens, double nbytes):
-        # ttft_s < 0: no first byte was seen
+    cpdef void observe(self, double ttft_s, double service_s, long tokens, double nbytes=0.0):
+        """One finished request: dispatch to first byte (negative: none seen), dispatch to
+        end, tokens out, the prompt's size in bytes."""
         cdef double k = self.keep, first
         cdef bint stream = ttft_s >= 0 and service_s > 0 and ttft_s < _WHOLE_ANSWER * service_s
         if stream:
@@ -113,16 +117,6 @@ cdef class ServiceEstimate:
     cdef double expect(self, long max_tokens):
         """The prediction for a short prompt, or -1 when unknown."""
         return self.expect_size(0.0, max_tokens)
-
-    def observe_first_byte(self, double ttft_s):
-        """A first byte came back ``ttft_s`` after dispatch. Learned at once, not at
-        the end, so that a gateway under its first long requests can already predict."""
-        self._observe_first_byte(ttft_s)
-
-    def observe(self, ttft_s, double service_s, long tokens, double prompt_bytes=0.0):
-        """One finished request: dispatch to first byte (None: none seen), dispatch to
-        end, tokens out, the prompt's size in bytes."""
-        self._observe(-1.0 if ttft_s is None else <double>ttft_s, service_s, tokens, prompt_bytes)
 
     @property
     def known(self):

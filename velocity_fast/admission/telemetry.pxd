@@ -1,21 +1,23 @@
 # Admission's telemetry, typed (see telemetry.pyx).
 
+cimport cython
+
 from velocity_fast.metrics.values cimport HistChild, Value
 
 # A lease's outcomes as ints on the request path (telemetry.OUTCOMES[i] is the name).
 cdef enum:
-    _COMPLETED = 0
-    _FAILED = 1
-    _CANCELLED = 2
+    COMPLETED = 0
+    FAILED = 1
+    CANCELLED = 2
 
 
-cdef inline int _outcome(str outcome) except -1:
+cdef inline int outcome_code(str outcome) except -1:
     if outcome == "completed":
-        return _COMPLETED
+        return COMPLETED
     if outcome == "failed":
-        return _FAILED
+        return FAILED
     if outcome == "cancelled":
-        return _CANCELLED
+        return CANCELLED
     raise ValueError(f"outcome must be one of ('completed', 'failed', 'cancelled'), not {outcome!r}")
 
 
@@ -27,6 +29,7 @@ cdef class Window:
     cpdef append(self, x)
 
 
+@cython.final
 cdef class Telemetry:
     cdef readonly object registry
     cdef readonly object admitted
@@ -57,5 +60,5 @@ cdef class Telemetry:
     cdef readonly Window ttfts
 
     cpdef reject(self, str reason)
-    cdef void _granted(self, int band, double wait_s) except *
-    cdef void _finished(self, int band, int outcome, double e2e_s, double ttft_s, int sla) except *
+    cpdef void granted(self, int band, double wait_s) except *
+    cpdef void finished(self, int band, int outcome, double e2e_s, double ttft_s, int sla) except *

@@ -5,6 +5,9 @@ from typing import Any
 OUTCOMES: tuple[str, str, str]
 WAIT_BUCKETS: tuple[float, ...]
 
+def reuse_metric(reg: Any, make: Callable[..., Any], name: str, *args: Any, **kw: Any) -> Any:
+    """The registry's metric ``name``, made with ``make`` if it has none yet."""
+
 class Window:
     """The last ``maxlen`` samples (a ring: no allocation once full); iterates oldest first."""
     def __init__(self, maxlen: int) -> None: ...
@@ -52,9 +55,9 @@ class Telemetry:
         """Count one rejection."""
     def granted(self, band: int, wait_s: float) -> None:
         """Count one admission after ``wait_s`` in the queue."""
-    def finished(self, band: int, outcome: str, e2e_s: float, ttft_s: float | None,
-                 sla_met: bool | None) -> None:
-        """Count one terminal outcome with its latencies (ttft_s, sla_met: None when unknown)."""
+    def finished(self, band: int, outcome: int, e2e_s: float, ttft_s: float, sla: int) -> None:
+        """Count one terminal outcome (``outcome_code``: an index of ``OUTCOMES``) with its
+        latencies; ttft_s < 0: no first byte; sla: -1 not judged, 0 missed, 1 met."""
     def counts(self) -> dict[str, int]:
         """Terminal counters as integers."""
 

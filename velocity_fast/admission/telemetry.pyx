@@ -44,7 +44,9 @@ cdef class Window:
         return iter(self._data[self._next:] + self._data[:self._next])
 
 
-def _reuse(reg, make, name, *args, **kw):
+def reuse_metric(reg, make, name, *args, **kw):
+    """The registry's metric ``name``, made with ``make`` if it has none yet (a second
+    Admission on the same registry shares the first's)."""
     got = reg.get(name)
     return got if got is not None else make(name, *args, **kw)
 
@@ -68,16 +70,16 @@ cdef class Telemetry:
         self.registry = reg = registry
         # A reloaded configuration builds a new Admission on the same registry: take
         # over the metrics already there (counters stay monotonic) instead of failing.
-        self.admitted = _reuse(reg, reg.counter, "velocity_admitted_total", "Requests admitted (lease granted).")
-        self.completed = _reuse(reg, reg.counter, "velocity_completed_total", "Admitted requests that completed.")
-        self.failed = _reuse(reg, reg.counter, "velocity_failed_total", "Admitted requests that failed.")
-        self.cancelled = _reuse(reg, reg.counter, "velocity_cancelled_total",
+        self.admitted = reuse_metric(reg, reg.counter, "velocity_admitted_total", "Requests admitted (lease granted).")
+        self.completed = reuse_metric(reg, reg.counter, "velocity_completed_total", "Admitted requests that completed.")
+        self.failed = reuse_metric(reg, reg.counter, "velocity_failed_total", "Admitted requests that failed.")
+        self.cancelled = reuse_metric(reg, reg.counter, "velocity_cancelled_total",
                                 "Admitted requests cancelled by the client.")
-        self.rejections = _reuse(reg, reg.counter, "velocity_rejections_total",
+        self.rejections = reuse_metric(reg, reg.counter, "velocity_rejections_total",
                                  "Requests declined by admission, by reason.", ("reason",))
         _gauge_fn(reg, "velocity_queue_depth", "Requests waiting in admission queues, by band.", depth_fn,
                   ("band",))
-        self.queue_wait = _reuse(reg, reg.histogram, "velocity_queue_wait_seconds",
+        self.queue_wait = reuse_metric(reg, reg.histogram, "velocity_queue_wait_seconds",
                                  "Time spent queued before admission.", ("band",), buckets=WAIT_BUCKETS)
         _gauge_fn(reg, "velocity_pool_saturation", "Pool saturation (1.0 = saturated).", saturation_fn,
                   ("model",))
@@ -85,8 +87,8 @@ cdef class Telemetry:
                   ("endpoint",))
         _gauge_fn(reg, "velocity_endpoint_inflight", "Gateway requests in flight per endpoint.", inflight_fn,
                   ("endpoint",))
-        self.ttft = _reuse(reg, reg.histogram, "velocity_ttft_seconds", "Time to first byte from arrival.")
-        self.latency = _reuse(reg, reg.histogram, "velocity_request_latency_seconds",
+        self.ttft = reuse_metric(reg, reg.histogram, "velocity_ttft_seconds", "Time to first byte from arrival.")
+        self.latency = reuse_metric(reg, reg.histogram, "velocity_request_latency_seconds",
                               "End-to-end latency from arrival.", ("band",))
         # The unlabelled metrics' children, held for the request path: bumped in place.
         self._admitted = self.admitted.labels()
@@ -107,15 +109,17 @@ cdef class Telemetry:
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
         self.rejections.labels(reason).inc()
 
-    cdef void _granted(self, int band, double wait_s) except *:
+    cpdef void granted(self, int band, double wait_s) except *:
+        """Count one admission after ``wait_s`` in the queue."""
         self.n_admitted += 1
         self._admitted.value += 1.0
         (<HistChild>self._wait_children[band]).observe(wait_s)
         (<Window>self.waits[band]).append(wait_s)
 
-    cdef void _finished(self, int band, int outcome, double e2e_s, double ttft_s, int sla) except *:
-        # ttft_s < 0: no first byte; sla: -1 not judged, 0 missed, 1 met
-        if outcome == _COMPLETED:
+    cpdef void finished(self, int band, int outcome, double e2e_s, double ttft_s, int sla) except *:
+        """Count one terminal outcome (``outcome_code``: an index of ``OUTCOMES``) with its
+        latencies; ttft_s < 0: no first byte; sla: -1 not judged, 0 missed, 1 met."""
+        if outcome == COMPLETED:
             self.n_completed += 1
             self._completed.value += 1.0
             (<HistChild>self._lat_children[band]).observe(e2e_s)
@@ -124,7 +128,7 @@ cdef class Telemetry:
                 self.sla_met += 1
             elif sla == 0:
                 self.sla_missed += 1
-        elif outcome == _FAILED:
+        elif outcome == FAILED:
             self.n_failed += 1
             self._failed.value += 1.0
         else:
@@ -133,15 +137,6 @@ cdef class Telemetry:
         if ttft_s >= 0:
             (<HistChild>self._ttft).observe(ttft_s)
             self.ttfts.append(ttft_s)
-
-    def granted(self, int band, double wait_s):
-        """Count one admission after ``wait_s`` in the queue."""
-        self._granted(band, wait_s)
-
-    def finished(self, int band, str outcome, double e2e_s, ttft_s, sla_met):
-        """Count one terminal outcome with its latencies (ttft_s, sla_met: None when unknown)."""
-        self._finished(band, _outcome(outcome), e2e_s, -1.0 if ttft_s is None else <double>ttft_s,
-                       -1 if sla_met is None else (1 if sla_met else 0))
 
     def counts(self):
         """Terminal counters as integers."""

@@ -28,7 +28,7 @@ cdef class FdTransport:
     cdef Protocol _fast
     cdef object _peername
     cdef uint32_t _mask
-    cdef bint _closing
+    cdef bint closing
     cdef bint _reading
     cdef bint _eof_pending
     cdef bint _eof_sent

@@ -196,7 +196,7 @@ cdef class FdTransport:
         self._fd = -1
 
     def __repr__(self):
-        state = "closed" if self._lost else ("closing" if self._closing else "open")
+        state = "closed" if self._lost else ("closing" if self.closing else "open")
         return f"<FdTransport fd={self._fd} {state}>"
 
     # -- registration ---------------------------------------------------------
@@ -276,19 +276,19 @@ cdef class FdTransport:
         return 0
 
     def pause_reading(self):
-        if self._closing or not self._reading:
+        if self.closing or not self._reading:
             return
         self._reading = False
         self._update()
 
     def resume_reading(self):
-        if self._closing or self._reading:
+        if self.closing or self._reading:
             return
         self._reading = True
         self._update()
 
     def is_reading(self):
-        return self._reading and not self._closing
+        return self._reading and not self.closing
 
     # -- output -------------------------------------------------------------------
     cdef int write_bytes(self, bytes data) except -1:
@@ -392,7 +392,7 @@ cdef class FdTransport:
                 self._eof_pending = False
                 self._eof_sent = True
                 shutdown(self._fd, SHUT_WR)
-            if self._closing:
+            if self.closing:
                 self._force_close(None)
         return 0
 
@@ -425,7 +425,7 @@ cdef class FdTransport:
         self.write_list(list(list_of_data))
 
     def write_eof(self):
-        if self._closing or self._eof_pending or self._eof_sent:
+        if self.closing or self._eof_pending or self._eof_sent:
             return
         if self.wsize:
             self._eof_pending = True
@@ -455,13 +455,13 @@ cdef class FdTransport:
 
     # -- closing -----------------------------------------------------------------
     def is_closing(self):
-        return self._closing
+        return self.closing
 
     def close(self):
         """Close once what waits has been written; connection_lost(None) follows."""
-        if self._closing:
+        if self.closing:
             return
-        self._closing = True
+        self.closing = True
         self._reading = False
         if self.wsize == 0:
             self._force_close(None)
@@ -484,7 +484,7 @@ cdef class FdTransport:
         if self._lost:
             return
         self._lost = True
-        self._closing = True
+        self.closing = True
         self._reading = False
         self._wbuf = []
         self.wsize = 0

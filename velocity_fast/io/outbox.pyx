@@ -76,7 +76,7 @@ cpdef flush_out(OutboxOwner owner):
     if t is None:
         return
     if type(t) is FdTransport:  # the gateway's own I/O: C calls
-        if (<FdTransport>t)._closing:
+        if (<FdTransport>t).closing:
             return
         if type(out) is bytes:
             (<FdTransport>t).write_bytes(<bytes>out)

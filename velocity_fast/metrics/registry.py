@@ -78,6 +78,10 @@ class _Metric:
         self._children.pop(key, None)
         self.by_values = {k: c for k, c in self.by_values.items() if tuple(str(v) for v in k) != key}
 
+    def children(self) -> list[tuple[tuple, object]]:
+        """Each child with its label values (as text), in the order they were made."""
+        return list(self._children.items())
+
     def _header(self, out: list[str]) -> None:
         out.append(f"# HELP {self.name} {self.help}")
         out.append(f"# TYPE {self.name} {self.kind}")

@@ -81,7 +81,7 @@ cdef BlockHashes _hashes(object data, int what, PrefixHasher hasher, str model):
     if _render(data, what, <size_t>hasher.block_bytes, seed, &res) < 0:
         return None
     out = BlockHashes.__new__(BlockHashes)
-    out._h = res.hashes  # (BlockHashes frees it)
+    out.keys = res.hashes  # (BlockHashes frees it)
     out.n = <Py_ssize_t>res.n
     out.seed = seed
     out.block_bytes = hasher.block_bytes

@@ -27,7 +27,7 @@ cdef class Unhealthy(Filter):
 
     name = "unhealthy"
 
-    cdef int _check(self, Endpoint ep, Pick pick) except -1:
+    cpdef int check(self, Endpoint ep, Pick pick) except -1:
         return KEEP if ep.healthy else DROP
 
 
@@ -36,7 +36,7 @@ cdef class NoRoom(Filter):
 
     name = "no-room"
 
-    cdef int _check(self, Endpoint ep, Pick pick) except -1:
+    cpdef int check(self, Endpoint ep, Pick pick) except -1:
         if pick.room_filter is not None:
             return KEEP if pick.room_filter.has_room(ep) else DROP
         if pick.has_room is None or pick.has_room(ep):
@@ -49,7 +49,7 @@ cdef class Excluded(Filter):
 
     name = "excluded"
 
-    cdef int _check(self, Endpoint ep, Pick pick) except -1:
+    cpdef int check(self, Endpoint ep, Pick pick) except -1:
         return DROP if pick.exclude and ep in pick.exclude else KEEP
 
 
@@ -62,7 +62,7 @@ cdef class Saturated(Filter):
         self.waiting = waiting
         self.kv = kv
 
-    cdef int _check(self, Endpoint ep, Pick pick) except -1:
+    cpdef int check(self, Endpoint ep, Pick pick) except -1:
         if gauges_fresh(ep, pick.now, pick.stale_s) and (ep.waiting >= self.waiting or ep.kv_usage >= self.kv):
             return SATURATED
         return KEEP
@@ -73,7 +73,7 @@ cdef class Full(Filter):
 
     name = "full"
 
-    cdef int _check(self, Endpoint ep, Pick pick) except -1:
+    cpdef int check(self, Endpoint ep, Pick pick) except -1:
         if ep.running_cap > 0.0 and <double>ep.inflight + ep.others >= ep.running_cap:
             return FULL
         return KEEP

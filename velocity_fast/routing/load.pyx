@@ -15,7 +15,7 @@ cdef class EngineLoad(Scorer):
 
     name = "load"
 
-    cdef double _score(self, Endpoint ep, Pick pick) except? -1.0:
+    cpdef double score(self, Endpoint ep, Pick pick) except? -1.0:
         if gauges_fresh(ep, pick.now, pick.stale_s):
             return ep.waiting + <double>ep.inflight
         return <double>ep.inflight

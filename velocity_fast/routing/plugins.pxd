@@ -31,13 +31,13 @@ cdef class Pick:
 
 
 cdef class Filter:
-    # KEEP, FULL, SATURATED or DROP (Verdict) for ep in this pick.
-    cdef int _check(self, Endpoint ep, Pick pick) except -1
+    # KEEP, FULL, SATURATED or DROP (Verdict) for ep in this pick (VERDICTS[i] is its name).
+    cpdef int check(self, Endpoint ep, Pick pick) except -1
 
 
 cdef class Scorer:
     # A number for ep in this pick, which the profiles weigh (the load, in requests).
-    cdef double _score(self, Endpoint ep, Pick pick) except? -1.0
+    cpdef double score(self, Endpoint ep, Pick pick) except? -1.0
 
 
 cdef class Profile:

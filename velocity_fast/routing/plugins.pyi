@@ -7,6 +7,8 @@ from velocity_fast.routing.route import RouteInfo, RouterPool
 from velocity_fast.routing.session import SessionAffinity
 from velocity_fast.routing.settings import RoutingSettings
 
+VERDICTS: tuple[str, str, str, str]
+
 class Pick:
     """What the steps of one pick read besides the endpoint (the router refills one per request)."""
     now: float
@@ -21,14 +23,14 @@ class Pick:
 class Filter:
     """A filter of a pick: says KEEP, FULL, SATURATED or DROP of an endpoint."""
     name: str
-    def check(self, ep: Endpoint, pick: Pick) -> str:
-        """check, from Python: "keep", "full", "saturated" or "drop"."""
+    def check(self, ep: Endpoint, pick: Pick) -> int:
+        """KEEP, FULL, SATURATED or DROP of ep in this pick (``VERDICTS[i]`` is its name)."""
 
 class Scorer:
     """A scorer of a pick: one number for each candidate endpoint."""
     name: str
     def score(self, ep: Endpoint, pick: Pick) -> float:
-        """score, from Python."""
+        """A number for ep in this pick (the load, in requests, for the router's)."""
 
 class Profile:
     """A routing profile: its scoring and its pick among the candidates the filters left."""

@@ -16,7 +16,7 @@ the router calls them as C (a vtable call, no Python dispatch on the request pat
 request's room test and exclusions): the router owns one and refills it per request.
 """
 
-__all__ = ["Pick", "Filter", "Scorer", "Profile"]
+__all__ = ["Pick", "Filter", "Scorer", "Profile", "VERDICTS"]
 
 
 cdef class Pick:
@@ -37,15 +37,13 @@ cdef class Filter:
 
     name = ""
 
-    cdef int _check(self, Endpoint ep, Pick pick) except -1:
+    cpdef int check(self, Endpoint ep, Pick pick) except -1:
+        """KEEP, FULL, SATURATED or DROP of ep in this pick (``VERDICTS[i]`` is its name)."""
         raise NotImplementedError
 
-    def check(self, Endpoint ep not None, Pick pick not None):
-        """check, from Python (tests, tools): "keep", "full", "saturated" or "drop"."""
-        return _VERDICTS[self._check(ep, pick)]
 
-
-_VERDICTS = ("keep", "full", "saturated", "drop")
+# The names of the verdicts, by their value (Verdict in plugins.pxd).
+VERDICTS = ("keep", "full", "saturated", "drop")
 
 
 cdef class Scorer:
@@ -53,12 +51,9 @@ cdef class Scorer:
 
     name = ""
 
-    cdef double _score(self, Endpoint ep, Pick pick) except? -1.0:
+    cpdef double score(self, Endpoint ep, Pick pick) except? -1.0:
+        """A number for ep in this pick (the load, in requests, for the router's)."""
         raise NotImplementedError
-
-    def score(self, Endpoint ep not None, Pick pick not None):
-        """score, from Python (tests, tools)."""
-        return self._score(ep, pick)
 
 
 cdef class Profile:

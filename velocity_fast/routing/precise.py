@@ -590,7 +590,7 @@ class PrecisePrefix:
     def precise_share(self) -> float:
         """Precise picks over all picks of precise pools (0 before any)."""
         total = precise = 0.0
-        for key, child in list(self._picks._children.items()):
+        for key, child in self._picks.children():
             total += child.value
             if key[1] == "precise":
                 precise += child.value

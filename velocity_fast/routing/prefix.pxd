@@ -51,7 +51,7 @@ cdef enum:
 
 
 cdef class BlockHashes:
-    cdef uint64_t *_h
+    cdef uint64_t *keys
     cdef readonly Py_ssize_t n
     cdef readonly uint64_t seed
     cdef readonly Py_ssize_t block_bytes

@@ -84,18 +84,18 @@ cdef class BlockHashes:
     """The chained hashes of a prompt's full blocks (h_i names the prefix up to block i)."""
 
     def __dealloc__(self):
-        free(self._h)
+        free(self.keys)
 
     @staticmethod
     def of(values, seed=0, block_bytes=64):
         """BlockHashes holding the given 64-bit values (for tests and benchmarks)."""
         cdef BlockHashes out = BlockHashes.__new__(BlockHashes)
         cdef Py_ssize_t i, n = len(values)
-        out._h = <uint64_t *>malloc(max(n, 1) * sizeof(uint64_t))
-        if out._h == NULL:
+        out.keys = <uint64_t *>malloc(max(n, 1) * sizeof(uint64_t))
+        if out.keys == NULL:
             raise MemoryError()
         for i in range(n):
-            out._h[i] = <uint64_t>values[i]
+            out.keys[i] = <uint64_t>values[i]
         out.n = n
         out.seed = <uint64_t>seed
         out.block_bytes = block_bytes
@@ -123,11 +123,11 @@ cdef class BlockHashes:
         j = after
         i = after + factor - 1
         while i < self.n:
-            self._h[j] = self._h[i]
+            self.keys[j] = self.keys[i]
             j += 1
             i += factor
         if rem:
-            self._h[j] = self._h[self.n - 1]
+            self.keys[j] = self.keys[self.n - 1]
             j += 1
             self.tail = rem
         self.n = j
@@ -156,11 +156,11 @@ cdef class BlockHashes:
             i += self.n
         if i < 0 or i >= self.n:
             raise IndexError("block index out of range")
-        return self._h[i]
+        return self.keys[i]
 
     def tolist(self):
         """The hashes as a list of ints."""
-        return [self._h[i] for i in range(self.n)]
+        return [self.keys[i] for i in range(self.n)]
 
     def __repr__(self):
         return f"<BlockHashes n={self.n} block_bytes={self.block_bytes}>"
@@ -205,11 +205,11 @@ cdef class PrefixHasher:
             length = <size_t>view.len
         try:
             n = length // <size_t>self.block_bytes
-            out._h = <uint64_t *>malloc((n if n else 1) * sizeof(uint64_t))
-            if out._h == NULL:
+            out.keys = <uint64_t *>malloc((n if n else 1) * sizeof(uint64_t))
+            if out.keys == NULL:
                 raise MemoryError()
             with nogil:
-                out.n = <Py_ssize_t>vp_hash_blocks(p, length, <size_t>self.block_bytes, out.seed, out._h)
+                out.n = <Py_ssize_t>vp_hash_blocks(p, length, <size_t>self.block_bytes, out.seed, out.keys)
         finally:
             if release:
                 PyBuffer_Release(&view)
@@ -307,8 +307,8 @@ cdef class PrefixIndex:
         cdef size_t held
         if i < 0:
             return 0
-        held = vp_leading_held(&self._ix, <uint32_t>i, hashes._h, <size_t>hashes.n)
-        if vp_touch_chain(&self._ix, <uint32_t>i, hashes._h, <size_t>hashes.n,
+        held = vp_leading_held(&self._ix, <uint32_t>i, hashes.keys, <size_t>hashes.n)
+        if vp_touch_chain(&self._ix, <uint32_t>i, hashes.keys, <size_t>hashes.n,
                           <size_t>(hashes.fine if hashes.coarse > 1 else hashes.n),
                           <uint32_t>(hashes.coarse if hashes.coarse > 1 else 1),
                           <uint32_t>hashes.tail) < 0:
@@ -324,7 +324,7 @@ cdef class PrefixIndex:
             return []
         for i in range(nslots):
             self._matched[i] = 0
-        vp_match(&self._ix, hashes._h, <size_t>hashes.n, self._active, self._matched)
+        vp_match(&self._ix, hashes.keys, <size_t>hashes.n, self._active, self._matched)
         out = [0] * nslots
         for i in range(nslots):
             if self._matched[i]:
@@ -406,7 +406,7 @@ def choose_by_affinity(PrefixIndex index, BlockHashes hashes, list cands, list l
         if n and index._active:
             for k in range(len(index._names)):
                 index._matched[k] = 0
-            vp_match(&index._ix, hashes._h, <size_t>n, index._active, index._matched)
+            vp_match(&index._ix, hashes.keys, <size_t>n, index._active, index._matched)
             for i in range(nc):
                 slot = index._slots.get(cands[i].name)
                 if slot is not None and index._matched[<int>slot]:

@@ -367,12 +367,12 @@ cdef class Router:
                 # The filters in order (filters.pyx): the first that does not keep ep decides.
                 verdict = KEEP
                 for f in self._filters:
-                    verdict = (<Filter>f)._check(ep, pk)
+                    verdict = (<Filter>f).check(ep, pk)
                     if verdict != KEEP:
                         break
                 if verdict == DROP:
                     continue
-                load = self._load._score(ep, pk)
+                load = self._load.score(ep, pk)
                 if verdict == SATURATED:
                     if saturated is None:
                         saturated, saturated_loads = [], []

@@ -105,7 +105,7 @@ cdef class PrefixDemand:
         cdef list entry
         if n == 0:
             return 0.0
-        key = hashes._h[(n if n < DEMAND_DEPTH else DEMAND_DEPTH) - 1]
+        key = hashes.keys[(n if n < DEMAND_DEPTH else DEMAND_DEPTH) - 1]
         self._total = self._total * exp(-(now - self._at) / DEMAND_TAU_S) + 1.0
         self._at = now
         entry = self._keys.get(key)
