@@ -82,7 +82,9 @@ async def served_per_second(policy: str, fill_s: float = 6.0, window_s: float = 
     eps = stats.get("admission", {}).get("endpoints", {})
     return {"policy": policy, "rps": n / window_s, **counts,
             "inflight": {k: e["inflight"] for k, e in eps.items()},
-            "batch": {k: e["batch_capacity"] for k, e in eps.items()}}
+            "batch": {k: e["batch_capacity"] for k, e in eps.items()},
+            "pace_ms": {k: e.get("pace_ms") for k, e in eps.items()},
+            "pace_cuts": stats.get("admission", {}).get("pace_cuts")}
 
 
 @pytest.mark.timeout(180)
@@ -98,6 +100,11 @@ async def test_low_work_alone_borrows_the_engines_and_is_served_near_statics_rat
     assert sta["rps"] >= 14.0, sta
     # Borrowing: 15 of each engine's 16 run low work (its ceiling alone would hold 12).
     assert all(v == 15 for v in dyn["inflight"].values()), dyn
+    # The gateway reads each engine's decode pace from its inter-token latency histogram
+    # (about 5 ms a token at 50 tokens/s and 4x time), and cuts no limit for it: no
+    # deadline work is running.
+    assert all(p is not None and 1.0 < p < 50.0 for p in dyn["pace_ms"].values()), dyn
+    assert dyn["pace_cuts"] == 0, dyn
     assert dyn["rps"] >= 0.85 * sta["rps"], (dyn, sta)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from velocity_fast.fleet.scrape import MetricNames, parse_engine_metrics
+from velocity_fast.fleet.scrape import MetricNames, pace_between, parse_engine_metrics
 
 VLLM_TEXT = b"""\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -93,3 +93,33 @@ def test_metric_names_refuse_unknown_keys():
 
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({"runing": ["x"]}, MetricNames)
+
+
+ITL = b"""\
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_bucket{engine="0",le="0.025",model_name="m"} 90.0
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 2.5
+vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 100.0
+vllm:inter_token_latency_seconds_sum{engine="1",model_name="m"} 1.5
+vllm:inter_token_latency_seconds_count{engine="1",model_name="m"} 50.0
+vllm:time_per_output_token_seconds_sum 99.0
+vllm:time_per_output_token_seconds_count 1.0
+"""
+
+
+def test_the_inter_token_latency_histogram_sum_and_count_over_ranks_current_name_first():
+    m = parse_engine_metrics(ITL, MetricNames())
+    assert (m.itl_sum, m.itl_count) == (4.0, 150.0), "the old name beside the new one is not read"
+    old = parse_engine_metrics(b"vllm:time_per_output_token_seconds_sum 3.0\n"
+                               b"vllm:time_per_output_token_seconds_count 100\n", MetricNames())
+    assert (old.itl_sum, old.itl_count) == (3.0, 100.0)
+    half = parse_engine_metrics(b"vllm:inter_token_latency_seconds_sum 3.0\n", MetricNames())
+    assert half.itl_sum is None and half.itl_count is None, "a sum without its count is no pace"
+    assert parse_engine_metrics(VLLM_TEXT, MetricNames()).itl_count is None
+
+
+def test_pace_is_the_sums_growth_over_the_counts():
+    assert pace_between((4.0, 150.0), (6.0, 250.0)) == pytest.approx(0.02)
+    assert pace_between(None, (6.0, 250.0)) == 0.0          # a first reading
+    assert pace_between((6.0, 250.0), (6.0, 250.0)) == 0.0  # no token in between
+    assert pace_between((6.0, 250.0), (0.5, 10.0)) == 0.0   # the engine restarted

@@ -40,13 +40,16 @@ def test_bench_is_quick_and_adaptive_policies_beat_static_under_burst(tmp_path, 
     assert med["dynamic"]["goodput_ratio"] > med["static"]["goodput_ratio"], report
     assert med["smart"]["goodput_ratio"] > med["static"]["goodput_ratio"], report
     # What the adaptive policies admit finishes within its SLA at every load level of the
-    # burst, the peak included, where static, which admits all, misses most of it. The bound
-    # is wide: on a loaded 2-core machine the sims fall behind their nominal pace, and work
-    # admitted later in a burst slows what runs already (bench/README.md, "policies").
+    # burst, the peak included, where static, which admits all, misses most of it. Work
+    # admitted later in a burst slows what runs already (a fuller batch decodes each token
+    # slower, and on a loaded 2-core machine the sims fall behind their pace): admission
+    # holds each engine's limit where its pace still meets the deadline work's (pace,
+    # docs/design.md). Measured 0-2.6 % late a level with it, 5-10 % without; the bound
+    # leaves noise a margin (two of a level's 38).
     late = {run["policy"]: {lv["rate_max"]: lv for lv in run["summary"]["by_load"]} for run in doc["runs"]}
     peak = max(late["static"])
     for policy in ("dynamic", "smart"):
         for level in late[policy].values():
-            assert level["missed"] <= 0.15 * level["completed"], (policy, level, report)
+            assert level["missed"] <= 0.06 * level["completed"], (policy, level, report)
         assert late[policy][peak]["admitted_miss_ratio"] * 3 <= late["static"][peak]["admitted_miss_ratio"], \
             (policy, late, report)

@@ -24,6 +24,9 @@ cdef class EndpointState:
     cdef readonly EndpointLoad load
     cdef readonly AimdLimit aimd
     cdef readonly ServiceEstimate est
+    # The engine's pace (seconds a token) is past what the pool's deadline work leaves
+    # room for, or near it: its limit does not grow (docs/design.md, "Pace").
+    cdef public bint pace_high
 
 
 cdef class PoolState:
@@ -52,6 +55,11 @@ cdef class PoolState:
     cdef bint spare
     # When a request of a band above the borrowing ones last arrived (-inf: never).
     cdef public double higher_at
+    # Pace: the tightest seconds a token that deadline work granted in this window and the
+    # last one needs to meet its SLA (INFINITY: none), and when this window began.
+    cdef public double pace_need
+    cdef public double pace_need_before
+    cdef public double pace_since
 
 
 cdef class Admission
@@ -119,6 +127,8 @@ cdef class Admission:
     cdef EndpointState _last_st
     cdef public object _tick
     cdef public long _in_flight
+    # Limits cut because an engine's pace was past what deadline work needs.
+    cdef public long pace_cuts
     cdef public Telemetry telemetry
     # Settings and policy switches read on every request (set by _configure).
     cdef bint _mono

@@ -14,6 +14,7 @@ from velocity_fast.fleet.endpoint import Endpoint, RoomFilter
 log: logging.Logger
 CONGESTION_FACTOR: float
 RETRY_MARGIN: float
+PACE_MARGIN: float
 RETRY_MAX_S: float
 
 class Ticket:

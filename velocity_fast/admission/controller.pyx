@@ -61,6 +61,14 @@ log = logging.getLogger("velocity.admission")
 # missed its SLA, counts as congested (AIMD cuts its limit).
 CONGESTION_FACTOR = 1.5
 cdef double _CONGESTION = 1.5
+# Pace: the share of a deadline's time (past the expected first token) that decoding may
+# take, and the share of that pace at which an engine's limit stops growing. A window of
+# grants (seconds) keeps a need; it is forgotten two windows after the last such grant.
+PACE_MARGIN = 0.9
+cdef double _PACE_MARGIN = 0.9
+cdef double _PACE_HOLD = 1.1
+cdef double _PACE_CUT = 1.3
+cdef double _PACE_WINDOW = 5.0
 cdef str _OOM_TEXT = "out of memory"
 # A Retry-After aims at a completion this share of the SLA before the deadline: the
 # queue model is an average, and a promise made at the edge is broken half the time.
@@ -176,6 +184,28 @@ cdef class PoolState:
         self.est = ServiceEstimate(alpha)
         self.promises = deque()
         self.higher_at = -INFINITY
+        self.pace_need = self.pace_need_before = INFINITY
+        self.pace_since = -INFINITY
+
+
+cdef inline void _note_pace_need(PoolState ps, double need, double now) noexcept:
+    """A deadline request was granted that needs ``need`` seconds a token or less."""
+    if now - ps.pace_since >= _PACE_WINDOW:
+        ps.pace_need_before = ps.pace_need if now - ps.pace_since < 2.0 * _PACE_WINDOW else INFINITY
+        ps.pace_need = INFINITY
+        ps.pace_since = now
+    if need < ps.pace_need:
+        ps.pace_need = need
+
+
+cdef inline double _pace_need(PoolState ps, double now) noexcept:
+    """The tightest pace the deadline work granted lately needs (INFINITY: none lately)."""
+    cdef double d = now - ps.pace_since
+    if d >= 2.0 * _PACE_WINDOW:
+        return INFINITY
+    if d >= _PACE_WINDOW:
+        return ps.pace_need
+    return ps.pace_need if ps.pace_need < ps.pace_need_before else ps.pace_need_before
 
 
 cdef double _borrowed(PoolState ps, double now, double stale_after, double ceiling) noexcept:
@@ -430,11 +460,18 @@ cdef class Admission:
         # The batch learned here, for the router's hot-spot guard (0 until it is known).
         ep.running_cap = st.load.capacity if st.load.capacity_known else 0.0
         ps = self._pools.get(ep.model)
-        if st.aimd is not None and ep.kv_usage > self.settings.kv_hard_limit:
+        # Pace: the engine decodes slower than the deadline work granted lately needs (a
+        # fuller batch decodes each token slower): what runs there now would end late.
+        need = _pace_need(ps, now) if ps is not None and ep.pace > 0.0 else INFINITY
+        st.pace_high = ep.pace > need * _PACE_HOLD
+        if st.aimd is not None and (ep.kv_usage > self.settings.kv_hard_limit or ep.pace > need * _PACE_CUT):
             # One cut per staleness window: a full cache stays full for a few scrapes.
             if st.aimd.on_breach(now - self.settings.stale_after_ms / 1000.0, now):
                 _set_limit(ep, st.aimd.limit)
+                if ep.pace > need * _PACE_CUT:
+                    self.pace_cuts += 1
         elif (st.aimd is not None and not st.load.capacity_known and ep.waiting == 0 and ps is not None
+              and not st.pace_high
               and ps.queues.count and ep.inflight + 1 >= math.floor(ep.limit * self._held_share(ps, False))):
             # Slow start: the engine runs all it was sent and work waits on this limit.
             if st.aimd.on_probe(now):
@@ -576,8 +613,11 @@ cdef class Admission:
         for model, ps in self.known_pools().items():
             self._refresh(ps)
             sat = self.policy.saturation.pool(ps.loads, ps.pending, now)
+            need = _pace_need(ps, now)
             pools[model] = {"saturation": None if math.isinf(sat) else round(sat, 4), "queued": ps.queues.count,
                             "pending_leases": ps.pending,
+                            # The tightest pace (ms a token) the deadline work granted lately needs.
+                            "pace_need_ms": None if need == INFINITY else round(need * 1000.0, 3),
                             "overload_s": round(max(0.0, ps.overload_until - now), 3)}
         endpoints = {}
         for st in self._eps.values():
@@ -591,6 +631,8 @@ cdef class Admission:
                 "batch_capacity": st.load.capacity if st.load.capacity_known else None,
                 "running_max": st.load.capacity,
                 "frozen": bool(st.aimd is not None and st.aimd.frozen(now)),
+                # The engine's decode pace between its last two scrapes (ms a token; None: unknown).
+                "pace_ms": round(ep.pace * 1000.0, 3) if ep.pace > 0.0 else None,
                 "estimates": st.est.snapshot()}
         judged = tel.sla_met + tel.sla_missed
         return {
@@ -608,6 +650,8 @@ cdef class Admission:
             # Retry-After times told (made), and of those come due, whether a request
             # arriving then would have been admitted within its SLA (kept) or not (broken).
             "retry_promises": dict(self.promise_counts),
+            # Limits cut because an engine decoded slower than the deadline work needs.
+            "pace_cuts": self.pace_cuts,
             "latency_ms": {"e2e": percentiles(tel.e2e), "ttft": percentiles(tel.ttfts)},
         }
 
@@ -1198,6 +1242,11 @@ cdef class Admission:
         lease.deadline = deadline
         lease.arrived_at = arrived_at
         lease.granted_at = now
+        if deadline != INFINITY and max_tokens > 0:
+            # The pace its decoding needs: what is left of its deadline past the expected
+            # first token, with a margin, a token.
+            _note_pace_need(ps, (deadline - now - ps.est.first_token(<double>prompt_bytes)) * _PACE_MARGIN
+                            / <double>max_tokens, now)
         return lease
 
     # -- leases -------------------------------------------------------------------------------
@@ -1307,7 +1356,7 @@ cdef class Admission:
             # apply (an engine whose batch is bound by its KV shows it so).
             aimd.on_sample(queued, queued and ep.inflight + 1 >= floor(
                 ep.limit * self._held_share(ps, st.load.capacity_known)),
-                           st.load.kv <= self._kv_hard_limit and st.load.waiting < 2.0, now)
+                           st.load.kv <= self._kv_hard_limit and st.load.waiting < 2.0 and not st.pace_high, now)
         _set_limit(ep, <int>aimd.value)
 
     # -- housekeeping -------------------------------------------------------------------------

@@ -22,6 +22,9 @@ cdef class Endpoint:
     cdef public long limit
     cdef public double max_running_seen
     cdef public double running_cap
+    # Seconds per output token the engine took between its last two scrapes (its
+    # inter-token latency histogram's sum and count, differenced); 0: not known.
+    cdef public double pace
     # The most this gateway had in flight here while the last scrape was on its way, and
     # what that scrape showed beyond it: other gateways' requests (replicas of this one).
     cdef public long inflight_peak

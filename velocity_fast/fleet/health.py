@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from typing import Annotated, Callable
@@ -10,11 +11,15 @@ from typing import Annotated, Callable
 import msgspec
 
 from .endpoint import Endpoint
-from .scrape import MetricNames, parse_engine_metrics
+from .scrape import MetricNames, pace_between, parse_engine_metrics
 
 __all__ = ["HealthSettings", "EndpointMonitor"]
 
 log = logging.getLogger("velocity.health")
+
+# The span an engine's decode pace is measured over (its inter-token latency histogram
+# differenced between readings this far apart, or more).
+PACE_SPAN_S = 1.0
 
 
 # A period or timeout in ms (docs/configuration.md, "Ranges"): at least 1 ms, so that no
@@ -55,6 +60,9 @@ class EndpointMonitor:
         self._first: dict[str, asyncio.Future] = {}
         # Per endpoint, the engine's prefix-cache counters at the last scrape (queries, hits).
         self.prefix_cache: dict[str, tuple[float, float]] = {}
+        # Each engine's inter-token latency histogram (time, sum, count) over the last
+        # PACE_SPAN_S: its decode pace.
+        self._itl: dict[str, collections.deque] = {}
         # Endpoints whose /v1/models was asked since they last became healthy.
         self._asked_len: set[str] = set()
 
@@ -187,6 +195,19 @@ class EndpointMonitor:
             ep.num_gpu_blocks, ep.block_size = m.num_gpu_blocks, m.block_size
         if m.prefix_queries is not None:
             self.prefix_cache[ep.name] = (m.prefix_queries, m.prefix_hits)
+        if m.itl_count is not None:
+            # Over the last second or more, not one scrape's interval: a step that holds a
+            # long prefill makes one interval's tokens late together, and what a request's
+            # deadline sees is the pace over its whole decode.
+            t = time.monotonic()
+            readings = self._itl.get(ep.name)
+            if readings is None or (readings and readings[-1][2] > m.itl_count):  # new, or restarted
+                readings = self._itl[ep.name] = collections.deque()
+            while len(readings) > 1 and t - readings[1][0] >= PACE_SPAN_S:
+                readings.popleft()
+            old = readings[0] if readings and t - readings[0][0] >= PACE_SPAN_S else None
+            ep.pace = pace_between(None if old is None else old[1:], (m.itl_sum, m.itl_count))
+            readings.append((t, m.itl_sum, m.itl_count))
         ep.scraped_at = time.monotonic()
         self.on_metrics(ep)
 

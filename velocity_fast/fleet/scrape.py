@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["MetricNames", "EngineMetrics", "parse_engine_metrics"]
+__all__ = ["MetricNames", "EngineMetrics", "parse_engine_metrics", "pace_between"]
 
 
 class MetricNames(msgspec.Struct, forbid_unknown_fields=True):
@@ -20,15 +20,20 @@ class MetricNames(msgspec.Struct, forbid_unknown_fields=True):
         default_factory=lambda: ["vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"])
     prefix_cache_hits: list[str] = msgspec.field(
         default_factory=lambda: ["vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"])
+    # The inter-token latency histogram (its _sum and _count): the engine's decode pace.
+    inter_token_latency: list[str] = msgspec.field(
+        default_factory=lambda: ["vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"])
 
 
 class EngineMetrics:
     __slots__ = ("running", "waiting", "kv_usage", "block_size", "num_gpu_blocks", "found", "prefix_queries",
-                 "prefix_hits")
+                 "prefix_hits", "itl_sum", "itl_count")
 
     def __init__(self) -> None:
         self.prefix_queries: float | None = None   # the engine's prefix-cache counters, when it has them
         self.prefix_hits: float | None = None
+        self.itl_sum: float | None = None   # the inter-token latency histogram's sum and count
+        self.itl_count: float | None = None
         self.running = 0.0
         self.waiting = 0.0
         self.kv_usage = 0.0
@@ -63,7 +68,9 @@ def parse_engine_metrics(text: bytes, names: MetricNames) -> EngineMetrics:
               ("waiting", [n.encode() for n in names.waiting]),
               ("kv_usage", [n.encode() for n in names.kv_usage]),
               ("prefix_queries", [n.encode() for n in names.prefix_cache_queries]),
-              ("prefix_hits", [n.encode() for n in names.prefix_cache_hits]))
+              ("prefix_hits", [n.encode() for n in names.prefix_cache_hits]),
+              ("itl_sum", [n.encode() + b"_sum" for n in names.inter_token_latency]),
+              ("itl_count", [n.encode() + b"_count" for n in names.inter_token_latency]))
     wanted: dict[bytes, tuple[str, int]] = {}
     for field, alts in fields:
         for rank, n in enumerate(alts):
@@ -115,5 +122,21 @@ def parse_engine_metrics(text: bytes, names: MetricNames) -> EngineMetrics:
     out.kv_usage = sums.get("kv_usage", 0.0) / kv_count if kv_count else 0.0
     if "prefix_queries" in valid and "prefix_hits" in valid:
         out.prefix_queries, out.prefix_hits = sums["prefix_queries"], sums["prefix_hits"]
+    if "itl_sum" in valid and "itl_count" in valid and best["itl_sum"] == best["itl_count"]:
+        out.itl_sum, out.itl_count = sums["itl_sum"], sums["itl_count"]
     out.found = len(valid & {"running", "waiting", "kv_usage"})
     return out
+
+
+def pace_between(before: tuple[float, float] | None, now: tuple[float, float]) -> float:
+    """Seconds per output token between two readings of the inter-token latency
+    histogram, each (sum, count): the sum's growth over the count's. 0 when unknown: no
+    earlier reading, no token in between (nothing ran), or a counter that went back (the
+    engine restarted)."""
+    if before is None:
+        return 0.0
+    tokens = now[1] - before[1]
+    spent = now[0] - before[0]
+    if tokens <= 0 or spent < 0:
+        return 0.0
+    return spent / tokens
