@@ -91,8 +91,11 @@ latency, the engines' hit rate, where group 0 (the hot prefix) went, and, sample
 
     python -m bench.prefix --scenario hot-admission --repeats 5
 
-Goal: chat's latency p95 at least 1.5x better than affinity's in every run, with
-a hit rate at least 0.9x of affinity's. Not met on this tree (bench/README.md says why).
+Pure affinity here never spills (``routing.spill: false``): the engine holding the prefix
+takes the request even at its limit. Goal: chat's latency p95, over the requests that
+arrive after ``--warmup-s`` (8 s: each context's first prefill), at least 1.5x better than
+affinity's in every run, with a hit rate at least 0.9x of affinity's. Met in three or four
+runs of five on this tree, not in every run (bench/README.md says why).
 """
 from __future__ import annotations
 
