@@ -631,7 +631,7 @@ cdef class Admission:
                 "batch_capacity": st.load.capacity if st.load.capacity_known else None,
                 "running_max": st.load.capacity,
                 "frozen": bool(st.aimd is not None and st.aimd.frozen(now)),
-                # The engine's decode pace between its last two scrapes (ms a token; None: unknown).
+                # The engine's decode pace over the last second (ms a token; None: unknown).
                 "pace_ms": round(ep.pace * 1000.0, 3) if ep.pace > 0.0 else None,
                 "estimates": st.est.snapshot()}
         judged = tel.sla_met + tel.sla_missed

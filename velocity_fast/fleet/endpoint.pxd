@@ -22,7 +22,7 @@ cdef class Endpoint:
     cdef public long limit
     cdef public double max_running_seen
     cdef public double running_cap
-    # Seconds per output token the engine took between its last two scrapes (its
+    # Seconds per output token the engine took over the last second or more of scrapes (its
     # inter-token latency histogram's sum and count, differenced); 0: not known.
     cdef public double pace
     # The most this gateway had in flight here while the last scrape was on its way, and
