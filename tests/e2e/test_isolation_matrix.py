@@ -12,6 +12,8 @@ The 1.5x is widened by the machine's own noise in the same run (two idle series,
 p95s apart by ``noise``; at most 1.5 of it counts, so the bound never passes 2.25x), and
 the loaded series waits until admission's learned limits and batches have settled.
 A broken admission is 10-25x: neither the margin nor the one retry can hide it.
+The static run reuses the dynamic run's idle series and stops waiting for a high
+request once its answer is past the 10x verdict (``static_verdict``).
 """
 from __future__ import annotations
 
@@ -30,6 +32,14 @@ def bound(r: dict) -> float:
     return TARGET * min(r["noise"], 1.5)
 
 
+def static_verdict(dyn: dict) -> dict:
+    """The static run only has to show the load is real (at least 10x): it is judged
+    against the dynamic run's idle series, measured seconds before on the same engines,
+    and a high request unanswered at 12x that idle p95 counts as 12x (the verdict needs
+    no more; bench/isolation.py measures static's whole figure)."""
+    return {"idle_from": dyn, "at_least": 10.0}
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 async def test_high_band_isolated_at_default_flags(scenario, tmp_path):
@@ -40,7 +50,7 @@ async def test_high_band_isolated_at_default_flags(scenario, tmp_path):
         # 10-25x in every run, so this does not hide one.
         again = await run(SCENARIOS[scenario], "dynamic", str(tmp_path), **PARAMS)
         dyn = min(dyn, again, key=lambda r: r["p95_ratio"] / bound(r))
-    sta = await run(SCENARIOS[scenario], "static", str(tmp_path), **PARAMS)
+    sta = await run(SCENARIOS[scenario], "static", str(tmp_path), **PARAMS, **static_verdict(dyn))
     print(f"\n{scenario}: dynamic {dyn['p95_ratio']:.2f}x (bound {bound(dyn):.2f}x, {dyn['idle_ms']['p95']:.0f} -> "
           f"{dyn['loaded_ms']['p95']:.0f} ms), static {sta['p95_ratio']:.2f}x; batch {dyn['batch_capacity']}")
     assert dyn["idle_ms"]["failed"] == dyn["loaded_ms"]["failed"] == 0
@@ -62,7 +72,7 @@ async def test_two_replicas_keep_the_high_band_isolated_at_default_flags(tmp_pat
     if dyn["p95_ratio"] > bound(dyn):
         again = await run(SCENARIOS["seqs-16"], "dynamic", str(tmp_path), **kw)
         dyn = min(dyn, again, key=lambda r: r["p95_ratio"] / bound(r))
-    sta = await run(SCENARIOS["seqs-16"], "static", str(tmp_path), **kw)
+    sta = await run(SCENARIOS["seqs-16"], "static", str(tmp_path), **kw, **static_verdict(dyn))
     print(f"\nreplicas: dynamic {dyn['p95_ratio']:.2f}x (bound {bound(dyn):.2f}x), static {sta['p95_ratio']:.2f}x")
     assert dyn["idle_ms"]["failed"] == dyn["loaded_ms"]["failed"] == 0
     assert dyn["low"]["completed_during_high_series"] > 0 and sta["low"]["completed_during_high_series"] > 0

@@ -94,8 +94,11 @@ async def test_two_workers_never_pass_an_engines_limit_and_a_dead_ones_share_com
             await asyncio.sleep(2.0)  # the new worker takes its share of the flood
             after = await sample(6.0)
         finally:
+            # Cancelled, not drained: the queue left behind would take its own time to finish.
             stop.set()
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
+            for t in tasks:
+                t.cancel()
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
         print(f"\npeaks per engine: before the kill {before}, after {after}; {results}")
         assert max(before) <= LIMIT and max(after) <= LIMIT, (before, after)
         assert max(before) == LIMIT, f"the engines never reached the limit: {before}"
@@ -126,7 +129,8 @@ async def test_isolation_holds_at_default_flags_with_two_workers(tmp_path):
     if dyn["p95_ratio"] > bound(dyn):  # the one retry the matrix allows, for the same reason
         again = await run(SCENARIOS["seqs-16"], "dynamic", str(tmp_path), workers=2, **params)
         dyn = min(dyn, again, key=lambda r: r["p95_ratio"] / bound(r))
-    sta = await run(SCENARIOS["seqs-16"], "static", str(tmp_path), workers=2, **params)
+    # Judged as the matrix judges it (test_isolation_matrix.py, ``static_verdict``).
+    sta = await run(SCENARIOS["seqs-16"], "static", str(tmp_path), workers=2, **params, idle_from=dyn, at_least=10.0)
     print(f"\n2 workers, seqs-16: dynamic {dyn['p95_ratio']:.2f}x (bound {bound(dyn):.2f}x, "
           f"{dyn['idle_ms']['p95']:.0f} -> {dyn['loaded_ms']['p95']:.0f} ms), static {sta['p95_ratio']:.2f}x")
     assert dyn["idle_ms"]["failed"] == dyn["loaded_ms"]["failed"] == 0

@@ -145,13 +145,25 @@ class Fleet:
                 p.wait(5)
 
 
-async def high_series(client: Client, port: int, n: int, spacing: float) -> tuple[list[float], int]:
-    """n high streaming requests, one every ``spacing`` s: (latencies of the ok ones, failures)."""
+async def high_series(client: Client, port: int, n: int, spacing: float,
+                      cap: float | None = None) -> tuple[list[float], int]:
+    """n high streaming requests, one every ``spacing`` s: (latencies of the ok ones, failures).
+
+    With ``cap`` (seconds), a request still unanswered then is given up and counts as
+    ``cap``: its latency is at least that, which is all a verdict of "at least so much
+    worse" needs (the static runs: :func:`measure`)."""
     data = wire(port, HIGH_BODY, "high")
 
     async def one(i: int):
         await asyncio.sleep(i * spacing)
-        r = await client.send(i, data)
+        if cap is None:
+            r = await client.send(i, data)
+        else:
+            try:
+                async with asyncio.timeout(cap):
+                    r = await client.send(i, data)
+            except TimeoutError:
+                return cap
         return (r.done - r.sent) if r.ok else None
 
     out = await asyncio.gather(*(one(i) for i in range(n)))
@@ -194,6 +206,17 @@ async def settled(fleet: Fleet, timeout: float) -> dict:
     return last
 
 
+async def flooded(fleet: Fleet, timeout: float) -> dict:
+    """Admin /stats once the gateway's queue holds requests (or ``timeout`` passes): under
+    ``static`` nothing is learned, and the FIFO holds the flood as soon as it arrives."""
+    deadline = time.monotonic() + timeout
+    st = await fleet.stats()
+    while not st.get("admission", {}).get("queued") and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        st = await fleet.stats()
+    return st
+
+
 async def run(engine_args: list[list[str]], policy: str, log_dir: str, **kw) -> dict:
     """One scenario under one policy: idle and loaded high series on a fresh fleet (the
     arguments of :func:`measure`), with the caller's heap left out of garbage collection
@@ -205,13 +228,21 @@ async def run(engine_args: list[list[str]], policy: str, log_dir: str, **kw) -> 
 async def measure(engine_args: list[list[str]], policy: str, log_dir: str, *, low: int = 300,
                   high_samples: int = 40, spacing: float = 0.1, backlog: float = 4.0,
                   backoff_cap: float = 2.0, settle_timeout: float = 15.0, replicas: int = 1,
-                  workers: int = 1) -> dict:
+                  workers: int = 1, idle_from: dict | None = None, at_least: float | None = None) -> dict:
     """One scenario under one policy: idle and loaded high series on a fresh fleet.
 
     With ``replicas`` gateways in front of the same engines, the low clients are spread
     over them in turn and the high series goes to the first: what the others send is
     known to it only through the engines' own gauges. With ``workers`` each gateway runs
-    that many processes on one port, sharing their counts in memory."""
+    that many processes on one port, sharing their counts in memory.
+
+    For a run that only has to show the load is real (``static``, at least 10x idle):
+    ``idle_from`` is another run's result on the same engines, seconds before, whose idle
+    series stands for this one's (none is measured); ``at_least`` is the ratio the
+    verdict needs, and a loaded request still unanswered at 1.2 times that ratio of the
+    idle p95 counts as that long (``loaded_ms["capped"]``: the ratio is then a lower
+    bound). Under ``static`` the loaded series starts once the gateway's queue holds
+    requests, with nothing to learn first."""
     fleet = Fleet(engine_args, policy, log_dir, replicas=replicas, workers=workers)
     fleet.start()
     try:
@@ -223,9 +254,13 @@ async def measure(engine_args: list[list[str]], policy: str, log_dir: str, *, lo
             await high_series(high, fleet.port, 4, 0.05)  # warm connections and estimators
             # Two idle series: their p95s differ only by the machine's noise in this run,
             # which sets the margin a loaded p95 is judged with (``noise``).
-            idle_a, failed_a = await high_series(high, fleet.port, high_samples, spacing)
-            idle_b, failed_b = await high_series(high, fleet.port, high_samples, spacing)
+            if idle_from is None:
+                idle_a, failed_a = await high_series(high, fleet.port, high_samples, spacing)
+                idle_b, failed_b = await high_series(high, fleet.port, high_samples, spacing)
+            else:
+                (idle_a, idle_b), failed_a, failed_b = idle_from["idle_series_s"], 0, 0
             idle, idle_failed = idle_a + idle_b, failed_a + failed_b
+            cap = at_least * 1.2 * percentile(idle, 95) if at_least else None
             low_wires = [wire(port, LOW_BODY, "low") for port in fleet.ports]
             stop_at = time.monotonic() + backlog + high_samples * spacing + 120.0
             stopping = asyncio.Event()
@@ -244,11 +279,14 @@ async def measure(engine_args: list[list[str]], policy: str, log_dir: str, *, lo
 
             workers = [asyncio.create_task(low_worker(i)) for i in range(low)]
             try:
-                await asyncio.sleep(backlog)
-                before = await settled(fleet, settle_timeout)
+                if policy == "static":
+                    before = await flooded(fleet, backlog)
+                else:
+                    await asyncio.sleep(backlog)
+                    before = await settled(fleet, settle_timeout)
                 done_before = counts["ok"]
                 t0 = time.monotonic()
-                loaded, loaded_failed = await high_series(high, fleet.port, high_samples, spacing)
+                loaded, loaded_failed = await high_series(high, fleet.port, high_samples, spacing, cap)
                 window = time.monotonic() - t0
                 after = await fleet.stats()
                 low_done = counts["ok"] - done_before
@@ -270,7 +308,9 @@ async def measure(engine_args: list[list[str]], policy: str, log_dir: str, *, lo
         "idle_ms": {"p50": percentile(idle, 50) * 1000, "p95": percentile(idle, 95) * 1000,
                     "p99": percentile(idle, 99) * 1000, "n": len(idle), "failed": idle_failed},
         "loaded_ms": {"p50": percentile(loaded, 50) * 1000, "p95": percentile(loaded, 95) * 1000,
-                      "p99": percentile(loaded, 99) * 1000, "n": len(loaded), "failed": loaded_failed},
+                      "p99": percentile(loaded, 99) * 1000, "n": len(loaded), "failed": loaded_failed,
+                      "capped": sum(1 for x in loaded if x == cap)},
+        "idle_series_s": [idle_a, idle_b],
         "p95_ratio": percentile(loaded, 95) / percentile(idle, 95),
         "noise": noise(idle_a, idle_b),
         "p99_ratio": percentile(loaded, 99) / percentile(idle, 99),
