@@ -60,15 +60,24 @@ async def test_killing_one_replica_loses_only_its_in_flight_requests(tmp_path):
                     s["failed"] += 1
                     await asyncio.sleep(0.05)
 
+        async def until(done, timeout: float) -> None:
+            end = time.monotonic() + timeout
+            while not done() and time.monotonic() < end:
+                await asyncio.sleep(0.05)
+
         workers = [asyncio.create_task(worker(i)) for i in range(120)]
         try:
-            await asyncio.sleep(6.0)
+            # Both replicas serving, and the victim with requests in flight to lose.
+            await until(lambda: stats[survivor]["ok"] > 0 and stats[victim]["ok"] > 0 and in_flight[victim] > 0, 30.0)
             assert stats[survivor]["ok"] > 0 and stats[victim]["ok"] > 0, stats
             victim_proc = fleet.procs[-1]  # the second gateway, started last
             failed_in_flight_at_kill.append(in_flight[victim])
             os.killpg(victim_proc.pid, signal.SIGKILL)
             killed_at.append(time.monotonic())
-            await asyncio.sleep(8.0)
+            # The survivor serves on, the moved clients included, for 3 s at least: long
+            # enough for any failure the kill would cause there to show.
+            kill = killed_at[0]
+            await until(lambda: stats[survivor]["ok_after_kill"] > 20 and time.monotonic() - kill >= 3.0, 30.0)
         finally:
             stopping.set()
             for w in workers:

@@ -151,12 +151,15 @@ def test_a_worker_killed_under_load_loses_only_its_in_flight_requests(tmp_path):
             for _ in range(clients):
                 pool.submit(client)
             try:
-                time.sleep(3.0)
+                # Served before the kill, and every client with a request in flight again.
+                _wait(lambda: sum(s == 200 for _, s in results) >= clients, 30, "a round of answers")
                 os.kill(before[1], signal.SIGKILL)
                 killed_at = time.monotonic()
                 _wait(lambda: (s := _stats(gp))["workers"]["alive"] == 2 and s["workers"]["restarts"] == 1,
                       30, "a new worker")
-                time.sleep(3.0)
+                # Answers again, and past the second in which a failure may still be the kill's.
+                _wait(lambda: time.monotonic() > killed_at + 2.0 and
+                      any(t > killed_at + 1.0 and s == 200 for t, s in list(results)), 30, "answers after the kill")
             finally:
                 stop.set()
         ok_before = sum(1 for t, s in results if t < killed_at and s == 200)
