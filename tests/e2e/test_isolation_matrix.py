@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pytest
 
-from velocity_fast.loadgen.isolation import SCENARIOS, run
+from velocity_fast.loadgen.isolation import SCENARIOS, run, static_verdict
 
 pytestmark = [pytest.mark.e2e]
 
@@ -30,14 +30,6 @@ TARGET = 1.5
 def bound(r: dict) -> float:
     """1.5x, times the run's own idle noise up to 1.5 of it (at most 2.25x in all)."""
     return TARGET * min(r["noise"], 1.5)
-
-
-def static_verdict(dyn: dict) -> dict:
-    """The static run only has to show the load is real (at least 10x): it is judged
-    against the dynamic run's idle series, measured seconds before on the same engines,
-    and a high request unanswered at 12x that idle p95 counts as 12x (the verdict needs
-    no more; bench/isolation.py measures static's whole figure)."""
-    return {"idle_from": dyn, "at_least": 10.0}
 
 
 @pytest.mark.timeout(300)

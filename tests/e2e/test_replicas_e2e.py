@@ -19,6 +19,7 @@ import pytest
 
 from velocity_fast.loadgen.client import Client
 from velocity_fast.loadgen.isolation import LOW_BODY, SCENARIOS, Fleet, wire
+from tests.support.gateway import wait_until
 
 pytestmark = [pytest.mark.e2e]
 
@@ -60,15 +61,11 @@ async def test_killing_one_replica_loses_only_its_in_flight_requests(tmp_path):
                     s["failed"] += 1
                     await asyncio.sleep(0.05)
 
-        async def until(done, timeout: float) -> None:
-            end = time.monotonic() + timeout
-            while not done() and time.monotonic() < end:
-                await asyncio.sleep(0.05)
-
         workers = [asyncio.create_task(worker(i)) for i in range(120)]
         try:
             # Both replicas serving, and the victim with requests in flight to lose.
-            await until(lambda: stats[survivor]["ok"] > 0 and stats[victim]["ok"] > 0 and in_flight[victim] > 0, 30.0)
+            await wait_until(lambda: stats[survivor]["ok"] > 0 and stats[victim]["ok"] > 0 and in_flight[victim] > 0,
+                             30.0, 0.05, "both replicas serving")
             assert stats[survivor]["ok"] > 0 and stats[victim]["ok"] > 0, stats
             victim_proc = fleet.procs[-1]  # the second gateway, started last
             failed_in_flight_at_kill.append(in_flight[victim])
@@ -77,7 +74,8 @@ async def test_killing_one_replica_loses_only_its_in_flight_requests(tmp_path):
             # The survivor serves on, the moved clients included, for 3 s at least: long
             # enough for any failure the kill would cause there to show.
             kill = killed_at[0]
-            await until(lambda: stats[survivor]["ok_after_kill"] > 20 and time.monotonic() - kill >= 3.0, 30.0)
+            await wait_until(lambda: stats[survivor]["ok_after_kill"] > 20 and time.monotonic() - kill >= 3.0,
+                             30.0, 0.05, "the survivor serving on")
         finally:
             stopping.set()
             for w in workers:

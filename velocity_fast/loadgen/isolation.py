@@ -217,6 +217,14 @@ async def flooded(fleet: Fleet, timeout: float) -> dict:
     return st
 
 
+def static_verdict(dyn: dict) -> dict:
+    """:func:`measure`'s arguments for a static run that only has to show the load is real
+    (at least 10x): judged against the dynamic run ``dyn``'s idle series, measured seconds
+    before on the same engines, and a high request unanswered at 12x that idle p95 counts
+    as 12x (the verdict needs no more; bench/isolation.py measures static's whole figure)."""
+    return {"idle_from": dyn, "at_least": 10.0}
+
+
 async def run(engine_args: list[list[str]], policy: str, log_dir: str, **kw) -> dict:
     """One scenario under one policy: idle and loaded high series on a fresh fleet (the
     arguments of :func:`measure`), with the caller's heap left out of garbage collection
