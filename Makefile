@@ -28,9 +28,9 @@ build: $(STAMP)
 run: build
 	$(BIN)/velocityllm chargeVelocity
 
-# Two passes: the tests that time themselves or run whole benchmarks (marked `serial`:
-# tests/e2e/, tests/bench/, e2e and bench marks) run alone, after the rest has run two
-# at a time. A pass that selects no test (exit 5, with PYTEST_ARGS naming a few) is fine.
+# Two passes: the tests whose verdict is a figure measured against the clock, or that load
+# both cores (marked `serial`, see tests/conftest.py), run alone, after the rest has run
+# two at a time. A pass that selects no test (exit 5, with PYTEST_ARGS naming a few) is fine.
 test: build
 	$(BIN)/python -m pytest -q -n 2 -m "not serial" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(BIN)/python -m pytest -q -m serial --durations=25 $(PYTEST_ARGS) || [ $$? -eq 5 ]

@@ -43,14 +43,11 @@ def _fail_on_loop_errors():
         pytest.fail(f"unhandled exceptions in the event loop: {msgs}")
 
 
-# Tests that measure time against time, or run whole benchmarks, run alone after the rest
-# (the Makefile's second pass): on 2 cores another test beside them is noise in their
-# figures. The rest run two at a time (pytest-xdist); see Makefile's `test`.
-SERIAL_DIRS = ("e2e", "bench")
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        parts = item.path.relative_to(Path(__file__).parent).parts
-        if parts[0] in SERIAL_DIRS or item.get_closest_marker("e2e") or item.get_closest_marker("bench"):
-            item.add_marker(pytest.mark.serial)
+# The Makefile's `test` runs two passes: everything not marked `serial` two at a time
+# (pytest-xdist), then the `serial` tests one at a time. A test is `serial` when its verdict
+# is a figure measured against the clock (a latency or its ratio, a throughput, an SLA
+# met, a rate over a window) or when it loads both cores (a flood, wrk, valgrind, a
+# benchmark pinned to cores): a test beside it on 2 cores would be noise in its figures,
+# or would slow the other past its timeouts. Mark it with `pytest.mark.serial` and say
+# which of the two it is. End-to-end tests that check statuses, counts, routes and output
+# run in the first pass like the rest.

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.bench
+# Whole benchmarks: wrk, valgrind, nginx and gateways, some pinned to cores.
+pytestmark = [pytest.mark.bench, pytest.mark.serial]
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
