@@ -198,6 +198,24 @@ def test_a_single_gateway_sees_no_others_however_its_count_moved_between_scrapes
     assert ep.inflight_peak == 4  # the next interval's peak starts from the count now
 
 
+def test_others_is_the_most_of_the_last_three_scrapes_so_a_batch_boundary_dip_opens_no_gap():
+    # Another replica keeps 7 on the engine beside our 8. One scrape lands while a batch
+    # has just ended (the engine replaces it a step later) and shows 11 running, not 15:
+    # read alone, others would be 3 and we would fill the 4 slots that are not free.
+    ep = Endpoint("a", "http://a", "m", limit=16)
+    ep.healthy = True
+    load = EndpointLoad(limit=16)
+    readings = []
+    for t, running in enumerate([15, 15, 11, 15, 11, 9, 9, 9]):
+        ep.inflight = ep.inflight_peak = 8
+        ep.running, ep.waiting, ep.kv_usage, ep.scraped_at = running, 0, 0.1, 10.0 + t
+        observe_endpoint(load, ep)
+        readings.append(load.others)
+    # The dips are held at 7; the other replica's real drop (to 1) shows three scrapes on.
+    assert readings == [7, 7, 7, 7, 7, 7, 3, 1]
+    assert ep.others == 1
+
+
 def test_free_slots_count_healthy_endpoints_below_their_limit_less_pending():
     a, b, c = (Endpoint(n, f"http://{n}", "m", limit=8) for n in "abc")
     a.healthy, a.inflight = True, 5      # 3 free

@@ -8,6 +8,11 @@ cdef extern from "admission_consts.h":
     double VF_STALE_AFTER_S
 
 
+# How many scrapes' readings of other gateways' work ``others`` is the most of.
+cdef enum:
+    OTHERS_SCRAPES = 3
+
+
 cdef class EndpointLoad:
     # Last scrape of the engine (zero until the first one).
     cdef readonly double running
@@ -20,9 +25,11 @@ cdef class EndpointLoad:
     cdef readonly bint capacity_known
     # The previous scrape showed a queue beside running requests.
     cdef readonly bint queue_seen
-    # What the engine ran or queued beyond this gateway's own requests at the last
-    # scrape: other replicas' work (observe_endpoint).
+    # What the engine ran beyond this gateway's own requests: other replicas' work, the
+    # most of the last OTHERS_SCRAPES scrapes' readings (observe_endpoint), each in ``seen``.
     cdef readonly double others
+    cdef double seen[OTHERS_SCRAPES]
+    cdef int seen_at
     # The gateway's own view, kept by admission.
     cdef public long inflight
     cdef public long limit

@@ -18,7 +18,8 @@ against its threshold (1.0 = saturated). Two lags of scraped metrics are closed:
   gauges only: what a scrape shows running beyond the most this gateway had in flight
   there while the scrape was on its way (``others``; fleet/health.py starts the window
   when it sends the scrape) is theirs (what waits in the engine, theirs
-  or ours, is the queue term already). It counts as
+  or ours, is the queue term already), the most of the last three scrapes' readings.
+  It counts as
   in-flight work beside the gateway's own, for as long as the scrape is fresh, so that
   replicas together keep to the bands' ceilings of one engine's batch. Subtracting the
   most this gateway had in flight, not what it has now, keeps a single gateway's
@@ -84,12 +85,24 @@ cpdef void observe_endpoint(EndpointLoad load, Endpoint ep):
     work (``others``, also kept on the endpoint for the router), and start the next
     interval's count of this gateway's own in-flight peak."""
     cdef double others
+    cdef int i
     load.observe(ep.running, ep.waiting, ep.kv_usage, ep.scraped_at)
     if ep.shm != NULL and load.capacity_known:  # workers: the batch one learned is every one's
         vf_ep_learn_cap(ep.shm, load.capacity)
     # Running only: the engine's waiting requests, theirs and ours, are the queue term.
     others = ep.running - <double>ep.inflight_peak
-    load.others = others if others > 0.0 else 0.0
+    load.seen[load.seen_at] = others if others > 0.0 else 0.0
+    load.seen_at = (load.seen_at + 1) % OTHERS_SCRAPES
+    # The most of the last few readings: one scrape taken while a batch had just ended
+    # and its successors not yet begun (the engine replaces them a step later) shows
+    # fewer running than the gateways keep there, and read alone it would let every
+    # replica fill the gap at once, past its bands' ceilings. Another replica's work
+    # does not vanish in a scrape interval; a gateway alone reads zeros and keeps zero.
+    others = load.seen[0]
+    for i in range(1, OTHERS_SCRAPES):
+        if load.seen[i] > others:
+            others = load.seen[i]
+    load.others = others
     ep.others = load.others
     ep.inflight_peak = ep.inflight
 

@@ -206,6 +206,23 @@ async def settled(fleet: Fleet, timeout: float) -> dict:
     return last
 
 
+async def learned_batches(fleet: Fleet, timeout: float) -> dict:
+    """Admin /stats once the gateway knows every engine's batch (or ``timeout`` passes).
+
+    Replicas learn an engine's batch from its gauges, when it queues beside as many
+    running as ever (admission/saturation.pyx); each sees the same scrapes, so a flood
+    through one teaches them all. Spread over replicas that hold back for each other,
+    it may never queue the engine: a replica's slow start then learns the batch in the
+    middle of a measurement, by overshooting it for about one service time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = await fleet.stats()
+        eps = st.get("admission", {}).get("endpoints", {})
+        if (eps and all(e.get("batch_capacity") is not None for e in eps.values())) or time.monotonic() >= deadline:
+            return st
+        await asyncio.sleep(0.2)
+
+
 async def flooded(fleet: Fleet, timeout: float) -> dict:
     """Admin /stats once the gateway's queue holds requests (or ``timeout`` passes): under
     ``static`` nothing is learned, and the FIFO holds the flood as soon as it arrives."""
@@ -241,7 +258,9 @@ async def measure(engine_args: list[list[str]], policy: str, log_dir: str, *, lo
 
     With ``replicas`` gateways in front of the same engines, the low clients are spread
     over them in turn and the high series goes to the first: what the others send is
-    known to it only through the engines' own gauges. With ``workers`` each gateway runs
+    known to it only through the engines' own gauges. Under an adaptive policy the flood
+    first goes through the first replica alone, until the engines' batches are learned
+    (:func:`learned_batches`): the loaded series measures the replicas' steady state. With ``workers`` each gateway runs
     that many processes on one port, sharing their counts in memory.
 
     For a run that only has to show the load is real (``static``, at least 10x idle):
@@ -273,9 +292,14 @@ async def measure(engine_args: list[list[str]], policy: str, log_dir: str, *, lo
             stop_at = time.monotonic() + backlog + high_samples * spacing + 120.0
             stopping = asyncio.Event()
 
+            # Replicas: the flood goes to the first until its engines' batches are learned
+            # (learned_batches), then over all of them.
+            spread = [1 if replicas > 1 and policy != "static" else len(low_clients)]
+
             async def low_worker(i: int) -> None:
                 while not stopping.is_set() and time.monotonic() < stop_at:
-                    r = await low_clients[i % len(low_clients)].send(i, low_wires[i % len(low_wires)])
+                    k = i % spread[0]
+                    r = await low_clients[k].send(i, low_wires[k])
                     if r.ok:
                         counts["ok"] += 1
                     elif r.status in (429, 503):  # declined: back off as told (Retry-After)
@@ -291,6 +315,10 @@ async def measure(engine_args: list[list[str]], policy: str, log_dir: str, *, lo
                     before = await flooded(fleet, backlog)
                 else:
                     await asyncio.sleep(backlog)
+                    if spread[0] < len(low_clients):
+                        await learned_batches(fleet, settle_timeout)
+                        spread[0] = len(low_clients)
+                        await asyncio.sleep(backlog)
                     before = await settled(fleet, settle_timeout)
                 done_before = counts["ok"]
                 t0 = time.monotonic()
