@@ -166,11 +166,19 @@ async def test_tokens_per_minute_hold_across_replicas_and_through_a_store_restar
     with redis_server() as rs, two_gateways(engine, tmp_path, f"{{name: t, tokens_per_minute: {tpm}}}",
                                             rs.url) as gws:
         await _drain(gws, rs, "tokens", tpm)
+        # What the drain left in the shared bucket (negative: a debt of settlements) is
+        # served on top of the quota's refill. Beside it, a constant of a few requests is
+        # served that no window sees charged: the replicas' leases (100 ms of the rate
+        # each) and settlements still on their way. 10 s keeps that within a few percent;
+        # over 6 s, one CI run under a CPU hog read 110.5 tokens/s against 100.
+        left = _level(rs, "tokens")
         t0 = time.monotonic()
-        recs = await _load(gws, 6.0)
-        tokens = sum(r[4] for r in _window(recs, t0, t0 + 6.0)) / 6.0
-        print(f"two replicas, quota {per_s} tokens/s: served {tokens:.2f}/s")
-        assert abs(tokens - per_s) <= 0.1 * per_s, f"{tokens:.1f} tokens/s across two replicas, quota {per_s}/s"
+        recs = await _load(gws, 10.0)
+        tokens = sum(r[4] for r in _window(recs, t0, t0 + 10.0)) / 10.0
+        due = per_s + left / 10.0
+        print(f"two replicas, quota {per_s} tokens/s and {left:.0f} left in the bucket: served {tokens:.2f}/s")
+        assert abs(tokens - due) <= 0.1 * per_s, \
+            f"{tokens:.1f} tokens/s across two replicas, quota {per_s}/s and {left:.0f} left: {due:.1f}/s due"
         rs.stop()  # gone: connections refused
         try:
             t1 = time.monotonic()
@@ -183,12 +191,15 @@ async def test_tokens_per_minute_hold_across_replicas_and_through_a_store_restar
         assert sum(r[4] for r in down) / elapsed <= 2 * per_s + (2 * 2 * 30) / elapsed
         await _store_answers(gws)
         await _drain(gws, rs, "tokens", tpm)  # the fresh store's full bucket, less what the outage was charged
+        left = _level(rs, "tokens")
         t2 = time.monotonic()
         back = await _load(gws, 4.0)
-        got = sum(r[4] for r in back) / (time.monotonic() - t2)
+        took = time.monotonic() - t2
+        got, due = sum(r[4] for r in back) / took, per_s + left / took
         print(f"store restarted: down {sum(r[4] for r in down) / elapsed:.2f} tokens/s, "
-              f"slowest {max(r[3] for r in down) * 1000:.0f} ms; after {got:.2f} tokens/s")
-        assert abs(got - per_s) <= 0.15 * per_s, f"after the store returned: {got:.1f} tokens/s, quota {per_s}/s"
+              f"slowest {max(r[3] for r in down) * 1000:.0f} ms; after {got:.2f} tokens/s ({left:.0f} left)")
+        assert abs(got - due) <= 0.15 * per_s, \
+            f"after the store returned: {got:.1f} tokens/s, quota {per_s}/s and {left:.0f} left: {due:.1f}/s due"
 
 
 def test_a_bad_state_store_is_refused_at_start_naming_the_key(engine, tmp_path):
