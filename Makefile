@@ -3,7 +3,6 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-CORE_SRC := $(wildcard velocity_fast/*/*.pyx velocity_fast/*/*.pxd csrc/*.h)
 PYTEST_ARGS ?=
 
 .PHONY: run test test-fast bench bench-smoke build clean venv
@@ -28,12 +27,14 @@ build: $(STAMP)
 run: build
 	$(BIN)/velocityllm chargeVelocity
 
-# Two passes: the tests whose verdict is a figure measured against the clock, or that load
-# both cores (marked `serial`, see tests/conftest.py), run alone, after the rest has run
-# two at a time. A pass that selects no test (exit 5, with PYTEST_ARGS naming a few) is fine.
+# Three passes (see tests/conftest.py): the unmarked tests four at a time; then the tests
+# whose verdict is a figure measured against the clock (`timed`), three at a time and apart
+# from the rest; last the tests that load both cores (`serial`), alone. A pass that selects
+# no test (exit 5, with PYTEST_ARGS naming a few) is fine.
 test: build
-	$(BIN)/python -m pytest -q -n 2 -m "not serial" $(PYTEST_ARGS) || [ $$? -eq 5 ]
-	$(BIN)/python -m pytest -q -m serial --durations=25 $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q -n 4 -m "not timed and not serial" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q -n 3 --dist worksteal -m timed --durations=15 $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q -m serial --durations=10 $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # The quick benchmark set; each prints one summary (see bench/README.md).
 bench: build
@@ -44,4 +45,5 @@ bench-smoke: build
 	$(BIN)/python -m bench.run_all --smoke
 
 clean:
-	rm -rf build velocity_fast/*/*.c velocity_fast/*/*.so velocity_fast/*/*.html
+	rm -rf build
+	find velocity_fast \( -name '*.c' -o -name '*.so' -o -name '*.html' \) -delete

@@ -43,11 +43,13 @@ def _fail_on_loop_errors():
         pytest.fail(f"unhandled exceptions in the event loop: {msgs}")
 
 
-# The Makefile's `test` runs two passes: everything not marked `serial` two at a time
-# (pytest-xdist), then the `serial` tests one at a time. A test is `serial` when its verdict
-# is a figure measured against the clock (a latency or its ratio, a throughput, an SLA
-# met, a rate over a window) or when it loads both cores (a flood, wrk, valgrind, a
-# benchmark pinned to cores): a test beside it on 2 cores would be noise in its figures,
-# or would slow the other past its timeouts. Mark it with `pytest.mark.serial` and say
-# which of the two it is. End-to-end tests that check statuses, counts, routes and output
-# run in the first pass like the rest.
+# The Makefile's `test` runs three passes. First everything unmarked, four at a time
+# (pytest-xdist; the pass keeps about 1.2 of the 2 cores busy). Then the `timed` tests,
+# three at a time, apart from the rest: a test is `timed` when its verdict is a figure
+# measured against the clock (a latency or its ratio, a throughput, an SLA met, a rate
+# over a window). Each spends its time waiting on engines that sleep through their
+# simulated work (0.1-0.6 of a core, measured one at a time), so a neighbour of the same
+# kind is noise its own idle figures and margins carry; a CPU-bound pass beside it would
+# not be. Last the `serial` tests, one at a time: they load both cores (wrk, valgrind,
+# a benchmark pinned to cores). Mark a test with one of the two and say why. End-to-end
+# tests that check statuses, counts, routes and output run in the first pass.

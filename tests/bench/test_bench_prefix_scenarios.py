@@ -158,7 +158,7 @@ def test_replicas_measure_one_gateway_beside_them_and_give_the_hit_rate_ratio(tm
             in proc.stdout)
 
 
-@pytest.mark.serial  # a hit-rate ratio of runs under load, 0.967 against 0.95
+@pytest.mark.timed  # a hit-rate ratio of runs under load, 0.967 against 0.95
 @pytest.mark.timeout(240)
 def test_two_precise_replicas_keep_one_gateways_engine_hit_rate(tmp_path):
     """Issue 37's must-hold at the scenario's full size (its defaults: 640 requests, 16

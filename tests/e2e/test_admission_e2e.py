@@ -153,7 +153,7 @@ def sim():
     eng.stop()
 
 
-@pytest.mark.serial  # a 429 timed against a quarter of the service time
+@pytest.mark.timed  # a 429 timed against a quarter of the service time
 async def test_sla_far_below_service_time_is_429_at_once_when_it_would_queue_never_when_idle(sim):
     async with running_gateway(sim, policy="dynamic", max_concurrency=1) as gw:
         for _ in range(2):  # what this engine takes per token, learned by admission

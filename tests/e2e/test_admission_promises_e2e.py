@@ -18,7 +18,7 @@ from tests.support.bench import bench_module
 from tests.support.gateway import gateway_process
 from tests.support.sim import http_request, sim_engine
 
-pytestmark = [pytest.mark.e2e, pytest.mark.serial]  # SLAs met, times told
+pytestmark = [pytest.mark.e2e, pytest.mark.timed]  # SLAs met, times told
 
 MODEL = "sim-model"
 

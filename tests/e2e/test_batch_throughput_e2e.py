@@ -24,7 +24,7 @@ import pytest
 from velocity_fast.loadgen.client import Client, frozen_heap
 from velocity_fast.loadgen.isolation import LOW_BODY, MODEL, Fleet, high_series, noise, percentile, wire
 
-pytestmark = [pytest.mark.e2e, pytest.mark.serial]  # throughput and latency ratios
+pytestmark = [pytest.mark.e2e, pytest.mark.timed]  # throughput and latency ratios
 
 # 4x real time: a 200-token request takes about 1.1 s at a full batch of 16.
 SIM = ("--time-scale", "4", "--decode-tps", "50", "--batch-contention", "0.005")

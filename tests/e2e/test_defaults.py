@@ -97,7 +97,7 @@ async def wait_ready(admin_port: int, timeout: float = 30.0) -> None:
     raise TimeoutError("the gateway did not turn ready")
 
 
-@pytest.mark.serial  # 429s timed, SLAs met
+@pytest.mark.timed  # 429s timed, SLAs met
 @pytest.mark.timeout(180)
 async def test_a_flood_against_serve_sla_ms_gets_fast_429s_and_what_is_admitted_meets_the_sla():
     """One engine of 8 sequences the gateway was not told about, `serve --sla-ms 2500`,

@@ -22,7 +22,7 @@ import pytest
 
 from velocity_fast.loadgen.isolation import SCENARIOS, run, static_verdict
 
-pytestmark = [pytest.mark.e2e, pytest.mark.serial]  # latency ratios
+pytestmark = [pytest.mark.e2e, pytest.mark.timed]  # latency ratios
 
 PARAMS = dict(low=200, high_samples=30, spacing=0.1, backlog=3.0)
 TARGET = 1.5

@@ -21,7 +21,7 @@ from velocity_fast.loadgen.client import Client
 from velocity_fast.loadgen.isolation import LOW_BODY, SCENARIOS, Fleet, wire
 from tests.support.gateway import wait_until
 
-pytestmark = [pytest.mark.e2e, pytest.mark.serial]  # a delay in seconds; a flood on both cores
+pytestmark = [pytest.mark.e2e, pytest.mark.timed]  # a delay in seconds
 
 
 @pytest.mark.timeout(180)

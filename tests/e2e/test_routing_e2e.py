@@ -150,7 +150,7 @@ async def run_profile(profile: str, workload: list[tuple[int, bytes]]) -> dict:
             "seconds": took, "picks": router["picks"]}
 
 
-@pytest.mark.serial  # hit rates that follow in-flight timing
+@pytest.mark.timed  # hit rates that follow in-flight timing
 async def test_chat_profile_earns_at_least_twice_the_engine_prefix_cache_hit_rate_of_batch():
     workload = shared_prefix_workload()
     chat = await run_profile("chat", workload)
@@ -209,7 +209,7 @@ async def run_serve_defaults(workload: list[tuple[int, bytes]], headers: dict) -
     return {"hit_rate": (hits1 - hits0) / queries if queries else 0.0, "queries": queries, "picks": picks}
 
 
-@pytest.mark.serial  # hit rates that follow in-flight timing
+@pytest.mark.timed  # hit rates that follow in-flight timing
 async def test_at_default_flags_with_no_models_section_prefix_affinity_is_in_effect():
     """A new user's `serve`: no `models:`, no profile header, the default policy. The
     engines' own hit rate is at least twice that of shortest-queue routing (asked for

@@ -104,7 +104,7 @@ async def _drain(gws, rs, kind: str, cap: float, timeout: float = 15.0) -> None:
     raise AssertionError("the tenant's bucket never emptied")
 
 
-@pytest.mark.serial  # a rate over a window
+@pytest.mark.timed  # a rate over a window
 async def test_two_replicas_admit_the_tenant_rate_once(engine, tmp_path):
     rate = 40
     with redis_server() as rs, two_gateways(engine, tmp_path, f"{{name: t, requests_per_second: {rate}, burst: 10}}",
@@ -121,7 +121,7 @@ async def test_two_replicas_admit_the_tenant_rate_once(engine, tmp_path):
             assert all(r[2] in (200, 429) for r in mine)
 
 
-@pytest.mark.serial  # rates over windows, a latency bound
+@pytest.mark.timed  # rates over windows, a latency bound
 async def test_a_stopped_store_leaves_requests_to_the_local_limit_and_never_waited_on(engine, tmp_path):
     rate = 40
     with redis_server() as rs, two_gateways(engine, tmp_path, f"{{name: t, requests_per_second: {rate}, burst: 10}}",
@@ -159,7 +159,7 @@ async def test_a_stopped_store_leaves_requests_to_the_local_limit_and_never_wait
         assert abs(back - rate) <= 0.1 * rate, f"after the store returned: {back:.1f}/s, limit {rate}/s"
 
 
-@pytest.mark.serial  # rates over windows, a latency bound
+@pytest.mark.timed  # rates over windows, a latency bound
 async def test_tokens_per_minute_hold_across_replicas_and_through_a_store_restart(engine, tmp_path):
     tpm = 6000  # 100 tokens a second; a request here costs about 15 (prompt and 8 completed)
     per_s = tpm / 60

@@ -130,7 +130,7 @@ def test_sighup_reaches_every_worker(tmp_path):
             assert gp.proc.poll() is None
 
 
-@pytest.mark.serial  # failures timed against the kill; a flood on both cores
+@pytest.mark.timed  # failures timed against the kill
 @pytest.mark.timeout(150)
 def test_a_worker_killed_under_load_loses_only_its_in_flight_requests(tmp_path):
     with sim_engine(model="m1", time_scale=1) as e1, sim_engine(model="m1", time_scale=1) as e2, \
@@ -212,7 +212,7 @@ def test_charge_velocity_refuses_more_than_one_worker_saying_why():
         gp.close()
 
 
-@pytest.mark.serial  # a rate over a window
+@pytest.mark.timed  # a rate over a window
 @pytest.mark.timeout(120)
 def test_a_tenants_rate_holds_once_across_two_workers(tmp_path):
     """A tenant limited to 40 requests/s, with clients over the limit on both workers (a

@@ -22,7 +22,7 @@ from velocity_fast.loadgen.client import Client
 from velocity_fast.loadgen.gateway_proc import http_get
 from velocity_fast.loadgen.isolation import LOW_BODY, Fleet, wire
 
-pytestmark = [pytest.mark.e2e, pytest.mark.serial]  # latency ratios; floods on both cores
+pytestmark = [pytest.mark.e2e, pytest.mark.timed]  # latency ratios
 
 LIMIT = 4
 ENGINES = [["--max-num-seqs", "16"]] * 2

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.serial  # goodput ratios and SLAs met; floods on both cores
+@pytest.mark.timed  # goodput ratios and SLAs met
 @pytest.mark.e2e
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("sla", ["per-request", "server"])
