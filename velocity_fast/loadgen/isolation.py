@@ -184,54 +184,60 @@ def noise(a: list[float], b: list[float]) -> float:
     return max(pa, pb) / min(pa, pb)
 
 
-async def settled(fleet: Fleet, timeout: float) -> dict:
-    """Admin /stats once what admission learns under load has stopped moving.
-
-    The loaded series must measure the gateway's steady state, not its learning: each
-    engine's concurrency limit and learned batch are read twice, half a second apart,
-    until they agree (or ``timeout`` passes: the last stats then, as they stand).
-    """
-    def learned(st: dict) -> dict:
-        eps = st.get("admission", {}).get("endpoints", {})
-        return {n: (e.get("limit"), e.get("batch_capacity")) for n, e in eps.items()}
-
+async def poll_stats(fleet: Fleet, timeout: float, done, interval: float) -> dict:
+    """Admin /stats read every ``interval`` seconds until ``done(previous, now)`` holds, or
+    ``timeout`` passes: the last stats then, as they stand. Each wait below is one such
+    condition on what the gateway has learned, never a fixed sleep."""
     deadline = time.monotonic() + timeout
     last = await fleet.stats()
+    if done(None, last):
+        return last
     while time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(interval)
         now = await fleet.stats()
-        if learned(now) and learned(now) == learned(last):
+        if done(last, now):
             return now
         last = now
     return last
 
 
+def _endpoints(st: dict | None) -> dict:
+    return (st or {}).get("admission", {}).get("endpoints", {})
+
+
+def _learned(st: dict | None) -> dict:
+    return {n: (e.get("limit"), e.get("batch_capacity")) for n, e in _endpoints(st).items()}
+
+
+async def settled(fleet: Fleet, timeout: float) -> dict:
+    """Admin /stats once what admission learns under load has stopped moving.
+
+    The loaded series must measure the gateway's steady state, not its learning: each
+    engine's concurrency limit and learned batch are read twice, half a second apart,
+    until they agree."""
+    return await poll_stats(fleet, timeout, lambda last, now: last is not None
+                            and bool(_learned(now)) and _learned(now) == _learned(last), 0.5)
+
+
 async def learned_batches(fleet: Fleet, timeout: float) -> dict:
-    """Admin /stats once the gateway knows every engine's batch (or ``timeout`` passes).
+    """Admin /stats once the gateway knows every engine's batch.
 
     Replicas learn an engine's batch from its gauges, when it queues beside as many
     running as ever (admission/saturation.pyx); each sees the same scrapes, so a flood
     through one teaches them all. Spread over replicas that hold back for each other,
     it may never queue the engine: a replica's slow start then learns the batch in the
     middle of a measurement, by overshooting it for about one service time."""
-    deadline = time.monotonic() + timeout
-    while True:
-        st = await fleet.stats()
-        eps = st.get("admission", {}).get("endpoints", {})
-        if (eps and all(e.get("batch_capacity") is not None for e in eps.values())) or time.monotonic() >= deadline:
-            return st
-        await asyncio.sleep(0.2)
+    def done(_last, now):
+        eps = _endpoints(now)
+        return bool(eps) and all(e.get("batch_capacity") is not None for e in eps.values())
+    return await poll_stats(fleet, timeout, done, 0.2)
 
 
 async def flooded(fleet: Fleet, timeout: float) -> dict:
-    """Admin /stats once the gateway's queue holds requests (or ``timeout`` passes): under
-    ``static`` nothing is learned, and the FIFO holds the flood as soon as it arrives."""
-    deadline = time.monotonic() + timeout
-    st = await fleet.stats()
-    while not st.get("admission", {}).get("queued") and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-        st = await fleet.stats()
-    return st
+    """Admin /stats once the gateway's queue holds requests: under ``static`` nothing is
+    learned, and the FIFO holds the flood as soon as it arrives."""
+    return await poll_stats(fleet, timeout,
+                            lambda _last, now: bool(now.get("admission", {}).get("queued")), 0.1)
 
 
 def static_verdict(dyn: dict) -> dict:
@@ -260,8 +266,9 @@ async def measure(engine_args: list[list[str]], policy: str, log_dir: str, *, lo
     over them in turn and the high series goes to the first: what the others send is
     known to it only through the engines' own gauges. Under an adaptive policy the flood
     first goes through the first replica alone, until the engines' batches are learned
-    (:func:`learned_batches`): the loaded series measures the replicas' steady state. With ``workers`` each gateway runs
-    that many processes on one port, sharing their counts in memory.
+    (:func:`learned_batches`): the loaded series measures the replicas' steady state.
+    With ``workers`` each gateway runs that many processes on one port, sharing their
+    counts in memory.
 
     For a run that only has to show the load is real (``static``, at least 10x idle):
     ``idle_from`` is another run's result on the same engines, seconds before, whose idle
