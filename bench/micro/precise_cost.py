@@ -69,7 +69,8 @@ def _setup(mode: str, folder: str):
         return r, pool, bodies, None
     from velocity_fast.kvevents.index import EXACT, BlockIndex
     from velocity_fast.kvevents.wire import Stored
-    from velocity_fast.routing.precise import PrecisePrefix, chat_template
+    from velocity_fast.routing.precise.scoring import PrecisePrefix
+    from velocity_fast.routing.precise.template import chat_template
 
     tok = _tokenizer(folder)
     s = RoutingSettings(seed=1, default_profile="chat", prefix="precise", tokenizer=tok)

@@ -21,7 +21,7 @@ from velocity_fast.fleet.endpoint import Endpoint
 from velocity_fast.kvevents.index import BlockIndex
 from velocity_fast.kvevents.subscriber import Subscriber
 from velocity_fast.metrics.registry import Registry
-from velocity_fast.routing.precise import PrecisePrefix
+from velocity_fast.routing.precise.scoring import PrecisePrefix
 from velocity_fast.routing.settings import RoutingSettings
 
 __all__ = ["KVFleet", "kv_events_for_engines"]

@@ -33,7 +33,7 @@ def _settings(args: argparse.Namespace) -> Settings | None:
 def _check_tokenizers(settings: Settings, args: argparse.Namespace, source: str | None = None) -> None:
     """Precise pools' tokenizers load (a file that is no tokenizer.json, or no `tokenizers`
     package, is a config error at start, not a traceback)."""
-    from velocity_fast.routing.precise import load_tokenizer
+    from velocity_fast.routing.precise.template import load_tokenizer
 
     from .policy import routing_settings
 

@@ -93,7 +93,7 @@ MERGE: dict[str, str] = {
     "velocity_tenant_fairness_counter": "max",     # shared tenant counter
     "velocity_tenant_queue_depth": "sum",          # each worker's own queues
     "velocity_uptime_seconds": "max",
-    # routing/router.pyx, routing/precise.py: each worker routes its own requests
+    # routing/router.pyx, routing/precise/: each worker routes its own requests
     "velocity_route_picks_total": "sum",
     "velocity_route_fail_open_total": "sum",
     "velocity_route_full_total": "sum",

@@ -423,7 +423,7 @@ cdef tuple pick_by_affinity(double *aff, bint any_affinity, list loads, list wai
                             double hotspot_gap, double load_weight, double hotspot_waiting,
                             uint64_t rand):
     """choose_by_affinity's rule over affinities already known (also precise routing's:
-    routing/affinity.pyx). Lengths are checked by the callers."""
+    routing/precise/affinity.pyx). Lengths are checked by the callers."""
     cdef Py_ssize_t i, best
     cdef double *buf
     cdef double *load

@@ -10,7 +10,7 @@ cdef class RouteInfo:
     cdef readonly Py_ssize_t nblocks
     cdef readonly object session
     cdef readonly object session_key
-    cdef public object precise  # a precise pool's token-side request (routing/precise.py), else None
+    cdef public object precise  # a precise pool's token-side request (routing/precise/), else None
 
 
 cdef class RouterPool:

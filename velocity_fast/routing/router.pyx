@@ -30,7 +30,7 @@ by the chat profile (the one that favours affinity); the other profiles ignore i
 
 Prefix modes (``routing.prefix``, per model): ``approximate`` is the index above;
 ``off`` hashes no prompt (the chat profile weighs load alone); ``precise`` also hands
-the request to the gateway's token side (``precise=``, routing/precise.py), which the
+the request to the gateway's token side (``precise=``, routing/precise/), which the
 chat profile then asks to score it. With every pool approximate ``route_info`` reads
 one flag more than it did.
 
@@ -119,7 +119,7 @@ cdef class Router:
     def __init__(self, settings: RoutingSettings | None = None, *, registry: Registry | None = None,
                  rng: random.Random | None = None, precise=None) -> None:
         self.settings = s = settings or RoutingSettings()
-        # The token side of precise pools (routing/precise.py), owned by the gateway.
+        # The token side of precise pools (routing/precise/), owned by the gateway.
         self._precise = precise
         self._rng = rng or random.Random(s.seed)
         self._hasher = PrefixHasher(s.block_bytes)

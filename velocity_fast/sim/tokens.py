@@ -11,6 +11,8 @@ import hashlib
 import os
 import random
 
+from velocity_fast.routing.precise.template import chat_template, load_tokenizer
+
 #: Bytes per token when counting a prompt (docs/design.md, "Where each contract lives").
 BYTES_PER_TOKEN = 4
 
@@ -99,25 +101,15 @@ def token_block_hashes(token_ids: list[int], block_size: int, seed: bytes = b"")
 
 class TextTokenizer:
     """A real tokenizer (``--tokenizer PATH`` to a ``tokenizer.json`` or a folder with
-    one), with a chat
-    template in the ChatML form most chat models use.
+    one), with the chat template precise prefix routing applies too
+    (routing/precise/template.py: ChatML, the form most chat models use).
 
     Needs the ``tokenizers`` package (the ``tokenizers`` extra).
     """
 
     def __init__(self, path: str) -> None:
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            raise ValueError("--tokenizer needs the `tokenizers` package "
-                             "(pip install velocityllm[tokenizers])") from None
-        # As vLLM's --tokenizer, a model folder will do: its tokenizer.json is used.
-        file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
-        try:
-            self._tok = Tokenizer.from_file(file)
-        except Exception as e:
-            raise ValueError(f"--tokenizer {path}: cannot load a tokenizer.json: {e}") from None
-        self.path = file
+        self._tok = load_tokenizer(path, who="--tokenizer")
+        self.path = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``."""
@@ -127,11 +119,3 @@ class TextTokenizer:
         """Token ids of a conversation after the chat template, ready for the
         assistant's turn (as vLLM: the template adds the special tokens itself)."""
         return self.encode(chat_template(messages), add_special_tokens=False)
-
-
-def chat_template(messages: list[tuple[str, str]]) -> str:
-    """ChatML: ``<|im_start|>role\\ncontent<|im_end|>\\n`` per message, then the
-    assistant's opening (``add_generation_prompt``)."""
-    parts = [f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in messages]
-    parts.append("<|im_start|>assistant\n")
-    return "".join(parts)

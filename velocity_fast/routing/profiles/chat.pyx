@@ -6,7 +6,7 @@ Once the affinity pick's engine queues ``hotspot_waiting`` requests (without fre
 gauges: carries ``hotspot_gap`` more than the least loaded), the best of the engines that
 do not wins, and holds the prefix from then on too. The guard acts only for a prefix
 whose demand (``PrefixDemand``) is past one engine's share of the pool. A precise pool's
-requests are scored by the token side (routing/precise.py); the rule is prefix.pyx's
+requests are scored by the token side (routing/precise/); the rule is prefix.pyx's
 ``choose_by_affinity`` either way. A prompt without a full block goes by load, as batch.
 """
 

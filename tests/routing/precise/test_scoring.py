@@ -1,4 +1,4 @@
-"""Precise prefix routing's decision (routing/precise.py): an endpoint whose KV-event index
+"""Precise prefix routing's decision (routing/precise/scoring.py): an endpoint whose KV-event index
 is exact is scored by what its engine holds; the approximate index stands in when the
 index is not exact or the request's tokens are not ready."""
 from __future__ import annotations
@@ -12,7 +12,8 @@ from tests.support.fleet import make_pool
 from velocity_fast.kvevents.index import EXACT, BlockIndex, chain_hashes
 from velocity_fast.kvevents.wire import Stored
 from velocity_fast.metrics.registry import Registry
-from velocity_fast.routing.precise import PrecisePrefix, chat_template
+from velocity_fast.routing.precise.scoring import PrecisePrefix
+from velocity_fast.routing.precise.template import chat_template
 from velocity_fast.routing.router import Router
 from velocity_fast.routing.settings import RoutingSettings
 

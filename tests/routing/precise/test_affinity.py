@@ -1,4 +1,4 @@
-"""routing/affinity.score (precise routing's pick over known affinities) decides exactly as
+"""routing/precise/affinity.score (precise routing's pick over known affinities) decides exactly as
 the approximate path's compiled choose_by_affinity does for the same affinities."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from velocity_fast.routing.affinity import score
+from velocity_fast.routing.precise.affinity import score
 from velocity_fast.routing.prefix import BlockHashes, PrefixIndex, choose_by_affinity
 
 

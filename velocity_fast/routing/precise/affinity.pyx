@@ -1,6 +1,6 @@
 # cython: annotation_typing=False
 """The chat profile's rule over affinities already known: precise prefix routing scores
-endpoints by their engines' own blocks (routing/precise.py), then picks as
+endpoints by their engines' own blocks (scoring.py), then picks as
 ``choose_by_affinity`` does, with the same compiled rule (prefix.pick_by_affinity).
 
     i, basis = score(affinities, loads, hotspot_gap, load_weight, rand, waits, hotspot_waiting)
