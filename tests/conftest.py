@@ -4,13 +4,8 @@ that raised)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import uvloop
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # Fixtures every test may use without importing them (fake GPUs and vllm on PATH).
 pytest_plugins = ["tests.support.fakes"]

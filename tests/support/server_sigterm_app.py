@@ -15,12 +15,9 @@ from __future__ import annotations
 import asyncio
 import sys
 from contextlib import asynccontextmanager
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from velocity_fast.server.http_server import HTTPServer
-from velocity_fast.server.run import run_until_signalled  # noqa: E402
+from velocity_fast.server.run import run_until_signalled
 
 
 def app(shape: str, chunks: int, interval: float, grace: float):
