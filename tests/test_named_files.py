@@ -6,7 +6,7 @@ of the code (``.py``, ``.pyx``, ``.pxd``, ``.pyi``, ``csrc/*.h``) and the whole 
 documents (``*.md``), takes each name that looks like a source or document file, and
 finds it: a path (``routing/router.pyx``) relative to the repository, the package, the
 file's own folder or the shared folder beside the checkout (``DESIGN.md`` and
-``VLLM_CONTRACT.md`` live there), or as the ending of a tracked path; a bare name
+``VLLM_CONTRACT.md`` live there; a clone without it takes ``SHARED_DOCS``), or as the ending of a tracked path; a bare name
 (``router.pyx``) as the name of some tracked file.
 
 Names that are not this project's are listed in ``EXTERNAL`` with the reason.
@@ -22,6 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
+# The product's documents kept beside the checkout, not in it: a clone made elsewhere (as a
+# CI runner may make it) has no shared folder, and then their names stand for them.
+SHARED_DOCS = {"DESIGN.md", "STYLE.md", "VLLM_CONTRACT.md"}
 
 # A file name with an extension of the project's sources, documents or deploy files.
 NAME = re.compile(r"(?<![\w./<-])((?:[\w.-]+/)*[\w-]+\.(?:pyx|pxd|pyi|py|h|md))(?![\w/(])")
@@ -89,7 +92,7 @@ def missing_names() -> list[str]:
     paths = set(files)
     names = {Path(p).name for p in files}
     folders = {str(parent) for p in files for parent in Path(p).parents}
-    shared = {p.name for p in SHARED.glob("*")} if SHARED.is_dir() else set()
+    shared = {p.name for p in SHARED.glob("*")} if SHARED.is_dir() else SHARED_DOCS
     bad = []
     for path in files:
         if not path.endswith((".py", ".pyx", ".pxd", ".pyi", ".h", ".md")):
