@@ -8,7 +8,6 @@ give the same text.
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 
 from velocity_fast.routing.precise.template import chat_template, load_tokenizer
@@ -109,7 +108,6 @@ class TextTokenizer:
 
     def __init__(self, path: str) -> None:
         self._tok = load_tokenizer(path, who="--tokenizer")
-        self.path = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from functools import partial
 from typing import Any, Callable
 
 from velocity_fast.kvevents.index import BlockIndex
@@ -87,7 +86,6 @@ class PrecisePrefix:
             reg.get("velocity_prefix_precise_share").fn = share
         self._pick_children: dict[tuple[str, str], Any] = {}
         self._placed: dict[str, _Placed] = {}
-        self.attach = partial(self.tokens.attach, self)
 
     @property
     def settings(self) -> RoutingSettings:
@@ -99,8 +97,7 @@ class PrecisePrefix:
         self._settings = self.tokens.settings = settings
 
     def attach(self, info: Any, body: Any, data: bytes) -> None:
-        """Give ``info`` its token side (``TokenSide.attach``), scored here. (Replaced in
-        ``__init__`` by the token side's own, bound to this owner: one call fewer a request.)"""
+        """Give ``info`` its token side (``TokenSide.attach``), scored here."""
         self.tokens.attach(self, info, body, data)
 
     def close(self) -> None:
