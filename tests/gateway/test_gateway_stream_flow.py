@@ -82,13 +82,17 @@ async def test_a_slow_client_holds_back_the_engine_and_then_gets_every_byte():
             # (health checks and scrapes share the pool: only the stream's connection counts)
             relaying = [c for c in upstream._all if c.handler is not None and c.handler.relaying]
             assert len(relaying) == 1 and relaying[0]._paused  # reading from the engine is paused
-            # The gateway's own share: its write buffer (the outbox and the transport
-            # together, paused past the high-water mark) and one read's worth of events
-            # parsed after the pause: bounded whatever the stream's length.
+            # The gateway's own share, bounded whatever the stream's length: the
+            # transport's buffer (under the high-water mark until it pauses), the outbox
+            # (flushed into it past half the mark: server/connection.pyx, _write) and one
+            # read's worth of events parsed after the pause. A loop pass that takes two
+            # engine reads before the outbox flushes fills the outbox from both (a fresh
+            # clone's CI, four workers at a time, held 845,982 bytes, past a bound that
+            # left the outbox's half out).
             held = sum(p._transport.get_write_buffer_size() + p._out_bytes
                        for p in gw.client_server._connections)
             high = gw.client_server.limits.write_buffer_high
-            assert held <= high + READ_MAX + 2 * len(EVENT), held
+            assert held <= high + high // 2 + READ_MAX + 2 * len(EVENT), held
             # Reading again resumes the engine; every event arrives, in order, then [DONE].
             data = bytearray()
             while not data.endswith(b"0\r\n\r\n"):
