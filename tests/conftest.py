@@ -40,11 +40,10 @@ def _fail_on_loop_errors():
 
 # The Makefile's `test` runs three passes. First everything unmarked, four at a time
 # (pytest-xdist; the pass keeps about 1.2 of the 2 cores busy). Then the `timed` tests,
-# three at a time, apart from the rest: a test is `timed` when its verdict is a figure
-# measured against the clock (a latency or its ratio, a throughput, an SLA met, a rate
-# over a window). Each spends its time waiting on engines that sleep through their
-# simulated work (0.1-0.6 of a core, measured one at a time), so a neighbour of the same
-# kind is noise its own idle figures and margins carry; a CPU-bound pass beside it would
-# not be. Last the `serial` tests, one at a time: they load both cores (wrk, valgrind,
-# a benchmark pinned to cores). Mark a test with one of the two and say why. End-to-end
-# tests that check statuses, counts, routes and output run in the first pass.
+# one at a time: a test is `timed` when its verdict is a figure measured against the
+# clock (a latency or its ratio, a throughput, an SLA met, a rate over a window). Each
+# uses only 0.1-0.6 of a core, but three at a time beside a CPU-bound process failed two
+# of them (a token rate after a store restart, the late share of a policy bench), so
+# they stay alone. Last the `serial` tests, alone too: they load both cores (wrk,
+# valgrind, a benchmark pinned to cores). Mark a test with one of the two and say why.
+# End-to-end tests that check statuses, counts, routes and output run in the first pass.
