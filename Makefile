@@ -28,12 +28,12 @@ run: build
 	$(BIN)/velocityllm chargeVelocity
 
 # Three passes (see tests/conftest.py): the unmarked tests four at a time; then the tests
-# whose verdict is a figure measured against the clock (`timed`), one at a time; last the
+# whose verdict is a figure measured against the clock (`timed`), three at a time; last the
 # tests that load both cores (`serial`), alone. A pass that selects no test (exit 5, with
 # PYTEST_ARGS naming a few) is fine.
 test: build
 	$(BIN)/python -m pytest -q -n 4 -m "not timed and not serial" $(PYTEST_ARGS) || [ $$? -eq 5 ]
-	$(BIN)/python -m pytest -q -m timed --durations=15 $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q -n 3 --dist worksteal -m timed --durations=15 $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(BIN)/python -m pytest -q -m serial --durations=10 $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # The quick benchmark set; each prints one summary (see bench/README.md).

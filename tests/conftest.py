@@ -40,10 +40,12 @@ def _fail_on_loop_errors():
 
 # The Makefile's `test` runs three passes. First everything unmarked, four at a time
 # (pytest-xdist; the pass keeps about 1.2 of the 2 cores busy). Then the `timed` tests,
-# one at a time: a test is `timed` when its verdict is a figure measured against the
+# three at a time: a test is `timed` when its verdict is a figure measured against the
 # clock (a latency or its ratio, a throughput, an SLA met, a rate over a window). Each
-# uses only 0.1-0.6 of a core, but three at a time beside a CPU-bound process failed two
-# of them (a token rate after a store restart, the late share of a policy bench), so
-# they stay alone. Last the `serial` tests, alone too: they load both cores (wrk,
-# valgrind, a benchmark pinned to cores). Mark a test with one of the two and say why.
+# uses only 0.1-0.6 of a core, its time going to sim engines that sleep through their
+# simulated work, so three fit beside each other, and beside a CPU-bound process too once
+# each verdict waits for the state it measures (a store that answered throughout, learned
+# limits) and takes the better of its runs where noise only ever makes a run worse. Last
+# the `serial` tests, alone: they load both cores (wrk, valgrind, a benchmark pinned to
+# cores). Mark a test with one of the two and say why.
 # End-to-end tests that check statuses, counts, routes and output run in the first pass.
