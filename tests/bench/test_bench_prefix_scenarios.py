@@ -5,6 +5,7 @@ the gateway's default admission."""
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -57,11 +58,13 @@ def test_repeats_pool_the_runs_and_give_the_goal_run_by_run(tmp_path):
         if parts and parts[0] in ("precise", "approximate"):
             assert f"requests {2 * runs[0][0]['summary']['requests']}" in line, line
             pooled[parts[0]] = float(parts[parts.index("p90") + 1])
-    # The pooled p90 is the p90 of both runs' samples together, in engine time.
+    # The pooled p90 is the p90 of both runs' samples together, in engine time (x20 at
+    # smoke size), interpolated between ranks; printed to the ms. A nearest-rank p90 can
+    # sit tens of ms away where the tail has a gap, so the test computes the same one.
     for v in ("precise", "approximate"):
-        samples = sorted(x * 20.0 for run in runs for r in run if r["variant"] == v for x in r["ttft_samples_ms"])
-        want = samples[int(0.9 * (len(samples) - 1))]
-        assert abs(pooled[v] - want) <= max(2.0, 0.15 * want), (v, pooled[v], want)
+        samples = [x * 20.0 for run in runs for r in run if r["variant"] == v for x in r["ttft_samples_ms"]]
+        want = statistics.quantiles(samples, n=10, method="inclusive")[8]
+        assert abs(pooled[v] - want) <= 0.51, (v, pooled[v], want)
     per_run = [run[1]["ttft_ms_engine_time"]["p90"] / run[0]["ttft_ms_engine_time"]["p90"] for run in runs]
     assert f"runs {per_run[0]:.2f}x, {per_run[1]:.2f}x" in proc.stdout
 
