@@ -54,7 +54,33 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(p)
 
     sub.add_parser("version", help="print the version")
+    for command in sub.choices.values():
+        _name_values(command)
     return parser
+
+
+# What a flag takes, named by kind, so that usage reads `--repeats N` rather than repeating
+# the flag's own name (`--repeats REPEATS`) for each of them.
+_VALUE_NAMES = {"config": "FILE", "host": "ADDR", "api_key": "KEY", "model": "NAME",
+                "served_model_name": "NAME", "model_path": "PATH", "tokenizer": "PATH",
+                "url": "http://HOST:PORT", "engine_log_dir": "DIR", "kv_events_config": "JSON",
+                "policies": "LIST"}
+
+
+def _name_values(parser: argparse.ArgumentParser) -> None:
+    for action in parser._actions:
+        if not action.option_strings or action.metavar is not None or action.nargs == 0 \
+                or action.choices is not None or action.help == argparse.SUPPRESS:
+            continue
+        kind = getattr(action.type, "__name__", "")
+        if action.dest in _VALUE_NAMES:
+            action.metavar = _VALUE_NAMES[action.dest]
+        elif kind in ("float", "_fraction"):
+            action.metavar = "NUM"
+        elif kind in ("int", "_positive_int", "_port"):
+            action.metavar = "N"
+        else:
+            action.metavar = "VALUE"
 
 
 def main(argv: list[str] | None = None) -> int:

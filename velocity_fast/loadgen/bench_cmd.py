@@ -49,6 +49,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     for action in parser._actions:
         if action.dest in BENCH_DEFAULTS and action.help:
             action.help = re.sub(r"\(default [^)]*\)", "(default %(default)s)", action.help)
+        if action.dest == "sla_ms":  # bench sends its SLA with every request, given or not
+            action.help = "SLA in ms that judges goodput, sent as x-velocity-sla-ms (default %(default)s)"
     g = parser.add_argument_group("bench")
     g.add_argument("--policies", default=",".join(POLICIES),
                    help="comma-separated policies to compare (default %(default)s)")

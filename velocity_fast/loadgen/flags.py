@@ -20,7 +20,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=None, help="model name to put in the body (default: none)")
     g.add_argument("--stream", action="store_true", help="stream every request (SSE)")
     g.add_argument("--sla-ms", type=float, default=None,
-                   help="SLA for goodput; also sent as x-velocity-sla-ms (default 3000, not sent)")
+                   help="SLA in ms that judges goodput (default 3000); sent as x-velocity-sla-ms "
+                        "only when given")
     m = parser.add_argument_group("request mix (flags override --mix)")
     m.add_argument("--mix", metavar="FILE", default=None, help="YAML file describing the mix")
     m.add_argument("--bands", default=None, metavar="SPEC",
