@@ -16,7 +16,7 @@ from velocity_fast.admission.errors import retry_headers
 from velocity_fast.config import EndpointConfig, Settings
 from velocity_fast.fleet.endpoint import Endpoint, Pool
 from velocity_fast.fleet.health import EndpointMonitor
-from velocity_fast.gateway.errors import BadRequest, context_error
+from velocity_fast.gateway.errors import BadRequest, ListenError, context_error
 from velocity_fast.gateway.ingress import Ingress, band_for, handle_client, new_request_id, start_native
 from velocity_fast.gateway.identity import Identity
 from velocity_fast.gateway.kv import KVFleet
@@ -189,8 +189,13 @@ class Gateway:
                               first_byte_timeout=s.server.first_byte_timeout_s)
         host = s.host if host is None else host
         self.admin_server = HTTPServer(self.handle_admin, limits=limits, name="admin")
-        await self.admin_server.start(host if admin_host is None else admin_host,
-                                      s.admin_port if admin_port is None else admin_port)
+        admin_host = host if admin_host is None else admin_host
+        admin_port = s.admin_port if admin_port is None else admin_port
+        try:
+            await self.admin_server.start(admin_host, admin_port)
+        except OSError as e:
+            self.admin_server = None
+            raise ListenError("admin_port", admin_host, admin_port, e) from None
         self.watching = True
         for ep in self.endpoints.values():
             self.monitor.watch(ep)
@@ -203,7 +208,12 @@ class Gateway:
         await self.monitor.first_checks(s.health.check_timeout_ms / 1000 + 0.25)
         server = HTTPServer(self.handle, limits=limits, name="gateway", on_error=self.ingress.answer_internal_error)
         server.cut_message = "The gateway shut down before the response was complete."
-        await server.start(host, s.port if port is None else port, reuse_port=reuse_port)
+        port = s.port if port is None else port
+        try:
+            await server.start(host, port, reuse_port=reuse_port)
+        except OSError as e:
+            await self.stop(grace=0)
+            raise ListenError("port", host, port, e) from None
         self.client_server = server  # /ready says so only from here on
         log.info("gateway on %s:%d, admin on %s:%d, policy %s, %d endpoint(s)", host, self.client_server.port,
                  self.admin_server.host, self.admin_server.port, s.policy, len(self.endpoints))

@@ -12,6 +12,7 @@ import sys
 import tempfile
 
 from ..config import ConfigError, Settings, load_settings
+from .errors import ListenError
 from .flags import flag_overrides
 from .reload import Reloader
 
@@ -49,6 +50,28 @@ def _check_tokenizers(settings: Settings, args: argparse.Namespace, source: str 
                 where = source or ("--tokenizer" if key == "routing.tokenizer" and getattr(args, "tokenizer", None)
                                    else args.config or os.environ.get("VELOCITY_CONFIG") or "defaults")
                 raise ConfigError(f"{where}: {key}: {e}") from None
+
+
+def _check_ports(settings: Settings) -> None:
+    """The gateway's two ports can be bound, before engines that take minutes to load are
+    started in vain (bound as the server binds them, with SO_REUSEADDR; released at once)."""
+    import socket
+
+    for key in ("port", "admin_port"):
+        port = getattr(settings, key)
+        if port == 0:
+            continue
+        try:
+            infos = socket.getaddrinfo(settings.host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except OSError:
+            return  # the server's own bind says what is wrong with the host
+        for family, type_, proto, _, address in infos:
+            with socket.socket(family, type_, proto) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    sock.bind(address)
+                except OSError as e:
+                    raise ListenError(key, settings.host, port, e) from None
 
 
 def sim_flags(settings: Settings, extra: str | None) -> list[str]:
@@ -121,7 +144,11 @@ def serve_main(args: argparse.Namespace) -> int:
         return s
 
     if side is None and workers > 1:
-        return supervise(args, settings, reread)
+        try:
+            return supervise(args, settings, reread)
+        except ListenError as e:
+            print(f"velocityllm: {e}", file=sys.stderr)
+            return 1
 
     async def main(stop: asyncio.Event):
         if side is not None:
@@ -146,7 +173,11 @@ def serve_main(args: argparse.Namespace) -> int:
 
         return cleanup
 
-    return run_until_signalled(main)
+    try:
+        return run_until_signalled(main)
+    except ListenError as e:
+        print(f"velocityllm: {e}", file=sys.stderr)
+        return 1
 
 
 def charge_main(args: argparse.Namespace) -> int:
@@ -174,6 +205,11 @@ def charge_main(args: argparse.Namespace) -> int:
               f"the engines it supervises; for more, start the engines on their own and run `velocityllm serve "
               f"--workers {settings.workers}` in front of them", file=sys.stderr)
         return 2
+    try:
+        _check_ports(settings)
+    except ListenError as e:
+        print(f"velocityllm: {e}", file=sys.stderr)
+        return 1
     setup_logging(settings.structured_logs, settings.log_level)
     if settings.model_path and not args.model_path:
         args.model_path = settings.model_path
@@ -271,7 +307,7 @@ def charge_main(args: argparse.Namespace) -> int:
 
     try:
         return run_until_signalled(main)
-    except EngineStartError as e:
+    except (EngineStartError, ListenError) as e:
         print(f"velocityllm: {e}", file=sys.stderr)
         return 1
     finally:

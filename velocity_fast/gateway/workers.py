@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 from ..config import Settings
 from ..metrics.registry import format_value
+from .errors import ListenError
 
 __all__ = ["MERGE", "STATS_MAX_KEYS", "WorkerSide", "merge_metrics", "merge_stats", "supervise", "worker_count",
            "worker_side"]
@@ -545,11 +546,18 @@ class Supervisor:
         self._all_serving = asyncio.Event()
         s = self.settings
         try:
-            self._reserved = reserve_port(s.host, s.port)
+            try:
+                self._reserved = reserve_port(s.host, s.port)
+            except OSError as e:
+                raise ListenError("port", s.host, s.port, e) from None
             self.port = self._reserved[0].getsockname()[1]
             self.state = SharedState.create(self.shared_path, self.count)
             self._admin = HTTPServer(self.handle_admin, name="admin")
-            await self._admin.start(s.host, s.admin_port)
+            try:
+                await self._admin.start(s.host, s.admin_port)
+            except OSError as e:
+                self._admin = None
+                raise ListenError("admin_port", s.host, s.admin_port, e) from None
             self.admin_port = self._admin.port
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(signal.SIGHUP, self._on_hup)
