@@ -28,7 +28,7 @@ cdef class Endpoint:
         # running_cap: the batch admission learned from the gauges (the most seen running,
         # once two scrapes in a row showed a queue beside it); 0: not known
         # inflight_peak, others: see saturation.pyx's observe_endpoint
-        self.state = "unknown"        # unknown | healthy | ejected | down
+        self.state = "unknown"        # unknown | healthy | ejected | down | unserved
         self.upstream = None          # the UpstreamPool, set by the gateway
         # With workers, ``inflight`` counts every worker's requests (admission keeps it
         # from the shared slot); one process: NULL, its own count.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import time
 from typing import Annotated, Callable
 
@@ -47,6 +48,17 @@ class HealthSettings(msgspec.Struct, forbid_unknown_fields=True):
     metrics: MetricNames = msgspec.field(default_factory=MetricNames)
 
 
+def _connect_error(e: OSError) -> str:
+    """An engine connection's failure in a few words: the socket's own error (the upstream
+    pool wraps it, so it is the context) rather than the wrapper's text."""
+    for x in (e, e.__context__):
+        if isinstance(x, OSError) and x.errno:
+            return os.strerror(x.errno).lower()
+        if isinstance(x, TimeoutError):
+            return "no connection in time"
+    return str(e) or type(e).__name__
+
+
 class EndpointMonitor:
     """One task per endpoint: health checks, and scrapes while it is healthy."""
 
@@ -65,6 +77,8 @@ class EndpointMonitor:
         self._itl: dict[str, collections.deque] = {}
         # Endpoints whose /v1/models was asked since they last became healthy.
         self._asked_len: set[str] = set()
+        # Per endpoint not healthy, why its last transition happened (shown in /stats).
+        self.reasons: dict[str, str] = {}
 
     def watch(self, ep: Endpoint) -> None:
         if ep.name not in self._tasks:
@@ -75,6 +89,7 @@ class EndpointMonitor:
 
     def unwatch(self, ep: Endpoint) -> None:
         self.prefix_cache.pop(ep.name, None)
+        self.reasons.pop(ep.name, None)
         self._asked_len.discard(ep.name)
         self._settle(ep.name)
         t = self._tasks.pop(ep.name, None)
@@ -109,7 +124,8 @@ class EndpointMonitor:
             tasks = [t for t in tasks if not t.done()]
 
     # -- state changes ------------------------------------------------------------------
-    def _set(self, ep: Endpoint, state: str) -> None:
+    def _set(self, ep: Endpoint, state: str, why: str | None = None) -> None:
+        """Move ``ep`` to ``state``: one log line per transition, with its reason."""
         if ep.state != state:
             old, ep.state = ep.state, state
             ep.healthy = state == "healthy"
@@ -117,7 +133,14 @@ class EndpointMonitor:
                 self._asked_len.discard(ep.name)
             if ep.healthy:
                 ep.up_since = time.monotonic()
-            log.info("endpoint %s: %s -> %s", ep.name, old, state)
+                self.reasons.pop(ep.name, None)
+            elif why:
+                self.reasons[ep.name] = why
+            level = logging.WARNING if state in ("ejected", "unserved") else logging.INFO
+            if why:
+                log.log(level, "endpoint %s: %s -> %s: %s", ep.name, old, state, why)
+            else:
+                log.log(level, "endpoint %s: %s -> %s", ep.name, old, state)
             self.on_change(ep, state)
         if state != "unknown":
             self._settle(ep.name)
@@ -133,9 +156,7 @@ class EndpointMonitor:
         ep.eject_backoff = min(s.eject_max_ms, max(s.eject_base_ms, ep.eject_backoff * 2)) / 1000.0 \
             if ep.eject_backoff else s.eject_base_ms / 1000.0
         ep.ejected_until = time.monotonic() + ep.eject_backoff
-        if ep.state != "ejected":
-            log.warning("endpoint %s ejected for %.1fs: %s", ep.name, ep.eject_backoff, why)
-        self._set(ep, "ejected")
+        self._set(ep, "ejected", f"{why}; checked again in {ep.eject_backoff:.1f}s")
 
     def passive_failure(self, ep: Endpoint, *, connect: bool) -> None:
         """A request saw a connect error (eject now) or an engine 5xx (eject after a few)."""
@@ -149,28 +170,45 @@ class EndpointMonitor:
         ep.failures = 0
 
     # -- the loop ----------------------------------------------------------------------------
-    async def _check(self, ep: Endpoint) -> bool:
+    async def _check(self, ep: Endpoint) -> str | None:
+        """None when the engine's /health answers 200; otherwise why not, in a few words."""
+        timeout_ms = self.settings.check_timeout_ms
         try:
-            status, _ = await ep.upstream.fetch("GET", "/health", timeout=self.settings.check_timeout_ms / 1000)
-            return status == 200
-        except (OSError, asyncio.TimeoutError):
-            return False
+            status, _ = await ep.upstream.fetch("GET", "/health", timeout=timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            return f"health check: no answer within {timeout_ms:g} ms"
+        except OSError as e:
+            return f"health check: {_connect_error(e)}"
+        return None if status == 200 else f"health check: /health answered HTTP {status}"
 
-    async def _learn_context(self, ep: Endpoint) -> None:
-        """The engine's max_model_len, from its /v1/models (vLLM and the sim engine give it
-        per model), so that the gateway reports and enforces what the engine accepts."""
+    async def _learn_models(self, ep: Endpoint) -> str | None:
+        """Ask the engine's /v1/models whether it serves the model this endpoint is
+        configured for, and its max_model_len (vLLM and the sim engine give it per model),
+        so that the gateway reports and enforces what the engine accepts. None: it serves
+        the model, or it gave no list to tell; otherwise what to change."""
+        self._asked_len.add(ep.name)
         headers = [("authorization", f"Bearer {ep.api_key}")] if ep.api_key else []
         try:
             status, body = await ep.upstream.fetch("GET", "/v1/models", headers=headers,
                                                    timeout=self.settings.check_timeout_ms / 1000)
             models = msgspec.json.decode(body, type=_ModelList).data if status == 200 else []
         except (OSError, asyncio.TimeoutError, msgspec.DecodeError) as e:
-            log.debug("endpoint %s: no context length from /v1/models: %r", ep.name, e)
-            return
+            log.debug("endpoint %s: no model list from /v1/models: %r", ep.name, e)
+            return None
+        served = [m.id for m in models if m.id]
+        if served and ep.model not in served:
+            # vLLM serves a model under its path or hub id unless --served-model-name says
+            # otherwise: a name that differs is a common mistake, and every request would
+            # get the engine's 404.
+            return (f"model {ep.model!r} not served; the engine serves {', '.join(map(repr, served))}: set "
+                    f"this endpoint's model to one of them (--endpoint {ep.name}=URL=MODEL, or `model` of "
+                    f"endpoint {ep.name!r} in the config file), or start the engine with "
+                    f"--served-model-name {ep.model}")
         lens = [m.max_model_len for m in models if m.max_model_len and m.id == ep.model] or \
                [m.max_model_len for m in models if m.max_model_len]
         if lens:
             ep.max_model_len = min(lens)
+        return None
 
     async def _scrape(self, ep: Endpoint) -> None:
         # What the engine shows running beyond the most this gateway had in flight there
@@ -221,27 +259,35 @@ class EndpointMonitor:
                     await asyncio.sleep(min(ep.ejected_until - now, s.check_interval_ms / 1000))
                     continue
                 if now >= next_check or not ep.healthy:
-                    ok = await self._check(ep)
+                    why = await self._check(ep)
                     next_check = time.monotonic() + s.check_interval_ms / 1000
-                    if ok:
+                    if why is None:
                         ep.failures = 0
                         if not ep.healthy:
+                            # Routed only once it is known to serve its model (or cannot say).
+                            unserved = await self._learn_models(ep)
+                            if unserved is not None:
+                                self._set(ep, "unserved", unserved)
+                                await asyncio.sleep(s.check_interval_ms / 1000)
+                                continue
                             self._set(ep, "healthy")
                         elif ep.eject_backoff and time.monotonic() - ep.up_since > 30.0:
                             ep.eject_backoff = 0.0  # stable again: the next ejection starts short
                     elif ep.healthy or ep.state == "ejected":
-                        self.eject(ep, "health check failed")
-                    elif ep.state == "unknown":
-                        self._set(ep, "down")
+                        self.eject(ep, why)
+                    elif ep.state in ("unknown", "unserved"):
+                        self._set(ep, "down", why)
                         await asyncio.sleep(s.eject_base_ms / 1000)
                         continue
                     else:
                         await asyncio.sleep(s.eject_base_ms / 1000)
                         continue
                 if ep.healthy:
-                    if ep.name not in self._asked_len:
-                        self._asked_len.add(ep.name)
-                        await self._learn_context(ep)
+                    if ep.name not in self._asked_len:  # made healthy by a check of its own (a reload's)
+                        unserved = await self._learn_models(ep)
+                        if unserved is not None:
+                            self._set(ep, "unserved", unserved)
+                            continue
                     await self._scrape(ep)
                 await asyncio.sleep(s.scrape_interval_ms / 1000)
             except asyncio.CancelledError:

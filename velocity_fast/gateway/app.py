@@ -428,7 +428,8 @@ class Gateway:
 
     def stats(self) -> dict:
         return {"policy": self.settings.policy, "uptime_seconds": round(time.monotonic() - self.started_at, 3),
-                "endpoints": [e.snapshot() for e in self.endpoints.values()],
+                "endpoints": [{**e.snapshot(), "reason": None if e.healthy else self.monitor.reasons.get(e.name)}
+                              for e in self.endpoints.values()],
                 "pools": {m: [e.name for e in p.endpoints] for m, p in self.pools.items()},
                 "admission": self.admission.stats(), "routing": self.router.stats(), "kv_events": self.kv.stats(),
                 "tenants": self.tenant_stats()}
