@@ -33,6 +33,10 @@ from velocity_fast.upstream.pool import UpstreamPool
 
 __all__ = ["Gateway"]
 
+# The client port's paths, as velocity_requests_total's route label (any other: "other", as
+# ingress.pyx counts an internal error's route).
+_CLIENT_ROUTES = frozenset(("/v1/chat/completions", "/v1/completions", "/generate", "/v1/models", "/stats"))
+
 log = logging.getLogger("velocity.gateway")
 
 
@@ -255,13 +259,29 @@ class Gateway:
         path = req.path
         if path == "/generate":
             if req.method != "POST":
+                self.count_answer(path, 405)
                 return resp.send_error(405, "Use POST for /generate.")
             return self._generate(req, resp)
         if path == "/v1/models" and req.method == "GET":
+            self.count_answer(path, 200)
             return self._models(resp)
         if path == "/stats" and req.method == "GET":
+            self.count_answer(path, 200)
             return resp.send_json(200, self.stats())
+        self.count_answer(path, 404)
         return resp.send_error(404, f"No route for {req.method} {path}.")
+
+    def count_answer(self, path: str, status: int) -> None:
+        """velocity_requests_total for a client-port answer outside the proxy's books (a
+        401, a 404 or 405, /v1/models, /stats), band "-": a path the gateway does not serve
+        counts as route "other", so that a scanner's paths add no series."""
+        self.metrics.requests.labels(path if path in _CLIENT_ROUTES else "other", status, "-").inc()
+
+    def refuse_key(self, port: str, path: str | None = None) -> None:
+        """Books of a 401 (``port``: client or admin); a client-port one is also a request."""
+        self.metrics.auth_failures.labels(port).inc()
+        if path is not None:
+            self.count_answer(path, 401)
 
     def health(self, resp: Responder) -> None:
         healthy = any(e.healthy for e in self.endpoints.values())
@@ -409,6 +429,7 @@ class Gateway:
         if self.identity.required:  # /metrics too (every path but /health); scrapers send the key
             ok, _ = self.identity.authenticate(req.headers)
             if not ok:
+                self.refuse_key("admin")
                 return resp.send_error(401, "Missing or invalid API key.", type="AuthenticationError")
         if req.method != "GET":
             return resp.send_error(405, f"Use GET for {path}.")

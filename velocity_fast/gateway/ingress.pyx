@@ -88,7 +88,8 @@ cdef class Ingress:
     ``app`` is the gateway above (gateway/app.py), called through a small interface for
     what is not the proxy path: ``health(resp)``, ``route_other(req, resp)`` (every other
     route), ``reject(resp, route, status, reason, message, band, headers, retry_after,
-    from_admission=...)`` and ``sla_for(header, body_value)``."""
+    from_admission=...)``, ``sla_for(header, body_value)``, and the books of answers outside
+    the proxy's: ``refuse_key(port, path)`` (a 401) and ``count_answer(path, status)``."""
 
     def answer_internal_error(self, Request req, Responder resp, what=None):
         """The client server's on_error: the handler raised (called in its except clause)
@@ -137,6 +138,7 @@ def handle_client(Ingress ingress, Request req, Responder resp):
     if identity.required:
         ok, _ = identity.authenticate(req.header_dict())
         if not ok:
+            ingress.app.refuse_key("client", path)
             return resp.send_error(401, "Missing or invalid API key.", type="AuthenticationError")
     global _last_path, _last_chat
     if path is _last_path:  # the scanner shares a path's text while it repeats
@@ -146,6 +148,7 @@ def handle_client(Ingress ingress, Request req, Responder resp):
         _last_path, _last_chat = path, chat
     if chat is not None:
         if not str_eq(req.method, _POST):
+            ingress.app.count_answer(path, 405)
             return resp.send_error(405, f"Use POST for {path}.")
         return proxy(ingress, req, resp, path, chat)
     return ingress.app.route_other(req, resp)

@@ -25,6 +25,10 @@ class GatewayMetrics:
     def __init__(self, reg: Registry, gw: "Gateway") -> None:
         self.requests = reg.counter("velocity_requests_total", "Requests answered, by route, status and band.",
                                     ("route", "status", "band"))
+        self.auth_failures = reg.counter("velocity_auth_failures_total",
+                                         "Requests refused 401 for a missing or invalid key, by port.", ("port",))
+        for port in ("client", "admin"):
+            self.auth_failures.labels(port)  # at 0 from the start: a rate alert sees the first one
         self.internal_errors = reg.counter("velocity_internal_errors_total",
                                            "Failures inside the gateway (answered 500), by route.", ("route",))
         for route in ("/v1/chat/completions", "/v1/completions", "/generate"):

@@ -83,6 +83,7 @@ MERGE: dict[str, str] = {
     # gateway/observability.py
     "velocity_requests_total": "sum",
     "velocity_internal_errors_total": "sum",
+    "velocity_auth_failures_total": "sum",
     "velocity_upstream_errors_total": "sum",
     "velocity_endpoint_healthy": "max",            # the same engines, checked by each worker
     "velocity_endpoint_engine_running": "max",     # the engines' scrapes
