@@ -132,8 +132,8 @@ def serve_main(args: argparse.Namespace) -> int:
         print("velocityllm: config error: no endpoints: give --endpoint NAME=URL=MODEL or `endpoints:` "
               "in the config file", file=sys.stderr)
         return 2
-    setup_logging(settings.structured_logs, settings.log_level)
     side = worker_side()  # a worker of a supervisor (gateway/workers.py), or the gateway itself
+    setup_logging(settings.structured_logs, settings.log_level, None if side is None else side.index)
     workers = worker_count(settings)
 
     def reread() -> Settings:

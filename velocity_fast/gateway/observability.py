@@ -78,11 +78,17 @@ class GatewayMetrics:
 
 
 class _JsonFormatter(logging.Formatter):
+    def __init__(self, worker: int | None = None) -> None:
+        super().__init__()
+        self.worker = worker
+
     def format(self, record: logging.LogRecord) -> str:
         out = {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
                + f".{int(record.msecs):03d}Z",
                "level": record.levelname.lower(), "logger": record.name,
                "request_id": getattr(record, "request_id", None), "message": record.getMessage()}
+        if self.worker is not None:
+            out["worker"] = self.worker
         for key in ("endpoint", "status", "reason", "band", "tenant"):
             if hasattr(record, key):
                 out[key] = getattr(record, key)
@@ -91,13 +97,16 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(out)
 
 
-def setup_logging(structured: bool, level: str = "info") -> None:
-    """One JSON object a line with --structured-logs, plain text otherwise."""
+def setup_logging(structured: bool, level: str = "info", worker: int | None = None) -> None:
+    """One JSON object a line with --structured-logs, plain text otherwise. A worker of a
+    supervisor (``worker``: its index) says which it is on every line (a `worker` field),
+    since each worker logs what it does (a reload, an endpoint's health) on its own."""
     handler = logging.StreamHandler(sys.stderr)
     if structured:
-        handler.setFormatter(_JsonFormatter())
+        handler.setFormatter(_JsonFormatter(worker))
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        who = "" if worker is None else f"worker {worker} "
+        handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper(), logging.INFO))

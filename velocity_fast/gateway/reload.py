@@ -29,6 +29,8 @@ import logging
 import signal
 from typing import Any, Callable
 
+import msgspec
+
 from velocity_fast.admission.settings import AdmissionSettings
 from velocity_fast.gateway.identity import Identity
 from velocity_fast.gateway.policy import make_admission, make_router, routing_settings
@@ -36,7 +38,7 @@ from velocity_fast.upstream.pool import UpstreamPool
 
 from ..config import ConfigError, Settings
 
-__all__ = ["Reloader", "apply_settings", "RESTART_KEYS"]
+__all__ = ["Reloader", "apply_settings", "changed_keys", "RESTART_KEYS"]
 
 log = logging.getLogger("velocity.reload")
 
@@ -97,6 +99,47 @@ def _identity(old: Identity, settings: Settings) -> Identity:
     return new
 
 
+def changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """The configuration keys whose values differ, as dotted paths the way an operator
+    reads them: ``tenants.alice.sla_ms``, ``server.max_body_bytes``; an entry of a named
+    list (tenants, bands, endpoints) or of a mapping added or removed is ``tenants.carol
+    added``. Names of keys only: a value may be a secret (a tenant's api_key)."""
+    if old == new:
+        return []
+    if isinstance(old, msgspec.Struct) and type(old) is type(new):
+        out: list[str] = []
+        for f in old.__struct_fields__:
+            out += changed_keys(getattr(old, f), getattr(new, f), f"{prefix}.{f}" if prefix else f)
+        return out
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new), key=str):
+            path = f"{prefix}.{k}"
+            if k not in old:
+                out.append(f"{path} added")
+            elif k not in new:
+                out.append(f"{path} removed")
+            else:
+                out += changed_keys(old[k], new[k], path)
+        return out
+    if isinstance(old, list) and isinstance(new, list) and all(hasattr(x, "name") for x in old + new):
+        before, after = {x.name: x for x in old}, {x.name: x for x in new}
+        if len(before) == len(old) and len(after) == len(new):
+            out = []
+            for name in list(before) + [n for n in after if n not in before]:
+                path = f"{prefix}.{name}"
+                if name not in after:
+                    out.append(f"{path} removed")
+                elif name not in before:
+                    out.append(f"{path} added")
+                else:
+                    out += changed_keys(before[name], after[name], path)
+            if not out or [x.name for x in old if x.name in after] != [x.name for x in new if x.name in before]:
+                out.append(f"{prefix} order")  # the bands' order is their priority
+            return out
+    return [prefix]
+
+
 def _weights(settings: Settings) -> dict[str, float]:
     return {t.name: t.weight for t in settings.tenants}
 
@@ -136,19 +179,22 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
 
     # -- the swap: synchronous, so no request sees half of it -----------------------------
     gw.settings = new
+    # What the file changed that applies now, by key (endpoints are said below, one line
+    # each; the keys read only at start are warned about at the end).
+    live = [k for k in changed_keys(old, new) if k.split(".", 1)[0].split(" ", 1)[0] not in RESTART_KEYS
+            and not k.startswith("endpoints")]
+    if live:
+        changes.append("changed " + ", ".join(live))
     if identity is not None:
         store = getattr(gw, "state_store", None)
         if store is not None:  # before the swap: no request sees a tenant without its shared bucket
             store.attach(identity)
         gw.identity = identity
-        changes.append(f"tenants: {sorted(identity.tenants)}"
-                       + (", api key changed" if new.api_key != old.api_key else ""))
     if new.bands != old.bands:
         gw.band_names = [b.name for b in new.bands]
-        changes.append(f"bands: {gw.band_names}")
     if router is not None:
         gw.router = router
-        changes.append("routing settings")
+        changes.append("router rebuilt")
     started = gw.watching
     pools_before = {m: id(p) for m, p in gw.pools.items()}
     # Added before removed, so that a pool whose endpoints are all replaced stays the same
@@ -172,9 +218,14 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
     # Compared with the values the gateway runs with (those it started with), not with the
     # last file read: a key set back to its running value is no change to report.
     running = getattr(gw, "started_settings", old)
+    waiting = []
     for key in RESTART_KEYS:
-        if getattr(new, key) != getattr(running, key):
-            log.warning("config reload: %s changed; it takes effect at the next start", key)
+        for path in changed_keys(getattr(running, key), getattr(new, key), key):
+            log.warning("config reload: %s; it takes effect at the next start",
+                        path if path.endswith((" added", " removed")) else f"{path} changed")
+            waiting.append(path)
+    if waiting:  # a change the gateway read is not "no changes", though none applies yet
+        changes.append(f"{', '.join(waiting)} at the next start")
     return changes, retired
 
 
