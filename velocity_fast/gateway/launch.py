@@ -235,13 +235,34 @@ def charge_main(args: argparse.Namespace) -> int:
               flush=True)
 
     # Precise pools: the engines publish their KV events on free ports (the model
-    # folder's tokenizer unless one is configured).
+    # folder's tokenizer unless one is configured; sim engines' own, written here).
     own_tokenizer = None
-    if routing_settings(settings).precise_models() and plan.model is not None \
-            and (plan.model.path / "tokenizer.json").exists() and settings.routing.get("tokenizer") is None:
+    sock_dir = tempfile.mkdtemp(prefix="velocity-kv-")  # the engines' KV event sockets, if any
+    rs = routing_settings(settings)
+    untokenized = sorted({spec.model_name for spec in plan.specs if rs.prefix_for(spec.model_name) == "precise"
+                          and rs.tokenizer_for(spec.model_name) is None})
+    if untokenized and plan.model is not None and (plan.model.path / "tokenizer.json").exists():
         own_tokenizer = str(plan.model.path)
         settings.routing["tokenizer"] = own_tokenizer
-    sock_dir = tempfile.mkdtemp(prefix="velocity-kv-")  # the engines' KV event sockets, if any
+    elif untokenized and plan.kind == "sim":
+        from velocity_fast.sim.tokens import write_tokenizer
+        try:
+            own_tokenizer = write_tokenizer(sock_dir)
+        except ValueError as e:
+            shutil.rmtree(sock_dir, ignore_errors=True)
+            print(f"velocityllm: config error: precise prefix routing with sim engines: {e}", file=sys.stderr)
+            return 2
+        settings.routing["tokenizer"] = own_tokenizer
+        log.info("precise prefix routing with the sim engines' own tokenizer (%s)", own_tokenizer)
+    elif untokenized:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+        where = "--prefix" if getattr(args, "prefix", None) else \
+            args.config or os.environ.get("VELOCITY_CONFIG") or "routing.prefix"
+        print(f"velocityllm: config error: {where}: model {untokenized[0]!r} is precise but has no tokenizer: "
+              f"give --tokenizer PATH (a tokenizer.json, or a model folder holding one; or `tokenizer` under "
+              f"`routing:` in the config file), or a --model-path whose folder holds a tokenizer.json",
+              file=sys.stderr)
+        return 2
     plan, engine_endpoints = kv_events_for_engines(plan, routing_settings(settings), sock_dir)
     settings.endpoints.extend(engine_endpoints)
     try:
@@ -249,7 +270,7 @@ def charge_main(args: argparse.Namespace) -> int:
             settings.validate()
         except ConfigError as e:  # what the engines started here added: their own flags
             raise ConfigError(f"{'--model-path' if own_tokenizer else '--engines'}: {e}") from None
-        if own_tokenizer is not None:
+        if own_tokenizer is not None and plan.kind != "sim":
             _check_tokenizers(settings, args, source="--model-path")
     except ConfigError as e:
         shutil.rmtree(sock_dir, ignore_errors=True)

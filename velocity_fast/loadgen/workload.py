@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import orjson
 
+from velocity_fast.sim.tokens import PROMPT_WORDS
+
 from .arrivals import arrival_times
 from .mix import Mix
 
@@ -28,12 +30,7 @@ ROUTES = {
 # The sim engines and the gateway approximate a token as about 4 bytes of text.
 BYTES_PER_TOKEN = 4
 
-WORDS = (
-    "the of and to in is was that for on are with as be at by this had not but from "
-    "or have an they which one you were all we her she there been if more when will "
-    "would who so no model token cache engine queue batch prefill decode latency "
-    "tenant band request stream router gateway scheduler throughput"
-).split()
+WORDS = list(PROMPT_WORDS)  # the sim's tokenizer knows each (sim/tokens.py)
 
 
 @dataclass(slots=True)

@@ -20,6 +20,14 @@ async def _nothing_to_clean() -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run a sim engine until SIGTERM/SIGINT; 2 on bad flags, else 0."""
+    if getattr(args, "write_tokenizer", None):
+        from .tokens import write_tokenizer
+        try:
+            print(write_tokenizer(args.write_tokenizer))
+        except (ValueError, OSError) as e:
+            print(f"sim-engine: --write-tokenizer: {e}", file=sys.stderr)
+            return 2
+        return 0
     cfg = SimConfig.from_args(args)
     try:
         cfg.validate()

@@ -72,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", default=None,
                    help="a tokenizer.json: count, hash and publish prompts as its token ids "
                         "(ChatML chat template; needs the `tokenizers` extra)")
+    p.add_argument("--write-tokenizer", default=None, metavar="FOLDER",
+                   help="write the sim's own tokenizer.json (a word each, for precise prefix routing "
+                        "without a download) into FOLDER, print its path and exit")
     # vLLM launcher flags that a fake `vllm serve` passes through: accepted, no effect.
     ignored = p.add_argument_group("accepted for vLLM compatibility, ignored")
     ignored.add_argument("-tp", "--tensor-parallel-size", type=int, default=None, help=argparse.SUPPRESS)

@@ -42,6 +42,39 @@ def _build_vocab() -> tuple[tuple[str, ...], tuple[bytes, ...]]:
 #: Token id -> text, and the same as bytes (ASCII letters, safe inside a JSON string).
 VOCAB, VOCAB_BYTES = _build_vocab()
 
+#: The words loadgen writes prompts from (loadgen/workload.py), kept here so that the
+#: sim's tokenizer (``write_tokenizer``) knows every one of them.
+PROMPT_WORDS = tuple((
+    "the of and to in is was that for on are with as be at by this had not but from "
+    "or have an they which one you were all we her she there been if more when will "
+    "would who so no model token cache engine queue batch prefill decode latency "
+    "tenant band request stream router gateway scheduler throughput"
+).split())
+
+
+def write_tokenizer(folder: str) -> str:
+    """Write the sim's own tokenizer.json into ``folder`` (made if missing) and return its
+    path: one token a word, over loadgen's prompt words and the sim's generated words,
+    with ChatML's markers, so that precise prefix routing runs with sim engines and no
+    download. Needs the `tokenizers` package (ValueError saying so otherwise)."""
+    import os
+
+    try:
+        from tokenizers import Tokenizer, models, pre_tokenizers
+    except ImportError:
+        raise ValueError("the sim's tokenizer needs the `tokenizers` package "
+                         "(pip install velocityllm[tokenizers])") from None
+    vocab = {"[UNK]": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    for w in ("system", "user", "assistant") + PROMPT_WORDS + tuple(v.strip() for v in VOCAB):
+        vocab.setdefault(w, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "tokenizer.json")
+    tok.save(path)
+    return path
+
 
 def count_tokens(data: bytes) -> int:
     """Prompt tokens for ``data``: ceil(len / BYTES_PER_TOKEN), at least one."""
