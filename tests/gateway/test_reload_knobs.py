@@ -265,7 +265,8 @@ async def test_each_restart_key_is_named_in_the_warning(tmp_path, caplog, key):
                 apply_settings(gw, new)
             warned = [r.getMessage() for r in caplog.records if r.name == "velocity.reload"]
             # Named down to the key that changed, as the file writes it.
-            path = {"health": "health.check_interval_ms changed", "sim": "sim.decode_tps added"}.get(key, f"{key} changed")
+            path = {"health": "health.check_interval_ms changed",
+                    "sim": "sim.decode_tps added"}.get(key, f"{key} changed")
             assert warned == [f"config reload: {path}; it takes effect at the next start"]
             assert (await http_request(gw.port, "GET", "/health")).status == 200
 
