@@ -258,6 +258,13 @@ DOC_RULES = [
     (r"velocityllm version", "run"),
     (r"velocityllm sim-engine --kv-events-config JSON", "run"),
     (r"(bench/[\w/]+\.py|python3? -m bench\.[\w.]+)( .*)?", "test:bench"),
+    # Precise routing offline (kv-events.md): the test runs these lines as the doc writes them.
+    (r"velocityllm sim-engine --write-tokenizer \S+", "test:tests/engines/test_precise_offline.py"),
+    (r"velocityllm sim-engine --port \d+ --tokenizer \S+ --kv-events-config .*",
+     "test:tests/engines/test_precise_offline.py"),
+    (r"velocityllm serve --config gateway\.yaml --prefix precise --tokenizer \S+",
+     "test:tests/engines/test_precise_offline.py"),
+    (r"velocityllm chargeVelocity --mock --prefix precise", "test:tests/engines/test_precise_offline.py"),
     # The workers' command: a config at a system path; the test runs `serve --workers 2`.
     (r"velocityllm serve --config /etc/velocityllm/config\.yaml --workers auto", "test:tests/e2e/test_workers_e2e.py"),
 ]

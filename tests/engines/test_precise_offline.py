@@ -5,14 +5,18 @@ saying which flags give one."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import time
+from pathlib import Path
 from urllib.request import Request, urlopen
 
 import pytest
 
 from tests.support.fakes import free_port_block, machine_env, make_model_folder
-from tests.support.gateway import GatewayProcess, gateway_process, velocity_command
+from tests.support.gateway import GatewayProcess, gateway_process, stop_group, velocity_command
+from tests.support.sim import free_port
 from velocity_fast.routing.precise.template import load_tokenizer
 from velocity_fast.sim.tokens import PROMPT_WORDS
 
@@ -83,3 +87,70 @@ def test_precise_with_a_vllm_model_folder_without_a_tokenizer_names_what_to_give
     assert "--tokenizer PATH" in line and "--model-path" in line
     assert "--engines" not in line
     assert not list(record.glob("launch-*.json")), "an engine was started for a config that is refused"
+
+
+def _doc_commands() -> list[str]:
+    """The offline block of docs/kv-events.md: continuation lines joined, comments dropped."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "kv-events.md").read_text()
+    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "--write-tokenizer" in b]
+    out, cur = [], ""
+    for line in block.splitlines():
+        cur = (cur + " " if cur else "") + line.split(" #", 1)[0].strip()
+        if cur.endswith("\\"):
+            cur = cur[:-1].rstrip()
+            continue
+        if cur:
+            out.append(cur)
+        cur = ""
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_the_docs_offline_commands_route_precisely(tmp_path):
+    """docs/kv-events.md's three commands, as written but for the folder and ports."""
+    write, engine, serve = _doc_commands()
+    http, pub, replay = free_port(), free_port(), free_port()
+    folder = tmp_path / "simtok"
+
+    def here(cmd: str) -> list[str]:
+        # The engine binds its event sockets (`*`, as vLLM), the gateway connects to them.
+        for a, b in (("/tmp/simtok", str(folder)), ("8100", str(http)), ("tcp://*:5557", f"tcp://*:{pub}"),
+                     ("tcp://*:5558", f"tcp://*:{replay}")):
+            cmd = cmd.replace(a, b)
+        args = shlex.split(cmd)
+        assert args[0] == "velocityllm"
+        return velocity_command(*args[1:])
+
+    made = subprocess.run(here(write), capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0 and made.stdout.strip() == str(folder / "tokenizer.json"), made.stderr
+    eng_log = tmp_path / "engine.log"
+    with open(eng_log, "wb") as out:
+        eng = subprocess.Popen(here(engine), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                model = _get(f"http://127.0.0.1:{http}/v1/models")["data"][0]["id"]
+                break
+            except OSError:
+                assert eng.poll() is None and time.monotonic() < deadline, "the sim engine did not start"
+                time.sleep(0.1)
+        (tmp_path / "gateway.yaml").write_text(
+            f"endpoints:\n  - name: e1\n    url: http://127.0.0.1:{http}\n    model: {model}\n"
+            f"    kv_events: {{endpoint: 'tcp://127.0.0.1:{pub}', replay_endpoint: 'tcp://127.0.0.1:{replay}', "
+            f"topic: kv}}\n")
+        args = here(serve)[3:]  # after `python -m velocity_fast`
+        args[args.index("gateway.yaml")] = str(tmp_path / "gateway.yaml")
+        with gateway_process(*args, timeout=40) as gp:
+            deadline = time.monotonic() + 20
+            while True:
+                _chat(gp.url, model, f"question {time.monotonic()}")
+                kv = _get(gp.admin_url + "/stats")["kv_events"]
+                if kv["endpoints"]["e1"]["blocks"] and kv["precise"]["pools"].get(model, {}).get("cached"):
+                    break
+                assert time.monotonic() < deadline, (kv, eng_log.read_text()[-2000:])
+                time.sleep(0.2)
+            assert kv["endpoints"]["e1"]["state"] == "exact", kv
+    finally:
+        stop_group(eng)
