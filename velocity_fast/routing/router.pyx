@@ -118,13 +118,17 @@ cdef inline bint _short_prompt(body_obj, Py_ssize_t block_bytes) except -1:
     """Whether the prompt's JSON text (raw ``messages``, else raw ``prompt``, or the bytes
     already rendered) holds no full block once its last byte is cut (hash_json's text);
     False where it cannot tell without rendering."""
+    cdef Py_ssize_t n
     if isinstance(body_obj, bytes):
         return len(<bytes>body_obj) < block_bytes
     raw = _field(body_obj, True)
-    if type(raw) is not _Raw or not len(raw):
-        raw = _field(body_obj, False)
-        if type(raw) is not _Raw:
-            return False
+    if type(raw) is _Raw:
+        n = len(raw)
+        if n:
+            return n <= block_bytes
+    raw = _field(body_obj, False)
+    if type(raw) is not _Raw:
+        return False
     return len(raw) <= block_bytes
 
 
@@ -256,10 +260,16 @@ cdef class Router:
         return self._clock_fn()
 
     cdef RouterPool _pool_state(self, model, pool):
+        # The last model's state kept: one pool (or a run of requests to one) needs no
+        # look-up by model on each pick.
+        if model is self._state_model and self._state_last is not None:
+            return self._state_last
         st = self._pools.get(model)
         if st is None:
             st = self._pools[model] = RouterPool(pool, self.settings)
-        return <RouterPool?>st
+        self._state_model = model
+        self._state_last = <RouterPool?>st
+        return self._state_last
 
     # -- per request -------------------------------------------------------------
 
@@ -272,7 +282,8 @@ cdef class Router:
         cdef RouteInfo info
         cdef bint by_model = True
         model = model or ""
-        if not headers and model is self._last_model and self._model_profiles is self._last_profiles:
+        if (headers is None or not headers) and model is self._last_model \
+                and self._model_profiles is self._last_profiles:
             # The usual request: the same model as the last, no routing headers. Batch needs
             # no prompt; a prompt shorter than one block has none to route by.
             if not self._last_short or _short_prompt(body_obj, self._hasher.block_bytes):
@@ -442,7 +453,10 @@ cdef class Router:
             first = cands[0]
             if len(cands) == 1:
                 cands = None
-        profile = <Profile>self._profiles[info.profile]
+        if info.profile is not self._profile_name or self._profile_last is None:
+            self._profile_last = <Profile>self._profiles[info.profile]
+            self._profile_name = info.profile
+        profile = self._profile_last
         if cands is None or len(cands) == 1:
             profile.only.value += 1.0  # a pick without a choice
             return first if cands is None else cands[0]
