@@ -605,7 +605,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the gateway's policy (default dynamic; smart with --body-kb: prefix affinity on)")
     p.add_argument("--body-kb", default=None, metavar="LIST",
                    help="instead of the phases above, the prompt-size sweep: chat bodies of these sizes in KiB "
-                        "(e.g. 1,4,16,64,256), gateway and nginx req/s and CPU per request, and a PNG plot")
+                        "(e.g. 0,1,16,64,256; 0 is the one-line request), gateway and nginx req/s and CPU per "
+                        "request, and a PNG plot")
     p.add_argument("--markdown", action="store_true",
                    help="with --body-kb: then bench/README.md's table of the gateway against nginx")
     p.add_argument("--plot", default=None, metavar="PATH",

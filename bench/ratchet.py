@@ -5,7 +5,8 @@ Each scenario is bench/inprocess.py's harness under callgrind (the real request 
 fake transports, no sockets), counted as `python -m bench.inprocess --instructions` counts
 it: two runs of the same scenario, SMALL and LARGE requests, and the difference of their
 totals over the extra requests (start-up and imports cancel out). No sockets, no other
-process and a fixed hash seed: two counts of the same tree agree within about 0.05 %, where
+process and a fixed hash seed: two counts of the same tree agree within about 0.5 % (admission's
+timers fire by the wall clock, and callgrind's pace follows the machine's load), where
 bench/instructions.py (callgrind on the real server under wrk) repeats only to about
 +-3 %, too loose for a 3 % gate.
 

@@ -1,6 +1,6 @@
 """The instruction ratchet (bench/ratchet.py): each scenario's machine instructions per
 request, counted under callgrind on the in-process harness, at most 3 % above its line in
-bench/ratchet.json. Counts, not time: two counts of one tree agree within about 0.05 %,
+bench/ratchet.json. Counts, not time: two counts of one tree agree within about 0.5 %,
 so the verdict does not move with the machine's load. A change that lowers a count lowers
 its line; `python -m bench.ratchet --write` rewrites the file."""
 from __future__ import annotations
