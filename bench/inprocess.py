@@ -23,11 +23,16 @@ minute; needs valgrind (apt-get install valgrind).
 
     python -m bench.inprocess [--requests 20000] [--connections 64] [--repeat 3] [--profile]
     python -m bench.inprocess --instructions [--stream-events 32]
+    python -m bench.inprocess --instructions [--tenant] [--body-kb 16 --policy smart]
     python -m bench.inprocess --smoke            # 500 requests, one run: it works, the figure is rough
 
 --stream-events N: each engine answer is instead a vLLM-style SSE stream of N token events
 and [DONE], chunked, one event per read (as bench/overhead.py's SSE phase); the figures are
 per streamed request, and --instructions also prints them per event.
+The client then asks `"stream": true`. --body-kb K sends bench/lib/bodies.py's K KiB chat
+prompt; --tenant names one tenant (x-velocity-tenant) given a token quota too large to
+bind and token fairness; --policy sets the gateway's. bench/ratchet.py counts four of
+these scenarios against a committed baseline.
 """
 
 from __future__ import annotations
