@@ -23,11 +23,16 @@ minute; needs valgrind (apt-get install valgrind).
 
     python -m bench.inprocess [--requests 20000] [--connections 64] [--repeat 3] [--profile]
     python -m bench.inprocess --instructions [--stream-events 32]
+    python -m bench.inprocess --instructions [--tenant] [--body-kb 16 --policy smart]
     python -m bench.inprocess --smoke            # 500 requests, one run: it works, the figure is rough
 
 --stream-events N: each engine answer is instead a vLLM-style SSE stream of N token events
 and [DONE], chunked, one event per read (as bench/overhead.py's SSE phase); the figures are
 per streamed request, and --instructions also prints them per event.
+The client then asks `"stream": true`. --body-kb K sends bench/lib/bodies.py's K KiB chat
+prompt; --tenant names one tenant (x-velocity-tenant) given a token quota too large to
+bind and token fairness; --policy sets the gateway's. bench/ratchet.py counts four of
+these scenarios against a committed baseline.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from pathlib import Path
 
 import uvloop
 
+from bench.lib.bodies import BODY, STREAM_BODY, chat_body
 from velocity_fast.config import load_settings, parse_endpoint_flag
 from velocity_fast.gateway.app import Gateway
 from velocity_fast.server.connection import HttpProtocol
@@ -55,12 +61,17 @@ from velocity_fast.server.http_server import HTTPServer
 from velocity_fast.server.limits import ServerLimits
 from velocity_fast.upstream.connection import UpstreamConnection
 
-BODY = b'{"model":"fixed","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
-REQUEST = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Type: application/json\r\n"
-           b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY)
 ANSWER = (b'{"id":"chatcmpl-fixed","object":"chat.completion","created":1700000000,"model":"fixed",'
           b'"choices":[{"index":0,"message":{"role":"assistant","content":"Hello!"},"finish_reason":"stop"}],'
           b'"usage":{"prompt_tokens":10,"total_tokens":12,"completion_tokens":2}}')
+
+def request_bytes(body: bytes, tenant: str | None = None) -> bytes:
+    """The client's POST of ``body``, naming ``tenant`` by header when given."""
+    head = b"x-velocity-tenant: %s\r\n" % tenant.encode() if tenant else b""
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Type: application/json\r\n"
+            + head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+
 RESPONSE = (b"HTTP/1.1 200 OK\r\ndate: Sun, 29 Nov 2026 22:00:00 GMT\r\nserver: uvicorn\r\n"
             b"content-length: %d\r\ncontent-type: application/json\r\n\r\n" % len(ANSWER) + ANSWER)
 # --stream-events: vLLM's streamed answer, one event per read (as bench/overhead.py's SSE phase).
@@ -117,9 +128,21 @@ class FakeTransport:
         return b"".join(out)
 
 
-async def drive(requests: int, connections: int, stream_events: int = 0) -> tuple[float, int]:
+async def drive(requests: int, connections: int, stream_events: int = 0, body_kb: int = 0,
+                policy: str | None = None, tenant: bool = False) -> tuple[float, int]:
+    """``body_kb``: a chat prompt of that many KiB (bench/lib/bodies.py) instead of BODY;
+    ``policy``: the gateway's; ``tenant``: one tenant with a token quota (too large to
+    bind) and token fairness, named by x-velocity-tenant on every request."""
     loop = asyncio.get_running_loop()
-    settings = load_settings(None, {"endpoints": [parse_endpoint_flag("e1=http://127.0.0.1:9=fixed")]}, env={})
+    flags: dict = {"endpoints": [parse_endpoint_flag("e1=http://127.0.0.1:9=fixed")]}
+    if policy:
+        flags["policy"] = policy
+    if tenant:
+        flags["tenants"] = [{"name": "t0", "tokens_per_minute": 1.0e12}]
+        flags["admission"] = {"fairness": "tokens"}
+    settings = load_settings(None, flags, env={})
+    body = chat_body(body_kb) if body_kb else (STREAM_BODY if stream_events else BODY)
+    request = request_bytes(body, "t0" if tenant else None)
     gw = Gateway(settings)
     gw.loop = loop
     ep = gw.endpoints["e1"]
@@ -147,7 +170,7 @@ async def drive(requests: int, connections: int, stream_events: int = 0) -> tupl
     sent = done = 0
     for proto, _ in clients:
         if sent < requests:
-            proto.data_received(REQUEST)
+            proto.data_received(request)
             sent += 1
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
@@ -184,7 +207,7 @@ async def drive(requests: int, connections: int, stream_events: int = 0) -> tupl
                     raise RuntimeError(f"unexpected answer: {data[:200]!r}")
                 done += 1
                 if sent < requests:
-                    proto.data_received(REQUEST)
+                    proto.data_received(request)
                     sent += 1
         stalls = 0 if progressed else stalls + 1
         if stalls > 1000:
@@ -196,22 +219,36 @@ async def drive(requests: int, connections: int, stream_events: int = 0) -> tupl
     return cpu / requests * 1e6, int(requests / wall)
 
 
-def instructions(connections: int, stream_events: int = 0, small: int = 500, large: int = 2500) -> float:
-    """Machine instructions per request: callgrind totals of two runs, differenced."""
+REPO = Path(__file__).resolve().parent.parent
+
+
+def scenario_argv(connections: int, stream_events: int = 0, body_kb: int = 0, policy: str | None = None,
+                  tenant: bool = False) -> list[str]:
+    """The flags that give drive() these arguments."""
+    argv = ["--connections", str(connections), "--stream-events", str(stream_events), "--body-kb", str(body_kb)]
+    return argv + (["--policy", policy] if policy else []) + (["--tenant"] if tenant else [])
+
+
+def _collected(n: int, argv: list[str], out: str) -> int:
     vg = shutil.which("valgrind")
     if vg is None:
         raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
-    totals = []
+    # Run as a module from the root, as the README says, so that this checkout is imported.
+    p = subprocess.run([vg, "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-m", "bench.inprocess",
+                        "--requests", str(n), "--repeat", "1", *argv], capture_output=True, text=True, timeout=900,
+                       cwd=REPO, env={**os.environ, "PYTHONHASHSEED": "0"})
+    m = re.search(r"Collected : (\d+)", p.stderr)
+    if p.returncode != 0 or m is None:
+        raise SystemExit(f"callgrind run failed ({p.returncode}): {p.stderr[-800:]}")
+    return int(m.group(1))
+
+
+def instructions(connections: int, stream_events: int = 0, small: int = 500, large: int = 2500,
+                 body_kb: int = 0, policy: str | None = None, tenant: bool = False) -> float:
+    """Machine instructions per request: callgrind totals of two runs, differenced."""
+    argv = scenario_argv(connections, stream_events, body_kb, policy, tenant)
     with tempfile.TemporaryDirectory(prefix="velocity-callgrind-") as tmp:
-        for n in (small, large):
-            p = subprocess.run([vg, "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.{n}", sys.executable,
-                                str(Path(__file__).resolve()), "--requests", str(n), "--repeat", "1",
-                                "--connections", str(connections), "--stream-events", str(stream_events)], capture_output=True, text=True, timeout=900,
-                               env={**os.environ, "PYTHONHASHSEED": "0"})
-            m = re.search(r"Collected : (\d+)", p.stderr)
-            if p.returncode != 0 or m is None:
-                raise SystemExit(f"callgrind run failed ({p.returncode}): {p.stderr[-800:]}")
-            totals.append(int(m.group(1)))
+        totals = [_collected(n, argv, f"{tmp}/cg.{n}") for n in (small, large)]
     return (totals[1] - totals[0]) / (large - small)
 
 
@@ -230,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="machine instructions per request under callgrind (deterministic; needs valgrind)")
     p.add_argument("--stream-events", type=int, default=0,
                    help="streamed answers instead: N token events (one per read), then [DONE]")
+    p.add_argument("--body-kb", type=int, default=0, metavar="K",
+                   help="a K KiB chat prompt (bench/lib/bodies.py) instead of the small one")
+    p.add_argument("--policy", default=None, choices=("dynamic", "static", "smart"),
+                   help="the gateway's policy (default: the gateway's default)")
+    p.add_argument("--tenant", action="store_true",
+                   help="one tenant with a token quota (too large to bind) and token fairness, named on each request")
     p.add_argument("--smoke", action="store_true",
                    help="tiny counts (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items()) + "): checks that it runs")
     if "--smoke" in (sys.argv[1:] if argv is None else argv):
@@ -237,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     what = f"streamed request of {a.stream_events} events + [DONE]" if a.stream_events else "request"
     if a.instructions:
-        per = instructions(a.connections, a.stream_events)
+        per = instructions(a.connections, a.stream_events, body_kb=a.body_kb, policy=a.policy, tenant=a.tenant)
         print(f"{per:,.0f} instructions per {what} (callgrind, {a.connections} connections, "
               f"2,500 - 500 requests)")
         if a.stream_events:
@@ -245,14 +288,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     best = None
     for _ in range(a.repeat):
-        us, rps = uvloop.run(drive(a.requests, a.connections, a.stream_events))
+        us, rps = uvloop.run(drive(a.requests, a.connections, a.stream_events, a.body_kb, a.policy, a.tenant))
         print(f"{us:.1f} us CPU per {what} ({rps} requests/s of wall time, one core, no sockets)")
         best = us if best is None else min(best, us)
     print(f"best: {best:.1f} us per request over {a.requests} requests, {a.connections} connections")
     if a.profile:
         prof = cProfile.Profile()
         prof.enable()
-        uvloop.run(drive(a.requests, a.connections, a.stream_events))
+        uvloop.run(drive(a.requests, a.connections, a.stream_events, a.body_kb, a.policy, a.tenant))
         prof.disable()
         st = pstats.Stats(prof)
         st.sort_stats("tottime").print_stats(a.top)

@@ -256,7 +256,7 @@ def run_sizes(args) -> dict:
                         targets.append(start_nginx(procs, args.proxy_cpu, up_port, work, big_bodies=True,
                                                    name="nginx-heap", env=_heap_env()))
             for kib in args.body_kb:
-                body = chat_body(kib)
+                body = chat_body(kib) if kib else BODY  # 0: the one-line request of the phases above
                 for t in targets:  # warm-up: connections, the adaptive limit, the prefix index
                     run_load(args.client, work, t.port, args.connections, args.warmup, args.load_cpu, body)
                 runs: dict[str, list[dict]] = {t.name: [] for t in targets}
@@ -287,7 +287,7 @@ def run_sizes(args) -> dict:
     for name in ("gateway", "nginx"):
         ys = [r["targets"].get(name, {}).get("cpu_us_per_req") for r in rows]
         if any(y is not None for y in ys):
-            out["us_per_kib"][name] = _slope([r["kib"] for r in rows], ys)
+            out["us_per_kib"][name] = _slope([r["bytes"] / 1024 for r in rows], ys)
     if out["us_per_kib"].get("gateway") is not None and out["us_per_kib"].get("nginx") is not None:
         out["extra_us_per_kib"] = out["us_per_kib"]["gateway"] - out["us_per_kib"]["nginx"]
     if args.plot:
@@ -307,14 +307,14 @@ def _plot_sizes(rows: list[dict], path: Path, policy: str, warnings: list[str]) 
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, style in (("gateway", "o-"), ("nginx", "s--")):
-        pts = [(r["kib"], r["targets"][name]["cpu_us_per_req"]) for r in rows
+        pts = [(r["bytes"] / 1024, r["targets"][name]["cpu_us_per_req"]) for r in rows
                if r["targets"].get(name, {}).get("cpu_us_per_req") is not None]
         if pts:
             label = f"gateway (--policy {policy})" if name == "gateway" else "nginx (bodies in memory)"
             ax.plot([x for x, _ in pts], [y for _, y in pts], style, label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xticks([r["kib"] for r in rows], [str(r["kib"]) for r in rows])
+    ax.set_xticks([r["bytes"] / 1024 for r in rows], [str(r["kib"] or f"{r['bytes']} B") for r in rows])
     ax.set_xlabel("chat prompt (KiB of JSON)")
     ax.set_ylabel("CPU us per request (user + system)")
     ax.set_title("Proxy CPU per request against prompt size, 64 connections, one core")
@@ -373,6 +373,34 @@ def summarize_sizes(res: dict) -> str:
         lines.append(f"plot: {out['plot']}")
     lines += _stream_lines(res)
     return "\n".join(lines)
+
+
+def markdown_sizes(res: dict) -> str:
+    """--markdown: the sweep as bench/README.md's table. The extra per KiB of a size is the
+    gateway's CPU per request less nginx's, above that difference for the smallest
+    request of the sweep, over the KiB between them: what each KiB of prompt costs the
+    gateway beyond what it costs nginx."""
+    rows = res["body_kb"]["rows"]
+    small = min(rows, key=lambda r: r["bytes"])
+
+    def gap(r):
+        g, n = r["targets"].get("gateway", {}), r["targets"].get("nginx", {})
+        if g.get("cpu_us_per_req") is None or n.get("cpu_us_per_req") is None:
+            return None
+        return g["cpu_us_per_req"] - n["cpu_us_per_req"]
+
+    out = ["| prompt | gateway req/s | nginx req/s | req/s ratio | gateway CPU µs | nginx CPU µs | CPU ratio "
+           "| extra µs per KiB |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        g, n = r["targets"].get("gateway", {}), r["targets"].get("nginx", {})
+        size = f"{r['kib']} KiB" if r["kib"] else f"{r['bytes']} B"
+        extra = "-"
+        if r is not small and gap(r) is not None and gap(small) is not None:
+            extra = f"{(gap(r) - gap(small)) / ((r['bytes'] - small['bytes']) / 1024):+.3f}"
+        out.append(f"| {size} | {_f(g.get('rps'))} | {_f(n.get('rps'))} | {_f(r.get('rps_ratio'), '{:.2f}x')} "
+                   f"| {_f(g.get('cpu_us_per_req'), '{:.1f}')} | {_f(n.get('cpu_us_per_req'), '{:.1f}')} "
+                   f"| {_f(r.get('cpu_ratio'), '{:.2f}x')} | {extra} |")
+    return "\n".join(out)
 
 
 def _stream_lines(res: dict) -> list[str]:
@@ -577,7 +605,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="the gateway's policy (default dynamic; smart with --body-kb: prefix affinity on)")
     p.add_argument("--body-kb", default=None, metavar="LIST",
                    help="instead of the phases above, the prompt-size sweep: chat bodies of these sizes in KiB "
-                        "(e.g. 1,4,16,64,256), gateway and nginx req/s and CPU per request, and a PNG plot")
+                        "(e.g. 0,1,16,64,256; 0 is the one-line request), gateway and nginx req/s and CPU per "
+                        "request, and a PNG plot")
+    p.add_argument("--markdown", action="store_true",
+                   help="with --body-kb: then bench/README.md's table of the gateway against nginx")
     p.add_argument("--plot", default=None, metavar="PATH",
                    help="--body-kb's plot of CPU per request against prompt size "
                         "(default bench/results/overhead_body_kb.png)")
@@ -620,8 +651,8 @@ def main(argv: list[str] | None = None) -> int:
             args.body_kb = [int(x) for x in args.body_kb.split(",") if x.strip()]
         except ValueError:
             p.error(f"--body-kb: a comma-separated list of sizes in KiB, not {args.body_kb!r}")
-        if not args.body_kb or min(args.body_kb) < 1 or max(args.body_kb) > 8192:
-            p.error("--body-kb: sizes from 1 to 8192 KiB")
+        if not args.body_kb or min(args.body_kb) < 0 or max(args.body_kb) > 8192:
+            p.error("--body-kb: sizes from 0 (the one-line request) to 8192 KiB")
         args.plot = args.plot or str(REPO / "bench" / "results" / "overhead_body_kb.png")
     args.policy = args.policy or ("smart" if args.body_kb else "dynamic")
     try:
@@ -649,6 +680,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"overhead: {e}", file=sys.stderr)
         return 1
     print(summarize_sizes(res) if "body_kb" in res else summarize(res))
+    if args.markdown and "body_kb" in res:
+        print()
+        print(markdown_sizes(res))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2, default=str))
     return 0

@@ -636,6 +636,15 @@ def test_window_keeps_the_last_samples_oldest_first():
     empty = Window(0)
     empty.append(1.0)
     assert list(empty) == [] and percentiles(empty) == {}
+    # Round the ring several times, ints taken as numbers: still the last three, in order.
+    for x in range(5, 12):
+        w.append(x)
+    assert list(w) == [9.0, 10.0, 11.0] and len(w) == 3
+    one = Window(1)
+    assert list(one) == [] and len(one) == 0
+    one.append(2.5)
+    one.append(3.5)
+    assert list(one) == [3.5]
 
 
 async def test_a_release_with_an_unknown_outcome_is_refused_and_the_lease_stays_held():

@@ -460,6 +460,38 @@ def test_a_prompt_without_a_full_block_shares_one_route_info_and_a_longer_one_is
     with_session = r.route_info("m", Body(short), {SESSION_HEADER: "s"})
     assert with_session is not a and with_session.session == "s"
 
+def test_a_decoded_request_routes_as_any_body_of_the_same_prompt_whatever_came_before():
+    """The router reads a decoded request's raw ``messages`` and ``prompt`` at their slots
+    (learned from its type on first sight), any other body by attribute: the same prompt
+    routes alike either way, in any order of body types, also a prompt-only request."""
+    import msgspec
+
+    from velocity_fast.gateway.requests import decode_proxy
+
+    class Body:
+        def __init__(self, messages=None, prompt=None) -> None:
+            self.messages, self.prompt = messages, prompt
+
+    def decoded(messages: bytes):
+        return decode_proxy(b'{"model":"m","messages":' + messages + b"}", chat=True)
+
+    short = b'[{"role":"user","content":"Say hello."}]'
+    long = b'[{"role":"user","content":"' + b"q" * 300 + b'"}]'
+    r = batch_router(default_profile="chat")
+    a = r.route_info("m", decoded(short), None)
+    assert a.nblocks == 0 and r.route_info("m", Body(msgspec.Raw(short)), None) is a
+    for body in (decoded(long), Body(msgspec.Raw(long)), {"messages": None}, decoded(long)):
+        info = r.route_info("m", body, None)
+        if isinstance(body, dict):
+            assert info.nblocks == 0  # a dict's prompt is rendered: none here
+            continue
+        same = r.route_info("m", Body(msgspec.Raw(long)), None)
+        assert info.nblocks == 5 and info.hashes.tolist() == same.hashes.tolist()
+    completion = decode_proxy(b'{"model":"m","prompt":"' + b"p" * 300 + b'"}', chat=False)
+    assert r.route_info("m", completion, None).nblocks == r.route_info(
+        "m", Body(prompt=msgspec.Raw(b'"' + b"p" * 300 + b'"')), None).nblocks > 0
+
+
 def test_staleness_is_judged_on_the_process_monotonic_clock():
     # The compiled path reads CLOCK_MONOTONIC in C: gauges scraped by Python code with
     # time.monotonic must be fresh or stale exactly as metrics_stale_s says.

@@ -22,11 +22,12 @@ cdef inline int outcome_code(str outcome) except -1:
 
 
 cdef class Window:
-    cdef list _data
+    cdef double* _data
     cdef Py_ssize_t _maxlen
     cdef Py_ssize_t _next
+    cdef Py_ssize_t _n
 
-    cpdef append(self, x)
+    cdef void push(self, double x) noexcept
 
 
 @cython.final

@@ -11,6 +11,8 @@ Metrics registered here (all prefixed ``velocity_``): ``admitted_total``,
 ``Telemetry`` is compiled: the request path counts into it. ``percentiles`` serves /stats.
 """
 
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+
 from velocity_fast.metrics.values cimport HistChild, Value
 
 __all__ = ["Telemetry", "Window", "percentiles", "WAIT_BUCKETS", "OUTCOMES"]
@@ -21,27 +23,37 @@ WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 
 
 cdef class Window:
-    """The last ``maxlen`` samples (a ring: no allocation once full); iterates oldest first."""
+    """The last ``maxlen`` samples (a ring of C doubles: no allocation once made, no float
+    object per sample); iterates oldest first."""
 
     def __cinit__(self, Py_ssize_t maxlen):
-        self._data = []
         self._maxlen = maxlen if maxlen > 0 else 0
-        self._next = 0
+        self._data = <double*>PyMem_Malloc((self._maxlen or 1) * sizeof(double))
+        if self._data == NULL:
+            raise MemoryError()
 
-    cpdef append(self, x):
-        if len(self._data) < self._maxlen:
-            self._data.append(x)
-        elif self._maxlen:
-            self._data[self._next] = x
-            self._next += 1
-            if self._next == self._maxlen:
-                self._next = 0
+    def __dealloc__(self):
+        PyMem_Free(self._data)
+
+    cdef void push(self, double x) noexcept:
+        if not self._maxlen:
+            return
+        self._data[self._next] = x
+        self._next += 1
+        if self._next == self._maxlen:
+            self._next = 0
+        if self._n < self._maxlen:
+            self._n += 1
+
+    def append(self, double x):
+        self.push(x)
 
     def __len__(self):
-        return len(self._data)
+        return self._n
 
     def __iter__(self):
-        return iter(self._data[self._next:] + self._data[:self._next])
+        cdef Py_ssize_t i, start = self._next if self._n == self._maxlen else 0
+        return iter([self._data[(start + i) % self._maxlen] for i in range(self._n)])
 
 
 def reuse_metric(reg, make, name, *args, **kw):
@@ -114,7 +126,7 @@ cdef class Telemetry:
         self.n_admitted += 1
         self._admitted.value += 1.0
         (<HistChild>self._wait_children[band]).observe(wait_s)
-        (<Window>self.waits[band]).append(wait_s)
+        (<Window>self.waits[band]).push(wait_s)
 
     cpdef void finished(self, int band, int outcome, double e2e_s, double ttft_s, int sla) except *:
         """Count one terminal outcome (``outcome_code``: an index of ``OUTCOMES``) with its
@@ -123,7 +135,7 @@ cdef class Telemetry:
             self.n_completed += 1
             self._completed.value += 1.0
             (<HistChild>self._lat_children[band]).observe(e2e_s)
-            self.e2e.append(e2e_s)
+            self.e2e.push(e2e_s)
             if sla == 1:
                 self.sla_met += 1
             elif sla == 0:
@@ -136,7 +148,7 @@ cdef class Telemetry:
             self._cancelled.value += 1.0
         if ttft_s >= 0:
             (<HistChild>self._ttft).observe(ttft_s)
-            self.ttfts.append(ttft_s)
+            self.ttfts.push(ttft_s)
 
     def counts(self):
         """Terminal counters as integers."""

@@ -5,7 +5,7 @@ from velocity_fast.metrics.values cimport Value
 from velocity_fast.routing.prefix cimport BlockHashes, PrefixHasher, PrefixIndex
 from velocity_fast.routing.route cimport RouteInfo, RouterPool
 from velocity_fast.routing.load cimport EngineLoad
-from velocity_fast.routing.plugins cimport Pick
+from velocity_fast.routing.plugins cimport Pick, Profile
 
 
 cdef class Router:
@@ -31,6 +31,10 @@ cdef class Router:
     cdef object _clock_fn
     cdef bint _mono
     # Settings and metric children read on every request (set by _configure).
+    cdef object _state_model      # the model _state_last is the RouterPool of (pools are never replaced)
+    cdef RouterPool _state_last
+    cdef object _profile_name     # the profile name _profile_last is (profiles are made once)
+    cdef Profile _profile_last
     cdef tuple _filters     # filters.pyx's, in order
     cdef EngineLoad _load   # the candidates' load, which the profiles weigh
     cdef Pick _pickst       # refilled by each pick

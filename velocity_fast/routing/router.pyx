@@ -50,7 +50,10 @@ import msgspec
 
 from velocity_fast.metrics.registry import Registry
 
+from cpython.object cimport PyObject
+
 from velocity_fast.lowlevel.clock cimport monotonic
+from velocity_fast.lowlevel.slots cimport slot_offset
 from velocity_fast.fleet.endpoint cimport RoomFilter, pool_endpoints, pool_model
 from velocity_fast.metrics.values cimport Value
 from velocity_fast.routing.blockscan cimport hash_json
@@ -84,17 +87,48 @@ cdef object _py_monotonic = time.monotonic
 cdef object _Raw = msgspec.Raw
 
 
+# The request type whose ``messages`` and ``prompt`` slots were found last, and where: the
+# gateway's decoded requests are all of one type, so the prompt is read with one load each
+# where getattr on a Struct is a type look-up and a descriptor call (about 100 instructions).
+cdef object _slots_type = None
+cdef object _plain_type = None  # the last type found without both slots (a dict)
+cdef Py_ssize_t _messages_at = 0, _prompt_at = 0
+
+
+cdef inline object _field(body_obj, bint messages):
+    """``body_obj.messages`` (or ``.prompt``), None when it has none: read at the slot
+    where its type keeps it once that type was seen."""
+    global _slots_type, _plain_type, _messages_at, _prompt_at
+    cdef PyObject* v
+    tp = type(body_obj)
+    if tp is not _slots_type:
+        if tp is not _plain_type:
+            try:
+                _messages_at, _prompt_at = slot_offset(tp, "messages"), slot_offset(tp, "prompt")
+                _slots_type = tp
+            except (TypeError, AttributeError):  # not a Struct of both (a dict, a Struct without them)
+                _plain_type = tp
+        if tp is _plain_type:
+            return getattr(body_obj, "messages" if messages else "prompt", None)
+    v = (<PyObject**>((<char*><PyObject*>body_obj) + (_messages_at if messages else _prompt_at)))[0]
+    return None if v == NULL else <object>v
+
+
 cdef inline bint _short_prompt(body_obj, Py_ssize_t block_bytes) except -1:
     """Whether the prompt's JSON text (raw ``messages``, else raw ``prompt``, or the bytes
     already rendered) holds no full block once its last byte is cut (hash_json's text);
     False where it cannot tell without rendering."""
+    cdef Py_ssize_t n
     if isinstance(body_obj, bytes):
         return len(<bytes>body_obj) < block_bytes
-    raw = getattr(body_obj, "messages", None)
-    if type(raw) is not _Raw or not len(raw):
-        raw = getattr(body_obj, "prompt", None)
-        if type(raw) is not _Raw:
-            return False
+    raw = _field(body_obj, True)
+    if type(raw) is _Raw:
+        n = len(raw)
+        if n:
+            return n <= block_bytes
+    raw = _field(body_obj, False)
+    if type(raw) is not _Raw:
+        return False
     return len(raw) <= block_bytes
 
 
@@ -226,10 +260,16 @@ cdef class Router:
         return self._clock_fn()
 
     cdef RouterPool _pool_state(self, model, pool):
+        # The last model's state kept: one pool (or a run of requests to one) needs no
+        # look-up by model on each pick.
+        if model is self._state_model and self._state_last is not None:
+            return self._state_last
         st = self._pools.get(model)
         if st is None:
             st = self._pools[model] = RouterPool(pool, self.settings)
-        return <RouterPool?>st
+        self._state_model = model
+        self._state_last = <RouterPool?>st
+        return self._state_last
 
     # -- per request -------------------------------------------------------------
 
@@ -242,7 +282,8 @@ cdef class Router:
         cdef RouteInfo info
         cdef bint by_model = True
         model = model or ""
-        if not headers and model is self._last_model and self._model_profiles is self._last_profiles:
+        if (headers is None or not headers) and model is self._last_model \
+                and self._model_profiles is self._last_profiles:
             # The usual request: the same model as the last, no routing headers. Batch needs
             # no prompt; a prompt shorter than one block has none to route by.
             if not self._last_short or _short_prompt(body_obj, self._hasher.block_bytes):
@@ -303,9 +344,9 @@ cdef class Router:
         else:
             # The prompt's JSON text as the client wrote it, hashed where it lies: the
             # request decoder keeps messages and prompt raw (gateway/requests.pyx).
-            raw = getattr(body_obj, "messages", None)
+            raw = _field(body_obj, True)
             if type(raw) is not _Raw or not len(raw):
-                raw = getattr(body_obj, "prompt", None)
+                raw = _field(body_obj, False)
                 if type(raw) is not _Raw:
                     raw = prompt_json(body_obj)  # a dict, /generate's request: encoded
             hashes = hash_json(raw, self._hasher, model, compact)
@@ -412,7 +453,10 @@ cdef class Router:
             first = cands[0]
             if len(cands) == 1:
                 cands = None
-        profile = <Profile>self._profiles[info.profile]
+        if info.profile is not self._profile_name or self._profile_last is None:
+            self._profile_last = <Profile>self._profiles[info.profile]
+            self._profile_name = info.profile
+        profile = self._profile_last
         if cands is None or len(cands) == 1:
             profile.only.value += 1.0  # a pick without a choice
             return first if cands is None else cands[0]
