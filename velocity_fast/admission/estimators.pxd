@@ -31,3 +31,14 @@ cdef class ServiceEstimate:
     cpdef void observe(self, double ttft_s, double service_s, long tokens, double nbytes=*)
     cdef double expect_size(self, double nbytes, long max_tokens)
     cdef double expect(self, long max_tokens)
+
+
+@cython.final
+cdef class OutputEstimate:
+    cdef readonly double start
+    cdef readonly double alpha
+    cdef readonly double mean
+    cdef readonly long answers
+
+    cpdef long expect(self)
+    cpdef void observe(self, long tokens)

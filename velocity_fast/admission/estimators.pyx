@@ -15,9 +15,24 @@ learned time per token. Both are learned online:
 
 Each estimate starts unknown; until a first observation the prediction says nothing,
 so a cold gateway never rejects on a guess. Compiled: the lease's release feeds them.
+
+A request that names no max tokens runs until the model stops: its length is taken from
+what the pool's engines returned for such requests (``OutputEstimate``, the completion
+tokens of their ``usage``), from a documented starting value until the first answer.
 """
 
-__all__ = ["Ewma", "ServiceEstimate"]
+from libc.math cimport ceil
+
+__all__ = ["Ewma", "OutputEstimate", "ServiceEstimate", "OPEN_ALPHA", "OPEN_START_CHAT", "OPEN_START_TEXT"]
+
+# The output tokens a request that names no max tokens is taken to ask for, until its pool
+# has answered one: a chat reply runs until the model stops (128: a short answer's length,
+# the sim engine's mean); /v1/completions stops at vLLM's default max_tokens, 16.
+OPEN_START_CHAT = 128
+OPEN_START_TEXT = 16
+# The weight of each answer once the first 1 / OPEN_ALPHA are in (those are a plain mean):
+# the last few dozen answers make the estimate, so it follows a change of workload.
+OPEN_ALPHA = 0.05
 
 # A first byte this late in a request (as a share of its whole time) is an answer that
 # came whole, not a stream: its first byte says nothing of its first token.
@@ -135,3 +150,33 @@ cdef class ServiceEstimate:
             return round(e._value * 1000.0, 3) if e.seen else None
         return {"ttft_ms": ms(self.ttft), "tpot_ms": ms(self.tpot), "service_ms": ms(self.service),
                 "samples": self.service.samples}
+
+
+cdef class OutputEstimate:
+    """The completion tokens of a pool's requests that name no max tokens: ``start``
+    until the first answer, then the mean of the answers' ``usage.completion_tokens``
+    (the first 1 / ``alpha`` answers weigh the same, each later one ``alpha``)."""
+
+    def __cinit__(self, double start, double alpha=OPEN_ALPHA):
+        self.start = self.mean = start if start >= 1.0 else 1.0
+        self.alpha = alpha
+
+    cpdef long expect(self):
+        """The tokens to take such a request for (at least one)."""
+        cdef long n = <long>ceil(self.mean)
+        return n if n > 1 else 1
+
+    cpdef void observe(self, long tokens):
+        """One such request answered whole with ``tokens`` completion tokens (none: not learned)."""
+        cdef double w
+        if tokens <= 0:
+            return
+        self.answers += 1
+        w = 1.0 / self.answers
+        if w < self.alpha:
+            w = self.alpha
+        self.mean += w * (<double>tokens - self.mean)
+
+    def snapshot(self) -> dict:
+        """For /stats: the tokens taken now, the answers learned from, the starting value."""
+        return {"tokens": self.expect(), "answers": self.answers, "start": <long>self.start}

@@ -17,6 +17,7 @@ from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeASCII
 
 from velocity_fast.admission.controller cimport Admission, Lease, Ticket
+from velocity_fast.admission.estimators cimport OutputEstimate
 from velocity_fast.metrics.values cimport Value
 from velocity_fast.gateway.exchange cimport Exchange, new_exchange
 from velocity_fast.gateway.requests cimport (P_FIELDS, P_MAX_COMPLETION_TOKENS, P_MAX_TOKENS, P_MODEL, P_PRIORITY,
@@ -35,6 +36,7 @@ from velocity_fast.lowlevel.fmt cimport str_eq
 
 import msgspec
 
+from velocity_fast.admission.estimators import OPEN_START_CHAT, OPEN_START_TEXT
 from velocity_fast.gateway.errors import BadRequest, context_error
 from velocity_fast.gateway.requests import too_deep
 from velocity_fast.routing.errors import UnknownProfile
@@ -203,6 +205,7 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
     cdef const char* tenant_p = NULL  # the tenant header's bytes (in raw), when read where they lie
     cdef Py_ssize_t tenant_n = 0
     cdef Tenant known = None  # the tenant those bytes named before
+    cdef OutputEstimate open_est = None  # no max tokens named: the pool's estimate of the reply
     # The gateway's own headers, looked up only when the request has any (most have none):
     # read where the scanner found them, no dict (the router is given one only of what it
     # reads, when the request has any).
@@ -297,7 +300,13 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
                                    param="max_completion_tokens" if <object>f[P_MAX_COMPLETION_TOKENS]
                                    else "max_tokens", headers=rid_header(rid))
     body = strip_own_fields(req.body, r)
-    max_tokens = <object>f[P_MAX_COMPLETION_TOKENS] or <object>f[P_MAX_TOKENS] or 256
+    if asked is None:
+        # The reply runs until the model stops: taken for what the pool's engines returned
+        # for such requests (their usage teaches it, below), in admission and the quota alike.
+        open_est = (<Admission>ingress.admission).open_estimate(model, chat)
+        max_tokens = open_est.expect() if open_est is not None else (OPEN_START_CHAT if chat else OPEN_START_TEXT)
+    else:
+        max_tokens = asked
     q_est = 0.0
     if tenant is not None:
         t = <Tenant?>tenant
@@ -322,8 +331,9 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
     stream = <object>f[P_STREAM] is True
     strip = False
     # Usage is read only where something settles from it: a configured tenant (its
-    # quota, its figures) or token fairness on what was served.
-    want = tenant is not None or (<Admission>ingress.admission).settle_usage
+    # quota, its figures), token fairness on what was served, or the estimate of replies
+    # that name no max tokens.
+    want = tenant is not None or (<Admission>ingress.admission).settle_usage or open_est is not None
     if stream and want:
         options = <object>f[P_STREAM_OPTIONS]
         if options is None or not options.include_usage:
@@ -344,6 +354,7 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
     x.stream_req = stream
     x.want_usage = want
     x.usage_strip = strip
+    x.open_est = open_est
     # No task: admission, the engine connection and the client meet in callbacks,
     # a stream's events included.
     x.start()
