@@ -157,26 +157,35 @@ cdef list _names_seen = None
 cdef str _default_seen = None
 
 
+cdef str _default_of(list names, str default):
+    """The band of a request that names none: ``default`` (admission.default_band), else
+    "normal", else the middle band, of the last names list seen (the gateway replaces its
+    list on a reload, never changes it in place)."""
+    global _names_seen, _default_seen
+    if default is not None:
+        return default
+    if names is _names_seen and names is not None:
+        return _default_seen
+    band = "normal" if "normal" in names else names[len(names) // 2]
+    _names_seen, _default_seen = names, band
+    return band
+
+
 cpdef str band_for(list names, raw, tenant, str default=None):
     """The band a request asks for (header, then body; ``names`` highest first), capped by
-    its tenant's max_band. A number is vLLM's priority: lower is higher. A request that
-    names none gets ``default`` (admission.default_band); one that names a band that does
-    not exist is a 400 naming the bands, not a silent default: the header and the body's
-    string ``priority`` are this gateway's own, so an unknown name is a mistake to show."""
+    its tenant's max_band. A number is vLLM's priority: lower runs earlier and 0, vLLM's
+    default, is the default band; each step below 0 is a band higher, each above 0 a band
+    lower, to the first or the last. A request that names none gets ``default``
+    (admission.default_band); one that names a band that does not exist is a 400 naming
+    the bands, not a silent default: the header and the body's string ``priority`` are
+    this gateway's own, so an unknown name is a mistake to show."""
     cdef str band
-    global _names_seen, _default_seen
     if raw is None or raw == "":
-        if default is not None:
-            band = default
-        # Without one: "normal", else the middle band, of the last names list seen (the
-        # gateway replaces its list on a reload, never changes it in place).
-        elif names is _names_seen and names is not None:
-            band = _default_seen
-        else:
-            band = "normal" if "normal" in names else names[len(names) // 2]
-            _names_seen, _default_seen = names, band
+        band = _default_of(names, default)
     elif isinstance(raw, int) and not isinstance(raw, bool):
-        band = names[min(max(raw, 0), len(names) - 1)]
+        band = _default_of(names, default)
+        if raw:
+            band = names[min(max(names.index(band) + raw, 0), len(names) - 1)]
     else:
         band = str(raw).strip().lower()
         if band not in names:
