@@ -3,7 +3,7 @@ then what the pool's engines returned for such requests (admission/estimators.py
 import pytest
 
 from tests.admission.test_admission import make
-from velocity_fast.admission.estimators import OPEN_ALPHA, OPEN_START_CHAT, OPEN_START_TEXT, OutputEstimate
+from velocity_fast.admission.estimators import OPEN_START_CHAT, OPEN_START_TEXT, OPEN_WINDOW, OutputEstimate
 
 
 def test_the_start_stands_until_the_first_answer_then_the_answers_mean():
@@ -19,14 +19,17 @@ def test_the_start_stands_until_the_first_answer_then_the_answers_mean():
     assert e.snapshot() == {"tokens": 40, "answers": 2, "start": 128}
 
 
-def test_after_the_first_answers_it_follows_a_change_of_workload():
-    e = OutputEstimate(OPEN_START_CHAT)
-    for _ in range(int(1 / OPEN_ALPHA)):
-        e.observe(400)
-    assert e.expect() == 400
-    for _ in range(60):
-        e.observe(20)
-    assert 20 <= e.expect() < 40  # the long replies of an hour ago no longer count
+def test_it_is_the_mean_of_the_last_answers_whatever_order_they_end_in():
+    burst = [10 * (i % 8 + 1) for i in range(OPEN_WINDOW)]  # mean 45
+    ends_short_first, ends_long_first = OutputEstimate(OPEN_START_CHAT), OutputEstimate(OPEN_START_CHAT)
+    for n in sorted(burst):  # a burst's longest replies end last
+        ends_short_first.observe(n)
+    for n in sorted(burst, reverse=True):
+        ends_long_first.observe(n)
+    assert ends_short_first.expect() == ends_long_first.expect() == 45
+    for _ in range(OPEN_WINDOW):  # then the workload changes: the old replies no longer count
+        ends_short_first.observe(400)
+    assert ends_short_first.expect() == 400 and ends_short_first.answers == 2 * OPEN_WINDOW
     assert OutputEstimate(0.2).expect() == 1  # never less than a token
 
 

@@ -33,12 +33,18 @@ cdef class ServiceEstimate:
     cdef double expect(self, long max_tokens)
 
 
+# The answers an OutputEstimate averages (the last ones).
+cdef enum:
+    OPEN_RING = 64
+
+
 @cython.final
 cdef class OutputEstimate:
     cdef readonly double start
-    cdef readonly double alpha
     cdef readonly double mean
     cdef readonly long answers
+    cdef long ring[OPEN_RING]     # the last answers' completion tokens, oldest overwritten
+    cdef long total               # their sum
 
     cpdef long expect(self)
     cpdef void observe(self, long tokens)

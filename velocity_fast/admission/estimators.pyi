@@ -43,17 +43,14 @@ class ServiceEstimate:
 
 OPEN_START_CHAT: int
 OPEN_START_TEXT: int
-OPEN_ALPHA: float
+OPEN_WINDOW: int
 
 class OutputEstimate:
     """The completion tokens of a pool's requests that name no max tokens: ``start`` until the
-    first answer, then the mean of the answers' completion tokens (the first 1 / ``alpha`` weigh
-    the same, each later one ``alpha``)."""
-    def __init__(self, start: float, alpha: float = ...) -> None: ...
+    first answer, then the mean of the last ``OPEN_WINDOW`` answers' completion tokens."""
+    def __init__(self, start: float) -> None: ...
     @property
     def start(self) -> float: ...
-    @property
-    def alpha(self) -> float: ...
     @property
     def mean(self) -> float: ...
     @property

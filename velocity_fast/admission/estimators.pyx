@@ -23,16 +23,17 @@ tokens of their ``usage``), from a documented starting value until the first ans
 
 from libc.math cimport ceil
 
-__all__ = ["Ewma", "OutputEstimate", "ServiceEstimate", "OPEN_ALPHA", "OPEN_START_CHAT", "OPEN_START_TEXT"]
+__all__ = ["Ewma", "OutputEstimate", "ServiceEstimate", "OPEN_START_CHAT", "OPEN_START_TEXT", "OPEN_WINDOW"]
 
 # The output tokens a request that names no max tokens is taken to ask for, until its pool
 # has answered one: a chat reply runs until the model stops (128: a short answer's length,
 # the sim engine's mean); /v1/completions stops at vLLM's default max_tokens, 16.
 OPEN_START_CHAT = 128
 OPEN_START_TEXT = 16
-# The weight of each answer once the first 1 / OPEN_ALPHA are in (those are a plain mean):
-# the last few dozen answers make the estimate, so it follows a change of workload.
-OPEN_ALPHA = 0.05
+# The estimate is the mean of this many last answers, all alike: it follows a change of
+# workload, and the order answers end in does not bias it (the longest replies of a burst
+# end last, and a moving average would weigh them most).
+OPEN_WINDOW = OPEN_RING
 
 # A first byte this late in a request (as a share of its whole time) is an answer that
 # came whole, not a stream: its first byte says nothing of its first token.
@@ -154,12 +155,11 @@ cdef class ServiceEstimate:
 
 cdef class OutputEstimate:
     """The completion tokens of a pool's requests that name no max tokens: ``start``
-    until the first answer, then the mean of the answers' ``usage.completion_tokens``
-    (the first 1 / ``alpha`` answers weigh the same, each later one ``alpha``)."""
+    until the first answer, then the mean of the last ``OPEN_WINDOW`` answers'
+    ``usage.completion_tokens``."""
 
-    def __cinit__(self, double start, double alpha=OPEN_ALPHA):
+    def __cinit__(self, double start):
         self.start = self.mean = start if start >= 1.0 else 1.0
-        self.alpha = alpha
 
     cpdef long expect(self):
         """The tokens to take such a request for (at least one)."""
@@ -168,14 +168,16 @@ cdef class OutputEstimate:
 
     cpdef void observe(self, long tokens):
         """One such request answered whole with ``tokens`` completion tokens (none: not learned)."""
-        cdef double w
+        cdef long slot
         if tokens <= 0:
             return
+        slot = self.answers % OPEN_RING
+        if self.answers >= OPEN_RING:
+            self.total -= self.ring[slot]
+        self.ring[slot] = tokens
+        self.total += tokens
         self.answers += 1
-        w = 1.0 / self.answers
-        if w < self.alpha:
-            w = self.alpha
-        self.mean += w * (<double>tokens - self.mean)
+        self.mean = <double>self.total / (self.answers if self.answers < OPEN_RING else OPEN_RING)
 
     def snapshot(self) -> dict:
         """For /stats: the tokens taken now, the answers learned from, the starting value."""
