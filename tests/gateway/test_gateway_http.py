@@ -268,6 +268,21 @@ async def test_gateway_fields_stripped_other_bytes_unchanged():
             assert "priority" not in json.loads(up.requests[-1][3])
 
 
+async def test_vllm_priority_zero_runs_in_the_default_band(engine):
+    """vLLM's priority: lower runs earlier, and 0 is its default, which clients written for
+    vLLM send on every request. 0 is the default band (not the highest, where such a client
+    would jump the line), each step one band up or down; the field never reaches the engine."""
+    async with running_gateway(engine) as gw:
+        got = {}
+        for n in (-5, -1, 0, 1, 7):
+            r = await http_request(gw.port, "POST", "/v1/chat/completions", dict(CHAT, priority=n))
+            assert r.status == 200, r.body
+            got[n] = r.headers["x-velocity-band"]
+        assert got == {-5: "high", -1: "high", 0: "normal", 1: "low", 7: "low"}
+        r = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT)
+        assert r.headers["x-velocity-band"] == "normal"  # as a request that names none
+
+
 async def test_request_id_end_to_end_and_gateway_headers(engine):
     async with running_gateway(engine) as gw:
         r = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT, headers={"x-request-id": "abc-123"})

@@ -200,7 +200,14 @@ def test_band_for_names_numbers_defaults_and_tenant_caps():
     assert band_for(names, None, None) == "normal" and band_for(names, "", None) == "normal"
     assert band_for(["a", "b", "c", "d"], None, None) == "c"  # no "normal": the middle band
     assert band_for(names, " HIGH ", None) == "high"
-    assert [band_for(names, n, None) for n in (-3, 0, 1, 2, 9)] == ["high", "high", "normal", "low", "low"]
+    # vLLM's number: 0, its default (which clients written for vLLM send), is the default
+    # band; lower runs earlier, a band a step, to the first or the last.
+    assert [band_for(names, n, None) for n in (-3, -1, 0, 1, 2, 9)] == ["high", "high", "normal", "low", "low", "low"]
+    five = ["p0", "p1", "p2", "p3", "p4"]
+    assert [band_for(five, n, None) for n in (-9, -1, 0, 1, 2)] == ["p0", "p1", "p2", "p3", "p4"]
+    # Counted from admission.default_band where it is set, not from the middle.
+    assert [band_for(names, n, None, "low") for n in (-2, -1, 0, 5)] == ["high", "normal", "low", "low"]
+    assert band_for(names, 0, _Tenant("normal"), "high") == "normal"  # and capped by the tenant
     assert band_for(names, "high", _Tenant("normal")) == "normal"  # capped by the tenant
     assert band_for(names, "low", _Tenant("normal")) == "low"      # a cap never raises a band
     with pytest.raises(BadRequest, match="Unknown priority band") as e:

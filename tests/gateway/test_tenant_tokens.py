@@ -214,8 +214,9 @@ async def test_weights_hold_within_ten_percent_on_the_tokens_served(engine):
 
 @pytest.mark.timeout(120)
 async def test_charged_on_the_estimate_the_weights_do_not_hold(engine):
-    """The case the settlement cures: "short" is charged max_tokens' default (256) a
-    request but is served a few tokens, so on the estimate it gets far below its share."""
+    """The case the settlement cures: "short" names no max_tokens and queues before any
+    such request was answered, so it is charged the starting estimate (128 tokens) a request
+    but is served a few tokens, and on the estimate it gets far below its share."""
     async with running_gateway(engine, **_fair_keys("estimate")) as gw:
         service = await _backlogged_service(gw, 30)
     assert service["short"] / service["long"] < 1.0, service

@@ -9,6 +9,7 @@ cdef extern from "admission_consts.h":
 cdef class AimdLimit:
     cdef readonly int minimum
     cdef readonly int maximum
+    cdef readonly int initial
     cdef readonly double value
     cdef readonly double cooldown
     cdef readonly double frozen_until
@@ -16,9 +17,12 @@ cdef class AimdLimit:
     cdef readonly long increases
     cdef readonly long decreases
     cdef readonly long ooms
+    # Slow start is on: no decrease since the start, or since the engine was last idle.
+    cdef readonly bint slow
 
     cpdef bint frozen(self, double now)
     cpdef bint on_sample(self, bint queued, bint at_limit, bint healthy, double now)
     cpdef bint on_probe(self, double now)
     cpdef bint on_breach(self, double started_at, double now)
     cpdef void on_oom(self, double now)
+    cpdef bint on_idle(self, double now)

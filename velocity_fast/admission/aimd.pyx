@@ -5,7 +5,9 @@ was sent and work waits, grows by half per scrape (slow start, ended by the firs
 decrease); then by one per completion while there is queued work, the engine is at its
 limit and its latency and KV cache are healthy; it shrinks by a quarter on an SLA breach or KV
 past its hard limit; an out-of-memory error drops it to the minimum and freezes
-increases for a cool-down.
+increases for a cool-down. An engine that sat idle gets its starting limit back (when a
+cut left it below) and a new slow start: whatever cut it is over, and a burst after a
+quiet spell is admitted as by a fresh gateway.
 
 Breaches come in bursts (every request of an overloaded batch ends late), so one
 window of requests may cut the limit only once: a breach by a request that started
@@ -33,7 +35,8 @@ cdef class AimdLimit:
             initial = maximum
         self.minimum = minimum
         self.maximum = maximum
-        self.value = initial
+        self.value = self.initial = initial
+        self.slow = True
         self.cooldown = cooldown
         self.last_decrease = -1e300
         self.frozen_until = -1e300
@@ -65,7 +68,7 @@ cdef class AimdLimit:
         limit, so the limit grows by half (at least one) at once, until the first
         decrease ends the slow start. Returns True when it changed."""
         cdef double v
-        if self.decreases or self.ooms or now < self.frozen_until or self.value >= self.maximum:
+        if not self.slow or now < self.frozen_until or self.value >= self.maximum:
             return False
         v = self.value * 1.5
         if v < self.value + 1.0:
@@ -90,6 +93,7 @@ cdef class AimdLimit:
             return False
         self.value = v
         self.decreases += 1
+        self.slow = False
         return True
 
     cpdef void on_oom(self, double now):
@@ -98,6 +102,19 @@ cdef class AimdLimit:
         self.frozen_until = now + self.cooldown
         self.last_decrease = now
         self.ooms += 1
+        self.slow = False
+
+    cpdef bint on_idle(self, double now):
+        """The engine sat idle (nothing in flight or running) for a while: the starting
+        limit again if a cut left it below, and slow start open again, as for a new
+        engine; not during an out-of-memory cool-down. True when the limit changed."""
+        if now < self.frozen_until:
+            return False
+        self.slow = True
+        if self.value >= self.initial:
+            return False
+        self.value = self.initial
+        return True
 
     def __repr__(self):
         return f"AimdLimit({self.minimum}..{self.maximum}, limit={<int>self.value})"

@@ -9,9 +9,10 @@ their share). Within a tenant the order is FIFO, or earliest deadline first.
 The counter follows VTC (Sheng et al., OSDI 2024): a tenant whose queue goes from empty
 to non-empty is lifted to the least counter among the backlogged ones; the least counter
 is served next; a request costs its input tokens plus ``out_weight`` (default 2) times
-its output tokens. It is charged the estimate (body bytes / 4 plus ``max_tokens``) when
-it is dispatched, queued or not (``charge`` for a request granted at once), and the
-caller settles the difference (``settle``) once the engine said what it served.
+its output tokens. It is charged the estimate (body bytes / 4 plus ``max_tokens``, which
+for a request that named none is its pool's learned reply length) when it is dispatched,
+queued or not (``charge`` for a request granted at once), and the caller settles the
+difference (``settle``) once the engine said what it served.
 
 A tenant's weight is its share: by turns, a visit of the rotation lasts ``weight``
 requests (deficit round-robin: a fraction carries over to the next visit; weights are

@@ -6,7 +6,7 @@ from velocity_fast.fleet.endpoint cimport Endpoint, RoomFilter
 from velocity_fast.fleet.shared cimport vf_pool
 from velocity_fast.metrics.values cimport Value
 from velocity_fast.admission.saturation cimport EndpointLoad, Saturation
-from velocity_fast.admission.estimators cimport ServiceEstimate
+from velocity_fast.admission.estimators cimport OutputEstimate, ServiceEstimate
 from velocity_fast.admission.telemetry cimport Telemetry, COMPLETED, FAILED, CANCELLED
 
 
@@ -27,6 +27,11 @@ cdef class EndpointState:
     # The engine's pace (seconds a token) is past what the pool's deadline work leaves
     # room for, or near it: its limit does not grow (docs/design.md, "Pace").
     cdef public bint pace_high
+    # The engine's pace running one sequence at most (0: not seen yet): the best any
+    # limit can give, so a need past it is no reason to hold or cut the limit.
+    cdef public double solo_pace
+    # When the engine last showed work (this gateway's in flight, or its own gauges).
+    cdef public double busy_at
 
 
 cdef class PoolState:
@@ -60,6 +65,13 @@ cdef class PoolState:
     cdef public double pace_need
     cdef public double pace_need_before
     cdef public double pace_since
+    # The fastest solo pace of the pool's engines (0: one of them not known yet): a need
+    # below it is one no engine meets at any batch, and is not noted.
+    cdef public double solo_pace
+    # The output tokens of a request that names no max tokens, learned from the pool's
+    # answers: chat, and /v1/completions (which vLLM stops at 16 by default).
+    cdef readonly OutputEstimate open_chat
+    cdef readonly OutputEstimate open_text
 
 
 cdef class Admission
@@ -161,6 +173,7 @@ cdef class Admission:
     cdef double _endpoint_sat(self, EndpointLoad load, double now, int band) except? -1.0
     cdef double _ceiling(self, PoolState ps, int band, double now) except? -1.0
     cpdef object admit_nowait(self, Ticket ticket, waiter)
+    cpdef OutputEstimate open_estimate(self, model, bint chat)
     cpdef bint withdraw(self, Ticket ticket, Item item) except -1
     cdef double _predict(self, PoolState ps, int band, double service, long room, double sat, double now,
                          double* wait) except? -2.0

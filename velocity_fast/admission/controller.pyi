@@ -5,7 +5,7 @@ from typing import Any
 
 from velocity_fast.admission.aimd import AimdLimit
 from velocity_fast.admission.bands import BandQueues, Item
-from velocity_fast.admission.estimators import ServiceEstimate
+from velocity_fast.admission.estimators import OutputEstimate, ServiceEstimate
 from velocity_fast.admission.saturation import EndpointLoad
 from velocity_fast.admission.telemetry import OUTCOMES as OUTCOMES
 from velocity_fast.admission.telemetry import Telemetry
@@ -16,6 +16,7 @@ CONGESTION_FACTOR: float
 RETRY_MARGIN: float
 PACE_MARGIN: float
 RETRY_MAX_S: float
+IDLE_RESET_S: float
 
 class Ticket:
     """One request as admission sees it."""
@@ -39,6 +40,9 @@ class EndpointState:
     def aimd(self) -> AimdLimit: ...
     @property
     def est(self) -> ServiceEstimate: ...
+    pace_high: bool
+    solo_pace: float
+    busy_at: float
 
 class PoolState:
     """One pool's queues and what is granted but not yet bound."""
@@ -47,11 +51,16 @@ class PoolState:
     loads: list[EndpointLoad]
     seen: list | None
     overload_until: float
+    solo_pace: float
     def __init__(self, pool: Any, queues: BandQueues) -> None: ...
     @property
     def pool(self) -> Any: ...
     @property
     def queues(self) -> BandQueues: ...
+    @property
+    def open_chat(self) -> OutputEstimate: ...
+    @property
+    def open_text(self) -> OutputEstimate: ...
 
 class Lease(RoomFilter):
     """Granted by ``Admission.admit``; ``bind`` when an endpoint is chosen, ``release`` at the end."""
@@ -132,6 +141,9 @@ class Admission:
         """Grant a lease now, raise Rejected, or queue ``waiter`` and return its queue Item."""
     def withdraw(self, ticket: Ticket, item: Item) -> bool:
         """Take a queued request out of its queue (its client left); False if no longer queued."""
+    def open_estimate(self, model: Any, chat: bool) -> OutputEstimate | None:
+        """The output tokens estimate of ``model``'s pool (None: the default pool) for a request
+        that names no max tokens, chat or /v1/completions; None: no such pool."""
     def prediction(self, model: Any = None, band: str | None = None,
                    max_tokens: int = 16, prompt_bytes: int = 0) -> tuple[float, float] | None:
         """``(wait_s, service_s)`` the SLA check would predict now; None while nothing is known."""

@@ -42,12 +42,13 @@ from velocity_fast.fleet.shared cimport (current, pool_slot, publish_limit, publ
 from velocity_fast.metrics.values cimport HistChild, Value
 from velocity_fast.admission.saturation cimport (EndpointLoad, Saturation, free_slots, observe_endpoint, refresh,
                                                 sync_shared)
-from velocity_fast.admission.estimators cimport Ewma, ServiceEstimate
+from velocity_fast.admission.estimators cimport Ewma, OutputEstimate, ServiceEstimate
 from velocity_fast.admission.telemetry cimport Telemetry, CANCELLED, COMPLETED, FAILED, outcome_code
 
 from velocity_fast.admission.telemetry import OUTCOMES, reuse_metric, percentiles
 
 from velocity_fast.admission.bands import REJECT_BAND_BYTES, REJECT_BAND_COUNT
+from velocity_fast.admission.estimators import OPEN_START_CHAT, OPEN_START_TEXT
 from velocity_fast.admission.errors import Rejected
 from velocity_fast.admission.policies import EngineSaturation, FixedConcurrency, Policy, make_policy
 from velocity_fast.admission.settings import AdmissionSettings
@@ -69,6 +70,10 @@ cdef double _PACE_MARGIN = 0.9
 cdef double _PACE_HOLD = 1.1
 cdef double _PACE_CUT = 1.3
 cdef double _PACE_WINDOW = 5.0
+# An engine with nothing in flight or running for this long gets its starting limit back
+# (aimd.pyx, on_idle): the needs noted before are forgotten by then too.
+IDLE_RESET_S = 10.0
+cdef double _IDLE_RESET_S = 10.0
 cdef str _OOM_TEXT = "out of memory"
 # A Retry-After aims at a completion this share of the SLA before the deadline: the
 # queue model is an average, and a promise made at the edge is broken half the time.
@@ -169,6 +174,7 @@ cdef class EndpointState:
         self.aimd = aimd
         self.load = EndpointLoad(limit)
         self.est = ServiceEstimate(alpha)
+        self.busy_at = -INFINITY
         _set_limit(ep, limit)
 
 
@@ -186,16 +192,39 @@ cdef class PoolState:
         self.higher_at = -INFINITY
         self.pace_need = self.pace_need_before = INFINITY
         self.pace_since = -INFINITY
+        self.open_chat = OutputEstimate(OPEN_START_CHAT)
+        self.open_text = OutputEstimate(OPEN_START_TEXT)
 
 
 cdef inline void _note_pace_need(PoolState ps, double need, double now) noexcept:
     """A deadline request was granted that needs ``need`` seconds a token or less."""
+    if need * _PACE_HOLD < ps.solo_pace:
+        return  # no engine of the pool decodes that fast even alone: no limit serves it
     if now - ps.pace_since >= _PACE_WINDOW:
         ps.pace_need_before = ps.pace_need if now - ps.pace_since < 2.0 * _PACE_WINDOW else INFINITY
         ps.pace_need = INFINITY
         ps.pace_since = now
     if need < ps.pace_need:
         ps.pace_need = need
+
+
+cdef void _note_solo_pace(PoolState ps, EndpointState st, double pace) except *:
+    """``st``'s engine decoded at ``pace`` running one sequence at most: its solo pace,
+    and the pool's fastest (0 while one of its healthy engines has shown none)."""
+    cdef EndpointState other
+    cdef double best = INFINITY
+    st.solo_pace = pace
+    if ps is None:
+        return
+    for other in ps.states:
+        if not other.ep.healthy:
+            continue
+        if other.solo_pace <= 0.0:
+            best = 0.0
+            break
+        if other.solo_pace < best:
+            best = other.solo_pace
+    ps.solo_pace = best if best != INFINITY else 0.0
 
 
 cdef inline double _pace_need(PoolState ps, double now) noexcept:
@@ -460,9 +489,15 @@ cdef class Admission:
         # The batch learned here, for the router's hot-spot guard (0 until it is known).
         ep.running_cap = st.load.capacity if st.load.capacity_known else 0.0
         ps = self._pools.get(ep.model)
+        if ep.pace > 0.0 and ep.pace_batch <= 1.0 and ep.pace != st.solo_pace:
+            _note_solo_pace(ps, st, ep.pace)
         # Pace: the engine decodes slower than the deadline work granted lately needs (a
         # fuller batch decodes each token slower): what runs there now would end late.
         need = _pace_need(ps, now) if ps is not None and ep.pace > 0.0 else INFINITY
+        if need * _PACE_HOLD < st.solo_pace:
+            # Slower than that even alone: no limit makes that work meet its need, and a
+            # cut would only decline what can be served (docs/design.md, "Pace").
+            need = INFINITY
         st.pace_high = ep.pace > need * _PACE_HOLD
         if st.aimd is not None and (ep.kv_usage > self.settings.kv_hard_limit or ep.pace > need * _PACE_CUT):
             # One cut per staleness window: a full cache stays full for a few scrapes.
@@ -476,6 +511,11 @@ cdef class Admission:
             # Slow start: the engine runs all it was sent and work waits on this limit.
             if st.aimd.on_probe(now):
                 _set_limit(ep, st.aimd.limit)
+        if ep.inflight > 0 or ep.running > 0.0 or ep.waiting > 0.0 or st.busy_at == -INFINITY:
+            st.busy_at = now  # (the first scrape starts the idle count)
+        elif st.aimd is not None and now - st.busy_at >= _IDLE_RESET_S and st.aimd.on_idle(now):
+            # Idle a while: what cut the limit is over (aimd.pyx, on_idle).
+            _set_limit(ep, st.aimd.limit)
         if ps is not None:
             self._cycle(ps, now, True)
 
@@ -618,6 +658,10 @@ cdef class Admission:
                             "pending_leases": ps.pending,
                             # The tightest pace (ms a token) the deadline work granted lately needs.
                             "pace_need_ms": None if need == INFINITY else round(need * 1000.0, 3),
+                            # The output tokens a request that names no max tokens is taken
+                            # for, learned from the pool's answers to such requests.
+                            "open_tokens": {"chat": ps.open_chat.snapshot(),
+                                            "completions": ps.open_text.snapshot()},
                             "overload_s": round(max(0.0, ps.overload_until - now), 3)}
         endpoints = {}
         for st in self._eps.values():
@@ -633,6 +677,8 @@ cdef class Admission:
                 "frozen": bool(st.aimd is not None and st.aimd.frozen(now)),
                 # The engine's decode pace over the last second (ms a token; None: unknown).
                 "pace_ms": round(ep.pace * 1000.0, 3) if ep.pace > 0.0 else None,
+                # Its pace running one sequence at most, the best a limit can give (None: not seen).
+                "solo_pace_ms": round(st.solo_pace * 1000.0, 3) if st.solo_pace > 0.0 else None,
                 "estimates": st.est.snapshot()}
         judged = tel.sla_met + tel.sla_missed
         return {
@@ -1026,6 +1072,17 @@ cdef class Admission:
             self.promise_metric.labels(outcome).inc()
         if not promises:
             ps.promised_work = 0.0
+
+    cpdef OutputEstimate open_estimate(self, model, bint chat):
+        """The output tokens estimate of ``model``'s pool (None: the default pool) for a
+        request that names no max tokens, chat or /v1/completions; None: no such pool. The
+        gateway takes such a request for ``expect()`` tokens and teaches it the answer's."""
+        cdef PoolState ps = self._pools.get(model)
+        if ps is None:
+            ps = self._state_of(model)
+            if ps is None:
+                return None
+        return ps.open_chat if chat else ps.open_text
 
     def prediction(self, model=None, band=None, long max_tokens=16, long prompt_bytes=0):
         """``(wait_s, service_s)`` that the SLA check would predict for a request of

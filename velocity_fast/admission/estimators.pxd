@@ -31,3 +31,20 @@ cdef class ServiceEstimate:
     cpdef void observe(self, double ttft_s, double service_s, long tokens, double nbytes=*)
     cdef double expect_size(self, double nbytes, long max_tokens)
     cdef double expect(self, long max_tokens)
+
+
+# The answers an OutputEstimate averages (the last ones).
+cdef enum:
+    OPEN_RING = 64
+
+
+@cython.final
+cdef class OutputEstimate:
+    cdef readonly double start
+    cdef readonly double mean
+    cdef readonly long answers
+    cdef long ring[OPEN_RING]     # the last answers' completion tokens, oldest overwritten
+    cdef long total               # their sum
+
+    cpdef long expect(self)
+    cpdef void observe(self, long tokens)

@@ -40,3 +40,24 @@ class ServiceEstimate:
         """Expected service time of a request of ``prompt_bytes`` asking ``max_tokens``; None if unknown."""
     def snapshot(self) -> dict:
         """Current estimates in milliseconds (None when unknown)."""
+
+OPEN_START_CHAT: int
+OPEN_START_TEXT: int
+OPEN_WINDOW: int
+
+class OutputEstimate:
+    """The completion tokens of a pool's requests that name no max tokens: ``start`` until the
+    first answer, then the mean of the last ``OPEN_WINDOW`` answers' completion tokens."""
+    def __init__(self, start: float) -> None: ...
+    @property
+    def start(self) -> float: ...
+    @property
+    def mean(self) -> float: ...
+    @property
+    def answers(self) -> int: ...
+    def expect(self) -> int:
+        """The tokens to take such a request for (at least one)."""
+    def observe(self, tokens: int) -> None:
+        """One such request answered whole with ``tokens`` completion tokens (none: not learned)."""
+    def snapshot(self) -> dict:
+        """For /stats: the tokens taken now, the answers learned from, the starting value."""

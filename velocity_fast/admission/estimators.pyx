@@ -15,9 +15,25 @@ learned time per token. Both are learned online:
 
 Each estimate starts unknown; until a first observation the prediction says nothing,
 so a cold gateway never rejects on a guess. Compiled: the lease's release feeds them.
+
+A request that names no max tokens runs until the model stops: its length is taken from
+what the pool's engines returned for such requests (``OutputEstimate``, the completion
+tokens of their ``usage``), from a documented starting value until the first answer.
 """
 
-__all__ = ["Ewma", "ServiceEstimate"]
+from libc.math cimport ceil
+
+__all__ = ["Ewma", "OutputEstimate", "ServiceEstimate", "OPEN_START_CHAT", "OPEN_START_TEXT", "OPEN_WINDOW"]
+
+# The output tokens a request that names no max tokens is taken to ask for, until its pool
+# has answered one: a chat reply runs until the model stops (128: a short answer's length,
+# the sim engine's mean); /v1/completions stops at vLLM's default max_tokens, 16.
+OPEN_START_CHAT = 128
+OPEN_START_TEXT = 16
+# The estimate is the mean of this many last answers, all alike: it follows a change of
+# workload, and the order answers end in does not bias it (the longest replies of a burst
+# end last, and a moving average would weigh them most).
+OPEN_WINDOW = OPEN_RING
 
 # A first byte this late in a request (as a share of its whole time) is an answer that
 # came whole, not a stream: its first byte says nothing of its first token.
@@ -135,3 +151,34 @@ cdef class ServiceEstimate:
             return round(e._value * 1000.0, 3) if e.seen else None
         return {"ttft_ms": ms(self.ttft), "tpot_ms": ms(self.tpot), "service_ms": ms(self.service),
                 "samples": self.service.samples}
+
+
+cdef class OutputEstimate:
+    """The completion tokens of a pool's requests that name no max tokens: ``start``
+    until the first answer, then the mean of the last ``OPEN_WINDOW`` answers'
+    ``usage.completion_tokens``."""
+
+    def __cinit__(self, double start):
+        self.start = self.mean = start if start >= 1.0 else 1.0
+
+    cpdef long expect(self):
+        """The tokens to take such a request for (at least one)."""
+        cdef long n = <long>ceil(self.mean)
+        return n if n > 1 else 1
+
+    cpdef void observe(self, long tokens):
+        """One such request answered whole with ``tokens`` completion tokens (none: not learned)."""
+        cdef long slot
+        if tokens <= 0:
+            return
+        slot = self.answers % OPEN_RING
+        if self.answers >= OPEN_RING:
+            self.total -= self.ring[slot]
+        self.ring[slot] = tokens
+        self.total += tokens
+        self.answers += 1
+        self.mean = <double>self.total / (self.answers if self.answers < OPEN_RING else OPEN_RING)
+
+    def snapshot(self) -> dict:
+        """For /stats: the tokens taken now, the answers learned from, the starting value."""
+        return {"tokens": self.expect(), "answers": self.answers, "start": <long>self.start}

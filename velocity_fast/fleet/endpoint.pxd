@@ -25,6 +25,9 @@ cdef class Endpoint:
     # Seconds per output token the engine took over the last second or more of scrapes (its
     # inter-token latency histogram's sum and count, differenced); 0: not known.
     cdef public double pace
+    # The most sequences the engine ran at any scrape over that span: at most 1, the pace
+    # is its solo pace, the best any concurrency limit can give.
+    cdef public double pace_batch
     # The most this gateway had in flight here while the last scrape was on its way, and
     # what that scrape showed beyond it: other gateways' requests (replicas of this one).
     cdef public long inflight_peak

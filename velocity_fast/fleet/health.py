@@ -72,8 +72,8 @@ class EndpointMonitor:
         self._first: dict[str, asyncio.Future] = {}
         # Per endpoint, the engine's prefix-cache counters at the last scrape (queries, hits).
         self.prefix_cache: dict[str, tuple[float, float]] = {}
-        # Each engine's inter-token latency histogram (time, sum, count) over the last
-        # PACE_SPAN_S: its decode pace.
+        # Each engine's inter-token latency histogram (time, sum, count) and its running
+        # gauge over the last PACE_SPAN_S: its decode pace, and the batch it decoded at.
         self._itl: dict[str, collections.deque] = {}
         # Endpoints whose /v1/models was asked since they last became healthy.
         self._asked_len: set[str] = set()
@@ -244,8 +244,10 @@ class EndpointMonitor:
             while len(readings) > 1 and t - readings[1][0] >= PACE_SPAN_S:
                 readings.popleft()
             old = readings[0] if readings and t - readings[0][0] >= PACE_SPAN_S else None
-            ep.pace = pace_between(None if old is None else old[1:], (m.itl_sum, m.itl_count))
-            readings.append((t, m.itl_sum, m.itl_count))
+            ep.pace = pace_between(None if old is None else old[1:3], (m.itl_sum, m.itl_count))
+            # The batch it decoded at over that span: the most running at any reading in it.
+            ep.pace_batch = max(m.running, max((r[3] for r in readings), default=0.0))
+            readings.append((t, m.itl_sum, m.itl_count, m.running))
         ep.scraped_at = time.monotonic()
         self.on_metrics(ep)
 

@@ -6,6 +6,7 @@ from velocity_fast.gateway.identity cimport Tenant
 from velocity_fast.gateway.ingress cimport Ingress
 from velocity_fast.http.message cimport Request
 from velocity_fast.admission.controller cimport Admission, Lease, Ticket
+from velocity_fast.admission.estimators cimport OutputEstimate
 from velocity_fast.routing.route cimport RouteInfo
 from velocity_fast.server.connection cimport Responder
 from velocity_fast.upstream.connection cimport ResponseHandler, UpstreamConnection
@@ -55,6 +56,9 @@ cdef class Exchange(ResponseHandler):
     cdef long long u_cached
     cdef long long u_completion
     cdef bint accounted
+    # The request named no max tokens: its pool's estimate of such replies, which the
+    # answer's usage teaches (None: it named them).
+    cdef OutputEstimate open_est
 
     cdef bint waiting(self) except -1
     cdef void granted(self, Lease lease) except *
@@ -74,6 +78,7 @@ cdef class Exchange(ResponseHandler):
     cdef _fail_lease(self, error_text)
     cdef _account(self, long long prompt, long long cached, long long completion, bint known)
     cdef _account_stream(self)
+    cdef void _learn_open(self) except *
     cdef _reject_counted(self, str reason)
     cdef _refuse(self, int status, str reason, str message, retry_after=*)
     cdef _crashed(self)

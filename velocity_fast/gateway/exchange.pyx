@@ -343,6 +343,8 @@ cdef class Exchange(ResponseHandler):
         error_text = self.error_text
         if not ok and error_text is None and status >= 400:
             error_text = f"engine status {status}"
+        elif ok:
+            self._learn_open()
         settle(self.ingress, self.route, self.ticket.band, ep, self.lease, status, self.engine_failed, ok, error_text,
                         self.events)
 
@@ -361,6 +363,7 @@ cdef class Exchange(ResponseHandler):
     cdef _answer(self, UpstreamConnection conn):
         cdef Endpoint ep = self.ep
         cdef long long u[3]
+        cdef long tokens = 0  # the completion's tokens once its usage is read (0: the lease's estimate stands)
         resp = self.resp
         if conn.status < 200 or conn.status > 599:  # (the C int: no Python comparison)
             return self._invalid_status(conn, conn.status)
@@ -380,6 +383,9 @@ cdef class Exchange(ResponseHandler):
             self._account(0, 0, 0, True)  # an engine's error answer served no tokens
         elif answer_usage(body, u):
             self._account(u[0], u[1], u[2], True)
+            tokens = u[2]
+            if self.open_est is not None:
+                self.open_est.observe(tokens)
         else:
             self._account(0, 0, 0, False)  # no usage in the answer: the estimate stands
         if self.reshape is not None and ok and starts(ct, "application/json"):
@@ -390,7 +396,7 @@ cdef class Exchange(ResponseHandler):
                 return resp.send_error(502, "The engine answered with an unexpected body.",
                                        headers=self.out_headers())
             body = native
-        settle(self.ingress, self.route, self.ticket.band, ep, self.lease, status, False, ok, error_text, 0)
+        settle(self.ingress, self.route, self.ticket.band, ep, self.lease, status, False, ok, error_text, tokens)
         # out_headers() as lines, written whole (http/heads.pyx)
         resp.send(status, body, content_type=ct,
                   headers=relay_lines(self.rid, self.ep.name, self.queue_s * 1000.0, self.ticket.band))
@@ -492,6 +498,8 @@ cdef class Exchange(ResponseHandler):
         error_text = self.error_text
         if not ok and error_text is None and status >= 400:
             error_text = f"engine status {status}"
+        elif ok:
+            self._learn_open()
         settle(self.ingress, self.route, self.ticket.band, self.ep, self.lease, status, self.engine_failed, ok,
                error_text, self.events)
 
@@ -566,6 +574,11 @@ cdef class Exchange(ResponseHandler):
             self._account(self.u_prompt, self.u_cached, self.u_completion, True)
         else:
             self._account(self.prompt_est, 0, self.events, True)
+
+    cdef void _learn_open(self) except *:
+        """A whole stream with no max tokens named: its usage teaches the pool's estimate."""
+        if self.open_est is not None and self.usage_seen:
+            self.open_est.observe(self.u_completion)
 
     cdef _reject_counted(self, str reason):
         if self.tenant is not None:

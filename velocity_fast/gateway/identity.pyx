@@ -22,8 +22,8 @@ cdef class Tenant:
     bucket of engine tokens (``tokens_per_minute``).
 
     The token bucket holds a minute's tokens and refills at tokens_per_minute / 60 a
-    second. A request draws its estimate (prompt bytes / 4 plus max_tokens) when it is
-    admitted, and the gateway settles the draw to the tokens the engine served (prompt
+    second. A request draws its estimate (prompt bytes / 4 plus max_tokens, or without
+    one its pool's learned reply length, admission/estimators.pyx) when it is admitted, and the gateway settles the draw to the tokens the engine served (prompt
     plus completion, from its ``usage``) when the answer ends: the level may fall below
     zero (debt), and then no request is admitted until it has refilled."""
 

@@ -17,6 +17,7 @@ from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeASCII
 
 from velocity_fast.admission.controller cimport Admission, Lease, Ticket
+from velocity_fast.admission.estimators cimport OutputEstimate
 from velocity_fast.metrics.values cimport Value
 from velocity_fast.gateway.exchange cimport Exchange, new_exchange
 from velocity_fast.gateway.requests cimport (P_FIELDS, P_MAX_COMPLETION_TOKENS, P_MAX_TOKENS, P_MODEL, P_PRIORITY,
@@ -35,6 +36,7 @@ from velocity_fast.lowlevel.fmt cimport str_eq
 
 import msgspec
 
+from velocity_fast.admission.estimators import OPEN_START_CHAT, OPEN_START_TEXT
 from velocity_fast.gateway.errors import BadRequest, context_error
 from velocity_fast.gateway.requests import too_deep
 from velocity_fast.routing.errors import UnknownProfile
@@ -158,26 +160,35 @@ cdef list _names_seen = None
 cdef str _default_seen = None
 
 
+cdef str _default_of(list names, str default):
+    """The band of a request that names none: ``default`` (admission.default_band), else
+    "normal", else the middle band, of the last names list seen (the gateway replaces its
+    list on a reload, never changes it in place)."""
+    global _names_seen, _default_seen
+    if default is not None:
+        return default
+    if names is _names_seen and names is not None:
+        return _default_seen
+    band = "normal" if "normal" in names else names[len(names) // 2]
+    _names_seen, _default_seen = names, band
+    return band
+
+
 cpdef str band_for(list names, raw, tenant, str default=None):
     """The band a request asks for (header, then body; ``names`` highest first), capped by
-    its tenant's max_band. A number is vLLM's priority: lower is higher. A request that
-    names none gets ``default`` (admission.default_band); one that names a band that does
-    not exist is a 400 naming the bands, not a silent default: the header and the body's
-    string ``priority`` are this gateway's own, so an unknown name is a mistake to show."""
+    its tenant's max_band. A number is vLLM's priority: lower runs earlier and 0, vLLM's
+    default, is the default band; each step below 0 is a band higher, each above 0 a band
+    lower, to the first or the last. A request that names none gets ``default``
+    (admission.default_band); one that names a band that does not exist is a 400 naming
+    the bands, not a silent default: the header and the body's string ``priority`` are
+    this gateway's own, so an unknown name is a mistake to show."""
     cdef str band
-    global _names_seen, _default_seen
     if raw is None or raw == "":
-        if default is not None:
-            band = default
-        # Without one: "normal", else the middle band, of the last names list seen (the
-        # gateway replaces its list on a reload, never changes it in place).
-        elif names is _names_seen and names is not None:
-            band = _default_seen
-        else:
-            band = "normal" if "normal" in names else names[len(names) // 2]
-            _names_seen, _default_seen = names, band
+        band = _default_of(names, default)
     elif isinstance(raw, int) and not isinstance(raw, bool):
-        band = names[min(max(raw, 0), len(names) - 1)]
+        band = _default_of(names, default)
+        if raw:
+            band = names[min(max(names.index(band) + raw, 0), len(names) - 1)]
     else:
         band = str(raw).strip().lower()
         if band not in names:
@@ -206,6 +217,7 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
     cdef const char* tenant_p = NULL  # the tenant header's bytes (in raw), when read where they lie
     cdef Py_ssize_t tenant_n = 0
     cdef Tenant known = None  # the tenant those bytes named before
+    cdef OutputEstimate open_est = None  # no max tokens named: the pool's estimate of the reply
     # The gateway's own headers, looked up only when the request has any (most have none):
     # read where the scanner found them, no dict (the router is given one only of what it
     # reads, when the request has any).
@@ -300,7 +312,13 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
                                    param="max_completion_tokens" if <object>f[P_MAX_COMPLETION_TOKENS]
                                    else "max_tokens", headers=rid_header(rid))
     body = strip_own_fields(req.body, r)
-    max_tokens = <object>f[P_MAX_COMPLETION_TOKENS] or <object>f[P_MAX_TOKENS] or 256
+    if asked is None:
+        # The reply runs until the model stops: taken for what the pool's engines returned
+        # for such requests (their usage teaches it, below), in admission and the quota alike.
+        open_est = (<Admission>ingress.admission).open_estimate(model, chat)
+        max_tokens = open_est.expect() if open_est is not None else (OPEN_START_CHAT if chat else OPEN_START_TEXT)
+    else:
+        max_tokens = asked
     q_est = 0.0
     if tenant is not None:
         t = <Tenant?>tenant
@@ -325,8 +343,9 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
     stream = <object>f[P_STREAM] is True
     strip = False
     # Usage is read only where something settles from it: a configured tenant (its
-    # quota, its figures) or token fairness on what was served.
-    want = tenant is not None or (<Admission>ingress.admission).settle_usage
+    # quota, its figures), token fairness on what was served, or the estimate of replies
+    # that name no max tokens.
+    want = tenant is not None or (<Admission>ingress.admission).settle_usage or open_est is not None
     if stream and want:
         options = <object>f[P_STREAM_OPTIONS]
         if options is None or not options.include_usage:
@@ -347,6 +366,7 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
     x.stream_req = stream
     x.want_usage = want
     x.usage_strip = strip
+    x.open_est = open_est
     # No task: admission, the engine connection and the client meet in callbacks,
     # a stream's events included.
     x.start()
