@@ -25,6 +25,9 @@ cdef class Endpoint:
     # Seconds per output token the engine took over the last second or more of scrapes (its
     # inter-token latency histogram's sum and count, differenced); 0: not known.
     cdef public double pace
+    # Output tokens the engine decoded between its last two scrapes (its inter-token latency
+    # histogram's count, differenced): proof that a step ran; -1: not known.
+    cdef public double decoded
     # The most this gateway had in flight here while the last scrape was on its way, and
     # what that scrape showed beyond it: other gateways' requests (replicas of this one).
     cdef public long inflight_peak

@@ -19,6 +19,8 @@ class Endpoint:
     limit: int
     max_running_seen: float
     running_cap: float
+    pace: float
+    decoded: float
     inflight_peak: int
     others: float
     ejected_until: float
