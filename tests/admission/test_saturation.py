@@ -77,6 +77,45 @@ def test_a_queue_in_one_scrape_is_not_proof_of_the_batch():
     assert e.capacity_known and e.capacity == 24
 
 
+def test_a_long_prefill_step_is_not_proof_of_the_batch():
+    """A fresh engine's first cold prompt: one prefill step of 200 ms or more spans two
+    scrapes, with the requests that arrived during it waiting and one running. Nothing was
+    decoded in between (no step ended), so the queue proves nothing: the batch stays
+    unknown (a fresh engine of 8 learned 1 that way, and was held at it for good). Nor
+    does a step that took the queue in (running grew). A queue that a step in which every
+    running sequence decoded left waiting, beside as many running, is the ceiling; an
+    engine without the inter-token histogram (decoded unknown) keeps the two-scrape rule."""
+    e = EndpointLoad(limit=8)
+    e.observe(1, 3, 0.1, 1.0, 0.0)
+    e.observe(1, 4, 0.1, 1.1, 0.0)   # the same prefill step: nothing decoded
+    assert not e.capacity_known
+    e.observe(3, 2, 0.1, 1.2, 1.0)   # it ended: two of the queue joined, two more arrived
+    e.observe(5, 2, 0.1, 1.3, 3.0)   # the next step took more in: running grew
+    assert not e.capacity_known
+    e.observe(8, 3, 0.2, 1.4, 5.0)
+    e.observe(8, 3, 0.2, 1.5, 40.0)  # five steps of 8, the queue still there beside 8
+    assert e.capacity_known and e.capacity == 8
+    old = EndpointLoad(limit=8)
+    old.observe(2, 3, 0.1, 1.0)
+    old.observe(2, 3, 0.1, 1.1)
+    assert old.capacity_known and old.capacity == 2
+
+
+def test_the_scrape_hands_saturation_what_the_engine_decoded():
+    """observe_endpoint passes the endpoint's ``decoded`` (set by the health checker from
+    the inter-token histogram) to the load: no step between two scrapes, no batch learned."""
+    ep = Endpoint("a", "http://127.0.0.1:1", "m", limit=8)
+    load = EndpointLoad(limit=8)
+    for t in (1.0, 1.1):
+        ep.running, ep.waiting, ep.scraped_at, ep.decoded = 1.0, 4.0, t, 0.0
+        observe_endpoint(load, ep)
+    assert not load.capacity_known
+    for t, decoded in ((1.2, 8.0), (1.3, 40.0)):
+        ep.running, ep.waiting, ep.scraped_at, ep.decoded = 8.0, 3.0, t, decoded
+        observe_endpoint(load, ep)
+    assert load.capacity_known and load.capacity == 8
+
+
 def test_cold_endpoint_uses_limit_as_capacity():
     s = Saturation()
     e = EndpointLoad(limit=100)

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from tests.support.gateway import GatewayProcess, ScriptedServer, running_gateway, wait_until
+from tests.support.gateway import GatewayProcess, ScriptedServer, real_client, running_gateway, wait_until
 from tests.support.sim import http_request, start_sim_engine
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
@@ -362,7 +362,7 @@ async def test_one_hot_engine_does_not_hold_back_a_pool_whose_other_engine_has_r
             await wait_until(lambda: all(e.scraped_at for e in gw.endpoints.values()), 5.0,
                              what="both engines scraped")
             pool_sat = (await admin_stats(gw))["admission"]["pools"][MODEL]["saturation"]
-            rs = await asyncio.gather(*(post(gw, chat(f"q{i}", max_tokens=20),
+            rs = await asyncio.gather(*(post(gw, real_client(chat(f"q{i}", max_tokens=20), i),
                                              x_velocity_priority=("normal", "low")[i % 2]) for i in range(16)))
         assert pool_sat < 0.8, pool_sat  # the pool is as free as its freest engine
         assert [r.status for r in rs] == [200] * 16, [(r.status, r.headers.get("x-velocity-reject-reason"))
@@ -388,11 +388,19 @@ async def test_a_burst_on_an_idle_pool_never_exceeds_the_engines_limits(policy):
 
             watcher = asyncio.create_task(watch_queue())
             try:
-                rs = await asyncio.gather(*(post(gw, chat(f"b{i}"), timeout=30) for i in range(200)))
+                # As ordinary clients write them: some without max_tokens, with vLLM's
+                # priority 0 (its default: the default band, not high), temperature and stop.
+                rs = await asyncio.gather(*(post(gw, real_client(chat(f"b{i}"), i), timeout=30)
+                                            for i in range(200)))
             finally:
                 await stop_tasks(watcher)
         assert [r.status for r in rs] == [200] * 200
         assert len(a.bodies) + len(b.bodies) == 200
+        sent = {f"b{i}": real_client(chat(f"b{i}"), i) for i in range(200)}
+        for got in a.bodies + b.bodies:  # byte for byte but the gateway's own field, priority
+            want = dict(sent[got["messages"][0]["content"]])
+            want.pop("priority", None)
+            assert got == want, (got, want)
         assert a.peak <= 4 and b.peak <= 4, (a.peak, b.peak)
         assert peak_queue >= 100  # the burst really was more than the pool could take at once
 

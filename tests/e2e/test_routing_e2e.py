@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 import pytest
 
-from tests.support.gateway import gateway_process, running_gateway, wait_until
+from tests.support.gateway import gateway_process, real_client, running_gateway, wait_until
 from tests.support.sim import http_request, start_sim_engine
 from velocity_fast.loadgen.client import Client
 from velocity_fast.loadgen.workload import render_request
@@ -46,6 +46,10 @@ QUESTION_TOKENS = 48
 # prompts (512 tokens each) beside the requests it is running, not all sixteen.
 KV_BLOCKS = 192
 TIME_SCALE = 8
+# The engines: prefix caching, a KV cache that holds a few groups, and replies that end by
+# themselves (no max_tokens sent) about as long as the 8 tokens the others ask for.
+ENGINE_FLAGS = ("--enable-prefix-caching", "--num-gpu-blocks", str(KV_BLOCKS), "--block-size", "16",
+                "--max-model-len", "2048", "--natural-output-mean", "8")
 WORDS = ("the of and to in is was that for on are with as be at by this had not but from or have an they "
          "which one you were all we her she there been if more when will would who so no model token cache "
          "engine queue batch prefill decode latency tenant band request stream router gateway").split()
@@ -72,7 +76,9 @@ def shared_prefix_workload(seed: int = 7) -> list[tuple[int, bytes]]:
         question = f"Question {i}: " + _text(rng, QUESTION_TOKENS * 4)
         body = {"model": MODEL, "max_tokens": 8, "ignore_eos": True,
                 "messages": [{"role": "system", "content": systems[g]}, {"role": "user", "content": question}]}
-        out.append((g, orjson.dumps(body)))
+        # As ordinary clients write it: a third without max_tokens (the engine ends the
+        # reply, about as long: ENGINE_FLAGS), vLLM's priority 0, temperature and stop.
+        out.append((g, orjson.dumps(real_client(body, i))))
     return out
 
 
@@ -109,9 +115,7 @@ def prefix_counters(engines: list) -> tuple[float, float]:
 async def run_profile(profile: str, workload: list[tuple[int, bytes]]) -> dict:
     """The workload through a fresh gateway and fresh engines with `profile`; the
     engines' hit rate over the run and where the requests went."""
-    engines = await asyncio.to_thread(start_engines, ENGINES, "--enable-prefix-caching",
-                                      "--num-gpu-blocks", str(KV_BLOCKS), "--block-size", "16",
-                                      "--max-model-len", "2048")
+    engines = await asyncio.to_thread(start_engines, ENGINES, *ENGINE_FLAGS)
     try:
         async with running_gateway(*engines, policy="dynamic", max_concurrency=16) as gw:
             await wait_until(lambda: all(e.num_gpu_blocks for e in gw.endpoints.values()), 5.0,
@@ -187,9 +191,7 @@ async def stats(admin_port: int) -> dict:
 async def run_serve_defaults(workload: list[tuple[int, bytes]], headers: dict) -> dict:
     """The workload through `velocityllm serve --endpoint ...` (nothing else) in front of
     fresh engines; the engines' hit rate and the gateway's picks."""
-    engines = await asyncio.to_thread(start_engines, ENGINES, "--enable-prefix-caching",
-                                      "--num-gpu-blocks", str(KV_BLOCKS), "--block-size", "16",
-                                      "--max-model-len", "2048")
+    engines = await asyncio.to_thread(start_engines, ENGINES, *ENGINE_FLAGS)
     try:
         eps = [arg for i, e in enumerate(engines, 1) for arg in ("--endpoint", f"e{i}={e.url}={MODEL}")]
         with gateway_process("serve", *eps) as gp:

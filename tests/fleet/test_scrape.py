@@ -123,3 +123,32 @@ def test_pace_is_the_sums_growth_over_the_counts():
     assert pace_between(None, (6.0, 250.0)) == 0.0          # a first reading
     assert pace_between((6.0, 250.0), (6.0, 250.0)) == 0.0  # no token in between
     assert pace_between((6.0, 250.0), (0.5, 10.0)) == 0.0   # the engine restarted
+
+
+async def test_each_scrape_gives_the_tokens_decoded_since_the_last():
+    """The health checker sets ``ep.decoded``: the inter-token histogram's count grown since
+    the scrape before (the tokens the engine decoded: saturation's proof that a step ran);
+    -1 on the first reading, after a restart (the count went back) and without the histogram."""
+    from velocity_fast.fleet.endpoint import Endpoint
+    from velocity_fast.fleet.health import EndpointMonitor, HealthSettings
+
+    def text(count):
+        return (b"vllm:num_requests_running 2\nvllm:num_requests_waiting 3\n"
+                b"vllm:inter_token_latency_seconds_sum 1.0\n"
+                b"vllm:inter_token_latency_seconds_count %d\n" % count)
+
+    class Upstream:
+        body = b""
+
+        async def fetch(self, method, path, timeout=None):
+            return 200, self.body
+
+    ep = Endpoint("a", "http://127.0.0.1:1", "m")
+    ep.upstream = Upstream()
+    mon = EndpointMonitor(HealthSettings(), lambda ep, state: None, lambda ep: None)
+    seen = []
+    for body in (text(10), text(10), text(26), text(4), b"vllm:num_requests_running 2\n"):
+        ep.upstream.body = body
+        await mon._scrape(ep)
+        seen.append(ep.decoded)
+    assert seen == [-1.0, 0.0, 16.0, -1.0, -1.0]

@@ -47,6 +47,22 @@ def test_the_json_config_records_the_duration_that_ran():
     assert run_config(args, cfg)["duration"] == 2.0 and run_config(args, cfg)["pattern"] == "burst"
 
 
+def test_the_policy_bench_sends_what_real_clients_send_by_default():
+    """The bench's default workload has requests without max_tokens (and without
+    ignore_eos), with vLLM's "priority": 0, and with temperature and stop, beside the seeded
+    ones; the flags set the shares, 0 sends plain bodies only."""
+    specs = bench_setup(build_parser().parse_args(["bench"]))[2]
+    bodies = [orjson.loads(s.body) for s in specs]
+    assert 0.15 < sum("max_tokens" not in b for b in bodies) / len(bodies) < 0.45
+    assert all("ignore_eos" not in b for b in bodies if "max_tokens" not in b)
+    assert 0.15 < sum(b.get("priority") == 0 for b in bodies) / len(bodies) < 0.45
+    assert 0.35 < sum("temperature" in b and "stop" in b for b in bodies) / len(bodies) < 0.65
+    plain = bench_setup(build_parser().parse_args(["bench", "--no-max-tokens-share", "0", "--priority-zero-share",
+                                                    "0", "--sampling-share", "0"]))[2]
+    assert all({"max_tokens", "ignore_eos"} <= set(orjson.loads(s.body)) and "priority" not in orjson.loads(s.body)
+               and "stop" not in orjson.loads(s.body) for s in plain)
+
+
 def test_gauges_read_limits_inflight_and_queue():
     stats = {"endpoints": [{"limit": 32, "inflight": 3}, {"limit": 20, "inflight": 1}],
              "admission": {"bands": {"high": {"queued": 2}, "low": {"queued": 5}}}}

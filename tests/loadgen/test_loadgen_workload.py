@@ -2,6 +2,7 @@
 import argparse
 from collections import Counter
 
+import msgspec
 import orjson
 import pytest
 
@@ -59,11 +60,63 @@ def test_mix_is_honoured_in_headers_and_bodies():
         body = orjson.loads(s.body)
         assert body["stream"] is s.stream
         assert ("stream_options" in body) is s.stream
-        assert body["max_tokens"] == s.max_tokens
+        assert body.get("max_tokens", 0) == s.max_tokens  # 0: sent without, as most clients
         assert s.wire.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
         assert s.wire.endswith(b"\r\n\r\n" + s.body)
     lens = [len(orjson.loads(s.body)["messages"][0]["content"]) for s in specs if s.prefix_group < 0]
     assert min(lens) >= 16 * 4 - 4 and max(lens) <= 64 * 4 + 4
+
+
+def test_the_default_mix_writes_bodies_as_real_clients_do():
+    """The default mix: a share of the requests sends no max_tokens (nor ignore_eos, so the
+    engine ends the reply), a share vLLM's default "priority": 0, a share a temperature and a
+    stop list; each share as configured, on its own random stream (the prompts, bands and
+    times do not move with it), and all 0 sends the plain bodies."""
+    from velocity_fast.loadgen.mix import PLAIN_CLIENTS, Clients
+    from velocity_fast.loadgen.workload import STOPS, TEMPERATURES
+
+    specs = build_workload(cfg(), MIX)
+    bodies = [orjson.loads(s.body) for s in specs]
+    n = len(specs)
+    free = [b for b in bodies if "max_tokens" not in b]
+    assert len(free) / n == pytest.approx(Mix().clients.no_max_tokens, abs=0.07)
+    assert all("ignore_eos" not in b for b in free)
+    assert all(s.max_tokens == 0 for s, b in zip(specs, bodies) if "max_tokens" not in b)
+    assert all(b["ignore_eos"] is True and b["max_tokens"] >= 1 for b in bodies if "max_tokens" in b)
+    zero = [b for b in bodies if "priority" in b]
+    assert len(zero) / n == pytest.approx(Mix().clients.priority_zero, abs=0.07)
+    assert all(b["priority"] == 0 for b in zero)
+    sampled = [b for b in bodies if "temperature" in b]
+    assert len(sampled) / n == pytest.approx(Mix().clients.sampling, abs=0.07)
+    assert all(b["temperature"] in TEMPERATURES and b["stop"] in STOPS for b in sampled)
+    assert all(("stop" in b) == ("temperature" in b) for b in bodies)
+    # Each kind on its own: the shares cross.
+    assert any("max_tokens" not in b and "priority" in b and "stop" in b for b in bodies)
+    plain_mix = msgspec.structs.replace(MIX, clients=PLAIN_CLIENTS)
+    plain = build_workload(cfg(), plain_mix)
+    for s, p in zip(specs, plain):
+        b = orjson.loads(p.body)
+        assert set(b) == {"messages", "max_tokens", "stream", "ignore_eos"} | ({"stream_options"} if p.stream else set())
+        assert b["messages"] == orjson.loads(s.body)["messages"] and (p.at, p.band, p.stream) == (s.at, s.band, s.stream)
+    only_free = build_workload(cfg(), msgspec.structs.replace(MIX, clients=Clients(1.0, 0.0, 0.0)))
+    assert all("max_tokens" not in orjson.loads(s.body) and s.max_tokens == 0 for s in only_free)
+    # /generate is the gateway's own API: its body stays as it was.
+    gen = build_workload(cfg(route="generate", num_requests=50), Mix())
+    assert all(set(orjson.loads(s.body)) == {"prompt", "max_tokens", "stream"} for s in gen)
+
+
+def test_client_shares_come_from_flags_and_files_and_are_checked(tmp_path):
+    m = mix_from_args(args_of("--no-max-tokens-share", "0.5", "--priority-zero-share", "0", "--sampling-share", "1"))
+    assert (m.clients.no_max_tokens, m.clients.priority_zero, m.clients.sampling) == (0.5, 0.0, 1.0)
+    f = tmp_path / "mix.yaml"
+    f.write_text("clients: {no_max_tokens: 0.9}\n")
+    m = mix_from_args(args_of("--mix", str(f), "--sampling-share", "0"))
+    assert (m.clients.no_max_tokens, m.clients.priority_zero, m.clients.sampling) == (0.9, 0.3, 0.0)
+    with pytest.raises(ValueError, match="clients.no_max_tokens must be within"):
+        mix_from_args(args_of("--no-max-tokens-share", "1.5"))
+    f.write_text("clients: {no_max_token: 0.9}\n")
+    with pytest.raises(ValueError, match="no_max_token"):
+        load_mix(str(f))
 
 
 def test_prefix_groups_share_exact_leading_bytes_and_nothing_else():
@@ -118,7 +171,7 @@ def test_mix_yaml_and_flag_override(tmp_path):
     assert [b.name for b in mix.bands] == ["high", "low"]
     specs = build_workload(cfg(api_key="global"), mix)
     assert all(s.headers["authorization"] == "Bearer key-alpha" for s in specs)
-    assert all(8 <= s.max_tokens <= 16 for s in specs)
+    assert all(8 <= s.max_tokens <= 16 for s in specs if s.max_tokens)  # 0: sent without one
     over = mix_from_args(args_of("--mix", str(f), "--stream", "--output-tokens", "5"))
     assert over.stream_share == 1.0 and over.output_tokens.value == 5
     assert [b.name for b in over.bands] == ["high", "low"]

@@ -132,6 +132,9 @@ async def test_empty_model_means_the_default_one(eng):
     (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 600}', "maximum context length"),
     (b'{"messages": [{"role": "user", "content": "' + b"y" * 3000 + b'"}]}', "maximum context length"),
     (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}', "at least 1"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": -0.5}', "temperature must be non-negative"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', "temperature"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "stop": [1]}', "stop"),
 ])
 async def test_bad_requests_are_400_in_vllm_shape(eng, body, needle):
     r = await post(eng, "/v1/chat/completions", body)
@@ -199,3 +202,49 @@ async def test_metrics_parse_with_vllm_names_and_labels(eng):
     assert gen and gen[0] >= 2
     ttft_count = [s.value for s in fams["vllm:time_to_first_token_seconds"].samples if s.name.endswith("_count")]
     assert ttft_count[0] >= 1
+
+
+STORY = {"model": MODEL, "messages": [{"role": "user", "content": "A story, please"}], "max_tokens": 24,
+         "temperature": 0.7}
+
+
+async def test_sampling_fields_are_taken_and_a_stop_string_that_never_comes_changes_nothing(eng):
+    """temperature and stop are accepted as vLLM takes them; a stop string the reply never
+    holds (a client's turn marker) leaves it as it was."""
+    plain = (await post(eng, "/v1/chat/completions", STORY)).json()
+    marked = (await post(eng, "/v1/chat/completions", {**STORY, "stop": ["\n\nUser:", "###"]})).json()
+    assert marked["choices"][0] == plain["choices"][0]
+    assert marked["choices"][0]["finish_reason"] == "length" and marked["choices"][0]["stop_reason"] is None
+    assert marked["usage"] == plain["usage"]
+
+
+async def test_a_stop_string_ends_the_reply_before_it_as_vllm_does(eng):
+    """A stop string met in the reply: the text ends before it, finish_reason "stop",
+    stop_reason the string, the tokens counted up to the one that completed it; streamed
+    the same. The sim's replies are seeded by the prompt, so the stop is a word of the
+    reply the same request got without one."""
+    plain = (await post(eng, "/v1/chat/completions", STORY)).json()
+    text = plain["choices"][0]["message"]["content"]
+    words = text.split(" ")
+    stop = " " + words[len(words) // 2]  # a word in the middle (words start with a space)
+    want = text[:text.index(stop)]
+    r = (await post(eng, "/v1/chat/completions", {**STORY, "stop": ["never-there", stop]})).json()
+    choice = r["choices"][0]
+    assert choice["message"]["content"] == want and stop not in choice["message"]["content"]
+    assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop
+    assert 1 <= r["usage"]["completion_tokens"] < plain["usage"]["completion_tokens"]
+    status, _, events = await stream_events(eng, "/v1/chat/completions", {
+        **STORY, "stop": stop, "stream": True, "stream_options": {"include_usage": True}})
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert status == 200 and events[-1] == "[DONE]"
+    streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    last = [c for c in chunks if c["choices"]][-1]["choices"][0]
+    assert streamed == want
+    assert last["finish_reason"] == "stop" and last["stop_reason"] == stop
+    assert chunks[-1]["usage"]["completion_tokens"] == r["usage"]["completion_tokens"]
+    done = (await post(eng, "/v1/completions", {"prompt": "A story, please", "max_tokens": 24})).json()
+    ctext = done["choices"][0]["text"]
+    cstop = " " + ctext.split(" ")[2]
+    c = (await post(eng, "/v1/completions", {"prompt": "A story, please", "max_tokens": 24, "stop": cstop})).json()
+    assert c["choices"][0]["text"] == ctext[:ctext.index(cstop)]
+    assert c["choices"][0]["finish_reason"] == "stop" and c["choices"][0]["stop_reason"] == cstop

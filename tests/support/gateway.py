@@ -41,10 +41,27 @@ __all__ = [
     "ScriptedServer",
     "gateway_process",
     "gateway_settings",
+    "real_client",
     "running_gateway",
     "velocity_command",
     "wait_until",
 ]
+
+def real_client(body: dict, i: int) -> dict:
+    """``body`` as the ``i``-th of a stream of ordinary clients writes it: every third sends
+    no ``max_tokens`` (nor ``ignore_eos``: the engine ends the reply), every other one
+    vLLM's default ``"priority": 0``, the rest a ``temperature`` and a ``stop`` list. The
+    loadgen's mixes do the same by share (``Mix.clients``)."""
+    out = dict(body)
+    if i % 3 == 0:
+        out.pop("max_tokens", None)
+        out.pop("ignore_eos", None)
+    if i % 2 == 0:
+        out["priority"] = 0
+    else:
+        out.update(temperature=0.7, stop=["\n\nUser:", "</s>"])
+    return out
+
 
 # Health checks fast enough that a test sees ejection and readmission within a second.
 FAST_HEALTH = {"scrape_interval_ms": 50.0, "check_interval_ms": 100.0, "check_timeout_ms": 500.0,

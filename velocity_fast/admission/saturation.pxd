@@ -21,7 +21,8 @@ cdef class EndpointLoad:
     cdef readonly double scraped_at
     # Learned batch capacity: high-water mark of observed running.
     cdef readonly double capacity
-    # True once two scrapes in a row showed a queue, i.e. running was at the engine's ceiling.
+    # True once two scrapes in a row showed a queue that a step in between did not take in,
+    # i.e. running was at the engine's ceiling.
     cdef readonly bint capacity_known
     # The previous scrape showed a queue beside running requests.
     cdef readonly bint queue_seen
@@ -36,7 +37,7 @@ cdef class EndpointLoad:
     cdef public bint healthy
     cdef readonly double value
 
-    cpdef void observe(self, double running, double waiting, double kv, double scraped_at)
+    cpdef void observe(self, double running, double waiting, double kv, double scraped_at, double decoded=*)
 
 
 cdef void sync_shared(Endpoint ep, EndpointLoad load) noexcept

@@ -29,7 +29,7 @@ class EndpointLoad:
     @property
     def others(self) -> float:
         """Other gateways' running requests on this engine, as the last scrape showed them."""
-    def observe(self, running: float, waiting: float, kv: float, scraped_at: float) -> None: ...
+    def observe(self, running: float, waiting: float, kv: float, scraped_at: float, decoded: float = -1.0) -> None: ...
 
 def observe_endpoint(load: EndpointLoad, ep: object) -> None:
     """Record ``ep``'s latest scrape in ``load``, with other gateways' work (``others``)."""

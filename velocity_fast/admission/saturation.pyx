@@ -12,6 +12,9 @@ against its threshold (1.0 = saturated). Two lags of scraped metrics are closed:
   concurrency limit stands in for the capacity. Requests that arrived since the
   engine's last step are no proof: a steady stream leaves a few waiting in most scrapes,
   and a batch that ends together is replaced together, with fewer running meanwhile.
+  Nor is a queue beside a step that did not end (a cold prompt's prefill): where the
+  engine's inter-token histogram gives the tokens decoded between the scrapes, the second
+  needs a step for every running sequence, and running not grown, to count.
 * A request granted but not yet dispatched is invisible to both; the pool number
   takes those outstanding leases as extra in-flight work.
 * Other gateways in front of the same engines (replicas) are seen in the engine's
@@ -56,8 +59,11 @@ cdef class EndpointLoad:
         self.limit = limit
         self.healthy = True
 
-    cpdef void observe(self, double running, double waiting, double kv, double scraped_at):
-        """Record one scrape of the engine's gauges."""
+    cpdef void observe(self, double running, double waiting, double kv, double scraped_at,
+                       double decoded=-1.0):
+        """Record one scrape of the engine's gauges; ``decoded``: the output tokens the
+        engine decoded since the last scrape (-1: not known)."""
+        cdef double before = self.running
         self.running = running
         self.waiting = waiting
         self.kv = kv
@@ -66,9 +72,13 @@ cdef class EndpointLoad:
             self.capacity = running
         # A queue in one scrape may be requests that arrived since the engine's last step
         # (a burst does that at any load); a queue still there a scrape later, with
-        # requests running, is the engine at its ceiling.
+        # requests running, is the engine at its ceiling, once a step ran in between
+        # (every running sequence decoded a token) and took none of it in. Without that
+        # proof a long step (a cold prompt's prefill, 200 ms and more) spans two scrapes
+        # with the queue that arrived during it: a fresh engine learned a batch of 1 to 4
+        # that way and was held there for good.
         if waiting >= 2.0 and waiting >= 0.1 * running and running > 0 and running >= self.capacity:
-            if self.queue_seen:
+            if self.queue_seen and (decoded < 0.0 or (decoded >= running and running <= before)):
                 self.capacity_known = True
             self.queue_seen = True
         else:
@@ -86,7 +96,7 @@ cpdef void observe_endpoint(EndpointLoad load, Endpoint ep):
     interval's count of this gateway's own in-flight peak."""
     cdef double others
     cdef int i
-    load.observe(ep.running, ep.waiting, ep.kv_usage, ep.scraped_at)
+    load.observe(ep.running, ep.waiting, ep.kv_usage, ep.scraped_at, ep.decoded)
     if ep.shm != NULL and load.capacity_known:  # workers: the batch one learned is every one's
         vf_ep_learn_cap(ep.shm, load.capacity)
     # Running only: the engine's waiting requests, theirs and ours, are the queue term.

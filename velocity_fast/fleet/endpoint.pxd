@@ -28,6 +28,9 @@ cdef class Endpoint:
     # The most sequences the engine ran at any scrape over that span: at most 1, the pace
     # is its solo pace, the best any concurrency limit can give.
     cdef public double pace_batch
+    # Output tokens the engine decoded between its last two scrapes (its inter-token latency
+    # histogram's count, differenced): proof that a step ran; -1: not known.
+    cdef public double decoded
     # The most this gateway had in flight here while the last scrape was on its way, and
     # what that scrape showed beyond it: other gateways' requests (replicas of this one).
     cdef public long inflight_peak

@@ -21,6 +21,7 @@ class Endpoint:
     running_cap: float
     pace: float
     pace_batch: float
+    decoded: float
     inflight_peak: int
     others: float
     ejected_until: float

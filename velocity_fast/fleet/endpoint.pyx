@@ -24,6 +24,7 @@ cdef class Endpoint:
         self.block_size = None
         self.max_model_len = None     # the engine's, from its /v1/models once healthy
         self.limit = limit
+        self.decoded = -1.0           # tokens decoded between the last two scrapes; -1: unknown
         # max_running_seen: high-water mark of observed running, the learned batch capacity
         # running_cap: the batch admission learned from the gauges (the most seen running,
         # once two scrapes in a row showed a queue beside it); 0: not known

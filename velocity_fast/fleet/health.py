@@ -233,6 +233,7 @@ class EndpointMonitor:
             ep.num_gpu_blocks, ep.block_size = m.num_gpu_blocks, m.block_size
         if m.prefix_queries is not None:
             self.prefix_cache[ep.name] = (m.prefix_queries, m.prefix_hits)
+        ep.decoded = -1.0
         if m.itl_count is not None:
             # Over the last second or more, not one scrape's interval: a step that holds a
             # long prefill makes one interval's tokens late together, and what a request's
@@ -244,6 +245,9 @@ class EndpointMonitor:
             while len(readings) > 1 and t - readings[1][0] >= PACE_SPAN_S:
                 readings.popleft()
             old = readings[0] if readings and t - readings[0][0] >= PACE_SPAN_S else None
+            # Tokens decoded since the last scrape: whether a step ran (saturation's proof
+            # of a batch ceiling, admission/saturation.pyx).
+            ep.decoded = m.itl_count - readings[-1][2] if readings else -1.0
             ep.pace = pace_between(None if old is None else old[1:3], (m.itl_sum, m.itl_count))
             # The batch it decoded at over that span: the most running at any reading in it.
             ep.pace_batch = max(m.running, max((r[3] for r in readings), default=0.0))

@@ -39,6 +39,13 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--prefix-share", type=float, default=None,
                    help="share of requests that start with a shared prefix (0..1)")
     m.add_argument("--stream-share", type=float, default=None, help="share of streamed requests (0..1)")
+    m.add_argument("--no-max-tokens-share", type=float, default=None, metavar="SHARE",
+                   help="share of requests sent without max_tokens (and without ignore_eos): the engine "
+                        "ends the reply, as for most OpenAI clients (default 0.3)")
+    m.add_argument("--priority-zero-share", type=float, default=None, metavar="SHARE",
+                   help="share of requests whose body carries vLLM's default \"priority\": 0 (default 0.3)")
+    m.add_argument("--sampling-share", type=float, default=None, metavar="SHARE",
+                   help="share of requests with a temperature and a stop list (default 0.5)")
     m.add_argument("--sessions", type=int, default=None,
                    help="spread requests over this many x-session-id values (0: none)")
 

@@ -12,6 +12,7 @@ YAML shape (every key optional)::
     prefix: {groups: 4, tokens: 512, share: 0.5}
     stream_share: 0.3
     sessions: 0
+    clients: {no_max_tokens: 0.3, priority_zero: 0.3, sampling: 0.5}
 """
 from __future__ import annotations
 
@@ -89,6 +90,23 @@ class Prefix(msgspec.Struct, forbid_unknown_fields=True):
     hot: float = 0.0
 
 
+class Clients(msgspec.Struct, forbid_unknown_fields=True):
+    """How real OpenAI clients write their bodies, each a share of the requests, drawn on
+    its own: ``no_max_tokens`` send no ``max_tokens`` (nor ``ignore_eos``: the engine ends
+    the reply where the model does, as most clients leave it); ``priority_zero`` send vLLM's
+    default ``"priority": 0`` explicitly, as clients written for vLLM do; ``sampling`` send
+    a ``temperature`` and a ``stop`` list. The defaults are the suite's idea of ordinary
+    traffic; all 0 sends the plain bodies of a measurement (seeded lengths only)."""
+
+    no_max_tokens: float = 0.3
+    priority_zero: float = 0.3
+    sampling: float = 0.5
+
+
+# What a measurement sends when only its seeded lengths may decide the work.
+PLAIN_CLIENTS = Clients(no_max_tokens=0.0, priority_zero=0.0, sampling=0.0)
+
+
 class Mix(msgspec.Struct, forbid_unknown_fields=True):
     """Everything that shapes a request apart from its arrival time."""
 
@@ -99,8 +117,12 @@ class Mix(msgspec.Struct, forbid_unknown_fields=True):
     prefix: Prefix = msgspec.field(default_factory=Prefix)
     stream_share: float = 0.0
     sessions: int = 0
+    clients: Clients = msgspec.field(default_factory=Clients)
 
     def __post_init__(self) -> None:
+        for key in ("no_max_tokens", "priority_zero", "sampling"):
+            if not 0.0 <= getattr(self.clients, key) <= 1.0:
+                raise ValueError(f"clients.{key} must be within [0, 1]")
         if not 0.0 <= self.stream_share <= 1.0:
             raise ValueError("stream_share must be within [0, 1]")
         if not 0.0 <= self.prefix.share <= 1.0:
@@ -196,6 +218,10 @@ def mix_from_args(args) -> Mix:
         changes["stream_share"] = args.stream_share
     if getattr(args, "sessions", None) is not None:
         changes["sessions"] = args.sessions
+    cchanges = {k: getattr(args, f"{k}_share") for k in ("no_max_tokens", "priority_zero", "sampling")
+                if getattr(args, f"{k}_share", None) is not None}
+    if cchanges:
+        changes["clients"] = msgspec.structs.replace(mix.clients, **cchanges)
     prefix = mix.prefix
     pchanges = {
         k: getattr(args, f"prefix_{k}")

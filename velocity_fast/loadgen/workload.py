@@ -4,8 +4,10 @@ Requests are rendered to the exact bytes the client writes, so that the run itse
 does no JSON encoding and two runs with the same seed send identical bytes (apart
 from nothing: even ``x-request-id`` is derived from the seed and the index).
 
-Two independent random streams are used — one for arrival times, one for the
-request contents — so changing the pattern leaves the bodies unchanged.
+Three independent random streams are used — one for arrival times, one for the
+request contents, one for how each client writes its body (``Mix.clients``: no
+``max_tokens``, vLLM's ``priority: 0``, ``temperature`` and ``stop``) — so changing the
+pattern leaves the bodies unchanged, and the client shares leave the prompts unchanged.
 """
 from __future__ import annotations
 
@@ -32,6 +34,11 @@ BYTES_PER_TOKEN = 4
 
 WORDS = list(PROMPT_WORDS)  # the sim's tokenizer knows each (sim/tokens.py)
 
+# What clients send with ``Mix.clients.sampling``: OpenAI's and vLLM's usual values, and
+# stop strings as chat clients set them (a turn marker, a blank line).
+TEMPERATURES = (0.0, 0.2, 0.7, 1.0)
+STOPS = (["\n\nUser:"], ["</s>", "<|im_end|>"], ["###"])
+
 
 @dataclass(slots=True)
 class RequestSpec:
@@ -43,7 +50,7 @@ class RequestSpec:
     tenant: str
     stream: bool
     prompt_tokens: int
-    max_tokens: int
+    max_tokens: int          # 0: none sent (the engine ends the reply)
     prefix_group: int
     sla_ms: float
     session: str
@@ -112,6 +119,10 @@ def build_workload(cfg: WorkloadConfig, mix: Mix) -> list[RequestSpec]:
         raise ValueError(f"unknown route {cfg.route!r}; choose one of {', '.join(ROUTES)}")
     times = arrival_times(cfg.pattern, cfg.num_requests, cfg.duration, cfg.seed)
     rng = random.Random(f"mix:{cfg.seed}")
+    crng = random.Random(f"clients:{cfg.seed}")
+    clients = mix.clients
+    shaped = cfg.route != "generate" and (clients.no_max_tokens > 0 or clients.priority_zero > 0
+                                          or clients.sampling > 0)
     text = _Text(rng)
     prefixes = [
         f"[shared context {g}] " + text.take(rng, mix.prefix.tokens * BYTES_PER_TOKEN)
@@ -148,7 +159,14 @@ def build_workload(cfg: WorkloadConfig, mix: Mix) -> list[RequestSpec]:
         key = tenant.api_key if tenant is not None and tenant.api_key else cfg.api_key
         if key:
             headers["authorization"] = f"Bearer {key}"
-        body = _body(cfg, prompt, otoks, stream)
+        shape = None
+        if shaped:  # three draws a request, whatever the shares: seeds stay comparable
+            shape = (crng.random() < clients.no_max_tokens, crng.random() < clients.priority_zero,
+                     crng.random() < clients.sampling, crng.randrange(len(TEMPERATURES)),
+                     crng.randrange(len(STOPS)))
+        body = _body(cfg, prompt, otoks, stream, shape)
+        if shape is not None and shape[0]:
+            otoks = 0
         out.append(
             RequestSpec(
                 index=i,
@@ -170,7 +188,9 @@ def build_workload(cfg: WorkloadConfig, mix: Mix) -> list[RequestSpec]:
     return out
 
 
-def _body(cfg: WorkloadConfig, prompt: str, max_tokens: int, stream: bool) -> bytes:
+def _body(cfg: WorkloadConfig, prompt: str, max_tokens: int, stream: bool, shape: tuple | None = None) -> bytes:
+    """The request body; ``shape`` (no max_tokens, priority 0, sampling, temperature and
+    stop picks) writes it as that kind of client does."""
     if cfg.route == "generate":
         obj: dict = {"prompt": prompt, "max_tokens": max_tokens, "stream": stream}
     else:
@@ -181,9 +201,19 @@ def _body(cfg: WorkloadConfig, prompt: str, max_tokens: int, stream: bool) -> by
             obj["messages"] = [{"role": "user", "content": prompt}]
         else:
             obj["prompt"] = prompt
-        # ignore_eos (a vLLM extension) makes real engines generate exactly max_tokens,
-        # so that output lengths are part of the seeded workload there too.
-        obj.update(max_tokens=max_tokens, stream=stream, ignore_eos=True)
+        if shape is not None and shape[0]:
+            # No limit, as most OpenAI clients send: the reply ends where the model ends it.
+            obj["stream"] = stream
+        else:
+            # ignore_eos (a vLLM extension) makes real engines generate exactly max_tokens,
+            # so that output lengths are part of the seeded workload there too.
+            obj.update(max_tokens=max_tokens, stream=stream, ignore_eos=True)
+        if shape is not None:
+            if shape[1]:
+                obj["priority"] = 0
+            if shape[2]:
+                obj["temperature"] = TEMPERATURES[shape[3]]
+                obj["stop"] = STOPS[shape[4]]
         if stream:
             obj["stream_options"] = {"include_usage": True}
     return orjson.dumps(obj)

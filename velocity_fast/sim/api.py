@@ -21,7 +21,7 @@ from .engine import Engine, Sequence
 from .responses import RequestMeta, StreamSink, WholeSink
 from .schema import (ChatRequest, CompletionRequest, chat_decoder, completion_decoder, message_texts,
                      render_chat, render_prompt, tokenize_decoder)
-from .tokens import (TextTokenizer, block_hashes, count_tokens, pseudo_token_ids, request_rng,
+from .tokens import (TextTokenizer, block_hashes, count_tokens, pseudo_token_ids, request_rng, stop_point,
                      token_block_hashes)
 
 #: The vLLM version the sim engine presents itself as (VLLM_CONTRACT.md).
@@ -170,6 +170,8 @@ class SimAPI:
             raise BadRequest(f"Got priority {body.priority} but Priority scheduling is not enabled.")
         if max_tokens is not None and max_tokens < 1:
             raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}.")
+        if body.temperature is not None and body.temperature < 0:
+            raise BadRequest(f"temperature must be non-negative, got {body.temperature}.")
         if prompt_tokens >= cfg.max_model_len:
             raise BadRequest(
                 f"This model's maximum context length is {cfg.max_model_len} tokens. However, your "
@@ -205,6 +207,10 @@ class SimAPI:
                 target, finish = cap, "length"
             else:
                 target, finish = natural, "stop"
+        stops = [body.stop] if isinstance(body.stop, str) else [s for s in body.stop or () if s]
+        cut = stop_point(rng, target, stops) if stops and stops[0] else None
+        if cut is not None:  # the reply meets a stop string: it ends there, without it
+            target, finish = cut[0], "stop"
         failure = self.engine.plan_failure(target)
         if failure is not None and failure.at == 0:
             resp.send_error(failure.status, failure.message, type=failure.type)
@@ -231,6 +237,8 @@ class SimAPI:
         engine = self.engine
         if body.stream:
             sink = StreamSink(resp, meta)
+            if cut is not None:
+                sink.stop_at(cut[1], cut[2])
             seq = meta.seq = Sequence(prompt_tokens, hashes, target, finish, rng, sink, failure, ids)
             resp.start(200, headers=headers)
             resp.add_disconnect_callback(lambda: engine.abort(seq))
@@ -240,6 +248,8 @@ class SimAPI:
             return
         done = asyncio.get_running_loop().create_future()
         whole = WholeSink(meta, done)
+        if cut is not None:
+            whole.stop_at(cut[1], cut[2])
         seq = meta.seq = Sequence(prompt_tokens, hashes, target, finish, rng, whole, failure, ids)
         resp.add_disconnect_callback(lambda: engine.abort(seq))
         engine.submit(seq)

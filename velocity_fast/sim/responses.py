@@ -75,7 +75,7 @@ class StreamSink:
     """Turns tokens into SSE chunks and writes them to the client."""
 
     __slots__ = ("resp", "meta", "head", "tail", "tail_open", "generated", "pending", "closing",
-                 "backlog", "closed", "waiter", "activity")
+                 "backlog", "closed", "waiter", "activity", "keep", "stop_reason")
 
     def __init__(self, resp: Responder, meta: RequestMeta) -> None:
         self.resp = resp
@@ -101,6 +101,15 @@ class StreamSink:
         self.closed = False
         self.waiter: asyncio.Future | None = None
         self.activity = 0
+        self.keep = -1               # stop_at: characters of text still to send; -1: all
+        self.stop_reason = b"null"
+
+    def stop_at(self, keep: int, stop: str) -> None:
+        """The reply ends at a stop string: send its first ``keep`` characters only, as vLLM
+        leaves the stop string out, and name it as ``stop_reason``."""
+        self.keep = keep
+        self.stop_reason = orjson.dumps(stop)
+        self.tail_open = self.tail_open.replace(b'"stop_reason":null', b'"stop_reason":' + self.stop_reason)
 
     def _envelope(self, choices: bytes) -> bytes:
         m = self.meta
@@ -130,14 +139,20 @@ class StreamSink:
         if self.generated == 1 and meta.chat:
             # vLLM sends the role chunk with the first output, not before the prefill.
             pending.append(self.opening())
+        text = VOCAB_BYTES[tok]
+        if self.keep >= 0:  # a stop string ahead: its text and what follows are held back
+            text = text[:self.keep]
+            self.keep -= len(text)
+            if not text and finish_reason is None:
+                return fresh and bool(pending)
         if finish_reason is None:
             if meta.continuous_usage:
-                pending.append(self.head + VOCAB_BYTES[tok] + self.tail + b',"usage":'
+                pending.append(self.head + text + self.tail + b',"usage":'
                                + _usage_bytes(meta.prompt_tokens, self.generated) + b"}\n\n")
             else:
-                pending.append(self.head + VOCAB_BYTES[tok] + self.tail)
+                pending.append(self.head + text + self.tail)
             return fresh
-        parts = [self.head, VOCAB_BYTES[tok], self.tail_open % finish_reason.encode()]
+        parts = [self.head, text, self.tail_open % finish_reason.encode()]
         if meta.continuous_usage:
             parts += [b',"usage":', _usage_bytes(meta.prompt_tokens, self.generated)]
         parts.append(b"}\n\n")
@@ -227,7 +242,7 @@ class StreamSink:
 class WholeSink:
     """Collects a whole (non-streamed) response."""
 
-    __slots__ = ("meta", "tokens", "finish_reason", "error", "done")
+    __slots__ = ("meta", "tokens", "finish_reason", "error", "done", "keep", "stop_reason")
 
     def __init__(self, meta: RequestMeta, done: asyncio.Future) -> None:
         self.meta = meta
@@ -235,6 +250,13 @@ class WholeSink:
         self.finish_reason: str | None = None
         self.error: tuple[int, str, str] | None = None
         self.done = done
+        self.keep = -1
+        self.stop_reason: str | None = None
+
+    def stop_at(self, keep: int, stop: str) -> None:
+        """The reply ends at a stop string: its text is cut before it (StreamSink.stop_at)."""
+        self.keep = keep
+        self.stop_reason = stop
 
     def token(self, tok: int, finish_reason: str | None) -> bool:
         """Collect a token; the last one completes the response."""
@@ -265,13 +287,15 @@ class WholeSink:
         """The response object in vLLM's shape."""
         m = self.meta
         text = render_text(self.tokens)
+        if self.keep >= 0:
+            text = text[:self.keep]
         if m.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
-                      "logprobs": None, "finish_reason": self.finish_reason, "stop_reason": None}
+                      "logprobs": None, "finish_reason": self.finish_reason, "stop_reason": self.stop_reason}
             obj = "chat.completion"
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish_reason,
-                      "stop_reason": None}
+                      "stop_reason": self.stop_reason}
             obj = "text_completion"
         return {"id": m.id, "object": obj, "created": m.created, "model": m.model, "choices": [choice],
                 "system_fingerprint": system_fingerprint, "usage": m.usage(len(self.tokens))}

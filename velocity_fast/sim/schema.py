@@ -36,6 +36,10 @@ class _Common(msgspec.Struct):
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = False
     priority: int = 0
+    # Sampling: the temperature changes nothing here but is checked as vLLM checks it;
+    # stop strings end the reply as vLLM's do (tokens.stop_point).
+    temperature: float | None = None
+    stop: str | list[str] | None = None
 
 
 class ChatRequest(_Common):

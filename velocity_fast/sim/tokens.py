@@ -107,6 +107,27 @@ def request_rng(seed: int, content: bytes) -> random.Random:
     return random.Random(int.from_bytes(digest, "little"))
 
 
+def stop_point(rng, target: int, stops: list[str]) -> tuple[int, int, str] | None:
+    """Where a reply of ``target`` tokens drawn from ``rng`` (left as it was) meets one of
+    ``stops``, as vLLM ends it: (tokens generated, up to the one that completes the stop
+    string; characters of text kept, before the stop string; the string), or None."""
+    r = random.Random()
+    r.setstate(rng.getstate())
+    text = ""
+    longest = max(len(s) for s in stops)
+    for i in range(target):
+        before = len(text)
+        text += VOCAB[r.getrandbits(VOCAB_BITS)]
+        found = None
+        for s in stops:
+            at = text.find(s, max(0, before - longest + 1))
+            if at >= 0 and (found is None or at < found[0]):
+                found = (at, s)
+        if found is not None:
+            return i + 1, found[0], found[1]
+    return None
+
+
 def render_text(token_ids: list[int]) -> str:
     """The text of a list of token ids."""
     v = VOCAB
