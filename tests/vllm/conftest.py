@@ -2,7 +2,7 @@
 
 At most one pair runs at a time (each engine takes about a core and 2.8 GB while it
 starts): asking for the other model's pair stops the first. The pair of the ChatML model
-keeps vLLM's default replay buffer; the Llama-3-style model's keeps 32 batches, so that a
+keeps vLLM's default replay buffer; the Llama-3-style model's keeps 4 batches, so that a
 gateway joining it after some traffic finds batch 0 gone, as it does on engines that have
 run for hours.
 """
@@ -12,7 +12,7 @@ import pytest
 
 from tests.vllm.support.engines import EnginePair, build_models, vllm_env
 
-PAIRS = {"chatml": ("tiny-chatml", None), "llama3": ("tiny-llama3", 32)}
+PAIRS = {"chatml": ("tiny-chatml", None), "llama3": ("tiny-llama3", 4)}
 
 
 class Pairs:

