@@ -8,8 +8,7 @@ and one whose template is not (Llama-3-style headers, a BOS token in the templat
   (``vllm:prefix_cache_hits / queries``) above round-robin's, precise and approximate alike;
 - the same through a second gateway started after the first had run traffic on the same
   engines: on the ChatML pair it rebuilds from vLLM's replay socket; on the other the
-  engines keep 4 batches, so batch 0 is gone and it joins where the buffer starts, and
-  learns the prefixes stored before from the prompts it sends.
+  engines keep 4 batches, so batch 0 is gone and it joins where the buffer starts.
 
 Each phase uses system prompts of its own, so no phase finds another's blocks cached;
 the hit rates are the deltas of vLLM's counters over the phase.
@@ -154,7 +153,5 @@ async def test_precise_routing_from_vllms_events(kind, vllm_pairs):
         # vLLM's buffer still holds batch 0: the joining gateway rebuilt from its replay socket.
         assert all(v["replayed"] > 0 and v["joins"] == 0 for v in eps.values()), eps
     else:
-        # 4 batches kept: batch 0 was gone, it joined where the buffer started, and the
-        # prefixes stored before were learned from the prompts it sent.
+        # 4 batches kept: batch 0 was gone, and it joined where the buffer started.
         assert all(v["joins"] >= 1 for v in eps.values()), eps
-        assert sum(v["adopted"] for v in eps.values()) > 0, eps
