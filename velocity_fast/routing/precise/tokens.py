@@ -321,8 +321,13 @@ class TokenSide:
         else:
             chain, rest, first = [], (), 0
         since = starts[first] if first < len(starts) else len(data)
-        ends: list[float] = [since] * len(chain)   # blocks of earlier messages: decided before `since`
-        rest_ends: list[float] = [since] * len(rest)
+        # Tokens of earlier messages are decided before `since` (a message boundary): the
+        # margin for a word a block's end cuts is not theirs. Marked decided at `since`, a
+        # byte block just past it would be entered with none of them, over the entry of the
+        # request that tokenized those messages first, and its group's next requests would
+        # find no tokens there.
+        ends: list[float] = [since - _MARGIN] * len(chain)
+        rest_ends: list[float] = [since - _MARGIN] * len(rest)
         # encode_batch runs with the interpreter lock released: the event loop goes on.
         rendered = pool.renderer.pieces(texts)
         encs = tok.encode_batch(rendered[first:], add_special_tokens=False)
