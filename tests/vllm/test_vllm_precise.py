@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import glob
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,25 @@ async def test_precise_routing_from_vllms_events(kind, vllm_pairs):
     else:
         # 4 batches kept: batch 0 was gone, and it joined where the buffer started.
         assert all(v["joins"] >= 1 for v in eps.values()), eps
+
+
+async def test_an_engine_killed_and_restarted_leaves_no_stale_blocks(vllm_pairs):
+    # Last in the session (it restarts an engine of the pair the tests above used).
+    pair = vllm_pairs.get("llama3")
+    e1 = pair.engines[0]
+    async with gateway(pair, precise_routing(pair)) as gw:
+        await wait_until(lambda: gw.kv.index.exact(e1.name), 15.0, what="an exact index")
+        await run_phase(gw.port, pair, "llama3-restart")
+        assert gw.kv.index.size(e1.name) > 0
+        await asyncio.to_thread(e1.stop)
+        await wait_until(lambda: gw.kv.index.size(e1.name) == 0 and not gw.kv.index.exact(e1.name), 10.0,
+                         what="the dead engine's blocks dropped")
+        e1.spawn()
+        await asyncio.to_thread(e1.wait_ready, time.monotonic() + 240)
+        await asyncio.to_thread(e1.warm_up)
+        # The new engine's stream starts at batch 0: exact again, holding only what it
+        # has stored since (the warm-up's prompt is shorter than one block: nothing).
+        await wait_until(lambda: gw.kv.index.exact(e1.name), 15.0, what="the index resynced")
+        assert gw.kv.index.size(e1.name) == 0
+        hit = await run_phase(gw.port, pair, "llama3-restart")
+        assert gw.kv.index.size(e1.name) > 0 and hit > 0
