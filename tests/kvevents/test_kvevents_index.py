@@ -149,7 +149,19 @@ def test_without_replay_a_gap_makes_the_endpoint_approximate_until_a_clear():
         pub.close()
 
 
-def test_a_subscriber_that_starts_late_rebuilds_from_the_replay_buffer(publisher):
+@pytest.mark.parametrize("replay_topic", [True, False], ids=["vllm-0.32", "older"])
+def test_a_subscriber_that_starts_late_rebuilds_from_the_replay_buffer(replay_topic):
+    # vLLM 0.32 answers a replay with (b"", topic, seq, payload); engines before it
+    # without the topic. A subscriber that read only the older framing timed out on
+    # every replay from a real engine.
+    publisher = W.Publisher(replay_topic=replay_topic)
+    try:
+        _late_rebuild(publisher)
+    finally:
+        publisher.close()
+
+
+def _late_rebuild(publisher):
     ids = toks(8)
     publisher.send([W.stored([41, 42], None, ids, BS)])
     publisher.send([W.removed([42])])
@@ -160,6 +172,40 @@ def test_a_subscriber_that_starts_late_rebuilds_from_the_replay_buffer(publisher
         assert idx.match("e1", chain_hashes(ids, BS)) == 1
     finally:
         sub.stop()
+
+
+def test_a_subscriber_joining_past_the_replay_buffer_is_exact_at_once_and_learns_from_hints():
+    # The engine ran longer than its buffer keeps: batch 0 is gone for good. The
+    # subscriber must not wait for it; it starts exact, as a subset of the engine's blocks.
+    pub = W.Publisher(buffer_steps=2)
+    ids = toks(12)
+    chain = chain_hashes(ids, BS)
+    pub.send([W.stored([61, 62], None, ids[:8], BS)])   # before the gateway joined
+    for _ in range(3):
+        pub.send([])                                    # the buffer rolls past it
+    idx = BlockIndex()
+    sub = Subscriber(idx, "e1", pub.endpoint, pub.replay_endpoint, topic="kv").start()
+    try:
+        W.wait_for(lambda: idx.exact("e1"), 2.0, what="joined")
+        s = idx.stats("e1")
+        assert s.joins == 1 and idx.match("e1", chain) == 0   # what came before is unknown
+        # A store whose parent the events never named: unknown without a hint...
+        pub.send([W.stored([64], 61, toks(4, 100), BS)])
+        W.wait_for(lambda: s.orphans == 1, what="the orphan")
+        # ...and with one (a prompt the gateway sent there), its prefix is known held.
+        idx.hint("e1", chain)
+        pub.send([W.stored([63], 62, ids[8:], BS)])
+        W.wait_for(lambda: idx.match("e1", chain) == 3, what="the adopted prefix")
+        assert s.adopted == 2 and idx.exact("e1")
+        # The engine evicts block 62 (known by now): the blocks under it are open again.
+        pub.send([W.removed([63, 62])])
+        W.wait_for(lambda: idx.match("e1", chain) == 1, what="eviction of the parent")
+        # A block the events never named leaves: what was known only by inference goes.
+        pub.send([W.removed([99])])
+        W.wait_for(lambda: idx.match("e1", chain) == 0, what="inferred blocks dropped")
+    finally:
+        sub.stop()
+        pub.close()
 
 
 def test_a_dropped_connection_clears_the_endpoint(publisher):

@@ -131,7 +131,8 @@ def test_sim_publishes_vllm_kv_events():
             seqs = [int.from_bytes(m[1], "big") for m in lis.messages]
             assert seqs == list(range(len(seqs)))
 
-            # Replay: from a sequence number, the same batches again, then the end mark.
+            # Replay: from a sequence number, the same batches again, then the end mark,
+            # framed as vLLM 0.32 frames them (the topic before the number, empty at the end).
             ctx = zmq.Context()
             d = ctx.socket(zmq.DEALER)
             try:
@@ -141,12 +142,13 @@ def test_sim_publishes_vllm_kv_events():
                 while True:
                     assert d.poll(5000), "no replay answer"
                     frames = d.recv_multipart()
-                    assert len(frames) == 3 and frames[0] == b""
-                    seq = int.from_bytes(frames[1], "big", signed=True)
+                    assert len(frames) == 4 and frames[0] == b""
+                    seq = int.from_bytes(frames[2], "big", signed=True)
                     if seq == -1:
-                        assert frames[2] == b""
+                        assert frames[1] == frames[3] == b""
                         break
-                    got.append((seq, frames[2]))
+                    assert frames[1] == TOPIC.encode()
+                    got.append((seq, frames[3]))
             finally:
                 d.close(linger=0)
                 ctx.term()

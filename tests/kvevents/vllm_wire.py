@@ -4,8 +4,8 @@ independently of the sim's structs: plain msgpack lists and maps.
 - multipart ``(topic, seq as 8-byte big-endian, payload)``;
 - payload ``[ts, events, data_parallel_rank]``; an event is a map whose first key is
   ``"type"`` (current vLLM) or, in older engines, an array ``[tag, field, ...]``;
-- replay: a ROUTER answering ``(b"", start)`` with ``(b"", seq, payload)`` frames and a
-  final ``(b"", -1, b"")``.
+- replay: a ROUTER answering ``(b"", start)`` with ``(b"", topic, seq, payload)`` frames and
+  a final ``(b"", b"", -1, b"")`` (vLLM 0.32; engines before it sent no topic frame).
 
 ``Publisher`` is a minimal engine side for the subscriber's tests: it can hold a batch
 back from the live stream (a forced gap) while keeping it for replay.
@@ -58,7 +58,8 @@ def decode(payload: bytes) -> tuple[float, list, int | None]:
 class Publisher:
     """PUB + replay ROUTER on 127.0.0.1 ports the OS picks; ``close()`` when done."""
 
-    def __init__(self, topic: str = "kv", replay: bool = True) -> None:
+    def __init__(self, topic: str = "kv", replay: bool = True, *, replay_topic: bool = True,
+                 buffer_steps: int = 10_000) -> None:
         self.ctx = zmq.Context()
         self.topic = topic.encode()
         self.pub = self.ctx.socket(zmq.PUB)
@@ -71,6 +72,8 @@ class Publisher:
         self.router = None
         self.replay_endpoint = None
         self.replays = 0
+        self.replay_topic = replay_topic     # vLLM 0.32's replay framing, else the older one
+        self.buffer_steps = buffer_steps     # batches kept for replay, as vLLM's buffer_steps
         if replay:
             self.router = self.ctx.socket(zmq.ROUTER)
             self.router.bind("tcp://127.0.0.1:*")
@@ -85,6 +88,7 @@ class Publisher:
             seq = self.seq
             self.seq += 1
             self.buffer.append((seq, payload))
+            del self.buffer[:-self.buffer_steps]
         if live:
             self.pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
         return seq
@@ -97,9 +101,11 @@ class Publisher:
             start = int.from_bytes(start, "big")
             with self._lock:
                 items = [(s, p) for s, p in self.buffer if s >= start]
+            head = (client, b"", self.topic) if self.replay_topic else (client, b"")
             for s, p in items:
-                self.router.send_multipart((client, b"", s.to_bytes(8, "big"), p))
-            self.router.send_multipart((client, b"", END_SEQ, b""))
+                self.router.send_multipart(head + (s.to_bytes(8, "big"), p))
+            self.router.send_multipart((client, b"", b"") + (END_SEQ, b"") if self.replay_topic
+                                       else (client, b"", END_SEQ, b""))
             self.replays += 1
 
     def close(self) -> None:

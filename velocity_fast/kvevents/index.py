@@ -19,6 +19,7 @@ does not rely on it).
 """
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Hashable, Iterable
 
 from .wire import Cleared, Removed, Stored
@@ -26,6 +27,9 @@ from .wire import Cleared, Removed, Stored
 #: The chain's root: a fixed number, so hashes agree between processes (the hash of a
 #: tuple of ints does not depend on PYTHONHASHSEED).
 ROOT = 0x5EC7_0C4E_D1A5_7E11
+
+#: Prompts sent to an endpoint kept as hints for its stores of unknown parent (``hint``).
+HINTS = 64
 
 #: States of an endpoint's entries.
 CONNECTING = "connecting"     # nothing received yet: no knowledge
@@ -75,7 +79,7 @@ class EndpointStats:
     """Counters of one endpoint (read by metrics; written by its subscriber)."""
 
     __slots__ = ("events", "batches", "lost", "replayed", "unrecovered", "resyncs", "disconnects",
-                 "orphans", "skipped", "bad", "state", "block_size")
+                 "orphans", "adopted", "joins", "skipped", "bad", "state", "block_size")
 
     def __init__(self) -> None:
         self.events = 0        # events applied
@@ -86,6 +90,8 @@ class EndpointStats:
         self.resyncs = 0       # approximate -> exact again
         self.disconnects = 0   # the publisher's connection dropped (engine gone or restarted)
         self.orphans = 0       # stored blocks whose parent was unknown, so not indexed
+        self.adopted = 0       # blocks known held as the prefix a hint showed of a store's parent
+        self.joins = 0         # times the entries started after the engine's first batch (a subset)
         self.skipped = 0       # stored blocks of another medium or group, or malformed
         self.bad = 0           # messages that were not event batches
         self.state = CONNECTING
@@ -104,9 +110,10 @@ class _Entries:
     and ``match`` can binary-search it. ``parent`` and ``kids`` link own hashes, so that
     evicting a block opens its cached descendants and storing it again closes them.
     ``engine``: engine hash -> [own hash, times stored and not yet removed].
+    ``inferred``: held blocks known only as a hinted prompt's prefix (no engine hash).
     """
 
-    __slots__ = ("blocks", "closed", "parent", "kids", "engine")
+    __slots__ = ("blocks", "closed", "parent", "kids", "engine", "inferred")
 
     def __init__(self) -> None:
         self.blocks: dict[int, int] = {}
@@ -114,6 +121,7 @@ class _Entries:
         self.parent: dict[int, int | None] = {}
         self.kids: dict[int | None, set[int]] = {}
         self.engine: dict[Any, list] = {}
+        self.inferred: set[int] = set()
 
     def add(self, own: int, parent: int | None) -> None:
         n = self.blocks.get(own, 0)
@@ -182,6 +190,7 @@ class BlockIndex:
     def __init__(self) -> None:
         self._entries: dict[Hashable, _Entries] = {}
         self._stats: dict[Hashable, EndpointStats] = {}
+        self._hints: dict[Hashable, deque] = {}
 
     # -- the router's side ---------------------------------------------------------
     def match(self, endpoint_key: Hashable, chain: list[int]) -> int:
@@ -225,6 +234,17 @@ class BlockIndex:
             self._entries[endpoint_key] = _Entries()
         return s
 
+    def hint(self, endpoint_key: Hashable, chain: list[int]) -> None:
+        """A prompt's chain was sent to the endpoint (the router's word, on the event
+        loop). A store there whose parent the events never named (stored before the
+        gateway joined) is looked up in the last ``HINTS`` of these: the prompt whose
+        block after the parent is the stored one shows the parent's prefix, which the
+        engine then holds (it caches a block only after its whole prefix)."""
+        h = self._hints.get(endpoint_key)
+        if h is None:
+            h = self._hints[endpoint_key] = deque(maxlen=HINTS)
+        h.append(chain)
+
     def endpoints(self) -> list[Hashable]:
         return list(self._stats)
 
@@ -232,6 +252,7 @@ class BlockIndex:
         """Forget an endpoint (it left the fleet)."""
         self._entries.pop(endpoint_key, None)
         self._stats.pop(endpoint_key, None)
+        self._hints.pop(endpoint_key, None)
 
     # -- the subscriber's side -----------------------------------------------------
     def clear(self, endpoint_key: Hashable) -> None:
@@ -273,10 +294,14 @@ class BlockIndex:
             parent, link = lora_root(ev.lora), None
         else:
             p = engine.get(ev.parent)
-            if p is None:
+            if p is not None:
+                parent = link = p[0]
+            elif not (ev.extra_keys and ev.extra_keys[0] is not None) \
+                    and (got := self._adopt(key, s, e, ev.parent, tuple(ev.token_ids[:bs]))):
+                parent = link = got
+            else:
                 s.orphans += n
                 return
-            parent = link = p[0]
         extra = ev.extra_keys
         tokens = tuple(ev.token_ids)
         for i, eh in enumerate(ev.block_hashes):
@@ -301,9 +326,42 @@ class BlockIndex:
         for eh in ev.block_hashes:
             got = engine.get(eh)
             if got is None:
+                if e.inferred:
+                    # A block the events never named left: it may be one known only by
+                    # inference, so none of those is trusted any more.
+                    for own in list(e.inferred):
+                        e.drop(own)
+                    e.inferred.clear()
                 continue
             got[1] -= 1
             if got[1] > 0:
                 continue
             del engine[eh]
             e.drop(got[0])
+
+    def _adopt(self, key: Hashable, s: EndpointStats, e: _Entries, parent_eh: Any, first: tuple) -> int | None:
+        """The own hash of an unknown parent ``parent_eh`` whose stored child block holds
+        the tokens ``first``, from the prompts sent to the endpoint (``hint``); its prefix
+        is entered as held. None when no hinted prompt has that block."""
+        hints = self._hints.get(key)
+        if not hints:
+            return None
+        for chain in reversed(list(hints)):  # (a copy: the event loop appends)
+            for k in range(1, len(chain)):
+                if hash((chain[k - 1], first)) != chain[k]:
+                    continue
+                for i in range(k - 1):
+                    own = chain[i]
+                    if own not in e.blocks:
+                        e.inferred.add(own)
+                        e.add(own, chain[i - 1] if i else None)
+                        s.adopted += 1
+                own = chain[k - 1]
+                if own in e.inferred:
+                    e.inferred.discard(own)  # named by the engine from now on: its removal shows
+                else:
+                    e.add(own, chain[k - 2] if k > 1 else None)
+                    s.adopted += 1
+                e.engine[parent_eh] = [own, 1]
+                return own
+        return None

@@ -13,7 +13,14 @@ serves missed batches on a ROUTER replay socket (VLLM_CONTRACT.md). Here:
 - **The connection drops** (the engine exited, or restarted): its entries are cleared
   and it is ``approximate``. On (re)connecting the subscriber replays from 0: an engine
   that kept every batch since it started (a fresh or restarted one) makes the entries
-  exact again at once; otherwise they stay approximate.
+  exact again at once.
+- **Joining** an engine whose buffer no longer reaches its first batch (it has run
+  longer than ``buffer_steps`` batches: the usual case for a restarted gateway or a
+  second replica), or one without a replay endpoint: the entries start empty at the
+  first batch there is and are ``exact`` from it, as a subset of the engine's blocks:
+  each block in them is held (its store and every removal since were seen), blocks
+  stored earlier are not known until a prompt sent there shows them (``BlockIndex.hint``).
+  Waiting for history from batch 0 would wait for ever.
 - **Resync**: ``approximate`` becomes ``exact`` again when the state is known once more:
   an ``AllBlocksCleared`` (the engine's cache emptied), or a full replay from 0.
 
@@ -162,7 +169,9 @@ class Subscriber:
             # here is whole; else rebuild from the engine's first batch if it has it.
             if seq == 0 or not self._rebuild(seq):
                 self.index.clear(self.key)
-                self.index.set_state(self.key, EXACT if seq == 0 else APPROXIMATE)
+                self.index.set_state(self.key, EXACT)
+                if seq:
+                    self.stats.joins += 1
                 self._expected = seq
         elif seq > exp:
             self.stats.lost += seq - exp
@@ -193,16 +202,17 @@ class Subscriber:
     def _rebuild(self, upto: int | None) -> bool:
         """Start the endpoint's entries again from the engine's replay buffer (the
         batches below ``upto``, or all): exact when the buffer still begins at the
-        engine's first batch. False, changing nothing, without an answer."""
+        engine's first batch, else joined at its first batch (exact as a subset). False,
+        changing nothing, without an answer."""
         got = self._replay(0)
         if got is None:
             return False
         self.index.clear(self.key)
+        self.index.set_state(self.key, EXACT)
         if not got or got[0][0] == 0:
-            self.index.set_state(self.key, EXACT)
             self._expected = 0
         else:
-            self.index.set_state(self.key, APPROXIMATE)
+            self.stats.joins += 1
             self._expected = got[0][0]
         for seq, payload in got:
             if upto is not None and seq >= upto:
@@ -231,6 +241,10 @@ class Subscriber:
                     log.warning("kv events replay from %s timed out", self.replay_endpoint)
                     return None
                 frames = sock.recv_multipart()
+                # (b"", topic, seq, payload) from vLLM 0.32, as its live stream frames a
+                # batch; (b"", seq, payload) from engines before it.
+                if len(frames) == 4:
+                    del frames[1]
                 if len(frames) != 3 or len(frames[1]) != 8:
                     continue
                 seq = int.from_bytes(frames[1], "big", signed=True)

@@ -16,8 +16,8 @@ The wire is vLLM's (``vllm/distributed/kv_events.py``, VLLM_CONTRACT.md):
   defaulted fields left out when at their default (vLLM's structs are
   ``omit_defaults``; events became maps when vLLM dropped ``array_like`` from them);
 - a ROUTER socket on the replay endpoint: a client sends ``(b"", start as 8-byte
-  big-endian)`` and gets ``(b"", seq, payload)`` for every buffered batch from there,
-  then ``(b"", -1 as 8-byte signed big-endian, b"")``.
+  big-endian)`` and gets ``(b"", topic, seq, payload)`` for every buffered batch from
+  there, then ``(b"", b"", -1 as 8-byte signed big-endian, b"")`` (vLLM 0.32's framing).
 
 Publishing runs on its own thread (as vLLM's), fed by a queue, so the step loop only
 appends to a list and puts one object per batch.
@@ -234,8 +234,8 @@ class ZmqPublisher:
         start = int.from_bytes(start_bytes, "big")
         for seq, payload in list(self._buffer):
             if seq >= start:
-                self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
-        self._replay.send_multipart((client, b"", self.END_SEQ, b""))
+                self._replay.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big"), payload))
+        self._replay.send_multipart((client, b"", b"", self.END_SEQ, b""))
 
 
 def open_publisher(text: str | None) -> ZmqPublisher | None:

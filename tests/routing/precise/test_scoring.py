@@ -404,3 +404,30 @@ def test_a_tokenizer_without_chatml_markers_keeps_chat_approximate(tmp_path):
         assert info.precise.chain == chain_hashes(tok.encode(SYSTEM).ids, BS)
     finally:
         precise.close()
+
+
+def test_a_group_tokenized_twice_at_once_keeps_its_prefix_for_the_next_request(setup, tokenizer_json):
+    """Two requests of one system prompt tokenized one after the other before either was
+    ready: the second takes the system message from the per-message cache and must not
+    enter the byte block just past it with fewer token blocks than the first did (its
+    group's later requests found no tokens there, and were routed approximately)."""
+    r, index, precise, reg = setup()
+    # The system message ends 6 bytes before a 64-byte block's end, so that block holds
+    # the message boundary and the start of the user's question (common to all three).
+    head = len(b"\x1esystem\x1f")
+    content = " ".join(WORDS * 4)
+    content = content[:64 * 4 - 6 - head].rstrip() + " "
+    content += "x" * (64 * 4 - 6 - head - len(content))
+    jobs = []
+    precise.tokens._submit = jobs.append   # hold the tokenizer's jobs, then run them in order
+    a = r.route_info("m", chat(content, "tau upsilon phi chi"), {})
+    b = r.route_info("m", chat(content, "tau upsilon psi omega"), {})
+    assert a.precise.chain is None and b.precise.chain is None and len(jobs) == 2
+    for job in jobs:
+        precise.tokens._tokenize(*job)
+    jobs.clear()
+    c = r.route_info("m", chat(content, "tau upsilon alpha beta"), {})
+    system_blocks = len(messages_ids(tokenizer_json, chat(content))) // BS - 1
+    assert c.precise.chain is not None and len(c.precise.chain) >= system_blocks
+    whole = chain_hashes(messages_ids(tokenizer_json, chat(content, "tau upsilon alpha beta")), BS)
+    assert whole[:len(c.precise.chain)] == c.precise.chain

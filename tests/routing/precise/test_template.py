@@ -3,10 +3,12 @@
 engine's, and one loader, whose refusals say who needs the tokenizer and why."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from velocity_fast.routing.precise.template import chat_template, load_tokenizer, message_texts
+from velocity_fast.routing.precise.template import chat_template, load_renderer, load_tokenizer, message_texts
 from velocity_fast.sim.tokens import TextTokenizer
 
 
@@ -48,3 +50,42 @@ def test_a_missing_or_broken_tokenizer_is_refused_naming_who_needs_it(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ValueError, match=r"^--tokenizer: tokenizer .*: cannot load a tokenizer.json"):
         TextTokenizer(str(tmp_path))
+
+
+LLAMA3 = ("{{ bos_token }}{% for m in messages %}"
+          "{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+          "{% endif %}")
+
+
+def test_a_models_own_template_is_rendered_as_vllm_renders_it(tmp_path):
+    # chat_template.jinja first (what transformers saves), with the special tokens of
+    # tokenizer_config.json; the rendering a non-ChatML model's engine tokenizes.
+    (tmp_path / "chat_template.jinja").write_text(LLAMA3)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": {"content": "<|begin_of_text|>"},
+                                                                 "chat_template": "ignored: the .jinja wins"}))
+    r = load_renderer(str(tmp_path))
+    texts = [("system", "be brief "), ("user", "hi")]
+    assert r.render(texts) == ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nbe brief<|eot_id|>"
+                               "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+                               "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert r.stable and not r.chatml
+    assert "".join(r.pieces(texts)) + r.gen == r.render(texts)
+    assert r.pieces(texts)[0].startswith("<|begin_of_text|>")
+
+
+def test_tokenizer_configs_template_and_chatml_without_one(tmp_path):
+    cfg = {"chat_template": [{"name": "tool_use", "template": "x"}, {"name": "default", "template": LLAMA3}],
+           "bos_token": "<s>"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert load_renderer(str(tmp_path / "tokenizer.json")).render([("user", "hi")]).startswith("<s><|start_header_id|>")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    r = load_renderer(str(bare))
+    assert r.chatml and r.render([("user", "hi")]) == chat_template([("user", "hi")])
+
+
+def test_a_template_that_does_not_render_is_refused_saying_so(tmp_path):
+    (tmp_path / "chat_template.jinja").write_text("{{ raise_exception('no system role') }}")
+    with pytest.raises(ValueError, match="chat_template.jinja: cannot render a conversation: no system role"):
+        load_renderer(str(tmp_path))

@@ -175,6 +175,7 @@ class PrecisePrefix:
         chain = req.chain
         if not chain:
             return
+        self.index.hint(name, chain)  # shows the prefix of a store whose parent came before the gateway
         bs = req.block_size
         held = reported = self.index.match_exact(name, chain, bs)
         if held < 0:

@@ -16,10 +16,12 @@ tokenizer thread, so that the event loop never tokenizes and never waits.
   whole prompt seen before is a whole hit. The thread also keeps each run of leading
   messages (keyed by their byte pieces' chain), so that it tokenizes only new messages.
 
-ChatML is applied per message as the sim engine's template does (template.py); the
-per-message tokens are the whole prompt's when the markers are special tokens, which a
-probe checks once per tokenizer (otherwise each prompt is tokenized whole and cached
-whole).
+The model's own chat template renders the messages, as vLLM renders them (template.py:
+the folder's ``chat_template.jinja`` or ``tokenizer_config.json``'s, else ChatML, as the sim
+engine renders); each message's piece is tokenized on its own when the template renders
+a conversation as its leading messages' rendering and more, and the per-message tokens
+are the whole prompt's (the markers are special tokens), which a probe checks once per
+tokenizer (otherwise each prompt is tokenized whole and cached whole).
 """
 from __future__ import annotations
 
@@ -33,8 +35,7 @@ import msgspec
 
 from velocity_fast.kvevents.index import extend_chain, leading_in
 from velocity_fast.metrics.registry import Registry
-from velocity_fast.routing.precise.template import GEN_PROMPT, chat_template, chatml_one, get, load_tokenizer, \
-    message_texts
+from velocity_fast.routing.precise.template import ChatRenderer, get, load_renderer, load_tokenizer, message_texts
 from velocity_fast.routing.settings import RoutingSettings
 
 __all__ = ["TokenSide", "PreciseRequest", "DEFAULT_BLOCK_SIZE", "MAX_PENDING", "adopt", "pool_stats"]
@@ -77,15 +78,18 @@ class _PoolTokens:
     """One precise pool's tokenizer, block size and caches (see the module doc)."""
 
     def __init__(self, model: str, tokenizer: Any, split_ok: bool, gen_ids: tuple, capacity: int,
-                 block_size: int) -> None:
+                 block_size: int, renderer: ChatRenderer | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        self.renderer = renderer if renderer is not None else ChatRenderer()
         self.split_ok = split_ok
         self.gen_ids = gen_ids
         self.capacity = capacity
         self.block_size = block_size
         self.seed = hash(("velocity-precise", model))
-        self.chatml = True   # the tokenizer knows ChatML's markers (else chat requests stay approximate)
+        # The template renders as vLLM does: the model's own, or ChatML whose markers the
+        # tokenizer knows (else chat requests stay approximate).
+        self.chat_ok = True
         # Leading messages (their byte pieces' chain) -> their tokens' blocks: the thread's.
         self.cache: OrderedDict[int, _Entry] = OrderedDict()
         # A whole prompt (its last byte block's hash and its tail) -> its token blocks.
@@ -110,15 +114,18 @@ def _bounded_put(d: OrderedDict, key: Any, value: Any, capacity: int) -> None:
         d.popitem(last=False)
 
 
-def _split_ok(tok: Any) -> bool:
-    """Whether tokens per message are the whole prompt's tokens (the markers are special
+def _split_ok(tok: Any, renderer: ChatRenderer) -> bool:
+    """Whether tokens per message are the whole prompt's tokens (the template renders a
+    conversation as its leading messages' rendering and more, and its markers are special
     tokens that cut the text), on a probe conversation."""
+    if not renderer.stable:
+        return False
     msgs = [("system", "you are brief."), ("user", "hello there, who are you?"), ("assistant", "me.")]
-    whole = tok.encode(chat_template(msgs), add_special_tokens=False).ids
+    whole = tok.encode(renderer.render(msgs), add_special_tokens=False).ids
     parts: list[int] = []
-    for r, t in msgs:
-        parts += tok.encode(chatml_one(r, t), add_special_tokens=False).ids
-    parts += tok.encode(GEN_PROMPT, add_special_tokens=False).ids
+    for piece in renderer.pieces(msgs):
+        parts += tok.encode(piece, add_special_tokens=False).ids
+    parts += tok.encode(renderer.gen, add_special_tokens=False).ids
     return whole == parts
 
 
@@ -131,7 +138,7 @@ class TokenSide:
                  block_size: Callable[[str], int] | None = None) -> None:
         self.settings = settings
         self._block_size = block_size or (lambda model: DEFAULT_BLOCK_SIZE)
-        self._tokenizers: dict[str, Any] = {}   # path -> (Tokenizer, split_ok, gen ids)
+        self._tokenizers: dict[str, Any] = {}   # path -> (Tokenizer, split_ok, gen ids, renderer)
         self.pools: dict[str, _PoolTokens | None] = {}
         for path in {settings.tokenizer, *settings.tokenizers.values()} - {None}:
             self._load(path)
@@ -155,8 +162,9 @@ class TokenSide:
         got = self._tokenizers.get(path)
         if got is None:
             tok = load_tokenizer(path)
-            got = self._tokenizers[path] = (tok, _split_ok(tok),
-                                            tuple(tok.encode(GEN_PROMPT, add_special_tokens=False).ids))
+            renderer = load_renderer(path)
+            got = self._tokenizers[path] = (tok, _split_ok(tok, renderer),
+                                            tuple(tok.encode(renderer.gen, add_special_tokens=False).ids), renderer)
         return got
 
     def close(self) -> None:
@@ -171,14 +179,15 @@ class TokenSide:
         if path is None:
             pool = None
         else:
-            tok, split_ok, gen = self._load(path)
+            tok, split_ok, gen, renderer = self._load(path)
             pool = _PoolTokens(model, tok, split_ok, gen, self.settings.token_cache_entries,
-                               self._block_size(model) or DEFAULT_BLOCK_SIZE)
-            pool.chatml = all(tok.token_to_id(t) is not None for t in ("<|im_start|>", "<|im_end|>"))
-            if not pool.chatml:
-                log.warning("precise prefix routing, model %s: its tokenizer (%s) has no ChatML markers, so "
-                            "chat prompts cannot be rendered as the engine renders them: chat requests are "
-                            "routed approximately, completions precisely", model, path)
+                               self._block_size(model) or DEFAULT_BLOCK_SIZE, renderer)
+            pool.chat_ok = renderer.source != "ChatML" or all(tok.token_to_id(t) is not None
+                                                              for t in ("<|im_start|>", "<|im_end|>"))
+            if not pool.chat_ok:
+                log.warning("precise prefix routing, model %s: no chat template beside its tokenizer (%s) and no "
+                            "ChatML markers in it, so chat prompts cannot be rendered as the engine renders them: "
+                            "chat requests are routed approximately, completions precisely", model, path)
         self.pools[model] = pool
         return pool
 
@@ -196,7 +205,7 @@ class TokenSide:
             if pool is None:
                 return
         is_chat = body is not None and not isinstance(body, (bytes, bytearray)) and bool(get(body, "messages"))
-        if is_chat and not pool.chatml:
+        if is_chat and not pool.chat_ok:
             return  # the engine's chat template is not the one applied here: no token match
         req = PreciseRequest(owner, pool)
         info.precise = req
@@ -290,7 +299,7 @@ class TokenSide:
         # message's content starts, to say at which byte each token is decided.
         pieces = data.split(_MSG)[1:]
         if len(pieces) != len(texts) or not pool.split_ok:
-            ids = tok.encode_batch([chat_template(texts)], add_special_tokens=False)[0].ids
+            ids = tok.encode_batch([pool.renderer.render(texts)], add_special_tokens=False)[0].ids
             self._tokens.inc(len(ids))
             return extend_chain((), ids, bs), [], len(data)  # no byte blocks entered
         starts, at = [], 0
@@ -312,10 +321,16 @@ class TokenSide:
         else:
             chain, rest, first = [], (), 0
         since = starts[first] if first < len(starts) else len(data)
-        ends: list[float] = [since] * len(chain)   # blocks of earlier messages: decided before `since`
-        rest_ends: list[float] = [since] * len(rest)
+        # Tokens of earlier messages are decided before `since` (a message boundary): the
+        # margin for a word a block's end cuts is not theirs. Marked decided at `since`, a
+        # byte block just past it would be entered with none of them, over the entry of the
+        # request that tokenized those messages first, and its group's next requests would
+        # find no tokens there.
+        ends: list[float] = [since - _MARGIN] * len(chain)
+        rest_ends: list[float] = [since - _MARGIN] * len(rest)
         # encode_batch runs with the interpreter lock released: the event loop goes on.
-        encs = tok.encode_batch([chatml_one(r, t) for r, t in texts[first:]], add_special_tokens=False)
+        rendered = pool.renderer.pieces(texts)
+        encs = tok.encode_batch(rendered[first:], add_special_tokens=False)
         full = chain
         for m, enc in zip(range(first, len(texts)), encs):
             role, text = texts[m]
@@ -323,11 +338,11 @@ class TokenSide:
             cbytes = text.encode("utf-8", "surrogatepass")
             # The content's bytes end the piece (no name or tool fields after it), else the
             # message's tokens are decided only where the next message starts.
-            plain = isinstance(get(what[m], "content"), str) and piece.endswith(cbytes) \
+            c0 = rendered[m].rfind(text) if text else -1   # where the content is in the message's rendering
+            plain = isinstance(get(what[m], "content"), str) and piece.endswith(cbytes) and c0 >= 0 \
                 and not get(what[m], "tool_calls") and not get(what[m], "tool_call_id")
             msg_end = starts[m] + 1 + len(piece)
             c_at = msg_end - len(cbytes)
-            c0 = len("<|im_start|>") + len(role) + 1
             conv = _char_to_byte(text) if plain and not text.isascii() else None
             new_ends = []
             for _, e in enc.offsets:
