@@ -19,11 +19,12 @@ from velocity_fast.sim.errors import BadRequest
 
 from .settings import SimConfig
 from .engine import Engine, Sequence
-from .responses import Choice, RequestMeta, StreamSink, WholeSink
+from .responses import RequestMeta, StreamSink, WholeSink
 from .schema import (ChatRequest, CompletionRequest, chat_decoder, completion_decoder, message_texts,
                      render_chat, render_prompt, tokenize_decoder)
 from .tokens import (MAX_LOGPROBS, VOCAB_BITS, TextTokenizer, block_hashes, count_tokens, pseudo_token_ids,
                      request_rng, stop_point, token_block_hashes)
+from .responses import Choice
 
 #: The vLLM version the sim engine presents itself as (VLLM_CONTRACT.md).
 VLLM_VERSION = "0.33.0"
