@@ -763,7 +763,11 @@ cdef class HttpProtocol(OutboxOwner):
             self._handler_failed(req, resp)
         else:
             if not resp.started:
-                self._handler_failed(req, resp, "The handler returned no response.")
+                if resp.disconnected:
+                    # The client left first: nobody to answer, and nothing went wrong.
+                    log.debug("client gone before %s %s was answered", req.method, req.path)
+                else:
+                    self._handler_failed(req, resp, "The handler returned no response.")
             elif not resp.finished:
                 resp.end()
         finally:

@@ -6,6 +6,7 @@ auth on /v1/ paths only.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 
@@ -21,8 +22,9 @@ from .engine import Engine, Sequence
 from .responses import RequestMeta, StreamSink, WholeSink
 from .schema import (ChatRequest, CompletionRequest, chat_decoder, completion_decoder, message_texts,
                      render_chat, render_prompt, tokenize_decoder)
-from .tokens import (TextTokenizer, block_hashes, count_tokens, pseudo_token_ids, request_rng, stop_point,
-                     token_block_hashes)
+from .tokens import (MAX_LOGPROBS, VOCAB_BITS, TextTokenizer, block_hashes, count_tokens, pseudo_token_ids,
+                     request_rng, stop_point, token_block_hashes)
+from .responses import Choice
 
 #: The vLLM version the sim engine presents itself as (VLLM_CONTRACT.md).
 VLLM_VERSION = "0.33.0"
@@ -140,7 +142,7 @@ class SimAPI:
             prompt = render_chat(body.messages)
             ids = self.tokenizer.encode_chat(message_texts(body.messages)) if self.tokenizer is not None else None
         except (msgspec.DecodeError, BadRequest, ValueError) as e:
-            resp.send_error(400, str(e), type="BadRequestError")
+            resp.send_error(400, str(e), type="BadRequestError", param=_param_of(e))
             return
         mt = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         await self._generate(req, resp, body, prompt, mt, chat=True, ids=ids)
@@ -151,7 +153,7 @@ class SimAPI:
             prompt = render_prompt(body.prompt)
             ids = self._prompt_ids(body.prompt) if self.tokenizer is not None else None
         except (msgspec.DecodeError, ValueError) as e:
-            resp.send_error(400, str(e), type="BadRequestError")
+            resp.send_error(400, str(e), type="BadRequestError", param=_param_of(e))
             return
         await self._generate(req, resp, body, prompt, body.max_tokens, chat=False, ids=ids)
 
@@ -165,13 +167,12 @@ class SimAPI:
     def _validate(self, body: ChatRequest | CompletionRequest, prompt_tokens: int, max_tokens: int | None) -> None:
         cfg = self.cfg
         if body.stream_options is not None and not body.stream:
-            raise BadRequest("Stream options can only be defined when `stream=True`.")
+            raise BadRequest("Stream options can only be defined when `stream=True`.", "stream_options")
         if body.priority != 0:
             raise BadRequest(f"Got priority {body.priority} but Priority scheduling is not enabled.")
         if max_tokens is not None and max_tokens < 1:
-            raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}.")
-        if body.temperature is not None and body.temperature < 0:
-            raise BadRequest(f"temperature must be non-negative, got {body.temperature}.")
+            raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", max_tokens)
+        _check_sampling(body)
         if prompt_tokens >= cfg.max_model_len:
             raise BadRequest(
                 f"This model's maximum context length is {cfg.max_model_len} tokens. However, your "
@@ -182,18 +183,10 @@ class SimAPI:
                 f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
                 f"completion). Please reduce the length of the messages or completion.")
 
-    async def _generate(self, req: Request, resp: Responder, body: ChatRequest | CompletionRequest,
-                        prompt: bytes, max_tokens: int | None, *, chat: bool, ids: list[int] | None = None) -> None:
+    def _plan(self, rng, body: ChatRequest | CompletionRequest, prompt_tokens: int,
+              max_tokens: int | None) -> tuple[int, str, tuple[int, int, str] | None]:
+        """How one reply drawn from ``rng`` ends: (tokens, finish_reason, stop cut or None)."""
         cfg = self.cfg
-        if not self._model_ok(body.model, resp):
-            return
-        prompt_tokens = count_tokens(prompt) if ids is None else max(1, len(ids))
-        try:
-            self._validate(body, prompt_tokens, max_tokens)
-        except BadRequest as e:
-            resp.send_error(400, str(e), type="BadRequestError")
-            return
-        rng = request_rng(cfg.seed, prompt)
         if max_tokens is not None and not (cfg.natural_stop and not body.ignore_eos):
             target, finish = max_tokens, "length"
         else:
@@ -211,7 +204,33 @@ class SimAPI:
         cut = stop_point(rng, target, stops) if stops and stops[0] else None
         if cut is not None:  # the reply meets a stop string: it ends there, without it
             target, finish = cut[0], "stop"
-        failure = self.engine.plan_failure(target)
+        return target, finish, cut
+
+    def _end_siblings(self, seqs: list[Sequence]) -> None:
+        # The response is over (a failure of one choice ends it): the other choices stop.
+        if len(seqs) > 1:
+            for seq in seqs:
+                self.engine.abort(seq)
+
+    async def _generate(self, req: Request, resp: Responder, body: ChatRequest | CompletionRequest,
+                        prompt: bytes, max_tokens: int | None, *, chat: bool, ids: list[int] | None = None) -> None:
+        cfg = self.cfg
+        if not self._model_ok(body.model, resp):
+            return
+        prompt_tokens = count_tokens(prompt) if ids is None else max(1, len(ids))
+        try:
+            self._validate(body, prompt_tokens, max_tokens)
+        except BadRequest as e:
+            resp.send_error(400, str(e), type="BadRequestError", param=e.param)
+            return
+        n = body.n or 1
+        logprobs = _logprobs_asked(body)
+        # Choice 0 draws from the request's own generator (n = 1 gives what it always
+        # gave); each further choice from its own, so the n replies differ.
+        rngs = [request_rng(cfg.seed, prompt)]
+        rngs += [request_rng(cfg.seed, prompt + b"\x00choice %d" % i) for i in range(1, n)]
+        plans = [self._plan(rng, body, prompt_tokens, max_tokens) for rng in rngs]
+        failure = self.engine.plan_failure(plans[0][0])
         if failure is not None and failure.at == 0:
             resp.send_error(failure.status, failure.message, type=failure.type)
             return
@@ -235,29 +254,149 @@ class SimAPI:
             ids = pseudo_token_ids(prompt)
         headers = (("x-request-id", xid),) if xid else ()
         engine = self.engine
-        if body.stream:
-            sink = StreamSink(resp, meta)
+        sink = (StreamSink(resp, meta, n, logprobs) if body.stream
+                else WholeSink(meta, asyncio.get_running_loop().create_future(), n, logprobs))
+        # n > 1: one sequence per choice, as vLLM fans the request out; they share the
+        # prompt's cached blocks. A planned failure hits the first.
+        seqs = []
+        for i, (target, finish, cut) in enumerate(plans):
             if cut is not None:
-                sink.stop_at(cut[1], cut[2])
-            seq = meta.seq = Sequence(prompt_tokens, hashes, target, finish, rng, sink, failure, ids)
-            resp.start(200, headers=headers)
+                sink.stop_at(cut[1], cut[2], i)
+            seqs.append(Sequence(prompt_tokens, hashes, target, finish, rngs[i], sink if n == 1 else Choice(sink, i),
+                                 failure if i == 0 else None, ids))
+        meta.seq = seqs[0]
+        if n == 1:
+            seq = seqs[0]
             resp.add_disconnect_callback(lambda: engine.abort(seq))
-            engine.submit(seq)
+        else:
+            resp.add_disconnect_callback(lambda: [engine.abort(s) for s in seqs])
+        if body.stream:
+            resp.start(200, headers=headers)
+            for seq in seqs:
+                engine.submit(seq)
             await sink.run(self._keep_alive)
+            self._end_siblings(seqs)
             resp.end()
             return
-        done = asyncio.get_running_loop().create_future()
-        whole = WholeSink(meta, done)
-        if cut is not None:
-            whole.stop_at(cut[1], cut[2])
-        seq = meta.seq = Sequence(prompt_tokens, hashes, target, finish, rng, whole, failure, ids)
-        resp.add_disconnect_callback(lambda: engine.abort(seq))
-        engine.submit(seq)
-        await done
+        for seq in seqs:
+            engine.submit(seq)
+        await sink.done
+        self._end_siblings(seqs)
         if resp.disconnected:
             return
-        if whole.error is not None:
-            status, type, message = whole.error
+        if sink.error is not None:
+            status, type, message = sink.error
             resp.send_error(status, message, type=type, headers=headers)
             return
-        resp.send(200, orjson.dumps(whole.body(SYSTEM_FINGERPRINT)), headers=headers)
+        resp.send(200, orjson.dumps(sink.body(SYSTEM_FINGERPRINT)), headers=headers)
+
+
+def _param_of(e: Exception) -> str | None:
+    """The field a refused body is refused for: BadRequest's, or the first member of
+    msgspec's path (``... - at `$.temperature` ``)."""
+    if isinstance(e, BadRequest):
+        return e.param
+    msg = str(e)
+    at = msg.rfind("- at `$.")
+    if at < 0:
+        return None
+    return msg[at + 8:].rstrip("`").split(".")[0].split("[")[0] or None
+
+
+#: vLLM's VLLM_MAX_N_SEQUENCES default: the largest ``n``.
+MAX_N = 16384
+
+
+def _check_sampling(body: ChatRequest | CompletionRequest) -> None:
+    """vLLM's checks of the sampling fields (SamplingParams and the request models), with
+    its messages; raises BadRequest. Types were checked when the body was decoded."""
+    n = 1 if body.n is None else body.n
+    if n < 1:
+        raise BadRequest(f"n must be at least 1, got {n}.")
+    if n > MAX_N:
+        raise BadRequest(f"n must be at most {MAX_N}, got {n}. To increase this limit, set the "
+                         "VLLM_MAX_N_SEQUENCES environment variable.")
+    for name in ("presence_penalty", "frequency_penalty"):
+        v = getattr(body, name)
+        if v is not None and not -2.0 <= v <= 2.0:
+            raise BadRequest(f"{name} must be in [-2, 2], got {v}.")
+    t = body.temperature
+    if t is not None:
+        if not math.isfinite(t):
+            raise BadRequest(f"temperature must be a finite number, got {t}.", "temperature", t)
+        if t < 0:
+            raise BadRequest(f"temperature must be non-negative, got {t}.", "temperature", t)
+        if t > 2.0:
+            raise BadRequest(f"temperature must be in [0, 2], got {t}.", "temperature", t)
+    p = body.top_p
+    if p is not None and not 0.0 < p <= 1.0:
+        raise BadRequest(f"top_p must be in (0, 1], got {p}.", "top_p", p)
+    stop = body.stop
+    if stop is not None and (stop == "" or (not isinstance(stop, str) and "" in stop)):
+        raise BadRequest("stop cannot contain an empty string.")
+    if t is not None and t < 1e-5 and n > 1:  # vLLM: zero temperature is greedy sampling
+        raise BadRequest(f"n must be 1 when using greedy sampling, got {n}.")
+    k = _logprobs_asked(body)
+    if k is not None and k > MAX_LOGPROBS:
+        raise BadRequest(f"Requested sample logprobs of {k}, which is greater than max allowed: {MAX_LOGPROBS}",
+                         "logprobs", k)
+    rf = body.response_format
+    if rf is not None:
+        kind = rf.get("type")
+        if kind == "json_schema" and rf.get("json_schema") is None:
+            raise BadRequest("When response_format type is 'json_schema', the 'json_schema' field must be "
+                             "provided.", "response_format")
+        if kind != "text":
+            # vLLM constrains the output (structured outputs); the sim's text is not.
+            raise BadRequest(f"response_format type {kind!r} is not supported by the sim engine: it does not "
+                             "implement structured outputs.", "response_format")
+    if isinstance(body, ChatRequest):
+        _check_tools(body)
+
+
+def _logprobs_asked(body: ChatRequest | CompletionRequest) -> int | None:
+    """How many top logprobs each token carries: None when logprobs are not asked for;
+    raises BadRequest for vLLM's refusals."""
+    vocab = 1 << VOCAB_BITS  # -1 asks for the whole vocabulary
+    if isinstance(body, ChatRequest):
+        k = body.top_logprobs
+        if k is not None:
+            if k < 0 and k != -1:
+                raise BadRequest("`top_logprobs` must be a positive value or -1.", "top_logprobs", k)
+            if (k == -1 or k > 0) and not body.logprobs:
+                raise BadRequest("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
+        if not body.logprobs:
+            return None
+        k = k or 0
+        return vocab if k == -1 else k
+    k = body.logprobs
+    if k is None:
+        return None
+    if k < 0 and k != -1:
+        raise BadRequest(f"logprobs must be non-negative or -1, got {k}.", "logprobs", k)
+    return vocab if k == -1 else k
+
+
+def _check_tools(body: ChatRequest) -> None:
+    """vLLM's checks of ``tools`` and ``tool_choice``; then what vLLM serves only with a
+    tool parser or structured outputs, which the sim has neither of, is refused."""
+    tools, choice = body.tools, body.tool_choice
+    if tools is not None and not tools:
+        raise BadRequest("`tools` must not be an empty array. Either provide at least one tool or omit the "
+                         "field entirely.", "tools")
+    if choice is msgspec.UNSET:
+        choice = "auto" if tools else None
+    if choice is None or choice == "none":
+        return
+    if tools is None:
+        raise BadRequest("When using `tool_choice`, `tools` must be set.", "tool_choice")
+    if choice == "auto":
+        # vLLM's own refusal without --enable-auto-tool-choice, which the sim never has.
+        raise BadRequest('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+                         "tool_choice")
+    if choice != "required" and not isinstance(choice, dict):
+        raise BadRequest(f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or '
+                         '"required" are supported.', "tool_choice")
+    what = '"required"' if choice == "required" else "a named function"
+    raise BadRequest(f"tool_choice {what} is not supported by the sim engine: it does not generate tool "
+                     "calls.", "tool_choice")

@@ -14,7 +14,7 @@ import orjson
 
 from velocity_fast.server.connection import Responder
 
-from .tokens import VOCAB_BYTES, render_text
+from .tokens import VOCAB_BYTES, render_text, token_logprobs
 
 DONE = b"data: [DONE]\n\n"
 KEEP_ALIVE = b": keep-alive\n\n"
@@ -71,45 +71,96 @@ def error_event(status: int, type: str, message: str) -> bytes:
                                                "code": status}}) + b"\n\n" + DONE
 
 
+class Choice:
+    """The sink of one of a request's ``n`` sequences: its tokens go to the request's
+    sink under the choice's index."""
+
+    __slots__ = ("sink", "index")
+
+    def __init__(self, sink: "StreamSink | WholeSink", index: int) -> None:
+        self.sink = sink
+        self.index = index
+
+    def token(self, tok: int, finish_reason: str | None) -> bool:
+        return self.sink.token(tok, finish_reason, self.index)
+
+    def fail(self, status: int, type: str, message: str) -> bool:
+        return self.sink.fail(status, type, message)
+
+    def flush(self) -> None:
+        self.sink.flush()
+
+    def aborted(self) -> None:
+        self.sink.aborted()
+
+
+def chat_logprobs(tok: int, k: int) -> dict:
+    """One token's entry of a chat choice's ``logprobs.content`` (vLLM's shape)."""
+    pairs = token_logprobs(tok, k)
+    text, lp = pairs[0]
+    return {"token": text, "logprob": lp, "bytes": list(text.encode()),
+            "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in pairs[:k]]}
+
+
+def completion_logprobs(tokens: list[int], k: int, offset: int = 0) -> dict:
+    """A completions choice's ``logprobs`` for these tokens (vLLM's shape); ``offset``:
+    where the first one starts in the choice's text."""
+    out = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+    for tok in tokens:
+        pairs = token_logprobs(tok, k)
+        text, lp = pairs[0]
+        out["text_offset"].append(offset)
+        out["token_logprobs"].append(lp)
+        out["tokens"].append(text)
+        out["top_logprobs"].append(dict(pairs))
+        offset += len(text)
+    return out
+
+
 class StreamSink:
     """Turns tokens into SSE chunks and writes them to the client."""
 
-    __slots__ = ("resp", "meta", "head", "tail", "tail_open", "generated", "pending", "closing",
-                 "backlog", "closed", "waiter", "activity", "keep", "stop_reason")
+    __slots__ = ("resp", "meta", "heads", "tail", "tail_opens", "generated", "pending", "closing",
+                 "backlog", "closed", "waiter", "activity", "keep", "remaining", "logprobs", "offsets")
 
-    def __init__(self, resp: Responder, meta: RequestMeta) -> None:
+    def __init__(self, resp: Responder, meta: RequestMeta, n: int = 1, logprobs: int | None = None) -> None:
         self.resp = resp
         self.meta = meta
         model = orjson.dumps(meta.model)
         rid = orjson.dumps(meta.id)
         if meta.chat:
-            self.head = (b'data: {"id":' + rid + b',"object":"chat.completion.chunk","created":%d,"model":'
-                         % meta.created + model + b',"choices":[{"index":0,"delta":{"content":"')
+            head = (b'data: {"id":' + rid + b',"object":"chat.completion.chunk","created":%d,"model":'
+                    % meta.created + model + b',"choices":[{"index":%d,"delta":{"content":"')
             self.tail = b'"},"logprobs":null,"finish_reason":null}]'
-            self.tail_open = b'"},"logprobs":null,"finish_reason":"%s","stop_reason":null}]'
+            tail_open = b'"},"logprobs":null,"finish_reason":"%s","stop_reason":null}]'
         else:
-            self.head = (b'data: {"id":' + rid + b',"object":"text_completion","created":%d,"model":'
-                         % meta.created + model + b',"choices":[{"index":0,"text":"')
+            head = (b'data: {"id":' + rid + b',"object":"text_completion","created":%d,"model":'
+                    % meta.created + model + b',"choices":[{"index":%d,"text":"')
             self.tail = b'","logprobs":null,"finish_reason":null,"stop_reason":null}]'
-            self.tail_open = b'","logprobs":null,"finish_reason":"%s","stop_reason":null}]'
+            tail_open = b'","logprobs":null,"finish_reason":"%s","stop_reason":null}]'
+        # One head per choice index (n > 1: vLLM streams each choice's chunks by index).
+        self.heads = [head % i for i in range(n)]
+        self.tail_opens = [tail_open] * n
         if not meta.continuous_usage:
             self.tail += b"}\n\n"
-        self.generated = 0
+        self.generated = 0               # all choices together: what usage counts
+        self.remaining = n               # choices not finished yet
+        self.logprobs = logprobs         # None, or the top logprobs asked for per token
+        self.offsets = [0] * n           # completions: text offset of each choice's next token
         self.pending: list[bytes] = []   # chunks of this step loop turn, written by flush()
         self.closing = False
         self.backlog: list[bytes] | None = None
         self.closed = False
         self.waiter: asyncio.Future | None = None
         self.activity = 0
-        self.keep = -1               # stop_at: characters of text still to send; -1: all
-        self.stop_reason = b"null"
+        self.keep = [-1] * n             # stop_at: characters of text still to send; -1: all
 
-    def stop_at(self, keep: int, stop: str) -> None:
+    def stop_at(self, keep: int, stop: str, index: int = 0) -> None:
         """The reply ends at a stop string: send its first ``keep`` characters only, as vLLM
         leaves the stop string out, and name it as ``stop_reason``."""
-        self.keep = keep
-        self.stop_reason = orjson.dumps(stop)
-        self.tail_open = self.tail_open.replace(b'"stop_reason":null', b'"stop_reason":' + self.stop_reason)
+        self.keep[index] = keep
+        self.tail_opens[index] = self.tail_opens[index].replace(b'"stop_reason":null',
+                                                                b'"stop_reason":' + orjson.dumps(stop))
 
     def _envelope(self, choices: bytes) -> bytes:
         m = self.meta
@@ -118,19 +169,32 @@ class StreamSink:
                 % m.created + orjson.dumps(m.model) + b',"choices":' + choices)
 
     def opening(self) -> bytes:
-        """The chunk before the first token: the assistant role (chat only)."""
+        """The chunks before the first token: the assistant role of each choice (chat only)."""
         if not self.meta.chat:
             return b""
-        out = self._envelope(b'[{"index":0,"delta":{"role":"assistant","content":""},'
-                             b'"logprobs":null,"finish_reason":null}]')
-        if self.meta.continuous_usage:
-            out += b',"usage":' + _usage_bytes(self.meta.prompt_tokens, 0)
-        return out + b"}\n\n"
+        out = []
+        for i in range(len(self.heads)):
+            out.append(self._envelope(b'[{"index":%d,"delta":{"role":"assistant","content":""},'
+                                      b'"logprobs":null,"finish_reason":null}]' % i))
+            if self.meta.continuous_usage:
+                out.append(b',"usage":' + _usage_bytes(self.meta.prompt_tokens, 0))
+            out.append(b"}\n\n")
+        return b"".join(out)
+
+    def _logprobs_json(self, index: int, tok: int) -> bytes:
+        k = self.logprobs
+        if self.meta.chat:
+            return orjson.dumps({"content": [chat_logprobs(tok, k)]})
+        off = self.offsets[index]
+        self.offsets[index] = off + len(VOCAB_BYTES[tok])
+        return orjson.dumps(completion_logprobs([tok], k, off))
 
     # -- the engine's side -------------------------------------------------------
-    def token(self, tok: int, finish_reason: str | None) -> bool:
+    def token(self, tok: int, finish_reason: str | None, index: int = 0) -> bool:
         """Encode one token's chunk; True when the sink has just got output to flush
         (the engine then remembers it once)."""
+        if self.closing:  # a sibling choice failed the stream: nothing more goes out
+            return False
         self.generated += 1
         self.activity += 1
         meta = self.meta
@@ -140,22 +204,35 @@ class StreamSink:
             # vLLM sends the role chunk with the first output, not before the prefill.
             pending.append(self.opening())
         text = VOCAB_BYTES[tok]
-        if self.keep >= 0:  # a stop string ahead: its text and what follows are held back
-            text = text[:self.keep]
-            self.keep -= len(text)
+        keep = self.keep[index]
+        if keep >= 0:  # a stop string ahead: its text and what follows are held back
+            text = text[:keep]
+            self.keep[index] = keep - len(text)
             if not text and finish_reason is None:
                 return fresh and bool(pending)
+        tail = self.tail
+        if self.logprobs is not None:
+            lp = b'"logprobs":' + self._logprobs_json(index, tok)
+            tail = tail.replace(b'"logprobs":null', lp)
+        head = self.heads[index]
         if finish_reason is None:
             if meta.continuous_usage:
-                pending.append(self.head + text + self.tail + b',"usage":'
+                pending.append(head + text + tail + b',"usage":'
                                + _usage_bytes(meta.prompt_tokens, self.generated) + b"}\n\n")
             else:
-                pending.append(self.head + text + self.tail)
+                pending.append(head + text + tail)
             return fresh
-        parts = [self.head, text, self.tail_open % finish_reason.encode()]
+        tail_open = self.tail_opens[index]
+        if self.logprobs is not None:
+            tail_open = tail_open.replace(b'"logprobs":null', lp)
+        parts = [head, text, tail_open % finish_reason.encode()]
         if meta.continuous_usage:
             parts += [b',"usage":', _usage_bytes(meta.prompt_tokens, self.generated)]
         parts.append(b"}\n\n")
+        self.remaining -= 1
+        if self.remaining:  # other choices still run
+            pending.append(b"".join(parts))
+            return fresh
         if meta.include_usage:
             parts += [self._envelope(b'[],"usage":'),
                       _usage_bytes(meta.prompt_tokens, self.generated, meta.cached_tokens), b"}\n\n"]
@@ -166,6 +243,8 @@ class StreamSink:
 
     def fail(self, status: int, type: str, message: str) -> bool:
         """End the stream with vLLM's error event and [DONE]."""
+        if self.closing:
+            return False
         fresh = not self.pending
         self.pending.append(error_event(status, type, message))
         self.closing = True
@@ -242,28 +321,33 @@ class StreamSink:
 class WholeSink:
     """Collects a whole (non-streamed) response."""
 
-    __slots__ = ("meta", "tokens", "finish_reason", "error", "done", "keep", "stop_reason")
+    __slots__ = ("meta", "tokens", "finish_reasons", "error", "done", "keep", "stop_reasons", "remaining",
+                 "logprobs")
 
-    def __init__(self, meta: RequestMeta, done: asyncio.Future) -> None:
+    def __init__(self, meta: RequestMeta, done: asyncio.Future, n: int = 1, logprobs: int | None = None) -> None:
         self.meta = meta
-        self.tokens: list[int] = []
-        self.finish_reason: str | None = None
+        self.tokens: list[list[int]] = [[] for _ in range(n)]
+        self.finish_reasons: list[str | None] = [None] * n
+        self.remaining = n
+        self.logprobs = logprobs
         self.error: tuple[int, str, str] | None = None
         self.done = done
-        self.keep = -1
-        self.stop_reason: str | None = None
+        self.keep = [-1] * n
+        self.stop_reasons: list[str | None] = [None] * n
 
-    def stop_at(self, keep: int, stop: str) -> None:
+    def stop_at(self, keep: int, stop: str, index: int = 0) -> None:
         """The reply ends at a stop string: its text is cut before it (StreamSink.stop_at)."""
-        self.keep = keep
-        self.stop_reason = stop
+        self.keep[index] = keep
+        self.stop_reasons[index] = stop
 
-    def token(self, tok: int, finish_reason: str | None) -> bool:
-        """Collect a token; the last one completes the response."""
-        self.tokens.append(tok)
+    def token(self, tok: int, finish_reason: str | None, index: int = 0) -> bool:
+        """Collect a token; the last one of the last choice completes the response."""
+        self.tokens[index].append(tok)
         if finish_reason is not None:
-            self.finish_reason = finish_reason
-            self._set()
+            self.finish_reasons[index] = finish_reason
+            self.remaining -= 1
+            if not self.remaining:
+                self._set()
         return False
 
     def fail(self, status: int, type: str, message: str) -> bool:
@@ -286,16 +370,21 @@ class WholeSink:
     def body(self, system_fingerprint: str) -> dict:
         """The response object in vLLM's shape."""
         m = self.meta
-        text = render_text(self.tokens)
-        if self.keep >= 0:
-            text = text[:self.keep]
-        if m.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
-                      "logprobs": None, "finish_reason": self.finish_reason, "stop_reason": self.stop_reason}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish_reason,
-                      "stop_reason": self.stop_reason}
-            obj = "text_completion"
-        return {"id": m.id, "object": obj, "created": m.created, "model": m.model, "choices": [choice],
-                "system_fingerprint": system_fingerprint, "usage": m.usage(len(self.tokens))}
+        k = self.logprobs
+        choices = []
+        for i, tokens in enumerate(self.tokens):
+            text = render_text(tokens)
+            if self.keep[i] >= 0:
+                text = text[:self.keep[i]]
+            if m.chat:
+                lp = None if k is None else {"content": [chat_logprobs(t, k) for t in tokens]}
+                choices.append({"index": i, "message": {"role": "assistant", "content": text, "tool_calls": []},
+                                "logprobs": lp, "finish_reason": self.finish_reasons[i],
+                                "stop_reason": self.stop_reasons[i]})
+            else:
+                lp = None if k is None else completion_logprobs(tokens, k)
+                choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": self.finish_reasons[i],
+                                "stop_reason": self.stop_reasons[i]})
+        obj = "chat.completion" if m.chat else "text_completion"
+        return {"id": m.id, "object": obj, "created": m.created, "model": m.model, "choices": choices,
+                "system_fingerprint": system_fingerprint, "usage": m.usage(sum(len(t) for t in self.tokens))}

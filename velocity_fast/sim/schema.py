@@ -5,6 +5,8 @@ field. ``priority`` is decoded because vLLM refuses it without priority scheduli
 """
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 
@@ -40,6 +42,14 @@ class _Common(msgspec.Struct):
     # stop strings end the reply as vLLM's do (tokens.stop_point).
     temperature: float | None = None
     stop: str | list[str] | None = None
+    # Checked as vLLM checks them (SimAPI._validate); n and logprobs are served.
+    top_p: float | None = None
+    n: int | None = 1
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: Annotated[int, msgspec.Meta(ge=-2**63, le=2**63 - 1)] | None = None
+    # Features the sim does not implement: a request that needs them is refused.
+    response_format: dict | None = None
 
 
 class ChatRequest(_Common):
@@ -47,6 +57,11 @@ class ChatRequest(_Common):
 
     messages: list[Message] = msgspec.field(default_factory=list)
     max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+    tools: list[dict] | None = None
+    # UNSET: absent (vLLM then defaults to "auto" when tools are given).
+    tool_choice: str | dict | None | msgspec.UnsetType = msgspec.UNSET
 
 
 class CompletionRequest(_Common):
@@ -54,6 +69,7 @@ class CompletionRequest(_Common):
 
     # str, a list of strings, or a list of token ids (vLLM accepts all three).
     prompt: str | list | None = None
+    logprobs: int | None = None
 
 
 class TokenizeRequest(msgspec.Struct):

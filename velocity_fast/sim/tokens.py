@@ -128,6 +128,21 @@ def stop_point(rng, target: int, stops: list[str]) -> tuple[int, int, str] | Non
     return None
 
 
+#: vLLM's default --max-logprobs: the most top logprobs a request may ask for.
+MAX_LOGPROBS = 20
+
+
+def token_logprobs(tok: int, k: int) -> list[tuple[str, float]]:
+    """The sampled token and its alternatives, best first: ``max(k, 1)`` (text, logprob)
+    pairs. The values are made up but consistent: the sampled token ranks first, each
+    alternative is a distinct vocabulary word, and the same token gives the same list."""
+    lp = round(-0.05 - (tok * 37 % 100) / 40, 3)
+    v = VOCAB
+    mask = (1 << VOCAB_BITS) - 1
+    # 131 is odd, so the k-1 alternatives differ from each other and from the token.
+    return [(v[tok], lp)] + [(v[(tok + 131 * j) & mask], round(lp - 0.75 * j, 3)) for j in range(1, k)]
+
+
 def render_text(token_ids: list[int]) -> str:
     """The text of a list of token ids."""
     v = VOCAB
