@@ -425,26 +425,35 @@ class Gateway:
 
     def tenant_stats(self) -> dict:
         """Per tenant: the tokens the engines served it (prompt, cached, completion, from
-        their usage), its quota left, its requests declined by reason, and per band its
-        fairness counter and queue depth. Every configured tenant is listed, and any other
-        that has a counter in a band (it was queued or charged there)."""
+        their usage) and that service as the fairness counter charges it, divided by the
+        weight (``service``); its quota left, its requests declined by reason, and per band
+        its fairness counter (of it: what answers in flight are charged, ``pending``, and
+        what lifts added, ``lifted``) and queue depth. Every configured tenant is listed,
+        and any other that has a counter in a band (it was queued or charged there)."""
         out: dict = {}
+        adm = self.admission
         for name, t in self.identity.tenants.items():
             left = t.tokens_left()
+            service = (t.served_prompt - t.served_cached + t.served_cached * adm.settings.fairness_cached_weight
+                       + t.served_completion * adm.settings.fairness_output_weight) / t.weight
             out[name] = {"weight": t.weight,
                          "tokens": {"prompt": t.served_prompt, "cached": t.served_cached,
                                     "completion": t.served_completion},
+                         "service": round(service, 3),
                          "requests_per_second": t.rate, "tokens_per_minute": t.tpm,
                          "quota_tokens_left": None if left is None else round(left, 1),
                          "rejections": dict(t.rejections), "bands": {}}
         names = self.admission.band_names
         for ps in self.admission.known_pools().values():
             for i, tenants in enumerate(ps.queues.tenant_snapshot()):
-                for name, (counter, queued) in tenants.items():
+                for name, (counter, queued, pending, lifted) in tenants.items():
                     entry = out.get(name)
                     if entry is None:
                         entry = out[name] = {"bands": {}}
-                    band = entry["bands"].setdefault(names[i], {"counter": 0.0, "queued": 0})
+                    band = entry["bands"].setdefault(names[i], {"counter": 0.0, "pending": 0.0, "lifted": 0.0,
+                                                                "queued": 0})
                     band["counter"] = round(max(band["counter"], counter), 3)
+                    band["pending"] = round(max(band["pending"], pending), 3)
+                    band["lifted"] = round(max(band["lifted"], lifted), 3)
                     band["queued"] += queued
         return out

@@ -132,7 +132,7 @@ RATIOS = {"velocity_prefix_index_hit_ratio": ("velocity_prefix_hit_blocks_total"
 STATS_MAX_KEYS = frozenset({
     "uptime_seconds", "inflight", "limit", "running", "waiting", "kv_usage", "metrics_age_s", "num_gpu_blocks",
     "saturation", "batch_capacity", "running_max", "others", "frozen", "overload_s", "ceiling", "oldest_wait_ms",
-    "wait_ms", "estimates", "counter", "quota_tokens_left", "weight", "requests_per_second", "tokens_per_minute",
+    "wait_ms", "estimates", "counter", "pending", "lifted", "quota_tokens_left", "weight", "requests_per_second", "tokens_per_minute",
     "healthy_endpoints", "endpoints_total", "kv_events",
 })
 
