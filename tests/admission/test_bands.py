@@ -124,24 +124,29 @@ def test_counter_is_weighted_service_plus_lifts_and_pending():
 
 
 def test_weighted_token_fairness_in_a_closed_loop():
-    """Two tenants of weights 1 and 3 whose requests differ about 10x in cost, on more slots
-    than the light tenant has clients (its queue empties between its answers, so it is
-    lifted often), each answer settled from what it served: their services divided by
-    their weights stay within 1.5x of each other. Before the fix every lift copied the
-    heavy tenant's estimates in flight into the light one's counter: 2.7x apart here."""
+    """Two tenants of weights 1 and 3 whose requests differ about 10x in cost, closed loop,
+    each answer settled from what it served. Heavy's clients come first and fill the slots
+    (charged 2,600 each, served 1,232); light's then arrive, 12 clients on 16 slots, so its
+    queue also empties between its answers. Over 1,500 answers their services divided by
+    their weights are within 1.5x (1.25x). Before the fix the lifts copied heavy's estimates
+    in flight into light's counter: 1.71x."""
     import heapq
     q = BandQueues([(0, 0, 0.0)], token_fair=True, weights={"light": 3.0})
-    cost = {"heavy": (4800, 400, 1232.0), "light": (280, 48, 166.0)}  # bytes, max_tokens, served
-    clients = {"heavy": 24, "light": 8}
-    slots, now, running = 10, 0.0, []
+    cost = {"heavy": (7200, 400, 1232.0), "light": (280, 48, 166.0)}  # bytes, max_tokens, served
+    slots, now, running = 16, 0.0, []
     service = {"heavy": 0.0, "light": 0.0}
-    for name, n in clients.items():
-        for i in range(n):
-            q.enqueue(name, name, 0, cost[name][0], cost[name][1], INF, now)
-    for _ in range(20000):
+
+    def dispatch():
         while len(running) < slots and (it := q.pop(0, now)) is not None:
-            # An engine's time per request grows with its cost; the light client is back 1 ms after.
-            heapq.heappush(running, (now + cost[it.tenant][2] / 1000.0, id(it), it))
+            # An engine's time per request grows with what it serves; a client is back at once.
+            heapq.heappush(running, (now + cost[it.tenant][2] / 1000.0, it.id, it))
+
+    for name, clients in (("heavy", 24), ("light", 12)):
+        for _ in range(clients):
+            q.enqueue(name, name, 0, cost[name][0], cost[name][1], INF, now)
+        dispatch()
+    for _ in range(1500):
+        dispatch()
         now, _, it = heapq.heappop(running)
         q.settle_tenant(0, it.tenant, it.charged, cost[it.tenant][2])
         service[it.tenant] += cost[it.tenant][2]
