@@ -250,10 +250,10 @@ async def _burst(port: int, n: int) -> list[int]:
 async def test_a_concurrent_burst_is_admitted_up_to_burst_with_a_store(engine, tmp_path, workers):
     """``requests_per_second: 4, burst: 4`` and 12 requests at once, three times, 2 s apart
     (the bucket full again): never more than the bucket grants, 4 and what refills while
-    the burst is on (4 a second: at most 5 for a burst that takes under 250 ms), with one
+    the burst is on (4 a second: 4 for a burst that takes under 250 ms), with one
     worker and with two (each takes a lease of its own). Before, a lease held while the
     bucket refilled was granted again and a replica drew on a stale view of the level:
-    6/6/6 with two workers, 5 and 6 with one. One worker, alone at the store, admits 4
+    5/4/4 here with two workers and 3/3/3 with one (6/6/6 and 6/5/5 where first seen). One worker, alone at the store, admits 4
     as it does without one; two admit at least one each time (a burst that lands on one
     worker gets its lease and the refills that come back while it lasts)."""
     cfg = tmp_path / "gw.yaml"
@@ -273,4 +273,5 @@ async def test_a_concurrent_burst_is_admitted_up_to_burst_with_a_store(engine, t
                 await asyncio.sleep(2.0)
             print(f"workers {workers}: admitted {[n for n, _ in got]} of 12 at once, limit 4")
             for n, took in got:
-                assert (4 if workers == 1 else 1) <= n <= 4 + (1 if took < 0.25 else int(4 * took) + 1), got
+                # A draw takes a whole request: what the bucket held (4) and refilled meanwhile.
+                assert (4 if workers == 1 else 1) <= n <= int(4 + 4 * took), got
