@@ -31,6 +31,8 @@ from velocity_fast.server.http_server import HTTPServer
 from velocity_fast.server.limits import ServerLimits
 from velocity_fast.upstream.pool import UpstreamPool
 
+POOL_SPARE = 2  # connections past max_concurrency an endpoint's pool keeps: a health check, a scrape
+
 __all__ = ["Gateway"]
 
 log = logging.getLogger("velocity.gateway")
@@ -120,7 +122,10 @@ class Gateway:
         if cfg.name in self.endpoints:
             raise ValueError(f"endpoint {cfg.name!r} exists")
         ep = Endpoint(cfg.name, cfg.url, cfg.model, api_key=cfg.api_key, limit=self.settings.max_concurrency)
-        ep.upstream = UpstreamPool(cfg.url, connect_timeout=self.settings.server.upstream_connect_timeout_s)
+        # Idle connections past what the endpoint can have in flight (its concurrency limit,
+        # a health check and a scrape) would never all be used: the pool keeps no more.
+        ep.upstream = UpstreamPool(cfg.url, max_idle=self.settings.max_concurrency + POOL_SPARE,
+                                   connect_timeout=self.settings.server.upstream_connect_timeout_s)
         self.endpoints[ep.name] = ep
         pool = self.pools.get(ep.model)
         if pool is None:
@@ -418,7 +423,8 @@ class Gateway:
 
     def stats(self) -> dict:
         return {"policy": self.settings.policy, "uptime_seconds": round(time.monotonic() - self.started_at, 3),
-                "endpoints": [e.snapshot() for e in self.endpoints.values()],
+                "endpoints": [dict(e.snapshot(), connections=e.upstream.stats() if e.upstream is not None else None)
+                              for e in self.endpoints.values()],
                 "pools": {m: [e.name for e in p.endpoints] for m, p in self.pools.items()},
                 "admission": self.admission.stats(), "routing": self.router.stats(), "kv_events": self.kv.stats(),
                 "tenants": self.tenant_stats()}

@@ -87,6 +87,7 @@ MERGE: dict[str, str] = {
     "velocity_endpoint_engine_running": "max",     # the engines' scrapes
     "velocity_endpoint_engine_waiting": "max",
     "velocity_endpoint_kv_usage": "max",
+    "velocity_upstream_connections": "sum",   # each worker's pool is its own
     "velocity_tenant_tokens_served_total": "sum",
     "velocity_tenant_rejections_total": "sum",
     "velocity_tenant_quota_tokens_left": "max",    # shared tenant bucket
