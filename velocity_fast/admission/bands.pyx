@@ -13,11 +13,12 @@ its output tokens. It is charged the estimate (body bytes / 4 plus ``max_tokens`
 it is dispatched, queued or not (``charge`` for a request granted at once), and the
 caller settles the difference (``settle``) once the engine said what it served.
 
-A lift compares what was served, not what is charged: each counter's part still charged
-to answers in flight (``pending``: estimates, often far above what the engine will
-serve) is left out on both sides. Lifted to another's estimates, a tenant would keep
-them for good while the other's settle back down, and lose that much at every lift (a
-tenant whose short answers empty its queue between requests is lifted often). What
+A lift compares what was served, not what is charged: the others' counters are taken
+without their part still charged to answers in flight (``pending``: estimates, often far
+above what the engine will serve). Lifted to another's estimates, a tenant would keep
+them for good while the other's settle back down, and lose that much at every lift. The
+returning tenant's own answers in flight count as served: its queue may empty while they
+wait in an engine's queue, and it is behind by at most them. What
 lifts added is kept (``lifted``): a counter is its tenant's weighted service plus that,
 plus what is pending.
 
@@ -571,7 +572,9 @@ cdef class BandQueues:
             if bq.mode != FAIR_RR:
                 # A returning tenant starts level with the least-served active one,
                 # so time spent idle is not banked as credit (VTC's lift). Served, not
-                # charged: estimates in flight on either side are not service.
+                # charged: the others' estimates in flight are not service. Its own
+                # count as served: a tenant whose queue emptied while its requests run
+                # (they may wait in an engine's queue) is behind by at most those.
                 c = bq.cursor
                 least = _served(c)
                 c = c.r_next
@@ -580,7 +583,7 @@ cdef class BandQueues:
                     if v < least:
                         least = v
                     c = c.r_next
-                v = _served(t)
+                v = _vtc(t)
                 if v < least:
                     self._lift(t, least - v)
             # Insert just behind the cursor: the newcomer waits one full turn.
