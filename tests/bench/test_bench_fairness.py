@@ -70,7 +70,7 @@ def test_fairness_bench_weights_are_kept_from_charge_to_lift(tmp_path):
     tenant's counter is within one request's cost of that weighted service (/stats shows
     both). Before the lift left out estimates in flight the light tenant was lifted once
     to the heavy one's estimates at the start and kept them: 37,940 above its service,
-    2.98x below its share over the run (1.21x after)."""
+    2.98x below its share over the run (1.21-1.23x after, counters 0 apart)."""
     out = tmp_path / "weights.json"
     proc = subprocess.run([sys.executable, "-m", "bench.fairness", "--scenario", "weights", "--variants", "vtc-actual",
                            "--duration", "6", "--warmup", "1.5", "--output", str(out)],
