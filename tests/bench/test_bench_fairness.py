@@ -19,9 +19,11 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(240)
 def test_fairness_bench_runs_every_variant(tmp_path):
     out = tmp_path / "fairness.json"
-    # Shorter than the smoke's 4 s a variant: this test asks only that every figure is there.
-    proc = subprocess.run([sys.executable, "-m", "bench.fairness", "--smoke", "--duration", "1.5", "--warmup", "0.5",
-                           "--output", str(out)],
+    # The smoke's 4 s a variant: over 1.5 s vtc-estimate serves the tenant whose estimates
+    # stand at 10x its service nothing at all (they are its counter's, and a lift no longer
+    # copies the others' estimates in flight to even them out), and every tenant served is
+    # part of what this test asks.
+    proc = subprocess.run([sys.executable, "-m", "bench.fairness", "--smoke", "--output", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=220)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "vtc-actual within its bound" in proc.stdout and "locality: hit rate" in proc.stdout
