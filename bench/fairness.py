@@ -49,6 +49,19 @@ settled to, so the service counted as answers end strays further (by what is in 
     python -m bench.fairness --scenario cache-bound [--duration 20]
     python -m bench.fairness --scenario cache-bound --smoke
 
+``--scenario weights``: two tenants of weights 1 and 3 whose requests differ about 10x
+in cost, each with 24 closed-loop clients, on two engines of 4 sequences behind the
+gateway's own defaults (dynamic, 32 a engine, an SLA nothing misses), so that the engines
+queue too and a tenant's queue at the gateway empties between its answers. ``heavy``
+(weight 1) sends prompts of about 1,200 tokens with max_tokens 400 that the sim ends near
+16; ``light`` (weight 3) sends prompts of about 70 tokens and gets 48. Reported per tenant:
+its service in the window and divided by its weight; from /stats at the end, its counter,
+the tokens the engines served it (divided by its weight) and what lifts added. Goal: the
+weighted services within 1.5x, in the window and over the run, and each counter within
+one request's cost of the weighted service.
+
+    python -m bench.fairness --scenario weights [--duration 20]
+
 Goals: vtc-actual within its bound where vtc-estimate is not; locality at
 least 1.5x vtc-actual's hit rate and more throughput, within its own bound.
 """
@@ -79,9 +92,14 @@ CACHE_BOUND_SYSTEM_WORDS = 920
 CACHE_BOUND_BLOCKS = 448
 # Each scenario's defaults, where they differ from the flags' own.
 SCENARIOS = {
-    "default": {"variants": ",".join(VARIANTS), "per_tenant": 12, "num_gpu_blocks": 400, "max_model_len": 3072},
+    "default": {"variants": ",".join(VARIANTS), "per_tenant": 12, "num_gpu_blocks": 400, "max_model_len": 3072,
+                "policy": "static", "max_concurrency": 0, "sla_ms": 3000.0},
+    # The gateway's own defaults (dynamic, 32 a engine), with an SLA no request misses:
+    # the engines' queues then hold work too, and a tenant's queue at the gateway empties.
+    "weights": {"variants": "rr,vtc-actual", "per_tenant": 24, "num_gpu_blocks": 1200, "max_model_len": 3072,
+                "policy": "dynamic", "max_concurrency": 32, "sla_ms": 600000.0},
     "cache-bound": {"variants": "rr,vtc-actual,locality", "per_tenant": 4, "num_gpu_blocks": CACHE_BOUND_BLOCKS,
-                    "max_model_len": 2048},
+                    "max_model_len": 2048, "policy": "static", "max_concurrency": 0, "sla_ms": 3000.0},
 }
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma "
          "tau upsilon phi chi psi omega").split()
@@ -127,6 +145,26 @@ class Traffic:
             extra = {"max_tokens": 160, "ignore_eos": True}
         return json.dumps({"model": MODEL, "messages": [{"role": "system", "content": self.system[tenant]},
                                                         {"role": "user", "content": question}], **extra}).encode()
+
+
+class WeightsTraffic:
+    """Two tenants of weights 1 and 3 whose requests differ about 10x in cost: ``heavy``
+    sends long prompts (about 1,200 tokens) with a large max_tokens (400) that the sim
+    ends near 16 (``--natural-stop``), so its estimate is far above what it is served;
+    ``light`` sends short prompts (about 70 tokens) and gets 48 tokens each."""
+
+    tenants = {"heavy": 1.0, "light": 3.0}
+
+    def __init__(self, seed: int) -> None:
+        rng = random.Random(seed)
+        self.system = {"heavy": _text(rng, 1150), "light": _text(rng, 50)}
+        self.rng = {t: random.Random(seed * 31 + i) for i, t in enumerate(self.tenants)}
+
+    def body(self, tenant: str) -> bytes:
+        q = _text(self.rng[tenant], 40 if tenant == "heavy" else 12)
+        extra = {"max_tokens": 400} if tenant == "heavy" else {"max_tokens": 48, "ignore_eos": True}
+        return json.dumps({"model": MODEL, "messages": [{"role": "system", "content": self.system[tenant]},
+                                                        {"role": "user", "content": q}], **extra}).encode()
 
 
 class CacheBoundTraffic:
@@ -189,7 +227,12 @@ async def run_variant(variant: str, args) -> dict:
     flags = ["--time-scale", str(args.time_scale), "--natural-stop", "--natural-output-mean", "16",
              "--enable-prompt-tokens-details", "--num-gpu-blocks", str(args.num_gpu_blocks),
              "--max-num-seqs", str(args.concurrency), "--max-model-len", str(args.max_model_len)]
-    traffic = CacheBoundTraffic(args.seed, args.tenants) if args.scenario == "cache-bound" else Traffic(args.seed)
+    if args.scenario == "cache-bound":
+        traffic = CacheBoundTraffic(args.seed, args.tenants)
+    elif args.scenario == "weights":
+        traffic = WeightsTraffic(args.seed)
+    else:
+        traffic = Traffic(args.seed)
     tenants = traffic.tenants
     if args.prefix_cache_blocks:
         flags += ["--prefix-cache-blocks", str(args.prefix_cache_blocks)]
@@ -200,8 +243,8 @@ async def run_variant(variant: str, args) -> dict:
         eps = [EndpointConfig(name=f"e{i}", url=f"http://127.0.0.1:{p}", model=MODEL)
                for i, p in enumerate(engines.ports)]
         settings = load_settings(None, {
-            "host": "127.0.0.1", "port": 0, "admin_port": 0, "endpoints": eps, "policy": "static",
-            "max_concurrency": args.concurrency, "routing": {"seed": args.seed},
+            "host": "127.0.0.1", "port": 0, "admin_port": 0, "endpoints": eps, "policy": args.policy,
+            "max_concurrency": args.max_concurrency or args.concurrency, "sla_ms": args.sla_ms, "routing": {"seed": args.seed},
             "tenants": [{"name": t, "weight": w} for t, w in tenants.items()],
             "admission": _variant_admission(variant, args.bound),
             "health": {"scrape_interval_ms": 50.0}}, env={})
@@ -229,6 +272,7 @@ async def run_variant(variant: str, args) -> dict:
                     status, obj, queued = await _post(reader, writer, port, tenant, body)
                     if status != 200:
                         failed += 1
+                        await asyncio.sleep(0.05)  # (a declined request is answered at once: no spin)
                         continue
                     u = obj["usage"]
                     done.append((time.monotonic(), tenant, _cost(u), u["prompt_tokens"] + u["completion_tokens"],
@@ -270,13 +314,21 @@ async def run_variant(variant: str, args) -> dict:
         largest = max((d[2] for d in done), default=0.0)
         # The largest estimate charged at dispatch (body bytes / 4 + 2 x max_tokens).
         charge = max((d[5] for d in done), default=0.0)
+        norm = [service[t] / w for t, w in tenants.items()]
+        # The gateway's books at the end (nothing in flight): per tenant its counter and
+        # the tokens the engines served it, as /stats shows them.
+        books = {t: _books(gw.tenant_stats().get(t) or {}, w) for t, w in tenants.items()}
+        whole = [b["weighted_served"] for b in books.values()]
         return {"variant": variant, "completed": len(window), "failed": failed,
+                "service": service, "books": books,
                 "share": {t: service[t] / total for t in tenants},
                 "weighted_share": {t: w / wsum for t, w in tenants.items()},
                 "max_gap": gap, "max_gap_dispatch": gap_dispatch, "vtc_bound": 2 * largest,
                 "counter_gap": counter_gap if variant != "rr" else None, "counter_bound": 2 * charge,
                 "locality_bound": args.bound if variant == "locality" else None,
-                "hit_rate": hits / queries if queries else 0.0,
+                "hit_rate": hits / queries if queries else 0.0, "largest_cost": largest,
+                "weighted_ratio": max(norm) / min(norm) if min(norm) > 0 else float("inf"),
+                "books_ratio": max(whole) / min(whole) if min(whole) > 0 else float("inf"),
                 "tokens_per_s": sum(d[3] for d in window) / args.duration,
                 "requests_per_s": len(window) / args.duration}
     finally:
@@ -284,6 +336,48 @@ async def run_variant(variant: str, args) -> dict:
             with contextlib.suppress(Exception):
                 await gw.stop(grace=1.0)
         await asyncio.to_thread(engines.stop)
+
+
+def _books(entry: dict, weight: float) -> dict:
+    """A tenant's /stats entry: its counter (the largest over bands) and the service the
+    engines' usage says it was served (prompt, cached at 0.1, 2 x completion), / weight."""
+    tok = entry.get("tokens") or {}
+    served = (tok.get("prompt", 0) - tok.get("cached", 0) + CACHED_W * tok.get("cached", 0)
+              + OUT_W * tok.get("completion", 0))
+    bands = list((entry.get("bands") or {}).values())
+    top = max(bands, key=lambda b: b["counter"], default={})
+    return {"counter": top.get("counter", 0.0), "lifted": top.get("lifted", 0.0), "served": served,
+            "weighted_served": served / weight}
+
+
+def report_weights(rows: list[dict]) -> None:
+    print(f"{'variant':13} {'tenant':7} {'weight':>6} {'service':>9} {'/ weight':>9} {'counter':>9} "
+          f"{'served/w':>9} {'counter-served/w':>17} {'lifted':>8}")
+    for r in rows:
+        for t, w in WeightsTraffic.tenants.items():
+            b = r["books"][t]
+            counter = "-" if r["variant"] == "rr" else f"{b['counter']:.0f}"
+            diff = "-" if r["variant"] == "rr" else f"{b['counter'] - b['weighted_served']:.0f}"
+            lifted = "-" if r["variant"] == "rr" else f"{b['lifted']:.0f}"
+            print(f"{r['variant']:13} {t:7} {w:>6.0f} {r['service'][t]:>9.0f} {r['service'][t] / w:>9.0f} "
+                  f"{counter:>9} {b['weighted_served']:>9.0f} {diff:>17} {lifted:>8}")
+        print(f"{r['variant']:13} weighted services {r['weighted_ratio']:.2f}x apart in the window, "
+              f"{r['books_ratio']:.2f}x over the whole run (largest / least)")
+    print("service: prompt + 0.1 x cached + 2 x completion tokens from usage, answers ended in the window;")
+    print("counter: the gateway's fairness counter at the end (/stats); served/w: the tokens /stats says the")
+    print("engines served the tenant over the whole run, as service / weight; the two should agree to within")
+    print("one request's cost; lifted: what VTC's lifts added to the counter (a tenant whose queue emptied).")
+    by = {r["variant"]: r for r in rows}
+    a = by.get("vtc-actual")
+    if a is not None:
+        print(f"goal (vtc-actual: weighted services within 1.5x in the window and over the run, counters within "
+              f"one request's cost ({a['largest_cost']:.0f}) of the service): {'met' if weights_goal(a) else 'NOT met'}")
+
+
+def weights_goal(r: dict) -> bool:
+    """The weights scenario's goal for one variant's row."""
+    agree = all(abs(b["counter"] - b["weighted_served"]) <= r["largest_cost"] for b in r["books"].values())
+    return r["weighted_ratio"] <= 1.5 and r["books_ratio"] <= 1.5 and agree
 
 
 def report(rows: list[dict]) -> None:
@@ -361,6 +455,8 @@ async def main_async(args) -> int:
         rows.append(await run_variant(v, args))
     if args.scenario == "cache-bound":
         report_cache_bound(rows)
+    elif args.scenario == "weights":
+        report_weights(rows)
     else:
         report(rows)
     if args.output:
@@ -372,7 +468,8 @@ async def main_async(args) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--scenario", choices=tuple(SCENARIOS), default="default",
-                   help="default: three tenants; cache-bound: many tenants whose prompts the KV caches cannot all hold")
+                   help="default: three tenants; cache-bound: many tenants whose prompts the KV caches cannot all hold; "
+                        "weights: two tenants of weights 1 and 3 whose requests differ 10x in size")
     p.add_argument("--variants", default=None, help="comma-separated (default: the scenario's)")
     p.add_argument("--tenants", type=int, default=CACHE_BOUND_TENANTS, help="cache-bound: how many tenants")
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per variant (after the warm-up)")
@@ -388,6 +485,10 @@ def main(argv=None) -> int:
     p.add_argument("--time-scale", type=float, default=10.0)
     p.add_argument("--bound", type=float, default=4000.0, help="fairness_locality_bound for locality")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--policy", default=None, help="the gateway's admission policy (default: static; weights: dynamic)")
+    p.add_argument("--sla-ms", type=float, default=None, help="the gateway's sla_ms (default 3000; weights: 600000)")
+    p.add_argument("--max-concurrency", type=int, default=None,
+                   help="the gateway's max_concurrency per engine (default: --concurrency; weights: 32)")
     p.add_argument("--output")
     p.add_argument("--smoke", action="store_true", help="short runs: every variant runs, figures rough")
     if "--smoke" in (sys.argv[1:] if argv is None else argv):

@@ -60,6 +60,8 @@ typedef struct {
     vf_cell req;                          /* requests_per_second, burst */
     vf_cell tok;                          /* tokens_per_minute */
     int64_t vtc[VF_MAX_BANDS];            /* per band, the fairness counter (a double's bits) */
+    int64_t pend[VF_MAX_BANDS];           /* per band, what of it is charged to answers not ended (bits) */
+    int64_t lift[VF_MAX_BANDS];           /* per band, what lifts added to it (bits) */
 } vf_tenant;
 
 typedef struct {
@@ -259,6 +261,14 @@ static inline double vf_dbl_raise(int64_t *p, double v) {
         if (VF_CAS(p, &cur, nbits))
             return v;
     }
+}
+
+static inline int64_t *vf_tenant_pend(vf_tenant *t, int band) {
+    return &t->pend[band < VF_MAX_BANDS ? band : VF_MAX_BANDS - 1];
+}
+
+static inline int64_t *vf_tenant_lift(vf_tenant *t, int band) {
+    return &t->lift[band < VF_MAX_BANDS ? band : VF_MAX_BANDS - 1];
 }
 
 static inline int64_t *vf_tenant_vtc(vf_tenant *t, int band) {

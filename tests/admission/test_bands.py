@@ -61,12 +61,98 @@ def test_returning_tenant_gets_no_banked_credit():
     for i in range(20):
         q.enqueue(i, "a", 0, 0, 100, INF, 0.0)
     for _ in range(10):
-        q.pop(0, 0.0)
+        it = q.pop(0, 0.0)
+        q.settle_tenant(0, "a", it.charged, it.charged)  # its answer ended, as estimated
     for i in range(10):
         q.enqueue(("b", i), "b", 0, 0, 100, INF, 0.0)
     served = [q.pop(0, 0.0).tenant for _ in range(10)]
     # b was idle while a was served: it is lifted to a's counter, so they alternate.
     assert 4 <= served.count("b") <= 6
+
+
+def test_lift_compares_service_not_estimates_in_flight():
+    """A tenant lifted while another's answers are in flight is lifted to what the other was
+    served, not to the estimates it is charged for them: those settle down when the answers
+    end (here 2,000 charged, 1,232 served), and a lift to them would stay in the lifted
+    tenant's counter for good, a loss at every lift. Before the fix light was lifted to
+    6,464 (heavy's counter with two estimates in it) and, once they settled, stood above
+    heavy (4,928) without having been served anything."""
+    q = BandQueues([(0, 0, 0.0)], token_fair=True, weights={"light": 3.0})
+    for i in range(10):  # 1,200 prompt tokens (4 bytes each), max_tokens 400: charged 2,000
+        q.enqueue(("heavy", i), "heavy", 0, 4800, 400, INF, 0.0)
+    running = [q.pop(0, 0.0) for _ in range(4)]
+    assert [it.charged for it in running] == [2000.0] * 4
+    for it in running[:2]:
+        q.settle_tenant(0, "heavy", it.charged, 1232.0)
+    heavy = q.tenant_queue(0, "heavy")
+    assert heavy.vtc == 2 * 1232 + 2 * 2000 and heavy.pending == 2 * 2000
+    q.enqueue(("light", 0), "light", 0, 280, 48, INF, 0.0)
+    light = q.tenant_queue(0, "light")
+    assert light.vtc == pytest.approx(2 * 1232) and light.lifted == pytest.approx(2 * 1232)
+    for it in running[2:]:
+        q.settle_tenant(0, "heavy", it.charged, 1232.0)
+    assert heavy.pending == 0 and heavy.vtc == 4 * 1232
+    # Light has been served nothing: it goes next, and goes on until it has its share.
+    order = [q.pop(0, 0.0).tenant for _ in range(4)]
+    assert order[0] == "light", order
+
+
+def test_counter_is_weighted_service_plus_lifts_and_pending():
+    """Charge, settle and lift keep a tenant's books: its counter is what it was served
+    divided by its weight, plus what lifts added, plus the estimates of answers in flight.
+    A request popped and never served (its client left, or it was declined at dispatch) is
+    refunded."""
+    q = BandQueues([(0, 0, 0.0)], token_fair=True, weights={"light": 3.0})
+    served = {"heavy": 0.0, "light": 0.0}
+    for i in range(30):
+        q.enqueue(("heavy", i), "heavy", 0, 4800, 400, INF, 0.0)
+        q.enqueue(("light", i), "light", 0, 280, 48, INF, 0.0)
+    for k in range(40):
+        it = q.pop(0, 0.0)
+        actual = 1232.0 if it.tenant == "heavy" else 166.0
+        if k % 7 == 3:
+            q.settle_tenant(0, it.tenant, it.charged, 0.0)  # never served
+        elif k % 7 == 5:
+            continue  # still in flight
+        else:
+            q.settle_tenant(0, it.tenant, it.charged, actual)
+            served[it.tenant] += actual
+    for name, w in (("heavy", 1.0), ("light", 3.0)):
+        t = q.tenant_queue(0, name)
+        assert t.vtc == pytest.approx(served[name] / w + t.lifted + t.pending), name
+    assert q.tenant_queue(0, "light").lifted == 0 and q.tenant_queue(0, "heavy").lifted == 0
+
+
+def test_weighted_token_fairness_in_a_closed_loop():
+    """Two tenants of weights 1 and 3 whose requests differ about 10x in cost, closed loop,
+    each answer settled from what it served. Heavy's clients come first and fill the slots
+    (charged 2,600 each, served 1,232); light's then arrive, 12 clients on 16 slots, so its
+    queue also empties between its answers. Over 1,500 answers their services divided by
+    their weights are within 1.5x (1.25x). Before the fix the lifts copied heavy's estimates
+    in flight into light's counter: 1.71x."""
+    import heapq
+    q = BandQueues([(0, 0, 0.0)], token_fair=True, weights={"light": 3.0})
+    cost = {"heavy": (7200, 400, 1232.0), "light": (280, 48, 166.0)}  # bytes, max_tokens, served
+    slots, now, running = 16, 0.0, []
+    service = {"heavy": 0.0, "light": 0.0}
+
+    def dispatch():
+        while len(running) < slots and (it := q.pop(0, now)) is not None:
+            # An engine's time per request grows with what it serves; a client is back at once.
+            heapq.heappush(running, (now + cost[it.tenant][2] / 1000.0, it.id, it))
+
+    for name, clients in (("heavy", 24), ("light", 12)):
+        for _ in range(clients):
+            q.enqueue(name, name, 0, cost[name][0], cost[name][1], INF, now)
+        dispatch()
+    for _ in range(1500):
+        dispatch()
+        now, _, it = heapq.heappop(running)
+        q.settle_tenant(0, it.tenant, it.charged, cost[it.tenant][2])
+        service[it.tenant] += cost[it.tenant][2]
+        q.enqueue(it.tenant, it.tenant, 0, cost[it.tenant][0], cost[it.tenant][1], INF, now)
+    weighted = [service["heavy"] / 1.0, service["light"] / 3.0]
+    assert max(weighted) / min(weighted) <= 1.5, (service, weighted)
 
 
 def test_cancel_removes_at_once_and_twice_is_none():

@@ -248,6 +248,31 @@ def test_a_tenants_fairness_counter_is_one_across_workers(state):
     assert snap["a"][0] == pytest.approx(snap["b"][0], rel=0.15)
 
 
+def test_a_lift_in_one_worker_leaves_out_another_workers_answers_in_flight(state):
+    # Worker 0 dispatched two of heavy's requests (charged 2,000 each, the estimate) and
+    # one ended (served 1,232). Worker 1 then sees light arrive: it is lifted to what heavy
+    # was served, read from the shared counter less its shared pending part, not to the
+    # estimate still in flight in worker 0 (3,232). The lift shows in both workers.
+    from velocity_fast.admission.bands import BandQueues
+    inf = float("inf")
+    attach(state, 0)
+    q0 = BandQueues([(0, 0, 0.0)], token_fair=True, weights={"light": 3.0})
+    for i in range(4):
+        q0.enqueue(i, "heavy", 0, 4800, 400, inf, 0.0)
+    first, _ = q0.pop(0, 0.0), q0.pop(0, 0.0)
+    q0.settle_tenant(0, "heavy", first.charged, 1232.0)
+    attach(state, 1)
+    q1 = BandQueues([(0, 0, 0.0)], token_fair=True, weights={"light": 3.0})
+    q1.enqueue(("heavy", 0), "heavy", 0, 4800, 400, inf, 0.0)
+    q1.enqueue(("light", 0), "light", 0, 280, 48, inf, 0.0)
+    counter, queued, pending, lifted = q1.tenant_snapshot()[0]["light"]
+    assert counter == pytest.approx(1232.0) and lifted == pytest.approx(1232.0) and pending == 0
+    heavy = q1.tenant_snapshot()[0]["heavy"]
+    assert heavy[0] == pytest.approx(3232.0) and heavy[2] == pytest.approx(2000.0)
+    q0.enqueue(("light", 1), "light", 0, 280, 48, inf, 0.0)  # (worker 0's queue of light, made now)
+    assert q0.tenant_snapshot()[0]["light"][3] == pytest.approx(1232.0)
+
+
 async def test_a_slot_freed_in_one_worker_goes_to_the_oldest_request_of_any(state):
     # Without this a worker whose own answers free the slots refills them from its own
     # queue at once, and another worker's older requests wait for a moment when a slot is

@@ -57,6 +57,9 @@ cdef class TenantQueue:
     cdef readonly object name
     cdef readonly Py_ssize_t count
     cdef readonly double vtc
+    # Of vtc: what is charged to answers not ended yet (estimates), and what lifts added
+    cdef readonly double pending
+    cdef readonly double lifted
     cdef readonly double weight   # its share in fairness (the tenant's configured weight)
     cdef double inv_weight        # 1 / weight: what a served token adds to vtc
     cdef double quantum           # turns a visit adds: weight / the smallest weight (at most 1)
@@ -67,8 +70,11 @@ cdef class TenantQueue:
     cdef bint active
     cdef TenantQueue r_prev
     cdef TenantQueue r_next
-    # Workers: the counter as every worker charges it (fleet/shared.pyx; NULL: one process)
+    # Workers: the counter, its pending part and its lifts as every worker charges them
+    # (fleet/shared.pyx; NULL: one process)
     cdef int64_t *shm_vtc
+    cdef int64_t *shm_pend
+    cdef int64_t *shm_lift
 
 
 cdef class BandQueue:
@@ -119,10 +125,11 @@ cdef class BandQueues:
     cdef Item _pop_aged(self, int band, double now)
     cdef Item _pop_fair(self, BandQueue bq)
     cdef void _activate(self, BandQueue bq, TenantQueue t)
+    cdef void _lift(self, TenantQueue t, double by) noexcept
     cdef void _deactivate(self, BandQueue bq, TenantQueue t)
     cdef void remove(self, Item it) except *
     cdef double estimate(self, long long nbytes, double tokens) noexcept
     cdef bint counted(self, int band) noexcept
     cdef TenantQueue _pick_local(self, BandQueue bq, TenantQueue low)
     cdef TenantQueue charge(self, int band, object tenant, double cost)
-    cdef void settle(self, TenantQueue t, double delta) noexcept
+    cdef void settle(self, TenantQueue t, double charged, double actual) noexcept

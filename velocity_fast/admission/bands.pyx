@@ -14,6 +14,15 @@ for a request that named none is its pool's learned reply length) when it is dis
 queued or not (``charge`` for a request granted at once), and the caller settles the
 difference (``settle``) once the engine said what it served.
 
+A lift compares what was served, not what is charged: the others' counters are taken
+without their part still charged to answers in flight (``pending``: estimates, often far
+above what the engine will serve). Lifted to another's estimates, a tenant would keep
+them for good while the other's settle back down, and lose that much at every lift. The
+returning tenant's own answers in flight count as served: its queue may empty while they
+wait in an engine's queue, and it is behind by at most them. What
+lifts added is kept (``lifted``): a counter is its tenant's weighted service plus that,
+plus what is pending.
+
 A tenant's weight is its share: by turns, a visit of the rotation lasts ``weight``
 requests (deficit round-robin: a fraction carries over to the next visit; weights are
 scaled so that the smallest is 1, so that a visit never ends without a turn); by tokens,
@@ -33,7 +42,8 @@ Nothing here knows asyncio: an item carries an opaque waiter for the caller.
 cimport cython
 from libc.math cimport INFINITY, floor
 
-from velocity_fast.fleet.shared cimport tenant_counter, vf_dbl_add, vf_dbl_load, vf_dbl_raise
+from velocity_fast.fleet.shared cimport (tenant_slot, vf_dbl_add, vf_dbl_load, vf_dbl_raise, vf_tenant,
+                                        vf_tenant_lift, vf_tenant_pend, vf_tenant_vtc)
 
 REJECT_BAND_COUNT = VF_REJECT_BAND_COUNT
 REJECT_BAND_BYTES = VF_REJECT_BAND_BYTES
@@ -154,6 +164,31 @@ cdef inline void _vtc_add(TenantQueue t, double d) noexcept:
         t.vtc = vf_dbl_add(t.shm_vtc, d)
     else:
         t.vtc += d
+
+
+cdef inline void _pend_add(TenantQueue t, double d) noexcept:
+    """Add to what of a tenant's counter answers in flight hold (every worker's)."""
+    if t.shm_pend != NULL:
+        t.pending = vf_dbl_add(t.shm_pend, d)
+    else:
+        t.pending += d
+
+
+cdef inline double _served(TenantQueue t) noexcept:
+    """A tenant's counter without what answers in flight hold: what lifts compare."""
+    if t.shm_vtc != NULL:
+        t.vtc = vf_dbl_load(t.shm_vtc)
+        t.pending = vf_dbl_load(t.shm_pend)
+    return t.vtc - t.pending
+
+
+cdef inline void _share(TenantQueue t, object tenant, int band) except *:
+    """With workers, the tenant's counter and its parts in every worker's segment."""
+    cdef vf_tenant *s = tenant_slot("" if tenant is None else str(tenant))
+    if s != NULL:
+        t.shm_vtc = vf_tenant_vtc(s, band)
+        t.shm_pend = vf_tenant_pend(s, band)
+        t.shm_lift = vf_tenant_lift(s, band)
 
 
 cdef inline double _vtc(TenantQueue t) noexcept:
@@ -336,7 +371,7 @@ cdef class BandQueues:
                             self._quantum_scale)
             bq.tenants[tenant] = t
             if bq.mode != FAIR_RR:  # with workers, one counter for all of them
-                t.shm_vtc = tenant_counter(tenant, band)
+                _share(t, tenant, band)
         it.owner = t
         if self.edf:
             _heap_push(t.heap, it)
@@ -442,6 +477,7 @@ cdef class BandQueues:
             it.charged = self.estimate(it.nbytes, it.tokens)
             it.charged_to = t
             _vtc_add(t, it.charged * t.inv_weight)
+            _pend_add(t, it.charged * t.inv_weight)
         self.remove(it)
         return it
 
@@ -492,34 +528,43 @@ cdef class BandQueues:
             t = TenantQueue(tenant, self._weights.get(tenant, 1.0) if self._weights else 1.0,
                             self._quantum_scale)
             bq.tenants[tenant] = t
-            t.shm_vtc = tenant_counter(tenant, band)
+            _share(t, tenant, band)
         _vtc_add(t, cost * t.inv_weight)
+        _pend_add(t, cost * t.inv_weight)
         return t
 
-    cdef void settle(self, TenantQueue t, double delta) noexcept:
-        """The answer ended: ``delta`` (what it cost less what was charged) to the counter."""
-        _vtc_add(t, delta * t.inv_weight)
+    cdef void settle(self, TenantQueue t, double charged, double actual) noexcept:
+        """The answer charged ``charged`` ended: it cost ``actual`` (the engine's usage; 0
+        when it was never served; below 0: unknown, the estimate stands)."""
+        if actual >= 0.0:
+            _vtc_add(t, (actual - charged) * t.inv_weight)
+        _pend_add(t, -charged * t.inv_weight)
 
     def charge_tenant(self, int band, tenant, double cost):
         """``charge`` from Python (tests): the tenant's counter after it."""
         return self.charge(band, tenant, cost).vtc
 
-    def settle_tenant(self, int band, tenant, double delta):
-        """``settle`` from Python (tests)."""
-        self.settle((<BandQueue>self.bands[band]).tenants[tenant], delta)
+    def settle_tenant(self, int band, tenant, double charged, double actual):
+        """``settle`` from Python (tests): the tenant's counter after it."""
+        cdef TenantQueue t = (<BandQueue>self.bands[band]).tenants[tenant]
+        self.settle(t, charged, actual)
+        return _vtc(t)
 
     def tenant_snapshot(self):
-        """Per band, per tenant: (counter, queued) for /stats; a tenant whose queue in a
-        band was made (it was queued or charged there) is listed."""
+        """Per band, per tenant: (counter, queued, pending, lifted) for /stats; a tenant
+        whose queue in a band was made (it was queued or charged there) is listed."""
         cdef BandQueue bq
         cdef TenantQueue t
         out = []
         for bq in self.bands:
-            out.append({name: (_vtc(t), t.count) for name, t in bq.tenants.items()})
+            out.append({name: (_vtc(t), t.count, t.pending if t.shm_pend == NULL else vf_dbl_load(t.shm_pend),
+                               t.lifted if t.shm_lift == NULL else vf_dbl_load(t.shm_lift))
+                        for name, t in bq.tenants.items()})
         return out
 
     cdef void _activate(self, BandQueue bq, TenantQueue t):
-        cdef TenantQueue c, low
+        cdef TenantQueue c
+        cdef double least, v
         if bq.cursor is None:
             t.r_next = t
             t.r_prev = t
@@ -527,19 +572,21 @@ cdef class BandQueues:
         else:
             if bq.mode != FAIR_RR:
                 # A returning tenant starts level with the least-served active one,
-                # so time spent idle is not banked as credit (VTC's lift).
-                low = bq.cursor
-                _vtc(low)
-                c = low.r_next
+                # so time spent idle is not banked as credit (VTC's lift). Served, not
+                # charged: the others' estimates in flight are not service. Its own
+                # count as served: a tenant whose queue emptied while its requests run
+                # (they may wait in an engine's queue) is behind by at most those.
+                c = bq.cursor
+                least = _served(c)
+                c = c.r_next
                 while c is not bq.cursor:
-                    if _vtc(c) < low.vtc:
-                        low = c
+                    v = _served(c)
+                    if v < least:
+                        least = v
                     c = c.r_next
-                if _vtc(t) < low.vtc:
-                    if t.shm_vtc != NULL:
-                        t.vtc = vf_dbl_raise(t.shm_vtc, low.vtc)
-                    else:
-                        t.vtc = low.vtc
+                v = _vtc(t)
+                if v < least:
+                    self._lift(t, least - v)
             # Insert just behind the cursor: the newcomer waits one full turn.
             c = bq.cursor.r_prev
             t.r_prev = c
@@ -548,6 +595,18 @@ cdef class BandQueues:
             bq.cursor.r_prev = t
         t.active = True
         bq.active_tenants += 1
+
+    cdef void _lift(self, TenantQueue t, double by) noexcept:
+        cdef double was
+        if t.shm_vtc != NULL:
+            # Raised, not added: another worker may have lifted it meanwhile.
+            was = vf_dbl_load(t.shm_vtc)
+            t.vtc = vf_dbl_raise(t.shm_vtc, was + by)
+            if t.vtc > was:
+                t.lifted = vf_dbl_add(t.shm_lift, t.vtc - was)
+        else:
+            t.vtc += by
+            t.lifted += by
 
     cdef void _deactivate(self, BandQueue bq, TenantQueue t):
         if t.r_next is t:

@@ -1253,6 +1253,8 @@ cdef class Admission:
                 _unqueue(ps, item)
                 fut = item.waiter
                 if not _waiting(fut):
+                    if item.charged_to is not None:  # charged at the pop, never served
+                        q.settle(item.charged_to, item.charged, 0.0)
                     continue
                 # Learned since it was queued, or grown slower: one that cannot finish by
                 # its deadline from now is declined, not admitted to miss it.
@@ -1260,6 +1262,8 @@ cdef class Admission:
                 if service < 0.0:  # nothing was known when it was queued: what is known now
                     service = ps.est.expect_size(<double>item.nbytes, item.max_tokens)
                 if self._sla_reject and service > 0.0 and now + service > item.deadline:
+                    if item.charged_to is not None:
+                        q.settle(item.charged_to, item.charged, 0.0)
                     self._fail_waiter(item, 429, "sla", "can no longer meet its SLA",
                                       self._promise(ps, item.band, service,
                                                     item.grant_deadline - item.enqueued_at, now))
@@ -1345,8 +1349,8 @@ cdef class Admission:
         cdef Endpoint ep = lease.endpoint
         self._in_flight -= 1
         if lease._fair_t is not None:
-            if lease.fair_known and self.settle_usage:
-                ps.queues.settle(lease._fair_t, lease.fair_actual - lease.fair_charged)
+            ps.queues.settle(lease._fair_t, lease.fair_charged,
+                             lease.fair_actual if lease.fair_known and self.settle_usage else -1.0)
             lease._fair_t = None  # (the lease is recycled: no queue kept alive by it)
         if lease.expect_end > 0.0:
             ps.busy_n -= 1

@@ -12,12 +12,16 @@ cdef class SharedBucket:
     # Units granted to this replica, not yet drawn; settlements not yet sent (below 0: a credit)
     cdef public double lease
     cdef public double debt
-    # A refill queued or in flight; a draw made on the shared level since the last answer
+    # A refill queued or in flight
     cdef public bint asking
-    cdef public bint lent
     # time.monotonic() before which no refill is asked; the bucket's level at the last answer
     cdef public double not_before
     cdef public double shared_level
+    # At the last answer: the replicas holding leases (this one too), the most the bucket's
+    # level may refill to (its size less every lease held), and when it came (monotonic)
+    cdef public int replicas
+    cdef public double room
+    cdef public double answered
     # The store answers (else the local fallback: its level, its time, what it admitted)
     cdef public bint up
     cdef public double level

@@ -14,9 +14,11 @@ class SharedBucket:
     lease: float
     debt: float
     asking: bool
-    lent: bool
     not_before: float
     shared_level: float
+    replicas: int
+    room: float
+    answered: float
     up: bool
     level: float
     stamp: float

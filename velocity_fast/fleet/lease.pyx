@@ -31,9 +31,11 @@ cdef class SharedBucket:
         self.lease = 0.0
         self.debt = 0.0
         self.asking = False
-        self.lent = False
         self.not_before = 0.0
         self.shared_level = cap
+        self.replicas = 0
+        self.room = cap
+        self.answered = 0.0
         self.up = False
         self.level = 0.0
         self.stamp = 0.0
@@ -42,7 +44,7 @@ cdef class SharedBucket:
     cpdef double draw(self, double amount, double need) except -1:
         """Draw ``amount`` units if ``need`` are there: 0.0, else the seconds until they
         would be (a Retry-After). Never waits."""
-        cdef double lease, short
+        cdef double lease, short, now, level
         if not self.up:
             return self._draw_local(amount, need)
         if need > self.need:
@@ -55,19 +57,23 @@ cdef class SharedBucket:
             return 0.0
         if not self.asking:
             self.store.ask(self)
-        if not self.lent and self.shared_level + lease >= need:
-            # Short of lease, but the bucket held enough at its last answer (a tenant's
-            # first draw, an estimate larger than any before): drawn from it as a debt,
-            # settled with the next round trip, as a settlement would be. Once a round
-            # trip at most, so that replicas drawing on one stale view overshoot by no
-            # more than a draw each.
-            self.lent = True
-            short = amount - lease
-            self.shared_level -= short
-            self.debt += short
-            self.lease = 0.0
-            self.store.owe(self)
-            return 0.0
+        if self.replicas == 1:
+            # Short of lease, and no other replica holds one: the bucket's level is what
+            # its last answer said, less what was drawn on it since, plus its refill up to
+            # its room, exactly. Drawn from it as a debt, settled with the next round trip
+            # (a burst larger than the lease is served as a local bucket would serve it).
+            # With other replicas that view is stale (they take from the same level), and
+            # a draw on it could pass the bucket: they wait for the refill.
+            now = monotonic()
+            level = min(self.room, self.shared_level + (now - self.answered) * self.rate)
+            if level + lease >= need:
+                short = amount - lease
+                self.shared_level = level - short
+                self.answered = now
+                self.debt += short
+                self.lease = 0.0
+                self.store.owe(self)
+                return 0.0
         return (need - lease) / self.rate
 
     cdef void _grow(self, double need) noexcept:

@@ -38,6 +38,8 @@ cdef extern from "shared_state.h":
     double vf_dbl_add(int64_t *p, double d) nogil
     double vf_dbl_raise(int64_t *p, double v) nogil
     int64_t *vf_tenant_vtc(vf_tenant *t, int band) nogil
+    int64_t *vf_tenant_pend(vf_tenant *t, int band) nogil
+    int64_t *vf_tenant_lift(vf_tenant *t, int band) nogil
 
 
 cdef class SharedState:

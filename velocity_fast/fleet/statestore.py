@@ -6,6 +6,15 @@ own clock: every replica draws from the same bucket, so N replicas admit what on
 No request waits on Redis. Each replica holds a *lease*, a small share of the bucket
 (about 100 ms of its rate) taken atomically by the script; a request draws from the lease
 synchronously (identity.pyx's hooks call ``SharedBucket.draw`` of fleet/lease.pyx as C).
+The bucket knows the leases held: each replica says what it holds at each round trip
+(and every few seconds while it holds one), and the level refills only up to the
+bucket's size less them, so that a lease held while the bucket refills is not granted a
+second time: the total admitted is never more than the bucket grants. A replica that has
+not said for ``HOLD_S`` is gone, its lease with it (a replica drops a lease it could not
+confirm that long). A replica alone (no other holds a lease) serves a burst past its
+lease from the level its last answer gave, refilled since: its view is exact, since a
+replica that comes is granted nothing until each one there has called again (every
+half second while alone) and learnt that it is no longer alone.
 When the lease runs low a refill is queued for this module's one task, which sends the
 refills and the batched token settlements of all buckets in one pipeline; at most one is
 queued or in flight per bucket. A lease that is empty while its refill is on the way answers 429 with a
@@ -25,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from urllib.parse import urlsplit
 
 from velocity_fast.fleet.lease import LEASE_S, SharedBucket
@@ -36,31 +46,69 @@ log = logging.getLogger("velocity.statestore")
 _TIMEOUT_S = 0.25        # a store slower than this to answer is taken for down
 _BACKOFF_S = (0.05, 1.0)  # first and longest wait between attempts while it is down
 _KEY = "velocity:tenant:{}:{}"
+HOLD_S = 10.0      # a lease not confirmed for this long is given back (a replica gone)
+_KEEP_S = 3.0      # a replica confirms the leases it holds at least this often
+_LONE_S = 0.5      # and this often where it is alone (it draws on its view of the level)
 
-# KEYS[1]: the bucket (hash: level, stamp). ARGV: rate a second, capacity, units asked,
-# debt to settle (negative: a credit), outage consumption to charge. Refills from Redis'
-# TIME, settles the debt (the level may go below 0), charges the outage down to at most 0
-# (a level already below 0 stays), grants min(asked, level) when the level is positive.
-# Returns {granted, level}, as strings (Redis would cut Lua numbers to integers). The
-# key expires once it would be full again and a minute more: an absent bucket is full.
+# KEYS[1]: the bucket (hash: level, stamp, and per replica "o:ID" = "held seen joined":
+# the lease it held when it last said, when, and when it first did). ARGV: rate a second, capacity, units asked,
+# debt to settle (negative: a credit), outage consumption to charge, this replica's ID,
+# the lease it holds now, HOLD_S. Leases of replicas silent for HOLD_S are dropped. The
+# level refills from Redis' TIME up to its room (the capacity less every lease held),
+# (what a lease spent since the replica last said comes back at the rate from then on),
+# settles the debt (the level may go below 0), charges the outage down to at most 0 (a
+# level already below 0 stays), grants min(asked, level) when the level is positive and
+# every other replica has called since this one first did (one alone draws on its view).
+# Returns {granted, level, replicas holding leases (this one too), room after the grant}
+# as strings (Redis would cut Lua numbers to integers). The key expires once it would be
+# full again (HOLD_S at least) and a minute more: an absent bucket is full.
 LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local rate, cap = tonumber(ARGV[1]), tonumber(ARGV[2])
 local ask, debt, charge = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local v = redis.call('HMGET', KEYS[1], 'level', 'stamp')
-local level, stamp = tonumber(v[1]), tonumber(v[2])
+local me, held, hold = 'o:' .. ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
+local h = redis.call('HGETALL', KEYS[1])
+local level, stamp, out, n, was, joined, behind = nil, nil, 0, 1, 0, now, false
+for i = 1, #h, 2 do
+  local k = h[i]
+  if k == 'level' then level = tonumber(h[i + 1])
+  elseif k == 'stamp' then stamp = tonumber(h[i + 1])
+  elseif k == me then
+    local x, _, j = string.match(h[i + 1], '(%S+) (%S+) (%S+)')
+    was, joined = tonumber(x), tonumber(j)
+  end
+end
+for i = 1, #h, 2 do
+  local k = h[i]
+  if k ~= me and string.sub(k, 1, 2) == 'o:' then
+    local x, seen = string.match(h[i + 1], '(%S+) (%S+)')
+    if now - tonumber(seen) > hold then redis.call('HDEL', KEYS[1], k)
+    else
+      out = out + tonumber(x); n = n + 1
+      -- A replica that has not called since this one came may still think itself alone
+      -- and draw on its view of the level: nothing is granted here until it has.
+      if tonumber(seen) < joined then behind = true end
+    end
+  end
+end
 if level == nil or stamp == nil then level, stamp = cap, now end
-if now > stamp then level = math.min(cap, level + (now - stamp) * rate); stamp = now end
+-- The refill since the last call, up to the room the leases left then: what a lease spent
+-- since comes back at the rate from now on, not from a time it was still held.
+if now > stamp then level = math.min(cap - out - was, level + (now - stamp) * rate); stamp = now end
+local room = cap - out - held
+if level > room then level = room end
 level = level - debt
-if level > cap then level = cap end
+if level > room then level = room end
 if charge > 0 then level = math.max(level - charge, math.min(level, 0)) end
 local grant = 0
-if ask > 0 and level > 0 then grant = math.min(ask, level) end
+if ask > 0 and level > 0 and not behind then grant = math.min(ask, level) end
 level = level - grant
-redis.call('HSET', KEYS[1], 'level', tostring(level), 'stamp', tostring(stamp))
-redis.call('PEXPIRE', KEYS[1], math.ceil(((cap - level) / rate + 60) * 1000))
-return {tostring(grant), tostring(level)}
+held = held + grant
+redis.call('HSET', KEYS[1], 'level', tostring(level), 'stamp', tostring(stamp), me,
+           tostring(held) .. ' ' .. tostring(now) .. ' ' .. tostring(joined))
+redis.call('PEXPIRE', KEYS[1], math.ceil((math.max((cap - level) / rate, hold) + 60) * 1000))
+return {tostring(grant), tostring(level), tostring(n), tostring(room - grant)}
 """
 
 
@@ -100,6 +148,7 @@ class StateStore:
 
         self._noscript = NoScriptError
         self._sha: str | None = None
+        self.replica = uuid.uuid4().hex[:16]  # this replica's name for its leases in the store
         self.buckets: dict[str, SharedBucket] = {}
         self._up = False
         self.errors = 0
@@ -215,7 +264,10 @@ class StateStore:
                     backoff = min(_BACKOFF_S[1], backoff * 2)
                 continue
             wait = self._next_wait()
-            if wait is None or wait > 0:
+            keep = _LONE_S if any(b.replicas == 1 for b in self.buckets.values()) else _KEEP_S
+            if wait is None or wait > keep:
+                wait = keep  # (the leases held are confirmed at least this often)
+            if wait > 0:
                 try:
                     await asyncio.wait_for(self._wake.wait(), wait)
                 except TimeoutError:
@@ -239,6 +291,13 @@ class StateStore:
         refill = [b for b in self._pending if b.not_before <= now]
         for b in refill:
             del self._pending[b]
+        for b in self.buckets.values():
+            if b.replicas == 1 and now - b.answered >= _LONE_S or b.lease > 0 and now - b.answered > _KEEP_S:
+                if b.lease > 0 and now - b.answered > HOLD_S - _KEEP_S:
+                    # Unconfirmed for long enough that the store may have dropped it (the
+                    # loop stalled): not drawn on, lest it be granted twice.
+                    b.lease = 0.0
+                self._owing[b] = None  # confirmed, so that the store keeps it held
         owing = [b for b in self._owing if b not in refill]
         self._owing.clear()
         batch = refill + owing
@@ -270,17 +329,18 @@ class StateStore:
             self.calls += 1
         async with self._redis.pipeline(transaction=False) as pipe:
             for (b, ask, debt, _), charge in zip(sent, charges):
-                pipe.evalsha(self._sha, 1, b.key, repr(b.rate), repr(b.cap), repr(ask), repr(debt), repr(charge))
+                pipe.evalsha(self._sha, 1, b.key, repr(b.rate), repr(b.cap), repr(ask), repr(debt), repr(charge),
+                             self.replica, repr(max(0.0, b.lease)), repr(HOLD_S))
             replies = await pipe.execute()
         self.calls += 1
         return replies
 
     def _apply(self, sent, replies) -> None:
         now = time.monotonic()
-        for (b, ask, _, refill), (grant, level) in zip(sent, replies):
+        for (b, ask, _, refill), (grant, level, replicas, room) in zip(sent, replies):
             grant, b.shared_level = float(grant), float(level)
+            b.replicas, b.room, b.answered = int(replicas), float(room), now
             b.lease += grant
-            b.lent = False
             if refill:
                 b.asking = False
                 if grant < ask and b.lease <= b.low:

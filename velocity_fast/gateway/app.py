@@ -31,6 +31,8 @@ from velocity_fast.server.http_server import HTTPServer
 from velocity_fast.server.limits import ServerLimits
 from velocity_fast.upstream.pool import UpstreamPool
 
+POOL_SPARE = 2  # connections past max_concurrency an endpoint's pool keeps: a health check, a scrape
+
 __all__ = ["Gateway"]
 
 # The client port's paths, as velocity_requests_total's route label (any other: "other", as
@@ -124,7 +126,10 @@ class Gateway:
         if cfg.name in self.endpoints:
             raise ValueError(f"endpoint {cfg.name!r} exists")
         ep = Endpoint(cfg.name, cfg.url, cfg.model, api_key=cfg.api_key, limit=self.settings.max_concurrency)
-        ep.upstream = UpstreamPool(cfg.url, connect_timeout=self.settings.server.upstream_connect_timeout_s)
+        # Idle connections past what the endpoint can have in flight (its concurrency limit,
+        # a health check and a scrape) would never all be used: the pool keeps no more.
+        ep.upstream = UpstreamPool(cfg.url, max_idle=self.settings.max_concurrency + POOL_SPARE,
+                                   connect_timeout=self.settings.server.upstream_connect_timeout_s)
         self.endpoints[ep.name] = ep
         pool = self.pools.get(ep.model)
         if pool is None:
@@ -449,7 +454,8 @@ class Gateway:
 
     def stats(self) -> dict:
         return {"policy": self.settings.policy, "uptime_seconds": round(time.monotonic() - self.started_at, 3),
-                "endpoints": [{**e.snapshot(), "reason": None if e.healthy else self.monitor.reasons.get(e.name)}
+                "endpoints": [{**e.snapshot(), "reason": None if e.healthy else self.monitor.reasons.get(e.name),
+                               "connections": e.upstream.stats() if e.upstream is not None else None}
                               for e in self.endpoints.values()],
                 "pools": {m: [e.name for e in p.endpoints] for m, p in self.pools.items()},
                 "admission": self.admission.stats(), "routing": self.router.stats(), "kv_events": self.kv.stats(),
@@ -457,26 +463,35 @@ class Gateway:
 
     def tenant_stats(self) -> dict:
         """Per tenant: the tokens the engines served it (prompt, cached, completion, from
-        their usage), its quota left, its requests declined by reason, and per band its
-        fairness counter and queue depth. Every configured tenant is listed, and any other
-        that has a counter in a band (it was queued or charged there)."""
+        their usage) and that service as the fairness counter charges it, divided by the
+        weight (``service``); its quota left, its requests declined by reason, and per band
+        its fairness counter (of it: what answers in flight are charged, ``pending``, and
+        what lifts added, ``lifted``) and queue depth. Every configured tenant is listed,
+        and any other that has a counter in a band (it was queued or charged there)."""
         out: dict = {}
+        adm = self.admission
         for name, t in self.identity.tenants.items():
             left = t.tokens_left()
+            service = (t.served_prompt - t.served_cached + t.served_cached * adm.settings.fairness_cached_weight
+                       + t.served_completion * adm.settings.fairness_output_weight) / t.weight
             out[name] = {"weight": t.weight,
                          "tokens": {"prompt": t.served_prompt, "cached": t.served_cached,
                                     "completion": t.served_completion},
+                         "service": round(service, 3),
                          "requests_per_second": t.rate, "tokens_per_minute": t.tpm,
                          "quota_tokens_left": None if left is None else round(left, 1),
                          "rejections": dict(t.rejections), "bands": {}}
         names = self.admission.band_names
         for ps in self.admission.known_pools().values():
             for i, tenants in enumerate(ps.queues.tenant_snapshot()):
-                for name, (counter, queued) in tenants.items():
+                for name, (counter, queued, pending, lifted) in tenants.items():
                     entry = out.get(name)
                     if entry is None:
                         entry = out[name] = {"bands": {}}
-                    band = entry["bands"].setdefault(names[i], {"counter": 0.0, "queued": 0})
+                    band = entry["bands"].setdefault(names[i], {"counter": 0.0, "pending": 0.0, "lifted": 0.0,
+                                                                "queued": 0})
                     band["counter"] = round(max(band["counter"], counter), 3)
+                    band["pending"] = round(max(band["pending"], pending), 3)
+                    band["lifted"] = round(max(band["lifted"], lifted), 3)
                     band["queued"] += queued
         return out

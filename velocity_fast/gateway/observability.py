@@ -44,6 +44,17 @@ class GatewayMetrics:
                      eps("waiting"), ("endpoint", "model"))
         reg.gauge_fn("velocity_endpoint_kv_usage", "Engine-reported KV-cache usage, 0..1 (last scrape).",
                      eps("kv_usage"), ("endpoint", "model"))
+
+        def connections():
+            out = []
+            for e in gw.endpoints.values():
+                if e.upstream is not None:
+                    st = e.upstream.stats()
+                    out += [((e.name, "open"), float(st["open"])), ((e.name, "idle"), float(st["idle"]))]
+            return out
+        reg.gauge_fn("velocity_upstream_connections", "Connections this process holds to an engine: open (in "
+                     "use or idle) and idle; at most max_concurrency + 2 once its requests end.",
+                     connections, ("endpoint", "state"))
         # Per tenant, read at scrape time from the tenants and the band queues (/stats'
         # "tenants"): configured tenants, and others once they have a counter in a band.
         def served():

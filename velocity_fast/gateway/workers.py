@@ -89,6 +89,7 @@ MERGE: dict[str, str] = {
     "velocity_endpoint_engine_running": "max",     # the engines' scrapes
     "velocity_endpoint_engine_waiting": "max",
     "velocity_endpoint_kv_usage": "max",
+    "velocity_upstream_connections": "sum",   # each worker's pool is its own
     "velocity_tenant_tokens_served_total": "sum",
     "velocity_tenant_rejections_total": "sum",
     "velocity_tenant_quota_tokens_left": "max",    # shared tenant bucket
@@ -134,7 +135,7 @@ RATIOS = {"velocity_prefix_index_hit_ratio": ("velocity_prefix_hit_blocks_total"
 STATS_MAX_KEYS = frozenset({
     "uptime_seconds", "inflight", "limit", "running", "waiting", "kv_usage", "metrics_age_s", "num_gpu_blocks",
     "saturation", "batch_capacity", "running_max", "others", "frozen", "overload_s", "ceiling", "oldest_wait_ms",
-    "wait_ms", "estimates", "counter", "quota_tokens_left", "weight", "requests_per_second", "tokens_per_minute",
+    "wait_ms", "estimates", "counter", "pending", "lifted", "quota_tokens_left", "weight", "requests_per_second", "tokens_per_minute",
     "healthy_endpoints", "endpoints_total", "kv_events",
 })
 

@@ -27,6 +27,7 @@ class UpstreamPool:
     async def fetch(self, method: str, path: str, *, body: bytes = b"",
                     headers: list[tuple[str, str]] | None = None, timeout: float = 2.0) -> tuple[int, bytes]:
         """A whole small request (health checks, scrapes, model lists): (status, body)."""
+    def stats(self) -> dict[str, int]: ...
     def close(self) -> None: ...
     def json_post_head(self, path: str) -> bytes:
         """The start of a JSON POST to ``path``, up to the per-request headers, built once per path."""

@@ -128,8 +128,11 @@ cdef class UpstreamPool:
             if not handler.abandoned:
                 handler.on_error(None, UpstreamError(f"no connection to {self.url}", connect=True))
             raise
-        if handler.abandoned:
-            self._idle.append(conn)  # unused: keep it for the next request
+        if handler.abandoned:  # unused: kept for the next request, within the bound
+            if len(self._idle) < self.max_idle:
+                self._idle.append(conn)
+            else:
+                conn.abort()
             return
         handler.on_sent(conn)
         conn.send_to(data, handler)
@@ -160,6 +163,12 @@ cdef class UpstreamPool:
 
         async with asyncio.timeout(timeout):  # not wait_for: see connect()
             return await go()
+
+    def stats(self) -> dict:
+        """The pool's size: connections open (in use, idle, or made and not yet sent on),
+        idle ones, connects in progress, connects made, and the most kept idle."""
+        return {"open": len(self._all), "idle": len(self._idle), "connecting": len(self._connecting),
+                "connects": self.connects, "max_idle": self.max_idle}
 
     def close(self) -> None:
         for task in list(self._connecting):
