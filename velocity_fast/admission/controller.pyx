@@ -372,6 +372,12 @@ cdef class Lease(RoomFilter):
         if self.band_index >= adm._borrow_from:
             ceiling = adm._ceiling(self._ps, self.band_index, now)
         load = st.load
+        if (ceiling >= 1.0 and not load.capacity_known and load.waiting >= 1.0 and adm._sat is not None
+                and now - load.scraped_at <= adm._sat.stale_after):
+            # An engine queueing before its batch is learned (a probe's overshoot): a band
+            # meant to find room would wait behind that low work. Another engine, even a
+            # full one, serves it sooner; with none, the router asks without this filter.
+            return False
         load.limit = ep.limit
         # With this lease on it, as the pool's number counts the next grant.
         load.inflight = ep.inflight + 1
