@@ -15,12 +15,16 @@ Method (velocity_fast/loadgen/isolation.py)
 * `--matrix` runs every engine set: two engines of 8, 16 or 64 sequences, two whose
   batch is bound by KV blocks (256 sequences allowed, 160 blocks), and one of 8 beside
   one of 64. Without it, one set (--scenario, default seqs-16).
+* `--at SECONDS`: the first seconds instead of the learned state. The loaded series
+  starts that long after the flood does, nothing learned or waited for (0: together).
+* `--long`: longer requests at the sim's own speed (real time): low of about 125 prompt
+  tokens and 200 out, high of 8; the KV-bound engines get 256 blocks.
 
 Every process is on 127.0.0.1 and is stopped at the end, also on error or Ctrl-C.
 Usage::
 
     python -m bench.isolation [--matrix | --scenario NAME] [--policies dynamic,static]
-                              [--low 300] [--json out.json] [--smoke]
+                              [--low 300] [--at 3] [--long] [--json out.json] [--smoke]
 """
 from __future__ import annotations
 
@@ -28,11 +32,18 @@ import argparse
 import asyncio
 import tempfile
 
-from velocity_fast.loadgen.isolation import SCENARIOS, matrix
+from velocity_fast.loadgen.isolation import MODEL, SCENARIOS, matrix
 from velocity_fast.loadgen.report import write_json
 
 TARGET = 1.5
 STATIC_AT_LEAST = 10.0
+# --long: requests whose KV grows well past their prompt as they decode.
+LONG = dict(sim_base=(),
+            low_body={"model": MODEL, "messages": [{"role": "user", "content": " ".join(["word"] * 110)}],
+                      "max_tokens": 200, "ignore_eos": True},
+            high_body={"model": MODEL, "messages": [{"role": "user", "content": "status?"}],
+                       "max_tokens": 8, "stream": True, "ignore_eos": True})
+LONG_SCENARIOS = {**SCENARIOS, "kv-bound": [["--max-num-seqs", "256", "--num-gpu-blocks", "256"]] * 2}
 
 
 def table(runs: list[dict]) -> str:
@@ -58,12 +69,19 @@ def table(runs: list[dict]) -> str:
 
 async def main_async(args) -> int:
     names = list(SCENARIOS) if args.matrix else [args.scenario]
-    kw = dict(low=args.low, high_samples=args.high_samples, spacing=args.spacing, backlog=args.backlog)
+    kw = dict(low=args.low, high_samples=args.high_samples, spacing=args.spacing, backlog=args.backlog, at=args.at)
+    scenarios = LONG_SCENARIOS if args.long else SCENARIOS
+    if args.long:
+        kw.update(LONG)
     with tempfile.TemporaryDirectory(prefix="isolation-") as log_dir:
-        runs = await matrix({n: SCENARIOS[n] for n in names}, [p.strip() for p in args.policies.split(",")],
+        runs = await matrix({n: scenarios[n] for n in names}, [p.strip() for p in args.policies.split(",")],
                             log_dir, **kw)
-    print(f"isolation at default flags: {args.low} low clients (96 tokens) against {args.high_samples} high "
-          f"streaming requests (24 tokens, one every {args.spacing} s); figure = high p95 loaded / idle")
+    low_t, high_t = (200, 8) if args.long else (96, 24)
+    when = (f"from {args.at:g} s into the flood, nothing learned first" if args.at is not None
+            else "once what admission learns has settled")
+    print(f"isolation at default flags: {args.low} low clients ({low_t} tokens) against {args.high_samples} high "
+          f"streaming requests ({high_t} tokens, one every {args.spacing} s) {when}; "
+          f"figure = high p95 loaded / idle")
     print(table(runs))
     if args.json:
         write_json(args.json, {"args": vars(args), "target_dynamic_p95_ratio": TARGET, "runs": runs})
@@ -80,6 +98,9 @@ def main(argv=None) -> int:
     p.add_argument("--high-samples", type=int, default=60, help="high requests per series")
     p.add_argument("--spacing", type=float, default=0.1, help="seconds between high requests")
     p.add_argument("--backlog", type=float, default=4.0, help="seconds of flood before measuring")
+    p.add_argument("--at", type=float, default=None, metavar="SECONDS",
+                   help="the first seconds: the loaded series starts this long after the flood, nothing learned first")
+    p.add_argument("--long", action="store_true", help="200-token low, 8-token high, sims at real time")
     p.add_argument("--json", default=None, metavar="PATH", help="write the runs as JSON here")
     p.add_argument("--smoke", action="store_true", help="tiny counts: one engine set, a few seconds a policy")
     args = p.parse_args(argv)
@@ -89,6 +110,8 @@ def main(argv=None) -> int:
         args.low, args.high_samples, args.backlog = 40, 8, 1.5
     if args.low < 1 or args.high_samples < 1:
         p.error("--low and --high-samples must be at least 1")
+    if args.at is not None and args.at < 0:
+        p.error("--at must be 0 or more")
     try:
         import uvloop
     except ImportError:

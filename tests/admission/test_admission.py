@@ -785,3 +785,58 @@ async def test_low_work_alone_borrows_all_of_a_learned_batch_but_a_slot(borrow_a
         if not t.done():
             t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_engines_probe_for_their_batch_one_at_a_time_and_high_avoids_the_overshoot():
+    """Before their batches are learned, only the first engine grows its limit; the
+    second keeps its starting one (low holds 0.7 of it, leaving slots for high) until the
+    first is learned and shows no queue. High work is not sent to an engine queueing
+    before its batch is learned while another has room."""
+    clock = Clock()
+    adm, eps = make(n=2, limit=32, clock=clock, aimd_initial=8)
+    e0, e1 = eps
+    tasks = [asyncio.create_task(adm.admit(Ticket(band="low"))) for _ in range(80)]
+    bound = []
+
+    async def bind_new():
+        """Bind what was granted, as the router would, until nothing more is granted."""
+        while True:
+            await asyncio.sleep(0)
+            new = [t.result() for t in tasks if t.done() and t.result() not in bound]
+            if not new:
+                return
+            for le in new:
+                le.bind(next(e for e in eps if le.has_room(e)))
+                bound.append(le)
+
+    async def scrape(ep, running, waiting):
+        scrape_engine(adm, ep, clock, running, waiting)
+        await bind_new()
+
+    await bind_new()
+    assert (e0.limit, e1.limit) == (8, 8) and (e0.inflight, e1.inflight) == (5, 5)  # 0.7 of 8 each
+    for _ in range(3):  # e0 runs all it is sent: its slow start goes on, e1's waits its turn
+        await scrape(e0, e0.inflight, 0)
+        await scrape(e1, e1.inflight, 0)
+    assert e0.limit > 18 and e1.limit == 8 and e1.inflight == 5
+    # e0 overshoots its batch of 16: it queues, and is learned a scrape later.
+    await scrape(e0, 16, e0.inflight - 16)
+    high = await adm.admit(Ticket(band="high"))
+    assert not high.has_room(e0) and high.has_room(e1)  # not behind e0's overshoot
+    await scrape(e0, 16, e0.inflight - 16)
+    assert adm.stats()["endpoints"]["e0"]["batch_capacity"] == 16
+    await scrape(e1, e1.inflight, 0)
+    assert e1.limit == 8  # e0 still has low work waiting in it: not yet e1's turn
+    for le in [le for le in bound if le.endpoint is e0][: e0.inflight - 16]:
+        le.release("completed")
+    await scrape(e0, 16, 0)
+    await scrape(e1, e1.inflight, 0)
+    assert e1.limit == 12  # e0 learned, its queue gone: e1 probes now
+    high.release("cancelled")
+    for le in bound:
+        le.release("cancelled")
+    for t in tasks:
+        if not t.done():
+            t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    adm.close()

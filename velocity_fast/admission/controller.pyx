@@ -261,6 +261,32 @@ cdef double _borrowed(PoolState ps, double now, double stale_after, double ceili
     return b if b > ceiling else ceiling
 
 
+cdef bint _in_turn(PoolState ps, EndpointState st, double now, double stale_after) noexcept:
+    """Whether ``st``'s limit may grow now. An engine whose batch is not learned finds it
+    only by overshooting it, and the requests past its batch wait in its FIFO queue,
+    where a high request sent there waits behind them until the first of the batch end.
+    So the engines of a pool probe one at a time, in order: the others keep their limits,
+    whose low share leaves slots free that the router sends high work to. An engine's
+    turn comes once each before it is done probing (its batch learned, its limit at the
+    maximum, its slow start ended) and shows no queue of its own on a fresh scrape."""
+    cdef EndpointState o
+    cdef AimdLimit a
+    if st.load.capacity_known:
+        return True
+    for o in ps.states:
+        if o is st:
+            return True
+        if not o.ep.healthy:
+            continue
+        a = o.aimd
+        if (a is not None and not o.load.capacity_known and a.decreases == 0 and a.ooms == 0
+                and a.value < a.maximum):
+            return False  # still probing
+        if now - o.load.scraped_at <= stale_after and o.load.waiting >= 1.0:
+            return False  # its overshoot still waits there: no second engine without room
+    return True
+
+
 cdef inline void _unqueue(PoolState ps, Item item):
     """``item`` left ``ps``'s queue: its expected service is no longer ahead of anyone."""
     if item.service > 0.0:
@@ -375,6 +401,12 @@ cdef class Lease(RoomFilter):
         if self.band_index >= adm._borrow_from:
             ceiling = adm._ceiling(self._ps, self.band_index, now)
         load = st.load
+        if (ceiling >= 1.0 and not load.capacity_known and load.waiting >= 1.0 and adm._sat is not None
+                and now - load.scraped_at <= adm._sat.stale_after):
+            # An engine queueing before its batch is learned (a probe's overshoot): a band
+            # meant to find room would wait behind that low work. Another engine, even a
+            # full one, serves it sooner; with none, the router asks without this filter.
+            return False
         load.limit = ep.limit
         # With this lease on it, as the pool's number counts the next grant.
         load.inflight = ep.inflight + 1
@@ -507,7 +539,8 @@ cdef class Admission:
                     self.pace_cuts += 1
         elif (st.aimd is not None and not st.load.capacity_known and ep.waiting == 0 and ps is not None
               and not st.pace_high
-              and ps.queues.count and ep.inflight + 1 >= math.floor(ep.limit * self._held_share(ps, False))):
+              and ps.queues.count and ep.inflight + 1 >= math.floor(ep.limit * self._held_share(ps, False))
+              and _in_turn(ps, st, now, self.settings.stale_after_ms / 1000.0)):
             # Slow start: the engine runs all it was sent and work waits on this limit.
             if st.aimd.on_probe(now):
                 _set_limit(ep, st.aimd.limit)
@@ -1410,7 +1443,8 @@ cdef class Admission:
         if slow or missed:
             aimd.on_breach(lease.bound_at, now)
         else:
-            queued = ps.queues.count > 0
+            # Before its batch is learned an engine grows only in its turn (``_in_turn``).
+            queued = ps.queues.count > 0 and (st.load.capacity_known or _in_turn(ps, st, now, self.settings.stale_after_ms / 1000.0))
             # Healthy: KV below its hard limit, and no queue of the engine's own (two or
             # more waiting): an engine that queues is held back by itself, not by the limit,
             # and a larger limit only lengthens its FIFO queue, where priorities no longer

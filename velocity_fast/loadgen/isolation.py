@@ -146,13 +146,13 @@ class Fleet:
 
 
 async def high_series(client: Client, port: int, n: int, spacing: float,
-                      cap: float | None = None) -> tuple[list[float], int]:
+                      cap: float | None = None, body: dict = HIGH_BODY) -> tuple[list[float], int]:
     """n high streaming requests, one every ``spacing`` s: (latencies of the ok ones, failures).
 
     With ``cap`` (seconds), a request still unanswered then is given up and counts as
     ``cap``: its latency is at least that, which is all a verdict of "at least so much
     worse" needs (the static runs: :func:`measure`)."""
-    data = wire(port, HIGH_BODY, "high")
+    data = wire(port, body, "high")
 
     async def one(i: int):
         await asyncio.sleep(i * spacing)
@@ -259,7 +259,9 @@ async def run(engine_args: list[list[str]], policy: str, log_dir: str, **kw) -> 
 async def measure(engine_args: list[list[str]], policy: str, log_dir: str, *, low: int = 300,
                   high_samples: int = 40, spacing: float = 0.1, backlog: float = 4.0,
                   backoff_cap: float = 2.0, settle_timeout: float = 15.0, replicas: int = 1,
-                  workers: int = 1, idle_from: dict | None = None, at_least: float | None = None) -> dict:
+                  workers: int = 1, idle_from: dict | None = None, at_least: float | None = None,
+                  at: float | None = None, low_body: dict = LOW_BODY, high_body: dict = HIGH_BODY,
+                  sim_base: tuple[str, ...] = BASE_SIM) -> dict:
     """One scenario under one policy: idle and loaded high series on a fresh fleet.
 
     With ``replicas`` gateways in front of the same engines, the low clients are spread
@@ -276,8 +278,14 @@ async def measure(engine_args: list[list[str]], policy: str, log_dir: str, *, lo
     verdict needs, and a loaded request still unanswered at 1.2 times that ratio of the
     idle p95 counts as that long (``loaded_ms["capped"]``: the ratio is then a lower
     bound). Under ``static`` the loaded series starts once the gateway's queue holds
-    requests, with nothing to learn first."""
-    fleet = Fleet(engine_args, policy, log_dir, replicas=replicas, workers=workers)
+    requests, with nothing to learn first.
+
+    With ``at`` (seconds), the first-second measurement: the loaded series starts that
+    long after the flood does, whatever admission has learned by then (``at=0``: the
+    flood and the high series start together, on engines whose batch nothing has filled
+    yet). Users' floods do not wait for the learned state. ``low_body``, ``high_body`` and
+    ``sim_base`` replace the requests and the engines' common flags."""
+    fleet = Fleet(engine_args, policy, log_dir, replicas=replicas, workers=workers, sim_base=sim_base)
     fleet.start()
     try:
         await fleet.wait_ready()
@@ -285,17 +293,17 @@ async def measure(engine_args: list[list[str]], policy: str, log_dir: str, *, lo
         low_clients = [Client("127.0.0.1", port, timeout=300) for port in fleet.ports]
         counts = {"ok": 0, "declined": 0, "failed": 0}
         try:
-            await high_series(high, fleet.port, 4, 0.05)  # warm connections and estimators
+            await high_series(high, fleet.port, 4, 0.05, body=high_body)  # warm connections and estimators
             # Two idle series: their p95s differ only by the machine's noise in this run,
             # which sets the margin a loaded p95 is judged with (``noise``).
             if idle_from is None:
-                idle_a, failed_a = await high_series(high, fleet.port, high_samples, spacing)
-                idle_b, failed_b = await high_series(high, fleet.port, high_samples, spacing)
+                idle_a, failed_a = await high_series(high, fleet.port, high_samples, spacing, body=high_body)
+                idle_b, failed_b = await high_series(high, fleet.port, high_samples, spacing, body=high_body)
             else:
                 (idle_a, idle_b), failed_a, failed_b = idle_from["idle_series_s"], 0, 0
             idle, idle_failed = idle_a + idle_b, failed_a + failed_b
             cap = at_least * 1.2 * percentile(idle, 95) if at_least else None
-            low_wires = [wire(port, LOW_BODY, "low") for port in fleet.ports]
+            low_wires = [wire(port, low_body, "low") for port in fleet.ports]
             stop_at = time.monotonic() + backlog + high_samples * spacing + 120.0
             stopping = asyncio.Event()
 
@@ -318,7 +326,10 @@ async def measure(engine_args: list[list[str]], policy: str, log_dir: str, *, lo
 
             workers = [asyncio.create_task(low_worker(i)) for i in range(low)]
             try:
-                if policy == "static":
+                if at is not None:
+                    await asyncio.sleep(at)
+                    before = {}
+                elif policy == "static":
                     before = await flooded(fleet, backlog)
                 else:
                     await asyncio.sleep(backlog)
@@ -329,7 +340,7 @@ async def measure(engine_args: list[list[str]], policy: str, log_dir: str, *, lo
                     before = await settled(fleet, settle_timeout)
                 done_before = counts["ok"]
                 t0 = time.monotonic()
-                loaded, loaded_failed = await high_series(high, fleet.port, high_samples, spacing, cap)
+                loaded, loaded_failed = await high_series(high, fleet.port, high_samples, spacing, cap, body=high_body)
                 window = time.monotonic() - t0
                 after = await fleet.stats()
                 low_done = counts["ok"] - done_before
@@ -344,7 +355,7 @@ async def measure(engine_args: list[list[str]], policy: str, log_dir: str, *, lo
                 c.close()
     finally:
         fleet.stop()
-    adm = before.get("admission", {})
+    adm = (before or after).get("admission", {})
     return {
         "policy": policy,
         "engines": [" ".join(a) for a in engine_args],
