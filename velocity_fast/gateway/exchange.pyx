@@ -383,8 +383,12 @@ cdef class Exchange(ResponseHandler):
             self._account(0, 0, 0, True)  # an engine's error answer served no tokens
         elif answer_usage(body, u):
             self._account(u[0], u[1], u[2], True)
-            tokens = u[2]
             if self.open_est is not None:
+                # Only a request that named no max tokens is judged by what was served: it
+                # was predicted from served lengths too. One that named them was predicted
+                # from its max tokens, so the service estimate keeps learning per token asked
+                # (an answer that stops early must not make the next long budget look slow).
+                tokens = u[2]
                 self.open_est.observe(tokens)
         else:
             self._account(0, 0, 0, False)  # no usage in the answer: the estimate stands
