@@ -8,6 +8,7 @@ Kept apart from api.py: these routes share its engine and tokenizer, not its cod
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import os
 import struct
@@ -21,7 +22,7 @@ from velocity_fast.server.connection import Responder
 
 from .engine import Sequence
 from .schema import Message, message_texts, render_chat
-from .tokens import block_hashes, count_tokens, pseudo_token_ids, render_text, request_rng, token_block_hashes
+from .tokens import VOCAB, block_hashes, count_tokens, pseudo_token_ids, render_text, request_rng, token_block_hashes
 
 __all__ = ["extra_routes", "MODEL_PREFIX"]
 
@@ -150,8 +151,8 @@ class ExtraRoutes:
                 raise ValueError("Input cannot be empty.")
             if body.dimensions is not None and not 1 <= body.dimensions <= _EMBED_DIM:
                 raise ValueError(f"dimensions must be between 1 and {_EMBED_DIM}, got {body.dimensions}.")
-            if body.encoding_format != "float":
-                raise ValueError(f"encoding_format {body.encoding_format!r} is not served by the sim; use 'float'.")
+            if body.encoding_format not in ("float", "base64"):
+                raise ValueError(f"encoding_format must be 'float' or 'base64', got {body.encoding_format!r}.")
         except (msgspec.DecodeError, ValueError) as e:
             return self._bad(resp, e)
         if not self.api._model_ok(body.model, resp):
@@ -164,7 +165,10 @@ class ExtraRoutes:
         for i, item in enumerate(inputs):
             raw = item.encode() if isinstance(item, str) else orjson.dumps(item)
             tokens += len(item) if isinstance(item, list) else count_tokens(raw)
-            data.append({"index": i, "object": "embedding", "embedding": _vector(raw, dim)})
+            vec = _vector(raw, dim)
+            if body.encoding_format == "base64":  # as vLLM: little-endian float32, base64
+                vec = base64.b64encode(struct.pack(f"<{dim}f", *vec)).decode()
+            data.append({"index": i, "object": "embedding", "embedding": vec})
         resp.send_json(200, {"id": f"embd-{os.urandom(16).hex()}", "object": "list", "created": int(time.time()),
                              "model": self.api.cfg.model, "data": data,
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
@@ -181,9 +185,9 @@ class ExtraRoutes:
         if tok is not None:
             text = tok._tok.decode(body.tokens, skip_special_tokens=False)
         else:
-            # The byte model: each id stands for the four bytes pseudo_token_ids read.
-            text = b"".join((t % 2**32).to_bytes(4, "little").rstrip(b"\0") for t in body.tokens).decode(
-                errors="replace")
+            # The byte model's ids are one-way (a hash of four bytes): an id reads as the
+            # word the sim generates for it, as its completions do.
+            text = render_text([t % len(VOCAB) for t in body.tokens])
         resp.send_json(200, {"prompt": text})
 
     # -- generation ----------------------------------------------------------------
