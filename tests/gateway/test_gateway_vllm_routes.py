@@ -190,3 +190,14 @@ async def test_unknown_route_404_lists_the_routes_and_wrong_method_is_405(engine
             assert route in msg
         r = await http_request(gw.port, "GET", "/v1/embeddings")
         assert r.status == 405
+
+
+def test_body_usage_reads_the_responses_and_messages_shapes():
+    from velocity_fast.gateway.usage import body_usage
+    responses = (b'{"id":"resp_1","object":"response","output":[],"status":"completed","usage":{"input_tokens":12,'
+                 b'"input_tokens_details":{"cached_tokens":4},"output_tokens":7,"output_tokens_details":'
+                 b'{"reasoning_tokens":0},"total_tokens":19},"user":null}')
+    assert body_usage(responses) == (12, 4, 7)
+    messages = (b'{"id":"msg_1","type":"message","content":[{"type":"text","text":"usage"}],"stop_reason":"end_turn",'
+                b'"usage":{"input_tokens":9,"output_tokens":3,"cache_read_input_tokens":null}}')
+    assert body_usage(messages) == (9, 0, 3)
