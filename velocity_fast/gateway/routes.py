@@ -13,7 +13,7 @@ import msgspec
 from velocity_fast.admission.controller import Ticket
 from velocity_fast.gateway.errors import BadRequest, context_error
 from velocity_fast.gateway.exchange import start_generation
-from velocity_fast.gateway.ingress import new_request_id
+from velocity_fast.gateway.ingress import band_for, new_request_id
 from velocity_fast.gateway.request_types import GATEWAY_FIELDS, MAX_TOKENS_LIMIT
 from velocity_fast.routing.errors import UnknownProfile
 
@@ -208,7 +208,7 @@ class OtherRoutes:
             user = r.user if route == "/v1/responses" else None
             tenant_name, tenant = gw.identity.tenant_for(bound, h.get("x-velocity-tenant"), user)
             prio = h.get("x-velocity-priority")
-            band = gw._band_for(prio if prio is not None else r.priority, tenant)
+            band = band_for(gw.band_names, prio if prio is not None else r.priority, tenant, gw.default_band)
             sla_ms = gw.sla_for(h.get("x-velocity-sla-ms"), r.sla_ms)
             if sla_ms is None and tenant is not None:
                 sla_ms = tenant.sla_ms

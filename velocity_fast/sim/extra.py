@@ -141,6 +141,12 @@ class ExtraRoutes:
         resp.send_json(200, {"id": cfg.model, "object": "model", "created": api.created, "owned_by": "vllm",
                              "root": cfg.root or cfg.model, "parent": None, "max_model_len": cfg.max_model_len})
 
+    def _model_ok(self, model: str | None, resp: Responder) -> bool:
+        if model and model != self.api.cfg.model:
+            resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError", param="model")
+            return False
+        return True
+
     def _bad(self, resp: Responder, e: Exception) -> None:
         resp.send_error(400, str(e), type="BadRequestError")
 
@@ -155,7 +161,7 @@ class ExtraRoutes:
                 raise ValueError(f"encoding_format must be 'float' or 'base64', got {body.encoding_format!r}.")
         except (msgspec.DecodeError, ValueError) as e:
             return self._bad(resp, e)
-        if not self.api._model_ok(body.model, resp):
+        if not self._model_ok(body.model, resp):
             return
         inputs = body.input
         if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
@@ -179,11 +185,11 @@ class ExtraRoutes:
             body = _detokenize_decoder.decode(req.body)
         except msgspec.DecodeError as e:
             return self._bad(resp, e)
-        if not self.api._model_ok(body.model, resp):
+        if not self._model_ok(body.model, resp):
             return
         tok = self.api.tokenizer
         if tok is not None:
-            text = tok._tok.decode(body.tokens, skip_special_tokens=False)
+            text = tok.decode(body.tokens)
         else:
             # The byte model's ids are one-way (a hash of four bytes): an id reads as the
             # word the sim generates for it, as its completions do.
@@ -210,7 +216,7 @@ class ExtraRoutes:
                 cap = min(cap, max_tokens)
             natural = 1 + int(rng.expovariate(1.0 / max(1, cfg.natural_output_mean)))
             target, finish = (natural, "stop") if natural < cap else (cap, "length")
-        seed = self.api._hash_seed
+        seed = cfg.model.encode()  # (as api.py's block hashes: seeded by the model name)
         if not cfg.enable_prefix_caching:
             hashes = []
         elif ids is not None:
@@ -260,7 +266,7 @@ class ExtraRoutes:
             prompt, ids = self._chat_prompt(pairs)
         except (msgspec.DecodeError, ValueError) as e:
             return self._bad(resp, e)
-        if not api._model_ok(body.model, resp):
+        if not self._model_ok(body.model, resp):
             return
         sink = _EventSink()
         try:
