@@ -201,3 +201,28 @@ def test_body_usage_reads_the_responses_and_messages_shapes():
     messages = (b'{"id":"msg_1","type":"message","content":[{"type":"text","text":"usage"}],"stop_reason":"end_turn",'
                 b'"usage":{"input_tokens":9,"output_tokens":3,"cache_read_input_tokens":null}}')
     assert body_usage(messages) == (9, 0, 3)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/responses"])
+async def test_generation_routes_are_routed_by_their_prompts_prefix(path):
+    """Two engines, two long system prompts: the gateway reads the prompt of these routes
+    (system first) and its picks follow the shared prefix, as chat's do."""
+    engines = [start_sim_engine(model=MODEL, time_scale=50) for _ in range(2)]
+    try:
+        async with running_gateway(*engines) as gw:
+            for i in range(8):
+                system = f"You are assistant {i % 2}. " + "Answer with care and cite sources. " * 60
+                if path == "/v1/messages":
+                    body = {"model": MODEL, "system": system, "max_tokens": 2,
+                            "messages": [{"role": "user", "content": f"question {i}"}]}
+                else:
+                    body = {"model": MODEL, "instructions": system, "max_output_tokens": 2,
+                            "input": [{"role": "user", "content": f"question {i}"}]}
+                r = await http_request(gw.port, "POST", path, body)
+                assert r.status == 200, r.body
+            picks = gw.stats()["routing"]["picks"]
+            assert sum(p.get("prefix", 0) for p in picks.values()) >= 4, picks
+    finally:
+        for e in engines:
+            e.stop()
