@@ -226,3 +226,30 @@ async def test_generation_routes_are_routed_by_their_prompts_prefix(path):
     finally:
         for e in engines:
             e.stop()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/responses"])
+async def test_a_client_that_leaves_a_generation_stream_frees_the_engine(path):
+    with_tokens = {"max_tokens": 3000} if path == "/v1/messages" else {"max_output_tokens": 3000}
+    body = {"model": MODEL, "stream": True, **with_tokens,
+            **({"messages": [{"role": "user", "content": "go on"}]} if path == "/v1/messages" else {"input": "go on"})}
+    eng = start_sim_engine(model=MODEL, time_scale=1)
+    try:
+        async with running_gateway(eng) as gw:
+            s = await open_request(gw.port, "POST", path, body, LONG_SLA, timeout=30)
+            try:
+                assert s.status == 200
+                seen = 0
+                async for _ in s.events():
+                    seen += 1
+                    if seen >= 6:
+                        break
+                assert eng.metric("vllm:num_requests_running") == 1
+                s.abort()
+            finally:
+                await s.close()
+            await wait_until(lambda: eng.metric("vllm:num_requests_running") == 0, 5.0,
+                             what="the engine's request aborted")
+    finally:
+        eng.stop()
