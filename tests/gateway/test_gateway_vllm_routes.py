@@ -253,3 +253,19 @@ async def test_a_client_that_leaves_a_generation_stream_frees_the_engine(path):
                              what="the engine's request aborted")
     finally:
         eng.stop()
+
+
+@pytest.mark.timeout(60)
+async def test_relayed_routes_without_a_healthy_engine_are_503():
+    import socket
+    with socket.socket() as sock:  # a port no engine listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    async with running_gateway(("e1", f"http://127.0.0.1:{port}", MODEL), healthy=0) as gw:
+        for method, path, body in [("POST", "/v1/embeddings", {"model": MODEL, "input": "x"}),
+                                   ("POST", "/tokenize", {"model": MODEL, "prompt": "x"}), ("GET", "/version", None)]:
+            r = await http_request(gw.port, method, path, body)
+            assert r.status == 503, (path, r.body)
+            assert "No healthy engine" in _error(r)["message"]
+        r = await http_request(gw.port, "GET", f"/v1/models/{MODEL}")  # listed only while it can answer
+        assert r.status == 404
