@@ -23,6 +23,7 @@ from velocity_fast.gateway.kv import KVFleet
 from velocity_fast.gateway.observability import GatewayMetrics
 from velocity_fast.gateway.policy import make_admission, make_router, routing_settings
 from velocity_fast.gateway.requests import decode_generate
+from velocity_fast.gateway.routes import GENERATION_ROUTES, MODEL_PREFIX, RELAY_ROUTES, OtherRoutes
 from velocity_fast.http.message import Request
 from velocity_fast.metrics.registry import Registry
 from velocity_fast.routing.errors import UnknownProfile
@@ -37,7 +38,9 @@ __all__ = ["Gateway"]
 
 # The client port's paths, as velocity_requests_total's route label (any other: "other", as
 # ingress.pyx counts an internal error's route).
-_CLIENT_ROUTES = frozenset(("/v1/chat/completions", "/v1/completions", "/generate", "/v1/models", "/stats"))
+_GENERATION = frozenset(GENERATION_ROUTES)
+_CLIENT_ROUTES = frozenset(("/v1/chat/completions", "/v1/completions", "/generate", "/v1/models", "/stats",
+                            "/v1/models/{id}", *GENERATION_ROUTES, *RELAY_ROUTES))
 
 log = logging.getLogger("velocity.gateway")
 
@@ -80,6 +83,7 @@ class Gateway:
 
     def __init__(self, settings: Settings, *, backend: str = "endpoints", model_label: str | None = None) -> None:
         self.ingress = Ingress()
+        self.other = OtherRoutes(self)  # vLLM's routes beyond chat (gateway/routes.py)
         self.ingress.app = self
         # The client port's handler (compiled): /health, the key check, the proxy routes;
         # every other route goes to route_other below.
@@ -273,8 +277,16 @@ class Gateway:
         if path == "/stats" and req.method == "GET":
             self.count_answer(path, 200)
             return resp.send_json(200, self.stats())
+        # vLLM's other routes (gateway/routes.py): one look-up each, off chat's path.
+        if path in _GENERATION:
+            return self.other.generate(req, resp)
+        relay = RELAY_ROUTES.get(path)
+        if relay is not None:
+            return self.other.relay(req, resp, *relay)
+        if path.startswith(MODEL_PREFIX) and req.method == "GET":
+            return self.other.model(req, resp)
         self.count_answer(path, 404)
-        return resp.send_error(404, f"No route for {req.method} {path}.")
+        return resp.send_error(404, f"No route for {req.method} {path}. Routes: {', '.join(self.other.routes())}.")
 
     def count_answer(self, path: str, status: int) -> None:
         """velocity_requests_total for a client-port answer outside the proxy's books (a
@@ -297,13 +309,13 @@ class Gateway:
                              "endpoints": len(self.endpoints)})
 
     def _models(self, resp: Responder) -> None:
-        data = []
-        for model, pool in self.pools.items():
-            if pool.healthy():
-                data.append({"id": model, "object": "model", "created": int(self.started_at_wall),
-                             "owned_by": "velocityllm", "root": model, "parent": None,
-                             "max_model_len": pool.context_length(self.settings.max_model_len)})
+        data = [self.model_object(model, pool) for model, pool in self.pools.items() if pool.healthy()]
         resp.send_json(200, {"object": "list", "data": data})
+
+    def model_object(self, model: str, pool: Pool) -> dict:
+        """One model of /v1/models (and GET /v1/models/{id}), in OpenAI's model shape."""
+        return {"id": model, "object": "model", "created": int(self.started_at_wall), "owned_by": "velocityllm",
+                "root": model, "parent": None, "max_model_len": pool.context_length(self.settings.max_model_len)}
 
     @property
     def started_at_wall(self) -> float:

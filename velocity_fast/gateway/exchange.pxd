@@ -91,3 +91,9 @@ cdef class Exchange(ResponseHandler):
 # A new exchange for the front door (gateway/ingress.pyx) to start.
 cdef Exchange new_exchange(Ingress ingress, Request req, Responder resp, str route, pool, Ticket ticket, RouteInfo info,
                            bytes body, str rid)
+
+
+# /v1/responses and /v1/messages: their usage read from their own events (exchange.pyx).
+cdef class GenExchange(Exchange):
+    cdef bytes tail               # a stream's last event line, not yet ended
+    cdef _read_events(self, bytes data)

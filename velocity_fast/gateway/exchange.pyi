@@ -47,3 +47,10 @@ class Exchange(ResponseHandler):
     def on_disconnect(self) -> None: ...
     def base_headers(self) -> list[tuple[str, str]]: ...
     def out_headers(self) -> list[tuple[str, str]]: ...
+
+class GenExchange(Exchange):
+    """/v1/responses and /v1/messages: an Exchange that reads usage from their own stream events."""
+
+def start_generation(ingress: Ingress, req: Any, resp: Any, route: str, pool: Any, ticket: Any, info: Any,
+                     body: bytes, rid: str, tenant: Any, q_est: float, stream: bool) -> None:
+    """/v1/responses and /v1/messages through admission and routing, as chat."""

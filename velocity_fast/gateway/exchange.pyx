@@ -37,6 +37,8 @@ from velocity_fast.lowlevel.fmt cimport memmem, starts, tenths
 from velocity_fast.admission.errors import Rejected
 from velocity_fast.http.errors import stream_error_event
 
+import orjson
+
 log = logging.getLogger("velocity.gateway")
 
 cdef str _JSON = intern("application/json")  # one object with http/heads.pyx's: its head needs no look-up
@@ -85,7 +87,11 @@ cdef Exchange new_exchange(Ingress ingress, Request req, Responder resp, str rou
     0 or False: no lease, endpoint, engine connection or drain task yet; a streamed
     answer's fields (relaying, ct, status, events, first, engine_failed, error_text) are
     set in on_head when it begins, and only read after."""
-    cdef Exchange x = Exchange.__new__(Exchange)
+    return _fill(Exchange.__new__(Exchange), ingress, req, resp, route, pool, ticket, info, body, rid)
+
+
+cdef inline Exchange _fill(Exchange x, Ingress ingress, Request req, Responder resp, str route, pool, Ticket ticket,
+                           RouteInfo info, bytes body, str rid):
     x.ingress = ingress
     x.loop = ingress.loop
     x.req = req
@@ -630,3 +636,62 @@ cdef double _x_locality(object x) except? -1.0:
 
 set_waiter(Exchange, _x_waiting, _x_granted)
 set_locality(_x_locality)
+
+
+cdef class GenExchange(Exchange):
+    """An Exchange for the generation routes that are not OpenAI's chat shape: the
+    Responses API (/v1/responses) and Anthropic's Messages API (/v1/messages). Their
+    whole answers' usage names input_tokens and output_tokens (usage.pyx's walk reads
+    them); their streams carry it in their own events, read here: the Responses API's
+    ``response.completed`` (response.usage), the Messages API's ``message_start``
+    (the prompt) and ``message_delta`` (the output). Chat's exchange stays as it was."""
+
+    cdef _relay(self, UpstreamConnection conn, bytes data, bint framed):
+        if self.want_usage and not self.usage_seen:
+            self._read_events(unframe(data) if framed else data)
+        Exchange._relay(self, conn, data, framed)
+
+    cdef _read_events(self, bytes data):
+        cdef bytes buf = self.tail + data if self.tail else data
+        lines = buf.split(b"\n")
+        self.tail = lines.pop()  # an event line the next piece ends
+        for line in lines:
+            if not line.startswith(b"data: ") or b'"usage"' not in line:
+                continue
+            try:
+                obj = orjson.loads(line[6:])
+                kind = obj.get("type")
+                if kind == "response.completed":
+                    u = obj["response"]["usage"]
+                    self.u_prompt = int(u["input_tokens"])
+                    self.u_cached = int((u.get("input_tokens_details") or {}).get("cached_tokens") or 0)
+                    self.u_completion = int(u["output_tokens"])
+                    self.usage_seen = True
+                elif kind == "message_start":
+                    u = obj["message"]["usage"]
+                    self.u_prompt = int(u["input_tokens"])
+                    self.u_cached = int(u.get("cache_read_input_tokens") or 0)
+                elif kind == "message_delta":
+                    u = obj["usage"]
+                    if u.get("input_tokens") is not None:
+                        self.u_prompt = int(u["input_tokens"])
+                    self.u_completion = int(u["output_tokens"])
+                    self.usage_seen = True
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue  # not the shape expected: the estimate stands
+
+
+def start_generation(Ingress ingress, Request req, Responder resp, str route, pool, Ticket ticket, RouteInfo info,
+                     bytes body, str rid, tenant, double q_est, bint stream):
+    """/v1/responses and /v1/messages on the same path as chat (gateway/routes.py):
+    admission, routing, the engine's answer relayed as it comes, usage read from their
+    own shapes (GenExchange). ``tenant``, ``q_est``: as start_native's."""
+    cdef GenExchange x = <GenExchange>_fill(GenExchange.__new__(GenExchange), ingress, req, resp, route, pool,
+                                            ticket, info, body, rid)
+    x.tenant = tenant
+    x.q_est = q_est
+    x.prompt_est = <long long>(ticket.prompt_bytes / 4.0)
+    x.stream_req = stream
+    x.want_usage = tenant is not None or x.adm.settle_usage
+    x.tail = b""
+    x.start()

@@ -89,7 +89,8 @@ cdef bint read_usage(const char* s, const char* end, long long* out) noexcept:
 
 cdef bint _walk_usage(const char* s, const char* end, long long* out) noexcept:
     """The usage object that opens at ``s`` (its ``{``), walked once: its prompt, cached (0
-    when not reported) and completion tokens into ``out[3]``. False when it does not
+    when not reported) and completion tokens into ``out[3]`` (input_tokens and
+    output_tokens count as prompt and completion: the Responses and Messages APIs). False when it does not
     close before ``end`` or lacks the counts. Its members are numbers and objects of
     numbers (prompt_tokens_details): no string value to skip."""
     cdef int depth = 0
@@ -127,6 +128,13 @@ cdef bint _walk_usage(const char* s, const char* end, long long* out) noexcept:
                 elif _key_is(k, klen, b"completion_tokens", 17):
                     out[2] = v
                 elif _key_is(k, klen, b"cached_tokens", 13):
+                    out[1] = v
+                # The Responses and Messages APIs' usage (gateway/routes.py's routes).
+                elif _key_is(k, klen, b"input_tokens", 12):
+                    out[0] = v
+                elif _key_is(k, klen, b"output_tokens", 13):
+                    out[2] = v
+                elif _key_is(k, klen, b"cache_read_input_tokens", 23):
                     out[1] = v
             continue
         p += 1

@@ -19,6 +19,7 @@ from velocity_fast.sim.errors import BadRequest
 
 from .settings import SimConfig
 from .engine import Engine, Sequence
+from .extra import MODEL_PREFIX, extra_routes
 from .responses import RequestMeta, StreamSink, WholeSink
 from .schema import (ChatRequest, CompletionRequest, chat_decoder, completion_decoder, message_texts,
                      render_chat, render_prompt, tokenize_decoder)
@@ -59,10 +60,15 @@ class SimAPI:
             "/tokenize": (("POST",), self._tokenize),
             "/reset_prefix_cache": (("POST",), self._reset_prefix_cache),
         }
+        # /v1/embeddings, /detokenize, /v1/responses, /v1/messages, GET /v1/models/{id}: sim/extra.py.
+        extra, self._model_by_id = extra_routes(self)
+        self._routes.update(extra)
 
     async def handle(self, req: Request, resp: Responder) -> None:
         """Dispatch one request."""
         route = self._routes.get(req.path)
+        if route is None and req.path.startswith(MODEL_PREFIX) and req.method == "GET":
+            route = (("GET",), self._model_by_id)
         if route is None:
             resp.send(404, _NOT_FOUND)
             return

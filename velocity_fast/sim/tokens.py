@@ -182,6 +182,10 @@ class TextTokenizer:
         """Token ids of ``text``."""
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def decode(self, ids: list[int]) -> str:
+        """The text of token ids, special tokens kept (vLLM's /detokenize)."""
+        return self._tok.decode(ids, skip_special_tokens=False)
+
     def encode_chat(self, messages: list[tuple[str, str]]) -> list[int]:
         """Token ids of a conversation after the chat template, ready for the
         assistant's turn (as vLLM: the template adds the special tokens itself)."""
