@@ -126,8 +126,8 @@ def free_ports(base: int, n: int, *, span: int = 1000) -> list[int]:
 def _has_vllm(python: str) -> bool:
     """Whether ``python`` can import vllm (a spec lookup: no import, well under a second)."""
     try:
-        r = subprocess.run([python, "-c", "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
-                           stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+        code = "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+        r = subprocess.run([python, "-c", code], stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return False
     return r.returncode == 0
