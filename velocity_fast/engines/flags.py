@@ -54,7 +54,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="which engines to start: vllm (on the GPUs found, else vLLM's CPU build; refused "
         "when no vLLM is found), sim (built-in sim engines, as --mock) or auto (vLLM on GPUs "
-        "with a model, else sim); else the config's engine:, default auto",
+        "with a model, else sim) (default auto)",
     )
     g.add_argument(
         "--vllm-python",
@@ -67,8 +67,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--engines",
         type=_positive_int,
         default=None,
-        help=f"number of sim engines without GPUs or with --mock (default {DEFAULT_SIM_ENGINES}), "
-        "or of vLLM CPU engines with --engine vllm and no GPU (default 1)",
+        help=f"number of engines where it is not one per GPU: sim engines without GPUs or with "
+        f"--mock ({DEFAULT_SIM_ENGINES} unless given), vLLM CPU engines with --engine vllm and no "
+        "GPU (1 unless given)",
     )
     g.add_argument(
         "--tensor-parallel-size",
