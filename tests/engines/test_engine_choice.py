@@ -121,3 +121,12 @@ def test_the_config_keys_take_effect_as_the_flags_do(model, tmp_path):
     done = charge(tmp_path, "--model-path", str(model.path),
                   config=f"engine: vllm\nvllm_python: {sys.executable}\n")
     assert done.returncode == 2 and "not a python that can import vllm" in done.stderr, done.stderr
+
+
+def test_an_unknown_engine_kind_is_refused_by_flag_and_by_config(model, tmp_path):
+    done = charge(tmp_path, "--engine", "gpu", "--model-path", str(model.path))
+    assert done.returncode == 2 and "--engine: invalid choice: 'gpu'" in done.stderr, done.stderr
+    done = charge(tmp_path, "--model-path", str(model.path), config="engine: gpu\n")
+    assert done.returncode == 2 and "engine: Invalid enum value 'gpu'" in done.stderr, done.stderr
+    with pytest.raises(PlanError, match="one of auto, vllm, sim"):
+        plan_engines([], model, engine="gpu")

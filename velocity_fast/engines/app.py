@@ -63,9 +63,8 @@ def prepare_engines(
     ModelPathError, ModelPromptAborted or PlanError; see ``exit_code_for``.
     """
     detection = detect_gpus(environ)
-    wants_vllm = getattr(args, "engine", None) == "vllm"
-    ask = False if args.mock or getattr(args, "engine", None) == "sim" or not (detection.gpus or wants_vllm) \
-        else interactive
+    engine = getattr(args, "engine", None)
+    ask = interactive if not args.mock and engine != "sim" and (detection.gpus or engine == "vllm") else False
     model = resolve_model(args.model_path, environ=environ, interactive=ask)
     return detection, plan_from_args(args, detection, model, api_key=api_key, sim_args=sim_args)
 
