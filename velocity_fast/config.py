@@ -112,6 +112,9 @@ DEFAULT_BANDS = AdmissionSettings().bands
 class Settings(_S):
     policy: str = "dynamic"
     model_path: str | None = None
+    # chargeVelocity's engines: vllm, sim or auto (vLLM on GPUs with a model, else sim).
+    engine: Literal["auto", "vllm", "sim"] = "auto"
+    vllm_python: str | None = None
     host: str = "0.0.0.0"
     port: _Port = 8000
     admin_port: _Port = 9090

@@ -103,7 +103,10 @@ def test_the_readme_has_the_examples_this_test_runs():
     assert [c.split()[:2] for c in bash[0]] == [["make", "run"], ["make", "test"]]
     assert all(c.startswith("curl ") for c in bash[1])
     assert len(bash[2]) == 1 and bash[2][0].startswith(".venv/bin/velocityllm serve ")
-    assert len(bash) == 3 and len(blocks(README, "python")) == 1
+    # "With a real vLLM on CPU": tests/vllm/test_vllm_charge.py runs its chargeVelocity line.
+    assert bash[3][0].startswith("make build vllm-env vllm-models")
+    assert bash[3][1].startswith(".venv/bin/velocityllm chargeVelocity --engine vllm ")
+    assert len(bash) == 4 and len(blocks(README, "python")) == 1
 
 
 def test_make_run_then_every_curl_line_and_the_python_snippet(tmp_path):

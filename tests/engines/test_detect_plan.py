@@ -96,7 +96,9 @@ def test_sim_engines_without_gpu_or_model_or_with_mock(model, n_gpus, use_model,
 
 def test_flags_and_defaults():
     a = args()
-    assert (a.model_path, a.mock, a.engines, a.tensor_parallel_size) == (None, False, 2, 1)
+    # --engines: None, i.e. 2 sims or 1 vLLM CPU engine; --engine: None, i.e. the config's (auto).
+    assert (a.model_path, a.mock, a.engines, a.tensor_parallel_size) == (None, False, None, 1)
+    assert (a.engine, a.vllm_python) == (None, None)
     assert (a.gpu_memory_utilization, a.max_model_len, a.engine_base_port) == (0.92, 131072, 8100)
     with pytest.raises(SystemExit):
         args("--gpu-memory-utilization", "1.5")

@@ -36,6 +36,8 @@ def plan_from_args(
         detection.gpus,
         model,
         mock=args.mock,
+        engine=getattr(args, "engine", None) or "auto",
+        vllm_python=getattr(args, "vllm_python", None),
         engines=args.engines,
         tensor_parallel_size=args.tensor_parallel_size,
         gpu_memory_utilization=args.gpu_memory_utilization,
@@ -61,7 +63,8 @@ def prepare_engines(
     ModelPathError, ModelPromptAborted or PlanError; see ``exit_code_for``.
     """
     detection = detect_gpus(environ)
-    ask = False if args.mock or not detection.gpus else interactive
+    engine = getattr(args, "engine", None)
+    ask = interactive if not args.mock and engine != "sim" and (detection.gpus or engine == "vllm") else False
     model = resolve_model(args.model_path, environ=environ, interactive=ask)
     return detection, plan_from_args(args, detection, model, api_key=api_key, sim_args=sim_args)
 

@@ -49,10 +49,27 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="start built-in sim engines even when GPUs are present",
     )
     g.add_argument(
+        "--engine",
+        choices=("auto", "vllm", "sim"),
+        default=None,
+        help="which engines to start: vllm (on the GPUs found, else vLLM's CPU build; refused "
+        "when no vLLM is found), sim (built-in sim engines, as --mock) or auto (vLLM on GPUs "
+        "with a model, else sim) (default auto)",
+    )
+    g.add_argument(
+        "--vllm-python",
+        default=None,
+        metavar="PATH",
+        help="a python that imports vllm, to run vLLM engines with (else the config's "
+        "vllm_python:, the 'vllm' on PATH, the checkout's .vllm-venv)",
+    )
+    g.add_argument(
         "--engines",
         type=_positive_int,
-        default=DEFAULT_SIM_ENGINES,
-        help=f"number of sim engines without GPUs or with --mock (default {DEFAULT_SIM_ENGINES})",
+        default=None,
+        help=f"number of engines where it is not one per GPU: sim engines without GPUs or with "
+        f"--mock ({DEFAULT_SIM_ENGINES} unless given), vLLM CPU engines with --engine vllm and no "
+        "GPU (1 unless given)",
     )
     g.add_argument(
         "--tensor-parallel-size",

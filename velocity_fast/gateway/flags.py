@@ -52,7 +52,8 @@ def flag_overrides(args: argparse.Namespace) -> dict:
 
     out = {}
     for key in ("host", "port", "admin_port", "policy", "sla_ms", "max_concurrency", "api_key",
-                "structured_logs", "log_level", "max_model_len", "model_path", "state_store", "workers"):
+                "structured_logs", "log_level", "max_model_len", "model_path", "state_store", "workers", "engine",
+                "vllm_python"):
         v = getattr(args, key, None)
         if v is not None:
             out[key] = v

@@ -213,6 +213,9 @@ def charge_main(args: argparse.Namespace) -> int:
     setup_logging(settings.structured_logs, settings.log_level)
     if settings.model_path and not args.model_path:
         args.model_path = settings.model_path
+    args.engine = settings.engine  # the flag, else the config's engine:
+    if settings.vllm_python and not args.vllm_python:
+        args.vllm_python = settings.vllm_python
     if args.max_model_len is None:
         args.max_model_len = settings.max_model_len
     try:
@@ -230,7 +233,7 @@ def charge_main(args: argparse.Namespace) -> int:
         except ConfigError as e:
             print(f"velocityllm: config error: {e}", file=sys.stderr)
             return 2
-    if plan.kind == "sim" and not args.mock:
+    if plan.kind == "sim" and not args.mock and args.engine != "sim":
         print(f"velocityllm: {plan.reason}; starting {len(plan.specs)} built-in sim engine(s) instead.",
               flush=True)
 

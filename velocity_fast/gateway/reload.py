@@ -43,8 +43,8 @@ __all__ = ["Reloader", "apply_settings", "changed_keys", "RESTART_KEYS"]
 log = logging.getLogger("velocity.reload")
 
 # Keys that are read once at start: a change is reported, and applies at the next start.
-RESTART_KEYS = ("host", "port", "admin_port", "server", "health", "sim", "model_path", "structured_logs",
-                "log_level", "state_store", "workers")
+RESTART_KEYS = ("host", "port", "admin_port", "server", "health", "sim", "model_path", "engine", "vllm_python",
+                "structured_logs", "log_level", "state_store", "workers")
 
 _DRAIN_POLL_S = 0.2
 
