@@ -108,7 +108,24 @@ def bench_setup(args):
         if not any(a == "--sla-ms" or a.startswith("--sla-ms=") for a in server_args):
             server_args.append(f"--sla-ms={cfg.sla_ms:g}")
     mix = mix_from_args(args)
+    if mix.clients.no_max_tokens > 0 and not any(a == "--sim-args" or a.startswith("--sim-args=")
+                                                 for a in server_args):
+        # A client that names no max_tokens still gets a reply of the workload's length:
+        # the sims end such replies by themselves at the mix's mean output length, so the
+        # share changes what the body says, not how much work the engines are given.
+        server_args.append(f"--sim-args=--natural-output-mean {round(mean_length(mix.output_tokens))}")
     return cfg, mix, build_workload(cfg, mix), server_args
+
+
+def mean_length(d) -> float:
+    """The mean of a length distribution (``mix.Dist``), before its clamp."""
+    import math
+
+    if d.dist == "uniform":
+        return (d.low + d.high) / 2
+    if d.dist == "lognormal":
+        return d.value * math.exp(d.sigma ** 2 / 2)
+    return d.value
 
 
 def run_config(args, cfg) -> dict:
