@@ -47,6 +47,7 @@ from pathlib import Path
 from velocity_fast.loadgen.gateway_proc import free_port
 
 from bench.lib.processes import Procs, wait_ready
+from bench.lib.stack import http_status
 from bench.lib.targets import CHILD_ENV, REPO
 
 MODEL = "sim-model"
@@ -271,18 +272,6 @@ async def _soak(load: Load, rate: float, seconds: float, interval: float, sample
     return samples
 
 
-def _get(port: int, path: str) -> int:
-    import http.client
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=2.0)
-    try:
-        c.request("GET", path)
-        return c.getresponse().status
-    except OSError:
-        return 0
-    finally:
-        c.close()
-
-
 def run(args) -> dict:
     procs = Procs()
     env = {k: v for k, v in os.environ.items() if not k.startswith("VELOCITY_")} | CHILD_ENV
@@ -297,7 +286,7 @@ def run(args) -> dict:
                                  str(port), "--model", MODEL, "--time-scale", str(scale), "--max-num-seqs", str(SEQS),
                                  "--seed", str(i)], None, log=work / f"engine-{i}.log", cwd=str(REPO), env=env,
                                 stdin=subprocess.DEVNULL)
-                wait_ready(lambda: p.poll() is None and _get(port, "/health") == 200, 20, f"sim engine {i}",
+                wait_ready(lambda: p.poll() is None and http_status(port, "/health") == 200, 20, f"sim engine {i}",
                            work / f"engine-{i}.log")
                 engines[port] = f"e{i}"
             store_port = None
@@ -324,7 +313,7 @@ def run(args) -> dict:
                               "--log-level", "warning", "--host", "127.0.0.1", "--port", str(port),
                               "--admin-port", str(admin)], None, log=work / "gateway.log", cwd=str(REPO), env=env,
                              stdin=subprocess.DEVNULL)
-            wait_ready(lambda: gw.poll() is None and _get(admin, "/ready") == 200, 30, "the gateway",
+            wait_ready(lambda: gw.poll() is None and http_status(admin, "/ready") == 200, 30, "the gateway",
                        work / "gateway.log")
             ports = {"client": {port, admin}, "pool": engines, "store": store_port, "events": set()}
             pool_bound = len(engines) * (MAX_CONCURRENCY + POOL_SPARE)

@@ -39,7 +39,8 @@ class Stack:
         return self.log.read_text(errors="replace")
 
 
-def _get(port: int, path: str) -> int:
+def http_status(port: int, path: str) -> int:
+    """The status of a GET of ``path`` on 127.0.0.1:``port`` (0: no answer within 2 s)."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=2.0)
     try:
         c.request("GET", path)
@@ -68,7 +69,7 @@ def gateway_stack(*sim_flags: str, engines: int = 1, time_scale: float = 50.0,
                 p = procs.start([sys.executable, "-m", "velocity_fast.sim", "--host", "127.0.0.1", "--port", str(port),
                                  "--model", MODEL, "--time-scale", str(time_scale), *sim_flags], None, log=log,
                                 cwd=str(REPO), env=env, stdin=subprocess.DEVNULL)
-                wait_ready(lambda: p.poll() is None and _get(port, "/health") == 200, 20, f"sim engine {i}", log)
+                wait_ready(lambda: p.poll() is None and http_status(port, "/health") == 200, 20, f"sim engine {i}", log)
                 eps.append((f"e{i}", f"http://127.0.0.1:{port}", MODEL))
             config = work / "config.yaml"
             config.write_text(config_yaml(eps))
@@ -83,7 +84,7 @@ def gateway_stack(*sim_flags: str, engines: int = 1, time_scale: float = 50.0,
             def ready() -> bool:
                 if gw.poll() is not None:
                     raise RuntimeError("the gateway exited: " + stack.log_text[-800:])
-                return _get(admin, "/ready") == 200
+                return http_status(admin, "/ready") == 200
 
             wait_ready(ready, 30, "the gateway", log)
             yield stack
