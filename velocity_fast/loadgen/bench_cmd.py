@@ -108,13 +108,18 @@ def bench_setup(args):
         if not any(a == "--sla-ms" or a.startswith("--sla-ms=") for a in server_args):
             server_args.append(f"--sla-ms={cfg.sla_ms:g}")
     mix = mix_from_args(args)
-    if mix.clients.no_max_tokens > 0 and not any(a == "--sim-args" or a.startswith("--sim-args=")
-                                                 for a in server_args):
-        # A client that names no max_tokens still gets a reply of the workload's length:
-        # the sims end such replies by themselves at the mix's mean output length, so the
-        # share changes what the body says, not how much work the engines are given.
-        server_args.append(f"--sim-args=--natural-output-mean {round(mean_length(mix.output_tokens))}")
     return cfg, mix, build_workload(cfg, mix), server_args
+
+
+def sim_args(mix, server_args: list[str]) -> list[str]:
+    """The sims' flags a bench run adds to ``server_args``: a client that names no
+    max_tokens still gets a reply of the workload's length, so the sims end such replies
+    by themselves at the mix's mean output length, and the share changes what the body
+    says, not how much work the engines are given (none when --sim-args is given)."""
+    if mix.clients.no_max_tokens <= 0 or any(a == "--sim-args" or a.startswith("--sim-args=")
+                                             for a in server_args):
+        return []
+    return [f"--sim-args=--natural-output-mean {round(mean_length(mix.output_tokens))}"]
 
 
 def mean_length(d) -> float:
@@ -251,7 +256,7 @@ async def _bench(args, policies, cfg, mix, specs, logs, server_args):
                             duration=0.5, seed=cfg.seed + 1_000_003), mix)
     runs = []
     for repeat, policy in run_order(policies, args.repeats, cfg.seed):
-        gw = GatewayProcess(policy, engines=args.engines, extra=server_args,
+        gw = GatewayProcess(policy, engines=args.engines, extra=server_args + sim_args(mix, server_args),
                             log_path=os.path.join(logs, f"{policy}-{repeat}.log"))
         gw.start()
         try:
