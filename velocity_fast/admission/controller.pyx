@@ -401,11 +401,14 @@ cdef class Lease(RoomFilter):
         if self.band_index >= adm._borrow_from:
             ceiling = adm._ceiling(self._ps, self.band_index, now)
         load = st.load
-        if (ceiling >= 1.0 and not load.capacity_known and load.waiting >= 1.0 and adm._sat is not None
+        if (ceiling >= 1.0 and not load.capacity_known and load.waiting >= 2.0 and adm._sat is not None
                 and now - load.scraped_at <= adm._sat.stale_after):
             # An engine queueing before its batch is learned (a probe's overshoot): a band
             # meant to find room would wait behind that low work. Another engine, even a
             # full one, serves it sooner; with none, the router asks without this filter.
+            # A queue of its own is two or more waiting, as for growth: one is a request
+            # caught between its arrival and the engine's next step, and taking that for
+            # an overshoot moved x-session-id sessions between engines on an idle pool.
             return False
         load.limit = ep.limit
         # With this lease on it, as the pool's number counts the next grant.
