@@ -271,7 +271,7 @@ DOC_RULES = [
     # How vLLM engines are started from a python that imports vllm (`--vllm-python`, .vllm-venv):
     # the vllm tier's engines and its chargeVelocity --engine vllm test run it so.
     (r"python -m vllm\.entrypoints\.openai\.api_server", "test:tests/vllm/test_vllm_charge.py"),
-    (r"make vllm-env( vllm-models)?", "cannot: installs vLLM (minutes, gigabytes); .ci/run runs it before make test"),
+    (r"make vllm-env( vllm-models)?", "cannot: installs vLLM (minutes, gigabytes); make test-vllm runs it"),
     # The workers' command: a config at a system path; the test runs `serve --workers 2`.
     (r"velocityllm serve --config /etc/velocityllm/config\.yaml --workers auto", "test:tests/e2e/test_workers_e2e.py"),
 ]
