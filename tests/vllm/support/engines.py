@@ -44,11 +44,11 @@ START_TIMEOUT_S = 240.0
 
 def vllm_env() -> Path:
     """The vLLM venv's python; the test skips without it, saying how to install it, and
-    fails under CI=true (.ci/run installs it first)."""
+    fails under CI=true (`make test-vllm` installs it first)."""
     py = VENV / "bin" / "python"
     if (VENV / ".installed").exists() and py.exists():
         return py
-    msg = "needs vLLM's CPU build in .vllm-venv: run `make vllm-env` (about 2 minutes; .ci/run does it)"
+    msg = "needs vLLM's CPU build in .vllm-venv: run `make test-vllm`, which builds it (about 2 minutes)"
     if os.environ.get("CI") == "true":
         pytest.fail("under CI=true: " + msg)
     pytest.skip(msg)
