@@ -5,7 +5,6 @@ saying which flags give one."""
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import subprocess
 import time
@@ -14,6 +13,7 @@ from urllib.request import Request, urlopen
 
 import pytest
 
+from tests.e2e.test_readme import blocks, commands
 from tests.support.fakes import free_port_block, machine_env, make_model_folder
 from tests.support.gateway import GatewayProcess, gateway_process, stop_group, velocity_command
 from tests.support.sim import free_port
@@ -90,19 +90,10 @@ def test_precise_with_a_vllm_model_folder_without_a_tokenizer_names_what_to_give
 
 
 def _doc_commands() -> list[str]:
-    """The offline block of docs/kv-events.md: continuation lines joined, comments dropped."""
+    """The offline block of docs/kv-events.md, read as the README test reads a block."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "kv-events.md").read_text()
-    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "--write-tokenizer" in b]
-    out, cur = [], ""
-    for line in block.splitlines():
-        cur = (cur + " " if cur else "") + line.split(" #", 1)[0].strip()
-        if cur.endswith("\\"):
-            cur = cur[:-1].rstrip()
-            continue
-        if cur:
-            out.append(cur)
-        cur = ""
-    return out
+    (block,) = [b for b in blocks(text, "bash") if "--write-tokenizer" in b]
+    return commands(block)
 
 
 @pytest.mark.timeout(90)
