@@ -1,4 +1,4 @@
-"""SLAs per band, the queue model of admitted work, and Retry-After promises (issue 33),
+"""SLAs per band, the queue model of admitted work, and Retry-After promises,
 with fake endpoints and a hand-driven clock (no HTTP, no engines)."""
 import asyncio
 

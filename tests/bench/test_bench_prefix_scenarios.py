@@ -210,7 +210,7 @@ def test_replicas_measure_one_gateway_beside_them_and_give_the_hit_rate_ratio(tm
 @pytest.mark.timed  # a hit-rate ratio of runs under load, 0.967 against 0.95
 @pytest.mark.timeout(240)
 def test_two_precise_replicas_keep_one_gateways_engine_hit_rate(tmp_path):
-    """Issue 37's must-hold at the scenario's full size (its defaults: 640 requests, 16
+    """The replicas goal at the scenario's full size (its defaults: 640 requests, 16
     groups, 4 engines of 288 blocks), precise only: two replicas' engine hit rate at least
     0.95 of one gateway's on the same traffic. About 35 s here. Measured on this 2-core
     machine: 0.972-0.981 over seeds 1-4, 0.967 with one core kept busy by another process.

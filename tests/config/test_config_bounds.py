@@ -37,7 +37,7 @@ def error_of(config: str | None = None, flags: dict | None = None, env: dict | N
     return msg
 
 
-# -- the rate limit (issue: 0 made every request after the first a 500) --------------------------
+# -- the rate limit (0 once made every request after the first a 500) ---------------------------
 
 @pytest.mark.parametrize("tenant, key, why", [
     ("{name: a, requests_per_second: 0, burst: 1}", "tenants[0].requests_per_second", "(0, 1000000], got 0"),

@@ -1,4 +1,4 @@
-"""Admission end to end (issue: admission): real sockets on 127.0.0.1, a gateway in
+"""Admission end to end: real sockets on 127.0.0.1, a gateway in
 front of sim engines or of a tiny fake engine that the test controls.
 
 What a client sees: an SLA no engine can meet is declined at once with 429 `sla` when

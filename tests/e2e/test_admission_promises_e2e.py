@@ -1,4 +1,4 @@
-"""Admission keeps its promises (issue 33), end to end on real sockets and sim engines.
+"""Admission keeps its promises (Retry-After), end to end on real sockets and sim engines.
 
 - What is admitted finishes within its SLA whatever the mix of sizes: a fresh `serve` in
   front of two sim engines, six short requests, then a burst of 30 parallel /generate

@@ -1,4 +1,4 @@
-"""Routing end to end (issue: routing): a gateway in front of 4 sim engines with prefix
+"""Routing end to end: a gateway in front of 4 sim engines with prefix
 caching, on real sockets.
 
 The engines' own prefix-cache hit rate is what prefix affinity is for: on a

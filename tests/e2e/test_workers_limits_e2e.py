@@ -1,4 +1,4 @@
-"""Two workers, one gateway: the limits hold across them (issue: "every core, one truth").
+"""Two workers, one gateway: the limits hold across them (docs/design.md, "Where state lives").
 
 `serve --workers 2 --policy static` in front of two sim engines of 16 sequences, a
 concurrency limit of 4 per engine, and a flood of 120 low clients spread over the workers by the kernel

@@ -1,5 +1,5 @@
 """A streamed answer through the gateway holds back the engine while the client reads
-slowly (flow control both ways, issue 3): what waits in between stays bounded, and the
+slowly (flow control both ways): what waits in between stays bounded, and the
 client then gets every byte in order."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What some command-line flags do, as a user of the command would notice it (issue 23):
+"""What some command-line flags do, as a user of the command would notice it:
 
 - ``velocityllm loadgen``: ``--num-requests`` (the report counts exactly N), ``--concurrency``
   (never more than C requests in flight at the server), ``--timeout`` (a server that never

@@ -1,5 +1,5 @@
 """Bad input never becomes a 500, and what still fails inside the gateway is a counted,
-logged 500 that carries the request id (issue 20).
+logged 500 that carries the request id.
 
 Each cause once seen as a 500 has its test: JSON nested past the decoder's depth on every
 route, token counts out of range (C long and orjson overflow), /generate without sla_ms;

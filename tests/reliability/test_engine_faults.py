@@ -1,4 +1,4 @@
-"""The engine side of the fuzz run (issue 20): an engine that answers garbage heads, cut
+"""The engine side of the fuzz run: an engine that answers garbage heads, cut
 chunked bodies, malformed SSE, a 200 with invalid JSON, odd statuses, huge headers. The
 gateway answers each client (its 502 or 503, or the engine's answer relayed), never a
 500 of its own, never hangs, keeps its books straight and goes on serving the sound engine.

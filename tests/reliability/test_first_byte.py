@@ -1,4 +1,4 @@
-"""The first byte of a request is bounded like the rest of its head (issue 20): a new
+"""The first byte of a request is bounded like the rest of its head: a new
 connection that sends nothing is closed, quietly as nginx's client_header_timeout does,
 after ServerLimits.first_byte_timeout (server.first_byte_timeout_s in the settings,
 header_timeout_s when unset); between requests a kept-alive connection still waits

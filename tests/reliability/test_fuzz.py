@@ -1,4 +1,4 @@
-"""The bounded fuzz run of CI (issue 20): fixed seeds, a few thousand cases, against a
+"""The bounded fuzz run of CI: fixed seeds, a few thousand cases, against a
 gateway process in front of a sim engine (tests/reliability/harness.py).
 
 Asserted for every batch: no answer is a 500, no case hangs (every wait is bounded),

@@ -1,4 +1,4 @@
-"""The sim engine's HTTP surface against VLLM_CONTRACT.md, on real sockets."""
+"""The sim engine's HTTP surface, on real sockets, against what vLLM answers."""
 from __future__ import annotations
 
 import json

@@ -1,5 +1,5 @@
-"""`--workers N`: N gateway processes on one client port under a supervisor (shared/DESIGN.md
-section 11, "Cores"; docs/operations.md, "Workers").
+"""`--workers N`: N gateway processes on one client port under a supervisor (docs/operations.md,
+"Workers"; where each count lives: docs/design.md, "Where state lives").
 
 The supervisor:
 

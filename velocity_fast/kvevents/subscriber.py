@@ -2,7 +2,7 @@
 
 The engine publishes on a ZMQ PUB socket ``(topic, seq as 8-byte big-endian, payload)``
 with ``seq`` rising by one per batch from 0 for the life of the engine process, and
-serves missed batches on a ROUTER replay socket (VLLM_CONTRACT.md). Here:
+serves missed batches on a ROUTER replay socket (docs/kv-events.md). Here:
 
 - **In order**: a batch with the next sequence number is applied.
 - **A gap** (a higher number): the missing batches are asked from the replay endpoint

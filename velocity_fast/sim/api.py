@@ -1,6 +1,6 @@
 """The sim engine's HTTP surface: vLLM's OpenAI routes, /health, /metrics and friends.
 
-Every answer follows VLLM_CONTRACT.md: routes, error shapes and messages, SSE chunks,
+Every answer has vLLM's shape (docs/design.md, "The sim engine against vLLM"): routes, errors, SSE chunks,
 auth on /v1/ paths only.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from .tokens import (MAX_LOGPROBS, VOCAB_BITS, TextTokenizer, block_hashes, coun
                      request_rng, stop_point, token_block_hashes)
 from .responses import Choice
 
-#: The vLLM version the sim engine presents itself as (VLLM_CONTRACT.md).
+#: The vLLM version the sim engine presents itself as (its GET /version, as vLLM answers it).
 VLLM_VERSION = "0.33.0"
 SYSTEM_FINGERPRINT = f"vllm-{VLLM_VERSION}-51a5c5d1"
 

@@ -5,7 +5,7 @@
     {"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557",
      "replay_endpoint": "tcp://*:5558", "topic": "kv", "buffer_steps": 10000, "hwm": 100000}
 
-The wire is vLLM's (``vllm/distributed/kv_events.py``, VLLM_CONTRACT.md):
+The wire is vLLM's (``vllm/distributed/kv_events.py``, docs/kv-events.md):
 
 - a ZMQ PUB socket; an endpoint with ``*`` or ``::`` in it (or ``ipc://``/``inproc://``)
   binds, any other connects;
