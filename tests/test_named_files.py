@@ -4,10 +4,10 @@ A comment that cites a file by the name it had before the code moved into its co
 package sends a reader to a file that is not there. This test reads the comments and docstrings
 of the code (``.py``, ``.pyx``, ``.pxd``, ``.pyi``, ``csrc/*.h``) and the whole text of the
 documents (``*.md``), takes each name that looks like a source or document file, and
-finds it: a path (``routing/router.pyx``) relative to the repository, the package, the
-file's own folder or the shared folder beside the checkout (``DESIGN.md`` and
-``VLLM_CONTRACT.md`` live there; a clone without it takes ``SHARED_DOCS``), or as the ending of a tracked path; a bare name
-(``router.pyx``) as the name of some tracked file.
+finds it: a path (``routing/router.pyx``) relative to the repository, the package or the
+file's own folder, or as the ending of a tracked path; a bare name (``router.pyx``) as the
+name of some tracked file. Nothing outside the repository counts: a clone is all a reader
+has (tests/test_no_outside_refs.py keeps such names out).
 
 Names that are not this project's are listed in ``EXTERNAL`` with the reason.
 """
@@ -21,10 +21,6 @@ import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-# The product's documents kept beside the checkout, not in it: a clone made elsewhere (as a
-# CI runner may make it) has no shared folder, and then their names stand for them.
-SHARED_DOCS = {"DESIGN.md", "STYLE.md", "VLLM_CONTRACT.md"}
 
 # A file name with an extension of the project's sources, documents or deploy files.
 NAME = re.compile(r"(?<![\w./<-])((?:[\w.-]+/)*[\w-]+\.(?:pyx|pxd|pyi|py|h|md))(?![\w/(])")
@@ -92,7 +88,6 @@ def missing_names() -> list[str]:
     paths = set(files)
     names = {Path(p).name for p in files}
     folders = {str(parent) for p in files for parent in Path(p).parents}
-    shared = {p.name for p in SHARED.glob("*")} if SHARED.is_dir() else SHARED_DOCS
     bad = []
     for path in files:
         if not path.endswith((".py", ".pyx", ".pxd", ".pyi", ".h", ".md")):
@@ -104,11 +99,10 @@ def missing_names() -> list[str]:
                 if ref in EXTERNAL or ref.startswith(EXTERNAL_PREFIXES):
                     continue
                 if "/" not in ref:
-                    found = ref in names or ref in shared
+                    found = ref in names
                 else:
                     bases = ("", "velocity_fast/", str(Path(path).parent) + "/")
                     found = any(str(Path(b + ref)) in paths or str(Path(b + ref)) in folders for b in bases) \
-                        or (ref.startswith("shared/") and ref[len("shared/"):] in shared) \
                         or any(p.endswith("/" + ref) for p in paths)
                 if not found:
                     at = line + chunk.count("\n", 0, m.start())
