@@ -51,11 +51,11 @@ def test_embeddings_are_deterministic_unit_vectors_float_or_base64(eng):
     assert s == 404 and json.loads(b)["error"]["type"] == "NotFoundError"
 
 
-def test_models_by_id(eng):
-    s, b = eng.get(f"/v1/models/{MODEL}")
-    assert s == 200 and json.loads(b)["id"] == MODEL
-    s, b = eng.get("/v1/models/other")
-    assert s == 404 and json.loads(b)["error"]["param"] == "model"
+def test_models_by_id_is_not_a_vllm_route(eng):
+    # vLLM 0.32 has no GET /v1/models/{id}: its router's 404, for a known model too.
+    for path in (f"/v1/models/{MODEL}", "/v1/models/other"):
+        s, b = eng.get(path)
+        assert (s, json.loads(b)) == (404, {"detail": "Not Found"})
 
 
 def test_responses_whole_and_streamed(eng):

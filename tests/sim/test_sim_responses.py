@@ -127,5 +127,6 @@ async def test_whole_response_body():
     assert done.done()
     body = w.body("fp")
     assert body["choices"][0]["message"]["content"] == VOCAB[0] + VOCAB[1]
-    assert body["usage"] == {"prompt_tokens": 7, "total_tokens": 9, "completion_tokens": 2}
+    assert body["usage"] == {"prompt_tokens": 7, "total_tokens": 9, "completion_tokens": 2,
+                             "prompt_tokens_details": None, "completion_tokens_details": None}
     assert body["object"] == "chat.completion" and body["system_fingerprint"] == "fp"

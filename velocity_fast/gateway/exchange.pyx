@@ -318,6 +318,13 @@ cdef class Exchange(ResponseHandler):
         if i < 0 or end == NULL:
             return data
         self.events -= 1
+        # vLLM writes members after the usage (its "system_fingerprint") on the stream's
+        # last chunk: cut with the usage, they go onto the chunk before, where vLLM puts
+        # them for a client that asked for no usage.
+        close = _object_end(s + at + USAGE_EVENT_LEN - 1, end)
+        if close != NULL and close + 1 < end - 1 and i >= 3 and s[i - 3] == c'}' and s[i - 2] == c'\n':
+            return (data[:i - 3] + data[close + 1 - s:end - 1 - s] + data[i - 3:i]
+                    + data[end - s + 2:])
         return data[:i] + data[end - s + 2:]
 
     def _drained(self, task):
@@ -636,6 +643,21 @@ cdef double _x_locality(object x) except? -1.0:
 
 set_waiter(Exchange, _x_waiting, _x_granted)
 set_locality(_x_locality)
+
+
+cdef const char* _object_end(const char* p, const char* end) noexcept:
+    """The ``}`` that closes the JSON object opening at ``p`` (a usage object: no strings
+    hold braces in it), or NULL before ``end``."""
+    cdef int depth = 0
+    while p < end:
+        if p[0] == c'{':
+            depth += 1
+        elif p[0] == c'}':
+            depth -= 1
+            if depth == 0:
+                return p
+        p += 1
+    return NULL
 
 
 cdef class GenExchange(Exchange):

@@ -6,7 +6,7 @@ holds the usage chunk, when that chunk is cut out). gateway/exchange.pyx calls t
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport uint64_t
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memchr, memcmp, memcpy
 
 cdef extern from "string.h":
     void* memrchr(const void* s, int c, size_t n) nogil
@@ -205,11 +205,14 @@ cdef Py_ssize_t usage_event_at(const char* s, Py_ssize_t n, bint framed) noexcep
                 e -= 1
             if e >= 2 and s[e - 1] == c'\n':
                 e -= 2
-    if e < 4 or memcmp(s + e - 4, b"}}\n\n", 4) != 0:
+    # The usage object closes the event (`}}`), or a string member follows it: vLLM 0.32
+    # ends the chunk with its "system_fingerprint". A token's chunk ends `]}`: skipped here.
+    if e < 4 or memcmp(s + e - 3, b"}\n\n", 3) != 0 or (s[e - 4] != c'}' and s[e - 4] != c'"'):
         return -1
     p = _usage_back(s + (e - 2048 if e > 2048 else 0), s + e)
     if p != NULL and p - s >= USAGE_EVENT_LEN - 1 and memcmp(p - USAGE_EVENT_LEN + 1, _USAGE_EVENT,
-                                                              USAGE_EVENT_LEN) == 0:
+                                                              USAGE_EVENT_LEN) == 0 \
+            and memchr(p, c'\n', (s + e - 2) - p) == NULL:  # in the last event, not an earlier one
         return p - s - USAGE_EVENT_LEN + 1
     return -1
 

@@ -20,16 +20,12 @@ from velocity_fast.sim.errors import BadRequest
 from .settings import SimConfig
 from .engine import Engine, Sequence
 from .extra import MODEL_PREFIX, extra_routes
-from .responses import RequestMeta, StreamSink, WholeSink
+from .responses import SYSTEM_FINGERPRINT, VLLM_VERSION, RequestMeta, StreamSink, WholeSink
 from .schema import (ChatRequest, CompletionRequest, chat_decoder, completion_decoder, message_texts,
                      render_chat, render_prompt, tokenize_decoder)
 from .tokens import (MAX_LOGPROBS, VOCAB_BITS, TextTokenizer, block_hashes, count_tokens, pseudo_token_ids,
                      request_rng, stop_point, token_block_hashes)
 from .responses import Choice
-
-#: The vLLM version the sim engine presents itself as (its GET /version, as vLLM answers it).
-VLLM_VERSION = "0.33.0"
-SYSTEM_FINGERPRINT = f"vllm-{VLLM_VERSION}-51a5c5d1"
 
 _NOT_FOUND = b'{"detail":"Not Found"}'
 _NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'
@@ -144,11 +140,11 @@ class SimAPI:
         try:
             body = chat_decoder.decode(req.body)
             if not body.messages:
-                raise BadRequest("Field required: messages must be a non-empty list.")
+                raise _Schema("Field required: messages must be a non-empty list.", "body.messages")
             prompt = render_chat(body.messages)
             ids = self.tokenizer.encode_chat(message_texts(body.messages)) if self.tokenizer is not None else None
         except (msgspec.DecodeError, BadRequest, ValueError) as e:
-            resp.send_error(400, str(e), type="BadRequestError", param=_param_of(e))
+            resp.send_error(400, str(e), type=_type_of(e), param=_param_of(e))
             return
         mt = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         await self._generate(req, resp, body, prompt, mt, chat=True, ids=ids)
@@ -159,7 +155,7 @@ class SimAPI:
             prompt = render_prompt(body.prompt)
             ids = self._prompt_ids(body.prompt) if self.tokenizer is not None else None
         except (msgspec.DecodeError, ValueError) as e:
-            resp.send_error(400, str(e), type="BadRequestError", param=_param_of(e))
+            resp.send_error(400, str(e), type=_type_of(e), param=_param_of(e))
             return
         await self._generate(req, resp, body, prompt, body.max_tokens, chat=False, ids=ids)
 
@@ -183,18 +179,19 @@ class SimAPI:
             raise BadRequest(
                 f"This model's maximum context length is {cfg.max_model_len} tokens. However, your "
                 f"request has {prompt_tokens} input tokens. Please reduce the length of the input messages.")
-        if max_tokens is not None and prompt_tokens + max_tokens > cfg.max_model_len:
+        # As vLLM 0.32: max_tokens alone is checked against the context; a prompt plus
+        # max_tokens past it is served, and generation stops at the context's end.
+        if max_tokens is not None and max_tokens > cfg.max_model_len:
             raise BadRequest(
-                f"This model's maximum context length is {cfg.max_model_len} tokens. However, you requested "
-                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
-                f"completion). Please reduce the length of the messages or completion.")
+                f"max_tokens={max_tokens} cannot be greater than max_model_len={cfg.max_model_len}. Please "
+                f"request fewer output tokens. (parameter=max_tokens, value={max_tokens})", "max_tokens")
 
     def _plan(self, rng, body: ChatRequest | CompletionRequest, prompt_tokens: int,
               max_tokens: int | None) -> tuple[int, str, tuple[int, int, str] | None]:
         """How one reply drawn from ``rng`` ends: (tokens, finish_reason, stop cut or None)."""
         cfg = self.cfg
         if max_tokens is not None and not (cfg.natural_stop and not body.ignore_eos):
-            target, finish = max_tokens, "length"
+            target, finish = min(max_tokens, cfg.max_model_len - prompt_tokens), "length"
         else:
             # No limit asked: the reply ends by itself (EOS) unless ignore_eos, and
             # never runs past the context window.
@@ -297,16 +294,29 @@ class SimAPI:
         resp.send(200, orjson.dumps(sink.body(SYSTEM_FINGERPRINT)), headers=headers)
 
 
+class _Schema(BadRequest):
+    """A body that does not fit the request model: vLLM's API server refuses it before its
+    own checks, as FastAPI's validation error ("Bad Request", the field as ``body.NAME``)."""
+
+
+def _type_of(e: Exception) -> str:
+    """vLLM's error type: "Bad Request" for a body that is not the request model (bad JSON,
+    a missing field, a wrong type), BadRequestError for what its own checks refuse."""
+    return "Bad Request" if isinstance(e, (msgspec.DecodeError, _Schema)) else "BadRequestError"
+
+
 def _param_of(e: Exception) -> str | None:
-    """The field a refused body is refused for: BadRequest's, or the first member of
-    msgspec's path (``... - at `$.temperature` ``)."""
+    """The field a refused body is refused for: BadRequest's, or for a body that is not the
+    request model the first member of msgspec's path (``... - at `$.temperature` ``) as
+    vLLM names it (``body.temperature``; ``body`` for what is not JSON)."""
     if isinstance(e, BadRequest):
         return e.param
     msg = str(e)
     at = msg.rfind("- at `$.")
     if at < 0:
-        return None
-    return msg[at + 8:].rstrip("`").split(".")[0].split("[")[0] or None
+        return "body" if isinstance(e, msgspec.DecodeError) else None
+    name = msg[at + 8:].rstrip("`").split(".")[0].split("[")[0]
+    return "body." + name if name else "body"
 
 
 #: vLLM's VLLM_MAX_N_SEQUENCES default: the largest ``n``.

@@ -131,15 +131,9 @@ class ExtraRoutes:
 
     # -- relayed routes ------------------------------------------------------------
     async def model(self, req: Request, resp: Responder) -> None:
-        """GET /v1/models/{id}: the model object, or vLLM's 404."""
-        api = self.api
-        cfg = api.cfg
-        if req.path[len(MODEL_PREFIX):] != cfg.model:
-            resp.send_error(404, f"The model `{req.path[len(MODEL_PREFIX):]}` does not exist.",
-                            type="NotFoundError", param="model")
-            return
-        resp.send_json(200, {"id": cfg.model, "object": "model", "created": api.created, "owned_by": "vllm",
-                             "root": cfg.root or cfg.model, "parent": None, "max_model_len": cfg.max_model_len})
+        """GET /v1/models/{id}: vLLM 0.32 serves no such route, and answers it as any path it
+        does not know (the gateway answers it from its own model list)."""
+        resp.send_json(404, {"detail": "Not Found"})
 
     def _model_ok(self, model: str | None, resp: Responder) -> bool:
         if model and model != self.api.cfg.model:

@@ -17,6 +17,11 @@ from velocity_fast.server.connection import Responder
 from .tokens import VOCAB_BYTES, render_text, token_logprobs
 
 DONE = b"data: [DONE]\n\n"
+#: The vLLM version the sim answers as (/version), and its system_fingerprint: the
+#: version and a build hash.
+VLLM_VERSION = "0.33.0"
+SYSTEM_FINGERPRINT = f"vllm-{VLLM_VERSION}-51a5c5d1"
+FINGERPRINT_MEMBER = b',"system_fingerprint":"' + SYSTEM_FINGERPRINT.encode() + b'"'
 KEEP_ALIVE = b": keep-alive\n\n"
 
 
@@ -131,13 +136,15 @@ class StreamSink:
         if meta.chat:
             head = (b'data: {"id":' + rid + b',"object":"chat.completion.chunk","created":%d,"model":'
                     % meta.created + model + b',"choices":[{"index":%d,"delta":{"content":"')
-            self.tail = b'"},"logprobs":null,"finish_reason":null}]'
-            tail_open = b'"},"logprobs":null,"finish_reason":"%s","stop_reason":null}]'
+            self.tail = b'"},"logprobs":null,"finish_reason":null,"token_ids":null}]'
+            tail_open = b'"},"logprobs":null,"finish_reason":"%s","stop_reason":null,"token_ids":null}]'
         else:
             head = (b'data: {"id":' + rid + b',"object":"text_completion","created":%d,"model":'
                     % meta.created + model + b',"choices":[{"index":%d,"text":"')
-            self.tail = b'","logprobs":null,"finish_reason":null,"stop_reason":null}]'
-            tail_open = b'","logprobs":null,"finish_reason":"%s","stop_reason":null}]'
+            self.tail = b'","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,' \
+                        b'"token_ids":null}]'
+            tail_open = b'","logprobs":null,"finish_reason":"%s","stop_reason":null,"prompt_token_ids":null,' \
+                        b'"token_ids":null}]'
         # One head per choice index (n > 1: vLLM streams each choice's chunks by index).
         self.heads = [head % i for i in range(n)]
         self.tail_opens = [tail_open] * n
@@ -175,7 +182,8 @@ class StreamSink:
         out = []
         for i in range(len(self.heads)):
             out.append(self._envelope(b'[{"index":%d,"delta":{"role":"assistant","content":""},'
-                                      b'"logprobs":null,"finish_reason":null}]' % i))
+                                      b'"logprobs":null,"finish_reason":null}],"prompt_token_ids":null,'
+                                      b'"prompt_text":null' % i))
             if self.meta.continuous_usage:
                 out.append(b',"usage":' + _usage_bytes(self.meta.prompt_tokens, 0))
             out.append(b"}\n\n")
@@ -233,9 +241,14 @@ class StreamSink:
         if self.remaining:  # other choices still run
             pending.append(b"".join(parts))
             return fresh
+        # vLLM names its build on the stream's last chunk: the usage chunk, else the last
+        # choice's finish chunk.
         if meta.include_usage:
             parts += [self._envelope(b'[],"usage":'),
-                      _usage_bytes(meta.prompt_tokens, self.generated, meta.cached_tokens), b"}\n\n"]
+                      _usage_bytes(meta.prompt_tokens, self.generated, meta.cached_tokens),
+                      FINGERPRINT_MEMBER, b"}\n\n"]
+        else:
+            parts.insert(len(parts) - 1, FINGERPRINT_MEMBER)
         parts.append(DONE)
         pending.append(b"".join(parts))
         self.closing = True
@@ -376,15 +389,26 @@ class WholeSink:
             text = render_text(tokens)
             if self.keep[i] >= 0:
                 text = text[:self.keep[i]]
+            # vLLM 0.32's members, in its order, with the nulls it writes for what is off.
             if m.chat:
                 lp = None if k is None else {"content": [chat_logprobs(t, k) for t in tokens]}
-                choices.append({"index": i, "message": {"role": "assistant", "content": text, "tool_calls": []},
+                choices.append({"index": i, "message": {"role": "assistant", "content": text, "refusal": None,
+                                                        "annotations": None, "audio": None, "function_call": None,
+                                                        "reasoning": None},
                                 "logprobs": lp, "finish_reason": self.finish_reasons[i],
-                                "stop_reason": self.stop_reasons[i]})
+                                "stop_reason": self.stop_reasons[i], "token_ids": None, "routed_experts": None})
             else:
                 lp = None if k is None else completion_logprobs(tokens, k)
                 choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": self.finish_reasons[i],
-                                "stop_reason": self.stop_reasons[i]})
+                                "stop_reason": self.stop_reasons[i], "token_ids": None, "prompt_logprobs": None,
+                                "prompt_token_ids": None, "routed_experts": None})
         obj = "chat.completion" if m.chat else "text_completion"
-        return {"id": m.id, "object": obj, "created": m.created, "model": m.model, "choices": choices,
-                "system_fingerprint": system_fingerprint, "usage": m.usage(sum(len(t) for t in self.tokens))}
+        usage = m.usage(sum(len(t) for t in self.tokens))
+        usage.setdefault("prompt_tokens_details", None)
+        usage["completion_tokens_details"] = None
+        out = {"id": m.id, "object": obj, "created": m.created, "model": m.model, "choices": choices,
+               "service_tier": None, "system_fingerprint": system_fingerprint, "usage": usage}
+        if m.chat:
+            out.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+        out.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
+        return out
