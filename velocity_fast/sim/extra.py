@@ -271,34 +271,45 @@ class ExtraRoutes:
         rid, mid = f"resp_{os.urandom(16).hex()}", f"msg_{os.urandom(16).hex()}"
         parts: list[str] = []
 
-        def response(status: str, n: int | None) -> dict:
+        def response(status: str, n: int | None, finish: str | None = None) -> dict:
+            # vLLM 0.32's members and order; a reply cut by max_output_tokens is "incomplete".
             text = "".join(parts)
-            out = {"id": rid, "created_at": created, "incomplete_details": None, "instructions": body.instructions,
-                   "metadata": None, "model": api.cfg.model, "object": "response",
+            incomplete = None
+            if status == "completed" and finish == "length":
+                status, incomplete = "incomplete", {"reason": "max_output_tokens"}
+            out = {"id": rid, "created_at": created, "incomplete_details": incomplete,
+                   "instructions": body.instructions, "metadata": None, "model": api.cfg.model, "object": "response",
                    "output": [] if status == "in_progress" else [{
                        "id": mid, "content": [{"annotations": [], "text": text, "type": "output_text",
                                                 "logprobs": None}],
-                       "role": "assistant", "status": "completed", "type": "message"}],
-                   "parallel_tool_calls": True, "temperature": 1.0, "tool_choice": "auto", "tools": [],
+                       "role": "assistant", "status": "completed", "type": "message", "phase": None}],
+                   "parallel_tool_calls": True, "temperature": 1.0, "tool_choice": "none", "tools": [],
                    "top_p": 1.0, "background": False, "max_output_tokens": body.max_output_tokens,
-                   "previous_response_id": None, "status": status, "text": None, "truncation": "disabled",
-                   "usage": None, "user": body.user}
+                   "max_tool_calls": None, "previous_response_id": None, "prompt": None, "reasoning": None,
+                   "service_tier": "auto", "status": status, "text": None, "top_logprobs": None,
+                   "truncation": "disabled", "usage": None, "user": body.user, "presence_penalty": 0.0,
+                   "frequency_penalty": 0.0, "kv_transfer_params": None, "ec_transfer_params": None,
+                   "input_messages": None, "output_messages": None}
             if n is not None:
                 out["usage"] = {"input_tokens": seq.prompt_tokens,
-                                "input_tokens_details": {"cached_tokens": seq.cached_tokens},
-                                "output_tokens": n, "output_tokens_details": {"reasoning_tokens": 0},
+                                "input_tokens_details": {"cached_tokens": seq.cached_tokens, "cache_write_tokens": 0,
+                                                         "input_tokens_per_turn": [], "cached_tokens_per_turn": []},
+                                "output_tokens": n,
+                                "output_tokens_details": {"reasoning_tokens": 0, "tool_output_tokens": 0,
+                                                          "output_tokens_per_turn": [],
+                                                          "tool_output_tokens_per_turn": []},
                                 "total_tokens": seq.prompt_tokens + n}
             return out
 
         if not body.stream:
             result: list = []
-            await self._run(req, resp, seq, sink, parts.append, lambda n, f: result.append(("ok", n)),
+            await self._run(req, resp, seq, sink, parts.append, lambda n, f: result.append(("ok", n, f)),
                             lambda s, t, m: result.append((s, t, m)))
             if resp.disconnected or not result:
                 return
             if result[0][0] != "ok":
                 return resp.send_error(result[0][0], result[0][2], type=result[0][1])
-            return resp.send_json(200, response("completed", result[0][1]))
+            return resp.send_json(200, response("completed", result[0][1], result[0][2]))
         resp.start(200, content_type="text/event-stream")
         n_seq = [0]
 
@@ -306,12 +317,13 @@ class ExtraRoutes:
             n_seq[0] += 1
             resp.write_nowait(_sse(kind, {"type": kind, "sequence_number": n_seq[0] - 1, **fields}))
 
-        item = {"id": mid, "content": [], "role": "assistant", "status": "in_progress", "type": "message"}
+        item = {"id": mid, "content": [], "role": "assistant", "status": "in_progress", "type": "message",
+                "phase": None}
         ev("response.created", response=response("in_progress", None))
         ev("response.in_progress", response=response("in_progress", None))
         ev("response.output_item.added", item=item, output_index=0)
         ev("response.content_part.added", item_id=mid, output_index=0, content_index=0,
-           part={"annotations": [], "text": "", "type": "output_text", "logprobs": None})
+           part={"annotations": [], "text": "", "type": "output_text", "logprobs": []})
 
         def token(text: str) -> None:
             parts.append(text)
@@ -322,7 +334,7 @@ class ExtraRoutes:
             ev("response.output_text.done", item_id=mid, output_index=0, content_index=0, text=text, logprobs=[])
             ev("response.content_part.done", item_id=mid, output_index=0, content_index=0,
                part={"annotations": [], "text": text, "type": "output_text", "logprobs": None})
-            done = response("completed", n)
+            done = response("completed", n, finish)
             ev("response.output_item.done", item=done["output"][0], output_index=0)
             ev("response.completed", response=done)
 
@@ -375,7 +387,7 @@ class ExtraRoutes:
             n, finish = result[0]
             return resp.send_json(200, {"id": mid, "type": "message", "role": "assistant",
                                         "content": [{"type": "text", "text": "".join(parts)}],
-                                        "model": api.cfg.model, "stop_reason": stop(finish), "stop_sequence": None,
+                                        "model": api.cfg.model, "stop_reason": stop(finish),
                                         "usage": {"input_tokens": seq.prompt_tokens, "output_tokens": n}})
         resp.start(200, content_type="text/event-stream")
 

@@ -36,6 +36,8 @@ DELIBERATE: dict[str, str] = {
     "metrics:family:*": "the sim exports the families a gateway or a dashboard reads, not all of vLLM's",
     "metrics:vllm:cache_config_info:other-labels": "the sim labels cache_config_info with what a gateway "
                                                    "reads of it (block_size, num_gpu_blocks, prefix caching)",
+    "embeddings:*": "vLLM serves /v1/embeddings only for a pooling model (--runner pooling); the sim serves it "
+                    "for its one model, so that a gateway's relay of it can be tested without a second engine",
     "*:header-names": "server and vary are uvicorn's and its CORS middleware's; connection and cache-control "
                       "are the sim's HTTP/1.1 server's. A gateway reads the content type, compared apart",
 }
@@ -138,6 +140,10 @@ def _sse(body: bytes) -> list[str]:
         block = block.strip()
         if not block or block.startswith(":"):
             continue
+        event = ""
+        if block.startswith("event: ") and "\n" in block:  # the Responses and Messages APIs name events
+            head, block = block.split("\n", 1)
+            event = head[7:].strip() + " "
         if not block.startswith("data: "):
             frames.append("not-data: " + block[:40])
             continue
@@ -150,7 +156,7 @@ def _sse(body: bytes) -> list[str]:
                 _shape(json.loads(payload), "", out)
             except ValueError:
                 out = {"?": "not json"}
-            shape = json.dumps(dict(sorted(out.items())))
+            shape = event + json.dumps(dict(sorted(out.items())))
         if not frames or frames[-1] != shape:
             frames.append(shape)
     return frames
@@ -177,6 +183,15 @@ def _calls(model: str, max_len: int) -> list[tuple[str, str, str, Any, bytes | N
          {**comp, "stream": True, "stream_options": {"include_usage": True}}, None, True),
         ("completion-logprobs", "POST", "/v1/completions", {**comp, "logprobs": 2}, None, False),
         ("completion-stop", "POST", "/v1/completions", {**comp, "max_tokens": 8, "stop": ["the"]}, None, False),
+        ("responses", "POST", "/v1/responses", {"model": model, "input": "Say something.", "max_output_tokens": 4},
+         None, False),
+        ("responses-stream", "POST", "/v1/responses",
+         {"model": model, "input": "Say something.", "max_output_tokens": 4, "stream": True}, None, True),
+        ("messages", "POST", "/v1/messages", {"model": model, "max_tokens": 4, "messages": chat["messages"]},
+         None, False),
+        ("messages-stream", "POST", "/v1/messages",
+         {"model": model, "max_tokens": 4, "messages": chat["messages"], "stream": True}, None, True),
+        ("embeddings", "POST", "/v1/embeddings", {"model": model, "input": "Say something."}, None, False),
         ("tokenize", "POST", "/tokenize", {"model": model, "prompt": "Once upon a time"}, None, False),
         ("detokenize", "POST", "/detokenize", {"model": model, "tokens": [1, 2, 3]}, None, False),
         ("err-unknown-model", "POST", "/v1/chat/completions", {**chat, "model": "no-such-model"}, None, False),
