@@ -17,9 +17,10 @@ import time
 
 import pytest
 
-from tests.support.gateway import gateway_settings, running_gateway, wait_until
+from tests.support.gateway import wait_until
 from tests.support.sim import http_request, open_request
 from tests.vllm.support.engines import MAX_MODEL_LEN, MAX_NUM_SEQS
+from tests.vllm.support.gateway import vllm_gateway
 
 # The first test of the session waits for the engines to start (about 30-90 s each).
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
@@ -29,8 +30,7 @@ COMPLETIONS = "/v1/completions"
 
 
 def gateway(pair, **keys):
-    return running_gateway(settings=gateway_settings(endpoints=[e.endpoint(kv_events=False) for e in pair.engines],
-                                                     **keys))
+    return vllm_gateway(pair.engines, **keys)
 
 
 def chat(model: str, text: str = "how does the gateway route a request?", **extra) -> dict:
@@ -104,7 +104,7 @@ async def test_a_stream_with_usage_is_vllms_own_stream(chatml):
     body = chat(model, temperature=0, stream=True, stream_options={"include_usage": True})
     direct = chatml.engines[0]
     # One engine only: the same engine answers both, greedy, so the tokens are the same.
-    async with running_gateway(settings=gateway_settings(endpoints=[direct.endpoint(kv_events=False)])) as gw:
+    async with vllm_gateway([direct]) as gw:
         s1, via = await stream_events(gw.port, CHAT, body)
         s2, own = await stream_events(direct.port, CHAT, body)
     assert s1 == s2 == 200
@@ -120,7 +120,7 @@ async def test_n_logprobs_and_tools_bodies_get_vllms_answer(chatml):
                                                 "parameters": {"type": "object",
                                                                "properties": {"word": {"type": "string"}},
                                                                "required": ["word"]}}}]
-    async with running_gateway(settings=gateway_settings(endpoints=[direct.endpoint(kv_events=False)])) as gw:
+    async with vllm_gateway([direct]) as gw:
         r = await http_request(gw.port, "POST", CHAT, chat(model, n=2), timeout=60)
         assert r.status == 200, r.body
         assert [c["index"] for c in r.json()["choices"]] == [0, 1]
@@ -147,7 +147,7 @@ async def test_n_logprobs_and_tools_bodies_get_vllms_answer(chatml):
 async def test_vllms_own_errors_come_through(chatml):
     model = chatml.model
     direct = chatml.engines[0]
-    async with running_gateway(settings=gateway_settings(endpoints=[direct.endpoint(kv_events=False)])) as gw:
+    async with vllm_gateway([direct]) as gw:
         # vLLM's 400 for max_tokens past max_model_len (the gateway answers it itself, from
         # the max_model_len it read, with vLLM's type, param and code in its own words).
         for max_tokens in (MAX_MODEL_LEN + 100,):
@@ -207,9 +207,15 @@ async def test_the_learned_batch_is_vllms_max_num_seqs(chatml):
     model = chatml.model
     async with gateway(chatml) as gw:
         body = {**chat(model), "max_tokens": 400, "ignore_eos": True}
+
+        async def client():
+            # Closed loop until the test ends: a burst of a fixed count can end (a tiny
+            # model's 400 tokens take seconds) before each engine's turn to probe came.
+            while True:
+                await http_request(gw.port, "POST", CHAT, body, {"x-velocity-priority": "low"}, timeout=120)
+
         # More than both engines can run at once, in the low band (it queues, never declined).
-        tasks = [asyncio.create_task(http_request(gw.port, "POST", CHAT, body, {"x-velocity-priority": "low"},
-                                                  timeout=120)) for _ in range(3 * MAX_NUM_SEQS)]
+        tasks = [asyncio.create_task(client()) for _ in range(3 * MAX_NUM_SEQS)]
         try:
             def learned():
                 eps = gw.admission.stats()["endpoints"]

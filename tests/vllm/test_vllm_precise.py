@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.gateway import FAST_HEALTH, gateway_settings, running_gateway, wait_until
+from tests.support.gateway import wait_until
 from tests.support.sim import http_request
+from tests.vllm.support.gateway import vllm_gateway
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 
@@ -59,13 +60,8 @@ def precise_routing(pair) -> dict:
     return {"default_profile": "chat", "prefix": "precise", "tokenizer": pair.model_dir, "seed": 7}
 
 
-# A CPU engine busy with a prefill answers its health check late: not an ejection.
-HEALTH = {**FAST_HEALTH, "check_timeout_ms": 5000.0}
-
-
 def gateway(pair, routing: dict):
-    return running_gateway(settings=gateway_settings(endpoints=[e.endpoint() for e in pair.engines],
-                                                     routing=routing, health=HEALTH))
+    return vllm_gateway(pair.engines, kv_events=True, routing=routing)
 
 
 def counters(pair) -> tuple[float, float]:

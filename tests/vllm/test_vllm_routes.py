@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from tests.support.gateway import gateway_settings, running_gateway, wait_until
+from tests.support.gateway import wait_until
 from tests.support.sim import http_request, open_request
+from tests.vllm.support.gateway import vllm_gateway
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 
@@ -19,8 +20,7 @@ AUTH = {"authorization": "Bearer k-t", "x-velocity-sla-ms": "600000"}
 
 
 def gateway(pair, **keys):
-    return running_gateway(settings=gateway_settings(endpoints=[e.endpoint(kv_events=False) for e in pair.engines],
-                                                     **keys))
+    return vllm_gateway(pair.engines, **keys)
 
 
 async def _events(port: int, path: str, body: dict, headers: dict) -> list[tuple[str, dict]]:
