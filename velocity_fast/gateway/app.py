@@ -451,7 +451,9 @@ class Gateway:
         if req.method != "GET":
             return resp.send_error(405, f"Use GET for {path}.")
         if path == "/metrics":
-            return resp.send(200, self.registry.render(), content_type="text/plain; version=0.0.4; charset=utf-8")
+            # "?merge": a worker asked by its supervisor (gateway/workers.py) says how each family merges.
+            return resp.send(200, self.registry.render(merge_rules=req.query == "merge"),
+                             content_type="text/plain; version=0.0.4; charset=utf-8")
         if path == "/ready":
             # Ready: an engine to send to, and the client port open (the engines' first
             # checks come before it, and one engine may pass while another is asked); not
