@@ -1,7 +1,9 @@
-"""gateway/stats_merge.py: how the workers' /stats add up to the gateway's."""
+"""gateway/stats_merge.py: how the workers' /stats add up to the gateway's, the numbers
+whole in every worker by the keys the parts of /stats declare."""
 from __future__ import annotations
 
-from velocity_fast.gateway.stats_merge import merge_stats
+from velocity_fast.gateway.app import STATS_WHOLE
+from velocity_fast.gateway.stats_merge import merge_stats, take_rules
 
 
 def test_stats_sum_numbers_take_the_largest_shared_values_and_merge_endpoints_by_name():
@@ -17,7 +19,7 @@ def test_stats_sum_numbers_take_the_largest_shared_values_and_merge_endpoints_by
          "pools": {"m": ["e1", "e2"]},
          "admission": {"counters": {"admitted": 5, "in_flight": 1}, "bands": {"low": {"depth": 2, "ceiling": 0.8}}},
          "tenants": {"t": {"weight": 2.0, "rejections": {"rate-limit": 2, "sla": 1}}}}
-    m = merge_stats([a, b])
+    m = merge_stats([a, b], STATS_WHOLE)
     assert m["policy"] == "dynamic" and m["uptime_seconds"] == 6.0
     e1, e2 = m["endpoints"]
     assert (e1["name"], e1["served"], e1["errors"], e1["inflight"], e1["limit"]) == ("e1", 17, 1, 4, 8)
@@ -26,3 +28,10 @@ def test_stats_sum_numbers_take_the_largest_shared_values_and_merge_endpoints_by
     assert m["admission"]["counters"] == {"admitted": 15, "in_flight": 3}
     assert m["admission"]["bands"]["low"] == {"depth": 3, "ceiling": 0.8}
     assert m["tenants"]["t"] == {"weight": 2.0, "rejections": {"rate-limit": 3, "sla": 1}}
+
+
+def test_a_workers_declarations_are_taken_out_of_its_answer():
+    answer = {"uptime_seconds": 5.0, "merge": {"largest": ["uptime_seconds", "limit"]}}
+    assert take_rules(answer) == {"uptime_seconds", "limit"} and answer == {"uptime_seconds": 5.0}
+    assert take_rules({"uptime_seconds": 5.0}) == frozenset()  # a worker that declares nothing: all summed
+    assert take_rules({"merge": {"largest": "limit"}}) == frozenset()  # not a list: nothing declared

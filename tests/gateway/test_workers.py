@@ -49,6 +49,8 @@ async def test_a_new_metric_merges_across_two_workers_by_its_declared_rule():
             w.admin_port, w.proc = gw.admin_port, _Running()
         async with serving(sup.handle_admin) as srv, connect(srv) as conn:
             r = await conn.request("GET", "/metrics")
+            st = await conn.request("GET", "/stats")
+        limit = a.endpoints["e1"].limit
     assert r.status == 200
     text = r.body.decode()
     got = {k: float(v) for line in text.splitlines() if line.startswith("velocity_test_")
@@ -57,6 +59,10 @@ async def test_a_new_metric_merges_across_two_workers_by_its_declared_rule():
                    'velocity_test_events_total{kind="x"}': 10.0}
     assert 'velocity_endpoint_healthy{endpoint="e1",model="m1"} 0.0' in text
     assert "# MERGE" not in text and "velocity_workers 2.0" in text
+    # /stats: an endpoint's limit is every worker's whole (declared so), its served counts add up.
+    stats = st.json()
+    assert st.status == 200 and stats["endpoints"][0]["limit"] == limit and stats["endpoints"][0]["served"] == 0
+    assert "merge" not in stats and all("merge" not in p for p in stats["per_worker"])
 
 
 def test_worker_count_and_the_workers_orders():

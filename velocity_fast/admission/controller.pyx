@@ -54,9 +54,15 @@ from velocity_fast.admission.policies import EngineSaturation, FixedConcurrency,
 from velocity_fast.admission.settings import AdmissionSettings
 from velocity_fast.metrics.registry import SUM
 
-__all__ = ["Admission", "Lease", "Ticket", "OUTCOMES"]
+__all__ = ["Admission", "Lease", "Ticket", "OUTCOMES", "STATS_WHOLE"]
 
 log = logging.getLogger("velocity.admission")
+
+# Admission.stats()'s numbers that every worker reports whole (the shared limits, in-flight
+# and band ceilings, the engines' scrapes, what each learns of the same engine): several
+# workers' /stats take the largest (gateway/stats_merge.py); the rest is each one's share.
+STATS_WHOLE = frozenset({"ceiling", "oldest_wait_ms", "wait_ms", "saturation", "overload_s", "limit", "inflight",
+                         "others", "batch_capacity", "running_max", "frozen", "estimates"})
 
 
 # An engine slower than this many times its usual service time, on a request that

@@ -18,8 +18,9 @@ The supervisor:
   a worker that dies within a second of its start three times in a row ends the gateway;
 - relays SIGHUP (reload) and SIGTERM/SIGINT (the drain) to every worker;
 - answers the admin port for the whole gateway: the workers' /metrics merged, each
-  family by the rule its metric declared (metrics/merge.py), and their /stats
-  (gateway/stats_merge.py); /ready when every worker is ready.
+  family by the rule its metric declared (metrics/merge.py), and their /stats, by the
+  keys the parts of /stats declare whole (gateway/stats_merge.py); /ready when every
+  worker is ready.
 
 With one worker there is no supervisor: `serve` runs the gateway as it always did.
 """
@@ -41,7 +42,7 @@ from ..config import Settings
 from ..metrics.merge import merge_metrics
 from ..server.reserve import reserve_port
 from .errors import ListenError
-from .stats_merge import merge_stats
+from .stats_merge import merge_stats, take_rules
 
 __all__ = ["WorkerSide", "WorkerSupervisor", "supervise", "worker_count", "worker_side"]
 
@@ -58,8 +59,9 @@ FAST_DEATHS = 3           # ... this many times in a row: the gateway gives up
 DRAIN_MARGIN_S = 5.0      # past server.shutdown_grace_s, what still runs is killed
 FETCH_TIMEOUT_S = 2.0     # a worker's admin port, over loopback
 POLL_S = 0.1              # how often the supervisor looks for dead workers
-# A worker's /metrics with this query carries each family's merge rule (Gateway.handle_admin).
-METRICS_WITH_RULES = "/metrics?merge"
+# A worker's /metrics and /stats with this query carry how they merge: each family's rule,
+# the /stats keys whose numbers are whole (Gateway.handle_admin).
+WITH_RULES = {"/metrics": "/metrics?merge", "/stats": "/stats?merge"}
 
 def worker_count(settings: Settings) -> int:
     """`workers` as a number: `auto` is one per core."""
@@ -419,7 +421,7 @@ class WorkerSupervisor:
             return resp.send_error(404, f"No route for {req.method} {path}.")
         # The client's key goes on to the workers, which check it as the supervisor did.
         fwd = {k: v for k in ("authorization", "x-api-key") if (v := req.headers.get(k)) is not None}
-        answers = await self._gather(METRICS_WITH_RULES if path == "/metrics" else path, fwd)
+        answers = await self._gather(WITH_RULES.get(path, path), fwd)
         if path == "/metrics":
             texts = [body.decode() for a in answers if a is not None and a[1] == 200 for body in (a[2],)]
             body = merge_metrics(texts).encode() + self.registry.render()
@@ -438,6 +440,7 @@ class WorkerSupervisor:
                 "ready": ready, "healthy_endpoints": healthy, "draining": self.draining,
                 "workers": {**self._workers_stats(), "ready": ready_n}})
         per_worker = []
+        whole: set[str] = set()
         for a in answers:
             if a is None or a[1] != 200:
                 continue
@@ -445,8 +448,9 @@ class WorkerSupervisor:
                 own = json.loads(a[2])
             except ValueError:
                 continue
+            whole |= take_rules(own)
             per_worker.append({"worker": a[0].index, "pid": a[0].proc.pid, **own})
-        merged = merge_stats([{k: v for k, v in p.items() if k not in ("worker", "pid")} for p in per_worker])
+        merged = merge_stats([{k: v for k, v in p.items() if k not in ("worker", "pid")} for p in per_worker], whole)
         merged["workers"] = self._workers_stats()
         merged["per_worker"] = per_worker
         return resp.send_json(200, merged)
