@@ -88,7 +88,8 @@ cdef class Telemetry:
                                      merge=SUM)
         self.completed = reuse_metric(reg, reg.counter, "velocity_completed_total", "Admitted requests that completed.",
                                       merge=SUM)
-        self.failed = reuse_metric(reg, reg.counter, "velocity_failed_total", "Admitted requests that failed.", merge=SUM)
+        self.failed = reuse_metric(reg, reg.counter, "velocity_failed_total", "Admitted requests that failed.",
+                                   merge=SUM)
         self.cancelled = reuse_metric(reg, reg.counter, "velocity_cancelled_total",
                                 "Admitted requests cancelled by the client.", merge=SUM)
         self.rejections = reuse_metric(reg, reg.counter, "velocity_rejections_total",
