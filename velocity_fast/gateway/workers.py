@@ -63,6 +63,7 @@ POLL_S = 0.1              # how often the supervisor looks for dead workers
 # the /stats keys whose numbers are whole (Gateway.handle_admin).
 WITH_RULES = {"/metrics": "/metrics?merge", "/stats": "/stats?merge"}
 
+
 def worker_count(settings: Settings) -> int:
     """`workers` as a number: `auto` is one per core."""
     w = settings.workers
