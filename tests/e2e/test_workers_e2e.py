@@ -109,6 +109,9 @@ def test_two_workers_share_the_port_and_the_admin_port_reports_both(tmp_path):
                     if line.startswith("velocity_requests_total{") and 'status="200"' in line)
         assert total == 60
         assert "velocity_workers 2.0" in metrics
+        # Both workers check the same engine: the family declares MAX, so the whole is 1, not 2.
+        assert 'velocity_endpoint_healthy{endpoint="e1",model="m1"} 1.0' in metrics
+        assert "# MERGE" not in metrics
         assert "velocity_worker_restarts_total 0.0" in metrics
         assert _get(gp.admin_url + "/health")[0] == 200
 

@@ -17,6 +17,7 @@ RETRY_MARGIN: float
 PACE_MARGIN: float
 RETRY_MAX_S: float
 IDLE_RESET_S: float
+STATS_WHOLE: frozenset[str]
 
 class Ticket:
     """One request as admission sees it."""

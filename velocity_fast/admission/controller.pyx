@@ -52,10 +52,17 @@ from velocity_fast.admission.estimators import OPEN_START_CHAT, OPEN_START_TEXT
 from velocity_fast.admission.errors import Rejected
 from velocity_fast.admission.policies import EngineSaturation, FixedConcurrency, Policy, make_policy
 from velocity_fast.admission.settings import AdmissionSettings
+from velocity_fast.metrics.registry import SUM
 
-__all__ = ["Admission", "Lease", "Ticket", "OUTCOMES"]
+__all__ = ["Admission", "Lease", "Ticket", "OUTCOMES", "STATS_WHOLE"]
 
 log = logging.getLogger("velocity.admission")
+
+# Admission.stats()'s numbers that every worker reports whole (the shared limits, in-flight
+# and band ceilings, the engines' scrapes, what each learns of the same engine): several
+# workers' /stats take the largest (gateway/stats_merge.py); the rest is each one's share.
+STATS_WHOLE = frozenset({"ceiling", "oldest_wait_ms", "wait_ms", "saturation", "overload_s", "limit", "inflight",
+                         "others", "batch_capacity", "running_max", "frozen", "estimates"})
 
 
 # An engine slower than this many times its usual service time, on a request that
@@ -489,7 +496,8 @@ cdef class Admission:
         reg = self.telemetry.registry
         self.promise_metric = reuse_metric(reg, reg.counter, "velocity_retry_promises_total",
                                      "Retry-After times come due, by whether a request arriving then would "
-                                     "be admitted and meet its SLA (kept) or not (broken).", ("outcome",))
+                                     "be admitted and meet its SLA (kept) or not (broken).", ("outcome",),
+                                     merge=SUM)
         self.promise_counts = {"made": 0, "kept": 0, "broken": 0}
         sat = self.policy.saturation
         self._configure(sat.model if type(sat) is EngineSaturation else None, type(sat) is FixedConcurrency)

@@ -1,6 +1,8 @@
 """Stubs for velocity_fast.fleet.endpoint (endpoints and pools)."""
 from typing import Any
 
+STATS_WHOLE: frozenset[str]
+
 class Endpoint:
     """What the gateway knows of one engine. See docs/internals.md."""
     name: str

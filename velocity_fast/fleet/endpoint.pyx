@@ -10,6 +10,10 @@ them once per check or scrape, use them as ordinary attributes.
 from velocity_fast.fleet.shared cimport endpoint_slot
 from velocity_fast.lowlevel.clock cimport monotonic
 
+# Endpoint.snapshot()'s numbers that every worker reports whole (the shared in-flight and
+# limit, the engine's scrape): several workers' /stats take the largest (gateway/stats_merge.py).
+STATS_WHOLE = frozenset({"inflight", "limit", "running", "waiting", "kv_usage", "metrics_age_s", "num_gpu_blocks"})
+
 
 cdef class Endpoint:
     """What the gateway knows of one engine. See docs/internals.md."""

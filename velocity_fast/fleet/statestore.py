@@ -38,6 +38,7 @@ import uuid
 from urllib.parse import urlsplit
 
 from velocity_fast.fleet.lease import LEASE_S, SharedBucket
+from velocity_fast.metrics.registry import MAX, SUM
 
 __all__ = ["StateStore", "SharedBucket", "check_url", "LEASE_S"]
 
@@ -161,11 +162,14 @@ class StateStore:
         self._flush_timer = False
         if registry is not None:
             registry.gauge_fn("velocity_state_store_up", "1 while the state store (Redis) answers, else 0: "
-                              "tenant buckets are then local to this replica.", lambda: float(self.up))
+                              "tenant buckets are then local to this replica.", lambda: float(self.up),
+                              merge=MAX)
             registry.counter_fn("velocity_state_store_errors_total", "State store calls that failed "
-                                "(unreachable, timed out, refused).", lambda: float(self.errors))
+                                "(unreachable, timed out, refused).", lambda: float(self.errors),
+                                merge=SUM)
             registry.counter_fn("velocity_state_store_calls_total", "Round trips to the state store "
-                                "(each a pipeline of bucket refills and settlements).", lambda: float(self.calls))
+                                "(each a pipeline of bucket refills and settlements).", lambda: float(self.calls),
+                                merge=SUM)
 
     @property
     def up(self) -> bool:

@@ -11,9 +11,11 @@ import time
 
 import orjson
 
+from velocity_fast.admission.controller import STATS_WHOLE as ADMISSION_WHOLE
 from velocity_fast.admission.controller import Ticket
 from velocity_fast.admission.errors import retry_headers
 from velocity_fast.config import EndpointConfig, Settings
+from velocity_fast.fleet.endpoint import STATS_WHOLE as ENDPOINT_WHOLE
 from velocity_fast.fleet.endpoint import Endpoint, Pool
 from velocity_fast.fleet.health import EndpointMonitor
 from velocity_fast.gateway.errors import BadRequest, ListenError, context_error
@@ -43,6 +45,13 @@ _CLIENT_ROUTES = frozenset(("/v1/chat/completions", "/v1/completions", "/generat
                             "/v1/models/{id}", *GENERATION_ROUTES, *RELAY_ROUTES))
 
 log = logging.getLogger("velocity.gateway")
+
+# /stats's own numbers that every worker reports whole (its uptime; a tenant's settings,
+# shared bucket and fairness counter; the engines' KV event streams, which every worker
+# reads), with those its parts declare: several workers' /stats take the largest of them
+# (gateway/stats_merge.py), and sum the rest.
+STATS_WHOLE = frozenset({"uptime_seconds", "kv_events", "weight", "requests_per_second", "tokens_per_minute",
+                         "quota_tokens_left", "counter", "pending", "lifted"}) | ENDPOINT_WHOLE | ADMISSION_WHOLE
 
 
 def _ingress_field(name: str) -> property:
@@ -451,7 +460,9 @@ class Gateway:
         if req.method != "GET":
             return resp.send_error(405, f"Use GET for {path}.")
         if path == "/metrics":
-            return resp.send(200, self.registry.render(), content_type="text/plain; version=0.0.4; charset=utf-8")
+            # "?merge": a worker asked by its supervisor (gateway/workers.py) says how each family merges.
+            return resp.send(200, self.registry.render(merge_rules=req.query == "merge"),
+                             content_type="text/plain; version=0.0.4; charset=utf-8")
         if path == "/ready":
             # Ready: an engine to send to, and the client port open (the engines' first
             # checks come before it, and one engine may pass while another is asked); not
@@ -461,6 +472,8 @@ class Gateway:
             return resp.send_json(200 if ready else 503, {"ready": ready, "healthy_endpoints": n,
                                                           "draining": self.draining})
         if path == "/stats":
+            if req.query == "merge":  # a worker asked by its supervisor: which numbers are whole
+                return resp.send_json(200, {**self.stats(), "merge": {"largest": sorted(STATS_WHOLE)}})
             return resp.send_json(200, self.stats())
         return resp.send_error(404, f"No route for {req.method} {path}.")
 

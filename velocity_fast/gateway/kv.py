@@ -20,7 +20,7 @@ from velocity_fast.config import EndpointConfig, KVEventsConfig
 from velocity_fast.fleet.endpoint import Endpoint
 from velocity_fast.kvevents.index import BlockIndex
 from velocity_fast.kvevents.subscriber import Subscriber
-from velocity_fast.metrics.registry import Registry
+from velocity_fast.metrics.registry import MAX, Registry
 from velocity_fast.routing.precise.scoring import PrecisePrefix
 from velocity_fast.routing.settings import RoutingSettings
 
@@ -45,29 +45,30 @@ class KVFleet:
         self._down: set[str] = set()
         stat = self._stat
         reg = registry
+        # Every worker subscribes to the same engines' streams and reads the same scrapes: one whole each.
         reg.gauge_fn("velocity_kv_events_received", "KV cache events applied from the endpoint's engine "
-                     "since the gateway subscribed.", lambda: stat("events"), ("endpoint",))
+                     "since the gateway subscribed.", lambda: stat("events"), ("endpoint",), merge=MAX)
         reg.gauge_fn("velocity_kv_events_lost", "Event batches missing from the endpoint's stream "
-                     "(sequence gaps), recovered or not.", lambda: stat("lost"), ("endpoint",))
+                     "(sequence gaps), recovered or not.", lambda: stat("lost"), ("endpoint",), merge=MAX)
         reg.gauge_fn("velocity_kv_events_unrecovered", "Gaps the replay endpoint could not fill (each made "
-                     "the endpoint's index approximate).", lambda: stat("unrecovered"), ("endpoint",))
+                     "the endpoint's index approximate).", lambda: stat("unrecovered"), ("endpoint",), merge=MAX)
         reg.gauge_fn("velocity_kv_index_resyncs", "Times the endpoint's index became exact again after "
-                     "being approximate.", lambda: stat("resyncs"), ("endpoint",))
+                     "being approximate.", lambda: stat("resyncs"), ("endpoint",), merge=MAX)
         reg.gauge_fn("velocity_kv_index_blocks", "Blocks the endpoint's engine holds, by its KV events.",
-                     lambda: [((k,), self.index.size(k)) for k in self._subs], ("endpoint",))
+                     lambda: [((k,), self.index.size(k)) for k in self._subs], ("endpoint",), merge=MAX)
         reg.gauge_fn("velocity_kv_index_exact", "1 while the endpoint's index is exact (precise routing "
                      "uses it), else 0.", lambda: [((k,), float(self.index.exact(k))) for k in self._subs],
-                     ("endpoint",))
+                     ("endpoint",), merge=MAX)
         pc = prefix_cache or dict
         reg.gauge_fn("velocity_endpoint_prefix_cache_queries", "The engine's prefix-cache queries in tokens "
                      "(its vllm:prefix_cache_queries counter, last scrape).",
-                     lambda: [((k,), q) for k, (q, _) in pc().items()], ("endpoint",))
+                     lambda: [((k,), q) for k, (q, _) in pc().items()], ("endpoint",), merge=MAX)
         reg.gauge_fn("velocity_endpoint_prefix_cache_hits", "The engine's prefix-cache hits in tokens "
                      "(its vllm:prefix_cache_hits counter, last scrape).",
-                     lambda: [((k,), h) for k, (_, h) in pc().items()], ("endpoint",))
+                     lambda: [((k,), h) for k, (_, h) in pc().items()], ("endpoint",), merge=MAX)
         reg.gauge_fn("velocity_endpoint_prefix_cache_hit_ratio", "The engine's prefix-cache hits / queries "
                      "since it started (last scrape).",
-                     lambda: [((k,), h / q if q else 0.0) for k, (q, h) in pc().items()], ("endpoint",))
+                     lambda: [((k,), h / q if q else 0.0) for k, (q, h) in pc().items()], ("endpoint",), merge=MAX)
 
     def _stat(self, field: str) -> list:
         return [((k,), getattr(self.index.stats(k), field)) for k in self._subs]

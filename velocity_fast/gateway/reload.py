@@ -69,10 +69,10 @@ class _AdoptingRegistry:
     def histogram(self, name: str, *args: Any, **kw: Any) -> Any:
         return self._adopt("histogram", name, *args, **kw)
 
-    def gauge_fn(self, name: str, help: str, fn: Callable, labelnames: Any = ()) -> None:
+    def gauge_fn(self, name: str, help: str, fn: Callable, labelnames: Any = (), *, merge: str | None = None) -> None:
         got = self._reg.get(name)
         if got is None:
-            self._reg.gauge_fn(name, help, fn, labelnames)
+            self._reg.gauge_fn(name, help, fn, labelnames, merge=merge)
         else:
             got.fn = fn
 

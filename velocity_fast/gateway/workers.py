@@ -1,12 +1,11 @@
 """`--workers N`: N gateway processes on one client port under a supervisor (docs/operations.md,
-"Workers"; where each count lives: docs/design.md, "Where state lives").
+"Workers"; where each count lives: docs/design.md, "Where state lives"): ``WorkerSupervisor``,
+and the worker's side of it, ``WorkerSide``.
 
 The supervisor:
 
-- reserves the client port: a socket bound with SO_REUSEPORT and never listening, held
-  open, so that the port stays this gateway's while workers come and go; each worker
-  binds its own listening socket to it with SO_REUSEPORT and the kernel spreads the
-  connections between them;
+- reserves the client port (server/reserve.py), so that the port stays this gateway's
+  while workers come and go;
 - creates the state the workers share in memory (``fleet/shared.pyx``) before any starts,
   and removes it at exit;
 - starts the workers as ``python -m velocity_fast.cli serve <the same flags>`` (spawned,
@@ -18,8 +17,10 @@ The supervisor:
   (counted: ``velocity_worker_restarts_total``, ``velocity_worker_lost_requests_total``);
   a worker that dies within a second of its start three times in a row ends the gateway;
 - relays SIGHUP (reload) and SIGTERM/SIGINT (the drain) to every worker;
-- answers the admin port for the whole gateway: the workers' /metrics and /stats merged
-  (``MERGE`` says how each metric is), /ready when every worker is ready.
+- answers the admin port for the whole gateway: the workers' /metrics merged, each
+  family by the rule its metric declared (metrics/merge.py), and their /stats, by the
+  keys the parts of /stats declare whole (gateway/stats_merge.py); /ready when every
+  worker is ready.
 
 With one worker there is no supervisor: `serve` runs the gateway as it always did.
 """
@@ -35,14 +36,15 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from ..config import Settings
-from ..metrics.registry import format_value
+from ..metrics.merge import merge_metrics
+from ..server.reserve import reserve_port
 from .errors import ListenError
+from .stats_merge import merge_stats, take_rules
 
-__all__ = ["MERGE", "STATS_MAX_KEYS", "WorkerSide", "merge_metrics", "merge_stats", "supervise", "worker_count",
-           "worker_side"]
+__all__ = ["WorkerSide", "WorkerSupervisor", "supervise", "worker_count", "worker_side"]
 
 log = logging.getLogger("velocity.workers")
 
@@ -57,211 +59,15 @@ FAST_DEATHS = 3           # ... this many times in a row: the gateway gives up
 DRAIN_MARGIN_S = 5.0      # past server.shutdown_grace_s, what still runs is killed
 FETCH_TIMEOUT_S = 2.0     # a worker's admin port, over loopback
 POLL_S = 0.1              # how often the supervisor looks for dead workers
-
-# How the workers' metrics add up to the gateway's, one row per metric family. "sum": each
-# worker counts its own share (its requests, its queues, its index); "max": every worker
-# already reports the whole gateway's value, from the shared memory (per endpoint limit
-# and in-flight, saturation, tenant buckets and counters) or from the engines' own
-# scrapes (each worker scrapes the same engines), or a setting; "ratio": recomputed from
-# the summed counters it is the ratio of; "mean": a share each worker measures alone.
-# A family not listed is summed (counters, histograms) as its type says.
-MERGE: dict[str, str] = {
-    # admission/telemetry.pyx, admission/controller.pyx
-    "velocity_admitted_total": "sum",
-    "velocity_completed_total": "sum",
-    "velocity_failed_total": "sum",
-    "velocity_cancelled_total": "sum",
-    "velocity_rejections_total": "sum",
-    "velocity_retry_promises_total": "sum",
-    "velocity_queue_depth": "sum",                 # each worker's own queues
-    "velocity_queue_wait_seconds": "sum",
-    "velocity_ttft_seconds": "sum",
-    "velocity_request_latency_seconds": "sum",
-    "velocity_pool_saturation": "max",             # from the shared in-flight and the scrapes
-    "velocity_endpoint_limit": "max",              # shared AIMD limit
-    "velocity_endpoint_inflight": "max",           # shared per endpoint in-flight
-    # gateway/observability.py
-    "velocity_requests_total": "sum",
-    "velocity_internal_errors_total": "sum",
-    "velocity_auth_failures_total": "sum",
-    "velocity_upstream_errors_total": "sum",
-    "velocity_endpoint_healthy": "max",            # the same engines, checked by each worker
-    "velocity_endpoint_engine_running": "max",     # the engines' scrapes
-    "velocity_endpoint_engine_waiting": "max",
-    "velocity_endpoint_kv_usage": "max",
-    "velocity_upstream_connections": "sum",   # each worker's pool is its own
-    "velocity_tenant_tokens_served_total": "sum",
-    "velocity_tenant_rejections_total": "sum",
-    "velocity_tenant_quota_tokens_left": "max",    # shared tenant bucket
-    "velocity_tenant_fairness_counter": "max",     # shared tenant counter
-    "velocity_tenant_queue_depth": "sum",          # each worker's own queues
-    "velocity_uptime_seconds": "max",
-    # routing/router.pyx, routing/precise/: each worker routes its own requests
-    "velocity_route_picks_total": "sum",
-    "velocity_route_fail_open_total": "sum",
-    "velocity_route_full_total": "sum",
-    "velocity_route_no_endpoint_total": "sum",
-    "velocity_prefix_blocks_total": "sum",
-    "velocity_prefix_hit_blocks_total": "sum",
-    "velocity_prefix_index_hit_ratio": "ratio",
-    "velocity_prefix_index_blocks": "sum",         # each worker's own index
-    "velocity_prefix_precise_picks_total": "sum",
-    "velocity_prefix_precise_share": "mean",
-    "velocity_prefix_token_cache_total": "sum",
-    "velocity_prefix_tokenize_total": "sum",
-    "velocity_prefix_tokenized_tokens_total": "sum",
-    # gateway/kv.py: every worker subscribes to the same engines' streams
-    "velocity_kv_events_received": "max",
-    "velocity_kv_events_lost": "max",
-    "velocity_kv_events_unrecovered": "max",
-    "velocity_kv_index_resyncs": "max",
-    "velocity_kv_index_blocks": "max",
-    "velocity_kv_index_exact": "max",
-    "velocity_endpoint_prefix_cache_queries": "max",   # the engines' scrapes
-    "velocity_endpoint_prefix_cache_hits": "max",
-    "velocity_endpoint_prefix_cache_hit_ratio": "max",
-    # fleet/statestore.py
-    "velocity_state_store_up": "max",
-    "velocity_state_store_errors_total": "sum",
-    "velocity_state_store_calls_total": "sum",
-}
-
-# A "ratio" family: (numerator, denominator), both summed first.
-RATIOS = {"velocity_prefix_index_hit_ratio": ("velocity_prefix_hit_blocks_total", "velocity_prefix_blocks_total")}
-
-# /stats: numbers under these keys (at any depth) are every worker's view of the whole
-# gateway (shared memory, the engines' scrapes, the settings): the largest is taken, not
-# the sum. Everything else that is a number is summed.
-STATS_MAX_KEYS = frozenset({
-    "uptime_seconds", "inflight", "limit", "running", "waiting", "kv_usage", "metrics_age_s", "num_gpu_blocks",
-    "saturation", "batch_capacity", "running_max", "others", "frozen", "overload_s", "ceiling", "oldest_wait_ms",
-    "wait_ms", "estimates", "counter", "pending", "lifted", "quota_tokens_left", "weight", "requests_per_second", "tokens_per_minute",
-    "healthy_endpoints", "endpoints_total", "kv_events",
-})
+# A worker's /metrics and /stats with this query carry how they merge: each family's rule,
+# the /stats keys whose numbers are whole (Gateway.handle_admin).
+WITH_RULES = {"/metrics": "/metrics?merge", "/stats": "/stats?merge"}
 
 
 def worker_count(settings: Settings) -> int:
     """`workers` as a number: `auto` is one per core."""
     w = settings.workers
     return (os.cpu_count() or 1) if w == "auto" else int(w)
-
-
-# -- the merge --------------------------------------------------------------------------------
-
-
-class _Family:
-    __slots__ = ("name", "help", "kind", "samples", "seen")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.help = ""
-        self.kind = "untyped"
-        self.samples: dict[str, float] = {}   # sample (name and labels) -> value
-        self.seen: dict[str, int] = {}        # sample -> workers that reported it
-
-
-def _parse(text: str, families: dict[str, _Family], merge: Callable[[str, str], str]) -> None:
-    fam: _Family | None = None
-    for line in text.splitlines():
-        if not line:
-            continue
-        if line.startswith("#"):
-            parts = line.split(" ", 3)
-            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
-                fam = families.get(parts[2])
-                if fam is None:
-                    fam = families[parts[2]] = _Family(parts[2])
-                if parts[1] == "HELP":
-                    fam.help = parts[3] if len(parts) > 3 else ""
-                else:
-                    fam.kind = parts[3] if len(parts) > 3 else "untyped"
-            continue
-        key, _, value = line.rpartition(" ")
-        try:
-            v = float(value)
-        except ValueError:
-            continue
-        if fam is None or not key.startswith(fam.name):
-            name = key.split("{", 1)[0]
-            fam = families.get(name)
-            if fam is None:
-                fam = families[name] = _Family(name)
-        how = merge(fam.name, fam.kind)
-        old = fam.samples.get(key)
-        if old is None:
-            fam.samples[key] = v
-        elif how == "max":
-            fam.samples[key] = max(old, v)
-        else:  # sum, mean (divided at the end), ratio (recomputed at the end)
-            fam.samples[key] = old + v
-        fam.seen[key] = fam.seen.get(key, 0) + 1
-
-
-def merge_how(name: str, kind: str = "untyped") -> str:
-    """How a family's values from several workers add up (``MERGE``; else by its type: summed)."""
-    return MERGE.get(name, "sum")
-
-
-def merge_metrics(texts: list[str]) -> str:
-    """The Prometheus text of several workers as one gateway's (``MERGE``)."""
-    families: dict[str, _Family] = {}
-    for text in texts:
-        _parse(text, families, merge_how)
-    out: list[str] = []
-    for fam in families.values():
-        how = merge_how(fam.name, fam.kind)
-        if how == "mean":
-            for key in fam.samples:
-                fam.samples[key] /= fam.seen[key]
-        elif how == "ratio" and fam.name in RATIOS:
-            num, den = (families.get(n) for n in RATIOS[fam.name])
-            top = sum(num.samples.values()) if num else 0.0
-            bottom = sum(den.samples.values()) if den else 0.0
-            for key in fam.samples:
-                fam.samples[key] = top / bottom if bottom else 0.0
-        if fam.help:
-            out.append(f"# HELP {fam.name} {fam.help}")
-        out.append(f"# TYPE {fam.name} {fam.kind}")
-        for key, v in fam.samples.items():
-            out.append(f"{key} {format_value(v)}")
-    return "\n".join(out) + "\n" if out else ""
-
-
-def _merge_value(a: Any, b: Any, take_max: bool) -> Any:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    if isinstance(a, bool) or isinstance(b, bool):
-        return bool(a) or bool(b)
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return max(a, b) if take_max else a + b
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = dict(a)
-        for k, v in b.items():
-            out[k] = _merge_value(out.get(k), v, take_max or k in STATS_MAX_KEYS)
-        return out
-    if isinstance(a, list) and isinstance(b, list):
-        if all(isinstance(x, dict) and "name" in x for x in a + b):
-            by_name: dict[str, dict] = {}
-            for x in a + b:
-                by_name[x["name"]] = _merge_value(by_name.get(x["name"]), x, take_max)
-            return list(by_name.values())
-        out_list = list(a)
-        for x in b:
-            if x not in out_list:
-                out_list.append(x)
-        return out_list
-    return a  # a word (the policy, a state): the first worker's
-
-
-def merge_stats(stats: list[dict]) -> dict:
-    """Several workers' /stats as one gateway's: numbers at the same path summed (the
-    largest under ``STATS_MAX_KEYS``), lists of named things merged by name."""
-    out: dict = {}
-    for s in stats:
-        out = _merge_value(out, s, False)
-    return out
 
 
 # -- the worker's side ----------------------------------------------------------------------------------
@@ -324,34 +130,6 @@ def _die_with_parent() -> None:
 # -- the supervisor -----------------------------------------------------------------------------------
 
 
-def reserve_port(host: str, port: int) -> list[socket.socket]:
-    """Bind host:port (port 0: a free one) with SO_REUSEPORT without listening: the port is
-    held for the workers, and the kernel sends this socket no connection."""
-    infos = socket.getaddrinfo(None if host == "" else host, port, type=socket.SOCK_STREAM,
-                               flags=socket.AI_PASSIVE)
-    socks: list[socket.socket] = []
-    seen = set()
-    try:
-        for family, type_, proto, _, address in infos:
-            if (family, address[:2]) in seen:
-                continue
-            seen.add((family, address[:2]))
-            sock = socket.socket(family, type_, proto)
-            socks.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            if port == 0 and len(socks) > 1:  # the port the first one got, on every address
-                address = (address[0], socks[0].getsockname()[1], *address[2:])
-            sock.bind(address)
-    except BaseException:
-        for s in socks:
-            s.close()
-        raise
-    return socks
-
-
 class _Worker:
     __slots__ = ("index", "proc", "admin_port", "started_at", "fast_deaths", "read_fd", "hup_pending")
 
@@ -397,7 +175,7 @@ async def _fetch(port: int, path: str, headers: dict[str, str], timeout: float =
     return await asyncio.wait_for(go(), timeout)
 
 
-class Supervisor:
+class WorkerSupervisor:
     """N `serve` workers on one port; see the module's docstring."""
 
     def __init__(self, settings: Settings, argv: list[str], count: int,
@@ -644,7 +422,7 @@ class Supervisor:
             return resp.send_error(404, f"No route for {req.method} {path}.")
         # The client's key goes on to the workers, which check it as the supervisor did.
         fwd = {k: v for k in ("authorization", "x-api-key") if (v := req.headers.get(k)) is not None}
-        answers = await self._gather(path, fwd)
+        answers = await self._gather(WITH_RULES.get(path, path), fwd)
         if path == "/metrics":
             texts = [body.decode() for a in answers if a is not None and a[1] == 200 for body in (a[2],)]
             body = merge_metrics(texts).encode() + self.registry.render()
@@ -663,6 +441,7 @@ class Supervisor:
                 "ready": ready, "healthy_endpoints": healthy, "draining": self.draining,
                 "workers": {**self._workers_stats(), "ready": ready_n}})
         per_worker = []
+        whole: set[str] = set()
         for a in answers:
             if a is None or a[1] != 200:
                 continue
@@ -670,8 +449,9 @@ class Supervisor:
                 own = json.loads(a[2])
             except ValueError:
                 continue
+            whole |= take_rules(own)
             per_worker.append({"worker": a[0].index, "pid": a[0].proc.pid, **own})
-        merged = merge_stats([{k: v for k, v in p.items() if k not in ("worker", "pid")} for p in per_worker])
+        merged = merge_stats([{k: v for k, v in p.items() if k not in ("worker", "pid")} for p in per_worker], whole)
         merged["workers"] = self._workers_stats()
         merged["per_worker"] = per_worker
         return resp.send_json(200, merged)
@@ -684,7 +464,7 @@ def supervise(args, settings: Settings, reread: Callable[[], Settings] | None = 
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
     if argv and argv[0] == "serve":
         argv = argv[1:]
-    sup = Supervisor(settings, argv, worker_count(settings), reread)
+    sup = WorkerSupervisor(settings, argv, worker_count(settings), reread)
     # The workers drain within the grace; the supervisor waits for them a little longer.
     run_until_signalled(sup.main, grace=settings.server.shutdown_grace_s + DRAIN_MARGIN_S)
     return sup.exit_code

@@ -1,2 +1,3 @@
-"""Prometheus metrics: the registry and exposition (``registry``) and the compiled counter and
-histogram children the request path increments (``values``)."""
+"""Prometheus metrics: the registry and exposition (``registry``), several processes' texts
+merged by each metric's declared rule (``merge``) and the compiled counter and histogram
+children the request path increments (``values``)."""

@@ -14,9 +14,34 @@ from typing import Callable, Iterable, Sequence
 from velocity_fast.metrics.values import HistChild as _HistChild
 from velocity_fast.metrics.values import Value as _Value
 
-__all__ = ["Registry", "Counter", "Gauge", "Histogram", "DEFAULT_BUCKETS", "format_value"]
+__all__ = ["Registry", "Counter", "Gauge", "Histogram", "DEFAULT_BUCKETS", "format_value", "SUM", "MAX", "MIN",
+           "MEAN", "ratio", "check_merge"]
 
 DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+# How one metric's values from several processes of one gateway (its workers) add up to
+# the gateway's: each metric says so where it is registered (``merge=``), and the
+# exposition carries it (``render(merge_rules=True)``) to the merge (metrics/merge.py).
+SUM = "sum"    # each process counts its own share: its requests, its queues, its index
+MAX = "max"    # each process reports the same whole: shared memory, the engines' scrapes, a setting
+MIN = "min"    # the same whole, where the smallest is the one to trust
+MEAN = "mean"  # a share each process measures alone over its own work
+_RULES = frozenset({SUM, MAX, MIN, MEAN})
+
+
+def ratio(numerator: str, denominator: str) -> str:
+    """The rule of a ratio of two summed families: recomputed from their merged totals."""
+    return f"ratio {numerator} {denominator}"
+
+
+def check_merge(rule: str | None) -> str | None:
+    """``rule`` if it is one the merge knows (None: not declared); ValueError otherwise."""
+    if rule is None or rule in _RULES:
+        return rule
+    parts = rule.split(" ")
+    if len(parts) == 3 and parts[0] == "ratio" and all(parts[1:]):
+        return rule
+    raise ValueError(f"merge rule {rule!r}: one of {sorted(_RULES)} or ratio(numerator, denominator)")
 
 
 def format_value(v: float) -> str:
@@ -45,6 +70,7 @@ def _label_text(names: Sequence[str], values: Sequence[str], extra: str = "") ->
 
 class _Metric:
     kind = ""
+    merge: str | None = None  # how the workers' values add up (SUM, MAX, ...); set by Registry
 
     def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()):
         self.name = name
@@ -181,29 +207,34 @@ class Registry:
     def __init__(self) -> None:
         self._metrics: dict[str, _Metric] = {}
 
-    def _add(self, m: _Metric) -> _Metric:
+    def _add(self, m: _Metric, merge: str | None) -> _Metric:
         if m.name in self._metrics:
             raise ValueError(f"metric {m.name} registered twice")
+        m.merge = check_merge(merge)
         self._metrics[m.name] = m
         return m
 
-    def counter(self, name: str, help: str, labelnames: Sequence[str] = ()) -> Counter:
-        return self._add(Counter(name, help, labelnames))  # type: ignore[return-value]
+    # ``merge``: how several workers' values add up (SUM, MAX, MIN, MEAN, ratio(...)); a
+    # gateway's every metric says (a test holds it), a process never merged may leave it.
+    def counter(self, name: str, help: str, labelnames: Sequence[str] = (), *, merge: str | None = None) -> Counter:
+        return self._add(Counter(name, help, labelnames), merge)  # type: ignore[return-value]
 
-    def gauge(self, name: str, help: str, labelnames: Sequence[str] = ()) -> Gauge:
-        return self._add(Gauge(name, help, labelnames))  # type: ignore[return-value]
+    def gauge(self, name: str, help: str, labelnames: Sequence[str] = (), *, merge: str | None = None) -> Gauge:
+        return self._add(Gauge(name, help, labelnames), merge)  # type: ignore[return-value]
 
     def histogram(self, name: str, help: str, labelnames: Sequence[str] = (),
-                  buckets: Sequence[float] = DEFAULT_BUCKETS) -> Histogram:
-        return self._add(Histogram(name, help, labelnames, buckets))  # type: ignore[return-value]
+                  buckets: Sequence[float] = DEFAULT_BUCKETS, *, merge: str | None = None) -> Histogram:
+        return self._add(Histogram(name, help, labelnames, buckets), merge)  # type: ignore[return-value]
 
-    def gauge_fn(self, name: str, help: str, fn: Callable, labelnames: Sequence[str] = ()) -> None:
+    def gauge_fn(self, name: str, help: str, fn: Callable, labelnames: Sequence[str] = (), *,
+                 merge: str | None = None) -> None:
         """A gauge computed at scrape time: fn() -> value, or [(label values, value)] with labels."""
-        self._add(_FnGauge(name, help, fn, labelnames))
+        self._add(_FnGauge(name, help, fn, labelnames), merge)
 
-    def counter_fn(self, name: str, help: str, fn: Callable, labelnames: Sequence[str] = ()) -> None:
+    def counter_fn(self, name: str, help: str, fn: Callable, labelnames: Sequence[str] = (), *,
+                   merge: str | None = None) -> None:
         """A counter read at scrape time (a count kept elsewhere that only grows), as gauge_fn."""
-        self._add(_FnCounter(name, help, fn, labelnames))
+        self._add(_FnCounter(name, help, fn, labelnames), merge)
 
     def get(self, name: str) -> _Metric | None:
         return self._metrics.get(name)
@@ -211,9 +242,13 @@ class Registry:
     def names(self) -> list[str]:
         return list(self._metrics)
 
-    def render(self) -> bytes:
+    def render(self, merge_rules: bool = False) -> bytes:
+        """The text format; ``merge_rules``: each declared rule too, as a ``# MERGE name rule``
+        line before its family (a comment to any other reader of the format)."""
         out: list[str] = []
         for m in self._metrics.values():
+            if merge_rules and m.merge is not None:
+                out.append(f"# MERGE {m.name} {m.merge}")
             m.render(out)  # type: ignore[attr-defined]
         out.append("")
         return "\n".join(out).encode()

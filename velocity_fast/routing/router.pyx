@@ -48,7 +48,7 @@ import time
 
 import msgspec
 
-from velocity_fast.metrics.registry import Registry
+from velocity_fast.metrics.registry import SUM, Registry, ratio
 
 from cpython.object cimport PyObject
 
@@ -166,29 +166,32 @@ cdef class Router:
         self._pools = {}  # model -> RouterPool
         self._clock = time.monotonic
         reg = registry if registry is not None else Registry()
+        # Each worker routes its own requests and keeps its own index: its share, summed.
         self._picks = reg.counter("velocity_route_picks_total",
                                   "Endpoint picks by routing profile and what decided them.",
-                                  ("profile", "basis"))
+                                  ("profile", "basis"), merge=SUM)
         self._pick_children = {(p, b): self._picks.labels(p, b) for p in PROFILES for b in BASES}
         self._pick_children[TURN] = self._picks.labels(*TURN)
         for name, p in self._profiles.items():
             (<Profile?>p).picks = {b: child for (n, b), child in self._pick_children.items() if n == name}
             (<Profile>p).only = (<Profile>p).picks[_ONLY]
         self._fail_open = reg.counter("velocity_route_fail_open_total",
-                                      "Picks made among saturated endpoints because all were saturated.")
+                                      "Picks made among saturated endpoints because all were saturated.", merge=SUM)
         self._full = reg.counter("velocity_route_full_total",
                                  "Picks made among endpoints whose learned batch was all in flight, "
-                                 "because none could run the request at once.")
+                                 "because none could run the request at once.", merge=SUM)
         self._no_endpoint = reg.counter("velocity_route_no_endpoint_total",
-                                        "Picks that found no healthy endpoint with room.")
+                                        "Picks that found no healthy endpoint with room.", merge=SUM)
         self._blocks_sent = reg.counter("velocity_prefix_blocks_total",
-                                        "Prompt blocks dispatched (prefix hashing units).")
+                                        "Prompt blocks dispatched (prefix hashing units).", merge=SUM)
         self._blocks_hit = reg.counter("velocity_prefix_hit_blocks_total",
-                                       "Leading prompt blocks the chosen endpoint had recently been sent.")
+                                       "Leading prompt blocks the chosen endpoint had recently been sent.", merge=SUM)
         reg.gauge_fn("velocity_prefix_index_hit_ratio",
-                     "Prefix-index hit ratio: hit blocks / dispatched blocks.", self.hit_ratio)
+                     "Prefix-index hit ratio: hit blocks / dispatched blocks.", self.hit_ratio,
+                     merge=ratio("velocity_prefix_hit_blocks_total", "velocity_prefix_blocks_total"))
         reg.gauge_fn("velocity_prefix_index_blocks", "Block hashes held in the prefix index, per model.",
-                     lambda: [((m, ), len(st.index)) for m, st in self._pools.items()], ("model",))
+                     lambda: [((m, ), len(st.index)) for m, st in self._pools.items()], ("model",),
+                     merge=SUM)
         self._configure()
 
     # -- lifecycle and visibility -----------------------------------------------

@@ -22,7 +22,7 @@ from collections import deque
 from typing import Any, Callable
 
 from velocity_fast.kvevents.index import BlockIndex
-from velocity_fast.metrics.registry import Registry
+from velocity_fast.metrics.registry import MEAN, SUM, Registry
 from velocity_fast.routing.precise.affinity import score
 from velocity_fast.routing.precise.tokens import PreciseRequest, TokenSide, adopt, pool_stats
 from velocity_fast.routing.prefix import choose_by_affinity
@@ -77,11 +77,11 @@ class PrecisePrefix:
         self._picks = adopt(reg, "counter", "velocity_prefix_precise_picks_total",
                             "Chat-profile picks in precise pools, by how they were scored: precise (the "
                             "engines' KV events), not_ready (tokens not ready: approximate), not_exact (no "
-                            "candidate's index exact: approximate).", ("model", "how"))
+                            "candidate's index exact: approximate).", ("model", "how"), merge=SUM)
         share = self.precise_share
         if reg.get("velocity_prefix_precise_share") is None:
             reg.gauge_fn("velocity_prefix_precise_share", "Share of chat-profile picks in precise pools that "
-                         "were scored by the engines' KV events.", share)
+                         "were scored by the engines' KV events.", share, merge=MEAN)  # of each worker's own picks
         else:
             reg.get("velocity_prefix_precise_share").fn = share
         self._pick_children: dict[tuple[str, str], Any] = {}

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import msgspec
 
 from velocity_fast.kvevents.index import extend_chain, leading_in
-from velocity_fast.metrics.registry import Registry
+from velocity_fast.metrics.registry import SUM, Registry
 from velocity_fast.routing.precise.template import ChatRenderer, get, load_renderer, load_tokenizer, message_texts
 from velocity_fast.routing.settings import RoutingSettings
 
@@ -145,12 +145,13 @@ class TokenSide:
         reg = registry if registry is not None else Registry()
         self._lookups = adopt(reg, "counter", "velocity_prefix_token_cache_total",
                               "Token-cache look-ups of precise pools: hit (the whole prompt), prefix (its "
-                              "leading messages), miss.", ("result",))
+                              "leading messages), miss.", ("result",), merge=SUM)
         self._jobs = adopt(reg, "counter", "velocity_prefix_tokenize_total",
                            "Prompts handed to the tokenizer thread: done, dropped (queue full), failed.",
-                           ("result",))
+                           ("result",), merge=SUM)
         self._tokens = adopt(reg, "counter", "velocity_prefix_tokenized_tokens_total",
-                             "Tokens the tokenizer thread produced (a next turn counts only its new messages).")
+                             "Tokens the tokenizer thread produced (a next turn counts only its new messages).",
+                             merge=SUM)
         self._hit = self._lookups.labels("hit")
         self._prefix_hit = self._lookups.labels("prefix")
         self._miss = self._lookups.labels("miss")
@@ -405,8 +406,8 @@ def _char_to_byte(text: str) -> list[int]:
     return out
 
 
-def adopt(reg: Any, kind: str, name: str, help: str, labels: tuple = ()) -> Any:
+def adopt(reg: Any, kind: str, name: str, help: str, labels: tuple = (), *, merge: str | None = None) -> Any:
     """The registry's metric ``name``, made as ``kind`` when it has none yet (a reload's
     new side keeps counting on the old one's)."""
     got = reg.get(name)
-    return got if got is not None else getattr(reg, kind)(name, help, labels)
+    return got if got is not None else getattr(reg, kind)(name, help, labels, merge=merge)
