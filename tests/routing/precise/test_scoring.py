@@ -294,6 +294,29 @@ def test_tokens_not_ready_route_on_the_approximate_index_at_once(setup, tokenize
     assert 'how="not_ready"} 1' in reg.render().decode()
 
 
+def test_a_prefix_sent_before_its_tokens_were_ready_is_followed_once_they_are(setup, tokenizer_json):
+    """A group's first request, picked before its tokens were ready, went by the
+    approximate index. Its engine reports nothing yet (the prefill runs), so the exact
+    side sees the prefix nowhere: the group's next request (tokens ready) follows the
+    first rather than placing the prefix cold on another engine, a second cold prefill.
+    Against vLLM this held a precise gateway's hit rate to round-robin's."""
+    r, index, precise, _ = setup()
+    pool = make_pool(2)
+    for ep in pool.endpoints:
+        engine_holds(index, ep.name, [])
+        ep.num_gpu_blocks = 1000
+    first = r.route_info("m", chat(SYSTEM, "theta iota kappa"), {})
+    first.precise.chain = None  # the tokenizer thread has not got to it yet
+    to = r.pick(pool, first)
+    r.on_dispatch(to, first)
+    picks = set()
+    for q in ("lambda mu", "nu xi omicron", "pi rho", "sigma tau upsilon"):
+        nxt = r.route_info("m", chat(SYSTEM, q), {})
+        wait_ready(nxt)
+        picks |= {r.pick(pool, nxt).name for _ in range(10)}
+    assert picks == {to.name}
+
+
 def test_a_next_turn_is_precise_at_once_and_tokenizes_only_its_new_messages(setup, tokenizer_json):
     r, index, precise, reg = setup()
     turn1 = chat(SYSTEM, "kappa lambda mu")

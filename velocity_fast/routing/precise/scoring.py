@@ -156,6 +156,17 @@ class PrecisePrefix:
                                       waits, hw)
         self._count(info.model, "precise")
         if max(aff) == 0.0:
+            # No engine holds the prefix or has it on its way, as the events tell. Requests
+            # of it picked before their tokens were ready went by the approximate index
+            # (which every dispatch feeds): follow them rather than place it cold again,
+            # on another engine, for a second cold prefill.
+            if info.nblocks:
+                if approx is None:
+                    approx = state.index.match(info.hashes)
+                slots = [state.index.slot_of(ep.name) for ep in cands]
+                sent = [approx[i] / info.nblocks if 0 <= i < len(approx) else 0.0 for i in slots]
+                if max(sent) > 0.0:
+                    return score(sent, loads, s.hotspot_gap, s.load_weight, rand, waits, hw)
             return _place_cold(need, loads, rand, max(2, n // 4)), "kv"
         fw = s.free_cache_weight
         if fw > 0.0:
