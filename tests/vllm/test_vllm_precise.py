@@ -31,7 +31,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 
 CHAT = "/v1/chat/completions"
 ROOT = Path(__file__).resolve().parents[2]
-GROUPS, REQUESTS, CONCURRENCY = 8, 96, 4
+# 16 system prompts, about 6 requests each: how a router places a prefix decides how
+# often it is prefilled cold (round-robin: on both engines; by prefix: on one).
+GROUPS, REQUESTS, CONCURRENCY = 16, 96, 4
 ROUTINGS = {
     "round-robin": {"default_profile": "round-robin"},
     "approximate": {"default_profile": "chat", "prefix": "approximate"},
@@ -144,7 +146,8 @@ async def test_precise_routing_from_vllms_events(kind, vllm_pairs):
           f"precise share {share:.3f}, joined {joined_share:.3f}; joined endpoints "
           f"{ {k: {f: v[f] for f in ('joins', 'replayed', 'adopted', 'orphans')} for k, v in eps.items()} }")
     assert share >= 0.9 and joined_share >= 0.9, (share, joined_share)
-    assert hits["precise"] > hits["round-robin"] and hits["approximate"] > hits["round-robin"], hits
+    assert hits["precise"] >= hits["approximate"] > hits["round-robin"], hits
+    assert hits["precise"] >= 1.15 * hits["round-robin"], hits
     assert hits["joined"] >= hits["precise"], hits   # its prompts were cached: none placed cold again
     if kind == "chatml":
         # vLLM's buffer still holds batch 0: the joining gateway rebuilt from its replay socket.
