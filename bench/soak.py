@@ -44,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from velocity_fast.loadgen.gateway_proc import free_port
+from velocity_fast.harness.ports import free_port
 
 from bench.lib.processes import Procs, wait_ready
 from bench.lib.stack import http_status
