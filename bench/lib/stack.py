@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import subprocess
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,14 +25,25 @@ class Stack:
     """A running gateway process (``gw``, its output in ``log``) and its sim engines;
     ``config`` is its YAML file."""
 
-    gw: subprocess.Popen
-    port: int
-    admin_port: int
+    gw: GatewayProcess
+    engines: list[SimEngine]
     config: str
     log: Path
 
+    @property
+    def port(self) -> int:
+        return self.gw.port
+
+    @property
+    def admin_port(self) -> int:
+        return self.gw.admin_port
+
+    @property
+    def pid(self) -> int:
+        return self.gw.proc.pid
+
     def alive(self) -> bool:
-        return self.gw.poll() is None
+        return self.gw.proc.poll() is None
 
     @property
     def log_text(self) -> str:
@@ -42,29 +52,29 @@ class Stack:
 
 
 @contextmanager
-def gateway_stack(*sim_flags: str, engines: int = 1, time_scale: float = 50.0,
-                  log_level: str = "warning") -> Iterator[Stack]:
+def gateway_stack(*sim_flags: str, engines: int = 1, time_scale: float = 50.0, log_level: str = "warning",
+                  extra_endpoints: list[tuple[str, str, str]] = (), extra_config: str = "") -> Iterator[Stack]:
     """``engines`` sim engines (``sim_flags`` each) and ``velocityllm serve`` in front of
-    them, ready (admin /ready 200); every process stopped on exit. The config file alone
-    sets the gateway (the caller's VELOCITY_* variables are left out)."""
+    them and of ``extra_endpoints`` ((name, url, model) each), ready (admin /ready 200);
+    every process stopped on exit. The config file alone sets the gateway (the caller's
+    VELOCITY_* variables are left out); ``extra_config`` is YAML added to it."""
     sims: list[SimEngine] = []
     gp = None
     with tempfile.TemporaryDirectory(prefix="velocity-reliability-") as tmp:
         work = Path(tmp)
         try:
-            eps = []
             for i in range(1, engines + 1):
                 eng = SimEngine(*sim_flags, model=MODEL, port=free_port(), time_scale=time_scale,
                                 log=work / f"engine-{i}.log", death_signal=signal.SIGTERM)
                 sims.append(eng)
                 eng.start(20)
-                eps.append((f"e{i}", eng.url, MODEL))
+            eps = [(f"e{i}", e.url, MODEL) for i, e in enumerate(sims, 1)] + list(extra_endpoints)
             config = work / "config.yaml"
-            config.write_text(config_yaml(eps))
+            config.write_text(config_yaml(eps, extra=extra_config))
             log = work / "gateway.log"
             gp = GatewayProcess("serve", "--config", str(config), "--log-level", log_level, log=log,
                                 death_signal=signal.SIGTERM).spawn()
-            stack = Stack(gp.proc, gp.port, gp.admin_port, str(config), log)
+            stack = Stack(gp, sims, str(config), log)
 
             def ready() -> bool:
                 if gp.proc.poll() is not None:
