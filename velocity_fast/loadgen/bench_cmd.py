@@ -258,7 +258,7 @@ async def _bench(args, policies, cfg, mix, specs, logs, server_args):
     for repeat, policy in run_order(policies, args.repeats, cfg.seed):
         gw = GatewayProcess(policy, engines=args.engines, extra=server_args + sim_args(mix, server_args),
                             log_path=os.path.join(logs, f"{policy}-{repeat}.log"))
-        gw.start()
+        gw.spawn()
         try:
             await gw.wait_ready(args.ready_timeout)
             if args.warmup_requests > 0:
