@@ -1,8 +1,9 @@
 """Processes a benchmark starts: pinned to a core, niced, killed with it, stopped whole.
 
-Every child runs in its own session (its own process group), so that stopping it stops
-what it started too (nginx's workers, a gateway's workers); each dies with the
-benchmark (PR_SET_PDEATHSIG) if the benchmark dies without cleaning up.
+Every child is started and stopped by the harness (velocity_fast/harness/procs.py): in
+its own process group, so that stopping it stops what it started too (nginx's workers, a
+gateway's workers), and it dies with the benchmark (PR_SET_PDEATHSIG) if the benchmark
+dies without cleaning up.
 """
 from __future__ import annotations
 
