@@ -53,6 +53,7 @@ from bench.lib.bodies import BODY, PATH
 from bench.lib.load import wrk_cmd
 from bench.lib.processes import Procs
 from bench.lib.targets import start_gateway, start_nginx, start_upstream
+from velocity_fast.harness.redis import RedisServer, redis_binary
 
 # --smoke: one-second windows (CI: tests/bench/); flags given still win.
 SMOKE = {"duration": 3.0, "warmup": 2.0}  # under valgrind a loaded machine may finish nothing in 1 s
@@ -83,29 +84,6 @@ def _tenant_config(work: Path, tenants: int, state_store: str | None = None) -> 
     store = f"state_store: {state_store}\n" if state_store else ""
     out.write_text(store + "admission:\n  fairness: tokens\ntenants:\n" + "\n".join(rows) + "\n")
     return out
-
-
-def _start_redis(work: Path) -> tuple[subprocess.Popen, str]:
-    """A redis-server on a free loopback port, no persistence: (process, its URL)."""
-    import socket
-
-    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    p = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-                          "--dir", str(work)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as c:
-                c.sendall(b"PING\r\n")
-                if c.recv(16).startswith(b"+PONG"):
-                    return p, f"redis://127.0.0.1:{port}/0"
-        except OSError:
-            time.sleep(0.05)
-    p.kill()
-    raise RuntimeError("redis-server did not start")
 
 
 def _wrk_argv(work: Path, tenants: int) -> list[str]:
@@ -183,7 +161,8 @@ def run(args) -> dict:
             gw_dir.mkdir()
             store = None
             if args.state_store:
-                redis, store = _start_redis(work)
+                redis = RedisServer(redis_binary() or "/usr/bin/redis-server").start()
+                store = redis.url
             extra = ["--config", str(_tenant_config(work, args.tenants, store))] if args.tenants else []
             res["tenants"] = args.tenants
             res["state_store"] = bool(store)
@@ -195,8 +174,7 @@ def run(args) -> dict:
         finally:
             up_procs.stop_all()
             if redis is not None:
-                redis.terminate()
-                redis.wait(10)
+                redis.close()
     g, n = res["targets"]["gateway"]["per_request"], res["targets"]["nginx"]["per_request"]
     res["gateway_vs_nginx"] = g / n if g and n else None
     return res

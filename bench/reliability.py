@@ -98,7 +98,7 @@ def statuses(results) -> Counter:
 # -- parts -----------------------------------------------------------------------------------------
 
 async def slowloris(stack: Stack, slow: int, silent: int, seconds: float) -> None:
-    pid = stack.gw.pid
+    pid = stack.pid
     idle = [r.done - r.sent for r in await closed_loop(stack.port, 8, seconds, seed=1) if r.status == 200]
     await asyncio.sleep(0.5)
     fds_before = fds(pid)  # after the idle run: the engine connections it pooled are counted in both
@@ -243,7 +243,7 @@ def _rss_growth(samples: list, since: float, end_kib: int) -> tuple[float, int]:
 
 async def soak(stack: Stack, seconds: float, rate: float, load: float, connections: int,
                capacity_s: float) -> None:
-    pid = stack.gw.pid
+    pid = stack.pid
     if not rate:
         cap = await capacity(stack.port, connections, capacity_s)
         rate = load * cap
@@ -302,7 +302,7 @@ async def reloads(stack: Stack, seconds: float) -> None:
     good = Path(stack.config).read_text()
     changed = good.replace("keepalive_timeout_s: 5.0", "keepalive_timeout_s: 6.0") + "sla_ms: 2500.0\n"
     steps = [changed, "server: [this is: not valid\n", good + "no_such_key: 1\n", good]
-    pid = stack.gw.pid
+    pid = stack.pid
 
     async def hups() -> None:
         for text in steps:

@@ -12,13 +12,13 @@ one whose script has no ``--smoke`` yet is skipped with a note.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from velocity_fast.harness.procs import start, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -72,26 +72,14 @@ def has_smoke(cmd: list[str]) -> bool:
 def run_one(cmd: list[str], env: dict, out, timeout: float) -> int | None:
     """Run a benchmark in its own process group; its exit status, None on a timeout (then
     the group gets SIGTERM, so a benchmark stops what it started, and SIGKILL after 15 s)."""
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                         stdin=subprocess.DEVNULL, start_new_session=True)
+    p = start(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         return p.wait(timeout)
     except subprocess.TimeoutExpired:
-        for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                p.wait(grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        stop(p, 15.0, whole=True)
         return None
     except BaseException:  # interrupted: stop the benchmark too
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGTERM)
-        p.wait(15)
+        stop(p, 15.0, whole=True)
         raise
 
 

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -83,10 +84,11 @@ async def run(args) -> dict:
     if pin:
         cmd = ["taskset", "-c", str(cores[0])] + cmd
         os.sched_setaffinity(0, {cores[1]})
-    from velocity_fast.loadgen.gateway_proc import die_with_parent  # SIGTERM to the engine if this dies
+    from velocity_fast.harness.procs import start, stop
 
-    proc = subprocess.Popen(cmd, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=die_with_parent)
+    # SIGTERM to the engine if this dies.
+    proc = start(cmd, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                 env={**os.environ, "PYTHONPATH": str(REPO)}, death_signal=signal.SIGTERM)
     try:
         line = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, proc.stdout.readline), 30)
         port = int(line.decode().rsplit(":", 1)[1])
@@ -104,12 +106,7 @@ async def run(args) -> dict:
         for c in clients:
             c.transport.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 10.0)
     wall = t1 - t0
     cpu = cpu1 - cpu0
     tokens = c1 - c0

@@ -35,20 +35,19 @@ import asyncio
 import json
 import os
 import random
-import shutil
-import socket
 import statistics
-import subprocess
+import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from velocity_fast.loadgen.gateway_proc import free_port
-
-from bench.lib.processes import Procs, wait_ready
-from bench.lib.stack import http_status
-from bench.lib.targets import CHILD_ENV, REPO
+from velocity_fast.harness.gateway import GatewayProcess
+from velocity_fast.harness.ports import free_port
+from velocity_fast.harness.probe import http_status, wait_until
+from velocity_fast.harness.procs import stop_all
+from velocity_fast.harness.redis import RedisServer, redis_binary
+from velocity_fast.harness.sim import SimEngine
 
 MODEL = "sim-model"
 SCALES = (20.0, 10.0, 5.0)   # the engines' speeds: the same work at these time scales
@@ -273,48 +272,34 @@ async def _soak(load: Load, rate: float, seconds: float, interval: float, sample
 
 
 def run(args) -> dict:
-    procs = Procs()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VELOCITY_")} | CHILD_ENV
-    redis = shutil.which("redis-server") if not args.no_store else None
+    redis = (redis_binary() if not args.no_store else None)
+    sims: list[SimEngine] = []
+    store = gateway = None
     with tempfile.TemporaryDirectory(prefix="velocity-soak-") as tmp:
         work = Path(tmp)
         try:
             engines = {}
             for i, scale in enumerate(SCALES):
-                port = free_port()
-                p = procs.start([sys.executable, "-m", "velocity_fast.sim", "--host", "127.0.0.1", "--port",
-                                 str(port), "--model", MODEL, "--time-scale", str(scale), "--max-num-seqs", str(SEQS),
-                                 "--seed", str(i)], None, log=work / f"engine-{i}.log", cwd=str(REPO), env=env,
-                                stdin=subprocess.DEVNULL)
-                wait_ready(lambda: p.poll() is None and http_status(port, "/health") == 200, 20, f"sim engine {i}",
-                           work / f"engine-{i}.log")
-                engines[port] = f"e{i}"
+                eng = SimEngine("--max-num-seqs", str(SEQS), "--seed", str(i), model=MODEL, port=free_port(),
+                                time_scale=scale, log=work / f"engine-{i}.log", death_signal=signal.SIGTERM)
+                sims.append(eng)
+                eng.start(20)
+                engines[eng.port] = f"e{i}"
             store_port = None
             cfg = ["endpoints:"] + [f"  - {{name: {n}, url: 'http://127.0.0.1:{p}', model: {MODEL}}}"
                                     for p, n in engines.items()]
             cfg += [f"max_concurrency: {MAX_CONCURRENCY}", "sla_ms: 600000",
                     "tenants:", "  - {name: soak, requests_per_second: 10000}"]
             if redis is not None:
-                store_port = free_port()
-                r = procs.start([redis, "--port", str(store_port), "--bind", "127.0.0.1", "--save", "",
-                                 "--appendonly", "no"], None, log=work / "redis.log", stdin=subprocess.DEVNULL)
-
-                def redis_up() -> bool:
-                    try:
-                        socket.create_connection(("127.0.0.1", store_port), 0.2).close()
-                        return r.poll() is None
-                    except OSError:
-                        return False
-                wait_ready(redis_up, 10, "redis-server", work / "redis.log")
-                cfg.append(f"state_store: redis://127.0.0.1:{store_port}/0")
+                store = RedisServer(redis).start()
+                store_port = store.port
+                cfg.append(f"state_store: {store.url}")
             (work / "gw.yaml").write_text("\n".join(cfg) + "\n")
-            port, admin = free_port(), free_port()
-            gw = procs.start([sys.executable, "-m", "velocity_fast", "serve", "--config", str(work / "gw.yaml"),
-                              "--log-level", "warning", "--host", "127.0.0.1", "--port", str(port),
-                              "--admin-port", str(admin)], None, log=work / "gateway.log", cwd=str(REPO), env=env,
-                             stdin=subprocess.DEVNULL)
-            wait_ready(lambda: gw.poll() is None and http_status(admin, "/ready") == 200, 30, "the gateway",
-                       work / "gateway.log")
+            log = work / "gateway.log"
+            gateway = GatewayProcess("serve", "--config", str(work / "gw.yaml"), "--log-level", "warning",
+                                     log=log, death_signal=signal.SIGTERM).spawn()
+            gw, port, admin = gateway.proc, gateway.port, gateway.admin_port
+            wait_until(lambda: gw.poll() is None and http_status(admin, "/ready") == 200, 30, "the gateway", log)
             ports = {"client": {port, admin}, "pool": engines, "store": store_port, "events": set()}
             pool_bound = len(engines) * (MAX_CONCURRENCY + POOL_SPARE)
 
@@ -344,7 +329,10 @@ def run(args) -> dict:
                     "store": store_port is not None, "samples": samples,
                     "connections": {e["name"]: e.get("connections") for e in with_conns.get("endpoints", [])}}
         finally:
-            procs.stop_all()
+            stop_all([gateway and gateway.proc, store and store.proc, *(e.proc for e in reversed(sims))], 5.0,
+                     whole=True)
+            if store is not None:
+                store.close()
 
 
 def _get_json(port: int, path: str) -> dict:

@@ -18,7 +18,7 @@ PKG = Path(__file__).resolve().parents[1] / "velocity_fast"
 
 # Bottom first. A package may import from any strictly lower layer.
 LAYERS: list[tuple[str, ...]] = [
-    ("__init__", "lowlevel"),          # the version; cimport-only helpers
+    ("__init__", "lowlevel", "harness"),  # the version; cimport-only helpers; child processes
     ("io", "http", "metrics"),         # sockets; HTTP messages; metric values and registry
     ("server", "upstream"),            # the client connection; engine connections
     ("fleet", "kvevents"),             # endpoints, pools, health, scrapes; the engines' KV events

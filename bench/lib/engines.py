@@ -4,18 +4,15 @@ on its own port; and their prefix-cache hit counters."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
+import signal
 import time
 
-from velocity_fast.loadgen.gateway_proc import die_with_parent, http_get
-
-from .targets import REPO as ROOT
+from velocity_fast.harness.probe import http_get
+from velocity_fast.harness.procs import stop_all
+from velocity_fast.harness.sim import SimEngine
 
 MODEL = "sim-model"
-_LISTEN = re.compile(rb"listening on http://[^:\s]+:(\d+)")
 _COUNTER = r"^{name}(?:\{{[^}}]*\}})?\s+([0-9.eE+-]+)"
 
 
@@ -26,7 +23,7 @@ class Engines:
         self.n = n
         self.flags = flags
         self.kv_dir = kv_dir   # KV events on ipc:// sockets here (None: no events)
-        self.procs: list[subprocess.Popen] = []
+        self.engines: list[SimEngine] = []
         self.ports: list[int] = []
 
     def kv_events(self, i: int) -> tuple[str, str] | None:
@@ -34,61 +31,34 @@ class Engines:
             return None
         return f"ipc://{self.kv_dir}/e{i}.kv", f"ipc://{self.kv_dir}/e{i}.replay"
 
-    def _spawn(self, i: int, port: int) -> subprocess.Popen:
-        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        cmd = [sys.executable, "-m", "velocity_fast.sim", "--host", "127.0.0.1", "--port", str(port),
-               "--model", MODEL, "--seed", str(i), *self.flags]
+    def _engine(self, i: int, port: int) -> SimEngine:
+        flags = ["--seed", str(i), *self.flags]
         kv = self.kv_events(i)
         if kv is not None:
-            cmd += ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                                                      "endpoint": kv[0], "replay_endpoint": kv[1], "topic": "kv"})]
+            flags += ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                                        "endpoint": kv[0], "replay_endpoint": kv[1], "topic": "kv"})]
         # An engine gets SIGTERM if this bench dies without stopping it (killed, timed out).
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True, preexec_fn=die_with_parent)
-
-    @staticmethod
-    def _port_of(p: subprocess.Popen, deadline: float) -> int:
-        line = b""
-        while not _LISTEN.search(line):
-            if time.monotonic() > deadline or p.poll() is not None:
-                raise RuntimeError("a sim engine did not start")
-            line = p.stdout.readline()
-        return int(_LISTEN.search(line).group(1))
+        return SimEngine(*flags, model=MODEL, port=port, death_signal=signal.SIGTERM).spawn()
 
     def start(self, timeout: float = 30.0) -> None:
         for i in range(self.n):
-            self.procs.append(self._spawn(i, 0))
+            self.engines.append(self._engine(i, 0))
         deadline = time.monotonic() + timeout
-        for p in self.procs:
-            self.ports.append(self._port_of(p, deadline))
+        for e in self.engines:
+            self.ports.append(e.wait_ready(deadline).port)
 
     def restart(self, i: int, timeout: float = 30.0, down_s: float = 0.0) -> None:
         """Stop engine i (SIGTERM: it finishes what it runs), leave it down ``down_s``
         seconds, and start it again on the same port and event sockets, with an empty cache."""
-        p = self.procs[i]
-        p.terminate()
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
-        p.stdout.close()
+        self.engines[i].stop(15.0)
         time.sleep(down_s)
-        self.procs[i] = self._spawn(i, self.ports[i])
-        self._port_of(self.procs[i], time.monotonic() + timeout)
+        self.engines[i] = self._engine(i, self.ports[i])
+        self.engines[i].wait_ready(time.monotonic() + timeout)
 
     def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-            if p.stdout:
-                p.stdout.close()
+        stop_all([e.proc for e in self.engines], 10.0)  # all at once, not one grace each
+        for e in self.engines:
+            e.stop()  # its stderr file
 
 
 def _counter(text: str, name: str) -> float:

@@ -2,21 +2,22 @@
 (bench/lib/hostile.py's ``config_yaml``): what bench/reliability.py attacks and loads."""
 from __future__ import annotations
 
-import http.client
-import os
-import subprocess
-import sys
+import signal
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from velocity_fast.loadgen.gateway_proc import free_port
+from velocity_fast.harness.gateway import GatewayProcess
+from velocity_fast.harness.ports import free_port
+from velocity_fast.harness.probe import http_status, wait_until
+from velocity_fast.harness.procs import stop_all
+from velocity_fast.harness.sim import SimEngine
 
 from .hostile import MODEL, config_yaml
-from .processes import Procs, wait_ready
-from .targets import CHILD_ENV, REPO
+
+__all__ = ["Stack", "gateway_stack", "http_status"]
 
 
 @dataclass
@@ -24,14 +25,25 @@ class Stack:
     """A running gateway process (``gw``, its output in ``log``) and its sim engines;
     ``config`` is its YAML file."""
 
-    gw: subprocess.Popen
-    port: int
-    admin_port: int
+    gw: GatewayProcess
+    engines: list[SimEngine]
     config: str
     log: Path
 
+    @property
+    def port(self) -> int:
+        return self.gw.port
+
+    @property
+    def admin_port(self) -> int:
+        return self.gw.admin_port
+
+    @property
+    def pid(self) -> int:
+        return self.gw.proc.pid
+
     def alive(self) -> bool:
-        return self.gw.poll() is None
+        return self.gw.proc.poll() is None
 
     @property
     def log_text(self) -> str:
@@ -39,54 +51,37 @@ class Stack:
         return self.log.read_text(errors="replace")
 
 
-def http_status(port: int, path: str) -> int:
-    """The status of a GET of ``path`` on 127.0.0.1:``port`` (0: no answer within 2 s)."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=2.0)
-    try:
-        c.request("GET", path)
-        return c.getresponse().status
-    except OSError:
-        return 0
-    finally:
-        c.close()
-
-
 @contextmanager
-def gateway_stack(*sim_flags: str, engines: int = 1, time_scale: float = 50.0,
-                  log_level: str = "warning") -> Iterator[Stack]:
+def gateway_stack(*sim_flags: str, engines: int = 1, time_scale: float = 50.0, log_level: str = "warning",
+                  extra_endpoints: list[tuple[str, str, str]] = (), extra_config: str = "") -> Iterator[Stack]:
     """``engines`` sim engines (``sim_flags`` each) and ``velocityllm serve`` in front of
-    them, ready (admin /ready 200); every process stopped on exit."""
-    procs = Procs()
-    # Without the caller's VELOCITY_* variables: the config file alone sets the gateway.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VELOCITY_")} | CHILD_ENV
+    them and of ``extra_endpoints`` ((name, url, model) each), ready (admin /ready 200);
+    every process stopped on exit. The config file alone sets the gateway (the caller's
+    VELOCITY_* variables are left out); ``extra_config`` is YAML added to it."""
+    sims: list[SimEngine] = []
+    gp = None
     with tempfile.TemporaryDirectory(prefix="velocity-reliability-") as tmp:
         work = Path(tmp)
         try:
-            eps = []
             for i in range(1, engines + 1):
-                port = free_port()
-                log = work / f"engine-{i}.log"
-                p = procs.start([sys.executable, "-m", "velocity_fast.sim", "--host", "127.0.0.1", "--port", str(port),
-                                 "--model", MODEL, "--time-scale", str(time_scale), *sim_flags], None, log=log,
-                                cwd=str(REPO), env=env, stdin=subprocess.DEVNULL)
-                wait_ready(lambda: p.poll() is None and http_status(port, "/health") == 200, 20, f"sim engine {i}", log)
-                eps.append((f"e{i}", f"http://127.0.0.1:{port}", MODEL))
+                eng = SimEngine(*sim_flags, model=MODEL, port=free_port(), time_scale=time_scale,
+                                log=work / f"engine-{i}.log", death_signal=signal.SIGTERM)
+                sims.append(eng)
+                eng.start(20)
+            eps = [(f"e{i}", e.url, MODEL) for i, e in enumerate(sims, 1)] + list(extra_endpoints)
             config = work / "config.yaml"
-            config.write_text(config_yaml(eps))
-            port, admin = free_port(), free_port()
+            config.write_text(config_yaml(eps, extra=extra_config))
             log = work / "gateway.log"
-            gw = procs.start([sys.executable, "-m", "velocity_fast", "serve", "--config", str(config),
-                              "--log-level", log_level, "--host", "127.0.0.1", "--port", str(port),
-                              "--admin-port", str(admin)], None, log=log, cwd=str(REPO), env=env,
-                             stdin=subprocess.DEVNULL)
-            stack = Stack(gw, port, admin, str(config), log)
+            gp = GatewayProcess("serve", "--config", str(config), "--log-level", log_level, log=log,
+                                death_signal=signal.SIGTERM).spawn()
+            stack = Stack(gp, sims, str(config), log)
 
             def ready() -> bool:
-                if gw.poll() is not None:
+                if gp.proc.poll() is not None:
                     raise RuntimeError("the gateway exited: " + stack.log_text[-800:])
-                return http_status(admin, "/ready") == 200
+                return http_status(gp.admin_port, "/ready") == 200
 
-            wait_ready(ready, 30, "the gateway", log)
+            wait_until(ready, 30, "the gateway", log)
             yield stack
         finally:
-            procs.stop_all()
+            stop_all([gp and gp.proc, *(e.proc for e in reversed(sims))], 5.0, whole=True)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from velocity_fast.loadgen.gateway_proc import free_port  # below the ephemeral range
+from velocity_fast.harness.ports import free_port  # below the ephemeral range
 
 from .bodies import BODY, MODEL, PATH
 from .processes import Procs, group_pids, wait_line, wait_ready

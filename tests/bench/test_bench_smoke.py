@@ -11,18 +11,19 @@ test skips when one is missing, except under CI=true, where that is a failure.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+from velocity_fast.harness.procs import start, stop
 
 # Whole benchmarks: wrk, valgrind, nginx and gateways, some pinned to cores.
 pytestmark = [pytest.mark.bench, pytest.mark.serial]
@@ -55,20 +56,16 @@ def run(cmd: list[str], timeout: float) -> tuple[int, str]:
     """Run cmd in its own process group; (exit status, output). On a timeout the group
     gets SIGTERM (a benchmark then stops what it started), then SIGKILL, and the test fails."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         stdin=subprocess.DEVNULL, start_new_session=True, text=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, sig)
-            try:
-                out, _ = p.communicate(timeout=15)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        pytest.fail(f"{' '.join(cmd[1:])} ran past {timeout} s:\n{(out or '')[-3000:]}")
+    with tempfile.TemporaryFile() as f:
+        p = start(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            stop(p, 15.0, whole=True, kill_grace=15.0)
+            f.seek(0)
+            pytest.fail(f"{' '.join(cmd[1:])} ran past {timeout} s:\n{f.read().decode(errors='replace')[-3000:]}")
+        f.seek(0)
+        out = f.read().decode(errors="replace")
     return p.returncode, out
 
 

@@ -99,7 +99,7 @@ async def test_a_replica_sees_the_others_work_within_a_few_scrapes(tmp_path):
     gauges have been scraped (every 100 ms by default). Measured from the moment the
     requests were sent; bounded at 1 s (the scrape interval, the engines' first step and
     a loaded machine's delays, with room)."""
-    from velocity_fast.loadgen.gateway_proc import http_get
+    from velocity_fast.harness.probe import http_get
     import orjson
 
     fleet = Fleet(SCENARIOS["seqs-16"], "dynamic", str(tmp_path), replicas=2)

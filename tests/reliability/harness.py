@@ -1,7 +1,7 @@
 """The reliability suite's harness: a gateway process in front of sim engines with short
-read timeouts, and a fake engine that answers with faults. The raw client, the seeded
-case generators (request heads, JSON bodies) and /metrics are bench/lib/hostile.py's,
-which bench/reliability.py runs too; they are re-exported here.
+read timeouts (bench/lib/stack.py's), and a fake engine that answers with faults. The raw
+client, the seeded case generators (request heads, JSON bodies) and /metrics are
+bench/lib/hostile.py's, which bench/reliability.py runs too; they are re-exported here.
 
 Everything listens on 127.0.0.1; every process started here is stopped by the context
 manager that started it.
@@ -9,88 +9,15 @@ manager that started it.
 from __future__ import annotations
 
 import asyncio
-import http.client
-import os
 import random
-import tempfile
-import time
 from collections import Counter
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Iterator
 
 from bench.lib.hostile import (  # noqa: F401  (re-exported: the tests use them as h.NAME)
     FIELDS, HANG_S, MODEL, READ_TIMEOUT_S, ROUTES, Outcome, Tally, _by_hand, body_case, body_cases, config_yaml,
     exchange, head_cases, metrics, mutate_head, odd_value, request_bytes, run_cases, seed_heads, served, total,
     valid_body)
-from tests.support.gateway import GatewayProcess, ScriptedServer
-from tests.support.sim import SimEngine
-
-
-@dataclass
-class Stack:
-    """A running gateway process (``gw``) and its sim engines; ``config`` is its YAML file."""
-
-    gw: GatewayProcess
-    engines: list[SimEngine]
-    config: str
-
-    @property
-    def port(self) -> int:
-        return self.gw.port
-
-    @property
-    def admin_port(self) -> int:
-        return self.gw.admin_port
-
-    def alive(self) -> bool:
-        return self.gw.proc is not None and self.gw.proc.poll() is None
-
-
-@contextmanager
-def gateway_stack(*sim_flags: str, engines: int = 1, time_scale: float = 50.0,
-                  extra_endpoints: list[tuple[str, str, str]] = (), extra_config: str = "",
-                  log_level: str = "warning") -> Iterator[Stack]:
-    """Sim engine(s) and ``velocityllm serve`` in front of them, stopped on exit."""
-    sims: list[SimEngine] = []
-    gp = None
-    fd, path = tempfile.mkstemp(suffix=".yaml", prefix="velocity-reliability-")
-    os.close(fd)
-    try:
-        for _ in range(engines):
-            sims.append(SimEngine(*sim_flags, model=MODEL, time_scale=time_scale).start())
-        eps = [(f"e{i}", e.url, MODEL) for i, e in enumerate(sims, 1)] + list(extra_endpoints)
-        with open(path, "w") as f:
-            f.write(config_yaml(eps, extra=extra_config))
-        gp = GatewayProcess("serve", "--config", path, "--log-level", log_level)
-        gp.start(timeout=30.0)
-        stack = Stack(gp, sims, path)
-        wait_ready(stack)
-        yield stack
-    finally:
-        if gp is not None:
-            gp.close()
-        for e in sims:
-            e.stop()
-        os.unlink(path)
-
-
-def wait_ready(stack: Stack, timeout: float = 15.0) -> None:
-    """Blocking (it may run where a loop is running): until /ready answers 200."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        conn = http.client.HTTPConnection("127.0.0.1", stack.admin_port, timeout=2.0)
-        try:
-            conn.request("GET", "/ready")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        finally:
-            conn.close()
-        time.sleep(0.05)
-    raise TimeoutError("the gateway did not become ready")
-
+from bench.lib.stack import Stack, gateway_stack  # noqa: F401  (re-exported: h.gateway_stack, h.Stack)
+from tests.support.gateway import ScriptedServer
 
 
 # -- the engine side: a fake engine that answers each request with one fault --------------------

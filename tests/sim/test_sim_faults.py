@@ -9,6 +9,7 @@ import sys
 import time
 
 from tests.support.sim import REPO, free_port, http_request, open_request, sim_command, sim_engine
+from velocity_fast.harness.procs import child_env, start, stop
 
 CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 12}
 
@@ -125,7 +126,7 @@ async def test_sse_keep_alive_comments_while_idle():
 async def test_startup_delay_refuses_connections_until_loaded():
     port = free_port()
     cmd = sim_command("--startup-delay", "10", model="slow", port=port, time_scale=10)
-    proc = subprocess.Popen(cmd, cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start(cmd, cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env())
     try:
         t0 = time.monotonic()
         await asyncio.sleep(0.3)
@@ -140,12 +141,7 @@ async def test_startup_delay_refuses_connections_until_loaded():
                 await asyncio.sleep(0.05)
         assert 0.9 < time.monotonic() - t0 < 8
     finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 5.0)
 
 
 def test_bad_flags_exit_2_with_a_message():

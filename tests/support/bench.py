@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
+from velocity_fast.harness.procs import start, stop
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
@@ -25,8 +27,8 @@ def bench_module(name: str) -> ModuleType:
 def fixed_upstream(*extra: str) -> Iterator[int]:
     """bench/upstream_fixed.py (the "infinitely fast engine") on a free port of 127.0.0.1
     for a ``with`` block: its port. Stopped at the end, even on failure."""
-    proc = subprocess.Popen([sys.executable, "-m", "bench.upstream_fixed", "--port", "0", *extra],
-                            cwd=BENCH.parent, stdout=subprocess.PIPE, text=True)
+    proc = start([sys.executable, "-m", "bench.upstream_fixed", "--port", "0", *extra],
+                 cwd=BENCH.parent, stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         proc.stdout.close()
@@ -34,9 +36,4 @@ def fixed_upstream(*extra: str) -> Iterator[int]:
             raise RuntimeError(f"fixed upstream did not start: {line!r}")
         yield int(line.rsplit(":", 1)[1])
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop(proc, 10.0, kill_grace=10.0)

@@ -11,18 +11,15 @@ children:
     with gateway_process("serve", "--endpoint", f"e1={eng.url}=sim-model") as gp:
         urlopen(gp.url + "/health")
 
-The subprocess gets free ports (``--port``/``--admin-port`` chosen here unless given),
-prints its banner once it listens, and is stopped with SIGTERM, then SIGKILL.
+The subprocess is the harness's GatewayProcess: free ports (``--port``/``--admin-port``
+chosen unless given), started once its banner names its port, stopped with SIGTERM, then
+SIGKILL.
 """
 from __future__ import annotations
 
 import asyncio
-import os
-import re
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -30,9 +27,10 @@ from typing import Any
 
 from velocity_fast.config import EndpointConfig, Settings, load_settings
 from velocity_fast.gateway.app import Gateway
+from velocity_fast.harness.gateway import GatewayProcess
+from velocity_fast.harness.procs import stop
 
-from .fakes import free_port_block
-from .sim import REPO, SimEngine
+from .sim import SimEngine
 
 __all__ = [
     "FAST_HEALTH",
@@ -128,139 +126,10 @@ def velocity_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "velocity_fast", *args]
 
 
-_GATEWAY_LINE = re.compile(r"gateway:?\s+http://[^:\s]+:(\d+)")
-_ADMIN_LINE = re.compile(r"admin:?\s+http://[^:\s]+:(\d+)")
-
-
-class GatewayProcess:
-    """``velocityllm serve|chargeVelocity`` as a child process."""
-
-    def __init__(self, command: str, *args: str, env: dict[str, str] | None = None) -> None:
-        self.args = list(args)
-        if "--host" not in self.args:
-            self.args += ["--host", "127.0.0.1"]
-        if "--port" not in self.args or "--admin-port" not in self.args:
-            # Below the ephemeral range: no outgoing connection takes them before the child binds.
-            base = free_port_block(2)
-            if "--port" not in self.args:
-                self.args += ["--port", str(base)]
-            if "--admin-port" not in self.args:
-                self.args += ["--admin-port", str(base + 1)]
-        self.command = command
-        self.env = env
-        self.proc: subprocess.Popen | None = None
-        self.port = int(self.args[self.args.index("--port") + 1])
-        self.admin_port = int(self.args[self.args.index("--admin-port") + 1])
-        self._out = tempfile.TemporaryFile()
-        self._err = tempfile.TemporaryFile()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def admin_url(self) -> str:
-        return f"http://127.0.0.1:{self.admin_port}"
-
-    def _read(self, f) -> str:
-        f.flush()
-        f.seek(0)
-        return f.read().decode(errors="replace")
-
-    @property
-    def stdout_text(self) -> str:
-        return self._read(self._out)
-
-    @property
-    def stderr_text(self) -> str:
-        return self._read(self._err)
-
-    def spawn(self) -> GatewayProcess:
-        """Start the process without waiting (for commands expected to fail)."""
-        env = dict(os.environ)
-        env = {k: v for k, v in env.items() if not k.startswith("VELOCITY_")}
-        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-        if self.env:
-            env.update(self.env)
-        self.proc = subprocess.Popen(velocity_command(self.command, *self.args), stdout=self._out,
-                                     stderr=self._err, stdin=subprocess.DEVNULL, env=env, cwd=str(REPO),
-                                     start_new_session=True)
-        return self
-
-    def start(self, timeout: float = 20.0) -> GatewayProcess:
-        """Start and wait until the banner names the gateway's port."""
-        self.spawn()
-        deadline = time.monotonic() + timeout
-        try:
-            while not _GATEWAY_LINE.search(self.stdout_text):
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"{self.command} exited with {self.proc.returncode}; stderr:\n"
-                                       f"{self.stderr_text}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.command} did not print its banner in time; stderr:\n"
-                                       f"{self.stderr_text}")
-                time.sleep(0.05)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def wait(self, timeout: float = 20.0) -> int:
-        """Wait for the process to exit on its own; kills it past ``timeout``."""
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            raise
-
-    def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM, then SIGKILL (of its whole process group) after ``timeout``."""
-        proc = self.proc
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(timeout)
-        return proc.returncode
-
-    def close(self) -> None:
-        """Stop, and make sure nothing of its process group is left behind."""
-        try:
-            self.stop()
-        finally:
-            if self.proc is not None:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            self._out.close()
-            self._err.close()
-
-
 def stop_group(proc: subprocess.Popen, grace: float = 15.0) -> None:
     """SIGTERM a child that leads its own process group, SIGKILL the group after ``grace``
     (and anything of it still left), then reap it."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait(5)
+    stop(proc, grace, whole=True, sweep=True, group=True)
 
 
 @contextmanager

@@ -4,13 +4,10 @@ documents, nothing on PATH), starts a real vLLM CPU engine from the checkout's .
 and the gateway in front; a chat completion comes back from vLLM through the gateway."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shlex
-import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -19,7 +16,8 @@ import pytest
 
 from tests.vllm.support.engines import MODELS, ROOT
 from velocity_fast.engines.plan import default_log_dir
-from velocity_fast.loadgen.gateway_proc import free_port_range
+from velocity_fast.harness.ports import free_port_range
+from velocity_fast.harness.procs import start, stop
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 
@@ -45,9 +43,7 @@ def test_the_readmes_charge_velocity_engine_vllm_serves_through_the_gateway(vllm
     env.update(PYTHONPATH=str(ROOT), VELOCITY_HOST="127.0.0.1", VELOCITY_PORT=str(port),
                VELOCITY_ADMIN_PORT=str(port + 1), PATH=os.path.dirname(sys.executable) + ":/usr/bin:/bin")
     out = tmp_path / "charge.log"
-    with open(out, "wb") as f:
-        proc = subprocess.Popen(cmd, cwd=str(ROOT), env=env, stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = start(cmd, log=out, append=False, cwd=str(ROOT), env=env)
     try:
         deadline = time.monotonic() + START_S
         while (time.monotonic() < deadline and proc.poll() is None
@@ -70,12 +66,5 @@ def test_the_readmes_charge_velocity_engine_vllm_serves_through_the_gateway(vllm
         assert ".vllm-venv/bin/python -m vllm.entrypoints.openai.api_server" in started
         assert "--enforce-eager" in started and "--dtype bfloat16" in started
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop(proc, 60.0, whole=True, kill_grace=10.0)
     assert proc.returncode == 0, out.read_text(errors="replace")[-4000:]

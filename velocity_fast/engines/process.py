@@ -10,61 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-_PR_SET_PDEATHSIG = 1
+from ..harness.procs import PACKAGE_ROOT, python_child, read_tail, signal_group, start
 
-#: The folder that holds the ``velocity_fast`` this process runs (installed or a source tree).
-PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-
-
-def python_child(module: str) -> tuple[list[str], dict[str, str]]:
-    """``(argv, env)`` that run ``python -m module`` on the very code this process runs.
-
-    ``python -m`` puts the working folder first on the path, so a child started from a
-    source checkout would import the uncompiled tree instead of the installed package
-    (or another checkout's). ``-P`` (Python 3.11+) leaves the working folder out, and
-    PYTHONPATH names this package's own folder first.
-    """
-    path = os.environ.get("PYTHONPATH")
-    return ([sys.executable, "-P", "-m", module],
-            {"PYTHONPATH": PACKAGE_ROOT + (os.pathsep + path if path else "")})
-
-
-def _libc_prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-# Looked up once in the parent: the child between fork and exec must not load libraries.
-_PRCTL = _libc_prctl()
-
-
-def _death_signal_hook(sig: int) -> Callable[[], None] | None:
-    if _PRCTL is None:
-        return None
-    parent = os.getpid()
-    prctl = _PRCTL
-
-    def hook() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-        # The parent may have died between fork and prctl: then no signal would ever come.
-        if os.getppid() != parent:
-            os.kill(os.getpid(), sig)
-
-    return hook
+__all__ = ["PACKAGE_ROOT", "python_child", "read_tail", "signal_group", "spawn", "wait_exit"]
 
 
 def spawn(
@@ -92,24 +48,9 @@ def spawn(
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         log.write(f"=== {stamp} starting: {' '.join(argv)}\n".encode())
         log.flush()
-        hook = _death_signal_hook(death_signal) if death_signal else None
-        proc = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-            close_fds=True,
-            process_group=0,
-            preexec_fn=hook,
-        )
+        proc = start(argv, stdout=log, stderr=subprocess.STDOUT, env=full_env, close_fds=True,
+                     death_signal=death_signal)
     return proc, offset
-
-
-def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    """Send ``sig`` to the child's whole process group (gone already: nothing to do)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
 
 
 async def wait_exit(proc: subprocess.Popen[bytes], poll_interval: float = 0.1) -> int:
@@ -136,17 +77,3 @@ async def wait_exit(proc: subprocess.Popen[bytes], poll_interval: float = 0.1) -
     while proc.poll() is None:
         await asyncio.sleep(poll_interval if pidfd < 0 else 0.005)
     return proc.returncode  # type: ignore[return-value]
-
-
-def read_tail(path: Path, offset: int = 0, lines: int = 40, max_bytes: int = 64 * 1024) -> str:
-    """The last ``lines`` lines written to ``path`` after ``offset`` (blocking, small)."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            start = max(offset, size - max_bytes)
-            f.seek(start)
-            data = f.read()
-    except OSError as exc:
-        return f"(log {path} unreadable: {exc})"
-    text = data.decode("utf-8", "replace")
-    return "\n".join(text.splitlines()[-lines:])

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import logging
 import signal
 import subprocess
@@ -25,6 +24,7 @@ from collections.abc import Callable, Sequence
 from velocity_fast.engines.errors import EngineStartError
 from velocity_fast.engines.plan import ENGINE_HOST, EngineSpec
 
+from ..harness.procs import stop_all
 from .probe import http_status
 from .process import read_tail, signal_group, spawn, wait_exit
 
@@ -186,15 +186,7 @@ class EngineSupervisor:
     def kill_now(self, grace: float = 3.0) -> None:
         """Synchronous last resort (atexit, fatal errors): SIGTERM all groups, then SIGKILL."""
         procs = [e.proc for e in self._engines.values() if e.proc is not None and e.proc.poll() is None]
-        for p in procs:
-            signal_group(p, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-            time.sleep(0.05)
-        for p in procs:
-            signal_group(p, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=1.0)
+        stop_all(procs, grace, whole=True, sweep=True, kill_grace=1.0, group=True)
 
     async def __aenter__(self) -> EngineSupervisor:
         await self.start()

@@ -258,7 +258,7 @@ async def _bench(args, policies, cfg, mix, specs, logs, server_args):
     for repeat, policy in run_order(policies, args.repeats, cfg.seed):
         gw = GatewayProcess(policy, engines=args.engines, extra=server_args + sim_args(mix, server_args),
                             log_path=os.path.join(logs, f"{policy}-{repeat}.log"))
-        gw.start()
+        gw.spawn()
         try:
             await gw.wait_ready(args.ready_timeout)
             if args.warmup_requests > 0:
@@ -290,7 +290,7 @@ async def _bench(args, policies, cfg, mix, specs, logs, server_args):
             print(f"bench: {e}", file=sys.stderr)
             return None
         finally:
-            await asyncio.to_thread(gw.stop)
+            await asyncio.to_thread(gw.close)  # the gateway, then anything of its group
         summary = summarize(specs, outcome.results, start=outcome.start, cpu_seconds=outcome.cpu_seconds)
         latencies = [(r.done - r.sent) * 1000.0 for r in outcome.results if r.ok]
         runs.append({"repeat": repeat, "policy": policy, "summary": summary, "timeline": timeline,

@@ -9,21 +9,16 @@ with Retry-After waits that long (bounded by ``backoff_cap``) before its next.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import orjson
 
-from ..engines.process import python_child
+from ..harness import stack
+from ..harness.stack import MODEL
 from .client import Client, frozen_heap
-from .gateway_proc import free_port, free_port_range, http_get
 
-MODEL = "velocity-sim"
 # 2x real time, 50 tokens/s per sequence; the sim's default contention per sequence.
 BASE_SIM = ("--time-scale", "2", "--decode-tps", "50", "--batch-contention", "0.005")
 HIGH_BODY = {"model": MODEL, "messages": [{"role": "user", "content": "status?"}],
@@ -59,90 +54,10 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 @dataclass
-class Fleet:
-    """Sim engines and a default-flag gateway as child processes (own process groups)."""
+class Fleet(stack.Fleet):
+    """The harness's sim engines and default-flag gateways, the engines at this file's pace."""
 
-    engine_args: list[list[str]]
-    policy: str
-    log_dir: str
-    #: Gateways in front of the same engines (replicas, as behind a load balancer).
-    replicas: int = 1
-    #: Worker processes per gateway (`serve --workers`; 1: one process, no supervisor).
-    workers: int = 1
-    #: More `serve` flags (e.g. --sla-ms), and the sim flags every engine gets.
-    gateway_args: tuple[str, ...] = ()
     sim_base: tuple[str, ...] = BASE_SIM
-    procs: list[subprocess.Popen] = field(default_factory=list)
-    port: int = 0
-    admin_port: int = 0
-    ports: list[int] = field(default_factory=list)
-    admin_ports: list[int] = field(default_factory=list)
-    engine_ports: list[int] = field(default_factory=list)
-
-    def start(self) -> None:
-        base = free_port_range(len(self.engine_args))
-        head, env_add = python_child("velocity_fast.sim")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("VELOCITY_")}
-        env.update(env_add)
-        endpoints = []
-        for i, extra in enumerate(self.engine_args):
-            argv = [*head, "--host", "127.0.0.1", "--port", str(base + i), "--model", MODEL, *self.sim_base, *extra]
-            self.procs.append(self._spawn(argv, env, f"engine-{i}.log"))
-            self.engine_ports.append(base + i)
-            endpoints += ["--endpoint", f"e{i}=http://127.0.0.1:{base + i}={MODEL}"]
-        gw, _ = python_child("velocity_fast")
-        for r in range(self.replicas):
-            port, admin = free_port(), free_port()
-            self.ports.append(port)
-            self.admin_ports.append(admin)
-            self.procs.append(self._spawn([*gw, "serve", *endpoints, "--policy", self.policy, "--host", "127.0.0.1",
-                                           "--port", str(port), "--admin-port", str(admin),
-                                           *(["--workers", str(self.workers)] if self.workers > 1 else []),
-                                           *self.gateway_args],
-                                          env, f"gateway-{r}.log" if r else "gateway.log"))
-        self.port, self.admin_port = self.ports[0], self.admin_ports[0]
-
-    def _spawn(self, argv: list[str], env: dict, log: str) -> subprocess.Popen:
-        with open(os.path.join(self.log_dir, f"{self.policy}-{log}"), "ab") as out:
-            return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True)
-
-    async def wait_ready(self, timeout: float = 60.0) -> None:
-        """Until admin /ready says every engine is healthy."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for p in self.procs:
-                if p.poll() is not None:
-                    raise RuntimeError(f"a child exited with {p.returncode} (logs in {self.log_dir})")
-            ready = 0
-            for admin in self.admin_ports:
-                with contextlib.suppress(OSError, asyncio.TimeoutError, ValueError, IndexError):
-                    status, body = await http_get("127.0.0.1", admin, "/ready")
-                    if status == 200 and orjson.loads(body)["healthy_endpoints"] == len(self.engine_args):
-                        ready += 1
-            if ready == len(self.admin_ports):
-                return
-            await asyncio.sleep(0.1)
-        raise RuntimeError(f"not ready after {timeout:.0f} s (logs in {self.log_dir})")
-
-    async def stats(self) -> dict:
-        with contextlib.suppress(OSError, asyncio.TimeoutError, ValueError, IndexError, orjson.JSONDecodeError):
-            status, body = await http_get("127.0.0.1", self.admin_port, "/stats", timeout=2.0)
-            if status == 200:
-                return orjson.loads(body)
-        return {}
-
-    def stop(self) -> None:
-        for p in reversed(self.procs):  # the gateway first
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.wait(5)
 
 
 async def high_series(client: Client, port: int, n: int, spacing: float,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from velocity_fast.loadgen.gateway_proc import free_port_range
+from velocity_fast.harness.ports import free_port_range
 
 FAKES_DIR = Path(__file__).resolve().parent
 REPO_ROOT = FAKES_DIR.parents[2]

@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
 import time
 import urllib.error
@@ -28,7 +27,8 @@ from pathlib import Path
 import pytest
 
 from velocity_fast.config import EndpointConfig, KVEventsConfig
-from velocity_fast.loadgen.gateway_proc import free_port_range
+from velocity_fast.harness.ports import free_port_range
+from velocity_fast.harness.procs import start, stop
 
 ROOT = Path(__file__).resolve().parents[3]
 VENV = ROOT / ".vllm-venv"
@@ -101,9 +101,7 @@ class VllmEngine:
     def spawn(self) -> None:
         env = {**os.environ, **ENGINE_ENV}
         env.pop("PYTHONPATH", None)  # the vLLM venv imports nothing of the checkout
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = start(self.argv, log=self.log, append=False, cwd=ROOT, env=env)
 
     def wait_ready(self, deadline: float) -> None:
         while time.monotonic() < deadline:
@@ -147,19 +145,8 @@ class VllmEngine:
 
     def stop(self) -> None:
         p, self.proc = self.proc, None
-        if p is None or p.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, sig)
-            try:
-                p.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
         # The engine-core child is in the group too: make sure nothing of it stays.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGKILL)
+        stop(p, 15.0, whole=True, sweep=True, kill_grace=10.0)
 
 
 class EnginePair:
