@@ -31,8 +31,8 @@ run: build
 # whose verdict is a figure measured against the clock (`timed`), three at a time; last the
 # tests that load both cores (`serial`), alone. A pass that selects no test (exit 5, with
 # PYTEST_ARGS naming a few) is fine. The tests against real vLLM engines (`vllm`) are
-# `make test-vllm`: not yet part of `make test`, since beside a CPU-bound process the
-# engines are too slow for three of them (the learned batch, the precise shares).
+# `make test-vllm`, their own pass (.ci/run runs it after this one): it installs vLLM's
+# CPU build first, and its engines want the machine to themselves.
 test: build
 	$(BIN)/python -m pytest -q -n 4 -m "not timed and not serial and not vllm" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(BIN)/python -m pytest -q -n 3 --dist worksteal -m "timed and not vllm" --durations=15 $(PYTEST_ARGS) || [ $$? -eq 5 ]
