@@ -7,7 +7,7 @@ The supervisor:
   open, so that the port stays this gateway's while workers come and go; each worker
   binds its own listening socket to it with SO_REUSEPORT and the kernel spreads the
   connections between them;
-- creates the state the workers share in memory (``fleet/shared.pyx``) before any starts,
+- creates the state the workers share in memory (``state/shm.pyx``) before any starts,
   and removes it at exit;
 - starts the workers as ``python -m velocity_fast.cli serve <the same flags>`` (spawned,
   not forked), each told in its environment its index (``VELOCITY_WORKER``), the shared
@@ -120,7 +120,7 @@ MERGE: dict[str, str] = {
     "velocity_endpoint_prefix_cache_queries": "max",   # the engines' scrapes
     "velocity_endpoint_prefix_cache_hits": "max",
     "velocity_endpoint_prefix_cache_hit_ratio": "max",
-    # fleet/statestore.py
+    # state/store.py
     "velocity_state_store_up": "max",
     "velocity_state_store_errors_total": "sum",
     "velocity_state_store_calls_total": "sum",
@@ -279,7 +279,7 @@ class WorkerSide:
 
     def attach(self) -> None:
         """The shared state, before the gateway starts; and this worker ends with its supervisor."""
-        from velocity_fast.fleet.shared import SharedState, attach
+        from velocity_fast.state.shm import SharedState, attach
 
         _die_with_parent()
         self.state = SharedState.open(self.shared)
@@ -541,7 +541,7 @@ class Supervisor:
     # -- lifecycle ---------------------------------------------------------------------------
     async def main(self, stop: asyncio.Event):
         """Started under run_until_signalled: returns the drain."""
-        from velocity_fast.fleet.shared import SharedState
+        from velocity_fast.state.shm import SharedState
         from velocity_fast.server.http_server import HTTPServer
 
         self._stop = stop
