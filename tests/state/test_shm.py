@@ -92,6 +92,7 @@ async def test_a_grant_past_the_pools_limits_queues_instead(state):
     assert not hasattr(b, "claim") and not b.waiter.done()
     assert state.snapshot()["endpoints"]["e0"]["inflight"] == 1
     assert state.snapshot()["pools"]["m"]["reserved"] == 1
+    assert state.snapshot()["pools"]["m"]["refused"] >= 1  # worker 1's dispatch found it full
     adm1.withdraw(Ticket(), b)
     b.waiter.cancel()
     a.release("completed")

@@ -15,6 +15,7 @@ cdef extern from "shared_state.h":
         int64_t overcommits
     ctypedef struct PoolSlot "vf_pool":
         int64_t committed
+        int64_t refused
     ctypedef struct vf_cell:
         double rate
         double cap

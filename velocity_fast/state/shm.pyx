@@ -107,7 +107,8 @@ cdef class SharedState:
     def snapshot(self):
         """What the segment holds now: per endpoint its requests in flight (every
         worker's, and each one's), limit, learned batch and binds past a limit; per pool
-        its reservations and queue depths; per tenant its buckets' levels."""
+        its reservations, the reservations it refused (full) and queue depths; per tenant
+        its buckets' levels."""
         cdef EndpointSlot *e
         cdef PoolSlot *p
         cdef TenantSlot *t
@@ -127,7 +128,7 @@ cdef class SharedState:
             p = vf_pools(self.shm) + i
             if vf_key_named(p):
                 pools[vf_key_name(p).decode()] = {
-                    "reserved": vf_load(&p.committed),
+                    "reserved": vf_load(&p.committed), "refused": vf_load(&p.refused),
                     "queued": [sum(vf_load(vf_queued_at(p, w, b)) for w in range(n)) for b in range(VF_MAX_BANDS)]}
         for i in range(VF_TENANT_SLOTS):
             t = vf_tenants(self.shm) + i
