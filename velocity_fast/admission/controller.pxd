@@ -54,8 +54,8 @@ cdef class PoolState:
     cdef public object promises
     cdef public double promised_work
     cdef public double last_promise
-    # Workers: the pool's slot in the shared state (NULL: one process), and a lease
-    # reserved there by the dispatch cycle for the item it is about to grant
+    # Workers: the pool's slot in the shared state (NULL: one process), and a reservation
+    # made there by the dispatch cycle for the item it is about to grant
     cdef PoolSlot *shm
     cdef bint spare
     # When a request of a band above the borrowing ones last arrived (-inf: never).

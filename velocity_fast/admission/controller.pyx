@@ -123,7 +123,7 @@ cdef inline void _set_limit(Endpoint ep, long limit):
 # -- workers: the pool's share of the shared state (state/shm.pxd) ------------------------
 
 cdef bint _reserve(PoolState ps) except -1:
-    """One lease more of the pool's, across the workers, if the leases stay within the
+    """One reservation more of the pool's, across the workers, if they stay within the
     limits of its healthy endpoints: a grant made so finds an engine with room at its bind."""
     cdef long cap = 0
     cdef Endpoint ep
@@ -1224,7 +1224,7 @@ cdef class Admission:
         try:
             self._cycle_run(ps, now, have_now)
         finally:
-            if ps.spare:  # a lease reserved for an item that was no longer waiting
+            if ps.spare:  # a reservation made for an item that was no longer waiting
                 ps.spare = False
                 unreserve(ps.shm)
             _publish(ps)
