@@ -2,7 +2,6 @@
 
 from cpython.object cimport PyObject
 
-from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.state.bucket cimport Bucket
 
 cdef class Tenant:
@@ -62,10 +61,11 @@ cdef class Identity:
 
 
 # The request path's draw and settlement of a tenant's tokens per minute (ingress.pyx,
-# exchange.pyx): one C call on its bucket, at the clock the caller already read.
+# exchange.pyx): one C call on its bucket, at the clock the caller already read (0.0:
+# none; the bucket reads it if its home needs it).
 
 cdef inline double tenant_draw_tokens(Tenant t, double estimate, double now) except -1:
-    """Tenant.take_tokens(estimate) at ``now`` (the monotonic clock, read by the caller)."""
+    """Tenant.take_tokens(estimate) at ``now`` (the monotonic clock the caller read, or 0.0)."""
     cdef Bucket b = t.token_bucket
     if b is None:
         return 0.0
@@ -75,7 +75,7 @@ cdef inline double tenant_draw_tokens(Tenant t, double estimate, double now) exc
 cdef inline int tenant_settle_tokens(Tenant t, double delta) except -1:
     """Tenant.settle_tokens(delta)."""
     if t.token_bucket is not None:
-        t.token_bucket.settle_at(delta, monotonic())
+        t.token_bucket.settle_at(delta, 0.0)
     return 0
 
 

@@ -10,7 +10,6 @@ from cpython.unicode cimport PyUnicode_GET_LENGTH
 from libc.stdint cimport uint64_t
 from libc.string cimport memcpy, memset
 
-from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.state.bucket cimport Bucket
 
 from velocity_fast.state.bucket import make_bucket
@@ -48,12 +47,12 @@ cdef class Tenant:
         """A request-bucket draw: 0.0 when allowed, else the seconds until one is available."""
         if self.request_bucket is None:
             return 0.0
-        return self.request_bucket.draw_at(1.0, 1.0, monotonic())
+        return self.request_bucket.draw_at(1.0, 1.0, 0.0)
 
     cpdef double take_tokens(self, double estimate) except -1:
         """Draw ``estimate`` tokens: 0.0 when they fit in what is left (drawn), else the
         seconds until they would. An estimate past a minute's tokens needs a full bucket."""
-        return tenant_draw_tokens(self, estimate, monotonic())
+        return tenant_draw_tokens(self, estimate, 0.0)
 
     cpdef settle_tokens(self, double delta):
         """The answer ended: ``delta`` more tokens than drawn (less when negative)."""

@@ -9,8 +9,9 @@ cdef class Bucket:
     cdef readonly double rate       # units a second
     cdef readonly double cap        # the bucket's size
 
-    # ``now``: the monotonic clock, read by the caller (a backend with its own clock
-    # ignores it). Draw ``amount`` if ``need`` are there: 0.0, else the seconds until.
+    # ``now``: the monotonic clock where the caller has read it, else 0.0 (read only by
+    # the homes that need it: a shared cell keeps its own clock, and a clock read costs
+    # more than the draw). Draw ``amount`` if ``need`` are there: 0.0, else the seconds until.
     cdef double draw_at(self, double amount, double need, double now) except -1
     cdef int settle_at(self, double delta, double now) except -1
     cdef double left_at(self, double now) noexcept

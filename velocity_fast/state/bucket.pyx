@@ -43,15 +43,15 @@ cdef class Bucket:
     def draw(self, double amount, double need):
         """Draw ``amount`` units if ``need`` are there: 0.0, else the seconds until they
         would be. Never waits."""
-        return self.draw_at(amount, need, monotonic())
+        return self.draw_at(amount, need, 0.0)
 
     def settle(self, double delta):
         """The answer used ``delta`` units more than were drawn (fewer when negative)."""
-        self.settle_at(delta, monotonic())
+        self.settle_at(delta, 0.0)
 
     def left(self):
         """Units left now (below 0: in debt)."""
-        return self.left_at(monotonic())
+        return self.left_at(0.0)
 
 
 cdef class LocalBucket(Bucket):
@@ -65,6 +65,8 @@ cdef class LocalBucket(Bucket):
 
     cdef void _refill(self, double now) noexcept:
         cdef double level = self.level
+        if now <= 0.0:
+            now = monotonic()
         if now > self.stamp:  # (a time before the last one: no refill, as none is due)
             level = level + (now - self.stamp) * self.rate
             self.stamp = now
@@ -172,6 +174,8 @@ cdef class StoreBucket(Bucket):
             # trip (a burst larger than the share is served as a local bucket would serve
             # it). With other replicas that view is stale (they take from the same level),
             # and a draw on it could pass the bucket: they wait for the refill.
+            if now <= 0.0:
+                now = monotonic()
             level = min(self.room, self.shared_level + (now - self.answered) * self.rate)
             if level + held >= need:
                 short = amount - held
