@@ -1,5 +1,5 @@
 /* The state the gateway's worker processes share: one memory segment, mapped by
- * each worker (fleet/shared.pyx), updated with atomic operations only (no lock).
+ * each worker (state/shm.pyx), updated with atomic operations only (no lock).
  *
  * Slots are claimed by name (an endpoint, a pool's model, a tenant) and never freed
  * while the segment lives; each worker's share of a count is kept beside the total,
@@ -19,7 +19,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
-#define VF_SHM_MAGIC 0x3156454c4f434954ULL /* "TICOLEV1", a version in the last byte */
+#define VF_SHM_MAGIC 0x3256454c4f434954ULL /* "TICOLEV2", a version in the last byte */
 #define VF_MAX_WORKERS 64
 #define VF_MAX_BANDS 8
 #define VF_EP_SLOTS 256
@@ -43,7 +43,8 @@ typedef struct {
 
 typedef struct {
     vf_key key;
-    int64_t committed;                    /* granted leases, bound or not, of every worker */
+    int64_t committed;                    /* reservations: grants, bound or not, of every worker */
+    int64_t refused;                      /* reservations refused: the pool was full across the workers */
     int64_t mine[VF_MAX_WORKERS];
     int64_t queued[VF_MAX_WORKERS][VF_MAX_BANDS];  /* each worker's queue depth per band */
     int64_t oldest[VF_MAX_WORKERS][VF_MAX_BANDS];  /* when its oldest queued item came (a double's bits; 0: none) */
@@ -197,7 +198,8 @@ static inline void vf_ep_learn_cap(vf_ep *e, double cap) {
 
 /* -- pools -------------------------------------------------------------------------- */
 
-/* One more lease for worker w if the pool's leases stay within `capacity`: 1, else 0. */
+/* One more reservation for worker w if the pool's stay within `capacity`: 1, else 0
+ * (counted in `refused`). */
 static inline int vf_pool_reserve(vf_pool *p, int w, int64_t capacity) {
     int64_t cur = VF_LOAD(&p->committed);
     while (cur < capacity) {
@@ -206,6 +208,7 @@ static inline int vf_pool_reserve(vf_pool *p, int w, int64_t capacity) {
             return 1;
         }
     }
+    VF_ADD(&p->refused, 1);
     return 0;
 }
 
@@ -368,9 +371,9 @@ static inline const char *vf_key_name(void *slot) { return ((vf_key *)slot)->nam
 
 /* -- a worker's end ------------------------------------------------------------------ */
 
-/* Give back what worker w held: its requests in flight (returned) and its leases,
+/* Give back what worker w held: its requests in flight (returned) and its reservations,
  * queues and limits. Called by the supervisor once the worker has exited. */
-static inline int64_t vf_reclaim(vf_shm *s, int w, int64_t *leases) {
+static inline int64_t vf_reclaim(vf_shm *s, int w, int64_t *reserved) {
     int64_t i, x, lost = 0, held = 0;
     int b;
     for (i = 0; i < VF_EP_SLOTS; i++) {
@@ -396,8 +399,8 @@ static inline int64_t vf_reclaim(vf_shm *s, int w, int64_t *leases) {
             VF_STORE(&p->oldest[w][b], 0);
         }
     }
-    if (leases)
-        *leases = held;
+    if (reserved)
+        *reserved = held;
     return lost;
 }
 

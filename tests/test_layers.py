@@ -20,7 +20,7 @@ PKG = Path(__file__).resolve().parents[1] / "velocity_fast"
 LAYERS: list[tuple[str, ...]] = [
     ("__init__", "lowlevel", "harness"),  # the version; cimport-only helpers; child processes
     ("io", "http", "metrics"),         # sockets; HTTP messages; metric values and registry
-    ("server", "upstream"),            # the client connection; engine connections
+    ("server", "upstream", "state"),   # the client connection; engine connections; where a count lives
     ("fleet", "kvevents"),             # endpoints, pools, health, scrapes; the engines' KV events
     ("admission", "routing"),          # whether and when; where
     ("config",),                       # the settings file, built from the sections above

@@ -182,7 +182,7 @@ class Settings(_S):
             if path is not None and not os.path.exists(path):
                 raise ConfigError(f"{where}: no such file or folder: {path!r}")
         if self.state_store is not None:
-            from .fleet.statestore import check_url
+            from .state.store import check_url
             wrong = check_url(self.state_store)
             if wrong:
                 raise ConfigError(f"state_store: {wrong}")

@@ -50,7 +50,7 @@ cdef enum:
     FAIR_LOCALITY = 2
 
 
-from libc.stdint cimport int64_t
+from velocity_fast.state.shm cimport FairCounter
 
 
 cdef class TenantQueue:
@@ -71,10 +71,8 @@ cdef class TenantQueue:
     cdef TenantQueue r_prev
     cdef TenantQueue r_next
     # Workers: the counter, its pending part and its lifts as every worker charges them
-    # (fleet/shared.pyx; NULL: one process)
-    cdef int64_t *shm_vtc
-    cdef int64_t *shm_pend
-    cdef int64_t *shm_lift
+    # (state/shm.pxd; NULLs: one process)
+    cdef FairCounter shm
 
 
 cdef class BandQueue:

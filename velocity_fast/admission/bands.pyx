@@ -42,8 +42,7 @@ Nothing here knows asyncio: an item carries an opaque waiter for the caller.
 cimport cython
 from libc.math cimport INFINITY, floor
 
-from velocity_fast.fleet.shared cimport (tenant_slot, vf_dbl_add, vf_dbl_load, vf_dbl_raise, vf_tenant,
-                                        vf_tenant_lift, vf_tenant_pend, vf_tenant_vtc)
+from velocity_fast.state.shm cimport fair_add, fair_counter, fair_load, fair_raise
 
 REJECT_BAND_COUNT = VF_REJECT_BAND_COUNT
 REJECT_BAND_BYTES = VF_REJECT_BAND_BYTES
@@ -160,42 +159,22 @@ cdef inline Item _heap_pop(list heap):
 
 cdef inline void _vtc_add(TenantQueue t, double d) noexcept:
     """Add to a tenant's counter; with workers, to every worker's one."""
-    if t.shm_vtc != NULL:
-        t.vtc = vf_dbl_add(t.shm_vtc, d)
-    else:
-        t.vtc += d
+    fair_add(t.shm.vtc, &t.vtc, d)
 
 
 cdef inline void _pend_add(TenantQueue t, double d) noexcept:
     """Add to what of a tenant's counter answers in flight hold (every worker's)."""
-    if t.shm_pend != NULL:
-        t.pending = vf_dbl_add(t.shm_pend, d)
-    else:
-        t.pending += d
+    fair_add(t.shm.pend, &t.pending, d)
 
 
 cdef inline double _served(TenantQueue t) noexcept:
     """A tenant's counter without what answers in flight hold: what lifts compare."""
-    if t.shm_vtc != NULL:
-        t.vtc = vf_dbl_load(t.shm_vtc)
-        t.pending = vf_dbl_load(t.shm_pend)
-    return t.vtc - t.pending
-
-
-cdef inline void _share(TenantQueue t, object tenant, int band) except *:
-    """With workers, the tenant's counter and its parts in every worker's segment."""
-    cdef vf_tenant *s = tenant_slot("" if tenant is None else str(tenant))
-    if s != NULL:
-        t.shm_vtc = vf_tenant_vtc(s, band)
-        t.shm_pend = vf_tenant_pend(s, band)
-        t.shm_lift = vf_tenant_lift(s, band)
+    return fair_load(t.shm.vtc, &t.vtc) - fair_load(t.shm.pend, &t.pending)
 
 
 cdef inline double _vtc(TenantQueue t) noexcept:
     """A tenant's counter now (with workers: as the others charged it too)."""
-    if t.shm_vtc != NULL:
-        t.vtc = vf_dbl_load(t.shm_vtc)
-    return t.vtc
+    return fair_load(t.shm.vtc, &t.vtc)
 
 
 cdef class BandQueues:
@@ -371,7 +350,7 @@ cdef class BandQueues:
                             self._quantum_scale)
             bq.tenants[tenant] = t
             if bq.mode != FAIR_RR:  # with workers, one counter for all of them
-                _share(t, tenant, band)
+                t.shm = fair_counter(tenant, band)
         it.owner = t
         if self.edf:
             _heap_push(t.heap, it)
@@ -528,7 +507,7 @@ cdef class BandQueues:
             t = TenantQueue(tenant, self._weights.get(tenant, 1.0) if self._weights else 1.0,
                             self._quantum_scale)
             bq.tenants[tenant] = t
-            _share(t, tenant, band)
+            t.shm = fair_counter(tenant, band)
         _vtc_add(t, cost * t.inv_weight)
         _pend_add(t, cost * t.inv_weight)
         return t
@@ -557,8 +536,7 @@ cdef class BandQueues:
         cdef TenantQueue t
         out = []
         for bq in self.bands:
-            out.append({name: (_vtc(t), t.count, t.pending if t.shm_pend == NULL else vf_dbl_load(t.shm_pend),
-                               t.lifted if t.shm_lift == NULL else vf_dbl_load(t.shm_lift))
+            out.append({name: (_vtc(t), t.count, fair_load(t.shm.pend, &t.pending), fair_load(t.shm.lift, &t.lifted))
                         for name, t in bq.tenants.items()})
         return out
 
@@ -597,16 +575,10 @@ cdef class BandQueues:
         bq.active_tenants += 1
 
     cdef void _lift(self, TenantQueue t, double by) noexcept:
-        cdef double was
-        if t.shm_vtc != NULL:
-            # Raised, not added: another worker may have lifted it meanwhile.
-            was = vf_dbl_load(t.shm_vtc)
-            t.vtc = vf_dbl_raise(t.shm_vtc, was + by)
-            if t.vtc > was:
-                t.lifted = vf_dbl_add(t.shm_lift, t.vtc - was)
-        else:
-            t.vtc += by
-            t.lifted += by
+        # Raised, not added: another worker may have lifted it meanwhile.
+        cdef double was = fair_load(t.shm.vtc, &t.vtc)
+        if fair_raise(t.shm.vtc, &t.vtc, was + by) > was:
+            fair_add(t.shm.lift, &t.lifted, t.vtc - was)
 
     cdef void _deactivate(self, BandQueue bq, TenantQueue t):
         if t.r_next is t:

@@ -3,7 +3,7 @@
 from velocity_fast.admission.aimd cimport AimdLimit
 from velocity_fast.admission.bands cimport BandQueues, Item, TenantQueue
 from velocity_fast.fleet.endpoint cimport Endpoint, RoomFilter
-from velocity_fast.fleet.shared cimport vf_pool
+from velocity_fast.state.shm cimport PoolSlot
 from velocity_fast.metrics.values cimport Value
 from velocity_fast.admission.saturation cimport EndpointLoad, Saturation
 from velocity_fast.admission.estimators cimport OutputEstimate, ServiceEstimate
@@ -54,9 +54,9 @@ cdef class PoolState:
     cdef public object promises
     cdef public double promised_work
     cdef public double last_promise
-    # Workers: the pool's slot in the shared state (NULL: one process), and a lease
-    # reserved there by the dispatch cycle for the item it is about to grant
-    cdef vf_pool *shm
+    # Workers: the pool's slot in the shared state (NULL: one process), and a reservation
+    # made there by the dispatch cycle for the item it is about to grant
+    cdef PoolSlot *shm
     cdef bint spare
     # When a request of a band above the borrowing ones last arrived (-inf: never).
     cdef public double higher_at

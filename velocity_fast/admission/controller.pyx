@@ -36,9 +36,8 @@ from velocity_fast.admission.aimd cimport AimdLimit
 from velocity_fast.admission.bands cimport BandQueue, BandQueues, Item, TenantQueue
 from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.fleet.endpoint cimport Endpoint, pool_endpoints, same_endpoints
-from velocity_fast.fleet.shared cimport (current, pool_slot, publish_limit, publish_queued, vf_atomic_add,
-                                        vf_ep_add, vf_ep_claim, vf_pool_older_elsewhere, vf_pool_publish_oldest,
-                                        vf_pool_queued_others, vf_pool_release, vf_pool_reserve, worker)
+from velocity_fast.state.shm cimport (inflight_add, inflight_claim, inflight_total, older_elsewhere, overcommitted,
+                                      pool_slot, publish_limit, publish_queue, queued_elsewhere, reserve, unreserve)
 from velocity_fast.metrics.values cimport HistChild, Value
 from velocity_fast.admission.saturation cimport (EndpointLoad, Saturation, free_slots, observe_endpoint, refresh,
                                                 sync_shared)
@@ -122,28 +121,28 @@ cdef class Ticket:
 
 cdef inline void _set_limit(Endpoint ep, long limit):
     """This gateway's concurrency limit on ``ep``; with workers, told to the others too
-    (the smallest a worker set holds for all: fleet/shared.pyx)."""
+    (the smallest a worker set holds for all: state/shm.pyx)."""
     ep.limit = limit
     if ep.shm != NULL:
         publish_limit(ep.shm, limit)
 
 
-# -- workers: the pool's share of the shared state (fleet/shared.pyx) ---------------------
+# -- workers: the pool's share of the shared state (state/shm.pxd) ------------------------
 
 cdef bint _reserve(PoolState ps) except -1:
-    """One lease more of the pool's, across the workers, if the leases stay within the
+    """One reservation more of the pool's, across the workers, if they stay within the
     limits of its healthy endpoints: a grant made so finds an engine with room at its bind."""
     cdef long cap = 0
     cdef Endpoint ep
     for ep in ps.seen:
         if ep.healthy:
             cap += ep.limit
-    return vf_pool_reserve(ps.shm, worker(), cap) != 0
+    return reserve(ps.shm, cap)
 
 
 cdef inline bint _others_queued(PoolState ps, int band) noexcept:
     """Another worker holds requests queued in ``band`` or a higher one."""
-    return band >= 0 and vf_pool_queued_others(ps.shm, worker(), current().workers, band) > 0
+    return queued_elsewhere(ps.shm, band)
 
 
 cdef void _publish(PoolState ps) except *:
@@ -155,10 +154,9 @@ cdef void _publish(PoolState ps) except *:
     cdef int b
     for b in range(q.nbands):
         through = q.count_through(b)
-        publish_queued(ps.shm, b, through - above)
-        above = through
         bq = <BandQueue>q.bands[b]
-        vf_pool_publish_oldest(ps.shm, worker(), b, bq.age_head.enqueued_at if bq.age_head is not None else 0.0)
+        publish_queue(ps.shm, b, through - above, bq.age_head.enqueued_at if bq.age_head is not None else 0.0)
+        above = through
 
 
 cdef inline bint _older_elsewhere(PoolState ps, int band) noexcept:
@@ -168,7 +166,7 @@ cdef inline bint _older_elsewhere(PoolState ps, int band) noexcept:
     cdef BandQueue bq = <BandQueue>ps.queues.bands[band]
     if bq.age_head is None:
         return False
-    return vf_pool_older_elsewhere(ps.shm, worker(), current().workers, band, bq.age_head.enqueued_at) != 0
+    return older_elsewhere(ps.shm, band, bq.age_head.enqueued_at)
 
 
 # -- admission's state --------------------------------------------------------------------
@@ -369,9 +367,9 @@ cdef class Lease(RoomFilter):
         (nothing bound). One process: a bind."""
         cdef long long n
         if ep.shm != NULL and not self.done:
-            n = vf_ep_claim(ep.shm, worker(), ep.limit)
+            n = inflight_claim(ep.shm, ep.limit)
             if n < 0:
-                ep.inflight = <long>ep.shm.inflight
+                ep.inflight = inflight_total(ep.shm, ep.inflight)
                 return False
             self._claimed = True
         self.rebind(ep)
@@ -380,8 +378,7 @@ cdef class Lease(RoomFilter):
     cpdef force(self, Endpoint ep):
         """Bind to ``ep`` past its limit: every engine was claimed full by other workers
         between the grant and the bind (a limit lowered meanwhile). Counted."""
-        if ep.shm != NULL:
-            vf_atomic_add(&ep.shm.overcommits, 1)
+        overcommitted(ep.shm)
         self.rebind(ep)
 
     cpdef bint has_room(self, Endpoint ep) except -1:
@@ -1235,9 +1232,9 @@ cdef class Admission:
         try:
             self._cycle_run(ps, now, have_now)
         finally:
-            if ps.spare:  # a lease reserved for an item that was no longer waiting
+            if ps.spare:  # a reservation made for an item that was no longer waiting
                 ps.spare = False
-                vf_pool_release(ps.shm, worker())
+                unreserve(ps.shm)
             _publish(ps)
 
     cdef void _cycle_run(self, PoolState ps, double now, bint have_now) except *:
@@ -1361,13 +1358,11 @@ cdef class Admission:
         cdef EndpointState st
         if not rebind:
             ps.pending -= 1
-        if ep.shm == NULL:
-            ep.inflight += 1
-        elif lease._claimed:  # the slot is taken already (claim)
+        if lease._claimed:  # the slot is taken already (claim)
             lease._claimed = False
-            ep.inflight = <long>ep.shm.inflight
+            ep.inflight = inflight_total(ep.shm, ep.inflight)
         else:
-            ep.inflight = <long>vf_ep_add(ep.shm, worker(), 1)
+            ep.inflight = inflight_add(ep.shm, ep.inflight, 1)
         if ep.inflight > ep.inflight_peak:
             ep.inflight_peak = ep.inflight
         # An endpoint admission knows already (the common case) needs no call.
@@ -1380,10 +1375,7 @@ cdef class Admission:
             self._cycle(ps, 0.0, False)
 
     cdef void _on_unbind(self, Lease lease, Endpoint ep) except *:
-        if ep.shm == NULL:
-            ep.inflight -= 1
-        else:
-            ep.inflight = <long>vf_ep_add(ep.shm, worker(), -1)
+        ep.inflight = inflight_add(ep.shm, ep.inflight, -1)
         self._cycle(lease._ps, 0.0, False)
 
     cdef void _on_release(self, Lease lease, int outcome, error_text, long tokens) except *:
@@ -1408,14 +1400,11 @@ cdef class Admission:
                                 lease.first_byte_at - lease.arrived_at if lease.first_byte_at else -1.0, sla)
         if lease._reserved:
             lease._reserved = False
-            vf_pool_release(ps.shm, worker())
+            unreserve(ps.shm)
         if ep is None:
             ps.pending -= 1
         else:
-            if ep.shm == NULL:
-                ep.inflight -= 1
-            else:
-                ep.inflight = <long>vf_ep_add(ep.shm, worker(), -1)
+            ep.inflight = inflight_add(ep.shm, ep.inflight, -1)
             self._learn(ps, lease, ep, outcome, error_text, tokens, now)
         self._cycle(ps, now, True)
 

@@ -45,7 +45,7 @@ so a scrape that hangs never halts dispatch.
 from libc.math cimport INFINITY
 
 from velocity_fast.fleet.endpoint cimport Endpoint
-from velocity_fast.fleet.shared cimport shared_limit, vf_ep_cap, vf_ep_learn_cap
+from velocity_fast.state.shm cimport batch_learned, inflight_total, learn_batch, shared_limit
 
 QUEUE_THRESHOLD = VF_QUEUE_THRESHOLD
 KV_THRESHOLD = VF_KV_THRESHOLD
@@ -97,8 +97,8 @@ cpdef void observe_endpoint(EndpointLoad load, Endpoint ep):
     cdef double others
     cdef int i
     load.observe(ep.running, ep.waiting, ep.kv_usage, ep.scraped_at, ep.decoded)
-    if ep.shm != NULL and load.capacity_known:  # workers: the batch one learned is every one's
-        vf_ep_learn_cap(ep.shm, load.capacity)
+    if load.capacity_known:  # workers: the batch one learned is every one's
+        learn_batch(ep.shm, load.capacity)
     # Running only: the engine's waiting requests, theirs and ours, are the queue term.
     others = ep.running - <double>ep.inflight_peak
     load.seen[load.seen_at] = others if others > 0.0 else 0.0
@@ -144,19 +144,19 @@ cpdef bint refresh(list loads, list eps) except -1:
 
 
 cdef void sync_shared(Endpoint ep, EndpointLoad load) noexcept:
-    """Workers: the endpoint's counts as every worker made them (fleet/shared.pyx): the
+    """Workers: the endpoint's counts as every worker made them (state/shm.pyx): the
     requests in flight (``inflight`` is their total; the peak with it), the smallest
     limit a worker set, the largest batch one learned."""
     cdef long limit
     cdef double cap
-    ep.inflight = <long>ep.shm.inflight
+    ep.inflight = inflight_total(ep.shm, ep.inflight)
     if ep.inflight > ep.inflight_peak:
         ep.inflight_peak = ep.inflight
     limit = <long>shared_limit(ep.shm)
     if limit > 0:
         ep.limit = limit
     if load is not None:
-        cap = vf_ep_cap(ep.shm)
+        cap = batch_learned(ep.shm)
         if cap > 0.0 and (not load.capacity_known or cap > load.capacity):
             load.capacity = cap
             load.capacity_known = True

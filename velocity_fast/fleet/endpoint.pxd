@@ -2,7 +2,7 @@
 # (see endpoint.pyx for the why).
 
 
-from velocity_fast.fleet.shared cimport vf_ep
+from velocity_fast.state.shm cimport EndpointSlot
 
 
 cdef class Endpoint:
@@ -43,8 +43,9 @@ cdef class Endpoint:
     cdef public long served
     cdef public long errors
     cdef public object upstream
-    # The engine's slot in the workers' shared state (NULL: one process; fleet/shared.pyx)
-    cdef vf_ep *shm
+    # The engine's slot in the workers' shared memory (NULL: one process; state/shm.pxd's
+    # inflight_* functions keep ``inflight`` from it)
+    cdef EndpointSlot *shm
 
 
 cdef class Pool:

@@ -7,8 +7,8 @@ lookup and a descriptor call each. The health monitor and the scraper, which wri
 them once per check or scrape, use them as ordinary attributes.
 """
 
-from velocity_fast.fleet.shared cimport endpoint_slot
 from velocity_fast.lowlevel.clock cimport monotonic
+from velocity_fast.state.shm cimport endpoint_slot
 
 # Endpoint.snapshot()'s numbers that every worker reports whole (the shared in-flight and
 # limit, the engine's scrape): several workers' /stats take the largest (gateway/stats_merge.py).

@@ -103,14 +103,15 @@ class Gateway:
         self.started_settings = settings
         self.backend = backend
         self.registry = Registry()
-        self.identity = Identity(settings)
-        # Tenant buckets shared with the other replicas (fleet/statestore.py); redis is
-        # imported only when configured.
+        # Tenant buckets shared with the other replicas (state/store.py); redis is imported
+        # only when configured. Where each bucket lives is chosen here, once.
         self.state_store = None
         if settings.state_store:
-            from velocity_fast.fleet.statestore import StateStore
+            from velocity_fast.state.store import StateStore
 
             self.state_store = StateStore(settings.state_store, self.registry)
+        self.identity = Identity(settings, self.state_store)
+        if self.state_store is not None:
             self.state_store.attach(self.identity)
         self.endpoints: dict[str, Endpoint] = {}
         self.pools: dict[str, Pool] = {}

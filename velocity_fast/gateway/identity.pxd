@@ -2,39 +2,29 @@
 
 from cpython.object cimport PyObject
 
-from velocity_fast.fleet.shared cimport vf_tenant
-from velocity_fast.lowlevel.clock cimport monotonic
+from velocity_fast.state.bucket cimport Bucket
 
 cdef class Tenant:
     cdef public str name
     cdef public object max_band
     cdef readonly object rate       # requests per second (None: no limit)
-    cdef public double burst
-    cdef public double tokens
-    cdef public double stamp
+    cdef readonly double burst
     cdef public object weight
     cdef public object sla_ms
-    # Tokens per minute: a bucket of tokens (None: no quota), its level (below 0: in debt)
-    cdef readonly object tpm
-    cdef public double tlevel
-    cdef double rate_c              # rate and tpm as C doubles (0.0 where None), set with them
-    cdef double tpm_c
-    cdef public double tstamp
+    cdef readonly object tpm        # tokens per minute (None: no quota)
+    # Its buckets, in this process, the workers' shared memory or the state store as the
+    # config says (state/bucket.pyx; None: no limit): requests, and engine tokens
+    cdef readonly Bucket request_bucket
+    cdef readonly Bucket token_bucket
     # What the engines served this tenant, and its requests declined, by reason
     cdef public long long served_prompt
     cdef public long long served_cached
     cdef public long long served_completion
     cdef public dict rejections
-    # Leases of the buckets shared across replicas (fleet/statestore.py; None: local only)
-    cdef public object shared
-    cdef public object tshared
-    # Workers: the tenant's slot in the shared state (NULL: one process)
-    cdef vf_tenant *shm
 
     cpdef double take(self) except -1
     cpdef double take_tokens(self, double estimate) except -1
     cpdef settle_tokens(self, double delta)
-    cdef void _refill(self) noexcept
 
 
 # A tenant named by the x-velocity-tenant header, kept by the header's bytes (up to 32).
@@ -70,40 +60,22 @@ cdef class Identity:
     cdef void keep_header(self, const char* p, Py_ssize_t n, Tenant t) except *
 
 
-# The request path's draw and settlement of a tenant's tokens per minute (ingress.pyx, exchange.pyx),
-# inline where its bucket is this process's own: no method call, and the draw refills to
-# the clock its caller already read. A shared bucket (state store, workers) is left to
-# Tenant.take_tokens and settle_tokens.
-
-cdef inline void _tokens_refill(Tenant t, double now) noexcept:
-    """Tenant._refill at ``now`` (a time before the bucket's last: no refill, as none is due)."""
-    cdef double cap = t.tpm_c, level = t.tlevel
-    if now > t.tstamp:
-        level = level + (now - t.tstamp) * cap / 60.0
-        t.tstamp = now
-    t.tlevel = level if level < cap else cap
-
+# The request path's draw and settlement of a tenant's tokens per minute (ingress.pyx,
+# exchange.pyx): one C call on its bucket, at the clock the caller already read (0.0:
+# none; the bucket reads it if its home needs it).
 
 cdef inline double tenant_draw_tokens(Tenant t, double estimate, double now) except -1:
-    """Tenant.take_tokens(estimate) at ``now`` (the monotonic clock, read by the caller)."""
-    cdef double need, cap = t.tpm_c
-    if t.tshared is not None or t.shm != NULL or t.tpm is None:
-        return t.take_tokens(estimate)
-    need = estimate if estimate < cap else cap
-    _tokens_refill(t, now)
-    if t.tlevel >= need:
-        t.tlevel -= estimate
+    """Tenant.take_tokens(estimate) at ``now`` (the monotonic clock the caller read, or 0.0)."""
+    cdef Bucket b = t.token_bucket
+    if b is None:
         return 0.0
-    return (need - t.tlevel) * 60.0 / cap
+    return b.draw_at(estimate, estimate if estimate < b.cap else b.cap, now)
 
 
 cdef inline int tenant_settle_tokens(Tenant t, double delta) except -1:
     """Tenant.settle_tokens(delta)."""
-    if t.tshared is not None or t.shm != NULL:
-        t.settle_tokens(delta)
-    elif t.tpm is not None:
-        _tokens_refill(t, monotonic())
-        t.tlevel -= delta
+    if t.token_bucket is not None:
+        t.token_bucket.settle_at(delta, 0.0)
     return 0
 
 

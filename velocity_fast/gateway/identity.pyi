@@ -1,6 +1,8 @@
 """Stubs for velocity_fast.gateway.identity (API keys, tenants, rate limits)."""
 from typing import Any
 
+from velocity_fast.state.bucket import Bucket
+
 DEFAULT_TENANT: str
 
 class Tenant:
@@ -8,18 +10,16 @@ class Tenant:
     max_band: str | None
     rate: float | None
     burst: float
-    tokens: float
-    stamp: float
     weight: Any
     sla_ms: float | None
     tpm: float | None
-    tlevel: float
-    tstamp: float
+    request_bucket: Bucket | None
+    token_bucket: Bucket | None
     served_prompt: int
     served_cached: int
     served_completion: int
     rejections: dict[str, int]
-    def __init__(self, cfg: Any) -> None: ...
+    def __init__(self, cfg: Any, store: Any = None) -> None: ...
     def take(self) -> float: ...
     def take_tokens(self, estimate: float) -> float: ...
     def settle_tokens(self, delta: float) -> None: ...
@@ -31,7 +31,7 @@ class Identity:
     tenants: dict[str, Tenant]
     by_key: dict[str, Tenant]
     required: bool
-    def __init__(self, settings: Any) -> None: ...
+    def __init__(self, settings: Any, store: Any = None) -> None: ...
     @staticmethod
     def presented_key(headers: dict[str, str]) -> str | None: ...
     def authenticate(self, headers: dict[str, str]) -> tuple[bool, Tenant | None]: ...

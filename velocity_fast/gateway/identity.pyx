@@ -10,16 +10,18 @@ from cpython.unicode cimport PyUnicode_GET_LENGTH
 from libc.stdint cimport uint64_t
 from libc.string cimport memcpy, memset
 
-from velocity_fast.fleet.lease cimport SharedBucket
-from velocity_fast.fleet.shared cimport tenant_slot, vf_cell_config, vf_cell_draw, vf_cell_left, vf_cell_settle
-from velocity_fast.lowlevel.clock cimport monotonic
+from velocity_fast.state.bucket cimport Bucket
+
+from velocity_fast.state.bucket import make_bucket
 
 DEFAULT_TENANT = "default"
 
 
 cdef class Tenant:
-    """A configured tenant: its band cap, weight, SLA, token bucket of requests, and
-    bucket of engine tokens (``tokens_per_minute``).
+    """A configured tenant: its band cap, weight, SLA, bucket of requests
+    (``requests_per_second``, ``burst``) and bucket of engine tokens
+    (``tokens_per_minute``), each where the config puts it (state/bucket.pyx: this
+    process, the workers' shared memory, or the state store).
 
     The token bucket holds a minute's tokens and refills at tokens_per_minute / 60 a
     second. A request draws its estimate (prompt bytes / 4 plus max_tokens, or without
@@ -27,92 +29,40 @@ cdef class Tenant:
     plus completion, from its ``usage``) when the answer ends: the level may fall below
     zero (debt), and then no request is admitted until it has refilled."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, store=None):
         self.name = cfg.name
         self.max_band = cfg.max_band
         self.weight = cfg.weight
         self.sla_ms = getattr(cfg, "sla_ms", None)
         self.rate = cfg.requests_per_second
         self.burst = float(cfg.burst if cfg.burst is not None else max(1.0, (self.rate or 0) * 2))
-        self.tokens = self.burst
-        self.stamp = monotonic()
         self.tpm = getattr(cfg, "tokens_per_minute", None)
-        self.rate_c = float(self.rate or 0.0)
-        self.tpm_c = float(self.tpm or 0.0)
-        self.tlevel = self.tpm_c
-        self.tstamp = self.stamp
         self.rejections = {}
-        self.shared = self.tshared = None
-        # Workers: the buckets are one cell each in the shared state (a limit that changed
-        # starts full there, an unchanged one keeps its level); one process: NULL.
-        self.shm = NULL
-        if self.rate is not None or self.tpm is not None:
-            self.shm = tenant_slot(self.name)
-            if self.shm != NULL:
-                if self.rate is not None:
-                    vf_cell_config(&self.shm.req, float(self.rate), self.burst)
-                if self.tpm is not None:
-                    vf_cell_config(&self.shm.tok, float(self.tpm) / 60.0, float(self.tpm))
+        if self.rate is not None:
+            self.request_bucket = make_bucket(self.name, "requests", float(self.rate), self.burst, store)
+        if self.tpm is not None:
+            self.token_bucket = make_bucket(self.name, "tokens", float(self.tpm) / 60.0, float(self.tpm), store)
 
     cpdef double take(self) except -1:
-        """A token-bucket draw: 0.0 when allowed, else the seconds until one is available."""
-        cdef double now, rate
-        if self.rate is None:
+        """A request-bucket draw: 0.0 when allowed, else the seconds until one is available."""
+        if self.request_bucket is None:
             return 0.0
-        if self.shared is not None:  # the bucket shared through the state store (fleet/statestore.py)
-            return (<SharedBucket?>self.shared).draw(1.0, 1.0)
-        if self.shm != NULL:  # every worker's draws from one cell
-            return vf_cell_draw(&self.shm.req, 1.0, 1.0)
-        rate = self.rate_c
-        now = monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * rate)
-        self.stamp = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return 0.0
-        return (1.0 - self.tokens) / rate
-
-    cdef void _refill(self) noexcept:
-        _tokens_refill(self, monotonic())
+        return self.request_bucket.draw_at(1.0, 1.0, 0.0)
 
     cpdef double take_tokens(self, double estimate) except -1:
         """Draw ``estimate`` tokens: 0.0 when they fit in what is left (drawn), else the
         seconds until they would. An estimate past a minute's tokens needs a full bucket."""
-        cdef double need, cap
-        if self.tpm is None:
-            return 0.0
-        cap = self.tpm_c
-        need = estimate if estimate < cap else cap
-        if self.tshared is not None:
-            return (<SharedBucket?>self.tshared).draw(estimate, need)
-        if self.shm != NULL:
-            return vf_cell_draw(&self.shm.tok, estimate, need)
-        self._refill()
-        if self.tlevel >= need:
-            self.tlevel -= estimate
-            return 0.0
-        return (need - self.tlevel) * 60.0 / cap
+        return tenant_draw_tokens(self, estimate, 0.0)
 
     cpdef settle_tokens(self, double delta):
         """The answer ended: ``delta`` more tokens than drawn (less when negative)."""
-        if self.tshared is not None:
-            (<SharedBucket?>self.tshared).settle(delta)
-        elif self.shm != NULL and self.tpm is not None:
-            vf_cell_settle(&self.shm.tok, delta)
-        elif self.tpm is not None:
-            self._refill()
-            self.tlevel -= delta
+        tenant_settle_tokens(self, delta)
 
     def tokens_left(self):
         """Tokens left in the bucket now (None: no quota; below 0: in debt)."""
-        if self.tpm is None:
+        if self.token_bucket is None:
             return None
-        if self.tshared is not None:
-            return self.tshared.left()
-        if self.shm != NULL:
-            return vf_cell_left(&self.shm.tok)
-        self._refill()
-        return self.tlevel
+        return self.token_bucket.left()
 
     def keep_state(self, Tenant prev):
         """Take over ``prev``'s figures and the buckets whose limits did not change (a
@@ -121,10 +71,10 @@ cdef class Tenant:
         self.served_cached = prev.served_cached
         self.served_completion = prev.served_completion
         self.rejections = prev.rejections
-        if (prev.rate, prev.burst) == (self.rate, self.burst):
-            self.tokens, self.stamp = prev.tokens, prev.stamp
-        if prev.tpm == self.tpm:
-            self.tlevel, self.tstamp = prev.tlevel, prev.tstamp
+        if self.request_bucket is not None and prev.request_bucket is not None:
+            self.request_bucket.take_over(prev.request_bucket)
+        if self.token_bucket is not None and prev.token_bucket is not None:
+            self.token_bucket.take_over(prev.token_bucket)
 
 
 cdef enum:
@@ -161,9 +111,11 @@ cdef class Identity:
         Py_XDECREF(self._last_header.tenant)
         self._last_header.tenant = NULL
 
-    def __init__(self, settings):
+    def __init__(self, settings, store=None):
+        """``store``: the state store the tenants' buckets live in (None: this process,
+        or the workers' shared memory)."""
         self.global_key = settings.api_key
-        self.tenants = {t.name: Tenant(t) for t in settings.tenants}
+        self.tenants = {t.name: Tenant(t, store) for t in settings.tenants}
         self.by_key = {t.api_key: self.tenants[t.name] for t in settings.tenants if t.api_key}
         self.required = bool(self.global_key or self.by_key)
 

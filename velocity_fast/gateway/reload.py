@@ -80,10 +80,11 @@ class _AdoptingRegistry:
         return getattr(self._reg, attr)
 
 
-def _identity(old: Identity, settings: Settings) -> Identity:
+def _identity(old: Identity, settings: Settings, store=None) -> Identity:
     """A new Identity that keeps the state of tenants that stay: an unchanged tenant is the
-    same object; a changed one keeps its figures and the buckets whose limits did not change."""
-    new = Identity(settings)
+    same object; a changed one keeps its figures and the buckets whose limits did not change
+    (``store``: the state store its buckets live in, if any)."""
+    new = Identity(settings, store)
     for name, t in list(new.tenants.items()):
         prev = old.tenants.get(name)
         if prev is None:
@@ -174,7 +175,7 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
                              precise=kv.precise_for(routing_settings(new)) if kv is not None else None)
     identity = None
     if new.api_key != old.api_key or new.tenants != old.tenants:
-        identity = _identity(gw.identity, new)
+        identity = _identity(gw.identity, new, getattr(gw, "state_store", None))
     remove, add = _endpoint_diff(old, new)
 
     # -- the swap: synchronous, so no request sees half of it -----------------------------
@@ -187,7 +188,7 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
         changes.append("changed " + ", ".join(live))
     if identity is not None:
         store = getattr(gw, "state_store", None)
-        if store is not None:  # before the swap: no request sees a tenant without its shared bucket
+        if store is not None:  # before the swap: the store serves the new tenants' buckets
             store.attach(identity)
         gw.identity = identity
     if new.bands != old.bands:

@@ -6,7 +6,7 @@ The supervisor:
 
 - reserves the client port (server/reserve.py), so that the port stays this gateway's
   while workers come and go;
-- creates the state the workers share in memory (``fleet/shared.pyx``) before any starts,
+- creates the state the workers share in memory (``state/shm.pyx``) before any starts,
   and removes it at exit;
 - starts the workers as ``python -m velocity_fast.cli serve <the same flags>`` (spawned,
   not forked), each told in its environment its index (``VELOCITY_WORKER``), the shared
@@ -85,7 +85,7 @@ class WorkerSide:
 
     def attach(self) -> None:
         """The shared state, before the gateway starts; and this worker ends with its supervisor."""
-        from velocity_fast.fleet.shared import SharedState, attach
+        from velocity_fast.state.shm import SharedState, attach
 
         _die_with_parent()
         self.state = SharedState.open(self.shared)
@@ -319,7 +319,7 @@ class WorkerSupervisor:
     # -- lifecycle ---------------------------------------------------------------------------
     async def main(self, stop: asyncio.Event):
         """Started under run_until_signalled: returns the drain."""
-        from velocity_fast.fleet.shared import SharedState
+        from velocity_fast.state.shm import SharedState
         from velocity_fast.server.http_server import HTTPServer
 
         self._stop = stop

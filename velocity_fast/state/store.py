@@ -3,27 +3,27 @@
 A tenant's request bucket (``requests_per_second``, ``burst``) and token bucket
 (``tokens_per_minute``) live in Redis, one hash each, refilled by a Lua script from Redis'
 own clock: every replica draws from the same bucket, so N replicas admit what one would.
-No request waits on Redis. Each replica holds a *lease*, a small share of the bucket
-(about 100 ms of its rate) taken atomically by the script; a request draws from the lease
-synchronously (identity.pyx's hooks call ``SharedBucket.draw`` of fleet/lease.pyx as C).
-The bucket knows the leases held: each replica says what it holds at each round trip
+No request waits on Redis. Each replica holds a *share* of the bucket (about 100 ms of
+its rate) taken atomically by the script; a request draws from the share synchronously
+(``Tenant`` draws on its ``StoreBucket``, state/bucket.pyx, as C).
+The bucket knows the shares held: each replica says what it holds at each round trip
 (and every few seconds while it holds one), and the level refills only up to the
-bucket's size less them, so that a lease held while the bucket refills is not granted a
+bucket's size less them, so that a share held while the bucket refills is not granted a
 second time: the total admitted is never more than the bucket grants. A replica that has
-not said for ``HOLD_S`` is gone, its lease with it (a replica drops a lease it could not
-confirm that long). A replica alone (no other holds a lease) serves a burst past its
-lease from the level its last answer gave, refilled since: its view is exact, since a
+not said for ``HOLD_S`` is gone, its share with it (a replica drops a share it could not
+confirm that long). A replica alone (no other holds a share) serves a burst past its
+share from the level its last answer gave, refilled since: its view is exact, since a
 replica that comes is granted nothing until each one there has called again (every
 half second while alone) and learnt that it is no longer alone.
-When the lease runs low a refill is queued for this module's one task, which sends the
+When the share runs low a refill is queued for this module's one task, which sends the
 refills and the batched token settlements of all buckets in one pipeline; at most one is
-queued or in flight per bucket. A lease that is empty while its refill is on the way answers 429 with a
-Retry-After from the bucket's rate.
+queued or in flight per bucket. A share that is empty while its refill is on the way
+answers 429 with a Retry-After from the bucket's rate.
 
 Store unreachable: logged once (and once when it is back), counted
 (``velocity_state_store_errors_total``, ``velocity_state_store_up``), and each bucket
 falls back to a local one that applies the configured limit to this replica alone,
-starting from the lease it held. What is admitted meanwhile is charged to the shared
+starting from the share it held. What is admitted meanwhile is charged to the shared
 bucket when the store answers again, at most emptying it (an outage does not leave a
 tenant in debt beyond what its own settlements made). The store is asked again with
 backoff (50 ms doubling to 1 s).
@@ -37,30 +37,30 @@ import time
 import uuid
 from urllib.parse import urlsplit
 
-from velocity_fast.fleet.lease import LEASE_S, SharedBucket
 from velocity_fast.metrics.registry import MAX, SUM
+from velocity_fast.state.bucket import SHARE_S, StoreBucket
 
-__all__ = ["StateStore", "SharedBucket", "check_url", "LEASE_S"]
+__all__ = ["StateStore", "StoreBucket", "check_url", "SHARE_S"]
 
 log = logging.getLogger("velocity.statestore")
 
 _TIMEOUT_S = 0.25        # a store slower than this to answer is taken for down
 _BACKOFF_S = (0.05, 1.0)  # first and longest wait between attempts while it is down
 _KEY = "velocity:tenant:{}:{}"
-HOLD_S = 10.0      # a lease not confirmed for this long is given back (a replica gone)
-_KEEP_S = 3.0      # a replica confirms the leases it holds at least this often
+HOLD_S = 10.0      # a share not confirmed for this long is given back (a replica gone)
+_KEEP_S = 3.0      # a replica confirms the shares it holds at least this often
 _LONE_S = 0.5      # and this often where it is alone (it draws on its view of the level)
 
 # KEYS[1]: the bucket (hash: level, stamp, and per replica "o:ID" = "held seen joined":
-# the lease it held when it last said, when, and when it first did). ARGV: rate a second, capacity, units asked,
+# the share it held when it last said, when, and when it first did). ARGV: rate a second, capacity, units asked,
 # debt to settle (negative: a credit), outage consumption to charge, this replica's ID,
-# the lease it holds now, HOLD_S. Leases of replicas silent for HOLD_S are dropped. The
-# level refills from Redis' TIME up to its room (the capacity less every lease held),
-# (what a lease spent since the replica last said comes back at the rate from then on),
+# the share it holds now, HOLD_S. Shares of replicas silent for HOLD_S are dropped. The
+# level refills from Redis' TIME up to its room (the capacity less every share held),
+# (what a share spent since the replica last said comes back at the rate from then on),
 # settles the debt (the level may go below 0), charges the outage down to at most 0 (a
 # level already below 0 stays), grants min(asked, level) when the level is positive and
 # every other replica has called since this one first did (one alone draws on its view).
-# Returns {granted, level, replicas holding leases (this one too), room after the grant}
+# Returns {granted, level, replicas holding shares (this one too), room after the grant}
 # as strings (Redis would cut Lua numbers to integers). The key expires once it would be
 # full again (HOLD_S at least) and a minute more: an absent bucket is full.
 LUA = """
@@ -94,7 +94,7 @@ for i = 1, #h, 2 do
   end
 end
 if level == nil or stamp == nil then level, stamp = cap, now end
--- The refill since the last call, up to the room the leases left then: what a lease spent
+-- The refill since the last call, up to the room the shares left then: what a share spent
 -- since comes back at the rate from now on, not from a time it was still held.
 if now > stamp then level = math.min(cap - out - was, level + (now - stamp) * rate); stamp = now end
 local room = cap - out - held
@@ -149,13 +149,13 @@ class StateStore:
 
         self._noscript = NoScriptError
         self._sha: str | None = None
-        self.replica = uuid.uuid4().hex[:16]  # this replica's name for its leases in the store
-        self.buckets: dict[str, SharedBucket] = {}
+        self.replica = uuid.uuid4().hex[:16]  # this replica's name for its shares in the store
+        self.buckets: dict[str, StoreBucket] = {}
         self._up = False
         self.errors = 0
         self.calls = 0
-        self._pending: dict[SharedBucket, None] = {}  # refills queued (ordered, unique)
-        self._owing: dict[SharedBucket, None] = {}    # settlements queued
+        self._pending: dict[StoreBucket, None] = {}  # refills queued (ordered, unique)
+        self._owing: dict[StoreBucket, None] = {}    # settlements queued
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._down_logged = False
@@ -173,7 +173,7 @@ class StateStore:
 
     @property
     def up(self) -> bool:
-        """The store answers: the buckets draw from their leases (else from local buckets)."""
+        """The store answers: the buckets draw from their shares (else from local buckets)."""
         return self._up
 
     @up.setter
@@ -183,47 +183,47 @@ class StateStore:
             b.up = value
 
     # -- the tenants' buckets ------------------------------------------------------------
-    def attach(self, identity) -> None:
-        """Give the identity's tenants their shared buckets (again after a reload: a bucket
-        whose limits did not change is the same object, lease and all)."""
-        keep: dict[str, SharedBucket] = {}
-        for t in identity.tenants.values():
-            t.shared = t.tshared = None
-            if t.rate is not None:
-                key = _KEY.format(t.name, "requests")
-                t.shared = keep[key] = self._bucket(key, t.rate, t.burst, 2.0)
-            if t.tpm is not None:
-                key = _KEY.format(t.name, "tokens")
-                t.tshared = keep[key] = self._bucket(key, t.tpm / 60.0, t.tpm, 16.0)
-        self.buckets = keep
-        for b in keep.values():
-            if self.up and not b.asking and b.lease <= b.low:
-                self.ask(b)
-
-    def _bucket(self, key: str, rate: float, cap: float, floor: float) -> SharedBucket:
+    def bucket(self, tenant: str, kind: str, rate: float, cap: float) -> StoreBucket:
+        """A tenant's bucket of ``kind`` ("requests" or "tokens") in the store (state/bucket.pyx's
+        make_bucket asks): the one this store holds already where its limits did not
+        change (a reload keeps its share), else a new one."""
+        key = _KEY.format(tenant, kind)
         b = self.buckets.get(key)
         if b is not None and (b.rate, b.cap) == (rate, cap):
             return b
-        b = SharedBucket(self, key, rate, cap, floor)
+        b = StoreBucket(self, key, rate, cap, 2.0 if kind == "requests" else 16.0)
         b.up = self.up
         if not self.up:
             b.to_local()
-            b.level = cap  # a bucket new while the store is down starts full, as a local one
+            b.fallback.level = cap  # a bucket new while the store is down starts full, as a local one
         return b
 
-    def ask(self, b: SharedBucket) -> None:
+    def attach(self, identity) -> None:
+        """The identity's tenants' buckets are the ones this store serves from now on (at
+        start, and again after a reload: the buckets of tenants gone are dropped)."""
+        keep: dict[str, StoreBucket] = {}
+        for t in identity.tenants.values():
+            for b in (t.request_bucket, t.token_bucket):
+                if isinstance(b, StoreBucket):
+                    keep[b.key] = b
+        self.buckets = keep
+        for b in keep.values():
+            if self.up and not b.asking and b.held <= b.low:
+                self.ask(b)
+
+    def ask(self, b: StoreBucket) -> None:
         """Queue a refill of ``b`` (the request path: no wait)."""
         b.asking = True
         self._pending[b] = None
         if self._wake is not None:
             self._wake.set()
 
-    def owe(self, b: SharedBucket) -> None:
-        """Queue ``b``'s settlement; it goes with the next round trip (at most LEASE_S on)."""
+    def owe(self, b: StoreBucket) -> None:
+        """Queue ``b``'s settlement; it goes with the next round trip (at most SHARE_S on)."""
         self._owing[b] = None
         if self._wake is not None and not self._flush_timer:
             self._flush_timer = True
-            asyncio.get_running_loop().call_later(LEASE_S, self._flush_due)
+            asyncio.get_running_loop().call_later(SHARE_S, self._flush_due)
 
     def _flush_due(self) -> None:
         self._flush_timer = False
@@ -232,12 +232,12 @@ class StateStore:
 
     # -- the task ------------------------------------------------------------------------------
     async def start(self, timeout: float = 0.5) -> None:
-        """Reach the store once (at most ``timeout``) and take the first leases, then run the
+        """Reach the store once (at most ``timeout``) and take the first shares, then run the
         task. A store that does not answer leaves the buckets local until it does."""
         self._wake = asyncio.Event()
         for b in self.buckets.values():
             b.to_local()
-            b.level = b.cap
+            b.fallback.level = b.cap
         try:
             await asyncio.wait_for(self._reconcile(), timeout)
         except Exception as e:  # noqa: BLE001 - any failure to reach it: local buckets, said once
@@ -270,7 +270,7 @@ class StateStore:
             wait = self._next_wait()
             keep = _LONE_S if any(b.replicas == 1 for b in self.buckets.values()) else _KEEP_S
             if wait is None or wait > keep:
-                wait = keep  # (the leases held are confirmed at least this often)
+                wait = keep  # (the shares held are confirmed at least this often)
             if wait > 0:
                 try:
                     await asyncio.wait_for(self._wake.wait(), wait)
@@ -296,11 +296,11 @@ class StateStore:
         for b in refill:
             del self._pending[b]
         for b in self.buckets.values():
-            if b.replicas == 1 and now - b.answered >= _LONE_S or b.lease > 0 and now - b.answered > _KEEP_S:
-                if b.lease > 0 and now - b.answered > HOLD_S - _KEEP_S:
+            if b.replicas == 1 and now - b.answered >= _LONE_S or b.held > 0 and now - b.answered > _KEEP_S:
+                if b.held > 0 and now - b.answered > HOLD_S - _KEEP_S:
                     # Unconfirmed for long enough that the store may have dropped it (the
                     # loop stalled): not drawn on, lest it be granted twice.
-                    b.lease = 0.0
+                    b.held = 0.0
                 self._owing[b] = None  # confirmed, so that the store keeps it held
         owing = [b for b in self._owing if b not in refill]
         self._owing.clear()
@@ -309,9 +309,9 @@ class StateStore:
             return
         sent = []
         for b in batch:
-            # While the bucket is full (a burst), a lease of an eighth of what it holds: the
+            # While the bucket is full (a burst), a share of an eighth of what it holds: the
             # burst is served at the clients' pace, not one chunk a round trip.
-            ask = max(0.0, max(b.chunk, b.shared_level / 8) - b.lease) if b in refill else 0.0
+            ask = max(0.0, max(b.chunk, b.shared_level / 8) - b.held) if b in refill else 0.0
             sent.append((b, ask, b.debt, b in refill))
             b.debt = 0.0
         try:
@@ -334,7 +334,7 @@ class StateStore:
         async with self._redis.pipeline(transaction=False) as pipe:
             for (b, ask, debt, _), charge in zip(sent, charges):
                 pipe.evalsha(self._sha, 1, b.key, repr(b.rate), repr(b.cap), repr(ask), repr(debt), repr(charge),
-                             self.replica, repr(max(0.0, b.lease)), repr(HOLD_S))
+                             self.replica, repr(max(0.0, b.held)), repr(HOLD_S))
             replies = await pipe.execute()
         self.calls += 1
         return replies
@@ -344,18 +344,18 @@ class StateStore:
         for (b, ask, _, refill), (grant, level, replicas, room) in zip(sent, replies):
             grant, b.shared_level = float(grant), float(level)
             b.replicas, b.room, b.answered = int(replicas), float(room), now
-            b.lease += grant
+            b.held += grant
             if refill:
                 b.asking = False
-                if grant < ask and b.lease <= b.low:
+                if grant < ask and b.held <= b.low:
                     # The bucket is short: ask again once it would have a draw's worth.
-                    b.not_before = now + min(1.0, max(0.005, (max(b.need, 1.0) - b.lease) / b.rate))
+                    b.not_before = now + min(1.0, max(0.005, (max(b.need, 1.0) - b.held) / b.rate))
                     self.ask(b)
                 else:
                     b.not_before = 0.0
 
     async def _reconcile(self) -> None:
-        """The store answers (again): charge what the local buckets admitted, take leases,
+        """The store answers (again): charge what the local buckets admitted, take shares,
         and draw from them from now on."""
         buckets = list(self.buckets.values())
         sent = [(b, b.chunk, 0.0, True) for b in buckets]
@@ -372,7 +372,7 @@ class StateStore:
         for b, c in zip(buckets, charged):
             # Admitted locally while this round trip was on its way: a settlement to send.
             b.debt = b.spent - c
-            b.spent = b.lease = 0.0
+            b.spent = b.held = 0.0
             b.asking = False
             b.not_before = 0.0
         self._apply(sent, replies)

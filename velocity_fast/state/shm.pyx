@@ -1,4 +1,4 @@
-"""The state the gateway's worker processes share (``--workers N``), compiled.
+"""The state the gateway's worker processes share in memory (``--workers N``), compiled.
 
 One memory segment (a file under /dev/shm), made by the supervisor before it starts the
 workers and mapped by each (``attach``). What must be global lives there, updated with
@@ -8,11 +8,15 @@ atomic operations from the compiled request path: no lock and no extra hop per r
 * per endpoint: the requests in flight from every worker (admission's ``Endpoint.inflight``
   is this total; a bind claims a slot below the limit with one compare-and-swap), each
   worker's concurrency limit (the smallest holds), the learned batch;
-* per pool: the leases granted and not yet released, every worker's (a grant reserves
+* per pool: the reservations, every worker's grants not yet released (a grant reserves
   one within the pool's limits, so that the bind that follows finds an engine with room),
   and each worker's queue depth per band (a lower band does not overtake a higher one
   queued in another worker);
-* per configured tenant: its request and token buckets, one cell each.
+* per tenant: its request and token buckets, one cell each (state/bucket.pyx's
+  ShmBucket), and its fairness counters per band.
+
+Other modules hold a slot and use the typed functions of shm.pxd, never the raw
+operations.
 
 Each worker's part of a count is kept beside the total: when a worker dies the
 supervisor gives back what it held (``SharedState.reclaim``). One process (no
@@ -31,17 +35,16 @@ cdef extern from "shared_state.h":
     vf_shm *vf_map(const char *path, int create, int64_t workers) nogil
     void vf_unmap(vf_shm *s) nogil
     int64_t vf_slot(char *base, size_t stride, int64_t n, const char *name, size_t length) nogil
-    int64_t vf_reclaim(vf_shm *s, int w, int64_t *leases) nogil
+    int64_t vf_reclaim(vf_shm *s, int w, int64_t *reserved) nogil
     void vf_store "VF_STORE"(int64_t *p, int64_t v) nogil
-    int64_t vf_load "VF_LOAD"(int64_t *p) nogil
     int64_t vf_add "VF_ADD"(int64_t *p, int64_t v) nogil
     # Field addresses, as the header lays them out
-    int64_t *vf_mine_at(vf_ep *e, int w) nogil
-    int64_t *vf_queued_at(vf_pool *p, int w, int b) nogil
-    int64_t *vf_limit_at(vf_ep *e, int w) nogil
-    vf_ep *vf_eps(vf_shm *s) nogil
-    vf_pool *vf_pools(vf_shm *s) nogil
-    vf_tenant *vf_tenants(vf_shm *s) nogil
+    int64_t *vf_mine_at(EndpointSlot *e, int w) nogil
+    int64_t *vf_queued_at(PoolSlot *p, int w, int b) nogil
+    int64_t *vf_limit_at(EndpointSlot *e, int w) nogil
+    EndpointSlot *vf_eps(vf_shm *s) nogil
+    PoolSlot *vf_pools(vf_shm *s) nogil
+    TenantSlot *vf_tenants(vf_shm *s) nogil
     int64_t *vf_restarts(vf_shm *s) nogil
     int64_t *vf_lost(vf_shm *s) nogil
     int vf_key_named(void *slot) nogil
@@ -91,22 +94,24 @@ cdef class SharedState:
 
     def reclaim(self, int worker):
         """Give back what ``worker`` held (it exited): its requests in flight on each
-        engine, its leases, its queue depths, its limits. Returns what was given back."""
-        cdef int64_t leases = 0, lost
+        engine, its pool reservations, its queue depths, its limits. Returns what was
+        given back."""
+        cdef int64_t reserved = 0, lost
         if self.shm == NULL or not 0 <= worker < self.shm.workers:
             raise ValueError(f"no worker {worker}")
-        lost = vf_reclaim(self.shm, worker, &leases)
+        lost = vf_reclaim(self.shm, worker, &reserved)
         vf_add(vf_restarts(self.shm), 1)
         vf_add(vf_lost(self.shm), lost)
-        return {"inflight": lost, "leases": leases}
+        return {"inflight": lost, "reserved": reserved}
 
     def snapshot(self):
         """What the segment holds now: per endpoint its requests in flight (every
         worker's, and each one's), limit, learned batch and binds past a limit; per pool
-        its leases and queue depths; per tenant its buckets' levels."""
-        cdef vf_ep *e
-        cdef vf_pool *p
-        cdef vf_tenant *t
+        its reservations, the reservations it refused (full) and queue depths; per tenant
+        its buckets' levels."""
+        cdef EndpointSlot *e
+        cdef PoolSlot *p
+        cdef TenantSlot *t
         cdef int i, w, b, n
         if self.shm == NULL:
             return {}
@@ -123,7 +128,7 @@ cdef class SharedState:
             p = vf_pools(self.shm) + i
             if vf_key_named(p):
                 pools[vf_key_name(p).decode()] = {
-                    "leases": vf_load(&p.committed),
+                    "reserved": vf_load(&p.committed), "refused": vf_load(&p.refused),
                     "queued": [sum(vf_load(vf_queued_at(p, w, b)) for w in range(n)) for b in range(VF_MAX_BANDS)]}
         for i in range(VF_TENANT_SLOTS):
             t = vf_tenants(self.shm) + i
@@ -187,46 +192,52 @@ cdef int64_t _slot(char *base, size_t stride, int64_t n, str name, str what) exc
     return k
 
 
-cdef vf_ep *endpoint_slot(str name) except? NULL:
+cdef EndpointSlot *endpoint_slot(str name) except? NULL:
     if _shm == NULL:
         return NULL
-    return vf_eps(_shm) + _slot(<char *>vf_eps(_shm), sizeof(vf_ep), VF_EP_SLOTS, name, "endpoint")
+    return vf_eps(_shm) + _slot(<char *>vf_eps(_shm), sizeof(EndpointSlot), VF_EP_SLOTS, name, "endpoint")
 
 
-cdef vf_pool *pool_slot(str name) except? NULL:
+cdef PoolSlot *pool_slot(str name) except? NULL:
     if _shm == NULL:
         return NULL
-    return vf_pools(_shm) + _slot(<char *>vf_pools(_shm), sizeof(vf_pool), VF_POOL_SLOTS, name, "pool")
+    return vf_pools(_shm) + _slot(<char *>vf_pools(_shm), sizeof(PoolSlot), VF_POOL_SLOTS, name, "pool")
 
 
-cdef vf_tenant *tenant_slot(str name) except? NULL:
+cdef TenantSlot *tenant_slot(str name) except? NULL:
     if _shm == NULL:
         return NULL
-    return vf_tenants(_shm) + _slot(<char *>vf_tenants(_shm), sizeof(vf_tenant), VF_TENANT_SLOTS, name, "tenant")
+    return vf_tenants(_shm) + _slot(<char *>vf_tenants(_shm), sizeof(TenantSlot), VF_TENANT_SLOTS, name, "tenant")
 
 
-cdef void publish_queued(vf_pool *p, int band, int64_t n) noexcept:
+cdef void publish_queue(PoolSlot *p, int band, int64_t n, double oldest) noexcept:
+    """This worker's queue depth in ``band`` and when its oldest item there came (0.0:
+    none), for the others."""
     if p != NULL and _worker >= 0 and band < VF_MAX_BANDS:
         vf_store(vf_queued_at(p, _worker, band), n)
+        vf_pool_publish_oldest(p, _worker, band, oldest)
 
 
-cdef void publish_limit(vf_ep *e, int64_t limit) noexcept:
+cdef void publish_limit(EndpointSlot *e, int64_t limit) noexcept:
     if e != NULL and _worker >= 0:
         vf_store(vf_limit_at(e, _worker), limit)
 
 
-cdef int64_t shared_limit(vf_ep *e) noexcept:
+cdef int64_t shared_limit(EndpointSlot *e) noexcept:
     """The smallest concurrency limit a live worker set on ``e`` (0: none yet)."""
     if e == NULL or _shm == NULL:
         return 0
     return vf_ep_limit(e, _shm.workers)
 
 
-cdef int64_t *tenant_counter(object tenant, int band) except? NULL:
-    """A tenant's fairness counter in ``band`` (a double's bits), every worker's; NULL in
-    one process. The anonymous tenant (None) has one too."""
-    cdef vf_tenant *t
-    if _shm == NULL:
-        return NULL
-    t = tenant_slot("" if tenant is None else str(tenant))
-    return vf_tenant_vtc(t, band)
+cdef FairCounter fair_counter(object tenant, int band) except *:
+    """A tenant's fairness counters in ``band`` (doubles' bits), every worker's; NULLs in
+    one process. The anonymous tenant (None) has them too."""
+    cdef FairCounter c
+    cdef TenantSlot *t = tenant_slot("" if tenant is None else str(tenant))
+    c.vtc = c.pend = c.lift = NULL
+    if t != NULL:
+        c.vtc = vf_tenant_vtc(t, band)
+        c.pend = vf_tenant_pend(t, band)
+        c.lift = vf_tenant_lift(t, band)
+    return c

@@ -1,4 +1,4 @@
-"""Stubs for velocity_fast.fleet.shared (the state worker processes share)."""
+"""Stubs for velocity_fast.state.shm (the state worker processes share in memory)."""
 from typing import Any
 
 class SharedState:

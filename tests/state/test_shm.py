@@ -1,4 +1,4 @@
-"""The workers' shared state (fleet/shared.pyx): two admissions, each as one worker would
+"""The workers' shared state (state/shm.pyx): two admissions, each as one worker would
 run it, in front of the same engines, counting against one segment.
 
 A process is one worker at a time (``attach``); the endpoints, pools and tenants made
@@ -15,7 +15,7 @@ import pytest
 from velocity_fast.admission.controller import Admission, Ticket
 from velocity_fast.admission.settings import AdmissionSettings
 from velocity_fast.fleet.endpoint import Endpoint, Pool
-from velocity_fast.fleet.shared import SharedState, attach, attached, detach
+from velocity_fast.state.shm import SharedState, attach, attached, detach
 from velocity_fast.gateway.identity import Tenant
 
 pytestmark = pytest.mark.timeout(60)
@@ -74,7 +74,7 @@ async def test_in_flight_is_every_workers_and_the_limit_holds_across_them(state)
     for le in leases + [got]:
         le.release("completed")
     snap = state.snapshot()
-    assert snap["endpoints"]["e0"]["inflight"] == 0 and snap["pools"]["m"]["leases"] == 0
+    assert snap["endpoints"]["e0"]["inflight"] == 0 and snap["pools"]["m"]["reserved"] == 0
     adm0.close()
     adm1.close()
 
@@ -91,7 +91,8 @@ async def test_a_grant_past_the_pools_limits_queues_instead(state):
     # Worker 0's grant holds the pool's one lease: worker 1's request queued, not granted.
     assert not hasattr(b, "claim") and not b.waiter.done()
     assert state.snapshot()["endpoints"]["e0"]["inflight"] == 1
-    assert state.snapshot()["pools"]["m"]["leases"] == 1
+    assert state.snapshot()["pools"]["m"]["reserved"] == 1
+    assert state.snapshot()["pools"]["m"]["refused"] >= 1  # worker 1's dispatch found it full
     adm1.withdraw(Ticket(), b)
     b.waiter.cancel()
     a.release("completed")
@@ -111,7 +112,7 @@ async def test_reclaim_gives_back_what_a_dead_worker_held(state):
     attach(state, 1)
     assert not adm1.has_room(ep1) or ep1.inflight == 3
     # Worker 0 dies with three requests in flight: the supervisor gives them back.
-    assert state.reclaim(0) == {"inflight": 3, "leases": 3}
+    assert state.reclaim(0) == {"inflight": 3, "reserved": 3}
     assert adm1.has_room(ep1) and ep1.inflight == 0
     snap = state.snapshot()
     assert snap["lost"] == 3 and snap["endpoints"]["e0"]["inflight"] == 0
@@ -189,7 +190,7 @@ def test_a_tenants_buckets_are_one_across_workers(state):
 
 
 def _hammer(path, index, rounds, start, out):
-    from velocity_fast.fleet.shared import SharedState, attach
+    from velocity_fast.state.shm import SharedState, attach
     s = SharedState.open(path)
     attach(s, index)
     t = Tenant(Cfg("t", rps=1e-3, burst=float(rounds)))  # no refill to speak of: the burst only

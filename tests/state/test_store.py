@@ -1,5 +1,5 @@
-"""The tenant buckets shared through Redis (fleet/statestore.py), in one process against a
-real redis-server on a loopback port: the Lua bucket, the leases, settlements, the local
+"""The tenant buckets shared through Redis (state/store.py), in one process against a
+real redis-server on a loopback port: the Lua bucket, the replicas' shares, settlements, the local
 fallback while the store is unreachable and the reconciliation when it is back."""
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import pytest
 from tests.support.gateway import wait_until
 from tests.support.redis_server import redis_server
 from velocity_fast.config import ConfigError, TenantConfig, load_settings
-from velocity_fast.fleet.statestore import StateStore, check_url
 from velocity_fast.gateway.identity import Identity
 from velocity_fast.metrics.registry import Registry
+from velocity_fast.state.bucket import StoreBucket
+from velocity_fast.state.store import StateStore, check_url
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,15 +32,17 @@ def rs():
         yield server
 
 
-def _identity(**limits) -> Identity:
-    return Identity(_Settings(TenantConfig(name="t", **limits)))
+def _tenant(**limits) -> _Settings:
+    return _Settings(TenantConfig(name="t", **limits))
 
 
-async def _started(url: str, identity: Identity, registry: Registry | None = None) -> StateStore:
+async def _started(url: str, settings: _Settings, registry: Registry | None = None) -> tuple[StateStore, Identity]:
+    """A replica's store and its tenants, their buckets in the store."""
     store = StateStore(url, registry)
+    identity = Identity(settings, store)
     store.attach(identity)
     await store.start()
-    return store
+    return store, identity
 
 
 @pytest.mark.parametrize("url,wrong", [
@@ -65,11 +68,11 @@ def test_bad_state_store_is_a_config_error_naming_the_key(tmp_path):
         assert load_settings(None, {}, env=env).state_store == "redis://h:7000/1"
 
 
-async def test_requests_draw_from_a_lease_and_the_shared_bucket_bounds_them(rs):
+async def test_requests_draw_from_a_share_and_the_shared_bucket_bounds_them(rs):
     # Two stores (two replicas) on one bucket of 10 requests that refills at 5 a second:
     # together they admit the burst and then the rate, never each its own.
-    a, b = _identity(requests_per_second=5, burst=10), _identity(requests_per_second=5, burst=10)
-    sa, sb = await _started(rs.url, a), await _started(rs.url, b)
+    sa, a = await _started(rs.url, _tenant(requests_per_second=5, burst=10))
+    sb, b = await _started(rs.url, _tenant(requests_per_second=5, burst=10))
     try:
         assert sa.up and sb.up
         ta, tb = a.tenants["t"], b.tenants["t"]
@@ -84,7 +87,7 @@ async def test_requests_draw_from_a_lease_and_the_shared_bucket_bounds_them(rs):
                     waits.append(w)
             await asyncio.sleep(0.005)
         elapsed = time.monotonic() - start
-        # The burst, the refill, less what the two leases hold unused (2 each at most).
+        # The burst, the refill, less what the two shares hold unused (2 each at most).
         assert 10 + 5 * elapsed - 4 - 1 <= admitted <= 10 + 5 * elapsed + 1, (admitted, elapsed)
         assert waits and all(0 < w <= 1.0 for w in waits)  # Retry-After from the rate, never a wait
     finally:
@@ -93,28 +96,26 @@ async def test_requests_draw_from_a_lease_and_the_shared_bucket_bounds_them(rs):
 
 
 async def test_a_refill_no_longer_needed_when_it_goes_still_ends(rs):
-    # Credits filled the lease between the ask and the round trip: nothing is asked, and
+    # Credits filled the share between the ask and the round trip: nothing is asked, and
     # the bucket may ask again later.
-    ident = _identity(tokens_per_minute=600)
-    store = await _started(rs.url, ident)
+    store, ident = await _started(rs.url, _tenant(tokens_per_minute=600))
     try:
-        b = ident.tenants["t"].tshared
+        b = ident.tenants["t"].token_bucket
         store.ask(b)
-        b.lease = b.cap  # more than any refill would ask for
+        b.held = b.cap  # more than any refill would ask for
         await wait_until(lambda: not b.asking, 2.0, what="the refill done")
-        assert b.lease == b.cap
+        assert b.held == b.cap
     finally:
         await store.close()
 
 
 async def test_token_settlements_reach_the_shared_bucket(rs):
-    ident = _identity(tokens_per_minute=600)  # 10 tokens a second, 600 in the bucket
-    store = await _started(rs.url, ident)
+    store, ident = await _started(rs.url, _tenant(tokens_per_minute=600))  # 10 tokens a second, 600 in the bucket
     try:
         t = ident.tenants["t"]
         assert t.take_tokens(50) == 0.0
         t.settle_tokens(1000)  # the answer used far more than drawn: a debt of the shared bucket
-        await wait_until(lambda: not store._owing and t.tshared.debt == 0, 2.0, what="the settlement sent")
+        await wait_until(lambda: not store._owing and t.token_bucket.debt == 0, 2.0, what="the settlement sent")
         level = float(rs.command("HGET", "velocity:tenant:t:tokens", "level").split(b"\r\n")[1])
         assert level < 0  # in debt, as the one-process bucket would be
         w = t.take_tokens(20)
@@ -126,8 +127,7 @@ async def test_token_settlements_reach_the_shared_bucket(rs):
 
 async def test_an_unreachable_store_falls_back_to_the_local_bucket_and_reconciles(rs):
     reg = Registry()
-    ident = _identity(requests_per_second=20, burst=20)
-    store = await _started(rs.url, ident, reg)
+    store, ident = await _started(rs.url, _tenant(requests_per_second=20, burst=20), reg)
     t = ident.tenants["t"]
     try:
         assert reg.get("velocity_state_store_up") is not None and store.up
@@ -142,7 +142,7 @@ async def test_an_unreachable_store_falls_back_to_the_local_bucket_and_reconcile
         assert not store.up and store.errors >= 1
         admitted = sum(t.take() == 0.0 for _ in range(100))
         assert 1 <= admitted <= 21  # the configured limit, by this replica alone
-        spent = t.shared.spent
+        spent = t.request_bucket.spent
         assert spent >= admitted
         rs.start()
         await wait_until(lambda: store.up, 5.0, what="the store back")
@@ -154,8 +154,7 @@ async def test_an_unreachable_store_falls_back_to_the_local_bucket_and_reconcile
 
 
 async def test_a_store_that_never_answers_is_not_waited_on(rs):
-    ident = _identity(requests_per_second=50, burst=5)
-    store = await _started(rs.url, ident)
+    store, ident = await _started(rs.url, _tenant(requests_per_second=50, burst=5))
     t = ident.tenants["t"]
     try:
         rs.pause()
@@ -184,22 +183,21 @@ def test_without_the_redis_package_state_store_is_a_config_error(monkeypatch):
     assert load_settings(None, {}, env={}).state_store is None  # not asked for: not needed
 
 
-async def test_a_reload_keeps_the_lease_of_a_bucket_whose_limits_did_not_change(rs):
-    old = Identity(_Settings(TenantConfig(name="t", requests_per_second=10),
-                             TenantConfig(name="u", tokens_per_minute=600)))
-    store = await _started(rs.url, old)
+async def test_a_reload_keeps_the_share_of_a_bucket_whose_limits_did_not_change(rs):
+    store, old = await _started(rs.url, _Settings(TenantConfig(name="t", requests_per_second=10),
+                                                  TenantConfig(name="u", tokens_per_minute=600)))
     try:
-        lease_t, lease_u = old.tenants["t"].shared, old.tenants["u"].tshared
-        assert lease_t.lease > 0 and lease_u.lease > 0
+        share_t, share_u = old.tenants["t"].request_bucket, old.tenants["u"].token_bucket
+        assert share_t.held > 0 and share_u.held > 0
         new = Identity(_Settings(TenantConfig(name="t", requests_per_second=10),
                                  TenantConfig(name="u", tokens_per_minute=1200),
-                                 TenantConfig(name="v", requests_per_second=5)))
+                                 TenantConfig(name="v", requests_per_second=5)), store)
         store.attach(new)
-        assert new.tenants["t"].shared is lease_t  # same limits: the same lease
-        assert new.tenants["u"].tshared is not lease_u and new.tenants["u"].tshared.cap == 1200
-        assert new.tenants["v"].shared is not None and new.tenants["v"].tshared is None
+        assert new.tenants["t"].request_bucket is share_t  # same limits: the same share
+        assert new.tenants["u"].token_bucket is not share_u and new.tenants["u"].token_bucket.cap == 1200
+        assert isinstance(new.tenants["v"].request_bucket, StoreBucket) and new.tenants["v"].token_bucket is None
         assert set(store.buckets) == {"velocity:tenant:t:requests", "velocity:tenant:u:tokens",
                                       "velocity:tenant:v:requests"}
-        await wait_until(lambda: new.tenants["v"].shared.lease > 0, 2.0, what="the new tenant's first lease")
+        await wait_until(lambda: new.tenants["v"].request_bucket.held > 0, 2.0, what="the new tenant's first share")
     finally:
         await store.close()
