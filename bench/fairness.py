@@ -76,10 +76,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 from bench.lib.engines import Engines, engine_hits
 from velocity_fast.config import EndpointConfig, load_settings
 from velocity_fast.gateway.app import Gateway
+
+ROOT = Path(__file__).resolve().parents[1]
 
 MODEL = "sim-model"
 VARIANTS = ("rr", "vtc-estimate", "vtc-actual", "locality")

@@ -64,7 +64,7 @@ from bench.lib import processes, pyspy
 from bench.lib.bodies import BODY, STREAM_BODY, chat_body
 from bench.lib.load import run_load
 from bench.lib.processes import Procs
-from bench.lib.procfs import CLK_TCK, core_times, cpu_ticks, cpu_model, runq_wait_ns
+from bench.lib.procfs import CLK_TCK, core_times, cpu_model, cpu_ticks, runq_wait_ns
 from bench.lib.targets import REPO, Target, nginx_version, start_gateway, start_nginx, start_upstream
 
 # Goals (bench/README.md, "Goals"): the gateway's req/s at least half nginx's (the floor) and at

@@ -35,8 +35,8 @@ import asyncio
 import json
 import os
 import random
-import statistics
 import signal
+import statistics
 import sys
 import tempfile
 import time

@@ -17,7 +17,6 @@ import httptools
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-
 MODEL = "sim-model"
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/generate")
 

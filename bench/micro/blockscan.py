@@ -44,8 +44,8 @@ MODEL = "fixed"
 
 def _worker(kib: int, path: str, n: int) -> None:
     import msgspec
-    from bench.lib.bodies import chat_body
 
+    from bench.lib.bodies import chat_body
     from velocity_fast.gateway.request_types import ProxyRequest
     from velocity_fast.gateway.requests import decode_proxy, decode_proxy_compact
     from velocity_fast.routing.blockscan import hash_json, hash_messages

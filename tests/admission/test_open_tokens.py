@@ -1,6 +1,5 @@
 """The output tokens of a request that names no max tokens: a documented starting value,
 then what the pool's engines returned for such requests (admission/estimators.pyx)."""
-import pytest
 
 from tests.admission.test_admission import make
 from velocity_fast.admission.estimators import OPEN_START_CHAT, OPEN_START_TEXT, OPEN_WINDOW, OutputEstimate

@@ -81,7 +81,7 @@ def test_each_fd_is_named_by_kind_through_its_socket_ports():
         # This process is both ends: the accepted side is on the client port (client), the
         # connecting side's remote port is the "engine"'s (pool), the listeners are other.
         assert any(f"client connection :{port} <-" in d for d in fds["client"]), fds
-        assert any(f"engine e1 connection" in d and f"-> :{other_port}" in d for d in fds["pool"]), fds
+        assert any("engine e1 connection" in d and f"-> :{other_port}" in d for d in fds["pool"]), fds
         assert any(f"tcp listening on :{port}" in d for d in fds["other"]), fds
         assert not fds["store"] and not fds["events"]
     finally:

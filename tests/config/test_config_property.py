@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from pathlib import Path
 
 import msgspec
 import orjson

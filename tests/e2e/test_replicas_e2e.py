@@ -17,9 +17,9 @@ import time
 
 import pytest
 
+from tests.support.gateway import wait_until
 from velocity_fast.loadgen.client import Client
 from velocity_fast.loadgen.isolation import LOW_BODY, SCENARIOS, Fleet, wire
-from tests.support.gateway import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timed]  # a delay in seconds
 
@@ -99,8 +99,9 @@ async def test_a_replica_sees_the_others_work_within_a_few_scrapes(tmp_path):
     gauges have been scraped (every 100 ms by default). Measured from the moment the
     requests were sent; bounded at 1 s (the scrape interval, the engines' first step and
     a loaded machine's delays, with room)."""
-    from velocity_fast.harness.probe import http_get
     import orjson
+
+    from velocity_fast.harness.probe import http_get
 
     fleet = Fleet(SCENARIOS["seqs-16"], "dynamic", str(tmp_path), replicas=2)
     fleet.start()

@@ -7,7 +7,6 @@ state_store is refused at start with the key named."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from contextlib import ExitStack, contextmanager
 

@@ -18,8 +18,8 @@ import time
 import pytest
 
 from tests.support.procs import stat_fields
-from velocity_fast.loadgen.client import Client
 from velocity_fast.harness.probe import http_get
+from velocity_fast.loadgen.client import Client
 from velocity_fast.loadgen.isolation import LOW_BODY, Fleet, wire
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timed]  # latency ratios

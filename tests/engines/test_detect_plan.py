@@ -14,8 +14,8 @@ from tests.support.fakes import FAKES_DIR, make_model_folder
 from velocity_fast.engines.app import detect_main, prepare_engines
 from velocity_fast.engines.detect import GPU
 from velocity_fast.engines.errors import PlanError, VllmNotFound
-from velocity_fast.engines.models import ModelChoice
 from velocity_fast.engines.flags import add_engine_arguments
+from velocity_fast.engines.models import ModelChoice
 from velocity_fast.engines.plan import plan_engines
 
 
@@ -259,8 +259,8 @@ def test_vllm_gets_at_most_its_models_own_context(tmp_path):
 def test_a_sim_engine_has_kv_blocks_for_one_whole_sequence():
     """Without --num-gpu-blocks a sim sized for long prompts can hold one (vLLM would not start
     otherwise); an explicit count is kept, and checked."""
-    from velocity_fast.sim.settings import SimConfig
     from velocity_fast.sim.flags import add_arguments
+    from velocity_fast.sim.settings import SimConfig
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import stat_fields
 from tests.support.fakes import (
     FakeMachine,
     free_port_block,
@@ -26,6 +25,7 @@ from tests.support.fakes import (
     make_model_folder,
     wait_until,
 )
+from tests.support.procs import stat_fields
 
 SIM_ARGS = "--time-scale 20"
 
@@ -75,7 +75,7 @@ class Charge:
         assert wait_until(ready, timeout, 0.1), self.output()
 
     def engine_pids(self) -> set[int]:
-        return {l["pid"] for l in self.machine.launches()}
+        return {launch["pid"] for launch in self.machine.launches()}
 
     def chat(self, timeout: float = 20.0):
         body = json.dumps({"model": "tiny-model", "max_tokens": 8,
@@ -127,8 +127,8 @@ def test_two_gpus_two_engines_serving_through_the_gateway(charge, model):
     c = charge(2, "--model-path", str(model))
     c.wait_ready()
     launches = c.machine.launches()
-    assert sorted(l["cuda_visible_devices"] for l in launches) == ["0", "1"]
-    assert len({l["port"] for l in launches}) == 2
+    assert sorted(launch["cuda_visible_devices"] for launch in launches) == ["0", "1"]
+    assert len({launch["port"] for launch in launches}) == 2
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda _: c.chat(), range(40)))
     assert all(status == 200 for status, _ in results), results
@@ -139,7 +139,7 @@ def test_two_gpus_two_engines_serving_through_the_gateway(charge, model):
 def test_tp2_on_four_gpus_gives_two_engines(charge, model):
     c = charge(4, "--model-path", str(model), "--tensor-parallel-size", "2")
     c.wait_ready()
-    assert sorted(l["cuda_visible_devices"] for l in c.machine.launches()) == ["0,1", "2,3"]
+    assert sorted(launch["cuda_visible_devices"] for launch in c.machine.launches()) == ["0,1", "2,3"]
     status, endpoint = c.chat()
     assert status == 200 and endpoint in ("vllm-gpu0-1", "vllm-gpu2-3")
 
@@ -158,7 +158,7 @@ def test_a_crashed_engine_is_restarted_and_the_other_serves_meanwhile(charge, mo
     results = []  # (finished at, status, endpoint)
 
     def gpu0_launches():
-        return [l for l in c.machine.launches() if l["cuda_visible_devices"] == "0"]
+        return [launch for launch in c.machine.launches() if launch["cuda_visible_devices"] == "0"]
 
     def worker():
         deadline = time.monotonic() + 40

@@ -88,9 +88,9 @@ async def test_two_gpus_start_two_engines_with_distinct_devices_and_ports(fake_m
         await sup.start()
         assert sup.states() == {"vllm-gpu0": "ready", "vllm-gpu1": "ready"}
         launches = machine.launches()
-        assert sorted(l["cuda_visible_devices"] for l in launches) == ["0", "1"]
-        assert len({l["port"] for l in launches}) == 2
-        by_device = {l["cuda_visible_devices"]: l for l in launches}
+        assert sorted(launch["cuda_visible_devices"] for launch in launches) == ["0", "1"]
+        assert len({launch["port"] for launch in launches}) == 2
+        by_device = {launch["cuda_visible_devices"]: launch for launch in launches}
         for spec in plan.specs:
             rec = by_device[spec.env["CUDA_VISIBLE_DEVICES"]]
             assert rec["port"] == spec.port and rec["served_model_name"] == ["tiny-model"]
@@ -118,9 +118,9 @@ async def test_tp2_on_four_gpus_gives_two_engines(fake_machine, model, tmp_path)
         assert len(sup.endpoints()) == 2
         assert set(sup.states().values()) == {"ready"}
         launches = machine.launches()
-        assert sorted(l["cuda_visible_devices"] for l in launches) == ["0,1", "2,3"]
-        for l in launches:
-            argv = l["argv"]
+        assert sorted(launch["cuda_visible_devices"] for launch in launches) == ["0,1", "2,3"]
+        for launch in launches:
+            argv = launch["argv"]
             assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
         pids = list(sup.pids().values())
     assert wait_until(lambda: not group_members(pids), 10)
@@ -157,7 +157,7 @@ async def test_a_crashed_engine_is_restarted_while_the_other_keeps_serving(fake_
         assert sup.restarts()["vllm-gpu0"] == 1 and sup.restarts()["vllm-gpu1"] == 0
         status, _ = await chat(dict((n, u) for n, u, _ in sup.endpoints())["vllm-gpu0"], "tiny-model")
         assert status == 200
-        gpu0 = [l for l in machine.launches() if l["cuda_visible_devices"] == "0"]
+        gpu0 = [launch for launch in machine.launches() if launch["cuda_visible_devices"] == "0"]
         assert len(gpu0) == 2  # the restart is a new `vllm serve` on the same GPU
     finally:
         await sup.stop()
@@ -291,7 +291,7 @@ async def test_cancelling_start_while_engines_load_leaves_no_child(fake_machine,
         if len(machine.launches()) == 2:
             break
         await asyncio.sleep(0.05)
-    pids = {l["pid"] for l in machine.launches()}
+    pids = {launch["pid"] for launch in machine.launches()}
     assert len(pids) == 2 and sup.states() == {"vllm-gpu0": "starting", "vllm-gpu1": "starting"}
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -8,15 +8,14 @@ import orjson
 import pytest
 
 from tests.support.bench import fixed_upstream
+from velocity_fast.harness.ports import free_port
 from velocity_fast.loadgen.app import loadgen_main
 from velocity_fast.loadgen.bench_cmd import BENCH_DEFAULTS, peak_rate
-from velocity_fast.harness.ports import free_port
-from velocity_fast.loadgen.mix import Mix, parse_dist
 from velocity_fast.loadgen.flags import add_loadgen_arguments
+from velocity_fast.loadgen.mix import Mix, parse_dist
 from velocity_fast.loadgen.runner import run_workload
 from velocity_fast.loadgen.stats import summarize
 from velocity_fast.loadgen.workload import WorkloadConfig, build_workload
-
 
 
 @pytest.fixture

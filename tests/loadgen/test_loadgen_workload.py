@@ -6,8 +6,8 @@ import msgspec
 import orjson
 import pytest
 
-from velocity_fast.loadgen.mix import Mix, load_mix, mix_from_args, parse_bands, parse_dist
 from velocity_fast.loadgen.flags import add_loadgen_arguments
+from velocity_fast.loadgen.mix import Mix, load_mix, mix_from_args, parse_bands, parse_dist
 from velocity_fast.loadgen.workload import WorkloadConfig, build_workload
 
 

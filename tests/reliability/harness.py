@@ -13,12 +13,31 @@ import random
 from collections import Counter
 
 from bench.lib.hostile import (  # noqa: F401  (re-exported: the tests use them as h.NAME)
-    FIELDS, HANG_S, MODEL, READ_TIMEOUT_S, ROUTES, Outcome, Tally, _by_hand, body_case, body_cases, config_yaml,
-    exchange, head_cases, metrics, mutate_head, odd_value, request_bytes, run_cases, seed_heads, served, total,
-    valid_body)
+    FIELDS,
+    HANG_S,
+    MODEL,
+    READ_TIMEOUT_S,
+    ROUTES,
+    Outcome,
+    Tally,
+    _by_hand,
+    body_case,
+    body_cases,
+    config_yaml,
+    exchange,
+    head_cases,
+    metrics,
+    mutate_head,
+    odd_value,
+    request_bytes,
+    run_cases,
+    seed_heads,
+    served,
+    total,
+    valid_body,
+)
 from bench.lib.stack import Stack, gateway_stack  # noqa: F401  (re-exported: h.gateway_stack, h.Stack)
 from tests.support.gateway import ScriptedServer
-
 
 # -- the engine side: a fake engine that answers each request with one fault --------------------
 

@@ -7,8 +7,14 @@ import sys
 
 import pytest
 
-from velocity_fast.routing.prefix import (BlockHashes, PrefixHasher, PrefixIndex, block_digest, choose_by_affinity,
-                                          hash_bytes)
+from velocity_fast.routing.prefix import (
+    BlockHashes,
+    PrefixHasher,
+    PrefixIndex,
+    block_digest,
+    choose_by_affinity,
+    hash_bytes,
+)
 
 BLOCK = 64
 

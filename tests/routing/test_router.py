@@ -6,7 +6,8 @@ from types import MappingProxyType
 
 import pytest
 
-from tests.support.fleet import make_pool, scrape, make_router as router
+from tests.support.fleet import make_pool, scrape
+from tests.support.fleet import make_router as router
 from velocity_fast.fleet.endpoint import Endpoint, Pool
 from velocity_fast.metrics.registry import Registry
 from velocity_fast.routing.errors import UnknownProfile

@@ -8,8 +8,7 @@ import pytest
 
 from tests.support.fleet import make_pool
 from velocity_fast.metrics.registry import Registry
-from velocity_fast.routing.prefix import (THIN_BLOCKS_AFTER, THIN_BLOCKS_FACTOR, BlockHashes, PrefixHasher,
-                                          PrefixIndex)
+from velocity_fast.routing.prefix import THIN_BLOCKS_AFTER, THIN_BLOCKS_FACTOR, BlockHashes, PrefixHasher, PrefixIndex
 from velocity_fast.routing.router import Router
 from velocity_fast.routing.settings import RoutingSettings
 

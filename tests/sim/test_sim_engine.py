@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from velocity_fast.sim.settings import SimConfig
 from velocity_fast.sim.engine import DONE, Engine, Failure, Sequence
+from velocity_fast.sim.settings import SimConfig
 from velocity_fast.sim.tokens import block_hashes, count_tokens, request_rng
 
 

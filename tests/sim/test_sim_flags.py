@@ -5,8 +5,8 @@ import argparse
 
 import pytest
 
-from velocity_fast.sim.settings import SimConfig
 from velocity_fast.sim.flags import add_arguments
+from velocity_fast.sim.settings import SimConfig
 
 
 def parse(*argv: str) -> SimConfig:

@@ -7,7 +7,6 @@ objects made under two attaches. The real processes are in tests/e2e/test_worker
 """
 import asyncio
 import multiprocessing
-import os
 import time
 
 import pytest
@@ -15,8 +14,8 @@ import pytest
 from velocity_fast.admission.controller import Admission, Ticket
 from velocity_fast.admission.settings import AdmissionSettings
 from velocity_fast.fleet.endpoint import Endpoint, Pool
-from velocity_fast.state.shm import SharedState, attach, attached, detach
 from velocity_fast.gateway.identity import Tenant
+from velocity_fast.state.shm import SharedState, attach, attached, detach
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,7 +7,6 @@ configuration (its ``bands``, ``sla_ms``, ``max_concurrency`` and the free-form
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any
 
 import msgspec

@@ -9,7 +9,7 @@ from typing import Annotated, Union
 
 import msgspec
 
-__all__ = ["ProxyRequest", "GenerateRequest", "StreamOptions", "BadRequest", "GATEWAY_FIELDS", "MAX_TOKENS_LIMIT"]
+__all__ = ["ProxyRequest", "GenerateRequest", "StreamOptions", "GATEWAY_FIELDS", "MAX_TOKENS_LIMIT"]
 
 # Fields that belong to the gateway: engines may refuse them (vLLM answers 400 to
 # `priority` unless it runs the priority scheduler), so they are removed before forwarding.

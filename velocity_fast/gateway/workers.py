@@ -319,8 +319,8 @@ class WorkerSupervisor:
     # -- lifecycle ---------------------------------------------------------------------------
     async def main(self, stop: asyncio.Event):
         """Started under run_until_signalled: returns the drain."""
-        from velocity_fast.state.shm import SharedState
         from velocity_fast.server.http_server import HTTPServer
+        from velocity_fast.state.shm import SharedState
 
         self._stop = stop
         self._all_serving = asyncio.Event()

@@ -163,7 +163,7 @@ def bench_main(args) -> int:
 
     from .app import describe
     from .compare import format_table, medians, verdict
-    from .report import plain_args, print_to, write_csv, write_json
+    from .report import print_to, write_csv, write_json
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICIES]

@@ -17,15 +17,31 @@ from velocity_fast.http.message import Request
 from velocity_fast.server.connection import Responder
 from velocity_fast.sim.errors import BadRequest
 
-from .settings import SimConfig
 from .engine import Engine, Sequence
 from .extra import MODEL_PREFIX, extra_routes
-from .responses import SYSTEM_FINGERPRINT, VLLM_VERSION, RequestMeta, StreamSink, WholeSink
-from .schema import (ChatRequest, CompletionRequest, chat_decoder, completion_decoder, message_texts,
-                     render_chat, render_prompt, tokenize_decoder)
-from .tokens import (MAX_LOGPROBS, VOCAB_BITS, TextTokenizer, block_hashes, count_tokens, pseudo_token_ids,
-                     request_rng, stop_point, token_block_hashes)
-from .responses import Choice
+from .responses import SYSTEM_FINGERPRINT, VLLM_VERSION, Choice, RequestMeta, StreamSink, WholeSink
+from .schema import (
+    ChatRequest,
+    CompletionRequest,
+    chat_decoder,
+    completion_decoder,
+    message_texts,
+    render_chat,
+    render_prompt,
+    tokenize_decoder,
+)
+from .settings import SimConfig
+from .tokens import (
+    MAX_LOGPROBS,
+    VOCAB_BITS,
+    TextTokenizer,
+    block_hashes,
+    count_tokens,
+    pseudo_token_ids,
+    request_rng,
+    stop_point,
+    token_block_hashes,
+)
 
 _NOT_FOUND = b'{"detail":"Not Found"}'
 _NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'

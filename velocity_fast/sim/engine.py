@@ -18,9 +18,9 @@ import random
 from collections import deque
 from typing import Protocol
 
-from .settings import SimConfig
 from .kvcache import Allocation, KVCache
 from .metrics import SimMetrics
+from .settings import SimConfig
 from .tokens import VOCAB_BITS
 
 log = logging.getLogger("velocity.sim")

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from velocity_fast.metrics.registry import Registry
 
 if TYPE_CHECKING:
-    from .settings import SimConfig
     from .engine import Engine, Sequence
+    from .settings import SimConfig
 
 LABELS = ("model_name", "engine")
 

@@ -1,5 +1,4 @@
 """Stubs for velocity_fast.upstream.pool (a keep-alive connection pool per engine endpoint)."""
-from typing import Any
 
 from velocity_fast.upstream.connection import ResponseHandler, UpstreamConnection
 

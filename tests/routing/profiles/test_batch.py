@@ -1,6 +1,7 @@
 """The batch profile (velocity_fast/routing/profiles/batch.pyx): the shortest queue."""
 
-from tests.support.fleet import make_pool, scrape, make_router as router
+from tests.support.fleet import make_pool, scrape
+from tests.support.fleet import make_router as router
 
 
 def chat(user):

@@ -9,7 +9,6 @@ import time
 import pytest
 
 from tests.support.fleet import make_pool
-
 from velocity_fast.routing.prefix import BlockHashes
 from velocity_fast.routing.profiles.chat import DEMAND_DEPTH, DEMAND_KEYS, PrefixDemand, engine_queues
 

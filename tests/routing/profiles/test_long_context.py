@@ -1,6 +1,7 @@
 """The long-context profile (velocity_fast/routing/profiles/long_context.pyx): the most free KV cache."""
 
-from tests.support.fleet import make_pool, scrape, make_router as router
+from tests.support.fleet import make_pool, scrape
+from tests.support.fleet import make_router as router
 
 
 def test_long_context_takes_the_most_free_kv():
