@@ -21,7 +21,7 @@ from velocity_fast.gateway.ingress import Ingress, band_for, handle_client, new_
 from velocity_fast.gateway.identity import Identity
 from velocity_fast.gateway.kv import KVFleet
 from velocity_fast.gateway.observability import GatewayMetrics
-from velocity_fast.gateway.policy import make_admission, make_router, routing_settings
+from velocity_fast.gateway.assemble import build_admission, build_router, routing_settings
 from velocity_fast.gateway.requests import decode_generate
 from velocity_fast.gateway.routes import GENERATION_ROUTES, MODEL_PREFIX, RELAY_ROUTES, OtherRoutes
 from velocity_fast.http.message import Request
@@ -110,11 +110,11 @@ class Gateway:
         self.started_at = time.monotonic()
         self.metrics = GatewayMetrics(self.registry, self)
         self.monitor = EndpointMonitor(settings.health, self._on_endpoint_change, self._on_metrics)
-        self.admission = make_admission(settings, self.pools, self.registry)
+        self.admission = build_admission(settings, self.pools, self.registry)
         # KV events of the endpoints that publish them; the token side of precise pools.
         self.kv = KVFleet(self.registry, lambda: self.endpoints, lambda: self.monitor.prefix_cache)
-        self.router = make_router(settings, self.registry,
-                                  precise=self.kv.precise_for(routing_settings(settings)))
+        self.router = build_router(settings, self.registry,
+                                   precise=self.kv.precise_for(routing_settings(settings)))
         self.band_names = [b.name for b in settings.bands]
         self.default_band = self.resolve_default_band()
         self.client_server: HTTPServer | None = None

@@ -1,4 +1,7 @@
-"""Where the gateway gets its admission controller and router from."""
+"""Builds the gateway's admission controller and router from the settings.
+
+The admission policies themselves (static, dynamic, smart) live in admission/policies.py.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +13,10 @@ from velocity_fast.metrics.registry import Registry
 from velocity_fast.routing.router import Router
 from velocity_fast.routing.settings import RoutingSettings
 
-__all__ = ["make_admission", "make_router", "routing_settings"]
+__all__ = ["build_admission", "build_router", "routing_settings"]
 
 
-def make_admission(settings: Settings, pools: dict[str, Pool], registry: Registry) -> Admission:
+def build_admission(settings: Settings, pools: dict[str, Pool], registry: Registry) -> Admission:
     return Admission(settings, pools, policy=settings.policy, registry=registry)
 
 
@@ -30,6 +33,6 @@ def routing_settings(settings: Settings) -> RoutingSettings:
     return RoutingSettings.from_config(data, settings.models)
 
 
-def make_router(settings: Settings, registry: Registry, precise=None) -> Router:
+def build_router(settings: Settings, registry: Registry, precise=None) -> Router:
     """The router; ``precise``: the token side of precise pools (gateway/kv.py), or None."""
     return Router(routing_settings(settings), registry=registry, precise=precise)
