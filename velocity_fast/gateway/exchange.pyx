@@ -6,7 +6,7 @@ parser callbacks: a whole answer from the last one, a stream event by event as e
 piece arrives (reading from the engine pauses while the client's buffer is full).
 
 The front door (gateway/ingress.pyx) makes one for every proxied route: the OpenAI
-routes as they are, /generate with its answer reshaped (``start_native``). A connect
+routes as they are, /generate with its answer reshaped (``generate``). A connect
 failure is retried once elsewhere. Every admitted request ends its lease exactly once, a
 client that leaves included ("cancelled", engine connection aborted). The Ingress
 supplies the shared parts: router, admission, monitor, metrics and reject.
@@ -17,7 +17,7 @@ import logging
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.string cimport memcmp
 
-from velocity_fast.admission.bands cimport set_locality
+from velocity_fast.admission.bands cimport VF_BYTES_PER_TOKEN, set_locality
 from velocity_fast.admission.controller cimport Admission, Lease, Ticket, set_waiter
 from velocity_fast.gateway.ingress cimport Ingress, count_reject, count_request, internal_error, settle
 from velocity_fast.gateway.usage cimport USAGE_EVENT_LEN, answer_usage, read_usage, unframe, usage_event_at
@@ -685,12 +685,13 @@ def start_generation(Ingress ingress, Request req, Responder resp, str route, po
                      bytes body, str rid, tenant, double q_est, bint stream):
     """/v1/responses and /v1/messages on the same path as chat (gateway/routes.py):
     admission, routing, the engine's answer relayed as it comes, usage read from their
-    own shapes (GenExchange). ``tenant``, ``q_est``: as start_native's."""
+    own shapes (GenExchange). ``tenant``: the configured tenant, ``q_est``: the tokens
+    drawn from its quota (settled from the answer's usage)."""
     cdef GenExchange x = <GenExchange>_fill(GenExchange.__new__(GenExchange), ingress, req, resp, route, pool,
                                             ticket, info, body, rid)
     x.tenant = tenant
     x.q_est = q_est
-    x.prompt_est = <long long>(ticket.prompt_bytes / 4.0)
+    x.prompt_est = <long long>(ticket.prompt_bytes / VF_BYTES_PER_TOKEN)
     x.stream_req = stream
     x.want_usage = tenant is not None or x.adm.settle_usage
     x.tail = b""
