@@ -66,12 +66,12 @@ cdef class Admission
 cdef class Lease
 
 
-# A queued request's waiter that the dispatch cycle drives with C calls: the layer above
-# registers its waiter class once, with two functions (``set_waiter``). Any other waiter is
-# driven like an asyncio future (``done()``, ``set_result()``, ``set_exception()``).
+# A queued request's waiter that the dispatch cycle drives with C calls: whoever builds an
+# Admission tells it its waiter class, with two functions (``Admission.set_waiter``; the
+# gateway's assembler does, gateway/assemble.py). Any other waiter is driven like an
+# asyncio future (``done()``, ``set_result()``, ``set_exception()``).
 ctypedef bint (*waiting_fn)(object waiter) except -1
 ctypedef void (*granted_fn)(object waiter, Lease lease) except *
-cdef void set_waiter(type kind, waiting_fn waiting, granted_fn granted) noexcept
 
 
 cdef class Lease(RoomFilter):
@@ -153,7 +153,13 @@ cdef class Admission:
     cdef unsigned long long _soft_breaks  # bit b: band b's soft scale differs from band b-1's
     cdef int _borrow_from         # the first band that may borrow past its ceiling (nbands: none)
     cdef double _borrow_after     # seconds without a higher band's request before it may
+    # The waiter class driven as C, and its two functions (set_waiter; None, NULL: none).
+    cdef type _waiter_type
+    cdef waiting_fn _c_waiting
+    cdef granted_fn _c_granted
 
+    cdef void set_waiter(self, type kind, waiting_fn waiting, granted_fn granted) noexcept
+    cdef inline bint _waiting(self, waiter) except -1
     cdef double _now(self) except? -1.0
     cdef double _pool_sat(self, PoolState ps, double now, int band) except? -1.0
     cdef double _endpoint_sat(self, EndpointLoad load, double now, int band) except? -1.0

@@ -238,28 +238,9 @@ cdef inline void _unqueue(PoolState ps, Item item):
 
 # -- the waiter -----------------------------------------------------------------------------
 
-cdef type _waiter_type = None
-cdef waiting_fn _c_waiting = NULL
-cdef granted_fn _c_granted = NULL
-
-
-cdef void set_waiter(type kind, waiting_fn waiting, granted_fn granted) noexcept:
-    """Register the class of waiter the dispatch cycle drives as C (the gateway's exchange):
-    ``waiting(w)`` is True while it still waits; ``granted(w, lease)`` schedules its work."""
-    global _waiter_type, _c_waiting, _c_granted
-    _waiter_type, _c_waiting, _c_granted = kind, waiting, granted
-
-
 cdef inline object _key(obj):
     """``id(obj)`` without the call to the builtin."""
     return PyLong_FromVoidPtr(<void*>obj)
-
-
-cdef inline bint _waiting(waiter) except -1:
-    """A queued request's waiter still waits: a Waiter asked as C, a future as a future."""
-    if type(waiter) is _waiter_type:
-        return _c_waiting(waiter)
-    return not waiter.done()
 
 
 # -- the lease ----------------------------------------------------------------------------
@@ -720,6 +701,19 @@ cdef class Admission:
         self.cached_weight = s.fairness_cached_weight
         self.settle_usage = p.counts_tokens and s.fairness_charge == "actual"
 
+    cdef void set_waiter(self, type kind, waiting_fn waiting, granted_fn granted) noexcept:
+        """Drive waiters of class ``kind`` (the gateway's exchange) as C: ``waiting(w)`` is
+        True while it still waits; ``granted(w, lease)`` schedules its work. Set by whoever
+        builds this Admission (gateway/assemble.py), before its first request."""
+        self._waiter_type, self._c_waiting, self._c_granted = kind, waiting, granted
+
+    cdef inline bint _waiting(self, waiter) except -1:
+        """A queued request's waiter still waits: one of the class set asked as C, a
+        future as a future."""
+        if type(waiter) is self._waiter_type:
+            return self._c_waiting(waiter)
+        return not waiter.done()
+
     cdef double _now(self) except? -1.0:
         if self._mono:
             return monotonic()
@@ -864,7 +858,7 @@ cdef class Admission:
         elif ps.shm != NULL:
             _publish(ps)
         # Under load the tick is already armed: no need to ask the waiter.
-        if self._tick is None and _waiting(waiter):
+        if self._tick is None and self._waiting(waiter):
             self._arm()
         return item
 
@@ -1129,7 +1123,7 @@ cdef class Admission:
                     break
                 _unqueue(ps, item)
                 fut = item.waiter
-                if not _waiting(fut):
+                if not self._waiting(fut):
                     if item.charged_to is not None:  # charged at the pop, never served
                         q.settle(item.charged_to, item.charged, 0.0)
                     continue
@@ -1153,8 +1147,8 @@ cdef class Admission:
                 if item.charged_to is not None:  # token fairness: for the settlement
                     (<Lease>lease)._fair_t = item.charged_to
                     (<Lease>lease).fair_charged = item.charged
-                if type(fut) is _waiter_type:
-                    _c_granted(fut, lease)
+                if type(fut) is self._waiter_type:
+                    self._c_granted(fut, lease)
                 else:
                     fut.set_result(lease)
 

@@ -9,6 +9,7 @@ from velocity_fast.admission.controller import Admission
 from velocity_fast.admission.settings import AdmissionSettings
 from velocity_fast.config import Settings
 from velocity_fast.fleet.endpoint import Pool
+from velocity_fast.gateway.exchange import drive_exchanges
 from velocity_fast.metrics.registry import Registry
 from velocity_fast.routing.router import Router
 from velocity_fast.routing.settings import RoutingSettings
@@ -17,7 +18,11 @@ __all__ = ["build_admission", "build_router", "routing_settings"]
 
 
 def build_admission(settings: Settings, pools: dict[str, Pool], registry: Registry) -> Admission:
-    return Admission(settings, pools, policy=settings.policy, registry=registry)
+    """The admission controller, told to drive the gateway's exchanges (its queue's
+    waiters) as C."""
+    adm = Admission(settings, pools, policy=settings.policy, registry=registry)
+    drive_exchanges(adm)
+    return adm
 
 
 def routing_settings(settings: Settings) -> RoutingSettings:

@@ -18,7 +18,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.string cimport memcmp
 
 from velocity_fast.admission.bands cimport VF_BYTES_PER_TOKEN, set_locality
-from velocity_fast.admission.controller cimport Admission, Lease, Ticket, set_waiter
+from velocity_fast.admission.controller cimport Admission, Lease, Ticket
 from velocity_fast.gateway.ingress cimport Ingress, count_reject, count_request, internal_error, settle
 from velocity_fast.gateway.usage cimport USAGE_EVENT_LEN, answer_usage, read_usage, unframe, usage_event_at
 from velocity_fast.routing.route cimport RouteInfo
@@ -125,7 +125,7 @@ def _run_grants(Ingress ingress):
 # (it ignored the decorator here, with a warning at every build).
 cdef class Exchange(ResponseHandler):
     """See the module doc. The engine connection's response handler (called as C), and admission's
-    waiter while queued (registered below with ``set_waiter``: the dispatch cycle calls
+    waiter while queued (``drive_exchanges`` tells admission so: the dispatch cycle calls
     ``waiting`` and ``granted`` as C)."""
 
     cpdef start(self):
@@ -634,7 +634,12 @@ cdef double _x_locality(object x) except? -1.0:
     return (<Router?>e.ingress.router).cached_room(e.pool, e.info)
 
 
-set_waiter(Exchange, _x_waiting, _x_granted)
+def drive_exchanges(Admission adm not None):
+    """Have ``adm``'s dispatch cycle drive the gateway's exchanges as C (a waiting check and
+    a grant, no Python call); the gateway's assembler calls it on every Admission it builds."""
+    adm.set_waiter(Exchange, _x_waiting, _x_granted)
+
+
 set_locality(_x_locality)
 
 
