@@ -1,7 +1,7 @@
 # Admission's request path, typed (see controller.pyx for the why).
 
 from velocity_fast.admission.aimd cimport AimdLimit
-from velocity_fast.admission.bands cimport BandQueues, Item, TenantQueue
+from velocity_fast.admission.bands cimport BandQueues, Item, TenantQueue, locality_fn
 from velocity_fast.fleet.endpoint cimport Endpoint, RoomFilter
 from velocity_fast.fleet.shared cimport vf_pool
 from velocity_fast.metrics.values cimport Value
@@ -157,9 +157,11 @@ cdef class Admission:
     cdef type _waiter_type
     cdef waiting_fn _c_waiting
     cdef granted_fn _c_granted
+    cdef locality_fn _locality    # how a queued request's prefix stands (set_locality; NULL: unknown)
 
     cdef void set_waiter(self, type kind, waiting_fn waiting, granted_fn granted) noexcept
     cdef inline bint _waiting(self, waiter) except -1
+    cdef void set_locality(self, locality_fn fn) except *
     cdef double _now(self) except? -1.0
     cdef double _pool_sat(self, PoolState ps, double now, int band) except? -1.0
     cdef double _endpoint_sat(self, EndpointLoad load, double now, int band) except? -1.0

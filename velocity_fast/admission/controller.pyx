@@ -707,6 +707,15 @@ cdef class Admission:
         builds this Admission (gateway/assemble.py), before its first request."""
         self._waiter_type, self._c_waiting, self._c_granted = kind, waiting, granted
 
+    cdef void set_locality(self, locality_fn fn) except *:
+        """How a queued request's prefix stands (``fn(waiter)``: the fraction of its prompt
+        an engine with room holds), for the bands whose tenants go by locality; told to
+        every pool's queues, those made later too. Set by whoever builds this Admission."""
+        cdef PoolState ps
+        self._locality = fn
+        for ps in self._pools.values():
+            ps.queues.locality = fn
+
     cdef inline bint _waiting(self, waiter) except -1:
         """A queued request's waiter still waits: one of the class set asked as C, a
         future as a future."""
@@ -996,6 +1005,7 @@ cdef class Admission:
         if ps is None:
             ps = self._pools[model] = PoolState(pools[model], self.policy.make_queues(self.settings),
                                                 self.settings.ewma_alpha)
+            (<PoolState>ps).queues.locality = self._locality
             (<PoolState>ps).shm = pool_slot(model)
         return ps
 

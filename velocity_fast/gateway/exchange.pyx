@@ -17,7 +17,7 @@ import logging
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.string cimport memcmp
 
-from velocity_fast.admission.bands cimport VF_BYTES_PER_TOKEN, set_locality
+from velocity_fast.admission.bands cimport VF_BYTES_PER_TOKEN
 from velocity_fast.admission.controller cimport Admission, Lease, Ticket
 from velocity_fast.gateway.ingress cimport Ingress, count_reject, count_request, internal_error, settle
 from velocity_fast.gateway.usage cimport USAGE_EVENT_LEN, answer_usage, read_usage, unframe, usage_event_at
@@ -624,23 +624,22 @@ cdef void _x_granted(object x, Lease lease) except *:
 
 cdef double _x_locality(object x) except? -1.0:
     """Admission's locality fairness: how much of a queued request's prompt an engine
-    with room holds (the router's prefix index). A waiter of another kind answers with
-    its ``prefix_cached()``, if it has one (else 0)."""
+    with room holds (the router's prefix index); a waiter of another kind (a future) is
+    not known: 0."""
     cdef Exchange e
     if type(x) is not Exchange:
-        fn = getattr(x, "prefix_cached", None)
-        return fn() if fn is not None else 0.0
+        return 0.0
     e = <Exchange>x
     return (<Router?>e.ingress.router).cached_room(e.pool, e.info)
 
 
 def drive_exchanges(Admission adm not None):
     """Have ``adm``'s dispatch cycle drive the gateway's exchanges as C (a waiting check and
-    a grant, no Python call); the gateway's assembler calls it on every Admission it builds."""
+    a grant, no Python call), and its locality fairness ask the router where a queued
+    exchange's prefix is cached; the gateway's assembler calls it on every Admission it
+    builds."""
     adm.set_waiter(Exchange, _x_waiting, _x_granted)
-
-
-set_locality(_x_locality)
+    adm.set_locality(_x_locality)
 
 
 cdef class GenExchange(Exchange):
