@@ -1,7 +1,8 @@
-"""/generate goes through the same front door as the OpenAI routes (gateway/ingress.pyx):
-the bad inputs the completions route refuses, /generate refuses with the same answer (a
-missing or wrong key, a completion past the engines' context, an unknown model or band, a
-tenant over its quota), and each refusal is counted under its route the same way."""
+"""/generate goes through the same front door as the OpenAI routes (gateway/ingress.pyx),
+and so does /v1/messages from its pool on: the bad inputs the completions route refuses,
+they refuse with the same answer (a missing or wrong key, a completion past the engines'
+context, an unknown model or band, a tenant over its quota), and each refusal is counted
+under its route the same way."""
 from __future__ import annotations
 
 import re
@@ -12,13 +13,15 @@ import pytest
 from tests.support.gateway import running_gateway, wait_until
 from tests.support.sim import http_request, sim_engine
 
-ROUTES = ("/v1/completions", "/generate")
+ROUTES = ("/v1/completions", "/generate", "/v1/messages")
 KEY = {"authorization": "Bearer k-open", "content-type": "application/json"}
 TIGHT = {"authorization": "Bearer k-tight", "content-type": "application/json"}
 
 
 def _body(route: str, max_tokens: int, **extra) -> bytes:
     body = {"prompt": "hi", "max_tokens": max_tokens, **extra}
+    if route == "/v1/messages":
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens, **extra}
     if route != "/generate":
         body.setdefault("model", "m1")
     return orjson.dumps(body)
@@ -78,11 +81,12 @@ async def test_generate_refuses_what_completions_refuses_the_same_way():
                 r = await http_request(gw.port, "POST", route, _body(route, 100), TIGHT)
                 got.append((r.status, r.headers.get("x-velocity-reject-reason"), "retry-after" in r.headers,
                             _error(r)["message"]))
-            assert seen["/generate"] == seen["/v1/completions"]
+            assert seen["/generate"] == seen["/v1/completions"] == seen["/v1/messages"]
             assert [g[0] for g in seen["/generate"]] == [401, 401, 400, 404, 400, 429]
             assert seen["/generate"][2][1:] == ("max_tokens", True)
-            assert gw.identity.tenants["tight"].rejections == {"rate-limit": 2}
+            assert gw.identity.tenants["tight"].rejections == {"rate-limit": 3}
             # Every refusal counted under its own route, the same for both.
             text = (await http_request(gw.admin_port, "GET", "/metrics", None, KEY)).body.decode()
             refused = {s: n for s, n in _counts(text, "/v1/completions").items() if s >= 400}
-            assert _counts(text, "/generate") == refused == {401: 2, 400: 2, 404: 1, 429: 1}
+            assert _counts(text, "/generate") == _counts(text, "/v1/messages") == refused
+            assert refused == {401: 2, 400: 2, 404: 1, 429: 1}

@@ -685,8 +685,8 @@ cdef class GenExchange(Exchange):
                 continue  # not the shape expected: the estimate stands
 
 
-def start_generation(Ingress ingress, Request req, Responder resp, str route, pool, Ticket ticket, RouteInfo info,
-                     bytes body, str rid, tenant, double q_est, bint stream):
+cpdef start_generation(Ingress ingress, Request req, Responder resp, str route, pool, Ticket ticket, RouteInfo info,
+                       bytes body, str rid, tenant, double q_est, bint stream):
     """/v1/responses and /v1/messages on the same path as chat (gateway/routes.py):
     admission, routing, the engine's answer relayed as it comes, usage read from their
     own shapes (GenExchange). ``tenant``: the configured tenant, ``q_est``: the tokens

@@ -31,3 +31,7 @@ def settle(ingress: Ingress, route: str, band: str, ep: Any, lease: Any, status:
            error_text: Any, events: int) -> None: ...
 def generate(ingress: Ingress, req: Any, resp: Any) -> Any:
     """POST /generate through the same checks and exchange as the OpenAI routes."""
+def place_generation(ingress: Ingress, req: Any, resp: Any, route: str, rid: str, band: str, tenant: Any,
+                     tenant_name: Any, sla_ms: float | None, model: Any, info: Any, body: bytes,
+                     max_tokens: int | None, param: str, stream: bool) -> Any:
+    """/v1/responses and /v1/messages from their pool on, through the same checks as the OpenAI routes."""

@@ -25,7 +25,7 @@ from velocity_fast.admission.bands cimport VF_BYTES_PER_TOKEN
 from velocity_fast.admission.controller cimport Admission, Lease, Ticket
 from velocity_fast.admission.estimators cimport OutputEstimate
 from velocity_fast.metrics.values cimport Value
-from velocity_fast.gateway.exchange cimport Exchange, new_exchange
+from velocity_fast.gateway.exchange cimport Exchange, new_exchange, start_generation
 from velocity_fast.gateway.requests cimport (P_FIELDS, P_MAX_COMPLETION_TOKENS, P_MAX_TOKENS, P_MODEL, P_PRIORITY,
                                            P_SLA_MS, P_STREAM, P_STREAM_OPTIONS, P_USER, ask_usage, decode_fields,
                                            strip_own_fields)
@@ -504,6 +504,25 @@ cpdef generate(Ingress ingress, Request req, Responder resp):
 
 @cython.boundscheck(True)  # an engine's answer may hold an empty list: an IndexError, a 502
 @cython.wraparound(True)
+cpdef place_generation(Ingress ingress, Request req, Responder resp, str route, str rid, str band, tenant,
+                       tenant_name, sla_ms, model, RouteInfo info, bytes body, max_tokens, str param, bint stream):
+    """/v1/responses and /v1/messages (gateway/routes.py decodes and places them) from their
+    pool on, through the same checks as the OpenAI routes: the pool (404), the context
+    (400 naming ``param``), the tenant's quota (429); then their exchange. ``max_tokens``:
+    None when the request names none (taken for 256 in admission and the quota)."""
+    cdef double q_est = 0.0
+    cdef long out = <long>max_tokens if max_tokens is not None else 256
+    pool = _pool_for(ingress, resp, route, band, rid, model, max_tokens, param)
+    if pool is None:
+        return None  # answered
+    if tenant is not None and not _draw_quota(ingress, req, resp, route, band, rid, <Tenant?>tenant, tenant_name,
+                                              len(body), out, &q_est):
+        return None  # answered
+    cdef Ticket ticket = Ticket(band=band, tenant=tenant_name, sla_ms=sla_ms, max_tokens=out,
+                                prompt_bytes=len(body), model=model)
+    start_generation(ingress, req, resp, route, pool, ticket, info, body, rid, tenant, q_est, stream)
+
+
 def _native_answer(Exchange x, bytes body):
     """The native answer of /generate from the engine's whole completion (None: the body
     is not what a completion looks like, a 502)."""
