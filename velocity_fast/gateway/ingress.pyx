@@ -502,8 +502,6 @@ cpdef generate(Ingress ingress, Request req, Responder resp):
     x.start()
 
 
-@cython.boundscheck(True)  # an engine's answer may hold an empty list: an IndexError, a 502
-@cython.wraparound(True)
 cpdef place_generation(Ingress ingress, Request req, Responder resp, str route, str rid, str band, tenant,
                        tenant_name, sla_ms, model, RouteInfo info, bytes body, max_tokens, str param, bint stream):
     """/v1/responses and /v1/messages (gateway/routes.py decodes and places them) from their
@@ -523,6 +521,8 @@ cpdef place_generation(Ingress ingress, Request req, Responder resp, str route, 
     start_generation(ingress, req, resp, route, pool, ticket, info, body, rid, tenant, q_est, stream)
 
 
+@cython.boundscheck(True)  # an engine's answer may hold an empty list: an IndexError, a 502
+@cython.wraparound(True)
 def _native_answer(Exchange x, bytes body):
     """The native answer of /generate from the engine's whole completion (None: the body
     is not what a completion looks like, a 502)."""
