@@ -1,7 +1,9 @@
-/* Tuning constants and codes of the admission core (bands, saturation, aimd).
+/* Tuning constants and codes of the admission core (bands, saturation, aimd, the
+ * dispatch cycle, its SLA model and its pace).
  *
  * One home for every number the compiled admission code uses, so a reader tunes
- * them in one place; the .pyx files declare them through `cdef extern`.
+ * them in one place; the .pxd files declare them through `cdef extern`, and each
+ * module names its own for Python from there (NAME = VF_NAME).
  */
 #ifndef VF_ADMISSION_CONSTS_H
 #define VF_ADMISSION_CONSTS_H
@@ -31,5 +33,29 @@
 #define VF_AIMD_DECREASE   0.75
 /* Default OOM cool-down: increases frozen and non-high work shed this long. */
 #define VF_AIMD_COOLDOWN_S 10.0
+
+/* An engine slower than this many times its usual service time, on a request that
+ * missed its SLA, counts as congested (AIMD cuts its limit). */
+#define VF_CONGESTION_FACTOR 1.5
+/* An engine with nothing in flight or running for this long gets its starting limit
+ * back (aimd.pyx, on_idle): the pace needs noted before are forgotten by then too. */
+#define VF_IDLE_RESET_S 10.0
+
+/* Pace: the share of a deadline's time (past the expected first token) that decoding
+ * may take; the share of that pace at which an engine's limit stops growing (HOLD) and
+ * is cut (CUT). A window of grants (seconds) keeps a need; it is forgotten two windows
+ * after the last such grant. */
+#define VF_PACE_MARGIN   0.9
+#define VF_PACE_HOLD     1.1
+#define VF_PACE_CUT      1.3
+#define VF_PACE_WINDOW_S 5.0
+
+/* A Retry-After aims at a completion this share of the SLA before the deadline: the
+ * queue model is an average, and a promise made at the edge is broken half the time. */
+#define VF_RETRY_MARGIN 0.1
+/* The furthest a Retry-After looks ahead: under a sustained overload the times told
+ * would grow without end (and the OpenAI clients give up on one past two minutes); past
+ * this the time told is this, and it is not booked ahead of the next. */
+#define VF_RETRY_MAX_S 60.0
 
 #endif

@@ -151,7 +151,7 @@ class Settings(_S):
         try:  # bands and the admission section are admission's to judge, routing's its own
             adm = AdmissionSettings.from_settings(self)
             from .routing.settings import RoutingSettings
-            # As the gateway builds it (gateway/policy.py): saturation defaults from admission.
+            # As the gateway builds it (gateway/assemble.py): saturation defaults from admission.
             routing = {"saturation_waiting": adm.queue_threshold, "saturation_kv": adm.kv_threshold,
                        **self.routing}
             rs = RoutingSettings.from_config(routing, self.models)

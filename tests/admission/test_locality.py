@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-import velocity_fast.gateway.exchange  # noqa: F401  (registers how a waiter's prefix stands)
 from velocity_fast.admission.bands import BandQueues
 
 
@@ -22,6 +21,7 @@ def _queues(mode: str, bound: float, ahead: float) -> BandQueues:
     """Tenant "cold" (least served, nothing cached) and "warm" (``ahead`` more served, its
     prefix cached), one request each."""
     q = BandQueues([(0, 0, 0.0)], modes=[mode], locality_bound=bound)
+    q.locality_from_waiters()  # each Waiter says how its prefix stands
     q.charge_tenant(0, "warm", ahead)
     q.enqueue(Waiter("cold", 0.0), "cold", 0, 40, 1.0, 1e9, 0.0)
     q.enqueue(Waiter("warm", 1.0), "warm", 0, 40, 1.0, 1e9, 0.0)
@@ -43,6 +43,7 @@ def test_locality_holds_fairness_within_its_bound():
     """A tenant whose prefix is always cached is preferred only while its counter is
     within the bound of the other's: the other is never left behind by more."""
     q = BandQueues([(0, 0, 0.0)], modes=["locality"], locality_bound=300.0)
+    q.locality_from_waiters()
     served = {"warm": 0, "cold": 0}
     for i in range(200):
         q.enqueue(Waiter("warm", 1.0), "warm", 0, 400, 50.0, 1e9, 0.0)  # each costs 100 + 2 x 50

@@ -125,3 +125,29 @@ def test_the_picks_show_in_the_metrics_by_profile_and_basis():
     text = reg.render().decode()
     assert re.search(r'^velocity_route_picks_total\{profile="round-robin",basis="turn"\} 3(\.0)?$', text, re.M)
     assert re.search(r'^velocity_route_picks_total\{profile="least-loaded",basis="load"\} 2(\.0)?$', text, re.M)
+
+
+def test_the_router_asks_the_profile_whether_it_needs_the_prefix(monkeypatch):
+    """What a profile declares decides the hashing, not its name: a profile that says it
+    needs no prefix gets no hashes (as batch), whatever it is called."""
+    import velocity_fast.routing.router as router_module
+    from velocity_fast.routing.profiles.least_loaded import LeastLoadedProfile
+
+    class Hashless(LeastLoadedProfile):
+        needs_prefix = False
+
+    real = router_module.make_profiles
+
+    def profiles(settings, rng, sessions):
+        out = real(settings, rng, sessions)
+        out["least-loaded"] = Hashless(settings, rng, sessions)
+        return out
+
+    body = {"prompt": "shared prefix " * 500}
+    assert Router(RoutingSettings(seed=3, default_profile="least-loaded")).route_info("m", body, {}).nblocks > 0
+    monkeypatch.setattr(router_module, "make_profiles", profiles)
+    r = Router(RoutingSettings(seed=3, default_profile="least-loaded"))
+    assert r.route_info("m", body, {}).nblocks == 0
+    assert r.route_info("m", body, {"x-velocity-profile": "chat"}).nblocks > 0
+    assert [n for n in PROFILES if not r._profiles[n].needs_prefix] == ["batch", "least-loaded"]
+    assert [n for n in PROFILES if r._profiles[n].precise] == ["chat"]

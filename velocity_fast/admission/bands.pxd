@@ -38,10 +38,10 @@ cdef class Item:
     cdef TenantQueue owner
 
 
-# How a queued request's prefix stands (the gateway's: set_locality): the fraction of its
-# prompt an engine with room holds, 0 to 1.
+# How a queued request's prefix stands: the fraction of its prompt an engine with room
+# holds, 0 to 1. Told to each BandQueues by whoever makes it (admission, from the gateway:
+# Admission.set_locality; ``locality_from_waiters`` for waiters that say it themselves).
 ctypedef double (*locality_fn)(object waiter) except? -1.0
-cdef void set_locality(locality_fn fn) noexcept
 
 # Fairness between the tenants of a band.
 cdef enum:
@@ -103,6 +103,7 @@ cdef class BandQueues:
     cdef double _quantum_scale    # 1 / the smallest weight (weight 1 if none is smaller)
     cdef readonly double out_weight   # token fairness: an output token costs this many input tokens
     cdef readonly double locality_bound  # locality: how far past the least counter a tenant may be preferred
+    cdef locality_fn locality     # how a waiter's prefix stands (NULL: not known; locality then ranks by counter)
     cdef list bands
     cdef dict items
     cdef long long next_id

@@ -53,18 +53,14 @@ BYTES_PER_TOKEN = VF_BYTES_PER_TOKEN
 
 FAIRNESS_MODES = {"rr": FAIR_RR, "tokens": FAIR_TOKENS, "locality": FAIR_LOCALITY}
 
-# Locality: the gateway's view of where a queued request's prefix is cached.
-cdef locality_fn _locality = NULL
 # Locality looks at this many tenants at most (those within the bound, from the turn
 # on): each look asks the prefix index, and a band may hold thousands of tenants.
 cdef int _LOCALITY_SCAN = 16
 
 
-cdef void set_locality(locality_fn fn) noexcept:
-    """Register how a waiter's prefix stands: ``fn(waiter)`` is the fraction of its prompt
-    (0 to 1) that an engine with room holds (the gateway's exchange registers it)."""
-    global _locality
-    _locality = fn
+cdef double _waiter_says(object waiter) except? -1.0:
+    """A waiter's own ``prefix_cached()`` (BandQueues.locality_from_waiters)."""
+    return <double>waiter.prefix_cached()
 
 
 # A visit of the rotation goes on while this much credit is left: one whole turn, less
@@ -429,7 +425,7 @@ cdef class BandQueues:
                 if _vtc(c) < t.vtc:
                     t = c
                 c = c.r_next
-            if bq.mode == FAIR_LOCALITY and _locality != NULL and t.r_next is not t:
+            if bq.mode == FAIR_LOCALITY and self.locality != NULL and t.r_next is not t:
                 t = self._pick_local(bq, t)
             # Move the turn past the chosen tenant (ties rotate).
             bq.cursor = t.r_next
@@ -473,7 +469,7 @@ cdef class BandQueues:
             if c.vtc <= limit:
                 head = c.head if not self.edf else (<Item>c.heap[0] if c.heap else None)
                 if head is not None and head.queued:
-                    score = _locality(head.waiter)
+                    score = self.locality(head.waiter)
                     if score > top or (score == top and score > 0 and c.vtc < best.vtc):
                         top = score
                         best = c
@@ -488,6 +484,12 @@ cdef class BandQueues:
     cdef bint counted(self, int band) noexcept:
         """The band's tenants are served by token counter (tokens or locality)."""
         return (<BandQueue>self.bands[band]).mode != FAIR_RR
+
+    def locality_from_waiters(self):
+        """Locality asks each waiter its ``prefix_cached()`` (the fraction of its prompt an
+        engine with room holds): for waiters that know it themselves (tests, tools); the
+        gateway's queues ask its router instead (Admission.set_locality)."""
+        self.locality = _waiter_says
 
     def fairness_of(self, int band):
         """The band's fairness: "rr", "tokens" or "locality"."""

@@ -1,13 +1,19 @@
 # Admission's request path, typed (see controller.pyx for the why).
 
 from velocity_fast.admission.aimd cimport AimdLimit
-from velocity_fast.admission.bands cimport BandQueues, Item, TenantQueue
+from velocity_fast.admission.bands cimport BandQueues, Item, TenantQueue, locality_fn
 from velocity_fast.fleet.endpoint cimport Endpoint, RoomFilter
 from velocity_fast.state.shm cimport PoolSlot
 from velocity_fast.metrics.values cimport Value
 from velocity_fast.admission.saturation cimport EndpointLoad, Saturation
 from velocity_fast.admission.estimators cimport OutputEstimate, ServiceEstimate
 from velocity_fast.admission.telemetry cimport Telemetry, COMPLETED, FAILED, CANCELLED
+from velocity_fast.admission.pace cimport EndpointPace, PoolPace
+from velocity_fast.admission.sla cimport PoolWork, SlaModel
+
+cdef extern from "admission_consts.h":
+    double VF_CONGESTION_FACTOR
+    double VF_IDLE_RESET_S
 
 
 cdef class Ticket:
@@ -24,12 +30,8 @@ cdef class EndpointState:
     cdef readonly EndpointLoad load
     cdef readonly AimdLimit aimd
     cdef readonly ServiceEstimate est
-    # The engine's pace (seconds a token) is past what the pool's deadline work leaves
-    # room for, or near it: its limit does not grow (docs/design.md, "Pace").
-    cdef public bint pace_high
-    # The engine's pace running one sequence at most (0: not seen yet): the best any
-    # limit can give, so a need past it is no reason to hold or cut the limit.
-    cdef public double solo_pace
+    # The engine's decode pace as the deadline work needs it (pace.pyx).
+    cdef readonly EndpointPace pace
     # When the engine last showed work (this gateway's in flight, or its own gauges).
     cdef public double busy_at
 
@@ -44,30 +46,16 @@ cdef class PoolState:
     cdef public double overload_until
     # The pool's own service estimate (every endpoint's answers), by request size.
     cdef readonly ServiceEstimate est
-    # The work already admitted: the expected ends of the leases held (granted, not
-    # released) whose size was estimated, and the expected service of what is queued.
-    cdef public double busy_end
-    cdef public long busy_n
-    cdef public double queued_work
-    # Retry-After promises still to come due: (at, service, band, budget) in time order,
-    # the service they add, and the latest time promised.
-    cdef public object promises
-    cdef public double promised_work
-    cdef public double last_promise
+    # The work admitted and queued, and the Retry-After promises (sla.pyx).
+    cdef readonly PoolWork work
     # Workers: the pool's slot in the shared state (NULL: one process), and a reservation
     # made there by the dispatch cycle for the item it is about to grant
     cdef PoolSlot *shm
     cdef bint spare
     # When a request of a band above the borrowing ones last arrived (-inf: never).
     cdef public double higher_at
-    # Pace: the tightest seconds a token that deadline work granted in this window and the
-    # last one needs to meet its SLA (INFINITY: none), and when this window began.
-    cdef public double pace_need
-    cdef public double pace_need_before
-    cdef public double pace_since
-    # The fastest solo pace of the pool's engines (0: one of them not known yet): a need
-    # below it is one no engine meets at any batch, and is not noted.
-    cdef public double solo_pace
+    # The pace the deadline work granted lately needs, and the engines' best (pace.pyx).
+    cdef readonly PoolPace pace
     # The output tokens of a request that names no max tokens, learned from the pool's
     # answers: chat, and /v1/completions (which vLLM stops at 16 by default).
     cdef readonly OutputEstimate open_chat
@@ -78,12 +66,12 @@ cdef class Admission
 cdef class Lease
 
 
-# A queued request's waiter that the dispatch cycle drives with C calls: the layer above
-# registers its waiter class once, with two functions (``set_waiter``). Any other waiter is
-# driven like an asyncio future (``done()``, ``set_result()``, ``set_exception()``).
+# A queued request's waiter that the dispatch cycle drives with C calls: whoever builds an
+# Admission tells it its waiter class, with two functions (``Admission.set_waiter``; the
+# gateway's assembler does, gateway/assemble.py). Any other waiter is driven like an
+# asyncio future (``done()``, ``set_result()``, ``set_exception()``).
 ctypedef bint (*waiting_fn)(object waiter) except -1
 ctypedef void (*granted_fn)(object waiter, Lease lease) except *
-cdef void set_waiter(type kind, waiting_fn waiting, granted_fn granted) noexcept
 
 
 cdef class Lease(RoomFilter):
@@ -148,8 +136,8 @@ cdef class Admission:
     cdef bint _fixed
     cdef object _sat_obj
     cdef double _sla_s
-    cdef double _sla_tol
-    cdef double _sla_tol_high
+    # The band-SLA queue model and the Retry-After promise ledger (sla.pyx).
+    cdef readonly SlaModel sla
     cdef long _global_capacity
     cdef double _kv_hard_limit
     cdef double _ttft_slo_ms
@@ -165,9 +153,15 @@ cdef class Admission:
     cdef unsigned long long _soft_breaks  # bit b: band b's soft scale differs from band b-1's
     cdef int _borrow_from         # the first band that may borrow past its ceiling (nbands: none)
     cdef double _borrow_after     # seconds without a higher band's request before it may
-    cdef public object promise_counts
-    cdef public object promise_metric
+    # The waiter class driven as C, and its two functions (set_waiter; None, NULL: none).
+    cdef type _waiter_type
+    cdef waiting_fn _c_waiting
+    cdef granted_fn _c_granted
+    cdef locality_fn _locality    # how a queued request's prefix stands (set_locality; NULL: unknown)
 
+    cdef void set_waiter(self, type kind, waiting_fn waiting, granted_fn granted) noexcept
+    cdef inline bint _waiting(self, waiter) except -1
+    cdef void set_locality(self, locality_fn fn) except *
     cdef double _now(self) except? -1.0
     cdef double _pool_sat(self, PoolState ps, double now, int band) except? -1.0
     cdef double _endpoint_sat(self, EndpointLoad load, double now, int band) except? -1.0
@@ -175,12 +169,7 @@ cdef class Admission:
     cpdef object admit_nowait(self, Ticket ticket, waiter)
     cpdef OutputEstimate open_estimate(self, model, bint chat)
     cpdef bint withdraw(self, Ticket ticket, Item item) except -1
-    cdef double _predict(self, PoolState ps, int band, double service, long room, double sat, double now,
-                         double* wait) except? -2.0
-    cdef double _slots(self, PoolState ps, int band)
-    cdef double _backlog(self, PoolState ps, int band, double now)
-    cdef double _held_share(self, PoolState ps, bint learned)
-    cdef double _tolerance(self, int band)
+    cdef long _free_for(self, PoolState ps, int band, long room, double sat, double now) except -1
     cdef void _check_sla(self, PoolState ps, int band, double service, double budget, long room, double sat,
                          double now) except *
     cdef PoolState _state_of(self, model)

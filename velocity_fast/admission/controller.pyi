@@ -6,6 +6,8 @@ from typing import Any
 from velocity_fast.admission.aimd import AimdLimit
 from velocity_fast.admission.bands import BandQueues, Item
 from velocity_fast.admission.estimators import OutputEstimate, ServiceEstimate
+from velocity_fast.admission.pace import EndpointPace, PoolPace
+from velocity_fast.admission.sla import PoolWork, SlaModel
 from velocity_fast.admission.saturation import EndpointLoad
 from velocity_fast.admission.telemetry import OUTCOMES as OUTCOMES
 from velocity_fast.admission.telemetry import Telemetry
@@ -13,9 +15,6 @@ from velocity_fast.fleet.endpoint import Endpoint, RoomFilter
 
 log: logging.Logger
 CONGESTION_FACTOR: float
-RETRY_MARGIN: float
-PACE_MARGIN: float
-RETRY_MAX_S: float
 IDLE_RESET_S: float
 STATS_WHOLE: frozenset[str]
 
@@ -41,8 +40,8 @@ class EndpointState:
     def aimd(self) -> AimdLimit: ...
     @property
     def est(self) -> ServiceEstimate: ...
-    pace_high: bool
-    solo_pace: float
+    @property
+    def pace(self) -> EndpointPace: ...
     busy_at: float
 
 class PoolState:
@@ -52,12 +51,15 @@ class PoolState:
     loads: list[EndpointLoad]
     seen: list | None
     overload_until: float
-    solo_pace: float
     def __init__(self, pool: Any, queues: BandQueues) -> None: ...
     @property
     def pool(self) -> Any: ...
     @property
     def queues(self) -> BandQueues: ...
+    @property
+    def work(self) -> PoolWork: ...
+    @property
+    def pace(self) -> PoolPace: ...
     @property
     def open_chat(self) -> OutputEstimate: ...
     @property
@@ -119,8 +121,11 @@ class Admission:
     clock: Callable[[], float]
     band_names: list[str]
     telemetry: Telemetry
-    promise_counts: dict[str, int]
-    """Retry-After times told (``made``) and, of those come due, ``kept`` and ``broken``."""
+    @property
+    def sla(self) -> SlaModel: ...
+    @property
+    def promise_counts(self) -> dict[str, int]:
+        """Retry-After times told (``made``) and, of those come due, ``kept`` and ``broken``."""
     def __init__(self, settings: Any, pools: dict, policy: Any = "dynamic", registry: Any = None,
                  clock: Callable[[], float] = ...) -> None: ...
     async def admit(self, ticket: Ticket) -> Lease:

@@ -15,8 +15,9 @@ task that awaits ``admit`` removes its request from the queue at once.
 
 Here too: tickets (what admission is asked), leases (a slot held for the whole
 response), the per-pool and per-endpoint books. What every request touches is typed C;
-the estimators and the telemetry it feeds are compiled beside it (estimators.pyx,
-telemetry.pyx).
+the rooms it asks are compiled beside it and called as C: the band-SLA queue model with
+its Retry-After promises (sla.pyx), the decode pace (pace.pyx), the estimators and the
+telemetry (estimators.pyx, telemetry.pyx).
 """
 
 cimport cython
@@ -26,7 +27,6 @@ import asyncio
 import logging
 import math
 import time
-from collections import deque
 
 from asyncio import get_running_loop
 
@@ -43,6 +43,9 @@ from velocity_fast.admission.saturation cimport (EndpointLoad, Saturation, free_
                                                 sync_shared)
 from velocity_fast.admission.estimators cimport Ewma, OutputEstimate, ServiceEstimate
 from velocity_fast.admission.telemetry cimport Telemetry, CANCELLED, COMPLETED, FAILED, outcome_code
+from velocity_fast.admission.pace cimport EndpointPace, PoolPace, need_now, note_grant
+from velocity_fast.admission.pace cimport observe as observe_pace
+from velocity_fast.admission.sla cimport PoolWork, SlaModel
 
 from velocity_fast.admission.telemetry import OUTCOMES, reuse_metric, percentiles
 
@@ -64,32 +67,10 @@ STATS_WHOLE = frozenset({"ceiling", "oldest_wait_ms", "wait_ms", "saturation", "
                          "others", "batch_capacity", "running_max", "frozen", "estimates"})
 
 
-# An engine slower than this many times its usual service time, on a request that
-# missed its SLA, counts as congested (AIMD cuts its limit).
-CONGESTION_FACTOR = 1.5
-cdef double _CONGESTION = 1.5
-# Pace: the share of a deadline's time (past the expected first token) that decoding may
-# take, and the share of that pace at which an engine's limit stops growing. A window of
-# grants (seconds) keeps a need; it is forgotten two windows after the last such grant.
-PACE_MARGIN = 0.9
-cdef double _PACE_MARGIN = 0.9
-cdef double _PACE_HOLD = 1.1
-cdef double _PACE_CUT = 1.3
-cdef double _PACE_WINDOW = 5.0
-# An engine with nothing in flight or running for this long gets its starting limit back
-# (aimd.pyx, on_idle): the needs noted before are forgotten by then too.
-IDLE_RESET_S = 10.0
-cdef double _IDLE_RESET_S = 10.0
+# The numbers live in csrc/admission_consts.h (what each means is said there).
+CONGESTION_FACTOR = VF_CONGESTION_FACTOR
+IDLE_RESET_S = VF_IDLE_RESET_S
 cdef str _OOM_TEXT = "out of memory"
-# A Retry-After aims at a completion this share of the SLA before the deadline: the
-# queue model is an average, and a promise made at the edge is broken half the time.
-RETRY_MARGIN = 0.1
-cdef double _RETRY_MARGIN = 0.1
-# The furthest a Retry-After looks ahead: under a sustained overload the times told would
-# grow without end (and the OpenAI clients give up on one past two minutes); past this
-# the time told is this, and it is not booked ahead of the next.
-RETRY_MAX_S = 60.0
-cdef double _RETRY_MAX_S = 60.0
 
 
 # -- what admission is asked --------------------------------------------------------------
@@ -179,6 +160,7 @@ cdef class EndpointState:
         self.aimd = aimd
         self.load = EndpointLoad(limit)
         self.est = ServiceEstimate(alpha)
+        self.pace = EndpointPace()
         self.busy_at = -INFINITY
         _set_limit(ep, limit)
 
@@ -193,53 +175,11 @@ cdef class PoolState:
         self.loads = []
         self.seen = None
         self.est = ServiceEstimate(alpha)
-        self.promises = deque()
+        self.work = PoolWork(queues)
+        self.pace = PoolPace()
         self.higher_at = -INFINITY
-        self.pace_need = self.pace_need_before = INFINITY
-        self.pace_since = -INFINITY
         self.open_chat = OutputEstimate(OPEN_START_CHAT)
         self.open_text = OutputEstimate(OPEN_START_TEXT)
-
-
-cdef inline void _note_pace_need(PoolState ps, double need, double now) noexcept:
-    """A deadline request was granted that needs ``need`` seconds a token or less."""
-    if need * _PACE_HOLD < ps.solo_pace:
-        return  # no engine of the pool decodes that fast even alone: no limit serves it
-    if now - ps.pace_since >= _PACE_WINDOW:
-        ps.pace_need_before = ps.pace_need if now - ps.pace_since < 2.0 * _PACE_WINDOW else INFINITY
-        ps.pace_need = INFINITY
-        ps.pace_since = now
-    if need < ps.pace_need:
-        ps.pace_need = need
-
-
-cdef void _note_solo_pace(PoolState ps, EndpointState st, double pace) except *:
-    """``st``'s engine decoded at ``pace`` running one sequence at most: its solo pace,
-    and the pool's fastest (0 while one of its healthy engines has shown none)."""
-    cdef EndpointState other
-    cdef double best = INFINITY
-    st.solo_pace = pace
-    if ps is None:
-        return
-    for other in ps.states:
-        if not other.ep.healthy:
-            continue
-        if other.solo_pace <= 0.0:
-            best = 0.0
-            break
-        if other.solo_pace < best:
-            best = other.solo_pace
-    ps.solo_pace = best if best != INFINITY else 0.0
-
-
-cdef inline double _pace_need(PoolState ps, double now) noexcept:
-    """The tightest pace the deadline work granted lately needs (INFINITY: none lately)."""
-    cdef double d = now - ps.pace_since
-    if d >= 2.0 * _PACE_WINDOW:
-        return INFINITY
-    if d >= _PACE_WINDOW:
-        return ps.pace_need
-    return ps.pace_need if ps.pace_need < ps.pace_need_before else ps.pace_need_before
 
 
 cdef double _borrowed(PoolState ps, double now, double stale_after, double ceiling) noexcept:
@@ -294,36 +234,18 @@ cdef bint _in_turn(PoolState ps, EndpointState st, double now, double stale_afte
 
 cdef inline void _unqueue(PoolState ps, Item item):
     """``item`` left ``ps``'s queue: its expected service is no longer ahead of anyone."""
+    cdef PoolWork w = ps.work
     if item.service > 0.0:
-        ps.queued_work -= item.service
-    if ps.queues.count == 0 or ps.queued_work < 0.0:
-        ps.queued_work = 0.0
+        w.queued_work -= item.service
+    if ps.queues.count == 0 or w.queued_work < 0.0:
+        w.queued_work = 0.0
 
 
 # -- the waiter -----------------------------------------------------------------------------
 
-cdef type _waiter_type = None
-cdef waiting_fn _c_waiting = NULL
-cdef granted_fn _c_granted = NULL
-
-
-cdef void set_waiter(type kind, waiting_fn waiting, granted_fn granted) noexcept:
-    """Register the class of waiter the dispatch cycle drives as C (the gateway's exchange):
-    ``waiting(w)`` is True while it still waits; ``granted(w, lease)`` schedules its work."""
-    global _waiter_type, _c_waiting, _c_granted
-    _waiter_type, _c_waiting, _c_granted = kind, waiting, granted
-
-
 cdef inline object _key(obj):
     """``id(obj)`` without the call to the builtin."""
     return PyLong_FromVoidPtr(<void*>obj)
-
-
-cdef inline bint _waiting(waiter) except -1:
-    """A queued request's waiter still waits: a Waiter asked as C, a future as a future."""
-    if type(waiter) is _waiter_type:
-        return _c_waiting(waiter)
-    return not waiter.done()
 
 
 # -- the lease ----------------------------------------------------------------------------
@@ -491,13 +413,14 @@ cdef class Admission:
                                    self._depth_samples, self._saturation_samples, self._limit_samples,
                                    self._inflight_samples)
         reg = self.telemetry.registry
-        self.promise_metric = reuse_metric(reg, reg.counter, "velocity_retry_promises_total",
-                                     "Retry-After times come due, by whether a request arriving then would "
-                                     "be admitted and meet its SLA (kept) or not (broken).", ("outcome",),
-                                     merge=SUM)
-        self.promise_counts = {"made": 0, "kept": 0, "broken": 0}
+        promise_metric = reuse_metric(reg, reg.counter, "velocity_retry_promises_total",
+                                      "Retry-After times come due, by whether a request arriving then would "
+                                      "be admitted and meet its SLA (kept) or not (broken).", ("outcome",),
+                                      merge=SUM)
         sat = self.policy.saturation
         self._configure(sat.model if type(sat) is EngineSaturation else None, type(sat) is FixedConcurrency)
+        self.sla = SlaModel(self._ceilings, self._soft_scales, self.settings.sla_tolerance,
+                            self.settings.sla_tolerance_high, promise_metric)
         for model in list(pools):
             self._state_of(model)
 
@@ -529,32 +452,26 @@ cdef class Admission:
         # The batch learned here, for the router's hot-spot guard (0 until it is known).
         ep.running_cap = st.load.capacity if st.load.capacity_known else 0.0
         ps = self._pools.get(ep.model)
-        if ep.pace > 0.0 and ep.pace_batch <= 1.0 and ep.pace != st.solo_pace:
-            _note_solo_pace(ps, st, ep.pace)
         # Pace: the engine decodes slower than the deadline work granted lately needs (a
         # fuller batch decodes each token slower): what runs there now would end late.
-        need = _pace_need(ps, now) if ps is not None and ep.pace > 0.0 else INFINITY
-        if need * _PACE_HOLD < st.solo_pace:
-            # Slower than that even alone: no limit makes that work meet its need, and a
-            # cut would only decline what can be served (docs/design.md, "Pace").
-            need = INFINITY
-        st.pace_high = ep.pace > need * _PACE_HOLD
-        if st.aimd is not None and (ep.kv_usage > self.settings.kv_hard_limit or ep.pace > need * _PACE_CUT):
+        slow = observe_pace(ps.pace if ps is not None else None, st.pace, ep.pace, ep.pace_batch,
+                            ps.seen if ps is not None else None, now)
+        if st.aimd is not None and (ep.kv_usage > self.settings.kv_hard_limit or slow):
             # One cut per staleness window: a full cache stays full for a few scrapes.
             if st.aimd.on_breach(now - self.settings.stale_after_ms / 1000.0, now):
                 _set_limit(ep, st.aimd.limit)
-                if ep.pace > need * _PACE_CUT:
+                if slow:
                     self.pace_cuts += 1
         elif (st.aimd is not None and not st.load.capacity_known and ep.waiting == 0 and ps is not None
-              and not st.pace_high
-              and ps.queues.count and ep.inflight + 1 >= math.floor(ep.limit * self._held_share(ps, False))
+              and not st.pace.high
+              and ps.queues.count and ep.inflight + 1 >= math.floor(ep.limit * self.sla.held_share(ps.queues, False))
               and _in_turn(ps, st, now, self.settings.stale_after_ms / 1000.0)):
             # Slow start: the engine runs all it was sent and work waits on this limit.
             if st.aimd.on_probe(now):
                 _set_limit(ep, st.aimd.limit)
         if ep.inflight > 0 or ep.running > 0.0 or ep.waiting > 0.0 or st.busy_at == -INFINITY:
             st.busy_at = now  # (the first scrape starts the idle count)
-        elif st.aimd is not None and now - st.busy_at >= _IDLE_RESET_S and st.aimd.on_idle(now):
+        elif st.aimd is not None and now - st.busy_at >= VF_IDLE_RESET_S and st.aimd.on_idle(now):
             # Idle a while: what cut the limit is over (aimd.pyx, on_idle).
             _set_limit(ep, st.aimd.limit)
         if ps is not None:
@@ -585,7 +502,7 @@ cdef class Admission:
             self.housekeep()
         except Exception:
             log.exception("admission housekeeping failed")
-        if self._queued() or any(ps.promises for ps in self._pools.values()):
+        if self._queued() or any(ps.work.promises for ps in self._pools.values()):
             self._arm()
 
     def housekeep(self) -> None:
@@ -593,7 +510,7 @@ cdef class Admission:
         requests, then dispatch (aging)."""
         now = self.clock()
         for ps in self._pools.values():
-            if ps.promises:
+            if ps.work.promises:
                 self._settle_promises(ps, now)
             q = ps.queues
             if q.count == 0:
@@ -631,7 +548,7 @@ cdef class Admission:
             self._tick.cancel()
             self._tick = None
         for ps in self._pools.values():
-            ps.promises.clear()
+            ps.work.promises.clear()
             for it in list(ps.queues):
                 ps.queues.cancel(it.id)
                 _unqueue(ps, it)
@@ -694,7 +611,7 @@ cdef class Admission:
         for model, ps in self.known_pools().items():
             self._refresh(ps)
             sat = self.policy.saturation.pool(ps.loads, ps.pending, now)
-            need = _pace_need(ps, now)
+            need = need_now(ps.pace, now)
             pools[model] = {"saturation": None if math.isinf(sat) else round(sat, 4), "queued": ps.queues.count,
                             "pending_leases": ps.pending,
                             # The tightest pace (ms a token) the deadline work granted lately needs.
@@ -719,7 +636,7 @@ cdef class Admission:
                 # The engine's decode pace over the last second (ms a token; None: unknown).
                 "pace_ms": round(ep.pace * 1000.0, 3) if ep.pace > 0.0 else None,
                 # Its pace running one sequence at most, the best a limit can give (None: not seen).
-                "solo_pace_ms": round(st.solo_pace * 1000.0, 3) if st.solo_pace > 0.0 else None,
+                "solo_pace_ms": round(st.pace.solo * 1000.0, 3) if st.pace.solo > 0.0 else None,
                 "estimates": st.est.snapshot()}
         judged = tel.sla_met + tel.sla_missed
         return {
@@ -736,7 +653,7 @@ cdef class Admission:
                     "compliance": round(tel.sla_met / judged, 4) if judged else None},
             # Retry-After times told (made), and of those come due, whether a request
             # arriving then would have been admitted within its SLA (kept) or not (broken).
-            "retry_promises": dict(self.promise_counts),
+            "retry_promises": dict(self.sla.promise_counts),
             # Limits cut because an engine decoded slower than the deadline work needs.
             "pace_cuts": self.pace_cuts,
             "latency_ms": {"e2e": percentiles(tel.e2e), "ttft": percentiles(tel.ttfts)},
@@ -778,8 +695,6 @@ cdef class Admission:
                     self._borrow_from = i
                 else:
                     break
-        self._sla_tol = s.sla_tolerance
-        self._sla_tol_high = s.sla_tolerance_high
         self._global_capacity = s.global_capacity or 0
         self._kv_hard_limit = s.kv_hard_limit
         self._ttft_slo_ms = s.ttft_slo_ms
@@ -790,6 +705,28 @@ cdef class Admission:
         self.output_weight = s.fairness_output_weight
         self.cached_weight = s.fairness_cached_weight
         self.settle_usage = p.counts_tokens and s.fairness_charge == "actual"
+
+    cdef void set_waiter(self, type kind, waiting_fn waiting, granted_fn granted) noexcept:
+        """Drive waiters of class ``kind`` (the gateway's exchange) as C: ``waiting(w)`` is
+        True while it still waits; ``granted(w, lease)`` schedules its work. Set by whoever
+        builds this Admission (gateway/assemble.py), before its first request."""
+        self._waiter_type, self._c_waiting, self._c_granted = kind, waiting, granted
+
+    cdef void set_locality(self, locality_fn fn) except *:
+        """How a queued request's prefix stands (``fn(waiter)``: the fraction of its prompt
+        an engine with room holds), for the bands whose tenants go by locality; told to
+        every pool's queues, those made later too. Set by whoever builds this Admission."""
+        cdef PoolState ps
+        self._locality = fn
+        for ps in self._pools.values():
+            ps.queues.locality = fn
+
+    cdef inline bint _waiting(self, waiter) except -1:
+        """A queued request's waiter still waits: one of the class set asked as C, a
+        future as a future."""
+        if type(waiter) is self._waiter_type:
+            return self._c_waiting(waiter)
+        return not waiter.done()
 
     cdef double _now(self) except? -1.0:
         if self._mono:
@@ -919,7 +856,7 @@ cdef class Admission:
         # The queue's deadline, by which a waiting request is dropped as hopeless, allows
         # the band's tolerance as the prediction at arrival did; the grant keeps the SLA.
         item = q.push(waiter, ticket.tenant, band, ticket.prompt_bytes, ticket.max_tokens,
-                      now + budget * (1.0 + self._tolerance(band)), now, &rid)
+                      now + budget * (1.0 + self.sla.tolerance(band)), now, &rid)
         if item is None:
             what = "band" if rid in (REJECT_BAND_COUNT, REJECT_BAND_BYTES) else "admission"
             raise self._reject(503, "capacity", f"{what} queue is full ({self.band_names[band]})", 1)
@@ -929,13 +866,13 @@ cdef class Admission:
         item.max_tokens = ticket.max_tokens
         item.service = service
         if service > 0.0:
-            ps.queued_work += service
+            ps.work.queued_work += service
         if room > 0:  # else the cycle would stop at once (the pool was just refreshed)
             self._cycle(ps, now, True)
         elif ps.shm != NULL:
             _publish(ps)
         # Under load the tick is already armed: no need to ask the waiter.
-        if self._tick is None and _waiting(waiter):
+        if self._tick is None and self._waiting(waiter):
             self._arm()
         return item
 
@@ -954,165 +891,68 @@ cdef class Admission:
         self.telemetry.queue_cancelled += 1
         return True
 
-    cdef double _slots(self, PoolState ps, int band):
-        """What the pool runs at once for ``band``: each healthy engine's limit, or its
-        learned batch when smaller, times the band's share when its ceiling is below 1."""
-        cdef EndpointState st
-        cdef EndpointLoad load
-        cdef double slots = 0.0, cap, ceiling
-        for st in ps.states:
-            if not st.ep.healthy:
-                continue
-            load = st.load
-            cap = <double>st.ep.limit
-            if load.capacity_known and load.capacity < cap:
-                cap = load.capacity
-            slots += cap
-        ceiling = self._ceilings[band]
-        if ceiling < 1.0:
-            slots *= ceiling  # the share of each engine this band may hold
-        return slots if slots >= 1.0 else 1.0
-
-    cdef double _backlog(self, PoolState ps, int band, double now):
-        """The work (seconds of one slot) ahead of a request of ``band`` arriving now: what
-        the leases held still have to run by their expected ends, and the expected service
-        of what is queued at or above its band (the queue's share of its queued work)."""
-        cdef double busy = ps.busy_end - ps.busy_n * now, queued = 0.0
-        cdef long count = ps.queues.count
-        if busy < 0.0:
-            busy = 0.0
-        if count > 0 and ps.queued_work > 0.0:
-            queued = ps.queued_work * ps.queues.count_through(band) / count
-        return busy + queued
-
-    cdef double _predict(self, PoolState ps, int band, double service, long room, double sat, double now,
-                         double* wait) except? -2.0:
-        """The expected queue wait of a request of ``band`` whose own expected service is
-        ``service`` (-1: unknown), arriving now, goes to ``wait``; returns ``service``.
-        ``room``: free slots in the pool; ``sat``: the pool's saturation when the caller
-        already counted it (else < 0).
-
-        Queue model: the engines drain the work ahead, the leases held (each by its own
-        size, as far as it is still expected to run) and what is queued ahead, at the rate
-        of the slots this band may use. A request that free slots can take with those
-        ahead of it does not wait."""
-        cdef double ceiling
-        cdef long ahead, free
-        wait[0] = 0.0
-        if service < 0.0:
-            return -1.0
-        ceiling = self._ceilings[band]
-        ahead = ps.queues.count_through(band)
-        free = room if room > 0 else 0
-        if free > 0:
-            if sat < 0.0:
-                sat = self._pool_sat(ps, now, band)
-            if sat > ceiling:
-                free = 0  # the room there is kept for higher bands
-        if ahead + 1 <= free:
-            return service
-        wait[0] = self._backlog(ps, band, now) / self._slots(ps, band)
-        return service
-
-    cdef double _held_share(self, PoolState ps, bint learned):
-        """The share of an engine's limit the highest band with queued work may fill (its
-        ceiling, at most 1; its soft ceiling while the engine's batch is not ``learned``): a
-        limit is what holds that work back once in-flight reaches this share of it (as many
-        as the band may hold, rounded down). Low work stops below all of the limit, so a
-        limit that grew only when in-flight reached all of it would never grow for it."""
-        cdef BandQueues q = ps.queues
-        cdef double c
-        cdef int i
-        for i in range(q.nbands):
-            if (<BandQueue>q.bands[i]).count:
-                c = self._ceilings[i]
-                if not learned:  # the limit stands in for the batch: the soft ceiling holds
-                    c /= <double>self._soft_scales[i]
-                return c if c < 1.0 else 1.0
-        return 1.0
-
-    cdef double _tolerance(self, int band):
-        """How far past its SLA a prediction may go before a 429: the first band's own."""
-        return self._sla_tol_high if band == 0 else self._sla_tol
+    cdef long _free_for(self, PoolState ps, int band, long room, double sat, double now) except -1:
+        """The slots of the pool's ``room`` a request of ``band`` arriving now may take at
+        once: none when the pool's saturation (``sat``, counted here when < 0) is past the
+        band's ceiling, whose room is kept for higher bands."""
+        if room <= 0:
+            return 0
+        if sat < 0.0:
+            sat = self._pool_sat(ps, now, band)
+        return room if sat <= <double>self._ceilings[band] else 0
 
     cdef void _check_sla(self, PoolState ps, int band, double service, double budget, long room, double sat,
                          double now) except *:
         """A request that cannot go at once: raise Rejected (429 ``sla``) when its
-        predicted completion, the queue wait ahead of it plus its own service, passes
-        its SLA (with the band's tolerance). Unknown estimates predict nothing: a cold
-        gateway never declines on a guess."""
-        cdef double wait = 0.0, predicted
-        service = self._predict(ps, band, service, room, sat, now, &wait)
+        predicted completion, the queue wait ahead of it (sla.pyx) plus its own service,
+        passes its SLA (with the band's tolerance). Unknown estimates predict nothing: a
+        cold gateway never declines on a guess."""
+        cdef double predicted
         if service < 0.0:
             return
-        predicted = wait + service
-        if predicted > budget * (1.0 + self._tolerance(band)):
+        predicted = self.sla.wait(ps.work, ps.seen, ps.loads, band, self._free_for(ps, band, room, sat, now),
+                                  now) + service
+        if predicted > budget * (1.0 + self.sla.tolerance(band)):
             raise self._reject(
                 429, "sla", f"predicted completion {predicted * 1000:.0f} ms exceeds the SLA of "
                 f"{budget * 1000:.0f} ms", self._promise(ps, band, service, budget, now))
 
-    # -- Retry-After: a time that keeps its promise ------------------------------------------
+    # -- Retry-After: a time that keeps its promise (sla.pyx) --------------------------------
 
     def _promise(self, PoolState ps, int band, double service, double budget, double now):
         """When a declined request of ``band`` (own service ``service``, SLA ``budget``)
-        should come back, in seconds from now: the time at which a request arriving then
-        would be admitted and meet its SLA, with the retries already promised ahead of it.
-
-        The work ahead now drains at the rate of the slots this band may use; each promise
-        adds its own service to the work ahead of the later ones, so successive declines of
-        a burst are told successive times, one service per slot apart: the burst comes back
-        at the pace the engines drain, not as one herd. The time aims at a completion a
-        tenth of the SLA before the deadline (RETRY_MARGIN). A float: the gateway writes
-        whole seconds in Retry-After and the milliseconds in ``retry-after-ms``."""
-        cdef double slots, allowed, ahead, at
+        should come back, in seconds from now (SlaModel.promise), after the promises come
+        due are judged; the tick judges this one when it comes due."""
+        cdef bint booked = False
+        cdef double s
         self._settle_promises(ps, now)
-        if service < 0.0:
-            service = 0.0
-        slots = self._slots(ps, band)
-        # The wait that still meets the SLA; an SLA shorter than the service itself is
-        # met by no wait: come back when the work ahead has drained.
-        allowed = budget * (1.0 - _RETRY_MARGIN) - service
-        if allowed < 0.0:
-            allowed = 0.0
-        ahead = self._backlog(ps, band, now) + ps.promised_work
-        at = now + (ahead - allowed * slots) / slots
-        if at < now:
-            at = now
-        if at < ps.last_promise:
-            at = ps.last_promise
-        if at - now > _RETRY_MAX_S:
-            self.promise_counts["made"] += 1
-            return _RETRY_MAX_S
-        ps.promises.append((at, service, band, budget))
-        ps.promised_work += service
-        ps.last_promise = at
-        self.promise_counts["made"] += 1
-        self._arm()
-        return at - now
+        s = self.sla.promise(ps.work, ps.seen, ps.loads, band, service, budget, now, &booked)
+        if booked:
+            self._arm()
+        return s
 
     def _settle_promises(self, PoolState ps, double now):
         """Judge the promises come due: would a request of the promised band and size,
-        arriving now, be admitted and meet its SLA? Kept or broken (engines slower than
-        learned, higher bands taking the room, arrivals nobody was told of)."""
-        cdef double wait = 0.0, service, budget, sat
+        arriving now, be admitted and meet its SLA? Kept or broken."""
+        cdef double service = 0.0, budget = 0.0, sat
         cdef long room
-        cdef int band
-        promises = ps.promises
-        while promises and promises[0][0] <= now:
-            _, service, band, budget = promises.popleft()
-            ps.promised_work -= service
+        cdef int band = 0
+        cdef bint kept
+        cdef SlaModel sla = self.sla
+        while sla.next_due(ps.work, now, &service, &band, &budget):
             kept = True
             if self._refresh(ps):
                 room = free_slots(ps.seen, ps.pending)
                 sat = self._pool_sat(ps, now, band) if room > 0 else -1.0
                 if not (ps.queues.count_through(band) == 0 and room > 0 and sat <= <double>self._ceilings[band]):
-                    self._predict(ps, band, service, room, sat, now, &wait)
-                    kept = wait + service <= budget * (1.0 + self._tolerance(band))
-            outcome = "kept" if kept else "broken"
-            self.promise_counts[outcome] += 1
-            self.promise_metric.labels(outcome).inc()
-        if not promises:
-            ps.promised_work = 0.0
+                    kept = (sla.wait(ps.work, ps.seen, ps.loads, band, self._free_for(ps, band, room, sat, now), now)
+                            + service <= budget * (1.0 + sla.tolerance(band)))
+            sla.judged(kept)
+
+    @property
+    def promise_counts(self):
+        """Retry-After times told (``made``) and, of those come due, ``kept`` and ``broken``."""
+        return self.sla.promise_counts
 
     cpdef OutputEstimate open_estimate(self, model, bint chat):
         """The output tokens estimate of ``model``'s pool (None: the default pool) for a
@@ -1131,12 +971,15 @@ cdef class Admission:
         now in ``model``'s pool (None: the default pool); None while nothing is known."""
         cdef PoolState ps = self._state_of(model)
         cdef int b = self._band_of.get(band, self._default_band) if band else self._default_band
-        cdef double wait = 0.0, service
+        cdef double service, now
         if ps is None or not self._refresh(ps):
             return None
         service = ps.est.expect_size(<double>prompt_bytes, max_tokens)
-        service = self._predict(ps, b, service, free_slots(ps.seen, ps.pending), -1.0, self._now(), &wait)
-        return None if service < 0.0 else (wait, service)
+        if service < 0.0:
+            return None
+        now = self._now()
+        return (self.sla.wait(ps.work, ps.seen, ps.loads, b,
+                              self._free_for(ps, b, free_slots(ps.seen, ps.pending), -1.0, now), now), service)
 
     def has_room(self, Endpoint ep):
         """True when ``ep`` may take one more request now, of any band (the router's
@@ -1167,6 +1010,7 @@ cdef class Admission:
         if ps is None:
             ps = self._pools[model] = PoolState(pools[model], self.policy.make_queues(self.settings),
                                                 self.settings.ewma_alpha)
+            (<PoolState>ps).queues.locality = self._locality
             (<PoolState>ps).shm = pool_slot(model)
         return ps
 
@@ -1206,6 +1050,7 @@ cdef class Admission:
         if not same_endpoints(ps.seen, eps):
             ps.states = [self._ep_state(e) for e in eps]
             ps.loads = [st.load for st in ps.states]
+            ps.pace.endpoints = [st.pace for st in ps.states]
             ps.seen = list(eps)
         return refresh(ps.loads, ps.seen)
 
@@ -1293,7 +1138,7 @@ cdef class Admission:
                     break
                 _unqueue(ps, item)
                 fut = item.waiter
-                if not _waiting(fut):
+                if not self._waiting(fut):
                     if item.charged_to is not None:  # charged at the pop, never served
                         q.settle(item.charged_to, item.charged, 0.0)
                     continue
@@ -1317,8 +1162,8 @@ cdef class Admission:
                 if item.charged_to is not None:  # token fairness: for the settlement
                     (<Lease>lease)._fair_t = item.charged_to
                     (<Lease>lease).fair_charged = item.charged
-                if type(fut) is _waiter_type:
-                    _c_granted(fut, lease)
+                if type(fut) is self._waiter_type:
+                    self._c_granted(fut, lease)
                 else:
                     fut.set_result(lease)
 
@@ -1326,11 +1171,12 @@ cdef class Admission:
                       double deadline, double arrived_at, double now):
         cdef Lease lease = Lease.__new__(Lease)
         ps.pending += 1
+        cdef PoolWork w = ps.work
         # Admitted work: counted by its expected end until it is released.
         if service > 0.0:
             lease.expect_end = now + service
-            ps.busy_end += lease.expect_end
-            ps.busy_n += 1
+            w.busy_end += lease.expect_end
+            w.busy_n += 1
         self._in_flight += 1
         self.telemetry.granted(band, now - arrived_at)
         lease._adm = self
@@ -1345,10 +1191,8 @@ cdef class Admission:
         lease.arrived_at = arrived_at
         lease.granted_at = now
         if deadline != INFINITY and max_tokens > 0:
-            # The pace its decoding needs: what is left of its deadline past the expected
-            # first token, with a margin, a token.
-            _note_pace_need(ps, (deadline - now - ps.est.first_token(<double>prompt_bytes)) * _PACE_MARGIN
-                            / <double>max_tokens, now)
+            # The pace its decoding needs (pace.pyx).
+            note_grant(ps.pace, deadline, ps.est.first_token(<double>prompt_bytes), max_tokens, now)
         return lease
 
     # -- leases -------------------------------------------------------------------------------
@@ -1388,11 +1232,13 @@ cdef class Admission:
             ps.queues.settle(lease._fair_t, lease.fair_charged,
                              lease.fair_actual if lease.fair_known and self.settle_usage else -1.0)
             lease._fair_t = None  # (the lease is recycled: no queue kept alive by it)
+        cdef PoolWork w
         if lease.expect_end > 0.0:
-            ps.busy_n -= 1
-            ps.busy_end -= lease.expect_end
-            if ps.busy_n == 0:
-                ps.busy_end = 0.0  # no drift left behind by the sums
+            w = ps.work
+            w.busy_n -= 1
+            w.busy_end -= lease.expect_end
+            if w.busy_n == 0:
+                w.busy_end = 0.0  # no drift left behind by the sums
         # Work without a deadline is not judged against one.
         if outcome == COMPLETED and lease.deadline != INFINITY:
             sla = 1 if now <= lease.deadline else 0
@@ -1439,7 +1285,7 @@ cdef class Admission:
             # (time queued in the gateway is not cured by a smaller engine limit) and it
             # was slower than usual: an SLA no engine could meet says nothing of load.
             missed = (engine_s > lease.deadline - lease.arrived_at
-                      and expected >= 0 and engine_s > _CONGESTION * expected)
+                      and expected >= 0 and engine_s > VF_CONGESTION_FACTOR * expected)
         if slow or missed:
             aimd.on_breach(lease.bound_at, now)
         else:
@@ -1450,8 +1296,8 @@ cdef class Admission:
             # and a larger limit only lengthens its FIFO queue, where priorities no longer
             # apply (an engine whose batch is bound by its KV shows it so).
             aimd.on_sample(queued, queued and ep.inflight + 1 >= floor(
-                ep.limit * self._held_share(ps, st.load.capacity_known)),
-                           st.load.kv <= self._kv_hard_limit and st.load.waiting < 2.0 and not st.pace_high, now)
+                ep.limit * self.sla.held_share(ps.queues, st.load.capacity_known)),
+                           st.load.kv <= self._kv_hard_limit and st.load.waiting < 2.0 and not st.pace.high, now)
         _set_limit(ep, <int>aimd.value)
 
     # -- housekeeping -------------------------------------------------------------------------

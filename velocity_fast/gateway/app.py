@@ -9,26 +9,21 @@ import logging
 import math
 import time
 
-import orjson
-
 from velocity_fast.admission.controller import STATS_WHOLE as ADMISSION_WHOLE
-from velocity_fast.admission.controller import Ticket
 from velocity_fast.admission.errors import retry_headers
 from velocity_fast.config import EndpointConfig, Settings
 from velocity_fast.fleet.endpoint import STATS_WHOLE as ENDPOINT_WHOLE
 from velocity_fast.fleet.endpoint import Endpoint, Pool
 from velocity_fast.fleet.health import EndpointMonitor
-from velocity_fast.gateway.errors import BadRequest, ListenError, context_error
-from velocity_fast.gateway.ingress import Ingress, band_for, handle_client, new_request_id, start_native
+from velocity_fast.gateway.errors import BadRequest, ListenError
+from velocity_fast.gateway.ingress import Ingress, band_for, handle_client
 from velocity_fast.gateway.identity import Identity
 from velocity_fast.gateway.kv import KVFleet
 from velocity_fast.gateway.observability import GatewayMetrics
-from velocity_fast.gateway.policy import make_admission, make_router, routing_settings
-from velocity_fast.gateway.requests import decode_generate
+from velocity_fast.gateway.assemble import build_admission, build_router, routing_settings
 from velocity_fast.gateway.routes import GENERATION_ROUTES, MODEL_PREFIX, RELAY_ROUTES, OtherRoutes
 from velocity_fast.http.message import Request
 from velocity_fast.metrics.registry import Registry
-from velocity_fast.routing.errors import UnknownProfile
 from velocity_fast.server.connection import Responder
 from velocity_fast.server.http_server import HTTPServer
 from velocity_fast.server.limits import ServerLimits
@@ -120,11 +115,11 @@ class Gateway:
         self.started_at = time.monotonic()
         self.metrics = GatewayMetrics(self.registry, self)
         self.monitor = EndpointMonitor(settings.health, self._on_endpoint_change, self._on_metrics)
-        self.admission = make_admission(settings, self.pools, self.registry)
+        self.admission = build_admission(settings, self.pools, self.registry)
         # KV events of the endpoints that publish them; the token side of precise pools.
         self.kv = KVFleet(self.registry, lambda: self.endpoints, lambda: self.monitor.prefix_cache)
-        self.router = make_router(settings, self.registry,
-                                  precise=self.kv.precise_for(routing_settings(settings)))
+        self.router = build_router(settings, self.registry,
+                                   precise=self.kv.precise_for(routing_settings(settings)))
         self.band_names = [b.name for b in settings.bands]
         self.default_band = self.resolve_default_band()
         self.client_server: HTTPServer | None = None
@@ -276,11 +271,6 @@ class Gateway:
         """The client port's routes other than /health and the proxy routes (already
         authenticated): answers at once or returns a coroutine the server runs as a task."""
         path = req.path
-        if path == "/generate":
-            if req.method != "POST":
-                self.count_answer(path, 405)
-                return resp.send_error(405, "Use POST for /generate.")
-            return self._generate(req, resp)
         if path == "/v1/models" and req.method == "GET":
             self.count_answer(path, 200)
             return self._models(resp)
@@ -366,87 +356,6 @@ class Gateway:
                 raise BadRequest("x-velocity-sla-ms must be a positive, finite number of milliseconds.", "sla_ms")
             return v
         return body_value
-
-    # -- native /generate ----------------------------------------------------------------------------------
-    def _generate(self, req: Request, resp: Responder) -> None:
-        h = req.headers
-        rid = h.get("x-request-id") or new_request_id()
-        base_headers = [("x-request-id", rid)]
-        band = "-"
-        try:
-            r = decode_generate(req.body)
-            _, bound = self.identity.authenticate(h)
-            tenant_name, tenant = self.identity.tenant_for(bound, h.get("x-velocity-tenant"), None)
-            prio = h.get("x-velocity-priority")
-            band = self._band_for(prio if prio is not None else r.priority, tenant)
-            sla_ms = self.sla_for(h.get("x-velocity-sla-ms"), r.sla_ms)
-            if sla_ms is None and tenant is not None:
-                sla_ms = tenant.sla_ms  # the tenant's SLA, else (None) the server's
-            info = self.router.route_info(r.model or self.default_model, r, h)
-        except (BadRequest, UnknownProfile) as e:
-            self.metrics.requests.labels("/generate", 400, band).inc()
-            return resp.send_error(400, str(e), param=e.param, headers=base_headers)
-        model = r.model or self.default_model
-        pool = self.pools.get(model) if model else None
-        if pool is None:
-            return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
-                                   param="model", headers=base_headers)
-        limit = pool.context_length(self.settings.max_model_len)
-        if r.max_tokens >= limit:  # as the OpenAI routes (gateway/ingress.pyx)
-            self.metrics.requests.labels("/generate", 400, band).inc()
-            return resp.send_error(400, context_error(limit, r.max_tokens), param="max_tokens",
-                                   headers=base_headers)
-        payload = {"model": model, "prompt": r.prompt, "max_tokens": r.max_tokens, "stream": r.stream}
-        if r.temperature is not None:
-            payload["temperature"] = r.temperature
-        if r.stream:
-            payload["stream_options"] = {"include_usage": True}
-        body = orjson.dumps(payload)
-        q_est = 0.0
-        if tenant is not None:
-            # As the OpenAI routes: its tokens per minute (the estimate must fit), then its rate.
-            if tenant.tpm is not None:
-                q_est = len(body) / 4.0 + r.max_tokens
-                wait = tenant.take_tokens(q_est)
-                if wait:
-                    tenant.rejections["rate-limit"] = tenant.rejections.get("rate-limit", 0) + 1
-                    return self.reject(resp, "/generate", 429, "rate-limit",
-                                        f"Tenant {tenant_name!r} is over its tokens per minute.", band,
-                                        base_headers, wait)
-            wait = tenant.take()
-            if wait:
-                if q_est:
-                    tenant.settle_tokens(-q_est)
-                tenant.rejections["rate-limit"] = tenant.rejections.get("rate-limit", 0) + 1
-                return self.reject(resp, "/generate", 429, "rate-limit",
-                                    f"Tenant {tenant_name!r} is over its request rate.", band, base_headers, wait)
-        ticket = Ticket(band=band, tenant=tenant_name, sla_ms=sla_ms, max_tokens=r.max_tokens,
-                        prompt_bytes=len(body), model=model)
-        # The same exchange as the OpenAI routes; the engine's completion is reshaped.
-        start_native(self.ingress, req, resp, pool, ticket, info, body, rid, self._native_answer, tenant, q_est)
-
-    def _native_answer(self, x, body: bytes) -> bytes | None:
-        """The native answer of /generate from the engine's whole completion (None: the
-        body is not what a completion looks like)."""
-        try:
-            obj = orjson.loads(body)
-            text = obj["choices"][0].get("text", "")
-            tokens = int((obj.get("usage") or {}).get("completion_tokens") or 0)
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError, ValueError):
-            return None
-        ticket = x.ticket
-        latency = time.monotonic() - x.req.received_at
-        execution = max(latency - x.queue_s, 1e-9)
-        # The SLA judged is the one admission applied (the request's own, its tenant's, its
-        # band's or the server's); null when it had none (a band without a deadline).
-        lease = x.lease
-        sla_s = lease.deadline - lease.arrived_at if lease is not None else math.inf
-        return orjson.dumps({"request_id": x.rid, "response": text, "latency_seconds": round(latency, 6),
-                             "queue_time_seconds": round(x.queue_s, 6),
-                             "execution_time_seconds": round(execution, 6), "tokens_generated": tokens,
-                             "tokens_per_second": round(tokens / execution, 3),
-                             "sla_met": latency <= sla_s if math.isfinite(sla_s) else None,
-                             "priority": ticket.band})
 
     # -- admin port ----------------------------------------------------------------------------------------
     async def handle_admin(self, req: Request, resp: Responder) -> None:

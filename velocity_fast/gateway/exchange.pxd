@@ -97,3 +97,8 @@ cdef Exchange new_exchange(Ingress ingress, Request req, Responder resp, str rou
 cdef class GenExchange(Exchange):
     cdef bytes tail               # a stream's last event line, not yet ended
     cdef _read_events(self, bytes data)
+
+
+# Starts one (the front door's place_generation, gateway/ingress.pyx).
+cpdef start_generation(Ingress ingress, Request req, Responder resp, str route, pool, Ticket ticket, RouteInfo info,
+                       bytes body, str rid, tenant, double q_est, bint stream)

@@ -54,3 +54,6 @@ class GenExchange(Exchange):
 def start_generation(ingress: Ingress, req: Any, resp: Any, route: str, pool: Any, ticket: Any, info: Any,
                      body: bytes, rid: str, tenant: Any, q_est: float, stream: bool) -> None:
     """/v1/responses and /v1/messages through admission and routing, as chat."""
+
+def drive_exchanges(adm: Any) -> None:
+    """Have ``adm``'s dispatch cycle drive the gateway's exchanges as C."""

@@ -6,7 +6,7 @@ parser callbacks: a whole answer from the last one, a stream event by event as e
 piece arrives (reading from the engine pauses while the client's buffer is full).
 
 The front door (gateway/ingress.pyx) makes one for every proxied route: the OpenAI
-routes as they are, /generate with its answer reshaped (``start_native``). A connect
+routes as they are, /generate with its answer reshaped (``generate``). A connect
 failure is retried once elsewhere. Every admitted request ends its lease exactly once, a
 client that leaves included ("cancelled", engine connection aborted). The Ingress
 supplies the shared parts: router, admission, monitor, metrics and reject.
@@ -17,8 +17,8 @@ import logging
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from libc.string cimport memcmp
 
-from velocity_fast.admission.bands cimport set_locality
-from velocity_fast.admission.controller cimport Admission, Lease, Ticket, set_waiter
+from velocity_fast.admission.bands cimport VF_BYTES_PER_TOKEN
+from velocity_fast.admission.controller cimport Admission, Lease, Ticket
 from velocity_fast.gateway.ingress cimport Ingress, count_reject, count_request, internal_error, settle
 from velocity_fast.gateway.usage cimport USAGE_EVENT_LEN, answer_usage, read_usage, unframe, usage_event_at
 from velocity_fast.routing.route cimport RouteInfo
@@ -125,7 +125,7 @@ def _run_grants(Ingress ingress):
 # (it ignored the decorator here, with a warning at every build).
 cdef class Exchange(ResponseHandler):
     """See the module doc. The engine connection's response handler (called as C), and admission's
-    waiter while queued (registered below with ``set_waiter``: the dispatch cycle calls
+    waiter while queued (``drive_exchanges`` tells admission so: the dispatch cycle calls
     ``waiting`` and ``granted`` as C)."""
 
     cpdef start(self):
@@ -631,18 +631,22 @@ cdef void _x_granted(object x, Lease lease) except *:
 
 cdef double _x_locality(object x) except? -1.0:
     """Admission's locality fairness: how much of a queued request's prompt an engine
-    with room holds (the router's prefix index). A waiter of another kind answers with
-    its ``prefix_cached()``, if it has one (else 0)."""
+    with room holds (the router's prefix index); a waiter of another kind (a future) is
+    not known: 0."""
     cdef Exchange e
     if type(x) is not Exchange:
-        fn = getattr(x, "prefix_cached", None)
-        return fn() if fn is not None else 0.0
+        return 0.0
     e = <Exchange>x
     return (<Router?>e.ingress.router).cached_room(e.pool, e.info)
 
 
-set_waiter(Exchange, _x_waiting, _x_granted)
-set_locality(_x_locality)
+def drive_exchanges(Admission adm not None):
+    """Have ``adm``'s dispatch cycle drive the gateway's exchanges as C (a waiting check and
+    a grant, no Python call), and its locality fairness ask the router where a queued
+    exchange's prefix is cached; the gateway's assembler calls it on every Admission it
+    builds."""
+    adm.set_waiter(Exchange, _x_waiting, _x_granted)
+    adm.set_locality(_x_locality)
 
 
 cdef const char* _object_end(const char* p, const char* end) noexcept:
@@ -703,16 +707,17 @@ cdef class GenExchange(Exchange):
                 continue  # not the shape expected: the estimate stands
 
 
-def start_generation(Ingress ingress, Request req, Responder resp, str route, pool, Ticket ticket, RouteInfo info,
-                     bytes body, str rid, tenant, double q_est, bint stream):
+cpdef start_generation(Ingress ingress, Request req, Responder resp, str route, pool, Ticket ticket, RouteInfo info,
+                       bytes body, str rid, tenant, double q_est, bint stream):
     """/v1/responses and /v1/messages on the same path as chat (gateway/routes.py):
     admission, routing, the engine's answer relayed as it comes, usage read from their
-    own shapes (GenExchange). ``tenant``, ``q_est``: as start_native's."""
+    own shapes (GenExchange). ``tenant``: the configured tenant, ``q_est``: the tokens
+    drawn from its quota (settled from the answer's usage)."""
     cdef GenExchange x = <GenExchange>_fill(GenExchange.__new__(GenExchange), ingress, req, resp, route, pool,
                                             ticket, info, body, rid)
     x.tenant = tenant
     x.q_est = q_est
-    x.prompt_est = <long long>(ticket.prompt_bytes / 4.0)
+    x.prompt_est = <long long>(ticket.prompt_bytes / VF_BYTES_PER_TOKEN)
     x.stream_req = stream
     x.want_usage = tenant is not None or x.adm.settle_usage
     x.tail = b""

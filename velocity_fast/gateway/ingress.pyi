@@ -1,9 +1,6 @@
 """Stubs for velocity_fast.gateway.ingress (the gateway's front door)."""
 import logging
-from collections.abc import Callable
 from typing import Any
-
-from velocity_fast.gateway.exchange import Exchange
 
 log: logging.Logger
 
@@ -32,6 +29,9 @@ def band_for(names: list[str], raw: Any, tenant: Any, default: str | None = None
 def proxy(ingress: Ingress, req: Any, resp: Any, route: str, chat: bool) -> Any: ...
 def settle(ingress: Ingress, route: str, band: str, ep: Any, lease: Any, status: int, engine_failed: bool, ok: bool,
            error_text: Any, events: int) -> None: ...
-def start_native(ingress: Ingress, req: Any, resp: Any, pool: Any, ticket: Any, info: Any, body: bytes, rid: str,
-                 reshape: Callable[[Exchange, bytes], bytes | None], tenant: Any = None,
-                 q_est: float = 0.0) -> None: ...
+def generate(ingress: Ingress, req: Any, resp: Any) -> Any:
+    """POST /generate through the same checks and exchange as the OpenAI routes."""
+def place_generation(ingress: Ingress, req: Any, resp: Any, route: str, rid: str, band: str, tenant: Any,
+                     tenant_name: Any, sla_ms: float | None, model: Any, info: Any, body: bytes,
+                     max_tokens: int | None, param: str, stream: bool) -> Any:
+    """/v1/responses and /v1/messages from their pool on, through the same checks as the OpenAI routes."""

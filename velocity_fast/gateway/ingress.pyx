@@ -1,25 +1,31 @@
 """The gateway's front door, compiled: the client port's handler (``handle_client``), the
 proxy routes' validation and placing (``proxy``: band, tenant, SLA, pool, the body to
 forward) up to the ``Exchange`` that takes a request from admission to its answer
-(gateway/exchange.pyx), /generate's way onto the same path (``start_native``), and the
-books every answer ends with (``settle``, ``count_request``, ``internal_error``).
+(gateway/exchange.pyx), the native /generate through the same checks (``generate``: its
+own body and answer shapes, the same pool, context, quota and exchange), and the books
+every answer ends with (``settle``, ``count_request``, ``internal_error``).
 
 ``Ingress`` holds what every proxied request reads of its gateway as C fields; the
 Gateway (gateway/app.py) supplies them: router, admission, monitor, metrics, and reject
 and the other routes through its small interface.
 """
 
+cimport cython
+
 import logging
+import math
 import os
+import time
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeASCII
 
+from velocity_fast.admission.bands cimport VF_BYTES_PER_TOKEN
 from velocity_fast.admission.controller cimport Admission, Lease, Ticket
 from velocity_fast.admission.estimators cimport OutputEstimate
 from velocity_fast.metrics.values cimport Value
-from velocity_fast.gateway.exchange cimport Exchange, new_exchange
+from velocity_fast.gateway.exchange cimport Exchange, new_exchange, start_generation
 from velocity_fast.gateway.requests cimport (P_FIELDS, P_MAX_COMPLETION_TOKENS, P_MAX_TOKENS, P_MODEL, P_PRIORITY,
                                            P_SLA_MS, P_STREAM, P_STREAM_OPTIONS, P_USER, ask_usage, decode_fields,
                                            strip_own_fields)
@@ -35,10 +41,11 @@ from velocity_fast.http.message cimport OWN_PRIORITY, OWN_PROFILE, OWN_RID, OWN_
 from velocity_fast.lowlevel.fmt cimport str_eq
 
 import msgspec
+import orjson
 
 from velocity_fast.admission.estimators import OPEN_START_CHAT, OPEN_START_TEXT
 from velocity_fast.gateway.errors import BadRequest, context_error
-from velocity_fast.gateway.requests import too_deep
+from velocity_fast.gateway.requests import decode_generate, too_deep
 from velocity_fast.routing.errors import UnknownProfile
 from velocity_fast.routing.settings import PROFILE_HEADER, SESSION_HEADER
 
@@ -75,7 +82,9 @@ cpdef str new_request_id():
     return PyUnicode_DecodeASCII(_ID, 16, NULL)
 
 
-cdef dict _PROXY_ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}
+# The routes of the front door: chat (True), completions (False), the native /generate.
+cdef object _NATIVE = object()
+cdef dict _PROXY_ROUTES = {"/v1/chat/completions": True, "/v1/completions": False, "/generate": _NATIVE}
 cdef str _HEALTH = "/health"
 cdef str _last_path = None  # the last path asked and what _PROXY_ROUTES said of it
 cdef object _last_chat = None
@@ -152,6 +161,8 @@ def handle_client(Ingress ingress, Request req, Responder resp):
         if not str_eq(req.method, _POST):
             ingress.app.count_answer(path, 405)
             return resp.send_error(405, f"Use POST for {path}.")
+        if chat is _NATIVE:
+            return generate(ingress, req, resp)
         return proxy(ingress, req, resp, path, chat)
     return ingress.app.route_other(req, resp)
 
@@ -203,15 +214,12 @@ cpdef str band_for(list names, raw, tenant, str default=None):
 cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
     """Gateway.handle's /v1/chat/completions and /v1/completions: validate, place in a band
     and a pool, then an Exchange takes it from admission to the answer."""
-    cdef Ticket ticket
     cdef PyObject* f[P_FIELDS]  # the request's fields, read at once (borrowed: r holds them)
     cdef bint compact  # the decoder left messages and prompt as compact JSON text
-    cdef long limit
     cdef Identity identity = ingress.identity
     cdef dict h = None
-    cdef Tenant t
     cdef Exchange x
-    cdef double q_est, wait, now
+    cdef double q_est
     cdef bint stream, strip, want
     cdef unsigned int own
     cdef const char* tenant_p = NULL  # the tenant header's bytes (in raw), when read where they lie
@@ -295,22 +303,11 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
         e = too_deep()
         count_request(ingress, route, 400, band)
         return resp.send_error(400, str(e), headers=rid_header(rid))
-    pool = ingress.pools.get(model) if model else None
-    if pool is None:
-        count_request(ingress, route, 404, band)
-        return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
-                               param="model", headers=rid_header(rid))
     asked = <object>f[P_MAX_COMPLETION_TOKENS] or <object>f[P_MAX_TOKENS]
-    if asked is not None and type(pool) is Pool:
-        # As vLLM answers: a completion that cannot fit the engines' context beside even a
-        # one-token prompt is a 400 here, not a request admission would queue and charge.
-        # (asked: at most MAX_TOKENS_LIMIT, checked when the body was decoded.)
-        limit = (<Pool>pool).context_length(ingress.max_model_len)
-        if <long>asked >= limit:
-            count_request(ingress, route, 400, band)
-            return resp.send_error(400, context_error(limit, asked),
-                                   param="max_completion_tokens" if <object>f[P_MAX_COMPLETION_TOKENS]
-                                   else "max_tokens", headers=rid_header(rid))
+    pool = _pool_for(ingress, resp, route, band, rid, model, asked,
+                     "max_completion_tokens" if <object>f[P_MAX_COMPLETION_TOKENS] else "max_tokens")
+    if pool is None:
+        return None  # answered
     body = strip_own_fields(req.body, r)
     if asked is None:
         # The reply runs until the model stops: taken for what the pool's engines returned
@@ -320,26 +317,9 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
     else:
         max_tokens = asked
     q_est = 0.0
-    if tenant is not None:
-        t = <Tenant?>tenant
-        if t.tpm is not None:  # its quota of tokens: the estimate must fit in what is left
-            q_est = PyBytes_GET_SIZE(body) / _BYTES_PER_TOKEN + <long>max_tokens
-            # Refilled to when the request was read (this pass's clock), no second read.
-            now = req.received_at
-            wait = tenant_draw_tokens(t, q_est, now if now > 0.0 else monotonic())
-            if wait:
-                count_reject(t, "rate-limit")
-                return ingress.app.reject(resp, route, 429, "rate-limit",
-                                      f"Tenant {tenant_name!r} is over its tokens per minute.", band,
-                                      rid_header(rid), wait)
-        wait = t.take() if t.rate is not None else 0.0  # (no call for a tenant with no request rate)
-        if wait:
-            if q_est:
-                tenant_settle_tokens(t, -q_est)
-            count_reject(t, "rate-limit")
-            return ingress.app.reject(resp, route, 429, "rate-limit",
-                              f"Tenant {tenant_name!r} is over its request rate.", band,
-                              rid_header(rid), wait)
+    if tenant is not None and not _draw_quota(ingress, req, resp, route, band, rid, <Tenant?>tenant, tenant_name,
+                                              PyBytes_GET_SIZE(body), <long>max_tokens, &q_est):
+        return None  # answered
     stream = <object>f[P_STREAM] is True
     strip = False
     # Usage is read only where something settles from it: a configured tenant (its
@@ -352,17 +332,8 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
             # Asked of the engine for the settlement, cut from the client's stream.
             body = ask_usage(body, options is not None)
             strip = True
-    ticket = Ticket.__new__(Ticket)  # the fields are already what Ticket() would make of them
-    ticket.band = band
-    ticket.tenant = tenant_name
-    ticket.sla_ms = sla_ms
-    ticket.max_tokens = max_tokens
-    ticket.prompt_bytes = len(body)
-    ticket.model = model
-    x = new_exchange(ingress, req, resp, route, pool, ticket, info, body, rid)
-    x.tenant = tenant
-    x.q_est = q_est
-    x.prompt_est = <long long>(ticket.prompt_bytes / _BYTES_PER_TOKEN)
+    x = _exchange(ingress, req, resp, route, pool, band, tenant_name, sla_ms, <long>max_tokens, model, info, body,
+                  rid, tenant, q_est)
     x.stream_req = stream
     x.want_usage = want
     x.usage_strip = strip
@@ -372,7 +343,77 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
     x.start()
 
 
-cdef double _BYTES_PER_TOKEN = 4.0  # the estimate of a prompt's tokens from its bytes (admission's)
+# -- what every route of the front door goes through once its body is read --------------------
+
+cdef object _pool_for(Ingress ingress, Responder resp, str route, str band, str rid, model, asked, str param):
+    """The pool that serves ``model``, where ``asked`` output tokens (None: not named) fit
+    its engines' context; else None, the client answered (404, 400 naming ``param``)."""
+    cdef long limit
+    pool = ingress.pools.get(model) if model else None
+    if pool is None:
+        count_request(ingress, route, 404, band)
+        resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
+                        param="model", headers=rid_header(rid))
+        return None
+    if asked is not None and type(pool) is Pool:
+        # As vLLM answers: a completion that cannot fit the engines' context beside even a
+        # one-token prompt is a 400 here, not a request admission would queue and charge.
+        # (asked: at most MAX_TOKENS_LIMIT, checked when the body was decoded.)
+        limit = (<Pool>pool).context_length(ingress.max_model_len)
+        if <long>asked >= limit:
+            count_request(ingress, route, 400, band)
+            resp.send_error(400, context_error(limit, asked), param=param, headers=rid_header(rid))
+            return None
+    return pool
+
+
+cdef bint _draw_quota(Ingress ingress, Request req, Responder resp, str route, str band, str rid, Tenant t,
+                      tenant_name, Py_ssize_t nbytes, long max_tokens, double* q_est) except -1:
+    """Draw a configured tenant's quota for a request of ``nbytes`` forwarded, ``max_tokens``
+    out: its tokens per minute (the estimate, ``q_est``, must fit in what is left), then its
+    request rate. False: over one of them, the client answered (429 ``rate-limit``)."""
+    cdef double wait, now
+    if t.tpm is not None:
+        q_est[0] = nbytes / VF_BYTES_PER_TOKEN + max_tokens
+        # Refilled to when the request was read (this pass's clock), no second read.
+        now = req.received_at
+        wait = tenant_draw_tokens(t, q_est[0], now if now > 0.0 else monotonic())
+        if wait:
+            count_reject(t, "rate-limit")
+            ingress.app.reject(resp, route, 429, "rate-limit", f"Tenant {tenant_name!r} is over its tokens per minute.",
+                               band, rid_header(rid), wait)
+            return False
+    wait = t.take() if t.rate is not None else 0.0  # (no call for a tenant with no request rate)
+    if wait:
+        if q_est[0]:
+            tenant_settle_tokens(t, -q_est[0])
+        count_reject(t, "rate-limit")
+        ingress.app.reject(resp, route, 429, "rate-limit", f"Tenant {tenant_name!r} is over its request rate.",
+                           band, rid_header(rid), wait)
+        return False
+    return True
+
+
+cdef Exchange _exchange(Ingress ingress, Request req, Responder resp, str route, pool, str band, tenant_name, sla_ms,
+                        long max_tokens, model, RouteInfo info, bytes body, str rid, tenant, double q_est):
+    """The Exchange that takes the request from admission to its answer, with its ticket;
+    ``q_est``: the tokens drawn from ``tenant``'s quota (settled from the answer's usage)."""
+    cdef Exchange x
+    cdef Ticket ticket = Ticket.__new__(Ticket)  # the fields are already what Ticket() would make of them
+    ticket.band = band
+    ticket.tenant = tenant_name
+    ticket.sla_ms = sla_ms
+    ticket.max_tokens = max_tokens
+    ticket.prompt_bytes = len(body)
+    ticket.model = model
+    x = new_exchange(ingress, req, resp, route, pool, ticket, info, body, rid)
+    x.tenant = tenant
+    x.q_est = q_est
+    x.prompt_est = <long long>(ticket.prompt_bytes / VF_BYTES_PER_TOKEN)
+    return x
+
+
+cdef str _GENERATE = "/generate"
 
 
 cdef count_request(Ingress ingress, str route, int status, str band):
@@ -407,20 +448,100 @@ cpdef settle(Ingress ingress, str route, str band, Endpoint ep, Lease lease, int
     count_request(ingress, route, status, band)
 
 
-cpdef start_native(Ingress ingress, Request req, Responder resp, pool, Ticket ticket, RouteInfo info, bytes body,
-                   str rid, reshape, tenant=None, double q_est=0.0):
-    """/generate on the same path as the OpenAI routes: its body (already a completions
-    request) goes to the engine's /v1/completions, and ``reshape(exchange, body)`` turns
-    a whole 2xx JSON answer into the native one (None: the engine's body was not what a
-    completion looks like, a 502). Streams and errors go on as the engine sent them (the
-    body asks a stream's usage itself: its chunk is relayed). ``tenant``: the configured
-    tenant, ``q_est``: the tokens drawn from its quota (settled as the OpenAI routes')."""
-    cdef Exchange x = new_exchange(ingress, req, resp, "/generate", pool, ticket, info, body, rid)
+cpdef generate(Ingress ingress, Request req, Responder resp):
+    """POST /generate, the native route (the key already checked by ``handle_client``): the
+    same checks as the OpenAI routes (band, tenant, SLA, profile, pool, context, quota) and
+    the same exchange. Its body becomes a completions request to the engine's
+    /v1/completions, and a whole 2xx JSON answer is reshaped into the native one
+    (``_native_answer``); streams and errors go on as the engine sent them (the body asks
+    a stream's usage itself: its chunk is relayed)."""
+    cdef Identity identity = ingress.identity
+    cdef dict h = req.header_dict()
+    cdef Exchange x
+    cdef double q_est = 0.0
+    rid = h.get("x-request-id") or new_request_id()
+    band = "-"
+    try:
+        r = decode_generate(req.body)
+        bound = identity.authenticate(h)[1] if identity.required else None
+        tenant_name = identity.tenant_name(bound, h.get("x-velocity-tenant"), None)
+        tenant = identity.tenant_named(bound, tenant_name)
+        if tenant is not None:
+            tenant_name = (<Tenant>tenant).name
+        prio = h.get("x-velocity-priority")
+        band = band_for(ingress.band_names, prio if prio is not None else r.priority, tenant, ingress.default_band)
+        sla_ms = r.sla_ms
+        sla = h.get("x-velocity-sla-ms")
+        if sla is not None:
+            sla_ms = ingress.app.sla_for(sla, sla_ms)
+        if sla_ms is None and tenant is not None:
+            sla_ms = (<Tenant>tenant).sla_ms  # the tenant's SLA, else (None) the server's
+        model = r.model or ingress.default_model
+        info = (<Router?>ingress.router).route_info(model, r, h)
+    except (BadRequest, UnknownProfile) as e:
+        count_request(ingress, _GENERATE, 400, band)
+        return resp.send_error(400, str(e), param=e.param, headers=rid_header(rid))
+    pool = _pool_for(ingress, resp, _GENERATE, band, rid, model, r.max_tokens, "max_tokens")
+    if pool is None:
+        return None  # answered
+    payload = {"model": model, "prompt": r.prompt, "max_tokens": r.max_tokens, "stream": r.stream}
+    if r.temperature is not None:
+        payload["temperature"] = r.temperature
+    if r.stream:
+        payload["stream_options"] = {"include_usage": True}
+    body = orjson.dumps(payload)
+    if tenant is not None and not _draw_quota(ingress, req, resp, _GENERATE, band, rid, <Tenant?>tenant, tenant_name,
+                                              len(body), <long>r.max_tokens, &q_est):
+        return None  # answered
+    x = _exchange(ingress, req, resp, _GENERATE, pool, band, tenant_name, sla_ms, <long>r.max_tokens, model, info,
+                  body, rid, tenant, q_est)
     x.up_path = "/v1/completions"
-    x.reshape = reshape
-    x.tenant = tenant
-    x.q_est = q_est
-    x.prompt_est = <long long>(ticket.prompt_bytes / _BYTES_PER_TOKEN)
-    x.stream_req = b'"stream":true' in body
+    x.reshape = _native_answer
+    x.stream_req = r.stream
     x.want_usage = tenant is not None or x.adm.settle_usage
     x.start()
+
+
+cpdef place_generation(Ingress ingress, Request req, Responder resp, str route, str rid, str band, tenant,
+                       tenant_name, sla_ms, model, RouteInfo info, bytes body, max_tokens, str param, bint stream):
+    """/v1/responses and /v1/messages (gateway/routes.py decodes and places them) from their
+    pool on, through the same checks as the OpenAI routes: the pool (404), the context
+    (400 naming ``param``), the tenant's quota (429); then their exchange. ``max_tokens``:
+    None when the request names none (taken for 256 in admission and the quota)."""
+    cdef double q_est = 0.0
+    cdef long out = <long>max_tokens if max_tokens is not None else 256
+    pool = _pool_for(ingress, resp, route, band, rid, model, max_tokens, param)
+    if pool is None:
+        return None  # answered
+    if tenant is not None and not _draw_quota(ingress, req, resp, route, band, rid, <Tenant?>tenant, tenant_name,
+                                              len(body), out, &q_est):
+        return None  # answered
+    cdef Ticket ticket = Ticket(band=band, tenant=tenant_name, sla_ms=sla_ms, max_tokens=out,
+                                prompt_bytes=len(body), model=model)
+    start_generation(ingress, req, resp, route, pool, ticket, info, body, rid, tenant, q_est, stream)
+
+
+@cython.boundscheck(True)  # an engine's answer may hold an empty list: an IndexError, a 502
+@cython.wraparound(True)
+def _native_answer(Exchange x, bytes body):
+    """The native answer of /generate from the engine's whole completion (None: the body
+    is not what a completion looks like, a 502)."""
+    try:
+        obj = orjson.loads(body)
+        text = obj["choices"][0].get("text", "")
+        tokens = int((obj.get("usage") or {}).get("completion_tokens") or 0)
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError, ValueError):
+        return None
+    ticket = x.ticket
+    latency = time.monotonic() - x.req.received_at
+    execution = max(latency - x.queue_s, 1e-9)
+    # The SLA judged is the one admission applied (the request's own, its tenant's, its
+    # band's or the server's); null when it had none (a band without a deadline).
+    lease = x.lease
+    sla_s = lease.deadline - lease.arrived_at if lease is not None else math.inf
+    return orjson.dumps({"request_id": x.rid, "response": text, "latency_seconds": round(latency, 6),
+                         "queue_time_seconds": round(x.queue_s, 6),
+                         "execution_time_seconds": round(execution, 6), "tokens_generated": tokens,
+                         "tokens_per_second": round(tokens / execution, 3),
+                         "sla_met": latency <= sla_s if math.isfinite(sla_s) else None,
+                         "priority": ticket.band})

@@ -36,7 +36,7 @@ def _check_tokenizers(settings: Settings, args: argparse.Namespace, source: str 
     package, is a config error at start, not a traceback)."""
     from velocity_fast.routing.precise.template import load_tokenizer
 
-    from .policy import routing_settings
+    from .assemble import routing_settings
 
     rs = routing_settings(settings)
     if not rs.precise_models():
@@ -190,7 +190,7 @@ def charge_main(args: argparse.Namespace) -> int:
     from .app import Gateway
     from .kv import kv_events_for_engines
     from .observability import setup_logging
-    from .policy import routing_settings
+    from .assemble import routing_settings
 
     from .workers import worker_count
 

@@ -33,7 +33,7 @@ import msgspec
 
 from velocity_fast.admission.settings import AdmissionSettings
 from velocity_fast.gateway.identity import Identity
-from velocity_fast.gateway.policy import make_admission, make_router, routing_settings
+from velocity_fast.gateway.assemble import build_admission, build_router, routing_settings
 from velocity_fast.upstream.pool import UpstreamPool
 
 from ..config import ConfigError, Settings
@@ -171,8 +171,8 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
     router = None
     if routing_settings(new) != routing_settings(old):
         kv = getattr(gw, "kv", None)
-        router = make_router(new, _AdoptingRegistry(gw.registry),
-                             precise=kv.precise_for(routing_settings(new)) if kv is not None else None)
+        router = build_router(new, _AdoptingRegistry(gw.registry),
+                              precise=kv.precise_for(routing_settings(new)) if kv is not None else None)
     identity = None
     if new.api_key != old.api_key or new.tenants != old.tenants:
         identity = _identity(gw.identity, new, getattr(gw, "state_store", None))
@@ -213,7 +213,7 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
     # Built last, over the final pools; Settings.validate() already accepted its settings.
     if rebuild or {m: id(p) for m, p in gw.pools.items()} != pools_before:
         retired.append(gw.admission)
-        gw.admission = make_admission(new, gw.pools, gw.registry)
+        gw.admission = build_admission(new, gw.pools, gw.registry)
         changes.append(f"admission rebuilt (policy {new.policy})")
     gw.default_band = gw.resolve_default_band()  # admission.default_band over the bands now in force
     # Compared with the values the gateway runs with (those it started with), not with the

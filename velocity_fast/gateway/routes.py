@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
-from velocity_fast.admission.controller import Ticket
-from velocity_fast.gateway.errors import BadRequest, context_error
-from velocity_fast.gateway.exchange import start_generation
-from velocity_fast.gateway.ingress import band_for, new_request_id
+from velocity_fast.gateway.errors import BadRequest
+from velocity_fast.gateway.ingress import band_for, new_request_id, place_generation
 from velocity_fast.gateway.request_types import GATEWAY_FIELDS, MAX_TOKENS_LIMIT
 from velocity_fast.routing.errors import UnknownProfile
 
@@ -220,38 +218,12 @@ class OtherRoutes:
         except (msgspec.DecodeError, RecursionError):
             gw.metrics.requests.labels(route, 400, band).inc()
             return resp.send_error(400, "Invalid request: the prompt's items are not JSON objects.", headers=hdrs)
-        pool = gw.pools.get(model) if model else None
-        if pool is None:
-            gw.metrics.requests.labels(route, 404, band).inc()
-            return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
-                                   param="model", headers=hdrs)
-        if max_tokens is not None:
-            limit = pool.context_length(gw.settings.max_model_len)
-            if max_tokens >= limit:  # as chat: a completion that cannot fit beside any prompt
-                gw.metrics.requests.labels(route, 400, band).inc()
-                return resp.send_error(400, context_error(limit, max_tokens), param=limit_name, headers=hdrs)
         body = req.body
         if r.priority is not None or r.sla_ms is not None or b'"priority"' in body or b'"sla_ms"' in body:
             obj = _model_decoder.decode(body)  # the gateway's own fields: vLLM may refuse them
             for f in GATEWAY_FIELDS:
                 obj.pop(f, None)
             body = msgspec.json.encode(obj)
-        q_est = 0.0
-        if tenant is not None:
-            if tenant.tpm is not None:
-                q_est = len(body) / 4.0 + (max_tokens or 256)
-                wait = tenant.take_tokens(q_est)
-                if wait:
-                    tenant.rejections["rate-limit"] = tenant.rejections.get("rate-limit", 0) + 1
-                    return gw.reject(resp, route, 429, "rate-limit",
-                                     f"Tenant {tenant_name!r} is over its tokens per minute.", band, hdrs, wait)
-            wait = tenant.take()
-            if wait:
-                if q_est:
-                    tenant.settle_tokens(-q_est)
-                tenant.rejections["rate-limit"] = tenant.rejections.get("rate-limit", 0) + 1
-                return gw.reject(resp, route, 429, "rate-limit", f"Tenant {tenant_name!r} is over its request rate.",
-                                 band, hdrs, wait)
-        ticket = Ticket(band=band, tenant=tenant_name, sla_ms=sla_ms, max_tokens=max_tokens or 256,
-                        prompt_bytes=len(body), model=model)
-        start_generation(gw.ingress, req, resp, route, pool, ticket, info, body, rid, tenant, q_est, r.stream is True)
+        # From the pool on (context, quota, exchange), the same checks as the OpenAI routes.
+        place_generation(gw.ingress, req, resp, route, rid, band, tenant, tenant_name, sla_ms, model, info, body,
+                         max_tokens, limit_name, r.stream is True)

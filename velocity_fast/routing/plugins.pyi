@@ -35,6 +35,10 @@ class Scorer:
 class Profile:
     """A routing profile: its scoring and its pick among the candidates the filters left."""
     name: str
+    needs_prefix: bool
+    """False: the router hashes no prompt for it."""
+    precise: bool
+    """True: in a precise pool, its requests go to the token side."""
     basis: str | None
     def __init__(self, settings: RoutingSettings, rng: random.Random,
                  sessions: SessionAffinity | None = None) -> None: ...

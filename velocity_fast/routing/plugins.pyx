@@ -61,9 +61,16 @@ cdef class Profile:
 
     Subclasses implement ``choose`` (a cdef method) and set ``name``; the constructor takes
     the routing settings, the router's random generator (for ties) and its session map
-    (which only the profiles that honour sessions keep)."""
+    (which only the profiles that honour sessions keep).
+
+    A profile declares what of the request it reads, and the router asks it, not its name:
+    ``needs_prefix`` (False: the router renders and hashes no prompt for it, and its
+    dispatches add nothing to the prefix index) and ``precise`` (True: in a precise pool
+    the router hands its requests to the token side, whose scores it reads)."""
 
     name = ""
+    needs_prefix = True
+    precise = False
 
     def __init__(self, settings, rng, sessions=None):
         self.settings = settings

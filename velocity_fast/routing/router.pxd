@@ -15,12 +15,12 @@ cdef class Router:
     cdef public PrefixHasher _hasher
     cdef public dict _profiles
     cdef public dict _pools
-    cdef public dict _batch_infos
+    cdef public dict _hashless_infos  # by model: the RouteInfo of a profile that needs no prefix
     cdef public dict _pick_children
     cdef object _last_model  # the last shared RouteInfo, for the same model and profiles
     cdef RouteInfo _last_info
     cdef object _last_profiles
-    cdef bint _last_short    # _last_info is for prompts shorter than one block (else: batch's)
+    cdef bint _last_short    # _last_info is for prompts shorter than one block (else: a hashless profile's)
     cdef dict _short_infos   # (model, profile) -> the RouteInfo of a prompt without a full block
     cdef public object _picks
     cdef public object _fail_open
@@ -47,6 +47,8 @@ cdef class Router:
     cdef Value _blocks_hit_v
     # Prefix modes (routing.prefix): all approximate is the plain path.
     cdef public object _precise
+    cdef frozenset _hashless          # the profiles that need no prefix (Profile.needs_prefix)
+    cdef frozenset _precise_profiles  # the profiles a precise pool hands to the token side (Profile.precise)
     cdef bint _plain_prefix
     cdef dict _prefix_modes
     cdef object _prefix_default

@@ -80,7 +80,6 @@ TURN = ("round-robin", "turn")
 
 cdef str _PROFILE_HEADER = PROFILE_HEADER
 cdef str _SESSION_HEADER = SESSION_HEADER
-cdef str _BATCH = "batch"
 cdef str _ONLY = "only"
 cdef object _session_key = SessionAffinity.key
 cdef object _py_monotonic = time.monotonic
@@ -157,10 +156,13 @@ cdef class Router:
         self._precise = precise
         self._rng = rng or random.Random(s.seed)
         self._hasher = PrefixHasher(s.block_bytes)
-        self._batch_infos = {}  # by model: nothing per request in them
+        self._hashless_infos = {}  # by model: nothing per request in them
         self._short_infos = {}  # the same for prompts shorter than one block, by (model, profile)
         self._sessions = SessionAffinity()
         self._profiles = make_profiles(s, self._rng, self._sessions)
+        # What each profile reads, as it declares it: the request path asks these, not names.
+        self._hashless = frozenset(n for n, p in self._profiles.items() if not p.needs_prefix)
+        self._precise_profiles = frozenset(n for n, p in self._profiles.items() if p.precise)
         self._pickst = Pick()
         self._load = EngineLoad()
         self._pools = {}  # model -> RouterPool
@@ -309,13 +311,14 @@ cdef class Router:
             profile = self._model_profiles.get(model, self._default_profile)
         if session:
             session = session.strip() or None
-        if profile == _BATCH and not session:
-            # Shortest queue needs no prefix: no rendering, no hashing, one shared RouteInfo.
-            info = self._batch_infos.get(model)
+        if not session and profile in self._hashless:
+            # A profile that needs no prefix (batch's shortest queue): no rendering, no
+            # hashing, one shared RouteInfo.
+            info = self._hashless_infos.get(model)
             if info is None:
                 info = _new_info(model, profile, self._hasher.hash(b"", model), None, None)
-                if len(self._batch_infos) < 256:  # models come from clients: the cache stays bounded
-                    self._batch_infos[model] = info
+                if len(self._hashless_infos) < 256:  # models come from clients: the cache stays bounded
+                    self._hashless_infos[model] = info
             if by_model:
                 # What decided it is the model and the profiles it maps to: the next request
                 # with the same model object and no routing headers gets the same info.
@@ -380,7 +383,7 @@ cdef class Router:
         if mode == "approximate":
             hashes.thin(THIN_AFTER, THIN_FACTOR)
         info = _new_info(model, profile, hashes, session, _session_key(session) if session else None)
-        if mode == "precise" and self._precise is not None and profile == "chat":
+        if mode == "precise" and self._precise is not None and profile in self._precise_profiles:
             self._precise.attach(info, body_obj, data)
         return info
 

@@ -14,6 +14,7 @@ cdef class BatchProfile(Profile):
     """The shortest queue: engine waiting + gateway in flight."""
 
     name = "batch"
+    needs_prefix = False  # the shortest queue reads no prompt
 
     cdef Py_ssize_t choose(self, list cands, list loads, RouteInfo info, RouterPool state) except -1:
         self.basis = _LOAD

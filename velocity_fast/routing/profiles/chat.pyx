@@ -28,6 +28,7 @@ cdef class ChatProfile(Profile):
     """Session affinity, then prefix affinity balanced against load, with a hot-spot guard."""
 
     name = "chat"
+    precise = True  # its prefix affinity reads the token side's scores in a precise pool
 
     def __init__(self, settings, rng, sessions):
         Profile.__init__(self, settings, rng)

@@ -1,4 +1,7 @@
-"""Where the gateway gets its admission controller and router from."""
+"""Builds the gateway's admission controller and router from the settings.
+
+The admission policies themselves (static, dynamic, smart) live in admission/policies.py.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +9,20 @@ from velocity_fast.admission.controller import Admission
 from velocity_fast.admission.settings import AdmissionSettings
 from velocity_fast.config import Settings
 from velocity_fast.fleet.endpoint import Pool
+from velocity_fast.gateway.exchange import drive_exchanges
 from velocity_fast.metrics.registry import Registry
 from velocity_fast.routing.router import Router
 from velocity_fast.routing.settings import RoutingSettings
 
-__all__ = ["make_admission", "make_router", "routing_settings"]
+__all__ = ["build_admission", "build_router", "routing_settings"]
 
 
-def make_admission(settings: Settings, pools: dict[str, Pool], registry: Registry) -> Admission:
-    return Admission(settings, pools, policy=settings.policy, registry=registry)
+def build_admission(settings: Settings, pools: dict[str, Pool], registry: Registry) -> Admission:
+    """The admission controller, told to drive the gateway's exchanges (its queue's
+    waiters) as C."""
+    adm = Admission(settings, pools, policy=settings.policy, registry=registry)
+    drive_exchanges(adm)
+    return adm
 
 
 def routing_settings(settings: Settings) -> RoutingSettings:
@@ -30,6 +38,6 @@ def routing_settings(settings: Settings) -> RoutingSettings:
     return RoutingSettings.from_config(data, settings.models)
 
 
-def make_router(settings: Settings, registry: Registry, precise=None) -> Router:
+def build_router(settings: Settings, registry: Registry, precise=None) -> Router:
     """The router; ``precise``: the token side of precise pools (gateway/kv.py), or None."""
     return Router(routing_settings(settings), registry=registry, precise=precise)
