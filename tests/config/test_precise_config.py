@@ -6,8 +6,8 @@ import argparse
 import pytest
 
 from velocity_fast.config import ConfigError, load_settings
-from velocity_fast.gateway.flags import add_gateway_arguments, flag_overrides
 from velocity_fast.gateway.assemble import routing_settings
+from velocity_fast.gateway.flags import add_gateway_arguments, flag_overrides
 
 EP = {"name": "e1", "url": "http://127.0.0.1:9", "model": "m"}
 # An endpoint whose engine publishes its KV events (what a precise pool needs).

@@ -7,8 +7,8 @@ from velocity_fast.admission.aimd import AimdLimit
 from velocity_fast.admission.bands import BandQueues, Item
 from velocity_fast.admission.estimators import OutputEstimate, ServiceEstimate
 from velocity_fast.admission.pace import EndpointPace, PoolPace
-from velocity_fast.admission.sla import PoolWork, SlaModel
 from velocity_fast.admission.saturation import EndpointLoad
+from velocity_fast.admission.sla import PoolWork, SlaModel
 from velocity_fast.admission.telemetry import OUTCOMES as OUTCOMES
 from velocity_fast.admission.telemetry import Telemetry
 from velocity_fast.fleet.endpoint import Endpoint, RoomFilter

@@ -15,12 +15,12 @@ from velocity_fast.config import EndpointConfig, Settings
 from velocity_fast.fleet.endpoint import STATS_WHOLE as ENDPOINT_WHOLE
 from velocity_fast.fleet.endpoint import Endpoint, Pool
 from velocity_fast.fleet.health import EndpointMonitor
+from velocity_fast.gateway.assemble import build_admission, build_router, routing_settings
 from velocity_fast.gateway.errors import BadRequest, ListenError
-from velocity_fast.gateway.ingress import Ingress, band_for, handle_client
 from velocity_fast.gateway.identity import Identity
+from velocity_fast.gateway.ingress import Ingress, band_for, handle_client
 from velocity_fast.gateway.kv import KVFleet
 from velocity_fast.gateway.observability import GatewayMetrics
-from velocity_fast.gateway.assemble import build_admission, build_router, routing_settings
 from velocity_fast.gateway.routes import GENERATION_ROUTES, MODEL_PREFIX, RELAY_ROUTES, OtherRoutes
 from velocity_fast.http.message import Request
 from velocity_fast.metrics.registry import Registry

@@ -101,8 +101,8 @@ def _check_sim_engines(plan, args: argparse.Namespace) -> None:
     """The sim engines' flags (the `sim:` section, --sim-args, max_model_len), read as each
     engine will read them: a value it would refuse is a config error now, in the one form,
     not an engine that exits before answering."""
-    from velocity_fast.sim.settings import SimConfig
     from velocity_fast.sim.flags import add_arguments
+    from velocity_fast.sim.settings import SimConfig
 
     parser = _RaisingParser(prog="sim-engine", add_help=False)
     add_arguments(parser)
@@ -188,10 +188,9 @@ def charge_main(args: argparse.Namespace) -> int:
 
     from ..engines.app import exit_code_for, prepare_engines
     from .app import Gateway
+    from .assemble import routing_settings
     from .kv import kv_events_for_engines
     from .observability import setup_logging
-    from .assemble import routing_settings
-
     from .workers import worker_count
 
     settings = _settings(args)

@@ -32,8 +32,8 @@ from typing import Any, Callable
 import msgspec
 
 from velocity_fast.admission.settings import AdmissionSettings
-from velocity_fast.gateway.identity import Identity
 from velocity_fast.gateway.assemble import build_admission, build_router, routing_settings
+from velocity_fast.gateway.identity import Identity
 from velocity_fast.upstream.pool import UpstreamPool
 
 from ..config import ConfigError, Settings
