@@ -4,6 +4,7 @@ The hot classes are compiled in the package of their concept (docs/design.md, "L
 VELOCITY_EXT=bands,prefix restricts the build to the named modules (useful while
 one module is being edited and another is not yet compilable).
 """
+
 import os
 from pathlib import Path
 

@@ -65,6 +65,7 @@ one request's cost of the weighted service.
 Goals: vtc-actual within its bound where vtc-estimate is not; locality at
 least 1.5x vtc-actual's hit rate and more throughput, within its own bound.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -93,17 +94,40 @@ CACHE_BOUND_SYSTEM_WORDS = 920
 CACHE_BOUND_BLOCKS = 448
 # Each scenario's defaults, where they differ from the flags' own.
 SCENARIOS = {
-    "default": {"variants": ",".join(VARIANTS), "per_tenant": 12, "num_gpu_blocks": 400, "max_model_len": 3072,
-                "policy": "static", "max_concurrency": 0, "sla_ms": 3000.0},
+    "default": {
+        "variants": ",".join(VARIANTS),
+        "per_tenant": 12,
+        "num_gpu_blocks": 400,
+        "max_model_len": 3072,
+        "policy": "static",
+        "max_concurrency": 0,
+        "sla_ms": 3000.0,
+    },
     # The gateway's own defaults (dynamic, 32 a engine), with an SLA no request misses:
     # the engines' queues then hold work too, and a tenant's queue at the gateway empties.
-    "weights": {"variants": "rr,vtc-actual", "per_tenant": 24, "num_gpu_blocks": 1200, "max_model_len": 3072,
-                "policy": "dynamic", "max_concurrency": 32, "sla_ms": 600000.0},
-    "cache-bound": {"variants": "rr,vtc-actual,locality", "per_tenant": 4, "num_gpu_blocks": CACHE_BOUND_BLOCKS,
-                    "max_model_len": 2048, "policy": "static", "max_concurrency": 0, "sla_ms": 3000.0},
+    "weights": {
+        "variants": "rr,vtc-actual",
+        "per_tenant": 24,
+        "num_gpu_blocks": 1200,
+        "max_model_len": 3072,
+        "policy": "dynamic",
+        "max_concurrency": 32,
+        "sla_ms": 600000.0,
+    },
+    "cache-bound": {
+        "variants": "rr,vtc-actual,locality",
+        "per_tenant": 4,
+        "num_gpu_blocks": CACHE_BOUND_BLOCKS,
+        "max_model_len": 2048,
+        "policy": "static",
+        "max_concurrency": 0,
+        "sla_ms": 3000.0,
+    },
 }
-WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma "
-         "tau upsilon phi chi psi omega").split()
+WORDS = (
+    "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma "
+    "tau upsilon phi chi psi omega"
+).split()
 OUT_W, CACHED_W = 2.0, 0.1
 SMOKE = {"duration": 4.0, "warmup": 1.0}
 
@@ -144,8 +168,13 @@ class Traffic:
         else:
             question = _text(rng, 12)
             extra = {"max_tokens": 160, "ignore_eos": True}
-        return json.dumps({"model": MODEL, "messages": [{"role": "system", "content": self.system[tenant]},
-                                                        {"role": "user", "content": question}], **extra}).encode()
+        return json.dumps(
+            {
+                "model": MODEL,
+                "messages": [{"role": "system", "content": self.system[tenant]}, {"role": "user", "content": question}],
+                **extra,
+            }
+        ).encode()
 
 
 class WeightsTraffic:
@@ -164,8 +193,13 @@ class WeightsTraffic:
     def body(self, tenant: str) -> bytes:
         q = _text(self.rng[tenant], 40 if tenant == "heavy" else 12)
         extra = {"max_tokens": 400} if tenant == "heavy" else {"max_tokens": 48, "ignore_eos": True}
-        return json.dumps({"model": MODEL, "messages": [{"role": "system", "content": self.system[tenant]},
-                                                        {"role": "user", "content": q}], **extra}).encode()
+        return json.dumps(
+            {
+                "model": MODEL,
+                "messages": [{"role": "system", "content": self.system[tenant]}, {"role": "user", "content": q}],
+                **extra,
+            }
+        ).encode()
 
 
 class CacheBoundTraffic:
@@ -180,16 +214,25 @@ class CacheBoundTraffic:
         self.rng = {t: random.Random(seed * 31 + i) for i, t in enumerate(self.tenants)}
 
     def body(self, tenant: str) -> bytes:
-        return json.dumps({"model": MODEL, "messages": [{"role": "system", "content": self.system[tenant]},
-                                                        {"role": "user", "content": _text(self.rng[tenant], 12)}],
-                           "max_tokens": 64}).encode()
+        return json.dumps(
+            {
+                "model": MODEL,
+                "messages": [
+                    {"role": "system", "content": self.system[tenant]},
+                    {"role": "user", "content": _text(self.rng[tenant], 12)},
+                ],
+                "max_tokens": 64,
+            }
+        ).encode()
 
 
 async def _post(reader, writer, port: int, tenant: str, body: bytes) -> tuple[int, dict | None, float]:
     """One request on the connection: its status, its JSON answer (200) and the seconds it
     waited in the gateway's queue (``x-velocity-queue-ms``)."""
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\ncontent-type: application/json\r\n"
-                 b"x-velocity-tenant: %s\r\ncontent-length: %d\r\n\r\n" % (port, tenant.encode(), len(body)) + body)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\ncontent-type: application/json\r\n"
+        b"x-velocity-tenant: %s\r\ncontent-length: %d\r\n\r\n" % (port, tenant.encode(), len(body)) + body
+    )
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1])
@@ -225,9 +268,20 @@ def _dispatch_gap(rows: list[tuple], tenants: dict) -> float:
 
 
 async def run_variant(variant: str, args) -> dict:
-    flags = ["--time-scale", str(args.time_scale), "--natural-stop", "--natural-output-mean", "16",
-             "--enable-prompt-tokens-details", "--num-gpu-blocks", str(args.num_gpu_blocks),
-             "--max-num-seqs", str(args.concurrency), "--max-model-len", str(args.max_model_len)]
+    flags = [
+        "--time-scale",
+        str(args.time_scale),
+        "--natural-stop",
+        "--natural-output-mean",
+        "16",
+        "--enable-prompt-tokens-details",
+        "--num-gpu-blocks",
+        str(args.num_gpu_blocks),
+        "--max-num-seqs",
+        str(args.concurrency),
+        "--max-model-len",
+        str(args.max_model_len),
+    ]
     if args.scenario == "cache-bound":
         traffic = CacheBoundTraffic(args.seed, args.tenants)
     elif args.scenario == "weights":
@@ -241,14 +295,26 @@ async def run_variant(variant: str, args) -> dict:
     gw = None
     try:
         await asyncio.to_thread(engines.start)
-        eps = [EndpointConfig(name=f"e{i}", url=f"http://127.0.0.1:{p}", model=MODEL)
-               for i, p in enumerate(engines.ports)]
-        settings = load_settings(None, {
-            "host": "127.0.0.1", "port": 0, "admin_port": 0, "endpoints": eps, "policy": args.policy,
-            "max_concurrency": args.max_concurrency or args.concurrency, "sla_ms": args.sla_ms, "routing": {"seed": args.seed},
-            "tenants": [{"name": t, "weight": w} for t, w in tenants.items()],
-            "admission": _variant_admission(variant, args.bound),
-            "health": {"scrape_interval_ms": 50.0}}, env={})
+        eps = [
+            EndpointConfig(name=f"e{i}", url=f"http://127.0.0.1:{p}", model=MODEL) for i, p in enumerate(engines.ports)
+        ]
+        settings = load_settings(
+            None,
+            {
+                "host": "127.0.0.1",
+                "port": 0,
+                "admin_port": 0,
+                "endpoints": eps,
+                "policy": args.policy,
+                "max_concurrency": args.max_concurrency or args.concurrency,
+                "sla_ms": args.sla_ms,
+                "routing": {"seed": args.seed},
+                "tenants": [{"name": t, "weight": w} for t, w in tenants.items()],
+                "admission": _variant_admission(variant, args.bound),
+                "health": {"scrape_interval_ms": 50.0},
+            },
+            env={},
+        )
         gw = Gateway(settings)
         await gw.start("127.0.0.1", 0, 0)
         deadline = time.monotonic() + 15
@@ -276,8 +342,16 @@ async def run_variant(variant: str, args) -> dict:
                         await asyncio.sleep(0.05)  # (a declined request is answered at once: no spin)
                         continue
                     u = obj["usage"]
-                    done.append((time.monotonic(), tenant, _cost(u), u["prompt_tokens"] + u["completion_tokens"],
-                                 sent + queued, len(body) / 4 + OUT_W * json.loads(body)["max_tokens"]))
+                    done.append(
+                        (
+                            time.monotonic(),
+                            tenant,
+                            _cost(u),
+                            u["prompt_tokens"] + u["completion_tokens"],
+                            sent + queued,
+                            len(body) / 4 + OUT_W * json.loads(body)["max_tokens"],
+                        )
+                    )
             finally:
                 writer.close()
 
@@ -290,8 +364,9 @@ async def run_variant(variant: str, args) -> dict:
             nonlocal counter_gap
             while time.monotonic() < t1:
                 if time.monotonic() >= t0:
-                    values = [b["counter"] for e in gw.tenant_stats().values()
-                              for b in e["bands"].values() if b["queued"] > 0]
+                    values = [
+                        b["counter"] for e in gw.tenant_stats().values() for b in e["bands"].values() if b["queued"] > 0
+                    ]
                     if len(values) > 1:
                         counter_gap = max(counter_gap, max(values) - min(values))
                 await asyncio.sleep(0.02)
@@ -320,18 +395,27 @@ async def run_variant(variant: str, args) -> dict:
         # the tokens the engines served it, as /stats shows them.
         books = {t: _books(gw.tenant_stats().get(t) or {}, w) for t, w in tenants.items()}
         whole = [b["weighted_served"] for b in books.values()]
-        return {"variant": variant, "completed": len(window), "failed": failed,
-                "service": service, "books": books,
-                "share": {t: service[t] / total for t in tenants},
-                "weighted_share": {t: w / wsum for t, w in tenants.items()},
-                "max_gap": gap, "max_gap_dispatch": gap_dispatch, "vtc_bound": 2 * largest,
-                "counter_gap": counter_gap if variant != "rr" else None, "counter_bound": 2 * charge,
-                "locality_bound": args.bound if variant == "locality" else None,
-                "hit_rate": hits / queries if queries else 0.0, "largest_cost": largest,
-                "weighted_ratio": max(norm) / min(norm) if min(norm) > 0 else float("inf"),
-                "books_ratio": max(whole) / min(whole) if min(whole) > 0 else float("inf"),
-                "tokens_per_s": sum(d[3] for d in window) / args.duration,
-                "requests_per_s": len(window) / args.duration}
+        return {
+            "variant": variant,
+            "completed": len(window),
+            "failed": failed,
+            "service": service,
+            "books": books,
+            "share": {t: service[t] / total for t in tenants},
+            "weighted_share": {t: w / wsum for t, w in tenants.items()},
+            "max_gap": gap,
+            "max_gap_dispatch": gap_dispatch,
+            "vtc_bound": 2 * largest,
+            "counter_gap": counter_gap if variant != "rr" else None,
+            "counter_bound": 2 * charge,
+            "locality_bound": args.bound if variant == "locality" else None,
+            "hit_rate": hits / queries if queries else 0.0,
+            "largest_cost": largest,
+            "weighted_ratio": max(norm) / min(norm) if min(norm) > 0 else float("inf"),
+            "books_ratio": max(whole) / min(whole) if min(whole) > 0 else float("inf"),
+            "tokens_per_s": sum(d[3] for d in window) / args.duration,
+            "requests_per_s": len(window) / args.duration,
+        }
     finally:
         if gw is not None:
             with contextlib.suppress(Exception):
@@ -343,27 +427,38 @@ def _books(entry: dict, weight: float) -> dict:
     """A tenant's /stats entry: its counter (the largest over bands) and the service the
     engines' usage says it was served (prompt, cached at 0.1, 2 x completion), / weight."""
     tok = entry.get("tokens") or {}
-    served = (tok.get("prompt", 0) - tok.get("cached", 0) + CACHED_W * tok.get("cached", 0)
-              + OUT_W * tok.get("completion", 0))
+    served = (
+        tok.get("prompt", 0) - tok.get("cached", 0) + CACHED_W * tok.get("cached", 0) + OUT_W * tok.get("completion", 0)
+    )
     bands = list((entry.get("bands") or {}).values())
     top = max(bands, key=lambda b: b["counter"], default={})
-    return {"counter": top.get("counter", 0.0), "lifted": top.get("lifted", 0.0), "served": served,
-            "weighted_served": served / weight}
+    return {
+        "counter": top.get("counter", 0.0),
+        "lifted": top.get("lifted", 0.0),
+        "served": served,
+        "weighted_served": served / weight,
+    }
 
 
 def report_weights(rows: list[dict]) -> None:
-    print(f"{'variant':13} {'tenant':7} {'weight':>6} {'service':>9} {'/ weight':>9} {'counter':>9} "
-          f"{'served/w':>9} {'counter-served/w':>17} {'lifted':>8}")
+    print(
+        f"{'variant':13} {'tenant':7} {'weight':>6} {'service':>9} {'/ weight':>9} {'counter':>9} "
+        f"{'served/w':>9} {'counter-served/w':>17} {'lifted':>8}"
+    )
     for r in rows:
         for t, w in WeightsTraffic.tenants.items():
             b = r["books"][t]
             counter = "-" if r["variant"] == "rr" else f"{b['counter']:.0f}"
             diff = "-" if r["variant"] == "rr" else f"{b['counter'] - b['weighted_served']:.0f}"
             lifted = "-" if r["variant"] == "rr" else f"{b['lifted']:.0f}"
-            print(f"{r['variant']:13} {t:7} {w:>6.0f} {r['service'][t]:>9.0f} {r['service'][t] / w:>9.0f} "
-                  f"{counter:>9} {b['weighted_served']:>9.0f} {diff:>17} {lifted:>8}")
-        print(f"{r['variant']:13} weighted services {r['weighted_ratio']:.2f}x apart in the window, "
-              f"{r['books_ratio']:.2f}x over the whole run (largest / least)")
+            print(
+                f"{r['variant']:13} {t:7} {w:>6.0f} {r['service'][t]:>9.0f} {r['service'][t] / w:>9.0f} "
+                f"{counter:>9} {b['weighted_served']:>9.0f} {diff:>17} {lifted:>8}"
+            )
+        print(
+            f"{r['variant']:13} weighted services {r['weighted_ratio']:.2f}x apart in the window, "
+            f"{r['books_ratio']:.2f}x over the whole run (largest / least)"
+        )
     print("service: prompt + 0.1 x cached + 2 x completion tokens from usage, answers ended in the window;")
     print("counter: the gateway's fairness counter at the end (/stats); served/w: the tokens /stats says the")
     print("engines served the tenant over the whole run, as service / weight; the two should agree to within")
@@ -371,8 +466,10 @@ def report_weights(rows: list[dict]) -> None:
     by = {r["variant"]: r for r in rows}
     a = by.get("vtc-actual")
     if a is not None:
-        print(f"goal (vtc-actual: weighted services within 1.5x in the window and over the run, counters within "
-              f"one request's cost ({a['largest_cost']:.0f}) of the service): {'met' if weights_goal(a) else 'NOT met'}")
+        print(
+            f"goal (vtc-actual: weighted services within 1.5x in the window and over the run, counters within "
+            f"one request's cost ({a['largest_cost']:.0f}) of the service): {'met' if weights_goal(a) else 'NOT met'}"
+        )
 
 
 def weights_goal(r: dict) -> bool:
@@ -383,39 +480,52 @@ def weights_goal(r: dict) -> bool:
 
 def report(rows: list[dict]) -> None:
     names = list(TENANTS)
-    print(f"{'variant':13} " + " ".join(f"{n + ' share':>15}" for n in names)
-          + f" {'max gap':>9} {'bound':>9} {'hit rate':>9} {'tok/s':>8} {'req/s':>7}")
+    print(
+        f"{'variant':13} "
+        + " ".join(f"{n + ' share':>15}" for n in names)
+        + f" {'max gap':>9} {'bound':>9} {'hit rate':>9} {'tok/s':>8} {'req/s':>7}"
+    )
     for r in rows:
         shares = " ".join(f"{r['share'][n]:>6.1%} of {r['weighted_share'][n]:>5.1%}" for n in names)
         bound = r["vtc_bound"] + (r["locality_bound"] or 0.0)
-        print(f"{r['variant']:13} {shares} {r['max_gap']:>9.0f} {bound:>9.0f} {r['hit_rate']:>9.1%} "
-              f"{r['tokens_per_s']:>8.0f} {r['requests_per_s']:>7.1f}")
+        print(
+            f"{r['variant']:13} {shares} {r['max_gap']:>9.0f} {bound:>9.0f} {r['hit_rate']:>9.1%} "
+            f"{r['tokens_per_s']:>8.0f} {r['requests_per_s']:>7.1f}"
+        )
     print("share: of the service (prompt + 0.1 x cached + 2 x completion tokens) against the weighted share;")
     print("max gap: largest difference in service / weight between two tenants; bound: twice the largest")
     print("request's cost (VTC's), plus fairness_locality_bound for locality.")
     by = {r["variant"]: r for r in rows}
     if "vtc-actual" in by and "vtc-estimate" in by:
         a, e = by["vtc-actual"], by["vtc-estimate"]
-        print(f"vtc-actual within its bound: {a['max_gap'] <= a['vtc_bound']}; "
-              f"vtc-estimate: {e['max_gap'] <= e['vtc_bound']}")
+        print(
+            f"vtc-actual within its bound: {a['max_gap'] <= a['vtc_bound']}; "
+            f"vtc-estimate: {e['max_gap'] <= e['vtc_bound']}"
+        )
     if "locality" in by and "vtc-actual" in by:
         loc, a = by["locality"], by["vtc-actual"]
         ratio = loc["hit_rate"] / a["hit_rate"] if a["hit_rate"] else float("inf")
-        print(f"locality: hit rate {ratio:.2f}x vtc-actual's, throughput {loc['tokens_per_s'] / a['tokens_per_s']:.2f}x, "
-              f"within its bound: {loc['max_gap'] <= loc['vtc_bound'] + loc['locality_bound']}")
+        print(
+            f"locality: hit rate {ratio:.2f}x vtc-actual's, throughput {loc['tokens_per_s'] / a['tokens_per_s']:.2f}x, "
+            f"within its bound: {loc['max_gap'] <= loc['vtc_bound'] + loc['locality_bound']}"
+        )
 
 
 def report_cache_bound(rows: list[dict]) -> None:
-    print(f"{'variant':13} {'least share':>11} {'most share':>10} {'of':>6} {'max gap':>9} {'dispatched':>10} "
-          f"{'bound':>9} {'counters':>9} {'bound':>9} {'hit rate':>9} {'tok/s':>8} {'req/s':>7}")
+    print(
+        f"{'variant':13} {'least share':>11} {'most share':>10} {'of':>6} {'max gap':>9} {'dispatched':>10} "
+        f"{'bound':>9} {'counters':>9} {'bound':>9} {'hit rate':>9} {'tok/s':>8} {'req/s':>7}"
+    )
     for r in rows:
         fair = next(iter(r["weighted_share"].values()))
         bound = r["vtc_bound"] + (r["locality_bound"] or 0.0)
         counters = "-" if r["counter_gap"] is None else f"{r['counter_gap']:.0f}"
         cbound = r["counter_bound"] + (r["locality_bound"] or 0.0)
-        print(f"{r['variant']:13} {min(r['share'].values()):>11.1%} {max(r['share'].values()):>10.1%} {fair:>6.1%} "
-              f"{r['max_gap']:>9.0f} {r['max_gap_dispatch']:>10.0f} {bound:>9.0f} {counters:>9} {cbound:>9.0f} "
-              f"{r['hit_rate']:>9.1%} {r['tokens_per_s']:>8.0f} {r['requests_per_s']:>7.1f}")
+        print(
+            f"{r['variant']:13} {min(r['share'].values()):>11.1%} {max(r['share'].values()):>10.1%} {fair:>6.1%} "
+            f"{r['max_gap']:>9.0f} {r['max_gap_dispatch']:>10.0f} {bound:>9.0f} {counters:>9} {cbound:>9.0f} "
+            f"{r['hit_rate']:>9.1%} {r['tokens_per_s']:>8.0f} {r['requests_per_s']:>7.1f}"
+        )
     print("share: the least and the largest tenant's part of the service (prompt + 0.1 x cached + 2 x completion")
     print("tokens) against the fair one; max gap: largest difference in service between two tenants, counted as")
     print("answers end; dispatched: the same counted when the gateway dispatched each request (what is in flight")
@@ -424,13 +534,17 @@ def report_cache_bound(rows: list[dict]) -> None:
     print("estimate); bound: twice the largest estimate, plus fairness_locality_bound for locality.")
     r = ratios(rows)
     if r is not None:
-        print(f"locality: hit rate {r['hit_rate']:.2f}x vtc-actual's, throughput {r['throughput']:.2f}x, "
-              f"service gap {r['gap_over_vtc']:.0f} over vtc-actual's (fairness_locality_bound "
-              f"{r['locality_bound']:.0f}); service gap within its bound: locality {r['within_bound']}, "
-              f"vtc-actual {r['vtc_within_bound']}; counters within theirs: locality {r['counters_within_bound']}, "
-              f"vtc-actual {r['vtc_counters_within_bound']}")
-        print(f"goal (at least 1.5x the hit rate, more throughput, counters within the documented bound): "
-              f"{'met' if r['goal_met'] else 'NOT met'}")
+        print(
+            f"locality: hit rate {r['hit_rate']:.2f}x vtc-actual's, throughput {r['throughput']:.2f}x, "
+            f"service gap {r['gap_over_vtc']:.0f} over vtc-actual's (fairness_locality_bound "
+            f"{r['locality_bound']:.0f}); service gap within its bound: locality {r['within_bound']}, "
+            f"vtc-actual {r['vtc_within_bound']}; counters within theirs: locality {r['counters_within_bound']}, "
+            f"vtc-actual {r['vtc_counters_within_bound']}"
+        )
+        print(
+            f"goal (at least 1.5x the hit rate, more throughput, counters within the documented bound): "
+            f"{'met' if r['goal_met'] else 'NOT met'}"
+        )
 
 
 def ratios(rows: list[dict]) -> dict | None:
@@ -442,12 +556,17 @@ def ratios(rows: list[dict]) -> dict | None:
     hit = loc["hit_rate"] / a["hit_rate"] if a["hit_rate"] else float("inf")
     tput = loc["tokens_per_s"] / a["tokens_per_s"] if a["tokens_per_s"] else float("inf")
     counters = loc["counter_gap"] <= loc["counter_bound"] + loc["locality_bound"]
-    return {"hit_rate": hit, "throughput": tput, "gap_over_vtc": loc["max_gap"] - a["max_gap"],
-            "locality_bound": loc["locality_bound"],
-            "within_bound": loc["max_gap"] <= loc["vtc_bound"] + loc["locality_bound"],
-            "vtc_within_bound": a["max_gap"] <= a["vtc_bound"],
-            "counters_within_bound": counters, "vtc_counters_within_bound": a["counter_gap"] <= a["counter_bound"],
-            "goal_met": hit >= 1.5 and tput > 1.0 and counters}
+    return {
+        "hit_rate": hit,
+        "throughput": tput,
+        "gap_over_vtc": loc["max_gap"] - a["max_gap"],
+        "locality_bound": loc["locality_bound"],
+        "within_bound": loc["max_gap"] <= loc["vtc_bound"] + loc["locality_bound"],
+        "vtc_within_bound": a["max_gap"] <= a["vtc_bound"],
+        "counters_within_bound": counters,
+        "vtc_counters_within_bound": a["counter_gap"] <= a["counter_bound"],
+        "goal_met": hit >= 1.5 and tput > 1.0 and counters,
+    }
 
 
 async def main_async(args) -> int:
@@ -461,35 +580,56 @@ async def main_async(args) -> int:
     else:
         report(rows)
     if args.output:
-        Path(args.output).write_text(json.dumps({"args": vars(args), "runs": rows, "locality_vs_vtc": ratios(rows)},
-                                                indent=2))
+        Path(args.output).write_text(
+            json.dumps({"args": vars(args), "runs": rows, "locality_vs_vtc": ratios(rows)}, indent=2)
+        )
     return 0 if all(r["completed"] > 0 for r in rows) else 1
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--scenario", choices=tuple(SCENARIOS), default="default",
-                   help="default: three tenants; cache-bound: many tenants whose prompts the KV caches cannot all hold; "
-                        "weights: two tenants of weights 1 and 3 whose requests differ 10x in size")
+    p.add_argument(
+        "--scenario",
+        choices=tuple(SCENARIOS),
+        default="default",
+        help="default: three tenants; cache-bound: many tenants whose prompts the KV caches cannot all hold; "
+        "weights: two tenants of weights 1 and 3 whose requests differ 10x in size",
+    )
     p.add_argument("--variants", default=None, help="comma-separated (default: the scenario's)")
     p.add_argument("--tenants", type=int, default=CACHE_BOUND_TENANTS, help="cache-bound: how many tenants")
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per variant (after the warm-up)")
     p.add_argument("--warmup", type=float, default=3.0)
-    p.add_argument("--per-tenant", type=int, default=None,
-                   help="requests each tenant keeps outstanding (default: 12, cache-bound 4)")
+    p.add_argument(
+        "--per-tenant",
+        type=int,
+        default=None,
+        help="requests each tenant keeps outstanding (default: 12, cache-bound 4)",
+    )
     p.add_argument("--engines", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=4, help="requests in flight per engine (and its batch)")
-    p.add_argument("--num-gpu-blocks", type=int, default=None,
-                   help=f"each engine's KV blocks of 16 tokens (default: 400, cache-bound {CACHE_BOUND_BLOCKS})")
-    p.add_argument("--prefix-cache-blocks", type=int, default=0,
-                   help="freed blocks each engine keeps for its prefix cache (0: all, the sim's default)")
+    p.add_argument(
+        "--num-gpu-blocks",
+        type=int,
+        default=None,
+        help=f"each engine's KV blocks of 16 tokens (default: 400, cache-bound {CACHE_BOUND_BLOCKS})",
+    )
+    p.add_argument(
+        "--prefix-cache-blocks",
+        type=int,
+        default=0,
+        help="freed blocks each engine keeps for its prefix cache (0: all, the sim's default)",
+    )
     p.add_argument("--time-scale", type=float, default=10.0)
     p.add_argument("--bound", type=float, default=4000.0, help="fairness_locality_bound for locality")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--policy", default=None, help="the gateway's admission policy (default: static; weights: dynamic)")
     p.add_argument("--sla-ms", type=float, default=None, help="the gateway's sla_ms (default 3000; weights: 600000)")
-    p.add_argument("--max-concurrency", type=int, default=None,
-                   help="the gateway's max_concurrency per engine (default: --concurrency; weights: 32)")
+    p.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=None,
+        help="the gateway's max_concurrency per engine (default: --concurrency; weights: 32)",
+    )
     p.add_argument("--output")
     p.add_argument("--smoke", action="store_true", help="short runs: every variant runs, figures rough")
     if "--smoke" in (sys.argv[1:] if argv is None else argv):

@@ -61,24 +61,37 @@ from velocity_fast.server.http_server import HTTPServer
 from velocity_fast.server.limits import ServerLimits
 from velocity_fast.upstream.connection import UpstreamConnection
 
-ANSWER = (b'{"id":"chatcmpl-fixed","object":"chat.completion","created":1700000000,"model":"fixed",'
-          b'"choices":[{"index":0,"message":{"role":"assistant","content":"Hello!"},"finish_reason":"stop"}],'
-          b'"usage":{"prompt_tokens":10,"total_tokens":12,"completion_tokens":2}}')
+ANSWER = (
+    b'{"id":"chatcmpl-fixed","object":"chat.completion","created":1700000000,"model":"fixed",'
+    b'"choices":[{"index":0,"message":{"role":"assistant","content":"Hello!"},"finish_reason":"stop"}],'
+    b'"usage":{"prompt_tokens":10,"total_tokens":12,"completion_tokens":2}}'
+)
+
 
 def request_bytes(body: bytes, tenant: str | None = None) -> bytes:
     """The client's POST of ``body``, naming ``tenant`` by header when given."""
     head = b"x-velocity-tenant: %s\r\n" % tenant.encode() if tenant else b""
-    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Type: application/json\r\n"
-            + head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Type: application/json\r\n"
+        + head
+        + b"Content-Length: %d\r\n\r\n" % len(body)
+        + body
+    )
 
 
-RESPONSE = (b"HTTP/1.1 200 OK\r\ndate: Sun, 29 Nov 2026 22:00:00 GMT\r\nserver: uvicorn\r\n"
-            b"content-length: %d\r\ncontent-type: application/json\r\n\r\n" % len(ANSWER) + ANSWER)
+RESPONSE = (
+    b"HTTP/1.1 200 OK\r\ndate: Sun, 29 Nov 2026 22:00:00 GMT\r\nserver: uvicorn\r\n"
+    b"content-length: %d\r\ncontent-type: application/json\r\n\r\n" % len(ANSWER) + ANSWER
+)
 # --stream-events: vLLM's streamed answer, one event per read (as bench/overhead.py's SSE phase).
-STREAM_HEAD = (b"HTTP/1.1 200 OK\r\ndate: Sun, 29 Nov 2026 22:00:00 GMT\r\nserver: uvicorn\r\n"
-               b"content-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n")
-_EVENT = (b'data: {"id":"chatcmpl-fixed","object":"chat.completion.chunk","created":1700000000,"model":"fixed",'
-          b'"choices":[{"index":0,"delta":{"content":"tok"},"logprobs":null,"finish_reason":null}]}\n\n')
+STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\ndate: Sun, 29 Nov 2026 22:00:00 GMT\r\nserver: uvicorn\r\n"
+    b"content-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+_EVENT = (
+    b'data: {"id":"chatcmpl-fixed","object":"chat.completion.chunk","created":1700000000,"model":"fixed",'
+    b'"choices":[{"index":0,"delta":{"content":"tok"},"logprobs":null,"finish_reason":null}]}\n\n'
+)
 EVENT_CHUNK = b"%x\r\n%s\r\n" % (len(_EVENT), _EVENT)
 LAST_CHUNK = b"%x\r\n%s\r\n0\r\n\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n")
 
@@ -128,8 +141,14 @@ class FakeTransport:
         return b"".join(out)
 
 
-async def drive(requests: int, connections: int, stream_events: int = 0, body_kb: int = 0,
-                policy: str | None = None, tenant: bool = False) -> tuple[float, int]:
+async def drive(
+    requests: int,
+    connections: int,
+    stream_events: int = 0,
+    body_kb: int = 0,
+    policy: str | None = None,
+    tenant: bool = False,
+) -> tuple[float, int]:
     """``body_kb``: a chat prompt of that many KiB (bench/lib/bodies.py) instead of BODY;
     ``policy``: the gateway's; ``tenant``: one tenant with a token quota (too large to
     bind) and token fairness, named by x-velocity-tenant on every request."""
@@ -222,8 +241,9 @@ async def drive(requests: int, connections: int, stream_events: int = 0, body_kb
 REPO = Path(__file__).resolve().parent.parent
 
 
-def scenario_argv(connections: int, stream_events: int = 0, body_kb: int = 0, policy: str | None = None,
-                  tenant: bool = False) -> list[str]:
+def scenario_argv(
+    connections: int, stream_events: int = 0, body_kb: int = 0, policy: str | None = None, tenant: bool = False
+) -> list[str]:
     """The flags that give drive() these arguments."""
     argv = ["--connections", str(connections), "--stream-events", str(stream_events), "--body-kb", str(body_kb)]
     return argv + (["--policy", policy] if policy else []) + (["--tenant"] if tenant else [])
@@ -234,17 +254,41 @@ def _collected(n: int, argv: list[str], out: str) -> int:
     if vg is None:
         raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
     # Run as a module from the root, as the README says, so that this checkout is imported.
-    p = subprocess.run([vg, "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-m", "bench.inprocess",
-                        "--requests", str(n), "--repeat", "1", *argv], capture_output=True, text=True, timeout=900,
-                       cwd=REPO, env={**os.environ, "PYTHONHASHSEED": "0"})
+    p = subprocess.run(
+        [
+            vg,
+            "--tool=callgrind",
+            f"--callgrind-out-file={out}",
+            sys.executable,
+            "-m",
+            "bench.inprocess",
+            "--requests",
+            str(n),
+            "--repeat",
+            "1",
+            *argv,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+    )
     m = re.search(r"Collected : (\d+)", p.stderr)
     if p.returncode != 0 or m is None:
         raise SystemExit(f"callgrind run failed ({p.returncode}): {p.stderr[-800:]}")
     return int(m.group(1))
 
 
-def instructions(connections: int, stream_events: int = 0, small: int = 500, large: int = 2500,
-                 body_kb: int = 0, policy: str | None = None, tenant: bool = False) -> float:
+def instructions(
+    connections: int,
+    stream_events: int = 0,
+    small: int = 500,
+    large: int = 2500,
+    body_kb: int = 0,
+    policy: str | None = None,
+    tenant: bool = False,
+) -> float:
     """Machine instructions per request: callgrind totals of two runs, differenced."""
     argv = scenario_argv(connections, stream_events, body_kb, policy, tenant)
     with tempfile.TemporaryDirectory(prefix="velocity-callgrind-") as tmp:
@@ -263,26 +307,47 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="then one run under cProfile, top functions")
     p.add_argument("--top", type=int, default=30)
-    p.add_argument("--instructions", action="store_true",
-                   help="machine instructions per request under callgrind (deterministic; needs valgrind)")
-    p.add_argument("--stream-events", type=int, default=0,
-                   help="streamed answers instead: N token events (one per read), then [DONE]")
-    p.add_argument("--body-kb", type=int, default=0, metavar="K",
-                   help="a K KiB chat prompt (bench/lib/bodies.py) instead of the small one")
-    p.add_argument("--policy", default=None, choices=("dynamic", "static", "smart"),
-                   help="the gateway's policy (default: the gateway's default)")
-    p.add_argument("--tenant", action="store_true",
-                   help="one tenant with a token quota (too large to bind) and token fairness, named on each request")
-    p.add_argument("--smoke", action="store_true",
-                   help="tiny counts (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items()) + "): checks that it runs")
+    p.add_argument(
+        "--instructions",
+        action="store_true",
+        help="machine instructions per request under callgrind (deterministic; needs valgrind)",
+    )
+    p.add_argument(
+        "--stream-events",
+        type=int,
+        default=0,
+        help="streamed answers instead: N token events (one per read), then [DONE]",
+    )
+    p.add_argument(
+        "--body-kb",
+        type=int,
+        default=0,
+        metavar="K",
+        help="a K KiB chat prompt (bench/lib/bodies.py) instead of the small one",
+    )
+    p.add_argument(
+        "--policy",
+        default=None,
+        choices=("dynamic", "static", "smart"),
+        help="the gateway's policy (default: the gateway's default)",
+    )
+    p.add_argument(
+        "--tenant",
+        action="store_true",
+        help="one tenant with a token quota (too large to bind) and token fairness, named on each request",
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny counts (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items()) + "): checks that it runs",
+    )
     if "--smoke" in (sys.argv[1:] if argv is None else argv):
         p.set_defaults(**SMOKE)
     a = p.parse_args(argv)
     what = f"streamed request of {a.stream_events} events + [DONE]" if a.stream_events else "request"
     if a.instructions:
         per = instructions(a.connections, a.stream_events, body_kb=a.body_kb, policy=a.policy, tenant=a.tenant)
-        print(f"{per:,.0f} instructions per {what} (callgrind, {a.connections} connections, "
-              f"2,500 - 500 requests)")
+        print(f"{per:,.0f} instructions per {what} (callgrind, {a.connections} connections, 2,500 - 500 requests)")
         if a.stream_events:
             print(f"  {per / (a.stream_events + 1):,.0f} per event")
         return 0

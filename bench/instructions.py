@@ -37,6 +37,7 @@ too large to bind) and token fairness settled from the engine's usage, and wrk n
 different tenant on each request (x-velocity-tenant, in turn): the per-request cost of
 the quota, the usage read and the settlement, and of that many tenants in the books.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -108,8 +109,11 @@ def _wrk(work: Path, port: int, seconds: float, cpu: int | None, tenants: int = 
         raise RuntimeError("wrk gave no count: " + out[-400:])
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
-    return {"requests": int(m.group(1)), "non2xx": int(bad.group(1)) if bad else 0,
-            "errors": sum(map(int, sock.groups())) if sock else 0}
+    return {
+        "requests": int(m.group(1)),
+        "non2xx": int(bad.group(1)) if bad else 0,
+        "errors": sum(map(int, sock.groups())) if sock else 0,
+    }
 
 
 def _total(path: Path) -> int:
@@ -142,8 +146,13 @@ def measure(name: str, start, args, work: Path) -> dict:
             if p.stat().st_size:
                 shutil.copy(p, Path(args.keep) / p.name)
     n = w["requests"]
-    return {"requests": n, "non2xx": w["non2xx"], "errors": w["errors"], "instructions": total,
-            "per_request": total / n if n else None}
+    return {
+        "requests": n,
+        "non2xx": w["non2xx"],
+        "errors": w["errors"],
+        "instructions": total,
+        "per_request": total / n if n else None,
+    }
 
 
 def run(args) -> dict:
@@ -166,11 +175,20 @@ def run(args) -> dict:
             extra = ["--config", str(_tenant_config(work, args.tenants, store))] if args.tenants else []
             res["tenants"] = args.tenants
             res["state_store"] = bool(store)
-            res["targets"]["gateway"] = measure("gateway", lambda procs, out: start_gateway(
-                procs, args.proxy_cpu, up_port, "dynamic", gw_dir, extra, wrap=_callgrind(out), ready_s=300),
-                args, work)
-            res["targets"]["nginx"] = measure("nginx", lambda procs, out: start_nginx(
-                procs, args.proxy_cpu, up_port, work, wrap=_callgrind(out), ready_s=120), args, work)
+            res["targets"]["gateway"] = measure(
+                "gateway",
+                lambda procs, out: start_gateway(
+                    procs, args.proxy_cpu, up_port, "dynamic", gw_dir, extra, wrap=_callgrind(out), ready_s=300
+                ),
+                args,
+                work,
+            )
+            res["targets"]["nginx"] = measure(
+                "nginx",
+                lambda procs, out: start_nginx(procs, args.proxy_cpu, up_port, work, wrap=_callgrind(out), ready_s=120),
+                args,
+                work,
+            )
         finally:
             up_procs.stop_all()
             if redis is not None:
@@ -184,17 +202,31 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--duration", type=float, default=10.0, help="counted seconds per proxy")
     p.add_argument("--warmup", type=float, default=3.0)
-    p.add_argument("--keep", default=None, metavar="DIR",
-                   help="keep the callgrind files of the counted windows here (callgrind_annotate reads them)")
+    p.add_argument(
+        "--keep",
+        default=None,
+        metavar="DIR",
+        help="keep the callgrind files of the counted windows here (callgrind_annotate reads them)",
+    )
     p.add_argument("--proxy-cpu", type=int, default=0)
     p.add_argument("--load-cpu", type=int, default=1)
     p.add_argument("--json", type=Path)
-    p.add_argument("--tenants", type=int, default=0,
-                   help="give the gateway this many tenants budgeted in tokens, one a request in turn")
-    p.add_argument("--state-store", action="store_true",
-                   help="with --tenants: their buckets shared through a redis-server started for the run")
-    p.add_argument("--smoke", action="store_true",
-                   help="short windows (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items()) + "): checks that it runs")
+    p.add_argument(
+        "--tenants",
+        type=int,
+        default=0,
+        help="give the gateway this many tenants budgeted in tokens, one a request in turn",
+    )
+    p.add_argument(
+        "--state-store",
+        action="store_true",
+        help="with --tenants: their buckets shared through a redis-server started for the run",
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="short windows (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items()) + "): checks that it runs",
+    )
     if "--smoke" in (sys.argv[1:] if argv is None else argv):
         p.set_defaults(**SMOKE)
     args = p.parse_args(argv)
@@ -206,8 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         if not t["requests"]:
             print(f"{name:8} finished no request in the counted {args.duration:g} s (machine too busy?)")
             return 1
-        print(f"{name:8} {t['requests']:7d} requests  {t['per_request']:9,.0f} user-space instructions/request"
-              + (f"  ({failed} failed: non-2xx answers or socket errors)" if failed else ""))
+        print(
+            f"{name:8} {t['requests']:7d} requests  {t['per_request']:9,.0f} user-space instructions/request"
+            + (f"  ({failed} failed: non-2xx answers or socket errors)" if failed else "")
+        )
     print(f"gateway/nginx instructions per request: {res['gateway_vs_nginx']:.2f}x")
     if args.json:
         args.json.write_text(json.dumps(res, indent=2))

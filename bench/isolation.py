@@ -26,6 +26,7 @@ Usage::
     python -m bench.isolation [--matrix | --scenario NAME] [--policies dynamic,static]
                               [--low 300] [--at 3] [--long] [--json out.json] [--smoke]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,21 +39,36 @@ from velocity_fast.loadgen.report import write_json
 TARGET = 1.5
 STATIC_AT_LEAST = 10.0
 # --long: requests whose KV grows well past their prompt as they decode.
-LONG = dict(sim_base=(),
-            low_body={"model": MODEL, "messages": [{"role": "user", "content": " ".join(["word"] * 110)}],
-                      "max_tokens": 200, "ignore_eos": True},
-            high_body={"model": MODEL, "messages": [{"role": "user", "content": "status?"}],
-                       "max_tokens": 8, "stream": True, "ignore_eos": True})
+LONG = dict(
+    sim_base=(),
+    low_body={
+        "model": MODEL,
+        "messages": [{"role": "user", "content": " ".join(["word"] * 110)}],
+        "max_tokens": 200,
+        "ignore_eos": True,
+    },
+    high_body={
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "status?"}],
+        "max_tokens": 8,
+        "stream": True,
+        "ignore_eos": True,
+    },
+)
 LONG_SCENARIOS = {**SCENARIOS, "kv-bound": [["--max-num-seqs", "256", "--num-gpu-blocks", "256"]] * 2}
 
 
 def table(runs: list[dict]) -> str:
-    lines = [f"{'engines':<11} {'policy':<8} {'idle p95':>9} {'loaded p95':>11} {'ratio':>7}  "
-             f"{'low ok':>6} {'declined':>8}  learned batch"]
+    lines = [
+        f"{'engines':<11} {'policy':<8} {'idle p95':>9} {'loaded p95':>11} {'ratio':>7}  "
+        f"{'low ok':>6} {'declined':>8}  learned batch"
+    ]
     for r in runs:
-        lines.append(f"{r['scenario']:<11} {r['policy']:<8} {r['idle_ms']['p95']:7.0f}ms {r['loaded_ms']['p95']:9.0f}ms "
-                     f"{r['p95_ratio']:6.2f}x  {r['low']['ok']:>6} {r['low']['declined']:>8}  "
-                     f"{r['batch_capacity']}")
+        lines.append(
+            f"{r['scenario']:<11} {r['policy']:<8} {r['idle_ms']['p95']:7.0f}ms {r['loaded_ms']['p95']:9.0f}ms "
+            f"{r['p95_ratio']:6.2f}x  {r['low']['ok']:>6} {r['low']['declined']:>8}  "
+            f"{r['batch_capacity']}"
+        )
     by = {}
     for r in runs:
         by.setdefault(r["scenario"], {})[r["policy"]] = r
@@ -62,7 +78,9 @@ def table(runs: list[dict]) -> str:
         if d:
             verdict.append(f"dynamic {'meets' if d['p95_ratio'] <= TARGET else 'MISSES'} <= {TARGET}x")
         if s:
-            verdict.append(f"static {s['p95_ratio']:.1f}x ({'real load' if s['p95_ratio'] >= STATIC_AT_LEAST else 'load NOT shown'})")
+            verdict.append(
+                f"static {s['p95_ratio']:.1f}x ({'real load' if s['p95_ratio'] >= STATIC_AT_LEAST else 'load NOT shown'})"
+            )
         lines.append(f"  {name}: " + "; ".join(verdict))
     return "\n".join(lines)
 
@@ -74,14 +92,20 @@ async def main_async(args) -> int:
     if args.long:
         kw.update(LONG)
     with tempfile.TemporaryDirectory(prefix="isolation-") as log_dir:
-        runs = await matrix({n: scenarios[n] for n in names}, [p.strip() for p in args.policies.split(",")],
-                            log_dir, **kw)
+        runs = await matrix(
+            {n: scenarios[n] for n in names}, [p.strip() for p in args.policies.split(",")], log_dir, **kw
+        )
     low_t, high_t = (200, 8) if args.long else (96, 24)
-    when = (f"from {args.at:g} s into the flood, nothing learned first" if args.at is not None
-            else "once what admission learns has settled")
-    print(f"isolation at default flags: {args.low} low clients ({low_t} tokens) against {args.high_samples} high "
-          f"streaming requests ({high_t} tokens, one every {args.spacing} s) {when}; "
-          f"figure = high p95 loaded / idle")
+    when = (
+        f"from {args.at:g} s into the flood, nothing learned first"
+        if args.at is not None
+        else "once what admission learns has settled"
+    )
+    print(
+        f"isolation at default flags: {args.low} low clients ({low_t} tokens) against {args.high_samples} high "
+        f"streaming requests ({high_t} tokens, one every {args.spacing} s) {when}; "
+        f"figure = high p95 loaded / idle"
+    )
     print(table(runs))
     if args.json:
         write_json(args.json, {"args": vars(args), "target_dynamic_p95_ratio": TARGET, "runs": runs})
@@ -98,8 +122,13 @@ def main(argv=None) -> int:
     p.add_argument("--high-samples", type=int, default=60, help="high requests per series")
     p.add_argument("--spacing", type=float, default=0.1, help="seconds between high requests")
     p.add_argument("--backlog", type=float, default=4.0, help="seconds of flood before measuring")
-    p.add_argument("--at", type=float, default=None, metavar="SECONDS",
-                   help="the first seconds: the loaded series starts this long after the flood, nothing learned first")
+    p.add_argument(
+        "--at",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the first seconds: the loaded series starts this long after the flood, nothing learned first",
+    )
     p.add_argument("--long", action="store_true", help="200-token low, 8-token high, sims at real time")
     p.add_argument("--json", default=None, metavar="PATH", help="write the runs as JSON here")
     p.add_argument("--smoke", action="store_true", help="tiny counts: one engine set, a few seconds a policy")

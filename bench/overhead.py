@@ -47,6 +47,7 @@ Usage::
 --smoke runs every target and phase at the shortest length (wrk counts whole seconds);
 its figures are too short to quote.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,6 +79,7 @@ SMOKE = {"duration": 1.0, "rounds": 1, "latency_duration": 1.0, "warmup": 1.0, "
 
 # -- phases ---------------------------------------------------------------------------------------------
 
+
 def throughput(target: Target, args, work: Path, load_pids: list[int], body: bytes = BODY) -> dict:
     """One measured run at --connections against one target, with CPU accounting.
 
@@ -90,8 +92,12 @@ def throughput(target: Target, args, work: Path, load_pids: list[int], body: byt
     out = _throughput_once(target, args, work, load_pids, body)
     if out["seconds"] > max(3 * planned, planned + 5):
         stalled = out["seconds"]
-        print(f"overhead: a {planned:g} s run against {target.name} took {stalled:.1f} s (the machine paused); "
-              "running it again", file=sys.stderr, flush=True)
+        print(
+            f"overhead: a {planned:g} s run against {target.name} took {stalled:.1f} s (the machine paused); "
+            "running it again",
+            file=sys.stderr,
+            flush=True,
+        )
         out = _throughput_once(target, args, work, load_pids, body)
         out["stalled_s"] = stalled
     return out
@@ -111,8 +117,15 @@ def _throughput_once(target: Target, args, work: Path, load_pids: list[int], bod
     sys_s = (proxy1[1] - proxy0[1]) / CLK_TCK
     proxy_s = user_s + sys_s
     load_s = (load1 - load0) / CLK_TCK + r["client_cpu_s"]
-    out = {"rps": (served - r["non2xx"]) / wall if wall else 0.0, "requests": served, "non2xx": r["non2xx"],
-           "errors": r["errors"], "seconds": round(wall, 3), "p50_us": r["p50_us"], "p99_us": r["p99_us"]}
+    out = {
+        "rps": (served - r["non2xx"]) / wall if wall else 0.0,
+        "requests": served,
+        "non2xx": r["non2xx"],
+        "errors": r["errors"],
+        "seconds": round(wall, 3),
+        "p50_us": r["p50_us"],
+        "p99_us": r["p99_us"],
+    }
     if target.pid is not None:
         out["cpu_us_per_req"] = proxy_s / served * 1e6 if served else None
         # The system part is mostly the kernel's socket work, which any proxy pays.
@@ -126,8 +139,10 @@ def _throughput_once(target: Target, args, work: Path, load_pids: list[int], bod
         out["proxy_runq_wait"] = (wait1 - wait0) / 1e9 / wall
     if lwait0 is not None and lwait1 is not None and wall:
         out["upstream_runq_wait"] = (lwait1 - lwait0) / 1e9 / wall
-    for name, cpu, ours in (("proxy_core", args.proxy_cpu, proxy_s if target.pid else 0.0),
-                            ("load_core", args.load_cpu, load_s)):
+    for name, cpu, ours in (
+        ("proxy_core", args.proxy_cpu, proxy_s if target.pid else 0.0),
+        ("load_core", args.load_cpu, load_s),
+    ):
         if cpu is None or cpu not in cores0 or (name == "proxy_core" and target.pid is None):
             continue
         busy = (cores1[cpu][0] - cores0[cpu][0]) / CLK_TCK
@@ -140,8 +155,13 @@ def _throughput_once(target: Target, args, work: Path, load_pids: list[int], bod
 
 def latency(target: Target, args, work: Path) -> dict:
     r = run_load(args.client, work, target.port, 1, args.latency_duration, args.load_cpu)
-    return {"p50_us": r["p50_us"], "p99_us": r["p99_us"], "mean_us": r["mean_us"], "requests": r["requests"],
-            "non2xx": r["non2xx"]}
+    return {
+        "p50_us": r["p50_us"],
+        "p99_us": r["p99_us"],
+        "mean_us": r["mean_us"],
+        "requests": r["requests"],
+        "non2xx": r["non2xx"],
+    }
 
 
 def _median(rows: list[dict], key: str):
@@ -152,14 +172,20 @@ def _median(rows: list[dict], key: str):
 def profile_gateway(target: Target, args, work: Path) -> dict | None:
     """Sample the gateway with py-spy under the throughput load; top functions by self and total share."""
     raw = Path(args.profile_out) if args.profile_out else work / "gateway.prof.txt"
-    return pyspy.profile(target.pid, args.profile,
-                         lambda: run_load(args.client, work, target.port, args.connections, args.profile,
-                                          args.load_cpu),
-                         raw, native=args.profile_native, cpu=args.load_cpu, top=args.profile_top,
-                         keep=bool(args.profile_out))
+    return pyspy.profile(
+        target.pid,
+        args.profile,
+        lambda: run_load(args.client, work, target.port, args.connections, args.profile, args.load_cpu),
+        raw,
+        native=args.profile_native,
+        cpu=args.load_cpu,
+        top=args.profile_top,
+        keep=bool(args.profile_out),
+    )
 
 
 # -- report -----------------------------------------------------------------------------------------------
+
 
 def stream_phase(procs: Procs, args, work: Path, res: dict) -> None:
     """SSE relay: streams of --stream-events events, one event per engine write, through the
@@ -173,12 +199,14 @@ def stream_phase(procs: Procs, args, work: Path, res: dict) -> None:
     body = chat_body(kib)[:-1] + b',"stream":true}' if kib else STREAM_BODY
     sdir = work / "stream"
     sdir.mkdir()
-    up_p, up_port = start_upstream(procs, args.load_cpu, ["--stream-chunks", str(n), "--chunk-interval-ms",
-                                                           str(args.stream_interval_ms)])
+    up_p, up_port = start_upstream(
+        procs, args.load_cpu, ["--stream-chunks", str(n), "--chunk-interval-ms", str(args.stream_interval_ms)]
+    )
     # Admission may hold as many streams as there are connections: this phase prices the
     # relay, not the queue (the request phase above has the default limits).
-    gw = start_gateway(procs, args.proxy_cpu, up_port, args.policy, sdir,
-                       [f"--max-concurrency={args.connections}", *args.gateway_arg])
+    gw = start_gateway(
+        procs, args.proxy_cpu, up_port, args.policy, sdir, [f"--max-concurrency={args.connections}", *args.gateway_arg]
+    )
     targets = [Target("direct", up_port, None), gw]
     if not args.no_nginx:
         ng = start_nginx(procs, args.proxy_cpu, up_port, sdir, stream=True, big_bodies=bool(kib))
@@ -188,15 +216,24 @@ def stream_phase(procs: Procs, args, work: Path, res: dict) -> None:
     for t in targets:
         run_load(args.client, sdir, t.port, args.connections, args.warmup, args.load_cpu, body)
     for i in range(args.rounds):
-        for t in (targets if i % 2 == 0 else targets[::-1]):
+        for t in targets if i % 2 == 0 else targets[::-1]:
             rows[t.name].append(throughput(t, args, sdir, [up_p.pid], body))
-    out = {"events_per_stream": per_req, "interval_ms": args.stream_interval_ms, "prompt_bytes": len(body),
-           "policy": args.policy, "targets": {}}
+    out = {
+        "events_per_stream": per_req,
+        "interval_ms": args.stream_interval_ms,
+        "prompt_bytes": len(body),
+        "policy": args.policy,
+        "targets": {},
+    }
     for t in targets:
         r = rows[t.name]
         rps, cpu = _median(r, "rps"), _median(r, "cpu_us_per_req")
-        entry = {"streams_per_s": rps, "events_per_s": rps * per_req if rps else None,
-                 "cpu_us_per_event": cpu / per_req if cpu else None, "rounds": r}
+        entry = {
+            "streams_per_s": rps,
+            "events_per_s": rps * per_req if rps else None,
+            "cpu_us_per_event": cpu / per_req if cpu else None,
+            "rounds": r,
+        }
         entry["events_per_core_s"] = 1e6 / entry["cpu_us_per_event"] if entry["cpu_us_per_event"] else None
         out["targets"][t.name] = entry
         bad = sum(x["non2xx"] + x["errors"] for x in r)
@@ -204,15 +241,16 @@ def stream_phase(procs: Procs, args, work: Path, res: dict) -> None:
             res["warnings"].append(f"stream phase, {t.name}: {bad} non-2xx answers or transport errors")
     T = out["targets"]
     if "gateway" in T and "nginx" in T and T["gateway"]["cpu_us_per_event"] and T["nginx"]["cpu_us_per_event"]:
-        res["ratios"]["gateway_vs_nginx_events_per_core"] = (T["gateway"]["events_per_core_s"]
-                                                             / T["nginx"]["events_per_core_s"])
+        res["ratios"]["gateway_vs_nginx_events_per_core"] = (
+            T["gateway"]["events_per_core_s"] / T["nginx"]["events_per_core_s"]
+        )
     res["stream"] = out
 
 
 # -- prompt sizes (--body-kb) ----------------------------------------------------------------------
 
 GOAL_SIZES_CPU = 1.25  # the gateway's CPU per request <= 1.25x nginx's at 16 and 256 KiB
-GOAL_SIZES_RPS = 0.8   # and req/s >= 0.8x
+GOAL_SIZES_RPS = 0.8  # and req/s >= 0.8x
 GOAL_EXTRA_PER_KIB_US = 0.25  # the gateway's CPU per request may grow at most this much faster per KiB
 
 
@@ -230,6 +268,7 @@ def _heap_env() -> dict[str, str]:
     """glibc's malloc thresholds as the gateway sets them at start (velocity_fast/server/heap.py),
     for --nginx-heap: nginx allocates each body's buffer with malloc too."""
     from velocity_fast.server.heap import MMAP_THRESHOLD, TRIM_THRESHOLD
+
     return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}
 
 
@@ -253,22 +292,39 @@ def run_sizes(args) -> dict:
                 if ng is not None:
                     targets.append(ng)
                     if args.nginx_heap:
-                        targets.append(start_nginx(procs, args.proxy_cpu, up_port, work, big_bodies=True,
-                                                   name="nginx-heap", env=_heap_env()))
+                        targets.append(
+                            start_nginx(
+                                procs,
+                                args.proxy_cpu,
+                                up_port,
+                                work,
+                                big_bodies=True,
+                                name="nginx-heap",
+                                env=_heap_env(),
+                            )
+                        )
             for kib in args.body_kb:
                 body = chat_body(kib) if kib else BODY  # 0: the one-line request of the phases above
                 for t in targets:  # warm-up: connections, the adaptive limit, the prefix index
                     run_load(args.client, work, t.port, args.connections, args.warmup, args.load_cpu, body)
                 runs: dict[str, list[dict]] = {t.name: [] for t in targets}
                 for i in range(args.rounds):
-                    for t in (targets if i % 2 == 0 else targets[::-1]):
+                    for t in targets if i % 2 == 0 else targets[::-1]:
                         runs[t.name].append(throughput(t, args, work, [up_p.pid], body))
                 row = {"kib": kib, "bytes": len(body), "targets": {}}
                 for t in targets:
                     r = runs[t.name]
-                    row["targets"][t.name] = {k: _median(r, k) for k in (
-                        "rps", "cpu_us_per_req", "user_us_per_req", "sys_us_per_req", "proxy_runq_wait",
-                        "load_cpu_share")} | {"rounds": r}
+                    row["targets"][t.name] = {
+                        k: _median(r, k)
+                        for k in (
+                            "rps",
+                            "cpu_us_per_req",
+                            "user_us_per_req",
+                            "sys_us_per_req",
+                            "proxy_runq_wait",
+                            "load_cpu_share",
+                        )
+                    } | {"rounds": r}
                     bad = sum(x["non2xx"] + x["errors"] for x in r)
                     if bad:
                         res["warnings"].append(f"{kib} KiB, {t.name}: {bad} non-2xx answers or transport errors")
@@ -300,6 +356,7 @@ def _plot_sizes(rows: list[dict], path: Path, policy: str, warnings: list[str]) 
     """CPU per request against prompt size for each proxy, as a PNG; its path, or None."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -307,8 +364,11 @@ def _plot_sizes(rows: list[dict], path: Path, policy: str, warnings: list[str]) 
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, style in (("gateway", "o-"), ("nginx", "s--")):
-        pts = [(r["bytes"] / 1024, r["targets"][name]["cpu_us_per_req"]) for r in rows
-               if r["targets"].get(name, {}).get("cpu_us_per_req") is not None]
+        pts = [
+            (r["bytes"] / 1024, r["targets"][name]["cpu_us_per_req"])
+            for r in rows
+            if r["targets"].get(name, {}).get("cpu_us_per_req") is not None
+        ]
         if pts:
             label = f"gateway (--policy {policy})" if name == "gateway" else "nginx (bodies in memory)"
             ax.plot([x for x, _ in pts], [y for _, y in pts], style, label=label)
@@ -329,46 +389,62 @@ def _plot_sizes(rows: list[dict], path: Path, policy: str, warnings: list[str]) 
 
 def summarize_sizes(res: dict) -> str:
     h, c, out = res["host"], res["config"], res["body_kb"]
-    lines = [f"Prompt sizes: chat bodies (a system prompt, then turns of about 1.5 KiB) through the gateway "
-             f"(--policy {out['policy']}) and nginx (bodies in memory), each alone on core {h['proxy_cpu']}; "
-             f"{c['connections']} connections x {c['duration']} s x {c['rounds']} round(s), client {c['client']}; "
-             f"host {h['cpus']} CPU(s) {h['cpu_model']}, load average {h['loadavg']}; "
-             f"nginx: {h['nginx'] or 'not installed (reference missing)'}"]
+    lines = [
+        f"Prompt sizes: chat bodies (a system prompt, then turns of about 1.5 KiB) through the gateway "
+        f"(--policy {out['policy']}) and nginx (bodies in memory), each alone on core {h['proxy_cpu']}; "
+        f"{c['connections']} connections x {c['duration']} s x {c['rounds']} round(s), client {c['client']}; "
+        f"host {h['cpus']} CPU(s) {h['cpu_model']}, load average {h['loadavg']}; "
+        f"nginx: {h['nginx'] or 'not installed (reference missing)'}"
+    ]
     lines += ["warning: " + w for w in res["warnings"]]
     lines.append("")
-    lines.append(f"{'KiB':>5} {'gw req/s':>9} {'ng req/s':>9} {'req/s':>6} {'gw CPU us':>9} {'ng CPU us':>9} "
-                 f"{'CPU':>6} {'gw usr/sys':>10} {'ng usr/sys':>10}")
+    lines.append(
+        f"{'KiB':>5} {'gw req/s':>9} {'ng req/s':>9} {'req/s':>6} {'gw CPU us':>9} {'ng CPU us':>9} "
+        f"{'CPU':>6} {'gw usr/sys':>10} {'ng usr/sys':>10}"
+    )
     for r in out["rows"]:
         g, n = r["targets"].get("gateway", {}), r["targets"].get("nginx", {})
 
         def split(t):
-            return (f"{t['user_us_per_req']:.0f}/{t['sys_us_per_req']:.0f}"
-                    if t.get("user_us_per_req") is not None else "-")
-        lines.append(f"{r['kib']:>5} {_f(g.get('rps')):>9} {_f(n.get('rps')):>9} "
-                     f"{_f(r.get('rps_ratio'), '{:.2f}x'):>6} {_f(g.get('cpu_us_per_req'), '{:.1f}'):>9} "
-                     f"{_f(n.get('cpu_us_per_req'), '{:.1f}'):>9} {_f(r.get('cpu_ratio'), '{:.2f}x'):>6} "
-                     f"{split(g):>10} {split(n):>10}")
+            return (
+                f"{t['user_us_per_req']:.0f}/{t['sys_us_per_req']:.0f}" if t.get("user_us_per_req") is not None else "-"
+            )
+
+        lines.append(
+            f"{r['kib']:>5} {_f(g.get('rps')):>9} {_f(n.get('rps')):>9} "
+            f"{_f(r.get('rps_ratio'), '{:.2f}x'):>6} {_f(g.get('cpu_us_per_req'), '{:.1f}'):>9} "
+            f"{_f(n.get('cpu_us_per_req'), '{:.1f}'):>9} {_f(r.get('cpu_ratio'), '{:.2f}x'):>6} "
+            f"{split(g):>10} {split(n):>10}"
+        )
     lines.append("")
     per = out["us_per_kib"]
-    lines.append("CPU us per request per KiB of prompt (least squares over the sizes): "
-                 + ", ".join(f"{k} {_f(v, '{:.3f}')}" for k, v in per.items()))
+    lines.append(
+        "CPU us per request per KiB of prompt (least squares over the sizes): "
+        + ", ".join(f"{k} {_f(v, '{:.3f}')}" for k, v in per.items())
+    )
     if "extra_us_per_kib" in out:
         x = out["extra_us_per_kib"]
-        lines.append(f"the gateway's extra CPU per KiB: {x:.3f} us (goal: at most {GOAL_EXTRA_PER_KIB_US} us a KiB "
-                     f"more than nginx: {'met' if x <= GOAL_EXTRA_PER_KIB_US else 'not yet'})")
+        lines.append(
+            f"the gateway's extra CPU per KiB: {x:.3f} us (goal: at most {GOAL_EXTRA_PER_KIB_US} us a KiB "
+            f"more than nginx: {'met' if x <= GOAL_EXTRA_PER_KIB_US else 'not yet'})"
+        )
     for r in out["rows"]:
         if r["kib"] in (16, 256) and "cpu_ratio" in r:
             ok = r["cpu_ratio"] <= GOAL_SIZES_CPU and r["rps_ratio"] >= GOAL_SIZES_RPS
-            lines.append(f"{r['kib']} KiB: gateway/nginx CPU {r['cpu_ratio']:.2f}x, req/s {r['rps_ratio']:.2f}x "
-                         f"(goal: CPU <= {GOAL_SIZES_CPU}x nginx's and req/s >= {GOAL_SIZES_RPS}x nginx's: "
-                         f"{'met' if ok else 'not yet'})")
+            lines.append(
+                f"{r['kib']} KiB: gateway/nginx CPU {r['cpu_ratio']:.2f}x, req/s {r['rps_ratio']:.2f}x "
+                f"(goal: CPU <= {GOAL_SIZES_CPU}x nginx's and req/s >= {GOAL_SIZES_RPS}x nginx's: "
+                f"{'met' if ok else 'not yet'})"
+            )
     for r in out["rows"]:
         nh = r["targets"].get("nginx-heap")
         if nh and "heap_cpu_ratio" in r:
-            lines.append(f"{r['kib']} KiB, nginx given the gateway's malloc thresholds (--nginx-heap): "
-                         f"{nh['cpu_us_per_req']:.1f} us ({nh['user_us_per_req']:.0f}/{nh['sys_us_per_req']:.0f}), "
-                         f"{nh['rps']:.0f} req/s; gateway/that CPU {r['heap_cpu_ratio']:.2f}x, "
-                         f"req/s {r['heap_rps_ratio']:.2f}x")
+            lines.append(
+                f"{r['kib']} KiB, nginx given the gateway's malloc thresholds (--nginx-heap): "
+                f"{nh['cpu_us_per_req']:.1f} us ({nh['user_us_per_req']:.0f}/{nh['sys_us_per_req']:.0f}), "
+                f"{nh['rps']:.0f} req/s; gateway/that CPU {r['heap_cpu_ratio']:.2f}x, "
+                f"req/s {r['heap_rps_ratio']:.2f}x"
+            )
     if out.get("plot"):
         lines.append(f"plot: {out['plot']}")
     lines += _stream_lines(res)
@@ -389,17 +465,22 @@ def markdown_sizes(res: dict) -> str:
             return None
         return g["cpu_us_per_req"] - n["cpu_us_per_req"]
 
-    out = ["| prompt | gateway req/s | nginx req/s | req/s ratio | gateway CPU µs | nginx CPU µs | CPU ratio "
-           "| extra µs per KiB |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        "| prompt | gateway req/s | nginx req/s | req/s ratio | gateway CPU µs | nginx CPU µs | CPU ratio "
+        "| extra µs per KiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         g, n = r["targets"].get("gateway", {}), r["targets"].get("nginx", {})
         size = f"{r['kib']} KiB" if r["kib"] else f"{r['bytes']} B"
         extra = "-"
         if r is not small and gap(r) is not None and gap(small) is not None:
             extra = f"{(gap(r) - gap(small)) / ((r['bytes'] - small['bytes']) / 1024):+.3f}"
-        out.append(f"| {size} | {_f(g.get('rps'))} | {_f(n.get('rps'))} | {_f(r.get('rps_ratio'), '{:.2f}x')} "
-                   f"| {_f(g.get('cpu_us_per_req'), '{:.1f}')} | {_f(n.get('cpu_us_per_req'), '{:.1f}')} "
-                   f"| {_f(r.get('cpu_ratio'), '{:.2f}x')} | {extra} |")
+        out.append(
+            f"| {size} | {_f(g.get('rps'))} | {_f(n.get('rps'))} | {_f(r.get('rps_ratio'), '{:.2f}x')} "
+            f"| {_f(g.get('cpu_us_per_req'), '{:.1f}')} | {_f(n.get('cpu_us_per_req'), '{:.1f}')} "
+            f"| {_f(r.get('cpu_ratio'), '{:.2f}x')} | {extra} |"
+        )
     return "\n".join(out)
 
 
@@ -408,13 +489,18 @@ def _stream_lines(res: dict) -> list[str]:
     if not st:
         return []
     c = res["config"]
-    lines = ["", f"SSE relay: {c['connections']} connections, streams of {st['events_per_stream']} events "
-                 f"written {st['interval_ms']} ms apart by the upstream (one event per read), "
-                 f"{st.get('prompt_bytes', 0)}-byte prompts, gateway --policy {st.get('policy')}:",
-             f"{'target':<8} {'streams/s':>9} {'events/s':>9} {'CPU us/event':>12} {'events/s per core':>17}"]
+    lines = [
+        "",
+        f"SSE relay: {c['connections']} connections, streams of {st['events_per_stream']} events "
+        f"written {st['interval_ms']} ms apart by the upstream (one event per read), "
+        f"{st.get('prompt_bytes', 0)}-byte prompts, gateway --policy {st.get('policy')}:",
+        f"{'target':<8} {'streams/s':>9} {'events/s':>9} {'CPU us/event':>12} {'events/s per core':>17}",
+    ]
     for name, t in st["targets"].items():
-        lines.append(f"{name:<8} {_f(t['streams_per_s']):>9} {_f(t['events_per_s']):>9} "
-                     f"{_f(t['cpu_us_per_event'], '{:.1f}'):>12} {_f(t['events_per_core_s']):>17}")
+        lines.append(
+            f"{name:<8} {_f(t['streams_per_s']):>9} {_f(t['events_per_s']):>9} "
+            f"{_f(t['cpu_us_per_event'], '{:.1f}'):>12} {_f(t['events_per_core_s']):>17}"
+        )
     r = res["ratios"].get("gateway_vs_nginx_events_per_core")
     lines.append(f"gateway/nginx SSE events per core: {_f(r, '{:.2f}x')} (goal >= 1.0x)")
     return lines
@@ -428,16 +514,20 @@ def summarize(res: dict) -> str:
     """The printed report: the method, the host, one row per target, the ratios, warnings, profile."""
     lines = [__doc__.split("Every process runs")[0].strip(), ""]
     h, c = res["host"], res["config"]
-    lines.append(f"Host: {h['cpus']} CPU(s) {h['cpu_model']}, python {h['python']}, load average {h['loadavg']}; "
-                 f"proxy core {h['proxy_cpu']}, load core {h['load_cpu']}; client {c['client']}; "
-                 f"{c['connections']} connections x {c['duration']} s x {c['rounds']} round(s), nice {c['nice']}; "
-                 f"nginx: {h['nginx'] or 'not installed (reference missing)'}")
+    lines.append(
+        f"Host: {h['cpus']} CPU(s) {h['cpu_model']}, python {h['python']}, load average {h['loadavg']}; "
+        f"proxy core {h['proxy_cpu']}, load core {h['load_cpu']}; client {c['client']}; "
+        f"{c['connections']} connections x {c['duration']} s x {c['rounds']} round(s), nice {c['nice']}; "
+        f"nginx: {h['nginx'] or 'not installed (reference missing)'}"
+    )
     # Warnings before the table and the ratios last, so that a log's tail holds the figures.
     lines += ["warning: " + w for w in res["warnings"]]
     lines.append("")
-    hdr = (f"{'target':<10} {'req/s@64':>9} {'CPU us/req':>10} {'usr/sys':>9} {'p50@1 us':>9} {'p99@1 us':>9} "
-           f"{'+p50 us':>8} {'+p99 us':>8} {'proxy core':>10} {'load core':>9} {'waited':>7} {'others':>7}"
-           f"  rounds req/s")
+    hdr = (
+        f"{'target':<10} {'req/s@64':>9} {'CPU us/req':>10} {'usr/sys':>9} {'p50@1 us':>9} {'p99@1 us':>9} "
+        f"{'+p50 us':>8} {'+p99 us':>8} {'proxy core':>10} {'load core':>9} {'waited':>7} {'others':>7}"
+        f"  rounds req/s"
+    )
     lines.append(hdr)
     direct = res["targets"].get("direct")
     for name, t in res["targets"].items():
@@ -446,37 +536,42 @@ def summarize(res: dict) -> str:
         add99 = lat["p99_us"] - direct["latency"]["p99_us"] if name != "direct" else None
         waited = _f(t.get("proxy_runq_wait"), "{:.0%}")
         others = _f(t.get("load_core_foreign"), "{:.0%}")
-        split = (f"{t['user_us_per_req']:.0f}/{t['sys_us_per_req']:.0f}"
-                 if t.get("user_us_per_req") is not None else "-")
-        lines.append(f"{name:<10} {_f(t['rps']):>9} {_f(t.get('cpu_us_per_req'), '{:.1f}'):>10} {split:>9} "
-                     f"{_f(lat['p50_us']):>9} {_f(lat['p99_us']):>9} {_f(add50):>8} {_f(add99):>8} "
-                     f"{_f(t.get('proxy_core_busy'), '{:.0%}'):>10} {_f(t.get('load_core_busy'), '{:.0%}'):>9} "
-                     f"{waited:>7} {others:>7}  {' '.join(_f(r['rps']) for r in t['rounds'])}")
+        split = f"{t['user_us_per_req']:.0f}/{t['sys_us_per_req']:.0f}" if t.get("user_us_per_req") is not None else "-"
+        lines.append(
+            f"{name:<10} {_f(t['rps']):>9} {_f(t.get('cpu_us_per_req'), '{:.1f}'):>10} {split:>9} "
+            f"{_f(lat['p50_us']):>9} {_f(lat['p99_us']):>9} {_f(add50):>8} {_f(add99):>8} "
+            f"{_f(t.get('proxy_core_busy'), '{:.0%}'):>10} {_f(t.get('load_core_busy'), '{:.0%}'):>9} "
+            f"{waited:>7} {others:>7}  {' '.join(_f(r['rps']) for r in t['rounds'])}"
+        )
     lines.append("")
     ratios = res["ratios"]
     lines.append(f"gateway/direct req/s: {_f(ratios.get('gateway_vs_direct_rps'), '{:.2f}x')}")
-    per_core = [f"{n} {1e6 / t['cpu_us_per_req']:.0f}" for n, t in res["targets"].items()
-                if t.get("cpu_us_per_req")]
+    per_core = [f"{n} {1e6 / t['cpu_us_per_req']:.0f}" for n, t in res["targets"].items() if t.get("cpu_us_per_req")]
     if per_core:
         lines.append("req/s per core from CPU time: " + ", ".join(per_core))
     if "gateway_vs_nginx_rps" in ratios:
         r_rps, r_cpu = ratios["gateway_vs_nginx_rps"], ratios.get("gateway_vs_nginx_cpu")
-        lines.append(f"gateway/nginx req/s: {r_rps:.2f}x  (floor: gateway req/s >= {TARGET_RPS_MIN}x nginx's: "
-                     f"{'met' if r_rps >= TARGET_RPS_MIN else 'NOT met'}; goal: gateway req/s >= {GOAL_RPS}x nginx's: "
-                     f"{'met' if r_rps >= GOAL_RPS else 'not yet'})")
-        lines.append(f"gateway/nginx CPU us/req: {_f(r_cpu, '{:.2f}x')}  "
-                     f"(goal: gateway CPU per request <= {GOAL_CPU}x nginx's: "
-                     f"{'met' if r_cpu is not None and r_cpu <= GOAL_CPU else 'not yet'})")
+        lines.append(
+            f"gateway/nginx req/s: {r_rps:.2f}x  (floor: gateway req/s >= {TARGET_RPS_MIN}x nginx's: "
+            f"{'met' if r_rps >= TARGET_RPS_MIN else 'NOT met'}; goal: gateway req/s >= {GOAL_RPS}x nginx's: "
+            f"{'met' if r_rps >= GOAL_RPS else 'not yet'})"
+        )
+        lines.append(
+            f"gateway/nginx CPU us/req: {_f(r_cpu, '{:.2f}x')}  "
+            f"(goal: gateway CPU per request <= {GOAL_CPU}x nginx's: "
+            f"{'met' if r_cpu is not None and r_cpu <= GOAL_CPU else 'not yet'})"
+        )
     else:
-        lines.append("gateway/nginx: nginx is not installed, so the reference is missing "
-                     "(apt-get install nginx-light)")
+        lines.append("gateway/nginx: nginx is not installed, so the reference is missing (apt-get install nginx-light)")
     for key, v in ratios.items():
         if key.startswith("workers_") and key.endswith("_cpu"):
             n, one = key.split("_")[1], key.split("_")[3]
-            lines.append(f"gateway {n} workers / {one}: CPU us/req {v:.2f}x (goal <= 1.10x: "
-                         f"{'met' if v <= 1.10 else 'NOT met'}), req/s {ratios[key[:-3] + 'rps']:.2f}x "
-                         f"(every worker shares the proxy core with the others here: req/s is bounded by "
-                         f"that one core, and by the load core's client and upstream, not by the workers)")
+            lines.append(
+                f"gateway {n} workers / {one}: CPU us/req {v:.2f}x (goal <= 1.10x: "
+                f"{'met' if v <= 1.10 else 'NOT met'}), req/s {ratios[key[:-3] + 'rps']:.2f}x "
+                f"(every worker shares the proxy core with the others here: req/s is bounded by "
+                f"that one core, and by the load core's client and upstream, not by the workers)"
+            )
     lines += _stream_lines(res)
     prof = res.get("profile")
     if prof:
@@ -500,18 +595,30 @@ def _base_result(args) -> dict:
     allowed = os.sched_getaffinity(0)
     warnings: list[str] = []
     if args.proxy_cpu not in allowed or args.load_cpu not in allowed or args.proxy_cpu == args.load_cpu:
-        warnings.append(f"cores {args.proxy_cpu}/{args.load_cpu} are not two distinct usable CPUs "
-                        f"(have {sorted(allowed)}): running unpinned, the figures mix proxy and load")
+        warnings.append(
+            f"cores {args.proxy_cpu}/{args.load_cpu} are not two distinct usable CPUs "
+            f"(have {sorted(allowed)}): running unpinned, the figures mix proxy and load"
+        )
         args.proxy_cpu = args.load_cpu = None
     if args.client == "auto":
         args.client = "wrk" if shutil.which("wrk") else "python"
     elif args.client == "wrk" and not shutil.which("wrk"):
         raise SystemExit("wrk is not installed (apt-get install wrk), use --client python")
-    return {"config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
-            "host": {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "python": platform.python_version(),
-                     "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()), "proxy_cpu": args.proxy_cpu,
-                     "load_cpu": args.load_cpu, "nginx": None if args.no_nginx else nginx_version()},
-            "targets": {}, "ratios": {}, "warnings": warnings}
+    return {
+        "config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+        "host": {
+            "cpus": os.cpu_count(),
+            "cpu_model": cpu_model(),
+            "python": platform.python_version(),
+            "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+            "proxy_cpu": args.proxy_cpu,
+            "load_cpu": args.load_cpu,
+            "nginx": None if args.no_nginx else nginx_version(),
+        },
+        "targets": {},
+        "ratios": {},
+        "warnings": warnings,
+    }
 
 
 def run(args) -> dict:
@@ -530,8 +637,14 @@ def run(args) -> dict:
             # One gateway per --workers count: "gateway" the first, "gateway-Nw" the others
             # (their CPU is the supervisor's and every worker's: the process tree).
             for n in args.workers:
-                t = start_gateway(procs, args.proxy_cpu, up_port, args.policy, work,
-                                  [*args.gateway_arg, *(["--workers", str(n)] if n > 1 else [])])
+                t = start_gateway(
+                    procs,
+                    args.proxy_cpu,
+                    up_port,
+                    args.policy,
+                    work,
+                    [*args.gateway_arg, *(["--workers", str(n)] if n > 1 else [])],
+                )
                 if n != args.workers[0]:
                     t.name = f"gateway-{n}w"
                 targets.append(t)
@@ -549,9 +662,21 @@ def run(args) -> dict:
             for t in targets:
                 rows = rounds[t.name]
                 entry = {"rounds": rows}
-                for key in ("rps", "cpu_us_per_req", "user_us_per_req", "sys_us_per_req", "p50_us", "p99_us",
-                            "proxy_core_busy", "load_core_busy", "proxy_core_foreign", "load_core_foreign",
-                            "load_cpu_share", "proxy_runq_wait", "upstream_runq_wait"):
+                for key in (
+                    "rps",
+                    "cpu_us_per_req",
+                    "user_us_per_req",
+                    "sys_us_per_req",
+                    "p50_us",
+                    "p99_us",
+                    "proxy_core_busy",
+                    "load_core_busy",
+                    "proxy_core_foreign",
+                    "load_core_foreign",
+                    "load_cpu_share",
+                    "proxy_runq_wait",
+                    "upstream_runq_wait",
+                ):
                     entry[key] = _median(rows, key)
                 entry["latency"] = latency(t, args, work)
                 res["targets"][t.name] = entry
@@ -559,14 +684,18 @@ def run(args) -> dict:
                 if bad:
                     warnings.append(f"{t.name}: {bad} non-2xx answers or transport errors under load")
                 if t.name != "direct" and (entry["load_cpu_share"] or 0) >= LOAD_BOUND_BUSY:
-                    warnings.append(f"{t.name}: the upstream and the client used {entry['load_cpu_share']:.0%} "
-                                    f"of the load core, so its req/s may be bounded by the load side")
+                    warnings.append(
+                        f"{t.name}: the upstream and the client used {entry['load_cpu_share']:.0%} "
+                        f"of the load core, so its req/s may be bounded by the load side"
+                    )
                 waited, foreign = entry["proxy_runq_wait"] or 0, entry["load_core_foreign"] or 0
                 if waited > 0.05 or foreign > 0.1:
-                    warnings.append(f"{t.name}: other work on the machine took the cores (proxy waited {waited:.0%} "
-                                    f"for its core, {foreign:.0%} of the load core went to others), so req/s is "
-                                    f"below capacity; CPU us/req and req/s per core hold. For req/s rerun on a "
-                                    f"quiet machine or with --nice -10")
+                    warnings.append(
+                        f"{t.name}: other work on the machine took the cores (proxy waited {waited:.0%} "
+                        f"for its core, {foreign:.0%} of the load core went to others), so req/s is "
+                        f"below capacity; CPU us/req and req/s per core hold. For req/s rerun on a "
+                        f"quiet machine or with --nice -10"
+                    )
             if args.profile > 0:
                 gw = next(t for t in targets if t.name == "gateway")
                 res["profile"] = profile_gateway(gw, args, work)
@@ -578,7 +707,9 @@ def run(args) -> dict:
     for n in args.workers[1:]:
         w = T.get(f"gateway-{n}w")
         if w and T.get("gateway") and T["gateway"]["cpu_us_per_req"] and w["cpu_us_per_req"]:
-            res["ratios"][f"workers_{n}_vs_{args.workers[0]}_cpu"] = w["cpu_us_per_req"] / T["gateway"]["cpu_us_per_req"]
+            res["ratios"][f"workers_{n}_vs_{args.workers[0]}_cpu"] = (
+                w["cpu_us_per_req"] / T["gateway"]["cpu_us_per_req"]
+            )
             res["ratios"][f"workers_{n}_vs_{args.workers[0]}_rps"] = w["rps"] / T["gateway"]["rps"]
     if "gateway" in T and "direct" in T and T["direct"]["rps"]:
         res["ratios"]["gateway_vs_direct_rps"] = T["gateway"]["rps"] / T["direct"]["rps"]
@@ -597,50 +728,108 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-duration", type=float, default=3.0, help="seconds of the 1-connection phase")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up load per target")
     p.add_argument("--connections", type=int, default=64)
-    p.add_argument("--client", choices=("auto", "wrk", "python"), default="auto",
-                   help="load client: wrk when installed, else the Python one of bench.lib.load (auto)")
+    p.add_argument(
+        "--client",
+        choices=("auto", "wrk", "python"),
+        default="auto",
+        help="load client: wrk when installed, else the Python one of bench.lib.load (auto)",
+    )
     p.add_argument("--proxy-cpu", type=int, default=0, help="core of the gateway and nginx (default 0)")
     p.add_argument("--load-cpu", type=int, default=1, help="core of the upstream and the client (default 1)")
-    p.add_argument("--policy", default=None, choices=("dynamic", "static", "smart"),
-                   help="the gateway's policy (default dynamic; smart with --body-kb: prefix affinity on)")
-    p.add_argument("--body-kb", default=None, metavar="LIST",
-                   help="instead of the phases above, the prompt-size sweep: chat bodies of these sizes in KiB "
-                        "(e.g. 0,1,16,64,256; 0 is the one-line request), gateway and nginx req/s and CPU per "
-                        "request, and a PNG plot")
-    p.add_argument("--markdown", action="store_true",
-                   help="with --body-kb: then bench/README.md's table of the gateway against nginx")
-    p.add_argument("--plot", default=None, metavar="PATH",
-                   help="--body-kb's plot of CPU per request against prompt size "
-                        "(default bench/results/overhead_body_kb.png)")
-    p.add_argument("--gateway-arg", action="append", default=[], metavar="ARG",
-                   help="an extra flag for `velocityllm serve` (repeatable), e.g. --gateway-arg=--max-concurrency=64")
-    p.add_argument("--nginx-heap", action="store_true",
-                   help="with --body-kb: also nginx given the gateway's glibc malloc thresholds "
-                        "(velocity_fast/server/heap.py), as a third target")
+    p.add_argument(
+        "--policy",
+        default=None,
+        choices=("dynamic", "static", "smart"),
+        help="the gateway's policy (default dynamic; smart with --body-kb: prefix affinity on)",
+    )
+    p.add_argument(
+        "--body-kb",
+        default=None,
+        metavar="LIST",
+        help="instead of the phases above, the prompt-size sweep: chat bodies of these sizes in KiB "
+        "(e.g. 0,1,16,64,256; 0 is the one-line request), gateway and nginx req/s and CPU per "
+        "request, and a PNG plot",
+    )
+    p.add_argument(
+        "--markdown",
+        action="store_true",
+        help="with --body-kb: then bench/README.md's table of the gateway against nginx",
+    )
+    p.add_argument(
+        "--plot",
+        default=None,
+        metavar="PATH",
+        help="--body-kb's plot of CPU per request against prompt size (default bench/results/overhead_body_kb.png)",
+    )
+    p.add_argument(
+        "--gateway-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an extra flag for `velocityllm serve` (repeatable), e.g. --gateway-arg=--max-concurrency=64",
+    )
+    p.add_argument(
+        "--nginx-heap",
+        action="store_true",
+        help="with --body-kb: also nginx given the gateway's glibc malloc thresholds "
+        "(velocity_fast/server/heap.py), as a third target",
+    )
     p.add_argument("--no-nginx", action="store_true", help="skip the nginx reference")
-    p.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
-                   help="then sample the gateway with py-spy under load for this long")
-    p.add_argument("--profile-native", action="store_true",
-                   help="py-spy --native: include C frames (stops the gateway at each sample)")
+    p.add_argument(
+        "--profile",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="then sample the gateway with py-spy under load for this long",
+    )
+    p.add_argument(
+        "--profile-native",
+        action="store_true",
+        help="py-spy --native: include C frames (stops the gateway at each sample)",
+    )
     p.add_argument("--profile-out", default=None, help="keep py-spy's collapsed stacks at this path")
     p.add_argument("--profile-top", type=int, default=20)
-    p.add_argument("--nice", type=int, default=0,
-                   help="niceness of every measured process; negative (root only) makes other work on a "
-                        "shared machine yield during the run")
-    p.add_argument("--stream-events", type=int, default=32, metavar="N",
-                   help="then the SSE relay phase: streams of N token events (0: skip)")
-    p.add_argument("--stream-interval-ms", type=float, default=1.0,
-                   help="the upstream's pause between events of a stream (default 1)")
-    p.add_argument("--stream-body-kb", type=int, default=0, metavar="K",
-                   help="the SSE phase's prompt: a K KiB chat body (default 0: a one-line prompt); with "
-                        "--body-kb, a stream phase runs after the sweep only when this is given")
+    p.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="niceness of every measured process; negative (root only) makes other work on a "
+        "shared machine yield during the run",
+    )
+    p.add_argument(
+        "--stream-events",
+        type=int,
+        default=32,
+        metavar="N",
+        help="then the SSE relay phase: streams of N token events (0: skip)",
+    )
+    p.add_argument(
+        "--stream-interval-ms",
+        type=float,
+        default=1.0,
+        help="the upstream's pause between events of a stream (default 1)",
+    )
+    p.add_argument(
+        "--stream-body-kb",
+        type=int,
+        default=0,
+        metavar="K",
+        help="the SSE phase's prompt: a K KiB chat body (default 0: a one-line prompt); with "
+        "--body-kb, a stream phase runs after the sweep only when this is given",
+    )
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
-    p.add_argument("--workers", default="1", metavar="LIST",
-                   help="gateway worker processes, a comma-separated list (e.g. 1,2): one gateway target "
-                        "per count, all pinned to the proxy core; CPU us/req and req/s of each (default 1)")
-    p.add_argument("--smoke", action="store_true",
-                   help="every phase, shortest (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items())
-                   + "): checks that it runs")
+    p.add_argument(
+        "--workers",
+        default="1",
+        metavar="LIST",
+        help="gateway worker processes, a comma-separated list (e.g. 1,2): one gateway target "
+        "per count, all pinned to the proxy core; CPU us/req and req/s of each (default 1)",
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every phase, shortest (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items()) + "): checks that it runs",
+    )
     if "--smoke" in argv:
         p.set_defaults(**SMOKE)
     args = p.parse_args(argv)
@@ -668,6 +857,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_term(signum, frame):
         raise KeyboardInterrupt
+
     # SIGINT too: a shell that starts this in the background has it ignore SIGINT otherwise.
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)

@@ -111,6 +111,7 @@ and scrape interval are scaled with it (``HOT_OPEN``):
 Goal: chat's latency p95 at least 1.5x better than pure affinity's in at least four runs
 of five, and no request of chat declined (the fleet serves this traffic).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -157,13 +158,25 @@ RESTART = {"requests": 640, "num_gpu_blocks": 288, "restart_down_s": 4.0}
 # Scenario hot: engines that run 12 sequences at once (vLLM's --max-num-seqs) and replies
 # of 128 tokens, so that the hot prefix's demand (half the traffic) is past what one
 # engine runs while the whole load is about two thirds of the fleet's.
-HOT = {"rate": 22.5, "time_scale": 2.0, "requests": 480, "output_tokens": 128, "max_num_seqs": 12,
-       "num_gpu_blocks": 1024}
+HOT = {
+    "rate": 22.5,
+    "time_scale": 2.0,
+    "requests": 480,
+    "output_tokens": 128,
+    "max_num_seqs": 12,
+    "num_gpu_blocks": 1024,
+}
 # One hot prefix: the router's spreading (chat, as configured by default) against the
 # load-gap guard alone and against pure affinity (no load term of any kind).
 HOT_VARIANTS = ("chat", "gap", "affinity", "round-robin", "least-loaded")
-PURE_AFFINITY = {"hotspot_gap": 1e9, "hotspot_waiting": 1e9, "load_weight": 0.0, "spill": False,
-                 "saturation_waiting": 1e9, "saturation_kv": 1.0}
+PURE_AFFINITY = {
+    "hotspot_gap": 1e9,
+    "hotspot_waiting": 1e9,
+    "load_weight": 0.0,
+    "spill": False,
+    "saturation_waiting": 1e9,
+    "saturation_kv": 1.0,
+}
 GAP_GUARD = {"hotspot_waiting": 0.0}  # 0: the engine queue is not read
 # Scenario hot-admission: the gateway at its defaults (dynamic admission, its SLA, no
 # models: section), one prefix carrying half of 20 requests/s over 13 groups, engines of
@@ -171,8 +184,17 @@ GAP_GUARD = {"hotspot_waiting": 0.0}  # 0: the engine queue is not read
 # engine's, so under pure affinity its backlog waits in admission's queue. 960 requests
 # (48 s): at 85 % busy the hot engine's queue comes and goes over tens of seconds, and a
 # 16 s window after the warm-up did not always hold one such swing (bench/README.md).
-HOT_ADMISSION = {"rate": 20.0, "time_scale": 1.0, "requests": 960, "output_tokens": 32, "max_num_seqs": 8,
-                 "num_gpu_blocks": 1024, "groups": 13, "concurrency": 1024, "warmup_s": 8.0}
+HOT_ADMISSION = {
+    "rate": 20.0,
+    "time_scale": 1.0,
+    "requests": 960,
+    "output_tokens": 32,
+    "max_num_seqs": 8,
+    "num_gpu_blocks": 1024,
+    "groups": 13,
+    "concurrency": 1024,
+    "warmup_s": 8.0,
+}
 HOT_ADMISSION_VARIANTS = ("chat", "affinity")
 # Scenario hot-open: the same question as a user meets it. Poisson arrivals the scenario
 # does not tune, judged from the first second (no warm-up left out): fresh engines, each
@@ -180,8 +202,17 @@ HOT_ADMISSION_VARIANTS = ("chat", "affinity")
 # 24 requests/s of engine time (the hot prefix past what one engine of 8 serves, the
 # fleet at about three quarters), 480 requests; the gateway's SLA and scrape interval are
 # scaled with --time-scale, so that a scaled run is the same run, faster (tests/bench/).
-HOT_OPEN = {"rate": 24.0, "time_scale": 1.0, "requests": 480, "output_tokens": 32, "max_num_seqs": 8,
-            "num_gpu_blocks": 1024, "groups": 13, "concurrency": 1024, "warmup_s": 0.0}
+HOT_OPEN = {
+    "rate": 24.0,
+    "time_scale": 1.0,
+    "requests": 480,
+    "output_tokens": 32,
+    "max_num_seqs": 8,
+    "num_gpu_blocks": 1024,
+    "groups": 13,
+    "concurrency": 1024,
+    "warmup_s": 0.0,
+}
 # Its goal: chat's latency p95 at least this much better than pure affinity's in at least
 # HOT_OPEN_RUNS of every 5 runs, and no request of chat declined.
 HOT_OPEN_GOAL = 1.5
@@ -190,8 +221,7 @@ HOT_OPEN_RUNS = 4
 SLA_MS = 3000.0
 SCRAPE_MS = 100.0
 # --smoke: every variant and phase at a size that runs in seconds (CI: tests/bench/).
-SMOKE = {"engines": 2, "requests": 24, "rate": 60.0, "groups": 4, "prefix_tokens": 256,
-         "time_scale": 20.0}
+SMOKE = {"engines": 2, "requests": 24, "rate": 60.0, "groups": 4, "prefix_tokens": 256, "time_scale": 20.0}
 
 
 async def _sample(gw, out: list, every_s: float = 0.05) -> None:
@@ -209,23 +239,30 @@ def _load_summary(samples: list) -> dict:
     if not samples:
         return {}
     n = len(samples)
-    out = {"gateway_queued_mean": round(sum(q for q, _ in samples) / n, 2),
-           "gateway_queued_share": round(sum(q > 0 for q, _ in samples) / n, 3), "endpoints": {}}
+    out = {
+        "gateway_queued_mean": round(sum(q for q, _ in samples) / n, 2),
+        "gateway_queued_share": round(sum(q > 0 for q, _ in samples) / n, 3),
+        "endpoints": {},
+    }
     for name in samples[0][1]:
         rows = [eps[name] for _, eps in samples if name in eps]
-        out["endpoints"][name] = {"inflight": round(sum(r[0] for r in rows) / len(rows), 2),
-                                  "waiting": round(sum(r[1] for r in rows) / len(rows), 2),
-                                  "running": round(sum(r[2] for r in rows) / len(rows), 2),
-                                  "waiting_max": max(r[1] for r in rows)}
+        out["endpoints"][name] = {
+            "inflight": round(sum(r[0] for r in rows) / len(rows), 2),
+            "waiting": round(sum(r[1] for r in rows) / len(rows), 2),
+            "running": round(sum(r[2] for r in rows) / len(rows), 2),
+            "waiting_max": max(r[1] for r in rows),
+        }
     return out
 
 
 def _admission_summary(gw) -> dict:
     s = gw.admission.stats()
-    return {"rejections": s["rejections"], "limits": s["limits"], "sla": s["sla"],
-            "batch_capacity": {k: e["batch_capacity"] for k, e in s["endpoints"].items()}}
-
-
+    return {
+        "rejections": s["rejections"],
+        "limits": s["limits"],
+        "sla": s["sla"],
+        "batch_capacity": {k: e["batch_capacity"] for k, e in s["endpoints"].items()},
+    }
 
 
 def _model_config(variant: str) -> dict:
@@ -246,8 +283,9 @@ def bench_tokenizer(folder: str) -> str:
 
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator([" ".join(WORDS)], trainers.WordLevelTrainer(
-        special_tokens=["[UNK]", "<|im_start|>", "<|im_end|>"]))
+    tok.train_from_iterator(
+        [" ".join(WORDS)], trainers.WordLevelTrainer(special_tokens=["[UNK]", "<|im_start|>", "<|im_end|>"])
+    )
     path = os.path.join(folder, "tokenizer.json")
     tok.save(path)
     return path
@@ -256,9 +294,18 @@ def bench_tokenizer(folder: str) -> str:
 async def run_variant(variant: str, args, specs) -> dict:
     scenario = getattr(args, "scenario", "shared")
     kv_dir = tempfile.mkdtemp(prefix="velocity-prefix-bench-") if scenario in PRECISE_SCENARIOS else None
-    flags = ["--num-gpu-blocks", str(args.num_gpu_blocks), "--time-scale", str(args.time_scale),
-             "--prefill-tps", str(args.prefill_tps), "--max-num-seqs", str(args.max_num_seqs),
-             "--max-model-len", str(args.max_model_len)]
+    flags = [
+        "--num-gpu-blocks",
+        str(args.num_gpu_blocks),
+        "--time-scale",
+        str(args.time_scale),
+        "--prefill-tps",
+        str(args.prefill_tps),
+        "--max-num-seqs",
+        str(args.max_num_seqs),
+        "--max-model-len",
+        str(args.max_model_len),
+    ]
     tokenizer = bench_tokenizer(kv_dir) if kv_dir else None
     if tokenizer:
         flags += ["--tokenizer", tokenizer]
@@ -278,8 +325,14 @@ async def run_variant(variant: str, args, specs) -> dict:
             routing.update(GAP_GUARD)
         if tokenizer:
             routing["tokenizer"] = tokenizer
-        keys = {"host": "127.0.0.1", "port": 0, "admin_port": 0, "endpoints": eps, "routing": routing,
-                "health": {"scrape_interval_ms": 50.0}}
+        keys = {
+            "host": "127.0.0.1",
+            "port": 0,
+            "admin_port": 0,
+            "endpoints": eps,
+            "routing": routing,
+            "health": {"scrape_interval_ms": 50.0},
+        }
         if scenario == "hot-open":
             # The gateway's defaults, its SLA and scrape interval in the engines' time.
             keys["health"] = {"scrape_interval_ms": SCRAPE_MS / args.time_scale}
@@ -292,8 +345,9 @@ async def run_variant(variant: str, args, specs) -> dict:
             if variant not in ("chat", "affinity"):
                 keys["models"] = {MODEL: _model_config(variant)}
         else:
-            keys.update({"policy": "static", "max_concurrency": args.concurrency,
-                         "models": {MODEL: _model_config(variant)}})
+            keys.update(
+                {"policy": "static", "max_concurrency": args.concurrency, "models": {MODEL: _model_config(variant)}}
+            )
         settings = load_settings(None, keys, env={})
         replicas = 2 if scenario == "replicas" and not variant.endswith(ONE_GATEWAY) else 1
         for _ in range(replicas):
@@ -307,19 +361,25 @@ async def run_variant(variant: str, args, specs) -> dict:
             await asyncio.sleep(0.05)
         restart = None
         if scenario == "restart":
+
             async def restart_halfway() -> None:
                 await asyncio.sleep(args.requests / args.rate / 2)
                 await asyncio.to_thread(engines.restart, 0, 30.0, args.restart_down_s)
+
             restart = asyncio.create_task(restart_halfway())
         # Replicas take every other request (arrival times kept: the same traffic in all).
-        parts = [[dataclasses.replace(sp, index=j) for j, sp in enumerate(specs[k::len(gws)])]
-                 for k in range(len(gws))]
+        parts = [
+            [dataclasses.replace(sp, index=j) for j, sp in enumerate(specs[k :: len(gws)])] for k in range(len(gws))
+        ]
         samples: list = []
         sampler = asyncio.create_task(_sample(gws[0], samples))
         try:
-            outcomes = await asyncio.gather(*(run_workload(part, "127.0.0.1", gw.client_server.port,
-                                                           concurrency=args.concurrency, timeout=120.0)
-                                              for part, gw in zip(parts, gws)))
+            outcomes = await asyncio.gather(
+                *(
+                    run_workload(part, "127.0.0.1", gw.client_server.port, concurrency=args.concurrency, timeout=120.0)
+                    for part, gw in zip(parts, gws)
+                )
+            )
         finally:
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -340,26 +400,42 @@ async def run_variant(variant: str, args, specs) -> dict:
         latencies = sorted((r.done - r.sent) * 1000.0 for r in results if r.ok)
         # After the warm-up (--warmup-s of arrivals): each context's first prefill, which no
         # router avoids, and the limits admission learns at start are behind.
-        warm = sorted((r.done - r.sent) * 1000.0 for sp, r in zip(all_specs, results)
-                      if r.ok and sp.at >= args.warmup_s)
+        warm = sorted(
+            (r.done - r.sent) * 1000.0 for sp, r in zip(all_specs, results) if r.ok and sp.at >= args.warmup_s
+        )
         # Each completed request's TTFT (wall ms): --repeats pools them over the runs.
         ttfts = sorted((r.first_token - r.sent) * 1000.0 for r in results if r.ok and r.first_token is not None)
-        out = {"variant": variant, "scenario": scenario, "gateways": len(gws), "summary": summary,
-               "ttft_samples_ms": ttfts,
-               "engine_hit_rate": hits / queries if queries else 0.0,
-               "engine_hits_tokens": hits, "engine_queries_tokens": queries,
-               "requests_per_endpoint": dict(sorted(spread.items())),
-               "group0_per_endpoint": dict(sorted(hot_spread.items())),
-               "latency_samples_ms": latencies, "latency_warm_samples_ms": warm,
-               "latency_warm_ms": {p: _pooled(warm, p) if warm else 0.0 for p in ("p50", "p95", "p99")},
-               "load": _load_summary(samples),
-               "router": gws[0].router.stats(), "admission": _admission_summary(gws[0])}
+        out = {
+            "variant": variant,
+            "scenario": scenario,
+            "gateways": len(gws),
+            "summary": summary,
+            "ttft_samples_ms": ttfts,
+            "engine_hit_rate": hits / queries if queries else 0.0,
+            "engine_hits_tokens": hits,
+            "engine_queries_tokens": queries,
+            "requests_per_endpoint": dict(sorted(spread.items())),
+            "group0_per_endpoint": dict(sorted(hot_spread.items())),
+            "latency_samples_ms": latencies,
+            "latency_warm_samples_ms": warm,
+            "latency_warm_ms": {p: _pooled(warm, p) if warm else 0.0 for p in ("p50", "p95", "p99")},
+            "load": _load_summary(samples),
+            "router": gws[0].router.stats(),
+            "admission": _admission_summary(gws[0]),
+        }
         if scenario in ("hot-admission", "hot-open"):
             # Each request: arrival s, group, endpoint, latency and TTFT ms, status.
-            out["requests"] = [(round(sp.at, 3), sp.prefix_group, r.endpoint, round((r.done - r.sent) * 1000.0, 1),
-                                round((r.first_token - r.sent) * 1000.0, 1) if r.first_token is not None else None,
-                                r.status)
-                               for sp, r in zip(all_specs, results)]
+            out["requests"] = [
+                (
+                    round(sp.at, 3),
+                    sp.prefix_group,
+                    r.endpoint,
+                    round((r.done - r.sent) * 1000.0, 1),
+                    round((r.first_token - r.sent) * 1000.0, 1) if r.first_token is not None else None,
+                    r.status,
+                )
+                for sp, r in zip(all_specs, results)
+            ]
             # What was declined, by the fifth of the run it arrived in (a cold start's 429s
             # are in the first).
             span = max((sp.at for sp in all_specs), default=0.0) or 1.0
@@ -381,8 +457,12 @@ async def run_variant(variant: str, args, specs) -> dict:
 
 
 # Per scenario, the goal's figure: (baseline variant, variant, TTFT percentile, goal).
-GOALS = {"restart": ("approximate", "precise", "p90", 2.0), "replicas": ("approximate", "precise", "p90", 2.0),
-         "tenants": ("approximate", "precise", "p90", 1.0), "hot": ("affinity", "chat", "p99", 2.0)}
+GOALS = {
+    "restart": ("approximate", "precise", "p90", 2.0),
+    "replicas": ("approximate", "precise", "p90", 2.0),
+    "tenants": ("approximate", "precise", "p90", 1.0),
+    "hot": ("affinity", "chat", "p99", 2.0),
+}
 
 
 async def main_async(args) -> int:
@@ -412,38 +492,59 @@ def _report_repeats(args, runs: list[list[dict]]) -> dict:
     median and pooled. One run's p90 or p99 rests on a few dozen requests; pooled, on
     repeats times as many. Returns the scenario's figures run by run, for the JSON."""
     variants = [r["variant"] for r in runs[0]]
-    lines = [f"prefix bench, scenario {args.scenario}, {len(runs)} runs (seeds {args.seed}-"
-             f"{args.seed + len(runs) - 1}), all requests pooled (TTFT in engine time):"]
+    lines = [
+        f"prefix bench, scenario {args.scenario}, {len(runs)} runs (seeds {args.seed}-"
+        f"{args.seed + len(runs) - 1}), all requests pooled (TTFT in engine time):"
+    ]
     pooled: dict[str, dict[str, float]] = {}
     for v in variants:
         rows = [r for run in runs for r in run if r["variant"] == v]
         samples = [x * args.time_scale for r in rows for x in r["ttft_samples_ms"]]
         pooled[v] = {p: _pooled(samples, p) for p in ("p50", "p90", "p99")}
         hit = sum(r["engine_hit_rate"] for r in rows) / len(rows)
-        lines.append(f"  {v:<13} TTFT p50 {pooled[v]['p50']:8.0f} ms  p90 {pooled[v]['p90']:8.0f} ms  "
-                     f"p99 {pooled[v]['p99']:8.0f} ms  engine hit rate {100 * hit:5.1f}% (mean)  "
-                     f"requests {len(samples)}")
+        lines.append(
+            f"  {v:<13} TTFT p50 {pooled[v]['p50']:8.0f} ms  p90 {pooled[v]['p90']:8.0f} ms  "
+            f"p99 {pooled[v]['p99']:8.0f} ms  engine hit rate {100 * hit:5.1f}% (mean)  "
+            f"requests {len(samples)}"
+        )
     if args.scenario == "hot-admission":
         per = [_hot_admission_ratios({r["variant"]: r for r in run}) for run in runs]
         per = [x for x in per if x is not None]
         if per:
-            lat = {v: _pooled([x * args.time_scale for r in runs for row in r if row["variant"] == v
-                               for x in row["latency_warm_samples_ms"]], "p95") for v in ("chat", "affinity")}
+            lat = {
+                v: _pooled(
+                    [
+                        x * args.time_scale
+                        for r in runs
+                        for row in r
+                        if row["variant"] == v
+                        for x in row["latency_warm_samples_ms"]
+                    ],
+                    "p95",
+                )
+                for v in ("chat", "affinity")
+            }
             every = all(p >= 1.5 and h >= 0.9 for p, h in per)
-            lines.append(f"  latency p95 after the first {args.warmup_s:g} s, affinity/chat: runs {', '.join(f'{p:.2f}x' for p, _ in per)}; "
-                         f"pooled {lat['affinity'] / lat['chat']:.2f}x (goal >= 1.5x in every run)")
-            lines.append(f"  hit rate chat/affinity: runs {', '.join(f'{h:.2f}x' for _, h in per)} "
-                         f"(goal >= 0.9x); goal {'met' if every else 'NOT met'} in every run: {every}")
+            lines.append(
+                f"  latency p95 after the first {args.warmup_s:g} s, affinity/chat: runs {', '.join(f'{p:.2f}x' for p, _ in per)}; "
+                f"pooled {lat['affinity'] / lat['chat']:.2f}x (goal >= 1.5x in every run)"
+            )
+            lines.append(
+                f"  hit rate chat/affinity: runs {', '.join(f'{h:.2f}x' for _, h in per)} "
+                f"(goal >= 0.9x); goal {'met' if every else 'NOT met'} in every run: {every}"
+            )
     if args.scenario == "hot-open":
         verdict = [hot_open_verdict({r["variant"]: r for r in run}) for run in runs]
         met = sum(v["met"] for v in verdict)
         need = math.ceil(HOT_OPEN_RUNS / 5 * len(runs))
-        lines.append(f"  latency p95 from the first second, affinity/chat: runs "
-                     f"{', '.join(format(v['ratio'], '.2f') + 'x' for v in verdict)}; chat declined "
-                     f"{', '.join(str(v['chat_declined']) for v in verdict)}; affinity declined "
-                     f"{', '.join(str(v['affinity_declined']) for v in verdict)} (goal: >= {HOT_OPEN_GOAL:g}x "
-                     f"and none declined in {need} of {len(runs)}): {'met' if met >= need else 'NOT met'} "
-                     f"({met} of {len(runs)})")
+        lines.append(
+            f"  latency p95 from the first second, affinity/chat: runs "
+            f"{', '.join(format(v['ratio'], '.2f') + 'x' for v in verdict)}; chat declined "
+            f"{', '.join(str(v['chat_declined']) for v in verdict)}; affinity declined "
+            f"{', '.join(str(v['affinity_declined']) for v in verdict)} (goal: >= {HOT_OPEN_GOAL:g}x "
+            f"and none declined in {need} of {len(runs)}): {'met' if met >= need else 'NOT met'} "
+            f"({met} of {len(runs)})"
+        )
     goal = GOALS.get(args.scenario)
     if goal and goal[0] in pooled and goal[1] in pooled and pooled[goal[1]][goal[2]] > 0:
         base, v, p, want = goal
@@ -453,8 +554,10 @@ def _report_repeats(args, runs: list[list[dict]]) -> dict:
             if base in by and v in by and by[v]["ttft_ms_engine_time"][p] > 0:
                 per_run.append(by[base]["ttft_ms_engine_time"][p] / by[v]["ttft_ms_engine_time"][p])
         median = statistics.median(per_run) if per_run else math.nan
-        lines.append(f"  TTFT {p} {base}/{v}: runs {', '.join(f'{x:.2f}x' for x in per_run)}; median {median:.2f}x; "
-                     f"pooled {pooled[base][p] / pooled[v][p]:.2f}x (goal >= {want:g}x)")
+        lines.append(
+            f"  TTFT {p} {base}/{v}: runs {', '.join(f'{x:.2f}x' for x in per_run)}; median {median:.2f}x; "
+            f"pooled {pooled[base][p] / pooled[v][p]:.2f}x (goal >= {want:g}x)"
+        )
     extra = {}
     if args.scenario == "replicas":
         per = [replicas_vs_one_gateway({r["variant"]: r for r in run}) for run in runs]
@@ -462,13 +565,17 @@ def _report_repeats(args, runs: list[list[dict]]) -> dict:
         for mode in ("precise", "approximate"):
             ratios = [x[mode]["ratio"] for x in per if mode in x]
             if ratios:
-                lines.append(f"  engine hit rate, two {mode} replicas / one {mode} gateway: runs "
-                             f"{', '.join(f'{x:.3f}' for x in ratios)}; mean {statistics.fmean(ratios):.3f}")
+                lines.append(
+                    f"  engine hit rate, two {mode} replicas / one {mode} gateway: runs "
+                    f"{', '.join(f'{x:.3f}' for x in ratios)}; mean {statistics.fmean(ratios):.3f}"
+                )
         met = [x["met"] for x in per if "met" in x]
         if met:
-            lines.append(f"  goal: two precise replicas within {100 * (1 - REPLICAS_HIT_GOAL):.0f}% of one "
-                         f"gateway's hit rate: {'met' if all(met) else 'NOT met'} in every run "
-                         f"({sum(met)} of {len(met)})")
+            lines.append(
+                f"  goal: two precise replicas within {100 * (1 - REPLICAS_HIT_GOAL):.0f}% of one "
+                f"gateway's hit rate: {'met' if all(met) else 'NOT met'} in every run "
+                f"({sum(met)} of {len(met)})"
+            )
     print("\n".join(lines), flush=True)
     return extra
 
@@ -476,35 +583,55 @@ def _report_repeats(args, runs: list[list[dict]]) -> dict:
 async def run_once(args) -> tuple[int, list[dict]]:
     """One workload (args.seed), every variant on it; the exit code and the rows."""
     hot = args.hot_share if args.scenario in ("hot", "hot-admission", "hot-open") else 0.0
-    mix = Mix(prompt_tokens=Dist(value=args.suffix_tokens), output_tokens=Dist(value=args.output_tokens),
-              prefix=Prefix(groups=args.groups, tokens=args.prefix_tokens, share=1.0, hot=hot), stream_share=1.0,
-              clients=PLAIN_CLIENTS)  # routing is measured on seeded lengths
+    mix = Mix(
+        prompt_tokens=Dist(value=args.suffix_tokens),
+        output_tokens=Dist(value=args.output_tokens),
+        prefix=Prefix(groups=args.groups, tokens=args.prefix_tokens, share=1.0, hot=hot),
+        stream_share=1.0,
+        clients=PLAIN_CLIENTS,
+    )  # routing is measured on seeded lengths
     # hot-open's rate is in the engines' time, so that --time-scale runs the same traffic faster.
     rate = args.rate * args.time_scale if args.scenario == "hot-open" else args.rate
-    cfg = WorkloadConfig(num_requests=args.requests, pattern="poisson", duration=args.requests / rate,
-                         seed=args.seed, route="chat", model=MODEL)
+    cfg = WorkloadConfig(
+        num_requests=args.requests,
+        pattern="poisson",
+        duration=args.requests / rate,
+        seed=args.seed,
+        route="chat",
+        model=MODEL,
+    )
     specs = build_workload(cfg, mix)
     rows = []
-    variants = args.variants or ",".join(VARIANTS if args.scenario == "shared" else
-                                         HOT_VARIANTS if args.scenario == "hot" else
-                                         HOT_ADMISSION_VARIANTS if args.scenario in ("hot-admission", "hot-open") else
-                                         REPLICAS_VARIANTS if args.scenario == "replicas" else
-                                         PRECISE_VARIANTS)
+    variants = args.variants or ",".join(
+        VARIANTS
+        if args.scenario == "shared"
+        else HOT_VARIANTS
+        if args.scenario == "hot"
+        else HOT_ADMISSION_VARIANTS
+        if args.scenario in ("hot-admission", "hot-open")
+        else REPLICAS_VARIANTS
+        if args.scenario == "replicas"
+        else PRECISE_VARIANTS
+    )
     for variant in variants.split(","):
         res = await run_variant(variant, args, specs)
         s = res["summary"]
         # TTFT is scaled back to engine time: the sims run time_scale times faster.
-        res["ttft_ms_engine_time"] = {k: v * args.time_scale for k, v in s["ttft_ms"].items()
-                                      if isinstance(v, (int, float))}
-        res["latency_ms_engine_time"] = {k: v * args.time_scale for k, v in s["latency_ms"].items()
-                                         if isinstance(v, (int, float))}
+        res["ttft_ms_engine_time"] = {
+            k: v * args.time_scale for k, v in s["ttft_ms"].items() if isinstance(v, (int, float))
+        }
+        res["latency_ms_engine_time"] = {
+            k: v * args.time_scale for k, v in s["latency_ms"].items() if isinstance(v, (int, float))
+        }
         rows.append(res)
         share = f"  precise share {res['precise_share']}" if "precise_share" in res else ""
-        print(f"{variant:<13} completed {s['completed']}/{s['requests']}  TTFT p50 "
-              f"{res['ttft_ms_engine_time']['p50']:.0f} ms  p90 {res['ttft_ms_engine_time']['p90']:.0f} ms  "
-              f"p99 {res['ttft_ms_engine_time']['p99']:.0f} ms  {s['throughput_rps']:.1f} req/s  "
-              f"engine hit rate {100 * res['engine_hit_rate']:.1f}%  per endpoint {res['requests_per_endpoint']}"
-              + share, flush=True)
+        print(
+            f"{variant:<13} completed {s['completed']}/{s['requests']}  TTFT p50 "
+            f"{res['ttft_ms_engine_time']['p50']:.0f} ms  p90 {res['ttft_ms_engine_time']['p90']:.0f} ms  "
+            f"p99 {res['ttft_ms_engine_time']['p99']:.0f} ms  {s['throughput_rps']:.1f} req/s  "
+            f"engine hit rate {100 * res['engine_hit_rate']:.1f}%  per endpoint {res['requests_per_endpoint']}" + share,
+            flush=True,
+        )
     if args.scenario == "hot":
         return _report_hot(args, rows), rows
     if args.scenario in ("hot-admission", "hot-open"):
@@ -514,23 +641,30 @@ async def run_once(args) -> tuple[int, list[dict]]:
     if args.scenario != "shared":
         return _report_precise(args, rows), rows
     by = {r["variant"]: r for r in rows}
-    lines = [f"prefix bench: {args.requests} streamed chat requests, {args.groups} groups x "
-             f"{args.prefix_tokens}-token shared context + {args.suffix_tokens}-token question, "
-             f"{args.engines} sim engines x {args.num_gpu_blocks} KV blocks, time scale {args.time_scale} "
-             "(TTFT in engine time)"]
+    lines = [
+        f"prefix bench: {args.requests} streamed chat requests, {args.groups} groups x "
+        f"{args.prefix_tokens}-token shared context + {args.suffix_tokens}-token question, "
+        f"{args.engines} sim engines x {args.num_gpu_blocks} KV blocks, time scale {args.time_scale} "
+        "(TTFT in engine time)"
+    ]
     for r in rows:
         t = r["ttft_ms_engine_time"]
-        lines.append(f"  {r['variant']:<12} TTFT p50 {t['p50']:8.0f} ms  p99 {t['p99']:8.0f} ms  "
-                     f"engine prefix-cache hit rate {100 * r['engine_hit_rate']:5.1f}%  "
-                     f"completed {r['summary']['completed']}/{r['summary']['requests']}")
+        lines.append(
+            f"  {r['variant']:<12} TTFT p50 {t['p50']:8.0f} ms  p99 {t['p99']:8.0f} ms  "
+            f"engine prefix-cache hit rate {100 * r['engine_hit_rate']:5.1f}%  "
+            f"completed {r['summary']['completed']}/{r['summary']['requests']}"
+        )
     verdict = []
     if "chat" in by and "batch" in by and by["batch"]["engine_hit_rate"] > 0:
-        verdict.append(f"hit rate chat/batch {by['chat']['engine_hit_rate'] / by['batch']['engine_hit_rate']:.2f}x "
-                       "(target >= 2x)")
+        verdict.append(
+            f"hit rate chat/batch {by['chat']['engine_hit_rate'] / by['batch']['engine_hit_rate']:.2f}x (target >= 2x)"
+        )
     for base, target in (("round-robin", " (target >= 3x)"), ("least-loaded", "")):
         if "chat" in by and base in by and by["chat"]["ttft_ms_engine_time"]["p50"] > 0:
-            verdict.append(f"TTFT p50 {base}/chat {by[base]['ttft_ms_engine_time']['p50'] / by['chat']['ttft_ms_engine_time']['p50']:.2f}x"
-                           + target)
+            verdict.append(
+                f"TTFT p50 {base}/chat {by[base]['ttft_ms_engine_time']['p50'] / by['chat']['ttft_ms_engine_time']['p50']:.2f}x"
+                + target
+            )
     lines.append("  " + "; ".join(verdict))
     print("\n".join(lines))
     if args.output:
@@ -548,8 +682,7 @@ def replicas_vs_one_gateway(by: dict) -> dict:
         if two is None or one is None:
             continue
         ratio = two["engine_hit_rate"] / one["engine_hit_rate"] if one["engine_hit_rate"] else 0.0
-        out[mode] = {"two_replicas": two["engine_hit_rate"], "one_gateway": one["engine_hit_rate"],
-                     "ratio": ratio}
+        out[mode] = {"two_replicas": two["engine_hit_rate"], "one_gateway": one["engine_hit_rate"], "ratio": ratio}
     if "precise" in out:
         out["goal"] = REPLICAS_HIT_GOAL
         out["met"] = out["precise"]["ratio"] >= REPLICAS_HIT_GOAL
@@ -557,19 +690,26 @@ def replicas_vs_one_gateway(by: dict) -> dict:
 
 
 def _replicas_lines(ratios: dict) -> list[str]:
-    lines = [f"  engine hit rate, two {mode} replicas / one {mode} gateway: {100 * r['two_replicas']:.1f}% / "
-             f"{100 * r['one_gateway']:.1f}% = {r['ratio']:.3f}"
-             for mode, r in ratios.items() if mode in ("precise", "approximate")]
+    lines = [
+        f"  engine hit rate, two {mode} replicas / one {mode} gateway: {100 * r['two_replicas']:.1f}% / "
+        f"{100 * r['one_gateway']:.1f}% = {r['ratio']:.3f}"
+        for mode, r in ratios.items()
+        if mode in ("precise", "approximate")
+    ]
     if "met" in ratios:
-        lines.append(f"  goal: two precise replicas within {100 * (1 - REPLICAS_HIT_GOAL):.0f}% of one "
-                     f"gateway's hit rate: {'met' if ratios['met'] else 'NOT met'}")
+        lines.append(
+            f"  goal: two precise replicas within {100 * (1 - REPLICAS_HIT_GOAL):.0f}% of one "
+            f"gateway's hit rate: {'met' if ratios['met'] else 'NOT met'}"
+        )
     return lines
 
 
 def _report_precise(args, rows: list[dict]) -> int:
     by = {r["variant"]: r for r in rows}
-    what = {"restart": f"engine 0 down {args.restart_down_s:g} s halfway, then back empty",
-            "replicas": "two gateway replicas, every other request each; variants -1: one gateway, every request"}
+    what = {
+        "restart": f"engine 0 down {args.restart_down_s:g} s halfway, then back empty",
+        "replicas": "two gateway replicas, every other request each; variants -1: one gateway, every request",
+    }
     verdict = []
     if "precise" in by and "approximate" in by and by["precise"]["ttft_ms_engine_time"]["p90"] > 0:
         ratio = by["approximate"]["ttft_ms_engine_time"]["p90"] / by["precise"]["ttft_ms_engine_time"]["p90"]
@@ -587,8 +727,13 @@ def _report_tenants(args, rows: list[dict]) -> int:
     if "precise" in by and "approximate" in by and by["precise"]["ttft_ms_engine_time"]["p90"] > 0:
         ratio = by["approximate"]["ttft_ms_engine_time"]["p90"] / by["precise"]["ttft_ms_engine_time"]["p90"]
         verdict.append(f"  TTFT p90 approximate/precise {ratio:.2f}x (goal: precise no worse, >= 1x)")
-    return _report(args, rows, f"scenario tenants ({args.groups} tenants' system prompts, a KV cache of "
-                               f"{args.num_gpu_blocks} blocks an engine)", verdict)
+    return _report(
+        args,
+        rows,
+        f"scenario tenants ({args.groups} tenants' system prompts, a KV cache of "
+        f"{args.num_gpu_blocks} blocks an engine)",
+        verdict,
+    )
 
 
 def _report_hot(args, rows: list[dict]) -> int:
@@ -596,14 +741,19 @@ def _report_hot(args, rows: list[dict]) -> int:
     verdict = []
     if "chat" in by and "affinity" in by and by["chat"]["ttft_ms_engine_time"]["p99"] > 0:
         p99 = by["affinity"]["ttft_ms_engine_time"]["p99"] / by["chat"]["ttft_ms_engine_time"]["p99"]
-        hit = (by["chat"]["engine_hit_rate"] / by["affinity"]["engine_hit_rate"]
-               if by["affinity"]["engine_hit_rate"] else 0.0)
+        hit = (
+            by["chat"]["engine_hit_rate"] / by["affinity"]["engine_hit_rate"]
+            if by["affinity"]["engine_hit_rate"]
+            else 0.0
+        )
         if "gap" in by and by["chat"]["ttft_ms_engine_time"]["p99"] > 0:
-            verdict.append(f"  TTFT p99 gap/chat {by['gap']['ttft_ms_engine_time']['p99'] / by['chat']['ttft_ms_engine_time']['p99']:.2f}x")
-        verdict.append(f"  TTFT p99 affinity/chat {p99:.2f}x (goal >= 2x); hit rate chat/affinity {hit:.2f}x "
-                       "(goal >= 0.9x)")
-    return _report(args, rows, f"scenario hot (one prefix carries {100 * args.hot_share:.0f}% of the traffic)",
-                   verdict)
+            verdict.append(
+                f"  TTFT p99 gap/chat {by['gap']['ttft_ms_engine_time']['p99'] / by['chat']['ttft_ms_engine_time']['p99']:.2f}x"
+            )
+        verdict.append(
+            f"  TTFT p99 affinity/chat {p99:.2f}x (goal >= 2x); hit rate chat/affinity {hit:.2f}x (goal >= 0.9x)"
+        )
+    return _report(args, rows, f"scenario hot (one prefix carries {100 * args.hot_share:.0f}% of the traffic)", verdict)
 
 
 def _hot_admission_ratios(by: dict) -> tuple[float, float] | None:
@@ -611,7 +761,9 @@ def _hot_admission_ratios(by: dict) -> tuple[float, float] | None:
     if "chat" not in by or "affinity" not in by or not by["chat"]["latency_warm_ms"]["p95"] > 0:
         return None
     p95 = by["affinity"]["latency_warm_ms"]["p95"] / by["chat"]["latency_warm_ms"]["p95"]
-    hit = by["chat"]["engine_hit_rate"] / by["affinity"]["engine_hit_rate"] if by["affinity"]["engine_hit_rate"] else 0.0
+    hit = (
+        by["chat"]["engine_hit_rate"] / by["affinity"]["engine_hit_rate"] if by["affinity"]["engine_hit_rate"] else 0.0
+    )
     return p95, hit
 
 
@@ -620,12 +772,17 @@ def hot_open_verdict(by: dict) -> dict:
     out), the requests of each that were not answered (429s and errors), by fifth of the
     run too, and whether the run meets the goal (the ratio and chat's answering all)."""
     chat, aff = by["chat"], by["affinity"]
-    ratio = (aff["latency_warm_ms"]["p95"] / chat["latency_warm_ms"]["p95"]
-             if chat["latency_warm_ms"]["p95"] > 0 else 0.0)
+    ratio = (
+        aff["latency_warm_ms"]["p95"] / chat["latency_warm_ms"]["p95"] if chat["latency_warm_ms"]["p95"] > 0 else 0.0
+    )
     chat_declined = sum(chat["not_ok_by_fifth"])
-    return {"ratio": ratio, "chat_declined": chat_declined, "affinity_declined": sum(aff["not_ok_by_fifth"]),
-            "chat_declined_by_fifth": chat["not_ok_by_fifth"],
-            "met": ratio >= HOT_OPEN_GOAL and chat_declined == 0}
+    return {
+        "ratio": ratio,
+        "chat_declined": chat_declined,
+        "affinity_declined": sum(aff["not_ok_by_fifth"]),
+        "chat_declined_by_fifth": chat["not_ok_by_fifth"],
+        "met": ratio >= HOT_OPEN_GOAL and chat_declined == 0,
+    }
 
 
 def _report_hot_admission(args, rows: list[dict]) -> int:
@@ -633,45 +790,61 @@ def _report_hot_admission(args, rows: list[dict]) -> int:
     verdict = []
     for r in rows:
         lat, warm, load, adm = r["latency_ms_engine_time"], r["latency_warm_ms"], r["load"], r["admission"]
-        verdict.append(f"  {r['variant']:<12} latency p50 {lat['p50']:6.0f} ms  p95 {lat['p95']:6.0f} ms  "
-                       f"p99 {lat['p99']:6.0f} ms; after the first {args.warmup_s:g} s p50 {warm['p50']:6.0f} ms  "
-                       f"p95 {warm['p95']:6.0f} ms  p99 {warm['p99']:6.0f} ms  "
-                       f"hot prefix per endpoint {r['group0_per_endpoint']}  "
-                       f"gateway queue mean {load.get('gateway_queued_mean')} (in {load.get('gateway_queued_share')} "
-                       f"of samples)  declined {adm['rejections']}  sla {adm['sla']}")
+        verdict.append(
+            f"  {r['variant']:<12} latency p50 {lat['p50']:6.0f} ms  p95 {lat['p95']:6.0f} ms  "
+            f"p99 {lat['p99']:6.0f} ms; after the first {args.warmup_s:g} s p50 {warm['p50']:6.0f} ms  "
+            f"p95 {warm['p95']:6.0f} ms  p99 {warm['p99']:6.0f} ms  "
+            f"hot prefix per endpoint {r['group0_per_endpoint']}  "
+            f"gateway queue mean {load.get('gateway_queued_mean')} (in {load.get('gateway_queued_share')} "
+            f"of samples)  declined {adm['rejections']}  sla {adm['sla']}"
+        )
         for name, e in sorted(load.get("endpoints", {}).items()):
-            verdict.append(f"      {name}: in flight {e['inflight']:5.2f}  engine running {e['running']:5.2f}  "
-                           f"waiting {e['waiting']:5.2f} (max {e['waiting_max']:g})  limit {adm['limits'].get(name)}  "
-                           f"batch learned {adm['batch_capacity'].get(name)}")
+            verdict.append(
+                f"      {name}: in flight {e['inflight']:5.2f}  engine running {e['running']:5.2f}  "
+                f"waiting {e['waiting']:5.2f} (max {e['waiting_max']:g})  limit {adm['limits'].get(name)}  "
+                f"batch learned {adm['batch_capacity'].get(name)}"
+            )
     ratios = _hot_admission_ratios(by)
     if args.scenario == "hot-open" and "chat" in by and "affinity" in by:
         v = hot_open_verdict(by)
-        verdict.append(f"  latency p95 from the first second, affinity/chat {v['ratio']:.2f}x (goal >= "
-                       f"{HOT_OPEN_GOAL:g}x); not answered: chat {v['chat_declined']} (by fifth of the run "
-                       f"{v['chat_declined_by_fifth']}), affinity {v['affinity_declined']} (goal: chat none)")
+        verdict.append(
+            f"  latency p95 from the first second, affinity/chat {v['ratio']:.2f}x (goal >= "
+            f"{HOT_OPEN_GOAL:g}x); not answered: chat {v['chat_declined']} (by fifth of the run "
+            f"{v['chat_declined_by_fifth']}), affinity {v['affinity_declined']} (goal: chat none)"
+        )
     elif ratios is not None:
-        verdict.append(f"  latency p95 after the warm-up, affinity/chat {ratios[0]:.2f}x (goal >= 1.5x); "
-                       f"hit rate chat/affinity "
-                       f"{ratios[1]:.2f}x (goal >= 0.9x)")
-    return _report(args, rows, f"scenario {args.scenario} (one prefix carries {100 * args.hot_share:.0f}% of the "
-                               "traffic; the gateway at its defaults: dynamic admission, no models: section)",
-                   verdict)
+        verdict.append(
+            f"  latency p95 after the warm-up, affinity/chat {ratios[0]:.2f}x (goal >= 1.5x); "
+            f"hit rate chat/affinity "
+            f"{ratios[1]:.2f}x (goal >= 0.9x)"
+        )
+    return _report(
+        args,
+        rows,
+        f"scenario {args.scenario} (one prefix carries {100 * args.hot_share:.0f}% of the "
+        "traffic; the gateway at its defaults: dynamic admission, no models: section)",
+        verdict,
+    )
 
 
 def _report(args, rows: list[dict], scenario: str, verdict: list[str], extra: dict | None = None) -> int:
     """A scenario's table: each variant's TTFT, throughput, hit rate and spread, then the
     goal's verdict lines; the runs (and ``extra``, the scenario's figures) as JSON with --output."""
-    lines = [f"prefix bench, {scenario}: {args.requests} streamed chat requests at {args.rate:.0f}/s, "
-             f"{args.groups} groups x {args.prefix_tokens}-token shared context + {args.suffix_tokens}-token "
-             f"question, {args.output_tokens} tokens out, {args.engines} sim engines x {args.num_gpu_blocks} KV "
-             f"blocks x {args.max_num_seqs} sequences, time scale {args.time_scale} (TTFT in engine time)"]
+    lines = [
+        f"prefix bench, {scenario}: {args.requests} streamed chat requests at {args.rate:.0f}/s, "
+        f"{args.groups} groups x {args.prefix_tokens}-token shared context + {args.suffix_tokens}-token "
+        f"question, {args.output_tokens} tokens out, {args.engines} sim engines x {args.num_gpu_blocks} KV "
+        f"blocks x {args.max_num_seqs} sequences, time scale {args.time_scale} (TTFT in engine time)"
+    ]
     for r in rows:
         t = r["ttft_ms_engine_time"]
-        lines.append(f"  {r['variant']:<13} TTFT p50 {t['p50']:8.0f} ms  p90 {t['p90']:8.0f} ms  p99 {t['p99']:8.0f} ms  "
-                     f"throughput {r['summary']['throughput_rps']:6.1f} req/s  "
-                     f"engine prefix-cache hit rate {100 * r['engine_hit_rate']:5.1f}%  "
-                     f"completed {r['summary']['completed']}/{r['summary']['requests']}  "
-                     f"per endpoint {r['requests_per_endpoint']}")
+        lines.append(
+            f"  {r['variant']:<13} TTFT p50 {t['p50']:8.0f} ms  p90 {t['p90']:8.0f} ms  p99 {t['p99']:8.0f} ms  "
+            f"throughput {r['summary']['throughput_rps']:6.1f} req/s  "
+            f"engine prefix-cache hit rate {100 * r['engine_hit_rate']:5.1f}%  "
+            f"completed {r['summary']['completed']}/{r['summary']['requests']}  "
+            f"per endpoint {r['requests_per_endpoint']}"
+        )
     print("\n".join(lines + verdict))
     if args.output:
         write_json(args.output, {"args": vars(args), "runs": rows, **(extra or {})})
@@ -680,15 +853,26 @@ def _report(args, rows: list[dict], scenario: str, verdict: list[str], extra: di
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--scenario", choices=SCENARIOS, default="shared",
-                   help="shared (the profiles on shared prefixes), restart (an engine restarted halfway), "
-                        "replicas (two gateways): these two compare precise and approximate routing; "
-                        "hot (one prefix carries --hot-share of the traffic): spreading against pure affinity")
-    p.add_argument("--variants", default=None,
-                   help="comma-separated routing profiles, or precise / approximate, and with replicas "
-                        "precise-1 / approximate-1 (one gateway) (default: " + ",".join(VARIANTS)
-                        + "; with restart or tenants " + ",".join(PRECISE_VARIANTS) + "; with replicas "
-                        + ",".join(REPLICAS_VARIANTS) + ")")
+    p.add_argument(
+        "--scenario",
+        choices=SCENARIOS,
+        default="shared",
+        help="shared (the profiles on shared prefixes), restart (an engine restarted halfway), "
+        "replicas (two gateways): these two compare precise and approximate routing; "
+        "hot (one prefix carries --hot-share of the traffic): spreading against pure affinity",
+    )
+    p.add_argument(
+        "--variants",
+        default=None,
+        help="comma-separated routing profiles, or precise / approximate, and with replicas "
+        "precise-1 / approximate-1 (one gateway) (default: "
+        + ",".join(VARIANTS)
+        + "; with restart or tenants "
+        + ",".join(PRECISE_VARIANTS)
+        + "; with replicas "
+        + ",".join(REPLICAS_VARIANTS)
+        + ")",
+    )
     p.add_argument("--engines", type=int, default=4)
     p.add_argument("--requests", type=int, default=320)
     p.add_argument("--rate", type=float, default=40.0, help="arrivals per second (Poisson), wall time")
@@ -697,28 +881,56 @@ def main(argv=None) -> int:
     p.add_argument("--prefix-tokens", type=int, default=1024)
     p.add_argument("--suffix-tokens", type=int, default=48)
     p.add_argument("--output-tokens", type=int, default=8)
-    p.add_argument("--num-gpu-blocks", type=int, default=384,
-                   help="KV blocks (16 tokens) per engine: 384 keep about 5 groups' contexts of 16")
+    p.add_argument(
+        "--num-gpu-blocks",
+        type=int,
+        default=384,
+        help="KV blocks (16 tokens) per engine: 384 keep about 5 groups' contexts of 16",
+    )
     p.add_argument("--prefill-tps", type=float, default=5000.0)
     p.add_argument("--max-num-seqs", type=int, default=256, help="sequences an engine runs at once (vLLM's flag)")
-    p.add_argument("--max-model-len", type=int, default=4096,
-                   help="the engines' context length (vLLM's flag): raise it with --prefix-tokens")
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=4096,
+        help="the engines' context length (vLLM's flag): raise it with --prefix-tokens",
+    )
     p.add_argument("--time-scale", type=float, default=4.0)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--restart-down-s", type=float, default=0.0,
-                   help="scenario restart: seconds (wall) engine 0 stays down before it starts again")
-    p.add_argument("--hot-share", type=float, default=0.5,
-                   help="scenario hot: the share of the requests that carry the hot prefix (default 0.5)")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="run the scenario this many times (seeds --seed, --seed+1, ...) and report each "
-                        "variant's TTFT over all runs' requests pooled, and the goal's ratio run by run")
-    p.add_argument("--warmup-s", type=float, default=0.0,
-                   help="arrivals in the first seconds that scenario hot-admission's latency goal leaves out "
-                        "(each context's first prefill; default 8 there, 0 elsewhere)")
+    p.add_argument(
+        "--restart-down-s",
+        type=float,
+        default=0.0,
+        help="scenario restart: seconds (wall) engine 0 stays down before it starts again",
+    )
+    p.add_argument(
+        "--hot-share",
+        type=float,
+        default=0.5,
+        help="scenario hot: the share of the requests that carry the hot prefix (default 0.5)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run the scenario this many times (seeds --seed, --seed+1, ...) and report each "
+        "variant's TTFT over all runs' requests pooled, and the goal's ratio run by run",
+    )
+    p.add_argument(
+        "--warmup-s",
+        type=float,
+        default=0.0,
+        help="arrivals in the first seconds that scenario hot-admission's latency goal leaves out "
+        "(each context's first prefill; default 8 there, 0 elsewhere)",
+    )
     p.add_argument("--output", default=None, help="write the runs as JSON here")
-    p.add_argument("--smoke", action="store_true",
-                   help="tiny counts (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items())
-                   + "; flags given still win): checks that every variant runs, not what it gains")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny counts ("
+        + ", ".join(f"{k}={v}" for k, v in SMOKE.items())
+        + "; flags given still win): checks that every variant runs, not what it gains",
+    )
     if "--smoke" in (sys.argv[1:] if argv is None else argv):
         p.set_defaults(**SMOKE)
     elif any(a.endswith("tenants") for a in (sys.argv[1:] if argv is None else argv)):
@@ -736,6 +948,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         import uvloop
+
         return uvloop.run(main_async(args))
     except ImportError:
         return asyncio.run(main_async(args))

@@ -23,6 +23,7 @@ Needs valgrind. The counts depend on the interpreter and the compiled libraries 
 venv's versions, glibc's string functions), so a baseline holds for one build image.
 About 40 s on two idle cores (two callgrind runs at a time), 95 s beside other work.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,10 +40,10 @@ SMALL, LARGE = 200, 1200
 CONNECTIONS = 64
 # name -> bench.inprocess.instructions() keywords.
 SCENARIOS: dict[str, dict] = {
-    "150b": {},                                   # the small chat request, no tenant
-    "150b-tenant": {"tenant": True},              # one tenant named by header, a token quota, token fairness
+    "150b": {},  # the small chat request, no tenant
+    "150b-tenant": {"tenant": True},  # one tenant named by header, a token quota, token fairness
     "16kib-smart": {"body_kb": 16, "policy": "smart"},  # a 16 KiB chat prompt, prefix affinity on
-    "150b-stream": {"stream_events": 8},          # streamed: 8 token events, then [DONE]
+    "150b-stream": {"stream_events": 8},  # streamed: 8 token events, then [DONE]
 }
 
 

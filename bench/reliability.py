@@ -23,6 +23,7 @@ figure per line for each part.
 The gateway runs with 1 s read timeouts (header, body, first byte) so that every
 unfinished case settles quickly; everything listens on 127.0.0.1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,8 +67,10 @@ def wire(route: str, rng: random.Random, stream_share: float = 0.0) -> bytes:
     if route != "/generate" and rng.random() < stream_share:
         obj["stream"] = True
     body = orjson.dumps(obj)
-    return (f"POST {route} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"POST {route} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 def _make_wire(stream_share: float):
@@ -75,20 +78,30 @@ def _make_wire(stream_share: float):
     return lambda rng: wire(rng.choice(h.ROUTES), rng, stream_share)
 
 
-async def closed_loop(port: int, clients: int, seconds: float, *, stream_share: float = 0.0,
-                      think: float = 0.0, seed: int = 0) -> list:
+async def closed_loop(
+    port: int, clients: int, seconds: float, *, stream_share: float = 0.0, think: float = 0.0, seed: int = 0
+) -> list:
     """``clients`` keep-alive clients, each sending its next request when the last is
     answered, for ``seconds``: every Result (status 0: no answer)."""
     return await _closed_loop(port, clients, seconds, _make_wire(stream_share), think=think, seed=seed)
 
 
-async def open_loop(port: int, rate: float, seconds: float, *, seed: int = 0, stream_share: float = 0.2,
-                    connections: int = 64, on_tick=None) -> tuple[list, int]:
+async def open_loop(
+    port: int,
+    rate: float,
+    seconds: float,
+    *,
+    seed: int = 0,
+    stream_share: float = 0.2,
+    connections: int = 64,
+    on_tick=None,
+) -> tuple[list, int]:
     """Requests at ``rate`` per second for ``seconds`` over a pool of at most ``connections``
     keep-alive connections: (every Result, with None for one that never finished, and the
     number sent)."""
-    return await _open_loop(port, rate, seconds, _make_wire(stream_share), seed=seed, connections=connections,
-                            on_tick=on_tick)
+    return await _open_loop(
+        port, rate, seconds, _make_wire(stream_share), seed=seed, connections=connections, on_tick=on_tick
+    )
 
 
 def statuses(results) -> Counter:
@@ -96,6 +109,7 @@ def statuses(results) -> Counter:
 
 
 # -- parts -----------------------------------------------------------------------------------------
+
 
 async def slowloris(stack: Stack, slow: int, silent: int, seconds: float) -> None:
     pid = stack.pid
@@ -135,8 +149,9 @@ async def slowloris(stack: Stack, slow: int, silent: int, seconds: float) -> Non
         finally:
             writer.transport.abort()
 
-    attack = [asyncio.ensure_future(slow_head()) for _ in range(slow)] + \
-             [asyncio.ensure_future(silent_conn()) for _ in range(silent)]
+    attack = [asyncio.ensure_future(slow_head()) for _ in range(slow)] + [
+        asyncio.ensure_future(silent_conn()) for _ in range(silent)
+    ]
     await asyncio.sleep(0.2)
     during = [r.done - r.sent for r in await closed_loop(stack.port, 8, seconds, seed=2) if r.status == 200]
     await asyncio.wait(attack, timeout=h.HANG_S + 5)
@@ -171,9 +186,14 @@ def _fuzz_worker(args: tuple) -> dict:
                 served_failed += 1
 
     asyncio.run(main())
-    return {"statuses": dict(tally.statuses), "hangs": tally.hangs, "cases": tally.cases,
-            "closed": tally.closed_without_answer, "served_failed": served_failed,
-            "first_500s": [(repr(c)[:300], b.decode("latin-1")) for c, b in tally.five_hundreds]}
+    return {
+        "statuses": dict(tally.statuses),
+        "hangs": tally.hangs,
+        "cases": tally.cases,
+        "closed": tally.closed_without_answer,
+        "served_failed": served_failed,
+        "first_500s": [(repr(c)[:300], b.decode("latin-1")) for c, b in tally.five_hundreds],
+    }
 
 
 def fuzz(stack: Stack, kind: str, cases: int, jobs: int, seed: int) -> None:
@@ -196,8 +216,11 @@ def fuzz(stack: Stack, kind: str, cases: int, jobs: int, seed: int) -> None:
     figure(f"{kind}_500s", st.get(500, 0))
     figure(f"{kind}_hangs", sum(p["hangs"] for p in parts))
     figure(f"{kind}_closed_without_answer", sum(p["closed"] for p in parts))
-    figure(f"{kind}_served_checks_failed", sum(p["served_failed"] for p in parts),
-           "valid requests not served after a batch of 1,000")
+    figure(
+        f"{kind}_served_checks_failed",
+        sum(p["served_failed"] for p in parts),
+        "valid requests not served after a batch of 1,000",
+    )
     figure(f"{kind}_gateway_alive", int(stack.alive()))
     for p in parts:
         for case, body in p["first_500s"]:
@@ -220,8 +243,11 @@ async def faults(stack: Stack, clients: int, seconds: float, fail_rate: float) -
     ended = sum(h.total(m, f"velocity_{k}_total") for k in ("completed", "failed", "cancelled"))
     figure("faults_admitted", adm)
     figure("faults_completed_failed_cancelled", ended)
-    figure("faults_counters_reconcile", int(counted == len(results) and adm == ended),
-           "velocity_requests_total == requests answered, admitted == completed+failed+cancelled")
+    figure(
+        "faults_counters_reconcile",
+        int(counted == len(results) and adm == ended),
+        "velocity_requests_total == requests answered, admitted == completed+failed+cancelled",
+    )
     figure("faults_internal_errors", h.total(m, "velocity_internal_errors_total"))
 
 
@@ -241,8 +267,7 @@ def _rss_growth(samples: list, since: float, end_kib: int) -> tuple[float, int]:
     return 100.0 * (end_kib - rss) / rss, int(t)
 
 
-async def soak(stack: Stack, seconds: float, rate: float, load: float, connections: int,
-               capacity_s: float) -> None:
+async def soak(stack: Stack, seconds: float, rate: float, load: float, connections: int, capacity_s: float) -> None:
     pid = stack.pid
     if not rate:
         cap = await capacity(stack.port, connections, capacity_s)
@@ -294,8 +319,11 @@ async def soak(stack: Stack, seconds: float, rate: float, load: float, connectio
     figure("soak_requests_total_counted", counted, "velocity_requests_total during the soak")
     adm = h.total(m, "velocity_admitted_total")
     ended = sum(h.total(m, f"velocity_{k}_total") for k in ("completed", "failed", "cancelled"))
-    figure("soak_counters_reconcile", int(counted == answered and adm == ended),
-           "counted == answered, admitted == completed+failed+cancelled")
+    figure(
+        "soak_counters_reconcile",
+        int(counted == answered and adm == ended),
+        "counted == answered, admitted == completed+failed+cancelled",
+    )
 
 
 async def reloads(stack: Stack, seconds: float) -> None:
@@ -321,23 +349,35 @@ async def reloads(stack: Stack, seconds: float) -> None:
     figure("reload_applied", log.count("config reloaded"))
     figure("reload_refused", log.count("reload refused") + log.count("reload failed"))
     figure("reload_requests", len(results))
-    figure("reload_failed_requests", sum(v for k, v in st.items() if k == 0 or k >= 500),
-           "no answer or 5xx during the reloads")
+    figure(
+        "reload_failed_requests",
+        sum(v for k, v in st.items() if k == 0 or k >= 500),
+        "no answer or 5xx during the reloads",
+    )
     figure("reload_gateway_alive", int(stack.alive()))
 
 
 # -- main ------------------------------------------------------------------------------------------
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=20000, help="fuzzed heads (bodies: a tenth)")
     ap.add_argument("--jobs", type=int, default=1, help="client processes for the fuzz")
     ap.add_argument("--seconds", type=float, default=90.0, help="the soak's length")
-    ap.add_argument("--rate", type=float, default=0.0,
-                    help="the soak's requests per second (default: --load times the capacity measured first)")
+    ap.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="the soak's requests per second (default: --load times the capacity measured first)",
+    )
     ap.add_argument("--load", type=float, default=0.8, help="the soak's rate as a share of the measured capacity")
-    ap.add_argument("--connections", type=int, default=64,
-                    help="the soak's client connections (and the capacity run's closed-loop clients)")
+    ap.add_argument(
+        "--connections",
+        type=int,
+        default=64,
+        help="the soak's client connections (and the capacity run's closed-loop clients)",
+    )
     ap.add_argument("--fail-rate", type=float, default=0.05, help="the faulty sim engine's --fail-rate")
     ap.add_argument("--seed", type=int, default=20)
     ap.add_argument("--only", default="", help="comma-separated parts: slowloris,fuzz,faults,soak,reloads")

@@ -25,6 +25,7 @@ Usage::
     python -m bench.retry_after [--requests 160] [--seqs 8] [--sla-ms 2000] [--json out.json]
     python -m bench.retry_after --smoke   # tiny and fast: it works, figures rough
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,10 +48,18 @@ SMOKE = {"requests": 48, "seqs": 8, "time_scale": 4.0, "max_tokens": 20, "sla_ms
 
 
 def wire(port: int, max_tokens: int) -> bytes:
-    data = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "one answer"}],
-                         "max_tokens": max_tokens, "ignore_eos": True})
-    return (f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
-            f"content-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n").encode() + data
+    data = orjson.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "one answer"}],
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+        }
+    )
+    return (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n"
+    ).encode() + data
 
 
 async def wait_idle(fleet: Fleet, timeout: float = 120.0) -> dict:
@@ -84,8 +93,14 @@ async def warm_up(fleet: Fleet, data: bytes, seqs: int, rounds: int = 12) -> flo
         for i in range(rounds):
             await round_of(2 * slots)
             eps = (await fleet.stats()).get("admission", {}).get("endpoints", {})
-            if i >= 1 and eps and all(e["estimates"]["tpot_ms"] is not None and
-                                      (e["batch_capacity"] is not None or e["limit"] <= seqs) for e in eps.values()):
+            if (
+                i >= 1
+                and eps
+                and all(
+                    e["estimates"]["tpot_ms"] is not None and (e["batch_capacity"] is not None or e["limit"] <= seqs)
+                    for e in eps.values()
+                )
+            ):
                 break
         await wait_idle(fleet)
         return statistics.median(await round_of(slots))
@@ -127,21 +142,36 @@ def figures(run: dict, sla_s: float) -> dict:
         "retried": len(retried),
         "retry_served_within_sla": len(served),
         "retry_ok_share": len(served) / len(retried) if retried else None,
-        "retry_statuses": {str(s): sum(a["retry"]["status"] == s for a in retried)
-                           for s in sorted({a["retry"]["status"] for a in retried})},
+        "retry_statuses": {
+            str(s): sum(a["retry"]["status"] == s for a in retried)
+            for s in sorted({a["retry"]["status"] for a in retried})
+        },
         "told_s": {"min": told[0], "max": told[-1], "distinct_ms": len({round(t * 1000) for t in told})}
-        if told else None,
+        if told
+        else None,
     }
 
 
-async def run(*, requests: int = 160, seqs: int = 8, sla_ms: float = 2000.0, max_tokens: int = 40,
-              time_scale: float = 1.0, log_dir: str | None = None) -> dict:
+async def run(
+    *,
+    requests: int = 160,
+    seqs: int = 8,
+    sla_ms: float = 2000.0,
+    max_tokens: int = 40,
+    time_scale: float = 1.0,
+    log_dir: str | None = None,
+) -> dict:
     """The whole measurement on a fresh fleet; the figures as a dict."""
     sla_s = sla_ms / 1000.0
     sim = ("--time-scale", f"{time_scale:g}", "--decode-tps", "50", "--batch-contention", "0.005")
     with tempfile.TemporaryDirectory(prefix="retry-after-") as tmp:
-        fleet = Fleet([["--max-num-seqs", str(seqs)]] * 2, "dynamic", log_dir or tmp,
-                      gateway_args=("--sla-ms", f"{sla_ms:g}"), sim_base=sim)
+        fleet = Fleet(
+            [["--max-num-seqs", str(seqs)]] * 2,
+            "dynamic",
+            log_dir or tmp,
+            gateway_args=("--sla-ms", f"{sla_ms:g}"),
+            sim_base=sim,
+        )
         fleet.start()
         try:
             await fleet.wait_ready()
@@ -157,10 +187,19 @@ async def run(*, requests: int = 160, seqs: int = 8, sla_ms: float = 2000.0, max
             fleet.stop()
     drain = requests * service / slots
     span = (told["told_s"]["max"] - told["told_s"]["min"]) / drain if told["told_s"] else 0.0
-    return {"requests": requests, "slots": slots, "sla_ms": sla_ms, "max_tokens": max_tokens,
-            "time_scale": time_scale, "service_s": service, "drain_s": drain, "span_of_drain": span,
-            "as_told": told, "at_a_tenth": tenth,
-            "promises": {"after_as_told": after_told, "after_a_tenth": after_tenth}}
+    return {
+        "requests": requests,
+        "slots": slots,
+        "sla_ms": sla_ms,
+        "max_tokens": max_tokens,
+        "time_scale": time_scale,
+        "service_s": service,
+        "drain_s": drain,
+        "span_of_drain": span,
+        "as_told": told,
+        "at_a_tenth": tenth,
+        "promises": {"after_as_told": after_told, "after_a_tenth": after_tenth},
+    }
 
 
 def report(res: dict) -> str:
@@ -180,16 +219,20 @@ def report(res: dict) -> str:
         f"served within the SLA on retry ({pct(x['retry_ok_share'])}); retries answered {x['retry_statuses']}",
     ]
     if t["told_s"]:
-        lines.append(f"  Retry-After told: {t['told_s']['min']:.3f} .. {t['told_s']['max']:.3f} s, "
-                     f"{t['told_s']['distinct_ms']} distinct times; span {res['span_of_drain']:.2f} of the drain time")
+        lines.append(
+            f"  Retry-After told: {t['told_s']['min']:.3f} .. {t['told_s']['max']:.3f} s, "
+            f"{t['told_s']['distinct_ms']} distinct times; span {res['span_of_drain']:.2f} of the drain time"
+        )
     p = res["promises"]["after_as_told"]
     if p:
         lines.append(f"  promises (gateway): {p}")
     ok_t, ok_x = t["retry_ok_share"] or 0.0, x["retry_ok_share"] or 0.0
-    lines.append(f"  targets: as told >= {TOLD_AT_LEAST:.0%}: {'met' if ok_t >= TOLD_AT_LEAST else 'MISSED'}; "
-                 f"a tenth >= {TENTH_POINTS_WORSE * 100:.0f} points worse: "
-                 f"{'met' if ok_t - ok_x >= TENTH_POINTS_WORSE else 'MISSED'}; span >= {SPAN_AT_LEAST}: "
-                 f"{'met' if res['span_of_drain'] >= SPAN_AT_LEAST else 'MISSED'}")
+    lines.append(
+        f"  targets: as told >= {TOLD_AT_LEAST:.0%}: {'met' if ok_t >= TOLD_AT_LEAST else 'MISSED'}; "
+        f"a tenth >= {TENTH_POINTS_WORSE * 100:.0f} points worse: "
+        f"{'met' if ok_t - ok_x >= TENTH_POINTS_WORSE else 'MISSED'}; span >= {SPAN_AT_LEAST}: "
+        f"{'met' if res['span_of_drain'] >= SPAN_AT_LEAST else 'MISSED'}"
+    )
     return "\n".join(lines)
 
 
@@ -201,13 +244,23 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=40)
     p.add_argument("--time-scale", type=float, default=1.0, help="the sims' speed-up (1: real time)")
     p.add_argument("--json", help="write the figures here")
-    p.add_argument("--smoke", action="store_true",
-                   help="tiny (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items()) + "): checks that it runs")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items()) + "): checks that it runs",
+    )
     if "--smoke" in (sys.argv[1:] if argv is None else argv):
         p.set_defaults(**SMOKE)
     args = p.parse_args(argv)
-    res = asyncio.run(run(requests=args.requests, seqs=args.seqs, sla_ms=args.sla_ms, max_tokens=args.max_tokens,
-                          time_scale=args.time_scale))
+    res = asyncio.run(
+        run(
+            requests=args.requests,
+            seqs=args.seqs,
+            sla_ms=args.sla_ms,
+            max_tokens=args.max_tokens,
+            time_scale=args.time_scale,
+        )
+    )
     print(report(res))
     if args.json:
         write_json(args.json, {"args": vars(args), **res})

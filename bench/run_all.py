@@ -9,6 +9,7 @@ does not exist yet is skipped with a note. Exit status 1 if any failed.
 durations, figures not meant to be quoted), to check that every benchmark still runs;
 one whose script has no ``--smoke`` yet is skipped with a note.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,17 @@ def quick_set(py: str, results: Path = RESULTS, smoke: bool = False) -> list[tup
     """(name, files that must exist, command) for each benchmark of the quick set."""
     micro = sorted((ROOT / "bench" / "micro").glob("bench_*.py"))
     b = ROOT / "bench"
-    micro_cmd = [py, "-m", "pytest", *map(str, micro), "--benchmark-only", "-q", "-p", "no:cacheprovider",
-                 f"--benchmark-json={results / 'micro.json'}"]
+    micro_cmd = [
+        py,
+        "-m",
+        "pytest",
+        *map(str, micro),
+        "--benchmark-only",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--benchmark-json={results / 'micro.json'}",
+    ]
     if smoke:  # one calibrated round each, no warm-up
         micro_cmd += ["--benchmark-min-rounds=1", "--benchmark-max-time=0", "--benchmark-warmup=off"]
     sets = [
@@ -39,22 +49,54 @@ def quick_set(py: str, results: Path = RESULTS, smoke: bool = False) -> list[tup
         ("overhead", [b / "overhead.py"], [py, "-m", "bench.overhead", "--json", str(results / "overhead.json")]),
         # CPU per request against prompt size, prefix affinity on (smoke: the two ends only),
         # then the SSE relay with 64 KiB prompts.
-        ("overhead_body_kb", [b / "overhead.py"],
-         [py, "-m", "bench.overhead", "--body-kb", "1,256" if smoke else "1,4,16,64,256", "--stream-body-kb", "64",
-          "--nginx-heap",
-          "--json", str(results / "overhead_body_kb.json"), "--plot", str(results / "overhead_body_kb.png")]),
+        (
+            "overhead_body_kb",
+            [b / "overhead.py"],
+            [
+                py,
+                "-m",
+                "bench.overhead",
+                "--body-kb",
+                "1,256" if smoke else "1,4,16,64,256",
+                "--stream-body-kb",
+                "64",
+                "--nginx-heap",
+                "--json",
+                str(results / "overhead_body_kb.json"),
+                "--plot",
+                str(results / "overhead_body_kb.png"),
+            ],
+        ),
         ("isolation", [b / "isolation.py"], [py, "-m", "bench.isolation", "--json", str(results / "isolation.json")]),
         ("prefix", [b / "prefix.py"], [py, "-m", "bench.prefix", "--output", str(results / "prefix.json")]),
         # One repeat keeps the quick set quick; `velocityllm bench` repeats three times.
-        ("policies", [b / "policies.py"],
-         [py, "-m", "bench.policies", "--repeats", "1", "--no-progress", "--output", str(results / "policies")]),
+        (
+            "policies",
+            [b / "policies.py"],
+            [py, "-m", "bench.policies", "--repeats", "1", "--no-progress", "--output", str(results / "policies")],
+        ),
         # A burst declined at an SLA: clients that retry when told against a tenth of it.
-        ("retry_after", [b / "retry_after.py"],
-         [py, "-m", "bench.retry_after", "--json", str(results / "retry_after.json")]),
+        (
+            "retry_after",
+            [b / "retry_after.py"],
+            [py, "-m", "bench.retry_after", "--json", str(results / "retry_after.json")],
+        ),
         # The same with requests that carry no SLA of their own: the server's applies.
-        ("policies_no_sla", [b / "policies.py"],
-         [py, "-m", "bench.policies", "--repeats", "1", "--no-progress", "--no-request-sla",
-          "--output", str(results / "policies_no_sla")]),
+        (
+            "policies_no_sla",
+            [b / "policies.py"],
+            [
+                py,
+                "-m",
+                "bench.policies",
+                "--repeats",
+                "1",
+                "--no-progress",
+                "--no-request-sla",
+                "--output",
+                str(results / "policies_no_sla"),
+            ],
+        ),
     ]
     if smoke:
         sets = [(name, needs, cmd if name == "micro" else [*cmd, "--smoke"]) for name, needs, cmd in sets]
@@ -87,10 +129,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=None, help="comma-separated names to run (default: all)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per benchmark")
-    parser.add_argument("--smoke", action="store_true",
-                        help="each benchmark at its smoke size: checks that all still run (figures not to quote)")
-    parser.add_argument("--results", type=Path, default=RESULTS,
-                        help="folder of the logs and JSON figures (default bench/results)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="each benchmark at its smoke size: checks that all still run (figures not to quote)",
+    )
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS, help="folder of the logs and JSON figures (default bench/results)"
+    )
     args = parser.parse_args(argv)
     only = set(args.only.split(",")) if args.only else None
     results = args.results.resolve()
@@ -117,17 +163,26 @@ def main(argv=None) -> int:
         outcomes.append((name, status, took, "\n".join(text[-TAIL_LINES:])))
     print("\n" + "=" * 30 + " benchmark summary " + "=" * 30)
     for name, status, took, tail in outcomes:
-        print(f"\n## {name}: {status}" + (f" in {took:.1f} s (full output: {results / name}.log)"
-                                          if status not in ("missing", "no smoke mode") else ""))
+        print(
+            f"\n## {name}: {status}"
+            + (
+                f" in {took:.1f} s (full output: {results / name}.log)"
+                if status not in ("missing", "no smoke mode")
+                else ""
+            )
+        )
         if tail:
             print("   " + tail.replace("\n", "\n   "))
     failed = [n for n, s, _, _ in outcomes if s not in ("ok", "missing", "no smoke mode")]
     ok = [n for n, s, _, _ in outcomes if s == "ok"]
     missing = [n for n, s, _, _ in outcomes if s == "missing"]
     no_smoke = [n for n, s, _, _ in outcomes if s == "no smoke mode"]
-    print(f"\n{len(ok)} ok" + (f"; failed: {', '.join(failed)}" if failed else "")
-          + (f"; skipped (missing): {', '.join(missing)}" if missing else "")
-          + (f"; skipped (no smoke mode): {', '.join(no_smoke)}" if no_smoke else ""))
+    print(
+        f"\n{len(ok)} ok"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+        + (f"; skipped (missing): {', '.join(missing)}" if missing else "")
+        + (f"; skipped (no smoke mode): {', '.join(no_smoke)}" if no_smoke else "")
+    )
     return 1 if failed else 0
 
 

@@ -14,6 +14,7 @@ to different ones.
     python -m bench.sim_throughput [--streams 256] [--duration 5] [--json [FILE]]
     python -m bench.sim_throughput --smoke       # tiny counts: it runs, the figure means nothing
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,7 +58,7 @@ class StreamClient(asyncio.Protocol):
             self.tail = b""
             self.transport.write(self.request)
         else:
-            self.tail = buf[-(len(END_MARK) - 1):]
+            self.tail = buf[-(len(END_MARK) - 1) :]
 
     def connection_lost(self, exc) -> None:
         if not self.lost.done():
@@ -71,14 +72,29 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def run(args) -> dict:
-    body = json.dumps({"model": "bench", "prompt": "benchmark prompt " * 8, "max_tokens": args.max_tokens,
-                       "stream": True}).encode()
-    request = (b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-               b"content-length: %d\r\n\r\n" % len(body)) + body
+    body = json.dumps(
+        {"model": "bench", "prompt": "benchmark prompt " * 8, "max_tokens": args.max_tokens, "stream": True}
+    ).encode()
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % len(body)
+    ) + body
     blocks = args.streams * (-(-(40 + args.max_tokens) // 16) + 2)
-    cmd = [sys.executable, "-m", "velocity_fast.sim", "--port", "0", "--model", "bench",
-           "--max-num-seqs", str(args.streams), "--num-gpu-blocks", str(max(blocks, 512)),
-           "--time-scale", str(args.time_scale)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "velocity_fast.sim",
+        "--port",
+        "0",
+        "--model",
+        "bench",
+        "--max-num-seqs",
+        str(args.streams),
+        "--num-gpu-blocks",
+        str(max(blocks, 512)),
+        "--time-scale",
+        str(args.time_scale),
+    ]
     cores = sorted(os.sched_getaffinity(0))
     pin = len(cores) >= 2 and not args.no_pin
     if pin:
@@ -87,8 +103,14 @@ async def run(args) -> dict:
     from velocity_fast.harness.procs import start, stop
 
     # SIGTERM to the engine if this dies.
-    proc = start(cmd, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                 env={**os.environ, "PYTHONPATH": str(REPO)}, death_signal=signal.SIGTERM)
+    proc = start(
+        cmd,
+        cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        death_signal=signal.SIGTERM,
+    )
     try:
         line = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, proc.stdout.readline), 30)
         port = int(line.decode().rsplit(":", 1)[1])
@@ -110,13 +132,19 @@ async def run(args) -> dict:
     wall = t1 - t0
     cpu = cpu1 - cpu0
     tokens = c1 - c0
-    return {"streams": args.streams, "max_tokens": args.max_tokens, "duration_s": round(wall, 3),
-            "tokens": tokens, "requests_completed": d1 - d0, "streams_lost": lost,
-            "tokens_per_s": round(tokens / wall, 1),
-            "engine_cpu_fraction": round(cpu / wall, 3),
-            "client_cpu_fraction": round((me1 - me0) / wall, 3),
-            "tokens_per_engine_cpu_s": round(tokens / cpu, 1) if cpu > 0 else None,
-            "pinned": pin}
+    return {
+        "streams": args.streams,
+        "max_tokens": args.max_tokens,
+        "duration_s": round(wall, 3),
+        "tokens": tokens,
+        "requests_completed": d1 - d0,
+        "streams_lost": lost,
+        "tokens_per_s": round(tokens / wall, 1),
+        "engine_cpu_fraction": round(cpu / wall, 3),
+        "client_cpu_fraction": round((me1 - me0) / wall, 3),
+        "tokens_per_engine_cpu_s": round(tokens / cpu, 1) if cpu > 0 else None,
+        "pinned": pin,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,24 +153,41 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--duration", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=1.0)
-    p.add_argument("--time-scale", type=float, default=1e6,
-                   help="high enough that simulated step times vanish (default %(default)s)")
-    p.add_argument("--no-pin", action="store_true",
-                   help="do not pin engine and client to their own cores (a busy shared machine)")
-    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
-                   help="write the result as JSON to FILE (or stdout)")
-    p.add_argument("--smoke", action="store_true",
-                   help="tiny counts (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items()) + "): checks that it runs")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1e6,
+        help="high enough that simulated step times vanish (default %(default)s)",
+    )
+    p.add_argument(
+        "--no-pin", action="store_true", help="do not pin engine and client to their own cores (a busy shared machine)"
+    )
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="FILE",
+        help="write the result as JSON to FILE (or stdout)",
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny counts (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items()) + "): checks that it runs",
+    )
     if "--smoke" in (sys.argv[1:] if argv is None else argv):
         p.set_defaults(**SMOKE)
     args = p.parse_args(argv)
     import uvloop
+
     res = uvloop.run(run(args))
-    print(f"sim_throughput: {res['streams']} streams, {res['tokens_per_s']:.0f} SSE tokens/s relayed "
-          f"({res['tokens']} in {res['duration_s']} s, {res['requests_completed']} requests), engine at "
-          f"{res['engine_cpu_fraction'] * 100:.0f}% of one core = {res['tokens_per_engine_cpu_s']} tokens per "
-          f"engine CPU-second (client at {res['client_cpu_fraction'] * 100:.0f}%)"
-          + (f"; {res['streams_lost']} streams lost" if res["streams_lost"] else ""))
+    print(
+        f"sim_throughput: {res['streams']} streams, {res['tokens_per_s']:.0f} SSE tokens/s relayed "
+        f"({res['tokens']} in {res['duration_s']} s, {res['requests_completed']} requests), engine at "
+        f"{res['engine_cpu_fraction'] * 100:.0f}% of one core = {res['tokens_per_engine_cpu_s']} tokens per "
+        f"engine CPU-second (client at {res['client_cpu_fraction'] * 100:.0f}%)"
+        + (f"; {res['streams_lost']} streams lost" if res["streams_lost"] else "")
+    )
     if args.json == "-":
         print(json.dumps(res))
     elif args.json:

@@ -28,6 +28,7 @@ the kinds that failed. Exits 1 when the verdict fails.
     python -m bench.soak [--minutes 10] [--output out.json]
     python -m bench.soak --smoke        # 75 s: every phase runs, figures rough
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,12 +51,12 @@ from velocity_fast.harness.redis import RedisServer, redis_binary
 from velocity_fast.harness.sim import SimEngine
 
 MODEL = "sim-model"
-SCALES = (20.0, 10.0, 5.0)   # the engines' speeds: the same work at these time scales
-SEQS = 8                     # each engine's batch
-MAX_CONCURRENCY = 32         # the gateway's default: what bounds each engine's pool
-POOL_SPARE = 2               # gateway/app.py's POOL_SPARE: a health check and a scrape
+SCALES = (20.0, 10.0, 5.0)  # the engines' speeds: the same work at these time scales
+SEQS = 8  # each engine's batch
+MAX_CONCURRENCY = 32  # the gateway's default: what bounds each engine's pool
+POOL_SPARE = 2  # gateway/app.py's POOL_SPARE: a health check and a scrape
 KINDS = ("client", "pool", "store", "events", "other")
-FLAT = ("store", "events", "other")   # these never pass their first minute's largest
+FLAT = ("store", "events", "other")  # these never pass their first minute's largest
 SMOKE = {"minutes": 1.25, "calibrate": 5.0}
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 
@@ -73,9 +74,20 @@ def _tcp_table(pid: int) -> dict[int, tuple[int, str, int, str]]:
             f = ln.split()
             local, remote, state, inode = f[1], f[2], f[3], int(f[9])
             rhost, rport = remote.rsplit(":", 1)
-            out[inode] = (int(local.rsplit(":", 1)[1], 16), rhost, int(rport, 16),
-                          {"01": "ESTABLISHED", "0A": "LISTEN", "06": "TIME_WAIT", "08": "CLOSE_WAIT",
-                           "02": "SYN_SENT", "04": "FIN_WAIT1", "05": "FIN_WAIT2"}.get(state, state))
+            out[inode] = (
+                int(local.rsplit(":", 1)[1], 16),
+                rhost,
+                int(rport, 16),
+                {
+                    "01": "ESTABLISHED",
+                    "0A": "LISTEN",
+                    "06": "TIME_WAIT",
+                    "08": "CLOSE_WAIT",
+                    "02": "SYN_SENT",
+                    "04": "FIN_WAIT1",
+                    "05": "FIN_WAIT2",
+                }.get(state, state),
+            )
     return out
 
 
@@ -162,21 +174,29 @@ def verdict(samples: list[dict], t_first: float, pool_bound: int) -> tuple[bool,
         grew = e > limit
         over = kind in FLAT and max(s["counts"][kind] for s in after) > max(s["counts"][kind] for s in first)
         if grew or over:
-            why = (f"grew from {b:.1f} to {e:.1f} (limit {limit:.1f})" if grew else
-                   f"passed its first minute's largest ({max(s['counts'][kind] for s in first)}) "
-                   f"with {max(s['counts'][kind] for s in after)}")
+            why = (
+                f"grew from {b:.1f} to {e:.1f} (limit {limit:.1f})"
+                if grew
+                else f"passed its first minute's largest ({max(s['counts'][kind] for s in first)}) "
+                f"with {max(s['counts'][kind] for s in after)}"
+            )
             problems.append(f"{kind}: {why}; its fds at the end:\n    " + "\n    ".join(sorted(last["fds"][kind])))
     top = max(s["counts"]["pool"] for s in samples)
     if top > pool_bound:
         worst = max(samples, key=lambda s: s["counts"]["pool"])
-        problems.append(f"pool: {top} connections at {worst['t']:.0f} s, past its bound {pool_bound}:\n    "
-                        + "\n    ".join(sorted(worst["fds"]["pool"])))
+        problems.append(
+            f"pool: {top} connections at {worst['t']:.0f} s, past its bound {pool_bound}:\n    "
+            + "\n    ".join(sorted(worst["fds"]["pool"]))
+        )
     return not problems, problems
 
 
 def _body(rng: random.Random, stream: bool) -> bytes:
-    d = {"model": MODEL, "prompt": " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 200))),
-         "max_tokens": rng.randint(8, 64)}
+    d = {
+        "model": MODEL,
+        "prompt": " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 200))),
+        "max_tokens": rng.randint(8, 64),
+    }
     if stream:
         d["stream"] = True
     return json.dumps(d).encode()
@@ -203,8 +223,10 @@ class Load:
         reader, writer = conn
         ok = False
         try:
-            writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                         b"x-velocity-tenant: soak\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+            writer.write(
+                b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"x-velocity-tenant: soak\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+            )
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
             status = int(head.split(b" ", 2)[1])
             if stream:
@@ -243,6 +265,7 @@ async def _closed_loop(load: Load, clients: int, seconds: float) -> float:
     async def client():
         while time.monotonic() < until:
             await load.one()
+
     await asyncio.gather(*(client() for _ in range(clients)))
     return (load.done - before) / seconds
 
@@ -272,7 +295,7 @@ async def _soak(load: Load, rate: float, seconds: float, interval: float, sample
 
 
 def run(args) -> dict:
-    redis = (redis_binary() if not args.no_store else None)
+    redis = redis_binary() if not args.no_store else None
     sims: list[SimEngine] = []
     store = gateway = None
     with tempfile.TemporaryDirectory(prefix="velocity-soak-") as tmp:
@@ -280,24 +303,45 @@ def run(args) -> dict:
         try:
             engines = {}
             for i, scale in enumerate(SCALES):
-                eng = SimEngine("--max-num-seqs", str(SEQS), "--seed", str(i), model=MODEL, port=free_port(),
-                                time_scale=scale, log=work / f"engine-{i}.log", death_signal=signal.SIGTERM)
+                eng = SimEngine(
+                    "--max-num-seqs",
+                    str(SEQS),
+                    "--seed",
+                    str(i),
+                    model=MODEL,
+                    port=free_port(),
+                    time_scale=scale,
+                    log=work / f"engine-{i}.log",
+                    death_signal=signal.SIGTERM,
+                )
                 sims.append(eng)
                 eng.start(20)
                 engines[eng.port] = f"e{i}"
             store_port = None
-            cfg = ["endpoints:"] + [f"  - {{name: {n}, url: 'http://127.0.0.1:{p}', model: {MODEL}}}"
-                                    for p, n in engines.items()]
-            cfg += [f"max_concurrency: {MAX_CONCURRENCY}", "sla_ms: 600000",
-                    "tenants:", "  - {name: soak, requests_per_second: 10000}"]
+            cfg = ["endpoints:"] + [
+                f"  - {{name: {n}, url: 'http://127.0.0.1:{p}', model: {MODEL}}}" for p, n in engines.items()
+            ]
+            cfg += [
+                f"max_concurrency: {MAX_CONCURRENCY}",
+                "sla_ms: 600000",
+                "tenants:",
+                "  - {name: soak, requests_per_second: 10000}",
+            ]
             if redis is not None:
                 store = RedisServer(redis).start()
                 store_port = store.port
                 cfg.append(f"state_store: {store.url}")
             (work / "gw.yaml").write_text("\n".join(cfg) + "\n")
             log = work / "gateway.log"
-            gateway = GatewayProcess("serve", "--config", str(work / "gw.yaml"), "--log-level", "warning",
-                                     log=log, death_signal=signal.SIGTERM).spawn()
+            gateway = GatewayProcess(
+                "serve",
+                "--config",
+                str(work / "gw.yaml"),
+                "--log-level",
+                "warning",
+                log=log,
+                death_signal=signal.SIGTERM,
+            ).spawn()
             gw, port, admin = gateway.proc, gateway.port, gateway.admin_port
             wait_until(lambda: gw.poll() is None and http_status(admin, "/ready") == 200, 30, "the gateway", log)
             ports = {"client": {port, admin}, "pool": engines, "store": store_port, "events": set()}
@@ -312,31 +356,46 @@ def run(args) -> dict:
                 try:
                     capacity = await _closed_loop(load, 2 * SEQS * len(engines), args.calibrate)
                     rate = args.load * capacity
-                    print(f"capacity {capacity:.1f} requests/s (closed loop, {2 * SEQS * len(engines)} clients); "
-                          f"soak at {rate:.1f}/s for {args.minutes:g} min", flush=True)
+                    print(
+                        f"capacity {capacity:.1f} requests/s (closed loop, {2 * SEQS * len(engines)} clients); "
+                        f"soak at {rate:.1f}/s for {args.minutes:g} min",
+                        flush=True,
+                    )
                     before = (load.done, load.failed, load.dropped)
                     samples = await _soak(load, rate, args.minutes * 60, args.interval, sample)
                     done = [a - b for a, b in zip((load.done, load.failed, load.dropped), before)]
                     return capacity, rate, samples, done
                 finally:
                     load.close()
+
             capacity, rate, samples, done = asyncio.run(drive())
             if gw.poll() is not None:
                 raise RuntimeError("the gateway exited: " + (work / "gateway.log").read_text()[-800:])
             with_conns = _get_json(admin, "/stats")
-            return {"capacity_rps": capacity, "rate_rps": rate, "load": args.load, "minutes": args.minutes,
-                    "completed": done[0], "failed": done[1], "dropped": done[2], "pool_bound": pool_bound,
-                    "store": store_port is not None, "samples": samples,
-                    "connections": {e["name"]: e.get("connections") for e in with_conns.get("endpoints", [])}}
+            return {
+                "capacity_rps": capacity,
+                "rate_rps": rate,
+                "load": args.load,
+                "minutes": args.minutes,
+                "completed": done[0],
+                "failed": done[1],
+                "dropped": done[2],
+                "pool_bound": pool_bound,
+                "store": store_port is not None,
+                "samples": samples,
+                "connections": {e["name"]: e.get("connections") for e in with_conns.get("endpoints", [])},
+            }
         finally:
-            stop_all([gateway and gateway.proc, store and store.proc, *(e.proc for e in reversed(sims))], 5.0,
-                     whole=True)
+            stop_all(
+                [gateway and gateway.proc, store and store.proc, *(e.proc for e in reversed(sims))], 5.0, whole=True
+            )
             if store is not None:
                 store.close()
 
 
 def _get_json(port: int, path: str) -> dict:
     import http.client
+
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=5.0)
     try:
         c.request("GET", path)
@@ -355,17 +414,25 @@ def report(res: dict, first_s: float) -> tuple[bool, list[str]]:
     print(f"{'kind':7} {'first min: max':>15} {'after: min':>11} {'mean':>7} {'max':>5} {'last':>5}")
     for k in KINDS:
         a = [s["counts"][k] for s in after] or [0]
-        print(f"{k:7} {max(s['counts'][k] for s in first):>15} {min(a):>11} {statistics.fmean(a):>7.1f} "
-              f"{max(a):>5} {samples[-1]['counts'][k]:>5}")
+        print(
+            f"{k:7} {max(s['counts'][k] for s in first):>15} {min(a):>11} {statistics.fmean(a):>7.1f} "
+            f"{max(a):>5} {samples[-1]['counts'][k]:>5}"
+        )
     total = [sum(s["counts"].values()) for s in samples]
-    print(f"total fds: {total[0]} at the start, {max(total)} at most, {total[-1]} at the end; "
-          f"{res['completed']} answered, {res['failed']} failed, {res['dropped']} dropped by their clients "
-          f"at {res['rate_rps']:.1f}/s ({res['load']:.0%} of {res['capacity_rps']:.1f}/s)")
-    print(f"pool: at most {max(s['counts']['pool'] for s in samples)} connections, bound {res['pool_bound']} "
-          f"({len(SCALES)} engines x (max_concurrency {MAX_CONCURRENCY} + {POOL_SPARE})); /stats at the end: "
-          + ", ".join(f"{n} {c['open']} open/{c['idle']} idle" for n, c in res["connections"].items() if c))
-    print(f"goal (no kind but the pool grows after the first minute; the pool within its bound): "
-          f"{'met' if ok else 'NOT met'}")
+    print(
+        f"total fds: {total[0]} at the start, {max(total)} at most, {total[-1]} at the end; "
+        f"{res['completed']} answered, {res['failed']} failed, {res['dropped']} dropped by their clients "
+        f"at {res['rate_rps']:.1f}/s ({res['load']:.0%} of {res['capacity_rps']:.1f}/s)"
+    )
+    print(
+        f"pool: at most {max(s['counts']['pool'] for s in samples)} connections, bound {res['pool_bound']} "
+        f"({len(SCALES)} engines x (max_concurrency {MAX_CONCURRENCY} + {POOL_SPARE})); /stats at the end: "
+        + ", ".join(f"{n} {c['open']} open/{c['idle']} idle" for n, c in res["connections"].items() if c)
+    )
+    print(
+        f"goal (no kind but the pool grows after the first minute; the pool within its bound): "
+        f"{'met' if ok else 'NOT met'}"
+    )
     for p in problems:
         print(p)
     return ok, problems

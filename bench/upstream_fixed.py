@@ -13,6 +13,7 @@ test, the gateway's overhead benchmark). Usage::
 
 It prints ``listening on 127.0.0.1:PORT`` once it accepts connections.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,14 +23,22 @@ import signal
 import httptools
 import orjson
 
-BODY = orjson.dumps({
-    "id": "chatcmpl-fixed", "object": "chat.completion", "created": 1700000000, "model": "fixed",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello!"},
-                 "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 10, "total_tokens": 12, "completion_tokens": 2},
-})
-RESPONSE = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
-            + str(len(BODY)).encode() + b"\r\n\r\n" + BODY)
+BODY = orjson.dumps(
+    {
+        "id": "chatcmpl-fixed",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": "fixed",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello!"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 10, "total_tokens": 12, "completion_tokens": 2},
+    }
+)
+RESPONSE = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+    + str(len(BODY)).encode()
+    + b"\r\n\r\n"
+    + BODY
+)
 STREAM_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
@@ -40,15 +49,26 @@ def _chunk(obj) -> bytes:
 
 def stream_events(n: int) -> list[bytes]:
     """The chunked-encoded SSE pieces of one streamed answer, in order."""
-    base = {"id": "chatcmpl-fixed", "object": "chat.completion.chunk", "created": 1700000000,
-            "model": "fixed"}
-    out = [_chunk({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                        "finish_reason": None}]})]
+    base = {"id": "chatcmpl-fixed", "object": "chat.completion.chunk", "created": 1700000000, "model": "fixed"}
+    out = [
+        _chunk(
+            {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+        )
+    ]
     for i in range(n):
-        out.append(_chunk({**base, "choices": [{"index": 0, "delta": {"content": f"t{i} "},
-                                                "finish_reason": "length" if i == n - 1 else None}]}))
-    out.append(_chunk({**base, "choices": [],
-                       "usage": {"prompt_tokens": 10, "total_tokens": 10 + n, "completion_tokens": n}}))
+        out.append(
+            _chunk(
+                {
+                    **base,
+                    "choices": [
+                        {"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": "length" if i == n - 1 else None}
+                    ],
+                }
+            )
+        )
+    out.append(
+        _chunk({**base, "choices": [], "usage": {"prompt_tokens": 10, "total_tokens": 10 + n, "completion_tokens": n}})
+    )
     out.append(_chunk(b"[DONE]") + b"0\r\n\r\n")
     return out
 
@@ -63,7 +83,7 @@ class FixedProtocol(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.transport = None
         self.streaming_req = False
-        self.queue: list[bool] = []   # pipelined requests waiting behind a stream
+        self.queue: list[bool] = []  # pipelined requests waiting behind a stream
         self.busy = False
 
     def connection_made(self, transport) -> None:
@@ -137,17 +157,20 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100, help="0 picks a free port")
-    p.add_argument("--stream-chunks", type=int, default=0,
-                   help="answer stream:true requests with this many SSE token chunks")
+    p.add_argument(
+        "--stream-chunks", type=int, default=0, help="answer stream:true requests with this many SSE token chunks"
+    )
     p.add_argument("--chunk-interval-ms", type=float, default=0.0, help="pause between stream chunks")
     a = p.parse_args(argv)
     # Each large body becomes a bytes object of its size: with glibc's defaults every one
     # was mapped and unmapped, and at 256 KiB bodies this server spent most of its core on
     # page faults and became the overhead benchmark's limit instead of the proxy it feeds.
     from velocity_fast.server.heap import keep_freed_memory
+
     keep_freed_memory()
     try:
         import uvloop
+
         uvloop.run(serve(a.host, a.port, a.stream_chunks, a.chunk_interval_ms))
     except ImportError:
         asyncio.run(serve(a.host, a.port, a.stream_chunks, a.chunk_interval_ms))

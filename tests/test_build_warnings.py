@@ -23,8 +23,11 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def _flags() -> list[str]:
-    cflags = [f for f in (sysconfig.get_config_var("CFLAGS") or "").split()
-              if f.startswith("-W") or f.startswith("-D") or f == "-fwrapv"]
+    cflags = [
+        f
+        for f in (sysconfig.get_config_var("CFLAGS") or "").split()
+        if f.startswith("-W") or f.startswith("-D") or f == "-fwrapv"
+    ]
     return cflags + ["-Wall", "-O0", "-I", str(REPO / "csrc"), "-I", sysconfig.get_paths()["include"]]
 
 
@@ -35,12 +38,12 @@ def test_the_generated_c_compiles_without_warnings():
     assert sources, "no generated C: build in place first (setup.py build_ext --inplace)"
 
     def compile_one(c: Path) -> str:
-        r = subprocess.run([cc, "-c", "-o", "/dev/null", *_flags(), str(c)],
-                           capture_output=True, text=True, timeout=240)
+        r = subprocess.run(
+            [cc, "-c", "-o", "/dev/null", *_flags(), str(c)], capture_output=True, text=True, timeout=240
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         return r.stderr
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        warnings = [line for out in pool.map(compile_one, sources)
-                    for line in out.splitlines() if "warning:" in line]
+        warnings = [line for out in pool.map(compile_one, sources) for line in out.splitlines() if "warning:" in line]
     assert warnings == [], f"{len(warnings)} compiler warnings, e.g. {sorted(set(warnings))[:5]}"

@@ -19,22 +19,24 @@ PKG = Path(__file__).resolve().parents[1] / "velocity_fast"
 # Bottom first. A package may import from any strictly lower layer.
 LAYERS: list[tuple[str, ...]] = [
     ("__init__", "lowlevel", "harness"),  # the version; cimport-only helpers; child processes
-    ("io", "http", "metrics"),         # sockets; HTTP messages; metric values and registry
-    ("server", "upstream", "state"),   # the client connection; engine connections; where a count lives
-    ("fleet", "kvevents"),             # endpoints, pools, health, scrapes; the engines' KV events
-    ("admission", "routing"),          # whether and when; where
-    ("config",),                       # the settings file, built from the sections above
-    ("engines", "sim"),                # engines the gateway starts; the simulated engine
-    ("gateway",),                      # the app: ingress, exchange, requests, reload, launch
-    ("loadgen",),                      # the load generator (talks to the gateway over sockets)
+    ("io", "http", "metrics"),  # sockets; HTTP messages; metric values and registry
+    ("server", "upstream", "state"),  # the client connection; engine connections; where a count lives
+    ("fleet", "kvevents"),  # endpoints, pools, health, scrapes; the engines' KV events
+    ("admission", "routing"),  # whether and when; where
+    ("config",),  # the settings file, built from the sections above
+    ("engines", "sim"),  # engines the gateway starts; the simulated engine
+    ("gateway",),  # the app: ingress, exchange, requests, reload, launch
+    ("loadgen",),  # the load generator (talks to the gateway over sockets)
     ("cli",),
-    ("__main__",),                     # python -m velocity_fast
+    ("__main__",),  # python -m velocity_fast
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 _IMPORT = re.compile(
     r"^[ \t]*(?:from[ \t]+(?P<from>\.+[\w.]*|velocity_fast(?:\.[\w.]+)?)[ \t]+c?import\b"
-    r"|c?import[ \t]+(?P<mod>velocity_fast(?:\.[\w.]+)?))", re.M)
+    r"|c?import[ \t]+(?P<mod>velocity_fast(?:\.[\w.]+)?))",
+    re.M,
+)
 
 
 def _package(parts: tuple[str, ...]) -> str:
@@ -107,7 +109,9 @@ PKG_REAL = PKG
 
 if __name__ == "__main__":
     for (src, dst), where in sorted(edges().items(), key=lambda kv: (LAYER.get(kv[0][0], 99), kv[0])):
-        print(f"{src:>10} (layer {LAYER.get(src, '?')}) -> {dst:<10} (layer {LAYER.get(dst, '?')})  {len(where)} line(s)")
+        print(
+            f"{src:>10} (layer {LAYER.get(src, '?')}) -> {dst:<10} (layer {LAYER.get(dst, '?')})  {len(where)} line(s)"
+        )
     bad = violations()
     print(f"{len(bad)} upward or sideways import(s)")
     for b in bad:

@@ -26,13 +26,19 @@ ROOT = Path(__file__).resolve().parents[1]
 NAME = re.compile(r"(?<![\w./<-])((?:[\w.-]+/)*[\w-]+\.(?:pyx|pxd|pyi|py|h|md))(?![\w/(])")
 
 EXTERNAL_PREFIXES = (
-    "vllm/",      # vLLM's own source tree, cited where its behaviour is copied
-    "asyncio/",   # CPython's standard library
-    "sys/",       # system C headers
+    "vllm/",  # vLLM's own source tree, cited where its behaviour is copied
+    "asyncio/",  # CPython's standard library
+    "sys/",  # system C headers
 )
 EXTERNAL = {
     # C and CPython headers the compiled code includes.
-    "Python.h", "stddef.h", "stdint.h", "stdlib.h", "string.h", "emmintrin.h", "immintrin.h",
+    "Python.h",
+    "stddef.h",
+    "stdint.h",
+    "stdlib.h",
+    "string.h",
+    "emmintrin.h",
+    "immintrin.h",
     "malloc.h",
 }
 
@@ -50,8 +56,12 @@ def python_prose(text: str) -> list[tuple[int, str]]:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
             if tok.type == tokenize.COMMENT:
                 out.append((tok.start[0], tok.string))
-            elif tok.type == tokenize.STRING and prev in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
-                                                          tokenize.NL):
+            elif tok.type == tokenize.STRING and prev in (
+                tokenize.NEWLINE,
+                tokenize.INDENT,
+                tokenize.DEDENT,
+                tokenize.NL,
+            ):
                 out.append((tok.start[0], tok.string))
             if tok.type not in (tokenize.COMMENT, tokenize.NL):
                 prev = tok.type
@@ -102,8 +112,9 @@ def missing_names() -> list[str]:
                     found = ref in names
                 else:
                     bases = ("", "velocity_fast/", str(Path(path).parent) + "/")
-                    found = any(str(Path(b + ref)) in paths or str(Path(b + ref)) in folders for b in bases) \
-                        or any(p.endswith("/" + ref) for p in paths)
+                    found = any(str(Path(b + ref)) in paths or str(Path(b + ref)) in folders for b in bases) or any(
+                        p.endswith("/" + ref) for p in paths
+                    )
                 if not found:
                     at = line + chunk.count("\n", 0, m.start())
                     bad.append(f"{path}:{at}: {ref}")

@@ -75,13 +75,29 @@ def test_no_issue_number_or_outside_path_in_code_or_docs():
 
 def test_the_check_sees_each_kind_and_passes_plain_prose():
     # Built by concatenation, so that this file itself holds none of them.
-    caught = ["see iss" + "ue 20", "(iss" + "ue: admission)", "Issue" + " 37's goal", "fixed in " + "#49",
-              "finding" + " 3 of the read", "/wor" + "k/main/x.py", "../" + "shared/notes",
-              "shared/" + "DESIGN" + ".md", "VLLM_" + "CONTRACT" + ".md", "STYLE" + ".md"]
+    caught = [
+        "see iss" + "ue 20",
+        "(iss" + "ue: admission)",
+        "Issue" + " 37's goal",
+        "fixed in " + "#49",
+        "finding" + " 3 of the read",
+        "/wor" + "k/main/x.py",
+        "../" + "shared/notes",
+        "shared/" + "DESIGN" + ".md",
+        "VLLM_" + "CONTRACT" + ".md",
+        "STYLE" + ".md",
+    ]
     for text in caught:
         assert offending_lines(text), text
-    plain = ["docs/design.md, \"Where state lives\"", "fleet/shared.pyx", "the issues a reload raises",
-             "issue the request again", "#include <stdint.h>", "a 256-slot table", "x-velocity-priority"]
+    plain = [
+        "docs/design.md, \"Where state lives\"",
+        "fleet/shared.pyx",
+        "the issues a reload raises",
+        "issue the request again",
+        "#include <stdint.h>",
+        "a 256-slot table",
+        "x-velocity-priority",
+    ]
     for text in plain:
         assert not offending_lines(text), text
 

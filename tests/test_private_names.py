@@ -37,8 +37,11 @@ _CLASS = re.compile(r"^[ \t]*(?:c?p?def[ \t]+(?:(?:public|api|final)[ \t]+)*)?cl
 _CDECL = re.compile(r"^[ \t]*cdef[ \t]+(?!class\b|extern\b|enum\b|struct\b|union\b|inline\b)(.*)$")
 _ASSIGN = re.compile(r"^[ \t]*(\w+)[ \t]*(?::[^=]*)?(?:=(?!=)|$)")
 _SELF_SET = re.compile(r"\b(?:self|cls)\.(_\w+)[ \t]*(?:[-+*/|&]?=(?!=)|:[^=\n]*=(?!=)|,)")
-_FROM = re.compile(r"^[ \t]*from[ \t]+(\.+[\w.]*|(?:velocity_fast|bench)(?:\.[\w.]+)?)[ \t]+c?import[ \t]+"
-                   r"(\([^)]*\)|(?:[^\n\\]|\\\n)*)", re.M)
+_FROM = re.compile(
+    r"^[ \t]*from[ \t]+(\.+[\w.]*|(?:velocity_fast|bench)(?:\.[\w.]+)?)[ \t]+c?import[ \t]+"
+    r"(\([^)]*\)|(?:[^\n\\]|\\\n)*)",
+    re.M,
+)
 
 
 def _private(name: str) -> bool:
@@ -65,7 +68,9 @@ def _code_lines(text: str) -> list[str]:
     out = [list(line) for line in lines]
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-            if tok.type not in (tokenize.STRING, tokenize.COMMENT) and tok.type != getattr(tokenize, "FSTRING_MIDDLE", -1):
+            if tok.type not in (tokenize.STRING, tokenize.COMMENT) and tok.type != getattr(
+                tokenize, "FSTRING_MIDDLE", -1
+            ):
                 continue
             (r0, c0), (r1, c1) = tok.start, tok.end
             keep_quotes = tok.type != tokenize.COMMENT
@@ -189,14 +194,16 @@ def test_the_scan_sees_both_kinds_of_use(tmp_path):
     pkg.mkdir(parents=True)
     (tmp_path / "bench").mkdir()
     (pkg / "x.pxd").write_text("cdef class X:\n    cdef int _n\n    cdef void _go(self)\n")
-    (pkg / "x.pyx").write_text("cdef class X:\n    cdef void _go(self):\n        self._n += 1\n"
-                               "def _helper():\n    pass\n")
-    (pkg / "y.pyx").write_text("from velocity_fast.a.x cimport X\nfrom .x import (\n    X,\n    _helper,\n)\n"
-                               "cdef f(X x):\n    x._go()  # x._n in a comment is not a use\n"
-                               "    self._x._go()\n"
-                               "    s = 'x._n'\n    return sys._getframe()\n")
-    (pkg / "z.py").write_text("class Z:\n    def _go(self):\n        return self._go\n"
-                              "def g(z):\n    return z._go()\n")
+    (pkg / "x.pyx").write_text(
+        "cdef class X:\n    cdef void _go(self):\n        self._n += 1\ndef _helper():\n    pass\n"
+    )
+    (pkg / "y.pyx").write_text(
+        "from velocity_fast.a.x cimport X\nfrom .x import (\n    X,\n    _helper,\n)\n"
+        "cdef f(X x):\n    x._go()  # x._n in a comment is not a use\n"
+        "    self._x._go()\n"
+        "    s = 'x._n'\n    return sys._getframe()\n"
+    )
+    (pkg / "z.py").write_text("class Z:\n    def _go(self):\n        return self._go\ndef g(z):\n    return z._go()\n")
     found = violations(tmp_path)
     assert len(found) == 3, found
     assert found[0].startswith("velocity_fast/a/y.pyx:2: imports _helper")

@@ -115,8 +115,9 @@ def test_stub_matches_compiled_module(pyx: Path):
     absent = sorted(n for n in source if not hasattr(module, n))
     if absent:
         problems.append(f"the .pyx scan finds names the imported module lacks: {absent}")
-    own = {n for n in dir(module) if not n.startswith("_")
-           and getattr(getattr(module, n), "__module__", None) == modname}
+    own = {
+        n for n in dir(module) if not n.startswith("_") and getattr(getattr(module, n), "__module__", None) == modname
+    }
     unscanned = sorted(own - source)
     if unscanned:
         problems.append(f"the module defines names the .pyx scan missed: {unscanned}")
@@ -131,8 +132,9 @@ def test_stub_matches_compiled_module(pyx: Path):
         problems.append(f"public names of {modname} missing from the stub: {missing}")
     uncovered = sorted(set(getattr(module, "__all__", ())) - defined - reexported)
     if uncovered:
-        problems.append(f"__all__ names neither defined nor re-exported ('from x import N as N') "
-                        f"in the stub: {uncovered}")
+        problems.append(
+            f"__all__ names neither defined nor re-exported ('from x import N as N') in the stub: {uncovered}"
+        )
 
     for cname, node in sorted(classes.items()):
         cls = getattr(module, cname, None)
@@ -150,7 +152,6 @@ def test_stub_matches_compiled_module(pyx: Path):
                 problems.append(f"{cname}: stub attributes the compiled class lacks: {gone}")
         undeclared = sorted(compiled_public_methods(cls) - methods)
         if undeclared:
-            problems.append(f"{cname}: public methods of the compiled class missing from the stub: "
-                            f"{undeclared}")
+            problems.append(f"{cname}: public methods of the compiled class missing from the stub: {undeclared}")
 
     assert not problems, f"{stub.relative_to(PACKAGE.parent)} is out of date:\n  " + "\n  ".join(problems)

@@ -22,24 +22,33 @@ def build_parser() -> argparse.ArgumentParser:
     from .sim.flags import add_arguments as add_sim_arguments
 
     parser = argparse.ArgumentParser(
-        prog="velocityllm",
-        description="VelocityLLM: an LLM gateway and scheduler in front of vLLM engines.")
+        prog="velocityllm", description="VelocityLLM: an LLM gateway and scheduler in front of vLLM engines."
+    )
     parser.add_argument("--version", action="version", version=f"velocityllm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("chargeVelocity", help="detect GPUs and the model; start engines (vLLM or sim) "
-                                              "and the gateway in front")
+    p = sub.add_parser(
+        "chargeVelocity", help="detect GPUs and the model; start engines (vLLM or sim) and the gateway in front"
+    )
     add_gateway_arguments(p)  # --endpoint: engines beside the ones it starts, as VELOCITY_ENDPOINTS
     add_engine_arguments(p)
     p.set_defaults(max_model_len=None)  # let the config file and VELOCITY_MAX_MODEL_LEN speak first
-    p.add_argument("--sim-args", default=None, metavar="'FLAGS'",
-                   help="extra flags for each sim engine, e.g. \"--time-scale 10 --max-num-seqs 64\"")
+    p.add_argument(
+        "--sim-args",
+        default=None,
+        metavar="'FLAGS'",
+        help="extra flags for each sim engine, e.g. \"--time-scale 10 --max-num-seqs 64\"",
+    )
 
     p = sub.add_parser("serve", help="the gateway alone, in front of engines that already run")
     add_gateway_arguments(p)
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="longest prompt + completion the gateway accepts; /v1/models reports the smaller of "
-                        "this and what the engines report (default 131072)")
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="longest prompt + completion the gateway accepts; /v1/models reports the smaller of "
+        "this and what the engines report (default 131072)",
+    )
 
     p = sub.add_parser("sim-engine", help="one simulated vLLM engine")
     add_sim_arguments(p)
@@ -61,16 +70,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 # What a flag takes, named by kind, so that usage reads `--repeats N` rather than repeating
 # the flag's own name (`--repeats REPEATS`) for each of them.
-_VALUE_NAMES = {"config": "FILE", "host": "ADDR", "api_key": "KEY", "model": "NAME",
-                "served_model_name": "NAME", "model_path": "PATH", "tokenizer": "PATH",
-                "url": "http://HOST:PORT", "engine_log_dir": "DIR", "kv_events_config": "JSON",
-                "policies": "LIST"}
+_VALUE_NAMES = {
+    "config": "FILE",
+    "host": "ADDR",
+    "api_key": "KEY",
+    "model": "NAME",
+    "served_model_name": "NAME",
+    "model_path": "PATH",
+    "tokenizer": "PATH",
+    "url": "http://HOST:PORT",
+    "engine_log_dir": "DIR",
+    "kv_events_config": "JSON",
+    "policies": "LIST",
+}
 
 
 def _name_values(parser: argparse.ArgumentParser) -> None:
     for action in parser._actions:
-        if not action.option_strings or action.metavar is not None or action.nargs == 0 \
-                or action.choices is not None or action.help == argparse.SUPPRESS:
+        if (
+            not action.option_strings
+            or action.metavar is not None
+            or action.nargs == 0
+            or action.choices is not None
+            or action.help == argparse.SUPPRESS
+        ):
             continue
         kind = getattr(action.type, "__name__", "")
         if action.dest in _VALUE_NAMES:
@@ -96,21 +119,27 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if cmd == "chargeVelocity":
         from .gateway.launch import charge_main
+
         return charge_main(args)
     if cmd == "serve":
         from .gateway.launch import serve_main
+
         return serve_main(args)
     if cmd == "sim-engine":
         from .sim.app import main as sim_main
+
         return sim_main(args)
     if cmd == "detect":
         from .engines.app import detect_main
+
         return detect_main(args)
     if cmd == "loadgen":
         from .loadgen.app import loadgen_main
+
         return loadgen_main(args)
     if cmd == "bench":
         from .loadgen.bench_cmd import bench_main
+
         return bench_main(args)
     if cmd == "version":
         print(f"velocityllm {__version__}")

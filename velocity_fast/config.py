@@ -24,8 +24,22 @@ from velocity_fast.admission.errors import AdmissionConfigError
 from velocity_fast.admission.settings import AdmissionSettings, BandSettings
 from velocity_fast.fleet.health import HealthSettings
 
-__all__ = ["Settings", "EndpointConfig", "KVEventsConfig", "BandConfig", "TenantConfig", "ModelConfig", "ServerSettings",
-           "ConfigError", "load_settings", "parse_endpoint_flag", "DEFAULT_BANDS", "explain", "key_range", "key_type"]
+__all__ = [
+    "Settings",
+    "EndpointConfig",
+    "KVEventsConfig",
+    "BandConfig",
+    "TenantConfig",
+    "ModelConfig",
+    "ServerSettings",
+    "ConfigError",
+    "load_settings",
+    "parse_endpoint_flag",
+    "DEFAULT_BANDS",
+    "explain",
+    "key_range",
+    "key_type",
+]
 
 
 class ConfigError(ValueError):
@@ -44,9 +58,9 @@ class _S(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 # Ranges (docs/configuration.md, "Ranges"). Times stop at a day: a longer wait, timeout or
 # SLA is a mistake, and a bounded one keeps every derived figure (a Retry-After, a timer)
 # finite.
-_Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]                   # 0: a free port
+_Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]  # 0: a free port
 _SlaMs = Annotated[float, msgspec.Meta(gt=0, le=86_400_000)]
-_Seconds = Annotated[float, msgspec.Meta(ge=0.001, le=86_400)]        # a timeout: at least 1 ms
+_Seconds = Annotated[float, msgspec.Meta(ge=0.001, le=86_400)]  # a timeout: at least 1 ms
 _Weight = Annotated[float, msgspec.Meta(gt=0, le=1_000_000)]
 
 
@@ -54,7 +68,7 @@ class KVEventsConfig(_S):
     """Where an engine publishes its KV cache events (vLLM's --kv-events-config), as
     addresses to connect to."""
 
-    endpoint: str                       # tcp://host:port of the PUB socket
+    endpoint: str  # tcp://host:port of the PUB socket
     replay_endpoint: str | None = None  # tcp://host:port of the ROUTER replay socket
     topic: str = ""
 
@@ -63,14 +77,14 @@ class EndpointConfig(_S):
     name: str
     url: str
     model: str
-    api_key: str | None = None   # the engine's own --api-key, sent upstream
-    kv_events: KVEventsConfig | None = None   # for precise prefix routing
+    api_key: str | None = None  # the engine's own --api-key, sent upstream
+    kv_events: KVEventsConfig | None = None  # for precise prefix routing
 
 
 class ModelConfig(_S):
     profile: str = "chat"
-    prefix: str | None = None      # approximate | precise | off; None: routing.prefix
-    tokenizer: str | None = None   # tokenizer.json or model folder; None: routing.tokenizer
+    prefix: str | None = None  # approximate | precise | off; None: routing.prefix
+    tokenizer: str | None = None  # tokenizer.json or model folder; None: routing.tokenizer
 
 
 BandConfig = BandSettings  # one definition of a band, shared with admission
@@ -79,7 +93,7 @@ BandConfig = BandSettings  # one definition of a band, shared with admission
 class TenantConfig(_S):
     name: str
     api_key: str | None = None
-    max_band: str | None = None       # the highest band this tenant may ask for
+    max_band: str | None = None  # the highest band this tenant may ask for
     weight: _Weight = 1.0
     # Token-bucket rate limit (429 rate-limit). Positive: a rate of 0 would never refill
     # the bucket, and a burst below 1 never holds the one token a request takes.
@@ -87,13 +101,13 @@ class TenantConfig(_S):
     burst: Annotated[int, msgspec.Meta(ge=1, le=1_000_000_000)] | None = None
     # Engine tokens (prompt + completion) a minute (429 rate-limit); positive, as the rate.
     tokens_per_minute: Annotated[float, msgspec.Meta(gt=0, le=1e12)] | None = None
-    sla_ms: _SlaMs | None = None      # this tenant's SLA for requests that name none (None: the server's)
+    sla_ms: _SlaMs | None = None  # this tenant's SLA for requests that name none (None: the server's)
 
 
 class ServerSettings(_S):
     """Client-facing HTTP limits of the gateway."""
 
-    max_body_bytes: Annotated[int, msgspec.Meta(ge=1, le=2 ** 31 - 1)] = 16 * 1024 * 1024
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] = 16 * 1024 * 1024
     max_header_bytes: Annotated[int, msgspec.Meta(ge=1024, le=16 * 1024 * 1024)] = 64 * 1024
     header_timeout_s: _Seconds = 10.0
     body_timeout_s: _Seconds = 60.0
@@ -151,9 +165,9 @@ class Settings(_S):
         try:  # bands and the admission section are admission's to judge, routing's its own
             adm = AdmissionSettings.from_settings(self)
             from .routing.settings import RoutingSettings
+
             # As the gateway builds it (gateway/assemble.py): saturation defaults from admission.
-            routing = {"saturation_waiting": adm.queue_threshold, "saturation_kv": adm.kv_threshold,
-                       **self.routing}
+            routing = {"saturation_waiting": adm.queue_threshold, "saturation_kv": adm.kv_threshold, **self.routing}
             rs = RoutingSettings.from_config(routing, self.models)
         except (AdmissionConfigError, ValueError) as e:
             raise ConfigError(explain(str(e)), str(e)) from None
@@ -166,27 +180,36 @@ class Settings(_S):
                 continue
             where = f"models.{model}.prefix" if model in rs.prefix_modes else "routing.prefix"
             if rs.tokenizer_for(model) is None:
-                raise ConfigError(f"{where}: model {model!r} is precise but has no tokenizer "
-                                  f"(models.{model}.tokenizer, routing.tokenizer or --tokenizer)")
+                raise ConfigError(
+                    f"{where}: model {model!r} is precise but has no tokenizer "
+                    f"(models.{model}.tokenizer, routing.tokenizer or --tokenizer)"
+                )
             if rs.profile_for(model) != "chat":
-                raise ConfigError(f"{where}: model {model!r} is precise but routes with the "
-                                  f"{rs.profile_for(model)!r} profile, which reads no prefix (precise "
-                                  f"routing is the chat profile's: models.{model}.profile or "
-                                  f"routing.default_profile chat)")
+                raise ConfigError(
+                    f"{where}: model {model!r} is precise but routes with the "
+                    f"{rs.profile_for(model)!r} profile, which reads no prefix (precise "
+                    f"routing is the chat profile's: models.{model}.profile or "
+                    f"routing.default_profile chat)"
+                )
             if model in served and not any(e.kv_events is not None for e in self.endpoints if e.model == model):
-                raise ConfigError(f"{where}: model {model!r} is precise but none of its endpoints publishes "
-                                  f"KV events (give endpoints[].kv_events in the config file; "
-                                  f"chargeVelocity sets them up for the engines it starts)")
+                raise ConfigError(
+                    f"{where}: model {model!r} is precise but none of its endpoints publishes "
+                    f"KV events (give endpoints[].kv_events in the config file; "
+                    f"chargeVelocity sets them up for the engines it starts)"
+                )
         for where, path in [("routing.tokenizer", rs.tokenizer)] + [
-                (f"models.{m}.tokenizer", p) for m, p in rs.tokenizers.items()]:
+            (f"models.{m}.tokenizer", p) for m, p in rs.tokenizers.items()
+        ]:
             if path is not None and not os.path.exists(path):
                 raise ConfigError(f"{where}: no such file or folder: {path!r}")
         if self.state_store is not None:
             from .state.store import check_url
+
             wrong = check_url(self.state_store)
             if wrong:
                 raise ConfigError(f"state_store: {wrong}")
             import importlib.util
+
             if importlib.util.find_spec("redis") is None:
                 raise ConfigError("state_store: needs the redis package (pip install 'velocityllm[redis]')")
         names = [b.name for b in self.bands]
@@ -201,8 +224,10 @@ class Settings(_S):
                 for key in ("endpoint", "replay_endpoint"):
                     v = getattr(e.kv_events, key)
                     if v is not None and not v.startswith(("tcp://", "ipc://")):
-                        raise ConfigError(f"endpoints[{i}].kv_events.{key}: must be a tcp:// or ipc:// "
-                                          f"address to connect to, got {v!r}")
+                        raise ConfigError(
+                            f"endpoints[{i}].kv_events.{key}: must be a tcp:// or ipc:// "
+                            f"address to connect to, got {v!r}"
+                        )
         keys = set()
         for i, t in enumerate(self.tenants):
             if t.max_band is not None and t.max_band not in names:
@@ -243,8 +268,11 @@ def _range_text(t: Any) -> str | None:
     if isinstance(t, msgspec.inspect.UnionType):
         nums = [m for m in t.types if isinstance(m, (msgspec.inspect.IntType, msgspec.inspect.FloatType))]
         words = [str(v) for m in t.types if isinstance(m, msgspec.inspect.LiteralType) for v in m.values]
-        if len(nums) == 1 and words and len(nums) + sum(isinstance(m, msgspec.inspect.LiteralType)
-                                                         for m in t.types) == len(t.types):
+        if (
+            len(nums) == 1
+            and words
+            and len(nums) + sum(isinstance(m, msgspec.inspect.LiteralType) for m in t.types) == len(t.types)
+        ):
             return f"{_range_text(nums[0])} or {', '.join(words)}"
         return None
     if not isinstance(t, (msgspec.inspect.IntType, msgspec.inspect.FloatType)):
@@ -346,18 +374,21 @@ def explain(text: str, data: Any = _MISSING_VALUE) -> str:
 
 def _env_overrides(env: dict[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    scalar = {f for f in Settings.__struct_fields__
-              if f not in ("endpoints", "models", "bands", "tenants", "admission", "routing", "health",
-                           "server", "sim")}
+    scalar = {
+        f
+        for f in Settings.__struct_fields__
+        if f not in ("endpoints", "models", "bands", "tenants", "admission", "routing", "health", "server", "sim")
+    }
     for key, value in env.items():
         if not key.startswith("VELOCITY_"):
             continue
-        name = key[len("VELOCITY_"):].lower()
+        name = key[len("VELOCITY_") :].lower()
         if name in scalar:
             out[name] = value
         elif name == "endpoints":
-            out[name] = [msgspec.to_builtins(parse_endpoint_flag(v.strip(), key))
-                         for v in value.split(",") if v.strip()]
+            out[name] = [
+                msgspec.to_builtins(parse_endpoint_flag(v.strip(), key)) for v in value.split(",") if v.strip()
+            ]
     return out
 
 
@@ -375,8 +406,9 @@ def _source_of(key: str, origin: dict[str, str], fallback: str) -> str:
     return fallback
 
 
-def load_settings(config_file: str | None = None, flags: dict[str, Any] | None = None,
-                  env: dict[str, str] | None = None) -> Settings:
+def load_settings(
+    config_file: str | None = None, flags: dict[str, Any] | None = None, env: dict[str, str] | None = None
+) -> Settings:
     """Merge default < file < environment < flags, then validate. Raises ConfigError,
     whose one line is ``<source>: <key>: <why>``."""
     import yaml
@@ -384,7 +416,7 @@ def load_settings(config_file: str | None = None, flags: dict[str, Any] | None =
     env = dict(os.environ if env is None else env)
     config_file = config_file or env.get("VELOCITY_CONFIG")
     data: dict[str, Any] = {}
-    origin: dict[str, str] = {}   # key -> where its value came from
+    origin: dict[str, str] = {}  # key -> where its value came from
     fallback = "defaults"
     if config_file:
         fallback = str(config_file)

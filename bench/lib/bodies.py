@@ -1,5 +1,6 @@
 """The requests the proxy benchmarks send: one small chat request (and its streamed
 form), and chat requests of an exact size in KiB."""
+
 from __future__ import annotations
 
 import json
@@ -7,11 +8,34 @@ import random
 
 MODEL = "fixed"
 BODY = b'{"model":"fixed","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
-STREAM_BODY = (b'{"model":"fixed","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16,'
-               b'"stream":true}')
+STREAM_BODY = b'{"model":"fixed","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16,"stream":true}'
 PATH = "/v1/chat/completions"
-_WORDS = ("the", "engine", "cache", "prompt", "block", "route", "token", "reply", "request", "gateway", "model",
-          "a", "of", "to", "and", "is", "in", "that", "with", '"quoted"', "café", "naïve", "step", "result")
+_WORDS = (
+    "the",
+    "engine",
+    "cache",
+    "prompt",
+    "block",
+    "route",
+    "token",
+    "reply",
+    "request",
+    "gateway",
+    "model",
+    "a",
+    "of",
+    "to",
+    "and",
+    "is",
+    "in",
+    "that",
+    "with",
+    '"quoted"',
+    "café",
+    "naïve",
+    "step",
+    "result",
+)
 
 
 def chat_body(kib: int, model: str = MODEL) -> bytes:
@@ -29,8 +53,9 @@ def chat_body(kib: int, model: str = MODEL) -> bytes:
         return "".join(out)
 
     def encode(messages) -> bytes:
-        return json.dumps({"model": model, "messages": messages, "max_tokens": 16},
-                          ensure_ascii=False, separators=(",", ":")).encode()
+        return json.dumps(
+            {"model": model, "messages": messages, "max_tokens": 16}, ensure_ascii=False, separators=(",", ":")
+        ).encode()
 
     target = kib * 1024
     messages = [{"role": "system", "content": "You are a careful assistant. Answer briefly.\n"}]
@@ -42,7 +67,7 @@ def chat_body(kib: int, model: str = MODEL) -> bytes:
         raise ValueError(f"a {kib} KiB chat body is too small for its system prompt")
     words = []
     while room > 0:  # ASCII without escapes: one byte of JSON each
-        w = rng.choice(_WORDS[:19])[:room - 1] + " " if room > 1 else "x"
+        w = rng.choice(_WORDS[:19])[: room - 1] + " " if room > 1 else "x"
         words.append(w)
         room -= len(w)
     last["content"] = "".join(words)

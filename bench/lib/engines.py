@@ -1,6 +1,7 @@
 """Sim engine processes for the routing benchmarks (bench/prefix.py, bench/fairness.py):
 N engines on ports they pick themselves, optionally publishing KV events, one restarted
 on its own port; and their prefix-cache hit counters."""
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ class Engines:
     def __init__(self, n: int, flags: list[str], kv_dir: str | None = None) -> None:
         self.n = n
         self.flags = flags
-        self.kv_dir = kv_dir   # KV events on ipc:// sockets here (None: no events)
+        self.kv_dir = kv_dir  # KV events on ipc:// sockets here (None: no events)
         self.engines: list[SimEngine] = []
         self.ports: list[int] = []
 
@@ -35,8 +36,18 @@ class Engines:
         flags = ["--seed", str(i), *self.flags]
         kv = self.kv_events(i)
         if kv is not None:
-            flags += ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                                                        "endpoint": kv[0], "replay_endpoint": kv[1], "topic": "kv"})]
+            flags += [
+                "--kv-events-config",
+                json.dumps(
+                    {
+                        "enable_kv_cache_events": True,
+                        "publisher": "zmq",
+                        "endpoint": kv[0],
+                        "replay_endpoint": kv[1],
+                        "topic": "kv",
+                    }
+                ),
+            ]
         # An engine gets SIGTERM if this bench dies without stopping it (killed, timed out).
         return SimEngine(*flags, model=MODEL, port=port, death_signal=signal.SIGTERM).spawn()
 

@@ -4,6 +4,7 @@ request heads, odd JSON bodies), a tally of the answers, and the gateway's /metr
 
 Everything talks to 127.0.0.1.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,10 +29,19 @@ HANG_S = 3 * READ_TIMEOUT_S + 3.0
 
 
 def config_yaml(endpoints: list[tuple[str, str, str]], *, api_key: str | None = None, extra: str = "") -> str:
-    lines = ["server:", f"  header_timeout_s: {READ_TIMEOUT_S}", f"  body_timeout_s: {READ_TIMEOUT_S}",
-             f"  first_byte_timeout_s: {READ_TIMEOUT_S}", "  keepalive_timeout_s: 5.0",
-             "health:", "  check_interval_ms: 200.0", "  scrape_interval_ms: 200.0", "  eject_base_ms: 200.0",
-             "  eject_max_ms: 1000.0", "endpoints:"]
+    lines = [
+        "server:",
+        f"  header_timeout_s: {READ_TIMEOUT_S}",
+        f"  body_timeout_s: {READ_TIMEOUT_S}",
+        f"  first_byte_timeout_s: {READ_TIMEOUT_S}",
+        "  keepalive_timeout_s: 5.0",
+        "health:",
+        "  check_interval_ms: 200.0",
+        "  scrape_interval_ms: 200.0",
+        "  eject_base_ms: 200.0",
+        "  eject_max_ms: 1000.0",
+        "endpoints:",
+    ]
     for name, url, model in endpoints:
         lines += [f"  - name: {name}", f"    url: {url}", f"    model: {model}"]
     if api_key:
@@ -40,6 +50,7 @@ def config_yaml(endpoints: list[tuple[str, str, str]], *, api_key: str | None = 
 
 
 # -- the raw client ----------------------------------------------------------------------------
+
 
 @dataclass
 class Outcome:
@@ -82,8 +93,9 @@ class _Parser:
             self.broken = True
 
 
-async def exchange(port: int, data: bytes, wait: float = HANG_S, settle: float = 0.15,
-                   chunks: list[bytes] | None = None) -> Outcome:
+async def exchange(
+    port: int, data: bytes, wait: float = HANG_S, settle: float = 0.15, chunks: list[bytes] | None = None
+) -> Outcome:
     """Send ``data`` (or ``chunks`` one by one) on a new connection and read answers until the
     gateway closes it, or one answer came and nothing more arrives for ``settle`` seconds;
     ``hung`` when neither an answer nor a close comes within ``wait``."""
@@ -92,7 +104,7 @@ async def exchange(port: int, data: bytes, wait: float = HANG_S, settle: float =
     parser = _Parser()
     try:
         try:
-            for piece in (chunks if chunks is not None else [data]):
+            for piece in chunks if chunks is not None else [data]:
                 writer.write(piece)
                 if chunks is not None:
                     await writer.drain()
@@ -128,22 +140,25 @@ async def exchange(port: int, data: bytes, wait: float = HANG_S, settle: float =
     return out
 
 
-def request_bytes(method: str, path: str, body: bytes | None = None, headers: dict | None = None,
-                  close: bool = True) -> bytes:
+def request_bytes(
+    method: str, path: str, body: bytes | None = None, headers: dict | None = None, close: bool = True
+) -> bytes:
     h = {"host": "127.0.0.1", "content-type": "application/json"}
     if body is not None:
         h["content-length"] = str(len(body))
     if close:
         h["connection"] = "close"
     h.update(headers or {})
-    return (f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in h.items())
-            + "\r\n").encode("latin-1") + (body or b"")
+    return (f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in h.items()) + "\r\n").encode(
+        "latin-1"
+    ) + (body or b"")
 
 
 def valid_body(route: str, max_tokens: int = 4) -> bytes:
     if route == "/v1/chat/completions":
-        return orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "ping"}],
-                             "max_tokens": max_tokens})
+        return orjson.dumps(
+            {"model": MODEL, "messages": [{"role": "user", "content": "ping"}], "max_tokens": max_tokens}
+        )
     if route == "/v1/completions":
         return orjson.dumps({"model": MODEL, "prompt": "ping", "max_tokens": max_tokens})
     return orjson.dumps({"prompt": "ping", "max_tokens": max_tokens})
@@ -169,11 +184,11 @@ async def metrics(admin_port: int) -> dict[str, dict[tuple, float]]:
 
 
 def total(samples: dict[str, dict[tuple, float]], name: str, **labels: str) -> float:
-    return sum(v for k, v in samples.get(name, {}).items()
-               if all(dict(k).get(a) == b for a, b in labels.items()))
+    return sum(v for k, v in samples.get(name, {}).items() if all(dict(k).get(a) == b for a, b in labels.items()))
 
 
 # -- request heads: a seeded mutational loop --------------------------------------------------
+
 
 def seed_heads() -> list[bytes]:
     """Well-formed requests the mutations start from (each route, bodies, pipelining)."""
@@ -184,19 +199,46 @@ def seed_heads() -> list[bytes]:
     out.append(request_bytes("GET", "/health", None))
     out.append(request_bytes("GET", "/v1/models", None))
     body = valid_body("/v1/completions")
-    out.append(b"POST /v1/completions HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
-               + b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n")
+    out.append(
+        b"POST /v1/completions HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
+        + b"%x\r\n" % len(body)
+        + body
+        + b"\r\n0\r\n\r\n"
+    )
     out.append(request_bytes("GET", "/health", None, close=False) * 2)
     return out
 
 
-_TOKENS = [b"\r\n", b"\n", b"\r", b"\x00", b" ", b":", b"\t", b"content-length: 5\r\n", b"content-length: -1\r\n",
-           b"content-length: 99999999999999999999\r\n", b"content-length: 1, 2\r\n",
-           b"transfer-encoding: chunked\r\n", b"transfer-encoding: gzip, chunked\r\n", b"expect: 100-continue\r\n",
-           b"connection: upgrade\r\nupgrade: h2c\r\n", b"HTTP/1.0", b"HTTP/9.9", b"GET ", b"CONNECT ", b"\xff\xfe",
-           b"x-request-id: \x01\r\n", b"x-velocity-sla-ms: nan\r\n", b"x-velocity-sla-ms: 1e999\r\n",
-           b"x-velocity-priority: 99999999999999999999\r\n", b"x-velocity-tenant: \xc3\x28\r\n",
-           b"authorization: Bearer \r\n", b"0\r\n\r\n", b"ffffffffffffffff\r\n"]
+_TOKENS = [
+    b"\r\n",
+    b"\n",
+    b"\r",
+    b"\x00",
+    b" ",
+    b":",
+    b"\t",
+    b"content-length: 5\r\n",
+    b"content-length: -1\r\n",
+    b"content-length: 99999999999999999999\r\n",
+    b"content-length: 1, 2\r\n",
+    b"transfer-encoding: chunked\r\n",
+    b"transfer-encoding: gzip, chunked\r\n",
+    b"expect: 100-continue\r\n",
+    b"connection: upgrade\r\nupgrade: h2c\r\n",
+    b"HTTP/1.0",
+    b"HTTP/9.9",
+    b"GET ",
+    b"CONNECT ",
+    b"\xff\xfe",
+    b"x-request-id: \x01\r\n",
+    b"x-velocity-sla-ms: nan\r\n",
+    b"x-velocity-sla-ms: 1e999\r\n",
+    b"x-velocity-priority: 99999999999999999999\r\n",
+    b"x-velocity-tenant: \xc3\x28\r\n",
+    b"authorization: Bearer \r\n",
+    b"0\r\n\r\n",
+    b"ffffffffffffffff\r\n",
+]
 
 
 def mutate_head(rng: random.Random, base: bytes) -> bytes:
@@ -217,7 +259,7 @@ def mutate_head(rng: random.Random, base: bytes) -> bytes:
             j = min(n, at + rng.randint(1, 64))
             data[at:at] = data[at:j]
         elif kind == 4 and n:  # drop a span
-            del data[at:at + rng.randint(1, 32)]
+            del data[at : at + rng.randint(1, 32)]
         elif kind == 5:  # a huge line
             data[at:at] = b"x-big: " + b"a" * rng.choice((100, 5000, 70000)) + b"\r\n"
         elif kind == 6:  # bare LF for CRLF
@@ -225,7 +267,7 @@ def mutate_head(rng: random.Random, base: bytes) -> bytes:
         elif kind == 7:  # a second, conflicting framing header after the request line
             line_end = data.find(b"\r\n")
             if line_end >= 0:
-                data[line_end + 2:line_end + 2] = rng.choice(_TOKENS[7:13])
+                data[line_end + 2 : line_end + 2] = rng.choice(_TOKENS[7:13])
         elif kind == 8:  # pipelined garbage
             data += bytes(rng.randrange(256) for _ in range(rng.randint(1, 40)))
         elif kind == 9:  # random bytes replace a span
@@ -246,10 +288,34 @@ def head_cases(seed: int, count: int) -> Iterator[bytes]:
 # -- JSON bodies: seeded, every field of every route ----------------------------------------
 
 FIELDS = {
-    "/v1/chat/completions": ("model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-                             "priority", "sla_ms", "user", "temperature", "n", "stop", "seed"),
-    "/v1/completions": ("model", "prompt", "stream", "stream_options", "max_tokens", "priority", "sla_ms", "user",
-                        "temperature", "echo", "logprobs"),
+    "/v1/chat/completions": (
+        "model",
+        "messages",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "max_completion_tokens",
+        "priority",
+        "sla_ms",
+        "user",
+        "temperature",
+        "n",
+        "stop",
+        "seed",
+    ),
+    "/v1/completions": (
+        "model",
+        "prompt",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "priority",
+        "sla_ms",
+        "user",
+        "temperature",
+        "echo",
+        "logprobs",
+    ),
     "/generate": ("prompt", "max_tokens", "priority", "sla_ms", "stream", "model", "temperature"),
 }
 
@@ -262,30 +328,76 @@ def odd_value(rng: random.Random, depth: int = 0):
     if k == 1:
         return rng.choice((True, False))
     if k == 2:
-        return rng.choice((0, -1, 1, 2**31 - 1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**64, -(2**63) - 1,
-                           10**40, -10**40))
+        return rng.choice(
+            (0, -1, 1, 2**31 - 1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**64, -(2**63) - 1, 10**40, -(10**40))
+        )
     if k == 3:
         return rng.choice((0.0, -0.5, 1.5, 1e308, -1e308, 5e-324, 1e-7))
     if k == 4:
-        return rng.choice(("", "x", "normal", "high", "HIGH ", "\u0000", "\ud7ff\ue000", "é" * 50, "1e999",
-                           "nan", "-1", MODEL, "no-such-model"))
+        return rng.choice(
+            (
+                "",
+                "x",
+                "normal",
+                "high",
+                "HIGH ",
+                "\u0000",
+                "\ud7ff\ue000",
+                "é" * 50,
+                "1e999",
+                "nan",
+                "-1",
+                MODEL,
+                "no-such-model",
+            )
+        )
     if k == 5 and depth < 4:
         return [odd_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
     if k == 6 and depth < 4:
-        return {rng.choice(("a", "type", "text", "role", "content", "include_usage")): odd_value(rng, depth + 1)
-                for _ in range(rng.randint(0, 3))}
+        return {
+            rng.choice(("a", "type", "text", "role", "content", "include_usage")): odd_value(rng, depth + 1)
+            for _ in range(rng.randint(0, 3))
+        }
     if k == 7:
-        return [{"role": rng.choice(("user", "system", "assistant", "tool", "x")),
-                 "content": rng.choice(("hi", "", None, [{"type": "text", "text": "hi"}],
-                                        [{"type": "image_url", "image_url": {"url": "data:,"}}], 5))}]
+        return [
+            {
+                "role": rng.choice(("user", "system", "assistant", "tool", "x")),
+                "content": rng.choice(
+                    (
+                        "hi",
+                        "",
+                        None,
+                        [{"type": "text", "text": "hi"}],
+                        [{"type": "image_url", "image_url": {"url": "data:,"}}],
+                        5,
+                    )
+                ),
+            }
+        ]
     if k == 8:
         return {"include_usage": rng.choice((True, False, None, "yes", 1))}
     return rng.choice(("hi", 4, True, None, [], {}))
 
 
-_RAW_TOKENS = [b"[" * 1200 + b"]" * 1200, b"{\"a\":" * 1100 + b"1" + b"}" * 1100, b"1e999", b"-1e999",
-               b"123456789012345678901234567890", b"NaN", b"Infinity", b"\"\\ud800\"", b"\"\xff\xfe\"",
-               b"\"\xc3\x28\"", b"00012", b"1.", b".5", b"+1", b"\"\\u0000\"", b"tru", b"nul"]
+_RAW_TOKENS = [
+    b"[" * 1200 + b"]" * 1200,
+    b"{\"a\":" * 1100 + b"1" + b"}" * 1100,
+    b"1e999",
+    b"-1e999",
+    b"123456789012345678901234567890",
+    b"NaN",
+    b"Infinity",
+    b"\"\\ud800\"",
+    b"\"\xff\xfe\"",
+    b"\"\xc3\x28\"",
+    b"00012",
+    b"1.",
+    b".5",
+    b"+1",
+    b"\"\\u0000\"",
+    b"tru",
+    b"nul",
+]
 
 
 def body_case(rng: random.Random, route: str) -> bytes:
@@ -323,7 +435,7 @@ def body_case(rng: random.Random, route: str) -> bytes:
     if kind == 7:  # cut or byte-mutated JSON
         data = bytearray(orjson.dumps(obj))
         if rng.random() < 0.5:
-            del data[rng.randrange(len(data)):]
+            del data[rng.randrange(len(data)) :]
         else:
             for _ in range(rng.randint(1, 3)):
                 data[rng.randrange(len(data))] = rng.randrange(256)

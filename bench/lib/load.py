@@ -7,6 +7,7 @@ open-loop here.
 ``python -m bench.lib.load PORT CONNECTIONS SECONDS``) and returns its figures;
 ``closed_loop`` and ``open_loop`` drive the client inside the calling process.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -60,13 +61,13 @@ def wrk_cmd(work: Path, body: bytes = BODY) -> list[str] | None:
     return [exe, "-t1", "--timeout", "5s", "-s", str(script)]
 
 
-def run_load(client: str, work: Path, port: int, conns: int, duration: float, cpu: int | None,
-             body: bytes = BODY) -> dict:
+def run_load(
+    client: str, work: Path, port: int, conns: int, duration: float, cpu: int | None, body: bytes = BODY
+) -> dict:
     """One closed-loop load run in its own process; returns its figures and its own CPU seconds.
     ``client``: "wrk", or "python" (this module's client; it sends the small body only)."""
     if client == "wrk":
-        argv = wrk_cmd(work, body) + [f"-c{conns}", f"-d{max(1, round(duration))}s",
-                                      f"http://127.0.0.1:{port}{PATH}"]
+        argv = wrk_cmd(work, body) + [f"-c{conns}", f"-d{max(1, round(duration))}s", f"http://127.0.0.1:{port}{PATH}"]
         kw = {}
     else:
         argv = [sys.executable, "-m", "bench.lib.load", str(port), str(conns), str(duration)]
@@ -85,12 +86,15 @@ def run_load(client: str, work: Path, port: int, conns: int, duration: float, cp
 
 def post_wire(path: str, body: bytes) -> bytes:
     """A keep-alive POST of a JSON body, as bytes."""
-    return (f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
-async def closed_loop(port: int, clients: int, seconds: float, make_wire, *, think: float = 0.0,
-                      seed: int = 0, timeout: float = 30.0) -> list[Result]:
+async def closed_loop(
+    port: int, clients: int, seconds: float, make_wire, *, think: float = 0.0, seed: int = 0, timeout: float = 30.0
+) -> list[Result]:
     """``clients`` keep-alive clients, each sending its next request (``make_wire(rng)``,
     with a random.Random of its own) when the last is answered, for ``seconds``: every
     Result (status 0: no answer)."""
@@ -114,8 +118,17 @@ async def closed_loop(port: int, clients: int, seconds: float, make_wire, *, thi
     return results
 
 
-async def open_loop(port: int, rate: float, seconds: float, make_wire, *, seed: int = 0, connections: int = 64,
-                    on_tick=None, timeout: float = 30.0) -> tuple[list, int]:
+async def open_loop(
+    port: int,
+    rate: float,
+    seconds: float,
+    make_wire,
+    *,
+    seed: int = 0,
+    connections: int = 64,
+    on_tick=None,
+    timeout: float = 30.0,
+) -> tuple[list, int]:
     """Requests (``make_wire(rng)``) at ``rate`` per second for ``seconds`` over a pool of at
     most ``connections`` keep-alive connections (a request due while all are busy waits in
     the client for one, as behind any client's bounded pool), each answered or timed out:
@@ -170,16 +183,22 @@ async def _closed_loop_figures(port: int, conns: int, duration: float) -> dict:
     def pct(q: float) -> float:
         return lat[min(len(lat) - 1, int(q * len(lat)))] * 1e6 if lat else 0.0
 
-    return {"requests": len(answered), "duration_s": duration,
-            "non2xx": sum(not 200 <= r.status < 300 for r in answered),
-            "errors": sum(r.status == 0 for r in results),
-            "p50_us": pct(0.50), "p99_us": pct(0.99), "mean_us": (sum(lat) / len(lat) * 1e6) if lat else 0.0}
+    return {
+        "requests": len(answered),
+        "duration_s": duration,
+        "non2xx": sum(not 200 <= r.status < 300 for r in answered),
+        "errors": sum(r.status == 0 for r in results),
+        "p50_us": pct(0.50),
+        "p99_us": pct(0.99),
+        "mean_us": (sum(lat) / len(lat) * 1e6) if lat else 0.0,
+    }
 
 
 def main(argv: list[str]) -> int:
     port, conns, duration = int(argv[0]), int(argv[1]), float(argv[2])
     try:
         import uvloop
+
         result = uvloop.run(_closed_loop_figures(port, conns, duration))
     except ImportError:
         result = asyncio.run(_closed_loop_figures(port, conns, duration))

@@ -5,6 +5,7 @@ its own process group, so that stopping it stops what it started too (nginx's wo
 gateway's workers), and it dies with the benchmark (PR_SET_PDEATHSIG) if the benchmark
 dies without cleaning up.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,6 +36,7 @@ def _pin(cpu: int | None):
             os.sched_setaffinity(0, {cpu})
         if nice:
             os.setpriority(os.PRIO_PROCESS, 0, nice)
+
     return setup
 
 

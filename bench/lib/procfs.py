@@ -1,5 +1,6 @@
 """Figures read from /proc: CPU ticks of a process, run-queue wait of its threads, the
 per-core busy time, a process's open files and resident memory, the CPU's model."""
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """A gateway in front of sim engines, from a config file with short read timeouts
 (bench/lib/hostile.py's ``config_yaml``): what bench/reliability.py attacks and loads."""
+
 from __future__ import annotations
 
 import signal
@@ -52,8 +53,14 @@ class Stack:
 
 
 @contextmanager
-def gateway_stack(*sim_flags: str, engines: int = 1, time_scale: float = 50.0, log_level: str = "warning",
-                  extra_endpoints: list[tuple[str, str, str]] = (), extra_config: str = "") -> Iterator[Stack]:
+def gateway_stack(
+    *sim_flags: str,
+    engines: int = 1,
+    time_scale: float = 50.0,
+    log_level: str = "warning",
+    extra_endpoints: list[tuple[str, str, str]] = (),
+    extra_config: str = "",
+) -> Iterator[Stack]:
     """``engines`` sim engines (``sim_flags`` each) and ``velocityllm serve`` in front of
     them and of ``extra_endpoints`` ((name, url, model) each), ready (admin /ready 200);
     every process stopped on exit. The config file alone sets the gateway (the caller's
@@ -64,16 +71,23 @@ def gateway_stack(*sim_flags: str, engines: int = 1, time_scale: float = 50.0, l
         work = Path(tmp)
         try:
             for i in range(1, engines + 1):
-                eng = SimEngine(*sim_flags, model=MODEL, port=free_port(), time_scale=time_scale,
-                                log=work / f"engine-{i}.log", death_signal=signal.SIGTERM)
+                eng = SimEngine(
+                    *sim_flags,
+                    model=MODEL,
+                    port=free_port(),
+                    time_scale=time_scale,
+                    log=work / f"engine-{i}.log",
+                    death_signal=signal.SIGTERM,
+                )
                 sims.append(eng)
                 eng.start(20)
             eps = [(f"e{i}", e.url, MODEL) for i, e in enumerate(sims, 1)] + list(extra_endpoints)
             config = work / "config.yaml"
             config.write_text(config_yaml(eps, extra=extra_config))
             log = work / "gateway.log"
-            gp = GatewayProcess("serve", "--config", str(config), "--log-level", log_level, log=log,
-                                death_signal=signal.SIGTERM).spawn()
+            gp = GatewayProcess(
+                "serve", "--config", str(config), "--log-level", log_level, log=log, death_signal=signal.SIGTERM
+            ).spawn()
             stack = Stack(gp, sims, str(config), log)
 
             def ready() -> bool:

@@ -1,6 +1,7 @@
 """What the proxy benchmarks send load to: the fixed upstream (bench/upstream_fixed.py,
 an infinitely fast engine), the gateway (`velocityllm serve` in front of it) and nginx
 (`proxy_pass` with upstream keep-alive), each a process tree whose CPU can be counted."""
+
 from __future__ import annotations
 
 import http.client
@@ -85,22 +86,49 @@ def post_ok(port: int, timeout: float = 2.0) -> bool:
 
 def start_upstream(procs: Procs, cpu: int | None, extra: list[str] = ()) -> tuple[subprocess.Popen, int]:
     """bench/upstream_fixed.py on a free port: (its process, its port)."""
-    p = procs.start([sys.executable, "-m", "bench.upstream_fixed", "--port", "0", *extra], cpu,
-                    cwd=str(REPO), env=dict(os.environ, **CHILD_ENV))
+    p = procs.start(
+        [sys.executable, "-m", "bench.upstream_fixed", "--port", "0", *extra],
+        cpu,
+        cwd=str(REPO),
+        env=dict(os.environ, **CHILD_ENV),
+    )
     m = wait_line(p, r"listening on 127\.0\.0\.1:(\d+)", 15, "the fixed upstream")
     return p, int(m.group(1))
 
 
-def start_gateway(procs: Procs, cpu: int | None, upstream: int, policy: str, work: Path,
-                  extra: list[str], wrap: list[str] = (), ready_s: float = 20) -> Target:
+def start_gateway(
+    procs: Procs,
+    cpu: int | None,
+    upstream: int,
+    policy: str,
+    work: Path,
+    extra: list[str],
+    wrap: list[str] = (),
+    ready_s: float = 20,
+) -> Target:
     """`velocityllm serve` with one endpoint, the upstream, ready for requests.
     ``wrap``: a command the gateway runs under (bench/instructions.py: valgrind)."""
     port, admin = free_port(), free_port()
     log = work / "gateway.log"
     env = dict(os.environ, **CHILD_ENV)
-    argv = [*wrap, sys.executable, "-m", "velocity_fast", "serve", "--endpoint",
-            f"e1=http://127.0.0.1:{upstream}={MODEL}", "--host", "127.0.0.1", "--port", str(port),
-            "--admin-port", str(admin), "--policy", policy, *extra]
+    argv = [
+        *wrap,
+        sys.executable,
+        "-m",
+        "velocity_fast",
+        "serve",
+        "--endpoint",
+        f"e1=http://127.0.0.1:{upstream}={MODEL}",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--admin-port",
+        str(admin),
+        "--policy",
+        policy,
+        *extra,
+    ]
     p = procs.start(argv, cpu, log=log, cwd=str(REPO), env=env)
 
     def ready() -> bool:
@@ -121,8 +149,9 @@ def start_gateway(procs: Procs, cpu: int | None, upstream: int, policy: str, wor
 
 
 def nginx_exe() -> str | None:
-    return shutil.which("nginx") or next((x for x in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")
-                                          if os.access(x, os.X_OK)), None)
+    return shutil.which("nginx") or next(
+        (x for x in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(x, os.X_OK)), None
+    )
 
 
 def nginx_version() -> str | None:
@@ -133,9 +162,18 @@ def nginx_version() -> str | None:
     return (p.stderr or p.stdout).strip().replace("nginx version: ", "")
 
 
-def start_nginx(procs: Procs, cpu: int | None, upstream: int, work: Path, stream: bool = False,
-                wrap: list[str] = (), ready_s: float = 10, big_bodies: bool = False,
-                name: str = "nginx", env: dict[str, str] | None = None) -> Target | None:
+def start_nginx(
+    procs: Procs,
+    cpu: int | None,
+    upstream: int,
+    work: Path,
+    stream: bool = False,
+    wrap: list[str] = (),
+    ready_s: float = 10,
+    big_bodies: bool = False,
+    name: str = "nginx",
+    env: dict[str, str] | None = None,
+) -> Target | None:
     """nginx in front of the upstream (None when it is not installed).
     ``wrap``: a command nginx runs under, as one process (no master: the worker is it).
     ``big_bodies``: request bodies up to 16 MiB, kept in memory (never a temp file).
@@ -148,10 +186,13 @@ def start_nginx(procs: Procs, cpu: int | None, upstream: int, work: Path, stream
     port = free_port()
     conf = ndir / "nginx.conf"
     # For streams nginx relays as the engine writes (as an SSE proxy must), not buffered.
-    text = NGINX_CONF.format(dir=ndir, upstream=upstream, port=port,
-                             extra="\n            proxy_buffering off;" if stream else "",
-                             http_extra=("\n    client_max_body_size 16m;\n    client_body_buffer_size 16m;"
-                                         if big_bodies else ""))
+    text = NGINX_CONF.format(
+        dir=ndir,
+        upstream=upstream,
+        port=port,
+        extra="\n            proxy_buffering off;" if stream else "",
+        http_extra=("\n    client_max_body_size 16m;\n    client_body_buffer_size 16m;" if big_bodies else ""),
+    )
     if os.geteuid() == 0:
         # As root nginx would switch its worker to nobody, who cannot enter our temp dir.
         text = "user root;\n" + text
@@ -159,8 +200,12 @@ def start_nginx(procs: Procs, cpu: int | None, upstream: int, work: Path, stream
         text = "master_process off;\n" + text
     conf.write_text(text)
     log = ndir / "stdout.log"
-    p = procs.start([*wrap, exe, "-p", str(ndir), "-e", str(ndir / "error.log"), "-c", str(conf)], cpu, log=log,
-                    env=dict(os.environ, **env) if env else None)
+    p = procs.start(
+        [*wrap, exe, "-p", str(ndir), "-e", str(ndir / "error.log"), "-c", str(conf)],
+        cpu,
+        log=log,
+        env=dict(os.environ, **env) if env else None,
+    )
 
     def ready() -> bool:
         if p.poll() is not None:

@@ -6,6 +6,7 @@ Each round enqueues and dispatches N items over 8 tenants with a steady backlog 
 64, so the figure per operation includes the tenant rotation; the summary printed
 at the end divides by N. Target: <= 1 microsecond per enqueue + dispatch.
 """
+
 import math
 
 import pytest
@@ -29,6 +30,7 @@ def _compiled():
         for i in range(N):
             enqueue(None, TENANTS[i & 7], 1, 100, 10.0, inf, 0.0)
             pop(1, 0.0)
+
     return run
 
 
@@ -42,6 +44,7 @@ def _reference():
         for i in range(N):
             enqueue(None, TENANTS[i & 7], 100, 10.0, inf, 0.0)
             pop()
+
     return run
 
 
@@ -55,5 +58,4 @@ def test_enqueue_dispatch(benchmark, impl):
 def teardown_module(_):
     if RESULTS:
         parts = [f"{k} {med:.0f} ns (min {low:.0f})" for k, (med, low) in sorted(RESULTS.items())]
-        print("\nbands enqueue+dispatch per op (median): " + ", ".join(parts)
-              + " (target <= 1000 ns compiled)")
+        print("\nbands enqueue+dispatch per op (median): " + ", ".join(parts) + " (target <= 1000 ns compiled)")

@@ -15,6 +15,7 @@ What is measured (medians; the summary is printed at the end):
   that scoring), Router.route_info (rendering a chat body, then hashing), and the
   index work of on_dispatch (touching a 16 KB prompt: new and evicting, or known).
 """
+
 import hashlib
 import os
 import random
@@ -40,7 +41,7 @@ def _median(benchmark) -> float:
 def _naive_chain(data: bytes) -> list[bytes]:
     out, parent = [], b"m"
     for i in range(0, len(data) - len(data) % 64, 64):
-        parent = hashlib.blake2b(parent + data[i:i + 64], digest_size=8).digest()
+        parent = hashlib.blake2b(parent + data[i : i + 64], digest_size=8).digest()
         out.append(parent)
     return out
 
@@ -50,8 +51,13 @@ def test_hash_throughput(benchmark, size):
     data = KB16 if size == "16KB" else MB4
     hasher = PrefixHasher(64)
     hasher.seed_for("m")
-    benchmark.pedantic(hasher.hash, args=(data, "m"), rounds=200 if size == "16KB" else 30,
-                       iterations=20 if size == "16KB" else 1, warmup_rounds=2)
+    benchmark.pedantic(
+        hasher.hash,
+        args=(data, "m"),
+        rounds=200 if size == "16KB" else 30,
+        iterations=20 if size == "16KB" else 1,
+        warmup_rounds=2,
+    )
     RESULTS[f"hash {size}"] = f"{len(data) / _median(benchmark) / 1e9:.2f} GB/s"
 
 
@@ -77,8 +83,9 @@ def _index_with_prefixes(hashes):
     index = PrefixIndex(100_000)
     full = hashes.tolist()
     from velocity_fast.routing.prefix import BlockHashes
+
     for e in range(ENDPOINTS):
-        index.touch(f"e{e}", BlockHashes.of(full[:(e * 4) % len(full)]))
+        index.touch(f"e{e}", BlockHashes.of(full[: (e * 4) % len(full)]))
     return index
 
 
@@ -89,8 +96,13 @@ def test_score_64_endpoints_16kb(benchmark):
     loads = [float(_rng.randrange(4)) for _ in range(ENDPOINTS)]
     i, basis = choose_by_affinity(index, hashes, cands, loads, 8.0, 0.25, 12345)
     assert basis == "prefix"
-    benchmark.pedantic(choose_by_affinity, args=(index, hashes, cands, loads, 8.0, 0.25, 12345),
-                       rounds=300, iterations=20, warmup_rounds=2)
+    benchmark.pedantic(
+        choose_by_affinity,
+        args=(index, hashes, cands, loads, 8.0, 0.25, 12345),
+        rounds=300,
+        iterations=20,
+        warmup_rounds=2,
+    )
     RESULTS["score 64 endpoints, 16KB prompt"] = f"{_median(benchmark) * 1e6:.2f} us"
 
 
@@ -113,6 +125,7 @@ def test_touch_new_16kb_prompt_at_capacity(benchmark):
     def touch_next():
         state["i"] += 1
         index.touch("e", chains[state["i"] % 64])
+
     benchmark.pedantic(touch_next, rounds=300, iterations=1, warmup_rounds=20)
     RESULTS["index touch, new 16KB prompt at capacity"] = f"{_median(benchmark) * 1e6:.1f} us"
 
@@ -134,12 +147,11 @@ def _router_and_pool():
         ep.inflight = _rng.randrange(4)
         eps.append(ep)
     pool = Pool("m", eps)
-    system = KB16[:12 * 1024].hex()[:12 * 1024]
-    body = {"messages": [{"role": "system", "content": system},
-                         {"role": "user", "content": "q" * 4000}]}
+    system = KB16[: 12 * 1024].hex()[: 12 * 1024]
+    body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "q" * 4000}]}
     info = router.route_info("m", body, {})
     for e, ep in enumerate(eps):
-        part = {"messages": [{"role": "system", "content": system[:(e * 190) % len(system)]}]}
+        part = {"messages": [{"role": "system", "content": system[: (e * 190) % len(system)]}]}
         router.on_dispatch(ep, router.route_info("m", part, {}))
     router.pick(pool, info)
     return router, pool, info, body
@@ -159,5 +171,8 @@ def test_router_route_info_16kb_chat(benchmark):
 
 def teardown_module(_):
     if RESULTS:
-        print("\nprefix micro (median): " + "; ".join(f"{k}: {v}" for k, v in RESULTS.items())
-              + " (targets: hashing >= 2 GB/s, scoring 64 endpoints <= 10 us)")
+        print(
+            "\nprefix micro (median): "
+            + "; ".join(f"{k}: {v}" for k, v in RESULTS.items())
+            + " (targets: hashing >= 2 GB/s, scoring 64 endpoints <= 10 us)"
+        )

@@ -23,6 +23,7 @@ def _compiled():
     def run():
         for i in range(N):
             update(e, 24.0, 3.0, 0.5, 100.0, 100.05)
+
     return run
 
 
@@ -33,6 +34,7 @@ def _reference():
     def run():
         for i in range(N):
             ref_update(e, 24.0, 3.0, 0.5, 100.0, 100.05)
+
     return run
 
 
@@ -47,6 +49,7 @@ def _pool():
     def run():
         for i in range(N):
             pool(loads, 3.0, 100.05)
+
     return run
 
 
@@ -60,5 +63,4 @@ def test_saturation_update(benchmark, impl):
 def teardown_module(_):
     if RESULTS:
         parts = [f"{k} {med:.0f} ns (min {low:.0f})" for k, (med, low) in sorted(RESULTS.items())]
-        print("\nsaturation update per op (median): " + ", ".join(parts)
-              + " (target <= 1000 ns compiled)")
+        print("\nsaturation update per op (median): " + ", ".join(parts) + " (target <= 1000 ns compiled)")

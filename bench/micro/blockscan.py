@@ -25,6 +25,7 @@ Paths, each one call per request:
 
 Needs valgrind (apt-get install valgrind).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -86,12 +87,26 @@ def _worker(kib: int, path: str, n: int) -> None:
 
 
 def _count(kib: int, path: str, n: int, tmp: str) -> int:
-    p = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.{kib}.{path}.{n}",
-                        sys.executable, "-m", "bench.micro.blockscan", "--_worker", str(kib), path, str(n)],
-                       capture_output=True, text=True, cwd=ROOT,
-                       # No counted run writes a .pyc (only the first would): the runs differ in N only.
-                       env={"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"},
-                       timeout=900)
+    p = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={tmp}/cg.{kib}.{path}.{n}",
+            sys.executable,
+            "-m",
+            "bench.micro.blockscan",
+            "--_worker",
+            str(kib),
+            path,
+            str(n),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        # No counted run writes a .pyc (only the first would): the runs differ in N only.
+        env={"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"},
+        timeout=900,
+    )
     m = re.search(r"Collected : (\d+)", p.stderr)
     if p.returncode != 0 or m is None:
         raise SystemExit(f"callgrind run failed ({p.returncode}): {p.stderr[-800:]}")
@@ -101,8 +116,12 @@ def _count(kib: int, path: str, n: int, tmp: str) -> int:
 def measure(sizes: list[int], budget_kib: int) -> list[dict]:
     rows = []
     # Once outside callgrind, so that no counted run compiles and writes .pyc files.
-    subprocess.run([sys.executable, "-m", "bench.micro.blockscan", "--_worker", str(sizes[0]), "msgspec", "0"],
-                   check=True, timeout=120, cwd=ROOT)
+    subprocess.run(
+        [sys.executable, "-m", "bench.micro.blockscan", "--_worker", str(sizes[0]), "msgspec", "0"],
+        check=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     with tempfile.TemporaryDirectory(prefix="velocity-blockscan-") as tmp:
         for kib in sizes:
             n = max(16, budget_kib // kib)  # (fewer calls of a large body drown in the noise of GC passes)
@@ -117,13 +136,17 @@ def measure(sizes: list[int], budget_kib: int) -> list[dict]:
 
 def _line(r: dict) -> str:
     b = r["kib"] * 1024
-    return (f"{r['kib']:>6} {r['msgspec']:>11,.0f} {r['decode']:>11,.0f} {r['old']:>11,.0f} {r['rendered']:>11,.0f} "
-            f"{r['new']:>11,.0f} {r['old'] / r['new']:>7.1f}x {r['old'] / b:>7.2f} {r['rendered'] / b:>7.2f} "
-            f"{r['new'] / b:>7.2f}")
+    return (
+        f"{r['kib']:>6} {r['msgspec']:>11,.0f} {r['decode']:>11,.0f} {r['old']:>11,.0f} {r['rendered']:>11,.0f} "
+        f"{r['new']:>11,.0f} {r['old'] / r['new']:>7.1f}x {r['old'] / b:>7.2f} {r['rendered'] / b:>7.2f} "
+        f"{r['new'] / b:>7.2f}"
+    )
 
 
-HEADER = (f"{'KiB':>6} {'msgspec':>11} {'decode':>11} {'old':>11} {'rendered':>11} {'new':>11} {'old/new':>8} "
-          f"{'old i/B':>7} {'rend i/B':>7} {'new i/B':>7}")
+HEADER = (
+    f"{'KiB':>6} {'msgspec':>11} {'decode':>11} {'old':>11} {'rendered':>11} {'new':>11} {'old/new':>8} "
+    f"{'old i/B':>7} {'rend i/B':>7} {'new i/B':>7}"
+)
 
 
 def main(argv=None) -> int:
@@ -133,8 +156,12 @@ def main(argv=None) -> int:
         return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="1,4,16,64,256", help="body sizes in KiB (default 1,4,16,64,256)")
-    p.add_argument("--budget-kib", type=int, default=2048,
-                   help="KiB of bodies per measured run: calls = budget / size, at least 16 (default 2048)")
+    p.add_argument(
+        "--budget-kib",
+        type=int,
+        default=2048,
+        help="KiB of bodies per measured run: calls = budget / size, at least 16 (default 2048)",
+    )
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
     p.add_argument("--smoke", action="store_true", help="sizes 1,16 and a small budget: checks that it runs")
     if "--smoke" in argv:

@@ -16,6 +16,7 @@ system prompt (~2 KB) and a question, in three setups on the same bodies:
 Instructions are callgrind totals of two runs (N and 10 N requests), differenced, so
 start-up is cancelled out (needs valgrind). Without valgrind, --time prints microseconds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,17 +29,20 @@ import time
 
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-WORDS = ("the of and to in is was that for on are with as be at by this had not but from or have an they "
-         "which one you were all we her she there been if more when will would who so no model token cache "
-         "engine queue batch prefill decode latency tenant band request stream router gateway").split()
+WORDS = (
+    "the of and to in is was that for on are with as be at by this had not but from or have an they "
+    "which one you were all we her she there been if more when will would who so no model token cache "
+    "engine queue batch prefill decode latency tenant band request stream router gateway"
+).split()
 BS = 16
 
 
 def _tokenizer(folder: str) -> str:
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator([" ".join(WORDS)], trainers.WordLevelTrainer(
-        special_tokens=["[UNK]", "<|im_start|>", "<|im_end|>"]))
+    tok.train_from_iterator(
+        [" ".join(WORDS)], trainers.WordLevelTrainer(special_tokens=["[UNK]", "<|im_start|>", "<|im_end|>"])
+    )
     path = os.path.join(folder, "tokenizer.json")
     tok.save(path)
     return path
@@ -52,9 +56,15 @@ def _setup(mode: str, folder: str):
 
     rng = random.Random(1)
     system = " ".join(rng.choice(WORDS) for _ in range(400))
-    bodies = [{"messages": [{"role": "system", "content": system},
-                            {"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(20))}]}
-              for _ in range(64)]
+    bodies = [
+        {
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(20))},
+            ]
+        }
+        for _ in range(64)
+    ]
     eps = []
     for i in range(4):
         ep = Endpoint(f"e{i}", f"http://127.0.0.1:{9300 + i}", "m")
@@ -81,8 +91,7 @@ def _setup(mode: str, folder: str):
     for i, ep in enumerate(eps):
         index.set_state(ep.name, EXACT)
         n = (len(ids) // BS) * (i + 1) // 4
-        index.apply(ep.name, [Stored([f"{i}-{k}" for k in range(n)], None, ids[:n * BS], BS, None, "GPU", None,
-                                     None)])
+        index.apply(ep.name, [Stored([f"{i}-{k}" for k in range(n)], None, ids[: n * BS], BS, None, "GPU", None, None)])
     if mode == "precise-hit":  # the system prompt's tokens cached (one request tokenized)
         info = r.route_info("m", {"messages": bodies[0]["messages"][:1] + [{"role": "user", "content": "x"}]}, {})
         deadline = time.monotonic() + 5
@@ -106,8 +115,21 @@ def _loop(mode: str, n: int) -> None:
 def _instructions(mode: str, n: int) -> int:
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "cg.out")
-        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
-                        "--_worker", mode, str(n)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={out}",
+                sys.executable,
+                __file__,
+                "--_worker",
+                mode,
+                str(n),
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         with open(out) as f:
             for line in f:
                 if line.startswith("summary:") or line.startswith("totals:"):

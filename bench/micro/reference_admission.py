@@ -5,6 +5,7 @@ between tenants, counts and bytes, cancel by id) and admission.saturation (one
 endpoint's number from a scrape), written the straightforward way; the micro
 benchmarks time both in the same run.
 """
+
 from collections import deque
 
 
@@ -66,8 +67,7 @@ class RefLoad:
         self.capacity_known = False
 
 
-def ref_update(load, running, waiting, kv, scraped_at, now,
-               queue_threshold=5.0, kv_threshold=0.8, stale_after=1.0):
+def ref_update(load, running, waiting, kv, scraped_at, now, queue_threshold=5.0, kv_threshold=0.8, stale_after=1.0):
     """Record a scrape and return the endpoint's saturation."""
     load.running, load.waiting, load.kv, load.scraped_at = running, waiting, kv, scraped_at
     load.capacity = max(load.capacity, running)

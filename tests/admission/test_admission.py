@@ -1,4 +1,5 @@
 """Admission controller with fake endpoints driven by hand (no HTTP, no engines)."""
+
 import asyncio
 import math
 import time
@@ -31,8 +32,7 @@ def make(policy="dynamic", n=1, limit=4, clock=None, registry=None, **kw):
     kw.setdefault("aimd_min", 1)
     kw.setdefault("aimd_initial", 0)  # these tests start at the limit they name
     settings = AdmissionSettings(aimd_max=limit, **kw)
-    adm = Admission(settings, {"m": Pool("m", eps)}, policy=policy, registry=registry,
-                    clock=clock or time.monotonic)
+    adm = Admission(settings, {"m": Pool("m", eps)}, policy=policy, registry=registry, clock=clock or time.monotonic)
     return adm, eps
 
 
@@ -143,8 +143,11 @@ async def test_two_hundred_simultaneous_requests_do_not_pass_en_masse():
 
 async def test_queue_full_is_503_capacity():
     from velocity_fast.admission.settings import BandSettings
-    bands = [BandSettings(name="high", ceiling=1.5, queue_capacity=1),
-             BandSettings(name="normal", ceiling=1.0, queue_capacity=2)]
+
+    bands = [
+        BandSettings(name="high", ceiling=1.5, queue_capacity=1),
+        BandSettings(name="normal", ceiling=1.0, queue_capacity=2),
+    ]
     adm, (ep,) = make(limit=1, bands=bands)
     first = await adm.admit(Ticket(band="normal"))
     waiting = await queued(adm, Ticket(band="normal"), Ticket(band="normal"))
@@ -161,6 +164,7 @@ async def test_queue_full_is_503_capacity():
 
 async def test_ttl_is_504():
     from velocity_fast.admission.settings import BandSettings
+
     bands = [BandSettings(name="normal", ceiling=1.0, ttl_ms=30)]
     adm, (ep,) = make(limit=1, bands=bands, tick_ms=5)
     held = await adm.admit(Ticket())
@@ -523,9 +527,14 @@ async def test_stats_and_metrics():
     assert s["sla"]["compliance"] == 1.0 and "p99" in s["latency_ms"]["e2e"]
     assert s["bands"]["high"]["wait_ms"]["p50"] == 0.0
     text = reg.render().decode()
-    for name in ("velocity_admitted_total 1.0", 'velocity_rejections_total{reason="no-endpoint"} 1.0',
-                 'velocity_queue_depth{band="low"} 0', 'velocity_endpoint_limit{endpoint="e0"} 4',
-                 'velocity_pool_saturation{model="m"}', "velocity_queue_wait_seconds_bucket"):
+    for name in (
+        "velocity_admitted_total 1.0",
+        'velocity_rejections_total{reason="no-endpoint"} 1.0',
+        'velocity_queue_depth{band="low"} 0',
+        'velocity_endpoint_limit{endpoint="e0"} 4',
+        'velocity_pool_saturation{model="m"}',
+        "velocity_queue_wait_seconds_bucket",
+    ):
         assert name in text, name
 
 
@@ -596,11 +605,17 @@ async def test_sla_miss_cuts_the_limit_only_when_the_engine_overran():
 
 # -- admission_core: the request path's typed classes ---------------------------------
 
+
 def make_one(clock=time.monotonic, policy="dynamic"):
     ep = Endpoint("e0", "http://127.0.0.1:9000", "m")
     ep.healthy = True
-    adm = Admission(AdmissionSettings(aimd_max=4, aimd_min=1), {"m": Pool("m", [ep])}, policy=policy,
-                    registry=Registry(), clock=clock)
+    adm = Admission(
+        AdmissionSettings(aimd_max=4, aimd_min=1),
+        {"m": Pool("m", [ep])},
+        policy=policy,
+        registry=Registry(),
+        clock=clock,
+    )
     return adm, ep
 
 
@@ -617,13 +632,13 @@ def test_service_estimate_predicts_nothing_until_it_has_seen_a_request():
     s = ServiceEstimate(1.0)
     assert not s.known and s.predict(10) is None
     assert s.snapshot() == {"ttft_ms": None, "tpot_ms": None, "service_ms": None, "samples": 0}
-    s.observe(-1.0, 0.5, 10)           # no first byte seen: a whole answer, 0.05 s a token
+    s.observe(-1.0, 0.5, 10)  # no first byte seen: a whole answer, 0.05 s a token
     assert s.known and s.predict(10) == 0.5 and s.tpot.value == pytest.approx(0.05)
     assert s.predict(40) == pytest.approx(2.0)  # by its own size, not the last one's
     s.observe_first_byte(0.1)
-    s.observe(0.1, 1.0, 10)            # a stream: 0.9 s over 9 tokens after the first
+    s.observe(0.1, 1.0, 10)  # a stream: 0.9 s over 9 tokens after the first
     assert s.predict(11) == pytest.approx(0.1 + 10 * 0.1)
-    s.observe_first_byte(-1.0)         # a negative time is not learned
+    s.observe_first_byte(-1.0)  # a negative time is not learned
     assert s.ttft.samples == 1
 
 
@@ -698,10 +713,10 @@ def test_service_estimate_scales_with_the_requests_own_size():
     prompts of two sizes teach the first token as a line in the prompt's bytes."""
     s = ServiceEstimate(0.2)
     for _ in range(6):
-        s.observe(-1.0, 16 * 0.02, 16)          # short whole answers, 20 ms a token
+        s.observe(-1.0, 16 * 0.02, 16)  # short whole answers, 20 ms a token
     assert s.predict(60) == pytest.approx(60 * 0.02)
     assert s.predict(60) > 3 * s.service.value  # the mean of what was seen would be far short
-    for _ in range(20):                         # streams: 1 ms of prefill per 100 bytes
+    for _ in range(20):  # streams: 1 ms of prefill per 100 bytes
         for nbytes in (1000, 20000):
             ttft = 0.01 + nbytes * 1e-5
             s.observe_first_byte(ttft)
@@ -719,8 +734,7 @@ async def test_an_idle_pool_grants_a_band_whose_ceiling_is_below_one_slot():
     running, the pool grants one all the same (work-conserving); the second waits."""
     from velocity_fast.admission.settings import BandSettings
 
-    adm, (ep,) = make(limit=8, bands=[BandSettings(name="high", ceiling=1.5),
-                                      BandSettings(name="tiny", ceiling=0.05)])
+    adm, (ep,) = make(limit=8, bands=[BandSettings(name="high", ceiling=1.5), BandSettings(name="tiny", ceiling=0.05)])
     first = await asyncio.wait_for(adm.admit(Ticket(band="tiny")), 1)
     first.bind(ep)
     (second,) = await queued(adm, Ticket(band="tiny"))

@@ -7,6 +7,7 @@ must stay near their idle latency under ``dynamic`` and be far worse under
 ``static`` (so the test fails if admission regresses and also if the load stops
 being real). Durations are bounded; assertions are wide ratios.
 """
+
 import asyncio
 import time
 
@@ -106,5 +107,7 @@ async def test_high_stays_near_idle_with_dynamic_and_not_with_static():
     assert adm.stats()["counters"]["completed"] > 100
     assert dynamic < 3.0 * idle, (idle, dynamic, static)
     assert static > 10.0 * idle, (idle, dynamic, static)
-    print(f"\nhigh p99: idle {idle * 1000:.1f} ms, dynamic {dynamic * 1000:.1f} ms "
-          f"({dynamic / idle:.2f}x), static {static * 1000:.1f} ms ({static / idle:.1f}x)")
+    print(
+        f"\nhigh p99: idle {idle * 1000:.1f} ms, dynamic {dynamic * 1000:.1f} ms "
+        f"({dynamic / idle:.2f}x), static {static * 1000:.1f} ms ({static / idle:.1f}x)"
+    )

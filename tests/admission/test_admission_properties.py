@@ -1,5 +1,6 @@
 """Property test: under random admit / cancel / bind / release / tick sequences the
 counters reconcile, nothing is granted twice, and in-flight counts match leases."""
+
 import asyncio
 
 import uvloop
@@ -18,7 +19,9 @@ op = st.one_of(
     st.tuples(st.just("release"), st.integers(0, 100), st.sampled_from(["completed", "failed", "cancelled"])),
     st.tuples(st.just("oom"), st.integers(0, 100)),
     st.tuples(st.just("health"), st.integers(0, 1), st.booleans()),
-    st.tuples(st.just("tick"),),
+    st.tuples(
+        st.just("tick"),
+    ),
 )
 
 
@@ -26,8 +29,11 @@ async def scenario(ops, policy):
     eps = [Endpoint(f"e{i}", f"http://127.0.0.1:{9000 + i}", "m") for i in range(2)]
     for e in eps:
         e.healthy = True
-    adm = Admission(AdmissionSettings(aimd_max=3, aimd_min=1, global_capacity=12, oom_cooldown_ms=50),
-                    {"m": Pool("m", eps)}, policy=policy)
+    adm = Admission(
+        AdmissionSettings(aimd_max=3, aimd_min=1, global_capacity=12, oom_cooldown_ms=50),
+        {"m": Pool("m", eps)},
+        policy=policy,
+    )
     tasks, leases = [], []
     try:
         for o in ops:

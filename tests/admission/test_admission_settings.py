@@ -1,4 +1,5 @@
 """Admission settings: defaults, conversion from the top-level config, validation."""
+
 import pytest
 
 from velocity_fast.admission.errors import AdmissionConfigError
@@ -21,9 +22,13 @@ def test_rising_ceiling_is_rejected_naming_the_band():
 
 def test_from_top_level_settings_and_admission_mapping():
     from velocity_fast.config import BandConfig, Settings
-    top = Settings(sla_ms=1500, max_concurrency=12,
-                   bands=[BandConfig(name="a", ceiling=2.0), BandConfig(name="b", ceiling=0.5, ttl_ms=100)],
-                   admission={"fairness": "tokens", "aging_step_ms": 250})
+
+    top = Settings(
+        sla_ms=1500,
+        max_concurrency=12,
+        bands=[BandConfig(name="a", ceiling=2.0), BandConfig(name="b", ceiling=0.5, ttl_ms=100)],
+        admission={"fairness": "tokens", "aging_step_ms": 250},
+    )
     s = AdmissionSettings.from_settings(top)
     assert (s.sla_ms, s.aimd_max, s.fairness, s.aging_step_ms) == (1500, 12, "tokens", 250)
     assert [b.name for b in s.bands] == ["a", "b"] and s.bands[1].ttl_ms == 100
@@ -32,6 +37,7 @@ def test_from_top_level_settings_and_admission_mapping():
 
 def test_from_settings_rejects_rising_ceilings_and_unknown_keys():
     from velocity_fast.config import BandConfig, Settings
+
     top = Settings(bands=[BandConfig(name="hi", ceiling=0.5), BandConfig(name="lo", ceiling=0.9)])
     with pytest.raises(AdmissionConfigError, match="'lo'"):
         AdmissionSettings.from_settings(top)
@@ -39,14 +45,17 @@ def test_from_settings_rejects_rising_ceilings_and_unknown_keys():
         AdmissionSettings.from_settings(Settings(admission={"bogus": 1}))
 
 
-@pytest.mark.parametrize("kw,key", [
-    ({"fairness": "lottery"}, "fairness"),
-    ({"aimd_min": 5, "aimd_max": 2}, "aimd_min"),
-    ({"queue_threshold": 0}, "queue_threshold"),
-    ({"bands": []}, "bands"),
-    ({"bands": [BandSettings(name="x", ceiling=1), BandSettings(name="x", ceiling=1)]}, "duplicate"),
-    ({"ewma_alpha": 0}, "ewma_alpha"),
-])
+@pytest.mark.parametrize(
+    "kw,key",
+    [
+        ({"fairness": "lottery"}, "fairness"),
+        ({"aimd_min": 5, "aimd_max": 2}, "aimd_min"),
+        ({"queue_threshold": 0}, "queue_threshold"),
+        ({"bands": []}, "bands"),
+        ({"bands": [BandSettings(name="x", ceiling=1), BandSettings(name="x", ceiling=1)]}, "duplicate"),
+        ({"ewma_alpha": 0}, "ewma_alpha"),
+    ],
+)
 def test_bad_values_name_the_key(kw, key):
     with pytest.raises(AdmissionConfigError, match=key):
         AdmissionSettings(**kw).validate()

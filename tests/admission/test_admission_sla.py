@@ -1,5 +1,6 @@
 """SLAs per band, the queue model of admitted work, and Retry-After promises,
 with fake endpoints and a hand-driven clock (no HTTP, no engines)."""
+
 import asyncio
 
 import pytest
@@ -25,8 +26,9 @@ def make(n=1, limit=4, clock=None, policy="dynamic", **kw):
     for e in eps:
         e.healthy = True
     kw.setdefault("aimd_initial", 0)
-    adm = Admission(AdmissionSettings(aimd_max=limit, **kw), {"m": Pool("m", eps)}, policy=policy,
-                    clock=clock or Clock())
+    adm = Admission(
+        AdmissionSettings(aimd_max=limit, **kw), {"m": Pool("m", eps)}, policy=policy, clock=clock or Clock()
+    )
     return adm, eps
 
 
@@ -99,8 +101,11 @@ async def test_low_work_has_no_deadline_it_queues_instead_of_a_429_and_is_not_ju
 
 async def test_a_bands_own_sla_overrides_the_servers_and_a_requests_overrides_the_bands():
     clock = Clock()
-    bands = [BandSettings(name="high", ceiling=1.5), BandSettings(name="normal", ceiling=1.0, sla_ms=5000),
-             BandSettings(name="low", ceiling=0.8, sla_ms=0)]
+    bands = [
+        BandSettings(name="high", ceiling=1.5),
+        BandSettings(name="normal", ceiling=1.0, sla_ms=5000),
+        BandSettings(name="low", ceiling=0.8, sla_ms=0),
+    ]
     adm, (ep,) = make(limit=1, clock=clock, sla_ms=600, bands=bands)
     await learn(adm, ep, clock)
     held = fill(adm, [ep], 1)

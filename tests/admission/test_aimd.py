@@ -1,4 +1,5 @@
 """AIMD concurrency limit: +1, x0.75 once per window, OOM to minimum with a freeze."""
+
 import pytest
 
 from velocity_fast.admission.aimd import AimdLimit
@@ -67,13 +68,13 @@ def test_an_idle_engine_gets_its_starting_limit_and_a_new_slow_start():
     for t in range(1, 9):
         a.on_breach(float(t), float(t) + 0.5)
     assert a.limit == 1 and not a.on_probe(10.0)
-    assert a.on_idle(20.0) and a.limit == 8       # as a fresh limit
-    assert a.on_probe(20.1) and a.limit == 12     # slow start again
+    assert a.on_idle(20.0) and a.limit == 8  # as a fresh limit
+    assert a.on_probe(20.1) and a.limit == 12  # slow start again
     b = AimdLimit(1, 32, 8, 10.0)
     assert b.on_probe(0.0) and b.on_probe(0.0) and b.on_breach(0.0, 1.0) and b.limit == 13
-    assert not b.on_idle(5.0) and b.limit == 13   # above the start: kept
-    assert b.on_probe(5.1) and b.limit == 20      # but probing again
+    assert not b.on_idle(5.0) and b.limit == 13  # above the start: kept
+    assert b.on_probe(5.1) and b.limit == 20  # but probing again
     c = AimdLimit(1, 32, 8, 10.0)
     c.on_oom(0.0)
-    assert not c.on_idle(5.0) and c.limit == 1    # not during the out-of-memory cool-down
+    assert not c.on_idle(5.0) and c.limit == 1  # not during the out-of-memory cool-down
     assert c.on_idle(10.5) and c.limit == 8

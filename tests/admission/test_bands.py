@@ -1,4 +1,5 @@
 """Band queues: fairness between tenants, order within a tenant, limits, TTL, aging."""
+
 import math
 
 import pytest
@@ -131,6 +132,7 @@ def test_weighted_token_fairness_in_a_closed_loop():
     their weights are within 1.5x (1.25x). Before the fix the lifts copied heavy's estimates
     in flight into light's counter: 1.71x."""
     import heapq
+
     q = BandQueues([(0, 0, 0.0)], token_fair=True, weights={"light": 3.0})
     cost = {"heavy": (7200, 400, 1232.0), "light": (280, 48, 166.0)}  # bytes, max_tokens, served
     slots, now, running = 16, 0.0, []

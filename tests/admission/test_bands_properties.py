@@ -1,5 +1,6 @@
 """Property tests: under random operations nothing is lost or duplicated and the
 counts and bytes always match the contents."""
+
 import math
 
 from hypothesis import given, settings
@@ -8,11 +9,19 @@ from hypothesis import strategies as st
 from velocity_fast.admission.bands import BandQueues
 
 op = st.one_of(
-    st.tuples(st.just("enq"), st.integers(0, 2), st.sampled_from("abcd"),
-              st.integers(0, 50), st.integers(1, 100), st.one_of(st.just(math.inf), st.floats(0, 20))),
+    st.tuples(
+        st.just("enq"),
+        st.integers(0, 2),
+        st.sampled_from("abcd"),
+        st.integers(0, 50),
+        st.integers(1, 100),
+        st.one_of(st.just(math.inf), st.floats(0, 20)),
+    ),
     st.tuples(st.just("pop"), st.integers(0, 2)),
     st.tuples(st.just("cancel"), st.integers(0, 60)),
-    st.tuples(st.just("expire"),),
+    st.tuples(
+        st.just("expire"),
+    ),
     st.tuples(st.just("hopeless"), st.floats(0, 5)),
     st.tuples(st.just("tick"), st.floats(0, 2)),
 )
@@ -35,11 +44,16 @@ def check(q, live):
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=st.lists(op, max_size=120), edf=st.booleans(), token=st.booleans(),
-       aging=st.sampled_from([0.0, 0.5, 3.0]))
+@given(ops=st.lists(op, max_size=120), edf=st.booleans(), token=st.booleans(), aging=st.sampled_from([0.0, 0.5, 3.0]))
 def test_random_operations_conserve_items(ops, edf, token, aging):
-    q = BandQueues([(12, 300, 4.0), (12, 0, 0.0), (12, 300, 2.0)], capacity=30,
-                   byte_capacity=600, edf=edf, token_fair=token, aging_step=aging)
+    q = BandQueues(
+        [(12, 300, 4.0), (12, 0, 0.0), (12, 300, 2.0)],
+        capacity=30,
+        byte_capacity=600,
+        edf=edf,
+        token_fair=token,
+        aging_step=aging,
+    )
     now = 0.0
     live = {}
     seen_out = set()

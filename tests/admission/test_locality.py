@@ -1,6 +1,7 @@
 """fairness: locality in the band queues: among the tenants within the bound of the
 least-served one, the request whose prefix an engine with room holds goes first; past
 the bound, or in plain token mode, the least-served tenant goes first."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,11 +29,14 @@ def _queues(mode: str, bound: float, ahead: float) -> BandQueues:
     return q
 
 
-@pytest.mark.parametrize("mode,bound,ahead,first", [
-    ("locality", 100.0, 50.0, "warm"),   # within the bound: the cached prefix goes first
-    ("locality", 100.0, 150.0, "cold"),  # past it: the least served
-    ("tokens", 100.0, 50.0, "cold"),     # plain counter: the least served
-])
+@pytest.mark.parametrize(
+    "mode,bound,ahead,first",
+    [
+        ("locality", 100.0, 50.0, "warm"),  # within the bound: the cached prefix goes first
+        ("locality", 100.0, 150.0, "cold"),  # past it: the least served
+        ("tokens", 100.0, 50.0, "cold"),  # plain counter: the least served
+    ],
+)
 def test_locality_prefers_a_cached_prefix_within_the_bound(mode, bound, ahead, first):
     q = _queues(mode, bound, ahead)
     assert q.fairness_of(0) == mode

@@ -10,7 +10,7 @@ def test_the_start_stands_until_the_first_answer_then_the_answers_mean():
     assert e.expect() == 128 and e.answers == 0
     e.observe(39)
     assert e.expect() == 39  # the first answer replaces the guess whole
-    e.observe(0)             # no usage read: nothing learned
+    e.observe(0)  # no usage read: nothing learned
     e.observe(-3)
     assert e.answers == 1
     e.observe(41)
@@ -43,5 +43,6 @@ def test_each_pool_learns_its_own_chat_and_completions_estimates():
     assert adm.open_estimate("other", True) is None
     assert adm.stats()["pools"]["m"]["open_tokens"] == {
         "chat": {"tokens": 57, "answers": 1, "start": OPEN_START_CHAT},
-        "completions": {"tokens": OPEN_START_TEXT, "answers": 0, "start": OPEN_START_TEXT}}
+        "completions": {"tokens": OPEN_START_TEXT, "answers": 0, "start": OPEN_START_TEXT},
+    }
     adm.close()

@@ -1,6 +1,7 @@
 """Pace: an engine that decodes slower than the deadline work granted lately needs (its
 inter-token latency over the last second, fleet/health.py) stops growing its limit, and
 past a margin has it cut; deadline-free work sets no need (admission/controller.pyx)."""
+
 import asyncio
 
 import pytest
@@ -46,12 +47,12 @@ async def test_an_engine_slower_than_deadline_work_needs_stops_growing_then_is_c
         scrape_engine(adm, ep, clock, ep.inflight, 0)
         bind()
 
-    scrape(0.020)                      # well within: slow start grows the limit by half
+    scrape(0.020)  # well within: slow start grows the limit by half
     assert ep.limit == 12
-    scrape(0.031)                      # past the need (and its tenth of slack): no growth
+    scrape(0.031)  # past the need (and its tenth of slack): no growth
     scrape(0.031)
     assert ep.limit == 12 and adm.stats()["pace_cuts"] == 0
-    scrape(0.040)                      # far past it: cut by a quarter, counted
+    scrape(0.040)  # far past it: cut by a quarter, counted
     assert ep.limit == 9 and adm.stats()["pace_cuts"] == 1
     assert adm.stats()["endpoints"]["e0"]["pace_ms"] == pytest.approx(40.0)
     await _drain(tasks, bound)
@@ -77,7 +78,7 @@ async def test_a_need_is_forgotten_two_windows_after_the_last_deadline_grant():
     adm, (ep,) = make(limit=64, clock=clock)
     (await adm.admit(Ticket(sla_ms=2000, max_tokens=50))).release("completed")
     assert adm.stats()["pools"]["m"]["pace_need_ms"] == pytest.approx(36.0)
-    clock.t += 6.0                     # the next window: the last one's need still holds
+    clock.t += 6.0  # the next window: the last one's need still holds
     assert adm.stats()["pools"]["m"]["pace_need_ms"] == pytest.approx(36.0)
     clock.t += 5.0
     assert adm.stats()["pools"]["m"]["pace_need_ms"] is None
@@ -161,5 +162,5 @@ async def test_an_idle_engine_admits_a_burst_as_after_a_restart():
 
     fresh = await burst_after(0, cut=False)
     assert fresh == 8
-    assert await burst_after(60, cut=True) == fresh   # a quiet minute after the cuts
-    assert await burst_after(5, cut=True) == 1        # not after a pause of a few seconds
+    assert await burst_after(60, cut=True) == fresh  # a quiet minute after the cuts
+    assert await burst_after(5, cut=True) == 1  # not after a pause of a few seconds

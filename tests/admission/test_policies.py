@@ -4,6 +4,7 @@ Fairness implementations (RoundRobin, TokenWeighted) and ordering implementation
 (Fifo, EarliestDeadline) each get one suite, run against the piece alone and
 against the queues of each policy (static, dynamic, smart) that uses it.
 """
+
 import asyncio
 import math
 import random
@@ -28,9 +29,18 @@ SETTINGS = AdmissionSettings().validate()
 
 
 def policy_with(fairness=None, ordering=None):
-    return Policy("test", bands=SETTINGS.bands, fairness=fairness or RoundRobin(),
-                  ordering=ordering or Fifo(), saturation=FixedConcurrency(), adaptive=False,
-                  sla_reject=False, drop_hopeless=False, oom_throttle=False, aging_step_s=0.0)
+    return Policy(
+        "test",
+        bands=SETTINGS.bands,
+        fairness=fairness or RoundRobin(),
+        ordering=ordering or Fifo(),
+        saturation=FixedConcurrency(),
+        adaptive=False,
+        sla_reject=False,
+        drop_hopeless=False,
+        oom_throttle=False,
+        aging_step_s=0.0,
+    )
 
 
 FAIRNESS = [pytest.param(policy_with(fairness=f), id=f"piece-{f.name}") for f in (RoundRobin(), TokenWeighted())]
@@ -67,8 +77,15 @@ def test_fairness_serves_everyone_exactly_once(policy):
     rng = random.Random(7)
     ids = set()
     for i in range(300):
-        rid = q.enqueue(i, rng.choice("abcdefg"), rng.randrange(q.nbands), rng.randrange(1000),
-                        float(rng.randrange(1, 500)), rng.choice([math.inf, rng.uniform(0, 100)]), i * 0.001)
+        rid = q.enqueue(
+            i,
+            rng.choice("abcdefg"),
+            rng.randrange(q.nbands),
+            rng.randrange(1000),
+            float(rng.randrange(1, 500)),
+            rng.choice([math.inf, rng.uniform(0, 100)]),
+            i * 0.001,
+        )
         assert rid > 0
         ids.add(rid)
     out = [it.id for it in drain(q, 1.0)]

@@ -1,5 +1,6 @@
 """Endpoint.running_cap: the batch admission learns from an engine's gauges, published
 for the router's hot-spot guard (its estimate of the queue this gateway makes there)."""
+
 from __future__ import annotations
 
 import time
@@ -24,12 +25,12 @@ def test_running_cap_is_the_batch_admission_learned():
         adm.on_metrics(ep)
 
     scrape(5, 0)
-    assert ep.running_cap == 0          # never seen full: unknown, however much it runs
+    assert ep.running_cap == 0  # never seen full: unknown, however much it runs
     scrape(12, 3)
-    assert ep.running_cap == 0          # one scrape with a queue may be a burst between steps
+    assert ep.running_cap == 0  # one scrape with a queue may be a burst between steps
     scrape(12, 4)
-    assert ep.running_cap == 12         # a queue a scrape later beside 12 running: its batch
+    assert ep.running_cap == 12  # a queue a scrape later beside 12 running: its batch
     scrape(8, 0)
-    assert ep.running_cap == 12         # fewer running, nobody waiting: still 12
+    assert ep.running_cap == 12  # fewer running, nobody waiting: still 12
     scrape(9, 2)
-    assert ep.running_cap == 12         # a wait at fewer (the step's token budget): still 12
+    assert ep.running_cap == 12  # a wait at fewer (the step's token budget): still 12

@@ -1,4 +1,5 @@
 """Saturation: per endpoint and per pool, both lags closed, stale metrics tolerated."""
+
 import math
 
 import pytest
@@ -87,10 +88,10 @@ def test_a_long_prefill_step_is_not_proof_of_the_batch():
     engine without the inter-token histogram (decoded unknown) keeps the two-scrape rule."""
     e = EndpointLoad(limit=8)
     e.observe(1, 3, 0.1, 1.0, 0.0)
-    e.observe(1, 4, 0.1, 1.1, 0.0)   # the same prefill step: nothing decoded
+    e.observe(1, 4, 0.1, 1.1, 0.0)  # the same prefill step: nothing decoded
     assert not e.capacity_known
-    e.observe(3, 2, 0.1, 1.2, 1.0)   # it ended: two of the queue joined, two more arrived
-    e.observe(5, 2, 0.1, 1.3, 3.0)   # the next step took more in: running grew
+    e.observe(3, 2, 0.1, 1.2, 1.0)  # it ended: two of the queue joined, two more arrived
+    e.observe(5, 2, 0.1, 1.3, 3.0)  # the next step took more in: running grew
     assert not e.capacity_known
     e.observe(8, 3, 0.2, 1.4, 5.0)
     e.observe(8, 3, 0.2, 1.5, 40.0)  # five steps of 8, the queue still there beside 8
@@ -257,9 +258,9 @@ def test_others_is_the_most_of_the_last_three_scrapes_so_a_batch_boundary_dip_op
 
 def test_free_slots_count_healthy_endpoints_below_their_limit_less_pending():
     a, b, c = (Endpoint(n, f"http://{n}", "m", limit=8) for n in "abc")
-    a.healthy, a.inflight = True, 5      # 3 free
-    b.healthy, b.inflight = True, 10     # over its limit: counts 0, not -2
-    c.healthy, c.inflight = False, 0     # unhealthy: counts 0
+    a.healthy, a.inflight = True, 5  # 3 free
+    b.healthy, b.inflight = True, 10  # over its limit: counts 0, not -2
+    c.healthy, c.inflight = False, 0  # unhealthy: counts 0
     assert free_slots([a, b, c], 0) == 3
     assert free_slots([a, b, c], 2) == 1
     assert free_slots([a, b, c], 5) == -2

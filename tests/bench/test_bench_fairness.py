@@ -1,6 +1,7 @@
 """bench/fairness.py at smoke size: every variant runs on the seeded traffic, every
 tenant is served, and each figure of the table is a number (never the values: CI's
 machine is noisy)."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,13 @@ def test_fairness_bench_runs_every_variant(tmp_path):
     # stand at 10x its service nothing at all (they are its counter's, and a lift no longer
     # copies the others' estimates in flight to even them out), and every tenant served is
     # part of what this test asks.
-    proc = subprocess.run([sys.executable, "-m", "bench.fairness", "--smoke", "--output", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=220)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.fairness", "--smoke", "--output", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "vtc-actual within its bound" in proc.stdout and "locality: hit rate" in proc.stdout
     runs = json.loads(out.read_text())["runs"]
@@ -47,8 +53,13 @@ def test_fairness_bench_cache_bound_locality_beats_vtc(tmp_path):
     not of time, so a slow machine moves it little. The gaps and the bounds are checked
     as numbers only: over 4 s they swing by thousands of tokens."""
     out = tmp_path / "cache-bound.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.fairness", "--scenario", "cache-bound", "--smoke",
-                           "--output", str(out)], cwd=REPO, capture_output=True, text=True, timeout=110)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.fairness", "--scenario", "cache-bound", "--smoke", "--output", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "locality: hit rate" in proc.stdout and "goal (at least 1.5x the hit rate" in proc.stdout
     data = json.loads(out.read_text())
@@ -74,9 +85,27 @@ def test_fairness_bench_weights_are_kept_from_charge_to_lift(tmp_path):
     to the heavy one's estimates at the start and kept them: 37,940 above its service,
     2.98x below its share over the run (1.21-1.23x after, counters 0 apart)."""
     out = tmp_path / "weights.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.fairness", "--scenario", "weights", "--variants", "vtc-actual",
-                           "--duration", "6", "--warmup", "1.5", "--output", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=110)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.fairness",
+            "--scenario",
+            "weights",
+            "--variants",
+            "vtc-actual",
+            "--duration",
+            "6",
+            "--warmup",
+            "1.5",
+            "--output",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "goal (vtc-actual: weighted services within 1.5x" in proc.stdout
     (run,) = json.loads(out.read_text())["runs"]

@@ -3,6 +3,7 @@ than asked (every process stopped for seconds, each request in flight timed out)
 the pause, not the proxy, so it is run once more and the pause recorded; a run of normal
 length is never repeated, and a second paused run stands with its errors, so that a proxy
 that itself hangs still fails the smoke test."""
+
 from __future__ import annotations
 
 import argparse
@@ -34,12 +35,15 @@ def _runs(mod, monkeypatch, seconds: list[float]) -> tuple[dict, list[float]]:
     return out, done
 
 
-@pytest.mark.parametrize("seconds, runs, stalled, errors", [
-    ([1.01], 1, None, 0),            # a normal run: kept
-    ([5.9], 1, None, 0),             # slow, not a pause (under 1 s + 5 s): kept
-    ([20.2, 1.02], 2, 20.2, 0),      # paused: run again, the pause recorded
-    ([20.2, 19.0], 2, 20.2, 64),     # paused twice: the second run stands, errors and all
-])
+@pytest.mark.parametrize(
+    "seconds, runs, stalled, errors",
+    [
+        ([1.01], 1, None, 0),  # a normal run: kept
+        ([5.9], 1, None, 0),  # slow, not a pause (under 1 s + 5 s): kept
+        ([20.2, 1.02], 2, 20.2, 0),  # paused: run again, the pause recorded
+        ([20.2, 19.0], 2, 20.2, 64),  # paused twice: the second run stands, errors and all
+    ],
+)
 def test_a_run_the_machine_paused_is_run_once_more(monkeypatch, capsys, seconds, runs, stalled, errors):
     mod = _overhead()
     out, done = _runs(mod, monkeypatch, seconds)

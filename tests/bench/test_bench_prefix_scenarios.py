@@ -2,6 +2,7 @@
 replicas, many tenants over a small cache (every variant completes every request, the
 precise one routes on the engines' KV events), one hot prefix, and one hot prefix under
 the gateway's default admission."""
+
 from __future__ import annotations
 
 import json
@@ -21,13 +22,21 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("scenario", ["restart", "replicas", "tenants"])
 def test_precise_scenarios_run_and_complete(tmp_path, scenario):
     out = tmp_path / "prefix.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.prefix", "--smoke", "--scenario", scenario,
-                           "--output", str(out)], cwd=REPO, capture_output=True, text=True, timeout=220)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.prefix", "--smoke", "--scenario", scenario, "--output", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "TTFT p90 approximate/precise" in proc.stdout
     runs = json.loads(out.read_text())["runs"]
-    want = (["precise", "precise-1", "approximate", "approximate-1", "round-robin", "least-loaded"]
-            if scenario == "replicas" else ["precise", "approximate", "round-robin", "least-loaded"])
+    want = (
+        ["precise", "precise-1", "approximate", "approximate-1", "round-robin", "least-loaded"]
+        if scenario == "replicas"
+        else ["precise", "approximate", "round-robin", "least-loaded"]
+    )
     assert [r["variant"] for r in runs] == want
     for r in runs:
         s = r["summary"]
@@ -44,9 +53,28 @@ def test_repeats_pool_the_runs_and_give_the_goal_run_by_run(tmp_path):
     """--repeats 2: two seeded runs, then each variant's TTFT over both runs' requests
     pooled and the goal's ratio run by run, its median and pooled."""
     out = tmp_path / "prefix.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.prefix", "--smoke", "--scenario", "restart",
-                           "--variants", "precise,approximate", "--repeats", "2", "--seed", "5",
-                           "--output", str(out)], cwd=REPO, capture_output=True, text=True, timeout=220)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.prefix",
+            "--smoke",
+            "--scenario",
+            "restart",
+            "--variants",
+            "precise,approximate",
+            "--repeats",
+            "2",
+            "--seed",
+            "5",
+            "--output",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "-- run 1 of 2, seed 5" in proc.stdout and "-- run 2 of 2, seed 6" in proc.stdout
     assert "2 runs (seeds 5-6), all requests pooled" in proc.stdout
@@ -73,8 +101,13 @@ def test_repeats_pool_the_runs_and_give_the_goal_run_by_run(tmp_path):
 def test_the_hot_prefix_scenario_runs_and_carries_its_share():
     """Scenario hot at smoke size: every variant completes; the hot prefix is half the
     traffic (group 0 of the seeded workload), and pure affinity is configured apart."""
-    proc = subprocess.run([sys.executable, "-m", "bench.prefix", "--smoke", "--scenario", "hot",
-                           "--requests", "40"], cwd=REPO, capture_output=True, text=True, timeout=220)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.prefix", "--smoke", "--scenario", "hot", "--requests", "40"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "TTFT p99 affinity/chat" in proc.stdout and "TTFT p99 gap/chat" in proc.stdout
     for variant in ("chat", "gap", "affinity", "round-robin", "least-loaded"):
@@ -87,9 +120,26 @@ def test_the_hot_prefix_under_admission_scenario_runs_at_defaults_and_reports_it
     (dynamic admission, default profile) against pure affinity; every request completes,
     the hot prefix is group 0, and the goal's ratios are given run by run."""
     out = tmp_path / "prefix.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.prefix", "--smoke", "--scenario", "hot-admission",
-                           "--requests", "40", "--repeats", "2", "--output", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=220)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.prefix",
+            "--smoke",
+            "--scenario",
+            "hot-admission",
+            "--requests",
+            "40",
+            "--repeats",
+            "2",
+            "--output",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "affinity/chat: runs " in proc.stdout and "hit rate chat/affinity: runs " in proc.stdout
     runs = json.loads(out.read_text())["repeats"]
@@ -131,9 +181,27 @@ def test_the_hot_prefix_spreads_under_open_loop_arrivals_from_the_first_second(t
     2 and 3 of this command): the fleet ran a fraction of its slots, the gateway queued
     (in 48 % of one run's samples) and, at 28 requests/s, declined."""
     out = tmp_path / "prefix.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.prefix", "--scenario", "hot-open", "--time-scale", "2",
-                           "--requests", "320", "--repeats", "4", "--output", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.prefix",
+            "--scenario",
+            "hot-open",
+            "--time-scale",
+            "2",
+            "--requests",
+            "320",
+            "--repeats",
+            "4",
+            "--output",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     runs = json.loads(out.read_text())["repeats"]
     verdicts = []
@@ -144,8 +212,10 @@ def test_the_hot_prefix_spreads_under_open_loop_arrivals_from_the_first_second(t
         hot = affinity["group0_per_endpoint"]
         piled = max(hot.values()) >= 0.9 * sum(hot.values())
         verdicts.append((round(ratio, 2), piled, chat["not_ok_by_fifth"], chat["admission"]["batch_capacity"]))
-    report = (proc.stdout[-2500:] + "\n(ratio, affinity piled the hot prefix on one engine, chat not answered "
-              f"by fifth, learned batches) per seed: {verdicts}")
+    report = (
+        proc.stdout[-2500:] + "\n(ratio, affinity piled the hot prefix on one engine, chat not answered "
+        f"by fifth, learned batches) per seed: {verdicts}"
+    )
     assert all(sum(fifths) <= 0.01 * 320 for _, _, fifths, _ in verdicts), report
     # What admission learned of each engine's batch (/stats' batch_capacity): its 8 sequences,
     # or not yet shown; never a cold prefill's stall taken for the batch.
@@ -161,8 +231,9 @@ def test_a_hot_prefix_takes_its_share_of_a_seeded_workload():
 
     cfg = WorkloadConfig(num_requests=2000, pattern="poisson", duration=10.0, seed=3, route="chat", model="m")
     plain = Mix(prompt_tokens=Dist(value=8), output_tokens=Dist(value=4), prefix=Prefix(groups=8, tokens=16, share=1.0))
-    hot = Mix(prompt_tokens=Dist(value=8), output_tokens=Dist(value=4),
-              prefix=Prefix(groups=8, tokens=16, share=1.0, hot=0.5))
+    hot = Mix(
+        prompt_tokens=Dist(value=8), output_tokens=Dist(value=4), prefix=Prefix(groups=8, tokens=16, share=1.0, hot=0.5)
+    )
     groups = [s.prefix_group for s in build_workload(cfg, hot)]
     assert 0.45 < groups.count(0) / len(groups) < 0.55
     assert set(groups) == set(range(8))
@@ -184,14 +255,33 @@ def test_replicas_measure_one_gateway_beside_them_and_give_the_hit_rate_ratio(tm
     4 groups) the cold start is most of the run, so the ratio says nothing about routing.
     Whether the goal holds is a bench result (bench/README.md), not a CI assertion."""
     out = tmp_path / "prefix.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.prefix", "--smoke", "--scenario", "replicas",
-                           "--variants", "precise,precise-1,approximate,approximate-1", "--output", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=220)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.prefix",
+            "--smoke",
+            "--scenario",
+            "replicas",
+            "--variants",
+            "precise,precise-1,approximate,approximate-1",
+            "--output",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads(out.read_text())
     by = {r["variant"]: r for r in data["runs"]}
-    assert {v: r["gateways"] for v, r in by.items()} == {"precise": 2, "precise-1": 1, "approximate": 2,
-                                                         "approximate-1": 1}
+    assert {v: r["gateways"] for v, r in by.items()} == {
+        "precise": 2,
+        "precise-1": 1,
+        "approximate": 2,
+        "approximate-1": 1,
+    }
     assert len(by["precise"]["precise_share"]) == 2 and len(by["precise-1"]["precise_share"]) == 1
     for r in by.values():
         assert r["summary"]["completed"] == r["summary"]["requests"] > 0, (r["variant"], r["summary"])
@@ -199,12 +289,13 @@ def test_replicas_measure_one_gateway_beside_them_and_give_the_hit_rate_ratio(tm
     for mode in ("precise", "approximate"):
         two, one = by[mode]["engine_hit_rate"], by[mode + "-1"]["engine_hit_rate"]
         assert ratios[mode] == {"two_replicas": two, "one_gateway": one, "ratio": pytest.approx(two / one)}
-        assert (f"engine hit rate, two {mode} replicas / one {mode} gateway: {100 * two:.1f}% / {100 * one:.1f}% "
-                f"= {two / one:.3f}") in proc.stdout
+        assert (
+            f"engine hit rate, two {mode} replicas / one {mode} gateway: {100 * two:.1f}% / {100 * one:.1f}% "
+            f"= {two / one:.3f}"
+        ) in proc.stdout
     assert ratios["goal"] == 0.95 and ratios["met"] == (ratios["precise"]["ratio"] >= 0.95)
     verdict = "met" if ratios["met"] else "NOT met"
-    assert (f"goal: two precise replicas within 5% of one gateway's hit rate: {verdict}\n"
-            in proc.stdout)
+    assert f"goal: two precise replicas within 5% of one gateway's hit rate: {verdict}\n" in proc.stdout
 
 
 @pytest.mark.timed  # a hit-rate ratio of runs under load, 0.967 against 0.95
@@ -217,9 +308,23 @@ def test_two_precise_replicas_keep_one_gateways_engine_hit_rate(tmp_path):
     The gap is about one prefill per group, the second replica's first request of each
     group, routed before its tokens are ready (docs/kv-events.md, "Replicas")."""
     out = tmp_path / "prefix.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.prefix", "--scenario", "replicas",
-                           "--variants", "precise,precise-1", "--output", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=220)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.prefix",
+            "--scenario",
+            "replicas",
+            "--variants",
+            "precise,precise-1",
+            "--output",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     ratios = json.loads(out.read_text())["replicas_vs_one_gateway"]
     assert ratios["precise"]["one_gateway"] > 0.85, ratios  # the fleet holds the working set: a warm run

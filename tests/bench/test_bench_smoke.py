@@ -9,6 +9,7 @@ benchmarks outside it run on their own.
 overhead.py and instructions.py need nginx, wrk and valgrind (.ci/run installs them): a
 test skips when one is missing, except under CI=true, where that is a failure.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,17 @@ pytestmark = [pytest.mark.bench, pytest.mark.serial]
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
-QUICK_SET = ("micro", "inprocess", "overhead", "overhead_body_kb", "isolation", "prefix", "policies",
-             "retry_after", "policies_no_sla")
+QUICK_SET = (
+    "micro",
+    "inprocess",
+    "overhead",
+    "overhead_body_kb",
+    "isolation",
+    "prefix",
+    "policies",
+    "retry_after",
+    "policies_no_sla",
+)
 # Benchmarks whose --smoke their authors add; until then run_all skips them, saying so.
 SMOKE_PENDING = ()
 PREFIX_VARIANTS = ("chat", "batch", "round-robin", "least-loaded")
@@ -75,6 +85,7 @@ def number(v, what: str) -> float:
 
 
 # -- the quick set: bench/run_all.py --smoke (make bench at smoke size) --------------------
+
 
 @pytest.fixture(scope="module")
 def quick_set(tmp_path_factory):
@@ -159,8 +170,12 @@ def test_overhead_measures_direct_gateway_and_nginx_and_every_request_succeeds(q
             number(t["events_per_core_s"], f"stream {name}")
         for r in t["rounds"]:
             assert r["requests"] > 0 and r["non2xx"] == 0 and r["errors"] == 0, (name, r)
-    for key in ("gateway_vs_direct_rps", "gateway_vs_nginx_rps", "gateway_vs_nginx_cpu",
-                "gateway_vs_nginx_events_per_core"):
+    for key in (
+        "gateway_vs_direct_rps",
+        "gateway_vs_nginx_rps",
+        "gateway_vs_nginx_cpu",
+        "gateway_vs_nginx_events_per_core",
+    ):
         number(res["ratios"][key], key)
 
 
@@ -254,6 +269,7 @@ def test_retry_after_reports_both_kinds_of_client_and_the_times_told(quick_set):
 
 
 # -- outside the quick set ---------------------------------------------------------------
+
 
 @pytest.mark.timeout(200)
 def test_instructions_counts_gateway_and_nginx_and_every_request_succeeds(tmp_path):

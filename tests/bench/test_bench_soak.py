@@ -2,6 +2,7 @@
 pool's bound, on samples made up here so that each failure is seen to be caught) and a
 short soak through a real gateway, which must meet the verdict: no kind of fd but the
 engine pool grows after the first stretch, and the pool stays within its bound."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _sample(t: float, **counts) -> dict:
     c = {k: counts.get(k, 0) for k in KINDS}
-    return {"t": t, "counts": c, "fds": {k: [f"fd {100 + i}: made-up {k} fd" for i in range(n)]
-                                         for k, n in c.items()}}
+    return {"t": t, "counts": c, "fds": {k: [f"fd {100 + i}: made-up {k} fd" for i in range(n)] for k, n in c.items()}}
 
 
 def _steady(n: int = 40, **over) -> list[dict]:
@@ -31,8 +31,15 @@ def _steady(n: int = 40, **over) -> list[dict]:
     for i in range(n):
         t = 5.0 * i
         extra = {k: (i - 12) * v if t > 60 else 0 for k, v in over.items()}
-        out.append(_sample(t, client=10 + extra.get("client", 0), pool=8 + extra.get("pool", 0),
-                           store=1 + extra.get("store", 0), other=14 + extra.get("other", 0)))
+        out.append(
+            _sample(
+                t,
+                client=10 + extra.get("client", 0),
+                pool=8 + extra.get("pool", 0),
+                store=1 + extra.get("store", 0),
+                other=14 + extra.get("other", 0),
+            )
+        )
     return out
 
 
@@ -76,8 +83,7 @@ def test_each_fd_is_named_by_kind_through_its_socket_ports():
     conns = [socket.create_connection(("127.0.0.1", port)), socket.create_connection(("127.0.0.1", other_port))]
     accepted = [lst.accept()[0], other.accept()[0]]
     try:
-        fds = classify(os.getpid(), {"client": {port}, "pool": {other_port: "e1"}, "store": None,
-                                      "events": set()})
+        fds = classify(os.getpid(), {"client": {port}, "pool": {other_port: "e1"}, "store": None, "events": set()})
         # This process is both ends: the accepted side is on the client port (client), the
         # connecting side's remote port is the "engine"'s (pool), the listeners are other.
         assert any(f"client connection :{port} <-" in d for d in fds["client"]), fds
@@ -97,8 +103,13 @@ def test_a_short_soak_through_the_gateway_meets_the_verdict(tmp_path):
     no kind of the gateway's fds but the engine pool grows after it, and the pool stays
     within max_concurrency + 2 per engine. A failure prints what each fd is."""
     out = tmp_path / "soak.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.soak", "--smoke", "--output", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.soak", "--smoke", "--output", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res["ok"] and res["completed"] > 0 and res["failed"] == 0, {k: res[k] for k in ("ok", "completed", "failed")}

@@ -1,5 +1,6 @@
 """bench/overhead.py --markdown: the prompt-size sweep as bench/README.md's table, with
 the gateway's extra CPU per KiB over nginx's measured from the one-line request."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,9 +11,16 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def _row(kib, nbytes, g_cpu, n_cpu, g_rps=1000.0, n_rps=1000.0):
-    return {"kib": kib, "bytes": nbytes, "rps_ratio": g_rps / n_rps, "cpu_ratio": g_cpu / n_cpu,
-            "targets": {"gateway": {"rps": g_rps, "cpu_us_per_req": g_cpu},
-                        "nginx": {"rps": n_rps, "cpu_us_per_req": n_cpu}}}
+    return {
+        "kib": kib,
+        "bytes": nbytes,
+        "rps_ratio": g_rps / n_rps,
+        "cpu_ratio": g_cpu / n_cpu,
+        "targets": {
+            "gateway": {"rps": g_rps, "cpu_us_per_req": g_cpu},
+            "nginx": {"rps": n_rps, "cpu_us_per_req": n_cpu},
+        },
+    }
 
 
 def test_the_table_has_a_row_a_size_and_the_extra_per_kib_above_the_small_request():

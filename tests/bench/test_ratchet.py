@@ -3,6 +3,7 @@ request, counted under callgrind on the in-process harness, at most 3 % above it
 bench/ratchet.json. Counts, not time: two counts of one tree agree within about 0.5 %,
 so the verdict does not move with the machine's load. A change that lowers a count lowers
 its line; `python -m bench.ratchet --write` rewrites the file."""
+
 from __future__ import annotations
 
 import json
@@ -58,5 +59,8 @@ def test_no_scenario_costs_more_than_3_percent_over_its_baseline():
     base = r.read_baseline()
     counts = r.count_all(list(r.SCENARIOS))
     table = "; ".join(f"{k} {v:,.0f} against {base[k]:,} ({v / base[k] - 1:+.1%})" for k, v in counts.items())
-    assert not r.over(counts, base), ("instructions per request over the baseline by more than 3 %: " + table
-                                      + ". If the cost is meant, raise its line in bench/ratchet.json and say why.")
+    assert not r.over(counts, base), (
+        "instructions per request over the baseline by more than 3 %: "
+        + table
+        + ". If the cost is meant, raise its line in bench/ratchet.json and say why."
+    )

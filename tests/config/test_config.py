@@ -1,5 +1,6 @@
 """Configuration (docs/configuration.md): precedence flag > VELOCITY_* env > file > default,
 one-line errors that name the key, and the commented example in deploy/."""
+
 from __future__ import annotations
 
 import argparse
@@ -38,10 +39,17 @@ def write(tmp_path: Path, text: str) -> str:
 
 # -- precedence ------------------------------------------------------------------------------
 
+
 def test_defaults_without_anything():
     s = load_settings(None, {}, env={})
-    assert (s.port, s.admin_port, s.policy, s.sla_ms, s.max_concurrency, s.host) == \
-        (8000, 9090, "dynamic", 3000.0, 32, "0.0.0.0")
+    assert (s.port, s.admin_port, s.policy, s.sla_ms, s.max_concurrency, s.host) == (
+        8000,
+        9090,
+        "dynamic",
+        3000.0,
+        32,
+        "0.0.0.0",
+    )
     assert [b.name for b in s.bands] == ["high", "normal", "low"]
 
 
@@ -49,11 +57,11 @@ def test_precedence_flag_over_env_over_file_over_default(tmp_path):
     f = write(tmp_path, "port: 1111\nadmin_port: 2222\nsla_ms: 500\npolicy: static\n")
     env = {"VELOCITY_PORT": "3333", "VELOCITY_SLA_MS": "700"}
     s = load_settings(f, {"port": 4444}, env=env)
-    assert s.port == 4444            # flag beats env and file
-    assert s.sla_ms == 700.0         # env beats file
-    assert s.admin_port == 2222      # file beats default
+    assert s.port == 4444  # flag beats env and file
+    assert s.sla_ms == 700.0  # env beats file
+    assert s.admin_port == 2222  # file beats default
     assert s.policy == "static"
-    assert s.max_concurrency == 32   # default
+    assert s.max_concurrency == 32  # default
     assert load_settings(f, {}, env=env).port == 3333
     assert load_settings(f, {}, env={}).port == 1111
 
@@ -65,17 +73,25 @@ def test_flags_that_were_not_given_do_not_override(tmp_path):
 
 def test_env_names_the_config_file_and_converts_types(tmp_path):
     f = write(tmp_path, "max_concurrency: 7\n")
-    s = load_settings(None, {}, env={"VELOCITY_CONFIG": f, "VELOCITY_STRUCTURED_LOGS": "true",
-                                     "VELOCITY_ENDPOINTS": "a=http://h:1=m, b=http://h:2=m",
-                                     "OTHER_PORT": "1"})
+    s = load_settings(
+        None,
+        {},
+        env={
+            "VELOCITY_CONFIG": f,
+            "VELOCITY_STRUCTURED_LOGS": "true",
+            "VELOCITY_ENDPOINTS": "a=http://h:1=m, b=http://h:2=m",
+            "OTHER_PORT": "1",
+        },
+    )
     assert s.max_concurrency == 7
     assert s.structured_logs is True
     assert [(e.name, e.url, e.model) for e in s.endpoints] == [("a", "http://h:1", "m"), ("b", "http://h:2", "m")]
 
 
 def test_endpoint_flag_parsing():
-    assert parse_endpoint_flag("e1=http://10.0.0.5:8000=llama") == \
-        EndpointConfig(name="e1", url="http://10.0.0.5:8000", model="llama")
+    assert parse_endpoint_flag("e1=http://10.0.0.5:8000=llama") == EndpointConfig(
+        name="e1", url="http://10.0.0.5:8000", model="llama"
+    )
     for bad in ("e1=http://x", "=http://x=m", "e1=http://x=m=extra"):
         with pytest.raises(ConfigError, match="--endpoint"):
             parse_endpoint_flag(bad)
@@ -89,21 +105,25 @@ def test_endpoint_flags_replace_file_endpoints(tmp_path):
 
 # -- errors: one line, naming the key ------------------------------------------------------------
 
-@pytest.mark.parametrize("text, key", [
-    ("prot: 8000\n", "prot"),                                             # unknown key
-    ("port: eighty\n", "port"),                                           # wrong type
-    ("server:\n  max_body_bytes: lots\n", "max_body_bytes"),
-    ("server:\n  max_bodybytes: 1\n", "max_bodybytes"),
-    ("tenants:\n  - {name: a, requests_per_second: fast}\n", "requests_per_second"),
-    ("health:\n  metrics:\n    running: 5\n", "running"),
-    ("bands:\n  - {name: high, ceiling: 1.0}\n  - {name: low, ceiling: 1.2}\n", "bands[1].ceiling"),
-    ("policy: fastest\n", "policy"),
-    ("port: 70000\n", "port"),
-    ("endpoints:\n  - {name: a, url: 'https://h:1', model: m}\n", "endpoints[0].url"),
-    ("tenants:\n  - {name: a, max_band: vip}\n", "max_band"),
-    ("admission:\n  fairness: lottery\n", "fairness"),
-    ("routing:\n  block_bytes: 50\n", "block_bytes"),
-])
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("prot: 8000\n", "prot"),  # unknown key
+        ("port: eighty\n", "port"),  # wrong type
+        ("server:\n  max_body_bytes: lots\n", "max_body_bytes"),
+        ("server:\n  max_bodybytes: 1\n", "max_bodybytes"),
+        ("tenants:\n  - {name: a, requests_per_second: fast}\n", "requests_per_second"),
+        ("health:\n  metrics:\n    running: 5\n", "running"),
+        ("bands:\n  - {name: high, ceiling: 1.0}\n  - {name: low, ceiling: 1.2}\n", "bands[1].ceiling"),
+        ("policy: fastest\n", "policy"),
+        ("port: 70000\n", "port"),
+        ("endpoints:\n  - {name: a, url: 'https://h:1', model: m}\n", "endpoints[0].url"),
+        ("tenants:\n  - {name: a, max_band: vip}\n", "max_band"),
+        ("admission:\n  fairness: lottery\n", "fairness"),
+        ("routing:\n  block_bytes: 50\n", "block_bytes"),
+    ],
+)
 def test_bad_config_is_one_line_naming_the_key(tmp_path, text, key):
     f = write(tmp_path, text)
     with pytest.raises(ConfigError) as ei:
@@ -138,6 +158,7 @@ def test_bad_env_value_is_named(tmp_path):
 
 # -- the example in deploy/ -----------------------------------------------------------------------
 
+
 def test_example_loads_and_validates():
     s = load_settings(str(EXAMPLE), {}, env={})
     assert s.policy == "dynamic" and s.port == 8000
@@ -169,8 +190,19 @@ def test_example_shows_every_key():
 def test_example_values_are_the_defaults():
     data = yaml.safe_load(EXAMPLE.read_text())
     d = Settings()
-    for key in ("policy", "host", "port", "admin_port", "sla_ms", "max_concurrency", "max_model_len",
-                "api_key", "structured_logs", "log_level", "model_path"):
+    for key in (
+        "policy",
+        "host",
+        "port",
+        "admin_port",
+        "sla_ms",
+        "max_concurrency",
+        "max_model_len",
+        "api_key",
+        "structured_logs",
+        "log_level",
+        "model_path",
+    ):
         assert data[key] == getattr(d, key), key
     assert data["server"] == msgspec.to_builtins(ServerSettings())
     assert data["health"] == msgspec.to_builtins(HealthSettings())

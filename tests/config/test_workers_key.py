@@ -1,5 +1,6 @@
 """`workers:` (and --workers, VELOCITY_WORKERS): an integer of at least 1, or `auto`; any
 other value is a config error in the one form, `<source>: workers: <why>`."""
+
 from __future__ import annotations
 
 import pytest

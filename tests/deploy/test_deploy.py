@@ -2,6 +2,7 @@
 manifests validate offline (strict), the Prometheus config and rules pass promtool (and
 its rule unit tests), the systemd units pass systemd-analyze where it exists, and the
 Kubernetes ConfigMap is a config the gateway loads."""
+
 from __future__ import annotations
 
 import os
@@ -84,8 +85,7 @@ MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
 
 def test_manifests_validate_strictly_offline():
     assert len(MANIFESTS) >= 2
-    out = _run(_tool("kubernetes-validate", "kubernetes-validate"), "--strict", "--quiet",
-               *map(str, MANIFESTS))
+    out = _run(_tool("kubernetes-validate", "kubernetes-validate"), "--strict", "--quiet", *map(str, MANIFESTS))
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -142,6 +142,7 @@ def test_engines_get_a_gpu_each_and_health_probes():
 
 # -- Prometheus --------------------------------------------------------------------------------
 
+
 def _promtool() -> str:
     path = shutil.which("promtool")
     if path is None:
@@ -179,6 +180,7 @@ def test_alerts_cover_what_an_operator_is_paged_for():
 
 # -- systemd -----------------------------------------------------------------------------------
 
+
 def test_systemd_units_verify(tmp_path):
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
@@ -196,8 +198,11 @@ def test_systemd_units_verify(tmp_path):
         name = "vllm@0.service" if src.name == "vllm@.service" else src.name
         (units / name).write_text(text)
     out = _run(analyze, "verify", "--man=no", *sorted(str(p) for p in units.iterdir()), cwd=units)
-    problems = [ln for ln in (out.stdout + out.stderr).splitlines()
-                if ln.strip() and "Failed to connect" not in ln and "Falling back" not in ln]
+    problems = [
+        ln
+        for ln in (out.stdout + out.stderr).splitlines()
+        if ln.strip() and "Failed to connect" not in ln and "Falling back" not in ln
+    ]
     assert out.returncode == 0 and not problems, out.stdout + out.stderr
     gateway = (DEPLOY / "systemd" / "velocityllm.service").read_text()
     assert "ExecReload=/bin/kill -HUP $MAINPID" in gateway

@@ -2,6 +2,7 @@
 /metrics, with the labels they group and match by. A gateway in front of a sim engine
 serves a few requests (one of them declined) so that labelled series exist, then its
 admin port is scraped."""
+
 from __future__ import annotations
 
 import json
@@ -68,8 +69,10 @@ def engine():
 async def _scrape(engine) -> tuple[str, dict[str, set[str]]]:
     """The /metrics text, and the label names each metric is declared with (for a
     family without samples yet, e.g. upstream errors when no engine failed)."""
-    tenants = [{"name": "alpha", "api_key": "key-a"},
-               {"name": "slow", "api_key": "key-s", "requests_per_second": 0.001, "burst": 1}]
+    tenants = [
+        {"name": "alpha", "api_key": "key-a"},
+        {"name": "slow", "api_key": "key-s", "requests_per_second": 0.001, "burst": 1},
+    ]
     async with running_gateway(engine, tenants=tenants) as gw:
         chat = {"model": "m1", "messages": [{"role": "user", "content": "hello there " * 20}], "max_tokens": 4}
         for key, band in (("key-a", "high"), ("key-a", "normal"), ("key-a", "low"), ("key-s", None), ("key-s", None)):
@@ -119,7 +122,8 @@ async def test_every_metric_of_the_dashboard_and_alerts_exists(engine):
 
 
 def test_the_exposition_parser_sees_labels():
-    names, labels = _exposition('# TYPE a_seconds histogram\na_seconds_bucket{band="x",le="1"} 0\n'
-                                '# TYPE b counter\nb 1\n')
+    names, labels = _exposition(
+        '# TYPE a_seconds histogram\na_seconds_bucket{band="x",le="1"} 0\n# TYPE b counter\nb 1\n'
+    )
     assert names == {"a_seconds", "a_seconds_bucket", "a_seconds_sum", "a_seconds_count", "b"}
     assert labels["a_seconds_bucket"] == {"band", "le"}

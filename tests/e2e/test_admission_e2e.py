@@ -30,16 +30,27 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 MODEL = "sim-model"
 CHAT = "/v1/chat/completions"
-IDLE_METRICS = (b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
-                b"vllm:kv_cache_usage_perc 0.0\n")
+IDLE_METRICS = b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.0\n"
 # vLLM's shape of an engine error, with the text PyTorch raises.
-OOM_BODY = json.dumps({"object": "error", "type": "InternalServerError", "param": None, "code": 500,
-                       "message": "CUDA out of memory. Tried to allocate 2.00 GiB."}).encode()
+OOM_BODY = json.dumps(
+    {
+        "object": "error",
+        "type": "InternalServerError",
+        "param": None,
+        "code": 500,
+        "message": "CUDA out of memory. Tried to allocate 2.00 GiB.",
+    }
+).encode()
 
 
 def chat(content: str = "hello", max_tokens: int = 16, **extra) -> dict:
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "ignore_eos": True, **extra}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        **extra,
+    }
 
 
 def bands(**overrides: dict) -> list[dict]:
@@ -51,8 +62,9 @@ def bands(**overrides: dict) -> list[dict]:
 
 
 async def post(gw, body: dict, timeout: float = 20.0, **headers: str):
-    return await http_request(gw.port, "POST", CHAT, body, {k.replace("_", "-"): v for k, v in headers.items()},
-                              timeout=timeout)
+    return await http_request(
+        gw.port, "POST", CHAT, body, {k.replace("_", "-"): v for k, v in headers.items()}, timeout=timeout
+    )
 
 
 async def admin_stats(gw) -> dict:
@@ -100,8 +112,11 @@ class FakeEngine(ScriptedServer):
             else:
                 status, out = await self._complete(json.loads(body))
             reason = {200: "OK", 500: "Internal Server Error"}[status]
-            writer.write(f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-                         f"content-length: {len(out)}\r\n\r\n".encode() + out)
+            writer.write(
+                f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(out)}\r\n\r\n".encode()
+                + out
+            )
             await writer.drain()
 
     async def _complete(self, obj: dict) -> tuple[int, bytes]:
@@ -117,14 +132,24 @@ class FakeEngine(ScriptedServer):
             if self.gate is not None:
                 await self.gate.wait()
             n = len(self.bodies)
-            return 200, json.dumps({
-                "id": f"chatcmpl-{n}", "object": "chat.completion", "created": 0, "model": MODEL,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
-                             "finish_reason": "length"}],
-                # The tokens asked for, or 16 when none were named: the gateway learns a reply's
-                # time per token from usage, so a fake that says 1 token takes 50 ms for it.
-                "usage": {"prompt_tokens": 3, "completion_tokens": obj.get("max_tokens") or 16,
-                          "total_tokens": 3 + (obj.get("max_tokens") or 16)}}).encode()
+            return 200, json.dumps(
+                {
+                    "id": f"chatcmpl-{n}",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": MODEL,
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "length"}
+                    ],
+                    # The tokens asked for, or 16 when none were named: the gateway learns a reply's
+                    # time per token from usage, so a fake that says 1 token takes 50 ms for it.
+                    "usage": {
+                        "prompt_tokens": 3,
+                        "completion_tokens": obj.get("max_tokens") or 16,
+                        "total_tokens": 3 + (obj.get("max_tokens") or 16),
+                    },
+                }
+            ).encode()
         finally:
             self.active -= 1
 
@@ -140,13 +165,17 @@ async def raw_request(port: int, body: dict, **headers: str):
     data = json.dumps(body).encode()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     extra = "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
-    writer.write(f"POST {CHAT} HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n{extra}"
-                 f"content-length: {len(data)}\r\n\r\n".encode() + data)
+    writer.write(
+        f"POST {CHAT} HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n{extra}"
+        f"content-length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
     await writer.drain()
     return reader, writer
 
 
 # -- SLA-aware 429 ---------------------------------------------------------------------------
+
 
 @pytest.fixture
 def sim():
@@ -200,6 +229,7 @@ async def test_sla_far_below_service_time_is_429_at_once_when_it_would_queue_nev
 
 # -- bounded queues: capacity and TTL ----------------------------------------------------------
 
+
 @pytest.fixture
 def slow_sim():
     # Real time, 50 tokens/s: a 2000-token answer holds the only slot for 40 s.
@@ -209,24 +239,26 @@ def slow_sim():
 
 
 async def test_full_band_queue_is_503_capacity(slow_sim):
-    async with running_gateway(slow_sim, policy="dynamic", max_concurrency=1,
-                               bands=bands(low={"queue_capacity": 2})) as gw:
+    async with running_gateway(
+        slow_sim, policy="dynamic", max_concurrency=1, bands=bands(low={"queue_capacity": 2})
+    ) as gw:
         holder = asyncio.create_task(post(gw, chat(max_tokens=2000), timeout=30))
         queued = []
         try:
             await wait_until(lambda: gw.endpoints["e1"].inflight == 1, 5.0, what="the slot taken")
-            queued = [asyncio.create_task(post(gw, chat(), timeout=30, x_velocity_priority="low"))
-                      for _ in range(2)]
-            await wait_until(lambda: gw.admission.stats()["bands"]["low"]["depth"] == 2, 5.0,
-                             what="two low requests queued")
+            queued = [asyncio.create_task(post(gw, chat(), timeout=30, x_velocity_priority="low")) for _ in range(2)]
+            await wait_until(
+                lambda: gw.admission.stats()["bands"]["low"]["depth"] == 2, 5.0, what="two low requests queued"
+            )
             t0 = time.monotonic()
             full = await post(gw, chat(), x_velocity_priority="low")
             took = time.monotonic() - t0
             # Another band's queue is its own: a normal request still queues.
             other = asyncio.create_task(post(gw, chat(), timeout=30))
             queued.append(other)
-            await wait_until(lambda: gw.admission.stats()["bands"]["normal"]["depth"] == 1, 5.0,
-                             what="the normal request queued")
+            await wait_until(
+                lambda: gw.admission.stats()["bands"]["normal"]["depth"] == 1, 5.0, what="the normal request queued"
+            )
             stats = await admin_stats(gw)
         finally:
             await stop_tasks(holder, *queued)
@@ -239,8 +271,9 @@ async def test_full_band_queue_is_503_capacity(slow_sim):
 
 
 async def test_request_waiting_past_its_ttl_is_504(slow_sim):
-    async with running_gateway(slow_sim, policy="dynamic", max_concurrency=1,
-                               bands=bands(normal={"ttl_ms": 300})) as gw:
+    async with running_gateway(
+        slow_sim, policy="dynamic", max_concurrency=1, bands=bands(normal={"ttl_ms": 300})
+    ) as gw:
         holder = asyncio.create_task(post(gw, chat(max_tokens=2000), timeout=30, x_velocity_priority="high"))
         try:
             await wait_until(lambda: gw.endpoints["e1"].inflight == 1, 5.0, what="the slot taken")
@@ -259,6 +292,7 @@ async def test_request_waiting_past_its_ttl_is_504(slow_sim):
 
 # -- cancellation ------------------------------------------------------------------------------
 
+
 async def test_cancelled_queued_request_leaves_the_queue_at_once_and_never_reaches_the_engine():
     async with FakeEngine() as eng:
         eng.gate = asyncio.Event()
@@ -268,8 +302,9 @@ async def test_cancelled_queued_request_leaves_the_queue_at_once_and_never_reach
             try:
                 await wait_until(lambda: len(eng.bodies) == 1, 5.0, what="the holder at the engine")
                 _, writer = await raw_request(gw.port, chat("leaves while queued"))
-                await wait_until(lambda: gw.admission.stats()["bands"]["normal"]["depth"] == 1, 5.0,
-                                 what="the second request queued")
+                await wait_until(
+                    lambda: gw.admission.stats()["bands"]["normal"]["depth"] == 1, 5.0, what="the second request queued"
+                )
                 before = await admin_stats(gw)
                 t0 = time.monotonic()
                 writer.transport.abort()
@@ -295,10 +330,15 @@ async def test_cancelled_queued_request_leaves_the_queue_at_once_and_never_reach
 
 # -- out of memory ---------------------------------------------------------------------------
 
+
 async def test_oom_drops_the_limit_sheds_non_high_for_the_cooldown_keeps_high_and_recovers():
     async with FakeEngine(delay=0.05) as eng:
-        async with running_gateway(("e1", eng.url, MODEL), policy="dynamic", max_concurrency=8,
-                                   admission={"oom_cooldown_ms": 1500.0, "aimd_min": 1}) as gw:
+        async with running_gateway(
+            ("e1", eng.url, MODEL),
+            policy="dynamic",
+            max_concurrency=8,
+            admission={"oom_cooldown_ms": 1500.0, "aimd_min": 1},
+        ) as gw:
             assert (await admin_stats(gw))["admission"]["limits"]["e1"] == 8
             eng.oom_left = 1
             failed = await post(gw, chat("first"))
@@ -334,20 +374,29 @@ async def test_oom_drops_the_limit_sheds_non_high_for_the_cooldown_keeps_high_an
 
 # -- engine metrics: missing, stale, hot -----------------------------------------------------
 
+
 async def test_a_metrics_scrape_that_hangs_does_not_halt_dispatch():
     async with FakeEngine(metrics=None, delay=0.02) as eng:
-        async with running_gateway(("e1", eng.url, MODEL), policy="dynamic", max_concurrency=2,
-                                   health={"scrape_interval_ms": 50.0, "scrape_timeout_ms": 200.0,
-                                           "check_interval_ms": 100.0, "check_timeout_ms": 500.0},
-                                   bands=bands(normal={"ttl_ms": 5000}, low={"ttl_ms": 5000})) as gw:
+        async with running_gateway(
+            ("e1", eng.url, MODEL),
+            policy="dynamic",
+            max_concurrency=2,
+            health={
+                "scrape_interval_ms": 50.0,
+                "scrape_timeout_ms": 200.0,
+                "check_interval_ms": 100.0,
+                "check_timeout_ms": 500.0,
+            },
+            bands=bands(normal={"ttl_ms": 5000}, low={"ttl_ms": 5000}),
+        ) as gw:
             await asyncio.sleep(0.5)  # several scrapes abandoned
             t0 = time.monotonic()
-            rs = await asyncio.gather(*(post(gw, chat(f"q{i}"), x_velocity_priority=("normal", "low")[i % 2])
-                                        for i in range(20)))
+            rs = await asyncio.gather(
+                *(post(gw, chat(f"q{i}"), x_velocity_priority=("normal", "low")[i % 2]) for i in range(20))
+            )
             took = time.monotonic() - t0
             stats = await admin_stats(gw)
-        assert [r.status for r in rs] == [200] * 20, [(r.status, r.headers.get("x-velocity-reject-reason"))
-                                                      for r in rs]
+        assert [r.status for r in rs] == [200] * 20, [(r.status, r.headers.get("x-velocity-reject-reason")) for r in rs]
         assert len(eng.bodies) == 20 and eng.peak <= 2
         # 10 rounds of 20 ms on two slots; a halted queue would wait out the 5 s TTL.
         assert took < 4.0
@@ -356,31 +405,36 @@ async def test_a_metrics_scrape_that_hangs_does_not_halt_dispatch():
 
 
 async def test_one_hot_engine_does_not_hold_back_a_pool_whose_other_engine_has_room(sim):
-    hot_metrics = (b"vllm:num_requests_running 8\nvllm:num_requests_waiting 50\n"
-                   b"vllm:kv_cache_usage_perc 0.99\n")
+    hot_metrics = b"vllm:num_requests_running 8\nvllm:num_requests_waiting 50\nvllm:kv_cache_usage_perc 0.99\n"
     async with FakeEngine(metrics=hot_metrics) as hot:
-        async with running_gateway(("hot", hot.url, MODEL), ("cool", sim.url, MODEL), policy="dynamic",
-                                   max_concurrency=8,
-                                   bands=bands(normal={"ttl_ms": 3000}, low={"ttl_ms": 3000})) as gw:
-            await wait_until(lambda: all(e.scraped_at for e in gw.endpoints.values()), 5.0,
-                             what="both engines scraped")
+        async with running_gateway(
+            ("hot", hot.url, MODEL),
+            ("cool", sim.url, MODEL),
+            policy="dynamic",
+            max_concurrency=8,
+            bands=bands(normal={"ttl_ms": 3000}, low={"ttl_ms": 3000}),
+        ) as gw:
+            await wait_until(lambda: all(e.scraped_at for e in gw.endpoints.values()), 5.0, what="both engines scraped")
             pool_sat = (await admin_stats(gw))["admission"]["pools"][MODEL]["saturation"]
-            rs = await asyncio.gather(*(post(gw, real_client(chat(f"q{i}", max_tokens=20), i),
-                                             x_velocity_priority=("normal", "low")[i % 2]) for i in range(16)))
+            rs = await asyncio.gather(
+                *(
+                    post(gw, real_client(chat(f"q{i}", max_tokens=20), i), x_velocity_priority=("normal", "low")[i % 2])
+                    for i in range(16)
+                )
+            )
         assert pool_sat < 0.8, pool_sat  # the pool is as free as its freest engine
-        assert [r.status for r in rs] == [200] * 16, [(r.status, r.headers.get("x-velocity-reject-reason"))
-                                                      for r in rs]
+        assert [r.status for r in rs] == [200] * 16, [(r.status, r.headers.get("x-velocity-reject-reason")) for r in rs]
         assert {r.headers["x-velocity-endpoint"] for r in rs} == {"cool"}
         assert hot.bodies == []
 
 
 # -- a burst on an idle pool -----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("policy", ["static", "dynamic", "smart"])
 async def test_a_burst_on_an_idle_pool_never_exceeds_the_engines_limits(policy):
     async with FakeEngine(delay=0.05) as a, FakeEngine(delay=0.05) as b:
-        async with running_gateway(("a", a.url, MODEL), ("b", b.url, MODEL), policy=policy,
-                                   max_concurrency=4) as gw:
+        async with running_gateway(("a", a.url, MODEL), ("b", b.url, MODEL), policy=policy, max_concurrency=4) as gw:
             peak_queue = 0
 
             async def watch_queue():
@@ -393,11 +447,14 @@ async def test_a_burst_on_an_idle_pool_never_exceeds_the_engines_limits(policy):
             try:
                 # As ordinary clients write them: some without max_tokens, with vLLM's
                 # priority 0 (its default: the default band, not high), temperature and stop.
-                rs = await asyncio.gather(*(post(gw, real_client(chat(f"b{i}"), i), timeout=30)
-                                            for i in range(200)))
+                rs = await asyncio.gather(*(post(gw, real_client(chat(f"b{i}"), i), timeout=30) for i in range(200)))
             finally:
                 await stop_tasks(watcher)
-        assert [r.status for r in rs] == [200] * 200, [(i, r.status, r.headers.get("x-velocity-reject-reason"), r.body[:200]) for i, r in enumerate(rs) if r.status != 200]
+        assert [r.status for r in rs] == [200] * 200, [
+            (i, r.status, r.headers.get("x-velocity-reject-reason"), r.body[:200])
+            for i, r in enumerate(rs)
+            if r.status != 200
+        ]
         assert len(a.bodies) + len(b.bodies) == 200
         sent = {f"b{i}": real_client(chat(f"b{i}"), i) for i in range(200)}
         for got in a.bodies + b.bodies:  # byte for byte but the gateway's own field, priority
@@ -410,14 +467,17 @@ async def test_a_burst_on_an_idle_pool_never_exceeds_the_engines_limits(policy):
 
 # -- configuration ---------------------------------------------------------------------------
 
+
 def test_serve_with_ceilings_rising_as_priority_falls_exits_2_with_a_clear_error(tmp_path):
     cfg = tmp_path / "velocity.yaml"
-    cfg.write_text("policy: dynamic\n"
-                   "endpoints:\n  - {name: e1, url: 'http://127.0.0.1:9', model: m}\n"
-                   "bands:\n"
-                   "  - {name: urgent, ceiling: 1.5}\n"
-                   "  - {name: standard, ceiling: 0.9}\n"
-                   "  - {name: bulk, ceiling: 0.95}\n")
+    cfg.write_text(
+        "policy: dynamic\n"
+        "endpoints:\n  - {name: e1, url: 'http://127.0.0.1:9', model: m}\n"
+        "bands:\n"
+        "  - {name: urgent, ceiling: 1.5}\n"
+        "  - {name: standard, ceiling: 0.9}\n"
+        "  - {name: bulk, ceiling: 0.95}\n"
+    )
     gp = GatewayProcess("serve", "--config", str(cfg))
     try:
         gp.spawn()

@@ -7,6 +7,7 @@
   (bench/retry_after.py); clients that retry when told are served within the SLA, those
   that come back at a tenth of it are not, and the times told span the burst's drain.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -41,16 +42,20 @@ async def generate(port: int, max_tokens: int, sla_ms: str | None = "2000"):
     if sla_ms is not None:
         headers["x-velocity-sla-ms"] = sla_ms
     t0 = time.monotonic()
-    r = await http_request(port, "POST", "/generate",
-                           {"prompt": "Write about the sea.", "max_tokens": max_tokens, "model": MODEL},
-                           headers, timeout=60)
+    r = await http_request(
+        port,
+        "POST",
+        "/generate",
+        {"prompt": "Write about the sea.", "max_tokens": max_tokens, "model": MODEL},
+        headers,
+        timeout=60,
+    )
     return r, time.monotonic() - t0
 
 
 async def mixed_sizes(warm: bool) -> dict:
     with sim_engine(model=MODEL) as e1, sim_engine(model=MODEL) as e2:
-        with gateway_process("serve", "--endpoint", f"e1={e1.url}={MODEL}",
-                             "--endpoint", f"e2={e2.url}={MODEL}") as gw:
+        with gateway_process("serve", "--endpoint", f"e1={e1.url}={MODEL}", "--endpoint", f"e2={e2.url}={MODEL}") as gw:
             await wait_ready(gw.admin_port)
             if warm:
                 for r, _ in await asyncio.gather(*(generate(gw.port, 16) for _ in range(6))):
@@ -59,11 +64,14 @@ async def mixed_sizes(warm: bool) -> dict:
             stats = (await http_request(gw.admin_port, "GET", "/stats")).json()["admission"]
     ok = [(r, t) for r, t in answers if r.status == 200]
     declined = [r for r, _ in answers if r.status != 200]
-    assert all(r.status == 429 and r.headers["x-velocity-reject-reason"] == "sla" for r in declined), \
-        [(r.status, r.body[:200]) for r in declined]
+    assert all(r.status == 429 and r.headers["x-velocity-reject-reason"] == "sla" for r in declined), [
+        (r.status, r.body[:200]) for r in declined
+    ]
     within = [r for r, t in ok if t <= 2.0]
-    print(f"\nwarm-up {warm}: admitted {len(ok)}, {len(within)} within 2 s (slowest "
-          f"{max(t for _, t in ok):.2f} s); declined {len(declined)}; gateway sla {stats['sla']}")
+    print(
+        f"\nwarm-up {warm}: admitted {len(ok)}, {len(within)} within 2 s (slowest "
+        f"{max(t for _, t in ok):.2f} s); declined {len(declined)}; gateway sla {stats['sla']}"
+    )
     return {"ok": ok, "within": within, "declined": declined, "stats": stats}
 
 

@@ -12,6 +12,7 @@ that low's ceiling alone allows), and `static` itself is the engines' full batch
 work (so the load is real), not a figure a broken baseline pulled down. Then the other
 side: high work arriving after low borrowed keeps its latency.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,11 +34,19 @@ CLIENTS = 300
 
 
 def low_wire(port: int) -> bytes:
-    data = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "a long report"}],
-                         "max_tokens": TOKENS, "ignore_eos": True})
-    return (f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
-            f"content-type: application/json\r\nx-velocity-priority: low\r\n"
-            f"content-length: {len(data)}\r\n\r\n").encode() + data
+    data = orjson.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "a long report"}],
+            "max_tokens": TOKENS,
+            "ignore_eos": True,
+        }
+    )
+    return (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
+        f"content-type: application/json\r\nx-velocity-priority: low\r\n"
+        f"content-length: {len(data)}\r\n\r\n"
+    ).encode() + data
 
 
 async def served_per_second(policy: str, fill_s: float = 6.0, window_s: float = 12.0) -> dict:
@@ -80,11 +89,15 @@ async def served_per_second(policy: str, fill_s: float = 6.0, window_s: float = 
     start = t0 + fill_s
     n = sum(start <= t <= start + window_s for t in done)
     eps = stats.get("admission", {}).get("endpoints", {})
-    return {"policy": policy, "rps": n / window_s, **counts,
-            "inflight": {k: e["inflight"] for k, e in eps.items()},
-            "batch": {k: e["batch_capacity"] for k, e in eps.items()},
-            "pace_ms": {k: e.get("pace_ms") for k, e in eps.items()},
-            "pace_cuts": stats.get("admission", {}).get("pace_cuts")}
+    return {
+        "policy": policy,
+        "rps": n / window_s,
+        **counts,
+        "inflight": {k: e["inflight"] for k, e in eps.items()},
+        "batch": {k: e["batch_capacity"] for k, e in eps.items()},
+        "pace_ms": {k: e.get("pace_ms") for k, e in eps.items()},
+        "pace_cuts": stats.get("admission", {}).get("pace_cuts"),
+    }
 
 
 @pytest.mark.timeout(180)
@@ -164,8 +177,10 @@ async def test_high_work_after_batch_borrowed_the_engines_keeps_its_latency(tmp_
     idle = idle_a + idle_b
     ratio = percentile(loaded, 95) / percentile(idle, 95)
     bound = 1.5 * min(noise(idle_a, idle_b), 1.5)
-    print(f"\nborrowed then high: p95 {percentile(idle, 95) * 1000:.0f} -> {percentile(loaded, 95) * 1000:.0f} ms, "
-          f"{ratio:.2f}x (bound {bound:.2f}x); in flight after {after and {n: e['inflight'] for n, e in after.items()}}")
+    print(
+        f"\nborrowed then high: p95 {percentile(idle, 95) * 1000:.0f} -> {percentile(loaded, 95) * 1000:.0f} ms, "
+        f"{ratio:.2f}x (bound {bound:.2f}x); in flight after {after and {n: e['inflight'] for n, e in after.items()}}"
+    )
     assert ratio <= bound, (ratio, bound)
     # The borrowing ended with the first high request: low is back under its ceiling.
     assert all(e["inflight"] <= 14 for e in after.values()), after

@@ -1,5 +1,6 @@
 """`velocityllm chargeVelocity --mock`: sim engines as children and the gateway in front,
 requests served through every engine, and nothing left behind after SIGTERM."""
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,17 @@ def post(url: str, body: dict):
 
 def test_charge_mock_two_engines_serves_and_leaves_no_child():
     base = free_port_block(2)
-    with gateway_process("chargeVelocity", "--mock", "--engines", "2", "--engine-base-port", str(base),
-                         "--sim-args", "--time-scale 50", timeout=40) as gp:
+    with gateway_process(
+        "chargeVelocity",
+        "--mock",
+        "--engines",
+        "2",
+        "--engine-base-port",
+        str(base),
+        "--sim-args",
+        "--time-scale 50",
+        timeout=40,
+    ) as gp:
         out = gp.stdout_text
         assert f"127.0.0.1:{base}" in out and f"127.0.0.1:{base + 1}" in out
         kids = descendants(gp.proc.pid)

@@ -33,8 +33,12 @@ BIN = Path(sys.executable).parent
 
 
 def chat(max_tokens: int) -> dict:
-    return {"model": MODEL, "messages": [{"role": "user", "content": "Summarise the report."}],
-            "max_tokens": max_tokens, "ignore_eos": True}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Summarise the report."}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+    }
 
 
 async def timed(port: int, body: dict, headers: dict | None = None):
@@ -55,8 +59,10 @@ async def flood(port: int, n: int, body: dict) -> list[tuple[Answer, float]]:
     """``n`` requests at once on connections opened beforehand, each timed from its write
     to the end of its answer (what the gateway takes, not what connecting takes)."""
     data = orjson.dumps(body)
-    wire = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
-            f"content-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n").encode() + data
+    wire = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n"
+    ).encode() + data
     conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(n)]
 
     async def one(reader, writer):
@@ -109,10 +115,12 @@ async def test_a_flood_against_serve_sla_ms_gets_fast_429s_and_what_is_admitted_
             # A gateway that has run a while: it has seen a request finish and the engine's
             # queue (two bursts past its batch, the requests carrying long SLAs of their own).
             for _ in range(2):
-                warm = await asyncio.gather(*(timed(gw.port, chat(300), {"x-velocity-sla-ms": "60000"})
-                                              for _ in range(12)))
-                assert all(r.status == 200 for r, _ in warm), [(r.status, r.headers.get("x-velocity-reject-reason"))
-                                                                for r, _ in warm]
+                warm = await asyncio.gather(
+                    *(timed(gw.port, chat(300), {"x-velocity-sla-ms": "60000"}) for _ in range(12))
+                )
+                assert all(r.status == 200 for r, _ in warm), [
+                    (r.status, r.headers.get("x-velocity-reject-reason")) for r, _ in warm
+                ]
             await wait_idle(gw.admin_port)
             service = min(t for _, t in warm)
 
@@ -122,8 +130,12 @@ async def test_a_flood_against_serve_sla_ms_gets_fast_429s_and_what_is_admitted_
             assert len(ok) + len(declined) == 80, sorted({r.status for r, _ in answers})
             within = sum(t <= sla_ms / 1000 for t in ok)
             med = statistics.median(t for _, t in declined) if declined else None
-            print(f"\nservice {service * 1000:.0f} ms; admitted {len(ok)}, {within} within {sla_ms} ms; "
-                  f"declined {len(declined)}, median {med * 1000:.1f} ms" if declined else "")
+            print(
+                f"\nservice {service * 1000:.0f} ms; admitted {len(ok)}, {within} within {sla_ms} ms; "
+                f"declined {len(declined)}, median {med * 1000:.1f} ms"
+                if declined
+                else ""
+            )
             # The SLA was enforced: most of the flood declined, fast, saying why and when.
             assert len(declined) >= 40, len(declined)
             # "Fast" against what the engine takes to serve one: a decline at least 10x
@@ -173,12 +185,31 @@ async def test_engines_run_the_gateways_own_code_not_a_tree_in_the_working_folde
     port = free_port_block(2)
     env = {k: v for k, v in os.environ.items() if not k.startswith("VELOCITY_") and k != "PYTHONPATH"}
     with open(tmp_path / "log", "wb") as log:
-        proc = subprocess.Popen([str(BIN / "velocityllm"), "chargeVelocity", "--mock", "--engines", "1",
-                                 "--host", "127.0.0.1", "--port", str(port), "--admin-port", str(port + 1),
-                                 "--engine-base-port", str(free_port_block(1)),
-                                 "--engine-log-dir", str(tmp_path / "engines")],
-                                cwd=decoy, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                str(BIN / "velocityllm"),
+                "chargeVelocity",
+                "--mock",
+                "--engines",
+                "1",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--admin-port",
+                str(port + 1),
+                "--engine-base-port",
+                str(free_port_block(1)),
+                "--engine-log-dir",
+                str(tmp_path / "engines"),
+            ],
+            cwd=decoy,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 60
         ready = False

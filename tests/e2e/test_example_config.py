@@ -9,6 +9,7 @@ Only the listening address and ports move (flags) and the file's example endpoin
 `chargeVelocity` starts (`VELOCITY_ENDPOINTS=` empties the file's list) or by `--endpoint`
 flags for `serve`. The file's tenants carry keys, so every request presents one.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,16 +50,26 @@ def wait_ready(gp, timeout: float = 60.0) -> None:
 
 
 def chat(gp, model: str) -> dict:
-    status, out = call(gp.url + "/v1/chat/completions",
-                       {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4})
+    status, out = call(
+        gp.url + "/v1/chat/completions",
+        {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4},
+    )
     assert status == 200, out
     return out
 
 
 def test_charge_velocity_mock_starts_with_the_example_as_shipped():
     base = free_port_block(2)
-    with gateway_process("chargeVelocity", "--mock", "--config", str(EXAMPLE), "--engine-base-port", str(base),
-                         env={"VELOCITY_ENDPOINTS": ""}, timeout=90) as gp:
+    with gateway_process(
+        "chargeVelocity",
+        "--mock",
+        "--config",
+        str(EXAMPLE),
+        "--engine-base-port",
+        str(base),
+        env={"VELOCITY_ENDPOINTS": ""},
+        timeout=90,
+    ) as gp:
         wait_ready(gp)
         status, models = call(gp.url + "/v1/models")
         assert status == 200 and len(models["data"]) == 1, models
@@ -70,8 +81,16 @@ def test_charge_velocity_mock_starts_with_the_example_as_shipped():
 
 def test_serve_in_front_of_sim_engines_with_the_example_as_shipped():
     with sim_engine(model="llama", time_scale=10) as a, sim_engine(model="llama", time_scale=10) as b:
-        with gateway_process("serve", "--config", str(EXAMPLE), "--endpoint", f"e1={a.url}=llama",
-                             "--endpoint", f"e2={b.url}=llama", timeout=60) as gp:
+        with gateway_process(
+            "serve",
+            "--config",
+            str(EXAMPLE),
+            "--endpoint",
+            f"e1={a.url}=llama",
+            "--endpoint",
+            f"e2={b.url}=llama",
+            timeout=60,
+        ) as gp:
             wait_ready(gp)
             assert chat(gp, "llama")["choices"][0]["message"]["content"]
             status, models = call(gp.url + "/v1/models")

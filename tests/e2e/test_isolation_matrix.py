@@ -23,6 +23,7 @@ are learned only one engine probes for its batch at a time (admission/controller
 ``_in_turn``); when both probed together, low work overshot every batch and high p95
 in those seconds was 3.3-3.5x idle on engines of 8 and 16 sequences.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -62,8 +63,10 @@ async def dynamic_run(engines: list[list[str]], log_dir: str, **kw) -> dict:
 async def test_high_band_isolated_at_default_flags(scenario, tmp_path):
     dyn = await dynamic_run(SCENARIOS[scenario], str(tmp_path), **PARAMS)
     sta = await run(SCENARIOS[scenario], "static", str(tmp_path), **PARAMS, **static_verdict(dyn))
-    print(f"\n{scenario}: dynamic {dyn['p95_ratio']:.2f}x (bound {bound(dyn):.2f}x, {dyn['idle_ms']['p95']:.0f} -> "
-          f"{dyn['loaded_ms']['p95']:.0f} ms), static {sta['p95_ratio']:.2f}x; batch {dyn['batch_capacity']}")
+    print(
+        f"\n{scenario}: dynamic {dyn['p95_ratio']:.2f}x (bound {bound(dyn):.2f}x, {dyn['idle_ms']['p95']:.0f} -> "
+        f"{dyn['loaded_ms']['p95']:.0f} ms), static {sta['p95_ratio']:.2f}x; batch {dyn['batch_capacity']}"
+    )
     assert dyn["idle_ms"]["failed"] == dyn["loaded_ms"]["failed"] == 0
     assert sta["idle_ms"]["failed"] == sta["loaded_ms"]["failed"] == 0
     assert dyn["low"]["completed_during_high_series"] > 0 and sta["low"]["completed_during_high_series"] > 0
@@ -96,9 +99,11 @@ async def test_high_band_isolated_from_the_first_second(scenario, tmp_path):
     bound; under `static` the same seconds are at least 10x idle (the load is real)."""
     dyn = await dynamic_run(SCENARIOS[scenario], str(tmp_path), **FIRST)
     sta = await run(SCENARIOS[scenario], "static", str(tmp_path), **FIRST, **static_verdict(dyn))
-    print(f"\n{scenario} first 5 s: dynamic {dyn['p95_ratio']:.2f}x (bound {bound(dyn):.2f}x, "
-          f"{dyn['idle_ms']['p95']:.0f} -> {dyn['loaded_ms']['p95']:.0f} ms), static {sta['p95_ratio']:.2f}x; "
-          f"batch {dyn['batch_capacity']}, limits {dyn['limits']}")
+    print(
+        f"\n{scenario} first 5 s: dynamic {dyn['p95_ratio']:.2f}x (bound {bound(dyn):.2f}x, "
+        f"{dyn['idle_ms']['p95']:.0f} -> {dyn['loaded_ms']['p95']:.0f} ms), static {sta['p95_ratio']:.2f}x; "
+        f"batch {dyn['batch_capacity']}, limits {dyn['limits']}"
+    )
     assert dyn["idle_ms"]["failed"] == dyn["loaded_ms"]["failed"] == 0
     assert sta["idle_ms"]["failed"] == sta["loaded_ms"]["failed"] == 0
     assert dyn["p95_ratio"] <= bound(dyn), dyn

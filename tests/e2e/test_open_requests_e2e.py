@@ -5,6 +5,7 @@ gateway and sim engines `make run` starts (`chargeVelocity`, two sim engines ser
 engine's limit is not cut for a pace no batch could give it, so the burst is admitted
 whole and answered within the SLA (before, each example cut every limit by a quarter, and
 the burst met 429s)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -52,8 +53,9 @@ async def _burst(base_url: str, n: int, max_tokens: int) -> list[tuple[object, f
     async def one(i: int):
         t0 = time.monotonic()
         try:
-            await client.chat.completions.create(model="velocity-sim", max_tokens=max_tokens,
-                                                 messages=[{"role": "user", "content": f"burst {i}"}])
+            await client.chat.completions.create(
+                model="velocity-sim", max_tokens=max_tokens, messages=[{"role": "user", "content": f"burst {i}"}]
+            )
             return 200, time.monotonic() - t0
         except RateLimitError as e:
             return e.status_code, time.monotonic() - t0
@@ -68,8 +70,7 @@ async def _burst(base_url: str, n: int, max_tokens: int) -> list[tuple[object, f
 def test_the_readme_example_twenty_times_then_a_burst_is_admitted_within_the_sla():
     (snippet,) = re.findall(r"```python\n(.*?)```", README, re.S)
     assert "max_tokens" not in snippet and 'model="velocity-sim"' in snippet
-    with gateway_process("chargeVelocity", "--mock", "--engine-base-port", str(free_port_block(2)),
-                         timeout=60) as gp:
+    with gateway_process("chargeVelocity", "--mock", "--engine-base-port", str(free_port_block(2)), timeout=60) as gp:
         _wait_ready(gp.admin_url)
         code = snippet.replace("http://localhost:8000", gp.url)
         for _ in range(20):
@@ -82,8 +83,10 @@ def test_the_readme_example_twenty_times_then_a_burst_is_admitted_within_the_sla
         after = _get(gp.admin_url + "/stats")["admission"]
     statuses = [s for s, _ in answers]
     slowest = max(t for _, t in answers)
-    print(f"\nlimits after the examples {before['limits']}, pace cuts {before['pace_cuts']}, learned "
-          f"{before['pools']['velocity-sim'].get('open_tokens', {}).get('chat')}; burst: {statuses.count(200)}/24 "
-          f"admitted, slowest {slowest:.2f} s; limits after {after['limits']}")
+    print(
+        f"\nlimits after the examples {before['limits']}, pace cuts {before['pace_cuts']}, learned "
+        f"{before['pools']['velocity-sim'].get('open_tokens', {}).get('chat')}; burst: {statuses.count(200)}/24 "
+        f"admitted, slowest {slowest:.2f} s; limits after {after['limits']}"
+    )
     assert statuses == [200] * 24, statuses
     assert slowest <= SLA_S, [round(t, 2) for _, t in answers]

@@ -8,6 +8,7 @@ tokenizer (--tokenizer), on real sockets.
   fills again from the new engine's events, and not one request fails (connect failures
   are retried once on the other engine).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,17 +28,21 @@ pytestmark = [pytest.mark.e2e]
 
 MODEL = "sim-model"
 CHAT = "/v1/chat/completions"
-WORDS = ("the of and to in is was that for on are with as be at by this had not but from or have an they "
-         "which one you were all we her she there been if more when will would who so no model token cache "
-         "engine queue batch prefill decode latency tenant band request stream router gateway").split()
+WORDS = (
+    "the of and to in is was that for on are with as be at by this had not but from or have an they "
+    "which one you were all we her she there been if more when will would who so no model token cache "
+    "engine queue batch prefill decode latency tenant band request stream router gateway"
+).split()
 
 
 @pytest.fixture(scope="module")
 def tokenizer_json(tmp_path_factory):
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator([" ".join(WORDS)] + [f"assistant number {i} question" for i in range(100)],
-                            trainers.WordLevelTrainer(special_tokens=["[UNK]", "<|im_start|>", "<|im_end|>"]))
+    tok.train_from_iterator(
+        [" ".join(WORDS)] + [f"assistant number {i} question" for i in range(100)],
+        trainers.WordLevelTrainer(special_tokens=["[UNK]", "<|im_start|>", "<|im_end|>"]),
+    )
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     tok.save(str(path))
     return str(path)
@@ -52,10 +57,28 @@ class Engine:
         self.port = free_port()
         self.pub = f"ipc://{sock_dir}/{name}.kv"
         self.replay = f"ipc://{sock_dir}/{name}.replay"
-        cfg = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": self.pub,
-                          "replay_endpoint": self.replay, "topic": "kv"})
-        self.flags = ("--kv-events-config", cfg, "--tokenizer", tokenizer, "--block-size", "16",
-                      "--num-gpu-blocks", "512", "--max-model-len", "4096", "--enable-prefix-caching")
+        cfg = json.dumps(
+            {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": self.pub,
+                "replay_endpoint": self.replay,
+                "topic": "kv",
+            }
+        )
+        self.flags = (
+            "--kv-events-config",
+            cfg,
+            "--tokenizer",
+            tokenizer,
+            "--block-size",
+            "16",
+            "--num-gpu-blocks",
+            "512",
+            "--max-model-len",
+            "4096",
+            "--enable-prefix-caching",
+        )
         self.sim: SimEngine | None = None
 
     def start(self) -> "Engine":
@@ -68,8 +91,12 @@ class Engine:
             self.sim = None
 
     def config(self) -> EndpointConfig:
-        return EndpointConfig(name=self.name, url=f"http://127.0.0.1:{self.port}", model=MODEL,
-                              kv_events=KVEventsConfig(endpoint=self.pub, replay_endpoint=self.replay, topic="kv"))
+        return EndpointConfig(
+            name=self.name,
+            url=f"http://127.0.0.1:{self.port}",
+            model=MODEL,
+            kv_events=KVEventsConfig(endpoint=self.pub, replay_endpoint=self.replay, topic="kv"),
+        )
 
 
 @pytest.fixture
@@ -89,18 +116,23 @@ def system_prompt(rng: random.Random, g: int, words: int = 200) -> str:
 
 
 def chat(system: str, question: str) -> dict:
-    return {"model": MODEL, "max_tokens": 4, "ignore_eos": True,
-            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]}
+    return {
+        "model": MODEL,
+        "max_tokens": 4,
+        "ignore_eos": True,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+    }
 
 
 def settings_keys(engines, tokenizer_json) -> dict:
-    return {"endpoints": [e.config() for e in engines],
-            "routing": {"default_profile": "chat", "prefix": "precise", "tokenizer": tokenizer_json, "seed": 5}}
+    return {
+        "endpoints": [e.config() for e in engines],
+        "routing": {"default_profile": "chat", "prefix": "precise", "tokenizer": tokenizer_json, "seed": 5},
+    }
 
 
 async def send(port: int, body: dict):
-    r = await http_request(port, "POST", CHAT, orjson.dumps(body), {"content-type": "application/json"},
-                           timeout=30)
+    r = await http_request(port, "POST", CHAT, orjson.dumps(body), {"content-type": "application/json"}, timeout=30)
     return r
 
 
@@ -110,8 +142,9 @@ async def test_a_prefix_goes_to_the_engine_that_holds_it(engines, tokenizer_json
     rng = random.Random(1)
     system = system_prompt(rng, 1)
     async with running_gateway(settings=None, **settings_keys(engines, tokenizer_json)) as gw:
-        await wait_until(lambda: all(gw.kv.index.exact(n) for n in ("e1", "e2")), 10.0,
-                         what="both engines' KV indexes exact")
+        await wait_until(
+            lambda: all(gw.kv.index.exact(n) for n in ("e1", "e2")), 10.0, what="both engines' KV indexes exact"
+        )
         # The gateway sees the system prompt once (its tokens are cached from then on) ...
         r = await send(gw.port, chat(system, "question 0"))
         assert r.status == 200, r.body
@@ -123,11 +156,15 @@ async def test_a_prefix_goes_to_the_engine_that_holds_it(engines, tokenizer_json
         # the engines' events say `other`.
         status, _ = by_name[first].sim.request("POST", "/reset_prefix_cache")
         assert status == 200
-        status, _ = by_name[other].sim.request("POST", CHAT, orjson.dumps(chat(system, "question x")),
-                                               {"content-type": "application/json"})
+        status, _ = by_name[other].sim.request(
+            "POST", CHAT, orjson.dumps(chat(system, "question x")), {"content-type": "application/json"}
+        )
         assert status == 200
-        await wait_until(lambda: gw.kv.index.size(other) >= 10 and gw.kv.index.size(first) == 0, 5.0,
-                         what="the events of the reset and of the direct request")
+        await wait_until(
+            lambda: gw.kv.index.size(other) >= 10 and gw.kv.index.size(first) == 0,
+            5.0,
+            what="the events of the reset and of the direct request",
+        )
         hits0 = by_name[other].sim.metric("vllm:prefix_cache_hits_total")
         went = []
         for i in range(1, 9):
@@ -154,8 +191,9 @@ async def test_an_engine_restarted_under_load_empties_and_refills_its_index(engi
     # holds nothing and so gets no known prefix from precise routing, gets work too.
     systems = [system_prompt(rng, g, 120) for g in range(6)]
     async with running_gateway(settings=None, **settings_keys(engines, tokenizer_json)) as gw:
-        await wait_until(lambda: all(gw.kv.index.exact(n) for n in ("e1", "e2")), 10.0,
-                         what="both engines' KV indexes exact")
+        await wait_until(
+            lambda: all(gw.kv.index.exact(n) for n in ("e1", "e2")), 10.0, what="both engines' KV indexes exact"
+        )
         results: list = []
         stop = asyncio.Event()
         sent = 0
@@ -171,9 +209,11 @@ async def test_an_engine_restarted_under_load_empties_and_refills_its_index(engi
 
         workers = [asyncio.create_task(worker(w)) for w in range(4)]
         try:
-            await wait_until(lambda: gw.kv.index.size("e2") > 20 and len(results) > 20, 20.0,
-                             what=f"e2's index filled by its events ({gw.kv.stats()}, "
-                                  f"{[ep for _, ep, _ in results][:50]})")
+            await wait_until(
+                lambda: gw.kv.index.size("e2") > 20 and len(results) > 20,
+                20.0,
+                what=f"e2's index filled by its events ({gw.kv.stats()}, {[ep for _, ep, _ in results][:50]})",
+            )
             await asyncio.to_thread(e2.stop)
             await wait_until(lambda: gw.kv.index.size("e2") == 0, 5.0, what="e2's index emptied")
             assert not gw.kv.index.exact("e2")
@@ -181,13 +221,15 @@ async def test_an_engine_restarted_under_load_empties_and_refills_its_index(engi
             await asyncio.sleep(0.5)  # load goes on with e2 away
             await asyncio.to_thread(e2.start)
             await wait_until(lambda: gw.endpoints["e2"].healthy, 10.0, what="e2 back in routing")
-            await wait_until(lambda: gw.kv.index.exact("e2") and gw.kv.index.size("e2") > 20, 20.0,
-                             what=f"e2's index exact and refilled from the new engine's events "
-                                  f"({gw.kv.index.stats('e2').as_dict()}, {gw.kv.index.size('e2')} blocks, "
-                                  f"{[ep for _, ep, _ in results[-40:]]})")
+            await wait_until(
+                lambda: gw.kv.index.exact("e2") and gw.kv.index.size("e2") > 20,
+                20.0,
+                what=f"e2's index exact and refilled from the new engine's events "
+                f"({gw.kv.index.stats('e2').as_dict()}, {gw.kv.index.size('e2')} blocks, "
+                f"{[ep for _, ep, _ in results[-40:]]})",
+            )
             back = len(results)
-            await wait_until(lambda: any(ep == "e2" for _, ep, _ in results[back:]), 20.0,
-                             what="requests on e2 again")
+            await wait_until(lambda: any(ep == "e2" for _, ep, _ in results[back:]), 20.0, what="requests on e2 again")
         finally:
             stop.set()
             await asyncio.gather(*workers)
@@ -207,16 +249,34 @@ def test_charge_velocity_starts_its_engines_with_kv_events_when_precise(tokenize
     from tests.support.gateway import gateway_process
 
     base = free_port_block(2)
-    with gateway_process("chargeVelocity", "--mock", "--engines", "2", "--engine-base-port", str(base),
-                         "--prefix", "precise", "--tokenizer", tokenizer_json, "--policy", "smart",
-                         "--sim-args", "--time-scale 50 --block-size 16", timeout=40) as gp:
+    with gateway_process(
+        "chargeVelocity",
+        "--mock",
+        "--engines",
+        "2",
+        "--engine-base-port",
+        str(base),
+        "--prefix",
+        "precise",
+        "--tokenizer",
+        tokenizer_json,
+        "--policy",
+        "smart",
+        "--sim-args",
+        "--time-scale 50 --block-size 16",
+        timeout=40,
+    ) as gp:
+
         def stats():
             with urlopen(gp.admin_url + "/stats", timeout=10) as r:
                 return json.loads(r.read())
 
         deadline = time.monotonic() + 20
-        while not (stats()["kv_events"]["endpoints"] and sum(e["healthy"] for e in stats()["endpoints"]) == 2
-                   and all(e["state"] == "exact" for e in stats()["kv_events"]["endpoints"].values())):
+        while not (
+            stats()["kv_events"]["endpoints"]
+            and sum(e["healthy"] for e in stats()["endpoints"]) == 2
+            and all(e["state"] == "exact" for e in stats()["kv_events"]["endpoints"].values())
+        ):
             assert time.monotonic() < deadline, stats()
             time.sleep(0.1)
         with urlopen(gp.url + "/v1/models", timeout=10) as r:

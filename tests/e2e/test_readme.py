@@ -77,8 +77,12 @@ def wait_ready(admin_port: int, proc: subprocess.Popen, timeout: float = 90.0) -
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"exited with {proc.returncode}"
-        r = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
-                            f"127.0.0.1:{admin_port}/ready"], capture_output=True, text=True, timeout=10)
+        r = subprocess.run(
+            ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"127.0.0.1:{admin_port}/ready"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         if r.stdout == "200":
             return
         time.sleep(0.2)
@@ -88,13 +92,15 @@ def wait_ready(admin_port: int, proc: subprocess.Popen, timeout: float = 90.0) -
 def popen(cmd, log: Path, **kw) -> subprocess.Popen:
     """A child in its own process group, its output in ``log``."""
     with open(log, "wb") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, **kw)
+        return subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, **kw
+        )
 
 
 def run_sh(cmd: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=60,
-                          cwd=REPO, **kw)
+    return subprocess.run(
+        ["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=60, cwd=REPO, **kw
+    )
 
 
 def test_the_readme_has_the_examples_this_test_runs():
@@ -138,11 +144,29 @@ def test_make_run_then_every_curl_line_and_the_python_snippet(tmp_path):
         assert r.returncode == 0, r.stderr
         assert "ChatCompletion(" in r.stdout and "velocity-sim" in r.stdout
         # A realistic prompt at default flags: a 64 KiB system prompt (about 16k tokens).
-        big = {"messages": [{"role": "system", "content": "You are a careful assistant. " * 2260},
-                            {"role": "user", "content": "Hello"}], "max_tokens": 8}
-        r = subprocess.run(["curl", "-s", "-w", "\\n%{http_code}", f"127.0.0.1:{port}/v1/chat/completions",
-                            "-H", "content-type: application/json", "--data-binary", "@-"],
-                           input=orjson.dumps(big), capture_output=True, timeout=60)
+        big = {
+            "messages": [
+                {"role": "system", "content": "You are a careful assistant. " * 2260},
+                {"role": "user", "content": "Hello"},
+            ],
+            "max_tokens": 8,
+        }
+        r = subprocess.run(
+            [
+                "curl",
+                "-s",
+                "-w",
+                "\\n%{http_code}",
+                f"127.0.0.1:{port}/v1/chat/completions",
+                "-H",
+                "content-type: application/json",
+                "--data-binary",
+                "@-",
+            ],
+            input=orjson.dumps(big),
+            capture_output=True,
+            timeout=60,
+        )
         body, _, code = r.stdout.rpartition(b"\n")
         assert code == b"200" and orjson.loads(body)["usage"]["prompt_tokens"] > 16000, r.stdout[-400:]
     finally:
@@ -158,17 +182,21 @@ def test_the_serve_example_against_local_engines(tmp_path):
         for url, eng in zip(urls, (a, b)):
             serve = serve.replace(url, eng.url)  # never the README's remote addresses
         port = free_port_block(2)
-        cmd = serve.replace(".venv/bin/velocityllm", str(BIN / "velocityllm")) + \
-            f" --host 127.0.0.1 --port {port} --admin-port {port + 1}"
+        cmd = (
+            serve.replace(".venv/bin/velocityllm", str(BIN / "velocityllm"))
+            + f" --host 127.0.0.1 --port {port} --admin-port {port + 1}"
+        )
         proc = popen(cmd, tmp_path / "serve.log", shell=True, cwd=REPO, env=env_for())
         try:
             wait_ready(port + 1, proc)
-            body = orjson.dumps({"model": model, "messages": [{"role": "user", "content": "Hi"}],
-                                 "max_tokens": 8}).decode()
+            body = orjson.dumps(
+                {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
+            ).decode()
             seen = set()
             for _ in range(6):
-                r = run_sh(f"curl -s -D - 127.0.0.1:{port}/v1/chat/completions "
-                           f"-H 'content-type: application/json' -d '{body}'")
+                r = run_sh(
+                    f"curl -s -D - 127.0.0.1:{port}/v1/chat/completions -H 'content-type: application/json' -d '{body}'"
+                )
                 assert " 200 " in r.stdout.split("\r\n", 1)[0], r.stdout
                 seen.add(re.search(r"x-velocity-endpoint: (\S+)", r.stdout).group(1))
             assert seen <= {"gpu0", "gpu1"} and seen
@@ -185,17 +213,25 @@ def test_serve_with_the_example_config_file(tmp_path):
     data = yaml.safe_load((REPO / "deploy" / "config.example.yaml").read_text())
     with sim_engine(model="llama", time_scale=10) as eng:
         port = free_port_block(2)
-        data.update(host="127.0.0.1", port=port, admin_port=port + 1, api_key=None,
-                    endpoints=[{"name": "e1", "url": eng.url, "model": "llama"}])
+        data.update(
+            host="127.0.0.1",
+            port=port,
+            admin_port=port + 1,
+            api_key=None,
+            endpoints=[{"name": "e1", "url": eng.url, "model": "llama"}],
+        )
         data["tenants"] = [t for t in data["tenants"] if t.get("api_key") is None]
         cfg = tmp_path / "my.yaml"
         cfg.write_text(yaml.safe_dump(data))
-        proc = popen([str(BIN / "velocityllm"), "serve", "--config", str(cfg)], tmp_path / "log", cwd=tmp_path,
-                     env=env_for())
+        proc = popen(
+            [str(BIN / "velocityllm"), "serve", "--config", str(cfg)], tmp_path / "log", cwd=tmp_path, env=env_for()
+        )
         try:
             wait_ready(port + 1, proc)
-            r = run_sh(f"curl -s 127.0.0.1:{port}/v1/completions -H 'content-type: application/json' "
-                       "-d '{\"model\":\"llama\",\"prompt\":\"Hello\",\"max_tokens\":4}'")
+            r = run_sh(
+                f"curl -s 127.0.0.1:{port}/v1/completions -H 'content-type: application/json' "
+                "-d '{\"model\":\"llama\",\"prompt\":\"Hello\",\"max_tokens\":4}'"
+            )
             assert orjson.loads(r.stdout)["choices"][0]["text"], r.stdout
         finally:
             stop_group(proc, 20)
@@ -210,19 +246,43 @@ def test_charge_velocity_with_a_model_path_on_a_gpu_machine_and_detect(tmp_path)
     record = tmp_path / "rec"
     record.mkdir()
     env = machine_env(2, record, base=env_for())
-    det = subprocess.run([str(BIN / "velocityllm"), "detect", "--model-path", str(model)], capture_output=True,
-                         text=True, timeout=60, env=env, cwd=tmp_path)
+    det = subprocess.run(
+        [str(BIN / "velocityllm"), "detect", "--model-path", str(model)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
     assert det.returncode == 0 and "vllm" in det.stdout, det.stdout + det.stderr
     port = free_port_block(2)
-    proc = popen([str(BIN / "velocityllm"), "chargeVelocity", "--model-path", str(model),
-                  "--host", "127.0.0.1", "--port", str(port), "--admin-port", str(port + 1),
-                  "--engine-base-port", str(free_port_block(2))], tmp_path / "log", cwd=tmp_path, env=env)
+    proc = popen(
+        [
+            str(BIN / "velocityllm"),
+            "chargeVelocity",
+            "--model-path",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--admin-port",
+            str(port + 1),
+            "--engine-base-port",
+            str(free_port_block(2)),
+        ],
+        tmp_path / "log",
+        cwd=tmp_path,
+        env=env,
+    )
     try:
         wait_ready(port + 1, proc)
         models = orjson.loads(run_sh(f"curl -s 127.0.0.1:{port}/v1/models").stdout)
         name = models["data"][0]["id"]
-        r = run_sh(f"curl -s 127.0.0.1:{port}/v1/completions -H 'content-type: application/json' "
-                   f"-d '{{\"model\":\"{name}\",\"prompt\":\"Hi\",\"max_tokens\":4}}'")
+        r = run_sh(
+            f"curl -s 127.0.0.1:{port}/v1/completions -H 'content-type: application/json' "
+            f"-d '{{\"model\":\"{name}\",\"prompt\":\"Hi\",\"max_tokens\":4}}'"
+        )
         assert orjson.loads(r.stdout)["choices"][0]["text"], r.stdout
         assert len(list(record.glob("launch-*.json"))) == 2  # one `vllm serve` per GPU
     finally:
@@ -252,7 +312,7 @@ _INLINE_COMMAND = re.compile(r"(\.venv/bin/)?velocityllm [\w-]|bench/[\w/]+\.py|
 # checked by tests/knobs/test_help_doc.py) or "cannot: <why>".
 DOC_RULES = [
     (r"(sudo|systemctl|journalctl) .*", "cannot: needs root and systemd"),
-    (r"docker run .* velocityllm chargeVelocity --mock", "run"),   # its command, run here
+    (r"docker run .* velocityllm chargeVelocity --mock", "run"),  # its command, run here
     (r"docker run --gpus .*", "cannot: needs docker and GPUs"),
     (r"docker .*", "cannot: needs docker"),
     (r"kubectl .*", "cannot: needs a Kubernetes cluster"),
@@ -263,10 +323,14 @@ DOC_RULES = [
     (r"(bench/[\w/]+\.py|python3? -m bench\.[\w.]+)( .*)?", "test:bench"),
     # Precise routing offline (kv-events.md): the test runs these lines as the doc writes them.
     (r"velocityllm sim-engine --write-tokenizer \S+", "test:tests/engines/test_precise_offline.py"),
-    (r"velocityllm sim-engine --port \d+ --tokenizer \S+ --kv-events-config .*",
-     "test:tests/engines/test_precise_offline.py"),
-    (r"velocityllm serve --config gateway\.yaml --prefix precise --tokenizer \S+",
-     "test:tests/engines/test_precise_offline.py"),
+    (
+        r"velocityllm sim-engine --port \d+ --tokenizer \S+ --kv-events-config .*",
+        "test:tests/engines/test_precise_offline.py",
+    ),
+    (
+        r"velocityllm serve --config gateway\.yaml --prefix precise --tokenizer \S+",
+        "test:tests/engines/test_precise_offline.py",
+    ),
     (r"velocityllm chargeVelocity --mock --prefix precise", "test:tests/engines/test_precise_offline.py"),
     # How vLLM engines are started from a python that imports vllm (`--vllm-python`, .vllm-venv):
     # the vllm tier's engines and its chargeVelocity --engine vllm test run it so.
@@ -289,8 +353,11 @@ def doc_commands() -> list[tuple[str, str]]:
         text = path.read_text()
         for lang in ("sh", "bash"):
             out += [(path.name, c) for b in blocks(text, lang) for c in commands(b)]
-        out += [(path.name, span) for span in re.findall(r"`([^`\n]+)`", _without_blocks(text))
-                if _INLINE_COMMAND.match(span)]
+        out += [
+            (path.name, span)
+            for span in re.findall(r"`([^`\n]+)`", _without_blocks(text))
+            if _INLINE_COMMAND.match(span)
+        ]
     return out
 
 
@@ -312,10 +379,12 @@ def test_every_command_line_of_the_docs_is_run_or_said_why_not():
             module = script[:-3].replace("/", ".")
             assert (REPO / script).exists(), f"{doc}: {script} does not exist"
             tests = [t.read_text() for t in (REPO / "tests").rglob("test_*.py")]
-            by_run_all = f'"{module}"' in (REPO / "bench" / "run_all.py").read_text() \
-                and any('"bench.run_all"' in t for t in tests)   # tests/bench: python -m bench.run_all --smoke
-            assert by_run_all or any(f'"{module}"' in t or Path(script).name in t for t in tests), \
+            by_run_all = f'"{module}"' in (REPO / "bench" / "run_all.py").read_text() and any(
+                '"bench.run_all"' in t for t in tests
+            )  # tests/bench: python -m bench.run_all --smoke
+            assert by_run_all or any(f'"{module}"' in t or Path(script).name in t for t in tests), (
                 f"{doc}: no test runs {script}"
+            )
         elif how.startswith("test:tests/"):  # a test file of its own runs what the line shows
             flag = re.search(r"--\w[\w-]*(?= \w+$)", cmd)
             text = (REPO / how[5:]).read_text()
@@ -338,8 +407,9 @@ def test_the_containers_try_it_command_runs_here(tmp_path):
     args = line.split(" velocityllm ", 1)[1].split()
     port, engines = free_port_block(2), free_port_block(2)
     env = env_for(VELOCITY_PORT=str(port), VELOCITY_ADMIN_PORT=str(port + 1), VELOCITY_HOST="127.0.0.1")
-    proc = popen([str(BIN / "velocityllm"), *args, "--engine-base-port", str(engines)], tmp_path / "log",
-                 cwd=tmp_path, env=env)
+    proc = popen(
+        [str(BIN / "velocityllm"), *args, "--engine-base-port", str(engines)], tmp_path / "log", cwd=tmp_path, env=env
+    )
     try:
         wait_ready(port + 1, proc)
         name = orjson.loads(run_sh(f"curl -s 127.0.0.1:{port}/v1/models").stdout)["data"][0]["id"]
@@ -359,8 +429,19 @@ def test_the_sim_engine_with_the_kv_events_config_of_the_docs(tmp_path):
     assert config["enable_kv_cache_events"] is True
     pub, port = free_port_block(2), free_port_block(1)
     config.update(endpoint=f"tcp://127.0.0.1:{pub}", replay_endpoint=f"tcp://127.0.0.1:{pub + 1}")
-    proc = popen([str(BIN / "velocityllm"), "sim-engine", "--port", str(port), "--kv-events-config",
-                  orjson.dumps(config).decode()], tmp_path / "log", cwd=tmp_path, env=env_for())
+    proc = popen(
+        [
+            str(BIN / "velocityllm"),
+            "sim-engine",
+            "--port",
+            str(port),
+            "--kv-events-config",
+            orjson.dumps(config).decode(),
+        ],
+        tmp_path / "log",
+        cwd=tmp_path,
+        env=env_for(),
+    )
     try:
         deadline = time.monotonic() + 30
         while run_sh(f"curl -s -o /dev/null -w '%{{http_code}}' 127.0.0.1:{port}/health").stdout != "200":
@@ -374,6 +455,11 @@ def test_the_sim_engine_with_the_kv_events_config_of_the_docs(tmp_path):
 def test_the_example_error_of_configuration_md_is_what_the_command_prints():
     doc = (REPO / "docs" / "configuration.md").read_text()
     example = re.search(r"e\.g\. `(config error: --sla-ms: [^`]+)`", " ".join(doc.split())).group(1)
-    r = subprocess.run([str(BIN / "velocityllm"), "serve", "--sla-ms", "-1", "--endpoint", "e1=http://127.0.0.1:9=m"],
-                       capture_output=True, text=True, timeout=60, env=env_for())
+    r = subprocess.run(
+        [str(BIN / "velocityllm"), "serve", "--sla-ms", "-1", "--endpoint", "e1=http://127.0.0.1:9=m"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env_for(),
+    )
     assert r.returncode == 2 and r.stderr.strip() == f"velocityllm: {example}", r.stderr

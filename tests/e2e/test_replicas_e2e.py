@@ -8,6 +8,7 @@ and are served. The surviving replica's clients see no failure at all, before, d
 or after, and the survivor takes over the engine room the dead one held: its learned
 view of the other's work (``others``) drains at the next scrapes.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -64,8 +65,12 @@ async def test_killing_one_replica_loses_only_its_in_flight_requests(tmp_path):
         workers = [asyncio.create_task(worker(i)) for i in range(120)]
         try:
             # Both replicas serving, and the victim with requests in flight to lose.
-            await wait_until(lambda: stats[survivor]["ok"] > 0 and stats[victim]["ok"] > 0 and in_flight[victim] > 0,
-                             30.0, 0.05, "both replicas serving")
+            await wait_until(
+                lambda: stats[survivor]["ok"] > 0 and stats[victim]["ok"] > 0 and in_flight[victim] > 0,
+                30.0,
+                0.05,
+                "both replicas serving",
+            )
             assert stats[survivor]["ok"] > 0 and stats[victim]["ok"] > 0, stats
             victim_proc = fleet.procs[-1]  # the second gateway, started last
             failed_in_flight_at_kill.append(in_flight[victim])
@@ -74,8 +79,12 @@ async def test_killing_one_replica_loses_only_its_in_flight_requests(tmp_path):
             # The survivor serves on, the moved clients included, for 3 s at least: long
             # enough for any failure the kill would cause there to show.
             kill = killed_at[0]
-            await wait_until(lambda: stats[survivor]["ok_after_kill"] > 20 and time.monotonic() - kill >= 3.0,
-                             30.0, 0.05, "the survivor serving on")
+            await wait_until(
+                lambda: stats[survivor]["ok_after_kill"] > 20 and time.monotonic() - kill >= 3.0,
+                30.0,
+                0.05,
+                "the survivor serving on",
+            )
         finally:
             stopping.set()
             for w in workers:

@@ -40,7 +40,7 @@ CHAT = "/v1/chat/completions"
 ENGINES = 4
 GROUPS = 16
 REQUESTS = 192
-SYSTEM_TOKENS = 512          # about 4 bytes a token, as the sim counts
+SYSTEM_TOKENS = 512  # about 4 bytes a token, as the sim counts
 QUESTION_TOKENS = 48
 # 192 blocks of 16 tokens = 3072 tokens: an engine keeps about five groups' system
 # prompts (512 tokens each) beside the requests it is running, not all sixteen.
@@ -48,11 +48,22 @@ KV_BLOCKS = 192
 TIME_SCALE = 8
 # The engines: prefix caching, a KV cache that holds a few groups, and replies that end by
 # themselves (no max_tokens sent) about as long as the 8 tokens the others ask for.
-ENGINE_FLAGS = ("--enable-prefix-caching", "--num-gpu-blocks", str(KV_BLOCKS), "--block-size", "16",
-                "--max-model-len", "2048", "--natural-output-mean", "8")
-WORDS = ("the of and to in is was that for on are with as be at by this had not but from or have an they "
-         "which one you were all we her she there been if more when will would who so no model token cache "
-         "engine queue batch prefill decode latency tenant band request stream router gateway").split()
+ENGINE_FLAGS = (
+    "--enable-prefix-caching",
+    "--num-gpu-blocks",
+    str(KV_BLOCKS),
+    "--block-size",
+    "16",
+    "--max-model-len",
+    "2048",
+    "--natural-output-mean",
+    "8",
+)
+WORDS = (
+    "the of and to in is was that for on are with as be at by this had not but from or have an they "
+    "which one you were all we her she there been if more when will would who so no model token cache "
+    "engine queue batch prefill decode latency tenant band request stream router gateway"
+).split()
 
 
 def _text(rng: random.Random, nbytes: int) -> str:
@@ -74,8 +85,12 @@ def shared_prefix_workload(seed: int = 7) -> list[tuple[int, bytes]]:
     for i in range(REQUESTS):
         g = rng.randrange(GROUPS)
         question = f"Question {i}: " + _text(rng, QUESTION_TOKENS * 4)
-        body = {"model": MODEL, "max_tokens": 8, "ignore_eos": True,
-                "messages": [{"role": "system", "content": systems[g]}, {"role": "user", "content": question}]}
+        body = {
+            "model": MODEL,
+            "max_tokens": 8,
+            "ignore_eos": True,
+            "messages": [{"role": "system", "content": systems[g]}, {"role": "user", "content": question}],
+        }
         # As ordinary clients write it: a third without max_tokens (the engine ends the
         # reply, about as long: ENGINE_FLAGS), vLLM's priority 0, temperature and stop.
         out.append((g, orjson.dumps(real_client(body, i))))
@@ -118,8 +133,11 @@ async def run_profile(profile: str, workload: list[tuple[int, bytes]]) -> dict:
     engines = await asyncio.to_thread(start_engines, ENGINES, *ENGINE_FLAGS)
     try:
         async with running_gateway(*engines, policy="dynamic", max_concurrency=16) as gw:
-            await wait_until(lambda: all(e.num_gpu_blocks for e in gw.endpoints.values()), 5.0,
-                             what="every engine's cache config scraped")
+            await wait_until(
+                lambda: all(e.num_gpu_blocks for e in gw.endpoints.values()),
+                5.0,
+                what="every engine's cache config scraped",
+            )
             hits0, queries0 = await asyncio.to_thread(prefix_counters, engines)
             client = Client("127.0.0.1", gw.port, timeout=60)
             gate = asyncio.Semaphore(8)
@@ -135,8 +153,9 @@ async def run_profile(profile: str, workload: list[tuple[int, bytes]]) -> dict:
                 for start in range(0, len(workload), 8):
                     # Waves of 8 keep the engines busy without a standing queue; the bound
                     # on the run is the test's timeout and the client's.
-                    results += await asyncio.gather(*(one(i, body) for i, (_, body)
-                                                      in enumerate(workload[start:start + 8], start)))
+                    results += await asyncio.gather(
+                        *(one(i, body) for i, (_, body) in enumerate(workload[start : start + 8], start))
+                    )
             finally:
                 client.close()
             took = time.monotonic() - t0
@@ -150,8 +169,13 @@ async def run_profile(profile: str, workload: list[tuple[int, bytes]]) -> dict:
     for r in results:
         spread[r.endpoint] = spread.get(r.endpoint, 0) + 1
     queries = queries1 - queries0
-    return {"hit_rate": (hits1 - hits0) / queries if queries else 0.0, "queries": queries, "spread": spread,
-            "seconds": took, "picks": router["picks"]}
+    return {
+        "hit_rate": (hits1 - hits0) / queries if queries else 0.0,
+        "queries": queries,
+        "spread": spread,
+        "seconds": took,
+        "picks": router["picks"],
+    }
 
 
 @pytest.mark.timed  # hit rates that follow in-flight timing
@@ -159,8 +183,10 @@ async def test_chat_profile_earns_at_least_twice_the_engine_prefix_cache_hit_rat
     workload = shared_prefix_workload()
     chat = await run_profile("chat", workload)
     batch = await run_profile("batch", workload)
-    print(f"\nengine prefix-cache hit rate: chat {chat['hit_rate']:.3f} {chat['spread']} in {chat['seconds']:.1f} s, "
-          f"batch {batch['hit_rate']:.3f} {batch['spread']} in {batch['seconds']:.1f} s")
+    print(
+        f"\nengine prefix-cache hit rate: chat {chat['hit_rate']:.3f} {chat['spread']} in {chat['seconds']:.1f} s, "
+        f"batch {batch['hit_rate']:.3f} {batch['spread']} in {batch['seconds']:.1f} s"
+    )
     # The workload is real: every prompt token was queried, and even the shortest
     # queue finds some prefixes cached (the same group twice in a row on an engine).
     assert chat["queries"] >= REQUESTS * SYSTEM_TOKENS and batch["queries"] >= REQUESTS * SYSTEM_TOKENS
@@ -177,8 +203,12 @@ async def send_waves(port: int, workload: list[tuple[int, bytes]], headers: dict
     results = []
     try:
         for start in range(0, len(workload), 8):
-            results += await asyncio.gather(*(client.send(i, render_request("POST", CHAT, "127.0.0.1", headers, body))
-                                              for i, (_, body) in enumerate(workload[start:start + 8], start)))
+            results += await asyncio.gather(
+                *(
+                    client.send(i, render_request("POST", CHAT, "127.0.0.1", headers, body))
+                    for i, (_, body) in enumerate(workload[start : start + 8], start)
+                )
+            )
     finally:
         client.close()
     return results
@@ -195,9 +225,11 @@ async def run_serve_defaults(workload: list[tuple[int, bytes]], headers: dict) -
     try:
         eps = [arg for i, e in enumerate(engines, 1) for arg in ("--endpoint", f"e{i}={e.url}={MODEL}")]
         with gateway_process("serve", *eps) as gp:
+
             async def scraped():
                 s = await stats(gp.admin_port)
                 return all(e["healthy"] and e["num_gpu_blocks"] for e in s["endpoints"])
+
             await wait_until(scraped, 10.0, interval=0.1, what="every engine healthy with its cache config scraped")
             hits0, queries0 = await asyncio.to_thread(prefix_counters, engines)
             results = await send_waves(gp.port, workload, headers)
@@ -219,8 +251,10 @@ async def test_at_default_flags_with_no_models_section_prefix_affinity_is_in_eff
     workload = shared_prefix_workload(seed=11)
     default = await run_serve_defaults(workload, {})
     batch = await run_serve_defaults(workload, {"x-velocity-profile": "batch"})
-    print(f"\nengine prefix-cache hit rate at default flags {default['hit_rate']:.3f} {default['picks']}, "
-          f"batch {batch['hit_rate']:.3f} {batch['picks']}")
+    print(
+        f"\nengine prefix-cache hit rate at default flags {default['hit_rate']:.3f} {default['picks']}, "
+        f"batch {batch['hit_rate']:.3f} {batch['picks']}"
+    )
     assert default["queries"] >= REQUESTS * SYSTEM_TOKENS and batch["queries"] >= REQUESTS * SYSTEM_TOKENS
     assert batch["hit_rate"] >= 0.05, batch
     assert default["hit_rate"] >= 2.0 * batch["hit_rate"], (default, batch)
@@ -240,22 +274,40 @@ def test_charge_velocity_prefix_precise_at_default_flags_makes_precise_picks(tmp
 
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator([" ".join(WORDS)] + [f"You are assistant number {g}. Question {g}:" for g in range(50)],
-                            trainers.WordLevelTrainer(special_tokens=["[UNK]", "<|im_start|>", "<|im_end|>"]))
+    tok.train_from_iterator(
+        [" ".join(WORDS)] + [f"You are assistant number {g}. Question {g}:" for g in range(50)],
+        trainers.WordLevelTrainer(special_tokens=["[UNK]", "<|im_start|>", "<|im_end|>"]),
+    )
     path = str(tmp_path / "tokenizer.json")
     tok.save(path)
     base = free_port_block(2)
-    with gateway_process("chargeVelocity", "--mock", "--engines", "2", "--engine-base-port", str(base),
-                         "--prefix", "precise", "--tokenizer", path,
-                         "--sim-args", "--time-scale 50 --block-size 16", timeout=40) as gp:
+    with gateway_process(
+        "chargeVelocity",
+        "--mock",
+        "--engines",
+        "2",
+        "--engine-base-port",
+        str(base),
+        "--prefix",
+        "precise",
+        "--tokenizer",
+        path,
+        "--sim-args",
+        "--time-scale 50 --block-size 16",
+        timeout=40,
+    ) as gp:
+
         def get(url):
             with urlopen(url, timeout=10) as r:
                 return r.read()
 
         def ready():
             s = orjson.loads(get(gp.admin_url + "/stats"))
-            return (sum(e["healthy"] for e in s["endpoints"]) == 2 and len(s["kv_events"]["endpoints"]) == 2
-                    and all(e["state"] == "exact" for e in s["kv_events"]["endpoints"].values()))
+            return (
+                sum(e["healthy"] for e in s["endpoints"]) == 2
+                and len(s["kv_events"]["endpoints"]) == 2
+                and all(e["state"] == "exact" for e in s["kv_events"]["endpoints"].values())
+            )
 
         deadline = time.monotonic() + 20
         while not ready():
@@ -265,19 +317,24 @@ def test_charge_velocity_prefix_precise_at_default_flags_makes_precise_picks(tmp
         workload = [w for w in shared_prefix_workload(seed=5) if w[0] < 3][:24]  # groups that recur
         for _, body in workload:
             data = orjson.dumps(dict(orjson.loads(body), model=model))
-            with urlopen(Request(gp.url + CHAT, data=data, headers={"content-type": "application/json"}),
-                         timeout=10) as r:
+            with urlopen(
+                Request(gp.url + CHAT, data=data, headers={"content-type": "application/json"}), timeout=10
+            ) as r:
                 assert r.status == 200
         s = orjson.loads(get(gp.admin_url + "/stats"))
         metrics = get(gp.admin_url + "/metrics").decode()
     assert s["kv_events"]["precise"]["share"] > 0.5, s["kv_events"]
     assert s["routing"]["picks"].get("chat"), s["routing"]["picks"]
-    line = [ln for ln in metrics.splitlines()
-            if ln.startswith("velocity_prefix_precise_picks_total{") and 'how="precise"' in ln]
+    line = [
+        ln
+        for ln in metrics.splitlines()
+        if ln.startswith("velocity_prefix_precise_picks_total{") and 'how="precise"' in ln
+    ]
     assert line and float(line[0].split()[-1]) >= 12, line
 
 
 # -- profiles and sessions ---------------------------------------------------------------------
+
 
 @pytest.fixture
 def engines():
@@ -293,10 +350,10 @@ def question(rng: random.Random) -> dict:
 
 async def test_unknown_profile_is_400_naming_the_header(engines):
     async with running_gateway(*engines, policy="dynamic") as gw:
-        r = await http_request(gw.port, "POST", CHAT, question(random.Random(1)),
-                               {"x-velocity-profile": "fastest"})
-        ok = await http_request(gw.port, "POST", CHAT, question(random.Random(2)),
-                                {"x-velocity-profile": "Long-Context"})
+        r = await http_request(gw.port, "POST", CHAT, question(random.Random(1)), {"x-velocity-profile": "fastest"})
+        ok = await http_request(
+            gw.port, "POST", CHAT, question(random.Random(2)), {"x-velocity-profile": "Long-Context"}
+        )
     assert r.status == 400, r.body
     err = r.json()["error"]
     assert err["param"] == "x-velocity-profile" and "fastest" in err["message"], err

@@ -3,6 +3,7 @@ of a slow sim engine logs the drain with the requests in flight, refuses new con
 and answers /ready 503 from its start, and ends what outlives `server.shutdown_grace_s`
 as an engine death mid-stream is relayed: a stream gets vLLM's error event and [DONE],
 a request with nothing sent yet a 503."""
+
 from __future__ import annotations
 
 import asyncio
@@ -29,8 +30,10 @@ async def _ready(admin_port: int) -> tuple[int, dict]:
 async def test_sigterm_past_the_grace_ends_a_stream_with_an_error_event_and_done(tmp_path):
     cfg = tmp_path / "gw.yaml"
     cfg.write_text(f"server: {{shutdown_grace_s: {GRACE_S}}}\nhealth: {{check_interval_ms: 100}}\n")
-    with sim_engine("--decode-tps", "20", model="m1") as eng, \
-            gateway_process("serve", "--config", str(cfg), "--endpoint", f"e1={eng.url}=m1") as gp:
+    with (
+        sim_engine("--decode-tps", "20", model="m1") as eng,
+        gateway_process("serve", "--config", str(cfg), "--endpoint", f"e1={eng.url}=m1") as gp,
+    ):
         deadline = time.monotonic() + 20
         while (await _ready(gp.admin_port))[0] != 200:
             assert time.monotonic() < deadline, "the gateway did not become ready"
@@ -73,9 +76,14 @@ async def test_sigterm_past_the_grace_ends_a_stream_with_an_error_event_and_done
             cut_after = time.monotonic() - t0
             assert GRACE_S * 0.8 < cut_after < GRACE_S + 5, cut_after
             assert rest[-1] == "[DONE]"
-            assert json.loads(rest[-2]) == {"error": {
-                "message": "The gateway shut down before the response was complete.",
-                "type": "ServiceUnavailableError", "param": None, "code": 503}}
+            assert json.loads(rest[-2]) == {
+                "error": {
+                    "message": "The gateway shut down before the response was complete.",
+                    "type": "ServiceUnavailableError",
+                    "param": None,
+                    "code": 503,
+                }
+            }
             tokens = [json.loads(e) for e in first + rest[:-2]]
             assert len(tokens) > 2 and all("choices" in t for t in tokens)  # it kept streaming meanwhile
         finally:
@@ -88,6 +96,7 @@ async def test_sigterm_past_the_grace_ends_a_stream_with_an_error_event_and_done
 
         assert gp.wait(15) == 0
         log = gp.stderr_text
-        assert (f"shutting down: 2 request(s) in flight, grace {GRACE_S:g} s; new connections refused, "
-                "/ready 503") in log, log
+        assert (
+            f"shutting down: 2 request(s) in flight, grace {GRACE_S:g} s; new connections refused, /ready 503"
+        ) in log, log
         assert f"shutdown grace of {GRACE_S:g} s over: 2 response(s) still running ended with an error" in log, log

@@ -4,6 +4,7 @@ both replicas: the admitted rate is the tenant's, not twice it; with Redis stopp
 requests still flow under each replica's local limit and none waits on the store; when it
 is back the shared limit holds again. The same for tokens_per_minute, and a bad
 state_store is refused at start with the key named."""
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,12 @@ def two_gateways(engine, tmp_path, tenant: str, store_url: str):
     cfg = tmp_path / "gw.yaml"
     cfg.write_text(f"state_store: {store_url}\ntenants:\n  - {tenant}\n")
     with ExitStack() as stack:
-        gws = [stack.enter_context(gateway_process("serve", "--config", str(cfg), "--endpoint",
-                                                   f"e1={engine.url}={MODEL}")) for _ in range(2)]
+        gws = [
+            stack.enter_context(
+                gateway_process("serve", "--config", str(cfg), "--endpoint", f"e1={engine.url}={MODEL}")
+            )
+            for _ in range(2)
+        ]
         yield gws
 
 
@@ -78,8 +83,7 @@ def _level(rs, kind: str) -> float:
 async def _store_metrics(g) -> dict[str, float]:
     """A replica's ``velocity_state_store_*`` samples from its /metrics, by name."""
     text = (await http_request(g.admin_port, "GET", "/metrics")).body.decode()
-    return {ln.split()[0]: float(ln.split()[-1]) for ln in text.splitlines()
-            if ln.startswith("velocity_state_store_")}
+    return {ln.split()[0]: float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith("velocity_state_store_")}
 
 
 async def _store_answers(gws, timeout: float = 20.0) -> None:
@@ -142,8 +146,10 @@ async def _drain(gws, rs, kind: str, cap: float, timeout: float = 15.0) -> None:
 @pytest.mark.timed  # a rate over a window
 async def test_two_replicas_admit_the_tenant_rate_once(engine, tmp_path):
     rate = 40
-    with redis_server() as rs, two_gateways(engine, tmp_path, f"{{name: t, requests_per_second: {rate}, burst: 10}}",
-                                            rs.url) as gws:
+    with (
+        redis_server() as rs,
+        two_gateways(engine, tmp_path, f"{{name: t, requests_per_second: {rate}, burst: 10}}", rs.url) as gws,
+    ):
         recs, _, _ = await _shared_window(gws, rs, "requests", 10, 6.0)
         t0 = min(r[0] for r in recs)
         got = _admitted(_window(recs, t0, t0 + 6.0)) / 6.0
@@ -158,8 +164,10 @@ async def test_two_replicas_admit_the_tenant_rate_once(engine, tmp_path):
 @pytest.mark.timed  # rates over windows, a latency bound
 async def test_a_stopped_store_leaves_requests_to_the_local_limit_and_never_waited_on(engine, tmp_path):
     rate = 40
-    with redis_server() as rs, two_gateways(engine, tmp_path, f"{{name: t, requests_per_second: {rate}, burst: 10}}",
-                                            rs.url) as gws:
+    with (
+        redis_server() as rs,
+        two_gateways(engine, tmp_path, f"{{name: t, requests_per_second: {rate}, burst: 10}}", rs.url) as gws,
+    ):
         recs, took, _ = await _shared_window(gws, rs, "requests", 10, 3.0)
         shared = _admitted(recs) / took
         assert abs(shared - rate) <= 0.1 * rate, shared
@@ -194,8 +202,7 @@ async def test_a_stopped_store_leaves_requests_to_the_local_limit_and_never_wait
 async def test_tokens_per_minute_hold_across_replicas_and_through_a_store_restart(engine, tmp_path):
     tpm = 6000  # 100 tokens a second; a request here costs about 15 (prompt and 8 completed)
     per_s = tpm / 60
-    with redis_server() as rs, two_gateways(engine, tmp_path, f"{{name: t, tokens_per_minute: {tpm}}}",
-                                            rs.url) as gws:
+    with redis_server() as rs, two_gateways(engine, tmp_path, f"{{name: t, tokens_per_minute: {tpm}}}", rs.url) as gws:
         # What the drain left in the shared bucket (negative: a debt of settlements) is
         # served on top of the quota's refill. Beside it, a constant of a few requests is
         # served that no window sees charged: the replicas' leases (100 ms of the rate
@@ -206,8 +213,9 @@ async def test_tokens_per_minute_hold_across_replicas_and_through_a_store_restar
         tokens = sum(r[4] for r in _window(recs, t0, t0 + 10.0)) / 10.0
         due = per_s + left / 10.0
         print(f"two replicas, quota {per_s} tokens/s and {left:.0f} left in the bucket: served {tokens:.2f}/s")
-        assert abs(tokens - due) <= 0.1 * per_s, \
+        assert abs(tokens - due) <= 0.1 * per_s, (
             f"{tokens:.1f} tokens/s across two replicas, quota {per_s}/s and {left:.0f} left: {due:.1f}/s due"
+        )
         rs.stop()  # gone: connections refused
         try:
             t1 = time.monotonic()
@@ -221,15 +229,19 @@ async def test_tokens_per_minute_hold_across_replicas_and_through_a_store_restar
         # The fresh store's full bucket, less what the outage was charged, drained first.
         back, took, left = await _shared_window(gws, rs, "tokens", tpm, 4.0)
         got, due = sum(r[4] for r in back) / took, per_s + left / took
-        print(f"store restarted: down {sum(r[4] for r in down) / elapsed:.2f} tokens/s, "
-              f"slowest {max(r[3] for r in down) * 1000:.0f} ms; after {got:.2f} tokens/s ({left:.0f} left)")
-        assert abs(got - due) <= 0.15 * per_s, \
+        print(
+            f"store restarted: down {sum(r[4] for r in down) / elapsed:.2f} tokens/s, "
+            f"slowest {max(r[3] for r in down) * 1000:.0f} ms; after {got:.2f} tokens/s ({left:.0f} left)"
+        )
+        assert abs(got - due) <= 0.15 * per_s, (
             f"after the store returned: {got:.1f} tokens/s, quota {per_s}/s and {left:.0f} left: {due:.1f}/s due"
+        )
 
 
 def test_a_bad_state_store_is_refused_at_start_naming_the_key(engine, tmp_path):
-    gp = GatewayProcess("serve", "--endpoint", f"e1={engine.url}={MODEL}",
-                        "--state-store", "redis://127.0.0.1:notaport/0")
+    gp = GatewayProcess(
+        "serve", "--endpoint", f"e1={engine.url}={MODEL}", "--state-store", "redis://127.0.0.1:notaport/0"
+    )
     try:
         gp.spawn()
         assert gp.wait(20) != 0
@@ -240,8 +252,9 @@ def test_a_bad_state_store_is_refused_at_start_naming_the_key(engine, tmp_path):
 
 async def _burst(port: int, n: int) -> list[int]:
     """``n`` requests at once: their statuses."""
-    rs = await asyncio.gather(*(http_request(port, "POST", "/v1/completions", BODY, HEADERS, timeout=10.0)
-                                for _ in range(n)))
+    rs = await asyncio.gather(
+        *(http_request(port, "POST", "/v1/completions", BODY, HEADERS, timeout=10.0) for _ in range(n))
+    )
     return [r.status for r in rs]
 
 
@@ -257,8 +270,9 @@ async def test_a_concurrent_burst_is_admitted_up_to_burst_with_a_store(engine, t
     worker gets its lease and the refills that come back while it lasts)."""
     cfg = tmp_path / "gw.yaml"
     with redis_server() as rs:
-        cfg.write_text(f"state_store: {rs.url}\nworkers: {workers}\n"
-                       "tenants:\n  - {name: t, requests_per_second: 4, burst: 4}\n")
+        cfg.write_text(
+            f"state_store: {rs.url}\nworkers: {workers}\ntenants:\n  - {{name: t, requests_per_second: 4, burst: 4}}\n"
+        )
         with gateway_process("serve", "--config", str(cfg), "--endpoint", f"e1={engine.url}={MODEL}") as g:
             await _store_answers([g])
             await asyncio.sleep(1.5)  # the bucket full again after the check's requests

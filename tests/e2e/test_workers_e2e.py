@@ -5,6 +5,7 @@ SIGHUP reaches every worker; a worker killed under load loses only its own in-fl
 requests and is replaced; SIGTERM drains every worker and the supervisor exits 0.
 Every process a test starts (engines, the supervisor and its workers) is stopped by it.
 """
+
 from __future__ import annotations
 
 import json
@@ -77,8 +78,10 @@ def _alive(pid: int) -> bool:
 
 def _config(tmp_path, eng1, eng2, extra: str = "") -> str:
     cfg = tmp_path / "gw.yaml"
-    cfg.write_text(f"endpoints:\n  - {{name: e1, url: '{eng1.url}', model: m1}}\n"
-                   f"  - {{name: e2, url: '{eng2.url}', model: m1}}\n" + FAST_HEALTH + extra)
+    cfg.write_text(
+        f"endpoints:\n  - {{name: e1, url: '{eng1.url}', model: m1}}\n"
+        f"  - {{name: e2, url: '{eng2.url}', model: m1}}\n" + FAST_HEALTH + extra
+    )
     return str(cfg)
 
 
@@ -88,8 +91,11 @@ def _ready(gp) -> bool:
 
 @pytest.mark.timeout(120)
 def test_two_workers_share_the_port_and_the_admin_port_reports_both(tmp_path):
-    with sim_engine(model="m1", time_scale=20) as e1, sim_engine(model="m1", time_scale=20) as e2, \
-            gateway_process("serve", "--config", _config(tmp_path, e1, e2), "--workers", "2") as gp:
+    with (
+        sim_engine(model="m1", time_scale=20) as e1,
+        sim_engine(model="m1", time_scale=20) as e2,
+        gateway_process("serve", "--config", _config(tmp_path, e1, e2), "--workers", "2") as gp,
+    ):
         assert "2 workers" in gp.stdout_text
         _wait(lambda: _ready(gp), 20, "/ready 200")
         # New connections each: the kernel spreads them between the two listening workers.
@@ -105,8 +111,11 @@ def test_two_workers_share_the_port_and_the_admin_port_reports_both(tmp_path):
         assert sum(e["served"] for e in stats["endpoints"]) == 60
         assert [e["name"] for e in stats["endpoints"]] == ["e1", "e2"]
         metrics = _get(gp.admin_url + "/metrics")[1].decode()
-        total = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                    if line.startswith("velocity_requests_total{") and 'status="200"' in line)
+        total = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("velocity_requests_total{") and 'status="200"' in line
+        )
         assert total == 60
         assert "velocity_workers 2.0" in metrics
         # Both workers check the same engine: the family declares MAX, so the whole is 1, not 2.
@@ -128,16 +137,22 @@ def test_sighup_reaches_every_worker(tmp_path):
             with open(cfg, "w") as f:
                 f.write(text.replace("requests_per_second: 5", "requests_per_second: 7"))
             gp.proc.send_signal(signal.SIGHUP)
-            _wait(lambda: [p["tenants"]["t1"]["requests_per_second"] for p in _stats(gp)["per_worker"]] == [7, 7],
-                  15, "both workers to reload")
+            _wait(
+                lambda: [p["tenants"]["t1"]["requests_per_second"] for p in _stats(gp)["per_worker"]] == [7, 7],
+                15,
+                "both workers to reload",
+            )
             assert gp.proc.poll() is None
 
 
 @pytest.mark.timed  # failures timed against the kill
 @pytest.mark.timeout(150)
 def test_a_worker_killed_under_load_loses_only_its_in_flight_requests(tmp_path):
-    with sim_engine(model="m1", time_scale=1) as e1, sim_engine(model="m1", time_scale=1) as e2, \
-            gateway_process("serve", "--config", _config(tmp_path, e1, e2), "--workers", "2") as gp:
+    with (
+        sim_engine(model="m1", time_scale=1) as e1,
+        sim_engine(model="m1", time_scale=1) as e2,
+        gateway_process("serve", "--config", _config(tmp_path, e1, e2), "--workers", "2") as gp,
+    ):
         _wait(lambda: _ready(gp), 20, "/ready 200")
         before = {p["worker"]: p["pid"] for p in _stats(gp)["per_worker"]}
         clients = 8
@@ -147,7 +162,7 @@ def test_a_worker_killed_under_load_loses_only_its_in_flight_requests(tmp_path):
 
         def client() -> None:
             while not stop.is_set():
-                status = _complete(gp, max_tokens=40)   # about 0.8 s at the sim's 50 tokens/s
+                status = _complete(gp, max_tokens=40)  # about 0.8 s at the sim's 50 tokens/s
                 with lock:
                     results.append((time.monotonic(), status))
 
@@ -159,11 +174,20 @@ def test_a_worker_killed_under_load_loses_only_its_in_flight_requests(tmp_path):
                 _wait(lambda: sum(s == 200 for _, s in results) >= clients, 30, "a round of answers")
                 os.kill(before[1], signal.SIGKILL)
                 killed_at = time.monotonic()
-                _wait(lambda: (s := _stats(gp))["workers"]["alive"] == 2 and s["workers"]["restarts"] == 1,
-                      30, "a new worker")
+                _wait(
+                    lambda: (s := _stats(gp))["workers"]["alive"] == 2 and s["workers"]["restarts"] == 1,
+                    30,
+                    "a new worker",
+                )
                 # Answers again, and past the second in which a failure may still be the kill's.
-                _wait(lambda: time.monotonic() > killed_at + 2.0 and
-                      any(t > killed_at + 1.0 and s == 200 for t, s in list(results)), 30, "answers after the kill")
+                _wait(
+                    lambda: (
+                        time.monotonic() > killed_at + 2.0
+                        and any(t > killed_at + 1.0 and s == 200 for t, s in list(results))
+                    ),
+                    30,
+                    "answers after the kill",
+                )
             finally:
                 stop.set()
         ok_before = sum(1 for t, s in results if t < killed_at and s == 200)
@@ -188,12 +212,15 @@ def test_a_worker_killed_under_load_loses_only_its_in_flight_requests(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_sigterm_drains_every_worker_and_exits_0(tmp_path):
-    with sim_engine(model="m1", time_scale=1) as e1, sim_engine(model="m1", time_scale=1) as e2, \
-            gateway_process("serve", "--config", _config(tmp_path, e1, e2), "--workers", "2") as gp:
+    with (
+        sim_engine(model="m1", time_scale=1) as e1,
+        sim_engine(model="m1", time_scale=1) as e2,
+        gateway_process("serve", "--config", _config(tmp_path, e1, e2), "--workers", "2") as gp,
+    ):
         _wait(lambda: _ready(gp), 20, "/ready 200")
         pids = [p["pid"] for p in _stats(gp)["per_worker"]]
         with ThreadPoolExecutor(6) as pool:
-            futures = [pool.submit(_complete, gp, 100) for _ in range(6)]   # about 2 s each
+            futures = [pool.submit(_complete, gp, 100) for _ in range(6)]  # about 2 s each
             time.sleep(0.7)
             gp.proc.send_signal(signal.SIGTERM)
             statuses = [f.result() for f in futures]
@@ -248,12 +275,16 @@ def test_a_tenants_rate_holds_once_across_two_workers(tmp_path):
                 got = one(None)
                 with lock:
                     out.append(got)
+
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(client, range(8)))
         return out
 
-    with sim_engine(model="m1", time_scale=50) as e1, sim_engine(model="m1", time_scale=50) as e2, \
-            gateway_process("serve", "--config", _config(tmp_path, e1, e2, extra), "--workers", "2") as gp:
+    with (
+        sim_engine(model="m1", time_scale=50) as e1,
+        sim_engine(model="m1", time_scale=50) as e2,
+        gateway_process("serve", "--config", _config(tmp_path, e1, e2, extra), "--workers", "2") as gp,
+    ):
         _wait(lambda: _ready(gp), 20, "/ready 200")
         load(time.monotonic() + 1.5)  # the burst spent
         t0 = time.monotonic()

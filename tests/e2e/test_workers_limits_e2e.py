@@ -8,6 +8,7 @@ they reach 4 (the load was real). Then one worker is killed with SIGKILL: the ot
 carries on, a new one starts, and the engines fill up to 4 again — the dead worker's
 share of the limit was given back, not lost with it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -48,8 +49,7 @@ async def engine_load(port: int) -> float:
 async def test_two_workers_never_pass_an_engines_limit_and_a_dead_ones_share_comes_back(tmp_path):
     # `static`: one band let through up to the limit, so that the flood fills it (under
     # `dynamic` the low band keeps a share of each engine free for higher bands).
-    fleet = Fleet(ENGINES, "static", str(tmp_path), workers=2,
-                  gateway_args=("--max-concurrency", str(LIMIT)))
+    fleet = Fleet(ENGINES, "static", str(tmp_path), workers=2, gateway_args=("--max-concurrency", str(LIMIT)))
     fleet.start()
     try:
         await fleet.wait_ready()
@@ -88,8 +88,7 @@ async def test_two_workers_never_pass_an_engines_limit_and_a_dead_ones_share_com
             assert len(workers) == 2, workers
             os.kill(workers[0], signal.SIGKILL)
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and (len(children(supervisor)) < 2 or workers[0] in
-                                                   children(supervisor)):
+            while time.monotonic() < deadline and (len(children(supervisor)) < 2 or workers[0] in children(supervisor)):
                 await asyncio.sleep(0.2)
             await asyncio.sleep(2.0)  # the new worker takes its share of the flood
             after = await sample(6.0)
@@ -130,8 +129,10 @@ async def test_isolation_holds_at_default_flags_with_two_workers(tmp_path):
         again = await run(SCENARIOS["seqs-16"], "dynamic", str(tmp_path), workers=2, **params)
         dyn = min(dyn, again, key=lambda r: r["p95_ratio"] / bound(r))
     sta = await run(SCENARIOS["seqs-16"], "static", str(tmp_path), workers=2, **params, **static_verdict(dyn))
-    print(f"\n2 workers, seqs-16: dynamic {dyn['p95_ratio']:.2f}x (bound {bound(dyn):.2f}x, "
-          f"{dyn['idle_ms']['p95']:.0f} -> {dyn['loaded_ms']['p95']:.0f} ms), static {sta['p95_ratio']:.2f}x")
+    print(
+        f"\n2 workers, seqs-16: dynamic {dyn['p95_ratio']:.2f}x (bound {bound(dyn):.2f}x, "
+        f"{dyn['idle_ms']['p95']:.0f} -> {dyn['loaded_ms']['p95']:.0f} ms), static {sta['p95_ratio']:.2f}x"
+    )
     assert dyn["idle_ms"]["failed"] == dyn["loaded_ms"]["failed"] == 0
     assert dyn["low"]["completed_during_high_series"] > 0 and sta["low"]["completed_during_high_series"] > 0
     assert dyn["p95_ratio"] <= bound(dyn), dyn

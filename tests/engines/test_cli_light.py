@@ -1,5 +1,6 @@
 """`velocityllm version` and `--help` answer like a binary: they load neither the event
 loop (uvloop), nor msgspec, nor vLLM. Checked through sys.modules in a fresh interpreter."""
+
 from __future__ import annotations
 
 import json
@@ -25,15 +26,22 @@ print("\\n@@" + json.dumps({"code": code, "modules": sorted(sys.modules)}))
 
 
 def _run(*argv: str) -> tuple[str, dict]:
-    out = subprocess.run([sys.executable, "-c", _PROBE, *argv], cwd=str(REPO), capture_output=True, text=True,
-                         timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, *argv],
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+    )
     assert out.returncode == 0, out.stderr
     text, _, probe = out.stdout.rpartition("\n@@")
     return text, json.loads(probe)
 
 
-@pytest.mark.parametrize("argv", [("version",), ("--version",), ("--help",), ("serve", "--help"),
-                                  ("chargeVelocity", "--help")])
+@pytest.mark.parametrize(
+    "argv", [("version",), ("--version",), ("--help",), ("serve", "--help"), ("chargeVelocity", "--help")]
+)
 def test_light_commands_import_nothing_heavy(argv):
     text, probe = _run(*argv)
     assert probe["code"] in (0, None)

@@ -1,5 +1,6 @@
 """GPU detection: the nvidia-smi path through the fake, the NVML path through a fake
 pynvml module, the fallback between them, and the thread the async wrapper uses."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """The engine plan (vLLM per GPU / per TP group, or sim) and `velocityllm detect`."""
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,16 @@ def flag(argv, name):
 
 
 def test_one_vllm_engine_per_gpu_with_its_own_device_and_port(model, tmp_path):
-    plan = plan_engines(gpus(2), model, base_port=9100, log_dir=tmp_path, path=str(FAKES_DIR),
-                        gpu_memory_utilization=0.85, max_model_len=8192, api_key="k")
+    plan = plan_engines(
+        gpus(2),
+        model,
+        base_port=9100,
+        log_dir=tmp_path,
+        path=str(FAKES_DIR),
+        gpu_memory_utilization=0.85,
+        max_model_len=8192,
+        api_key="k",
+    )
     assert plan.kind == "vllm" and len(plan.specs) == 2
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in plan.specs] == ["0", "1"]
     assert [s.port for s in plan.specs] == [9100, 9101]
@@ -80,8 +89,15 @@ def test_vllm_missing_says_to_install_the_gpu_extra(model, tmp_path):
     [(0, True, False, "no GPU"), (2, False, False, "no model"), (2, True, True, "--mock")],
 )
 def test_sim_engines_without_gpu_or_model_or_with_mock(model, n_gpus, use_model, mock, reason):
-    plan = plan_engines(gpus(n_gpus), model if use_model else None, mock=mock, engines=3,
-                        base_port=9200, sim_args=["--time-scale", "10"], path=str(FAKES_DIR))
+    plan = plan_engines(
+        gpus(n_gpus),
+        model if use_model else None,
+        mock=mock,
+        engines=3,
+        base_port=9200,
+        sim_args=["--time-scale", "10"],
+        path=str(FAKES_DIR),
+    )
     assert plan.kind == "sim" and reason in plan.reason
     assert [s.port for s in plan.specs] == [9200, 9201, 9202]
     for s in plan.specs:
@@ -109,14 +125,18 @@ def test_flags_and_defaults():
 def test_options_module_imports_nothing_heavy():
     import subprocess
 
-    code = ("import sys, velocity_fast.engines.flags; "
-            "print(sorted(m for m in sys.modules if m.startswith(('velocity_fast', 'asyncio', 'subprocess'))))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=str(FAKES_DIR.parents[2])).stdout
+    code = (
+        "import sys, velocity_fast.engines.flags; "
+        "print(sorted(m for m in sys.modules if m.startswith(('velocity_fast', 'asyncio', 'subprocess'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=str(FAKES_DIR.parents[2])
+    ).stdout
     assert "asyncio" not in out and "subprocess" not in out and "velocity_fast.engines.plan" not in out
 
 
 # ---- velocityllm detect ---------------------------------------------------------------
+
 
 def run_detect(*argv):
     out = io.StringIO()
@@ -185,9 +205,23 @@ def test_velocityllm_detect_command(tmp_path, model):
 
     env = machine_env(4, tmp_path, HOME=str(tmp_path))
     done = subprocess.run(
-        [sys.executable, "-m", "velocity_fast.cli", "detect", "--model-path", str(model.path),
-         "--tensor-parallel-size", "2", "--engine-base-port", "9400"],
-        capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "velocity_fast.cli",
+            "detect",
+            "--model-path",
+            str(model.path),
+            "--tensor-parallel-size",
+            "2",
+            "--engine-base-port",
+            "9400",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     assert "GPUs: 4 (via nvidia-smi)" in done.stdout
@@ -232,8 +266,9 @@ def test_a_port_with_only_time_wait_connections_is_still_chosen(model):
     client.close()
     # /proc/net/tcp: local address (hex ip:port) in the second column, state 06 is TIME-WAIT
     rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
-    assert any(r[1].endswith(f":{port:04X}") and r[3] == "06" for r in rows), \
+    assert any(r[1].endswith(f":{port:04X}") and r[3] == "06" for r in rows), (
         "the test needs a TIME-WAIT connection on the port"
+    )
     plan = plan_engines(gpus(0), None, engines=1, base_port=port)
     assert [s.port for s in plan.specs] == [port]
     # ... and the engine's own server can listen there (fdio.listen, as the sim engine binds).

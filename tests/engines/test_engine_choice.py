@@ -1,4 +1,5 @@
 """--engine / engine: and --vllm-python: vLLM's CPU build without a GPU, and the refusals."""
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,17 @@ def flag(argv, name):
 
 
 def test_cpu_vllm_plan_runs_the_given_python_with_cpu_flags_and_env(model, vllm_python, tmp_path):
-    plan = plan_engines([], model, engine="vllm", vllm_python=vllm_python, path=str(tmp_path),
-                        base_port=9500, log_dir=tmp_path, max_model_len=4096, environ={})
+    plan = plan_engines(
+        [],
+        model,
+        engine="vllm",
+        vllm_python=vllm_python,
+        path=str(tmp_path),
+        base_port=9500,
+        log_dir=tmp_path,
+        max_model_len=4096,
+        environ={},
+    )
     assert plan.kind == "vllm" and len(plan.specs) == 1  # one engine by default on CPU
     assert "without a GPU" in plan.reason
     s = plan.specs[0]
@@ -52,14 +62,25 @@ def test_cpu_vllm_plan_runs_the_given_python_with_cpu_flags_and_env(model, vllm_
     assert flag(a, "--served-model-name") == "llama-tiny" == s.model_name
     assert flag(a, "--max-model-len") == "4096" and flag(a, "--dtype") == "bfloat16"
     assert "--enforce-eager" in a and "--gpu-memory-utilization" not in a
-    assert dict(s.env) == VLLM_CPU_ENV == {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
-                                           "VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert (
+        dict(s.env)
+        == VLLM_CPU_ENV
+        == {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    )
     assert not s.gpus and "CUDA_VISIBLE_DEVICES" not in s.env
 
 
 def test_cpu_engines_count_ports_and_the_users_own_env(model, vllm_python, tmp_path):
-    plan = plan_engines([], model, engine="vllm", vllm_python=vllm_python, engines=2, base_port=9510,
-                        log_dir=tmp_path, environ={"VLLM_CPU_KVCACHE_SPACE": "8"})
+    plan = plan_engines(
+        [],
+        model,
+        engine="vllm",
+        vllm_python=vllm_python,
+        engines=2,
+        base_port=9510,
+        log_dir=tmp_path,
+        environ={"VLLM_CPU_KVCACHE_SPACE": "8"},
+    )
     assert [s.port for s in plan.specs] == [9510, 9511] and len({s.name for s in plan.specs}) == 2
     assert all(s.env["VLLM_CPU_KVCACHE_SPACE"] == "8" and s.env["OMP_NUM_THREADS"] == "1" for s in plan.specs)
 
@@ -71,8 +92,7 @@ def test_cpu_vllm_from_path_runs_vllm_serve(model, tmp_path):
 
 
 def test_the_checkouts_vllm_venv_is_the_last_resort(model, vllm_python, tmp_path):
-    plan = plan_engines([], model, engine="vllm", path=str(tmp_path), repo_python=Path(vllm_python),
-                        log_dir=tmp_path)
+    plan = plan_engines([], model, engine="vllm", path=str(tmp_path), repo_python=Path(vllm_python), log_dir=tmp_path)
     assert list(plan.specs[0].argv)[:3] == [vllm_python, "-m", "vllm.entrypoints.openai.api_server"]
 
 
@@ -118,8 +138,7 @@ def test_charge_velocity_refuses_engine_vllm_without_vllm_at_start(model, tmp_pa
 
 
 def test_the_config_keys_take_effect_as_the_flags_do(model, tmp_path):
-    done = charge(tmp_path, "--model-path", str(model.path),
-                  config=f"engine: vllm\nvllm_python: {sys.executable}\n")
+    done = charge(tmp_path, "--model-path", str(model.path), config=f"engine: vllm\nvllm_python: {sys.executable}\n")
     assert done.returncode == 2 and "not a python that can import vllm" in done.stderr, done.stderr
 
 

@@ -1,6 +1,7 @@
 """`velocityllm chargeVelocity` end to end on a fake GPU machine: the gateway in front of
 one fake `vllm serve` per GPU (each a sim engine), traffic through both, a crash that
 the other engine covers, and no child process left after any kind of exit."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -52,13 +53,25 @@ class Charge:
         # One block for all: separate draws could hand out the same port twice.
         ports = free_port_block(2 + max(gpus, 2))
         self.port, self.admin = ports, ports + 1
-        argv = [sys.executable, "-m", "velocity_fast.cli", "chargeVelocity",
-                "--host", "127.0.0.1", "--port", str(self.port), "--admin-port", str(self.admin),
-                "--engine-base-port", str(ports + 2),
-                "--engine-log-dir", str(tmp_path / "logs"), *flags]
+        argv = [
+            sys.executable,
+            "-m",
+            "velocity_fast.cli",
+            "chargeVelocity",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--admin-port",
+            str(self.admin),
+            "--engine-base-port",
+            str(ports + 2),
+            "--engine-log-dir",
+            str(tmp_path / "logs"),
+            *flags,
+        ]
         self.log = open(tmp_path / "charge.out", "w+b")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                     cwd=str(tmp_path))
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=str(tmp_path))
 
     def output(self) -> str:
         self.log.flush()
@@ -72,16 +85,19 @@ class Charge:
                     return r.status == 200
             except (OSError, urllib.error.HTTPError):
                 return False
+
         assert wait_until(ready, timeout, 0.1), self.output()
 
     def engine_pids(self) -> set[int]:
         return {launch["pid"] for launch in self.machine.launches()}
 
     def chat(self, timeout: float = 20.0):
-        body = json.dumps({"model": "tiny-model", "max_tokens": 8,
-                           "messages": [{"role": "user", "content": "hello there"}]}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+        body = json.dumps(
+            {"model": "tiny-model", "max_tokens": 8, "messages": [{"role": "user", "content": "hello there"}]}
+        ).encode()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 r.read()

@@ -1,6 +1,7 @@
 """The vLLM launcher and supervisor on a fake GPU machine: one engine per GPU or per TP
 group, readiness on /health, crash restarts with state callbacks, start failures with the
 log tail, and no child left behind after stop, SIGTERM, a failing or a killed gateway."""
+
 from __future__ import annotations
 
 import asyncio
@@ -57,6 +58,7 @@ async def get(url, timeout=5.0):
     def call():
         with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.status, r.read()
+
     return await asyncio.to_thread(call)
 
 
@@ -64,10 +66,12 @@ async def chat(url, model):
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
 
     def call():
-        req = urllib.request.Request(f"{url}/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, json.loads(r.read())
+
     return await asyncio.to_thread(call)
 
 
@@ -75,8 +79,9 @@ async def plan_for(n_gpus_expected, model, tmp_path, tp=1):
     detection = await detect_gpus_async()
     assert detection.count == n_gpus_expected
     groups = n_gpus_expected // tp
-    return plan_engines(detection.gpus, model, tensor_parallel_size=tp,
-                        base_port=free_port_block(groups), log_dir=tmp_path / "logs")
+    return plan_engines(
+        detection.gpus, model, tensor_parallel_size=tp, base_port=free_port_block(groups), log_dir=tmp_path / "logs"
+    )
 
 
 async def test_two_gpus_start_two_engines_with_distinct_devices_and_ports(fake_machine, model, tmp_path):
@@ -162,7 +167,13 @@ async def test_a_crashed_engine_is_restarted_while_the_other_keeps_serving(fake_
     finally:
         await sup.stop()
     assert [s for n, s in events if n == "vllm-gpu0"] == [
-        "starting", "ready", "crashed", "starting", "ready", "stopped"]
+        "starting",
+        "ready",
+        "crashed",
+        "starting",
+        "ready",
+        "stopped",
+    ]
     assert [s for n, s in events if n == "vllm-gpu1"] == ["starting", "ready", "stopped"]
 
 
@@ -225,13 +236,28 @@ async def test_missing_executable_is_a_start_error(tmp_path):
 
 # ---- no orphans when the gateway process ends ----------------------------------------
 
+
 def start_gateway(tmp_path, model_path, then, gpus=2):
     env = machine_env(gpus, tmp_path / "rec", PYTHONPATH=str(REPO_ROOT))
     (tmp_path / "rec").mkdir(exist_ok=True)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.fakes.gateway", "--model-path", str(model_path),
-         "--base-port", str(free_port_block(gpus)), "--log-dir", str(tmp_path / "logs"), "--then", then],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=str(REPO_ROOT),
+        [
+            sys.executable,
+            "-m",
+            "tests.support.fakes.gateway",
+            "--model-path",
+            str(model_path),
+            "--base-port",
+            str(free_port_block(gpus)),
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--then",
+            then,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=str(REPO_ROOT),
     )
     return proc
 

@@ -1,5 +1,6 @@
 """Model resolution, step by step in the documented order, and the interactive prompt
 driven through a pseudo-terminal."""
+
 from __future__ import annotations
 
 import fcntl
@@ -153,8 +154,12 @@ class PtyChild:
 
         self.proc = subprocess.Popen(
             [sys.executable, "-c", CHILD, str(cwd)],
-            stdin=slave, stdout=slave, stderr=slave, env=env,
-            preexec_fn=make_controlling_tty, close_fds=True,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            preexec_fn=make_controlling_tty,
+            close_fds=True,
         )
         os.close(slave)
         self.seen = b""
@@ -244,7 +249,10 @@ def test_no_prompt_without_a_terminal(dirs):
     env.pop("VELOCITY_MODEL_PATH", None)
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(cwd)],
-        stdin=subprocess.DEVNULL, capture_output=True, env=env, timeout=30,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        env=env,
+        timeout=30,
     )
     assert done.returncode == 0
     assert done.stdout.strip() == b"RESULT None"

@@ -2,6 +2,7 @@
 engines uses the sim's own tokenizer, `sim-engine --write-tokenizer` writes it for engines
 started by hand, and a vLLM engine whose model folder holds no tokenizer.json is one line
 saying which flags give one."""
+
 from __future__ import annotations
 
 import json
@@ -29,19 +30,33 @@ def _get(url: str) -> dict:
 
 
 def _chat(url: str, model: str, user: str) -> None:
-    body = {"model": model, "max_tokens": 2,
-            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]}
-    req = Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                  headers={"content-type": "application/json"})
+    body = {
+        "model": model,
+        "max_tokens": 2,
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+    }
+    req = Request(
+        url + "/v1/chat/completions", data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
     with urlopen(req, timeout=10) as r:
         assert r.status == 200
 
 
 @pytest.mark.timeout(90)
 def test_charge_velocity_precise_with_sim_engines_needs_no_tokenizer():
-    with gateway_process("chargeVelocity", "--mock", "--engines", "2", "--engine-base-port",
-                         str(free_port_block(2)), "--prefix", "precise",
-                         "--sim-args", "--time-scale 50 --block-size 16", timeout=40) as gp:
+    with gateway_process(
+        "chargeVelocity",
+        "--mock",
+        "--engines",
+        "2",
+        "--engine-base-port",
+        str(free_port_block(2)),
+        "--prefix",
+        "precise",
+        "--sim-args",
+        "--time-scale 50 --block-size 16",
+        timeout=40,
+    ) as gp:
         assert "the sim engines' own tokenizer" in gp.stderr_text
         model = _get(gp.url + "/v1/models")["data"][0]["id"]
         deadline = time.monotonic() + 20
@@ -58,8 +73,12 @@ def test_charge_velocity_precise_with_sim_engines_needs_no_tokenizer():
 
 
 def test_sim_engine_writes_its_tokenizer_for_engines_started_by_hand(tmp_path):
-    out = subprocess.run(velocity_command("sim-engine", "--write-tokenizer", str(tmp_path / "tok")),
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        velocity_command("sim-engine", "--write-tokenizer", str(tmp_path / "tok")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     path = out.stdout.strip()
     assert path == str(tmp_path / "tok" / "tokenizer.json")
@@ -73,8 +92,15 @@ def test_precise_with_a_vllm_model_folder_without_a_tokenizer_names_what_to_give
     model = make_model_folder(tmp_path / "models", "my-model")  # config.json, no tokenizer.json
     record = tmp_path / "rec"
     record.mkdir()
-    gp = GatewayProcess("chargeVelocity", "--model-path", str(model), "--prefix", "precise",
-                        "--engine-base-port", str(free_port_block(2)))
+    gp = GatewayProcess(
+        "chargeVelocity",
+        "--model-path",
+        str(model),
+        "--prefix",
+        "precise",
+        "--engine-base-port",
+        str(free_port_block(2)),
+    )
     gp.env = {k: v for k, v in machine_env(1, record).items() if not k.startswith("VELOCITY_")}
     try:
         gp.spawn()
@@ -105,8 +131,12 @@ def test_the_docs_offline_commands_route_precisely(tmp_path):
 
     def here(cmd: str) -> list[str]:
         # The engine binds its event sockets (`*`, as vLLM), the gateway connects to them.
-        for a, b in (("/tmp/simtok", str(folder)), ("8100", str(http)), ("tcp://*:5557", f"tcp://*:{pub}"),
-                     ("tcp://*:5558", f"tcp://*:{replay}")):
+        for a, b in (
+            ("/tmp/simtok", str(folder)),
+            ("8100", str(http)),
+            ("tcp://*:5557", f"tcp://*:{pub}"),
+            ("tcp://*:5558", f"tcp://*:{replay}"),
+        ):
             cmd = cmd.replace(a, b)
         args = shlex.split(cmd)
         assert args[0] == "velocityllm"
@@ -116,8 +146,9 @@ def test_the_docs_offline_commands_route_precisely(tmp_path):
     assert made.returncode == 0 and made.stdout.strip() == str(folder / "tokenizer.json"), made.stderr
     eng_log = tmp_path / "engine.log"
     with open(eng_log, "wb") as out:
-        eng = subprocess.Popen(here(engine), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               start_new_session=True)
+        eng = subprocess.Popen(
+            here(engine), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -130,7 +161,8 @@ def test_the_docs_offline_commands_route_precisely(tmp_path):
         (tmp_path / "gateway.yaml").write_text(
             f"endpoints:\n  - name: e1\n    url: http://127.0.0.1:{http}\n    model: {model}\n"
             f"    kv_events: {{endpoint: 'tcp://127.0.0.1:{pub}', replay_endpoint: 'tcp://127.0.0.1:{replay}', "
-            f"topic: kv}}\n")
+            f"topic: kv}}\n"
+        )
         args = here(serve)[3:]  # after `python -m velocity_fast`
         args[args.index("gateway.yaml")] = str(tmp_path / "gateway.yaml")
         with gateway_process(*args, timeout=40) as gp:

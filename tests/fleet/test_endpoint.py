@@ -1,4 +1,5 @@
 """Endpoints and pools (compiled: fleet/endpoint.pyx) through their Python face."""
+
 import time
 
 import pytest
@@ -17,7 +18,7 @@ def test_a_new_endpoint_is_unhealthy_unscraped_and_keeps_its_limit():
 
 def test_scraped_gauges_and_counts_read_back_as_written():
     ep = Endpoint("e1", "http://h", "m")
-    ep.running, ep.waiting, ep.kv_usage = 6, 2, 0.5       # ints from a scrape read back as numbers
+    ep.running, ep.waiting, ep.kv_usage = 6, 2, 0.5  # ints from a scrape read back as numbers
     ep.num_gpu_blocks, ep.block_size = 1024, 16
     ep.scraped_at = time.monotonic() - 2.0
     ep.inflight += 3

@@ -1,6 +1,7 @@
 """What the health monitor says: each transition once, with its reason (connection refused,
 no answer in time, the HTTP status), and an endpoint whose engine does not serve the model
 it is configured for is named as such and kept out of routing."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,8 +21,11 @@ def llama():
 
 
 def _lines(caplog, name: str) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == "velocity.health" and r.getMessage().startswith(f"endpoint {name}:")]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "velocity.health" and r.getMessage().startswith(f"endpoint {name}:")
+    ]
 
 
 def _chat(model: str) -> dict:
@@ -35,8 +39,9 @@ async def test_a_model_the_engine_does_not_serve_is_said_once_and_not_routed(lla
         await wait_until(lambda: b.state == "unserved", 5.0, what="b unserved")
         await asyncio.sleep(0.6)  # several checks of b (every 100 ms): still one line
         (line,) = _lines(caplog, "b")
-        assert line.startswith("endpoint b: unknown -> unserved: model 'wrongname' not served; "
-                               "the engine serves 'llama'")
+        assert line.startswith(
+            "endpoint b: unknown -> unserved: model 'wrongname' not served; the engine serves 'llama'"
+        )
         assert "--endpoint b=URL=MODEL" in line and "--served-model-name wrongname" in line
         assert not b.healthy and gw.endpoints["a"].healthy
 
@@ -77,9 +82,13 @@ async def test_each_transition_says_why_once(llama, caplog):
     caplog.set_level(logging.INFO, logger="velocity.health")
     async with _Hanging() as hanging, _Unavailable() as unavailable:
         refused = f"http://127.0.0.1:{_closed_port()}"
-        async with running_gateway(("a", llama.url, "llama"), ("r", refused, "llama"),
-                                   ("t", hanging.url, "llama"), ("s", unavailable.url, "llama"),
-                                   healthy=1) as gw:
+        async with running_gateway(
+            ("a", llama.url, "llama"),
+            ("r", refused, "llama"),
+            ("t", hanging.url, "llama"),
+            ("s", unavailable.url, "llama"),
+            healthy=1,
+        ) as gw:
             await wait_until(lambda: all(gw.endpoints[n].state == "down" for n in "rts"), 5.0, what="down")
             await asyncio.sleep(1.2)  # more checks of each: no more lines
             assert _lines(caplog, "r") == ["endpoint r: unknown -> down: health check: connection refused"]

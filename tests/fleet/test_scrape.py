@@ -1,5 +1,6 @@
 """Reading an engine's /metrics (docs/design.md, "Where each contract lives"): the three gauges by configurable
 names, data-parallel ranks, the cache config labels, and text that is not quite clean."""
+
 from __future__ import annotations
 
 import pytest
@@ -47,10 +48,16 @@ def test_older_kv_name_and_first_alternative_wins():
 
 
 def test_configurable_names():
-    names = MetricNames(running=["sglang:num_running_reqs"], waiting=["sglang:num_queue_reqs"],
-                        kv_usage=["sglang:token_usage"], cache_config=[])
-    text = (b'sglang:num_running_reqs{tp_rank="0"} 5\nsglang:num_queue_reqs{tp_rank="0"} 8\n'
-            b'sglang:token_usage{tp_rank="0"} 0.75\nvllm:num_requests_running 100\n')
+    names = MetricNames(
+        running=["sglang:num_running_reqs"],
+        waiting=["sglang:num_queue_reqs"],
+        kv_usage=["sglang:token_usage"],
+        cache_config=[],
+    )
+    text = (
+        b'sglang:num_running_reqs{tp_rank="0"} 5\nsglang:num_queue_reqs{tp_rank="0"} 8\n'
+        b'sglang:token_usage{tp_rank="0"} 0.75\nvllm:num_requests_running 100\n'
+    )
     m = parse_engine_metrics(text, names)
     assert (m.running, m.waiting, m.kv_usage, m.found) == (5.0, 8.0, 0.75, 3)
 
@@ -63,17 +70,21 @@ def test_missing_gauges_are_not_found():
 
 
 def test_timestamps_crlf_spaces_in_labels_and_scientific_values():
-    text = (b'vllm:num_requests_running{model_name="my model"} 3 1700000000000\r\n'
-            b"vllm:num_requests_waiting  1.2e1\r\n"
-            b'vllm:kv_cache_usage_perc{engine="0"} 5e-1 1700000000000')
+    text = (
+        b'vllm:num_requests_running{model_name="my model"} 3 1700000000000\r\n'
+        b"vllm:num_requests_waiting  1.2e1\r\n"
+        b'vllm:kv_cache_usage_perc{engine="0"} 5e-1 1700000000000'
+    )
     m = parse_engine_metrics(text, MetricNames())
     assert (m.running, m.waiting, m.kv_usage) == (3.0, 12.0, 0.5)
 
 
 def test_unusable_samples_are_skipped():
-    text = (b"vllm:num_requests_running NaN\nvllm:num_requests_waiting +Inf\n"
-            b"vllm:kv_cache_usage_perc garbage\nvllm:kv_cache_usage_perc{engine=\"1\"} 0.4\n"
-            b"vllm:num_requests_running\n")
+    text = (
+        b"vllm:num_requests_running NaN\nvllm:num_requests_waiting +Inf\n"
+        b"vllm:kv_cache_usage_perc garbage\nvllm:kv_cache_usage_perc{engine=\"1\"} 0.4\n"
+        b"vllm:num_requests_running\n"
+    )
     m = parse_engine_metrics(text, MetricNames())
     assert m.running == 0.0 and m.waiting == 0.0
     assert m.kv_usage == pytest.approx(0.4)
@@ -81,8 +92,7 @@ def test_unusable_samples_are_skipped():
 
 
 def test_cache_config_with_float_labels_and_without_labels():
-    m = parse_engine_metrics(b'vllm:cache_config_info{num_gpu_blocks="512.0",block_size="32"} 1\n',
-                             MetricNames())
+    m = parse_engine_metrics(b'vllm:cache_config_info{num_gpu_blocks="512.0",block_size="32"} 1\n', MetricNames())
     assert (m.block_size, m.num_gpu_blocks) == (32, 512)
     m = parse_engine_metrics(b"vllm:cache_config_info 1\n", MetricNames())
     assert m.num_gpu_blocks is None
@@ -110,8 +120,9 @@ vllm:time_per_output_token_seconds_count 1.0
 def test_the_inter_token_latency_histogram_sum_and_count_over_ranks_current_name_first():
     m = parse_engine_metrics(ITL, MetricNames())
     assert (m.itl_sum, m.itl_count) == (4.0, 150.0), "the old name beside the new one is not read"
-    old = parse_engine_metrics(b"vllm:time_per_output_token_seconds_sum 3.0\n"
-                               b"vllm:time_per_output_token_seconds_count 100\n", MetricNames())
+    old = parse_engine_metrics(
+        b"vllm:time_per_output_token_seconds_sum 3.0\nvllm:time_per_output_token_seconds_count 100\n", MetricNames()
+    )
     assert (old.itl_sum, old.itl_count) == (3.0, 100.0)
     half = parse_engine_metrics(b"vllm:inter_token_latency_seconds_sum 3.0\n", MetricNames())
     assert half.itl_sum is None and half.itl_count is None, "a sum without its count is no pace"
@@ -120,9 +131,9 @@ def test_the_inter_token_latency_histogram_sum_and_count_over_ranks_current_name
 
 def test_pace_is_the_sums_growth_over_the_counts():
     assert pace_between((4.0, 150.0), (6.0, 250.0)) == pytest.approx(0.02)
-    assert pace_between(None, (6.0, 250.0)) == 0.0          # a first reading
+    assert pace_between(None, (6.0, 250.0)) == 0.0  # a first reading
     assert pace_between((6.0, 250.0), (6.0, 250.0)) == 0.0  # no token in between
-    assert pace_between((6.0, 250.0), (0.5, 10.0)) == 0.0   # the engine restarted
+    assert pace_between((6.0, 250.0), (0.5, 10.0)) == 0.0  # the engine restarted
 
 
 async def test_each_scrape_gives_the_tokens_decoded_since_the_last():
@@ -133,9 +144,11 @@ async def test_each_scrape_gives_the_tokens_decoded_since_the_last():
     from velocity_fast.fleet.health import EndpointMonitor, HealthSettings
 
     def text(count):
-        return (b"vllm:num_requests_running 2\nvllm:num_requests_waiting 3\n"
-                b"vllm:inter_token_latency_seconds_sum 1.0\n"
-                b"vllm:inter_token_latency_seconds_count %d\n" % count)
+        return (
+            b"vllm:num_requests_running 2\nvllm:num_requests_waiting 3\n"
+            b"vllm:inter_token_latency_seconds_sum 1.0\n"
+            b"vllm:inter_token_latency_seconds_count %d\n" % count
+        )
 
     class Upstream:
         body = b""

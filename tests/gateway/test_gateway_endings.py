@@ -2,6 +2,7 @@
 Gateway.stop past the grace, in process (a shutdown is no client cancelling; the SIGTERM
 path end to end is in tests/e2e/test_shutdown_e2e.py), and a client that leaves as soon
 as a stream's [DONE] came (a completed request)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -35,8 +36,9 @@ async def test_stop_past_the_grace_ends_each_request_for_its_client_and_counts_i
                 events = stream.events()
                 await events.__anext__()
                 whole = asyncio.create_task(http_request(gw.port, "POST", "/v1/chat/completions", LONG))
-                queued = asyncio.create_task(http_request(gw.port, "POST", "/v1/completions",
-                                                          {"model": MODEL, "prompt": "x", "max_tokens": 5}))
+                queued = asyncio.create_task(
+                    http_request(gw.port, "POST", "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 5})
+                )
                 await wait_until(lambda: gw.client_server.requests == 3, 10.0, what="3 requests in flight")
                 assert gw.admission.stats()["queued"] == 1
                 stopping = asyncio.create_task(gw.stop(grace=0.5))
@@ -53,10 +55,16 @@ async def test_stop_past_the_grace_ends_each_request_for_its_client_and_counts_i
             assert counts["admitted"] in (2, 3) and counts["failed"] == counts["admitted"], counts
             assert counts["completed"] == 0 and counts["cancelled"] == 0, counts
             m = _samples(gw)
-            req = {(dict(k)["route"], dict(k)["status"]): v for (name, k), v in m.items()
-                   if name == "velocity_requests_total"}
-            assert req == {("/v1/chat/completions", "200"): 1.0, ("/v1/chat/completions", "503"): 1.0,
-                           ("/v1/completions", "503"): 1.0}, req
+            req = {
+                (dict(k)["route"], dict(k)["status"]): v
+                for (name, k), v in m.items()
+                if name == "velocity_requests_total"
+            }
+            assert req == {
+                ("/v1/chat/completions", "200"): 1.0,
+                ("/v1/chat/completions", "503"): 1.0,
+                ("/v1/completions", "503"): 1.0,
+            }, req
             assert gw.client_server.cut == 3
 
 

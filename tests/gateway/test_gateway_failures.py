@@ -1,6 +1,7 @@
 """Cancellation and engine failure through the gateway (docs/design.md, "The life of one request"):
 a client that leaves frees the engine, streaming or not, also before the first token;
 an engine killed mid-stream ends the stream the vLLM way, is ejected, and comes back."""
+
 from __future__ import annotations
 
 import asyncio
@@ -24,6 +25,7 @@ async def engine_running_is(eng, value: float, timeout: float = 5.0) -> None:
     # The engine's /metrics is read off the loop: the gateway under test shares it.
     async def check():
         return await asyncio.to_thread(running, eng) == value
+
     await wait_until(check, timeout, interval=0.05, what=f"vllm:num_requests_running == {value}")
 
 
@@ -40,9 +42,11 @@ async def outcomes(gw) -> dict[str, float]:
 
 async def reconciled(gw, **expect: float) -> None:
     """Every admitted request ended in exactly one outcome (nothing in flight now)."""
+
     async def check():
         o = await outcomes(gw)
         return o["admitted"] == o["completed"] + o["failed"] + o["cancelled"]
+
     await wait_until(check, 3.0, what="admitted == completed + failed + cancelled")
     o = await outcomes(gw)
     for k, v in expect.items():
@@ -62,17 +66,23 @@ async def send_raw(port: int, body: dict) -> tuple[asyncio.StreamReader, asyncio
     data = json.dumps(body).encode()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-    writer.write(f"POST {path} HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
-                 f"content-length: {len(data)}\r\n\r\n".encode() + data)
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
     await writer.drain()
     return reader, writer
 
 
 async def test_disconnect_mid_stream_frees_the_engine(slow_engine):
     async with running_gateway(slow_engine) as gw:
-        s = await open_request(gw.port, "POST", "/v1/chat/completions",
-                               {"model": MODEL, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1000,
-                                "stream": True})
+        s = await open_request(
+            gw.port,
+            "POST",
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1000, "stream": True},
+        )
         assert s.status == 200
         got = 0
         async for ev in s.events():
@@ -90,8 +100,7 @@ async def test_disconnect_mid_stream_frees_the_engine(slow_engine):
 @pytest.mark.parametrize("stream", [False, True])
 async def test_disconnect_while_waiting_frees_the_engine(slow_engine, stream):
     async with running_gateway(slow_engine) as gw:
-        _, writer = await send_raw(gw.port, {"model": MODEL, "prompt": "tell me", "max_tokens": 1000,
-                                             "stream": stream})
+        _, writer = await send_raw(gw.port, {"model": MODEL, "prompt": "tell me", "max_tokens": 1000, "stream": stream})
         try:
             await engine_running_is(slow_engine, 1)
             await asyncio.sleep(0.2)  # decoding, the answer not finished
@@ -107,8 +116,9 @@ async def test_disconnect_while_waiting_frees_the_engine(slow_engine, stream):
 async def test_disconnect_before_the_first_token_frees_the_engine(slow_engine, stream):
     async with running_gateway(slow_engine) as gw:
         # ~1000 prompt tokens at 100 tokens/s: ten seconds of prefill before any token.
-        reader, writer = await send_raw(gw.port, {"model": MODEL, "prompt": "lorem ipsum " * 330, "max_tokens": 5,
-                                                  "stream": stream})
+        reader, writer = await send_raw(
+            gw.port, {"model": MODEL, "prompt": "lorem ipsum " * 330, "max_tokens": 5, "stream": stream}
+        )
         try:
             await engine_running_is(slow_engine, 1)
             # No token yet: at most the head of a stream has come back.
@@ -131,8 +141,9 @@ async def test_engine_killed_mid_stream_then_ejected_and_readmitted():
     engines = {"e1": e1, "e2": e2}
     try:
         async with running_gateway(e1, e2) as gw:
-            s = await open_request(gw.port, "POST", "/v1/completions",
-                                   {"model": MODEL, "prompt": "go", "max_tokens": 500, "stream": True})
+            s = await open_request(
+                gw.port, "POST", "/v1/completions", {"model": MODEL, "prompt": "go", "max_tokens": 500, "stream": True}
+            )
             assert s.status == 200
             victim_name = s.headers["x-velocity-endpoint"]
             other_name = "e2" if victim_name == "e1" else "e1"
@@ -163,8 +174,9 @@ async def test_engine_killed_mid_stream_then_ejected_and_readmitted():
             assert err["error"]["message"] and err["error"]["code"] >= 500
 
             for _ in range(4):
-                r = await http_request(gw.port, "POST", "/v1/completions",
-                                       {"model": MODEL, "prompt": "next", "max_tokens": 3})
+                r = await http_request(
+                    gw.port, "POST", "/v1/completions", {"model": MODEL, "prompt": "next", "max_tokens": 3}
+                )
                 assert r.status == 200
                 assert r.headers["x-velocity-endpoint"] == other_name
 
@@ -178,8 +190,9 @@ async def test_engine_killed_mid_stream_then_ejected_and_readmitted():
             await wait_until(lambda: healthy_in_stats(True), 10.0, what="the restarted engine readmitted")
             seen = set()
             for _ in range(20):
-                r = await http_request(gw.port, "POST", "/v1/completions",
-                                       {"model": MODEL, "prompt": "again", "max_tokens": 2})
+                r = await http_request(
+                    gw.port, "POST", "/v1/completions", {"model": MODEL, "prompt": "again", "max_tokens": 2}
+                )
                 assert r.status == 200
                 seen.add(r.headers["x-velocity-endpoint"])
                 if seen == {"e1", "e2"}:
@@ -193,8 +206,9 @@ async def test_engine_killed_mid_stream_then_ejected_and_readmitted():
 
 async def test_engine_killed_during_a_non_streamed_answer_is_502(slow_engine):
     async with running_gateway(slow_engine) as gw:
-        pending = asyncio.ensure_future(http_request(gw.port, "POST", "/v1/completions",
-                                                     {"model": MODEL, "prompt": "go", "max_tokens": 500}))
+        pending = asyncio.ensure_future(
+            http_request(gw.port, "POST", "/v1/completions", {"model": MODEL, "prompt": "go", "max_tokens": 500})
+        )
         try:
             await engine_running_is(slow_engine, 1)
             slow_engine.proc.kill()
@@ -219,14 +233,17 @@ async def test_an_error_event_inside_a_stream_fails_the_request_not_just_the_sta
     try:
         async with running_gateway(eng) as gw:
             in_stream = sent = 0
-            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
-                    "stream": True}
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}
             while in_stream < 2 and sent < 40:
                 sent += 1
                 # high: out-of-memory shedding spares band 0, so every request reaches the engine
-                r = await http_request(gw.port, "POST", "/v1/chat/completions",
-                                       {**body, "messages": [{"role": "user", "content": f"m{sent}"}]},
-                                       {"x-velocity-priority": "high"})
+                r = await http_request(
+                    gw.port,
+                    "POST",
+                    "/v1/chat/completions",
+                    {**body, "messages": [{"role": "user", "content": f"m{sent}"}]},
+                    {"x-velocity-priority": "high"},
+                )
                 if r.status == 200:
                     assert b'data: {"error"' in r.body and r.body.rstrip().endswith(b"data: [DONE]")
                     in_stream += 1

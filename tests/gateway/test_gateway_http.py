@@ -1,6 +1,7 @@
 """The gateway's HTTP contract on real sockets (docs/design.md, "Arrival"): the status table, the
 reason headers, what is forwarded to the engine, the identity headers, the native route,
 and the admin port."""
+
 from __future__ import annotations
 
 import asyncio
@@ -35,8 +36,7 @@ def error_of(r) -> dict:
     return err
 
 
-async def raw_exchange(port: int, data: bytes, *, pause: float = 0.0, rest: bytes = b"",
-                       timeout: float = 5.0) -> bytes:
+async def raw_exchange(port: int, data: bytes, *, pause: float = 0.0, rest: bytes = b"", timeout: float = 5.0) -> bytes:
     """Write ``data`` (then ``rest`` after ``pause``) and read until the server closes."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
@@ -52,6 +52,7 @@ async def raw_exchange(port: int, data: bytes, *, pause: float = 0.0, rest: byte
 
 # -- 400 / 401 / 404 -----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-3", "soon"])
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/generate"])
 async def test_an_sla_header_that_is_no_positive_finite_number_is_400(engine, path, value):
@@ -61,18 +62,24 @@ async def test_an_sla_header_that_is_no_positive_finite_number_is_400(engine, pa
         assert r.status == 400 and error_of(r)["param"] == "sla_ms", (value, r.body)
 
 
-@pytest.mark.parametrize("path, body, param", [
-    ("/v1/chat/completions", b"{not json", None),
-    ("/v1/chat/completions", b"", None),
-    ("/v1/chat/completions", b'{"model":"sim-model","messages":[]}', "messages"),
-    ("/v1/chat/completions", b'{"model":"sim-model","messages":[{"role":"user","content":"x"}],"stream":"yes"}',
-     "stream"),
-    ("/v1/completions", b'{"model":"sim-model","max_tokens":3}', "prompt"),
-    ("/v1/completions", b'{"model":"sim-model","prompt":"x","max_tokens":0}', "max_tokens"),
-    ("/v1/completions", b'{"model":"sim-model","prompt":"x","sla_ms":-5}', "sla_ms"),
-    ("/generate", b'{"max_tokens":3}', "prompt"),
-    ("/generate", b'{"prompt":"x","priority":"urgent"}', "priority"),
-])
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("/v1/chat/completions", b"{not json", None),
+        ("/v1/chat/completions", b"", None),
+        ("/v1/chat/completions", b'{"model":"sim-model","messages":[]}', "messages"),
+        (
+            "/v1/chat/completions",
+            b'{"model":"sim-model","messages":[{"role":"user","content":"x"}],"stream":"yes"}',
+            "stream",
+        ),
+        ("/v1/completions", b'{"model":"sim-model","max_tokens":3}', "prompt"),
+        ("/v1/completions", b'{"model":"sim-model","prompt":"x","max_tokens":0}', "max_tokens"),
+        ("/v1/completions", b'{"model":"sim-model","prompt":"x","sla_ms":-5}', "sla_ms"),
+        ("/generate", b'{"max_tokens":3}', "prompt"),
+        ("/generate", b'{"prompt":"x","priority":"urgent"}', "priority"),
+    ],
+)
 async def test_400_in_the_error_shape(engine, path, body, param):
     async with running_gateway(engine) as gw:
         r = await http_request(gw.port, "POST", path, body)
@@ -88,9 +95,13 @@ async def test_400_in_the_error_shape(engine, path, body, param):
 
 async def test_401_on_every_path_but_health(engine):
     async with running_gateway(engine, api_key="k1", tenants=[{"name": "t", "api_key": "kt"}]) as gw:
-        for method, path, body in [("GET", "/v1/models", None), ("POST", "/v1/chat/completions", CHAT),
-                                   ("POST", "/generate", {"prompt": "x"}), ("GET", "/stats", None),
-                                   ("GET", "/no/such/path", None)]:
+        for method, path, body in [
+            ("GET", "/v1/models", None),
+            ("POST", "/v1/chat/completions", CHAT),
+            ("POST", "/generate", {"prompt": "x"}),
+            ("GET", "/stats", None),
+            ("GET", "/no/such/path", None),
+        ]:
             r = await http_request(gw.port, method, path, body)
             assert r.status == 401, path
             assert error_of(r)["type"] == "AuthenticationError"
@@ -100,8 +111,12 @@ async def test_401_on_every_path_but_health(engine):
         assert admin.status == 401
         assert (await http_request(gw.port, "GET", "/health")).status == 200
         assert (await http_request(gw.admin_port, "GET", "/health")).status == 200
-        for headers in ({"authorization": "Bearer k1"}, {"x-api-key": "k1"}, {"authorization": "bearer kt"},
-                        {"x-api-key": "kt"}):
+        for headers in (
+            {"authorization": "Bearer k1"},
+            {"x-api-key": "k1"},
+            {"authorization": "bearer kt"},
+            {"x-api-key": "kt"},
+        ):
             r = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT, headers=headers)
             assert r.status == 200, headers
         assert (await http_request(gw.admin_port, "GET", "/stats", headers={"x-api-key": "k1"})).status == 200
@@ -133,13 +148,15 @@ async def test_missing_model_uses_the_default_pool(engine):
 
 # -- 408 / 413 / 431 from the `server:` section ------------------------------------------------------
 
+
 async def test_408_slow_client_head_and_body(engine):
     server = {"header_timeout_s": 0.3, "body_timeout_s": 0.3}
     async with running_gateway(engine, server=server) as gw:
         out = await raw_exchange(gw.port, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
         assert out.startswith(b"HTTP/1.1 408 ")
-        out = await raw_exchange(gw.port, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-                                          b"content-length: 100\r\n\r\n{\"model\":")
+        out = await raw_exchange(
+            gw.port, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"model\":"
+        )
         assert out.startswith(b"HTTP/1.1 408 ")
         assert b'"code":408' in out
 
@@ -154,12 +171,14 @@ async def test_413_and_431_limits(engine):
         r = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT, headers={"x-filler": "y" * 4000})
         assert r.status == 431
         # just under the limits passes
-        r = await http_request(gw.port, "POST", "/v1/chat/completions",
-                               dict(CHAT, messages=[{"role": "user", "content": "x" * 1500}]))
+        r = await http_request(
+            gw.port, "POST", "/v1/chat/completions", dict(CHAT, messages=[{"role": "user", "content": "x" * 1500}])
+        )
         assert r.status == 200
 
 
 # -- 429 / 502 / 503 ---------------------------------------------------------------------------------
+
 
 async def test_429_tenant_rate_limit_by_header_tenant(engine):
     tenants = [{"name": "beta", "requests_per_second": 1.0, "burst": 2}]
@@ -167,8 +186,9 @@ async def test_429_tenant_rate_limit_by_header_tenant(engine):
         statuses = []
         last = None
         for _ in range(4):
-            last = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT,
-                                      headers={"x-velocity-tenant": "beta"})
+            last = await http_request(
+                gw.port, "POST", "/v1/chat/completions", CHAT, headers={"x-velocity-tenant": "beta"}
+            )
             statuses.append(last.status)
         assert statuses[:2] == [200, 200] and statuses[-1] == 429
         assert last.headers["x-velocity-reject-reason"] == "rate-limit"
@@ -240,19 +260,28 @@ async def test_one_engine_down_is_retried_on_the_other():
 
 # -- what reaches the engine, and identity headers -----------------------------------------------------
 
+
 async def test_gateway_fields_stripped_other_bytes_unchanged():
     async with RecordingUpstream() as up:
         async with running_gateway(("u1", up.url, MODEL)) as gw:
-            plain = (b'{"model":  "sim-model", "messages":[{"role":"user","content":"h\\u00e9llo \xe2\x9c\x93"}],'
-                     b'\n "max_tokens": 3, "temperature": 0.5, "extra_vendor": {"a": [1, 2.50]}}')
+            plain = (
+                b'{"model":  "sim-model", "messages":[{"role":"user","content":"h\\u00e9llo \xe2\x9c\x93"}],'
+                b'\n "max_tokens": 3, "temperature": 0.5, "extra_vendor": {"a": [1, 2.50]}}'
+            )
             r = await http_request(gw.port, "POST", "/v1/chat/completions", plain)
             assert r.status == 200
             assert up.requests[-1][3] == plain, "a body without gateway fields is forwarded byte for byte"
 
-            own = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 3,
-                   "priority": "high", "sla_ms": 1500, "user": "u-7", "seed": 11}
-            r = await http_request(gw.port, "POST", "/v1/chat/completions", own,
-                                   headers={"x-request-id": "rid-fields"})
+            own = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 3,
+                "priority": "high",
+                "sla_ms": 1500,
+                "user": "u-7",
+                "seed": 11,
+            }
+            r = await http_request(gw.port, "POST", "/v1/chat/completions", own, headers={"x-request-id": "rid-fields"})
             assert r.status == 200, r.body
             method, path, headers, body = up.requests[-1]
             assert (method, path) == ("POST", "/v1/chat/completions")
@@ -262,8 +291,9 @@ async def test_gateway_fields_stripped_other_bytes_unchanged():
             assert headers["x-request-id"] == "rid-fields"
             assert r.headers["x-velocity-band"] == "high"
 
-            r = await http_request(gw.port, "POST", "/v1/completions",
-                                   {"model": MODEL, "prompt": "p", "priority": 2, "max_tokens": 2})
+            r = await http_request(
+                gw.port, "POST", "/v1/completions", {"model": MODEL, "prompt": "p", "priority": 2, "max_tokens": 2}
+            )
             assert r.status == 200
             assert "priority" not in json.loads(up.requests[-1][3])
 
@@ -298,8 +328,9 @@ async def test_request_id_end_to_end_and_gateway_headers(engine):
         assert re.fullmatch(r"req-[0-9a-f]{12}", rid)
         assert r.json()["id"] == f"chatcmpl-{rid}"
 
-        r = await http_request(gw.port, "POST", "/v1/chat/completions", dict(CHAT, stream=True),
-                               headers={"x-velocity-priority": "low"})
+        r = await http_request(
+            gw.port, "POST", "/v1/chat/completions", dict(CHAT, stream=True), headers={"x-velocity-priority": "low"}
+        )
         assert r.status == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         assert r.headers["x-velocity-band"] == "low"
@@ -315,8 +346,11 @@ async def test_a_request_naming_no_band_gets_default_band_and_an_unknown_band_is
     from tests.support.gateway import gateway_settings
     from velocity_fast.gateway.reload import apply_settings
 
-    body = {"/v1/chat/completions": CHAT, "/v1/completions": {"model": MODEL, "prompt": "x", "max_tokens": 2},
-            "/generate": {"prompt": "x", "max_tokens": 2}}[path]
+    body = {
+        "/v1/chat/completions": CHAT,
+        "/v1/completions": {"model": MODEL, "prompt": "x", "max_tokens": 2},
+        "/generate": {"prompt": "x", "max_tokens": 2},
+    }[path]
     async with running_gateway(engine, admission={"default_band": "low"}) as gw:
         r = await http_request(gw.port, "POST", path, body)
         assert r.status == 200 and r.headers["x-velocity-band"] == "low", r.body
@@ -335,16 +369,29 @@ async def test_a_request_naming_no_band_gets_default_band_and_an_unknown_band_is
 
 # -- native route, health, stats, admin ------------------------------------------------------------------
 
+
 async def test_generate_native_answer(engine):
     async with running_gateway(engine) as gw:
-        r = await http_request(gw.port, "POST", "/generate",
-                               {"prompt": "Tell me a story", "max_tokens": 7, "priority": "high", "sla_ms": 60000},
-                               headers={"x-request-id": "gen-1"})
+        r = await http_request(
+            gw.port,
+            "POST",
+            "/generate",
+            {"prompt": "Tell me a story", "max_tokens": 7, "priority": "high", "sla_ms": 60000},
+            headers={"x-request-id": "gen-1"},
+        )
         assert r.status == 200, r.body
         out = r.json()
-        types = {"request_id": str, "response": str, "latency_seconds": float, "queue_time_seconds": float,
-                 "execution_time_seconds": float, "tokens_generated": int, "tokens_per_second": float,
-                 "sla_met": bool, "priority": str}
+        types = {
+            "request_id": str,
+            "response": str,
+            "latency_seconds": float,
+            "queue_time_seconds": float,
+            "execution_time_seconds": float,
+            "tokens_generated": int,
+            "tokens_per_second": float,
+            "sla_met": bool,
+            "priority": str,
+        }
         assert set(out) == set(types)
         for k, t in types.items():
             assert isinstance(out[k], t), (k, out[k])
@@ -358,14 +405,15 @@ async def test_generate_native_answer(engine):
 
         s = await http_request(gw.port, "POST", "/generate", {"prompt": "stream it", "max_tokens": 5, "stream": True})
         assert s.status == 200 and s.headers["content-type"].startswith("text/event-stream")
-        events = [e[len("data: "):] for e in s.body.decode().split("\n\n") if e.startswith("data: ")]
+        events = [e[len("data: ") :] for e in s.body.decode().split("\n\n") if e.startswith("data: ")]
         assert events[-1] == "[DONE]"
         chunks = [json.loads(e) for e in events[:-1]]
         assert "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
         assert chunks[-1]["usage"]["completion_tokens"] == 5
 
-        missed = (await http_request(gw.port, "POST", "/generate",
-                                     {"prompt": "x", "max_tokens": 40, "sla_ms": 0.001})).json()
+        missed = (
+            await http_request(gw.port, "POST", "/generate", {"prompt": "x", "max_tokens": 40, "sla_ms": 0.001})
+        ).json()
         assert missed["sla_met"] is False
 
 
@@ -375,9 +423,13 @@ async def test_generate_runs_the_proxy_path_and_a_body_that_is_no_completion_is_
     request id; an engine 200 whose body is not a completion is a 502, counted as such."""
     async with RecordingUpstream(reply=b'{"not": "a completion"}') as up:
         async with running_gateway(("e1", up.url, "m")) as gw:
-            r = await http_request(gw.port, "POST", "/generate",
-                                   {"prompt": "hi", "max_tokens": 3, "priority": "high", "sla_ms": 5000},
-                                   headers={"x-request-id": "gen-502"})
+            r = await http_request(
+                gw.port,
+                "POST",
+                "/generate",
+                {"prompt": "hi", "max_tokens": 3, "priority": "high", "sla_ms": 5000},
+                headers={"x-request-id": "gen-502"},
+            )
             assert r.status == 502 and r.json()["error"]["code"] == 502, r.body
             assert r.headers["x-request-id"] == "gen-502" and r.headers["x-velocity-endpoint"] == "e1"
             (method, path, headers, body) = up.requests[-1]
@@ -418,12 +470,12 @@ async def test_admin_metrics_parse(engine):
         assert r.headers["content-type"].startswith("text/plain")
         fams = {f.name: f for f in text_string_to_metric_families(r.body.decode())}
         assert all(n.startswith("velocity_") for n in fams)
-        for name in ("velocity_requests", "velocity_rejections", "velocity_ttft_seconds",
-                     "velocity_endpoint_healthy"):
+        for name in ("velocity_requests", "velocity_rejections", "velocity_ttft_seconds", "velocity_endpoint_healthy"):
             assert name in fams, name
         assert fams["velocity_ttft_seconds"].type == "histogram"
-        assert any(f.type == "histogram" and ("latency" in n or "duration" in n) for n, f in fams.items()), \
+        assert any(f.type == "histogram" and ("latency" in n or "duration" in n) for n, f in fams.items()), (
             "an end-to-end latency histogram"
+        )
         samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in fams["velocity_requests"].samples}
         ok = [v for (n, lab), v in samples.items() if dict(lab).get("status") == "200"]
         bad = [v for (n, lab), v in samples.items() if dict(lab).get("status") == "400"]
@@ -443,6 +495,7 @@ async def test_ready_follows_engine_health():
 
             async def not_ready():
                 return (await http_request(gw.admin_port, "GET", "/ready")).status == 503
+
             await wait_until(not_ready, 5.0, what="/ready to answer 503")
     finally:
         eng.stop()
@@ -467,10 +520,17 @@ async def test_answered_requests_leave_nothing_for_the_cycle_collector(engine):
 
 def _chat_of_size(n: int, spaced: bool, **extra) -> bytes:
     """A chat body of exactly n bytes (a long user turn padded to fit)."""
-    obj = {"model": MODEL, "messages": [{"role": "system", "content": "Be brief.\n"},
-                                        {"role": "user", "content": ""}], "max_tokens": 3, **extra}
-    dump = (lambda o: json.dumps(o, ensure_ascii=False).encode()) if spaced else (
-        lambda o: json.dumps(o, separators=(",", ":"), ensure_ascii=False).encode())
+    obj = {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": "Be brief.\n"}, {"role": "user", "content": ""}],
+        "max_tokens": 3,
+        **extra,
+    }
+    dump = (
+        (lambda o: json.dumps(o, ensure_ascii=False).encode())
+        if spaced
+        else (lambda o: json.dumps(o, separators=(",", ":"), ensure_ascii=False).encode())
+    )
     short = len(dump(obj))
     obj["messages"][1]["content"] = ("Some \"quoted\" text, caf\u00e9, and a line.\n" * (n // 40 + 1))[: n - short]
     body = dump(obj)
@@ -513,9 +573,15 @@ async def test_prompts_up_to_the_body_limit_pass_byte_for_byte_with_prefix_affin
 
 # -- the gateway's own headers, read where the scanner found them -------------------------------
 
+
 def _post(headers: bytes, body: bytes, close: bool = False) -> bytes:
-    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n" + headers
-            + (b"Connection: close\r\n" if close else b"") + b"content-length: %d\r\n\r\n" % len(body) + body)
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+        + headers
+        + (b"Connection: close\r\n" if close else b"")
+        + b"content-length: %d\r\n\r\n" % len(body)
+        + body
+    )
 
 
 def _answers(data: bytes) -> list[tuple[int, dict, bytes]]:
@@ -535,11 +601,13 @@ def _answers(data: bytes) -> list[tuple[int, dict, bytes]]:
 async def test_gateway_headers_of_any_case_and_a_repeated_one_joined(engine, close):
     body = json.dumps(CHAT).encode()
     tenants = [{"name": "beta", "requests_per_second": 0.001, "burst": 1}]
-    heads = [b"X-Request-Id: rid-7\r\nX-VELOCITY-PRIORITY: low\r\nX-Velocity-Tenant: beta\r\n",
-             b"x-velocity-tenant: beta\r\n",  # beta's one request is spent: 429
-             b"x-velocity-priority: high\r\nx-velocity-priority: low\r\n",  # the values joined: "high, low"
-             b"x-velocity-profile: no-such-profile\r\n",
-             b"x-session-id: s1\r\nx-velocity-other: 1\r\n"]
+    heads = [
+        b"X-Request-Id: rid-7\r\nX-VELOCITY-PRIORITY: low\r\nX-Velocity-Tenant: beta\r\n",
+        b"x-velocity-tenant: beta\r\n",  # beta's one request is spent: 429
+        b"x-velocity-priority: high\r\nx-velocity-priority: low\r\n",  # the values joined: "high, low"
+        b"x-velocity-profile: no-such-profile\r\n",
+        b"x-session-id: s1\r\nx-velocity-other: 1\r\n",
+    ]
     async with running_gateway(engine, tenants=tenants) as gw:
         got = []
         for head in heads:
@@ -557,13 +625,20 @@ async def test_tenants_named_by_header_in_turn_each_keep_their_own_bucket(engine
     # The header's bytes find their tenant again without a look-up by name (Identity.by_header):
     # each must still be the tenant it names, in turn and repeated.
     body = json.dumps(CHAT).encode()
-    tenants = [{"name": n, "requests_per_second": 0.001, "burst": 1} for n in ("a", "b", "a-long-tenant-name-past-8-bytes")]
+    tenants = [
+        {"name": n, "requests_per_second": 0.001, "burst": 1} for n in ("a", "b", "a-long-tenant-name-past-8-bytes")
+    ]
     async with running_gateway(engine, tenants=tenants) as gw:
         statuses = []
         for name in (b"a", b"b", b"a-long-tenant-name-past-8-bytes", b"nobody") * 2:
-            data = _post(b"x-velocity-tenant: " + name + b"\r\n", body) \
+            data = (
+                _post(b"x-velocity-tenant: " + name + b"\r\n", body)
                 + b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n"
+            )
             statuses.append(_answers(await raw_exchange(gw.port, data))[0][0])
         assert statuses == [200, 200, 200, 200, 429, 429, 429, 200]
         assert {n: t.rejections for n, t in gw.identity.tenants.items()} == {
-            "a": {"rate-limit": 1}, "b": {"rate-limit": 1}, "a-long-tenant-name-past-8-bytes": {"rate-limit": 1}}
+            "a": {"rate-limit": 1},
+            "b": {"rate-limit": 1},
+            "a-long-tenant-name-past-8-bytes": {"rate-limit": 1},
+        }

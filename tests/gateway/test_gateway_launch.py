@@ -1,5 +1,6 @@
 """`velocityllm serve` as a process: bad configs are one line and exit 2; a good one serves
 and stops on SIGTERM; structured logs are JSON lines."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,10 @@ from tests.support.sim import sim_engine
 BAD_CONFIGS = {
     "unknown-key": ("port: 8000\nprot: 8001\n", "prot"),
     "wrong-type": ("max_concurrency: lots\n", "max_concurrency"),
-    "rising-ceilings": (("bands:\n  - {name: high, ceiling: 1.0}\n  - {name: normal, ceiling: 1.0}\n"
-                         "  - {name: low, ceiling: 1.3}\n"), "bands[2].ceiling"),
+    "rising-ceilings": (
+        ("bands:\n  - {name: high, ceiling: 1.0}\n  - {name: normal, ceiling: 1.0}\n  - {name: low, ceiling: 1.3}\n"),
+        "bands[2].ceiling",
+    ),
     "invalid-yaml": ("port: 8000\nendpoints: [\n  {name: a\n", "invalid YAML"),
     "nested-unknown": ("server:\n  max_body: 10\n", "max_body"),
 }
@@ -62,14 +65,24 @@ def test_serve_proxies_and_stops_on_sigterm(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("api_key: from-file\nhealth: {check_interval_ms: 100}\n")
     with sim_engine(model="m1", time_scale=50) as eng:
-        with gateway_process("serve", "--config", str(cfg), "--endpoint", f"e1={eng.url}=m1", "--api-key", "flag-key",
-                             "--structured-logs") as gp:
+        with gateway_process(
+            "serve",
+            "--config",
+            str(cfg),
+            "--endpoint",
+            f"e1={eng.url}=m1",
+            "--api-key",
+            "flag-key",
+            "--structured-logs",
+        ) as gp:
             status, _, health = _get(gp.url + "/health")
             assert status == 200 and health["backend"] == "endpoints"
             # the flag beats the file
-            status, headers, out = _get(gp.url + "/v1/chat/completions", {"authorization": "Bearer flag-key"},
-                                        {"model": "m1", "messages": [{"role": "user", "content": "hi"}],
-                                         "max_tokens": 3})
+            status, headers, out = _get(
+                gp.url + "/v1/chat/completions",
+                {"authorization": "Bearer flag-key"},
+                {"model": "m1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+            )
             assert status == 200 and headers["x-velocity-endpoint"] == "e1"
             assert out["usage"]["completion_tokens"] == 3
             with pytest.raises(HTTPError) as ei:

@@ -1,5 +1,6 @@
 """The official `openai` client, pointed at the gateway with base_url, works unchanged:
 answers, streams, usage chunks, the models list and its exception types (docs/design.md, "Arrival")."""
+
 from __future__ import annotations
 
 import openai
@@ -26,8 +27,9 @@ def client(gw, key: str = "none", **kw) -> AsyncOpenAI:
 
 async def test_chat_and_completions_non_streaming(engine):
     async with running_gateway(engine) as gw, client(gw) as c:
-        chat = await c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello there"}],
-                                               max_tokens=8)
+        chat = await c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hello there"}], max_tokens=8
+        )
         assert chat.object == "chat.completion"
         assert chat.choices[0].message.role == "assistant"
         assert chat.choices[0].message.content
@@ -42,9 +44,13 @@ async def test_chat_and_completions_non_streaming(engine):
 
 async def test_chat_streaming_with_usage_chunk(engine):
     async with running_gateway(engine) as gw, client(gw) as c:
-        stream = await c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count"}],
-                                                 max_tokens=6, stream=True,
-                                                 stream_options={"include_usage": True})
+        stream = await c.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Count"}],
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         chunks = [ch async for ch in stream]
     content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert content
@@ -70,19 +76,31 @@ async def test_models_list(engine):
     assert models.data[0].object == "model"
 
 
-@pytest.mark.parametrize("body, param", [
-    (b'{"model": "sim-model", "messages": [', None),                          # malformed JSON
-    (b'{"model": "sim-model"}', "messages"),                                  # missing messages
-    (b'{"model": "sim-model", "messages": "hi"}', "messages"),                # wrong type
-    (b'{"model": "sim-model", "messages": [{"role":"user","content":"x"}], "max_tokens": "ten"}', "max_tokens"),
-    ((b'{"model": "sim-model", "messages": [{"role":"user","content":"x"}], '
-      b'"stream_options": {"include_usage": true}}'), "stream_options"),        # stream_options without stream
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        (b'{"model": "sim-model", "messages": [', None),  # malformed JSON
+        (b'{"model": "sim-model"}', "messages"),  # missing messages
+        (b'{"model": "sim-model", "messages": "hi"}', "messages"),  # wrong type
+        (b'{"model": "sim-model", "messages": [{"role":"user","content":"x"}], "max_tokens": "ten"}', "max_tokens"),
+        (
+            (
+                b'{"model": "sim-model", "messages": [{"role":"user","content":"x"}], '
+                b'"stream_options": {"include_usage": true}}'
+            ),
+            "stream_options",
+        ),  # stream_options without stream
+    ],
+)
 async def test_bad_request_chat(engine, body, param):
     async with running_gateway(engine) as gw, client(gw) as c:
         with pytest.raises(openai.BadRequestError) as ei:
-            await c.post("/chat/completions", content=body, cast_to=object,
-                         options={"headers": {"content-type": "application/json"}})
+            await c.post(
+                "/chat/completions",
+                content=body,
+                cast_to=object,
+                options={"headers": {"content-type": "application/json"}},
+            )
     err = ei.value
     assert err.status_code == 400
     assert err.body["code"] == 400
@@ -101,8 +119,12 @@ async def test_bad_request_completions_missing_prompt(engine):
 async def test_stream_options_without_stream_via_sdk(engine):
     async with running_gateway(engine) as gw, client(gw) as c:
         with pytest.raises(openai.BadRequestError):
-            await c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
-                                            max_tokens=2, stream_options={"include_usage": True})
+            await c.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "x"}],
+                max_tokens=2,
+                stream_options={"include_usage": True},
+            )
 
 
 async def test_authentication_global_key(engine):
@@ -124,19 +146,20 @@ async def test_authentication_tenant_key(engine):
     async with running_gateway(engine, tenants=tenants) as gw:
         async with client(gw, "key-beta") as c:
             with pytest.raises(openai.AuthenticationError):
-                await c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
-                                                max_tokens=2)
+                await c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2)
         async with client(gw, "key-alpha") as c:
-            out = await c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
-                                                  max_tokens=2)
+            out = await c.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2
+            )
             assert out.choices[0].message.content
 
 
 async def test_not_found_model_and_path(engine):
     async with running_gateway(engine) as gw, client(gw) as c:
         with pytest.raises(openai.NotFoundError) as ei:
-            await c.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}],
-                                            max_tokens=2)
+            await c.chat.completions.create(
+                model="no-such-model", messages=[{"role": "user", "content": "x"}], max_tokens=2
+            )
         assert ei.value.body["param"] == "model"
         assert "no-such-model" in ei.value.body["message"]
         with pytest.raises(openai.NotFoundError):  # (a path no engine serves: /embeddings is relayed now)

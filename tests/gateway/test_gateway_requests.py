@@ -1,5 +1,6 @@
 """Decoding client requests: only the needed fields, 400s that name the field, and the
 body forwarded byte for byte unless the gateway's own fields must go."""
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,11 @@ from velocity_fast.gateway.requests import decode_generate, decode_proxy, strip_
 
 
 def test_chat_decodes_only_what_it_needs():
-    body = (b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,'
-            b'"stream_options":{"include_usage":true},"max_tokens":7,"priority":"high","sla_ms":250,'
-            b'"user":"u1","tools":[{"type":"function"}],"logit_bias":{"1":2}}')
+    body = (
+        b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,'
+        b'"stream_options":{"include_usage":true},"max_tokens":7,"priority":"high","sla_ms":250,'
+        b'"user":"u1","tools":[{"type":"function"}],"logit_bias":{"1":2}}'
+    )
     r = decode_proxy(body, chat=True)
     assert (r.model, r.stream, r.max_tokens, r.priority, r.sla_ms, r.user) == ("m", True, 7, "high", 250.0, "u1")
     assert r.stream_options.include_usage is True
@@ -33,32 +36,35 @@ def test_completions_prompt_forms():
         assert json.loads(bytes(r.prompt)) == json.loads(prompt)  # kept raw, as the client wrote it
 
 
-@pytest.mark.parametrize("body, chat, param", [
-    (b"", True, None),
-    (b"{", True, None),
-    (b"[]", True, None),
-    (b'{"messages": []}', True, "messages"),
-    (b'{"model": "m"}', True, "messages"),
-    (b'{"messages": "hi"}', True, "messages"),
-    (b'{"messages": null}', True, "messages"),
-    (b'{"messages": [ \n ]}', True, "messages"),
-    (b'{"messages": {"role": "user"}}', True, "messages"),
-    (b'{"messages": 5}', True, "messages"),
-    (b'{"messages": [{}], "model": 5}', True, "model"),
-    (b'{"messages": [{}], "stream": "yes"}', True, "stream"),
-    (b'{"messages": [{}], "max_tokens": 0}', True, "max_tokens"),
-    (b'{"messages": [{}], "max_completion_tokens": -1}', True, "max_completion_tokens"),
-    (b'{"messages": [{}], "max_tokens": 1.5}', True, "max_tokens"),
-    (b'{"messages": [{}], "sla_ms": 0}', True, "sla_ms"),
-    (b'{"messages": [{}], "priority": 1.5}', True, "priority"),
-    (b'{"messages": [{}], "stream_options": {"include_usage": true}}', True, "stream_options"),
-    (b'{"messages": [{}], "stream": false, "stream_options": {}}', True, "stream_options"),
-    (b'{"messages": [{}], "stream": true, "stream_options": {"include_usage": "yes"}}', True, "stream_options"),
-    (b'{"model": "m"}', False, "prompt"),
-    (b'{"prompt": ""}', False, "prompt"),
-    (b'{"prompt": []}', False, "prompt"),
-    (b'{"prompt": {"a": 1}}', False, "prompt"),
-])
+@pytest.mark.parametrize(
+    "body, chat, param",
+    [
+        (b"", True, None),
+        (b"{", True, None),
+        (b"[]", True, None),
+        (b'{"messages": []}', True, "messages"),
+        (b'{"model": "m"}', True, "messages"),
+        (b'{"messages": "hi"}', True, "messages"),
+        (b'{"messages": null}', True, "messages"),
+        (b'{"messages": [ \n ]}', True, "messages"),
+        (b'{"messages": {"role": "user"}}', True, "messages"),
+        (b'{"messages": 5}', True, "messages"),
+        (b'{"messages": [{}], "model": 5}', True, "model"),
+        (b'{"messages": [{}], "stream": "yes"}', True, "stream"),
+        (b'{"messages": [{}], "max_tokens": 0}', True, "max_tokens"),
+        (b'{"messages": [{}], "max_completion_tokens": -1}', True, "max_completion_tokens"),
+        (b'{"messages": [{}], "max_tokens": 1.5}', True, "max_tokens"),
+        (b'{"messages": [{}], "sla_ms": 0}', True, "sla_ms"),
+        (b'{"messages": [{}], "priority": 1.5}', True, "priority"),
+        (b'{"messages": [{}], "stream_options": {"include_usage": true}}', True, "stream_options"),
+        (b'{"messages": [{}], "stream": false, "stream_options": {}}', True, "stream_options"),
+        (b'{"messages": [{}], "stream": true, "stream_options": {"include_usage": "yes"}}', True, "stream_options"),
+        (b'{"model": "m"}', False, "prompt"),
+        (b'{"prompt": ""}', False, "prompt"),
+        (b'{"prompt": []}', False, "prompt"),
+        (b'{"prompt": {"a": 1}}', False, "prompt"),
+    ],
+)
 def test_proxy_bad_requests_name_the_field(body, chat, param):
     with pytest.raises(BadRequest) as ei:
         decode_proxy(body, chat)
@@ -66,16 +72,23 @@ def test_proxy_bad_requests_name_the_field(body, chat, param):
     assert str(ei.value)
 
 
-@pytest.mark.parametrize("body, chat, message", [
-    (b"", True, "The request body is empty; a JSON object is expected."),
-    (b'{"messages": []}', True, "`messages` is required and must be a non-empty list."),
-    (b'{"prompt": []}', False, "`prompt` is required."),
-    (b'{"messages": [{}], "max_tokens": 0}', True, "`max_tokens` must be at least 1, got 0."),
-    (b'{"messages": [{}], "max_completion_tokens": -1}', True, "`max_completion_tokens` must be at least 1, got -1."),
-    (b'{"messages": [{}], "sla_ms": 0}', True, "`sla_ms` must be positive, got 0.0."),
-    (b'{"messages": [{}], "sla_ms": -2.5}', True, "`sla_ms` must be positive, got -2.5."),
-    (b'{"messages": [{}], "stream_options": {}}', True, "Stream options can only be defined when `stream=True`."),
-])
+@pytest.mark.parametrize(
+    "body, chat, message",
+    [
+        (b"", True, "The request body is empty; a JSON object is expected."),
+        (b'{"messages": []}', True, "`messages` is required and must be a non-empty list."),
+        (b'{"prompt": []}', False, "`prompt` is required."),
+        (b'{"messages": [{}], "max_tokens": 0}', True, "`max_tokens` must be at least 1, got 0."),
+        (
+            b'{"messages": [{}], "max_completion_tokens": -1}',
+            True,
+            "`max_completion_tokens` must be at least 1, got -1.",
+        ),
+        (b'{"messages": [{}], "sla_ms": 0}', True, "`sla_ms` must be positive, got 0.0."),
+        (b'{"messages": [{}], "sla_ms": -2.5}', True, "`sla_ms` must be positive, got -2.5."),
+        (b'{"messages": [{}], "stream_options": {}}', True, "Stream options can only be defined when `stream=True`."),
+    ],
+)
 def test_proxy_bad_request_messages(body, chat, message):
     with pytest.raises(BadRequest) as ei:
         decode_proxy(body, chat)
@@ -107,9 +120,14 @@ def test_generate_defaults_and_errors():
     assert (r.prompt, r.max_tokens, r.stream, r.priority, r.sla_ms) == ("hello", 128, False, None, None)
     r = decode_generate(b'{"prompt": "x", "max_tokens": 3, "priority": 0, "sla_ms": 100, "stream": true}')
     assert (r.max_tokens, r.priority, r.sla_ms, r.stream) == (3, 0, 100.0, True)
-    for body, param in ((b'{}', "prompt"), (b'{"prompt": 3}', "prompt"), (b'{"prompt": "x", "max_tokens": 0}',
-                                                                          "max_tokens"),
-                        (b'{"prompt": "x", "sla_ms": -1}', "sla_ms"), (b'', None), (b'nope', None)):
+    for body, param in (
+        (b'{}', "prompt"),
+        (b'{"prompt": 3}', "prompt"),
+        (b'{"prompt": "x", "max_tokens": 0}', "max_tokens"),
+        (b'{"prompt": "x", "sla_ms": -1}', "sla_ms"),
+        (b'', None),
+        (b'nope', None),
+    ):
         with pytest.raises(BadRequest) as ei:
             decode_generate(body)
         assert ei.value.param == param, body
@@ -156,19 +174,39 @@ def test_the_decoded_request_tells_an_absent_own_field_from_a_null_one():
     assert r.priority is None and r.sla_ms is None
 
 
-_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-                       | st.text(max_size=8), lambda c: st.lists(c, max_size=3) | st.dictionaries(
-                           st.text(max_size=5), c, max_size=3), max_leaves=8)
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
+    max_leaves=8,
+)
 
 
 @settings(max_examples=80, deadline=None)
-@given(extra=st.dictionaries(st.text(max_size=8).filter(lambda k: k not in ("priority", "sla_ms", "prompt",
-                                                                             "model", "messages", "stream",
-                                                                             "stream_options", "max_tokens",
-                                                                             "max_completion_tokens", "user")),
-                             _values, max_size=4),
-       prio=st.one_of(st.none(), st.sampled_from(["high", "low"]), st.integers(0, 3)),
-       sla=st.one_of(st.none(), st.floats(1, 1e6)))
+@given(
+    extra=st.dictionaries(
+        st.text(max_size=8).filter(
+            lambda k: (
+                k
+                not in (
+                    "priority",
+                    "sla_ms",
+                    "prompt",
+                    "model",
+                    "messages",
+                    "stream",
+                    "stream_options",
+                    "max_tokens",
+                    "max_completion_tokens",
+                    "user",
+                )
+            )
+        ),
+        _values,
+        max_size=4,
+    ),
+    prio=st.one_of(st.none(), st.sampled_from(["high", "low"]), st.integers(0, 3)),
+    sla=st.one_of(st.none(), st.floats(1, 1e6)),
+)
 def test_strip_keeps_every_other_field(extra, prio, sla):
     obj = {"prompt": "p", **extra}
     if prio is not None:
@@ -209,7 +247,7 @@ def test_band_for_names_numbers_defaults_and_tenant_caps():
     assert [band_for(names, n, None, "low") for n in (-2, -1, 0, 5)] == ["high", "normal", "low", "low"]
     assert band_for(names, 0, _Tenant("normal"), "high") == "normal"  # and capped by the tenant
     assert band_for(names, "high", _Tenant("normal")) == "normal"  # capped by the tenant
-    assert band_for(names, "low", _Tenant("normal")) == "low"      # a cap never raises a band
+    assert band_for(names, "low", _Tenant("normal")) == "low"  # a cap never raises a band
     with pytest.raises(BadRequest, match="Unknown priority band") as e:
         band_for(names, True, None)  # a bool is not a vLLM priority number
     assert e.value.param == "priority"

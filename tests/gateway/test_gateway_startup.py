@@ -2,6 +2,7 @@
 (docs/design.md, "Admission"): a request sent the moment the gateway is up, or the moment
 a reload is done, reaches an engine that is up; an engine that never answers delays
 either by no more than the check's timeout."""
+
 from __future__ import annotations
 
 import asyncio
@@ -39,8 +40,7 @@ class SlowHealthEngine(RecordingUpstream):
             else:
                 self.requests.append((method, path, {}, body))
                 out, ct = self.reply, "application/json"
-            writer.write(f"HTTP/1.1 200 OK\r\ncontent-type: {ct}\r\ncontent-length: {len(out)}\r\n\r\n".encode()
-                         + out)
+            writer.write(f"HTTP/1.1 200 OK\r\ncontent-type: {ct}\r\ncontent-length: {len(out)}\r\n\r\n".encode() + out)
             await writer.drain()
 
 
@@ -54,8 +54,9 @@ async def test_a_request_sent_the_moment_the_gateway_starts_reaches_its_engine()
         gw = Gateway(s)
         try:
             await gw.start("127.0.0.1", 0, 0)
-            r = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT,
-                                   headers={"content-type": "application/json"})
+            r = await http_request(
+                gw.port, "POST", "/v1/chat/completions", CHAT, headers={"content-type": "application/json"}
+            )
             assert r.status == 200, r.body
             # (the monitor also asks /v1/models once, for the engine's context length)
             assert [p for _, p, _, _ in eng.requests if p != "/v1/models"] == ["/v1/chat/completions"]
@@ -83,8 +84,9 @@ async def test_ready_waits_for_the_client_port_when_one_engine_passes_before_ano
                 assert not starting.done() or gw.port, "start() ended without /ready"
                 await asyncio.sleep(0.01)
             # Ready means the client port takes requests now.
-            r = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT,
-                                   headers={"content-type": "application/json"})
+            r = await http_request(
+                gw.port, "POST", "/v1/chat/completions", CHAT, headers={"content-type": "application/json"}
+            )
             assert r.status == 200, r.body
             # e1 was healthy while e2 was still being asked, and /ready said 503 then.
             assert (503, 1) in seen, seen
@@ -105,8 +107,9 @@ async def test_an_engine_that_never_answers_delays_the_start_by_the_check_timeou
             await gw.start("127.0.0.1", 0, 0)
             took = time.monotonic() - t0
             assert 0.3 < took < 3.0, took
-            r = await http_request(gw.port, "POST", "/v1/chat/completions", CHAT,
-                                   headers={"content-type": "application/json"})
+            r = await http_request(
+                gw.port, "POST", "/v1/chat/completions", CHAT, headers={"content-type": "application/json"}
+            )
             assert r.status == 503, r.body
             assert json.loads(r.body)["error"]["type"]
             assert r.headers.get("retry-after") == "1"
@@ -127,29 +130,42 @@ class GarbageEngine(ScriptedServer):
 async def test_a_model_added_by_reload_serves_as_soon_as_the_reload_is_done():
     # The new engine takes 300 ms to answer /health: without the check before the swap,
     # a request right after the reload met an endpoint nobody had checked (503).
-    async with RecordingUpstream() as old, SlowHealthEngine(0.3) as new, SlowHealthEngine(None) as dead, \
-            GarbageEngine() as garbage:
+    async with (
+        RecordingUpstream() as old,
+        SlowHealthEngine(0.3) as new,
+        SlowHealthEngine(None) as dead,
+        GarbageEngine() as garbage,
+    ):
         s = gateway_settings(("e1", old.url, MODEL), health={"check_timeout_ms": 600})
         gw = Gateway(s)
-        reloader = Reloader(gw, lambda: gateway_settings(("e1", old.url, MODEL), ("e2", new.url, "m2"),
-                                                         ("e3", dead.url, "m3"), ("e4", garbage.url, "m4"),
-                                                         health={"check_timeout_ms": 600}))
+        reloader = Reloader(
+            gw,
+            lambda: gateway_settings(
+                ("e1", old.url, MODEL),
+                ("e2", new.url, "m2"),
+                ("e3", dead.url, "m3"),
+                ("e4", garbage.url, "m4"),
+                health={"check_timeout_ms": 600},
+            ),
+        )
         try:
             await gw.start("127.0.0.1", 0, 0)
             t0 = time.monotonic()
             assert await reloader.reload()
             assert time.monotonic() - t0 < 3.0  # an engine that never answers costs the timeout only
             body = json.dumps({"model": "m2", "messages": [{"role": "user", "content": "hi"}]}).encode()
-            r = await http_request(gw.port, "POST", "/v1/chat/completions", body,
-                                   headers={"content-type": "application/json"})
+            r = await http_request(
+                gw.port, "POST", "/v1/chat/completions", body, headers={"content-type": "application/json"}
+            )
             assert r.status == 200, r.body
             assert r.headers["x-velocity-endpoint"] == "e2" and len(new.requests) == 1
             # Those that did not answer, or not in HTTP, are not routed to before their own
             # checks pass; the reload took the rest all the same.
             assert gw.endpoints["e3"].state != "healthy" and gw.endpoints["e4"].state != "healthy"
             body = json.dumps({"model": "m3", "messages": [{"role": "user", "content": "hi"}]}).encode()
-            r = await http_request(gw.port, "POST", "/v1/chat/completions", body,
-                                   headers={"content-type": "application/json"})
+            r = await http_request(
+                gw.port, "POST", "/v1/chat/completions", body, headers={"content-type": "application/json"}
+            )
             assert r.status == 503 and json.loads(r.body)["error"]["type"]
         finally:
             reloader.close()

@@ -38,8 +38,7 @@ class FloodEngine(ScriptedServer):
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
                 await writer.drain()
                 continue
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                         b"transfer-encoding: chunked\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
             for _ in range(EVENTS):
                 writer.write(b"%x\r\n%s\r\n" % (len(EVENT), EVENT))
                 await writer.drain()
@@ -58,10 +57,13 @@ async def test_a_slow_client_holds_back_the_engine_and_then_gets_every_byte():
         # The client's stream buffer stops reading the socket past 64 KiB.
         reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 16)
         try:
-            body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                               "stream": True}).encode()
-            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n"
-                         b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+            body = json.dumps(
+                {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+            ).encode()
+            writer.write(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n"
+                b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+            )
             await writer.drain()
             head = await reader.readuntil(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 200") and b"text/event-stream" in head.lower()
@@ -89,8 +91,7 @@ async def test_a_slow_client_holds_back_the_engine_and_then_gets_every_byte():
             # engine reads before the outbox flushes fills the outbox from both (a fresh
             # clone's CI, four workers at a time, held 845,982 bytes, past a bound that
             # left the outbox's half out).
-            held = sum(p._transport.get_write_buffer_size() + p._out_bytes
-                       for p in gw.client_server._connections)
+            held = sum(p._transport.get_write_buffer_size() + p._out_bytes for p in gw.client_server._connections)
             high = gw.client_server.limits.write_buffer_high
             assert held <= high + high // 2 + READ_MAX + 2 * len(EVENT), held
             # Reading again resumes the engine; every event arrives, in order, then [DONE].
@@ -113,5 +114,5 @@ def _dechunk(data: bytes) -> bytes:
         n = int(data[i:j], 16)
         if n == 0:
             return b"".join(out)
-        out.append(data[j + 2:j + 2 + n])
+        out.append(data[j + 2 : j + 2 + n])
         i = j + 2 + n + 2

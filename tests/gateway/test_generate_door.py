@@ -3,6 +3,7 @@ and so does /v1/messages from its pool on: the bad inputs the completions route 
 they refuse with the same answer (a missing or wrong key, a completion past the engines'
 context, an unknown model or band, a tenant over its quota), and each refusal is counted
 under its route the same way."""
+
 from __future__ import annotations
 
 import re
@@ -44,25 +45,32 @@ def _counts(text: str, route: str) -> dict[int, float]:
 
 @pytest.mark.timeout(60)
 async def test_generate_refuses_what_completions_refuses_the_same_way():
-    tenants = [{"name": "open", "api_key": "k-open"},
-               # 50 tokens a minute: a full bucket lets one request of 100 out go into debt, and
-               # the debt refuses every request after it for the test's length
-               {"name": "tight", "api_key": "k-tight", "tokens_per_minute": 50}]
+    tenants = [
+        {"name": "open", "api_key": "k-open"},
+        # 50 tokens a minute: a full bucket lets one request of 100 out go into debt, and
+        # the debt refuses every request after it for the test's length
+        {"name": "tight", "api_key": "k-tight", "tokens_per_minute": 50},
+    ]
     with sim_engine(model="m1", time_scale=50) as eng:
         async with running_gateway(eng, tenants=tenants) as gw:
-            await wait_until(lambda: all(e.max_model_len for e in gw.endpoints.values()), 5.0,
-                             what="the engine's context length")
+            await wait_until(
+                lambda: all(e.max_model_len for e in gw.endpoints.values()), 5.0, what="the engine's context length"
+            )
             r = await http_request(gw.port, "POST", "/v1/completions", _body("", 100), TIGHT, timeout=30)
             assert r.status == 200, r.body
             seen: dict[str, list] = {}
             for route in ROUTES:
                 got = seen[route] = []
                 # No key, a wrong key: 401 before anything is read.
-                r = await http_request(gw.port, "POST", route, _body(route, 8),
-                                       {"content-type": "application/json"})
+                r = await http_request(gw.port, "POST", route, _body(route, 8), {"content-type": "application/json"})
                 got.append((r.status, _error(r)["type"]))
-                r = await http_request(gw.port, "POST", route, _body(route, 8),
-                                       {"authorization": "Bearer nope", "content-type": "application/json"})
+                r = await http_request(
+                    gw.port,
+                    "POST",
+                    route,
+                    _body(route, 8),
+                    {"authorization": "Bearer nope", "content-type": "application/json"},
+                )
                 got.append((r.status, _error(r)["type"]))
                 # Past the engine's context (the sim engine's 4096): vLLM's 400, naming the field.
                 r = await http_request(gw.port, "POST", route, _body(route, 4096), KEY)
@@ -73,14 +81,21 @@ async def test_generate_refuses_what_completions_refuses_the_same_way():
                 err = _error(r)
                 got.append((r.status, err["type"], err["param"], err["message"]))
                 # A band that does not exist: 400 naming the bands.
-                r = await http_request(gw.port, "POST", route, _body(route, 8),
-                                       {**KEY, "x-velocity-priority": "urgent"})
+                r = await http_request(
+                    gw.port, "POST", route, _body(route, 8), {**KEY, "x-velocity-priority": "urgent"}
+                )
                 err = _error(r)
                 got.append((r.status, err["param"], err["message"]))
                 # A tenant over its tokens per minute: 429 rate-limit, told when to come back.
                 r = await http_request(gw.port, "POST", route, _body(route, 100), TIGHT)
-                got.append((r.status, r.headers.get("x-velocity-reject-reason"), "retry-after" in r.headers,
-                            _error(r)["message"]))
+                got.append(
+                    (
+                        r.status,
+                        r.headers.get("x-velocity-reject-reason"),
+                        "retry-after" in r.headers,
+                        _error(r)["message"],
+                    )
+                )
             assert seen["/generate"] == seen["/v1/completions"] == seen["/v1/messages"]
             assert [g[0] for g in seen["/generate"]] == [401, 401, 400, 404, 400, 429]
             assert seen["/generate"][2][1:] == ("max_tokens", True)

@@ -1,6 +1,7 @@
 """A port the gateway cannot have ends the command with one line naming the port and the
 settings that choose it, not the bind's traceback; chargeVelocity says so before it starts
 engines."""
+
 from __future__ import annotations
 
 import socket

@@ -1,6 +1,7 @@
 """A request that names no max tokens runs until the model stops. The gateway takes it for
 what the pool's engines returned for such requests (their usage's completion tokens,
 learned per model and per route), in admission and in a tenant's token quota alike."""
+
 from __future__ import annotations
 
 import json

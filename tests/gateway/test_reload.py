@@ -1,6 +1,7 @@
 """Live reload of `velocityllm serve`: SIGHUP re-reads the config file under a steady stream
 of requests. A new band and a new tenant key serve new requests, nothing in flight is lost,
 and an invalid file is refused in one log line while the old configuration keeps serving."""
+
 from __future__ import annotations
 
 import asyncio
@@ -57,8 +58,9 @@ async def _chat(port: int, key: str, band: str | None = None):
     return await http_request(port, "POST", "/v1/chat/completions", CHAT, headers, timeout=15)
 
 
-async def _stream(port: int, stop: asyncio.Event, statuses: list[int], max_requests: int = 400,
-                  deadline_s: float = 40.0) -> None:
+async def _stream(
+    port: int, stop: asyncio.Event, statuses: list[int], max_requests: int = 400, deadline_s: float = 40.0
+) -> None:
     """Requests back to back with the old key until told to stop (bounded in count and time)."""
     t_end = time.monotonic() + deadline_s
     while not stop.is_set() and len(statuses) < max_requests and time.monotonic() < t_end:
@@ -110,8 +112,19 @@ async def test_chargevelocity_reloads_the_file_and_keeps_the_engines_it_started(
     cfg = tmp_path / "charge.yaml"
     cfg.write_text("tenants:\n  - {name: alpha, api_key: key-alpha}\n")
     base = free_port_block(2)
-    with gateway_process("chargeVelocity", "--mock", "--engines", "2", "--engine-base-port", str(base),
-                         "--config", str(cfg), "--sim-args", "--time-scale 50", timeout=40) as gp:
+    with gateway_process(
+        "chargeVelocity",
+        "--mock",
+        "--engines",
+        "2",
+        "--engine-base-port",
+        str(base),
+        "--config",
+        str(cfg),
+        "--sim-args",
+        "--time-scale 50",
+        timeout=40,
+    ) as gp:
         listed: list = []
 
         async def engines_listed() -> bool:

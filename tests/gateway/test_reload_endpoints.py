@@ -1,5 +1,6 @@
 """Live reload, in process: endpoints added and removed while a stream runs on the one that
 goes, a rebuilt admission while requests wait in the old one, and a refused config."""
+
 from __future__ import annotations
 
 import asyncio
@@ -50,8 +51,11 @@ async def test_removed_endpoint_finishes_its_stream_and_new_requests_go_to_the_a
             await s.close()
             assert rest[-1] == "[DONE]"
             assert not any("error" in json.loads(ev) for ev in rest[:-1] if ev.startswith("{"))
-            tokens = sum(len(json.loads(ev)["choices"][0].get("delta", {}).get("content") or "") > 0
-                         for ev in [first, *rest[:-1]] if ev.startswith("{") and json.loads(ev)["choices"])
+            tokens = sum(
+                len(json.loads(ev)["choices"][0].get("delta", {}).get("content") or "") > 0
+                for ev in [first, *rest[:-1]]
+                if ev.startswith("{") and json.loads(ev)["choices"]
+            )
             assert tokens >= 100
             assert gw.admission.stats()["counters"]["failed"] == 0
         finally:
@@ -65,8 +69,10 @@ async def test_queued_requests_in_the_old_admission_complete_after_a_rebuild(eng
         reloader = Reloader(gw, lambda: _settings(("a", e1.url, "m1"), policy="dynamic", max_concurrency=4))
         try:
             old = gw.admission
-            tasks = [asyncio.create_task(http_request(gw.port, "POST", "/v1/chat/completions", _chat(40),
-                                                      timeout=30)) for _ in range(4)]
+            tasks = [
+                asyncio.create_task(http_request(gw.port, "POST", "/v1/chat/completions", _chat(40), timeout=30))
+                for _ in range(4)
+            ]
             await wait_until(lambda: old.stats()["queued"] >= 2, 10.0, what="requests queued")
             assert (await http_request(gw.port, "GET", "/stats")).json()["admission"]["limits"] == {"a": 1}
             assert await reloader.reload()
@@ -88,6 +94,7 @@ async def test_queued_requests_in_the_old_admission_complete_after_a_rebuild(eng
 async def test_a_refused_config_changes_nothing(engines, caplog):
     e1, _ = engines
     async with running_gateway(("a", e1.url, "m1"), api_key="k1") as gw:
+
         def bad():
             raise ConfigError("cfg.yaml: bands[1].ceiling: rises above the band before it")
 
@@ -109,15 +116,17 @@ async def test_tenant_rate_limit_state_survives_an_unrelated_reload(engines):
     async with running_gateway(("a", e1.url, "m1"), tenants=tenants) as gw:
         h = {"authorization": "Bearer kt"}
         assert (await http_request(gw.port, "POST", "/v1/chat/completions", _chat(2), h)).status == 200
-        reloader = Reloader(gw, lambda: _settings(("a", e1.url, "m1"), tenants=tenants
-                                                   + [{"name": "u", "api_key": "ku"}]))
+        reloader = Reloader(
+            gw, lambda: _settings(("a", e1.url, "m1"), tenants=tenants + [{"name": "u", "api_key": "ku"}])
+        )
         assert await reloader.reload()
         reloader.close()
         # The bucket t emptied is the same one: a reload is no way around a rate limit.
         r = await http_request(gw.port, "POST", "/v1/chat/completions", _chat(2), h)
         assert r.status == 429 and r.headers["x-velocity-reject-reason"] == "rate-limit"
-        assert (await http_request(gw.port, "POST", "/v1/chat/completions", _chat(2),
-                                   {"authorization": "Bearer ku"})).status == 200
+        assert (
+            await http_request(gw.port, "POST", "/v1/chat/completions", _chat(2), {"authorization": "Bearer ku"})
+        ).status == 200
 
 
 async def test_an_endpoint_moved_to_another_url_serves_from_the_new_one(engines):

@@ -5,6 +5,7 @@ reported in a warning and keeps its old value until then.
 
 The gateway runs in this process; the test sends SIGHUP to it, and the Reloader installed
 on the loop re-reads the config file, as `velocityllm serve` does."""
+
 from __future__ import annotations
 
 import asyncio
@@ -223,16 +224,21 @@ async def test_models_profile_and_routing_act_after_sighup(tmp_path):
                 await live.sighup("policy: static\nrouting: {seed: 3}\nmodels: {m1: {profile: chat}}\n")
                 assert len(await _endpoints_used(gw)) == 1
                 # routing: a at 90 % KV is filtered as saturated at 0.8, not at 0.95.
-                await live.sighup("policy: static\nrouting: {seed: 3, saturation_kv: 0.8}\nmodels: {m1: {profile: batch}}\n")
+                await live.sighup(
+                    "policy: static\nrouting: {seed: 3, saturation_kv: 0.8}\nmodels: {m1: {profile: batch}}\n"
+                )
                 a.kv, b.waiting = 0.9, 2
-                await wait_until(lambda: gw.endpoints["a"].kv_usage == 0.9 and gw.endpoints["b"].waiting == 2,
-                                 5.0, what="scraped")
+                await wait_until(
+                    lambda: gw.endpoints["a"].kv_usage == 0.9 and gw.endpoints["b"].waiting == 2, 5.0, what="scraped"
+                )
                 # Read with the background paused, as above: a's own in-flight background
                 # requests can make it the longer queue (b shows 2 waiting), and a fresh
                 # clone's CI saw {a, b} here.
                 async with live.quiet():
                     assert await _endpoints_used(gw, 6) == {"b"}
-                await live.sighup("policy: static\nrouting: {seed: 3, saturation_kv: 0.95}\nmodels: {m1: {profile: batch}}\n")
+                await live.sighup(
+                    "policy: static\nrouting: {seed: 3, saturation_kv: 0.95}\nmodels: {m1: {profile: batch}}\n"
+                )
                 async with live.quiet():
                     assert await _endpoints_used(gw, 6) == {"a"}
 
@@ -246,23 +252,34 @@ async def test_keys_that_need_a_restart_are_reported_and_keep_their_value(tmp_pa
             async with Live(gw, cfg, [("a", eng.url, "m1")]) as live:
                 with caplog.at_level(logging.WARNING, logger="velocity.reload"):
                     await live.sighup("server: {max_body_bytes: 200}\n")
-                warnings = [r.getMessage() for r in caplog.records
-                            if r.name == "velocity.reload" and r.levelno == logging.WARNING]
+                warnings = [
+                    r.getMessage()
+                    for r in caplog.records
+                    if r.name == "velocity.reload" and r.levelno == logging.WARNING
+                ]
                 assert warnings == ["config reload: server.max_body_bytes changed; it takes effect at the next start"]
                 # The running server keeps the limit it started with: a 2 KB body is not a 413.
                 r = await completion(gw.port, prompt="x" * 2000)
                 assert r.status == 200
 
 
-@pytest.mark.parametrize("key", ["host", "port", "admin_port", "health", "sim", "model_path",
-                                 "structured_logs", "log_level"])
+@pytest.mark.parametrize(
+    "key", ["host", "port", "admin_port", "health", "sim", "model_path", "structured_logs", "log_level"]
+)
 async def test_each_restart_key_is_named_in_the_warning(tmp_path, caplog, key):
     from velocity_fast.gateway.reload import RESTART_KEYS, apply_settings
 
     assert key in RESTART_KEYS
-    value = {"host": "127.0.0.2", "port": 1, "admin_port": 2, "health": {**FAST_HEALTH, "check_interval_ms": 999.0},
-             "sim": {"decode_tps": 7.0}, "model_path": str(tmp_path), "structured_logs": True,
-             "log_level": "debug"}[key]
+    value = {
+        "host": "127.0.0.2",
+        "port": 1,
+        "admin_port": 2,
+        "health": {**FAST_HEALTH, "check_interval_ms": 999.0},
+        "sim": {"decode_tps": 7.0},
+        "model_path": str(tmp_path),
+        "structured_logs": True,
+        "log_level": "debug",
+    }[key]
     async with GaugeEngine() as eng:
         async with running_gateway(("a", eng.url, "m1"), policy="static") as gw:
             new = gateway_settings(("a", eng.url, "m1"), policy="static", **{key: value})
@@ -270,8 +287,9 @@ async def test_each_restart_key_is_named_in_the_warning(tmp_path, caplog, key):
                 apply_settings(gw, new)
             warned = [r.getMessage() for r in caplog.records if r.name == "velocity.reload"]
             # Named down to the key that changed, as the file writes it.
-            path = {"health": "health.check_interval_ms changed",
-                    "sim": "sim.decode_tps added"}.get(key, f"{key} changed")
+            path = {"health": "health.check_interval_ms changed", "sim": "sim.decode_tps added"}.get(
+                key, f"{key} changed"
+            )
             assert warned == [f"config reload: {path}; it takes effect at the next start"]
             assert (await http_request(gw.port, "GET", "/health")).status == 200
 

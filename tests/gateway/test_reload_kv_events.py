@@ -1,5 +1,6 @@
 """KV event subscribers follow the endpoints: started with the gateway or when a reload
 adds an endpoint with `kv_events`, stopped when it leaves or the gateway stops."""
+
 from __future__ import annotations
 
 import pytest
@@ -30,6 +31,7 @@ async def test_subscribers_start_stop_and_follow_reloads(tmp_path):
 async def test_a_reload_of_free_cache_weight_keeps_the_token_side_and_takes_the_weight(tmp_path):
     tok = tmp_path / "tokenizer.json"
     from tokenizers import Tokenizer, models
+
     Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]")).save(str(tok))
     routing = {"prefix": "precise", "tokenizer": str(tok)}
     async with running_gateway(healthy=0, endpoints=[ep("e1", tmp_path)], routing=routing) as gw:

@@ -2,6 +2,7 @@
 answered by the gateway"): 401s, unknown routes (as route "other", however many paths a
 scanner tries), wrong methods, /v1/models and /stats; and velocity_auth_failures_total
 counts the keys refused on each port."""
+
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families

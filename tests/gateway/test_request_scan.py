@@ -2,6 +2,7 @@
 3 KiB or more decodes to what msgspec makes of the whole body, is refused where msgspec
 refuses it (with msgspec's words), and keeps its prompt as compact JSON text that hashes
 the same however the client spaced it."""
+
 from __future__ import annotations
 
 import json
@@ -32,6 +33,7 @@ def walk(request):
 def test_the_scanner_uses_the_cpus_best_walk_unless_told():
     import re
     from pathlib import Path
+
     info = Path("/proc/cpuinfo")
     flags = info.read_text() if info.exists() else ""
     has = re.search(r"^flags\s*:.*\bavx2\b", flags, re.M) is not None
@@ -39,6 +41,7 @@ def test_the_scanner_uses_the_cpus_best_walk_unless_told():
     assert scan_isa("sse2") == "sse2"
     with pytest.raises(ValueError):
         scan_isa("neon")
+
 
 WHOLE = msgspec.json.Decoder(ProxyRequest)
 FIELDS = ("model", "stream", "max_tokens", "max_completion_tokens", "priority", "sla_ms", "user")
@@ -75,9 +78,20 @@ def _same_as_whole(body: bytes, chat: bool):
 
 @pytest.mark.parametrize("style", ["compact", "spaced", "indented"])
 def test_a_large_chat_body_decodes_as_msgspec_decodes_it_whole(style):
-    body = _dump(_chat(stream=True, stream_options={"include_usage": True}, max_tokens=77, priority="high",
-                       sla_ms=2500, user="u", tools=[{"type": "function", "function": {"name": "f"}}],
-                       temperature=0.25, seed=123456789012345678901234), style)
+    body = _dump(
+        _chat(
+            stream=True,
+            stream_options={"include_usage": True},
+            max_tokens=77,
+            priority="high",
+            sla_ms=2500,
+            user="u",
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            temperature=0.25,
+            seed=123456789012345678901234,
+        ),
+        style,
+    )
     assert len(body) > 4096
     r, compact = _same_as_whole(body, True)
     assert compact, "a body the scanner takes leaves compact prompt text"
@@ -85,10 +99,14 @@ def test_a_large_chat_body_decodes_as_msgspec_decodes_it_whole(style):
     assert bytes(r.messages) == _dump(json.loads(body)["messages"], "compact")
 
 
-@given(st.dictionaries(st.sampled_from(["model", "stream", "max_tokens", "user", "x", "n", "logprobs"]),
-                       st.one_of(st.none(), st.booleans(), st.integers(1, 2**31 - 1), st.text(max_size=20)),
-                       max_size=5),
-       st.sampled_from(["compact", "spaced", "indented"]))
+@given(
+    st.dictionaries(
+        st.sampled_from(["model", "stream", "max_tokens", "user", "x", "n", "logprobs"]),
+        st.one_of(st.none(), st.booleans(), st.integers(1, 2**31 - 1), st.text(max_size=20)),
+        max_size=5,
+    ),
+    st.sampled_from(["compact", "spaced", "indented"]),
+)
 @settings(max_examples=150, deadline=None)
 def test_any_large_body_decodes_or_fails_as_msgspec_does(fields, style):
     obj = dict(fields)
@@ -107,24 +125,27 @@ def _big(inner: bytes) -> bytes:
     return b'{"model":"m","messages":[{"role":"user","content":"' + b"x" * 4000 + inner + b'"}],"max_tokens":5}'
 
 
-@pytest.mark.parametrize("bad", [
-    _big(b"\x01"),                         # a control byte in a string
-    _big(b"\\q"),                          # not an escape
-    _big(b"\\u12"),                        # a short \u escape
-    _big(b"\\ud800"),                      # a lone high surrogate
-    _big(b"\\udc00x"),                     # a lone low surrogate
-    _big(b"") + b",",                      # a trailing comma at the end
-    _big(b"")[:-1] + b",}",                # a trailing comma in the object
-    _big(b"")[:-1],                        # truncated
-    _big(b"")[:-1] + b',"n":01}',          # a leading zero
-    _big(b"")[:-1] + b',"n":1.}',          # a bare decimal point
-    _big(b"")[:-1] + b',"n":tru}',         # a broken literal
-    _big(b"")[:-1] + b',"n":NaN}',         # not JSON
-    _big(b"")[:-1] + b',"n":[1,]}',        # a trailing comma in an array
-    _big(b"")[:-1] + b',"n":{"a" 1}}',     # no colon
-    b"[" + _big(b"") + b"]",               # not an object
-    _big(b"") + b"{}",                     # trailing bytes
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        _big(b"\x01"),  # a control byte in a string
+        _big(b"\\q"),  # not an escape
+        _big(b"\\u12"),  # a short \u escape
+        _big(b"\\ud800"),  # a lone high surrogate
+        _big(b"\\udc00x"),  # a lone low surrogate
+        _big(b"") + b",",  # a trailing comma at the end
+        _big(b"")[:-1] + b",}",  # a trailing comma in the object
+        _big(b"")[:-1],  # truncated
+        _big(b"")[:-1] + b',"n":01}',  # a leading zero
+        _big(b"")[:-1] + b',"n":1.}',  # a bare decimal point
+        _big(b"")[:-1] + b',"n":tru}',  # a broken literal
+        _big(b"")[:-1] + b',"n":NaN}',  # not JSON
+        _big(b"")[:-1] + b',"n":[1,]}',  # a trailing comma in an array
+        _big(b"")[:-1] + b',"n":{"a" 1}}',  # no colon
+        b"[" + _big(b"") + b"]",  # not an object
+        _big(b"") + b"{}",  # trailing bytes
+    ],
+)
 def test_malformed_large_bodies_are_refused_in_msgspecs_words(bad):
     with pytest.raises(msgspec.DecodeError) as whole:
         WHOLE.decode(bad)
@@ -155,18 +176,21 @@ def test_large_bodies_nested_past_the_depth_are_refused_or_taken_as_msgspec_does
         assert decode_proxy(body, True).messages
 
 
-@pytest.mark.parametrize("prompt, error", [
-    ('"' + "p" * 2000 + '"', None),
-    (json.dumps(["a" * 1500, "b"]), None),
-    (json.dumps(list(range(600))), None),
-    ('""', "`prompt` is required."),
-    ("[ ]", "`prompt` is required."),
-    ("null", "`prompt` is required."),
-    ("5", "Expected `str | array | null`, got `int` - at `$.prompt`"),
-    ("-2.5e3", "Expected `str | array | null`, got `float` - at `$.prompt`"),
-    ("true", "Expected `str | array | null`, got `bool` - at `$.prompt`"),
-    ('{"a": 1}', "Expected `str | array | null`, got `object` - at `$.prompt`"),
-])
+@pytest.mark.parametrize(
+    "prompt, error",
+    [
+        ('"' + "p" * 2000 + '"', None),
+        (json.dumps(["a" * 1500, "b"]), None),
+        (json.dumps(list(range(600))), None),
+        ('""', "`prompt` is required."),
+        ("[ ]", "`prompt` is required."),
+        ("null", "`prompt` is required."),
+        ("5", "Expected `str | array | null`, got `int` - at `$.prompt`"),
+        ("-2.5e3", "Expected `str | array | null`, got `float` - at `$.prompt`"),
+        ("true", "Expected `str | array | null`, got `bool` - at `$.prompt`"),
+        ('{"a": 1}', "Expected `str | array | null`, got `object` - at `$.prompt`"),
+    ],
+)
 @pytest.mark.parametrize("pad", [0, 4000])
 def test_completions_prompts_small_and_large(prompt, error, pad):
     body = ('{"model": "m", "prompt": %s, "max_tokens": 3, "x": "%s"}' % (prompt, "z" * pad)).encode()
@@ -194,8 +218,8 @@ def test_own_fields_are_cut_from_a_large_body_and_the_rest_kept_as_written(style
 def test_the_decoders_cut_is_taken_once_and_is_the_cut_a_fresh_scan_makes():
     body = _dump(_chat(priority="low", sla_ms=900), "spaced")
     r = decode_proxy(body, True)
-    first = strip_own_fields(body, r)          # cut by the decoder's scan
-    again = strip_own_fields(body, r)          # scanned afresh
+    first = strip_own_fields(body, r)  # cut by the decoder's scan
+    again = strip_own_fields(body, r)  # scanned afresh
     copy = strip_own_fields(bytes(bytearray(body)), r)  # another object, the same bytes
     assert first == again == copy and first is not again
     assert json.loads(first) == {k: v for k, v in json.loads(body).items() if k not in ("priority", "sla_ms")}
@@ -231,7 +255,8 @@ def test_turn_n_plus_one_extends_turn_n(style):
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
-    max_leaves=20)
+    max_leaves=20,
+)
 
 
 @given(json_values, st.sampled_from([None, 1, 2]), st.booleans())
@@ -247,12 +272,41 @@ def test_hash_json_is_json_text_hashed(value, indent, ascii_only):
 # Pieces of string content that the 64-byte chunks of the scanner must get right where
 # they straddle a chunk's edge: backslash runs of every length, escaped quotes, \u
 # escapes and surrogate pairs (whole, cut, lone), control bytes, plain text.
-_PIECES = [b"a", b"plain text ", b"\\", b"\\\\", b"\\\\\\", b'\\"', b'\\\\\\"', b"\\n", b"\\/", b"\\u00e9",
-           b"\\uD83D\\uDE00", b"\\ud83d", b"\\ude00", b"\\u12", b"\\uZZZZ", b"\\q", b"\x01", b"\x1f", b"\t",
-           b'"', b"\xc3\xa9", b"x" * 63,
-           # escapes the grammar lacks, near the ones it has (the AVX2 walk classifies an
-           # escaped byte by its two nibbles): \x \U \B \R \o \| \0, a backslash before UTF-8
-           b"\\x", b"\\U0041", b"\\B", b"\\R", b"\\o", b"\\|", b"\\0", b"\\\xc3\xa9", b"\\b\\f\\r\\t"]
+_PIECES = [
+    b"a",
+    b"plain text ",
+    b"\\",
+    b"\\\\",
+    b"\\\\\\",
+    b'\\"',
+    b'\\\\\\"',
+    b"\\n",
+    b"\\/",
+    b"\\u00e9",
+    b"\\uD83D\\uDE00",
+    b"\\ud83d",
+    b"\\ude00",
+    b"\\u12",
+    b"\\uZZZZ",
+    b"\\q",
+    b"\x01",
+    b"\x1f",
+    b"\t",
+    b'"',
+    b"\xc3\xa9",
+    b"x" * 63,
+    # escapes the grammar lacks, near the ones it has (the AVX2 walk classifies an
+    # escaped byte by its two nibbles): \x \U \B \R \o \| \0, a backslash before UTF-8
+    b"\\x",
+    b"\\U0041",
+    b"\\B",
+    b"\\R",
+    b"\\o",
+    b"\\|",
+    b"\\0",
+    b"\\\xc3\xa9",
+    b"\\b\\f\\r\\t",
+]
 
 
 @given(st.lists(st.sampled_from(_PIECES), max_size=60), st.integers(0, 70), st.sampled_from([b"", b"abc", b"d" * 200]))
@@ -267,7 +321,7 @@ def test_the_scanner_takes_a_string_exactly_when_msgspec_does(pieces, offset, af
     assert (members is not None) == ok, (ok, body[:200])
     if ok:
         assert [body[ks:vs].split(b":")[0] for ks, vs, _ in members] == [b'"model"', b'"messages"', b'"max_tokens"']
-        assert body[members[2][1]:members[2][2]] == b"5"
+        assert body[members[2][1] : members[2][2]] == b"5"
 
 
 @pytest.mark.parametrize("at", [0, 30, 62, 63, 64, 100])

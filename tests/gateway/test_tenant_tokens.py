@@ -2,6 +2,7 @@
 token counter settled from the engines' usage, the usage chunk of streams (asked of the
 engine, cut from a client's stream that did not ask for it), a disconnected client's
 settlement, tokens_per_minute quotas, and the per-tenant figures."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,10 +24,13 @@ LONG_SLA = {"x-velocity-sla-ms": "600000"}
 
 # -- the pieces -----------------------------------------------------------------------------
 
+
 def test_body_usage_reads_vllm_answers():
-    body = (b'{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"content":"usage"}}],'
-            b'"usage":{"prompt_tokens":12,"total_tokens":20,"completion_tokens":8,'
-            b'"prompt_tokens_details":{"cached_tokens":5}},"prompt_logprobs":null,"kv_transfer_params":null}')
+    body = (
+        b'{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"content":"usage"}}],'
+        b'"usage":{"prompt_tokens":12,"total_tokens":20,"completion_tokens":8,'
+        b'"prompt_tokens_details":{"cached_tokens":5}},"prompt_logprobs":null,"kv_transfer_params":null}'
+    )
     assert body_usage(body) == (12, 5, 8)
     assert body_usage(b'{"usage":{"prompt_tokens":3,"total_tokens":4,"completion_tokens":1}}') == (3, 0, 1)
     assert body_usage(b'{"usage": null}') is None
@@ -40,14 +44,15 @@ def test_ask_usage_adds_or_replaces_stream_options():
     out = ask_usage(body, False)
     assert out == b' {"stream_options":{"include_usage":true},"model":"m","stream":true,"messages":[]}'
     assert json.loads(out)["stream_options"] == {"include_usage": True}
-    out = ask_usage(b'{"stream":true,"stream_options":{"continuous_usage_stats":true},"n":12345678901234567890}',
-                    True)
+    out = ask_usage(b'{"stream":true,"stream_options":{"continuous_usage_stats":true},"n":12345678901234567890}', True)
     assert json.loads(out)["stream_options"] == {"include_usage": True}
     assert b"12345678901234567890" in out  # the other members kept as they were written
 
 
-@pytest.mark.parametrize("key,value", [("tokens_per_minute", 0), ("tokens_per_minute", float("inf")),
-                                       ("requests_per_second", -1), ("burst", 0)])
+@pytest.mark.parametrize(
+    "key,value",
+    [("tokens_per_minute", 0), ("tokens_per_minute", float("inf")), ("requests_per_second", -1), ("burst", 0)],
+)
 def test_tenant_limits_must_be_positive_and_finite(tmp_path, key, value):
     path = tmp_path / "c.yaml"
     path.write_text(json.dumps({"tenants": [{"name": "a", key: value}]}).replace("Infinity", ".inf"))
@@ -57,10 +62,10 @@ def test_tenant_limits_must_be_positive_and_finite(tmp_path, key, value):
 
 # -- streams and usage ----------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def engine():
-    with sim_engine("--enable-prompt-tokens-details", "--natural-output-mean", "16", model="m1",
-                    time_scale=20) as eng:
+    with sim_engine("--enable-prompt-tokens-details", "--natural-output-mean", "16", model="m1", time_scale=20) as eng:
         yield eng
 
 
@@ -162,21 +167,36 @@ async def test_settlement_survives_a_client_disconnect_mid_stream(engine):
 
 # -- fairness on the tokens served ----------------------------------------------------------
 
+
 async def _backlogged_service(gw, per_tenant: int) -> dict[str, float]:
     """Block the engine, queue ``per_tenant`` requests of "short" (no max_tokens: asks
     for the default and ends by itself after a few tokens) and of "long" (max_tokens 40,
     all served), and return each tenant's service (prompt + 2 x completion tokens, from
     the usage of its answers) while both still had work queued."""
     adm = gw.admission
-    blocker = asyncio.create_task(http_request(gw.port, "POST", "/v1/chat/completions", _chat(3000),
-                                               {"authorization": "Bearer k-b", **LONG_SLA}, timeout=60))
+    blocker = asyncio.create_task(
+        http_request(
+            gw.port,
+            "POST",
+            "/v1/chat/completions",
+            _chat(3000),
+            {"authorization": "Bearer k-b", **LONG_SLA},
+            timeout=60,
+        )
+    )
     await wait_until(lambda: adm.stats()["counters"]["in_flight"] == 1, 10.0, what="the blocker in flight")
     done: list[tuple[str, float]] = []
 
     async def one(tenant: str, i: int) -> None:
         n = None if tenant == "short" else 40
-        r = await http_request(gw.port, "POST", "/v1/chat/completions", _chat(n, text=f"request {i} of {tenant}"),
-                               {"authorization": f"Bearer k-{tenant}", **LONG_SLA}, timeout=60)
+        r = await http_request(
+            gw.port,
+            "POST",
+            "/v1/chat/completions",
+            _chat(n, text=f"request {i} of {tenant}"),
+            {"authorization": f"Bearer k-{tenant}", **LONG_SLA},
+            timeout=60,
+        )
         assert r.status == 200, r.body
         u = r.json()["usage"]
         done.append((tenant, u["prompt_tokens"] + 2 * u["completion_tokens"]))
@@ -197,11 +217,18 @@ async def _backlogged_service(gw, per_tenant: int) -> dict[str, float]:
 
 
 def _fair_keys(charge: str) -> dict:
-    tenants = [{"name": "short", "api_key": "k-short", "weight": 2.0},
-               {"name": "long", "api_key": "k-long", "weight": 1.0},
-               {"name": "b", "api_key": "k-b"}]
-    return dict(policy="dynamic", max_concurrency=1, sla_ms=600000, tenants=tenants,
-                admission={"fairness": "tokens", "fairness_charge": charge, "aimd_min": 1})
+    tenants = [
+        {"name": "short", "api_key": "k-short", "weight": 2.0},
+        {"name": "long", "api_key": "k-long", "weight": 1.0},
+        {"name": "b", "api_key": "k-b"},
+    ]
+    return dict(
+        policy="dynamic",
+        max_concurrency=1,
+        sla_ms=600000,
+        tenants=tenants,
+        admission={"fairness": "tokens", "fairness_charge": charge, "aimd_min": 1},
+    )
 
 
 @pytest.mark.timeout(120)
@@ -224,6 +251,7 @@ async def test_charged_on_the_estimate_the_weights_do_not_hold(engine):
 
 # -- quotas ---------------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(90)
 async def test_a_token_quota_holds_within_ten_percent_over_time(engine):
     """tokens_per_minute 12,000 (200 tokens/s): once the bucket is drained, what the engine
@@ -243,8 +271,9 @@ async def test_a_token_quota_holds_within_ten_percent_over_time(engine):
             while time.monotonic() < stop:
                 k += 1
                 sent = time.monotonic()
-                r = await http_request(gw.port, "POST", "/v1/chat/completions",
-                                       _chat(40, text=f"client {i} request {k}"), h, timeout=30)
+                r = await http_request(
+                    gw.port, "POST", "/v1/chat/completions", _chat(40, text=f"client {i} request {k}"), h, timeout=30
+                )
                 if r.status == 429:
                     assert r.headers["x-velocity-reject-reason"] == "rate-limit"
                     assert int(r.headers["retry-after"]) >= 1
@@ -269,12 +298,20 @@ async def test_a_token_quota_holds_within_ten_percent_over_time(engine):
 
 @pytest.mark.timeout(60)
 async def test_a_quota_reload_keeps_the_buckets_of_unchanged_tenants(engine):
-    tenants = [{"name": "a", "api_key": "k-a", "tokens_per_minute": 1000},
-               {"name": "b", "api_key": "k-b", "tokens_per_minute": 1000}]
+    tenants = [
+        {"name": "a", "api_key": "k-a", "tokens_per_minute": 1000},
+        {"name": "b", "api_key": "k-b", "tokens_per_minute": 1000},
+    ]
     async with running_gateway(engine, tenants=tenants) as gw:
         for key in ("k-a", "k-b"):
-            r = await http_request(gw.port, "POST", "/v1/chat/completions", _chat(100),
-                                   {"authorization": f"Bearer {key}", **LONG_SLA}, timeout=30)
+            r = await http_request(
+                gw.port,
+                "POST",
+                "/v1/chat/completions",
+                _chat(100),
+                {"authorization": f"Bearer {key}", **LONG_SLA},
+                timeout=30,
+            )
             assert r.status == 200
         a, b = gw.identity.tenants["a"], gw.identity.tenants["b"]
         assert a.tokens_left() < 950 and b.tokens_left() < 950
@@ -292,6 +329,7 @@ async def test_a_quota_reload_keeps_the_buckets_of_unchanged_tenants(engine):
 
 
 # -- figures --------------------------------------------------------------------------------
+
 
 @pytest.mark.timeout(60)
 async def test_per_tenant_figures_in_stats_and_metrics(engine):

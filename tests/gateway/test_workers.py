@@ -1,5 +1,6 @@
 """gateway/workers.py: the workers' orders, and the supervisor's admin /metrics merging what
 each metric declared, with no table of its own."""
+
 from __future__ import annotations
 
 import os
@@ -15,13 +16,19 @@ NOWHERE = ("e1", "http://127.0.0.1:9", "m1")  # no engine is needed: only the ad
 
 
 def test_every_metric_a_gateway_registers_declares_its_merge():
-    settings = load_settings(None, {"endpoints": [EndpointConfig(name="e1", url="http://127.0.0.1:9", model="m")],
-                                    "tenants": [{"name": "t", "tokens_per_minute": 100}]}, env={})
+    settings = load_settings(
+        None,
+        {
+            "endpoints": [EndpointConfig(name="e1", url="http://127.0.0.1:9", model="m")],
+            "tenants": [{"name": "t", "tokens_per_minute": 100}],
+        },
+        env={},
+    )
     gw = Gateway(settings)
-    names = {line.split(" ")[2] for line in gw.registry.render().decode().splitlines()
-             if line.startswith("# TYPE ")}
-    assert names and sorted(n for n in names if gw.registry.get(n).merge is None) == [], \
+    names = {line.split(" ")[2] for line in gw.registry.render().decode().splitlines() if line.startswith("# TYPE ")}
+    assert names and sorted(n for n in names if gw.registry.get(n).merge is None) == [], (
         "metrics registered without merge= (how the workers' values add up)"
+    )
 
 
 class _Running:
@@ -53,10 +60,18 @@ async def test_a_new_metric_merges_across_two_workers_by_its_declared_rule():
         limit = a.endpoints["e1"].limit
     assert r.status == 200
     text = r.body.decode()
-    got = {k: float(v) for line in text.splitlines() if line.startswith("velocity_test_")
-           for k, _, v in [line.rpartition(" ")]}
-    assert got == {"velocity_test_whole": 7.0, "velocity_test_floor": 3.0, "velocity_test_share": 5.0,
-                   'velocity_test_events_total{kind="x"}': 10.0}
+    got = {
+        k: float(v)
+        for line in text.splitlines()
+        if line.startswith("velocity_test_")
+        for k, _, v in [line.rpartition(" ")]
+    }
+    assert got == {
+        "velocity_test_whole": 7.0,
+        "velocity_test_floor": 3.0,
+        "velocity_test_share": 5.0,
+        'velocity_test_events_total{kind="x"}': 10.0,
+    }
     assert 'velocity_endpoint_healthy{endpoint="e1",model="m1"} 0.0' in text
     assert "# MERGE" not in text and "velocity_workers 2.0" in text
     # /stats: an endpoint's limit is every worker's whole (declared so), its served counts add up.
@@ -69,6 +84,12 @@ def test_worker_count_and_the_workers_orders():
     assert worker_count(load_settings(None, {"workers": "3"}, env={})) == 3
     assert worker_count(load_settings(None, {"workers": "auto"}, env={})) >= 1
     assert worker_side({}) is None
-    side = worker_side({"VELOCITY_WORKER": "1", "VELOCITY_SHARED": "/dev/shm/x", "VELOCITY_WORKER_PORT": "8000",
-                        "VELOCITY_WORKER_FD": "7"})
+    side = worker_side(
+        {
+            "VELOCITY_WORKER": "1",
+            "VELOCITY_SHARED": "/dev/shm/x",
+            "VELOCITY_WORKER_PORT": "8000",
+            "VELOCITY_WORKER_FD": "7",
+        }
+    )
     assert (side.index, side.shared, side.port, side.report_fd) == (1, "/dev/shm/x", 8000, 7)

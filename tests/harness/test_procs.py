@@ -1,5 +1,6 @@
 """harness.procs.stop: SIGTERM, SIGKILL after the grace, a paused child woken to act on
 SIGTERM, and with ``sweep`` nothing of the child's process group left behind."""
+
 from __future__ import annotations
 
 import os
@@ -24,30 +25,37 @@ def child(code: str) -> subprocess.Popen:
 
 
 def test_a_child_that_ignores_sigterm_is_killed_after_the_grace():
-    p = child("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
-              "time.sleep(60)")
+    p = child(
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    )
     t0 = time.monotonic()
     code = stop(p, 0.5)
     assert code == -signal.SIGKILL and time.monotonic() - t0 >= 0.5
 
 
 def test_a_child_that_acts_on_sigterm_exits_by_it():
-    p = child("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(3)); "
-              "print('up', flush=True); time.sleep(60)")
+    p = child(
+        "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(3)); "
+        "print('up', flush=True); time.sleep(60)"
+    )
     assert stop(p, 10.0) == 3
 
 
 def test_a_paused_child_is_woken_to_act_on_sigterm():
     """A SIGSTOPped child (a paused redis-server) cannot run its SIGTERM handler: stop
     sends SIGCONT too, so it exits by its handler, not by the SIGKILL after the grace."""
-    p = child("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(3)); "
-              "print('up', flush=True); time.sleep(60)")
+    p = child(
+        "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(3)); "
+        "print('up', flush=True); time.sleep(60)"
+    )
     os.kill(p.pid, signal.SIGSTOP)
     assert stop(p, 10.0) == 3
 
 
-GRANDCHILD = ("import subprocess, sys; g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-              "print(g.pid, flush=True); import time; time.sleep(60)")
+GRANDCHILD = (
+    "import subprocess, sys; g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+    "print(g.pid, flush=True); import time; time.sleep(60)"
+)
 
 
 @pytest.mark.parametrize("sweep", [False, True])

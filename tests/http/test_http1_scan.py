@@ -61,20 +61,22 @@ def _llhttp_request(data: bytes):
         v = value.decode("latin-1")
         headers[k] = headers[k] + ", " + v if k in headers else v
     q = url.find(b"?")
-    path, query = (url[:q], url[q + 1:]) if q >= 0 else (url, b"")
+    path, query = (url[:q], url[q + 1 :]) if q >= 0 else (url, b"")
     return method, path.decode("latin-1"), query.decode("latin-1"), headers, keep, body
 
 
 def _agree(data: bytes) -> tuple | None:
     r = scan_request(data, 0, MAX_HEAD, MAX_BODY)
     if r is not None:
-        assert r[:6] == _llhttp_request(data[:r[6]])
+        assert r[:6] == _llhttp_request(data[: r[6]])
     return r
 
 
 BODY = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
-PLAIN = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
-         b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY)
+PLAIN = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+    b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY
+)
 
 
 def test_the_plain_request_is_read_whole_with_its_headers_and_body():
@@ -86,8 +88,10 @@ def test_the_plain_request_is_read_whole_with_its_headers_and_body():
 
 
 def test_query_repeated_headers_and_explicit_keep_alive():
-    data = (b"GET /v1/models?a=1&b=2 HTTP/1.1\r\nX-Tag: one\r\nx-tag:two\r\nConnection: Keep-Alive\r\n"
-            b"Authorization: Bearer  k  \r\n\r\n")
+    data = (
+        b"GET /v1/models?a=1&b=2 HTTP/1.1\r\nX-Tag: one\r\nx-tag:two\r\nConnection: Keep-Alive\r\n"
+        b"Authorization: Bearer  k  \r\n\r\n"
+    )
     r = _agree(data)
     assert r is not None
     assert r[1:3] == ("/v1/models", "a=1&b=2")
@@ -109,32 +113,35 @@ def test_pipelined_requests_are_read_one_after_another():
     assert scan_request(data, r2[6], MAX_HEAD, MAX_BODY) is None  # the partial third is llhttp's
 
 
-@pytest.mark.parametrize("data", [
-    PLAIN[:-1],  # body not all here
-    PLAIN[:30],  # head not all here
-    b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
-    b"POST /x HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nhi",
-    b"GET /x HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
-    b"GET /x HTTP/1.1\r\nConnection: keep-alive, Upgrade\r\n\r\n",
-    b"GET /x HTTP/1.0\r\n\r\n",
-    b"CONNECT example.com:443 HTTP/1.1\r\n\r\n",
-    b"GET http://example.com/ HTTP/1.1\r\n\r\n",
-    b"OPTIONS * HTTP/1.1\r\n\r\n",
-    b"POST /x HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nhi",
-    b"POST /x HTTP/1.1\r\nContent-Length: +2\r\n\r\nhi",
-    b"POST /x HTTP/1.1\r\nContent-Length: 2 \r\n\r\nhi",
-    b"GET /x HTTP/1.1\r\nBad Name: v\r\n\r\n",
-    b"GET /x HTTP/1.1\r\nName : v\r\n\r\n",
-    b"GET /x HTTP/1.1\r\n folded: v\r\n\r\n",
-    b"GET /x HTTP/1.1\r\nName: v\x00\r\n\r\n",
-    b"GET /x HTTP/1.1\r\nName: caf\xc3\xa9\r\n\r\n",
-    b"GET /x HTTP/1.1\nName: v\n\n",
-    b"GET /x HTTP/1.1\r\nName: v\n\r\n",
-    b"get /x HTTP/1.1\r\n\r\n",
-    b"GET /a b HTTP/1.1\r\n\r\n",
-    b"GET  /x HTTP/1.1\r\n\r\n",
-    b"\r\nGET /x HTTP/1.1\r\n\r\n",
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        PLAIN[:-1],  # body not all here
+        PLAIN[:30],  # head not all here
+        b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        b"POST /x HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nhi",
+        b"GET /x HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+        b"GET /x HTTP/1.1\r\nConnection: keep-alive, Upgrade\r\n\r\n",
+        b"GET /x HTTP/1.0\r\n\r\n",
+        b"CONNECT example.com:443 HTTP/1.1\r\n\r\n",
+        b"GET http://example.com/ HTTP/1.1\r\n\r\n",
+        b"OPTIONS * HTTP/1.1\r\n\r\n",
+        b"POST /x HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nhi",
+        b"POST /x HTTP/1.1\r\nContent-Length: +2\r\n\r\nhi",
+        b"POST /x HTTP/1.1\r\nContent-Length: 2 \r\n\r\nhi",
+        b"GET /x HTTP/1.1\r\nBad Name: v\r\n\r\n",
+        b"GET /x HTTP/1.1\r\nName : v\r\n\r\n",
+        b"GET /x HTTP/1.1\r\n folded: v\r\n\r\n",
+        b"GET /x HTTP/1.1\r\nName: v\x00\r\n\r\n",
+        b"GET /x HTTP/1.1\r\nName: caf\xc3\xa9\r\n\r\n",
+        b"GET /x HTTP/1.1\nName: v\n\n",
+        b"GET /x HTTP/1.1\r\nName: v\n\r\n",
+        b"get /x HTTP/1.1\r\n\r\n",
+        b"GET /a b HTTP/1.1\r\n\r\n",
+        b"GET  /x HTTP/1.1\r\n\r\n",
+        b"\r\nGET /x HTTP/1.1\r\n\r\n",
+    ],
+)
 def test_what_is_not_plain_is_left_to_llhttp(data):
     assert scan_request(data, 0, MAX_HEAD, MAX_BODY) is None
 
@@ -154,12 +161,14 @@ _any_byte_line = st.binary(min_size=0, max_size=40)
 
 
 @settings(max_examples=400, deadline=None)
-@given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "HEAD", "PATCH"]),
-       target=st.binary(min_size=0, max_size=20),
-       headers=st.lists(st.tuples(_name, _value), max_size=6),
-       body=st.binary(max_size=40),
-       cl=st.sampled_from(["exact", "none", "short"]),
-       tail=st.binary(max_size=8))
+@given(
+    method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "HEAD", "PATCH"]),
+    target=st.binary(min_size=0, max_size=20),
+    headers=st.lists(st.tuples(_name, _value), max_size=6),
+    body=st.binary(max_size=40),
+    cl=st.sampled_from(["exact", "none", "short"]),
+    tail=st.binary(max_size=8),
+)
 @example(method="POST", target=b"x?y", headers=[("Connection", b"keep-alive")], body=b"ab", cl="exact", tail=b"")
 def test_whatever_the_scanner_takes_llhttp_takes_the_same_way(method, target, headers, body, cl, tail):
     head = b"%s /%s HTTP/1.1\r\n" % (method.encode(), target)
@@ -180,10 +189,12 @@ def test_whatever_the_scanner_takes_llhttp_takes_the_same_way(method, target, he
             got = _llhttp_request(head + b"\r\n" + body)
         except (httptools.HttpParserError, AssertionError):
             return
-        special = any(n.lower() in ("transfer-encoding", "upgrade", "expect", "connection", "content-length")
-                      for n, _ in headers)
-        odd = any(c < 0x20 and c != 9 or c >= 0x7f for _, v in headers for c in v) or any(
-            c <= 0x20 or c >= 0x7f for c in target)
+        special = any(
+            n.lower() in ("transfer-encoding", "upgrade", "expect", "connection", "content-length") for n, _ in headers
+        )
+        odd = any(c < 0x20 and c != 9 or c >= 0x7F for _, v in headers for c in v) or any(
+            c <= 0x20 or c >= 0x7F for c in target
+        )
         assert special or odd or cl == "short", got
 
 
@@ -192,7 +203,7 @@ def test_whatever_the_scanner_takes_llhttp_takes_the_same_way(method, target, he
 def test_random_bytes_never_crash_the_scanner_and_what_it_takes_llhttp_takes(data):
     r = scan_request(b"GET /" + data, 0, MAX_HEAD, MAX_BODY)
     if r is not None:
-        assert r[:6] == _llhttp_request((b"GET /" + data)[:r[6]])
+        assert r[:6] == _llhttp_request((b"GET /" + data)[: r[6]])
 
 
 # -- responses ----------------------------------------------------------------------
@@ -226,8 +237,10 @@ def _llhttp_response(data: bytes):
     return p.status, p.headers, p.keep, p.body
 
 
-RESP = (b"HTTP/1.1 200 OK\r\ndate: Sun, 29 Nov 2026 22:00:00 GMT\r\nserver: uvicorn\r\n"
-        b"content-length: 2\r\ncontent-type: application/json\r\n\r\n{}")
+RESP = (
+    b"HTTP/1.1 200 OK\r\ndate: Sun, 29 Nov 2026 22:00:00 GMT\r\nserver: uvicorn\r\n"
+    b"content-length: 2\r\ncontent-type: application/json\r\n\r\n{}"
+)
 
 
 def test_the_plain_response_is_read_whole():
@@ -243,19 +256,22 @@ def test_an_error_response_and_connection_close():
     assert r[:4] == _llhttp_response(data) and r[0] == 400 and r[2] is False
 
 
-@pytest.mark.parametrize("data", [
-    RESP[:-1],
-    RESP[:20],
-    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: x\n\n",  # close-delimited
-    b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n",
-    b"HTTP/1.1 304 Not Modified\r\ncontent-length: 0\r\n\r\n",
-    b"HTTP/1.1 100 Continue\r\n\r\n",
-    b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\n{}",
-    b"HTTP/1.1 2000 OK\r\ncontent-length: 2\r\n\r\n{}",
-    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\n{}",
-    b"HTTP/1.1 200 OK\ncontent-length: 2\n\n{}",
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        RESP[:-1],
+        RESP[:20],
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: x\n\n",  # close-delimited
+        b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n",
+        b"HTTP/1.1 304 Not Modified\r\ncontent-length: 0\r\n\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\n",
+        b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\n{}",
+        b"HTTP/1.1 2000 OK\r\ncontent-length: 2\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\ncontent-length: 2\n\n{}",
+    ],
+)
 def test_responses_that_are_not_plain_are_left_to_llhttp(data):
     assert scan_response(data, 0) is None
 
@@ -282,8 +298,10 @@ def test_tabs_and_spaces_in_a_long_value_are_taken_as_llhttp_takes_them():
 
 
 def test_a_repeated_response_header_is_taken_and_the_last_wins_as_on_llhttps_path():
-    data = (b"HTTP/1.1 200 OK\r\nset-cookie: a\r\nSet-Cookie: b\r\ncontent-type: text/plain\r\n"
-            b"Content-Type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+    data = (
+        b"HTTP/1.1 200 OK\r\nset-cookie: a\r\nSet-Cookie: b\r\ncontent-type: text/plain\r\n"
+        b"Content-Type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+    )
     r = scan_response(data, 0)
     assert r is not None and r[:4] == _llhttp_response(data)
     assert r[1]["set-cookie"] == "b" and r[1]["content-type"] == "application/json"
@@ -297,8 +315,12 @@ def test_response_headers_refuses_offsets_that_are_not_a_header_block(pos, end):
 
 
 @settings(max_examples=300, deadline=None)
-@given(status=st.integers(100, 599), headers=st.lists(st.tuples(_name, _value), max_size=5),
-       body=st.binary(max_size=30), tail=st.binary(max_size=6))
+@given(
+    status=st.integers(100, 599),
+    headers=st.lists(st.tuples(_name, _value), max_size=5),
+    body=st.binary(max_size=30),
+    tail=st.binary(max_size=6),
+)
 def test_whatever_the_response_scanner_takes_llhttp_takes_the_same_way(status, headers, body, tail):
     data = b"HTTP/1.1 %d X\r\n" % status
     for name, value in headers:
@@ -307,7 +329,7 @@ def test_whatever_the_response_scanner_takes_llhttp_takes_the_same_way(status, h
     r = scan_response(data, 0)
     if r is None:
         return
-    assert r[:4] == _llhttp_response(data[:r[4]])
+    assert r[:4] == _llhttp_response(data[: r[4]])
 
 
 def test_header_names_are_lower_case_whatever_was_seen_before():
@@ -317,20 +339,23 @@ def test_header_names_are_lower_case_whatever_was_seen_before():
     names = [f"X-Name-{i}" for i in range(600)] + ["A" * 33, "b" * 64, "C" * 65, "Content-Type", "content-TYPE"]
     for _ in range(2):
         for name in names:
-            req = (b"GET / HTTP/1.1\r\nHost: h\r\n%s: v\r\n\r\n" % name.encode())
+            req = b"GET / HTTP/1.1\r\nHost: h\r\n%s: v\r\n\r\n" % name.encode()
             r = scan_request(req, 0, MAX_HEAD, MAX_BODY)
             assert r is not None and r[3] == {"host": "h", name.lower(): "v"}, name
 
 
-@pytest.mark.parametrize("line, headers", [
-    (b"x-velocity-tenant: t0", {"x-velocity-tenant": "t0"}),
-    (b"X-VELOCITY-TENANT:t1 ", {"x-velocity-tenant": "t1 "}),  # any case; trailing spaces kept
-    (b"X-Velocity-Tenant: a\r\nx-velocity-tenant: b", {"x-velocity-tenant": "a, b"}),
-    (b"x-velocity-tenantx: y", {"x-velocity-tenantx": "y"}),
-    (b"x-velocity-tenant :t", None),   # a space before the colon: declined
-    (b"x\rvelocity-tenant: t", None),  # no tchar: declined
-    (b"x_velocity-tenant: t", {"x_velocity-tenant": "t"}),
-])
+@pytest.mark.parametrize(
+    "line, headers",
+    [
+        (b"x-velocity-tenant: t0", {"x-velocity-tenant": "t0"}),
+        (b"X-VELOCITY-TENANT:t1 ", {"x-velocity-tenant": "t1 "}),  # any case; trailing spaces kept
+        (b"X-Velocity-Tenant: a\r\nx-velocity-tenant: b", {"x-velocity-tenant": "a, b"}),
+        (b"x-velocity-tenantx: y", {"x-velocity-tenantx": "y"}),
+        (b"x-velocity-tenant :t", None),  # a space before the colon: declined
+        (b"x\rvelocity-tenant: t", None),  # no tchar: declined
+        (b"x_velocity-tenant: t", {"x_velocity-tenant": "t"}),
+    ],
+)
 def test_the_tenant_line_read_by_words_is_the_line_read_byte_by_byte(line, headers):
     r = scan_request(b"POST / HTTP/1.1\r\n" + line + b"\r\ncontent-length: 0\r\n\r\n", 0, 8192, 8192)
     assert (r and {k: v for k, v in r[3].items() if k != "content-length"}) == headers

@@ -110,7 +110,7 @@ async def test_a_slow_reader_pauses_the_writer_and_every_byte_arrives_in_order()
         assert t.get_write_buffer_limits() == (16 * 1024, 64 * 1024)
         blob = bytes(range(256)) * (32 * 1024)  # 8 MiB: more than the kernel buffers hold
         for i in range(0, len(blob), 1 << 20):
-            t.write(blob[i:i + (1 << 20)])
+            t.write(blob[i : i + (1 << 20)])
         await asyncio.sleep(0.05)
         assert client.events[-1] == "pause"  # the writer was told to stop
         assert t.get_write_buffer_size() > 64 * 1024
@@ -201,8 +201,9 @@ async def test_an_error_in_data_received_goes_to_the_loop_handler_and_closes():
             raise ValueError("bad bytes")
 
     accepted = loop.create_future()
-    server = fdio.Server(loop, lambda: accepted.set_result(Broken()) or accepted.result(),
-                         fdio.listen("127.0.0.1", 0), 16)
+    server = fdio.Server(
+        loop, lambda: accepted.set_result(Broken()) or accepted.result(), fdio.listen("127.0.0.1", 0), 16
+    )
     try:
         t, client = await fdio.open_connection(loop, Recorder, "127.0.0.1", server.sockets[0].getsockname()[1])
         t.write(b"boom")

@@ -1,9 +1,10 @@
 """Helpers of the knob tests: an engine whose gauges a test sets, and metric reads.
 
-    async with GaugeEngine(waiting=3, kv=0.5) as eng:     # eng.url; eng.waiting = 0 later
-        async with running_gateway(("a", eng.url, "m1"), policy="static") as gw:
-            await admin_metric(gw.admin_port, "velocity_endpoint_engine_waiting", endpoint="a")
+async with GaugeEngine(waiting=3, kv=0.5) as eng:     # eng.url; eng.waiting = 0 later
+    async with running_gateway(("a", eng.url, "m1"), policy="static") as gw:
+        await admin_metric(gw.admin_port, "velocity_endpoint_engine_waiting", endpoint="a")
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -16,9 +17,16 @@ from tests.support.sim import http_request
 
 __all__ = ["GaugeEngine", "admin_metrics", "admin_metric", "completion"]
 
-REPLY = json.dumps({"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "m1",
-                    "choices": [{"index": 0, "text": "ok", "finish_reason": "stop", "logprobs": None}],
-                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+REPLY = json.dumps(
+    {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "created": 0,
+        "model": "m1",
+        "choices": [{"index": 0, "text": "ok", "finish_reason": "stop", "logprobs": None}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+).encode()
 
 
 class GaugeEngine(ScriptedServer):
@@ -58,9 +66,11 @@ class GaugeEngine(ScriptedServer):
                 out, ct = b'{"object": "list", "data": []}', "application/json"
             elif path == "/metrics":
                 self.scrapes += 1
-                out = (f"vllm:num_requests_running {self.running}\n"
-                       f"vllm:num_requests_waiting {self.waiting}\n"
-                       f"vllm:kv_cache_usage_perc {self.kv}\n").encode()
+                out = (
+                    f"vllm:num_requests_running {self.running}\n"
+                    f"vllm:num_requests_waiting {self.waiting}\n"
+                    f"vllm:kv_cache_usage_perc {self.kv}\n"
+                ).encode()
                 ct = "text/plain"
             else:
                 if self.reset:
@@ -75,8 +85,7 @@ class GaugeEngine(ScriptedServer):
                         self.holding -= 1
                 self.served += 1
                 out, ct = REPLY, "application/json"
-            writer.write(f"HTTP/1.1 200 OK\r\ncontent-type: {ct}\r\n"
-                         f"content-length: {len(out)}\r\n\r\n".encode() + out)
+            writer.write(f"HTTP/1.1 200 OK\r\ncontent-type: {ct}\r\ncontent-length: {len(out)}\r\n\r\n".encode() + out)
             await writer.drain()
 
 
@@ -94,8 +103,7 @@ async def admin_metrics(admin_port: int) -> dict:
 async def admin_metric(admin_port: int, name: str, **labels: str) -> float | None:
     """One sample of the admin port's /metrics (None when absent); ``labels`` must all match
     and, when several samples match, their values are summed."""
-    found = [v for (n, lab), v in (await admin_metrics(admin_port)).items()
-             if n == name and set(labels.items()) <= lab]
+    found = [v for (n, lab), v in (await admin_metrics(admin_port)).items() if n == name and set(labels.items()) <= lab]
     return sum(found) if found else None
 
 

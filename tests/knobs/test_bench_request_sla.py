@@ -1,5 +1,6 @@
 """`velocityllm bench --no-request-sla`: no request carries an SLA of its own, the gateways
 get --sla-ms as theirs; without the flag every request carries one, as before."""
+
 import argparse
 
 import orjson
@@ -19,16 +20,22 @@ def _slas(specs):
     out = []
     for s in specs:
         body = orjson.loads(s.body)
-        out.append((s.headers.get("x-velocity-sla-ms"), body.get("sla_ms"),
-                    b"x-velocity-sla-ms" in s.wire.lower(), b"sla_ms" in s.wire))
+        out.append(
+            (
+                s.headers.get("x-velocity-sla-ms"),
+                body.get("sla_ms"),
+                b"x-velocity-sla-ms" in s.wire.lower(),
+                b"sla_ms" in s.wire,
+            )
+        )
     return out
 
 
 @pytest.mark.parametrize("route", ["chat", "completions", "generate"])
 def test_no_request_sla_sends_none(route):
-    cfg, mix, specs, server_args = bench_setup(bench_args("--no-request-sla", "--route", route,
-                                                          "--bands", "high:1:1500,normal:2",
-                                                          "--sla-ms", "2500"))
+    cfg, mix, specs, server_args = bench_setup(
+        bench_args("--no-request-sla", "--route", route, "--bands", "high:1:1500,normal:2", "--sla-ms", "2500")
+    )
     assert len(specs) == 60
     assert set(_slas(specs)) == {(None, None, False, False)}
     # Goodput is still judged by the SLAs, and the gateway is told the global one.
@@ -44,8 +51,9 @@ def test_by_default_every_request_carries_its_sla():
 
 
 def test_an_sla_given_to_the_gateway_is_kept():
-    *_, server_args = bench_setup(bench_args("--no-request-sla", "--server-arg=--sla-ms=1200",
-                                             "--server-arg=--max-concurrency=8"))
+    *_, server_args = bench_setup(
+        bench_args("--no-request-sla", "--server-arg=--sla-ms=1200", "--server-arg=--max-concurrency=8")
+    )
     assert server_args == ["--sla-ms=1200", "--max-concurrency=8"]
 
 

@@ -2,6 +2,7 @@
 field, a default written as a value is the Struct's default, the reload column agrees
 with the keys the reload reports as needing a restart, and every numeric key's range in
 "Ranges" is the range its Struct declares (and enforces)."""
+
 from __future__ import annotations
 
 import re
@@ -128,15 +129,17 @@ def test_the_default_column_is_the_structs_default(key):
         return  # said in words: where it comes from
     m = re.fullmatch(r"`([^`]*)`", default_cell)
     assert m, f"{key}: write the default as a value in backticks, not {default_cell!r}"
-    assert yaml.safe_load(m.group(1)) == msgspec.to_builtins(value), \
+    assert yaml.safe_load(m.group(1)) == msgspec.to_builtins(value), (
         f"{key}: the table says {m.group(1)}, the Struct {value!r}"
+    )
 
 
 def test_the_reload_column_follows_the_restart_keys():
     for key, (_, reload, _) in _rows().items():
         top = re.split(r"[.\[]", key, maxsplit=1)[0]
-        assert (reload == "no") == (top in RESTART_KEYS), \
+        assert (reload == "no") == (top in RESTART_KEYS), (
             f"{key}: reload {reload!r}, but {top!r} is{'' if top in RESTART_KEYS else ' not'} a restart key"
+        )
 
 
 def test_every_restart_key_is_a_top_level_key():
@@ -197,8 +200,9 @@ def _below_and_above(rng: str) -> list[float]:
     return [int(v) if kind == "integer" else v for v in out]
 
 
-@pytest.mark.parametrize("key", sorted(k for k, r in _numeric_keys().items() if r.startswith(("integer in",
-                                                                                               "number in"))))
+@pytest.mark.parametrize(
+    "key", sorted(k for k, r in _numeric_keys().items() if r.startswith(("integer in", "number in")))
+)
 def test_a_value_just_outside_the_range_is_refused_naming_the_key(key, tmp_path):
     """The documented range is the one enforced: a value past either end is a config error
     that names the full key."""

@@ -1,5 +1,6 @@
 """VELOCITY_* environment variables act on a running `velocityllm serve`, below flags and
 above the config file (precedence flag > environment > file > default)."""
+
 from __future__ import annotations
 
 import json
@@ -29,15 +30,19 @@ def _get(url: str, key: str | None = None, body: dict | None = None) -> tuple[in
 @pytest.mark.timeout(60)
 def test_environment_sets_keys_of_a_serve_process(tmp_path):
     cfg = tmp_path / "gw.yaml"
-    cfg.write_text("policy: static\nmax_concurrency: 9\nmax_model_len: 1000\napi_key: file-key\n"
-                   "health: {check_interval_ms: 100, scrape_interval_ms: 50}\n")
+    cfg.write_text(
+        "policy: static\nmax_concurrency: 9\nmax_model_len: 1000\napi_key: file-key\n"
+        "health: {check_interval_ms: 100, scrape_interval_ms: 50}\n"
+    )
     with sim_engine(model="m1", time_scale=50) as eng:
-        env = {"VELOCITY_CONFIG": str(cfg),                       # the file, by environment
-               "VELOCITY_ENDPOINTS": f"e1={eng.url}=m1",          # endpoints without a flag
-               "VELOCITY_POLICY": "smart",                        # beats the file's static
-               "VELOCITY_MAX_CONCURRENCY": "3",                   # beats the file's 9
-               "VELOCITY_API_KEY": "env-key",                     # beats file-key ...
-               "VELOCITY_PORT": "1"}                              # ... and a flag beats this
+        env = {
+            "VELOCITY_CONFIG": str(cfg),  # the file, by environment
+            "VELOCITY_ENDPOINTS": f"e1={eng.url}=m1",  # endpoints without a flag
+            "VELOCITY_POLICY": "smart",  # beats the file's static
+            "VELOCITY_MAX_CONCURRENCY": "3",  # beats the file's 9
+            "VELOCITY_API_KEY": "env-key",  # beats file-key ...
+            "VELOCITY_PORT": "1",
+        }  # ... and a flag beats this
         with gateway_process("serve", env=env) as gp:
             assert gp.port != 1
             deadline = time.monotonic() + 10
@@ -48,7 +53,7 @@ def test_environment_sets_keys_of_a_serve_process(tmp_path):
             assert _get(gp.url + "/v1/models", "file-key")[0] == 401
             status, models = _get(gp.url + "/v1/models", "env-key")
             assert status == 200
-            assert models["data"][0]["max_model_len"] == 1000    # from the file: no variable set
+            assert models["data"][0]["max_model_len"] == 1000  # from the file: no variable set
             chat = {"model": "m1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
             status, out = _get(gp.url + "/v1/chat/completions", "env-key", chat)
             assert status == 200 and out["usage"]["completion_tokens"] == 3

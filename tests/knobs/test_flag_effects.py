@@ -12,6 +12,7 @@
 
 Every server and process a test starts is stopped by it; all traffic goes to 127.0.0.1.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,10 +28,16 @@ import pytest
 from tests.support.gateway import ScriptedServer, velocity_command
 from tests.support.sim import REPO, http_request, sim_engine
 
-REPLY = json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "m1",
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
-                                 "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+REPLY = json.dumps(
+    {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m1",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+).encode()
 
 
 class CountingServer(ScriptedServer):
@@ -57,8 +64,11 @@ class CountingServer(ScriptedServer):
                 await asyncio.sleep(self.hold)
             finally:
                 self.inflight -= 1
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                         + f"content-length: {len(REPLY)}\r\n\r\n".encode() + REPLY)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                + f"content-length: {len(REPLY)}\r\n\r\n".encode()
+                + REPLY
+            )
             await writer.drain()
 
 
@@ -66,9 +76,9 @@ async def run_cli(*args: str, timeout: float) -> tuple[int, str, str, float]:
     """``velocityllm ARGS`` as a child process: (exit code, stdout, stderr, seconds it ran).
     The child is killed if it outlives ``timeout``."""
     t0 = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(*velocity_command(*args), cwd=REPO,
-                                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                                stderr=subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        *velocity_command(*args), cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
     finally:
@@ -79,8 +89,21 @@ async def run_cli(*args: str, timeout: float) -> tuple[int, str, str, float]:
 
 
 def loadgen_args(url: str, prefix: Path, *extra: str) -> list[str]:
-    return ["loadgen", "--url", url, "--pattern", "flood", "--no-progress", "--prompt-tokens", "8",
-            "--output-tokens", "4", "--output", str(prefix), *extra]
+    return [
+        "loadgen",
+        "--url",
+        url,
+        "--pattern",
+        "flood",
+        "--no-progress",
+        "--prompt-tokens",
+        "8",
+        "--output-tokens",
+        "4",
+        "--output",
+        str(prefix),
+        *extra,
+    ]
 
 
 def read_report(prefix: Path) -> tuple[dict, list[dict]]:
@@ -93,13 +116,13 @@ def read_report(prefix: Path) -> tuple[dict, list[dict]]:
 
 # -- velocityllm loadgen ------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(90)
 async def test_loadgen_num_requests_is_the_number_sent_and_reported(tmp_path):
     for n in (5, 17):
         async with CountingServer() as srv:
             prefix = tmp_path / f"n{n}"
-            rc, out, err, _ = await run_cli(*loadgen_args(srv.url, prefix, "--num-requests", str(n)),
-                                            timeout=40)
+            rc, out, err, _ = await run_cli(*loadgen_args(srv.url, prefix, "--num-requests", str(n)), timeout=40)
             assert rc == 0, err
             assert srv.received == n
         summary, rows = read_report(prefix)
@@ -116,8 +139,9 @@ async def test_loadgen_concurrency_bounds_requests_in_flight(tmp_path):
         # bound keeps them from all being in flight together.
         async with CountingServer(hold=0.3) as srv:
             prefix = tmp_path / f"c{c}"
-            rc, _, err, _ = await run_cli(*loadgen_args(srv.url, prefix, "--num-requests", "18",
-                                                        "--concurrency", str(c)), timeout=40)
+            rc, _, err, _ = await run_cli(
+                *loadgen_args(srv.url, prefix, "--num-requests", "18", "--concurrency", str(c)), timeout=40
+            )
             assert rc == 0, err
             assert srv.received == 18
             peaks[c] = srv.peak
@@ -133,9 +157,10 @@ async def test_loadgen_timeout_ends_unanswered_requests(tmp_path):
     for s in (0.5, 2.0):
         async with CountingServer(answer=False) as srv:
             prefix = tmp_path / f"t{s}"
-            rc, _, err, wall = await run_cli(*loadgen_args(srv.url, prefix, "--num-requests", "3",
-                                                           "--concurrency", "3", "--timeout", str(s)),
-                                             timeout=40)
+            rc, _, err, wall = await run_cli(
+                *loadgen_args(srv.url, prefix, "--num-requests", "3", "--concurrency", "3", "--timeout", str(s)),
+                timeout=40,
+            )
             assert srv.received == 3  # they reached the server: it is the answer that never came
         # No request got an answer: the command says so and fails, but it does end.
         assert rc == 1 and "no response" in err and "timeout" in err, err
@@ -153,16 +178,43 @@ async def test_loadgen_timeout_ends_unanswered_requests(tmp_path):
 
 # -- velocityllm bench -------------------------------------------------------------------------
 
-BENCH_TINY = ["bench", "--num-requests", "12", "--pattern", "constant", "--duration", "2",
-              "--policies", "dynamic", "--repeats", "1", "--warmup-requests", "0", "--engines", "1",
-              "--prompt-tokens", "16", "--output-tokens", "4", "--concurrency", "16", "--no-progress"]
+BENCH_TINY = [
+    "bench",
+    "--num-requests",
+    "12",
+    "--pattern",
+    "constant",
+    "--duration",
+    "2",
+    "--policies",
+    "dynamic",
+    "--repeats",
+    "1",
+    "--warmup-requests",
+    "0",
+    "--engines",
+    "1",
+    "--prompt-tokens",
+    "16",
+    "--output-tokens",
+    "4",
+    "--concurrency",
+    "16",
+    "--no-progress",
+]
 
 
 def run_bench(*extra: str, timeout: float = 150) -> tuple[int, str, str, float]:
     """A tiny bench as a child process (its gateway dies with it if the test kills it)."""
     t0 = time.monotonic()
-    p = subprocess.run(velocity_command(*BENCH_TINY, *extra), cwd=REPO, capture_output=True, text=True,
-                       timeout=timeout, stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        velocity_command(*BENCH_TINY, *extra),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     return p.returncode, p.stdout, p.stderr, time.monotonic() - t0
 
 
@@ -223,8 +275,14 @@ def test_bench_stats_interval_sets_the_sampling_of_stats(two_benches):
 @pytest.mark.timeout(120)
 def test_bench_ready_timeout_gives_up_on_a_gateway_that_is_not_ready(tmp_path):
     # Its engines take two minutes to "load the model": the gateway never gets ready in time.
-    rc, out, err, wall = run_bench("--output", str(tmp_path / "res"), "--ready-timeout", "3",
-                                   "--server-arg=--sim-args=--startup-delay 120", timeout=100)
+    rc, out, err, wall = run_bench(
+        "--output",
+        str(tmp_path / "res"),
+        "--ready-timeout",
+        "3",
+        "--server-arg=--sim-args=--startup-delay 120",
+        timeout=100,
+    )
     assert rc == 1, out + err
     assert "not ready after 3 s" in err and "a gateway failed" in err, err
     assert not (tmp_path / "res.json").exists()
@@ -234,6 +292,7 @@ def test_bench_ready_timeout_gives_up_on_a_gateway_that_is_not_ready(tmp_path):
 
 
 # -- velocityllm sim-engine -------------------------------------------------------------------
+
 
 def _prompt(i: int, tokens: int) -> str:
     """A distinct prompt of ``tokens`` tokens (4 bytes each) per ``i``: no prefix-cache hits."""
@@ -247,14 +306,19 @@ async def test_sim_max_num_batched_tokens_chunks_a_long_prompt():
     # first token comes after ceil(2048 / budget) steps: 1 with budget 4096, 16 with 128.
     took = {}
     for budget in (4096, 128):
-        with sim_engine("--max-num-batched-tokens", str(budget), "--prefill-tps", "1000000",
-                        "--decode-tps", "20", time_scale=2) as eng:
+        with sim_engine(
+            "--max-num-batched-tokens", str(budget), "--prefill-tps", "1000000", "--decode-tps", "20", time_scale=2
+        ) as eng:
             times = []
             for i in range(3):
                 t0 = time.perf_counter()
-                r = await http_request(eng.port, "POST", "/v1/completions",
-                                       {"model": "sim-model", "prompt": _prompt(budget + i, 2048),
-                                        "max_tokens": 1}, timeout=20)
+                r = await http_request(
+                    eng.port,
+                    "POST",
+                    "/v1/completions",
+                    {"model": "sim-model", "prompt": _prompt(budget + i, 2048), "max_tokens": 1},
+                    timeout=20,
+                )
                 times.append(time.perf_counter() - t0)
                 assert r.status == 200, r.body
                 assert r.json()["usage"]["prompt_tokens"] == 2048
@@ -269,10 +333,14 @@ async def test_sim_natural_output_mean_sets_the_mean_reply_length():
     means = {}
     for mean in (8, 64):
         with sim_engine("--natural-output-mean", str(mean), "--decode-tps", "200", time_scale=20) as eng:
-            replies = await asyncio.gather(*(
-                http_request(eng.port, "POST", "/v1/completions",
-                             {"model": "sim-model", "prompt": _prompt(i, 8)}, timeout=30)
-                for i in range(16)))
+            replies = await asyncio.gather(
+                *(
+                    http_request(
+                        eng.port, "POST", "/v1/completions", {"model": "sim-model", "prompt": _prompt(i, 8)}, timeout=30
+                    )
+                    for i in range(16)
+                )
+            )
         lengths = []
         for r in replies:
             assert r.status == 200, r.body

@@ -1,6 +1,7 @@
 """Each documented metric that no other test read back: drive the situation it counts through
 a running gateway and read the value from the admin port's /metrics (docs/operations.md,
 "Metrics")."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,14 +11,20 @@ from tests.support.gateway import running_gateway, wait_until
 
 # Health checks rare enough that an engine that goes away stays "healthy" for the test:
 # the gateway finds out by connecting, as it would between two checks.
-SLOW_CHECKS = {"scrape_interval_ms": 50.0, "check_interval_ms": 60000.0, "check_timeout_ms": 500.0,
-               "eject_base_ms": 60000.0, "eject_max_ms": 60000.0}
+SLOW_CHECKS = {
+    "scrape_interval_ms": 50.0,
+    "check_interval_ms": 60000.0,
+    "check_timeout_ms": 500.0,
+    "eject_base_ms": 60000.0,
+    "eject_max_ms": 60000.0,
+}
 
 
 async def _scraped(gw, name: str, **values) -> None:
     ep = gw.endpoints[name]
-    await wait_until(lambda: all(getattr(ep, k) == v for k, v in values.items()), 5.0,
-                     what=f"a scrape of {name} showing {values}")
+    await wait_until(
+        lambda: all(getattr(ep, k) == v for k, v in values.items()), 5.0, what=f"a scrape of {name} showing {values}"
+    )
 
 
 async def test_engine_gauges_follow_the_engines_metrics():
@@ -60,8 +67,9 @@ async def test_upstream_errors_count_resets_and_connect_failures_by_endpoint():
         bad = GaugeEngine()
         await bad.__aenter__()
         try:
-            async with running_gateway(("bad", bad.url, "m1"), ("good", good.url, "m1"), policy="static",
-                                       health=SLOW_CHECKS) as gw:
+            async with running_gateway(
+                ("bad", bad.url, "m1"), ("good", good.url, "m1"), policy="static", health=SLOW_CHECKS
+            ) as gw:
                 port = gw.admin_port
                 assert not await admin_metric(port, "velocity_upstream_errors_total")
                 # An engine that drops the connection once it read the request: kind reset.
@@ -86,8 +94,10 @@ async def test_upstream_errors_count_resets_and_connect_failures_by_endpoint():
             await gone.__aexit__(None, None, None)
             r = await completion(gw.port)
             assert r.status == 502 and r.headers["x-velocity-reject-reason"] == "upstream"
-            assert await admin_metric(gw.admin_port, "velocity_upstream_errors_total",
-                                      endpoint="gone", kind="connect") == 1
+            assert (
+                await admin_metric(gw.admin_port, "velocity_upstream_errors_total", endpoint="gone", kind="connect")
+                == 1
+            )
             assert not await admin_metric(gw.admin_port, "velocity_upstream_errors_total", kind="reset")
     finally:
         await gone.__aexit__(None, None, None)
@@ -111,8 +121,9 @@ async def test_route_no_endpoint_counts_picks_that_found_none():
 
 async def test_route_fail_open_counts_picks_among_all_saturated_engines():
     async with GaugeEngine(waiting=9) as a, GaugeEngine(waiting=1) as b:
-        async with running_gateway(("a", a.url, "m1"), ("b", b.url, "m1"), policy="static",
-                                   routing={"saturation_waiting": 5}) as gw:
+        async with running_gateway(
+            ("a", a.url, "m1"), ("b", b.url, "m1"), policy="static", routing={"saturation_waiting": 5}
+        ) as gw:
             await _scraped(gw, "a", waiting=9)
             await _scraped(gw, "b", waiting=1)
             for _ in range(3):  # b is not saturated: picked, no fail-open

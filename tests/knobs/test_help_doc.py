@@ -10,6 +10,7 @@ the code, both ways:
   settings Struct's, and for sim-engine flags, SimConfig's;
 - a flag with a default of its own (a number, a word) states it in its help.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -117,12 +118,17 @@ def test_the_default_the_help_states_is_the_one_used(cmd):
         real = _real_default(cmd, action)
         if stated is not None and real is not None:
             assert _same(stated, real), f"{cmd} {flags}: --help says {stated!r}, the command uses {real!r}"
-        if stated is None and isinstance(real, (int, float, str)) and not isinstance(real, bool) \
-                and (cmd, action.option_strings[0]) not in UNSTATED:
+        if (
+            stated is None
+            and isinstance(real, (int, float, str))
+            and not isinstance(real, bool)
+            and (cmd, action.option_strings[0]) not in UNSTATED
+        ):
             pytest.fail(f"{cmd} {flags}: uses {real!r} when not given, and its --help does not say so")
 
 
 def test_charge_velocity_takes_endpoint_flags_as_the_doc_says():
     args = build_parser().parse_args(["chargeVelocity", "--endpoint", "e9=http://10.0.0.9:8000=llama"])
     assert [msgspec.to_builtins(e) for e in flag_overrides(args)["endpoints"]] == [
-        {"name": "e9", "url": "http://10.0.0.9:8000", "model": "llama", "api_key": None, "kv_events": None}]
+        {"name": "e9", "url": "http://10.0.0.9:8000", "model": "llama", "api_key": None, "kv_events": None}
+    ]

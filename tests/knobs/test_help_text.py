@@ -1,5 +1,6 @@
 """What `--help` prints reads right: each flag once in the usage block, and a flag's help
 agrees with what the command does when the flag is not given."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,11 @@ def _usage(cmd: str) -> str:
 @pytest.mark.parametrize("cmd", [c for c in COMMANDS if c != "version"])
 def test_the_usage_names_each_flag_once(cmd):
     """`[--warmup-requests WARMUP_REQUESTS]` reads as the flag twice; its value is named by kind."""
-    doubled = [f"{flag} {value}" for flag, value in re.findall(r"\[(--[a-z-]+) ([A-Z_]+)", _usage(cmd))
-               if flag[2:].replace("-", "_").upper() == value]
+    doubled = [
+        f"{flag} {value}"
+        for flag, value in re.findall(r"\[(--[a-z-]+) ([A-Z_]+)", _usage(cmd))
+        if flag[2:].replace("-", "_").upper() == value
+    ]
     assert doubled == [], f"{cmd} --help repeats these flags' names as their values"
 
 

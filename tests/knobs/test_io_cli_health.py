@@ -1,5 +1,6 @@
 """VELOCITY_IO=asyncio on the engine side too, the `velocityllm sim-engine` subcommand, and
 the client port's /health staying 200 ("degraded") with no healthy engine."""
+
 from __future__ import annotations
 
 import json
@@ -21,6 +22,7 @@ def _post(url: str, body: dict, timeout: float = 15.0) -> tuple[int, dict, bytes
 
 
 # -- VELOCITY_IO -----------------------------------------------------------------------------
+
 
 def _engine_transports(gw) -> set[str]:
     return {type(c.transport).__name__ for ep in gw.endpoints.values() for c in ep.upstream._all}
@@ -45,8 +47,7 @@ async def test_engine_connections_use_the_loops_transports_under_velocity_io_asy
 
 def test_a_gateway_started_with_velocity_io_asyncio_proxies_end_to_end():
     with sim_engine(model="m1", time_scale=50) as eng:
-        with gateway_process("serve", "--endpoint", f"e1={eng.url}=m1",
-                             env={"VELOCITY_IO": "asyncio"}) as gp:
+        with gateway_process("serve", "--endpoint", f"e1={eng.url}=m1", env={"VELOCITY_IO": "asyncio"}) as gp:
             deadline = time.monotonic() + 10
             while json.loads(urlopen(gp.url + "/health", timeout=5).read())["status"] != "ok":
                 assert time.monotonic() < deadline, "the engine never became healthy"
@@ -54,20 +55,32 @@ def test_a_gateway_started_with_velocity_io_asyncio_proxies_end_to_end():
             status, headers, body = _post(gp.url + "/v1/chat/completions", CHAT)
             assert status == 200 and headers["x-velocity-endpoint"] == "e1"
             assert json.loads(body)["usage"]["completion_tokens"] == 5
-            status, _, body = _post(gp.url + "/v1/completions",
-                                    {"model": "m1", "prompt": "once upon", "max_tokens": 4, "stream": True})
+            status, _, body = _post(
+                gp.url + "/v1/completions", {"model": "m1", "prompt": "once upon", "max_tokens": 4, "stream": True}
+            )
             lines = [ln for ln in body.decode().splitlines() if ln.startswith("data: ")]
             assert status == 200 and lines[-1] == "data: [DONE]" and len(lines) >= 5
 
 
 # -- velocityllm sim-engine ----------------------------------------------------------------------
 
+
 class SubcommandEngine(SimEngine):
     """A sim engine started as `velocityllm sim-engine` (the CLI's subcommand)."""
 
     def command(self) -> list[str]:
-        return velocity_command("sim-engine", "--host", "127.0.0.1", "--port", str(self.port),
-                                "--model", self.model, "--time-scale", "50", *self.flags)
+        return velocity_command(
+            "sim-engine",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--model",
+            self.model,
+            "--time-scale",
+            "50",
+            *self.flags,
+        )
 
 
 def test_the_sim_engine_subcommand_serves_health_and_completions_and_stops():
@@ -90,6 +103,7 @@ def test_the_sim_engine_subcommand_serves_health_and_completions_and_stops():
 
 
 # -- /health while degraded --------------------------------------------------------------------
+
 
 async def test_health_stays_200_and_says_degraded_without_a_healthy_engine():
     eng = start_sim_engine(model="m1", time_scale=50)

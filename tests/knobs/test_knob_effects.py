@@ -1,6 +1,7 @@
 """Configuration keys whose effect no other test observed: each is set both ways on a running
 gateway and the difference shows in what a client (or /stats) sees. Requests that depend on
 an SLA carry their own (x-velocity-sla-ms), so the server's default SLA plays no part."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,11 +15,17 @@ from tests.support.gateway import gateway_settings, running_gateway, wait_until
 from tests.support.sim import http_request, sim_engine
 from velocity_fast.gateway.app import Gateway
 
-SLOW_CHECKS = {"scrape_interval_ms": 50.0, "check_interval_ms": 60000.0, "check_timeout_ms": 500.0,
-               "eject_base_ms": 60000.0, "eject_max_ms": 60000.0}
+SLOW_CHECKS = {
+    "scrape_interval_ms": 50.0,
+    "check_interval_ms": 60000.0,
+    "check_timeout_ms": 500.0,
+    "eject_base_ms": 60000.0,
+    "eject_max_ms": 60000.0,
+}
 
 
 # -- admission.sla_tolerance / sla_tolerance_high ----------------------------------------------
+
 
 async def _sla_probe(engine, tolerance: float, tolerance_high: float) -> dict[str, int]:
     """Status of a request of each band whose own SLA is half its predicted service time,
@@ -36,8 +43,15 @@ async def _sla_probe(engine, tolerance: float, tolerance_high: float) -> dict[st
         await wait_until(lambda: gw.admission.stats()["counters"]["in_flight"] == 1, 5.0, what="busy")
         out, queued = {}, {}
         for band in ("normal", "high"):
-            t = asyncio.create_task(completion(gw.port, {"x-velocity-sla-ms": "100", "x-velocity-priority": band},
-                                               model="sim-model", max_tokens=40, timeout=30))
+            t = asyncio.create_task(
+                completion(
+                    gw.port,
+                    {"x-velocity-sla-ms": "100", "x-velocity-priority": band},
+                    model="sim-model",
+                    max_tokens=40,
+                    timeout=30,
+                )
+            )
             await asyncio.wait({t}, timeout=0.3)
             if t.done():
                 r = t.result()
@@ -72,10 +86,15 @@ async def test_sla_tolerance_high_applies_to_the_high_band_only(engine):
 
 # -- admission.kv_hard_limit ---------------------------------------------------------------------
 
+
 async def _limit_after_scrapes(kv_hard_limit: float) -> int:
     async with GaugeEngine(kv=0.9) as eng:
-        async with running_gateway(("a", eng.url, "m1"), policy="dynamic", max_concurrency=8,
-                                   admission={"kv_hard_limit": kv_hard_limit, "stale_after_ms": 100}) as gw:
+        async with running_gateway(
+            ("a", eng.url, "m1"),
+            policy="dynamic",
+            max_concurrency=8,
+            admission={"kv_hard_limit": kv_hard_limit, "stale_after_ms": 100},
+        ) as gw:
             # A high request (never held back) makes the endpoint known to admission.
             assert (await completion(gw.port, {"x-velocity-priority": "high"})).status == 200
             seen = eng.scrapes
@@ -86,15 +105,15 @@ async def _limit_after_scrapes(kv_hard_limit: float) -> int:
 
 async def test_kv_hard_limit_cuts_the_concurrency_limit_only_past_it():
     # The engine reports 90 % KV use on every scrape.
-    assert await _limit_after_scrapes(0.95) == 8   # under the hard limit: untouched
-    assert await _limit_after_scrapes(0.85) < 8    # past it: cut (x0.75 per staleness window)
+    assert await _limit_after_scrapes(0.95) == 8  # under the hard limit: untouched
+    assert await _limit_after_scrapes(0.85) < 8  # past it: cut (x0.75 per staleness window)
 
 
 # -- routing.saturation_kv / saturation_waiting ---------------------------------------------------
 
+
 async def _picks(a: GaugeEngine, b: GaugeEngine, routing: dict, n: int = 6) -> set[str]:
-    async with running_gateway(("a", a.url, "m1"), ("b", b.url, "m1"), policy="static",
-                               routing=routing) as gw:
+    async with running_gateway(("a", a.url, "m1"), ("b", b.url, "m1"), policy="static", routing=routing) as gw:
         for name, eng in (("a", a), ("b", b)):
             ep = gw.endpoints[name]
             await wait_until(lambda: (ep.waiting, ep.kv_usage) == (eng.waiting, eng.kv), 5.0, what="scraped")
@@ -109,8 +128,8 @@ async def _picks(a: GaugeEngine, b: GaugeEngine, routing: dict, n: int = 6) -> s
 async def test_routing_saturation_kv_decides_which_engine_is_filtered():
     # a: idle but 90 % KV; b: 2 waiting, 10 % KV. The shortest queue is a's.
     async with GaugeEngine(kv=0.9) as a, GaugeEngine(waiting=2, kv=0.1) as b:
-        assert await _picks(a, b, {}) == {"b"}                         # 0.8 (the default): a filtered
-        assert await _picks(a, b, {"saturation_kv": 0.95}) == {"a"}    # a no longer saturated
+        assert await _picks(a, b, {}) == {"b"}  # 0.8 (the default): a filtered
+        assert await _picks(a, b, {"saturation_kv": 0.95}) == {"a"}  # a no longer saturated
 
 
 async def test_routing_saturation_waiting_decides_which_engine_is_filtered():
@@ -124,12 +143,12 @@ async def test_routing_saturation_waiting_decides_which_engine_is_filtered():
 
 # -- server.shutdown_grace_s ----------------------------------------------------------------------
 
+
 async def _stop_during_a_request(grace_s: float):
     """(status or the error, seconds stop took) for a request held by the engine when the
     gateway stops with this grace, the engine answering 1.5 s later."""
     async with GaugeEngine() as eng:
-        gw = Gateway(gateway_settings(("a", eng.url, "m1"), policy="static",
-                                      server={"shutdown_grace_s": grace_s}))
+        gw = Gateway(gateway_settings(("a", eng.url, "m1"), policy="static", server={"shutdown_grace_s": grace_s}))
         try:
             await gw.start("127.0.0.1", 0, 0)
             await wait_until(lambda: gw.endpoints["a"].healthy, 10.0, what="a healthy")
@@ -152,15 +171,16 @@ async def _stop_during_a_request(grace_s: float):
 
 async def test_shutdown_grace_lets_a_request_finish_or_cuts_it():
     status, took_long = await _stop_during_a_request(10.0)
-    assert status == 200                     # finished within the grace ...
-    assert 1.2 <= took_long < 8.0            # ... and stop waited for it, not for the whole grace
+    assert status == 200  # finished within the grace ...
+    assert 1.2 <= took_long < 8.0  # ... and stop waited for it, not for the whole grace
     status, took_short = await _stop_during_a_request(0.3)
-    assert status != 200                     # cut at the end of the grace
+    assert status != 200  # cut at the end of the grace
     assert 0.25 <= took_short < 1.2
     assert took_long / took_short >= 1.5
 
 
 # -- server.upstream_connect_timeout_s ------------------------------------------------------------
+
 
 def _unanswering_listener(port: int) -> list[socket.socket]:
     """A socket listening on ``port`` whose backlog is full: a new connect hangs (its SYN is
@@ -178,8 +198,12 @@ async def _time_to_fail(connect_timeout_s: float) -> float:
     await eng.__aenter__()
     socks: list[socket.socket] = []
     try:
-        async with running_gateway(("a", eng.url, "m1"), policy="static", health=SLOW_CHECKS,
-                                   server={"upstream_connect_timeout_s": connect_timeout_s}) as gw:
+        async with running_gateway(
+            ("a", eng.url, "m1"),
+            policy="static",
+            health=SLOW_CHECKS,
+            server={"upstream_connect_timeout_s": connect_timeout_s},
+        ) as gw:
             assert (await completion(gw.port)).status == 200
             await eng.__aexit__(None, None, None)
             await asyncio.sleep(0.2)  # the gateway sees its kept connections closed
@@ -200,7 +224,7 @@ async def _time_to_fail(connect_timeout_s: float) -> float:
 async def test_upstream_connect_timeout_bounds_a_hanging_connect():
     short = await _time_to_fail(0.3)
     long = await _time_to_fail(2.0)
-    assert short >= 0.3 and long >= 2.0      # never before the timeout ...
+    assert short >= 0.3 and long >= 2.0  # never before the timeout ...
     # ... and about when it says: 2.0 / 0.3 = 6.7; either one ignored (3 s, the default)
     # would give under 1 or 10.
     assert 2.5 <= long / short <= 9.0
@@ -208,9 +232,9 @@ async def test_upstream_connect_timeout_bounds_a_hanging_connect():
 
 # -- a tenant's max_band ------------------------------------------------------------------------
 
+
 async def test_max_band_caps_the_band_a_tenant_may_ask_for():
-    tenants = [{"name": "capped", "api_key": "k-capped", "max_band": "normal"},
-               {"name": "free", "api_key": "k-free"}]
+    tenants = [{"name": "capped", "api_key": "k-capped", "max_band": "normal"}, {"name": "free", "api_key": "k-free"}]
     async with GaugeEngine(kv=0.9) as eng:  # saturated: normal (ceiling 1.0) waits, high (1.5) goes
         async with running_gateway(("a", eng.url, "m1"), policy="dynamic", tenants=tenants) as gw:
             await wait_until(lambda: gw.endpoints["a"].kv_usage == 0.9, 5.0, what="scraped")
@@ -218,8 +242,11 @@ async def test_max_band_caps_the_band_a_tenant_may_ask_for():
             free = await completion(gw.port, {**high, "authorization": "Bearer k-free"})
             assert free.status == 200 and free.headers["x-velocity-band"] == "high"
             capped = asyncio.create_task(completion(gw.port, {**high, "authorization": "Bearer k-capped"}))
-            await wait_until(lambda: gw.admission.stats()["bands"]["normal"]["depth"] == 1, 5.0,
-                             what="the capped request waiting in normal")
+            await wait_until(
+                lambda: gw.admission.stats()["bands"]["normal"]["depth"] == 1,
+                5.0,
+                what="the capped request waiting in normal",
+            )
             await asyncio.sleep(0.3)
             assert not capped.done()
             eng.kv = 0.1  # room again: the normal band dispatches

@@ -7,6 +7,7 @@ backticks, a number with an optional unit (`16 MiB`; `60 s` for a key in ms), or
 ("bands ... ceilings", "band queue capacities", "band TTLs") are checked against the
 default bands, highest first.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,8 +21,12 @@ from velocity_fast.fleet.health import HealthSettings
 from velocity_fast.routing.settings import RoutingSettings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
-SECTIONS = {"admission": AdmissionSettings, "routing": RoutingSettings, "health": HealthSettings,
-            "server": ServerSettings}
+SECTIONS = {
+    "admission": AdmissionSettings,
+    "routing": RoutingSettings,
+    "health": HealthSettings,
+    "server": ServerSettings,
+}
 BAND_ROWS = {"ceilings": "ceiling", "queue capacities": "queue_capacity", "TTLs": "ttl_ms"}
 UNITS = {"MiB": 1024 * 1024, "KiB": 1024}
 

@@ -1,6 +1,7 @@
 """A tenant's `weight` is its share in fairness, in both fairness modes of the band queues:
 of two backlogged tenants, the one of weight 2 is served twice as often (by turns) or
 twice the tokens (virtual token counter); with every weight 1 nothing changes."""
+
 import math
 
 import pytest
@@ -32,7 +33,7 @@ def test_weight_two_gets_twice_the_turns_of_weight_one(token_fair, edf):
     ratio = served.count("heavy") / served.count("light")
     assert 1.8 <= ratio <= 2.2, ratio
     # Interleaved, not in blocks: every window of 6 pops holds both tenants.
-    assert all({"heavy", "light"} <= set(served[i:i + 6]) for i in range(0, 294))
+    assert all({"heavy", "light"} <= set(served[i : i + 6]) for i in range(0, 294))
 
 
 def test_round_robin_weight_two_is_two_requests_per_visit():
@@ -69,8 +70,9 @@ def test_token_fairness_weighs_tokens_not_turns():
     q = BandQueues([(0, 0, 0.0)], token_fair=True, weights={"heavy": 2.0})
     _backlog(q, ["heavy", "light"], 300, tokens=lambda t, i: 100.0 if t == "heavy" else 50.0)
     served = _served(q, 300)
-    tokens = {t: 100.0 * served.count("heavy") if t == "heavy" else 50.0 * served.count("light")
-              for t in ("heavy", "light")}
+    tokens = {
+        t: 100.0 * served.count("heavy") if t == "heavy" else 50.0 * served.count("light") for t in ("heavy", "light")
+    }
     assert 1.8 <= tokens["heavy"] / tokens["light"] <= 2.2
     # Without weights the same backlog is served at 1:1 in tokens (light gets twice the requests).
     q = BandQueues([(0, 0, 0.0)], token_fair=True)
@@ -146,8 +148,9 @@ def test_the_policy_hands_the_tenants_weights_to_the_queues():
 def test_admission_built_from_settings_reads_the_tenants_weights():
     from velocity_fast.admission.controller import Admission
 
-    s = load_settings(flags={"tenants": [{"name": "a", "weight": 2.0}, {"name": "b"}],
-                             "admission": {"fairness": "tokens"}}, env={})
+    s = load_settings(
+        flags={"tenants": [{"name": "a", "weight": 2.0}, {"name": "b"}], "admission": {"fairness": "tokens"}}, env={}
+    )
     adm = Admission(s, {})
     try:
         assert adm.policy.weights == {"a": 2.0, "b": 1.0}

@@ -1,6 +1,7 @@
 """Tenant weights through a running gateway and a sim engine: with one request at a time
 on the engine and two tenants backlogged, the tenant of weight 2 is served about twice as
 often as the tenant of weight 1; a reload that swaps the weights swaps the shares."""
+
 from __future__ import annotations
 
 import asyncio
@@ -17,22 +18,35 @@ PER_TENANT = 24
 
 
 def _tenants(heavy: float, light: float) -> list[dict]:
-    return [{"name": "heavy", "api_key": "k-heavy", "weight": heavy},
-            {"name": "light", "api_key": "k-light", "weight": light},
-            {"name": "blocker", "api_key": "k-blocker"}]
+    return [
+        {"name": "heavy", "api_key": "k-heavy", "weight": heavy},
+        {"name": "light", "api_key": "k-light", "weight": light},
+        {"name": "blocker", "api_key": "k-blocker"},
+    ]
 
 
 def _keys(fairness: str, heavy: float, light: float) -> dict:
     # One request in flight per engine, so the queue decides the order of service. The
     # explicit long SLA keeps every request wanted whatever the server's default is.
-    return dict(policy="dynamic", max_concurrency=1, sla_ms=600000, tenants=_tenants(heavy, light),
-                admission={"fairness": fairness, "aimd_min": 1})
+    return dict(
+        policy="dynamic",
+        max_concurrency=1,
+        sla_ms=600000,
+        tenants=_tenants(heavy, light),
+        admission={"fairness": fairness, "aimd_min": 1},
+    )
 
 
 async def _chat(port: int, key: str, n: int):
     body = {"model": "m1", "messages": [{"role": "user", "content": "go"}], "max_tokens": n}
-    return await http_request(port, "POST", "/v1/chat/completions", body,
-                              {"authorization": f"Bearer {key}", "x-velocity-sla-ms": "600000"}, timeout=60)
+    return await http_request(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        body,
+        {"authorization": f"Bearer {key}", "x-velocity-sla-ms": "600000"},
+        timeout=60,
+    )
 
 
 async def _served_order(gw) -> list[str]:
@@ -59,7 +73,7 @@ async def _served_order(gw) -> list[str]:
 
 
 def _share(order: list[str]) -> float:
-    first = order[:PER_TENANT + PER_TENANT // 2]  # heavy's backlog lasts this long at 2:1
+    first = order[: PER_TENANT + PER_TENANT // 2]  # heavy's backlog lasts this long at 2:1
     return first.count("heavy") / first.count("light")
 
 
@@ -98,5 +112,5 @@ async def test_a_reload_that_swaps_the_weights_swaps_the_shares(engine):
             order = await _served_order(gw)
         finally:
             reloader.close()
-    first = order[:PER_TENANT + PER_TENANT // 2]
+    first = order[: PER_TENANT + PER_TENANT // 2]
     assert 1.6 <= first.count("light") / first.count("heavy") <= 2.5, order

@@ -1,5 +1,6 @@
 """The precise block index: events in vLLM's layout give the right match counts, and the
 subscriber recovers gaps through replay or falls back to approximate until it resyncs."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,7 +24,7 @@ def apply(index: BlockIndex, key, *events) -> None:
 @pytest.mark.parametrize("arrays", [False, True], ids=["maps", "arrays"])
 def test_stored_removed_cleared_give_the_right_matches(arrays):
     idx = BlockIndex()
-    ids = toks(16)                      # 4 full blocks
+    ids = toks(16)  # 4 full blocks
     chain = chain_hashes(ids + [99, 98], BS)  # the partial tail has no hash
     assert len(chain) == 4
     # The engine's hashes are its own business: arbitrary numbers and bytes.
@@ -59,7 +60,7 @@ def test_a_block_stored_twice_stays_until_removed_twice():
 def test_unknown_parent_other_media_and_extra_keys_are_not_indexed():
     idx = BlockIndex()
     ids = toks(8)
-    apply(idx, "a", W.stored([2], 12345, ids[4:], BS))           # parent never seen
+    apply(idx, "a", W.stored([2], 12345, ids[4:], BS))  # parent never seen
     apply(idx, "a", W.stored([1], None, ids[:4], BS, medium="CPU"))
     assert idx.size("a") == 0
     s = idx.stats("a")
@@ -74,11 +75,19 @@ def test_unknown_parent_other_media_and_extra_keys_are_not_indexed():
 def test_chain_hashes_agree_across_processes():
     import subprocess
     import sys
+
     code = "from velocity_fast.kvevents.index import chain_hashes; print(chain_hashes(list(range(40)), 16))"
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                           env={"PYTHONHASHSEED": seed, "PATH": ""}, cwd=str(__import__("pathlib").Path(__file__)
-                                                                            .resolve().parents[2])).stdout
-            for seed in ("1", "2")}
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PYTHONHASHSEED": seed, "PATH": ""},
+            cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]),
+        ).stdout
+        for seed in ("1", "2")
+    }
     assert len(outs) == 1 and outs.pop().strip() == str(chain_hashes(list(range(40)), 16))
 
 
@@ -132,14 +141,14 @@ def test_without_replay_a_gap_makes_the_endpoint_approximate_until_a_clear():
         connected(pub, idx, "e1")
         ids = toks(8)
         pub.send([W.stored([21], None, ids[:4], BS)])
-        pub.send([W.removed([21])], live=False)      # the engine evicted it; we never hear
+        pub.send([W.removed([21])], live=False)  # the engine evicted it; we never hear
         pub.send([W.stored([22], 21, ids[4:], BS)])
         W.wait_for(lambda: idx.stats("e1").unrecovered >= 1, what="the gap")
         assert not idx.exact("e1")
         # The stale entry is still there: that is why the router must not trust it.
         assert idx.match("e1", chain_hashes(ids, BS)) == 2
         resyncs = idx.stats("e1").resyncs
-        pub.send([W.cleared()])                      # the engine's cache emptied: known again
+        pub.send([W.cleared()])  # the engine's cache emptied: known again
         W.wait_for(lambda: idx.exact("e1"), what="resync")
         assert idx.stats("e1").resyncs == resyncs + 1 and idx.size("e1") == 0
         pub.send([W.stored([31], None, ids[:4], BS)])
@@ -180,15 +189,15 @@ def test_a_subscriber_joining_past_the_replay_buffer_is_exact_at_once_and_learns
     pub = W.Publisher(buffer_steps=2)
     ids = toks(12)
     chain = chain_hashes(ids, BS)
-    pub.send([W.stored([61, 62], None, ids[:8], BS)])   # before the gateway joined
+    pub.send([W.stored([61, 62], None, ids[:8], BS)])  # before the gateway joined
     for _ in range(3):
-        pub.send([])                                    # the buffer rolls past it
+        pub.send([])  # the buffer rolls past it
     idx = BlockIndex()
     sub = Subscriber(idx, "e1", pub.endpoint, pub.replay_endpoint, topic="kv").start()
     try:
         W.wait_for(lambda: idx.exact("e1"), 2.0, what="joined")
         s = idx.stats("e1")
-        assert s.joins == 1 and idx.match("e1", chain) == 0   # what came before is unknown
+        assert s.joins == 1 and idx.match("e1", chain) == 0  # what came before is unknown
         # A store whose parent the events never named: unknown without a hint...
         pub.send([W.stored([64], 61, toks(4, 100), BS)])
         W.wait_for(lambda: s.orphans == 1, what="the orphan")
@@ -215,7 +224,7 @@ def test_a_dropped_connection_clears_the_endpoint(publisher):
         connected(publisher, idx, "e1")
         publisher.send([W.stored([51], None, toks(4), BS)])
         W.wait_for(lambda: idx.size("e1") == 1, what="the block")
-        publisher.close()   # the engine is gone
+        publisher.close()  # the engine is gone
         W.wait_for(lambda: idx.stats("e1").disconnects >= 1, what="the disconnect")
         assert idx.size("e1") == 0 and not idx.exact("e1")
     finally:
@@ -236,7 +245,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 DEPTH = 3
 # A node is a path of tokens (block size 1, tokens 0 or 1): a binary tree of prompts.
-NODES = [tuple(int(c) for c in format(i, f"0{d}b")) for d in range(1, DEPTH + 1) for i in range(2 ** d)]
+NODES = [tuple(int(c) for c in format(i, f"0{d}b")) for d in range(1, DEPTH + 1) for i in range(2**d)]
 LEAVES = [n for n in NODES if len(n) == DEPTH]
 
 
@@ -244,18 +253,21 @@ def engine_hash(node) -> int:
     return 1000 + NODES.index(node)
 
 
-ops = st.lists(st.one_of(
-    st.tuples(st.just("store"), st.sampled_from(NODES), st.integers(1, 3)),
-    st.tuples(st.just("remove"), st.sampled_from(NODES)),
-    st.tuples(st.just("clear")),
-), max_size=40)
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("store"), st.sampled_from(NODES), st.integers(1, 3)),
+        st.tuples(st.just("remove"), st.sampled_from(NODES)),
+        st.tuples(st.just("clear")),
+    ),
+    max_size=40,
+)
 
 
 @settings(max_examples=300, deadline=None)
 @given(ops)
 def test_match_equals_a_linear_scan_of_what_the_engine_holds(ops):
     idx = BlockIndex()
-    refs: dict[tuple, int] = {}   # the model: node -> stores not yet removed
+    refs: dict[tuple, int] = {}  # the model: node -> stores not yet removed
     for op in ops:
         if op[0] == "store":
             # A run of up to 3 blocks down the tree from a node, as one event.
@@ -265,10 +277,11 @@ def test_match_equals_a_linear_scan_of_what_the_engine_holds(ops):
             node = next((target[:d] for d in range(1, len(target) + 1) if not refs.get(target[:d])), target)
             run = [node]
             while len(run) < length and len(run[-1]) < DEPTH:
-                run.append(run[-1] + (target + (0,) * DEPTH)[len(run[-1]):len(run[-1]) + 1])
+                run.append(run[-1] + (target + (0,) * DEPTH)[len(run[-1]) : len(run[-1]) + 1])
             parent = node[:-1]
-            ev = W.stored([engine_hash(n) for n in run], engine_hash(parent) if parent else None,
-                          list(run[-1][len(parent):]), 1)
+            ev = W.stored(
+                [engine_hash(n) for n in run], engine_hash(parent) if parent else None, list(run[-1][len(parent) :]), 1
+            )
             apply(idx, "e", ev)
             for n in run:
                 refs[n] = refs.get(n, 0) + 1
@@ -281,7 +294,7 @@ def test_match_equals_a_linear_scan_of_what_the_engine_holds(ops):
             refs.clear()
     for leaf in LEAVES:
         expect = 0
-        while expect < DEPTH and refs.get(leaf[:expect + 1], 0):
+        while expect < DEPTH and refs.get(leaf[: expect + 1], 0):
             expect += 1
         assert idx.match("e", chain_hashes(list(leaf), 1)) == expect, leaf
     assert idx.size("e") == sum(1 for v in refs.values() if v)

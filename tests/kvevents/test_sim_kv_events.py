@@ -1,5 +1,6 @@
 """The sim engine publishes KV events as vLLM does (--kv-events-config), read here with a
 decoder written from vLLM's field layout (tests/kvevents/vllm_wire.py), not the sim's."""
+
 from __future__ import annotations
 
 import json
@@ -19,13 +20,28 @@ TOPIC = "kv"
 
 
 def events_config(endpoint: str = "tcp://127.0.0.1:*", replay: str = "tcp://127.0.0.1:*") -> str:
-    return json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint,
-                       "replay_endpoint": replay, "topic": TOPIC})
+    return json.dumps(
+        {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": endpoint,
+            "replay_endpoint": replay,
+            "topic": TOPIC,
+        }
+    )
 
 
 def sim_flags(cfg: str, blocks: int = 64) -> list[str]:
-    return ["--kv-events-config", cfg, "--block-size", str(BS), "--num-gpu-blocks", str(blocks),
-            "--max-model-len", "200"]
+    return [
+        "--kv-events-config",
+        cfg,
+        "--block-size",
+        str(BS),
+        "--num-gpu-blocks",
+        str(blocks),
+        "--max-model-len",
+        "200",
+    ]
 
 
 def endpoints(eng) -> tuple[str, str]:
@@ -105,13 +121,13 @@ def test_sim_publishes_vllm_kv_events():
 
             st = [e for e in lis.events() if e["type"] == "BlockStored"]
             # Field names and order as vLLM declares them (defaults left out).
-            assert list(st[0]) == W.STORED_KEYS[:len(st[0])] and len(st[0]) >= 7
+            assert list(st[0]) == W.STORED_KEYS[: len(st[0])] and len(st[0]) >= 7
             assert st[0]["block_size"] == BS and st[0]["medium"] == "GPU" and st[0]["parent_block_hash"] is None
             ids_a, ids_b = token_ids(eng, a), token_ids(eng, b)
             assert st[0]["token_ids"] == ids_a[:40] and len(st[0]["block_hashes"]) == 10
             assert st[1]["parent_block_hash"] == st[0]["block_hashes"][-1]
             assert st[1]["token_ids"] == ids_b[40:60] and len(st[1]["block_hashes"]) == 5
-            assert all(isinstance(h, int) and 0 <= h < 2 ** 64 for h in st[0]["block_hashes"])
+            assert all(isinstance(h, int) and 0 <= h < 2**64 for h in st[0]["block_hashes"])
 
             # A working set larger than the cache (64 blocks): blocks are evicted, one
             # BlockRemoved each, naming blocks stored before.
@@ -119,7 +135,7 @@ def test_sim_publishes_vllm_kv_events():
                 complete(eng, "".join(f"{i}x{j:02d}" for j in range(40)))
             lis.drain(lambda: any(e["type"] == "BlockRemoved" for e in lis.events()))
             rm = [e for e in lis.events() if e["type"] == "BlockRemoved"]
-            assert list(rm[0]) == W.REMOVED_KEYS[:len(rm[0])]
+            assert list(rm[0]) == W.REMOVED_KEYS[: len(rm[0])]
             stored_hashes = {h for e in lis.events() if e["type"] == "BlockStored" for h in e["block_hashes"]}
             assert all(len(e["block_hashes"]) == 1 and e["block_hashes"][0] in stored_hashes for e in rm)
 
@@ -168,7 +184,7 @@ def test_sim_events_feed_the_index_across_reset_and_restart():
         with sim_engine(*sim_flags(cfg), time_scale=50) as eng:
             sub = Subscriber(idx, "e1", f"tcp://127.0.0.1:{p1}", f"tcp://127.0.0.1:{p2}", topic=TOPIC).start()
             W.wait_for(lambda: idx.exact("e1"), what="subscriber ready")
-            a = "".join(f"p{i:03d}" for i in range(30))       # 7 full blocks and a bit
+            a = "".join(f"p{i:03d}" for i in range(30))  # 7 full blocks and a bit
             complete(eng, a)
             chain = chain_hashes(token_ids(eng, a), BS)
             assert len(chain) == 7
@@ -192,6 +208,7 @@ def test_sim_events_feed_the_index_across_reset_and_restart():
 @pytest.mark.timeout(60)
 def test_reset_refuses_while_requests_hold_blocks_unless_told_to_preempt():
     import threading
+
     with sim_engine(*sim_flags(events_config()), time_scale=1) as eng:
         out = {}
         t = threading.Thread(target=lambda: out.update(r=complete_long(eng)))

@@ -1,5 +1,6 @@
 """The sim engine with a real tokenizer (--tokenizer tokenizer.json): prompts are counted,
 cached and published as that tokenizer's ids after a ChatML chat template."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,9 @@ SENTENCES = [
 def tokenizer_json(tmp_path_factory):
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(SENTENCES, trainers.WordLevelTrainer(
-        special_tokens=["[UNK]", "<|im_start|>", "<|im_end|>"]))
+    tok.train_from_iterator(
+        SENTENCES, trainers.WordLevelTrainer(special_tokens=["[UNK]", "<|im_start|>", "<|im_end|>"])
+    )
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     tok.save(str(path))
     return str(path)
@@ -44,8 +46,10 @@ def chatml(messages: list[dict]) -> str:
 @pytest.mark.timeout(60)
 def test_chat_prompts_are_the_tokenizers_ids(tokenizer_json):
     tok = Tokenizer.from_file(tokenizer_json)
-    messages = [{"role": "system", "content": SENTENCES[1] + " " + SENTENCES[0]},
-                {"role": "user", "content": SENTENCES[2]}]
+    messages = [
+        {"role": "system", "content": SENTENCES[1] + " " + SENTENCES[0]},
+        {"role": "user", "content": SENTENCES[2]},
+    ]
     ids = tok.encode(chatml(messages), add_special_tokens=False).ids
     assert len(ids) > 3 * BS and 0 not in ids  # every word known: no [UNK]
     # A model folder holding the tokenizer.json will do, as for vLLM's --tokenizer.
@@ -77,15 +81,23 @@ def test_chat_prompts_are_the_tokenizers_ids(tokenizer_json):
             lis.close()
 
 
-@pytest.mark.parametrize("flags, says", [
-    (["--tokenizer", "/nonexistent/tokenizer.json"], "--tokenizer"),
-    (["--kv-events-config", "{not json"], "--kv-events-config"),
-    (["--kv-events-config", '{"enable_kv_cache_events": true, "publisher": "kafka"}'], "kafka"),
-    (["--kv-events-config", '{"enable_kv_cache_events": true, "endpoints": "tcp://*:1"}'], "endpoints"),
-])
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--tokenizer", "/nonexistent/tokenizer.json"], "--tokenizer"),
+        (["--kv-events-config", "{not json"], "--kv-events-config"),
+        (["--kv-events-config", '{"enable_kv_cache_events": true, "publisher": "kafka"}'], "kafka"),
+        (["--kv-events-config", '{"enable_kv_cache_events": true, "endpoints": "tcp://*:1"}'], "endpoints"),
+    ],
+)
 def test_bad_flags_exit_2_naming_the_flag(flags, says):
-    r = subprocess.run([sys.executable, "-m", "velocity_fast.sim", "--port", "0", *flags], capture_output=True,
-                       text=True, timeout=60, cwd=str(REPO))
+    r = subprocess.run(
+        [sys.executable, "-m", "velocity_fast.sim", "--port", "0", *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=str(REPO),
+    )
     assert r.returncode == 2 and says in r.stderr, r.stderr
 
 
@@ -94,8 +106,13 @@ def test_an_events_port_in_use_exits_2_before_listening():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         cfg = json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{taken.getsockname()[1]}"})
-        r = subprocess.run([sys.executable, "-m", "velocity_fast.sim", "--port", "0", "--kv-events-config", cfg],
-                           capture_output=True, text=True, timeout=60, cwd=str(REPO))
+        r = subprocess.run(
+            [sys.executable, "-m", "velocity_fast.sim", "--port", "0", "--kv-events-config", cfg],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=str(REPO),
+        )
     assert r.returncode == 2 and "already in use" in r.stderr and "listening" not in r.stdout, r.stderr
 
 

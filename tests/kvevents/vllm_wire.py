@@ -10,6 +10,7 @@ independently of the sim's structs: plain msgpack lists and maps.
 ``Publisher`` is a minimal engine side for the subscriber's tests: it can hold a batch
 back from the live stream (a forced gap) while keeping it for replay.
 """
+
 from __future__ import annotations
 
 import threading
@@ -21,17 +22,39 @@ import zmq
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 #: BlockStored's fields in vLLM's declaration order (maps keep it on the wire).
-STORED_KEYS = ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-               "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"]
+STORED_KEYS = [
+    "type",
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+]
 REMOVED_KEYS = ["type", "block_hashes", "medium", "group_idx"]
 
 
 def stored(hashes, parent, token_ids, block_size, *, arrays=False, medium="GPU"):
     if arrays:  # the layout before vLLM made events maps
         return ["BlockStored", hashes, parent, token_ids, block_size, None, medium]
-    return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent, "token_ids": token_ids,
-            "block_size": block_size, "lora_id": None, "medium": medium, "lora_name": None,
-            "extra_keys": [None] * len(hashes), "group_idx": 0, "kv_cache_spec_kind": "full_attention"}
+    return {
+        "type": "BlockStored",
+        "block_hashes": hashes,
+        "parent_block_hash": parent,
+        "token_ids": token_ids,
+        "block_size": block_size,
+        "lora_id": None,
+        "medium": medium,
+        "lora_name": None,
+        "extra_keys": [None] * len(hashes),
+        "group_idx": 0,
+        "kv_cache_spec_kind": "full_attention",
+    }
 
 
 def removed(hashes, *, arrays=False):
@@ -58,8 +81,9 @@ def decode(payload: bytes) -> tuple[float, list, int | None]:
 class Publisher:
     """PUB + replay ROUTER on 127.0.0.1 ports the OS picks; ``close()`` when done."""
 
-    def __init__(self, topic: str = "kv", replay: bool = True, *, replay_topic: bool = True,
-                 buffer_steps: int = 10_000) -> None:
+    def __init__(
+        self, topic: str = "kv", replay: bool = True, *, replay_topic: bool = True, buffer_steps: int = 10_000
+    ) -> None:
         self.ctx = zmq.Context()
         self.topic = topic.encode()
         self.pub = self.ctx.socket(zmq.PUB)
@@ -72,8 +96,8 @@ class Publisher:
         self.router = None
         self.replay_endpoint = None
         self.replays = 0
-        self.replay_topic = replay_topic     # vLLM 0.32's replay framing, else the older one
-        self.buffer_steps = buffer_steps     # batches kept for replay, as vLLM's buffer_steps
+        self.replay_topic = replay_topic  # vLLM 0.32's replay framing, else the older one
+        self.buffer_steps = buffer_steps  # batches kept for replay, as vLLM's buffer_steps
         if replay:
             self.router = self.ctx.socket(zmq.ROUTER)
             self.router.bind("tcp://127.0.0.1:*")
@@ -88,7 +112,7 @@ class Publisher:
             seq = self.seq
             self.seq += 1
             self.buffer.append((seq, payload))
-            del self.buffer[:-self.buffer_steps]
+            del self.buffer[: -self.buffer_steps]
         if live:
             self.pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
         return seq
@@ -104,8 +128,9 @@ class Publisher:
             head = (client, b"", self.topic) if self.replay_topic else (client, b"")
             for s, p in items:
                 self.router.send_multipart(head + (s.to_bytes(8, "big"), p))
-            self.router.send_multipart((client, b"", b"") + (END_SEQ, b"") if self.replay_topic
-                                       else (client, b"", END_SEQ, b""))
+            self.router.send_multipart(
+                (client, b"", b"") + (END_SEQ, b"") if self.replay_topic else (client, b"", END_SEQ, b"")
+            )
             self.replays += 1
 
     def close(self) -> None:

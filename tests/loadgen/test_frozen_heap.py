@@ -1,6 +1,7 @@
 """The load client leaves its host's heap out of garbage collection while it times
 requests: a test runner late in a long suite holds a large heap, and a full collection
 that walks it is a pause every request waiting on the event loop pays for."""
+
 import gc
 import time
 

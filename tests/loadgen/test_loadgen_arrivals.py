@@ -1,4 +1,5 @@
 """Arrival patterns have the documented shape, and the same seed gives the same times."""
+
 import statistics
 
 import pytest

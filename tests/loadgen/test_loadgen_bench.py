@@ -1,4 +1,5 @@
 """``velocityllm bench`` end to end: real gateways with sim engines on 127.0.0.1."""
+
 import csv
 import subprocess
 import sys
@@ -14,8 +15,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def bench(*argv, timeout):
-    return subprocess.run([sys.executable, "-m", "velocity_fast", "bench", "--no-progress", *argv],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "velocity_fast", "bench", "--no-progress", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_run_order_is_seeded_and_visits_every_policy_per_repeat():
@@ -35,8 +41,7 @@ def test_bench_help_says_where_the_results_go_by_default():
     add_bench_arguments(p)
     assert p.get_default("output") == "bench/results/policies"
     text = " ".join(p.format_help().split())
-    assert "relative to the current folder, whose folder is made if missing (default bench/results/policies)" \
-        in text
+    assert "relative to the current folder, whose folder is made if missing (default bench/results/policies)" in text
 
 
 def test_the_json_config_records_the_duration_that_ran():
@@ -57,24 +62,49 @@ def test_the_policy_bench_sends_what_real_clients_send_by_default():
     assert all("ignore_eos" not in b for b in bodies if "max_tokens" not in b)
     assert 0.15 < sum(b.get("priority") == 0 for b in bodies) / len(bodies) < 0.45
     assert 0.35 < sum("temperature" in b and "stop" in b for b in bodies) / len(bodies) < 0.65
-    plain = bench_setup(build_parser().parse_args(["bench", "--no-max-tokens-share", "0", "--priority-zero-share",
-                                                    "0", "--sampling-share", "0"]))[2]
-    assert all({"max_tokens", "ignore_eos"} <= set(orjson.loads(s.body)) and "priority" not in orjson.loads(s.body)
-               and "stop" not in orjson.loads(s.body) for s in plain)
+    plain = bench_setup(
+        build_parser().parse_args(
+            ["bench", "--no-max-tokens-share", "0", "--priority-zero-share", "0", "--sampling-share", "0"]
+        )
+    )[2]
+    assert all(
+        {"max_tokens", "ignore_eos"} <= set(orjson.loads(s.body))
+        and "priority" not in orjson.loads(s.body)
+        and "stop" not in orjson.loads(s.body)
+        for s in plain
+    )
 
 
 def test_gauges_read_limits_inflight_and_queue():
-    stats = {"endpoints": [{"limit": 32, "inflight": 3}, {"limit": 20, "inflight": 1}],
-             "admission": {"bands": {"high": {"queued": 2}, "low": {"queued": 5}}}}
+    stats = {
+        "endpoints": [{"limit": 32, "inflight": 3}, {"limit": 20, "inflight": 1}],
+        "admission": {"bands": {"high": {"queued": 2}, "low": {"queued": 5}}},
+    }
     assert gauges(stats) == (52.0, 7.0, 4.0)
     assert gauges({}) == (None, None, None)
 
 
 def test_small_bench_writes_table_json_csv_and_plots(tmp_path):
     prefix = tmp_path / "pol"
-    p = bench("-n", "16", "--duration", "1", "--repeats", "1", "--warmup-requests", "2",
-              "--prompt-tokens", "16", "--output-tokens", "4",
-              "--policies", "static,dynamic", "--output", str(prefix), timeout=100)
+    p = bench(
+        "-n",
+        "16",
+        "--duration",
+        "1",
+        "--repeats",
+        "1",
+        "--warmup-requests",
+        "2",
+        "--prompt-tokens",
+        "16",
+        "--output-tokens",
+        "4",
+        "--policies",
+        "static,dynamic",
+        "--output",
+        str(prefix),
+        timeout=100,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["policy", "runs"])

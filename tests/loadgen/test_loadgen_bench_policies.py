@@ -9,6 +9,7 @@ machine's noise only ever makes a run later (the sims fall behind their pace on 
 loaded 2-core machine), and admission without its pace guard is 5-10 % late at a level
 in every run, so the second run does not hide one.
 """
+
 import subprocess
 import sys
 import time
@@ -23,9 +24,24 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_bench(out: Path, extra: list[str]) -> tuple[dict, str]:
     """One `velocityllm bench --repeats 1`: (its JSON, the tail of its report)."""
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "velocity_fast", "bench", "--no-progress", "--repeats", "1", *extra,
-                        "--output", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=400)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "velocity_fast",
+            "bench",
+            "--no-progress",
+            "--repeats",
+            "1",
+            *extra,
+            "--output",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     took = time.monotonic() - t0
     assert p.returncode == 0, p.stdout + p.stderr
     # About 40 s alone; three times that on a loaded machine is still quick. A run that

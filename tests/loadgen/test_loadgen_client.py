@@ -1,5 +1,6 @@
 """The load generator against bench/upstream_fixed.py on 127.0.0.1: fast enough, SSE
 timing right, reports written, failures counted."""
+
 import argparse
 import csv
 from pathlib import Path
@@ -33,15 +34,24 @@ def fixed_stream():
 async def test_sustains_five_times_the_bench_peak_rate(fixed):
     need = 5 * peak_rate(BENCH_DEFAULTS["num_requests"], BENCH_DEFAULTS["duration"], BENCH_DEFAULTS["pattern"])
     n = 3000
-    specs = build_workload(WorkloadConfig(num_requests=n, pattern="flood", duration=0.0, seed=1),
-                           Mix(prompt_tokens=parse_dist(BENCH_DEFAULTS["prompt_tokens"])))
+    specs = build_workload(
+        WorkloadConfig(num_requests=n, pattern="flood", duration=0.0, seed=1),
+        Mix(prompt_tokens=parse_dist(BENCH_DEFAULTS["prompt_tokens"])),
+    )
     out = await run_workload(specs, "127.0.0.1", fixed, concurrency=64, timeout=30)
     s = summarize(specs, out.results, start=out.start, cpu_seconds=out.cpu_seconds)
     assert s["completed"] == n
     assert s["throughput_rps"] >= need, f"{s['throughput_rps']:.0f} req/s < {need:.0f}"
     # Also paced: the burst pattern at 5x the bench rate is sent on schedule.
-    paced = build_workload(WorkloadConfig(num_requests=BENCH_DEFAULTS["num_requests"], pattern="burst",
-                                          duration=BENCH_DEFAULTS["duration"] / 5, seed=2), Mix())
+    paced = build_workload(
+        WorkloadConfig(
+            num_requests=BENCH_DEFAULTS["num_requests"],
+            pattern="burst",
+            duration=BENCH_DEFAULTS["duration"] / 5,
+            seed=2,
+        ),
+        Mix(),
+    )
     out = await run_workload(paced, "127.0.0.1", fixed, concurrency=256, timeout=30)
     s = summarize(paced, out.results, start=out.start, cpu_seconds=out.cpu_seconds)
     assert s["completed"] == len(paced)
@@ -54,8 +64,9 @@ async def test_sustains_five_times_the_bench_peak_rate(fixed):
 
 
 async def test_sse_ttft_and_itl_against_the_stream(fixed_stream):
-    specs = build_workload(WorkloadConfig(num_requests=20, pattern="constant", duration=0.5, seed=3),
-                           Mix(stream_share=1.0))
+    specs = build_workload(
+        WorkloadConfig(num_requests=20, pattern="constant", duration=0.5, seed=3), Mix(stream_share=1.0)
+    )
     out = await run_workload(specs, "127.0.0.1", fixed_stream, concurrency=8, timeout=30)
     s = summarize(specs, out.results, start=out.start)
     assert s["completed"] == 20
@@ -82,9 +93,24 @@ def run_cli(*argv):
 
 def test_cli_prints_summary_and_writes_json_and_csv(fixed_stream, tmp_path, capsys):
     prefix = str(tmp_path / "run")
-    rc = run_cli("--url", f"http://127.0.0.1:{fixed_stream}", "-n", "40", "--pattern", "poisson",
-                 "--rate", "200", "--stream-share", "0.5", "--bands", "high:1,low:1", "--seed", "9",
-                 "--output", prefix)
+    rc = run_cli(
+        "--url",
+        f"http://127.0.0.1:{fixed_stream}",
+        "-n",
+        "40",
+        "--pattern",
+        "poisson",
+        "--rate",
+        "200",
+        "--stream-share",
+        "0.5",
+        "--bands",
+        "high:1,low:1",
+        "--seed",
+        "9",
+        "--output",
+        prefix,
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "throughput" in text and "loadgen cost:" in text and "TTFT ms" in text
@@ -129,20 +155,23 @@ async def test_rejections_by_status_and_reason_and_stream_errors():
             await resp.write(b'data: {"error":{"message":"engine died","code":500}}\n\ndata: [DONE]\n\n')
             resp.end()
         elif i % 3 == 1:
-            resp.send_error(503, "queue full", headers=[("x-velocity-reject-reason", "capacity"),
-                                                        ("retry-after", "1")])
+            resp.send_error(503, "queue full", headers=[("x-velocity-reject-reason", "capacity"), ("retry-after", "1")])
         elif i % 3 == 2:
             resp.send_error(429, "cannot meet SLA", headers=[("x-velocity-reject-reason", "sla")])
         else:
-            resp.send_json(200, {"choices": [{"message": {"content": "ok"}}], "usage": {"completion_tokens": 7}},
-                           headers=[("x-velocity-endpoint", "e1")])
+            resp.send_json(
+                200,
+                {"choices": [{"message": {"content": "ok"}}], "usage": {"completion_tokens": 7}},
+                headers=[("x-velocity-endpoint", "e1")],
+            )
 
     srv = HTTPServer(handler, name="reject-test")
     await srv.start("127.0.0.1", 0)
     try:
         specs = build_workload(WorkloadConfig(num_requests=30, pattern="flood", duration=0.0, seed=4), Mix())
-        streamed = build_workload(WorkloadConfig(num_requests=3, pattern="flood", duration=0.0, seed=5),
-                                  Mix(stream_share=1.0))
+        streamed = build_workload(
+            WorkloadConfig(num_requests=3, pattern="flood", duration=0.0, seed=5), Mix(stream_share=1.0)
+        )
         out = await run_workload(specs, "127.0.0.1", srv.port, concurrency=4, timeout=10)
         s = summarize(specs, out.results, start=out.start)
         out2 = await run_workload(streamed, "127.0.0.1", srv.port, concurrency=3, timeout=10)

@@ -1,4 +1,5 @@
 """SSE token timing: any split of the stream gives the same events."""
+
 import orjson
 import pytest
 

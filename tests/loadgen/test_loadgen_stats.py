@@ -1,4 +1,5 @@
 """Metrics math on known inputs: percentiles, goodput, rejections, TTFT/ITL."""
+
 import math
 
 import pytest
@@ -10,13 +11,26 @@ from velocity_fast.loadgen.workload import RequestSpec
 
 
 def spec(i, sla_ms=100.0, band="", at=0.0):
-    return RequestSpec(index=i, at=at, band=band, tenant="", stream=False, prompt_tokens=1,
-                       max_tokens=1, prefix_group=-1, sla_ms=sla_ms, session="", path="/",
-                       headers={}, body=b"", wire=b"")
+    return RequestSpec(
+        index=i,
+        at=at,
+        band=band,
+        tenant="",
+        stream=False,
+        prompt_tokens=1,
+        max_tokens=1,
+        prefix_group=-1,
+        sla_ms=sla_ms,
+        session="",
+        path="/",
+        headers={},
+        body=b"",
+        wire=b"",
+    )
 
 
 def test_percentile_matches_linear_interpolation():
-    v = list(range(1, 101))          # 1..100
+    v = list(range(1, 101))  # 1..100
     assert percentile(v, 50) == pytest.approx(50.5)
     assert percentile(v, 90) == pytest.approx(90.1)
     assert percentile(v, 99) == pytest.approx(99.01)
@@ -37,13 +51,14 @@ def test_summary_goodput_rejections_and_streams():
     specs = [spec(i, sla_ms=100.0, band="high" if i < 2 else "low") for i in range(6)]
     start = 1000.0
     results = [
-        Result(0, sent=1000.0, done=1000.050, status=200),                 # good (50 ms)
-        Result(1, sent=1000.0, done=1000.150, status=200),                 # completed, late
-        Result(2, sent=1000.1, done=1000.180, status=200, first_token=1000.12,
-               gaps=[0.01, 0.03], output_tokens=3),                        # good stream
+        Result(0, sent=1000.0, done=1000.050, status=200),  # good (50 ms)
+        Result(1, sent=1000.0, done=1000.150, status=200),  # completed, late
+        Result(
+            2, sent=1000.1, done=1000.180, status=200, first_token=1000.12, gaps=[0.01, 0.03], output_tokens=3
+        ),  # good stream
         Result(3, sent=1000.2, done=1000.201, status=503, reason="capacity"),
         Result(4, sent=1000.2, done=1000.201, status=429, reason="sla"),
-        Result(5, sent=1000.3, done=1001.000, status=200, error="boom"),   # error mid-stream
+        Result(5, sent=1000.3, done=1001.000, status=200, error="boom"),  # error mid-stream
     ]
     s = summarize(specs, results, start=start, cpu_seconds=0.006)
     assert s["requests"] == 6 and s["completed"] == 3 and s["good"] == 2 and s["failed"] == 3
@@ -66,13 +81,26 @@ def test_summary_goodput_rejections_and_streams():
 def test_admitted_past_the_sla_by_load_level():
     """Seconds of the workload split by their arrival rate: 1/s, 4/s and 9/s land in the
     light, middle and peak levels; each level counts its completed past the SLA."""
-    specs = [spec(0, at=0.2)] + [spec(1 + i, at=1.0 + i / 4) for i in range(4)] + \
-        [spec(5 + i, at=2.0 + i / 9) for i in range(9)]
-    results = [Result(s.index, sent=s.at, done=s.at + (0.2 if s.index in (3, 9, 10) else 0.05),
-                      status=429 if s.index == 13 else 200) for s in specs]
+    specs = (
+        [spec(0, at=0.2)]
+        + [spec(1 + i, at=1.0 + i / 4) for i in range(4)]
+        + [spec(5 + i, at=2.0 + i / 9) for i in range(9)]
+    )
+    results = [
+        Result(
+            s.index,
+            sent=s.at,
+            done=s.at + (0.2 if s.index in (3, 9, 10) else 0.05),
+            status=429 if s.index == 13 else 200,
+        )
+        for s in specs
+    ]
     levels = summarize(specs, results, start=0.0)["by_load"]
-    assert [(lv["rate_min"], lv["rate_max"], lv["requests"], lv["completed"], lv["missed"]) for lv in levels] == \
-        [(1, 1, 1, 1, 0), (4, 4, 4, 4, 1), (9, 9, 9, 8, 2)]
+    assert [(lv["rate_min"], lv["rate_max"], lv["requests"], lv["completed"], lv["missed"]) for lv in levels] == [
+        (1, 1, 1, 1, 0),
+        (4, 4, 4, 4, 1),
+        (9, 9, 9, 8, 2),
+    ]
     assert levels[2]["admitted_miss_ratio"] == pytest.approx(2 / 8)
 
 
@@ -85,8 +113,8 @@ def test_client_wait_is_send_minus_schedule():
 
 def test_policy_medians_and_table():
     def run(policy, g):
-        return {"policy": policy, "summary": {"goodput_rps": g, "goodput_ratio": g / 10,
-                                              "latency_ms": {"p50": 5.0}}}
+        return {"policy": policy, "summary": {"goodput_rps": g, "goodput_ratio": g / 10, "latency_ms": {"p50": 5.0}}}
+
     runs = [run("static", 1.0), run("static", 3.0), run("static", 2.0), run("dynamic", 4.0)]
     m = medians(runs)
     assert m["static"]["goodput_rps"] == 2.0 and m["static"]["runs"] == 3
@@ -95,7 +123,8 @@ def test_policy_medians_and_table():
     assert table.splitlines()[2].split()[:4] == ["static", "3", "20.0", "2.00"]
     assert "smart" not in table
     assert verdict(m, ["static", "dynamic"]) == [
-        "dynamic: 40.0% of requests within SLA (4.00 req/s) vs static 20.0% (2.00 req/s): +20.0 points"]
+        "dynamic: 40.0% of requests within SLA (4.00 req/s) vs static 20.0% (2.00 req/s): +20.0 points"
+    ]
 
 
 def test_peak_rate_in_window():

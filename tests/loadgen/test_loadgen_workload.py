@@ -1,4 +1,5 @@
 """The seeded workload: identical bytes for the same seed, the mix honoured, flags parsed."""
+
 import argparse
 from collections import Counter
 
@@ -23,10 +24,28 @@ def cfg(**kw):
     return WorkloadConfig(**base)
 
 
-MIX = mix_from_args(args_of("--bands", "high:1:1500,low:3", "--tenants", "alpha:1,beta:1",
-                            "--prompt-tokens", "uniform:16:64", "--output-tokens", "normal:50:10",
-                            "--prefix-groups", "2", "--prefix-tokens", "32", "--prefix-share", "0.5",
-                            "--stream-share", "0.25", "--sessions", "5"))
+MIX = mix_from_args(
+    args_of(
+        "--bands",
+        "high:1:1500,low:3",
+        "--tenants",
+        "alpha:1,beta:1",
+        "--prompt-tokens",
+        "uniform:16:64",
+        "--output-tokens",
+        "normal:50:10",
+        "--prefix-groups",
+        "2",
+        "--prefix-tokens",
+        "32",
+        "--prefix-share",
+        "0.5",
+        "--stream-share",
+        "0.25",
+        "--sessions",
+        "5",
+    )
+)
 
 
 def test_same_seed_same_bytes_other_seed_other_bytes():
@@ -96,8 +115,14 @@ def test_the_default_mix_writes_bodies_as_real_clients_do():
     plain = build_workload(cfg(), plain_mix)
     for s, p in zip(specs, plain):
         b = orjson.loads(p.body)
-        assert set(b) == {"messages", "max_tokens", "stream", "ignore_eos"} | ({"stream_options"} if p.stream else set())
-        assert b["messages"] == orjson.loads(s.body)["messages"] and (p.at, p.band, p.stream) == (s.at, s.band, s.stream)
+        assert set(b) == {"messages", "max_tokens", "stream", "ignore_eos"} | (
+            {"stream_options"} if p.stream else set()
+        )
+        assert b["messages"] == orjson.loads(s.body)["messages"] and (p.at, p.band, p.stream) == (
+            s.at,
+            s.band,
+            s.stream,
+        )
     only_free = build_workload(cfg(), msgspec.structs.replace(MIX, clients=Clients(1.0, 0.0, 0.0)))
     assert all("max_tokens" not in orjson.loads(s.body) and s.max_tokens == 0 for s in only_free)
     # /generate is the gateway's own API: its body stays as it was.
@@ -148,6 +173,7 @@ def test_distribution_flags():
     assert parse_dist("100").dist == "constant"
     d = parse_dist("uniform:10:20")
     import random
+
     rng = random.Random(0)
     assert all(10 <= d.sample(rng) <= 20 for _ in range(200))
     ln = parse_dist("lognormal:200:0.5")
@@ -162,11 +188,13 @@ def test_distribution_flags():
 
 def test_mix_yaml_and_flag_override(tmp_path):
     f = tmp_path / "mix.yaml"
-    f.write_text("bands: {high: 1, low: 4}\n"
-                 "tenants: [{name: alpha, api_key: key-alpha}]\n"
-                 "output_tokens: {dist: uniform, low: 8, high: 16}\n"
-                 "prefix: {groups: 1, tokens: 8, share: 1.0}\n"
-                 "stream_share: 0.5\n")
+    f.write_text(
+        "bands: {high: 1, low: 4}\n"
+        "tenants: [{name: alpha, api_key: key-alpha}]\n"
+        "output_tokens: {dist: uniform, low: 8, high: 16}\n"
+        "prefix: {groups: 1, tokens: 8, share: 1.0}\n"
+        "stream_share: 0.5\n"
+    )
     mix = load_mix(str(f))
     assert [b.name for b in mix.bands] == ["high", "low"]
     specs = build_workload(cfg(api_key="global"), mix)
@@ -177,12 +205,15 @@ def test_mix_yaml_and_flag_override(tmp_path):
     assert [b.name for b in over.bands] == ["high", "low"]
 
 
-@pytest.mark.parametrize("text,word", [
-    ("bandz: []\n", "bandz"),
-    ("stream_share: 2\n", "stream_share"),
-    ("prompt_tokens: {dist: zipf}\n", "zipf"),
-    ("prefix: {share: 0.5}\n", "prefix"),
-])
+@pytest.mark.parametrize(
+    "text,word",
+    [
+        ("bandz: []\n", "bandz"),
+        ("stream_share: 2\n", "stream_share"),
+        ("prompt_tokens: {dist: zipf}\n", "zipf"),
+        ("prefix: {share: 0.5}\n", "prefix"),
+    ],
+)
 def test_bad_mix_file_names_the_problem(tmp_path, text, word):
     f = tmp_path / "bad.yaml"
     f.write_text(text)

@@ -1,5 +1,6 @@
 """metrics/merge.py: how the workers' /metrics add up to the gateway's, each family by the
 rule its metric declared where it was registered (the exposition carries it)."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,9 @@ from velocity_fast.metrics.registry import Registry, ratio
 
 def _gateway_rules() -> dict[str, str]:
     """Each family's rule as a gateway declares it (what its workers write on ``/metrics?merge``)."""
-    settings = load_settings(None, {"endpoints": [EndpointConfig(name="e1", url="http://127.0.0.1:9", model="m")]},
-                             env={})
+    settings = load_settings(
+        None, {"endpoints": [EndpointConfig(name="e1", url="http://127.0.0.1:9", model="m")]}, env={}
+    )
     text = Gateway(settings).registry.render(merge_rules=True).decode()
     return {p[2]: p[3] for line in text.splitlines() if line.startswith("# MERGE ") for p in [line.split(" ", 3)]}
 
@@ -26,25 +28,58 @@ def _family(name: str, kind: str, help: str, *samples: str) -> list[str]:
 
 
 def _worker(requests: float, inflight: float, depth: float, bucket: float, hits: float, blocks: float) -> str:
-    return "\n".join([
-        *_family("velocity_requests_total", "counter", "Requests answered, by route, status and band.",
-                 f'velocity_requests_total{{route="/v1/completions",status="200",band="normal"}} {requests}'),
-        *_family("velocity_endpoint_inflight", "gauge", "Gateway requests in flight per endpoint.",
-                 f'velocity_endpoint_inflight{{endpoint="e1"}} {inflight}'),
-        *_family("velocity_queue_depth", "gauge", "Requests waiting in admission queues, by band.",
-                 f'velocity_queue_depth{{band="low"}} {depth}'),
-        *_family("velocity_ttft_seconds", "histogram", "Time to first byte from arrival.",
-                 f'velocity_ttft_seconds_bucket{{le="0.1"}} {bucket}',
-                 f'velocity_ttft_seconds_bucket{{le="+Inf"}} {bucket + 1}',
-                 f"velocity_ttft_seconds_sum {bucket * 0.05}",
-                 f"velocity_ttft_seconds_count {bucket + 1}"),
-        *_family("velocity_prefix_hit_blocks_total", "counter", "Leading prompt blocks.",
-                 f"velocity_prefix_hit_blocks_total {hits}"),
-        *_family("velocity_prefix_blocks_total", "counter", "Prompt blocks dispatched.",
-                 f"velocity_prefix_blocks_total {blocks}"),
-        *_family("velocity_prefix_index_hit_ratio", "gauge", "Prefix-index hit ratio.",
-                 f"velocity_prefix_index_hit_ratio {hits / blocks}"),
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                *_family(
+                    "velocity_requests_total",
+                    "counter",
+                    "Requests answered, by route, status and band.",
+                    f'velocity_requests_total{{route="/v1/completions",status="200",band="normal"}} {requests}',
+                ),
+                *_family(
+                    "velocity_endpoint_inflight",
+                    "gauge",
+                    "Gateway requests in flight per endpoint.",
+                    f'velocity_endpoint_inflight{{endpoint="e1"}} {inflight}',
+                ),
+                *_family(
+                    "velocity_queue_depth",
+                    "gauge",
+                    "Requests waiting in admission queues, by band.",
+                    f'velocity_queue_depth{{band="low"}} {depth}',
+                ),
+                *_family(
+                    "velocity_ttft_seconds",
+                    "histogram",
+                    "Time to first byte from arrival.",
+                    f'velocity_ttft_seconds_bucket{{le="0.1"}} {bucket}',
+                    f'velocity_ttft_seconds_bucket{{le="+Inf"}} {bucket + 1}',
+                    f"velocity_ttft_seconds_sum {bucket * 0.05}",
+                    f"velocity_ttft_seconds_count {bucket + 1}",
+                ),
+                *_family(
+                    "velocity_prefix_hit_blocks_total",
+                    "counter",
+                    "Leading prompt blocks.",
+                    f"velocity_prefix_hit_blocks_total {hits}",
+                ),
+                *_family(
+                    "velocity_prefix_blocks_total",
+                    "counter",
+                    "Prompt blocks dispatched.",
+                    f"velocity_prefix_blocks_total {blocks}",
+                ),
+                *_family(
+                    "velocity_prefix_index_hit_ratio",
+                    "gauge",
+                    "Prefix-index hit ratio.",
+                    f"velocity_prefix_index_hit_ratio {hits / blocks}",
+                ),
+            ]
+        )
+        + "\n"
+    )
 
 
 def _samples(text: str) -> dict[str, float]:
@@ -60,13 +95,13 @@ def test_counters_and_histograms_are_summed_gauges_by_their_declared_rule():
     merged = merge_metrics([_worker(3, 5, 2, 4, 1, 10), _worker(4, 7, 1, 6, 9, 10)])
     got = _samples(merged)
     assert got['velocity_requests_total{route="/v1/completions",status="200",band="normal"}'] == 7
-    assert got['velocity_endpoint_inflight{endpoint="e1"}'] == 7      # shared: the largest
-    assert got['velocity_queue_depth{band="low"}'] == 3               # per worker: summed
+    assert got['velocity_endpoint_inflight{endpoint="e1"}'] == 7  # shared: the largest
+    assert got['velocity_queue_depth{band="low"}'] == 3  # per worker: summed
     assert got['velocity_ttft_seconds_bucket{le="0.1"}'] == 10
     assert got['velocity_ttft_seconds_bucket{le="+Inf"}'] == 12
     assert got["velocity_ttft_seconds_count"] == 12
     assert abs(got["velocity_ttft_seconds_sum"] - 0.5) < 1e-9
-    assert got["velocity_prefix_index_hit_ratio"] == 0.5               # 10 hits of 20 blocks
+    assert got["velocity_prefix_index_hit_ratio"] == 0.5  # 10 hits of 20 blocks
     assert merged.count("# TYPE velocity_ttft_seconds histogram") == 1
     assert "# MERGE" not in merged  # the rules are for the merge, not for the gateway's scrapers
 

@@ -11,8 +11,11 @@ from hypothesis import strategies as st
 
 from velocity_fast.metrics.registry import DEFAULT_BUCKETS, Registry
 
-_values = st.one_of(st.floats(min_value=-1e6, max_value=1e6), st.sampled_from(DEFAULT_BUCKETS),
-                    st.sampled_from([math.nan, math.inf, -math.inf]))
+_values = st.one_of(
+    st.floats(min_value=-1e6, max_value=1e6),
+    st.sampled_from(DEFAULT_BUCKETS),
+    st.sampled_from([math.nan, math.inf, -math.inf]),
+)
 
 
 @given(st.lists(_values, max_size=60))

@@ -6,6 +6,7 @@ bench/lib/hostile.py's, which bench/reliability.py runs too; they are re-exporte
 Everything listens on 127.0.0.1; every process started here is stopped by the context
 manager that started it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -41,9 +42,20 @@ from tests.support.gateway import ScriptedServer
 
 # -- the engine side: a fake engine that answers each request with one fault --------------------
 
-FAULTS = ("garbage_head", "almost_http", "truncated_chunked", "malformed_sse", "invalid_json_200",
-          "short_body", "close_at_once", "bad_chunk_size", "huge_header", "odd_status", "bare_lf_head",
-          "valid")
+FAULTS = (
+    "garbage_head",
+    "almost_http",
+    "truncated_chunked",
+    "malformed_sse",
+    "invalid_json_200",
+    "short_body",
+    "close_at_once",
+    "bad_chunk_size",
+    "huge_header",
+    "odd_status",
+    "bare_lf_head",
+    "valid",
+)
 
 
 def fault_answer(kind: str, rng: random.Random, stream: bool) -> bytes:
@@ -52,18 +64,37 @@ def fault_answer(kind: str, rng: random.Random, stream: bool) -> bytes:
     if kind == "garbage_head":
         return bytes(rng.randrange(256) for _ in range(rng.randint(1, 200)))
     if kind == "almost_http":
-        return rng.choice((b"HTTP/1.1 2OO OK\r\n\r\n", b"HTTP/1.1 200\r\ncontent-length: x\r\n\r\n",
-                           b"HTTP/2 200\r\n\r\n", b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 7\r\n\r\n"
-                           b"hello", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\nabc"))
+        return rng.choice(
+            (
+                b"HTTP/1.1 2OO OK\r\n\r\n",
+                b"HTTP/1.1 200\r\ncontent-length: x\r\n\r\n",
+                b"HTTP/2 200\r\n\r\n",
+                b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 7\r\n\r\nhello",
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\nabc",
+            )
+        )
     if kind == "truncated_chunked":
         ct = b"text/event-stream" if stream else b"application/json"
-        return (b"HTTP/1.1 200 OK\r\ncontent-type: " + ct + b"\r\ntransfer-encoding: chunked\r\n\r\n"
-                b"20\r\ndata: {\"choices\":[{\"text\":\"a\"}]}\n\n\r\n40\r\ndata: {\"cho")
+        return (
+            b"HTTP/1.1 200 OK\r\ncontent-type: " + ct + b"\r\ntransfer-encoding: chunked\r\n\r\n"
+            b"20\r\ndata: {\"choices\":[{\"text\":\"a\"}]}\n\n\r\n40\r\ndata: {\"cho"
+        )
     if kind == "malformed_sse":
-        events = rng.choice((b"data: {not json\n\n", b"data: [DONE\n\n", b"event: x\n\n\n", b"data:" + b"x" * 5000,
-                             b"data: {\"error\": {\"message\": \"boom\"}}\n\n"))
-        return (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-                + b"%x\r\n" % len(events) + events + b"\r\n0\r\n\r\n")
+        events = rng.choice(
+            (
+                b"data: {not json\n\n",
+                b"data: [DONE\n\n",
+                b"event: x\n\n\n",
+                b"data:" + b"x" * 5000,
+                b"data: {\"error\": {\"message\": \"boom\"}}\n\n",
+            )
+        )
+        return (
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            + b"%x\r\n" % len(events)
+            + events
+            + b"\r\n0\r\n\r\n"
+        )
     if kind == "invalid_json_200":
         body = rng.choice((b"{\"choices\": [", b"not json", b"", b"{\"choices\": []}", b"[]", b"{\"choices\": [1]}"))
         return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body
@@ -72,8 +103,10 @@ def fault_answer(kind: str, rng: random.Random, stream: bool) -> bytes:
     if kind == "close_at_once":
         return b""
     if kind == "bad_chunk_size":
-        return (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-                b"zz\r\ndata: x\n\n\r\n")
+        return (
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            b"zz\r\ndata: x\n\n\r\n"
+        )
     if kind == "huge_header":
         return b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * 200_000 + b"\r\ncontent-length: 2\r\n\r\n{}"
     if kind == "odd_status":
@@ -82,9 +115,11 @@ def fault_answer(kind: str, rng: random.Random, stream: bool) -> bytes:
     if kind == "bare_lf_head":
         body = b"{\"id\":\"x\",\"object\":\"chat.completion\",\"choices\":[]}"
         return b"HTTP/1.1 200 OK\ncontent-type: application/json\ncontent-length: %d\n\n" % len(body) + body
-    body = (b"{\"id\":\"x\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\"ok\","
-            b"\"message\":{\"role\":\"assistant\",\"content\":\"ok\"},\"finish_reason\":\"stop\"}],"
-            b"\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1,\"total_tokens\":2}}")
+    body = (
+        b"{\"id\":\"x\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\"ok\","
+        b"\"message\":{\"role\":\"assistant\",\"content\":\"ok\"},\"finish_reason\":\"stop\"}],"
+        b"\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1,\"total_tokens\":2}}"
+    )
     return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body
 
 
@@ -118,13 +153,17 @@ class FaultyEngine(ScriptedServer):
                     continue
                 if path == "/metrics":
                     m = b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
-                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: %d\r\n\r\n"
-                                 % len(m) + m)
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: %d\r\n\r\n" % len(m) + m
+                    )
                     continue
                 kind = self.rng.choice(self.kinds)
                 self.served[kind] += 1
-                writer.write(self.answer if self.answer is not None
-                             else fault_answer(kind, self.rng, b'"stream":true' in body.replace(b" ", b"")))
+                writer.write(
+                    self.answer
+                    if self.answer is not None
+                    else fault_answer(kind, self.rng, b'"stream":true' in body.replace(b" ", b""))
+                )
                 await writer.drain()
                 if kind != "valid":
                     break

@@ -4,6 +4,7 @@ logged 500 that carries the request id.
 Each cause once seen as a 500 has its test: JSON nested past the decoder's depth on every
 route, token counts out of range (C long and orjson overflow), /generate without sla_ms;
 then an internal error provoked on purpose, read back from the answer and /metrics."""
+
 from __future__ import annotations
 
 import logging
@@ -56,8 +57,10 @@ def assert_error_shape(r, status: int, param=None) -> dict:
     return err
 
 
-@pytest.mark.parametrize("route, where", [(CHAT, "unknown"), (COMPLETIONS, "unknown"), (GENERATE, "unknown"),
-                                          (CHAT, "field"), (COMPLETIONS, "field")])
+@pytest.mark.parametrize(
+    "route, where",
+    [(CHAT, "unknown"), (COMPLETIONS, "unknown"), (GENERATE, "unknown"), (CHAT, "field"), (COMPLETIONS, "field")],
+)
 async def test_json_nested_past_the_depth_is_a_400(engine, route, where):
     deep = "[" * 1000 + "]" * 1000
     if where == "unknown":  # a field the gateway does not read (skipped by the decoder)
@@ -81,8 +84,22 @@ async def test_json_nested_past_the_depth_is_a_400(engine, route, where):
 @pytest.mark.parametrize("route", [CHAT, COMPLETIONS, GENERATE])
 async def test_token_counts_out_of_range_are_400s_naming_the_field(engine, route):
     fields = ["max_tokens"] + (["max_completion_tokens"] if route == CHAT else [])
-    values = [2**63, 2**63 - 1, 2**64, 10**30, MAX_TOKENS_LIMIT + 1, -1, 0, -(2**63) - 1, 1.5, 1e300, True,
-              "5", [5], {"n": 5}]
+    values = [
+        2**63,
+        2**63 - 1,
+        2**64,
+        10**30,
+        MAX_TOKENS_LIMIT + 1,
+        -1,
+        0,
+        -(2**63) - 1,
+        1.5,
+        1e300,
+        True,
+        "5",
+        [5],
+        {"n": 5},
+    ]
     async with running_gateway(engine) as gw:
         for field in fields:
             for v in values:
@@ -119,11 +136,17 @@ async def test_an_internal_error_is_a_counted_500_with_the_request_id(engine, ro
 
         def broken(*a, **k):
             raise RuntimeError("provoked for the test")
+
         # x-velocity-sla-ms makes both routes call Gateway.sla_for
         monkeypatch.setattr(gw, "sla_for", broken)
         with caplog.at_level(logging.ERROR, logger="velocity"):
-            r = await http_request(gw.port, "POST", route, base(route),
-                                   headers={"x-request-id": "rid-provoked-1", "x-velocity-sla-ms": "500"})
+            r = await http_request(
+                gw.port,
+                "POST",
+                route,
+                base(route),
+                headers={"x-request-id": "rid-provoked-1", "x-velocity-sla-ms": "500"},
+            )
             err = assert_error_shape(r, 500)
             assert r.headers["x-request-id"] == "rid-provoked-1"
             assert "rid-provoked-1" in err["message"]
@@ -147,8 +170,10 @@ async def test_a_failure_in_an_engine_callback_is_a_counted_500(monkeypatch, cap
     ends the lease and answers a counted 500 with the request id, not a stranded client."""
     with sim_engine("--fail-rate", "1.0", model=MODEL, time_scale=50) as eng:
         async with running_gateway(eng) as gw:
+
             def broken(*a, **k):
                 raise RuntimeError("provoked in the answer's books")
+
             monkeypatch.setattr(gw.monitor, "passive_failure", broken)
             with caplog.at_level(logging.ERROR, logger="velocity"):
                 r = await http_request(gw.port, "POST", CHAT, base(CHAT), headers={"x-request-id": "rid-cb"})

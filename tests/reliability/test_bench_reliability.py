@@ -1,6 +1,7 @@
 """bench/reliability.py --smoke runs every part and prints every figure as a number; the
 figures that must hold (no 500 of the gateway's, no hang, nothing lost, counters that
 reconcile) hold even at these counts."""
+
 from __future__ import annotations
 
 import json
@@ -16,13 +17,29 @@ from tests.support.sim import REPO
 @pytest.mark.timeout(240)
 def test_smoke_prints_a_number_for_every_figure(tmp_path):
     out = tmp_path / "figures.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.reliability", "--smoke", "--json", str(out)],
-                          cwd=str(REPO), capture_output=True, text=True, timeout=220)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.reliability", "--smoke", "--json", str(out)],
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     figures = json.loads(out.read_text())
-    for part in ("slowloris_p99_ratio", "slowloris_408s", "slowloris_fds_after", "heads_500s", "heads_hangs",
-                 "bodies_500s", "faults_counters_reconcile", "soak_rss_growth_pct", "soak_lost", "soak_capacity_per_s",
-                 "reload_failed_requests", "soak_counters_reconcile"):
+    for part in (
+        "slowloris_p99_ratio",
+        "slowloris_408s",
+        "slowloris_fds_after",
+        "heads_500s",
+        "heads_hangs",
+        "bodies_500s",
+        "faults_counters_reconcile",
+        "soak_rss_growth_pct",
+        "soak_lost",
+        "soak_capacity_per_s",
+        "reload_failed_requests",
+        "soak_counters_reconcile",
+    ):
         assert part in figures, (part, sorted(figures))
     for name, v in figures.items():
         assert isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v), (name, v)

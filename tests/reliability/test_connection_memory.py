@@ -4,6 +4,7 @@ close after a fault) dead connections would otherwise pile up by the thousand be
 collections, each with its parser, transport and socket, and raise the high-water mark of
 the process's memory for good. The checks run with the cyclic GC off: whatever is still
 alive after the connections closed would only ever be freed by it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -52,10 +53,17 @@ class ClosingEngine(ScriptedServer):
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         method, _, _, _ = await self.read_request(reader)
-        body = b"" if method == "GET" else json.dumps(
-            {"object": "text_completion", "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}]}).encode()
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        body = (
+            b""
+            if method == "GET"
+            else json.dumps(
+                {"object": "text_completion", "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}]}
+            ).encode()
+        )
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        )
         await writer.drain()
 
 
@@ -67,8 +75,10 @@ async def test_engine_connections_closed_by_the_engine_are_freed_without_the_cyc
             for _ in range(ROUNDS):
                 reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
                 try:
-                    writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
-                                 b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+                    writer.write(
+                        b"POST /v1/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+                        b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+                    )
                     answer = await asyncio.wait_for(reader.read(), 5.0)
                 finally:
                     writer.close()

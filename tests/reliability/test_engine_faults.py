@@ -3,6 +3,7 @@ chunked bodies, malformed SSE, a 200 with invalid JSON, odd statuses, huge heade
 gateway answers each client (its 502 or 503, or the engine's answer relayed), never a
 500 of its own, never hangs, keeps its books straight and goes on serving the sound engine.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -68,8 +69,10 @@ async def test_a_faulty_engine_never_makes_the_gateway_answer_500():
             assert set(tally.statuses) <= {200, 204, 304, 429, 502, 503}, tally.statuses
             # every admitted request ended exactly once
             adm = h.total(m, "velocity_admitted_total") or h.total(m, "velocity_admitted")
-            ended = sum(h.total(m, f"velocity_{k}_total") or h.total(m, f"velocity_{k}")
-                        for k in ("completed", "failed", "cancelled"))
+            ended = sum(
+                h.total(m, f"velocity_{k}_total") or h.total(m, f"velocity_{k}")
+                for k in ("completed", "failed", "cancelled")
+            )
             assert adm == ended and adm > 0, (adm, ended)
 
 

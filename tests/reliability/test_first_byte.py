@@ -3,6 +3,7 @@ connection that sends nothing is closed, quietly as nginx's client_header_timeou
 after ServerLimits.first_byte_timeout (server.first_byte_timeout_s in the settings,
 header_timeout_s when unset); between requests a kept-alive connection still waits
 keepalive_timeout. On real sockets, with short values."""
+
 from __future__ import annotations
 
 import asyncio
@@ -66,6 +67,7 @@ async def test_the_gateway_setting_reaches_its_client_port():
             finally:
                 writer.close()
             # a client that sends at once is served as ever
-            r = await http_request(gw.port, "POST", "/v1/completions",
-                                   {"model": "sim-model", "prompt": "x", "max_tokens": 2})
+            r = await http_request(
+                gw.port, "POST", "/v1/completions", {"model": "sim-model", "prompt": "x", "max_tokens": 2}
+            )
             assert r.status == 200

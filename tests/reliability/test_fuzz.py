@@ -6,6 +6,7 @@ the gateway process is alive, velocity_internal_errors_total stays 0, and a vali
 request on each route is served after the batch. bench/reliability.py runs the same
 generators for as many cases as asked (``--cases``).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -47,7 +48,7 @@ async def test_mutated_request_heads(stack):
     tally = h.Tally()
     cases = list(h.head_cases(seed=20, count=HEAD_CASES))
     for i in range(0, len(cases), BATCH):
-        await h.run_cases(stack.port, cases[i:i + BATCH], tally, concurrency=48)
+        await h.run_cases(stack.port, cases[i : i + BATCH], tally, concurrency=48)
         await check_batch(stack, tally)
     assert tally.cases == HEAD_CASES
     # the run reached the paths it means to: answers, refusals and read timeouts
@@ -61,7 +62,7 @@ async def test_json_bodies_for_every_route(stack):
     tally = h.Tally()
     cases = list(h.body_cases(seed=21, count=BODY_CASES))
     for i in range(0, len(cases), BATCH):
-        await h.run_cases(stack.port, cases[i:i + BATCH], tally, concurrency=32)
+        await h.run_cases(stack.port, cases[i : i + BATCH], tally, concurrency=32)
         await check_batch(stack, tally)
     assert tally.statuses[200] > 100 and tally.statuses[400] > 300, tally.statuses
     # (429 and 503: admission and routing refusing under load on a slow machine)
@@ -71,36 +72,75 @@ async def test_json_bodies_for_every_route(stack):
 # -- Hypothesis: structured bodies, a blocking client, a fixed seed ----------------------------
 
 _json = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.floats(allow_nan=False)
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False)
     | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=12)
+    max_leaves=12,
+)
 
-_content = st.one_of(st.text(max_size=30), st.lists(st.fixed_dictionaries(
-    {"type": st.sampled_from(["text", "image_url", "input_audio"]), "text": st.text(max_size=20)}), max_size=3),
-    _json)
+_content = st.one_of(
+    st.text(max_size=30),
+    st.lists(
+        st.fixed_dictionaries(
+            {"type": st.sampled_from(["text", "image_url", "input_audio"]), "text": st.text(max_size=20)}
+        ),
+        max_size=3,
+    ),
+    _json,
+)
 
 _chat = st.fixed_dictionaries(
-    {"model": st.sampled_from([h.MODEL]), "messages": st.lists(st.fixed_dictionaries(
-        {"role": st.sampled_from(["user", "system", "assistant"]), "content": _content}), min_size=1, max_size=3)},
-    optional={"max_tokens": st.integers(min_value=-(2**65), max_value=2**65) | _json,
-              "max_completion_tokens": st.integers(min_value=-(2**65), max_value=2**65) | _json,
-              "stream": _json, "stream_options": _json, "priority": _json, "sla_ms": _json, "user": _json,
-              "temperature": _json})
+    {
+        "model": st.sampled_from([h.MODEL]),
+        "messages": st.lists(
+            st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]), "content": _content}),
+            min_size=1,
+            max_size=3,
+        ),
+    },
+    optional={
+        "max_tokens": st.integers(min_value=-(2**65), max_value=2**65) | _json,
+        "max_completion_tokens": st.integers(min_value=-(2**65), max_value=2**65) | _json,
+        "stream": _json,
+        "stream_options": _json,
+        "priority": _json,
+        "sla_ms": _json,
+        "user": _json,
+        "temperature": _json,
+    },
+)
 
 _completion = st.fixed_dictionaries(
     {"model": st.sampled_from([h.MODEL]), "prompt": st.text(max_size=30) | _json},
-    optional={"max_tokens": st.integers(min_value=-(2**65), max_value=2**65) | _json, "stream": _json,
-              "priority": _json, "sla_ms": _json, "user": _json})
+    optional={
+        "max_tokens": st.integers(min_value=-(2**65), max_value=2**65) | _json,
+        "stream": _json,
+        "priority": _json,
+        "sla_ms": _json,
+        "user": _json,
+    },
+)
 
 _generate = st.fixed_dictionaries(
     {"prompt": st.text(max_size=30) | _json},
-    optional={"max_tokens": st.integers(min_value=-(2**65), max_value=2**65) | _json, "priority": _json,
-              "sla_ms": _json, "stream": st.booleans() | _json, "model": _json, "temperature": _json})
+    optional={
+        "max_tokens": st.integers(min_value=-(2**65), max_value=2**65) | _json,
+        "priority": _json,
+        "sla_ms": _json,
+        "stream": st.booleans() | _json,
+        "model": _json,
+        "temperature": _json,
+    },
+)
 
-_cases = st.one_of(st.tuples(st.just("/v1/chat/completions"), _chat),
-                   st.tuples(st.just("/v1/completions"), _completion),
-                   st.tuples(st.just("/generate"), _generate))
+_cases = st.one_of(
+    st.tuples(st.just("/v1/chat/completions"), _chat),
+    st.tuples(st.just("/v1/completions"), _completion),
+    st.tuples(st.just("/generate"), _generate),
+)
 
 
 def _post(port: int, route: str, body: bytes) -> tuple[int, bytes]:
@@ -119,8 +159,7 @@ def test_structured_bodies_hypothesis(stack):
     64 bits, content parts); a stream is read to its end. Never a 500."""
     seen: list[int] = []
 
-    @settings(max_examples=600, derandomize=True, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(max_examples=600, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(_cases)
     def one(case):
         route, obj = case
@@ -138,10 +177,13 @@ def test_structured_bodies_hypothesis(stack):
     assert asyncio.run(h.served(stack.port))
 
 
-@pytest.mark.parametrize("content", [
-    [{"type": "text", "text": "ping"}],
-    [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}],
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        [{"type": "text", "text": "ping"}],
+        [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}],
+    ],
+)
 async def test_content_parts_are_forwarded_and_answered(stack, content):
     """OpenAI's content-parts shape is valid: the gateway forwards it and the engine answers 200."""
     body = orjson.dumps({"model": h.MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 3})

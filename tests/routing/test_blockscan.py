@@ -53,6 +53,7 @@ def assert_same(body: bytes, hasher=HASHER) -> None:
 
 # -- a conversation's next turn extends its blocks ---------------------------------------
 
+
 def _turns(parts: bool):
     rng = random.Random(7)
     words = "the of a prompt cache block engine route token reply \"quoted\" tab\there é 日本 😀".split(" ")
@@ -82,7 +83,7 @@ def test_each_chat_turn_extends_the_blocks_of_the_previous_turn(parts):
         assert blocks == reference(body)
         if previous is not None:
             assert len(blocks) > len(previous) > 0
-            assert blocks[:len(previous)] == previous
+            assert blocks[: len(previous)] == previous
         previous = blocks
 
 
@@ -93,8 +94,11 @@ def test_content_parts_give_the_blocks_of_the_equivalent_string_content():
         assert a == b and len(a) > 3
     # A text split over several parts is the same text.
     one = {"messages": [{"role": "user", "content": "x" * 100 + "y" * 100}]}
-    split = {"messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 100},
-                                                       {"text": "y" * 100, "type": "text"}]}]}
+    split = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "x" * 100}, {"text": "y" * 100, "type": "text"}]}
+        ]
+    }
     assert scanned(orjson.dumps(one)) == scanned(orjson.dumps(split)) == reference(orjson.dumps(one))
 
 
@@ -106,7 +110,7 @@ def test_completions_text_and_token_prompts_extend_as_they_grow():
         b = scanned(orjson.dumps({"model": MODEL, "prompt": long}))
         assert a == reference(orjson.dumps({"prompt": short}))
         assert b == reference(orjson.dumps({"prompt": long}))
-        assert len(b) > len(a) > 0 and b[:len(a)] == a
+        assert len(b) > len(a) > 0 and b[: len(a)] == a
     # A batch is routed by its first prompt.
     assert scanned(orjson.dumps({"prompt": [text, "other"]})) == scanned(orjson.dumps({"prompt": text}))
 
@@ -121,46 +125,106 @@ def test_a_different_earlier_message_changes_every_later_block():
 
 # -- the same blocks as the Python rendering --------------------------------------------
 
+
 def test_shapes_the_rendering_knows():
     bodies = [
         {"messages": [{"role": "user", "content": "hi"}]},
         {"messages": [{"content": "late role", "name": "ann", "role": "user"}]},
-        {"messages": [{"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": [1, \"\\n\"]}"}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": "42"}]},
-        {"messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"detail": "low", "url": "data:image/png;base64,AAAA"}},
-            {"type": "input_audio", "input_audio": {"format": "wav", "data": "UklGR"}},
-            {"type": "image_url", "image_url": "not an object"}, {"type": "image_url"},
-            {"type": "video", "z": {"b": [1, None, True], "a": {}}}, {"text": "no type"},
-            {"type": "text"}, {"type": "text", "text": None}, {"type": "text", "text": {"k": -3}},
-            "a string part", 7, None, [1, "x"]]}]},
-        {"messages": [1, "x", None, [], {}, {"role": None}, {"role": {"b": 1, "a": False}, "content": 0},
-                      {"role": "u", "name": "", "tool_calls": [], "tool_call_id": 0, "content": True},
-                      {"role": "u", "name": 5, "tool_calls": "s", "tool_call_id": "id"}]},
+        {
+            "messages": [
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{\"a\": [1, \"\\n\"]}"},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "42"},
+            ]
+        },
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"detail": "low", "url": "data:image/png;base64,AAAA"}},
+                        {"type": "input_audio", "input_audio": {"format": "wav", "data": "UklGR"}},
+                        {"type": "image_url", "image_url": "not an object"},
+                        {"type": "image_url"},
+                        {"type": "video", "z": {"b": [1, None, True], "a": {}}},
+                        {"text": "no type"},
+                        {"type": "text"},
+                        {"type": "text", "text": None},
+                        {"type": "text", "text": {"k": -3}},
+                        "a string part",
+                        7,
+                        None,
+                        [1, "x"],
+                    ],
+                }
+            ]
+        },
+        {
+            "messages": [
+                1,
+                "x",
+                None,
+                [],
+                {},
+                {"role": None},
+                {"role": {"b": 1, "a": False}, "content": 0},
+                {"role": "u", "name": "", "tool_calls": [], "tool_call_id": 0, "content": True},
+                {"role": "u", "name": 5, "tool_calls": "s", "tool_call_id": "id"},
+            ]
+        },
         {"messages": "a string", "prompt": "unused"},
         {"messages": {"b": 2, "a": [1]}},
         {"messages": [], "prompt": "empty messages: the prompt decides"},
         {"messages": None, "prompt": [1, 2, 3]},
         {"messages": False, "prompt": "x"},
-        {"prompt": "héllo"}, {"prompt": [0, 4294967295, True, False]}, {"prompt": [1, -1]},
-        {"prompt": [1, 4294967296]}, {"prompt": [5, "x"]}, {"prompt": [[5, 6], [7]]},
-        {"prompt": [["a"], "b"]}, {"prompt": [[], "b"]}, {"prompt": [True, 1]}, {"prompt": [None]},
-        {"prompt": [{"b": 1, "a": 2}]}, {"prompt": [{"u64": 2**64 - 1, "i64": -(2**63), "z": -0}]}, {"prompt": []}, {"prompt": None}, {},
-        {"model": "m", "stream": True, "tools": [{"type": "function", "function": {"parameters": {"x": 1.5}}}],
-         "messages": [{"role": "user", "content": "floats elsewhere are only checked", "weight": 0.5}]},
+        {"prompt": "héllo"},
+        {"prompt": [0, 4294967295, True, False]},
+        {"prompt": [1, -1]},
+        {"prompt": [1, 4294967296]},
+        {"prompt": [5, "x"]},
+        {"prompt": [[5, 6], [7]]},
+        {"prompt": [["a"], "b"]},
+        {"prompt": [[], "b"]},
+        {"prompt": [True, 1]},
+        {"prompt": [None]},
+        {"prompt": [{"b": 1, "a": 2}]},
+        {"prompt": [{"u64": 2**64 - 1, "i64": -(2**63), "z": -0}]},
+        {"prompt": []},
+        {"prompt": None},
+        {},
+        {
+            "model": "m",
+            "stream": True,
+            "tools": [{"type": "function", "function": {"parameters": {"x": 1.5}}}],
+            "messages": [{"role": "user", "content": "floats elsewhere are only checked", "weight": 0.5}],
+        },
     ]
     for body in bodies:
         assert_same(orjson.dumps(body))
 
 
 def test_key_order_whitespace_and_escapes_of_the_json_do_not_matter():
-    msg = {"messages": [{"role": "system", "content": "Tabs\tand \"quotes\" and \\ and é and 😀 and \u2028"},
-                        {"role": "user", "content": [{"type": "text", "text": "ctl \x01\x1f\x7f"}],
-                         "name": "n\u00e9"}]}
-    forms = [orjson.dumps(msg), json.dumps(msg).encode(),  # \uXXXX escapes, surrogate pairs
-             json.dumps(msg, ensure_ascii=False, indent=2).encode(),
-             json.dumps(msg, separators=(" , ", " : ")).encode()]
+    msg = {
+        "messages": [
+            {"role": "system", "content": "Tabs\tand \"quotes\" and \\ and é and 😀 and \u2028"},
+            {"role": "user", "content": [{"type": "text", "text": "ctl \x01\x1f\x7f"}], "name": "n\u00e9"},
+        ]
+    }
+    forms = [
+        orjson.dumps(msg),
+        json.dumps(msg).encode(),  # \uXXXX escapes, surrogate pairs
+        json.dumps(msg, ensure_ascii=False, indent=2).encode(),
+        json.dumps(msg, separators=(" , ", " : ")).encode(),
+    ]
     for body in forms:
         assert_same(body)
     assert len({tuple(scanned(b)) for b in forms}) == 1
@@ -212,32 +276,55 @@ def test_any_block_size_and_the_model_seed(block):
 
 _ints = st.integers(-(2**63), 2**64 - 1) | st.integers(0, 2**32 + 2)  # orjson's range
 _leaf = st.none() | st.booleans() | _ints | st.text(max_size=20)
-_json = st.recursive(_leaf, lambda inner: st.lists(inner, max_size=4)
-                     | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+_json = st.recursive(
+    _leaf,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
 _text = st.text(max_size=300)
 _part = st.one_of(
     st.fixed_dictionaries({"type": st.just("text"), "text": _text}),
     st.fixed_dictionaries({"type": st.just("text")}, optional={"text": _json}),
-    st.fixed_dictionaries({"type": st.just("image_url"), "image_url": st.fixed_dictionaries(
-        {"url": st.text(max_size=40)}, optional={"detail": st.just("low")}) | _json}),
-    st.fixed_dictionaries({"type": st.just("input_audio"),
-                           "input_audio": st.fixed_dictionaries({"data": st.text(max_size=40)})}),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("image_url"),
+            "image_url": st.fixed_dictionaries({"url": st.text(max_size=40)}, optional={"detail": st.just("low")})
+            | _json,
+        }
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("input_audio"), "input_audio": st.fixed_dictionaries({"data": st.text(max_size=40)})}
+    ),
     _json,
 )
 _message = st.one_of(
-    st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "tool"]),
-                           "content": _text | st.lists(_part, max_size=4) | st.none()},
-                          optional={"name": st.text(max_size=8) | _json, "tool_calls": _json,
-                                    "tool_call_id": st.text(max_size=8) | _json, "extra": _json}),
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["system", "user", "assistant", "tool"]),
+            "content": _text | st.lists(_part, max_size=4) | st.none(),
+        },
+        optional={
+            "name": st.text(max_size=8) | _json,
+            "tool_calls": _json,
+            "tool_call_id": st.text(max_size=8) | _json,
+            "extra": _json,
+        },
+    ),
     st.fixed_dictionaries({}, optional={"role": _json, "content": _json}),
     _json,
 )
 _token_ids = st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=40)
-_prompt = st.one_of(st.none(), _text, _token_ids, st.lists(_text | _token_ids, max_size=3),
-                    st.lists(_json, max_size=4))
-_body = st.fixed_dictionaries({}, optional={
-    "model": st.just(MODEL), "messages": st.lists(_message, max_size=6) | _json, "prompt": _prompt,
-    "temperature": st.just(0.7), "extra_body": _json})
+_prompt = st.one_of(st.none(), _text, _token_ids, st.lists(_text | _token_ids, max_size=3), st.lists(_json, max_size=4))
+_body = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.just(MODEL),
+        "messages": st.lists(_message, max_size=6) | _json,
+        "prompt": _prompt,
+        "temperature": st.just(0.7),
+        "extra_body": _json,
+    },
+)
 
 
 def _shuffled(value, rng):
@@ -272,8 +359,11 @@ def test_generated_bodies_give_the_python_renderings_blocks(body, style, seed):
 
 
 _any_leaf = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10)
-_any_json = st.recursive(_any_leaf, lambda inner: st.lists(inner, max_size=3)
-                         | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=10)
+_any_json = st.recursive(
+    _any_leaf,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=10,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -309,16 +399,46 @@ def _has_float_or_huge_int(value) -> bool:
 # -- what is not taken falls back, never raises -----------------------------------------
 
 MALFORMED = [
-    b"", b" ", b"[]", b'"x"', b"null", b"{", b"}", b"{]", b'{"messages":}', b'{"messages":[1,]}',
-    b'{"messages":[{"role":"u",}]}', b'{"messages" [1]}', b'{messages:[1]}', b'{"messages":[1] x}',
-    b'{"messages":[1]}{}', b'{"prompt":01}', b'{"prompt":1.}', b'{"prompt":-}', b'{"prompt":tru}',
-    b'{"prompt":"\\a"}', b'{"prompt":"\\u12"}', b'{"prompt":"\\ud800"}', b'{"prompt":"\\udc00x"}',
-    b'{"prompt":"\\ud800\\u0041"}', b'{"prompt":"a\x01b"}', b'{"prompt":"\xff"}', b'{"prompt":"\xc3"}',
-    b'{"prompt":"\xed\xa0\x80"}', b'{"prompt":"\xc0\xaf"}', b'{"prompt":"\xf4\x90\x80\x80"}',
-    b'{"prompt":"unterminated', b'\xef\xbb\xbf{"prompt":"bom"}', b'{"prompt":NaN}',
-    b'{"prompt":5}', b'{"prompt":{"a":1}}', b'{"prompt":true}',  # types the decoder refuses
-    b'{"messages":[{"role":1.5,"content":"x"}]}', b'{"messages":[{"role":"u","content":[{"x":1e3}]}]}',
-    b'{"messages":[{"role":"u","name":0.0,"content":"x"}]}', b'{"messages":1.5}',
+    b"",
+    b" ",
+    b"[]",
+    b'"x"',
+    b"null",
+    b"{",
+    b"}",
+    b"{]",
+    b'{"messages":}',
+    b'{"messages":[1,]}',
+    b'{"messages":[{"role":"u",}]}',
+    b'{"messages" [1]}',
+    b'{messages:[1]}',
+    b'{"messages":[1] x}',
+    b'{"messages":[1]}{}',
+    b'{"prompt":01}',
+    b'{"prompt":1.}',
+    b'{"prompt":-}',
+    b'{"prompt":tru}',
+    b'{"prompt":"\\a"}',
+    b'{"prompt":"\\u12"}',
+    b'{"prompt":"\\ud800"}',
+    b'{"prompt":"\\udc00x"}',
+    b'{"prompt":"\\ud800\\u0041"}',
+    b'{"prompt":"a\x01b"}',
+    b'{"prompt":"\xff"}',
+    b'{"prompt":"\xc3"}',
+    b'{"prompt":"\xed\xa0\x80"}',
+    b'{"prompt":"\xc0\xaf"}',
+    b'{"prompt":"\xf4\x90\x80\x80"}',
+    b'{"prompt":"unterminated',
+    b'\xef\xbb\xbf{"prompt":"bom"}',
+    b'{"prompt":NaN}',
+    b'{"prompt":5}',
+    b'{"prompt":{"a":1}}',
+    b'{"prompt":true}',  # types the decoder refuses
+    b'{"messages":[{"role":1.5,"content":"x"}]}',
+    b'{"messages":[{"role":"u","content":[{"x":1e3}]}]}',
+    b'{"messages":[{"role":"u","name":0.0,"content":"x"}]}',
+    b'{"messages":1.5}',
     b'{"messages":[{"role":"u","tool_calls":[18446744073709551616]}]}',
     b'{"messages":[{"role":"u","tool_calls":[-9223372036854775809]}]}',
     b'{"messages":' + b"[" * 70 + b"]" * 70 + b"}",
@@ -337,10 +457,16 @@ def test_nesting_within_the_bound_is_taken():
 
 
 def test_every_truncation_of_a_body_gives_none():
-    body = orjson.dumps({"model": MODEL, "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "héllo \"x\"\n"}], "name": "a"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "args": [1, True, None]}]}],
-        "prompt": [1, 2]})
+    body = orjson.dumps(
+        {
+            "model": MODEL,
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "héllo \"x\"\n"}], "name": "a"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "args": [1, True, None]}]},
+            ],
+            "prompt": [1, 2],
+        }
+    )
     assert scanned(body) == reference(body)
     for n in range(len(body)):
         assert blockscan.hash_body(body[:n], HASHER, MODEL) is None
@@ -363,9 +489,16 @@ def test_corrupted_bodies_fall_back_or_match_what_still_decodes(data):
 
 
 @settings(max_examples=300, deadline=None)
-@given(raw=st.binary(max_size=200) | st.builds(lambda a, b: a + b, st.sampled_from(
-    [b'{"messages":[{"role":"', b'{"prompt":[', b'{"messages":[{"content":[{"type":"text","text":"']),
-    st.binary(max_size=60)))
+@given(
+    raw=st.binary(max_size=200)
+    | st.builds(
+        lambda a, b: a + b,
+        st.sampled_from(
+            [b'{"messages":[{"role":"', b'{"prompt":[', b'{"messages":[{"content":[{"type":"text","text":"']
+        ),
+        st.binary(max_size=60),
+    )
+)
 def test_arbitrary_bytes_fall_back_or_match_what_still_decodes(raw):
     try:
         expected = render_prompt(decoded(raw))
@@ -379,6 +512,7 @@ def test_arbitrary_bytes_fall_back_or_match_what_still_decodes(raw):
 
 
 # -- large bodies ------------------------------------------------------------------------
+
 
 def _chat_body(kib: int, parts: bool = False) -> bytes:
     rng = random.Random(kib)
@@ -405,9 +539,13 @@ def test_large_bodies(kib):
 def test_long_runs_of_another_script_in_both_encodings(ensure_ascii):
     rng = random.Random(5)
     chars = "日本語の文章はここにありますテストキャッシュ한국어😀é"
-    messages = [{"role": "user" if i % 2 else "assistant",
-                 "content": "".join(rng.choice(chars) + ("\n" if rng.random() < 0.02 else "") for _ in range(3000))}
-                for i in range(30)]
+    messages = [
+        {
+            "role": "user" if i % 2 else "assistant",
+            "content": "".join(rng.choice(chars) + ("\n" if rng.random() < 0.02 else "") for _ in range(3000)),
+        }
+        for i in range(30)
+    ]
     body = json.dumps({"model": MODEL, "messages": messages}, ensure_ascii=ensure_ascii).encode()
     assert len(body) > 200 * 1024
     assert_same(body)

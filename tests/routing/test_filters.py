@@ -55,7 +55,7 @@ def test_excluded_takes_any_container():
 
 
 def test_saturated_reads_fresh_gauges_only():
-    a, = make_pool(1).endpoints
+    (a,) = make_pool(1).endpoints
     f = Saturated(5.0, 0.8)
     a.waiting, a.scraped_at = 5.0, time.monotonic()
     assert _verdict(f, a, _pick()) == "saturated"
@@ -68,7 +68,7 @@ def test_saturated_reads_fresh_gauges_only():
 
 
 def test_full_counts_other_replicas_against_the_learned_batch():
-    a, = make_pool(1).endpoints
+    (a,) = make_pool(1).endpoints
     assert _verdict(Full(), a, _pick()) == "keep"  # no batch learned
     a.running_cap, a.inflight = 4.0, 3
     assert _verdict(Full(), a, _pick()) == "keep"
@@ -77,7 +77,7 @@ def test_full_counts_other_replicas_against_the_learned_batch():
 
 
 def test_the_load_is_engine_waiting_on_fresh_gauges_plus_gateway_in_flight():
-    a, = make_pool(1).endpoints
+    (a,) = make_pool(1).endpoints
     a.inflight, a.waiting = 3, 2.0
     assert EngineLoad().score(a, _pick()) == 3.0  # never scraped
     a.scraped_at = time.monotonic()

@@ -26,6 +26,7 @@ def _prompt(nbytes: int, fill: int = 0) -> bytes:
 
 # -- hashing ---------------------------------------------------------------------------
 
+
 def test_only_full_blocks_are_hashed():
     h = PrefixHasher(BLOCK)
     assert len(h.hash(b"", "m")) == 0
@@ -105,8 +106,9 @@ def test_stable_across_processes():
     outs = set()
     for seed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        out = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
-                             timeout=60, env=env, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=60, env=env, check=True
+        ).stdout
         outs.add(out)
     data = bytes((i * 31) % 251 for i in range(64 * 6 + 10))
     here = f"{PrefixHasher(64).hash(data, 'llama').tolist()} {hash_bytes(b'session-1')}\n"
@@ -135,8 +137,9 @@ def _digest_isas() -> list[str]:
         isas.append("avx2")
     except ValueError:
         # A GCC build on an x86-64 CPU with AVX2 must take it (CI's and ours do).
-        assert not (_cpu_has_avx2() and sys.platform == "linux" and os.uname().machine == "x86_64"
-                    and "GCC" in sys.version)
+        assert not (
+            _cpu_has_avx2() and sys.platform == "linux" and os.uname().machine == "x86_64" and "GCC" in sys.version
+        )
     return isas
 
 
@@ -149,8 +152,14 @@ def test_the_block_digest_is_the_same_in_avx2_sse2_and_plain_c():
         for _ in range(200):
             block = bytes(rnd.getrandbits(8) for _ in range(n))
             assert len({block_digest(block, isa) for isa in isas}) == 1
-    edge = [b"\x00" * 64, b"\xff" * 64, bytes(range(64)), b"\xff\xff\xff\xff" + b"\x00" * 60,
-            b"\x00" * 60 + b"\xff\xff\xff\xff", (b"\x00" * 7 + b"\x80") * 8]
+    edge = [
+        b"\x00" * 64,
+        b"\xff" * 64,
+        bytes(range(64)),
+        b"\xff\xff\xff\xff" + b"\x00" * 60,
+        b"\x00" * 60 + b"\xff\xff\xff\xff",
+        (b"\x00" * 7 + b"\x80") * 8,
+    ]
     for isa in isas:
         assert [block_digest(b, isa) for b in edge] == [block_digest(b, "c") for b in edge]
     assert len({block_digest(b) for b in edge}) == len(edge)
@@ -185,14 +194,16 @@ def test_hashing_gives_the_same_keys_with_and_without_avx2():
     outs = {}
     for isa in ("auto", "sse2"):
         env = dict(os.environ, VELOCITY_HASH_ISA=isa)
-        outs[isa] = subprocess.run([sys.executable, "-c", _ISA_CHILD], capture_output=True, text=True,
-                                   timeout=60, env=env, check=True).stdout
+        outs[isa] = subprocess.run(
+            [sys.executable, "-c", _ISA_CHILD], capture_output=True, text=True, timeout=60, env=env, check=True
+        ).stdout
     assert outs["auto"] == outs["sse2"]
     lines = outs["auto"].splitlines()
     assert len(lines) == 6 and all(len(eval(line)) >= 100 for line in lines)
 
 
 # -- index -------------------------------------------------------------------------------
+
 
 def _chain(n: int, fill: int = 0) -> BlockHashes:
     return PrefixHasher(BLOCK).hash(_prompt(64 * n, fill), "m")
@@ -201,9 +212,9 @@ def _chain(n: int, fill: int = 0) -> BlockHashes:
 def test_index_matches_leading_blocks_of_every_endpoint_in_one_pass():
     ix = PrefixIndex(1000)
     full = _chain(10)
-    ix.touch("a", full)                                   # all 10 blocks
-    ix.touch("b", BlockHashes.of(full.tolist()[:4]))      # the first 4
-    ix.touch("c", _chain(10, fill=7))                     # another prompt
+    ix.touch("a", full)  # all 10 blocks
+    ix.touch("b", BlockHashes.of(full.tolist()[:4]))  # the first 4
+    ix.touch("c", _chain(10, fill=7))  # another prompt
     matched = ix.match(full)
     assert matched[ix.slot_of("a")] == 10
     assert matched[ix.slot_of("b")] == 4
@@ -228,8 +239,8 @@ def test_index_stays_within_its_bound_and_evicts_least_recently_used_first():
     for k in keys[:5]:
         ix.touch("a", k)
     assert ix.size("a") == 5 and len(ix) == 5
-    ix.touch("a", keys[0])            # 1 is now the most recent; 2 is the oldest
-    ix.touch("a", keys[5])            # inserting 6 evicts 2
+    ix.touch("a", keys[0])  # 1 is now the most recent; 2 is the oldest
+    ix.touch("a", keys[5])  # inserting 6 evicts 2
     assert ix.lru_keys("a") == [6, 1, 5, 4, 3]
     ix.touch("a", keys[6])
     ix.touch("a", keys[7])
@@ -302,6 +313,7 @@ def test_churn_keeps_tables_consistent():
 
 
 # -- the chat scoring kernel ------------------------------------------------------------
+
 
 class _Ep:
     def __init__(self, name):

@@ -27,10 +27,20 @@ def test_text_parts_render_like_plain_content_and_media_by_reference():
     plain = render_prompt({"messages": [{"role": "user", "content": "hello"}]})
     parts = render_prompt({"messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]})
     assert plain == parts
-    img1 = render_prompt({"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})
-    img2 = render_prompt({"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,BBBB"}}]}]})
+    img1 = render_prompt(
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}
+            ]
+        }
+    )
+    img2 = render_prompt(
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,BBBB"}}]}
+            ]
+        }
+    )
     assert img1 != img2 and b"AAAA" in img1
 
 
@@ -43,8 +53,7 @@ def test_roles_and_message_boundaries_are_part_of_the_rendering():
 
 def test_tool_calls_and_names_are_rendered():
     base = {"role": "assistant", "content": None}
-    with_call = dict(base, tool_calls=[{"id": "1", "type": "function",
-                                        "function": {"name": "f", "arguments": "{}"}}])
+    with_call = dict(base, tool_calls=[{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}])
     assert render_prompt({"messages": [base]}) != render_prompt({"messages": [with_call]})
     named = render_prompt({"messages": [{"role": "user", "name": "ann", "content": "x"}]})
     assert b"ann" in named
@@ -73,14 +82,23 @@ def test_decoded_structs_render_like_dicts():
 def test_the_gateways_request_with_raw_messages_renders_like_the_decoded_body():
     # The gateway keeps each message as raw JSON (ProxyRequest): the rendering, and so the
     # route, must not change for it, key order and spacing included.
-    body = (b'{"model":"m","messages":[{"role":"system","content":"be brief"},'
-            b'{ "content" : [{"type":"text","text":"hi"}], "role":"user", "name":"ann"}]}')
+    body = (
+        b'{"model":"m","messages":[{"role":"system","content":"be brief"},'
+        b'{ "content" : [{"type":"text","text":"hi"}], "role":"user", "name":"ann"}]}'
+    )
     r = decode_proxy(body, chat=True)
     assert render_prompt(r) == render_prompt(orjson.loads(body)) != b""
 
 
 def test_odd_input_renders_without_raising():
-    for body in [None, {}, {"messages": "not a list"}, {"messages": [{"content": 5}]},
-                 {"prompt": 12}, {"prompt": [-1, 2]}, {"prompt": [True]},
-                 {"messages": [{"role": "user", "content": [{"type": "image_url"}, {"x": object()}]}]}]:
+    for body in [
+        None,
+        {},
+        {"messages": "not a list"},
+        {"messages": [{"content": 5}]},
+        {"prompt": 12},
+        {"prompt": [-1, 2]},
+        {"prompt": [True]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}, {"x": object()}]}]},
+    ]:
         assert isinstance(render_prompt(body), bytes)

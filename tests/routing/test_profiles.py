@@ -102,8 +102,9 @@ def picks(r, pool, info, n, has_room=None):
 
 
 def test_chosen_per_model_in_the_config_or_per_request_by_header():
-    settings = RoutingSettings.from_config({"seed": 1}, {"rr": {"profile": "round-robin"},
-                                                         "ll": {"profile": "least-loaded"}})
+    settings = RoutingSettings.from_config(
+        {"seed": 1}, {"rr": {"profile": "round-robin"}, "ll": {"profile": "least-loaded"}}
+    )
     r = Router(settings, registry=Registry())
     assert r.route_info("rr", {"prompt": "x"}, {}).profile == "round-robin"
     assert r.route_info("ll", {"prompt": "x"}, {}).profile == "least-loaded"

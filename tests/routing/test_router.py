@@ -26,6 +26,7 @@ def chat(user, system=SYSTEM):
 
 # -- filters -------------------------------------------------------------------------
 
+
 def test_unhealthy_and_at_limit_endpoints_are_never_picked():
     pool = make_pool(4)
     pool.endpoints[0].healthy = False
@@ -72,8 +73,8 @@ def test_no_endpoint_when_none_is_healthy_with_room():
 
 def test_saturated_endpoints_are_filtered_out():
     pool = make_pool(3)
-    scrape(pool.endpoints[0], waiting=9)          # queue past 5
-    scrape(pool.endpoints[1], kv=0.95)            # KV past 0.8
+    scrape(pool.endpoints[0], waiting=9)  # queue past 5
+    scrape(pool.endpoints[1], kv=0.95)  # KV past 0.8
     scrape(pool.endpoints[2], waiting=1, kv=0.5)
     r = router(default_profile="batch")
     info = r.route_info("m", {"prompt": "hi"}, {})
@@ -89,7 +90,7 @@ def test_filter_fails_open_when_saturation_would_remove_every_endpoint():
     r = router(default_profile="batch")
     info = r.route_info("m", {"prompt": "hi"}, {})
     ep = r.pick(pool, info)
-    assert ep is pool.endpoints[1]                # the shortest queue among the saturated
+    assert ep is pool.endpoints[1]  # the shortest queue among the saturated
     assert r.stats()["fail_open"] == 1
     # Failing open never brings back an endpoint that is at its limit or unhealthy.
     assert r.pick(pool, info, lambda e: e.name == "e0") is pool.endpoints[0]
@@ -135,6 +136,7 @@ def test_stale_metrics_are_ignored_and_do_not_filter():
 
 
 # -- profiles ------------------------------------------------------------------------
+
 
 def test_profile_from_header_then_model_config_then_default():
     r = router(default_profile="batch", profiles={"big": "long-context"})
@@ -187,11 +189,12 @@ def test_ties_are_broken_at_random():
 
 # -- the hot-spot guard -----------------------------------------------------------------
 
+
 def _affine_setup(gap):
     pool = make_pool(3)
     r = router(hotspot_gap=gap)
     info = r.route_info("m", chat("q"), {})
-    r.on_dispatch(pool.endpoints[0], info)       # e0 holds this prompt's blocks
+    r.on_dispatch(pool.endpoints[0], info)  # e0 holds this prompt's blocks
     return pool, r, info
 
 
@@ -201,9 +204,9 @@ def test_hot_spot_guard_takes_over_past_the_threshold_and_not_before(gap):
     hot, a, b = pool.endpoints
     a.inflight = 1
     b.inflight = 2
-    hot.inflight = int(gap) + 1                   # gap to the least loaded (a): exactly the threshold
+    hot.inflight = int(gap) + 1  # gap to the least loaded (a): exactly the threshold
     assert {r.pick(pool, info).name for _ in range(20)} == {"e0"}
-    hot.inflight = int(gap) + 2                   # one past it: load wins
+    hot.inflight = int(gap) + 2  # one past it: load wins
     assert {r.pick(pool, info).name for _ in range(20)} == {"e1"}
     picks = r.stats()["picks"]["chat"]
     assert picks == {"prefix": 20, "hotspot": 20}
@@ -211,7 +214,7 @@ def test_hot_spot_guard_takes_over_past_the_threshold_and_not_before(gap):
 
 def test_hot_spot_guard_counts_the_engine_queue_too():
     pool, r, info = _affine_setup(4.0)
-    scrape(pool.endpoints[0], waiting=4)          # 4 waiting + 1 in flight = 5 > 0 + 4
+    scrape(pool.endpoints[0], waiting=4)  # 4 waiting + 1 in flight = 5 > 0 + 4
     pool.endpoints[0].inflight = 1
     assert r.pick(pool, info) is not pool.endpoints[0]
 
@@ -221,12 +224,12 @@ def test_with_fresh_gauges_the_guard_spills_on_the_engine_queue_not_on_running_r
     hot, a, b = pool.endpoints
     for ep in pool.endpoints:
         scrape(ep)
-    hot.inflight = 12                             # past the gap, but all running: no queue
+    hot.inflight = 12  # past the gap, but all running: no queue
     a.inflight, b.inflight = 1, 2
     assert {r.pick(pool, info).name for _ in range(20)} == {"e0"}
-    scrape(hot, waiting=1)                        # one waiting: below hotspot_waiting (2)
+    scrape(hot, waiting=1)  # one waiting: below hotspot_waiting (2)
     assert {r.pick(pool, info).name for _ in range(20)} == {"e0"}
-    scrape(hot, waiting=2)                        # demand past what it runs: the best cool engine
+    scrape(hot, waiting=2)  # demand past what it runs: the best cool engine
     assert {r.pick(pool, info).name for _ in range(20)} == {"e1"}
     assert r.stats()["picks"]["chat"] == {"prefix": 40, "hotspot": 20}
 
@@ -239,13 +242,13 @@ def test_a_spilled_prefix_stays_on_the_engines_it_was_spread_over():
     scrape(hot, waiting=3)
     hot.inflight, a.inflight, b.inflight = 12, 0, 1
     first = r.pick(pool, info)
-    assert first is a                              # the least loaded: neither holds the prefix
+    assert first is a  # the least loaded: neither holds the prefix
     r.on_dispatch(a, info)
-    a.inflight = 4                                 # now b is the least loaded, but a holds the prefix
+    a.inflight = 4  # now b is the least loaded, but a holds the prefix
     assert {r.pick(pool, info).name for _ in range(20)} == {"e1"}
-    scrape(a, waiting=2)                           # a queues too: the prefix grows onto b
+    scrape(a, waiting=2)  # a queues too: the prefix grows onto b
     assert {r.pick(pool, info).name for _ in range(20)} == {"e2"}
-    scrape(hot)                                    # e0's queue drained: back to the owner
+    scrape(hot)  # e0's queue drained: back to the owner
     assert {r.pick(pool, info).name for _ in range(20)} == {"e0"}
 
 
@@ -266,20 +269,20 @@ def test_the_guard_spills_only_a_prefix_past_one_engines_share_of_the_traffic():
     r.on_dispatch(e0, cold)
     for ep in pool.endpoints:
         scrape(ep)
-    scrape(e0, waiting=3)                       # e0 queues
+    scrape(e0, waiting=3)  # e0 queues
     e0.inflight = 3
     others = [r.route_info("m", chat(f"q{i}", system=f"Tenant {i}'s own prompt. " * 60), {}) for i in range(8)]
-    for i in range(20):                         # the pool's traffic so far: other prefixes
+    for i in range(20):  # the pool's traffic so far: other prefixes
         r.pick(pool, others[i % 8])
     picks = []
-    for i in range(40):                         # the cold prefix is one request in five
+    for i in range(40):  # the cold prefix is one request in five
         if i % 5 == 0:
             picks.append(r.pick(pool, cold).name)
         else:
             r.pick(pool, others[i % 8])
-    assert set(picks) == {"e0"}                 # within one engine's share: it stays with its cache
+    assert set(picks) == {"e0"}  # within one engine's share: it stays with its cache
     hot = [r.pick(pool, cold).name for _ in range(100)]
-    assert "e1" in hot                          # now most of the traffic: it spills
+    assert "e1" in hot  # now most of the traffic: it spills
 
 
 def test_within_the_gap_load_still_weighs_against_partial_affinity():
@@ -289,7 +292,7 @@ def test_within_the_gap_load_still_weighs_against_partial_affinity():
     r.on_dispatch(pool.endpoints[0], full)
     r.on_dispatch(pool.endpoints[1], r.route_info("m", chat("z" * 600), {}))
     # The system prompt is ~1/3 of the blocks: e1 shares it, e0 has everything.
-    pool.endpoints[0].inflight = 7                # below the gap, but costly: 7/8 * 0.5
+    pool.endpoints[0].inflight = 7  # below the gap, but costly: 7/8 * 0.5
     assert r.pick(pool, full) is pool.endpoints[1]
     pool.endpoints[0].inflight = 2
     assert r.pick(pool, full) is pool.endpoints[0]
@@ -297,12 +300,13 @@ def test_within_the_gap_load_still_weighs_against_partial_affinity():
 
 # -- the index follows the engines -----------------------------------------------------------
 
+
 def test_index_capacity_comes_from_num_gpu_blocks_when_known():
     pool = make_pool(2)
     r = router(index_capacity=100)
     info = r.route_info("m", {"prompt": "p" * 64 * 300}, {})
     e0, e1 = pool.endpoints
-    e0.num_gpu_blocks, e0.block_size = 50, 16      # 50 * 16 tokens * 4 bytes / 64 = 50 blocks
+    e0.num_gpu_blocks, e0.block_size = 50, 16  # 50 * 16 tokens * 4 bytes / 64 = 50 blocks
     r.pick(pool, info)
     r.on_dispatch(e0, info)
     r.on_dispatch(e1, info)
@@ -311,7 +315,7 @@ def test_index_capacity_comes_from_num_gpu_blocks_when_known():
     # index fills to within one such key of its capacity.
     assert sizes["e0"] == {"blocks": 50, "capacity": 50}
     assert sizes["e1"]["capacity"] == 100 and 100 - 16 < sizes["e1"]["blocks"] <= 100
-    e0.num_gpu_blocks = 200                         # the engine restarted bigger
+    e0.num_gpu_blocks = 200  # the engine restarted bigger
     r.on_dispatch(e0, info)
     e0_size = r.stats()["prefix_index"]["pools"]["m"]["endpoints"]["e0"]
     assert e0_size["capacity"] == 200 and 200 - 16 < e0_size["blocks"] <= 200
@@ -337,6 +341,7 @@ def test_forget_drops_an_endpoint_and_slots_are_reclaimed_from_departed_endpoint
 
 # -- visibility ----------------------------------------------------------------------------
 
+
 def test_metrics_and_stats_show_picks_hit_ratio_and_index_size():
     reg = Registry()
     r = Router(RoutingSettings(seed=1), registry=reg)
@@ -359,6 +364,7 @@ def test_metrics_and_stats_show_picks_hit_ratio_and_index_size():
 
 
 # -- router_core: the request path's typed classes ---------------------------------
+
 
 def small_pool(n=3):
     eps = []
@@ -461,6 +467,7 @@ def test_a_prompt_without_a_full_block_shares_one_route_info_and_a_longer_one_is
     with_session = r.route_info("m", Body(short), {SESSION_HEADER: "s"})
     assert with_session is not a and with_session.session == "s"
 
+
 def test_a_decoded_request_routes_as_any_body_of_the_same_prompt_whatever_came_before():
     """The router reads a decoded request's raw ``messages`` and ``prompt`` at their slots
     (learned from its type on first sight), any other body by attribute: the same prompt
@@ -489,8 +496,11 @@ def test_a_decoded_request_routes_as_any_body_of_the_same_prompt_whatever_came_b
         same = r.route_info("m", Body(msgspec.Raw(long)), None)
         assert info.nblocks == 5 and info.hashes.tolist() == same.hashes.tolist()
     completion = decode_proxy(b'{"model":"m","prompt":"' + b"p" * 300 + b'"}', chat=False)
-    assert r.route_info("m", completion, None).nblocks == r.route_info(
-        "m", Body(prompt=msgspec.Raw(b'"' + b"p" * 300 + b'"')), None).nblocks > 0
+    assert (
+        r.route_info("m", completion, None).nblocks
+        == r.route_info("m", Body(prompt=msgspec.Raw(b'"' + b"p" * 300 + b'"')), None).nblocks
+        > 0
+    )
 
 
 def test_staleness_is_judged_on_the_process_monotonic_clock():
@@ -498,12 +508,12 @@ def test_staleness_is_judged_on_the_process_monotonic_clock():
     # time.monotonic must be fresh or stale exactly as metrics_stale_s says.
     pool = small_pool(2)
     e0, e1 = pool.endpoints
-    e0.waiting, e0.scraped_at = 9.0, time.monotonic() - 1.0   # fresh and saturated
+    e0.waiting, e0.scraped_at = 9.0, time.monotonic() - 1.0  # fresh and saturated
     e1.inflight = 4
     r = batch_router(metrics_stale_s=2.0)
     info = r.route_info("m", {"prompt": "hi"}, {})
     assert r.pick(pool, info) is e1
-    e0.scraped_at = time.monotonic() - 3.0                     # stale: its queue is ignored
+    e0.scraped_at = time.monotonic() - 3.0  # stale: its queue is ignored
     assert r.pick(pool, info) is e0
     assert r.stats()["fail_open"] == 0
 
@@ -517,12 +527,12 @@ def test_a_hand_set_clock_is_obeyed_and_monotonic_can_be_restored():
     info = r.route_info("m", {"prompt": "hi"}, {})
     now = [101.0]
     r._clock = lambda: now[0]
-    assert r.pick(pool, info) is e1       # scraped a second ago on this clock: saturated
+    assert r.pick(pool, info) is e1  # scraped a second ago on this clock: saturated
     now[0] = 103.0
-    assert r.pick(pool, info) is e0       # three seconds: stale
+    assert r.pick(pool, info) is e0  # three seconds: stale
     r._clock = time.monotonic
     assert r._clock is time.monotonic
-    assert r.pick(pool, info) is e0       # 100.0 is long past on the process clock
+    assert r.pick(pool, info) is e0  # 100.0 is long past on the process clock
 
 
 def test_has_room_is_asked_only_of_healthy_endpoints_and_its_errors_propagate():

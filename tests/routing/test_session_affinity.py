@@ -73,9 +73,9 @@ def test_load_guard_sends_a_session_elsewhere_while_its_owner_is_hot():
     sid = "user-42"
     owner = _placement(r, pool, [sid])[sid]
     ep = next(e for e in pool.endpoints if e.name == owner)
-    ep.inflight = 4                              # exactly the gap: still the owner
+    ep.inflight = 4  # exactly the gap: still the owner
     assert _placement(r, pool, [sid])[sid] == owner
-    ep.inflight = 5                              # past it: somewhere else, for now
+    ep.inflight = 5  # past it: somewhere else, for now
     assert _placement(r, pool, [sid])[sid] != owner
     ep.inflight = 0
     assert _placement(r, pool, [sid])[sid] == owner
@@ -93,14 +93,17 @@ def test_owner_at_its_limit_is_skipped_without_remapping_the_session():
 
 def test_owner_is_the_same_in_every_process():
     # Gateway replicas must agree on the owner without talking to each other.
-    code = ("from velocity_fast.routing.session import SessionAffinity\n"
-            "class E:\n"
-            "    def __init__(self, n): self.name, self.healthy = n, True\n"
-            "eps = [E(f'engine-{i}') for i in range(5)]\n"
-            "a = SessionAffinity()\n"
-            "print([a.owner(a.key(f'user-{i}'), eps).name for i in range(50)])\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         check=True).stdout.strip()
+    code = (
+        "from velocity_fast.routing.session import SessionAffinity\n"
+        "class E:\n"
+        "    def __init__(self, n): self.name, self.healthy = n, True\n"
+        "eps = [E(f'engine-{i}') for i in range(5)]\n"
+        "a = SessionAffinity()\n"
+        "print([a.owner(a.key(f'user-{i}'), eps).name for i in range(50)])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.strip()
 
     class E:
         def __init__(self, n):

@@ -1,5 +1,6 @@
 """Large request bodies do not cost page faults: freed bodies stay in the heap
 (velocity_fast/server/heap.py), under `velocityllm serve` at its defaults."""
+
 from __future__ import annotations
 
 import http.client
@@ -15,9 +16,15 @@ from velocity_fast.server.heap import keep_freed_memory
 
 pytestmark = pytest.mark.timeout(120)
 
-BODY = json.dumps({"model": "fixed", "messages": [
-    {"role": "system", "content": "You answer briefly.\n" * 10},
-    {"role": "user", "content": "a 256 KiB prompt " * (256 * 1024 // 17)}]}).encode()
+BODY = json.dumps(
+    {
+        "model": "fixed",
+        "messages": [
+            {"role": "system", "content": "You answer briefly.\n" * 10},
+            {"role": "user", "content": "a 256 KiB prompt " * (256 * 1024 // 17)},
+        ],
+    }
+).encode()
 CLIENTS, PER_CLIENT = 8, 24
 
 
@@ -83,8 +90,9 @@ def test_large_bodies_do_not_fault_pages_in_at_defaults(upstream_port):
     kept, grown = _faults_per_request(upstream_port, {})
     # The same load with glibc's own thresholds (fixed at its 128 KiB default, as an
     # operator's MALLOC_* variables are left alone): every 256 KiB body is mapped afresh.
-    mapped, _ = _faults_per_request(upstream_port, {"MALLOC_MMAP_THRESHOLD_": "131072",
-                                                    "MALLOC_TRIM_THRESHOLD_": "131072"})
+    mapped, _ = _faults_per_request(
+        upstream_port, {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+    )
     assert mapped >= 32, f"{mapped:.1f} faults a request: the load no longer shows glibc's cost"
     assert kept <= 8, f"{kept:.1f} minor page faults a 256 KiB request (glibc's own thresholds: {mapped:.1f})"
     # The heap keeps what the busiest moment needed (8 bodies in flight), no more.

@@ -38,8 +38,7 @@ async def test_request_fields_reach_the_handler():
     seen, handler = _recorder()
 
     async with serving(handler) as srv, connect(srv) as c:
-        c.send(b"GET /a/b?q=1&r=2 HTTP/1.1\r\nHost: t\r\nX-Tag: one\r\nx-tag: two\r\n"
-               b"Content-Type: text/plain\r\n\r\n")
+        c.send(b"GET /a/b?q=1&r=2 HTTP/1.1\r\nHost: t\r\nX-Tag: one\r\nx-tag: two\r\nContent-Type: text/plain\r\n\r\n")
         r = await c.response()
     assert r.status == 200 and r.body == b"ok" and r.headers["content-type"] == "text/plain"
     req = seen[0]
@@ -59,11 +58,17 @@ async def test_a_repeated_header_with_the_same_value_is_joined_too():
     assert seen[0].headers["x-tag"] == "same, same, other"
 
 
-@pytest.mark.parametrize("header, ours", [
-    (b"", False), (b"X-Tag: 1\r\nx-velocityx: 1\r\nx-request-idx: 1\r\n", False),
-    (b"X-Velocity-Priority: high\r\n", True), (b"x-request-id: abc\r\n", True),
-    (b"X-Session-ID: s1\r\n", True), (b"x-velocity-: 1\r\n", False),
-])
+@pytest.mark.parametrize(
+    "header, ours",
+    [
+        (b"", False),
+        (b"X-Tag: 1\r\nx-velocityx: 1\r\nx-request-idx: 1\r\n", False),
+        (b"X-Velocity-Priority: high\r\n", True),
+        (b"x-request-id: abc\r\n", True),
+        (b"X-Session-ID: s1\r\n", True),
+        (b"x-velocity-: 1\r\n", False),
+    ],
+)
 async def test_the_request_says_whether_it_carries_a_header_the_gateway_reads(header, ours):
     # The proxy path looks up x-velocity-*, x-request-id and x-session-id only when the
     # request has one; a request llhttp parsed (split across reads) always says True.
@@ -96,9 +101,14 @@ async def test_pipelined_requests_are_answered_in_order_even_when_the_first_is_s
         bodies = [(await c.response()).body for _ in range(3)]
     assert bodies == [b"/slow", b"/fast1", b"/fast2"]
     # A later handler does not start before the earlier response is out.
-    assert order == [("start", "/slow"), ("end", "/slow"), ("start", "/fast1"), ("end", "/fast1"),
-                     ("start", "/fast2"), ("end", "/fast2")]
-
+    assert order == [
+        ("start", "/slow"),
+        ("end", "/slow"),
+        ("start", "/fast1"),
+        ("end", "/fast1"),
+        ("start", "/fast2"),
+        ("end", "/fast2"),
+    ]
 
 
 async def test_headers_read_late_are_each_requests_own_repeats_joined():
@@ -109,13 +119,16 @@ async def test_headers_read_late_are_each_requests_own_repeats_joined():
         resp.send_json(200, {"headers": req.headers, "tag": req.header("x-tag"), "none": req.header("x-no")})
 
     async with serving(handler) as srv, connect(srv) as c:
-        c.send(build("GET", "/a", headers={"X-Tag": "one", "Accept": "a/b"})
-               + b"GET /b HTTP/1.1\r\nhost: h\r\nx-tag: two\r\nX-TAG:  three\r\n\r\n"
-               + build("POST", "/c", b"{}", headers={"x-tag": "four"}))
+        c.send(
+            build("GET", "/a", headers={"X-Tag": "one", "Accept": "a/b"})
+            + b"GET /b HTTP/1.1\r\nhost: h\r\nx-tag: two\r\nX-TAG:  three\r\n\r\n"
+            + build("POST", "/c", b"{}", headers={"x-tag": "four"})
+        )
         got = [orjson.loads((await c.response()).body) for _ in range(3)]
     assert [g["tag"] for g in got] == ["one", "two, three", "four"]
     assert got[0]["headers"]["accept"] == "a/b" and got[1]["headers"] == {"host": "h", "x-tag": "two, three"}
     assert got[2]["headers"]["content-length"] == "2" and all(g["none"] is None for g in got)
+
 
 async def test_a_read_holding_a_whole_request_and_the_start_of_the_next_gives_both_whole():
     # The first request is scanned in the read buffer and its body copied out; the next
@@ -125,11 +138,12 @@ async def test_a_read_holding_a_whole_request_and_the_start_of_the_next_gives_bo
         await asyncio.sleep(0.05)
         resp.send_json(200, {"body": req.body.decode("latin-1"), "tag": req.header("x-tag")})
 
-    first = bytes(range(32, 127)) * 200          # 19,000 bytes
+    first = bytes(range(32, 127)) * 200  # 19,000 bytes
     second = b"z" * 6000 + b"\xff" * 6000
     async with serving(handler) as srv, connect(srv) as c:
-        two = build("POST", "/a", first, headers={"X-Tag": "one"}) + build("POST", "/b", second,
-                                                                             headers={"X-Tag": "two"})
+        two = build("POST", "/a", first, headers={"X-Tag": "one"}) + build(
+            "POST", "/b", second, headers={"X-Tag": "two"}
+        )
         cut = len(two) - 6000
         c.send(two[:cut])
         await asyncio.sleep(0.1)
@@ -169,17 +183,22 @@ async def test_content_length_and_chunked_bodies_arrive_whole():
         c.send(build("POST", "/cl", big))
         r = await c.response()
         assert r.json()["body"].encode("latin-1") == big
-        c.send(b"POST /chunked HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
-               + chunked(b"hello ", b"chunked ", b"world"))
+        c.send(
+            b"POST /chunked HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + chunked(b"hello ", b"chunked ", b"world")
+        )
         assert (await c.response()).json()["body"] == "hello chunked world"
 
 
 async def test_a_body_sent_in_small_pieces_arrives_whole():
     async with serving(echo) as srv, connect(srv) as c:
-        raw = (b"POST /p HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
-               + chunked(b"a" * 100, b"b" * 50) + build("POST", "/q", b"tail"))
+        raw = (
+            b"POST /p HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + chunked(b"a" * 100, b"b" * 50)
+            + build("POST", "/q", b"tail")
+        )
         for i in range(0, len(raw), 7):
-            c.send(raw[i:i + 7])
+            c.send(raw[i : i + 7])
             await c.writer.drain()
         assert (await c.response()).json()["body"] == "a" * 100 + "b" * 50
         assert (await c.response()).json()["body"] == "tail"
@@ -204,8 +223,7 @@ async def test_100_continue_waits_for_the_response_ahead_of_it():
         await echo(req, resp)
 
     async with serving(handler) as srv, connect(srv) as c:
-        c.send(build("GET", "/slow")
-               + build("POST", "/e", None, {"Expect": "100-continue", "Content-Length": "2"}))
+        c.send(build("GET", "/slow") + build("POST", "/e", None, {"Expect": "100-continue", "Content-Length": "2"}))
         # The 100 must not interleave with (or come before) the slow response.
         assert await c.closed(timeout=0.2) is False
         release.set()
@@ -300,9 +318,19 @@ async def test_head_gets_the_headers_of_get_without_a_body():
 async def test_an_upgrade_request_is_answered_as_plain_http():
     # What `curl --http2` sends to an http:// URL: the server may ignore the upgrade.
     async with serving(echo) as srv, connect(srv) as c:
-        c.send(build("GET", "/up", None, {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c",
-                                          "HTTP2-Settings": "AAMAAABkAAQAoAAAAAIAAAAA"})
-               + build("GET", "/after-up"))
+        c.send(
+            build(
+                "GET",
+                "/up",
+                None,
+                {
+                    "Connection": "Upgrade, HTTP2-Settings",
+                    "Upgrade": "h2c",
+                    "HTTP2-Settings": "AAMAAABkAAQAoAAAAAIAAAAA",
+                },
+            )
+            + build("GET", "/after-up")
+        )
         r = await c.response()
         assert r.status == 200 and r.json()["path"] == "/up"
         assert (await c.response()).json()["path"] == "/after-up"
@@ -320,8 +348,10 @@ async def test_requests_pipelined_after_connection_close_do_not_destroy_its_answ
     async with serving(handler, max_pipelined=2) as srv:
         for _ in range(3):
             async with connect(srv, rcvbuf=65536) as c:
-                c.send(build("GET", "/big", headers={"Connection": "close"})
-                       + b"".join(build("POST", f"/{i}", b"x" * 1000) for i in range(2000)))
+                c.send(
+                    build("GET", "/big", headers={"Connection": "close"})
+                    + b"".join(build("POST", f"/{i}", b"x" * 1000) for i in range(2000))
+                )
                 await asyncio.sleep(0.1)  # the client is slow to read
                 r = await c.response()
                 assert r.status == 200 and r.body == big

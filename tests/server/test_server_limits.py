@@ -12,8 +12,14 @@ from tests.support.server_wire import assert_error_shape, build, connect, echo, 
 # Small limits so that each test runs in a fraction of a second.
 # An idle connection opened first stands by through each test: its first byte may wait
 # (tests/reliability/test_first_byte.py holds that timeout).
-LIMITS = dict(max_body_bytes=1000, max_header_bytes=2048, header_timeout=0.2, body_timeout=0.2,
-              keepalive_timeout=5.0, first_byte_timeout=5.0)
+LIMITS = dict(
+    max_body_bytes=1000,
+    max_header_bytes=2048,
+    header_timeout=0.2,
+    body_timeout=0.2,
+    keepalive_timeout=5.0,
+    first_byte_timeout=5.0,
+)
 
 
 async def test_body_over_the_limit_by_content_length_is_413():
@@ -241,8 +247,7 @@ async def test_requests_pipelined_ahead_of_a_bad_one_are_answered_then_the_400()
         await echo(req, resp)
 
     async with serving(handler, **LIMITS) as srv, connect(srv) as c:
-        c.send(build("GET", "/slow") + build("POST", "/second", b"2") + b"GARBAGE\r\n\r\n"
-               + build("GET", "/never"))
+        c.send(build("GET", "/slow") + build("POST", "/second", b"2") + b"GARBAGE\r\n\r\n" + build("GET", "/never"))
         await asyncio.sleep(0.05)
         release.set()
         first, second = await c.response(), await c.response()
@@ -279,8 +284,7 @@ async def test_connect_is_405():
 async def test_an_upgrade_request_with_a_body_is_400():
     # llhttp does not read such a body; parsed on, it could smuggle a request.
     async with serving(echo, **LIMITS) as srv, connect(srv) as c:
-        c.send(build("POST", "/u", build("GET", "/smuggled"),
-                     {"Connection": "Upgrade", "Upgrade": "h2c"}))
+        c.send(build("POST", "/u", build("GET", "/smuggled"), {"Connection": "Upgrade", "Upgrade": "h2c"}))
         assert_error_shape(await c.response(), 400)
         assert await c.closed()
         await still_serving(srv)
@@ -288,6 +292,7 @@ async def test_an_upgrade_request_with_a_body_is_400():
 
 async def test_many_bad_connections_at_once_leave_the_good_ones_alone():
     async with serving(echo, **LIMITS) as srv, connect(srv) as other:
+
         async def bad(i: int) -> int:
             async with connect(srv) as c:
                 c.send(b"\x00\x01garbage %d\r\n\r\n" % i)

@@ -1,4 +1,5 @@
 """server/reserve.py: a port held for workers, bound with SO_REUSEPORT and never listening."""
+
 from __future__ import annotations
 
 import socket

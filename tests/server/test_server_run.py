@@ -26,6 +26,7 @@ def test_a_service_that_sets_stop_runs_its_cleanup_and_exits_0():
 
         async def cleanup() -> None:
             log.append("cleaned")
+
         return cleanup
 
     assert run_until_signalled(main) == 0
@@ -96,6 +97,7 @@ def test_a_signal_during_a_slow_start_cancels_the_start_and_exits_0():
 
         async def cleanup() -> None:
             log.append("cleanup")  # never: the service did not start
+
         return cleanup
 
     assert run_until_signalled(main) == 0

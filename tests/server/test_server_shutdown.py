@@ -22,6 +22,7 @@ APP = Path(__file__).resolve().parents[1] / "support" / "server_sigterm_app.py"
 
 def streaming(chunks: int, interval: float, log: list | None = None):
     """A handler streaming `chunks` events `interval` s apart on /stream; echo elsewhere."""
+
     async def handler(req, resp):
         if req.path != "/stream":
             await echo(req, resp)
@@ -36,6 +37,7 @@ def streaming(chunks: int, interval: float, log: list | None = None):
             if log is not None:
                 log.append(type(e).__name__)
             raise
+
     return handler
 
 
@@ -107,9 +109,14 @@ async def test_an_event_stream_left_after_the_grace_ends_with_an_error_event_and
             rest = b"".join([x async for x in c.chunks()])  # a whole chunked body: its last chunk came
             events = [e for e in rest.split(b"\n\n") if e]
             assert events[-1] == b"data: [DONE]"
-            assert json.loads(events[-2].removeprefix(b"data: ")) == {"error": {
-                "message": "The server shut down before the response was complete.",
-                "type": "ServiceUnavailableError", "param": None, "code": 503}}
+            assert json.loads(events[-2].removeprefix(b"data: ")) == {
+                "error": {
+                    "message": "The server shut down before the response was complete.",
+                    "type": "ServiceUnavailableError",
+                    "param": None,
+                    "code": 503,
+                }
+            }
             assert all(e.startswith(b"data: ") and e[6:].isdigit() for e in events[:-2])
             assert await c.closed()
         assert log and srv.in_flight == 0 and srv.connections == 0 and srv.cut == 1
@@ -184,8 +191,8 @@ async def test_shutdown_twice_at_once_waits_for_the_same_end():
 
 async def _spawn(*args: str) -> tuple[asyncio.subprocess.Process, int]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(APP), *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable, str(APP), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), 20)
         if not line.startswith(b"listening "):
@@ -205,8 +212,10 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
         await proc.wait()
 
 
-@pytest.mark.parametrize("shape,sig", [("cleanup", signal.SIGTERM), ("servers", signal.SIGTERM),
-                                       ("context", signal.SIGTERM), ("servers", signal.SIGINT)])
+@pytest.mark.parametrize(
+    "shape,sig",
+    [("cleanup", signal.SIGTERM), ("servers", signal.SIGTERM), ("context", signal.SIGTERM), ("servers", signal.SIGINT)],
+)
 async def test_a_signal_finishes_in_flight_work_and_the_process_exits_0(shape, sig):
     proc, port = await _spawn(shape, "10", "0.03", "5")
     try:

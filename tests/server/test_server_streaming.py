@@ -25,8 +25,7 @@ async def test_sse_stream_is_chunked_with_event_stream_headers():
         assert r.headers["content-type"] == "text/event-stream"
         assert r.headers["cache-control"] == "no-cache"
         assert r.headers["transfer-encoding"] == "chunked" and r.headers["x-request-id"] == "r1"
-        assert r.chunks == [b'data: {"i": 0}\n\n', b'data: {"i": 1}\n\n', b'data: {"i": 2}\n\n',
-                            b"data: [DONE]\n\n"]
+        assert r.chunks == [b'data: {"i": 0}\n\n', b'data: {"i": 1}\n\n', b'data: {"i": 2}\n\n', b"data: [DONE]\n\n"]
         # The stream ended cleanly: the connection serves the next request.
         assert (await c.request("GET", "/again")).status == 200
 
@@ -80,8 +79,7 @@ async def test_a_slow_reader_pauses_the_producer_and_buffered_bytes_stay_bounded
         resp.end()
         done.set()
 
-    async with serving(handler, write_buffer_high=64 * 1024, sndbuf=16384) as srv, \
-            connect(srv, rcvbuf=16384) as c:
+    async with serving(handler, write_buffer_high=64 * 1024, sndbuf=16384) as srv, connect(srv, rcvbuf=16384) as c:
         c.send(build("GET", "/big"))
         await c.head()
         # The client reads nothing: the producer must stop, not fill memory.
@@ -104,7 +102,7 @@ async def test_a_slow_reader_pauses_the_producer_and_buffered_bytes_stay_bounded
             part = await c.chunk()
             if part is None:
                 break
-            assert part == chunk[:len(part)]
+            assert part == chunk[: len(part)]
             received += len(part)
             assert state["written"] - received <= bound
         assert received == total * len(chunk)
@@ -327,4 +325,3 @@ async def test_writing_after_the_end_is_refused_instead_of_corrupting_the_next_r
         assert (await c.request("GET", "/a")).chunks == [b"data: 1\n\n"]
         assert (await c.request("GET", "/b")).chunks == [b"data: 1\n\n"]
     assert errors == ["response finished", "response finished"]
-

@@ -1,4 +1,5 @@
 """The sim engine's HTTP surface, on real sockets, against what vLLM answers."""
+
 from __future__ import annotations
 
 import json
@@ -35,9 +36,18 @@ async def stream_events(eng, path, body, headers=None) -> tuple[int, dict, list[
 
 
 async def test_chat_stream_chunk_shapes(eng):
-    status, headers, events = await stream_events(eng, "/v1/chat/completions", {
-        "model": MODEL, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 4,
-        "stream": True, "stream_options": {"include_usage": True}}, {"x-request-id": "abc123"})
+    status, headers, events = await stream_events(
+        eng,
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Hello there"}],
+            "max_tokens": 4,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        {"x-request-id": "abc123"},
+    )
     assert status == 200
     assert headers["content-type"].startswith("text/event-stream")
     assert events[-1] == "[DONE]"
@@ -58,8 +68,9 @@ async def test_chat_stream_chunk_shapes(eng):
 
 
 async def test_stream_without_include_usage_has_no_usage_chunk(eng):
-    _, _, events = await stream_events(eng, "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True})
+    _, _, events = await stream_events(
+        eng, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True}
+    )
     chunks = [json.loads(e) for e in events[:-1]]
     assert events[-1] == "[DONE]"
     assert len(chunks) == 3 and all(c["choices"] for c in chunks)
@@ -67,9 +78,17 @@ async def test_stream_without_include_usage_has_no_usage_chunk(eng):
 
 
 async def test_completions_stream_with_continuous_usage(eng):
-    _, _, events = await stream_events(eng, "/v1/completions", {
-        "model": MODEL, "prompt": "Once upon a time", "max_tokens": 3, "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    _, _, events = await stream_events(
+        eng,
+        "/v1/completions",
+        {
+            "model": MODEL,
+            "prompt": "Once upon a time",
+            "max_tokens": 3,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        },
+    )
     chunks = [json.loads(e) for e in events[:-1]]
     assert events[-1] == "[DONE]"
     # no role chunk for completions; a text chunk per token, then the usage chunk
@@ -81,9 +100,15 @@ async def test_completions_stream_with_continuous_usage(eng):
 
 
 async def test_non_streaming_chat_has_usage_and_message(eng):
-    r = await post(eng, "/v1/chat/completions", {
-        "model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
-        "max_completion_tokens": 6})
+    r = await post(
+        eng,
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+            "max_completion_tokens": 6,
+        },
+    )
     assert r.status == 200
     body = r.json()
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
@@ -113,8 +138,12 @@ async def test_unknown_model_is_404_with_param_model(eng):
     r = await post(eng, "/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]})
     assert r.status == 404
     err = r.json()["error"]
-    assert err == {"message": "The model `nope` does not exist.", "type": "NotFoundError", "param": "model",
-                   "code": 404}
+    assert err == {
+        "message": "The model `nope` does not exist.",
+        "type": "NotFoundError",
+        "param": "model",
+        "code": 404,
+    }
 
 
 async def test_empty_model_means_the_default_one(eng):
@@ -122,20 +151,28 @@ async def test_empty_model_means_the_default_one(eng):
     assert r.status == 200 and r.json()["model"] == MODEL
 
 
-@pytest.mark.parametrize("body, needle", [
-    (b'{"messages": [', "truncated"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}', "max_tokens"),
-    (b'{"messages": []}', "messages"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": true}}',
-     "Stream options can only be defined when `stream=True`."),
-    (b'{"messages": [{"role": "user", "content": "x"}], "priority": 1}', "priority"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 600}', "cannot be greater than max_model_len"),
-    (b'{"messages": [{"role": "user", "content": "' + b"y" * 3000 + b'"}]}', "maximum context length"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}', "at least 1"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": -0.5}', "temperature must be non-negative"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', "temperature"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "stop": [1]}', "stop"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        (b'{"messages": [', "truncated"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}', "max_tokens"),
+        (b'{"messages": []}', "messages"),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": true}}',
+            "Stream options can only be defined when `stream=True`.",
+        ),
+        (b'{"messages": [{"role": "user", "content": "x"}], "priority": 1}', "priority"),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 600}',
+            "cannot be greater than max_model_len",
+        ),
+        (b'{"messages": [{"role": "user", "content": "' + b"y" * 3000 + b'"}]}', "maximum context length"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}', "at least 1"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "temperature": -0.5}', "temperature must be non-negative"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', "temperature"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "stop": [1]}', "stop"),
+    ],
+)
 async def test_bad_requests_are_400_in_vllm_shape(eng, body, needle):
     r = await post(eng, "/v1/chat/completions", body)
     assert r.status == 400
@@ -183,13 +220,28 @@ async def test_metrics_parse_with_vllm_names_and_labels(eng):
     r = await http_request(eng.port, "GET", "/metrics")
     assert r.status == 200 and r.headers["content-type"].startswith("text/plain")
     fams = {f.name: f for f in text_string_to_metric_families(r.body.decode())}
-    gauges = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-              "vllm:cache_config_info"]
-    counters = ["vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:prompt_tokens",
-                "vllm:generation_tokens", "vllm:num_preemptions", "vllm:request_success"]
-    hists = ["vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
-             "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
-             "vllm:request_prompt_tokens", "vllm:request_generation_tokens"]
+    gauges = [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:cache_config_info",
+    ]
+    counters = [
+        "vllm:prefix_cache_queries",
+        "vllm:prefix_cache_hits",
+        "vllm:prompt_tokens",
+        "vllm:generation_tokens",
+        "vllm:num_preemptions",
+        "vllm:request_success",
+    ]
+    hists = [
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+        "vllm:request_prompt_tokens",
+        "vllm:request_generation_tokens",
+    ]
     for name in gauges:
         assert fams[name].type == "gauge", name
     for name in counters:
@@ -207,8 +259,12 @@ async def test_metrics_parse_with_vllm_names_and_labels(eng):
     assert ttft_count[0] >= 1
 
 
-STORY = {"model": MODEL, "messages": [{"role": "user", "content": "A story, please"}], "max_tokens": 24,
-         "temperature": 0.7}
+STORY = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "A story, please"}],
+    "max_tokens": 24,
+    "temperature": 0.7,
+}
 
 
 async def test_sampling_fields_are_taken_and_a_stop_string_that_never_comes_changes_nothing(eng):
@@ -230,14 +286,15 @@ async def test_a_stop_string_ends_the_reply_before_it_as_vllm_does(eng):
     text = plain["choices"][0]["message"]["content"]
     words = text.split(" ")
     stop = " " + words[len(words) // 2]  # a word in the middle (words start with a space)
-    want = text[:text.index(stop)]
+    want = text[: text.index(stop)]
     r = (await post(eng, "/v1/chat/completions", {**STORY, "stop": ["never-there", stop]})).json()
     choice = r["choices"][0]
     assert choice["message"]["content"] == want and stop not in choice["message"]["content"]
     assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop
     assert 1 <= r["usage"]["completion_tokens"] < plain["usage"]["completion_tokens"]
-    status, _, events = await stream_events(eng, "/v1/chat/completions", {
-        **STORY, "stop": stop, "stream": True, "stream_options": {"include_usage": True}})
+    status, _, events = await stream_events(
+        eng, "/v1/chat/completions", {**STORY, "stop": stop, "stream": True, "stream_options": {"include_usage": True}}
+    )
     chunks = [json.loads(e) for e in events[:-1]]
     assert status == 200 and events[-1] == "[DONE]"
     streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
@@ -249,5 +306,5 @@ async def test_a_stop_string_ends_the_reply_before_it_as_vllm_does(eng):
     ctext = done["choices"][0]["text"]
     cstop = " " + ctext.split(" ")[2]
     c = (await post(eng, "/v1/completions", {"prompt": "A story, please", "max_tokens": 24, "stop": cstop})).json()
-    assert c["choices"][0]["text"] == ctext[:ctext.index(cstop)]
+    assert c["choices"][0]["text"] == ctext[: ctext.index(cstop)]
     assert c["choices"][0]["finish_reason"] == "stop" and c["choices"][0]["stop_reason"] == cstop

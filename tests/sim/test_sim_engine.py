@@ -1,5 +1,6 @@
 """The sim engine's step loop without HTTP: batching, KV waiting, preemption, aborts,
 step timing and determinism, driven through a recording sink."""
+
 from __future__ import annotations
 
 import asyncio
@@ -46,8 +47,15 @@ class RecordingSink:
 def make(cfg: SimConfig, text: str, max_tokens: int, failure: Failure | None = None):
     data = text.encode()
     sink = RecordingSink()
-    seq = Sequence(count_tokens(data), block_hashes(data, cfg.block_size, b"m"), max_tokens, "length",
-                   request_rng(cfg.seed, data), sink, failure)
+    seq = Sequence(
+        count_tokens(data),
+        block_hashes(data, cfg.block_size, b"m"),
+        max_tokens,
+        "length",
+        request_rng(cfg.seed, data),
+        sink,
+        failure,
+    )
     return seq, sink
 
 

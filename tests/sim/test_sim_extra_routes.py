@@ -1,6 +1,7 @@
 """The sim engine's routes beyond chat (sim/extra.py), asked directly: embeddings,
 detokenize (byte model and real tokenizer), GET /v1/models/{id}, and the Responses and
 Messages APIs whole and streamed, in vLLM's shapes, with their errors."""
+
 from __future__ import annotations
 
 import base64
@@ -65,8 +66,15 @@ def test_responses_whole_and_streamed(eng):
     assert r["object"] == "response" and r["status"] == "incomplete"  # cut by max_output_tokens, as vLLM's
     assert r["incomplete_details"] == {"reason": "max_output_tokens"}
     assert r["usage"]["output_tokens"] == 4 and r["usage"]["total_tokens"] == r["usage"]["input_tokens"] + 4
-    s, b = _post(eng, "/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
-                                        "max_output_tokens": 3, "stream": True})
+    s, b = _post(
+        eng,
+        "/v1/responses",
+        {
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+            "max_output_tokens": 3,
+            "stream": True,
+        },
+    )
     evs = _events(b)
     assert evs[0][0] == "response.created" and evs[-1][0] == "response.completed"
     assert [d["sequence_number"] for _, d in evs] == list(range(len(evs)))
@@ -86,8 +94,15 @@ def test_messages_whole_and_streamed_with_anthropic_errors(eng):
     assert m["usage"]["output_tokens"] == 5 and m["usage"]["input_tokens"] > 0
     s, b = _post(eng, "/v1/messages", {"model": MODEL, "messages": msgs, "max_tokens": 2, "stream": True})
     kinds = [k for k, _ in _events(b)]
-    assert kinds == ["message_start", "content_block_start", "content_block_delta", "content_block_delta",
-                     "content_block_stop", "message_delta", "message_stop"]
+    assert kinds == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
     assert _events(b)[5][1]["usage"]["output_tokens"] == 2
     s, b = _post(eng, "/v1/messages", {"model": MODEL, "messages": msgs})  # max_tokens is required
     assert s == 400 and json.loads(b)["type"] == "error"
@@ -96,8 +111,13 @@ def test_messages_whole_and_streamed_with_anthropic_errors(eng):
 
 
 def test_detokenize_inverts_tokenize_with_a_real_tokenizer(tmp_path):
-    path = subprocess.run([sys.executable, "-m", "velocity_fast.sim", "--write-tokenizer", str(tmp_path)],
-                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    path = subprocess.run(
+        [sys.executable, "-m", "velocity_fast.sim", "--write-tokenizer", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
     with sim_engine("--tokenizer", path, model=MODEL, time_scale=50) as e:
         text = render_text([5, 6, 7]).strip()  # words the written tokenizer knows
         s, b = _post(e, "/tokenize", {"prompt": text})

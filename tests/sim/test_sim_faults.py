@@ -1,4 +1,5 @@
 """Sim engine failures, determinism and lifecycle flags, on real sockets."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,8 +27,12 @@ async def stream(port: int, body: dict, path: str = "/v1/chat/completions"):
 
 def is_error_shape(obj: dict, status: int) -> bool:
     err = obj["error"]
-    return (set(err) == {"message", "type", "param", "code"} and err["code"] == status
-            and isinstance(err["message"], str) and err["type"])
+    return (
+        set(err) == {"message", "type", "param", "code"}
+        and err["code"] == status
+        and isinstance(err["message"], str)
+        and err["type"]
+    )
 
 
 async def test_fail_rate_errors_before_and_during_the_stream():
@@ -131,7 +136,7 @@ async def test_startup_delay_refuses_connections_until_loaded():
         t0 = time.monotonic()
         await asyncio.sleep(0.3)
         with socket.socket() as s:
-            assert s.connect_ex(("127.0.0.1", port)) != 0   # refused while "loading"
+            assert s.connect_ex(("127.0.0.1", port)) != 0  # refused while "loading"
         while time.monotonic() - t0 < 10:
             try:
                 r = await http_request(port, "GET", "/health", timeout=1)
@@ -145,14 +150,27 @@ async def test_startup_delay_refuses_connections_until_loaded():
 
 
 def test_bad_flags_exit_2_with_a_message():
-    out = subprocess.run([sys.executable, "-m", "velocity_fast.sim", "--port", "0", "--num-gpu-blocks", "4",
-                          "--max-model-len", "4096"], cwd=str(REPO), capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "velocity_fast.sim", "--port", "0", "--num-gpu-blocks", "4", "--max-model-len", "4096"],
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 2 and "--num-gpu-blocks" in out.stderr
 
 
 def test_vllm_launcher_flags_are_accepted():
-    with sim_engine("--served-model-name", "served", "--tensor-parallel-size", "2",
-                    "--gpu-memory-utilization", "0.9", "--enable-prefix-caching", model="org/model") as eng:
+    with sim_engine(
+        "--served-model-name",
+        "served",
+        "--tensor-parallel-size",
+        "2",
+        "--gpu-memory-utilization",
+        "0.9",
+        "--enable-prefix-caching",
+        model="org/model",
+    ) as eng:
         status, body = eng.get("/v1/models")
         (m,) = json.loads(body)["data"]
         assert status == 200 and m["id"] == "served" and m["root"] == "org/model"

@@ -1,6 +1,7 @@
 """The sim engine does what vLLM does with the common sampling fields, or refuses as vLLM
 does: n choices, logprobs in vLLM's shapes, vLLM's 400s for bad values and for features
 the sim does not implement, and a client that leaves is no error."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +26,7 @@ async def post(eng, path, body):
 
 
 async def stream_chunks(eng, path, body) -> list[dict]:
-    s = await open_request(eng.port, "POST", path, {**body, "stream": True,
-                                                    "stream_options": {"include_usage": True}})
+    s = await open_request(eng.port, "POST", path, {**body, "stream": True, "stream_options": {"include_usage": True}})
     try:
         events = [e async for e in s.events()]
     finally:
@@ -93,11 +93,16 @@ async def test_chat_logprobs_in_vllms_shape_whole_and_streamed(eng):
     _check_chat_entries(entries, 3)
     plain = (await post(eng, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 6, "logprobs": True})).json()
     _check_chat_entries(plain["choices"][0]["logprobs"]["content"], 0)
-    assert (await post(eng, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2})).json()[
-        "choices"][0]["logprobs"] is None
+    assert (await post(eng, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2})).json()["choices"][0][
+        "logprobs"
+    ] is None
     chunks = await stream_chunks(eng, "/v1/chat/completions", body)
-    streamed = [e for c in chunks if c["choices"] and c["choices"][0]["logprobs"]
-                for e in c["choices"][0]["logprobs"]["content"]]
+    streamed = [
+        e
+        for c in chunks
+        if c["choices"] and c["choices"][0]["logprobs"]
+        for e in c["choices"][0]["logprobs"]["content"]
+    ]
     assert streamed == entries
 
 
@@ -122,68 +127,117 @@ async def test_completion_logprobs_in_vllms_shape_whole_and_streamed(eng):
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
 
-@pytest.mark.parametrize("extra, message, param", [
-    ({"temperature": "hot"}, "Expected `float | null`, got `str` - at `$.temperature`", "body.temperature"),
-    ({"temperature": 2.5}, "temperature must be in [0, 2], got 2.5. (parameter=temperature, value=2.5)",
-     "temperature"),
-    ({"top_p": 0}, "top_p must be in (0, 1], got 0.0. (parameter=top_p, value=0.0)", "top_p"),
-    ({"top_p": "all"}, "Expected `float | null`, got `str` - at `$.top_p`", "body.top_p"),
-    ({"max_completion_tokens": 0}, "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
-     "max_tokens"),
-    ({"max_tokens": 1.5}, "Expected `int | null`, got `float` - at `$.max_tokens`", "body.max_tokens"),
-    ({"n": 0}, "n must be at least 1, got 0.", None),
-    ({"n": "2"}, "Expected `int | null`, got `str` - at `$.n`", "body.n"),
-    ({"n": 2, "temperature": 0}, "n must be 1 when using greedy sampling, got 2.", None),
-    ({"presence_penalty": 2.5}, "presence_penalty must be in [-2, 2], got 2.5.", None),
-    ({"frequency_penalty": -3}, "frequency_penalty must be in [-2, 2], got -3.0.", None),
-    ({"seed": 2 ** 63}, "Expected `int` <= 9223372036854775807 - at `$.seed`", "body.seed"),
-    ({"seed": "x"}, "Expected `int | null`, got `str` - at `$.seed`", "body.seed"),
-    ({"stop": ["end", ""]}, "stop cannot contain an empty string.", None),
-    ({"logprobs": "yes"}, "Expected `bool | null`, got `str` - at `$.logprobs`", "body.logprobs"),
-    ({"top_logprobs": 2}, "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"),
-    ({"logprobs": True, "top_logprobs": -2},
-     "`top_logprobs` must be a positive value or -1. (parameter=top_logprobs, value=-2)", "top_logprobs"),
-    ({"logprobs": True, "top_logprobs": 21},
-     "Requested sample logprobs of 21, which is greater than max allowed: 20 (parameter=logprobs, value=21)",
-     "logprobs"),
-    ({"stream_options": {"include_usage": True}}, "Stream options can only be defined when `stream=True`.",
-     "stream_options"),
-    ({"tools": []}, "`tools` must not be an empty array. Either provide at least one tool or omit the field "
-     "entirely.", "tools"),
-    ({"tool_choice": "required"}, "When using `tool_choice`, `tools` must be set.", "tool_choice"),
-    ({"tools": TOOLS}, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
-     "tool_choice"),
-    ({"tools": TOOLS, "tool_choice": "required"},
-     'tool_choice "required" is not supported by the sim engine: it does not generate tool calls.', "tool_choice"),
-    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
-     "tool_choice a named function is not supported by the sim engine: it does not generate tool calls.",
-     "tool_choice"),
-    ({"response_format": {"type": "json_schema"}},
-     "When response_format type is 'json_schema', the 'json_schema' field must be provided.", "response_format"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
-     "response_format type 'json_schema' is not supported by the sim engine: it does not implement structured "
-     "outputs.", "response_format"),
-    ({"response_format": {"type": "json_object"}},
-     "response_format type 'json_object' is not supported by the sim engine: it does not implement structured "
-     "outputs.", "response_format"),
-])
+@pytest.mark.parametrize(
+    "extra, message, param",
+    [
+        ({"temperature": "hot"}, "Expected `float | null`, got `str` - at `$.temperature`", "body.temperature"),
+        (
+            {"temperature": 2.5},
+            "temperature must be in [0, 2], got 2.5. (parameter=temperature, value=2.5)",
+            "temperature",
+        ),
+        ({"top_p": 0}, "top_p must be in (0, 1], got 0.0. (parameter=top_p, value=0.0)", "top_p"),
+        ({"top_p": "all"}, "Expected `float | null`, got `str` - at `$.top_p`", "body.top_p"),
+        (
+            {"max_completion_tokens": 0},
+            "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+            "max_tokens",
+        ),
+        ({"max_tokens": 1.5}, "Expected `int | null`, got `float` - at `$.max_tokens`", "body.max_tokens"),
+        ({"n": 0}, "n must be at least 1, got 0.", None),
+        ({"n": "2"}, "Expected `int | null`, got `str` - at `$.n`", "body.n"),
+        ({"n": 2, "temperature": 0}, "n must be 1 when using greedy sampling, got 2.", None),
+        ({"presence_penalty": 2.5}, "presence_penalty must be in [-2, 2], got 2.5.", None),
+        ({"frequency_penalty": -3}, "frequency_penalty must be in [-2, 2], got -3.0.", None),
+        ({"seed": 2**63}, "Expected `int` <= 9223372036854775807 - at `$.seed`", "body.seed"),
+        ({"seed": "x"}, "Expected `int | null`, got `str` - at `$.seed`", "body.seed"),
+        ({"stop": ["end", ""]}, "stop cannot contain an empty string.", None),
+        ({"logprobs": "yes"}, "Expected `bool | null`, got `str` - at `$.logprobs`", "body.logprobs"),
+        ({"top_logprobs": 2}, "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"),
+        (
+            {"logprobs": True, "top_logprobs": -2},
+            "`top_logprobs` must be a positive value or -1. (parameter=top_logprobs, value=-2)",
+            "top_logprobs",
+        ),
+        (
+            {"logprobs": True, "top_logprobs": 21},
+            "Requested sample logprobs of 21, which is greater than max allowed: 20 (parameter=logprobs, value=21)",
+            "logprobs",
+        ),
+        (
+            {"stream_options": {"include_usage": True}},
+            "Stream options can only be defined when `stream=True`.",
+            "stream_options",
+        ),
+        (
+            {"tools": []},
+            "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.",
+            "tools",
+        ),
+        ({"tool_choice": "required"}, "When using `tool_choice`, `tools` must be set.", "tool_choice"),
+        (
+            {"tools": TOOLS},
+            '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+            "tool_choice",
+        ),
+        (
+            {"tools": TOOLS, "tool_choice": "required"},
+            'tool_choice "required" is not supported by the sim engine: it does not generate tool calls.',
+            "tool_choice",
+        ),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+            "tool_choice a named function is not supported by the sim engine: it does not generate tool calls.",
+            "tool_choice",
+        ),
+        (
+            {"response_format": {"type": "json_schema"}},
+            "When response_format type is 'json_schema', the 'json_schema' field must be provided.",
+            "response_format",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+            "response_format type 'json_schema' is not supported by the sim engine: it does not implement structured "
+            "outputs.",
+            "response_format",
+        ),
+        (
+            {"response_format": {"type": "json_object"}},
+            "response_format type 'json_object' is not supported by the sim engine: it does not implement structured "
+            "outputs.",
+            "response_format",
+        ),
+    ],
+)
 async def test_chat_refusals_are_vllms_400(eng, extra, message, param):
     r = await post(eng, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2, **extra})
     assert r.status == 400, r.body
     assert r.json() == {"error": {"message": message, "type": _type(param), "param": param, "code": 400}}
 
 
-@pytest.mark.parametrize("extra, message, param", [
-    ({"logprobs": True}, "Expected `int | null`, got `bool` - at `$.logprobs`", "body.logprobs"),
-    ({"logprobs": -3}, "logprobs must be non-negative or -1, got -3. (parameter=logprobs, value=-3)", "logprobs"),
-    ({"logprobs": 25},
-     "Requested sample logprobs of 25, which is greater than max allowed: 20 (parameter=logprobs, value=25)",
-     "logprobs"),
-    ({"temperature": -1}, "temperature must be non-negative, got -1.0. (parameter=temperature, value=-1.0)",
-     "temperature"),
-    ({"n": 16385}, "n must be at most 16384, got 16385. To increase this limit, set the VLLM_MAX_N_SEQUENCES "
-     "environment variable.", None),
-])
+@pytest.mark.parametrize(
+    "extra, message, param",
+    [
+        ({"logprobs": True}, "Expected `int | null`, got `bool` - at `$.logprobs`", "body.logprobs"),
+        ({"logprobs": -3}, "logprobs must be non-negative or -1, got -3. (parameter=logprobs, value=-3)", "logprobs"),
+        (
+            {"logprobs": 25},
+            "Requested sample logprobs of 25, which is greater than max allowed: 20 (parameter=logprobs, value=25)",
+            "logprobs",
+        ),
+        (
+            {"temperature": -1},
+            "temperature must be non-negative, got -1.0. (parameter=temperature, value=-1.0)",
+            "temperature",
+        ),
+        (
+            {"n": 16385},
+            "n must be at most 16384, got 16385. To increase this limit, set the VLLM_MAX_N_SEQUENCES "
+            "environment variable.",
+            None,
+        ),
+    ],
+)
 async def test_completion_refusals_are_vllms_400(eng, extra, message, param):
     r = await post(eng, "/v1/completions", {"prompt": "x", "max_tokens": 2, **extra})
     assert r.status == 400, r.body
@@ -199,9 +253,12 @@ def _type(param: str | None) -> str:
 async def test_what_vllm_takes_without_extra_features_is_served(eng):
     """tools with tool_choice "none", a text response_format and in-range sampling fields
     are what vLLM serves as plain generation: 200."""
-    for extra in ({"tools": TOOLS, "tool_choice": "none"}, {"response_format": {"type": "text"}},
-                  {"temperature": 0, "top_p": 1, "seed": -5, "presence_penalty": -2, "frequency_penalty": 2},
-                  {"temperature": 2.0, "n": 2, "logprobs": True, "top_logprobs": 20}):
+    for extra in (
+        {"tools": TOOLS, "tool_choice": "none"},
+        {"response_format": {"type": "text"}},
+        {"temperature": 0, "top_p": 1, "seed": -5, "presence_penalty": -2, "frequency_penalty": 2},
+        {"temperature": 2.0, "n": 2, "logprobs": True, "top_logprobs": 20},
+    ):
         r = await post(eng, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2, **extra})
         assert r.status == 200, (extra, r.body)
 
@@ -212,8 +269,10 @@ async def test_a_client_that_leaves_is_no_error(stream):
     with sim_engine(model=MODEL, time_scale=1) as e:
         body = json.dumps({"messages": MSGS, "max_tokens": 500, "n": 2, "stream": stream}).encode()
         reader, writer = await asyncio.open_connection("127.0.0.1", e.port)
-        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body
+        )
         await writer.drain()
         for _ in range(100):
             await asyncio.sleep(0.05)

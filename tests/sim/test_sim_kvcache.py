@@ -1,4 +1,5 @@
 """KV block accounting and automatic prefix caching of the sim engine."""
+
 from __future__ import annotations
 
 import pytest
@@ -93,7 +94,7 @@ def test_block_hashes_are_chained():
     assert len(a) == 3 and a[:2] == b[:2] and a[2] != b[2]
     # same block content after a different first block: a different hash all along
     assert all(x != y for x, y in zip(a, c))
-    assert block_hashes(b"x" * 63, BS, b"m") == []            # only full blocks
+    assert block_hashes(b"x" * 63, BS, b"m") == []  # only full blocks
     assert block_hashes(b"x" * 64, BS, b"m") != block_hashes(b"x" * 64, BS, b"other-model")
 
 
@@ -112,7 +113,7 @@ def test_tokens_are_about_four_bytes():
 
 
 _op = st.one_of(
-    st.tuples(st.just("alloc"), st.integers(0, 3), st.integers(1, 6)),   # prompt family, blocks
+    st.tuples(st.just("alloc"), st.integers(0, 3), st.integers(1, 6)),  # prompt family, blocks
     st.tuples(st.just("grow"), st.integers(0, 20), st.integers(1, 3)),
     st.tuples(st.just("release"), st.integers(0, 20), st.just(0)),
 )
@@ -146,6 +147,7 @@ def test_block_counts_always_add_up(ops, lru):
 
 def test_events_name_stored_runs_evictions_and_resets():
     from velocity_fast.sim.kvevents import AllBlocksCleared, BlockRemoved, BlockStored
+
     kv = KVCache(6, BS, 6)
     kv.events = []
     hashes, tokens = prompt("f", 4)
@@ -153,7 +155,7 @@ def test_events_name_stored_runs_evictions_and_resets():
     a, _ = kv.allocate_prompt(hashes, tokens + 1, 0, ids)
     (ev,) = kv.events
     assert isinstance(ev, BlockStored) and ev.parent_block_hash is None
-    assert ev.block_hashes == [h & (2 ** 64 - 1) for h in hashes] and ev.token_ids == ids[:4 * BS]
+    assert ev.block_hashes == [h & (2**64 - 1) for h in hashes] and ev.token_ids == ids[: 4 * BS]
     assert not kv.reset()  # blocks in use: nothing happens
     kv.release(a)
     kv.events.clear()
@@ -161,7 +163,7 @@ def test_events_name_stored_runs_evictions_and_resets():
     other, t2 = prompt("g", 5)
     b, _ = kv.allocate_prompt(other, t2, 0, list(range(t2)))
     removed = [e.block_hashes[0] for e in kv.events if isinstance(e, BlockRemoved)]
-    assert removed == [h & (2 ** 64 - 1) for h in reversed(hashes)][:len(removed)] and len(removed) >= 3
+    assert removed == [h & (2**64 - 1) for h in reversed(hashes)][: len(removed)] and len(removed) >= 3
     kv.release(b)
     kv.events.clear()
     assert kv.reset() and kv.cached_prefix(other) == 0

@@ -1,5 +1,6 @@
 """SSE sinks of the sim engine against a fake Responder: chunk bytes, batching of a
 step loop turn into one write, backlog while the client reads slowly, keep-alive."""
+
 from __future__ import annotations
 
 import asyncio
@@ -56,7 +57,7 @@ def test_token_chunks_are_valid_json_with_escaped_constants():
     chunks = [json.loads(e) for e in ev[:-1]]
     assert chunks[0]["id"] == 'chatcmpl-"q"' and chunks[0]["model"] == "m\\odd"
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert len(r.writes) == 3          # the role chunk went out with the first token
+    assert len(r.writes) == 3  # the role chunk went out with the first token
     assert [c["choices"][0]["delta"]["content"] for c in chunks[1:4]] == [VOCAB[0], VOCAB[1], VOCAB[2]]
     assert [c["usage"]["completion_tokens"] for c in chunks] == [0, 1, 2, 3, 3]
     assert chunks[3]["choices"][0]["finish_reason"] == "stop"
@@ -67,15 +68,16 @@ def test_token_chunks_are_valid_json_with_escaped_constants():
 def test_one_write_per_flush():
     r = FakeResponder()
     s = StreamSink(r, meta(chat=False))
-    assert s.token(1, None) is True       # became dirty: the engine remembers it once
+    assert s.token(1, None) is True  # became dirty: the engine remembers it once
     assert s.token(2, None) is False
     s.flush()
     assert len(r.writes) == 1 and len(r.events()) == 2
     assert s.fail(500, "InternalServerError", "boom") is True
     s.flush()
     ev = r.events()
-    assert json.loads(ev[-2]) == {"error": {"message": "boom", "type": "InternalServerError", "param": None,
-                                            "code": 500}}
+    assert json.loads(ev[-2]) == {
+        "error": {"message": "boom", "type": "InternalServerError", "param": None, "code": 500}
+    }
     assert ev[-1] == "[DONE]" and s.closed
 
 
@@ -85,7 +87,7 @@ async def test_slow_client_gets_everything_in_order_without_blocking_the_produce
     runner = asyncio.create_task(s.run(None))
     await asyncio.sleep(0)
     r.paused = True
-    for i in range(50):                      # the producer never waits
+    for i in range(50):  # the producer never waits
         s.token(i, None if i < 49 else "length")
         s.flush()
     await asyncio.sleep(0.01)
@@ -127,6 +129,11 @@ async def test_whole_response_body():
     assert done.done()
     body = w.body("fp")
     assert body["choices"][0]["message"]["content"] == VOCAB[0] + VOCAB[1]
-    assert body["usage"] == {"prompt_tokens": 7, "total_tokens": 9, "completion_tokens": 2,
-                             "prompt_tokens_details": None, "completion_tokens_details": None}
+    assert body["usage"] == {
+        "prompt_tokens": 7,
+        "total_tokens": 9,
+        "completion_tokens": 2,
+        "prompt_tokens_details": None,
+        "completion_tokens_details": None,
+    }
     assert body["object"] == "chat.completion" and body["system_fingerprint"] == "fp"

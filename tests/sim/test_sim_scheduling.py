@@ -1,5 +1,6 @@
 """How the sim engine schedules, seen from outside as a router sees it: batch limit,
 KV exhaustion, prefix caching, disconnects, time scale. Real sockets on 127.0.0.1."""
+
 from __future__ import annotations
 
 import asyncio
@@ -70,8 +71,9 @@ async def run_stream(port: int, body: dict) -> tuple[float, float, list[str]]:
 
 async def test_at_most_max_num_seqs_run_at_once():
     with sim_engine("--max-num-seqs", "3", time_scale=10) as eng:
-        tasks = [asyncio.create_task(run_stream(eng.port, {"prompt": f"request {i}", "max_tokens": 40}))
-                 for i in range(8)]
+        tasks = [
+            asyncio.create_task(run_stream(eng.port, {"prompt": f"request {i}", "max_tokens": 40})) for i in range(8)
+        ]
         try:
             seen = []
             while not all(t.done() for t in tasks) and len(seen) < 500:
@@ -83,7 +85,7 @@ async def test_at_most_max_num_seqs_run_at_once():
             for t in tasks:
                 t.cancel()
         assert max(r for r, _ in seen) == 3
-        assert max(w for _, w in seen) >= 3          # the others queue
+        assert max(w for _, w in seen) >= 3  # the others queue
         assert all(len(r[2]) == 40 for r in results)
         assert await metric(eng, "vllm:request_success_total", finished_reason="length") == 8
 
@@ -99,8 +101,9 @@ async def test_kv_exhaustion_makes_requests_wait():
             seen = []
             while not all(t.done() for t in tasks) and len(seen) < 1000:
                 m = await snapshot(eng)
-                seen.append((m["vllm:num_requests_running"], m["vllm:num_requests_waiting"],
-                             m["vllm:kv_cache_usage_perc"]))
+                seen.append(
+                    (m["vllm:num_requests_running"], m["vllm:num_requests_waiting"], m["vllm:kv_cache_usage_perc"])
+                )
                 await asyncio.sleep(0.005)
             results = await asyncio.gather(*tasks)
         finally:
@@ -127,7 +130,7 @@ async def test_prefix_cache_hit_lowers_ttft_and_counts_hits():
         queries = await metric(eng, "vllm:prefix_cache_queries_total")
     assert hits_before == 0
     assert hits_after - hits_before >= 1900
-    assert hits_other == hits_after          # a different first block shares nothing
+    assert hits_other == hits_after  # a different first block shares nothing
     assert queries >= 3 * 2000
     assert warm * 3 < cold, (cold, warm)
     assert other * 3 > cold, (cold, other)
@@ -143,8 +146,9 @@ async def test_prefix_caching_can_be_turned_off():
 
 async def test_stream_disconnect_aborts_and_frees_blocks():
     with sim_engine(time_scale=10) as eng:
-        s = await open_request(eng.port, "POST", "/v1/completions",
-                               {"prompt": "p" * 400, "max_tokens": 2000, "stream": True})
+        s = await open_request(
+            eng.port, "POST", "/v1/completions", {"prompt": "p" * 400, "max_tokens": 2000, "stream": True}
+        )
         got = 0
         async for ev in s.events():
             got += 1
@@ -168,8 +172,10 @@ async def test_non_streaming_disconnect_aborts():
         # end; so write the request by hand and drop the connection mid-generation.
         reader, writer = await asyncio.open_connection("127.0.0.1", eng.port)
         body = json.dumps({"prompt": "q" * 400, "max_tokens": 2000}).encode()
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        )
         await wait_for_metric(eng, "vllm:num_requests_running", lambda v: v == 1)
         writer.transport.abort()
         await wait_for_metric(eng, "vllm:num_requests_running", lambda v: v == 0)
@@ -181,10 +187,12 @@ async def test_disconnect_while_waiting_and_during_prefill():
     # One slot; a slow prefill (100 tok/s) keeps the first request in prefill while the
     # second waits. Dropping both empties the engine.
     with sim_engine("--max-num-seqs", "1", "--prefill-tps", "100", time_scale=10) as eng:
-        a = await open_request(eng.port, "POST", "/v1/completions",
-                               {"prompt": "a" * 4000, "max_tokens": 5, "stream": True})
-        b = await open_request(eng.port, "POST", "/v1/completions",
-                               {"prompt": "b" * 40, "max_tokens": 5, "stream": True})
+        a = await open_request(
+            eng.port, "POST", "/v1/completions", {"prompt": "a" * 4000, "max_tokens": 5, "stream": True}
+        )
+        b = await open_request(
+            eng.port, "POST", "/v1/completions", {"prompt": "b" * 40, "max_tokens": 5, "stream": True}
+        )
         await wait_for_metric(eng, "vllm:num_requests_waiting", lambda v: v == 1)
         assert await metric(eng, "vllm:num_requests_running") == 1
         b.abort()
@@ -192,7 +200,7 @@ async def test_disconnect_while_waiting_and_during_prefill():
         a.abort()
         await wait_for_metric(eng, "vllm:num_requests_running", lambda v: v == 0)
         assert await metric(eng, "vllm:kv_cache_usage_perc") == 0
-        assert await metric(eng, "vllm:generation_tokens_total") == 0   # a never left prefill
+        assert await metric(eng, "vllm:generation_tokens_total") == 0  # a never left prefill
         assert await metric(eng, "vllm:request_success_total", finished_reason="abort") == 2
 
 
@@ -206,15 +214,16 @@ async def test_time_scale_speeds_everything_proportionally():
         ttft_fast, total_fast, _ = await run_stream(fast.port, body)
     assert 0.5 < total_slow < 2.0, total_slow
     assert 2.0 < total_slow / total_fast < 8.0, (total_slow, total_fast)
-    assert 2.0 < ttft_slow / ttft_fast < 8.0, (ttft_slow, ttft_fast)   # prefill scales too
+    assert 2.0 < ttft_slow / ttft_fast < 8.0, (ttft_slow, ttft_fast)  # prefill scales too
 
 
 async def test_preemption_when_running_sequences_outgrow_the_cache():
     # 20 blocks; two sequences start small and grow past what both can hold, so the
     # newer one is preempted (recomputed later) and both still finish in full.
     with sim_engine("--num-gpu-blocks", "20", "--max-model-len", "320", time_scale=20) as eng:
-        results = await asyncio.gather(*(run_stream(eng.port, {"prompt": f"{i}" * 40, "max_tokens": 250})
-                                         for i in range(2)))
+        results = await asyncio.gather(
+            *(run_stream(eng.port, {"prompt": f"{i}" * 40, "max_tokens": 250}) for i in range(2))
+        )
         assert [len(r[2]) for r in results] == [250, 250]
         assert await metric(eng, "vllm:num_preemptions_total") >= 1
         assert await metric(eng, "vllm:kv_cache_usage_perc") == 0

@@ -1,6 +1,7 @@
 """One bucket, three homes (state/bucket.pyx): the same draws and settlements give the same
 answers whether the bucket lives in this process, in a real shared-memory segment the
 workers map, or in a real Redis behind the state store (one replica: its view is exact)."""
+
 from __future__ import annotations
 
 import time
@@ -21,14 +22,14 @@ RATE = 0.001  # units a second: no refill to speak of while the test runs
 # (operation, amount, need): a draw answers allowed or not, a settlement moves the level;
 # after each step the level left is compared.
 STEPS = [
-    ("draw", 30.0, 30.0),     # 70 left
-    ("draw", 50.0, 50.0),     # 20 left
-    ("draw", 30.0, 30.0),     # refused: 20 < 30
-    ("settle", -10.0, 0.0),   # the answer used 10 fewer than drawn: 30 left
-    ("draw", 30.0, 30.0),     # 0 left
-    ("settle", 5.0, 0.0),     # 5 more than drawn: a debt, -5
-    ("draw", 1.0, 1.0),       # refused: in debt
-    ("draw", 500.0, CAP),     # past the bucket's size: needs a full one, refused
+    ("draw", 30.0, 30.0),  # 70 left
+    ("draw", 50.0, 50.0),  # 20 left
+    ("draw", 30.0, 30.0),  # refused: 20 < 30
+    ("settle", -10.0, 0.0),  # the answer used 10 fewer than drawn: 30 left
+    ("draw", 30.0, 30.0),  # 0 left
+    ("settle", 5.0, 0.0),  # 5 more than drawn: a debt, -5
+    ("draw", 1.0, 1.0),  # refused: in debt
+    ("draw", 500.0, CAP),  # past the bucket's size: needs a full one, refused
 ]
 
 
@@ -84,8 +85,11 @@ async def test_the_store_answers_as_the_local_bucket():
                     b.settle(amount)
                 # Each step's settlements and refill reach Redis before the next (a bucket
                 # too short for its refill asks again later: not waited for).
-                await wait_until(lambda: not store._owing and (not b.asking or b.not_before > time.monotonic()),
-                                 3.0, what="the round trip")
+                await wait_until(
+                    lambda: not store._owing and (not b.asking or b.not_before > time.monotonic()),
+                    3.0,
+                    what="the round trip",
+                )
                 got.append((allowed, round(b.left(), 1)))
             assert got == expected
             level = float(rs.command("HGET", b.key, "level").split(b"\r\n")[1])

@@ -1,6 +1,7 @@
 """Where a count lives is state/'s business: no module outside it names a raw shared-memory
 operation or struct (``vf_*``, csrc/shared_state.h); they hold a slot and call state/shm.pxd's
 typed functions (or hold a Bucket and call its draw, settle, left)."""
+
 from __future__ import annotations
 
 import re

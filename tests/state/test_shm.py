@@ -5,6 +5,7 @@ A process is one worker at a time (``attach``); the endpoints, pools and tenants
 after an attach take their slots in the segment by name, so two workers are two sets of
 objects made under two attaches. The real processes are in tests/e2e/test_workers_e2e.py.
 """
+
 import asyncio
 import multiprocessing
 import time
@@ -34,8 +35,12 @@ def worker(state, index, limit=4, n=1, policy="static"):
     eps = [Endpoint(f"e{i}", f"http://127.0.0.1:{9000 + i}", "m") for i in range(n)]
     for e in eps:
         e.healthy = True
-    adm = Admission(AdmissionSettings(aimd_max=limit, aimd_min=1, aimd_initial=0), {"m": Pool("m", eps)},
-                    policy=policy, clock=time.monotonic)
+    adm = Admission(
+        AdmissionSettings(aimd_max=limit, aimd_min=1, aimd_initial=0),
+        {"m": Pool("m", eps)},
+        policy=policy,
+        clock=time.monotonic,
+    )
     return adm, eps
 
 
@@ -190,6 +195,7 @@ def test_a_tenants_buckets_are_one_across_workers(state):
 
 def _hammer(path, index, rounds, start, out):
     from velocity_fast.state.shm import SharedState, attach
+
     s = SharedState.open(path)
     attach(s, index)
     t = Tenant(Cfg("t", rps=1e-3, burst=float(rounds)))  # no refill to speak of: the burst only
@@ -230,6 +236,7 @@ def test_a_tenants_fairness_counter_is_one_across_workers(state):
     # has caught up. (With a counter per worker, "a" would start level and they would
     # alternate.)
     from velocity_fast.admission.bands import BandQueues
+
     inf = float("inf")
     attach(state, 0)
     q0 = BandQueues([(0, 0, 0.0)], token_fair=True)
@@ -254,6 +261,7 @@ def test_a_lift_in_one_worker_leaves_out_another_workers_answers_in_flight(state
     # was served, read from the shared counter less its shared pending part, not to the
     # estimate still in flight in worker 0 (3,232). The lift shows in both workers.
     from velocity_fast.admission.bands import BandQueues
+
     inf = float("inf")
     attach(state, 0)
     q0 = BandQueues([(0, 0, 0.0)], token_fair=True, weights={"light": 3.0})

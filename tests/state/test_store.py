@@ -1,6 +1,7 @@
 """The tenant buckets shared through Redis (state/store.py), in one process against a
 real redis-server on a loopback port: the Lua bucket, the replicas' shares, settlements, the local
 fallback while the store is unreachable and the reconciliation when it is back."""
+
 from __future__ import annotations
 
 import asyncio
@@ -45,11 +46,19 @@ async def _started(url: str, settings: _Settings, registry: Registry | None = No
     return store, identity
 
 
-@pytest.mark.parametrize("url,wrong", [
-    ("redis://127.0.0.1:6379/0", None), ("redis://cache", None), ("rediss://h:1/2", None),
-    ("http://127.0.0.1:6379", "must be redis://"), ("redis://:6379/0", "no host"),
-    ("redis://h:99999/0", "not a URL"), ("redis://h:1/zero", "must be a number"), ("redis://h/0?x=1", "query"),
-])
+@pytest.mark.parametrize(
+    "url,wrong",
+    [
+        ("redis://127.0.0.1:6379/0", None),
+        ("redis://cache", None),
+        ("rediss://h:1/2", None),
+        ("http://127.0.0.1:6379", "must be redis://"),
+        ("redis://:6379/0", "no host"),
+        ("redis://h:99999/0", "not a URL"),
+        ("redis://h:1/zero", "must be a number"),
+        ("redis://h/0?x=1", "query"),
+    ],
+)
 def test_check_url(url, wrong):
     got = check_url(url)
     assert (got is None) if wrong is None else (wrong in got)
@@ -184,20 +193,29 @@ def test_without_the_redis_package_state_store_is_a_config_error(monkeypatch):
 
 
 async def test_a_reload_keeps_the_share_of_a_bucket_whose_limits_did_not_change(rs):
-    store, old = await _started(rs.url, _Settings(TenantConfig(name="t", requests_per_second=10),
-                                                  TenantConfig(name="u", tokens_per_minute=600)))
+    store, old = await _started(
+        rs.url, _Settings(TenantConfig(name="t", requests_per_second=10), TenantConfig(name="u", tokens_per_minute=600))
+    )
     try:
         share_t, share_u = old.tenants["t"].request_bucket, old.tenants["u"].token_bucket
         assert share_t.held > 0 and share_u.held > 0
-        new = Identity(_Settings(TenantConfig(name="t", requests_per_second=10),
-                                 TenantConfig(name="u", tokens_per_minute=1200),
-                                 TenantConfig(name="v", requests_per_second=5)), store)
+        new = Identity(
+            _Settings(
+                TenantConfig(name="t", requests_per_second=10),
+                TenantConfig(name="u", tokens_per_minute=1200),
+                TenantConfig(name="v", requests_per_second=5),
+            ),
+            store,
+        )
         store.attach(new)
         assert new.tenants["t"].request_bucket is share_t  # same limits: the same share
         assert new.tenants["u"].token_bucket is not share_u and new.tenants["u"].token_bucket.cap == 1200
         assert isinstance(new.tenants["v"].request_bucket, StoreBucket) and new.tenants["v"].token_bucket is None
-        assert set(store.buckets) == {"velocity:tenant:t:requests", "velocity:tenant:u:tokens",
-                                      "velocity:tenant:v:requests"}
+        assert set(store.buckets) == {
+            "velocity:tenant:t:requests",
+            "velocity:tenant:u:tokens",
+            "velocity:tenant:v:requests",
+        }
         await wait_until(lambda: new.tenants["v"].request_bucket.held > 0, 2.0, what="the new tenant's first share")
     finally:
         await store.close()

@@ -1,5 +1,6 @@
 """The benchmark scripts in bench/ as modules, for tests that call their functions, and
 bench/upstream_fixed.py as a process."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -27,8 +28,12 @@ def bench_module(name: str) -> ModuleType:
 def fixed_upstream(*extra: str) -> Iterator[int]:
     """bench/upstream_fixed.py (the "infinitely fast engine") on a free port of 127.0.0.1
     for a ``with`` block: its port. Stopped at the end, even on failure."""
-    proc = start([sys.executable, "-m", "bench.upstream_fixed", "--port", "0", *extra],
-                 cwd=BENCH.parent, stdout=subprocess.PIPE, text=True)
+    proc = start(
+        [sys.executable, "-m", "bench.upstream_fixed", "--port", "0", *extra],
+        cwd=BENCH.parent,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         proc.stdout.close()

@@ -1,4 +1,5 @@
 """Endpoints and routers for router tests: no engine behind the endpoints, marked healthy."""
+
 from __future__ import annotations
 
 import time

@@ -15,6 +15,7 @@ The subprocess is the harness's GatewayProcess: free ports (``--port``/``--admin
 chosen unless given), started once its banner names its port, stopped with SIGTERM, then
 SIGKILL.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -45,6 +46,7 @@ __all__ = [
     "wait_until",
 ]
 
+
 def real_client(body: dict, i: int) -> dict:
     """``body`` as the ``i``-th of a stream of ordinary clients writes it: every third sends
     no ``max_tokens`` (nor ``ignore_eos``: the engine ends the reply), every other one
@@ -62,12 +64,18 @@ def real_client(body: dict, i: int) -> dict:
 
 
 # Health checks fast enough that a test sees ejection and readmission within a second.
-FAST_HEALTH = {"scrape_interval_ms": 50.0, "check_interval_ms": 100.0, "check_timeout_ms": 500.0,
-               "eject_base_ms": 200.0, "eject_max_ms": 1000.0}
+FAST_HEALTH = {
+    "scrape_interval_ms": 50.0,
+    "check_interval_ms": 100.0,
+    "check_timeout_ms": 500.0,
+    "eject_base_ms": 200.0,
+    "eject_max_ms": 1000.0,
+}
 
 
-def gateway_settings(*engines: SimEngine | tuple[str, str, str], config_file: str | None = None,
-                     **keys: Any) -> Settings:
+def gateway_settings(
+    *engines: SimEngine | tuple[str, str, str], config_file: str | None = None, **keys: Any
+) -> Settings:
     """Settings for an in-process gateway on 127.0.0.1 in front of ``engines``.
 
     An engine is a SimEngine (named e1, e2, ... in order, model from the engine) or a
@@ -101,8 +109,12 @@ async def wait_until(predicate, timeout: float = 5.0, interval: float = 0.02, wh
 
 
 @asynccontextmanager
-async def running_gateway(*engines: SimEngine | tuple[str, str, str], healthy: int | None = None,
-                          settings: Settings | None = None, **keys: Any) -> AsyncIterator[Gateway]:
+async def running_gateway(
+    *engines: SimEngine | tuple[str, str, str],
+    healthy: int | None = None,
+    settings: Settings | None = None,
+    **keys: Any,
+) -> AsyncIterator[Gateway]:
     """A started Gateway on 127.0.0.1 (ports 0) in front of ``engines``; stopped on exit.
 
     Waits until ``healthy`` endpoints (default: all of them) passed their first health check.
@@ -112,14 +124,16 @@ async def running_gateway(*engines: SimEngine | tuple[str, str, str], healthy: i
     try:
         await gw.start("127.0.0.1", 0, 0)
         want = len(gw.endpoints) if healthy is None else healthy
-        await wait_until(lambda: sum(e.healthy for e in gw.endpoints.values()) >= want, 10.0,
-                         what=f"{want} healthy endpoint(s)")
+        await wait_until(
+            lambda: sum(e.healthy for e in gw.endpoints.values()) >= want, 10.0, what=f"{want} healthy endpoint(s)"
+        )
         yield gw
     finally:
         await gw.stop(grace=1.0)
 
 
 # -- subprocess ---------------------------------------------------------------------------------
+
 
 def velocity_command(*args: str) -> list[str]:
     """``velocityllm ARGS`` with this interpreter."""
@@ -133,8 +147,9 @@ def stop_group(proc: subprocess.Popen, grace: float = 15.0) -> None:
 
 
 @contextmanager
-def gateway_process(command: str, *args: str, env: dict[str, str] | None = None,
-                    timeout: float = 20.0) -> Iterator[GatewayProcess]:
+def gateway_process(
+    command: str, *args: str, env: dict[str, str] | None = None, timeout: float = 20.0
+) -> Iterator[GatewayProcess]:
     """A running ``velocityllm COMMAND ARGS`` for a ``with`` block; stopped even on failure."""
     gp = GatewayProcess(command, *args, env=env)
     try:
@@ -145,6 +160,7 @@ def gateway_process(command: str, *args: str, env: dict[str, str] | None = None,
 
 
 # -- a tiny fixed upstream that records what it received ------------------------------------------
+
 
 class ScriptedServer:
     """A test engine on 127.0.0.1 (a free port) whose answers a subclass scripts in
@@ -225,8 +241,11 @@ class RecordingUpstream(ScriptedServer):
             ...  up.url, up.requests -> [(method, path, headers, body)]
     """
 
-    def __init__(self, reply: bytes = b'{"id":"fixed","object":"chat.completion","choices":[]}',
-                 reject_fields: tuple[str, ...] = ("priority", "sla_ms")) -> None:
+    def __init__(
+        self,
+        reply: bytes = b'{"id":"fixed","object":"chat.completion","choices":[]}',
+        reject_fields: tuple[str, ...] = ("priority", "sla_ms"),
+    ) -> None:
         super().__init__()
         self.reply = reply
         self.reject_fields = reject_fields
@@ -251,9 +270,18 @@ class RecordingUpstream(ScriptedServer):
                 bad = [f for f in self.reject_fields if isinstance(obj, dict) and f in obj]
                 if bad:
                     status = 400
-                    out = json.dumps({"error": {"message": f"unknown field {bad[0]}", "type": "BadRequestError",
-                                                "param": bad[0], "code": 400}}).encode()
+                    out = json.dumps(
+                        {
+                            "error": {
+                                "message": f"unknown field {bad[0]}",
+                                "type": "BadRequestError",
+                                "param": bad[0],
+                                "code": 400,
+                            }
+                        }
+                    ).encode()
             reason = {200: "OK", 400: "Bad Request"}[status]
-            writer.write(f"HTTP/1.1 {status} {reason}\r\ncontent-type: {ct}\r\n"
-                         f"content-length: {len(out)}\r\n\r\n".encode() + out)
+            writer.write(
+                f"HTTP/1.1 {status} {reason}\r\ncontent-type: {ct}\r\ncontent-length: {len(out)}\r\n\r\n".encode() + out
+            )
             await writer.drain()

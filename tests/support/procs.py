@@ -1,4 +1,5 @@
 """The machine's processes as /proc shows them (tests that look for children or groups)."""
+
 from __future__ import annotations
 
 import os

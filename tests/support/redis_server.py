@@ -9,6 +9,7 @@ Debian's ``redis-server`` package (.ci/run installs it) and the ``redis`` Python
 Without them the test skips, saying so, except under CI (``CI`` set), where it fails: CI
 must run these tests.
 """
+
 from __future__ import annotations
 
 import importlib.util

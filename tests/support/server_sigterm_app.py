@@ -39,16 +39,20 @@ def app(shape: str, chunks: int, interval: float, grace: float):
         return srv
 
     if shape == "cleanup":
+
         async def main(stop: asyncio.Event):
             srv = await start()
 
             async def cleanup() -> None:
                 await srv.shutdown(grace)
+
             return cleanup
     elif shape == "servers":
+
         async def main():
             return [await start()]
     elif shape == "context":
+
         @asynccontextmanager
         async def main():
             srv = await start()

@@ -29,14 +29,21 @@ WAIT = 5.0
 class Response:
     """One parsed response."""
 
-    def __init__(self, status: int, reason: str, headers: dict[str, str], body: bytes,
-                 chunks: list[bytes] | None, interim: list[int]) -> None:
+    def __init__(
+        self,
+        status: int,
+        reason: str,
+        headers: dict[str, str],
+        body: bytes,
+        chunks: list[bytes] | None,
+        interim: list[int],
+    ) -> None:
         self.status = status
         self.reason = reason
         self.headers = headers
         self.body = body
-        self.chunks = chunks          # the chunk payloads of a chunked body, else None
-        self.interim = interim        # statuses of 1xx responses that came before it
+        self.chunks = chunks  # the chunk payloads of a chunked body, else None
+        self.interim = interim  # statuses of 1xx responses that came before it
 
     def json(self):
         return json.loads(self.body)
@@ -55,8 +62,14 @@ class Conn:
     def send(self, data: bytes) -> None:
         self.writer.write(data)
 
-    async def request(self, method: str = "GET", path: str = "/", body: bytes | None = None,
-                      headers: dict[str, str] | None = None, version: str = "1.1") -> Response:
+    async def request(
+        self,
+        method: str = "GET",
+        path: str = "/",
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        version: str = "1.1",
+    ) -> Response:
         """Send one request (Content-Length when body is given) and read its response."""
         self.send(build(method, path, body, headers, version))
         return await self.response(method=method)
@@ -137,14 +150,18 @@ class Conn:
         self.writer.transport.abort()
 
 
-def build(method: str = "GET", path: str = "/", body: bytes | None = None,
-          headers: dict[str, str] | None = None, version: str = "1.1") -> bytes:
+def build(
+    method: str = "GET",
+    path: str = "/",
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    version: str = "1.1",
+) -> bytes:
     """The bytes of one request; Content-Length is added when a body is given."""
     lines = [f"{method} {path} HTTP/{version}", "Host: test"]
     for name, value in (headers or {}).items():
         lines.append(f"{name}: {value}")
-    if body is not None and not any(k.lower() in ("content-length", "transfer-encoding")
-                                    for k in (headers or {})):
+    if body is not None and not any(k.lower() in ("content-length", "transfer-encoding") for k in (headers or {})):
         lines.append(f"Content-Length: {len(body)}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
 
@@ -174,8 +191,7 @@ async def connect(srv: HTTPServer, *, rcvbuf: int | None = None) -> AsyncIterato
 
 
 @asynccontextmanager
-async def serving(handler, *, grace: float = 1.0, sndbuf: int | None = None,
-                  **limits) -> AsyncIterator[HTTPServer]:
+async def serving(handler, *, grace: float = 1.0, sndbuf: int | None = None, **limits) -> AsyncIterator[HTTPServer]:
     """An HTTPServer on 127.0.0.1 (a free port) with these limits, shut down when the block ends.
 
     `sndbuf` fixes the kernel send buffer of every accepted socket (they inherit it
@@ -198,9 +214,18 @@ async def serving(handler, *, grace: float = 1.0, sndbuf: int | None = None,
 
 async def echo(req, resp) -> None:
     """A handler that answers what it got, as JSON."""
-    resp.send_json(200, {"method": req.method, "path": req.path, "query": req.query,
-                         "body": req.body.decode("latin-1"), "version": req.http_version,
-                         "keep_alive": req.keep_alive, "client": list(req.client or ())})
+    resp.send_json(
+        200,
+        {
+            "method": req.method,
+            "path": req.path,
+            "query": req.query,
+            "body": req.body.decode("latin-1"),
+            "version": req.http_version,
+            "keep_alive": req.keep_alive,
+            "client": list(req.client or ()),
+        },
+    )
 
 
 async def still_serving(srv: HTTPServer, *others: Conn) -> None:

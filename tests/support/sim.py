@@ -11,6 +11,7 @@ The engine listens on a port it picks itself (``--port 0``) and prints it, so pa
 tests never race for a port; pass ``port=`` to force one. Startup waits until
 ``/health`` answers 200; a process that dies first raises with its stderr.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,20 +25,41 @@ from velocity_fast.harness.sim import SimEngine, sim_command
 
 REPO = Path(__file__).resolve().parents[2]
 
-__all__ = ["SimEngine", "sim_engine", "start_sim_engine", "free_port", "sim_command", "open_request",
-           "http_request", "OpenStream", "HTTPResponse"]
+__all__ = [
+    "SimEngine",
+    "sim_engine",
+    "start_sim_engine",
+    "free_port",
+    "sim_command",
+    "open_request",
+    "http_request",
+    "OpenStream",
+    "HTTPResponse",
+]
 
 
-def start_sim_engine(*flags: str, model: str = "sim-model", port: int = 0, time_scale: float | None = None,
-                     env: dict[str, str] | None = None, timeout: float = 20.0) -> SimEngine:
+def start_sim_engine(
+    *flags: str,
+    model: str = "sim-model",
+    port: int = 0,
+    time_scale: float | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 20.0,
+) -> SimEngine:
     """Start a sim engine and return it once healthy; call ``.stop()`` when done
     (in a fixture: ``eng = start_sim_engine(...); yield eng; eng.stop()``)."""
     return SimEngine(*flags, model=model, port=port, time_scale=time_scale, env=env).start(timeout)
 
 
 @contextmanager
-def sim_engine(*flags: str, model: str = "sim-model", port: int = 0, time_scale: float | None = None,
-               env: dict[str, str] | None = None, timeout: float = 20.0) -> Iterator[SimEngine]:
+def sim_engine(
+    *flags: str,
+    model: str = "sim-model",
+    port: int = 0,
+    time_scale: float | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 20.0,
+) -> Iterator[SimEngine]:
     """A sim engine for the duration of a ``with`` block, stopped even on failure."""
     eng = SimEngine(*flags, model=model, port=port, time_scale=time_scale, env=env)
     eng.start(timeout)
@@ -48,6 +70,7 @@ def sim_engine(*flags: str, model: str = "sim-model", port: int = 0, time_scale:
 
 
 # -- a small asyncio HTTP/1.1 client for talking to the sim engine in async tests --------
+
 
 class HTTPResponse:
     """Status, lower-case headers and body of one response."""
@@ -136,8 +159,14 @@ class OpenStream:
             pass
 
 
-async def open_request(port: int, method: str, path: str, body: bytes | dict | None = None,
-                       headers: dict[str, str] | None = None, timeout: float = 10.0) -> OpenStream:
+async def open_request(
+    port: int,
+    method: str,
+    path: str,
+    body: bytes | dict | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 10.0,
+) -> OpenStream:
     """Send one request on a new connection to 127.0.0.1:port and read the head."""
     if isinstance(body, dict):
         body = json.dumps(body).encode()
@@ -162,8 +191,14 @@ async def open_request(port: int, method: str, path: str, body: bytes | dict | N
     return OpenStream(reader, writer, status, hdrs)
 
 
-async def http_request(port: int, method: str, path: str, body: bytes | dict | None = None,
-                       headers: dict[str, str] | None = None, timeout: float = 10.0) -> HTTPResponse:
+async def http_request(
+    port: int,
+    method: str,
+    path: str,
+    body: bytes | dict | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 10.0,
+) -> HTTPResponse:
     """One whole request/response on a new connection."""
     s = await open_request(port, method, path, body, headers, timeout)
     try:

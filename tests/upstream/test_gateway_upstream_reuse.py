@@ -52,8 +52,10 @@ class _Handler(socketserver.StreamRequestHandler):
                 # its answer arrives, which may be before this thread runs again.
                 eng.posts += 1
                 answered_post = True
-            self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                             b"content-length: %d\r\nconnection: keep-alive\r\n\r\n%s" % (len(body), body))
+            self.wfile.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\nconnection: keep-alive\r\n\r\n%s" % (len(body), body)
+            )
             self.wfile.flush()
 
 

@@ -18,8 +18,10 @@ from velocity_fast.http.http1 import scan_chunked_head
 from velocity_fast.upstream.connection import ResponseHandler, UpstreamConnection
 from velocity_fast.upstream.errors import UpstreamError
 
-HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
-        b"date: Sun, 29 Nov 2026 22:00:00 GMT\r\n\r\n")
+HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+    b"date: Sun, 29 Nov 2026 22:00:00 GMT\r\n\r\n"
+)
 
 
 class _Pool:
@@ -86,8 +88,8 @@ def _dechunk(data: bytes) -> tuple[list[bytes], int]:
         eol = data.index(b"\r\n", pos)
         size = int(data[pos:eol].split(b";")[0].strip(), 16)
         assert size > 0
-        chunks.append(data[eol + 2:eol + 2 + size])
-        assert data[eol + 2 + size:eol + 4 + size] == b"\r\n"
+        chunks.append(data[eol + 2 : eol + 2 + size])
+        assert data[eol + 2 + size : eol + 4 + size] == b"\r\n"
         pos = eol + 4 + size
     return chunks, pos
 
@@ -135,9 +137,13 @@ def _feed(conn, wire: bytes, cuts: list[int]) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(chunks=st.lists(st.binary(min_size=1, max_size=40), max_size=8),
-       cuts=st.lists(st.integers(min_value=len(HEAD) + 1, max_value=400), max_size=6),
-       raw=st.booleans(), ext=st.booleans(), trailers=st.booleans())
+@given(
+    chunks=st.lists(st.binary(min_size=1, max_size=40), max_size=8),
+    cuts=st.lists(st.integers(min_value=len(HEAD) + 1, max_value=400), max_size=6),
+    raw=st.booleans(),
+    ext=st.booleans(),
+    trailers=st.booleans(),
+)
 def test_any_reads_give_the_client_whole_chunks_with_the_engines_data(chunks, cuts, raw, ext, trailers):
     wire = _wire(chunks, ext, trailers)
     relay = _Relay(raw)
@@ -161,7 +167,7 @@ def test_whole_chunks_in_one_read_pass_on_unchanged_in_one_piece():
     relay = _Relay(True)
     conn, _ = _conn(relay)
     conn.data_received(wire)
-    assert relay.pieces == [("raw", wire[len(HEAD):-len(b"0\r\n\r\n")])]
+    assert relay.pieces == [("raw", wire[len(HEAD) : -len(b"0\r\n\r\n")])]
     assert relay.done == 1 and conn.status == 200 and conn.headers["transfer-encoding"] == "chunked"
 
 
@@ -172,13 +178,18 @@ def test_a_chunk_split_across_reads_goes_as_data_and_the_rest_stays_whole():
     conn, _ = _conn(relay)
     conn.data_received(wire[:cut])
     conn.data_received(wire[cut:])
-    assert relay.pieces == [("raw", b"a\r\n" + b"a" * 10 + b"\r\n"), ("body", b"bbbb"), ("body", b"b" * 6),
-                            ("raw", b"a\r\n" + b"c" * 10 + b"\r\n")]
+    assert relay.pieces == [
+        ("raw", b"a\r\n" + b"a" * 10 + b"\r\n"),
+        ("body", b"bbbb"),
+        ("body", b"b" * 6),
+        ("raw", b"a\r\n" + b"c" * 10 + b"\r\n"),
+    ]
     assert relay.done == 1
 
 
-@pytest.mark.parametrize("bad", [b"zz\r\nab\r\n", b"2\r\nabc\r\n", b"2\nab\r\n", b"\r\n", b"2\r\nab\n\n",
-                                 b"10000000000000000\r\n"])
+@pytest.mark.parametrize(
+    "bad", [b"zz\r\nab\r\n", b"2\r\nabc\r\n", b"2\nab\r\n", b"\r\n", b"2\r\nab\n\n", b"10000000000000000\r\n"]
+)
 def test_bad_framing_fails_the_request_and_closes_the_connection(bad):
     relay = _Relay(True)
     conn, t = _conn(relay)
@@ -193,7 +204,7 @@ def test_engine_closing_inside_a_chunk_fails_after_the_whole_chunks_went_on():
     wire = _wire([b"x" * 8, b"y" * 8], False, False)
     relay = _Relay(True)
     conn, _ = _conn(relay)
-    conn.data_received(wire[:wire.index(b"y" * 8) + 3])
+    conn.data_received(wire[: wire.index(b"y" * 8) + 3])
     conn.connection_lost(None)
     assert [k for k, _ in relay.pieces] == ["raw", "body"]
     assert len(relay.errors) == 1 and relay.errors[0].received
@@ -202,12 +213,21 @@ def test_engine_closing_inside_a_chunk_fails_after_the_whole_chunks_went_on():
 
 
 def test_only_a_chunked_head_is_read_here():
-    assert scan_chunked_head(HEAD, 0) == (200, {"content-type": "text/event-stream", "transfer-encoding": "chunked",
-                                               "date": "Sun, 29 Nov 2026 22:00:00 GMT"}, True, len(HEAD))
+    assert scan_chunked_head(HEAD, 0) == (
+        200,
+        {"content-type": "text/event-stream", "transfer-encoding": "chunked", "date": "Sun, 29 Nov 2026 22:00:00 GMT"},
+        True,
+        len(HEAD),
+    )
     both = HEAD.replace(b"\r\n\r\n", b"\r\ncontent-length: 5\r\n\r\n")
     gzip = HEAD.replace(b"chunked", b"gzip, chunked")
-    for other in (both, gzip, HEAD.replace(b"transfer-encoding: chunked\r\n", b"content-length: 0\r\n"),
-                  HEAD.replace(b"HTTP/1.1 200", b"HTTP/1.1 204"), HEAD[:-1]):
+    for other in (
+        both,
+        gzip,
+        HEAD.replace(b"transfer-encoding: chunked\r\n", b"content-length: 0\r\n"),
+        HEAD.replace(b"HTTP/1.1 200", b"HTTP/1.1 204"),
+        HEAD[:-1],
+    ):
         assert scan_chunked_head(other, 0) is None
 
 
@@ -219,13 +239,16 @@ class _Keep(ResponseHandler):
         self.done += 1
 
 
-@pytest.mark.parametrize("wire", [
-    b"HTTP/1.1 200 OK\r\ndate: x\r\nContent-Type: application/json\r\ncontent-length: 2\r\n\r\n{}",
-    b"HTTP/1.1 503 Busy\r\ncontent-type: text/plain; charset=utf-8\r\nset-cookie: a\r\n"
-    b"set-cookie: b\r\ncontent-length: 4\r\n\r\nbusy",
-    b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
-    HEAD + b"3\r\nabc\r\n0\r\n\r\n",
-])
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"HTTP/1.1 200 OK\r\ndate: x\r\nContent-Type: application/json\r\ncontent-length: 2\r\n\r\n{}",
+        b"HTTP/1.1 503 Busy\r\ncontent-type: text/plain; charset=utf-8\r\nset-cookie: a\r\n"
+        b"set-cookie: b\r\ncontent-length: 4\r\n\r\nbusy",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+        HEAD + b"3\r\nabc\r\n0\r\n\r\n",
+    ],
+)
 def test_a_head_read_whole_is_what_llhttp_reads_from_the_same_bytes_split(wire):
     # One read: the compiled scanner (headers made only when asked); split inside the
     # status line: llhttp's callbacks. The exchange reads these fields, not the dict.
@@ -235,8 +258,17 @@ def test_a_head_read_whole_is_what_llhttp_reads_from_the_same_bytes_split(wire):
         conn, _ = _conn(handler)
         _feed(conn, wire, cuts)
         assert handler.done == 1
-        seen.append((conn.status, conn.keep_alive, conn.content_type, conn.has_length, conn.te_chunked,
-                     dict(conn.headers), conn.take()))
+        seen.append(
+            (
+                conn.status,
+                conn.keep_alive,
+                conn.content_type,
+                conn.has_length,
+                conn.te_chunked,
+                dict(conn.headers),
+                conn.take(),
+            )
+        )
     assert seen[0] == seen[1]
     status, _, ct, has_length, te_chunked, headers, _ = seen[0]
     assert ct == headers.get("content-type") and has_length == ("content-length" in headers)

@@ -6,6 +6,7 @@ keeps vLLM's default replay buffer; the Llama-3-style model's keeps 4 batches, s
 gateway joining it after some traffic finds batch 0 gone, as it does on engines that have
 run for hours.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -25,8 +26,9 @@ class Pairs:
             return self.current[1]
         self.close()
         served, buffer_steps = PAIRS[kind]
-        pair = EnginePair(self.py, self.models[kind], served, self.log_dir, prefix=f"{kind}-",
-                          buffer_steps=buffer_steps).start()
+        pair = EnginePair(
+            self.py, self.models[kind], served, self.log_dir, prefix=f"{kind}-", buffer_steps=buffer_steps
+        ).start()
         self.current = (kind, pair)
         return pair
 

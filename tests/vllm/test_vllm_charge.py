@@ -2,6 +2,7 @@
 line, run as written (ports moved off 8000/9090 through the environment the README
 documents, nothing on PATH), starts a real vLLM CPU engine from the checkout's .vllm-venv
 and the gateway in front; a chat completion comes back from vLLM through the gateway."""
+
 from __future__ import annotations
 
 import json
@@ -40,21 +41,31 @@ def test_the_readmes_charge_velocity_engine_vllm_serves_through_the_gateway(vllm
     cmd[0] = str(ROOT / cmd[0])
     port = free_port_range(2)
     env = {k: v for k, v in os.environ.items() if not k.startswith("VELOCITY_")}
-    env.update(PYTHONPATH=str(ROOT), VELOCITY_HOST="127.0.0.1", VELOCITY_PORT=str(port),
-               VELOCITY_ADMIN_PORT=str(port + 1), PATH=os.path.dirname(sys.executable) + ":/usr/bin:/bin")
+    env.update(
+        PYTHONPATH=str(ROOT),
+        VELOCITY_HOST="127.0.0.1",
+        VELOCITY_PORT=str(port),
+        VELOCITY_ADMIN_PORT=str(port + 1),
+        PATH=os.path.dirname(sys.executable) + ":/usr/bin:/bin",
+    )
     out = tmp_path / "charge.log"
     proc = start(cmd, log=out, append=False, cwd=str(ROOT), env=env)
     try:
         deadline = time.monotonic() + START_S
-        while (time.monotonic() < deadline and proc.poll() is None
-               and b"velocityllm chargeVelocity" not in out.read_bytes()):
+        while (
+            time.monotonic() < deadline
+            and proc.poll() is None
+            and b"velocityllm chargeVelocity" not in out.read_bytes()
+        ):
             time.sleep(0.5)
         assert b"velocityllm chargeVelocity" in out.read_bytes(), out.read_text(errors="replace")[-4000:]
         assert "engines:  vllm: vllm-cpu-0" in out.read_text()  # one engine by default on CPU
-        body = json.dumps({"model": "chatml", "messages": [{"role": "user", "content": PROMPT}],
-                           "max_tokens": 8}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", body,
-                                     {"content-type": "application/json"})
+        body = json.dumps(
+            {"model": "chatml", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8}
+        ).encode()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions", body, {"content-type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=60) as r:
             assert r.status == 200
             got = json.loads(r.read())

@@ -2,6 +2,7 @@
 serving the same model name with the model's own tokenizer and vLLM's block size. Every
 difference in what a gateway or a client reads is either gone or declared deliberate (with
 its reason, in velocity_fast/sim/fidelity.py and docs/design.md)."""
+
 from __future__ import annotations
 
 import json
@@ -20,12 +21,21 @@ VLLM_BLOCK_SIZE = 128  # vLLM's CPU default (vllm:cache_config_info)
 
 def test_the_sim_answers_as_vllm_does(chatml, tmp_path):
     eng = chatml.engines[0]
-    kv = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"ipc://{tmp_path}/sim.kv",
-          "topic": "kv"}
+    kv = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"ipc://{tmp_path}/sim.kv", "topic": "kv"}
     tokenizer = Path(chatml.model_dir) / "tokenizer.json"
-    with sim_engine("--max-num-seqs", str(MAX_NUM_SEQS), "--max-model-len", str(MAX_MODEL_LEN),
-                    "--block-size", str(VLLM_BLOCK_SIZE), "--tokenizer", str(tokenizer),
-                    "--kv-events-config", json.dumps(kv), model=chatml.model) as sim:
+    with sim_engine(
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--block-size",
+        str(VLLM_BLOCK_SIZE),
+        "--tokenizer",
+        str(tokenizer),
+        "--kv-events-config",
+        json.dumps(kv),
+        model=chatml.model,
+    ) as sim:
         vllm_obs = fidelity.observe(eng.url, chatml.model, eng.pub, "kv", MAX_MODEL_LEN)
         sim_obs = fidelity.observe(sim.url, chatml.model, kv["endpoint"], "kv", MAX_MODEL_LEN)
     rep = fidelity.compare(sim_obs, vllm_obs)

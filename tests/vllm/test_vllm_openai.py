@@ -9,6 +9,7 @@ model: the text is gibberish, everything the gateway reads is vLLM's own).
 - ``/v1/models``, and ``max_model_len`` read from vLLM;
 - admission's learned batch equals ``--max-num-seqs``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -50,14 +51,17 @@ def normalized(events: list[str]) -> dict:
     ids, timestamps, and where vLLM cuts the text into chunks (its API server merges the
     deltas of steps it fell behind on, so the cuts move with the machine's load)."""
     chunks = [json.loads(ev) for ev in events if ev.startswith("{")]
-    return {"done": events[-1] == "[DONE]" and events.count("[DONE]") == 1,
-            "shapes": {_skeleton({k: v for k, v in c.items() if k not in ("id", "created")}) for c in chunks},
-            "models": {c["model"] for c in chunks},
-            "role": [c["choices"][0]["delta"].get("role") for c in chunks if c["choices"]][:1],
-            "text": "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]),
-            "finish": [c["choices"][0]["finish_reason"] for c in chunks
-                       if c["choices"] and c["choices"][0]["finish_reason"]],
-            "usage": [c["usage"] for c in chunks if c.get("usage")]}
+    return {
+        "done": events[-1] == "[DONE]" and events.count("[DONE]") == 1,
+        "shapes": {_skeleton({k: v for k, v in c.items() if k not in ("id", "created")}) for c in chunks},
+        "models": {c["model"] for c in chunks},
+        "role": [c["choices"][0]["delta"].get("role") for c in chunks if c["choices"]][:1],
+        "text": "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]),
+        "finish": [
+            c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]
+        ],
+        "usage": [c["usage"] for c in chunks if c.get("usage")],
+    }
 
 
 async def _is(fn, value) -> bool:
@@ -82,15 +86,17 @@ async def test_chat_and_completions_streamed_and_not(chatml):
         assert d["object"] == "chat.completion" and d["choices"][0]["message"]["role"] == "assistant"
         assert d["usage"]["completion_tokens"] == 8 and d["usage"]["prompt_tokens"] > 0
 
-        r = await http_request(gw.port, "POST", COMPLETIONS,
-                               {"model": model, "prompt": "the gateway", "max_tokens": 8}, timeout=60)
+        r = await http_request(
+            gw.port, "POST", COMPLETIONS, {"model": model, "prompt": "the gateway", "max_tokens": 8}, timeout=60
+        )
         assert r.status == 200, r.body
         assert r.json()["object"] == "text_completion" and r.json()["usage"]["completion_tokens"] == 8
 
         usage = {"stream_options": {"include_usage": True}}
-        for path, body in ((CHAT, chat(model, stream=True, **usage)),
-                           (COMPLETIONS, {"model": model, "prompt": "the gateway", "max_tokens": 8, "stream": True,
-                                          **usage})):
+        for path, body in (
+            (CHAT, chat(model, stream=True, **usage)),
+            (COMPLETIONS, {"model": model, "prompt": "the gateway", "max_tokens": 8, "stream": True, **usage}),
+        ):
             status, events = await stream_events(gw.port, path, body)
             assert status == 200 and events[-1] == "[DONE]", events[-3:]
             chunks = [json.loads(e) for e in events[:-1]]
@@ -116,10 +122,16 @@ async def test_a_stream_with_usage_is_vllms_own_stream(chatml):
 async def test_n_logprobs_and_tools_bodies_get_vllms_answer(chatml):
     model = chatml.model
     direct = chatml.engines[0]
-    tools = [{"type": "function", "function": {"name": "lookup", "description": "look a word up",
-                                                "parameters": {"type": "object",
-                                                               "properties": {"word": {"type": "string"}},
-                                                               "required": ["word"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": "look a word up",
+                "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]},
+            },
+        }
+    ]
     async with vllm_gateway([direct]) as gw:
         r = await http_request(gw.port, "POST", CHAT, chat(model, n=2), timeout=60)
         assert r.status == 200, r.body
@@ -131,8 +143,11 @@ async def test_n_logprobs_and_tools_bodies_get_vllms_answer(chatml):
         content = r.json()["choices"][0]["logprobs"]["content"]
         assert len(content) == 8 and all(len(t["top_logprobs"]) == 2 for t in content)
 
-        for extra in ({"tools": tools}, {"tools": tools, "tool_choice": "none"},
-                      {"tools": tools, "tool_choice": "auto"}):
+        for extra in (
+            {"tools": tools},
+            {"tools": tools, "tool_choice": "none"},
+            {"tools": tools, "tool_choice": "auto"},
+        ):
             body = chat(model, temperature=0, **extra)
             via = await http_request(gw.port, "POST", CHAT, body, timeout=60)
             own = await http_request(direct.port, "POST", CHAT, body, timeout=60)
@@ -172,8 +187,9 @@ async def test_models_and_max_model_len_are_read_from_vllm(chatml):
         r = await http_request(gw.port, "GET", "/v1/models", timeout=30)
         assert r.status == 200
         assert [m["id"] for m in r.json()["data"]] == [chatml.model]
-        await wait_until(lambda: all(e.max_model_len for e in gw.endpoints.values()), 10.0,
-                         what="max_model_len from vLLM")
+        await wait_until(
+            lambda: all(e.max_model_len for e in gw.endpoints.values()), 10.0, what="max_model_len from vLLM"
+        )
         assert {e.max_model_len for e in gw.endpoints.values()} == {MAX_MODEL_LEN}
 
 
@@ -217,9 +233,11 @@ async def test_the_learned_batch_is_vllms_max_num_seqs(chatml):
         # More than both engines can run at once, in the low band (it queues, never declined).
         tasks = [asyncio.create_task(client()) for _ in range(3 * MAX_NUM_SEQS)]
         try:
+
             def learned():
                 eps = gw.admission.stats()["endpoints"]
                 return all(v["batch_capacity"] is not None for v in eps.values())
+
             await wait_until(learned, 60.0, interval=0.1, what="both engines' batch learned")
             caps = {k: v["batch_capacity"] for k, v in gw.admission.stats()["endpoints"].items()}
             assert set(caps.values()) == {MAX_NUM_SEQS}, caps

@@ -13,6 +13,7 @@ and one whose template is not (Llama-3-style headers, a BOS token in the templat
 Each phase uses system prompts of its own, so no phase finds another's blocks cached;
 the hit rates are the deltas of vLLM's counters over the phase.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -54,7 +55,7 @@ def system_prompts(phase: str, n: int = GROUPS, words: int = 520) -> list[str]:
     out = []
     for g in range(n):
         start = rng.randrange(len(WORDS) - words)
-        out.append(f"{phase} group {g}. " + " ".join(WORDS[start:start + words]))
+        out.append(f"{phase} group {g}. " + " ".join(WORDS[start : start + words]))
     return out
 
 
@@ -82,9 +83,15 @@ async def run_phase(port: int, pair, phase: str, prompts_of: str | None = None) 
     sem = asyncio.Semaphore(CONCURRENCY)
 
     async def one(i: int, g: int) -> None:
-        body = {"model": pair.model, "max_tokens": 2, "temperature": 0,
-                "messages": [{"role": "system", "content": prompts[g]},
-                             {"role": "user", "content": f"question {i}: what does {WORDS[i * 7]} mean?"}]}
+        body = {
+            "model": pair.model,
+            "max_tokens": 2,
+            "temperature": 0,
+            "messages": [
+                {"role": "system", "content": prompts[g]},
+                {"role": "user", "content": f"question {i}: what does {WORDS[i * 7]} mean?"},
+            ],
+        }
         async with sem:
             r = await http_request(port, "POST", CHAT, body, timeout=120)
         assert r.status == 200, r.body
@@ -98,8 +105,7 @@ async def run_phase(port: int, pair, phase: str, prompts_of: str | None = None) 
 
 async def precise_phase(pair, phase: str, prompts_of: str | None = None) -> tuple[float, float, dict]:
     async with gateway(pair, precise_routing(pair)) as gw:
-        await wait_until(lambda: all(gw.kv.index.exact(e.name) for e in pair.engines), 15.0,
-                         what="exact indexes")
+        await wait_until(lambda: all(gw.kv.index.exact(e.name) for e in pair.engines), 15.0, what="exact indexes")
         hit = await run_phase(gw.port, pair, phase, prompts_of)
         st = gw.kv.stats()
         picks = {k[1]: v.value for k, v in gw.registry.get("velocity_prefix_precise_picks_total").children()}
@@ -118,8 +124,12 @@ def tokens_as_vllm(pair) -> None:
 
     from velocity_fast.routing.precise.template import load_renderer, load_tokenizer, message_texts
 
-    msgs = [{"role": "system", "content": "be brief."}, {"role": "user", "content": "how is a request routed?"},
-            {"role": "assistant", "content": "by its prefix."}, {"role": "user", "content": "and then?"}]
+    msgs = [
+        {"role": "system", "content": "be brief."},
+        {"role": "user", "content": "how is a request routed?"},
+        {"role": "assistant", "content": "by its prefix."},
+        {"role": "user", "content": "and then?"},
+    ]
     body = json.dumps({"model": pair.model, "messages": msgs}).encode()
     req = urllib.request.Request(pair.engines[0].url + "/tokenize", body, {"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as r:
@@ -142,13 +152,15 @@ async def test_precise_routing_from_vllms_events(kind, vllm_pairs):
     # A gateway that joins engines that have run traffic (a restart, a second replica),
     # with the prompts the engines already hold (other questions).
     hits["joined"], joined_share, eps = await precise_phase(pair, f"{kind}-joined", f"{kind}-precise")
-    print(f"{kind}: vLLM hit rate {', '.join(f'{k} {v:.3f}' for k, v in hits.items())}; "
-          f"precise share {share:.3f}, joined {joined_share:.3f}; joined endpoints "
-          f"{ {k: {f: v[f] for f in ('joins', 'replayed', 'adopted', 'orphans')} for k, v in eps.items()} }")
+    print(
+        f"{kind}: vLLM hit rate {', '.join(f'{k} {v:.3f}' for k, v in hits.items())}; "
+        f"precise share {share:.3f}, joined {joined_share:.3f}; joined endpoints "
+        f"{ {k: {f: v[f] for f in ('joins', 'replayed', 'adopted', 'orphans')} for k, v in eps.items()} }"
+    )
     assert share >= 0.9 and joined_share >= 0.9, (share, joined_share)
     assert hits["precise"] >= hits["approximate"] > hits["round-robin"], hits
     assert hits["precise"] >= 1.15 * hits["round-robin"], hits
-    assert hits["joined"] >= hits["precise"], hits   # its prompts were cached: none placed cold again
+    assert hits["joined"] >= hits["precise"], hits  # its prompts were cached: none placed cold again
     if kind == "chatml":
         # vLLM's buffer still holds batch 0: the joining gateway rebuilt from its replay socket.
         assert all(v["replayed"] > 0 and v["joins"] == 0 for v in eps.values()), eps
@@ -168,8 +180,11 @@ async def test_an_engine_killed_and_restarted_leaves_no_stale_blocks(vllm_pairs)
         # load resyncs the index from a 4-batch buffer. Events were applied in any case.)
         assert gw.kv.index.stats(e1.name).events > 0
         await asyncio.to_thread(e1.stop)
-        await wait_until(lambda: gw.kv.index.size(e1.name) == 0 and not gw.kv.index.exact(e1.name), 10.0,
-                         what="the dead engine's blocks dropped")
+        await wait_until(
+            lambda: gw.kv.index.size(e1.name) == 0 and not gw.kv.index.exact(e1.name),
+            10.0,
+            what="the dead engine's blocks dropped",
+        )
         e1.spawn()
         await asyncio.to_thread(e1.wait_ready, time.monotonic() + 240)
         await asyncio.to_thread(e1.warm_up)

@@ -3,6 +3,7 @@ CPU engines: the Responses and Messages APIs go through admission and settle a t
 from their own usage shapes (whole and streamed); /tokenize, /detokenize and /version are
 vLLM's own answers relayed; GET /v1/models/{id} is the gateway's (vLLM has no such route);
 /v1/embeddings on a generation model is vLLM's own 404."""
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,14 @@ async def test_responses_and_messages_settle_the_tenant_from_vllms_usage(chatml)
     model = chatml.model
     async with gateway(chatml, tenants=TENANT) as gw:
         t = gw.identity.tenants["t"]
-        r = await http_request(gw.port, "POST", "/v1/responses",
-                               {"model": model, "input": "hello there", "max_output_tokens": 7}, AUTH, timeout=60)
+        r = await http_request(
+            gw.port,
+            "POST",
+            "/v1/responses",
+            {"model": model, "input": "hello there", "max_output_tokens": 7},
+            AUTH,
+            timeout=60,
+        )
         assert r.status == 200, r.body
         got = r.json()
         assert got["object"] == "response" and got["usage"]["output_tokens"] == 7
@@ -51,8 +58,12 @@ async def test_responses_and_messages_settle_the_tenant_from_vllms_usage(chatml)
         await wait_until(lambda: t.served_completion == 7, 10.0, what="the answer settled")
         assert t.served_prompt == got["usage"]["input_tokens"] > 0
 
-        evs = await _events(gw.port, "/v1/responses",
-                            {"model": model, "input": "hello again", "max_output_tokens": 5, "stream": True}, AUTH)
+        evs = await _events(
+            gw.port,
+            "/v1/responses",
+            {"model": model, "input": "hello again", "max_output_tokens": 5, "stream": True},
+            AUTH,
+        )
         done = [d for k, d in evs if k == "response.completed"]
         assert done and done[0]["response"]["usage"]["output_tokens"] == 5
         await wait_until(lambda: t.served_completion == 12, 10.0, what="the Responses stream settled")
@@ -71,8 +82,10 @@ async def test_responses_and_messages_settle_the_tenant_from_vllms_usage(chatml)
 async def test_relayed_routes_are_vllms_own_answers(chatml):
     model, eng = chatml.model, chatml.engines[0]
     async with gateway(chatml) as gw:
-        for path, body in (("/tokenize", {"model": model, "prompt": "hello world"}),
-                           ("/detokenize", {"model": model, "tokens": [5, 6, 7]})):
+        for path, body in (
+            ("/tokenize", {"model": model, "prompt": "hello world"}),
+            ("/detokenize", {"model": model, "tokens": [5, 6, 7]}),
+        ):
             via = await http_request(gw.port, "POST", path, body)
             direct = await http_request(int(eng.url.rsplit(":", 1)[1]), "POST", path, body)
             assert via.status == direct.status == 200, (path, via.body)

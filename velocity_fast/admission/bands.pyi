@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.admission.bands (priority bands of per-tenant queues)."""
+
 from collections.abc import Hashable, Iterator
 from typing import Any
 
@@ -123,8 +124,14 @@ class BandQueues:
     def get(self, item_id: int) -> Item | None: ...
     def count_through(self, band: int) -> int: ...
     def enqueue(
-        self, waiter: Any, tenant: Hashable, band: int, nbytes: int,
-        tokens: float, deadline: float, now: float,
+        self,
+        waiter: Any,
+        tenant: Hashable,
+        band: int,
+        nbytes: int,
+        tokens: float,
+        deadline: float,
+        now: float,
     ) -> int: ...
     def effective_band(self, item: Item, now: float) -> int: ...
     def pop(self, band: int, now: float) -> Item | None: ...

@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.admission.controller (admission's request path)."""
+
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -20,14 +21,22 @@ STATS_WHOLE: frozenset[str]
 
 class Ticket:
     """One request as admission sees it."""
+
     band: str | None
     tenant: str | None
     sla_ms: float | None
     max_tokens: int
     prompt_bytes: int
     model: str | None
-    def __init__(self, band: str | None = None, tenant: str | None = None, sla_ms: float | None = None,
-                 max_tokens: int | None = 16, prompt_bytes: int = 0, model: str | None = None) -> None: ...
+    def __init__(
+        self,
+        band: str | None = None,
+        tenant: str | None = None,
+        sla_ms: float | None = None,
+        max_tokens: int | None = 16,
+        prompt_bytes: int = 0,
+        model: str | None = None,
+    ) -> None: ...
 
 class EndpointState:
     """Admission's private view of one endpoint."""
@@ -46,6 +55,7 @@ class EndpointState:
 
 class PoolState:
     """One pool's queues and what is granted but not yet bound."""
+
     pending: int
     states: list[EndpointState]
     loads: list[EndpointLoad]
@@ -115,6 +125,7 @@ class Lease(RoomFilter):
 
 class Admission:
     """Whether and when each request runs. See docs/internals.md ("Admission")."""
+
     settings: Any
     policy: Any
     pools: dict
@@ -126,8 +137,14 @@ class Admission:
     @property
     def promise_counts(self) -> dict[str, int]:
         """Retry-After times told (``made``) and, of those come due, ``kept`` and ``broken``."""
-    def __init__(self, settings: Any, pools: dict, policy: Any = "dynamic", registry: Any = None,
-                 clock: Callable[[], float] = ...) -> None: ...
+    def __init__(
+        self,
+        settings: Any,
+        pools: dict,
+        policy: Any = "dynamic",
+        registry: Any = None,
+        clock: Callable[[], float] = ...,
+    ) -> None: ...
     async def admit(self, ticket: Ticket) -> Lease:
         """Grant a lease now or after a wait; raise Rejected when declined."""
     def on_metrics(self, ep: Endpoint) -> None:
@@ -150,8 +167,9 @@ class Admission:
     def open_estimate(self, model: Any, chat: bool) -> OutputEstimate | None:
         """The output tokens estimate of ``model``'s pool (None: the default pool) for a request
         that names no max tokens, chat or /v1/completions; None: no such pool."""
-    def prediction(self, model: Any = None, band: str | None = None,
-                   max_tokens: int = 16, prompt_bytes: int = 0) -> tuple[float, float] | None:
+    def prediction(
+        self, model: Any = None, band: str | None = None, max_tokens: int = 16, prompt_bytes: int = 0
+    ) -> tuple[float, float] | None:
         """``(wait_s, service_s)`` the SLA check would predict now; None while nothing is known."""
     def has_room(self, ep: Endpoint) -> bool:
         """True when ``ep`` may take one more request now (the router's filter)."""

@@ -20,8 +20,10 @@ def retry_headers(retry_after: float) -> list[tuple[str, str]]:
     # not finite never reaches ceil() (nan < x is false).
     if not retry_after < RETRY_AFTER_MAX_S:
         retry_after = RETRY_AFTER_MAX_S
-    return [("retry-after", str(max(1, math.ceil(retry_after - 1e-9)))),
-            ("retry-after-ms", str(max(1, round(retry_after * 1000.0))))]
+    return [
+        ("retry-after", str(max(1, math.ceil(retry_after - 1e-9)))),
+        ("retry-after-ms", str(max(1, round(retry_after * 1000.0)))),
+    ]
 
 
 class AdmissionConfigError(ValueError):

@@ -7,11 +7,13 @@ PACE_WINDOW_S: float
 
 class EndpointPace:
     """One engine's pace as admission judges it."""
+
     high: bool
     solo: float
 
 class PoolPace:
     """One pool's pace needs, and its engines' best."""
+
     need: float
     need_before: float
     since: float

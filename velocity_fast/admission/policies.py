@@ -23,8 +23,17 @@ from velocity_fast.admission.bands import BandQueues
 from velocity_fast.admission.saturation import Saturation
 from velocity_fast.admission.settings import POLICIES, AdmissionSettings, BandSettings
 
-__all__ = ["RoundRobin", "TokenWeighted", "Locality", "Fifo", "EarliestDeadline", "FixedConcurrency",
-           "EngineSaturation", "Policy", "make_policy"]
+__all__ = [
+    "RoundRobin",
+    "TokenWeighted",
+    "Locality",
+    "Fifo",
+    "EarliestDeadline",
+    "FixedConcurrency",
+    "EngineSaturation",
+    "Policy",
+    "make_policy",
+]
 
 
 class RoundRobin:
@@ -93,8 +102,7 @@ class EngineSaturation:
 
     name = "engine"
 
-    def __init__(self, queue_threshold: float = 5.0, kv_threshold: float = 0.8,
-                 stale_after_s: float = 1.0) -> None:
+    def __init__(self, queue_threshold: float = 5.0, kv_threshold: float = 0.8, stale_after_s: float = 1.0) -> None:
         self.model = Saturation(queue_threshold, kv_threshold, stale_after_s)
         self.pool = self.model.pool
 
@@ -106,9 +114,21 @@ class EngineSaturation:
 class Policy:
     """One named combination of the pieces above plus the behaviour switches."""
 
-    def __init__(self, name: str, *, bands: list[BandSettings], fairness, ordering, saturation,
-                 adaptive: bool, sla_reject: bool, drop_hopeless: bool, oom_throttle: bool,
-                 aging_step_s: float, weights: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        bands: list[BandSettings],
+        fairness,
+        ordering,
+        saturation,
+        adaptive: bool,
+        sla_reject: bool,
+        drop_hopeless: bool,
+        oom_throttle: bool,
+        aging_step_s: float,
+        weights: dict[str, float] | None = None,
+    ) -> None:
         self.name = name
         self.bands = bands
         self.fairness = fairness
@@ -129,8 +149,9 @@ class Policy:
     @property
     def counts_tokens(self) -> bool:
         """Some band serves its tenants by token counter (tokens or locality)."""
-        return self.fairness.token_fair or any(getattr(b, "fairness", None) in ("tokens", "locality")
-                                               for b in self.bands)
+        return self.fairness.token_fair or any(
+            getattr(b, "fairness", None) in ("tokens", "locality") for b in self.bands
+        )
 
     @property
     def single_band(self) -> bool:
@@ -140,22 +161,31 @@ class Policy:
     def make_queues(self, settings: AdmissionSettings) -> BandQueues:
         """Fresh compiled queues configured for this policy."""
         specs = [(b.queue_capacity, b.queue_bytes, b.ttl_ms / 1000.0) for b in self.bands]
-        return BandQueues(specs, settings.global_capacity, settings.global_bytes,
-                          self.ordering.edf, self.fairness.token_fair, self.aging_step_s,
-                          self.weights, settings.fairness_output_weight, self.band_fairness(settings),
-                          settings.fairness_locality_bound)
+        return BandQueues(
+            specs,
+            settings.global_capacity,
+            settings.global_bytes,
+            self.ordering.edf,
+            self.fairness.token_fair,
+            self.aging_step_s,
+            self.weights,
+            settings.fairness_output_weight,
+            self.band_fairness(settings),
+            settings.fairness_locality_bound,
+        )
 
     def __repr__(self) -> str:
-        return (f"Policy({self.name}: {self.fairness.name}/{self.ordering.name}/"
-                f"{self.saturation.name}, bands={[b.name for b in self.bands]})")
+        return (
+            f"Policy({self.name}: {self.fairness.name}/{self.ordering.name}/"
+            f"{self.saturation.name}, bands={[b.name for b in self.bands]})"
+        )
 
 
 def _fairness(settings: AdmissionSettings):
     return {"tokens": TokenWeighted, "locality": Locality}.get(settings.fairness, RoundRobin)()
 
 
-def make_policy(name: str, settings: AdmissionSettings,
-                weights: dict[str, float] | None = None) -> Policy:
+def make_policy(name: str, settings: AdmissionSettings, weights: dict[str, float] | None = None) -> Policy:
     """The policy ``static``, ``dynamic`` or ``smart`` for these settings; ``weights``:
     tenant name -> its share in fairness (a tenant not named has 1)."""
     if name not in POLICIES:
@@ -164,20 +194,38 @@ def make_policy(name: str, settings: AdmissionSettings,
         # One band that holds what all bands would, with the longest TTL: the
         # baseline queues everything in arrival order and never holds work back.
         one = BandSettings(
-            name="all", ceiling=math.inf,
+            name="all",
+            ceiling=math.inf,
             queue_capacity=sum(b.queue_capacity for b in settings.bands),
-            queue_bytes=sum(b.queue_bytes for b in settings.bands)
-            if all(b.queue_bytes for b in settings.bands) else 0,
-            ttl_ms=max(b.ttl_ms for b in settings.bands))
-        return Policy("static", bands=[one], fairness=_fairness(settings), ordering=Fifo(),
-                      saturation=FixedConcurrency(), adaptive=False, sla_reject=False,
-                      drop_hopeless=False, oom_throttle=False, aging_step_s=0.0,
-                      weights=weights)
-    sat = EngineSaturation(settings.queue_threshold, settings.kv_threshold,
-                           settings.stale_after_ms / 1000.0)
-    return Policy(name, bands=list(settings.bands), fairness=_fairness(settings),
-                  ordering=EarliestDeadline() if name == "smart" else Fifo(), saturation=sat,
-                  # docs/design.md, "Admission" puts declining queued requests that can no longer meet
-                  # their deadline under SLA-aware admission, which both policies do.
-                  adaptive=True, sla_reject=True, drop_hopeless=True, oom_throttle=True,
-                  aging_step_s=settings.aging_step_ms / 1000.0, weights=weights)
+            queue_bytes=sum(b.queue_bytes for b in settings.bands) if all(b.queue_bytes for b in settings.bands) else 0,
+            ttl_ms=max(b.ttl_ms for b in settings.bands),
+        )
+        return Policy(
+            "static",
+            bands=[one],
+            fairness=_fairness(settings),
+            ordering=Fifo(),
+            saturation=FixedConcurrency(),
+            adaptive=False,
+            sla_reject=False,
+            drop_hopeless=False,
+            oom_throttle=False,
+            aging_step_s=0.0,
+            weights=weights,
+        )
+    sat = EngineSaturation(settings.queue_threshold, settings.kv_threshold, settings.stale_after_ms / 1000.0)
+    return Policy(
+        name,
+        bands=list(settings.bands),
+        fairness=_fairness(settings),
+        ordering=EarliestDeadline() if name == "smart" else Fifo(),
+        saturation=sat,
+        # docs/design.md, "Admission" puts declining queued requests that can no longer meet
+        # their deadline under SLA-aware admission, which both policies do.
+        adaptive=True,
+        sla_reject=True,
+        drop_hopeless=True,
+        oom_throttle=True,
+        aging_step_s=settings.aging_step_ms / 1000.0,
+        weights=weights,
+    )

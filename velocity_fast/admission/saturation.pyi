@@ -6,6 +6,7 @@ STALE_AFTER_S: float
 
 class EndpointLoad:
     """What saturation knows of one endpoint."""
+
     inflight: int
     limit: int
     healthy: bool
@@ -42,9 +43,7 @@ def free_slots(eps: list, pending: int) -> int:
 
 class Saturation:
     """The saturation formula with its thresholds."""
-    def __init__(
-        self, queue_threshold: float = 5.0, kv_threshold: float = 0.8, stale_after: float = 1.0
-    ) -> None: ...
+    def __init__(self, queue_threshold: float = 5.0, kv_threshold: float = 0.8, stale_after: float = 1.0) -> None: ...
     @property
     def queue_threshold(self) -> float: ...
     @property
@@ -53,7 +52,12 @@ class Saturation:
     def stale_after(self) -> float: ...
     def endpoint(self, load: EndpointLoad, now: float, extra: float = 0.0, soft_scale: float = 1.0) -> float: ...
     def update(
-        self, load: EndpointLoad, running: float, waiting: float, kv: float,
-        scraped_at: float, now: float,
+        self,
+        load: EndpointLoad,
+        running: float,
+        waiting: float,
+        kv: float,
+        scraped_at: float,
+        now: float,
     ) -> float: ...
     def pool(self, loads: list[EndpointLoad], pending: float, now: float, soft_scale: float = 1.0) -> float: ...

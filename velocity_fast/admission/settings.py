@@ -22,15 +22,14 @@ POLICIES = ("static", "dynamic", "smart")
 # at a day, counts at what one process can hold, so no value makes an infinite wait, an
 # integer overflow or an allocation that cannot succeed.
 DAY_MS = 86_400_000.0
-_Ms = Annotated[float, msgspec.Meta(gt=0, le=DAY_MS)]                 # a duration
-_MsOrOff = Annotated[float, msgspec.Meta(ge=0, le=DAY_MS)]            # 0: off
-_Count = Annotated[int, msgspec.Meta(ge=0, le=10_000_000)]            # 0: no limit
-_Bytes = Annotated[int, msgspec.Meta(ge=0, le=2 ** 40)]               # 0: no limit
+_Ms = Annotated[float, msgspec.Meta(gt=0, le=DAY_MS)]  # a duration
+_MsOrOff = Annotated[float, msgspec.Meta(ge=0, le=DAY_MS)]  # 0: off
+_Count = Annotated[int, msgspec.Meta(ge=0, le=10_000_000)]  # 0: no limit
+_Bytes = Annotated[int, msgspec.Meta(ge=0, le=2**40)]  # 0: no limit
 _Concurrency = Annotated[int, msgspec.Meta(ge=1, le=100_000)]
 _Fraction = Annotated[float, msgspec.Meta(gt=0, le=1)]
-_Waiting = Annotated[float, msgspec.Meta(gt=0, le=1_000_000)]         # requests waiting in an engine
-_Tolerance = Annotated[float, msgspec.Meta(ge=0, le=100)]             # a fraction of the deadline
-
+_Waiting = Annotated[float, msgspec.Meta(gt=0, le=1_000_000)]  # requests waiting in an engine
+_Tolerance = Annotated[float, msgspec.Meta(ge=0, le=100)]  # a fraction of the deadline
 
 
 class BandSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -64,8 +63,7 @@ def _default_bands() -> list[BandSettings]:
         BandSettings(name="normal", ceiling=1.0, queue_capacity=1000, ttl_ms=30000.0),
         # Batch work: no deadline, and all of each engine's batch but a slot or a
         # twentieth, whichever is more, kept for higher bands.
-        BandSettings(name="low", ceiling=0.8, queue_capacity=5000, ttl_ms=120000.0, sla_ms=0.0,
-                     soft_ceiling=0.7),
+        BandSettings(name="low", ceiling=0.8, queue_capacity=5000, ttl_ms=120000.0, sla_ms=0.0, soft_ceiling=0.7),
     ]
 
 
@@ -170,7 +168,8 @@ class AdmissionSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
                 raise AdmissionConfigError(
                     f"bands[{i}].ceiling: band {b.name!r} has ceiling {b.ceiling}, above "
                     f"{prev.ceiling} of the higher-priority band {prev.name!r}; ceilings must "
-                    "not rise as priority falls")
+                    "not rise as priority falls"
+                )
         if self.default_band not in names:
             # A config with its own band names and no "normal": the middle band.
             self.default_band = names[len(names) // 2]
@@ -179,11 +178,14 @@ class AdmissionSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
         for i, b in enumerate(self.bands):
             if b.fairness is not None and b.fairness not in ("rr", "tokens", "locality"):
                 raise AdmissionConfigError(
-                    f"bands[{i}].fairness: 'rr', 'tokens' or 'locality' (or null), not {b.fairness!r}")
+                    f"bands[{i}].fairness: 'rr', 'tokens' or 'locality' (or null), not {b.fairness!r}"
+                )
         if self.fairness_charge not in ("actual", "estimate"):
             raise AdmissionConfigError(
-                f"admission.fairness_charge: 'actual' or 'estimate', not {self.fairness_charge!r}")
+                f"admission.fairness_charge: 'actual' or 'estimate', not {self.fairness_charge!r}"
+            )
         if self.aimd_min > self.aimd_max:
             raise AdmissionConfigError(
-                f"admission.aimd_min: {self.aimd_min} is above aimd_max (max_concurrency) {self.aimd_max}")
+                f"admission.aimd_min: {self.aimd_min} is above aimd_max (max_concurrency) {self.aimd_max}"
+            )
         return self

@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.admission.telemetry (admission's metrics, counters and latency windows)."""
+
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ class Window:
 
 class Telemetry:
     """Counters, windows and the metric handles of one Admission."""
+
     n_admitted: int
     n_completed: int
     n_failed: int
@@ -25,8 +27,16 @@ class Telemetry:
     queue_cancelled: int
     sla_met: int
     sla_missed: int
-    def __init__(self, registry: Any, band_names: list[str], window: int, depth_fn: Callable,
-                 saturation_fn: Callable, limit_fn: Callable, inflight_fn: Callable) -> None: ...
+    def __init__(
+        self,
+        registry: Any,
+        band_names: list[str],
+        window: int,
+        depth_fn: Callable,
+        saturation_fn: Callable,
+        limit_fn: Callable,
+        inflight_fn: Callable,
+    ) -> None: ...
     @property
     def registry(self) -> Any: ...
     @property

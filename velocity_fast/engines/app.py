@@ -5,6 +5,7 @@
 starts, which the interactive prompt needs anyway). The caller then runs the plan's specs
 with ``EngineSupervisor``.
 """
+
 from __future__ import annotations
 
 import argparse

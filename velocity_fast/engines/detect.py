@@ -3,6 +3,7 @@
 Both ways block (NVML initialises the driver, ``nvidia-smi`` is a subprocess), so the
 event loop calls :func:`detect_gpus_async`, which runs the detection in a thread.
 """
+
 from __future__ import annotations
 
 import asyncio

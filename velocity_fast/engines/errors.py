@@ -14,10 +14,7 @@ class EngineStartError(RuntimeError):
         self.reason = reason
         self.log_path = log_path
         self.tail = tail
-        super().__init__(
-            f"engine {name} failed to start: {reason}\n"
-            f"--- last lines of {log_path} ---\n{tail}\n---"
-        )
+        super().__init__(f"engine {name} failed to start: {reason}\n--- last lines of {log_path} ---\n{tail}\n---")
 
 
 class PlanError(ValueError):

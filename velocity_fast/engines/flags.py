@@ -2,6 +2,7 @@
 
 Imports nothing heavy, so that ``--help`` and the other commands stay fast.
 """
+
 from __future__ import annotations
 
 import argparse

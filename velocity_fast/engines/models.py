@@ -4,6 +4,7 @@ Order: ``--model-path``; ``VELOCITY_MODEL_PATH``; the first folder holding ``con
 under ``./models`` then ``~/velocity-models``; an interactive prompt when stdin is a
 terminal; otherwise none (sim engines).
 """
+
 from __future__ import annotations
 
 import os
@@ -114,9 +115,7 @@ def resolve_model(
 
 def prompt_for_model(stdin: TextIO, stdout: TextIO, home: str | None = None) -> ModelChoice | None:
     """Ask for a model folder until a valid one (or an empty answer: none) is given."""
-    stdout.write(
-        "No model found (--model-path, VELOCITY_MODEL_PATH, ./models, ~/velocity-models).\n"
-    )
+    stdout.write("No model found (--model-path, VELOCITY_MODEL_PATH, ./models, ~/velocity-models).\n")
     # Ctrl-C can land anywhere in the loop (while the prompt is written, too).
     try:
         while True:

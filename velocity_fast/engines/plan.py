@@ -5,6 +5,7 @@ consecutive GPUs, each with its own ``CUDA_VISIBLE_DEVICES`` and port); vLLM's C
 when asked (``--engine vllm`` without GPUs); otherwise built-in sim engines. Pure: it reads
 nothing but PATH and the files it names (to find vLLM) and starts nothing.
 """
+
 from __future__ import annotations
 
 import json
@@ -133,8 +134,9 @@ def _has_vllm(python: str) -> bool:
     return r.returncode == 0
 
 
-def vllm_command(vllm_python: str | None = None, path: str | None = None,
-                 repo_python: Path | None = None) -> tuple[list[str], str]:
+def vllm_command(
+    vllm_python: str | None = None, path: str | None = None, repo_python: Path | None = None
+) -> tuple[list[str], str]:
     """The command that serves a model with vLLM, and where it came from.
 
     ``vllm_python`` (``--vllm-python`` / ``vllm_python:``) first: a python that imports vllm,
@@ -153,9 +155,11 @@ def vllm_command(vllm_python: str | None = None, path: str | None = None,
     repo = REPO_VLLM_PYTHON if repo_python is None else repo_python
     if os.access(repo, os.X_OK) and _has_vllm(str(repo)):
         return [str(repo), "-m", "vllm.entrypoints.openai.api_server"], str(repo)
-    raise VllmNotFound("--engine vllm: no vLLM found: no 'vllm' on PATH, no --vllm-python, no .vllm-venv "
-                       "in the checkout; install it (`make vllm-env` for the CPU build, or pip install "
-                       "'velocityllm[gpu]') or give --vllm-python PATH")
+    raise VllmNotFound(
+        "--engine vllm: no vLLM found: no 'vllm' on PATH, no --vllm-python, no .vllm-venv "
+        "in the checkout; install it (`make vllm-env` for the CPU build, or pip install "
+        "'velocityllm[gpu]') or give --vllm-python PATH"
+    )
 
 
 def _model_args(head: list[str], model_dir: str) -> list[str]:
@@ -202,11 +206,23 @@ def plan_engines(
     if engine == "vllm" and model is None:
         raise PlanError("--engine vllm needs a model folder: give --model-path DIR (or model_path:)")
     if engine == "vllm" and not gpus:
-        return _cpu_plan(model, engines or 1, vllm_python, path, repo_python, environ,  # type: ignore[arg-type]
-                         max_model_len, base_port, logs, api_key, vllm_args)
+        return _cpu_plan(
+            model,
+            engines or 1,
+            vllm_python,
+            path,
+            repo_python,
+            environ,  # type: ignore[arg-type]
+            max_model_len,
+            base_port,
+            logs,
+            api_key,
+            vllm_args,
+        )
     engines = engines or DEFAULT_SIM_ENGINES
-    ports = free_ports(base_port, engines if (mock or not gpus or model is None)
-                       else len(tp_groups(gpus, tensor_parallel_size)))
+    ports = free_ports(
+        base_port, engines if (mock or not gpus or model is None) else len(tp_groups(gpus, tensor_parallel_size))
+    )
     if mock or not gpus or model is None:
         if mock:
             reason = "--mock: built-in sim engines" if engine != "sim" else "--engine sim: built-in sim engines"
@@ -215,10 +231,7 @@ def plan_engines(
         else:
             reason = "no model found: built-in sim engines"
         name = model.name if model is not None else SIM_MODEL_NAME
-        specs = [
-            _sim_spec(i, name, ports[i], max_model_len, logs, api_key, sim_args)
-            for i in range(engines)
-        ]
+        specs = [_sim_spec(i, name, ports[i], max_model_len, logs, api_key, sim_args) for i in range(engines)]
         return EnginePlan("sim", tuple(specs), reason, model)
 
     groups = tp_groups(gpus, tensor_parallel_size)
@@ -239,12 +252,18 @@ def plan_engines(
         name = "vllm-gpu" + "-".join(str(x) for x in indices)
         argv = [
             *_model_args(head, str(model.path)),
-            "--host", ENGINE_HOST,
-            "--port", str(port),
-            "--served-model-name", model.name,
-            "--tensor-parallel-size", str(tensor_parallel_size),
-            "--gpu-memory-utilization", str(gpu_memory_utilization),
-            "--max-model-len", str(min(max_model_len, model_context(model.path) or max_model_len)),
+            "--host",
+            ENGINE_HOST,
+            "--port",
+            str(port),
+            "--served-model-name",
+            model.name,
+            "--tensor-parallel-size",
+            str(tensor_parallel_size),
+            "--gpu-memory-utilization",
+            str(gpu_memory_utilization),
+            "--max-model-len",
+            str(min(max_model_len, model_context(model.path) or max_model_len)),
         ]
         if api_key:
             argv += ["--api-key", api_key]
@@ -281,12 +300,17 @@ def _cpu_plan(
         name = f"vllm-cpu-{i}"
         argv = [
             *_model_args(head, str(model.path)),
-            "--host", ENGINE_HOST,
-            "--port", str(ports[i]),
-            "--served-model-name", model.name,
-            "--max-model-len", context,
+            "--host",
+            ENGINE_HOST,
+            "--port",
+            str(ports[i]),
+            "--served-model-name",
+            model.name,
+            "--max-model-len",
+            context,
             "--enforce-eager",
-            "--dtype", "bfloat16",
+            "--dtype",
+            "bfloat16",
         ]
         if api_key:
             argv += ["--api-key", api_key]
@@ -309,10 +333,14 @@ def _sim_spec(
     head, env = python_child("velocity_fast.sim")  # the engine runs the gateway's own code
     argv = [
         *head,
-        "--host", ENGINE_HOST,
-        "--port", str(port),
-        "--model", model_name,
-        "--max-model-len", str(max_model_len),
+        "--host",
+        ENGINE_HOST,
+        "--port",
+        str(port),
+        "--model",
+        model_name,
+        "--max-model-len",
+        str(max_model_len),
     ]
     if api_key:
         argv += ["--api-key", api_key]

@@ -3,6 +3,7 @@
 Raw asyncio rather than an HTTP client: it must run on the loop, import nothing heavy,
 and treat a refused connection (vLLM still loading) as an ordinary answer.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,9 +16,7 @@ async def http_status(host: str, port: int, path: str = "/health", timeout: floa
     try:
         async with asyncio.timeout(timeout):
             reader, writer = await asyncio.open_connection(host, port)
-            writer.write(
-                f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode()
-            )
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
             line = await reader.readline()
     except (OSError, TimeoutError, asyncio.IncompleteReadError):
         return None

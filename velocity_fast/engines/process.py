@@ -6,6 +6,7 @@ Every child leads a new process group, so that stopping it reaches whatever it f
 a gateway killed with SIGKILL. The signal is SIGTERM by default, not SIGKILL: vLLM shuts
 its own children down on SIGTERM, whereas a killed ``vllm serve`` would orphan them.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -48,8 +49,9 @@ def spawn(
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         log.write(f"=== {stamp} starting: {' '.join(argv)}\n".encode())
         log.flush()
-        proc = start(argv, stdout=log, stderr=subprocess.STDOUT, env=full_env, close_fds=True,
-                     death_signal=death_signal)
+        proc = start(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=full_env, close_fds=True, death_signal=death_signal
+        )
     return proc, offset
 
 

@@ -11,6 +11,7 @@ once. Every child is stopped by :meth:`stop`, by the async context manager's exi
 ``atexit`` hook if the loop died without stopping, and (Linux) by the kernel's parent
 death signal if the gateway is killed outright (see process.py).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -116,9 +117,7 @@ class EngineSupervisor:
 
     def pids(self) -> dict[str, int]:
         """The process id of every engine whose process is running now."""
-        return {
-            n: e.proc.pid for n, e in self._engines.items() if e.proc is not None and e.proc.returncode is None
-        }
+        return {n: e.proc.pid for n, e in self._engines.items() if e.proc is not None and e.proc.returncode is None}
 
     def restarts(self) -> dict[str, int]:
         """How many times each engine was restarted after a crash."""
@@ -227,7 +226,11 @@ class EngineSupervisor:
                 return
             log.warning(
                 "engine %s crashed (%s); restart in %.1fs; last lines of %s:\n%s",
-                e.spec.name, failure, delay, e.spec.log_path, tail,
+                e.spec.name,
+                failure,
+                delay,
+                e.spec.log_path,
+                tail,
             )
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.backoff_max)

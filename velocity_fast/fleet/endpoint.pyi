@@ -1,10 +1,12 @@
 """Stubs for velocity_fast.fleet.endpoint (endpoints and pools)."""
+
 from typing import Any
 
 STATS_WHOLE: frozenset[str]
 
 class Endpoint:
     """What the gateway knows of one engine. See docs/internals.md."""
+
     name: str
     url: str
     model: str
@@ -40,6 +42,7 @@ class Endpoint:
 
 class Pool:
     """The endpoints that serve one model."""
+
     model: str
     endpoints: list[Endpoint]
     def __init__(self, model: str, endpoints: list[Endpoint] | None = None) -> None: ...

@@ -30,7 +30,7 @@ _Ms = Annotated[float, msgspec.Meta(ge=1, le=86_400_000)]
 
 class _ModelEntry(msgspec.Struct):
     id: str = ""
-    max_model_len: Annotated[int, msgspec.Meta(ge=1, le=2 ** 31 - 1)] | None = None
+    max_model_len: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] | None = None
 
 
 class _ModelList(msgspec.Struct):
@@ -38,11 +38,11 @@ class _ModelList(msgspec.Struct):
 
 
 class HealthSettings(msgspec.Struct, forbid_unknown_fields=True):
-    scrape_interval_ms: _Ms = 100.0     # engine /metrics
-    scrape_timeout_ms: _Ms = 500.0      # a hanging scrape is abandoned; metrics go stale
-    check_interval_ms: _Ms = 1000.0     # engine /health while healthy
+    scrape_interval_ms: _Ms = 100.0  # engine /metrics
+    scrape_timeout_ms: _Ms = 500.0  # a hanging scrape is abandoned; metrics go stale
+    check_interval_ms: _Ms = 1000.0  # engine /health while healthy
     check_timeout_ms: _Ms = 1000.0
-    eject_base_ms: _Ms = 500.0          # first ejection; doubles on each repeat
+    eject_base_ms: _Ms = 500.0  # first ejection; doubles on each repeat
     eject_max_ms: _Ms = 30000.0
     eject_after_5xx: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 3  # consecutive engine 5xx before ejection
     metrics: MetricNames = msgspec.field(default_factory=MetricNames)
@@ -62,8 +62,12 @@ def _connect_error(e: OSError) -> str:
 class EndpointMonitor:
     """One task per endpoint: health checks, and scrapes while it is healthy."""
 
-    def __init__(self, settings: HealthSettings, on_change: Callable[[Endpoint, str], None],
-                 on_metrics: Callable[[Endpoint], None]) -> None:
+    def __init__(
+        self,
+        settings: HealthSettings,
+        on_change: Callable[[Endpoint, str], None],
+        on_metrics: Callable[[Endpoint], None],
+    ) -> None:
         self.settings = settings
         self.on_change = on_change
         self.on_metrics = on_metrics
@@ -153,8 +157,11 @@ class EndpointMonitor:
 
     def eject(self, ep: Endpoint, why: str) -> None:
         s = self.settings
-        ep.eject_backoff = min(s.eject_max_ms, max(s.eject_base_ms, ep.eject_backoff * 2)) / 1000.0 \
-            if ep.eject_backoff else s.eject_base_ms / 1000.0
+        ep.eject_backoff = (
+            min(s.eject_max_ms, max(s.eject_base_ms, ep.eject_backoff * 2)) / 1000.0
+            if ep.eject_backoff
+            else s.eject_base_ms / 1000.0
+        )
         ep.ejected_until = time.monotonic() + ep.eject_backoff
         self._set(ep, "ejected", f"{why}; checked again in {ep.eject_backoff:.1f}s")
 
@@ -189,8 +196,9 @@ class EndpointMonitor:
         self._asked_len.add(ep.name)
         headers = [("authorization", f"Bearer {ep.api_key}")] if ep.api_key else []
         try:
-            status, body = await ep.upstream.fetch("GET", "/v1/models", headers=headers,
-                                                   timeout=self.settings.check_timeout_ms / 1000)
+            status, body = await ep.upstream.fetch(
+                "GET", "/v1/models", headers=headers, timeout=self.settings.check_timeout_ms / 1000
+            )
             models = msgspec.json.decode(body, type=_ModelList).data if status == 200 else []
         except (OSError, asyncio.TimeoutError, msgspec.DecodeError) as e:
             log.debug("endpoint %s: no model list from /v1/models: %r", ep.name, e)
@@ -200,12 +208,15 @@ class EndpointMonitor:
             # vLLM serves a model under its path or hub id unless --served-model-name says
             # otherwise: a name that differs is a common mistake, and every request would
             # get the engine's 404.
-            return (f"model {ep.model!r} not served; the engine serves {', '.join(map(repr, served))}: set "
-                    f"this endpoint's model to one of them (--endpoint {ep.name}=URL=MODEL, or `model` of "
-                    f"endpoint {ep.name!r} in the config file), or start the engine with "
-                    f"--served-model-name {ep.model}")
-        lens = [m.max_model_len for m in models if m.max_model_len and m.id == ep.model] or \
-               [m.max_model_len for m in models if m.max_model_len]
+            return (
+                f"model {ep.model!r} not served; the engine serves {', '.join(map(repr, served))}: set "
+                f"this endpoint's model to one of them (--endpoint {ep.name}=URL=MODEL, or `model` of "
+                f"endpoint {ep.name!r} in the config file), or start the engine with "
+                f"--served-model-name {ep.model}"
+            )
+        lens = [m.max_model_len for m in models if m.max_model_len and m.id == ep.model] or [
+            m.max_model_len for m in models if m.max_model_len
+        ]
         if lens:
             ep.max_model_len = min(lens)
         return None
@@ -217,8 +228,7 @@ class EndpointMonitor:
         # peak of ours long gone does not hide theirs.
         ep.inflight_peak = ep.inflight
         try:
-            status, body = await ep.upstream.fetch("GET", "/metrics",
-                                                   timeout=self.settings.scrape_timeout_ms / 1000)
+            status, body = await ep.upstream.fetch("GET", "/metrics", timeout=self.settings.scrape_timeout_ms / 1000)
         except (OSError, asyncio.TimeoutError):
             return
         if status != 200:

@@ -13,26 +13,40 @@ class MetricNames(msgspec.Struct, forbid_unknown_fields=True):
     running: list[str] = msgspec.field(default_factory=lambda: ["vllm:num_requests_running"])
     waiting: list[str] = msgspec.field(default_factory=lambda: ["vllm:num_requests_waiting"])
     kv_usage: list[str] = msgspec.field(
-        default_factory=lambda: ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"])
+        default_factory=lambda: ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]
+    )
     cache_config: list[str] = msgspec.field(default_factory=lambda: ["vllm:cache_config_info"])
     # The engine's own prefix cache: tokens looked up and tokens found (counters).
     prefix_cache_queries: list[str] = msgspec.field(
-        default_factory=lambda: ["vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"])
+        default_factory=lambda: ["vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"]
+    )
     prefix_cache_hits: list[str] = msgspec.field(
-        default_factory=lambda: ["vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"])
+        default_factory=lambda: ["vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"]
+    )
     # The inter-token latency histogram (its _sum and _count): the engine's decode pace.
     inter_token_latency: list[str] = msgspec.field(
-        default_factory=lambda: ["vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"])
+        default_factory=lambda: ["vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"]
+    )
 
 
 class EngineMetrics:
-    __slots__ = ("running", "waiting", "kv_usage", "block_size", "num_gpu_blocks", "found", "prefix_queries",
-                 "prefix_hits", "itl_sum", "itl_count")
+    __slots__ = (
+        "running",
+        "waiting",
+        "kv_usage",
+        "block_size",
+        "num_gpu_blocks",
+        "found",
+        "prefix_queries",
+        "prefix_hits",
+        "itl_sum",
+        "itl_count",
+    )
 
     def __init__(self) -> None:
-        self.prefix_queries: float | None = None   # the engine's prefix-cache counters, when it has them
+        self.prefix_queries: float | None = None  # the engine's prefix-cache counters, when it has them
         self.prefix_hits: float | None = None
-        self.itl_sum: float | None = None   # the inter-token latency histogram's sum and count
+        self.itl_sum: float | None = None  # the inter-token latency histogram's sum and count
         self.itl_count: float | None = None
         self.running = 0.0
         self.waiting = 0.0
@@ -52,7 +66,7 @@ def _label(labels: bytes, name: bytes) -> int | None:
         return None
     j = labels.find(b'"', i + len(name) + 2)
     try:
-        return int(float(labels[i + len(name) + 2:j]))
+        return int(float(labels[i + len(name) + 2 : j]))
     except ValueError:
         return None
 
@@ -64,13 +78,15 @@ def parse_engine_metrics(text: bytes, names: MetricNames) -> EngineMetrics:
     old and a new name is not counted twice.
     """
     out = EngineMetrics()
-    fields = (("running", [n.encode() for n in names.running]),
-              ("waiting", [n.encode() for n in names.waiting]),
-              ("kv_usage", [n.encode() for n in names.kv_usage]),
-              ("prefix_queries", [n.encode() for n in names.prefix_cache_queries]),
-              ("prefix_hits", [n.encode() for n in names.prefix_cache_hits]),
-              ("itl_sum", [n.encode() + b"_sum" for n in names.inter_token_latency]),
-              ("itl_count", [n.encode() + b"_count" for n in names.inter_token_latency]))
+    fields = (
+        ("running", [n.encode() for n in names.running]),
+        ("waiting", [n.encode() for n in names.waiting]),
+        ("kv_usage", [n.encode() for n in names.kv_usage]),
+        ("prefix_queries", [n.encode() for n in names.prefix_cache_queries]),
+        ("prefix_hits", [n.encode() for n in names.prefix_cache_hits]),
+        ("itl_sum", [n.encode() + b"_sum" for n in names.inter_token_latency]),
+        ("itl_count", [n.encode() + b"_count" for n in names.inter_token_latency]),
+    )
     wanted: dict[bytes, tuple[str, int]] = {}
     for field, alts in fields:
         for rank, n in enumerate(alts):
@@ -78,7 +94,7 @@ def parse_engine_metrics(text: bytes, names: MetricNames) -> EngineMetrics:
     cache_names = tuple(n.encode() for n in names.cache_config)
     best: dict[str, int] = {}
     sums: dict[str, float] = {}
-    valid: set[str] = set()   # fields with at least one usable sample
+    valid: set[str] = set()  # fields with at least one usable sample
     kv_count = 0
     for line in text.split(b"\n"):
         if not line or line[0] == 35:  # '#'
@@ -113,7 +129,7 @@ def parse_engine_metrics(text: bytes, names: MetricNames) -> EngineMetrics:
             if field == "kv_usage":
                 kv_count += 1
         elif name in cache_names and brace >= 0:
-            labels = line[brace:line.rfind(b"}") + 1]
+            labels = line[brace : line.rfind(b"}") + 1]
             out.block_size = _label(labels, b"block_size")
             out.num_gpu_blocks = _label(labels, b"num_gpu_blocks")
     out.running = sums.get("running", 0.0)

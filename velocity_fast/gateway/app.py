@@ -36,8 +36,18 @@ __all__ = ["Gateway"]
 # The client port's paths, as velocity_requests_total's route label (any other: "other", as
 # ingress.pyx counts an internal error's route).
 _GENERATION = frozenset(GENERATION_ROUTES)
-_CLIENT_ROUTES = frozenset(("/v1/chat/completions", "/v1/completions", "/generate", "/v1/models", "/stats",
-                            "/v1/models/{id}", *GENERATION_ROUTES, *RELAY_ROUTES))
+_CLIENT_ROUTES = frozenset(
+    (
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/generate",
+        "/v1/models",
+        "/stats",
+        "/v1/models/{id}",
+        *GENERATION_ROUTES,
+        *RELAY_ROUTES,
+    )
+)
 
 log = logging.getLogger("velocity.gateway")
 
@@ -45,14 +55,32 @@ log = logging.getLogger("velocity.gateway")
 # shared bucket and fairness counter; the engines' KV event streams, which every worker
 # reads), with those its parts declare: several workers' /stats take the largest of them
 # (gateway/stats_merge.py), and sum the rest.
-STATS_WHOLE = frozenset({"uptime_seconds", "kv_events", "weight", "requests_per_second", "tokens_per_minute",
-                         "quota_tokens_left", "counter", "pending", "lifted"}) | ENDPOINT_WHOLE | ADMISSION_WHOLE
+STATS_WHOLE = (
+    frozenset(
+        {
+            "uptime_seconds",
+            "kv_events",
+            "weight",
+            "requests_per_second",
+            "tokens_per_minute",
+            "quota_tokens_left",
+            "counter",
+            "pending",
+            "lifted",
+        }
+    )
+    | ENDPOINT_WHOLE
+    | ADMISSION_WHOLE
+)
 
 
 def _ingress_field(name: str) -> property:
     """A field the request path reads as C: kept in the gateway's Ingress (gateway/ingress.pyx)."""
-    return property(lambda self: getattr(self.ingress, name), lambda self, v: setattr(self.ingress, name, v),
-                    doc=f"The Ingress's {name} (read by the request path as C).")
+    return property(
+        lambda self: getattr(self.ingress, name),
+        lambda self, v: setattr(self.ingress, name, v),
+        doc=f"The Ingress's {name} (read by the request path as C).",
+    )
 
 
 class Gateway:
@@ -83,6 +111,7 @@ class Gateway:
         # reload sets the settings, so it follows).
         self._settings = settings
         self.ingress.max_model_len = settings.max_model_len
+
     loop = _ingress_field("loop")
 
     def __init__(self, settings: Settings, *, backend: str = "endpoints", model_label: str | None = None) -> None:
@@ -118,8 +147,7 @@ class Gateway:
         self.admission = build_admission(settings, self.pools, self.registry)
         # KV events of the endpoints that publish them; the token side of precise pools.
         self.kv = KVFleet(self.registry, lambda: self.endpoints, lambda: self.monitor.prefix_cache)
-        self.router = build_router(settings, self.registry,
-                                   precise=self.kv.precise_for(routing_settings(settings)))
+        self.router = build_router(settings, self.registry, precise=self.kv.precise_for(routing_settings(settings)))
         self.band_names = [b.name for b in settings.bands]
         self.default_band = self.resolve_default_band()
         self.client_server: HTTPServer | None = None
@@ -137,8 +165,11 @@ class Gateway:
         ep = Endpoint(cfg.name, cfg.url, cfg.model, api_key=cfg.api_key, limit=self.settings.max_concurrency)
         # Idle connections past what the endpoint can have in flight (its concurrency limit,
         # a health check and a scrape) would never all be used: the pool keeps no more.
-        ep.upstream = UpstreamPool(cfg.url, max_idle=self.settings.max_concurrency + POOL_SPARE,
-                                   connect_timeout=self.settings.server.upstream_connect_timeout_s)
+        ep.upstream = UpstreamPool(
+            cfg.url,
+            max_idle=self.settings.max_concurrency + POOL_SPARE,
+            connect_timeout=self.settings.server.upstream_connect_timeout_s,
+        )
         self.endpoints[ep.name] = ep
         pool = self.pools.get(ep.model)
         if pool is None:
@@ -194,17 +225,28 @@ class Gateway:
         self.admission.on_metrics(ep)
 
     # -- lifecycle --------------------------------------------------------------------------
-    async def start(self, host: str | None = None, port: int | None = None, admin_port: int | None = None, *,
-                    admin_host: str | None = None, reuse_port: bool = False) -> None:
+    async def start(
+        self,
+        host: str | None = None,
+        port: int | None = None,
+        admin_port: int | None = None,
+        *,
+        admin_host: str | None = None,
+        reuse_port: bool = False,
+    ) -> None:
         """Listen (host, ports: the settings' unless given; ``admin_host``: the admin
         port's own address, a worker's loopback; ``reuse_port``: the client port is shared
         with the other workers of a supervisor, gateway/workers.py)."""
         s = self.settings
         self.loop = asyncio.get_running_loop()
-        limits = ServerLimits(max_body_bytes=s.server.max_body_bytes, max_header_bytes=s.server.max_header_bytes,
-                              header_timeout=s.server.header_timeout_s, body_timeout=s.server.body_timeout_s,
-                              keepalive_timeout=s.server.keepalive_timeout_s,
-                              first_byte_timeout=s.server.first_byte_timeout_s)
+        limits = ServerLimits(
+            max_body_bytes=s.server.max_body_bytes,
+            max_header_bytes=s.server.max_header_bytes,
+            header_timeout=s.server.header_timeout_s,
+            body_timeout=s.server.body_timeout_s,
+            keepalive_timeout=s.server.keepalive_timeout_s,
+            first_byte_timeout=s.server.first_byte_timeout_s,
+        )
         host = s.host if host is None else host
         self.admin_server = HTTPServer(self.handle_admin, limits=limits, name="admin")
         admin_host = host if admin_host is None else admin_host
@@ -233,8 +275,15 @@ class Gateway:
             await self.stop(grace=0)
             raise ListenError("port", host, port, e) from None
         self.client_server = server  # /ready says so only from here on
-        log.info("gateway on %s:%d, admin on %s:%d, policy %s, %d endpoint(s)", host, self.client_server.port,
-                 self.admin_server.host, self.admin_server.port, s.policy, len(self.endpoints))
+        log.info(
+            "gateway on %s:%d, admin on %s:%d, policy %s, %d endpoint(s)",
+            host,
+            self.client_server.port,
+            self.admin_server.host,
+            self.admin_server.port,
+            s.policy,
+            len(self.endpoints),
+        )
 
     @property
     def port(self) -> int:
@@ -252,8 +301,11 @@ class Gateway:
         grace = self.settings.server.shutdown_grace_s if grace is None else grace
         self.draining = True
         if self.client_server is not None:
-            log.info("shutting down: %d request(s) in flight, grace %g s; new connections refused, /ready 503",
-                     self.client_server.requests, grace)
+            log.info(
+                "shutting down: %d request(s) in flight, grace %g s; new connections refused, /ready 503",
+                self.client_server.requests,
+                grace,
+            )
             await self.client_server.shutdown(grace)
         if self.admin_server is not None:
             await self.admin_server.shutdown(grace)
@@ -302,11 +354,18 @@ class Gateway:
 
     def health(self, resp: Responder) -> None:
         healthy = any(e.healthy for e in self.endpoints.values())
-        resp.send_json(200, {"status": "ok" if healthy else "degraded", "policy": self.settings.policy,
-                             "backend": self.backend, "model": self.model_label or self.default_model,
-                             "uptime_seconds": round(time.monotonic() - self.started_at, 3),
-                             "healthy_endpoints": sum(e.healthy for e in self.endpoints.values()),
-                             "endpoints": len(self.endpoints)})
+        resp.send_json(
+            200,
+            {
+                "status": "ok" if healthy else "degraded",
+                "policy": self.settings.policy,
+                "backend": self.backend,
+                "model": self.model_label or self.default_model,
+                "uptime_seconds": round(time.monotonic() - self.started_at, 3),
+                "healthy_endpoints": sum(e.healthy for e in self.endpoints.values()),
+                "endpoints": len(self.endpoints),
+            },
+        )
 
     def _models(self, resp: Responder) -> None:
         data = [self.model_object(model, pool) for model, pool in self.pools.items() if pool.healthy()]
@@ -314,16 +373,33 @@ class Gateway:
 
     def model_object(self, model: str, pool: Pool) -> dict:
         """One model of /v1/models (and GET /v1/models/{id}), in OpenAI's model shape."""
-        return {"id": model, "object": "model", "created": int(self.started_at_wall), "owned_by": "velocityllm",
-                "root": model, "parent": None, "max_model_len": pool.context_length(self.settings.max_model_len)}
+        return {
+            "id": model,
+            "object": "model",
+            "created": int(self.started_at_wall),
+            "owned_by": "velocityllm",
+            "root": model,
+            "parent": None,
+            "max_model_len": pool.context_length(self.settings.max_model_len),
+        }
 
     @property
     def started_at_wall(self) -> float:
         return time.time() - (time.monotonic() - self.started_at)
 
     # -- the proxy path ----------------------------------------------------------------------------
-    def reject(self, resp: Responder, route: str, status: int, reason: str, message: str, band: str,
-                headers: list, retry_after: float | None = None, from_admission: bool = False) -> None:
+    def reject(
+        self,
+        resp: Responder,
+        route: str,
+        status: int,
+        reason: str,
+        message: str,
+        band: str,
+        headers: list,
+        retry_after: float | None = None,
+        from_admission: bool = False,
+    ) -> None:
         hdrs = list(headers)
         hdrs.append(("x-velocity-reject-reason", reason))
         if retry_after is not None:
@@ -350,8 +426,9 @@ class Gateway:
             try:
                 v = float(header)
             except ValueError:
-                raise BadRequest(f"x-velocity-sla-ms must be a number of milliseconds, got {header!r}.",
-                                 "sla_ms") from None
+                raise BadRequest(
+                    f"x-velocity-sla-ms must be a number of milliseconds, got {header!r}.", "sla_ms"
+                ) from None
             if not 0 < v < math.inf:  # nan and inf are numbers to float(), not SLAs
                 raise BadRequest("x-velocity-sla-ms must be a positive, finite number of milliseconds.", "sla_ms")
             return v
@@ -371,16 +448,20 @@ class Gateway:
             return resp.send_error(405, f"Use GET for {path}.")
         if path == "/metrics":
             # "?merge": a worker asked by its supervisor (gateway/workers.py) says how each family merges.
-            return resp.send(200, self.registry.render(merge_rules=req.query == "merge"),
-                             content_type="text/plain; version=0.0.4; charset=utf-8")
+            return resp.send(
+                200,
+                self.registry.render(merge_rules=req.query == "merge"),
+                content_type="text/plain; version=0.0.4; charset=utf-8",
+            )
         if path == "/ready":
             # Ready: an engine to send to, and the client port open (the engines' first
             # checks come before it, and one engine may pass while another is asked); not
             # once the drain began.
             n = sum(e.healthy for e in self.endpoints.values())
             ready = bool(n) and self.client_server is not None and not self.draining
-            return resp.send_json(200 if ready else 503, {"ready": ready, "healthy_endpoints": n,
-                                                          "draining": self.draining})
+            return resp.send_json(
+                200 if ready else 503, {"ready": ready, "healthy_endpoints": n, "draining": self.draining}
+            )
         if path == "/stats":
             if req.query == "merge":  # a worker asked by its supervisor: which numbers are whole
                 return resp.send_json(200, {**self.stats(), "merge": {"largest": sorted(STATS_WHOLE)}})
@@ -388,13 +469,23 @@ class Gateway:
         return resp.send_error(404, f"No route for {req.method} {path}.")
 
     def stats(self) -> dict:
-        return {"policy": self.settings.policy, "uptime_seconds": round(time.monotonic() - self.started_at, 3),
-                "endpoints": [{**e.snapshot(), "reason": None if e.healthy else self.monitor.reasons.get(e.name),
-                               "connections": e.upstream.stats() if e.upstream is not None else None}
-                              for e in self.endpoints.values()],
-                "pools": {m: [e.name for e in p.endpoints] for m, p in self.pools.items()},
-                "admission": self.admission.stats(), "routing": self.router.stats(), "kv_events": self.kv.stats(),
-                "tenants": self.tenant_stats()}
+        return {
+            "policy": self.settings.policy,
+            "uptime_seconds": round(time.monotonic() - self.started_at, 3),
+            "endpoints": [
+                {
+                    **e.snapshot(),
+                    "reason": None if e.healthy else self.monitor.reasons.get(e.name),
+                    "connections": e.upstream.stats() if e.upstream is not None else None,
+                }
+                for e in self.endpoints.values()
+            ],
+            "pools": {m: [e.name for e in p.endpoints] for m, p in self.pools.items()},
+            "admission": self.admission.stats(),
+            "routing": self.router.stats(),
+            "kv_events": self.kv.stats(),
+            "tenants": self.tenant_stats(),
+        }
 
     def tenant_stats(self) -> dict:
         """Per tenant: the tokens the engines served it (prompt, cached, completion, from
@@ -407,15 +498,22 @@ class Gateway:
         adm = self.admission
         for name, t in self.identity.tenants.items():
             left = t.tokens_left()
-            service = (t.served_prompt - t.served_cached + t.served_cached * adm.settings.fairness_cached_weight
-                       + t.served_completion * adm.settings.fairness_output_weight) / t.weight
-            out[name] = {"weight": t.weight,
-                         "tokens": {"prompt": t.served_prompt, "cached": t.served_cached,
-                                    "completion": t.served_completion},
-                         "service": round(service, 3),
-                         "requests_per_second": t.rate, "tokens_per_minute": t.tpm,
-                         "quota_tokens_left": None if left is None else round(left, 1),
-                         "rejections": dict(t.rejections), "bands": {}}
+            service = (
+                t.served_prompt
+                - t.served_cached
+                + t.served_cached * adm.settings.fairness_cached_weight
+                + t.served_completion * adm.settings.fairness_output_weight
+            ) / t.weight
+            out[name] = {
+                "weight": t.weight,
+                "tokens": {"prompt": t.served_prompt, "cached": t.served_cached, "completion": t.served_completion},
+                "service": round(service, 3),
+                "requests_per_second": t.rate,
+                "tokens_per_minute": t.tpm,
+                "quota_tokens_left": None if left is None else round(left, 1),
+                "rejections": dict(t.rejections),
+                "bands": {},
+            }
         names = self.admission.band_names
         for ps in self.admission.known_pools().values():
             for i, tenants in enumerate(ps.queues.tenant_snapshot()):
@@ -423,8 +521,9 @@ class Gateway:
                     entry = out.get(name)
                     if entry is None:
                         entry = out[name] = {"bands": {}}
-                    band = entry["bands"].setdefault(names[i], {"counter": 0.0, "pending": 0.0, "lifted": 0.0,
-                                                                "queued": 0})
+                    band = entry["bands"].setdefault(
+                        names[i], {"counter": 0.0, "pending": 0.0, "lifted": 0.0, "queued": 0}
+                    )
                     band["counter"] = round(max(band["counter"], counter), 3)
                     band["pending"] = round(max(band["pending"], pending), 3)
                     band["lifted"] = round(max(band["lifted"], lifted), 3)

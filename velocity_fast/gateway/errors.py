@@ -7,8 +7,10 @@ import os
 __all__ = ["BadRequest", "ListenError", "context_error"]
 
 # Where each port the gateway listens on is set, as an operator would change it.
-_PORT_SOURCES = {"port": "--port, VELOCITY_PORT or `port` in the config file",
-                 "admin_port": "--admin-port, VELOCITY_ADMIN_PORT or `admin_port` in the config file"}
+_PORT_SOURCES = {
+    "port": "--port, VELOCITY_PORT or `port` in the config file",
+    "admin_port": "--admin-port, VELOCITY_ADMIN_PORT or `admin_port` in the config file",
+}
 
 
 class BadRequest(ValueError):
@@ -19,9 +21,11 @@ class BadRequest(ValueError):
 
 def context_error(limit: int, asked: int) -> str:
     """vLLM's words for a completion longer than the model's context."""
-    return (f"This model's maximum context length is {limit} tokens. However, you requested {asked} "
-            "output tokens, and the prompt needs at least one more. Please reduce the length of the "
-            "messages or completion.")
+    return (
+        f"This model's maximum context length is {limit} tokens. However, you requested {asked} "
+        "output tokens, and the prompt needs at least one more. Please reduce the length of the "
+        "messages or completion."
+    )
 
 
 class ListenError(Exception):
@@ -30,7 +34,9 @@ class ListenError(Exception):
 
     def __init__(self, key: str, host: str, port: int, error: OSError) -> None:
         reason = os.strerror(error.errno).lower() if error.errno else str(error)
-        super().__init__(f"cannot listen on {host or '*'}:{port} ({key}): {reason}; stop what holds it or "
-                         f"choose another port with {_PORT_SOURCES[key]}")
+        super().__init__(
+            f"cannot listen on {host or '*'}:{port} ({key}): {reason}; stop what holds it or "
+            f"choose another port with {_PORT_SOURCES[key]}"
+        )
         self.key = key
         self.port = port

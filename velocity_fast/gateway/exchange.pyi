@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.gateway.exchange (one proxied request's state machine)."""
+
 import logging
 from typing import Any
 
@@ -51,8 +52,20 @@ class Exchange(ResponseHandler):
 class GenExchange(Exchange):
     """/v1/responses and /v1/messages: an Exchange that reads usage from their own stream events."""
 
-def start_generation(ingress: Ingress, req: Any, resp: Any, route: str, pool: Any, ticket: Any, info: Any,
-                     body: bytes, rid: str, tenant: Any, q_est: float, stream: bool) -> None:
+def start_generation(
+    ingress: Ingress,
+    req: Any,
+    resp: Any,
+    route: str,
+    pool: Any,
+    ticket: Any,
+    info: Any,
+    body: bytes,
+    rid: str,
+    tenant: Any,
+    q_est: float,
+    stream: bool,
+) -> None:
     """/v1/responses and /v1/messages through admission and routing, as chat."""
 
 def drive_exchanges(adm: Any) -> None:

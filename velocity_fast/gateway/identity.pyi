@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.gateway.identity (API keys, tenants, rate limits)."""
+
 from typing import Any
 
 from velocity_fast.state.bucket import Bucket

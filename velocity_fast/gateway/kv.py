@@ -8,6 +8,7 @@ one shared block index, the token side of precise pools, their metrics
     kv.on_change(ep, state)                   # the health monitor's word
     kv.remove(name); kv.stop()
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,12 @@ log = logging.getLogger("velocity.kv")
 class KVFleet:
     """Subscribers, the block index and the precise token side of one gateway."""
 
-    def __init__(self, registry: Registry, endpoints: Callable[[], dict[str, Endpoint]],
-                 prefix_cache: Callable[[], dict[str, tuple[float, float]]] | None = None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        endpoints: Callable[[], dict[str, Endpoint]],
+        prefix_cache: Callable[[], dict[str, tuple[float, float]]] | None = None,
+    ) -> None:
         self.index = BlockIndex()
         self._endpoints = endpoints
         self._configs: dict[str, KVEventsConfig] = {}
@@ -46,29 +51,70 @@ class KVFleet:
         stat = self._stat
         reg = registry
         # Every worker subscribes to the same engines' streams and reads the same scrapes: one whole each.
-        reg.gauge_fn("velocity_kv_events_received", "KV cache events applied from the endpoint's engine "
-                     "since the gateway subscribed.", lambda: stat("events"), ("endpoint",), merge=MAX)
-        reg.gauge_fn("velocity_kv_events_lost", "Event batches missing from the endpoint's stream "
-                     "(sequence gaps), recovered or not.", lambda: stat("lost"), ("endpoint",), merge=MAX)
-        reg.gauge_fn("velocity_kv_events_unrecovered", "Gaps the replay endpoint could not fill (each made "
-                     "the endpoint's index approximate).", lambda: stat("unrecovered"), ("endpoint",), merge=MAX)
-        reg.gauge_fn("velocity_kv_index_resyncs", "Times the endpoint's index became exact again after "
-                     "being approximate.", lambda: stat("resyncs"), ("endpoint",), merge=MAX)
-        reg.gauge_fn("velocity_kv_index_blocks", "Blocks the endpoint's engine holds, by its KV events.",
-                     lambda: [((k,), self.index.size(k)) for k in self._subs], ("endpoint",), merge=MAX)
-        reg.gauge_fn("velocity_kv_index_exact", "1 while the endpoint's index is exact (precise routing "
-                     "uses it), else 0.", lambda: [((k,), float(self.index.exact(k))) for k in self._subs],
-                     ("endpoint",), merge=MAX)
+        reg.gauge_fn(
+            "velocity_kv_events_received",
+            "KV cache events applied from the endpoint's engine since the gateway subscribed.",
+            lambda: stat("events"),
+            ("endpoint",),
+            merge=MAX,
+        )
+        reg.gauge_fn(
+            "velocity_kv_events_lost",
+            "Event batches missing from the endpoint's stream (sequence gaps), recovered or not.",
+            lambda: stat("lost"),
+            ("endpoint",),
+            merge=MAX,
+        )
+        reg.gauge_fn(
+            "velocity_kv_events_unrecovered",
+            "Gaps the replay endpoint could not fill (each made the endpoint's index approximate).",
+            lambda: stat("unrecovered"),
+            ("endpoint",),
+            merge=MAX,
+        )
+        reg.gauge_fn(
+            "velocity_kv_index_resyncs",
+            "Times the endpoint's index became exact again after being approximate.",
+            lambda: stat("resyncs"),
+            ("endpoint",),
+            merge=MAX,
+        )
+        reg.gauge_fn(
+            "velocity_kv_index_blocks",
+            "Blocks the endpoint's engine holds, by its KV events.",
+            lambda: [((k,), self.index.size(k)) for k in self._subs],
+            ("endpoint",),
+            merge=MAX,
+        )
+        reg.gauge_fn(
+            "velocity_kv_index_exact",
+            "1 while the endpoint's index is exact (precise routing uses it), else 0.",
+            lambda: [((k,), float(self.index.exact(k))) for k in self._subs],
+            ("endpoint",),
+            merge=MAX,
+        )
         pc = prefix_cache or dict
-        reg.gauge_fn("velocity_endpoint_prefix_cache_queries", "The engine's prefix-cache queries in tokens "
-                     "(its vllm:prefix_cache_queries counter, last scrape).",
-                     lambda: [((k,), q) for k, (q, _) in pc().items()], ("endpoint",), merge=MAX)
-        reg.gauge_fn("velocity_endpoint_prefix_cache_hits", "The engine's prefix-cache hits in tokens "
-                     "(its vllm:prefix_cache_hits counter, last scrape).",
-                     lambda: [((k,), h) for k, (_, h) in pc().items()], ("endpoint",), merge=MAX)
-        reg.gauge_fn("velocity_endpoint_prefix_cache_hit_ratio", "The engine's prefix-cache hits / queries "
-                     "since it started (last scrape).",
-                     lambda: [((k,), h / q if q else 0.0) for k, (q, h) in pc().items()], ("endpoint",), merge=MAX)
+        reg.gauge_fn(
+            "velocity_endpoint_prefix_cache_queries",
+            "The engine's prefix-cache queries in tokens (its vllm:prefix_cache_queries counter, last scrape).",
+            lambda: [((k,), q) for k, (q, _) in pc().items()],
+            ("endpoint",),
+            merge=MAX,
+        )
+        reg.gauge_fn(
+            "velocity_endpoint_prefix_cache_hits",
+            "The engine's prefix-cache hits in tokens (its vllm:prefix_cache_hits counter, last scrape).",
+            lambda: [((k,), h) for k, (_, h) in pc().items()],
+            ("endpoint",),
+            merge=MAX,
+        )
+        reg.gauge_fn(
+            "velocity_endpoint_prefix_cache_hit_ratio",
+            "The engine's prefix-cache hits / queries since it started (last scrape).",
+            lambda: [((k,), h / q if q else 0.0) for k, (q, h) in pc().items()],
+            ("endpoint",),
+            merge=MAX,
+        )
 
     def _stat(self, field: str) -> list:
         return [((k,), getattr(self.index.stats(k), field)) for k in self._subs]
@@ -145,13 +191,23 @@ class KVFleet:
     def precise_for(self, rs: RoutingSettings) -> PrecisePrefix | None:
         """The token side for these routing settings: kept while what it reads is the same,
         else made anew (the old one's thread ends)."""
-        key = (rs.prefix, tuple(sorted(rs.prefix_modes.items())), rs.tokenizer,
-               tuple(sorted(rs.tokenizers.items())), rs.token_cache_entries, rs.hotspot_gap, rs.load_weight)
+        key = (
+            rs.prefix,
+            tuple(sorted(rs.prefix_modes.items())),
+            rs.tokenizer,
+            tuple(sorted(rs.tokenizers.items())),
+            rs.token_cache_entries,
+            rs.hotspot_gap,
+            rs.load_weight,
+        )
         if key == self._precise_key and self.precise is not None:
             self.precise.settings = rs  # what the key leaves out (free_cache_weight) is read live
             return self.precise
-        new = PrecisePrefix(rs, self.index, registry=self._registry, block_size=self.block_size) \
-            if rs.precise_models() else None
+        new = (
+            PrecisePrefix(rs, self.index, registry=self._registry, block_size=self.block_size)
+            if rs.precise_models()
+            else None
+        )
         if self.precise is not None:
             self.precise.close()
         self.precise, self._precise_key = new, key
@@ -169,8 +225,13 @@ def kv_events_for_engines(plan: Any, rs: RoutingSettings, sock_dir: str) -> tupl
         if rs.prefix_for(spec.model_name) == "precise":
             pub = f"ipc://{os.path.join(sock_dir, spec.name + '.kv')}"
             replay = f"ipc://{os.path.join(sock_dir, spec.name + '.replay')}"
-            conf = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub,
-                    "replay_endpoint": replay, "topic": "kv"}
+            conf = {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": pub,
+                "replay_endpoint": replay,
+                "topic": "kv",
+            }
             argv = tuple(spec.argv) + ("--kv-events-config", json.dumps(conf, separators=(",", ":")))
             tok = rs.tokenizer_for(spec.model_name)
             if plan.kind == "sim" and tok and "--tokenizer" not in argv:

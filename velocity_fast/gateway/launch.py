@@ -41,14 +41,18 @@ def _check_tokenizers(settings: Settings, args: argparse.Namespace, source: str 
     rs = routing_settings(settings)
     if not rs.precise_models():
         return
-    for key, path in [("routing.tokenizer", rs.tokenizer)] + [(f"models.{m}.tokenizer", p)
-                                                               for m, p in rs.tokenizers.items()]:
+    for key, path in [("routing.tokenizer", rs.tokenizer)] + [
+        (f"models.{m}.tokenizer", p) for m, p in rs.tokenizers.items()
+    ]:
         if path is not None:
             try:
                 load_tokenizer(path)
             except ValueError as e:
-                where = source or ("--tokenizer" if key == "routing.tokenizer" and getattr(args, "tokenizer", None)
-                                   else args.config or os.environ.get("VELOCITY_CONFIG") or "defaults")
+                where = source or (
+                    "--tokenizer"
+                    if key == "routing.tokenizer" and getattr(args, "tokenizer", None)
+                    else args.config or os.environ.get("VELOCITY_CONFIG") or "defaults"
+                )
                 raise ConfigError(f"{where}: {key}: {e}") from None
 
 
@@ -107,14 +111,16 @@ def _check_sim_engines(plan, args: argparse.Namespace) -> None:
     parser = _RaisingParser(prog="sim-engine", add_help=False)
     add_arguments(parser)
     argv = list(plan.specs[0].argv)
-    flags = argv[argv.index("velocity_fast.sim") + 1:]
+    flags = argv[argv.index("velocity_fast.sim") + 1 :]
     try:
         SimConfig.from_args(parser.parse_args(flags)).validate()
     except ValueError as e:
-        source = "--sim-args" if getattr(args, "sim_args", None) else \
-            args.config or os.environ.get("VELOCITY_CONFIG") or "defaults"
-        raise ConfigError(f"{source}: sim: {e} (the sim engines' flags: `sim:`, --sim-args, "
-                          "max_model_len)") from None
+        source = (
+            "--sim-args"
+            if getattr(args, "sim_args", None)
+            else args.config or os.environ.get("VELOCITY_CONFIG") or "defaults"
+        )
+        raise ConfigError(f"{source}: sim: {e} (the sim engines' flags: `sim:`, --sim-args, max_model_len)") from None
 
 
 def serve_main(args: argparse.Namespace) -> int:
@@ -129,8 +135,11 @@ def serve_main(args: argparse.Namespace) -> int:
     if settings is None:
         return 2
     if not settings.endpoints:
-        print("velocityllm: config error: no endpoints: give --endpoint NAME=URL=MODEL or `endpoints:` "
-              "in the config file", file=sys.stderr)
+        print(
+            "velocityllm: config error: no endpoints: give --endpoint NAME=URL=MODEL or `endpoints:` "
+            "in the config file",
+            file=sys.stderr,
+        )
         return 2
     side = worker_side()  # a worker of a supervisor (gateway/workers.py), or the gateway itself
     setup_logging(settings.structured_logs, settings.log_level, None if side is None else side.index)
@@ -139,8 +148,10 @@ def serve_main(args: argparse.Namespace) -> int:
     def reread() -> Settings:
         s = load_settings(args.config, flag_overrides(args))
         if not s.endpoints:
-            raise ConfigError(f"{args.config or os.environ.get('VELOCITY_CONFIG') or 'defaults'}: endpoints: "
-                              "none left; a gateway alone needs at least one")
+            raise ConfigError(
+                f"{args.config or os.environ.get('VELOCITY_CONFIG') or 'defaults'}: endpoints: "
+                "none left; a gateway alone needs at least one"
+            )
         return s
 
     if side is None and workers > 1:
@@ -161,9 +172,11 @@ def serve_main(args: argparse.Namespace) -> int:
         reloader = Reloader(gw, reread)
         reloader.install()
         if side is None:
-            print(f"velocityllm: gateway http://{settings.host}:{gw.port} admin http://{settings.host}:"
-                  f"{gw.admin_port} policy {settings.policy}, {len(settings.endpoints)} endpoint(s), 1 worker",
-                  flush=True)
+            print(
+                f"velocityllm: gateway http://{settings.host}:{gw.port} admin http://{settings.host}:"
+                f"{gw.admin_port} policy {settings.policy}, {len(settings.endpoints)} endpoint(s), 1 worker",
+                flush=True,
+            )
         else:
             side.report(gw.admin_port)
 
@@ -197,12 +210,19 @@ def charge_main(args: argparse.Namespace) -> int:
     if settings is None:
         return 2
     if worker_count(settings) > 1:
-        source = "--workers" if getattr(args, "workers", None) is not None else \
-            "VELOCITY_WORKERS" if os.environ.get("VELOCITY_WORKERS") else \
-            args.config or os.environ.get("VELOCITY_CONFIG") or "defaults"
-        print(f"velocityllm: config error: {source}: workers: chargeVelocity runs one gateway process beside "
-              f"the engines it supervises; for more, start the engines on their own and run `velocityllm serve "
-              f"--workers {settings.workers}` in front of them", file=sys.stderr)
+        source = (
+            "--workers"
+            if getattr(args, "workers", None) is not None
+            else "VELOCITY_WORKERS"
+            if os.environ.get("VELOCITY_WORKERS")
+            else args.config or os.environ.get("VELOCITY_CONFIG") or "defaults"
+        )
+        print(
+            f"velocityllm: config error: {source}: workers: chargeVelocity runs one gateway process beside "
+            f"the engines it supervises; for more, start the engines on their own and run `velocityllm serve "
+            f"--workers {settings.workers}` in front of them",
+            file=sys.stderr,
+        )
         return 2
     try:
         _check_ports(settings)
@@ -218,8 +238,9 @@ def charge_main(args: argparse.Namespace) -> int:
     if args.max_model_len is None:
         args.max_model_len = settings.max_model_len
     try:
-        detection, plan = prepare_engines(args, api_key=None,
-                                          sim_args=sim_flags(settings, getattr(args, "sim_args", None)))
+        detection, plan = prepare_engines(
+            args, api_key=None, sim_args=sim_flags(settings, getattr(args, "sim_args", None))
+        )
     except (ModelPathError, PlanError) as e:
         print(f"velocityllm: {e}", file=sys.stderr)
         return exit_code_for(e)
@@ -233,21 +254,26 @@ def charge_main(args: argparse.Namespace) -> int:
             print(f"velocityllm: config error: {e}", file=sys.stderr)
             return 2
     if plan.kind == "sim" and not args.mock and args.engine != "sim":
-        print(f"velocityllm: {plan.reason}; starting {len(plan.specs)} built-in sim engine(s) instead.",
-              flush=True)
+        print(f"velocityllm: {plan.reason}; starting {len(plan.specs)} built-in sim engine(s) instead.", flush=True)
 
     # Precise pools: the engines publish their KV events on free ports (the model
     # folder's tokenizer unless one is configured; sim engines' own, written here).
     own_tokenizer = None
     sock_dir = tempfile.mkdtemp(prefix="velocity-kv-")  # the engines' KV event sockets, if any
     rs = routing_settings(settings)
-    untokenized = sorted({spec.model_name for spec in plan.specs if rs.prefix_for(spec.model_name) == "precise"
-                          and rs.tokenizer_for(spec.model_name) is None})
+    untokenized = sorted(
+        {
+            spec.model_name
+            for spec in plan.specs
+            if rs.prefix_for(spec.model_name) == "precise" and rs.tokenizer_for(spec.model_name) is None
+        }
+    )
     if untokenized and plan.model is not None and (plan.model.path / "tokenizer.json").exists():
         own_tokenizer = str(plan.model.path)
         settings.routing["tokenizer"] = own_tokenizer
     elif untokenized and plan.kind == "sim":
         from velocity_fast.sim.tokens import write_tokenizer
+
         try:
             own_tokenizer = write_tokenizer(sock_dir)
         except ValueError as e:
@@ -258,12 +284,17 @@ def charge_main(args: argparse.Namespace) -> int:
         log.info("precise prefix routing with the sim engines' own tokenizer (%s)", own_tokenizer)
     elif untokenized:
         shutil.rmtree(sock_dir, ignore_errors=True)
-        where = "--prefix" if getattr(args, "prefix", None) else \
-            args.config or os.environ.get("VELOCITY_CONFIG") or "routing.prefix"
-        print(f"velocityllm: config error: {where}: model {untokenized[0]!r} is precise but has no tokenizer: "
-              f"give --tokenizer PATH (a tokenizer.json, or a model folder holding one; or `tokenizer` under "
-              f"`routing:` in the config file), or a --model-path whose folder holds a tokenizer.json",
-              file=sys.stderr)
+        where = (
+            "--prefix"
+            if getattr(args, "prefix", None)
+            else args.config or os.environ.get("VELOCITY_CONFIG") or "routing.prefix"
+        )
+        print(
+            f"velocityllm: config error: {where}: model {untokenized[0]!r} is precise but has no tokenizer: "
+            f"give --tokenizer PATH (a tokenizer.json, or a model folder holding one; or `tokenizer` under "
+            f"`routing:` in the config file), or a --model-path whose folder holds a tokenizer.json",
+            file=sys.stderr,
+        )
         return 2
     plan, engine_endpoints = kv_events_for_engines(plan, routing_settings(settings), sock_dir)
     settings.endpoints.extend(engine_endpoints)
@@ -285,6 +316,7 @@ def charge_main(args: argparse.Namespace) -> int:
             s.routing["tokenizer"] = own_tokenizer
         s.endpoints.extend(engine_endpoints)
         return s.validate()
+
     gw_box: list[Gateway] = []
 
     def on_state(name: str, state: str) -> None:  # the supervisor logs each change itself
@@ -296,9 +328,11 @@ def charge_main(args: argparse.Namespace) -> int:
     async def main(stop: asyncio.Event):
         try:
             await sup.start()
-            gw = Gateway(settings, backend=plan.kind,
-                         model_label=plan.model.path.name if plan.model else (plan.specs[0].model_name
-                                                                            if plan.specs else None))
+            gw = Gateway(
+                settings,
+                backend=plan.kind,
+                model_label=plan.model.path.name if plan.model else (plan.specs[0].model_name if plan.specs else None),
+            )
             gw_box.append(gw)
             await gw.start()
         except BaseException:

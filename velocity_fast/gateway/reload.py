@@ -43,8 +43,21 @@ __all__ = ["Reloader", "apply_settings", "changed_keys", "RESTART_KEYS"]
 log = logging.getLogger("velocity.reload")
 
 # Keys that are read once at start: a change is reported, and applies at the next start.
-RESTART_KEYS = ("host", "port", "admin_port", "server", "health", "sim", "model_path", "engine", "vllm_python",
-                "structured_logs", "log_level", "state_store", "workers")
+RESTART_KEYS = (
+    "host",
+    "port",
+    "admin_port",
+    "server",
+    "health",
+    "sim",
+    "model_path",
+    "engine",
+    "vllm_python",
+    "structured_logs",
+    "log_level",
+    "state_store",
+    "workers",
+)
 
 _DRAIN_POLL_S = 0.2
 
@@ -90,7 +103,13 @@ def _identity(old: Identity, settings: Settings, store=None) -> Identity:
         if prev is None:
             continue
         if (prev.max_band, prev.weight, prev.rate, prev.burst, prev.sla_ms, prev.tpm) == (
-                t.max_band, t.weight, t.rate, t.burst, t.sla_ms, t.tpm):
+            t.max_band,
+            t.weight,
+            t.rate,
+            t.burst,
+            t.sla_ms,
+            t.tpm,
+        ):
             new.tenants[name] = prev
             for key, bound in list(new.by_key.items()):
                 if bound is t:
@@ -165,14 +184,19 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
     changes: list[str] = []
     retired: list = []
 
-    rebuild = (new.policy != old.policy
-               or AdmissionSettings.from_settings(new) != AdmissionSettings.from_settings(old)
-               or _weights(new) != _weights(old))  # the queues keep tenants' weights
+    rebuild = (
+        new.policy != old.policy
+        or AdmissionSettings.from_settings(new) != AdmissionSettings.from_settings(old)
+        or _weights(new) != _weights(old)
+    )  # the queues keep tenants' weights
     router = None
     if routing_settings(new) != routing_settings(old):
         kv = getattr(gw, "kv", None)
-        router = build_router(new, _AdoptingRegistry(gw.registry),
-                              precise=kv.precise_for(routing_settings(new)) if kv is not None else None)
+        router = build_router(
+            new,
+            _AdoptingRegistry(gw.registry),
+            precise=kv.precise_for(routing_settings(new)) if kv is not None else None,
+        )
     identity = None
     if new.api_key != old.api_key or new.tenants != old.tenants:
         identity = _identity(gw.identity, new, getattr(gw, "state_store", None))
@@ -182,8 +206,11 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
     gw.settings = new
     # What the file changed that applies now, by key (endpoints are said below, one line
     # each; the keys read only at start are warned about at the end).
-    live = [k for k in changed_keys(old, new) if k.split(".", 1)[0].split(" ", 1)[0] not in RESTART_KEYS
-            and not k.startswith("endpoints")]
+    live = [
+        k
+        for k in changed_keys(old, new)
+        if k.split(".", 1)[0].split(" ", 1)[0] not in RESTART_KEYS and not k.startswith("endpoints")
+    ]
     if live:
         changes.append("changed " + ", ".join(live))
     if identity is not None:
@@ -222,8 +249,10 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
     waiting = []
     for key in RESTART_KEYS:
         for path in changed_keys(getattr(running, key), getattr(new, key), key):
-            log.warning("config reload: %s; it takes effect at the next start",
-                        path if path.endswith((" added", " removed")) else f"{path} changed")
+            log.warning(
+                "config reload: %s; it takes effect at the next start",
+                path if path.endswith((" added", " removed")) else f"{path} changed",
+            )
             waiting.append(path)
     if waiting:  # a change the gateway read is not "no changes", though none applies yet
         changes.append(f"{', '.join(waiting)} at the next start")
@@ -317,7 +346,9 @@ class Reloader:
         timeout = self.gw.settings.health.check_timeout_ms / 1000  # health: not live
 
         async def ask(cfg) -> bool:
-            pool = UpstreamPool(cfg.url, connect_timeout=min(timeout, self.gw.settings.server.upstream_connect_timeout_s))
+            pool = UpstreamPool(
+                cfg.url, connect_timeout=min(timeout, self.gw.settings.server.upstream_connect_timeout_s)
+            )
             try:
                 status, _ = await pool.fetch("GET", "/health", timeout=timeout)
                 return status == 200

@@ -24,7 +24,6 @@ MAX_TOKENS_LIMIT = 2**31 - 1
 _Tokens = Annotated[int, msgspec.Meta(le=MAX_TOKENS_LIMIT)]
 
 
-
 # gc=False: what a decoded body holds (strings, numbers, raw JSON, lists of those) cannot
 # refer back to the request, so the collector need not track one per request.
 class StreamOptions(msgspec.Struct, gc=False):

@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.gateway.requests (decoding client requests)."""
+
 import msgspec
 
 from velocity_fast.gateway.errors import BadRequest

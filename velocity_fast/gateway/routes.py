@@ -6,6 +6,7 @@ required). Relayed as they are to a healthy engine of the model: /v1/embeddings,
 /tokenize, /detokenize and GET /version. GET /v1/models/{id} answers from the gateway's
 own model list, as /v1/models does.
 """
+
 from __future__ import annotations
 
 import msgspec
@@ -20,8 +21,12 @@ __all__ = ["OtherRoutes", "GENERATION_ROUTES", "RELAY_ROUTES", "MODEL_PREFIX"]
 MODEL_PREFIX = "/v1/models/"
 GENERATION_ROUTES = ("/v1/responses", "/v1/messages")
 # Relayed routes: their method, and whether the body names the model.
-RELAY_ROUTES = {"/v1/embeddings": ("POST", True), "/tokenize": ("POST", True), "/detokenize": ("POST", True),
-                "/version": ("GET", False)}
+RELAY_ROUTES = {
+    "/v1/embeddings": ("POST", True),
+    "/tokenize": ("POST", True),
+    "/detokenize": ("POST", True),
+    "/version": ("GET", False),
+}
 _RELAY_TIMEOUT = 60.0  # an embeddings batch is a whole prefill
 
 _Tokens = msgspec.Meta(ge=1, le=MAX_TOKENS_LIMIT)
@@ -53,8 +58,7 @@ class MessagesBody(_Own, kw_only=True):
     stream: bool = False
 
 
-_decoders = {"/v1/responses": msgspec.json.Decoder(ResponsesBody),
-             "/v1/messages": msgspec.json.Decoder(MessagesBody)}
+_decoders = {"/v1/responses": msgspec.json.Decoder(ResponsesBody), "/v1/messages": msgspec.json.Decoder(MessagesBody)}
 _model_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _json = msgspec.json.decode
 
@@ -91,8 +95,9 @@ def _messages(route: str, r) -> list[dict]:
     out = []
     system = r.instructions if route == "/v1/responses" else r.system
     if system:
-        out.append({"role": "system", "content": _text(system if isinstance(system, str)
-                                                         else [_json(p) for p in system])})
+        out.append(
+            {"role": "system", "content": _text(system if isinstance(system, str) else [_json(p) for p in system])}
+        )
     items = r.input if route == "/v1/responses" else r.messages
     if isinstance(items, str):
         out.append({"role": "user", "content": items})
@@ -112,14 +117,26 @@ class OtherRoutes:
 
     def routes(self) -> list[str]:
         """Every route the client port serves, for an unknown route's 404."""
-        return ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/responses", "POST /v1/messages",
-                "POST /v1/embeddings", "POST /tokenize", "POST /detokenize", "GET /v1/models",
-                "GET /v1/models/{id}", "GET /version", "POST /generate", "GET /stats", "GET /health"]
+        return [
+            "POST /v1/chat/completions",
+            "POST /v1/completions",
+            "POST /v1/responses",
+            "POST /v1/messages",
+            "POST /v1/embeddings",
+            "POST /tokenize",
+            "POST /detokenize",
+            "GET /v1/models",
+            "GET /v1/models/{id}",
+            "GET /version",
+            "POST /generate",
+            "GET /stats",
+            "GET /health",
+        ]
 
     # -- GET /v1/models/{id} ----------------------------------------------------------
     def model(self, req, resp) -> None:
         gw = self.gw
-        mid = req.path[len(MODEL_PREFIX):]
+        mid = req.path[len(MODEL_PREFIX) :]
         pool = gw.pools.get(mid)
         if pool is None or not pool.healthy():
             gw.count_answer("/v1/models/{id}", 404)
@@ -147,15 +164,15 @@ class OtherRoutes:
             pool = gw.pools.get(model) if isinstance(model, str) else None
             if pool is None:
                 gw.count_answer(path, 404)
-                return resp.send_error(404, f"The model `{model}` does not exist.", type="NotFoundError",
-                                       param="model", headers=hdrs)
+                return resp.send_error(
+                    404, f"The model `{model}` does not exist.", type="NotFoundError", param="model", headers=hdrs
+                )
             eps = pool.healthy()
         else:  # /version: every engine runs the same vLLM; any healthy one answers
             eps = [ep for p in gw.pools.values() for ep in p.healthy()]
         if not eps:
             gw.count_answer(path, 503)
-            return resp.send_error(503, "No healthy engine to answer.", type="ServiceUnavailableError",
-                                   headers=hdrs)
+            return resp.send_error(503, "No healthy engine to answer.", type="ServiceUnavailableError", headers=hdrs)
         ep = min(eps, key=lambda e: e.inflight)
         return self._relay(req, resp, ep, path, hdrs, rid)
 
@@ -167,8 +184,9 @@ class OtherRoutes:
         if ep.api_key:
             up.append(("authorization", f"Bearer {ep.api_key}"))
         try:
-            status, body = await ep.upstream.fetch(req.method, path, body=req.body or b"", headers=up,
-                                                   timeout=_RELAY_TIMEOUT)
+            status, body = await ep.upstream.fetch(
+                req.method, path, body=req.body or b"", headers=up, timeout=_RELAY_TIMEOUT
+            )
         except Exception as e:  # the engine could not be reached or did not answer in time
             gw.count_answer(path, 502)
             return resp.send_error(502, f"The engine {ep.name} did not answer: {e}", headers=hdrs)
@@ -225,5 +243,20 @@ class OtherRoutes:
                 obj.pop(f, None)
             body = msgspec.json.encode(obj)
         # From the pool on (context, quota, exchange), the same checks as the OpenAI routes.
-        place_generation(gw.ingress, req, resp, route, rid, band, tenant, tenant_name, sla_ms, model, info, body,
-                         max_tokens, limit_name, r.stream is True)
+        place_generation(
+            gw.ingress,
+            req,
+            resp,
+            route,
+            rid,
+            band,
+            tenant,
+            tenant_name,
+            sla_ms,
+            model,
+            info,
+            body,
+            max_tokens,
+            limit_name,
+            r.stream is True,
+        )

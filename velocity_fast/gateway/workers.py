@@ -54,11 +54,11 @@ PORT_ENV = "VELOCITY_WORKER_PORT"
 REPORT_ENV = "VELOCITY_WORKER_FD"
 SUPERVISOR_ENV = "VELOCITY_SUPERVISOR"
 
-FAST_DEATH_S = 1.0        # a worker that dies this soon after its start died starting
-FAST_DEATHS = 3           # ... this many times in a row: the gateway gives up
-DRAIN_MARGIN_S = 5.0      # past server.shutdown_grace_s, what still runs is killed
-FETCH_TIMEOUT_S = 2.0     # a worker's admin port, over loopback
-POLL_S = 0.1              # how often the supervisor looks for dead workers
+FAST_DEATH_S = 1.0  # a worker that dies this soon after its start died starting
+FAST_DEATHS = 3  # ... this many times in a row: the gateway gives up
+DRAIN_MARGIN_S = 5.0  # past server.shutdown_grace_s, what still runs is killed
+FETCH_TIMEOUT_S = 2.0  # a worker's admin port, over loopback
+POLL_S = 0.1  # how often the supervisor looks for dead workers
 # A worker's /metrics and /stats with this query carry how they merge: each family's rule,
 # the /stats keys whose numbers are whole (Gateway.handle_admin).
 WITH_RULES = {"/metrics": "/metrics?merge", "/stats": "/stats?merge"}
@@ -151,9 +151,9 @@ class _Worker:
         return self.admin_port is not None and self.alive
 
 
-async def _fetch(port: int, path: str, headers: dict[str, str], timeout: float = FETCH_TIMEOUT_S
-                 ) -> tuple[int, bytes]:
+async def _fetch(port: int, path: str, headers: dict[str, str], timeout: float = FETCH_TIMEOUT_S) -> tuple[int, bytes]:
     """GET a worker's admin path over loopback: (status, body)."""
+
     async def go() -> tuple[int, bytes]:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
@@ -172,14 +172,16 @@ async def _fetch(port: int, path: str, headers: dict[str, str], timeout: float =
             return status, body
         finally:
             writer.close()
+
     return await asyncio.wait_for(go(), timeout)
 
 
 class WorkerSupervisor:
     """N `serve` workers on one port; see the module's docstring."""
 
-    def __init__(self, settings: Settings, argv: list[str], count: int,
-                 reread: Callable[[], Settings] | None = None) -> None:
+    def __init__(
+        self, settings: Settings, argv: list[str], count: int, reread: Callable[[], Settings] | None = None
+    ) -> None:
         from velocity_fast.gateway.identity import Identity
         from velocity_fast.metrics.registry import Registry
 
@@ -201,22 +203,37 @@ class WorkerSupervisor:
         self._stop: asyncio.Event | None = None
         self._all_serving: asyncio.Event | None = None
         self.registry = Registry()
-        self.registry.gauge_fn("velocity_workers", "Gateway worker processes serving now.",
-                               lambda: float(sum(w.serving for w in self.workers)))
-        self.restarts = self.registry.counter("velocity_worker_restarts_total",
-                                              "Workers started again after one died.")
-        self.lost = self.registry.counter("velocity_worker_lost_requests_total",
-                                          "Requests in flight on workers that died (their clients saw an error).")
+        self.registry.gauge_fn(
+            "velocity_workers",
+            "Gateway worker processes serving now.",
+            lambda: float(sum(w.serving for w in self.workers)),
+        )
+        self.restarts = self.registry.counter("velocity_worker_restarts_total", "Workers started again after one died.")
+        self.lost = self.registry.counter(
+            "velocity_worker_lost_requests_total",
+            "Requests in flight on workers that died (their clients saw an error).",
+        )
 
     # -- workers ---------------------------------------------------------------------------
     def _spawn(self, w: _Worker) -> None:
         r, wfd = os.pipe()
         env = dict(os.environ)
-        env.update({WORKER_ENV: str(w.index), SHARED_ENV: self.shared_path, PORT_ENV: str(self.port),
-                    REPORT_ENV: str(wfd), SUPERVISOR_ENV: str(os.getpid())})
+        env.update(
+            {
+                WORKER_ENV: str(w.index),
+                SHARED_ENV: self.shared_path,
+                PORT_ENV: str(self.port),
+                REPORT_ENV: str(wfd),
+                SUPERVISOR_ENV: str(os.getpid()),
+            }
+        )
         try:
-            w.proc = subprocess.Popen([sys.executable, "-m", "velocity_fast.cli", "serve", *self.argv], env=env,
-                                      pass_fds=(wfd,), stdin=subprocess.DEVNULL)
+            w.proc = subprocess.Popen(
+                [sys.executable, "-m", "velocity_fast.cli", "serve", *self.argv],
+                env=env,
+                pass_fds=(wfd,),
+                stdin=subprocess.DEVNULL,
+            )
         finally:
             os.close(wfd)
         w.started_at = time.monotonic()
@@ -275,14 +292,26 @@ class WorkerSupervisor:
         self.lost.inc(lost)
         w.fast_deaths = w.fast_deaths + 1 if lived < FAST_DEATH_S else 0
         if w.fast_deaths >= FAST_DEATHS:
-            print(f"velocityllm: worker {w.index} exited with {rc} within {FAST_DEATH_S:g} s of its start "
-                  f"{FAST_DEATHS} times in a row; giving up (its output above says why)", file=sys.stderr, flush=True)
+            print(
+                f"velocityllm: worker {w.index} exited with {rc} within {FAST_DEATH_S:g} s of its start "
+                f"{FAST_DEATHS} times in a row; giving up (its output above says why)",
+                file=sys.stderr,
+                flush=True,
+            )
             self.exit_code = 1
             w.proc = None
             self._stop.set()
             return
-        log.warning("worker %d (pid %d) exited with %s after %.1f s: %d request(s) in flight lost, %s given back; "
-                    "starting a new one", w.index, w.proc.pid, rc, lived, lost, held)
+        log.warning(
+            "worker %d (pid %d) exited with %s after %.1f s: %d request(s) in flight lost, %s given back; "
+            "starting a new one",
+            w.index,
+            w.proc.pid,
+            rc,
+            lived,
+            lost,
+            held,
+        )
         self.restarts.inc()
         self._spawn(w)
 
@@ -355,8 +384,11 @@ class WorkerSupervisor:
             await self.drain()
             raise
         if self._all_serving.is_set():
-            print(f"velocityllm: gateway http://{s.host}:{self.port} admin http://{s.host}:{self.admin_port} "
-                  f"policy {s.policy}, {len(s.endpoints)} endpoint(s), {self.count} workers", flush=True)
+            print(
+                f"velocityllm: gateway http://{s.host}:{self.port} admin http://{s.host}:{self.admin_port} "
+                f"policy {s.policy}, {len(s.endpoints)} endpoint(s), {self.count} workers",
+                flush=True,
+            )
         return self.drain
 
     async def drain(self) -> None:
@@ -395,6 +427,7 @@ class WorkerSupervisor:
     # -- the admin port -----------------------------------------------------------------------
     async def _gather(self, path: str, headers: dict[str, str]) -> list[tuple[_Worker, int, bytes] | None]:
         """Each worker's answer to ``path`` (None: not serving, or no answer in time)."""
+
         async def one(w: _Worker):
             if not w.serving:
                 return None
@@ -403,10 +436,15 @@ class WorkerSupervisor:
             except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, IndexError):
                 return None
             return w, status, body
+
         return list(await asyncio.gather(*(one(w) for w in self.workers)))
 
     def _workers_stats(self) -> dict:
-        return {"count": self.count, "alive": sum(w.serving for w in self.workers), "restarts": int(self.restarts.get())}
+        return {
+            "count": self.count,
+            "alive": sum(w.serving for w in self.workers),
+            "restarts": int(self.restarts.get()),
+        }
 
     async def handle_admin(self, req, resp) -> None:
         path = req.path
@@ -437,9 +475,15 @@ class WorkerSupervisor:
                         healthy = max(healthy, int(json.loads(a[2]).get("healthy_endpoints", 0)))
                     except (ValueError, AttributeError, TypeError):
                         pass
-            return resp.send_json(200 if ready else 503, {
-                "ready": ready, "healthy_endpoints": healthy, "draining": self.draining,
-                "workers": {**self._workers_stats(), "ready": ready_n}})
+            return resp.send_json(
+                200 if ready else 503,
+                {
+                    "ready": ready,
+                    "healthy_endpoints": healthy,
+                    "draining": self.draining,
+                    "workers": {**self._workers_stats(), "ready": ready_n},
+                },
+            )
         per_worker = []
         whole: set[str] = set()
         for a in answers:

@@ -9,6 +9,7 @@
 output goes to ``log`` when given (appended), else to two files read as ``stdout_text``
 and ``stderr_text``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,9 +37,16 @@ class GatewayProcess:
     set by its flags and files alone; ``clean=False`` keeps them). ``launcher`` replaces
     ``python -m velocity_fast`` in the command line; ``death_signal``: see procs.start."""
 
-    def __init__(self, command: str, *args: str, env: Mapping[str, str] | None = None,
-                 log: str | os.PathLike | None = None, clean: bool = True,
-                 launcher: Sequence[str] | None = None, death_signal: int | None = None) -> None:
+    def __init__(
+        self,
+        command: str,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        log: str | os.PathLike | None = None,
+        clean: bool = True,
+        launcher: Sequence[str] | None = None,
+        death_signal: int | None = None,
+    ) -> None:
         self.args = list(args)
         if "--host" not in self.args:
             self.args += ["--host", "127.0.0.1"]
@@ -98,13 +106,17 @@ class GatewayProcess:
 
     def spawn(self) -> GatewayProcess:
         """Start the process without waiting (for commands expected to fail)."""
-        env = child_env(self.env) if self.clean else {**os.environ, **python_child("velocity_fast")[1],
-                                                      **(self.env or {})}
+        env = (
+            child_env(self.env)
+            if self.clean
+            else {**os.environ, **python_child("velocity_fast")[1], **(self.env or {})}
+        )
         if self.log is not None:
             self.proc = start(self.argv, log=self.log, env=env, cwd=PACKAGE_ROOT, death_signal=self.death_signal)
         else:
-            self.proc = start(self.argv, stdout=self._out, stderr=self._err, env=env, cwd=PACKAGE_ROOT,
-                              death_signal=self.death_signal)
+            self.proc = start(
+                self.argv, stdout=self._out, stderr=self._err, env=env, cwd=PACKAGE_ROOT, death_signal=self.death_signal
+            )
         return self
 
     def start(self, timeout: float = 20.0) -> GatewayProcess:
@@ -114,11 +126,11 @@ class GatewayProcess:
         try:
             while not BANNER.search(self.stdout_text):
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"{self.command} exited with {self.proc.returncode}; stderr:\n"
-                                       f"{self.stderr_text}")
+                    raise RuntimeError(
+                        f"{self.command} exited with {self.proc.returncode}; stderr:\n{self.stderr_text}"
+                    )
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.command} did not print its banner in time; stderr:\n"
-                                       f"{self.stderr_text}")
+                    raise TimeoutError(f"{self.command} did not print its banner in time; stderr:\n{self.stderr_text}")
                 time.sleep(0.05)
         except BaseException:
             self.stop()

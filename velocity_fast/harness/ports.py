@@ -1,5 +1,6 @@
 """Listening ports for children: drawn below the kernel's ephemeral range, never handed
 out twice in a row."""
+
 from __future__ import annotations
 
 import collections

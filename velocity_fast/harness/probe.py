@@ -1,5 +1,6 @@
 """Asking a child whether it is ready: a one-shot GET (blocking or on the loop), a poll
 until a condition holds, and the port a child prints once it listens."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,6 +27,7 @@ def http_status(port: int, path: str, timeout: float = 2.0) -> int:
 
 async def http_get(host: str, port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
     """A one-shot GET (connection: close); off the measured path, so plain streams do."""
+
     async def go():
         reader, writer = await asyncio.open_connection(host, port)
         try:
@@ -56,8 +58,9 @@ def _dechunk(data: bytes) -> bytes:
         i = j + 2 + size + 2
 
 
-def wait_until(check: Callable[[], bool], timeout: float, what: str, log: str | os.PathLike | None = None,
-               interval: float = 0.1) -> None:
+def wait_until(
+    check: Callable[[], bool], timeout: float, what: str, log: str | os.PathLike | None = None, interval: float = 0.1
+) -> None:
     """Poll ``check()`` until true; a RuntimeError naming ``what`` (and the end of ``log``)
     after ``timeout`` s. ``check`` may raise to give up early (its child died)."""
     deadline = time.monotonic() + timeout
@@ -72,8 +75,9 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str, log: str | 
     raise RuntimeError(f"{what} not ready after {timeout:.0f} s. {tail}")
 
 
-def read_line(proc: subprocess.Popen, pattern: re.Pattern[bytes], deadline: float,
-              what: str, why: Callable[[], str] = str) -> re.Match[bytes]:
+def read_line(
+    proc: subprocess.Popen, pattern: re.Pattern[bytes], deadline: float, what: str, why: Callable[[], str] = str
+) -> re.Match[bytes]:
     """Read the child's stdout (a pipe) until a line matches ``pattern``: a child that picks
     its own port prints it once it listens. TimeoutError or RuntimeError (it exited)
     otherwise, ending with ``why()`` (its stderr, say)."""

@@ -7,6 +7,7 @@ kernel (``prctl(PR_SET_PDEATHSIG)``) for a signal when its parent dies, so that 
 outlive a parent killed with SIGKILL or a timeout; the kernel sends it when the *thread*
 that forked exits, so a child started from a short-lived thread (a test's pool) asks for none.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,8 +35,7 @@ def python_child(module: str) -> tuple[list[str], dict[str, str]]:
     PYTHONPATH names this package's own folder first.
     """
     path = os.environ.get("PYTHONPATH")
-    return ([sys.executable, "-P", "-m", module],
-            {"PYTHONPATH": PACKAGE_ROOT + (os.pathsep + path if path else "")})
+    return ([sys.executable, "-P", "-m", module], {"PYTHONPATH": PACKAGE_ROOT + (os.pathsep + path if path else "")})
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -79,9 +79,15 @@ def death_signal_hook(sig: int, then: Callable[[], None] | None = None) -> Calla
     return hook
 
 
-def start(argv: Sequence[str], *, log: str | os.PathLike | None = None, append: bool = True,
-          death_signal: int | None = None, setup: Callable[[], None] | None = None,
-          **popen) -> subprocess.Popen:
+def start(
+    argv: Sequence[str],
+    *,
+    log: str | os.PathLike | None = None,
+    append: bool = True,
+    death_signal: int | None = None,
+    setup: Callable[[], None] | None = None,
+    **popen,
+) -> subprocess.Popen:
     """``argv`` as a child leading its own process group, stdin closed.
 
     ``log``: stdout and stderr go to this file (appended, unless ``append`` is false);
@@ -95,8 +101,9 @@ def start(argv: Sequence[str], *, log: str | os.PathLike | None = None, append: 
     if log is None:
         return subprocess.Popen(list(argv), process_group=0, preexec_fn=hook, **popen)
     with open(log, "ab" if append else "wb") as out:
-        return subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, process_group=0,
-                                preexec_fn=hook, **popen)
+        return subprocess.Popen(
+            list(argv), stdout=out, stderr=subprocess.STDOUT, process_group=0, preexec_fn=hook, **popen
+        )
 
 
 def signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -123,8 +130,15 @@ def _send(proc: subprocess.Popen, sig: int, group: bool) -> None:
             proc.send_signal(sig)
 
 
-def stop_all(procs: Iterable[subprocess.Popen | None], grace: float = 10.0, *, whole: bool = False,
-             sweep: bool = False, kill_grace: float = 5.0, group: bool | None = None) -> None:
+def stop_all(
+    procs: Iterable[subprocess.Popen | None],
+    grace: float = 10.0,
+    *,
+    whole: bool = False,
+    sweep: bool = False,
+    kill_grace: float = 5.0,
+    group: bool | None = None,
+) -> None:
     """Stop every child at once: SIGTERM to each (in the order given), SIGKILL to what still
     runs ``grace`` seconds later, each reaped and its pipes closed.
 
@@ -162,8 +176,15 @@ def stop_all(procs: Iterable[subprocess.Popen | None], grace: float = 10.0, *, w
                     pipe.close()
 
 
-def stop(proc: subprocess.Popen | None, grace: float = 10.0, *, whole: bool = False, sweep: bool = False,
-         kill_grace: float = 5.0, group: bool | None = None) -> int | None:
+def stop(
+    proc: subprocess.Popen | None,
+    grace: float = 10.0,
+    *,
+    whole: bool = False,
+    sweep: bool = False,
+    kill_grace: float = 5.0,
+    group: bool | None = None,
+) -> int | None:
     """Stop one child as :func:`stop_all` does; its exit code (None: never started, or
     not reaped even after SIGKILL)."""
     stop_all([proc], grace, whole=whole, sweep=sweep, kill_grace=kill_grace, group=group)

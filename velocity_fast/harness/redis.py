@@ -1,10 +1,11 @@
 """A ``redis-server`` child on a free 127.0.0.1 port: the gateways' shared state store.
 
-    rs = RedisServer(binary).start()     # answers PING; rs.url
-    rs.pause(); rs.resume()              # SIGSTOP / SIGCONT: a store that does not answer
-    rs.stop(); rs.start()                # gone, then back on the same port (empty: no persistence)
-    rs.close()                           # stopped, its folder removed
+rs = RedisServer(binary).start()     # answers PING; rs.url
+rs.pause(); rs.resume()              # SIGSTOP / SIGCONT: a store that does not answer
+rs.stop(); rs.start()                # gone, then back on the same port (empty: no persistence)
+rs.close()                           # stopped, its folder removed
 """
+
 from __future__ import annotations
 
 import shutil
@@ -39,9 +40,28 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start it and wait until it answers PING (stopped if it does not in time)."""
         # SIGKILL when this process dies: a paused server cannot act on SIGTERM.
-        self.proc = start([self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
-                           "--appendonly", "no", "--dir", self.dir, "--daemonize", "no", "--loglevel", "warning"],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, death_signal=signal.SIGKILL)
+        self.proc = start(
+            [
+                self.binary,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+                "--daemonize",
+                "no",
+                "--loglevel",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            death_signal=signal.SIGKILL,
+        )
         deadline = time.monotonic() + timeout
         while not self.ping():
             if self.proc.poll() is not None:

@@ -9,6 +9,7 @@ starts never race for one; its stderr is kept (``stderr_text``). With ``log`` it
 goes to that file instead, and the port must be given. ``spawn`` starts it without
 waiting, ``wait_ready`` then waits (several engines start at once).
 """
+
 from __future__ import annotations
 
 import http.client
@@ -36,9 +37,16 @@ def sim_command(*flags: str, model: str = "sim-model", port: int = 0, time_scale
 class SimEngine:
     """A sim engine child; ``stop()`` (or leaving the ``with``) ends it."""
 
-    def __init__(self, *flags: str, model: str = "sim-model", port: int = 0, time_scale: float | None = None,
-                 env: Mapping[str, str] | None = None, log: str | os.PathLike | None = None,
-                 death_signal: int | None = None) -> None:
+    def __init__(
+        self,
+        *flags: str,
+        model: str = "sim-model",
+        port: int = 0,
+        time_scale: float | None = None,
+        env: Mapping[str, str] | None = None,
+        log: str | os.PathLike | None = None,
+        death_signal: int | None = None,
+    ) -> None:
         self.flags = flags
         self.model = model
         self.port = port
@@ -73,12 +81,17 @@ class SimEngine:
         if self.log is not None:
             if not self.port:
                 raise ValueError("a sim engine that logs to a file needs its port given")
-            self.proc = start(self.command(), log=self.log, env=env, cwd=PACKAGE_ROOT,
-                              death_signal=self.death_signal)
+            self.proc = start(self.command(), log=self.log, env=env, cwd=PACKAGE_ROOT, death_signal=self.death_signal)
         else:
             self._stderr = tempfile.TemporaryFile()
-            self.proc = start(self.command(), stdout=subprocess.PIPE, stderr=self._stderr, env=env, cwd=PACKAGE_ROOT,
-                              death_signal=self.death_signal)
+            self.proc = start(
+                self.command(),
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                env=env,
+                cwd=PACKAGE_ROOT,
+                death_signal=self.death_signal,
+            )
         return self
 
     def wait_ready(self, deadline: float) -> SimEngine:
@@ -113,8 +126,14 @@ class SimEngine:
         """A blocking GET; returns (status, body)."""
         return self.request("GET", path, None, headers, timeout)
 
-    def request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
-                timeout: float = 10.0) -> tuple[int, bytes]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 10.0,
+    ) -> tuple[int, bytes]:
         """A blocking request on a fresh connection; returns (status, body)."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:

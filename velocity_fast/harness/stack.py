@@ -1,5 +1,6 @@
 """Sim engines and gateways in front of them, all children of this process: what the
 isolation runs, the replica and worker tests and bench/retry_after.py measure."""
+
 from __future__ import annotations
 
 import asyncio
@@ -56,9 +57,15 @@ class Fleet:
             self.engine_ports.append(base + i)
             endpoints += ["--endpoint", f"e{i}=http://127.0.0.1:{base + i}={MODEL}"]
         for r in range(self.replicas):
-            gw = GatewayProcess("serve", *endpoints, "--policy", self.policy,
-                                *(["--workers", str(self.workers)] if self.workers > 1 else []),
-                                *self.gateway_args, log=self._log(f"gateway-{r}.log" if r else "gateway.log"))
+            gw = GatewayProcess(
+                "serve",
+                *endpoints,
+                "--policy",
+                self.policy,
+                *(["--workers", str(self.workers)] if self.workers > 1 else []),
+                *self.gateway_args,
+                log=self._log(f"gateway-{r}.log" if r else "gateway.log"),
+            )
             self.procs.append(gw.spawn().proc)
             self.ports.append(gw.port)
             self.admin_ports.append(gw.admin_port)

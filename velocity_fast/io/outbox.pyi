@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.io.outbox (the writes of one loop pass, gathered and sent together)."""
+
 import asyncio
 from typing import Any
 
@@ -6,6 +7,7 @@ from velocity_fast.io.fdio import Protocol
 
 class OutboxOwner(Protocol):
     """What the outbox writes for: a connection with a transport."""
+
     _out: bytes | list[bytes] | None
     _out_bytes: int
     _transport: Any

@@ -17,6 +17,7 @@ root (all ancestors held), which along a prompt's chain form a prefix. It stays 
 when an engine evicts a block before its descendants (vLLM does not, but the index
 does not rely on it).
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -32,9 +33,9 @@ ROOT = 0x5EC7_0C4E_D1A5_7E11
 HINTS = 64
 
 #: States of an endpoint's entries.
-CONNECTING = "connecting"     # nothing received yet: no knowledge
-EXACT = "exact"               # every batch since a known state applied
-APPROXIMATE = "approximate"   # batches were lost and not recovered: entries may be wrong
+CONNECTING = "connecting"  # nothing received yet: no knowledge
+EXACT = "exact"  # every batch since a known state applied
+APPROXIMATE = "approximate"  # batches were lost and not recovered: entries may be wrong
 
 
 def lora_root(lora: Hashable | None) -> int:
@@ -42,8 +43,12 @@ def lora_root(lora: Hashable | None) -> int:
     return ROOT if lora is None else hash((ROOT, lora))
 
 
-def chain_hashes(token_ids: list[int] | tuple[int, ...], block_size: int, lora: Hashable | None = None,
-                 known: list[int] | None = None) -> list[int]:
+def chain_hashes(
+    token_ids: list[int] | tuple[int, ...],
+    block_size: int,
+    lora: Hashable | None = None,
+    known: list[int] | None = None,
+) -> list[int]:
     """The chained hashes of the full blocks of ``token_ids`` (a trailing partial block
     has none, as engines cache only full blocks).
 
@@ -54,15 +59,19 @@ def chain_hashes(token_ids: list[int] | tuple[int, ...], block_size: int, lora: 
     return extend_chain(known or (), token_ids[skip:], block_size, lora)
 
 
-def extend_chain(known: list[int] | tuple[int, ...], token_ids: list[int] | tuple[int, ...], block_size: int,
-                 lora: Hashable | None = None) -> list[int]:
+def extend_chain(
+    known: list[int] | tuple[int, ...],
+    token_ids: list[int] | tuple[int, ...],
+    block_size: int,
+    lora: Hashable | None = None,
+) -> list[int]:
     """``chain_hashes`` of a prompt given the hashes of its first blocks (``known``) and
     only the tokens after them (``token_ids``): what a next turn costs is its tail."""
     out: list[int] = list(known)
     parent = out[-1] if out else lora_root(lora)
     ids = tuple(token_ids)  # slices of a tuple are tuples
     for i in range(0, len(ids) - block_size + 1, block_size):
-        parent = hash((parent, ids[i:i + block_size]))
+        parent = hash((parent, ids[i : i + block_size]))
         out.append(parent)
     return out
 
@@ -78,24 +87,38 @@ def _freeze(x: Any) -> Any:
 class EndpointStats:
     """Counters of one endpoint (read by metrics; written by its subscriber)."""
 
-    __slots__ = ("events", "batches", "lost", "replayed", "unrecovered", "resyncs", "disconnects",
-                 "orphans", "adopted", "joins", "skipped", "bad", "state", "block_size")
+    __slots__ = (
+        "events",
+        "batches",
+        "lost",
+        "replayed",
+        "unrecovered",
+        "resyncs",
+        "disconnects",
+        "orphans",
+        "adopted",
+        "joins",
+        "skipped",
+        "bad",
+        "state",
+        "block_size",
+    )
 
     def __init__(self) -> None:
-        self.events = 0        # events applied
-        self.batches = 0       # batches applied (live and replayed)
-        self.lost = 0          # batches missing from the live stream (sequence gaps)
-        self.replayed = 0      # batches recovered through the replay endpoint
-        self.unrecovered = 0   # gaps the replay could not fill (each made the entries approximate)
-        self.resyncs = 0       # approximate -> exact again
-        self.disconnects = 0   # the publisher's connection dropped (engine gone or restarted)
-        self.orphans = 0       # stored blocks whose parent was unknown, so not indexed
-        self.adopted = 0       # blocks known held as the prefix a hint showed of a store's parent
-        self.joins = 0         # times the entries started after the engine's first batch (a subset)
-        self.skipped = 0       # stored blocks of another medium or group, or malformed
-        self.bad = 0           # messages that were not event batches
+        self.events = 0  # events applied
+        self.batches = 0  # batches applied (live and replayed)
+        self.lost = 0  # batches missing from the live stream (sequence gaps)
+        self.replayed = 0  # batches recovered through the replay endpoint
+        self.unrecovered = 0  # gaps the replay could not fill (each made the entries approximate)
+        self.resyncs = 0  # approximate -> exact again
+        self.disconnects = 0  # the publisher's connection dropped (engine gone or restarted)
+        self.orphans = 0  # stored blocks whose parent was unknown, so not indexed
+        self.adopted = 0  # blocks known held as the prefix a hint showed of a store's parent
+        self.joins = 0  # times the entries started after the engine's first batch (a subset)
+        self.skipped = 0  # stored blocks of another medium or group, or malformed
+        self.bad = 0  # messages that were not event batches
         self.state = CONNECTING
-        self.block_size = 0    # as the engine's events say
+        self.block_size = 0  # as the engine's events say
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -283,8 +306,7 @@ class BlockIndex:
     def _stored(self, key: Hashable, s: EndpointStats, ev: Stored) -> None:
         n = len(ev.block_hashes)
         bs = ev.block_size
-        if (ev.medium not in (None, "GPU") or ev.group_idx not in (None, 0) or bs < 1
-                or len(ev.token_ids) != n * bs):
+        if ev.medium not in (None, "GPU") or ev.group_idx not in (None, 0) or bs < 1 or len(ev.token_ids) != n * bs:
             s.skipped += n
             return
         s.block_size = bs
@@ -296,8 +318,9 @@ class BlockIndex:
             p = engine.get(ev.parent)
             if p is not None:
                 parent = link = p[0]
-            elif not (ev.extra_keys and ev.extra_keys[0] is not None) \
-                    and (got := self._adopt(key, s, e, ev.parent, tuple(ev.token_ids[:bs]))):
+            elif not (ev.extra_keys and ev.extra_keys[0] is not None) and (
+                got := self._adopt(key, s, e, ev.parent, tuple(ev.token_ids[:bs]))
+            ):
                 parent = link = got
             else:
                 s.orphans += n
@@ -305,7 +328,7 @@ class BlockIndex:
         extra = ev.extra_keys
         tokens = tuple(ev.token_ids)
         for i, eh in enumerate(ev.block_hashes):
-            block = tokens[i * bs:(i + 1) * bs]
+            block = tokens[i * bs : (i + 1) * bs]
             x = extra[i] if extra is not None and i < len(extra) else None
             # A block whose hash covers more than its tokens (images, a cache salt)
             # gets a key no plain prompt can produce.

@@ -27,6 +27,7 @@ serves missed batches on a ROUTER replay socket (docs/kv-events.md). Here:
 A thread (not the event loop) because decoding and applying a big batch takes time the
 request path must not pay; the router only reads the index.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,6 +52,7 @@ def _context():
     with _ctx_lock:
         if _ctx is None:
             import zmq
+
             _ctx = zmq.Context()
         return _ctx
 
@@ -62,8 +64,17 @@ class Subscriber:
     ``tcp://10.0.0.5:5557`` for an engine started with ``"endpoint": "tcp://*:5557"``.
     """
 
-    def __init__(self, index: BlockIndex, key: Hashable, endpoint: str, replay_endpoint: str | None = None,
-                 topic: str = "", *, replay_timeout: float = 1.0, poll_interval: float = 0.1) -> None:
+    def __init__(
+        self,
+        index: BlockIndex,
+        key: Hashable,
+        endpoint: str,
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        *,
+        replay_timeout: float = 1.0,
+        poll_interval: float = 0.1,
+    ) -> None:
         self.index = index
         self.key = key
         self.endpoint = endpoint
@@ -72,7 +83,7 @@ class Subscriber:
         self.replay_timeout = replay_timeout
         self.poll_interval = poll_interval
         self.stats = index.stats(key)
-        self._expected: int | None = None   # next sequence number; None: state unknown
+        self._expected: int | None = None  # next sequence number; None: state unknown
         self._stop = threading.Event()
         self._resync = threading.Event()
         self._thread: threading.Thread | None = None

@@ -6,6 +6,7 @@ is absent in older engines). Each event is either a map tagged by its ``"type"``
 positional array whose first item is the tag. Both are read here, by field name or by
 position, and unknown fields are ignored, so an engine that adds fields keeps working.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -22,7 +23,7 @@ class Stored(NamedTuple):
     parent: Any
     token_ids: list[int]
     block_size: int
-    lora: Any              # lora_name, else lora_id, else None
+    lora: Any  # lora_name, else lora_id, else None
     medium: str | None
     group_idx: int | None
     extra_keys: list | None
@@ -45,8 +46,17 @@ class BadBatch(ValueError):
 
 
 # Positions of the fields in the array form (older engines), after the tag.
-_STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-                  "lora_name", "extra_keys", "group_idx")
+_STORED_FIELDS = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+)
 _REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
 
 
@@ -68,8 +78,16 @@ def _event(ev: Any) -> Stored | Removed | Cleared | None:
         lora = f.get("lora_name")
         if lora is None:
             lora = f.get("lora_id")
-        return Stored(f["block_hashes"], f.get("parent_block_hash"), f["token_ids"], f["block_size"], lora,
-                      f.get("medium"), f.get("group_idx"), f.get("extra_keys"))
+        return Stored(
+            f["block_hashes"],
+            f.get("parent_block_hash"),
+            f["token_ids"],
+            f["block_size"],
+            lora,
+            f.get("medium"),
+            f.get("group_idx"),
+            f.get("extra_keys"),
+        )
     if tag == "BlockRemoved":
         f = _fields(ev, _REMOVED_FIELDS)
         return Removed(f["block_hashes"], f.get("medium"), f.get("group_idx"))

@@ -1,4 +1,5 @@
 """``velocityllm loadgen``: build the seeded workload, play it, report."""
+
 from __future__ import annotations
 
 import sys
@@ -30,19 +31,31 @@ def workload_config(args, host: str, base_path: str = "") -> WorkloadConfig:
             raise ValueError("--rate must be > 0")
         duration = args.num_requests / args.rate
     return WorkloadConfig(
-        num_requests=args.num_requests, pattern=args.pattern, duration=duration, seed=args.seed,
-        route=args.route, model=args.model, host=host, api_key=args.api_key,
+        num_requests=args.num_requests,
+        pattern=args.pattern,
+        duration=duration,
+        seed=args.seed,
+        route=args.route,
+        model=args.model,
+        host=host,
+        api_key=args.api_key,
         sla_ms=args.sla_ms if args.sla_ms is not None else DEFAULT_SLA_MS,
-        send_sla=args.sla_ms is not None, base_path=base_path,
+        send_sla=args.sla_ms is not None,
+        base_path=base_path,
     )
 
 
 def describe(cfg: WorkloadConfig, concurrency: int, target: str) -> str:
     """One line saying what is about to be sent."""
-    rate = "all at once" if cfg.pattern == "flood" else (
-        f"over {cfg.duration:.1f} s, mean {cfg.num_requests / cfg.duration:.1f} req/s")
-    return (f"loadgen: {cfg.num_requests} {cfg.route} requests, {cfg.pattern} {rate}, "
-            f"concurrency {concurrency}, seed {cfg.seed} -> {target}")
+    rate = (
+        "all at once"
+        if cfg.pattern == "flood"
+        else (f"over {cfg.duration:.1f} s, mean {cfg.num_requests / cfg.duration:.1f} req/s")
+    )
+    return (
+        f"loadgen: {cfg.num_requests} {cfg.route} requests, {cfg.pattern} {rate}, "
+        f"concurrency {concurrency}, seed {cfg.seed} -> {target}"
+    )
 
 
 def loadgen_main(args) -> int:
@@ -58,8 +71,9 @@ def loadgen_main(args) -> int:
         print(f"loadgen: {e}", file=sys.stderr)
         return 2
     print_to(sys.stdout, describe(cfg, args.concurrency, args.url))
-    outcome = run_specs(specs, host, port, concurrency=args.concurrency, timeout=args.timeout,
-                        show=not args.no_progress)
+    outcome = run_specs(
+        specs, host, port, concurrency=args.concurrency, timeout=args.timeout, show=not args.no_progress
+    )
     from .stats import summarize
 
     summary = summarize(specs, outcome.results, start=outcome.start, cpu_seconds=outcome.cpu_seconds)
@@ -67,8 +81,14 @@ def loadgen_main(args) -> int:
     if args.output:
         import msgspec
 
-        write_json(args.output + ".json", {"config": {**plain_args(args), "duration_s": cfg.duration},
-                                           "mix": msgspec.to_builtins(mix), "summary": summary})
+        write_json(
+            args.output + ".json",
+            {
+                "config": {**plain_args(args), "duration_s": cfg.duration},
+                "mix": msgspec.to_builtins(mix),
+                "summary": summary,
+            },
+        )
         write_csv(args.output + ".csv", request_rows(specs, outcome.results, outcome.start))
         print_to(sys.stdout, f"wrote {args.output}.json and {args.output}.csv")
     if summary["completed"] == 0:
@@ -91,8 +111,7 @@ def run_specs(specs, host: str, port: int, *, concurrency: int, timeout: float, 
     async def main():
         progress = Progress(total=len(specs))
         async with show_progress(progress, enabled=None if show else False):
-            return await run_workload(specs, host, port, concurrency=concurrency, timeout=timeout,
-                                      progress=progress)
+            return await run_workload(specs, host, port, concurrency=concurrency, timeout=timeout, progress=progress)
 
     try:
         import uvloop

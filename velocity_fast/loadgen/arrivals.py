@@ -13,6 +13,7 @@ sees comparable traffic:
   inside each part are uniform order statistics, i.e. a Poisson process
   conditioned on its count, so a window holds the documented number exactly.
 """
+
 from __future__ import annotations
 
 import random

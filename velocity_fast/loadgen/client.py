@@ -5,6 +5,7 @@ The Protocol callbacks only parse and record; each exchange is awaited through o
 future. The pool never holds more connections than requests in flight, and the
 caller bounds those (``--concurrency``).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -59,14 +60,14 @@ class Result:
     index: int
     sent: float = 0.0
     done: float = 0.0
-    status: int = 0          # 0: no HTTP response (connect error, reset, timeout)
-    reason: str = ""         # x-velocity-reject-reason, or the transport error
+    status: int = 0  # 0: no HTTP response (connect error, reset, timeout)
+    reason: str = ""  # x-velocity-reject-reason, or the transport error
     endpoint: str = ""
     first_token: float | None = None
     gaps: list[float] = field(default_factory=list)
     output_tokens: int = 0
-    error: str = ""          # a transport error, an error event inside a 200 stream, or
-                             # the message of an error answer (its body's error.message)
+    error: str = ""  # a transport error, an error event inside a 200 stream, or
+    # the message of an error answer (its body's error.message)
     retry_after: float | None = None  # seconds: retry-after-ms when given, else Retry-After
 
     @property
@@ -221,9 +222,7 @@ class Client:
                     continue
                 result.done = time.perf_counter()
                 result.status = 0
-                result.error = result.reason = (
-                    "timeout" if isinstance(e, asyncio.TimeoutError) else type(e).__name__
-                )
+                result.error = result.reason = "timeout" if isinstance(e, asyncio.TimeoutError) else type(e).__name__
                 return result
             except BaseException:
                 if conn is not None:

@@ -1,4 +1,5 @@
 """Policy comparison: medians over repeated runs and the one table that shows them."""
+
 from __future__ import annotations
 
 import math
@@ -77,7 +78,9 @@ def verdict(meds: dict[str, dict[str, float]], order: list[str], baseline: str =
             continue
         m = meds[policy]
         diff = 100 * (m["goodput_ratio"] - base["goodput_ratio"])
-        lines.append(f"{policy}: {100 * m['goodput_ratio']:.1f}% of requests within SLA "
-                     f"({m['goodput_rps']:.2f} req/s) vs {baseline} {100 * base['goodput_ratio']:.1f}% "
-                     f"({base['goodput_rps']:.2f} req/s): {diff:+.1f} points")
+        lines.append(
+            f"{policy}: {100 * m['goodput_ratio']:.1f}% of requests within SLA "
+            f"({m['goodput_rps']:.2f} req/s) vs {baseline} {100 * base['goodput_ratio']:.1f}% "
+            f"({base['goodput_rps']:.2f} req/s): {diff:+.1f} points"
+        )
     return lines

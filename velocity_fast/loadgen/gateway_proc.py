@@ -1,6 +1,7 @@
 """``velocityllm chargeVelocity --mock`` as the benchmark's child (the harness's gateway
 process): started on free ports, ready once admin ``/ready`` answers, its ``/stats``
 sampled, stopped with the whole process group, so that the sim engines it started go too."""
+
 from __future__ import annotations
 
 import os
@@ -19,10 +20,22 @@ class GatewayProcess(gateway.GatewayProcess):
         # (or anyone's on the default 8100+). The caller's VELOCITY_* variables stay: they
         # set the measured gateway as they would set the user's own. If the bench itself
         # is killed, the gateway gets SIGTERM and stops its engines: no orphans either way.
-        super().__init__("chargeVelocity", "--mock", "--engines", str(engines), "--policy", policy,
-                         "--engine-base-port", str(free_port_range(engines)),
-                         "--engine-log-dir", os.path.splitext(log_path)[0] + "-engines", *extra,
-                         log=log_path, clean=False, death_signal=signal.SIGTERM)
+        super().__init__(
+            "chargeVelocity",
+            "--mock",
+            "--engines",
+            str(engines),
+            "--policy",
+            policy,
+            "--engine-base-port",
+            str(free_port_range(engines)),
+            "--engine-log-dir",
+            os.path.splitext(log_path)[0] + "-engines",
+            *extra,
+            log=log_path,
+            clean=False,
+            death_signal=signal.SIGTERM,
+        )
         self.policy = policy
         self.log_path = log_path
 

@@ -6,6 +6,7 @@ short `high` streaming requests timed against their own idle figure.
 Low clients behave as clients do: each keeps one request in flight, and one declined
 with Retry-After waits that long (bounded by ``backoff_cap``) before its next.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -21,10 +22,19 @@ from .client import Client, frozen_heap
 
 # 2x real time, 50 tokens/s per sequence; the sim's default contention per sequence.
 BASE_SIM = ("--time-scale", "2", "--decode-tps", "50", "--batch-contention", "0.005")
-HIGH_BODY = {"model": MODEL, "messages": [{"role": "user", "content": "status?"}],
-             "max_tokens": 24, "stream": True, "ignore_eos": True}
-LOW_BODY = {"model": MODEL, "messages": [{"role": "user", "content": "write a long essay"}],
-            "max_tokens": 96, "ignore_eos": True}
+HIGH_BODY = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "status?"}],
+    "max_tokens": 24,
+    "stream": True,
+    "ignore_eos": True,
+}
+LOW_BODY = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "write a long essay"}],
+    "max_tokens": 96,
+    "ignore_eos": True,
+}
 
 #: The matrix: name -> one argument list per engine (on top of BASE_SIM).
 SCENARIOS: dict[str, list[list[str]]] = {
@@ -41,9 +51,11 @@ SCENARIOS: dict[str, list[list[str]]] = {
 def wire(port: int, body: dict, band: str) -> bytes:
     """The request bytes of one chat completion in ``band``."""
     data = orjson.dumps(body)
-    return (f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
-            f"content-type: application/json\r\nx-velocity-priority: {band}\r\n"
-            f"content-length: {len(data)}\r\n\r\n").encode() + data
+    return (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
+        f"content-type: application/json\r\nx-velocity-priority: {band}\r\n"
+        f"content-length: {len(data)}\r\n\r\n"
+    ).encode() + data
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -60,8 +72,9 @@ class Fleet(stack.Fleet):
     sim_base: tuple[str, ...] = BASE_SIM
 
 
-async def high_series(client: Client, port: int, n: int, spacing: float,
-                      cap: float | None = None, body: dict = HIGH_BODY) -> tuple[list[float], int]:
+async def high_series(
+    client: Client, port: int, n: int, spacing: float, cap: float | None = None, body: dict = HIGH_BODY
+) -> tuple[list[float], int]:
     """n high streaming requests, one every ``spacing`` s: (latencies of the ok ones, failures).
 
     With ``cap`` (seconds), a request still unanswered then is given up and counts as
@@ -130,8 +143,12 @@ async def settled(fleet: Fleet, timeout: float) -> dict:
     The loaded series must measure the gateway's steady state, not its learning: each
     engine's concurrency limit and learned batch are read twice, half a second apart,
     until they agree."""
-    return await poll_stats(fleet, timeout, lambda last, now: last is not None
-                            and bool(_learned(now)) and _learned(now) == _learned(last), 0.5)
+    return await poll_stats(
+        fleet,
+        timeout,
+        lambda last, now: last is not None and bool(_learned(now)) and _learned(now) == _learned(last),
+        0.5,
+    )
 
 
 async def learned_batches(fleet: Fleet, timeout: float) -> dict:
@@ -142,17 +159,18 @@ async def learned_batches(fleet: Fleet, timeout: float) -> dict:
     through one teaches them all. Spread over replicas that hold back for each other,
     it may never queue the engine: a replica's slow start then learns the batch in the
     middle of a measurement, by overshooting it for about one service time."""
+
     def done(_last, now):
         eps = _endpoints(now)
         return bool(eps) and all(e.get("batch_capacity") is not None for e in eps.values())
+
     return await poll_stats(fleet, timeout, done, 0.2)
 
 
 async def flooded(fleet: Fleet, timeout: float) -> dict:
     """Admin /stats once the gateway's queue holds requests: under ``static`` nothing is
     learned, and the FIFO holds the flood as soon as it arrives."""
-    return await poll_stats(fleet, timeout,
-                            lambda _last, now: bool(now.get("admission", {}).get("queued")), 0.1)
+    return await poll_stats(fleet, timeout, lambda _last, now: bool(now.get("admission", {}).get("queued")), 0.1)
 
 
 def static_verdict(dyn: dict) -> dict:
@@ -171,12 +189,26 @@ async def run(engine_args: list[list[str]], policy: str, log_dir: str, **kw) -> 
         return await measure(engine_args, policy, log_dir, **kw)
 
 
-async def measure(engine_args: list[list[str]], policy: str, log_dir: str, *, low: int = 300,
-                  high_samples: int = 40, spacing: float = 0.1, backlog: float = 4.0,
-                  backoff_cap: float = 2.0, settle_timeout: float = 15.0, replicas: int = 1,
-                  workers: int = 1, idle_from: dict | None = None, at_least: float | None = None,
-                  at: float | None = None, low_body: dict = LOW_BODY, high_body: dict = HIGH_BODY,
-                  sim_base: tuple[str, ...] = BASE_SIM) -> dict:
+async def measure(
+    engine_args: list[list[str]],
+    policy: str,
+    log_dir: str,
+    *,
+    low: int = 300,
+    high_samples: int = 40,
+    spacing: float = 0.1,
+    backlog: float = 4.0,
+    backoff_cap: float = 2.0,
+    settle_timeout: float = 15.0,
+    replicas: int = 1,
+    workers: int = 1,
+    idle_from: dict | None = None,
+    at_least: float | None = None,
+    at: float | None = None,
+    low_body: dict = LOW_BODY,
+    high_body: dict = HIGH_BODY,
+    sim_base: tuple[str, ...] = BASE_SIM,
+) -> dict:
     """One scenario under one policy: idle and loaded high series on a fresh fleet.
 
     With ``replicas`` gateways in front of the same engines, the low clients are spread
@@ -274,17 +306,26 @@ async def measure(engine_args: list[list[str]], policy: str, log_dir: str, *, lo
     return {
         "policy": policy,
         "engines": [" ".join(a) for a in engine_args],
-        "idle_ms": {"p50": percentile(idle, 50) * 1000, "p95": percentile(idle, 95) * 1000,
-                    "p99": percentile(idle, 99) * 1000, "n": len(idle), "failed": idle_failed},
-        "loaded_ms": {"p50": percentile(loaded, 50) * 1000, "p95": percentile(loaded, 95) * 1000,
-                      "p99": percentile(loaded, 99) * 1000, "n": len(loaded), "failed": loaded_failed,
-                      "capped": sum(1 for x in loaded if x == cap)},
+        "idle_ms": {
+            "p50": percentile(idle, 50) * 1000,
+            "p95": percentile(idle, 95) * 1000,
+            "p99": percentile(idle, 99) * 1000,
+            "n": len(idle),
+            "failed": idle_failed,
+        },
+        "loaded_ms": {
+            "p50": percentile(loaded, 50) * 1000,
+            "p95": percentile(loaded, 95) * 1000,
+            "p99": percentile(loaded, 99) * 1000,
+            "n": len(loaded),
+            "failed": loaded_failed,
+            "capped": sum(1 for x in loaded if x == cap),
+        },
         "idle_series_s": [idle_a, idle_b],
         "p95_ratio": percentile(loaded, 95) / percentile(idle, 95),
         "noise": noise(idle_a, idle_b),
         "p99_ratio": percentile(loaded, 99) / percentile(idle, 99),
-        "low": {"completed_during_high_series": low_done, "rps": low_done / window if window > 0 else None,
-                **counts},
+        "low": {"completed_during_high_series": low_done, "rps": low_done / window if window > 0 else None, **counts},
         "gateway_queued": adm.get("queued"),
         "inflight": sum(e.get("inflight", 0) for e in adm.get("endpoints", {}).values()),
         "batch_capacity": {n: e.get("batch_capacity") for n, e in adm.get("endpoints", {}).items()},
@@ -301,9 +342,12 @@ async def matrix(scenarios: dict[str, list[list[str]]], policies: list[str], log
             res = await run(engines, policy, log_dir, **kw)
             res["scenario"] = name
             out.append(res)
-            print(f"  {name:<11} {policy:<8} high p95 idle {res['idle_ms']['p95']:6.0f} ms, loaded "
-                  f"{res['loaded_ms']['p95']:7.0f} ms: {res['p95_ratio']:6.2f}x  (low in flight "
-                  f"{res['inflight']}, queued {res['gateway_queued']}, low ok {res['low']['ok']}, "
-                  f"declined {res['low']['declined']}; batch {res['batch_capacity']})", file=sys.stderr,
-                  flush=True)
+            print(
+                f"  {name:<11} {policy:<8} high p95 idle {res['idle_ms']['p95']:6.0f} ms, loaded "
+                f"{res['loaded_ms']['p95']:7.0f} ms: {res['p95_ratio']:6.2f}x  (low in flight "
+                f"{res['inflight']}, queued {res['gateway_queued']}, low ok {res['low']['ok']}, "
+                f"declined {res['low']['declined']}; batch {res['batch_capacity']})",
+                file=sys.stderr,
+                flush=True,
+            )
     return out

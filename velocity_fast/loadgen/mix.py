@@ -14,6 +14,7 @@ YAML shape (every key optional)::
     sessions: 0
     clients: {no_max_tokens: 0.3, priority_zero: 0.3, sampling: 0.5}
 """
+
 from __future__ import annotations
 
 import math
@@ -218,8 +219,11 @@ def mix_from_args(args) -> Mix:
         changes["stream_share"] = args.stream_share
     if getattr(args, "sessions", None) is not None:
         changes["sessions"] = args.sessions
-    cchanges = {k: getattr(args, f"{k}_share") for k in ("no_max_tokens", "priority_zero", "sampling")
-                if getattr(args, f"{k}_share", None) is not None}
+    cchanges = {
+        k: getattr(args, f"{k}_share")
+        for k in ("no_max_tokens", "priority_zero", "sampling")
+        if getattr(args, f"{k}_share", None) is not None
+    }
     if cchanges:
         changes["clients"] = msgspec.structs.replace(mix.clients, **cchanges)
     prefix = mix.prefix

@@ -1,4 +1,5 @@
 """PNG plots of a policy comparison (only when matplotlib is installed)."""
+
 from __future__ import annotations
 
 
@@ -11,8 +12,9 @@ def have_matplotlib() -> bool:
     return True
 
 
-def write_plots(prefix: str, latencies: dict[str, list[float]], timelines: dict[str, list[tuple]],
-                sla_ms: float | None = None) -> list[str]:
+def write_plots(
+    prefix: str, latencies: dict[str, list[float]], timelines: dict[str, list[tuple]], sla_ms: float | None = None
+) -> list[str]:
     """Write ``PREFIX_latency_cdf.png`` (latency CDF per policy, completed requests) and
     ``PREFIX_timeline.png`` (concurrency limit, in-flight requests and queue depth over
     time, per policy; samples are ``(t, limit, queued, inflight)`` with None for unknown).

@@ -1,4 +1,5 @@
 """A progress display with rich on a terminal; nothing when the output is not a TTY."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,15 +26,19 @@ async def show_progress(progress: Progress, *, enabled: bool | None = None, labe
     except ImportError:
         yield
         return
-    bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-              TextColumn("ok {task.fields[ok]}  in flight {task.fields[inflight]}"),
-              TimeElapsedColumn(), transient=True)
+    bar = Bar(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("ok {task.fields[ok]}  in flight {task.fields[inflight]}"),
+        TimeElapsedColumn(),
+        transient=True,
+    )
     task = bar.add_task(label, total=progress.total, ok=0, inflight=0)
 
     async def refresh() -> None:
         while True:
-            bar.update(task, completed=progress.done, ok=progress.ok,
-                       inflight=progress.sent - progress.done)
+            bar.update(task, completed=progress.done, ok=progress.ok, inflight=progress.sent - progress.done)
             await asyncio.sleep(0.2)
 
     with bar:

@@ -4,6 +4,7 @@ Requests leave at their scheduled arrival times; when ``concurrency`` requests a
 already in flight, the next one waits in the client (that wait is reported as
 ``client_wait_ms``, so a too-small ``--concurrency`` cannot hide as server latency).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,8 +34,15 @@ class RunOutcome:
     cpu_seconds: float
 
 
-async def run_workload(specs: list[RequestSpec], host: str, port: int, *, concurrency: int,
-                       timeout: float = 300.0, progress: Progress | None = None) -> RunOutcome:
+async def run_workload(
+    specs: list[RequestSpec],
+    host: str,
+    port: int,
+    *,
+    concurrency: int,
+    timeout: float = 300.0,
+    progress: Progress | None = None,
+) -> RunOutcome:
     """Send every request of ``specs`` and return when all have answered or failed."""
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")

@@ -7,6 +7,7 @@ usage chunk are not tokens, which matches how vLLM's own benchmark takes TTFT
 stream) count as tokens unless they carry ``error``. ``data: {"error": ...}``
 marks the stream failed, as vLLM reports errors after the stream began.
 """
+
 from __future__ import annotations
 
 import orjson
@@ -15,8 +16,7 @@ import orjson
 class SSETokenTimer:
     """Feed raw body bytes with their arrival time; read token timings afterwards."""
 
-    __slots__ = ("_buf", "first_token_at", "last_token_at", "gaps", "tokens", "usage_tokens",
-                 "error", "done")
+    __slots__ = ("_buf", "first_token_at", "last_token_at", "gaps", "tokens", "usage_tokens", "error", "done")
 
     def __init__(self) -> None:
         self._buf = b""

@@ -8,6 +8,7 @@ Definitions (also in bench/README.md):
 - the run lasts from its start to the last response;
 - percentiles interpolate linearly between order statistics (numpy's default).
 """
+
 from __future__ import annotations
 
 import math
@@ -34,8 +35,7 @@ def percentile(sorted_values: Sequence[float], p: float) -> float:
 def distribution(values: Iterable[float], scale: float = 1.0) -> dict:
     """Count, mean, max and the standard percentiles of ``values`` times ``scale``."""
     v = sorted(x * scale for x in values)
-    out = {"count": len(v), "mean": (sum(v) / len(v)) if v else math.nan,
-           "max": v[-1] if v else math.nan}
+    out = {"count": len(v), "mean": (sum(v) / len(v)) if v else math.nan, "max": v[-1] if v else math.nan}
     for p in PERCENTILES:
         out[f"p{p}"] = percentile(v, p)
     return out
@@ -51,14 +51,12 @@ def summarize(specs, results, *, start: float, cpu_seconds: float | None = None)
     good = [i for i in completed if _latency(results[i]) * 1000.0 <= specs[i].sla_ms]
     out_tokens = sum(results[i].output_tokens for i in completed)
     by_status = Counter(str(r.status) for r in results if not r.ok)
-    by_reason = Counter(r.reason or ("stream-error" if r.status == 200 else "none")
-                        for r in results if not r.ok)
+    by_reason = Counter(r.reason or ("stream-error" if r.status == 200 else "none") for r in results if not r.ok)
     first_error: dict[str, str] = {}  # status -> what the first failure of that status said
     for r in results:
         if not r.ok and r.error and str(r.status) not in first_error:
             first_error[str(r.status)] = r.error
-    ttft = [results[i].first_token - results[i].sent for i in completed
-            if results[i].first_token is not None]
+    ttft = [results[i].first_token - results[i].sent for i in completed if results[i].first_token is not None]
     itl = [g for i in completed for g in results[i].gaps]
     summary = {
         "requests": n,
@@ -76,11 +74,12 @@ def summarize(specs, results, *, start: float, cpu_seconds: float | None = None)
         "latency_ms": distribution((_latency(results[i]) for i in completed), 1000.0),
         "ttft_ms": distribution(ttft, 1000.0),
         "itl_ms": distribution(itl, 1000.0),
-        "client_wait_ms": distribution(
-            (max(0.0, r.sent - start - s.at) for s, r in zip(specs, results)), 1000.0),
-        "rejections": {"by_status": dict(sorted(by_status.items())),
-                       "by_reason": dict(sorted(by_reason.items())),
-                       "first_error": dict(sorted(first_error.items()))},
+        "client_wait_ms": distribution((max(0.0, r.sent - start - s.at) for s, r in zip(specs, results)), 1000.0),
+        "rejections": {
+            "by_status": dict(sorted(by_status.items())),
+            "by_reason": dict(sorted(by_reason.items())),
+            "first_error": dict(sorted(first_error.items())),
+        },
         "by_band": _by_band(specs, results),
         "by_load": by_load(specs, results),
     }
@@ -118,8 +117,7 @@ def by_load(specs, results, levels: int = 3) -> list[dict]:
         return []
     per_second = Counter(int(s.at) for s in specs)
     top = max(per_second.values())
-    rows = [{"rate_min": math.inf, "rate_max": 0, "requests": 0, "completed": 0, "missed": 0}
-            for _ in range(levels)]
+    rows = [{"rate_min": math.inf, "rate_max": 0, "requests": 0, "completed": 0, "missed": 0} for _ in range(levels)]
     for s, r in zip(specs, results):
         rate = per_second[int(s.at)]
         row = rows[min(levels - 1, (rate - 1) * levels // top)]
@@ -146,7 +144,12 @@ def _by_band(specs, results) -> dict:
         done = [i for i in idx if results[i].ok]
         good = [i for i in done if _latency(results[i]) * 1000.0 <= specs[i].sla_ms]
         lat = distribution((_latency(results[i]) for i in done), 1000.0)
-        out[band] = {"requests": len(idx), "completed": len(done), "good": len(good),
-                     "goodput_ratio": len(good) / len(idx),
-                     "latency_p50_ms": lat["p50"], "latency_p99_ms": lat["p99"]}
+        out[band] = {
+            "requests": len(idx),
+            "completed": len(done),
+            "good": len(good),
+            "goodput_ratio": len(good) / len(idx),
+            "latency_p50_ms": lat["p50"],
+            "latency_p99_ms": lat["p99"],
+        }
     return out

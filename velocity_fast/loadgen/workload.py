@@ -9,6 +9,7 @@ request contents, one for how each client writes its body (``Mix.clients``: no
 ``max_tokens``, vLLM's ``priority: 0``, ``temperature`` and ``stop``) — so changing the
 pattern leaves the bodies unchanged, and the client shares leave the prompts unchanged.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -50,7 +51,7 @@ class RequestSpec:
     tenant: str
     stream: bool
     prompt_tokens: int
-    max_tokens: int          # 0: none sent (the engine ends the reply)
+    max_tokens: int  # 0: none sent (the engine ends the reply)
     prefix_group: int
     sla_ms: float
     session: str
@@ -121,8 +122,9 @@ def build_workload(cfg: WorkloadConfig, mix: Mix) -> list[RequestSpec]:
     rng = random.Random(f"mix:{cfg.seed}")
     crng = random.Random(f"clients:{cfg.seed}")
     clients = mix.clients
-    shaped = cfg.route != "generate" and (clients.no_max_tokens > 0 or clients.priority_zero > 0
-                                          or clients.sampling > 0)
+    shaped = cfg.route != "generate" and (
+        clients.no_max_tokens > 0 or clients.priority_zero > 0 or clients.sampling > 0
+    )
     text = _Text(rng)
     prefixes = [
         f"[shared context {g}] " + text.take(rng, mix.prefix.tokens * BYTES_PER_TOKEN)
@@ -161,9 +163,13 @@ def build_workload(cfg: WorkloadConfig, mix: Mix) -> list[RequestSpec]:
             headers["authorization"] = f"Bearer {key}"
         shape = None
         if shaped:  # three draws a request, whatever the shares: seeds stay comparable
-            shape = (crng.random() < clients.no_max_tokens, crng.random() < clients.priority_zero,
-                     crng.random() < clients.sampling, crng.randrange(len(TEMPERATURES)),
-                     crng.randrange(len(STOPS)))
+            shape = (
+                crng.random() < clients.no_max_tokens,
+                crng.random() < clients.priority_zero,
+                crng.random() < clients.sampling,
+                crng.randrange(len(TEMPERATURES)),
+                crng.randrange(len(STOPS)),
+            )
         body = _body(cfg, prompt, otoks, stream, shape)
         if shape is not None and shape[0]:
             otoks = 0
@@ -221,7 +227,11 @@ def _body(cfg: WorkloadConfig, prompt: str, max_tokens: int, stream: bool, shape
 
 def render_request(method: str, path: str, host: str, headers: dict[str, str], body: bytes) -> bytes:
     """The HTTP/1.1 request bytes (keep-alive, Content-Length framing)."""
-    lines = [f"{method} {path} HTTP/1.1", f"host: {host}", "content-type: application/json",
-             f"content-length: {len(body)}"]
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        f"host: {host}",
+        "content-type: application/json",
+        f"content-length: {len(body)}",
+    ]
     lines.extend(f"{k}: {v}" for k, v in headers.items())
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body

@@ -23,8 +23,8 @@ class _Family:
         self.help = ""
         self.kind = "untyped"
         self.rule: str | None = None
-        self.samples: dict[str, float] = {}   # sample (name and labels) -> value
-        self.seen: dict[str, int] = {}        # sample -> processes that reported it
+        self.samples: dict[str, float] = {}  # sample (name and labels) -> value
+        self.seen: dict[str, int] = {}  # sample -> processes that reported it
 
 
 def _family(families: dict[str, _Family], name: str) -> _Family:

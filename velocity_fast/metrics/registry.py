@@ -14,17 +14,29 @@ from typing import Callable, Iterable, Sequence
 from velocity_fast.metrics.values import HistChild as _HistChild
 from velocity_fast.metrics.values import Value as _Value
 
-__all__ = ["Registry", "Counter", "Gauge", "Histogram", "DEFAULT_BUCKETS", "format_value", "SUM", "MAX", "MIN",
-           "MEAN", "ratio", "check_merge"]
+__all__ = [
+    "Registry",
+    "Counter",
+    "Gauge",
+    "Histogram",
+    "DEFAULT_BUCKETS",
+    "format_value",
+    "SUM",
+    "MAX",
+    "MIN",
+    "MEAN",
+    "ratio",
+    "check_merge",
+]
 
 DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 # How one metric's values from several processes of one gateway (its workers) add up to
 # the gateway's: each metric says so where it is registered (``merge=``), and the
 # exposition carries it (``render(merge_rules=True)``) to the merge (metrics/merge.py).
-SUM = "sum"    # each process counts its own share: its requests, its queues, its index
-MAX = "max"    # each process reports the same whole: shared memory, the engines' scrapes, a setting
-MIN = "min"    # the same whole, where the smallest is the one to trust
+SUM = "sum"  # each process counts its own share: its requests, its queues, its index
+MAX = "max"  # each process reports the same whole: shared memory, the engines' scrapes, a setting
+MIN = "min"  # the same whole, where the smallest is the one to trust
 MEAN = "mean"  # a share each process measures alone over its own work
 _RULES = frozenset({SUM, MAX, MIN, MEAN})
 
@@ -148,8 +160,13 @@ class Gauge(Counter):
 class _FnGauge(_Metric):
     kind = "gauge"
 
-    def __init__(self, name: str, help: str, fn: Callable[[], float | Iterable[tuple[tuple, float]]],
-                 labelnames: Sequence[str] = ()):
+    def __init__(
+        self,
+        name: str,
+        help: str,
+        fn: Callable[[], float | Iterable[tuple[tuple, float]]],
+        labelnames: Sequence[str] = (),
+    ):
         self.fn = fn
         super().__init__(name, help, labelnames)
         self._children.clear()
@@ -176,8 +193,9 @@ class Histogram(_Metric):
 
     kind = "histogram"
 
-    def __init__(self, name: str, help: str, labelnames: Sequence[str] = (),
-                 buckets: Sequence[float] = DEFAULT_BUCKETS):
+    def __init__(
+        self, name: str, help: str, labelnames: Sequence[str] = (), buckets: Sequence[float] = DEFAULT_BUCKETS
+    ):
         self.bounds = tuple(sorted(float(b) for b in buckets if b != math.inf))
         super().__init__(name, help, labelnames)
 
@@ -222,17 +240,26 @@ class Registry:
     def gauge(self, name: str, help: str, labelnames: Sequence[str] = (), *, merge: str | None = None) -> Gauge:
         return self._add(Gauge(name, help, labelnames), merge)  # type: ignore[return-value]
 
-    def histogram(self, name: str, help: str, labelnames: Sequence[str] = (),
-                  buckets: Sequence[float] = DEFAULT_BUCKETS, *, merge: str | None = None) -> Histogram:
+    def histogram(
+        self,
+        name: str,
+        help: str,
+        labelnames: Sequence[str] = (),
+        buckets: Sequence[float] = DEFAULT_BUCKETS,
+        *,
+        merge: str | None = None,
+    ) -> Histogram:
         return self._add(Histogram(name, help, labelnames, buckets), merge)  # type: ignore[return-value]
 
-    def gauge_fn(self, name: str, help: str, fn: Callable, labelnames: Sequence[str] = (), *,
-                 merge: str | None = None) -> None:
+    def gauge_fn(
+        self, name: str, help: str, fn: Callable, labelnames: Sequence[str] = (), *, merge: str | None = None
+    ) -> None:
         """A gauge computed at scrape time: fn() -> value, or [(label values, value)] with labels."""
         self._add(_FnGauge(name, help, fn, labelnames), merge)
 
-    def counter_fn(self, name: str, help: str, fn: Callable, labelnames: Sequence[str] = (), *,
-                   merge: str | None = None) -> None:
+    def counter_fn(
+        self, name: str, help: str, fn: Callable, labelnames: Sequence[str] = (), *, merge: str | None = None
+    ) -> None:
         """A counter read at scrape time (a count kept elsewhere that only grows), as gauge_fn."""
         self._add(_FnCounter(name, help, fn, labelnames), merge)
 

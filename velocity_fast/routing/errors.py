@@ -13,6 +13,7 @@ class UnknownProfile(ValueError):
     param = PROFILE_HEADER
 
     def __init__(self, name: str) -> None:
-        super().__init__(f"Unknown routing profile {name!r} in {PROFILE_HEADER}; "
-                         f"expected one of: {', '.join(PROFILES)}.")
+        super().__init__(
+            f"Unknown routing profile {name!r} in {PROFILE_HEADER}; expected one of: {', '.join(PROFILES)}."
+        )
         self.profile = name

@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.routing.filters (the router's named filters, in order)."""
+
 from velocity_fast.routing.plugins import Filter
 from velocity_fast.routing.settings import RoutingSettings
 

@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.routing.load (an endpoint's load: the scorer every profile weighs)."""
+
 from velocity_fast.routing.plugins import Scorer
 
 class EngineLoad(Scorer):

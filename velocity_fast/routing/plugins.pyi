@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.routing.plugins (the steps of a pick: filter, score, pick)."""
+
 import random
 from typing import Any
 
@@ -11,6 +12,7 @@ VERDICTS: tuple[str, str, str, str]
 
 class Pick:
     """What the steps of one pick read besides the endpoint (the router refills one per request)."""
+
     now: float
     stale_s: float
     has_room: Any
@@ -22,26 +24,30 @@ class Pick:
 
 class Filter:
     """A filter of a pick: says KEEP, FULL, SATURATED or DROP of an endpoint."""
+
     name: str
     def check(self, ep: Endpoint, pick: Pick) -> int:
         """KEEP, FULL, SATURATED or DROP of ep in this pick (``VERDICTS[i]`` is its name)."""
 
 class Scorer:
     """A scorer of a pick: one number for each candidate endpoint."""
+
     name: str
     def score(self, ep: Endpoint, pick: Pick) -> float:
         """A number for ep in this pick (the load, in requests, for the router's)."""
 
 class Profile:
     """A routing profile: its scoring and its pick among the candidates the filters left."""
+
     name: str
     needs_prefix: bool
     """False: the router hashes no prompt for it."""
     precise: bool
     """True: in a precise pool, its requests go to the token side."""
     basis: str | None
-    def __init__(self, settings: RoutingSettings, rng: random.Random,
-                 sessions: SessionAffinity | None = None) -> None: ...
+    def __init__(
+        self, settings: RoutingSettings, rng: random.Random, sessions: SessionAffinity | None = None
+    ) -> None: ...
     @property
     def settings(self) -> RoutingSettings: ...
     @property

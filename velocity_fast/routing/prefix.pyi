@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.routing.prefix (chained block hashes and the prefix index)."""
+
 from collections.abc import Hashable
 
 MAX_SLOTS: int
@@ -67,7 +68,15 @@ class PrefixIndex:
     def lru_keys(self, name: Hashable) -> list[int]: ...
     def stats(self) -> dict: ...
 
-def choose_by_affinity(index: PrefixIndex, hashes: BlockHashes, cands: list, loads: list[float],
-                       hotspot_gap: float, load_weight: float, rand: int,
-                       waits: list[float] | None = None, hotspot_waiting: float = 2.0) -> tuple[int, str]:
+def choose_by_affinity(
+    index: PrefixIndex,
+    hashes: BlockHashes,
+    cands: list,
+    loads: list[float],
+    hotspot_gap: float,
+    load_weight: float,
+    rand: int,
+    waits: list[float] | None = None,
+    hotspot_waiting: float = 2.0,
+) -> tuple[int, str]:
     """The chat profile's scoring: (position in cands, "prefix" | "load" | "hotspot")."""

@@ -1,12 +1,14 @@
 """Stubs for velocity_fast.routing.route (what routing knows of one request and of one pool)."""
+
 from typing import Any
 
 from velocity_fast.routing.prefix import BlockHashes, PrefixIndex
 
 class RouteInfo:
     """What routing needs to know of one request, computed once before it waits."""
-    def __init__(self, model: str, profile: str, hashes: BlockHashes, session: str | None,
-                 session_key: int | None) -> None: ...
+    def __init__(
+        self, model: str, profile: str, hashes: BlockHashes, session: str | None, session_key: int | None
+    ) -> None: ...
     @property
     def model(self) -> str: ...
     @property
@@ -23,6 +25,7 @@ class RouteInfo:
 
 class RouterPool:
     """The router's memory of one pool: its prefix index and engine capacities seen."""
+
     pool: Any
     turn: int
     demand: Any  # the chat profile's PrefixDemand of this pool (None until its first pick)

@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.routing.router (the router: filter, score, pick)."""
+
 import random
 from collections.abc import Callable, Container, Mapping
 from typing import Any
@@ -12,22 +13,31 @@ TURN: tuple[str, str]
 
 class Router:
     """Filter, score and pick an endpoint of a pool for a request."""
+
     settings: RoutingSettings
     _clock: Callable[[], float]
     _precise: Any
-    def __init__(self, settings: RoutingSettings | None = None, *, registry: Registry | None = None,
-                 rng: random.Random | None = None, precise: Any = None) -> None: ...
+    def __init__(
+        self,
+        settings: RoutingSettings | None = None,
+        *,
+        registry: Registry | None = None,
+        rng: random.Random | None = None,
+        precise: Any = None,
+    ) -> None: ...
     def forget(self, name: str, model: str | None = None) -> None:
         """Drop what the index remembers of an endpoint (it left the configuration)."""
     def hit_ratio(self) -> float:
         """Dispatched prompt blocks that the chosen endpoint already held, as a fraction."""
     def stats(self) -> dict:
         """Picks by profile and basis, filter outcomes, and the prefix index sizes."""
-    def route_info(self, model: str | None, body_obj: Any, headers: Mapping[str, str] | None,
-                   compact: bool = False) -> RouteInfo:
+    def route_info(
+        self, model: str | None, body_obj: Any, headers: Mapping[str, str] | None, compact: bool = False
+    ) -> RouteInfo:
         """Profile, prefix block hashes and session of a request (UnknownProfile for a bad header)."""
-    def pick(self, pool: Any, info: RouteInfo, has_room: Callable[[Any], bool] | None = None,
-             exclude: Container = ()) -> Any:
+    def pick(
+        self, pool: Any, info: RouteInfo, has_room: Callable[[Any], bool] | None = None, exclude: Container = ()
+    ) -> Any:
         """The endpoint of pool for this request, or None when none is healthy with room."""
     def on_dispatch(self, ep: Any, info: RouteInfo) -> None:
         """Remember that info's prompt blocks were sent to ep (call once it is bound)."""

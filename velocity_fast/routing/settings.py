@@ -13,8 +13,15 @@ import msgspec
 
 from velocity_fast.routing.profiles import PROFILES
 
-__all__ = ["PROFILES", "PROFILE_HEADER", "SESSION_HEADER", "PREFIX_MODES", "ProfileName", "PrefixMode",
-           "RoutingSettings"]
+__all__ = [
+    "PROFILES",
+    "PROFILE_HEADER",
+    "SESSION_HEADER",
+    "PREFIX_MODES",
+    "ProfileName",
+    "PrefixMode",
+    "RoutingSettings",
+]
 
 # The request headers that pick a routing profile and name a session.
 PROFILE_HEADER = "x-velocity-profile"
@@ -89,8 +96,9 @@ class RoutingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     free_cache_weight: _Weight = 1.0
 
     @classmethod
-    def from_config(cls, routing: Mapping[str, Any] | None = None,
-                    models: Mapping[str, Any] | None = None) -> "RoutingSettings":
+    def from_config(
+        cls, routing: Mapping[str, Any] | None = None, models: Mapping[str, Any] | None = None
+    ) -> "RoutingSettings":
         """Build from the config's `routing:` mapping and its `models: {name: {profile}}`.
 
         A model entry may be a mapping or an object with a ``profile`` attribute.
@@ -106,19 +114,23 @@ class RoutingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
 
         profiles, modes, tokenizers = mapping("profiles"), mapping("prefix_modes"), mapping("tokenizers")
         for name, entry in (models or {}).items():
+
             def get(key: str) -> Any:
                 return entry.get(key) if isinstance(entry, Mapping) else getattr(entry, key, None)
+
             profile = get("profile")
             if profile is not None:
                 if profile not in PROFILES:
-                    raise ValueError(f"models.{name}.profile: unknown profile {profile!r} "
-                                     f"(one of {', '.join(PROFILES)})")
+                    raise ValueError(
+                        f"models.{name}.profile: unknown profile {profile!r} (one of {', '.join(PROFILES)})"
+                    )
                 profiles[name] = profile
             mode = get("prefix")
             if mode is not None:
                 if mode not in PREFIX_MODES:
-                    raise ValueError(f"models.{name}.prefix: unknown prefix mode {mode!r} "
-                                     f"(one of {', '.join(PREFIX_MODES)})")
+                    raise ValueError(
+                        f"models.{name}.prefix: unknown prefix mode {mode!r} (one of {', '.join(PREFIX_MODES)})"
+                    )
                 modes[name] = mode
             tok = get("tokenizer")
             if tok is not None:

@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.server.connection (one client connection and its response writer)."""
+
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -8,9 +9,9 @@ from velocity_fast.io.outbox import OutboxOwner
 
 log: logging.Logger
 
-
 class Responder:
     """Writes the response of one request; see docs/internals.md."""
+
     started: bool
     finished: bool
     disconnected: bool
@@ -22,13 +23,30 @@ class Responder:
     def proto(self) -> HttpProtocol: ...
     @property
     def paused(self) -> bool: ...
-    def send(self, status: int, body: bytes = b"", content_type: str | None = "application/json",
-             headers: Iterable[tuple[str, str]] | bytes = ()) -> None: ...
+    def send(
+        self,
+        status: int,
+        body: bytes = b"",
+        content_type: str | None = "application/json",
+        headers: Iterable[tuple[str, str]] | bytes = (),
+    ) -> None: ...
     def send_json(self, status: int, obj: Any, *, headers: Iterable[tuple[str, str]] = ()) -> None: ...
-    def send_error(self, status: int, message: str, *, type: str | None = None, param: str | None = None,
-                   headers: Iterable[tuple[str, str]] = ()) -> None: ...
-    def start(self, status: int = 200, *, content_type: str | None = "text/event-stream",
-              headers: Iterable[tuple[str, str]] = ()) -> None: ...
+    def send_error(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        param: str | None = None,
+        headers: Iterable[tuple[str, str]] = (),
+    ) -> None: ...
+    def start(
+        self,
+        status: int = 200,
+        *,
+        content_type: str | None = "text/event-stream",
+        headers: Iterable[tuple[str, str]] = (),
+    ) -> None: ...
     def write_nowait(self, data: bytes) -> bool: ...
     def write_chunks(self, framed: bytes) -> bool: ...
     @property

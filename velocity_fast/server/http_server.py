@@ -36,8 +36,14 @@ CUT_FLUSH_S = 1.0
 class HTTPServer:
     """An HTTP/1.1 server for one handler; see docs/internals.md."""
 
-    def __init__(self, handler: Handler, *, limits: ServerLimits | None = None, name: str = "http",
-                 on_error: Callable[[Request, Responder, str | None], None] | None = None) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        limits: ServerLimits | None = None,
+        name: str = "http",
+        on_error: Callable[[Request, Responder, str | None], None] | None = None,
+    ) -> None:
         self.handler = handler
         # Called (within the except clause) when the handler raises or returns without an
         # answer, with what went wrong when no exception is in flight; it logs and answers.
@@ -58,20 +64,20 @@ class HTTPServer:
         self.cut_message = "The server shut down before the response was complete."
         self.cut = 0  # responses so ended by the last shutdown
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0, *, sock=None, backlog: int = 2048,
-                    reuse_port: bool = False) -> None:
+    async def start(
+        self, host: str = "127.0.0.1", port: int = 0, *, sock=None, backlog: int = 2048, reuse_port: bool = False
+    ) -> None:
         """Listen on host:port (port 0 picks a free one; see `port`) or on `sock`."""
         self.loop = asyncio.get_running_loop()
         if fdio.enabled():  # the gateway's own socket I/O (io/fdio.pyx)
-            socks = [sock] if sock is not None else fdio.listen(host, port, backlog=backlog,
-                                                                 reuse_port=reuse_port)
+            socks = [sock] if sock is not None else fdio.listen(host, port, backlog=backlog, reuse_port=reuse_port)
             self._server = fdio.Server(self.loop, lambda: HttpProtocol(self), socks, backlog)
         elif sock is not None:
-            self._server = await self.loop.create_server(lambda: HttpProtocol(self), sock=sock,
-                                                          backlog=backlog)
+            self._server = await self.loop.create_server(lambda: HttpProtocol(self), sock=sock, backlog=backlog)
         else:
-            self._server = await self.loop.create_server(lambda: HttpProtocol(self), host, port,
-                                                          backlog=backlog, reuse_port=reuse_port or None)
+            self._server = await self.loop.create_server(
+                lambda: HttpProtocol(self), host, port, backlog=backlog, reuse_port=reuse_port or None
+            )
         addr = self._server.sockets[0].getsockname()
         self.host, self.port = addr[0], addr[1]
 
@@ -111,8 +117,7 @@ class HTTPServer:
         self._maybe_idle()
 
     def _maybe_idle(self) -> None:
-        if (self._idle is not None and not self._idle.done() and not self._connections
-                and not self._tasks):
+        if self._idle is not None and not self._idle.done() and not self._connections and not self._tasks:
             self._idle.set_result(None)
 
     async def shutdown(self, grace: float = 10.0) -> None:
@@ -140,8 +145,12 @@ class HTTPServer:
                     cut += 1
             self.cut = cut
             if cut:
-                log.warning("%s: shutdown grace of %g s over: %d response(s) still running ended with "
-                            "an error for the client", self.name, grace, cut)
+                log.warning(
+                    "%s: shutdown grace of %g s over: %d response(s) still running ended with an error for the client",
+                    self.name,
+                    grace,
+                    cut,
+                )
                 try:  # their endings leave, then the connections close
                     await asyncio.wait_for(asyncio.shield(self._idle), CUT_FLUSH_S)
                 except asyncio.TimeoutError:

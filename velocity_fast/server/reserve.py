@@ -15,8 +15,7 @@ __all__ = ["reserve_port"]
 def reserve_port(host: str, port: int) -> list[socket.socket]:
     """Bind host:port (port 0: a free one) with SO_REUSEPORT without listening: the port is
     held for the workers, and the kernel sends this socket no connection."""
-    infos = socket.getaddrinfo(None if host == "" else host, port, type=socket.SOCK_STREAM,
-                               flags=socket.AI_PASSIVE)
+    infos = socket.getaddrinfo(None if host == "" else host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     socks: list[socket.socket] = []
     seen = set()
     try:

@@ -80,8 +80,10 @@ def _takes_an_argument(fn: Callable[..., Any]) -> bool:
 
 def _cleanup_for(started: Any, grace: float) -> Cleanup:
     if started is None:
+
         async def nothing() -> None:
             return None
+
         return nothing
     if hasattr(started, "shutdown"):
         started = [started]
@@ -90,8 +92,11 @@ def _cleanup_for(started: Any, grace: float) -> Cleanup:
 
         async def shut_all() -> None:
             await asyncio.gather(*(s.shutdown(grace) for s in servers))
+
         return shut_all
     if callable(started):
         return started
-    raise TypeError(f"run_until_signalled: main returned {started!r}; expected a cleanup coroutine "
-                    "function, a server or a list of servers, or an async context manager")
+    raise TypeError(
+        f"run_until_signalled: main returned {started!r}; expected a cleanup coroutine "
+        "function, a server or a list of servers, or an async context manager"
+    )

@@ -1,4 +1,5 @@
 """``python -m velocity_fast.sim --port P --model M [flags]``: one sim engine."""
+
 import argparse
 import sys
 
@@ -6,11 +7,13 @@ from .flags import add_arguments
 
 
 def _main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m velocity_fast.sim",
-                                     description="A simulated vLLM engine (OpenAI API, vLLM metrics).")
+    parser = argparse.ArgumentParser(
+        prog="python -m velocity_fast.sim", description="A simulated vLLM engine (OpenAI API, vLLM metrics)."
+    )
     add_arguments(parser)
     args = parser.parse_args()
     from .app import main
+
     return main(args)
 
 

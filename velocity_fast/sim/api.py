@@ -3,6 +3,7 @@
 Every answer has vLLM's shape (docs/design.md, "The sim engine against vLLM"): routes, errors, SSE chunks,
 auth on /v1/ paths only.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -58,8 +59,7 @@ class SimAPI:
         self.tokenizer = tokenizer
         self.created = int(time.time())
         self._auth = f"Bearer {cfg.api_key}" if cfg.api_key else None
-        self._keep_alive = (cfg.sse_keep_alive_interval / cfg.time_scale
-                            if cfg.sse_keep_alive_interval else None)
+        self._keep_alive = cfg.sse_keep_alive_interval / cfg.time_scale if cfg.sse_keep_alive_interval else None
         self._hash_seed = cfg.model.encode()
         self._routes = {
             "/v1/chat/completions": (("POST",), self._chat),
@@ -105,15 +105,39 @@ class SimAPI:
 
     async def _models(self, req: Request, resp: Responder) -> None:
         cfg = self.cfg
-        resp.send_json(200, {"object": "list", "data": [{
-            "id": cfg.model, "object": "model", "created": self.created, "owned_by": "vllm",
-            "root": cfg.root or cfg.model, "parent": None, "max_model_len": cfg.max_model_len,
-            "permission": [{
-                "id": f"modelperm-{self.created:x}", "object": "model_permission", "created": self.created,
-                "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
-                "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
-                "organization": "*", "group": None, "is_blocking": False}],
-        }]})
+        resp.send_json(
+            200,
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": cfg.model,
+                        "object": "model",
+                        "created": self.created,
+                        "owned_by": "vllm",
+                        "root": cfg.root or cfg.model,
+                        "parent": None,
+                        "max_model_len": cfg.max_model_len,
+                        "permission": [
+                            {
+                                "id": f"modelperm-{self.created:x}",
+                                "object": "model_permission",
+                                "created": self.created,
+                                "allow_create_engine": False,
+                                "allow_sampling": True,
+                                "allow_logprobs": True,
+                                "allow_search_indices": False,
+                                "allow_view": True,
+                                "allow_fine_tuning": False,
+                                "organization": "*",
+                                "group": None,
+                                "is_blocking": False,
+                            }
+                        ],
+                    }
+                ],
+            },
+        )
 
     async def _tokenize(self, req: Request, resp: Responder) -> None:
         try:
@@ -128,13 +152,17 @@ class SimAPI:
         if not self._model_ok(body.model, resp):
             return
         if self.tokenizer is not None:
-            ids = (self.tokenizer.encode_chat(message_texts(body.messages)) if body.messages is not None
-                   else self._prompt_ids(body.prompt))
+            ids = (
+                self.tokenizer.encode_chat(message_texts(body.messages))
+                if body.messages is not None
+                else self._prompt_ids(body.prompt)
+            )
         else:
             # Pseudo token ids from the bytes they stand for: stable for the same text.
             ids = pseudo_token_ids(data)
-        resp.send_json(200, {"count": len(ids), "max_model_len": self.cfg.max_model_len, "tokens": ids,
-                             "token_strs": None})
+        resp.send_json(
+            200, {"count": len(ids), "max_model_len": self.cfg.max_model_len, "tokens": ids, "token_strs": None}
+        )
 
     async def _reset_prefix_cache(self, req: Request, resp: Responder) -> None:
         # vLLM's dev-mode route: ?reset_running_requests=true preempts what runs first.
@@ -142,8 +170,12 @@ class SimAPI:
         if self.engine.reset_prefix_cache(running):
             resp.send(200, b"", content_type=None)
             return
-        resp.send_error(409, f"Failed to reset prefix cache: {self.engine.kv.used} blocks are in use by running "
-                             "requests (pass reset_running_requests=true to preempt them).", type="ConflictError")
+        resp.send_error(
+            409,
+            f"Failed to reset prefix cache: {self.engine.kv.used} blocks are in use by running "
+            "requests (pass reset_running_requests=true to preempt them).",
+            type="ConflictError",
+        )
 
     def _prompt_ids(self, prompt: str | list | None) -> list[int]:
         """A completions prompt as the tokenizer's ids (token ids pass as they are)."""
@@ -194,16 +226,20 @@ class SimAPI:
         if prompt_tokens >= cfg.max_model_len:
             raise BadRequest(
                 f"This model's maximum context length is {cfg.max_model_len} tokens. However, your "
-                f"request has {prompt_tokens} input tokens. Please reduce the length of the input messages.")
+                f"request has {prompt_tokens} input tokens. Please reduce the length of the input messages."
+            )
         # As vLLM 0.32: max_tokens alone is checked against the context; a prompt plus
         # max_tokens past it is served, and generation stops at the context's end.
         if max_tokens is not None and max_tokens > cfg.max_model_len:
             raise BadRequest(
                 f"max_tokens={max_tokens} cannot be greater than max_model_len={cfg.max_model_len}. Please "
-                f"request fewer output tokens. (parameter=max_tokens, value={max_tokens})", "max_tokens")
+                f"request fewer output tokens. (parameter=max_tokens, value={max_tokens})",
+                "max_tokens",
+            )
 
-    def _plan(self, rng, body: ChatRequest | CompletionRequest, prompt_tokens: int,
-              max_tokens: int | None) -> tuple[int, str, tuple[int, int, str] | None]:
+    def _plan(
+        self, rng, body: ChatRequest | CompletionRequest, prompt_tokens: int, max_tokens: int | None
+    ) -> tuple[int, str, tuple[int, int, str] | None]:
         """How one reply drawn from ``rng`` ends: (tokens, finish_reason, stop cut or None)."""
         cfg = self.cfg
         if max_tokens is not None and not (cfg.natural_stop and not body.ignore_eos):
@@ -231,8 +267,17 @@ class SimAPI:
             for seq in seqs:
                 self.engine.abort(seq)
 
-    async def _generate(self, req: Request, resp: Responder, body: ChatRequest | CompletionRequest,
-                        prompt: bytes, max_tokens: int | None, *, chat: bool, ids: list[int] | None = None) -> None:
+    async def _generate(
+        self,
+        req: Request,
+        resp: Responder,
+        body: ChatRequest | CompletionRequest,
+        prompt: bytes,
+        max_tokens: int | None,
+        *,
+        chat: bool,
+        ids: list[int] | None = None,
+    ) -> None:
         cfg = self.cfg
         if not self._model_ok(body.model, resp):
             return
@@ -254,12 +299,20 @@ class SimAPI:
             resp.send_error(failure.status, failure.message, type=failure.type)
             return
         xid = req.headers.get("x-request-id")
-        rid = (("chatcmpl-" if chat else "cmpl-") + (xid if xid else os.urandom(16).hex()))
+        rid = ("chatcmpl-" if chat else "cmpl-") + (xid if xid else os.urandom(16).hex())
         so = body.stream_options
         # As vLLM: per-chunk usage only when usage was asked for at all.
         include_usage = bool(so and so.include_usage)
-        meta = RequestMeta(rid, int(time.time()), cfg.model, chat, prompt_tokens, include_usage,
-                           include_usage and bool(so.continuous_usage_stats), cfg.enable_prompt_tokens_details)
+        meta = RequestMeta(
+            rid,
+            int(time.time()),
+            cfg.model,
+            chat,
+            prompt_tokens,
+            include_usage,
+            include_usage and bool(so.continuous_usage_stats),
+            cfg.enable_prompt_tokens_details,
+        )
         if not cfg.enable_prefix_caching:
             hashes = []
         elif ids is not None:
@@ -273,16 +326,29 @@ class SimAPI:
             ids = pseudo_token_ids(prompt)
         headers = (("x-request-id", xid),) if xid else ()
         engine = self.engine
-        sink = (StreamSink(resp, meta, n, logprobs) if body.stream
-                else WholeSink(meta, asyncio.get_running_loop().create_future(), n, logprobs))
+        sink = (
+            StreamSink(resp, meta, n, logprobs)
+            if body.stream
+            else WholeSink(meta, asyncio.get_running_loop().create_future(), n, logprobs)
+        )
         # n > 1: one sequence per choice, as vLLM fans the request out; they share the
         # prompt's cached blocks. A planned failure hits the first.
         seqs = []
         for i, (target, finish, cut) in enumerate(plans):
             if cut is not None:
                 sink.stop_at(cut[1], cut[2], i)
-            seqs.append(Sequence(prompt_tokens, hashes, target, finish, rngs[i], sink if n == 1 else Choice(sink, i),
-                                 failure if i == 0 else None, ids))
+            seqs.append(
+                Sequence(
+                    prompt_tokens,
+                    hashes,
+                    target,
+                    finish,
+                    rngs[i],
+                    sink if n == 1 else Choice(sink, i),
+                    failure if i == 0 else None,
+                    ids,
+                )
+            )
         meta.seq = seqs[0]
         if n == 1:
             seq = seqs[0]
@@ -331,7 +397,7 @@ def _param_of(e: Exception) -> str | None:
     at = msg.rfind("- at `$.")
     if at < 0:
         return "body" if isinstance(e, msgspec.DecodeError) else None
-    name = msg[at + 8:].rstrip("`").split(".")[0].split("[")[0]
+    name = msg[at + 8 :].rstrip("`").split(".")[0].split("[")[0]
     return "body." + name if name else "body"
 
 
@@ -346,8 +412,10 @@ def _check_sampling(body: ChatRequest | CompletionRequest) -> None:
     if n < 1:
         raise BadRequest(f"n must be at least 1, got {n}.")
     if n > MAX_N:
-        raise BadRequest(f"n must be at most {MAX_N}, got {n}. To increase this limit, set the "
-                         "VLLM_MAX_N_SEQUENCES environment variable.")
+        raise BadRequest(
+            f"n must be at most {MAX_N}, got {n}. To increase this limit, set the "
+            "VLLM_MAX_N_SEQUENCES environment variable."
+        )
     for name in ("presence_penalty", "frequency_penalty"):
         v = getattr(body, name)
         if v is not None and not -2.0 <= v <= 2.0:
@@ -370,18 +438,24 @@ def _check_sampling(body: ChatRequest | CompletionRequest) -> None:
         raise BadRequest(f"n must be 1 when using greedy sampling, got {n}.")
     k = _logprobs_asked(body)
     if k is not None and k > MAX_LOGPROBS:
-        raise BadRequest(f"Requested sample logprobs of {k}, which is greater than max allowed: {MAX_LOGPROBS}",
-                         "logprobs", k)
+        raise BadRequest(
+            f"Requested sample logprobs of {k}, which is greater than max allowed: {MAX_LOGPROBS}", "logprobs", k
+        )
     rf = body.response_format
     if rf is not None:
         kind = rf.get("type")
         if kind == "json_schema" and rf.get("json_schema") is None:
-            raise BadRequest("When response_format type is 'json_schema', the 'json_schema' field must be "
-                             "provided.", "response_format")
+            raise BadRequest(
+                "When response_format type is 'json_schema', the 'json_schema' field must be provided.",
+                "response_format",
+            )
         if kind != "text":
             # vLLM constrains the output (structured outputs); the sim's text is not.
-            raise BadRequest(f"response_format type {kind!r} is not supported by the sim engine: it does not "
-                             "implement structured outputs.", "response_format")
+            raise BadRequest(
+                f"response_format type {kind!r} is not supported by the sim engine: it does not "
+                "implement structured outputs.",
+                "response_format",
+            )
     if isinstance(body, ChatRequest):
         _check_tools(body)
 
@@ -414,8 +488,9 @@ def _check_tools(body: ChatRequest) -> None:
     tool parser or structured outputs, which the sim has neither of, is refused."""
     tools, choice = body.tools, body.tool_choice
     if tools is not None and not tools:
-        raise BadRequest("`tools` must not be an empty array. Either provide at least one tool or omit the "
-                         "field entirely.", "tools")
+        raise BadRequest(
+            "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.", "tools"
+        )
     if choice is msgspec.UNSET:
         choice = "auto" if tools else None
     if choice is None or choice == "none":
@@ -424,11 +499,15 @@ def _check_tools(body: ChatRequest) -> None:
         raise BadRequest("When using `tool_choice`, `tools` must be set.", "tool_choice")
     if choice == "auto":
         # vLLM's own refusal without --enable-auto-tool-choice, which the sim never has.
-        raise BadRequest('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
-                         "tool_choice")
+        raise BadRequest(
+            '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set', "tool_choice"
+        )
     if choice != "required" and not isinstance(choice, dict):
-        raise BadRequest(f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or '
-                         '"required" are supported.', "tool_choice")
+        raise BadRequest(
+            f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or "required" are supported.',
+            "tool_choice",
+        )
     what = '"required"' if choice == "required" else "a named function"
-    raise BadRequest(f"tool_choice {what} is not supported by the sim engine: it does not generate tool "
-                     "calls.", "tool_choice")
+    raise BadRequest(
+        f"tool_choice {what} is not supported by the sim engine: it does not generate tool calls.", "tool_choice"
+    )

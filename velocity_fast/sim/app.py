@@ -1,4 +1,5 @@
 """Entry point of one sim engine process: ``main(args) -> int``."""
+
 from __future__ import annotations
 
 import argparse
@@ -22,6 +23,7 @@ def main(args: argparse.Namespace) -> int:
     """Run a sim engine until SIGTERM/SIGINT; 2 on bad flags, else 0."""
     if getattr(args, "write_tokenizer", None):
         from .tokens import write_tokenizer
+
         try:
             print(write_tokenizer(args.write_tokenizer))
         except (ValueError, OSError) as e:
@@ -37,6 +39,7 @@ def main(args: argparse.Namespace) -> int:
     tokenizer = None
     if cfg.tokenizer:
         from .tokens import TextTokenizer
+
         try:
             tokenizer = TextTokenizer(cfg.tokenizer)
         except ValueError as e:
@@ -85,8 +88,9 @@ def main(args: argparse.Namespace) -> int:
 
         return cleanup
 
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         return run_until_signalled(start)
     finally:

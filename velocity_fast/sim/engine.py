@@ -10,6 +10,7 @@ Tokens go to each sequence's sink synchronously (no task per token) and are writ
 before the loop sleeps, which keeps the engine cheap enough to feed every later test
 and benchmark.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,10 @@ _MAX_LAG = 0.05
 #: a token, and sharing it lets the loop catch up.
 _FLUSH_STEPS = 8
 
-OOM_MESSAGE = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
-               "79.19 GiB of which 1.06 GiB is free. (simulated)")
+OOM_MESSAGE = (
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+    "79.19 GiB of which 1.06 GiB is free. (simulated)"
+)
 FAIL_MESSAGE = "The engine failed while running the request. (simulated)"
 OVERLOAD_MESSAGE = "The engine is temporarily unable to serve the request. (simulated)"
 
@@ -83,31 +86,56 @@ class Failure:
 class Sequence:
     """One request inside the engine."""
 
-    __slots__ = ("prompt_tokens", "hashes", "target", "finish_reason", "rng", "sink", "failure",
-                 "state", "generated", "num_tokens", "prefill_left", "alloc", "arrival",
-                 "scheduled", "first_token", "last_token", "cached_tokens", "token_ids")
+    __slots__ = (
+        "prompt_tokens",
+        "hashes",
+        "target",
+        "finish_reason",
+        "rng",
+        "sink",
+        "failure",
+        "state",
+        "generated",
+        "num_tokens",
+        "prefill_left",
+        "alloc",
+        "arrival",
+        "scheduled",
+        "first_token",
+        "last_token",
+        "cached_tokens",
+        "token_ids",
+    )
 
-    def __init__(self, prompt_tokens: int, hashes: list[int], target: int, finish_reason: str,
-                 rng: random.Random, sink: Sink, failure: Failure | None = None,
-                 token_ids: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        prompt_tokens: int,
+        hashes: list[int],
+        target: int,
+        finish_reason: str,
+        rng: random.Random,
+        sink: Sink,
+        failure: Failure | None = None,
+        token_ids: list[int] | None = None,
+    ) -> None:
         self.prompt_tokens = prompt_tokens
         self.hashes = hashes
-        self.token_ids = token_ids          # the prompt's token ids, kept only for KV events
-        self.target = target                # output tokens to generate
+        self.token_ids = token_ids  # the prompt's token ids, kept only for KV events
+        self.target = target  # output tokens to generate
         self.finish_reason = finish_reason  # "length" (max_tokens reached) or "stop"
         self.rng = rng
         self.sink = sink
         self.failure = failure
         self.state = WAITING
         self.generated = 0
-        self.num_tokens = prompt_tokens     # prompt + generated: what the KV must hold
+        self.num_tokens = prompt_tokens  # prompt + generated: what the KV must hold
         self.prefill_left = 0
         self.alloc: Allocation | None = None
         self.arrival = 0.0
         self.scheduled = 0.0
         self.first_token = 0.0
         self.last_token = 0.0
-        self.cached_tokens = 0              # prompt tokens served by the prefix cache
+        self.cached_tokens = 0  # prompt tokens served by the prefix cache
 
 
 class Engine:
@@ -129,7 +157,7 @@ class Engine:
         self.max_running_seen = 0
         self._fail_rng = random.Random(cfg.seed)
         self._wake: asyncio.Future | None = None
-        self._dirty: list[Sink] = []      # sinks with output waiting for _flush()
+        self._dirty: list[Sink] = []  # sinks with output waiting for _flush()
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._step_base = 1.0 / cfg.decode_tps / cfg.time_scale

@@ -5,6 +5,7 @@ engine (batch, KV cache, metrics) as chat.
 
 Kept apart from api.py: these routes share its engine and tokenizer, not its code.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -83,7 +84,7 @@ def _vector(data: bytes, dim: int) -> list[float]:
     while len(raw) < 4 * dim:
         raw += hashlib.blake2b(data, digest_size=64, salt=i.to_bytes(16, "little")).digest()
         i += 1
-    v = [x / 2147483648.0 for x in struct.unpack(f"<{dim}i", raw[:4 * dim])]
+    v = [x / 2147483648.0 for x in struct.unpack(f"<{dim}i", raw[: 4 * dim])]
     norm = sum(x * x for x in v) ** 0.5 or 1.0
     return [round(x / norm, 6) for x in v]
 
@@ -169,10 +170,22 @@ class ExtraRoutes:
             if body.encoding_format == "base64":  # as vLLM: little-endian float32, base64
                 vec = base64.b64encode(struct.pack(f"<{dim}f", *vec)).decode()
             data.append({"index": i, "object": "embedding", "embedding": vec})
-        resp.send_json(200, {"id": f"embd-{os.urandom(16).hex()}", "object": "list", "created": int(time.time()),
-                             "model": self.api.cfg.model, "data": data,
-                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
-                                       "prompt_tokens_details": None}})
+        resp.send_json(
+            200,
+            {
+                "id": f"embd-{os.urandom(16).hex()}",
+                "object": "list",
+                "created": int(time.time()),
+                "model": self.api.cfg.model,
+                "data": data,
+                "usage": {
+                    "prompt_tokens": tokens,
+                    "total_tokens": tokens,
+                    "completion_tokens": 0,
+                    "prompt_tokens_details": None,
+                },
+            },
+        )
 
     async def _detokenize(self, req: Request, resp: Responder) -> None:
         try:
@@ -195,12 +208,15 @@ class ExtraRoutes:
         """A sequence for ``prompt`` as chat's are planned: max_tokens, else an EOS of its own."""
         cfg = self.api.cfg
         prompt_tokens = count_tokens(prompt) if ids is None else max(1, len(ids))
-        if prompt_tokens >= cfg.max_model_len or (max_tokens is not None and prompt_tokens + max_tokens
-                                                    > cfg.max_model_len):
-            raise ValueError(f"This model's maximum context length is {cfg.max_model_len} tokens. However, you "
-                             f"requested {prompt_tokens + (max_tokens or 0)} tokens ({prompt_tokens} in the "
-                             f"messages, {max_tokens or 0} in the completion). Please reduce the length of the "
-                             "messages or completion.")
+        if prompt_tokens >= cfg.max_model_len or (
+            max_tokens is not None and prompt_tokens + max_tokens > cfg.max_model_len
+        ):
+            raise ValueError(
+                f"This model's maximum context length is {cfg.max_model_len} tokens. However, you "
+                f"requested {prompt_tokens + (max_tokens or 0)} tokens ({prompt_tokens} in the "
+                f"messages, {max_tokens or 0} in the completion). Please reduce the length of the "
+                "messages or completion."
+            )
         rng = request_rng(cfg.seed, prompt)
         if max_tokens is not None and not cfg.natural_stop:
             target, finish = max_tokens, "length"
@@ -225,8 +241,9 @@ class ExtraRoutes:
         tok = self.api.tokenizer
         return render_chat(msgs), (tok.encode_chat(message_texts(msgs)) if tok is not None else None)
 
-    async def _run(self, req: Request, resp: Responder, seq: Sequence, sink: _EventSink, on_token, on_end,
-                   on_fail) -> None:
+    async def _run(
+        self, req: Request, resp: Responder, seq: Sequence, sink: _EventSink, on_token, on_end, on_fail
+    ) -> None:
         """Feed the sequence's tokens to ``on_token(text)``, then ``on_end(n, finish)``
         (or ``on_fail(status, type, message)``); the client leaving aborts it."""
         engine = self.api.engine
@@ -277,34 +294,82 @@ class ExtraRoutes:
             incomplete = None
             if status == "completed" and finish == "length":
                 status, incomplete = "incomplete", {"reason": "max_output_tokens"}
-            out = {"id": rid, "created_at": created, "incomplete_details": incomplete,
-                   "instructions": body.instructions, "metadata": None, "model": api.cfg.model, "object": "response",
-                   "output": [] if status == "in_progress" else [{
-                       "id": mid, "content": [{"annotations": [], "text": text, "type": "output_text",
-                                                "logprobs": None}],
-                       "role": "assistant", "status": "completed", "type": "message", "phase": None}],
-                   "parallel_tool_calls": True, "temperature": 1.0, "tool_choice": "none", "tools": [],
-                   "top_p": 1.0, "background": False, "max_output_tokens": body.max_output_tokens,
-                   "max_tool_calls": None, "previous_response_id": None, "prompt": None, "reasoning": None,
-                   "service_tier": "auto", "status": status, "text": None, "top_logprobs": None,
-                   "truncation": "disabled", "usage": None, "user": body.user, "presence_penalty": 0.0,
-                   "frequency_penalty": 0.0, "kv_transfer_params": None, "ec_transfer_params": None,
-                   "input_messages": None, "output_messages": None}
+            out = {
+                "id": rid,
+                "created_at": created,
+                "incomplete_details": incomplete,
+                "instructions": body.instructions,
+                "metadata": None,
+                "model": api.cfg.model,
+                "object": "response",
+                "output": []
+                if status == "in_progress"
+                else [
+                    {
+                        "id": mid,
+                        "content": [{"annotations": [], "text": text, "type": "output_text", "logprobs": None}],
+                        "role": "assistant",
+                        "status": "completed",
+                        "type": "message",
+                        "phase": None,
+                    }
+                ],
+                "parallel_tool_calls": True,
+                "temperature": 1.0,
+                "tool_choice": "none",
+                "tools": [],
+                "top_p": 1.0,
+                "background": False,
+                "max_output_tokens": body.max_output_tokens,
+                "max_tool_calls": None,
+                "previous_response_id": None,
+                "prompt": None,
+                "reasoning": None,
+                "service_tier": "auto",
+                "status": status,
+                "text": None,
+                "top_logprobs": None,
+                "truncation": "disabled",
+                "usage": None,
+                "user": body.user,
+                "presence_penalty": 0.0,
+                "frequency_penalty": 0.0,
+                "kv_transfer_params": None,
+                "ec_transfer_params": None,
+                "input_messages": None,
+                "output_messages": None,
+            }
             if n is not None:
-                out["usage"] = {"input_tokens": seq.prompt_tokens,
-                                "input_tokens_details": {"cached_tokens": seq.cached_tokens, "cache_write_tokens": 0,
-                                                         "input_tokens_per_turn": [], "cached_tokens_per_turn": []},
-                                "output_tokens": n,
-                                "output_tokens_details": {"reasoning_tokens": 0, "tool_output_tokens": 0,
-                                                          "output_tokens_per_turn": [],
-                                                          "tool_output_tokens_per_turn": []},
-                                "total_tokens": seq.prompt_tokens + n}
+                out["usage"] = {
+                    "input_tokens": seq.prompt_tokens,
+                    "input_tokens_details": {
+                        "cached_tokens": seq.cached_tokens,
+                        "cache_write_tokens": 0,
+                        "input_tokens_per_turn": [],
+                        "cached_tokens_per_turn": [],
+                    },
+                    "output_tokens": n,
+                    "output_tokens_details": {
+                        "reasoning_tokens": 0,
+                        "tool_output_tokens": 0,
+                        "output_tokens_per_turn": [],
+                        "tool_output_tokens_per_turn": [],
+                    },
+                    "total_tokens": seq.prompt_tokens + n,
+                }
             return out
 
         if not body.stream:
             result: list = []
-            await self._run(req, resp, seq, sink, parts.append, lambda n, f: result.append(("ok", n, f)),
-                            lambda s, t, m: result.append((s, t, m)))
+            await self._run(
+                req,
+                resp,
+                seq,
+                sink,
+                parts.append,
+                lambda n, f: result.append(("ok", n, f)),
+                lambda s, t, m: result.append((s, t, m)),
+            )
             if resp.disconnected or not result:
                 return
             if result[0][0] != "ok":
@@ -317,13 +382,24 @@ class ExtraRoutes:
             n_seq[0] += 1
             resp.write_nowait(_sse(kind, {"type": kind, "sequence_number": n_seq[0] - 1, **fields}))
 
-        item = {"id": mid, "content": [], "role": "assistant", "status": "in_progress", "type": "message",
-                "phase": None}
+        item = {
+            "id": mid,
+            "content": [],
+            "role": "assistant",
+            "status": "in_progress",
+            "type": "message",
+            "phase": None,
+        }
         ev("response.created", response=response("in_progress", None))
         ev("response.in_progress", response=response("in_progress", None))
         ev("response.output_item.added", item=item, output_index=0)
-        ev("response.content_part.added", item_id=mid, output_index=0, content_index=0,
-           part={"annotations": [], "text": "", "type": "output_text", "logprobs": []})
+        ev(
+            "response.content_part.added",
+            item_id=mid,
+            output_index=0,
+            content_index=0,
+            part={"annotations": [], "text": "", "type": "output_text", "logprobs": []},
+        )
 
         def token(text: str) -> None:
             parts.append(text)
@@ -332,8 +408,13 @@ class ExtraRoutes:
         def end(n: int, finish: str) -> None:
             text = "".join(parts)
             ev("response.output_text.done", item_id=mid, output_index=0, content_index=0, text=text, logprobs=[])
-            ev("response.content_part.done", item_id=mid, output_index=0, content_index=0,
-               part={"annotations": [], "text": text, "type": "output_text", "logprobs": None})
+            ev(
+                "response.content_part.done",
+                item_id=mid,
+                output_index=0,
+                content_index=0,
+                part={"annotations": [], "text": text, "type": "output_text", "logprobs": None},
+            )
             done = response("completed", n, finish)
             ev("response.output_item.done", item=done["output"][0], output_index=0)
             ev("response.completed", response=done)
@@ -378,25 +459,50 @@ class ExtraRoutes:
 
         if not body.stream:
             result: list = []
-            await self._run(req, resp, seq, sink, parts.append, lambda n, f: result.append((n, f)),
-                            lambda s, t, m: result.append((s, t, m)))
+            await self._run(
+                req,
+                resp,
+                seq,
+                sink,
+                parts.append,
+                lambda n, f: result.append((n, f)),
+                lambda s, t, m: result.append((s, t, m)),
+            )
             if resp.disconnected or not result:
                 return
             if len(result[0]) == 3:
                 return error(result[0][0], result[0][2], "api_error")
             n, finish = result[0]
-            return resp.send_json(200, {"id": mid, "type": "message", "role": "assistant",
-                                        "content": [{"type": "text", "text": "".join(parts)}],
-                                        "model": api.cfg.model, "stop_reason": stop(finish),
-                                        "usage": {"input_tokens": seq.prompt_tokens, "output_tokens": n}})
+            return resp.send_json(
+                200,
+                {
+                    "id": mid,
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "text", "text": "".join(parts)}],
+                    "model": api.cfg.model,
+                    "stop_reason": stop(finish),
+                    "usage": {"input_tokens": seq.prompt_tokens, "output_tokens": n},
+                },
+            )
         resp.start(200, content_type="text/event-stream")
 
         def ev(kind: str, **fields) -> None:
             resp.write_nowait(_sse(kind, {"type": kind, **fields}))
 
-        ev("message_start", message={"id": mid, "type": "message", "role": "assistant", "content": [],
-                                     "model": api.cfg.model, "stop_reason": None, "stop_sequence": None,
-                                     "usage": {"input_tokens": seq.prompt_tokens, "output_tokens": 0}})
+        ev(
+            "message_start",
+            message={
+                "id": mid,
+                "type": "message",
+                "role": "assistant",
+                "content": [],
+                "model": api.cfg.model,
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": seq.prompt_tokens, "output_tokens": 0},
+            },
+        )
         ev("content_block_start", index=0, content_block={"type": "text", "text": ""})
 
         def token(text: str) -> None:
@@ -404,8 +510,11 @@ class ExtraRoutes:
 
         def end(n: int, finish: str) -> None:
             ev("content_block_stop", index=0)
-            ev("message_delta", delta={"stop_reason": stop(finish), "stop_sequence": None},
-               usage={"input_tokens": seq.prompt_tokens, "output_tokens": n})
+            ev(
+                "message_delta",
+                delta={"stop_reason": stop(finish), "stop_sequence": None},
+                usage={"input_tokens": seq.prompt_tokens, "output_tokens": n},
+            )
             ev("message_stop")
 
         def fail(status: int, type: str, message: str) -> None:

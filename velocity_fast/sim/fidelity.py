@@ -15,6 +15,7 @@ A difference is either fixed in the sim or listed in ``DELIBERATE`` with its rea
 docs/design.md, "Sim fidelity"). Exit status 0 when every difference is deliberate, 1 when
 one is not, 2 when an engine cannot be reached.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,11 +36,11 @@ __all__ = ["DELIBERATE", "Report", "observe", "compare", "main"]
 DELIBERATE: dict[str, str] = {
     "metrics:family:*": "the sim exports the families a gateway or a dashboard reads, not all of vLLM's",
     "metrics:vllm:cache_config_info:other-labels": "the sim labels cache_config_info with what a gateway "
-                                                   "reads of it (block_size, num_gpu_blocks, prefix caching)",
+    "reads of it (block_size, num_gpu_blocks, prefix caching)",
     "embeddings:*": "vLLM serves /v1/embeddings only for a pooling model (--runner pooling); the sim serves it "
-                    "for its one model, so that a gateway's relay of it can be tested without a second engine",
+    "for its one model, so that a gateway's relay of it can be tested without a second engine",
     "*:header-names": "server and vary are uvicorn's and its CORS middleware's; connection and cache-control "
-                      "are the sim's HTTP/1.1 server's. A gateway reads the content type, compared apart",
+    "are the sim's HTTP/1.1 server's. A gateway reads the content type, compared apart",
 }
 
 #: cache_config_info's labels that a gateway reads; vLLM writes about forty.
@@ -47,17 +48,29 @@ _CACHE_LABELS = {"block_size", "num_gpu_blocks", "enable_prefix_caching", "engin
 
 #: Metric families whose names, types and labels are compared (what fleet/scrape.py and the
 #: shipped dashboards read).
-METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-           "vllm:cache_config_info", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits",
-           "vllm:inter_token_latency_seconds", "vllm:time_to_first_token_seconds",
-           "vllm:e2e_request_latency_seconds", "vllm:prompt_tokens", "vllm:generation_tokens",
-           "vllm:request_success", "vllm:num_preemptions")
+METRICS = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:cache_config_info",
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
+    "vllm:inter_token_latency_seconds",
+    "vllm:time_to_first_token_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:prompt_tokens",
+    "vllm:generation_tokens",
+    "vllm:request_success",
+    "vllm:num_preemptions",
+)
 
 #: Values that are the contract, not content: kept in the shape.
 _VALUE_KEYS = {"object", "type", "code", "role", "finish_reason_kind"}
 
-_PROMPT = ("The gateway keeps each request until an engine has room for it, and it routes a "
-           "request to the engine that already holds its prefix in the cache. ") * 6
+_PROMPT = (
+    "The gateway keeps each request until an engine has room for it, and it routes a "
+    "request to the engine that already holds its prefix in the cache. "
+) * 6
 
 
 @dataclass
@@ -73,11 +86,15 @@ class Report:
         return [(k, s, v) for k, s, v, why in self.differences if why is None]
 
     def text(self) -> str:
-        lines = [f"{len(self.sim)} sim keys, {len(self.vllm)} vLLM keys, {len(self.differences)} differences "
-                 f"({len(self.undeclared)} not deliberate)"]
+        lines = [
+            f"{len(self.sim)} sim keys, {len(self.vllm)} vLLM keys, {len(self.differences)} differences "
+            f"({len(self.undeclared)} not deliberate)"
+        ]
         for k, s, v, why in self.differences:
             mark = "deliberate" if why else "DIFFERS"
-            lines.append(f"  {mark:10} {k}\n      sim:  {s!r}\n      vllm: {v!r}" + (f"\n      why:  {why}" if why else ""))
+            lines.append(
+                f"  {mark:10} {k}\n      sim:  {s!r}\n      vllm: {v!r}" + (f"\n      why:  {why}" if why else "")
+            )
         return "\n".join(lines)
 
 
@@ -102,8 +119,19 @@ def _shape(x: Any, path: str, out: dict[str, str]) -> None:
         for v in x:
             _shape(v, path + "[]", out)
         return
-    t = "null" if x is None else "bool" if isinstance(x, bool) else "int" if isinstance(x, int) else \
-        "number" if isinstance(x, float) else "str" if isinstance(x, str) else type(x).__name__
+    t = (
+        "null"
+        if x is None
+        else "bool"
+        if isinstance(x, bool)
+        else "int"
+        if isinstance(x, int)
+        else "number"
+        if isinstance(x, float)
+        else "str"
+        if isinstance(x, str)
+        else type(x).__name__
+    )
     prev = out.get(path)
     # An int where a float is expected (0 vs 0.5) is one JSON number to a client.
     if prev is not None and prev != t and {prev, t} <= {"int", "number"}:
@@ -114,8 +142,9 @@ def _shape(x: Any, path: str, out: dict[str, str]) -> None:
 _SKIP_HEADERS = {"date", "content-length", "x-request-id"}
 
 
-def _call(base: str, method: str, path: str, body: Any = None, raw: bytes | None = None,
-          timeout: float = 60.0) -> tuple[int, dict[str, str], bytes]:
+def _call(
+    base: str, method: str, path: str, body: Any = None, raw: bytes | None = None, timeout: float = 60.0
+) -> tuple[int, dict[str, str], bytes]:
     u = urlsplit(base)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
     try:
@@ -164,8 +193,12 @@ def _sse(body: bytes) -> list[str]:
 
 def _calls(model: str, max_len: int) -> list[tuple[str, str, str, Any, bytes | None, bool]]:
     """(name, method, path, json body, raw body, streamed)."""
-    chat = {"model": model, "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 4,
-            "ignore_eos": True}
+    chat = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Say something."}],
+        "max_tokens": 4,
+        "ignore_eos": True,
+    }
     comp = {"model": model, "prompt": "Once upon a time", "max_tokens": 4, "ignore_eos": True}
     return [
         ("models", "GET", "/v1/models", None, None, False),
@@ -173,24 +206,66 @@ def _calls(model: str, max_len: int) -> list[tuple[str, str, str, Any, bytes | N
         ("health", "GET", "/health", None, None, False),
         ("version", "GET", "/version", None, None, False),
         ("chat", "POST", "/v1/chat/completions", chat, None, False),
-        ("chat-stream", "POST", "/v1/chat/completions",
-         {**chat, "stream": True, "stream_options": {"include_usage": True}}, None, True),
+        (
+            "chat-stream",
+            "POST",
+            "/v1/chat/completions",
+            {**chat, "stream": True, "stream_options": {"include_usage": True}},
+            None,
+            True,
+        ),
         ("chat-stream-plain", "POST", "/v1/chat/completions", {**chat, "stream": True}, None, True),
-        ("chat-n2-logprobs", "POST", "/v1/chat/completions",
-         {**chat, "n": 2, "logprobs": True, "top_logprobs": 2}, None, False),
+        (
+            "chat-n2-logprobs",
+            "POST",
+            "/v1/chat/completions",
+            {**chat, "n": 2, "logprobs": True, "top_logprobs": 2},
+            None,
+            False,
+        ),
         ("completion", "POST", "/v1/completions", comp, None, False),
-        ("completion-stream", "POST", "/v1/completions",
-         {**comp, "stream": True, "stream_options": {"include_usage": True}}, None, True),
+        (
+            "completion-stream",
+            "POST",
+            "/v1/completions",
+            {**comp, "stream": True, "stream_options": {"include_usage": True}},
+            None,
+            True,
+        ),
         ("completion-logprobs", "POST", "/v1/completions", {**comp, "logprobs": 2}, None, False),
         ("completion-stop", "POST", "/v1/completions", {**comp, "max_tokens": 8, "stop": ["the"]}, None, False),
-        ("responses", "POST", "/v1/responses", {"model": model, "input": "Say something.", "max_output_tokens": 4},
-         None, False),
-        ("responses-stream", "POST", "/v1/responses",
-         {"model": model, "input": "Say something.", "max_output_tokens": 4, "stream": True}, None, True),
-        ("messages", "POST", "/v1/messages", {"model": model, "max_tokens": 4, "messages": chat["messages"]},
-         None, False),
-        ("messages-stream", "POST", "/v1/messages",
-         {"model": model, "max_tokens": 4, "messages": chat["messages"], "stream": True}, None, True),
+        (
+            "responses",
+            "POST",
+            "/v1/responses",
+            {"model": model, "input": "Say something.", "max_output_tokens": 4},
+            None,
+            False,
+        ),
+        (
+            "responses-stream",
+            "POST",
+            "/v1/responses",
+            {"model": model, "input": "Say something.", "max_output_tokens": 4, "stream": True},
+            None,
+            True,
+        ),
+        (
+            "messages",
+            "POST",
+            "/v1/messages",
+            {"model": model, "max_tokens": 4, "messages": chat["messages"]},
+            None,
+            False,
+        ),
+        (
+            "messages-stream",
+            "POST",
+            "/v1/messages",
+            {"model": model, "max_tokens": 4, "messages": chat["messages"], "stream": True},
+            None,
+            True,
+        ),
         ("embeddings", "POST", "/v1/embeddings", {"model": model, "input": "Say something."}, None, False),
         ("tokenize", "POST", "/tokenize", {"model": model, "prompt": "Once upon a time"}, None, False),
         ("detokenize", "POST", "/detokenize", {"model": model, "tokens": [1, 2, 3]}, None, False),
@@ -263,8 +338,9 @@ def _kv_events(endpoint: str, topic: str, send) -> dict[str, str]:
             out["kv:topic"] = frames[0].decode(errors="replace")
             out["kv:seq"] = f"{len(frames[1])}-byte big-endian" if len(frames) == 3 else "?"
             batch = msgspec.msgpack.decode(frames[-1])
-            out["kv:batch"] = type(batch).__name__ + f"[{len(batch)}]" if isinstance(batch, list) else \
-                type(batch).__name__
+            out["kv:batch"] = (
+                type(batch).__name__ + f"[{len(batch)}]" if isinstance(batch, list) else type(batch).__name__
+            )
             for ev in batch[1] if isinstance(batch, list) and len(batch) > 1 else []:
                 tag = ev.get("type") if isinstance(ev, dict) else ev[0] if ev else "?"
                 fields: dict[str, str] = {}
@@ -304,8 +380,11 @@ def observe(base: str, model: str, kv: str | None = None, topic: str = "kv", max
     obs.update(_metrics(text.decode(errors="replace")))
     if kv:
         # New blocks each run (a nonce first): an engine publishes only what it did not hold.
-        long_chat = {"model": model, "messages": [{"role": "user", "content": f"{time.time()} {_PROMPT}"}],
-                     "max_tokens": 2}
+        long_chat = {
+            "model": model,
+            "messages": [{"role": "user", "content": f"{time.time()} {_PROMPT}"}],
+            "max_tokens": 2,
+        }
         obs.update(_kv_events(kv, topic, lambda: _call(base, "POST", "/v1/chat/completions", long_chat)))
     return obs
 
@@ -341,14 +420,23 @@ def main(argv: list[str] | None = None) -> int:
     model = a.model or card["id"]
     max_len = a.max_model_len or int(card.get("max_model_len") or 4096)
     try:
-        rep = compare(observe(a.sim, model, a.sim_kv, a.topic, max_len),
-                      observe(a.vllm, model, a.vllm_kv, a.topic, max_len))
+        rep = compare(
+            observe(a.sim, model, a.sim_kv, a.topic, max_len), observe(a.vllm, model, a.vllm_kv, a.topic, max_len)
+        )
     except OSError as e:
         print(f"fidelity: {e}", file=sys.stderr)
         return 2
     if a.json:
-        print(json.dumps({"differences": [{"key": k, "sim": s, "vllm": v, "deliberate": why}
-                                          for k, s, v, why in rep.differences]}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "differences": [
+                        {"key": k, "sim": s, "vllm": v, "deliberate": why} for k, s, v, why in rep.differences
+                    ]
+                },
+                indent=1,
+            )
+        )
     else:
         print(rep.text())
     return 1 if rep.undeclared else 0

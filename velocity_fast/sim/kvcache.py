@@ -5,6 +5,7 @@ block is either held by running sequences (``ref > 0``), free but still holding 
 cached prefix (in the LRU, reusable by a later prompt with the same prefix, evicted
 oldest first when a fresh block is needed), or free and empty.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -80,8 +81,9 @@ class KVCache:
                 break
         return n
 
-    def allocate_prompt(self, block_hashes: list[int], tokens: int, extra: int = 0,
-                        token_ids: list[int] | None = None) -> tuple[Allocation, int] | None:
+    def allocate_prompt(
+        self, block_hashes: list[int], tokens: int, extra: int = 0, token_ids: list[int] | None = None
+    ) -> tuple[Allocation, int] | None:
         """Take the blocks for a prompt of ``tokens`` tokens (plus ``extra`` slots for
         the tokens about to be generated), reusing cached ones.
 
@@ -192,8 +194,14 @@ class KVCache:
 
     def _stored(self, block_hashes: list[int], start: int, end: int, token_ids: list[int]) -> None:
         bs = self.block_size
-        self.events.append(stored(block_hashes[start:end], block_hashes[start - 1] if start else None,
-                                  token_ids[start * bs:end * bs], bs))
+        self.events.append(
+            stored(
+                block_hashes[start:end],
+                block_hashes[start - 1] if start else None,
+                token_ids[start * bs : end * bs],
+                bs,
+            )
+        )
 
     def _take_empty(self) -> None:
         if self._empty:

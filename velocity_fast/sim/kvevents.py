@@ -22,6 +22,7 @@ The wire is vLLM's (``vllm/distributed/kv_events.py``, docs/kv-events.md):
 Publishing runs on its own thread (as vLLM's), fed by a queue, so the step loop only
 appends to a list and puts one object per batch.
 """
+
 from __future__ import annotations
 
 import logging
@@ -74,6 +75,7 @@ class KVEventsConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 # -- wire structs (field names, order and defaults as vLLM's) ------------------------
 
+
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     ts: float
     events: list[Any]
@@ -118,8 +120,15 @@ def stored(hashes: list[int], parent: int | None, token_ids: list[int], block_si
     return BlockStored(
         block_hashes=[h & _MASK64 for h in hashes],
         parent_block_hash=None if parent is None else parent & _MASK64,
-        token_ids=token_ids, block_size=block_size, lora_id=None, medium=MEDIUM_GPU, lora_name=None,
-        extra_keys=[None] * len(hashes), group_idx=0, kv_cache_spec_kind="full_attention")
+        token_ids=token_ids,
+        block_size=block_size,
+        lora_id=None,
+        medium=MEDIUM_GPU,
+        lora_name=None,
+        extra_keys=[None] * len(hashes),
+        group_idx=0,
+        kv_cache_spec_kind="full_attention",
+    )
 
 
 def removed(h: int) -> BlockRemoved:
@@ -164,8 +173,7 @@ class ZmqPublisher:
             raise ValueError(f"--kv-events-config: cannot open {where}: {e}") from None
         #: Where the sockets really are (a ``*`` port resolved), for the startup line.
         self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT) or cfg.endpoint
-        self.replay_endpoint = (self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
-                                if self._replay is not None else None)
+        self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT) if self._replay is not None else None
         self.published = 0
         self._running = True
         self._thread = threading.Thread(target=self._run, name="sim-kv-events", daemon=True)
@@ -247,6 +255,9 @@ def open_publisher(text: str | None) -> ZmqPublisher | None:
         return None
     pub = ZmqPublisher(cfg)
     # Tests that bind to port ``*`` read the real endpoints from this line.
-    print(f"sim engine kv events on {pub.endpoint}" + (f" replay {pub.replay_endpoint}" if pub.replay_endpoint else ""),
-          file=sys.stderr, flush=True)
+    print(
+        f"sim engine kv events on {pub.endpoint}" + (f" replay {pub.replay_endpoint}" if pub.replay_endpoint else ""),
+        file=sys.stderr,
+        flush=True,
+    )
     return pub

@@ -6,6 +6,7 @@ loop collects chunks and calls ``flush()``, which writes them without awaiting
 (``write_nowait``); only a client that reads slowly makes its stream buffer, and the
 request's own task drains that buffer.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,11 +29,29 @@ KEEP_ALIVE = b": keep-alive\n\n"
 class RequestMeta:
     """The constant parts of one request's response."""
 
-    __slots__ = ("id", "created", "model", "chat", "prompt_tokens", "include_usage", "continuous_usage",
-                 "details", "seq")
+    __slots__ = (
+        "id",
+        "created",
+        "model",
+        "chat",
+        "prompt_tokens",
+        "include_usage",
+        "continuous_usage",
+        "details",
+        "seq",
+    )
 
-    def __init__(self, id: str, created: int, model: str, chat: bool, prompt_tokens: int,
-                 include_usage: bool, continuous_usage: bool, details: bool = False) -> None:
+    def __init__(
+        self,
+        id: str,
+        created: int,
+        model: str,
+        chat: bool,
+        prompt_tokens: int,
+        include_usage: bool,
+        continuous_usage: bool,
+        details: bool = False,
+    ) -> None:
         self.id = id
         self.created = created
         self.model = model
@@ -63,17 +82,26 @@ def _usage_bytes(prompt_tokens: int, completion_tokens: int, cached_tokens: int 
     # As vLLM: prompt_tokens_details only in the final usage, and only when the prefix
     # cache served some of the prompt (with --enable-prompt-tokens-details).
     if cached_tokens:
-        return b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,' \
-               b'"prompt_tokens_details":{"cached_tokens":%d}}' % (
-                   prompt_tokens, prompt_tokens + completion_tokens, completion_tokens, cached_tokens)
+        return (
+            b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,'
+            b'"prompt_tokens_details":{"cached_tokens":%d}}'
+            % (prompt_tokens, prompt_tokens + completion_tokens, completion_tokens, cached_tokens)
+        )
     return b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (
-        prompt_tokens, prompt_tokens + completion_tokens, completion_tokens)
+        prompt_tokens,
+        prompt_tokens + completion_tokens,
+        completion_tokens,
+    )
 
 
 def error_event(status: int, type: str, message: str) -> bytes:
     """vLLM's error inside a started stream, followed by the end of the stream."""
-    return b"data: " + orjson.dumps({"error": {"message": message, "type": type, "param": None,
-                                               "code": status}}) + b"\n\n" + DONE
+    return (
+        b"data: "
+        + orjson.dumps({"error": {"message": message, "type": type, "param": None, "code": status}})
+        + b"\n\n"
+        + DONE
+    )
 
 
 class Choice:
@@ -103,8 +131,12 @@ def chat_logprobs(tok: int, k: int) -> dict:
     """One token's entry of a chat choice's ``logprobs.content`` (vLLM's shape)."""
     pairs = token_logprobs(tok, k)
     text, lp = pairs[0]
-    return {"token": text, "logprob": lp, "bytes": list(text.encode()),
-            "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in pairs[:k]]}
+    return {
+        "token": text,
+        "logprob": lp,
+        "bytes": list(text.encode()),
+        "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in pairs[:k]],
+    }
 
 
 def completion_logprobs(tokens: list[int], k: int, offset: int = 0) -> dict:
@@ -125,8 +157,24 @@ def completion_logprobs(tokens: list[int], k: int, offset: int = 0) -> dict:
 class StreamSink:
     """Turns tokens into SSE chunks and writes them to the client."""
 
-    __slots__ = ("resp", "meta", "heads", "tail", "tail_opens", "generated", "pending", "closing",
-                 "backlog", "closed", "waiter", "activity", "keep", "remaining", "logprobs", "offsets")
+    __slots__ = (
+        "resp",
+        "meta",
+        "heads",
+        "tail",
+        "tail_opens",
+        "generated",
+        "pending",
+        "closing",
+        "backlog",
+        "closed",
+        "waiter",
+        "activity",
+        "keep",
+        "remaining",
+        "logprobs",
+        "offsets",
+    )
 
     def __init__(self, resp: Responder, meta: RequestMeta, n: int = 1, logprobs: int | None = None) -> None:
         self.resp = resp
@@ -134,46 +182,67 @@ class StreamSink:
         model = orjson.dumps(meta.model)
         rid = orjson.dumps(meta.id)
         if meta.chat:
-            head = (b'data: {"id":' + rid + b',"object":"chat.completion.chunk","created":%d,"model":'
-                    % meta.created + model + b',"choices":[{"index":%d,"delta":{"content":"')
+            head = (
+                b'data: {"id":'
+                + rid
+                + b',"object":"chat.completion.chunk","created":%d,"model":' % meta.created
+                + model
+                + b',"choices":[{"index":%d,"delta":{"content":"'
+            )
             self.tail = b'"},"logprobs":null,"finish_reason":null,"token_ids":null}]'
             tail_open = b'"},"logprobs":null,"finish_reason":"%s","stop_reason":null,"token_ids":null}]'
         else:
-            head = (b'data: {"id":' + rid + b',"object":"text_completion","created":%d,"model":'
-                    % meta.created + model + b',"choices":[{"index":%d,"text":"')
-            self.tail = b'","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,' \
-                        b'"token_ids":null}]'
-            tail_open = b'","logprobs":null,"finish_reason":"%s","stop_reason":null,"prompt_token_ids":null,' \
-                        b'"token_ids":null}]'
+            head = (
+                b'data: {"id":'
+                + rid
+                + b',"object":"text_completion","created":%d,"model":' % meta.created
+                + model
+                + b',"choices":[{"index":%d,"text":"'
+            )
+            self.tail = (
+                b'","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'
+            )
+            tail_open = (
+                b'","logprobs":null,"finish_reason":"%s","stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'
+            )
         # One head per choice index (n > 1: vLLM streams each choice's chunks by index).
         self.heads = [head % i for i in range(n)]
         self.tail_opens = [tail_open] * n
         if not meta.continuous_usage:
             self.tail += b"}\n\n"
-        self.generated = 0               # all choices together: what usage counts
-        self.remaining = n               # choices not finished yet
-        self.logprobs = logprobs         # None, or the top logprobs asked for per token
-        self.offsets = [0] * n           # completions: text offset of each choice's next token
-        self.pending: list[bytes] = []   # chunks of this step loop turn, written by flush()
+        self.generated = 0  # all choices together: what usage counts
+        self.remaining = n  # choices not finished yet
+        self.logprobs = logprobs  # None, or the top logprobs asked for per token
+        self.offsets = [0] * n  # completions: text offset of each choice's next token
+        self.pending: list[bytes] = []  # chunks of this step loop turn, written by flush()
         self.closing = False
         self.backlog: list[bytes] | None = None
         self.closed = False
         self.waiter: asyncio.Future | None = None
         self.activity = 0
-        self.keep = [-1] * n             # stop_at: characters of text still to send; -1: all
+        self.keep = [-1] * n  # stop_at: characters of text still to send; -1: all
 
     def stop_at(self, keep: int, stop: str, index: int = 0) -> None:
         """The reply ends at a stop string: send its first ``keep`` characters only, as vLLM
         leaves the stop string out, and name it as ``stop_reason``."""
         self.keep[index] = keep
-        self.tail_opens[index] = self.tail_opens[index].replace(b'"stop_reason":null',
-                                                                b'"stop_reason":' + orjson.dumps(stop))
+        self.tail_opens[index] = self.tail_opens[index].replace(
+            b'"stop_reason":null', b'"stop_reason":' + orjson.dumps(stop)
+        )
 
     def _envelope(self, choices: bytes) -> bytes:
         m = self.meta
         obj = b"chat.completion.chunk" if m.chat else b"text_completion"
-        return (b'data: {"id":' + orjson.dumps(m.id) + b',"object":"' + obj + b'","created":%d,"model":'
-                % m.created + orjson.dumps(m.model) + b',"choices":' + choices)
+        return (
+            b'data: {"id":'
+            + orjson.dumps(m.id)
+            + b',"object":"'
+            + obj
+            + b'","created":%d,"model":' % m.created
+            + orjson.dumps(m.model)
+            + b',"choices":'
+            + choices
+        )
 
     def opening(self) -> bytes:
         """The chunks before the first token: the assistant role of each choice (chat only)."""
@@ -181,9 +250,13 @@ class StreamSink:
             return b""
         out = []
         for i in range(len(self.heads)):
-            out.append(self._envelope(b'[{"index":%d,"delta":{"role":"assistant","content":""},'
-                                      b'"logprobs":null,"finish_reason":null}],"prompt_token_ids":null,'
-                                      b'"prompt_text":null' % i))
+            out.append(
+                self._envelope(
+                    b'[{"index":%d,"delta":{"role":"assistant","content":""},'
+                    b'"logprobs":null,"finish_reason":null}],"prompt_token_ids":null,'
+                    b'"prompt_text":null' % i
+                )
+            )
             if self.meta.continuous_usage:
                 out.append(b',"usage":' + _usage_bytes(self.meta.prompt_tokens, 0))
             out.append(b"}\n\n")
@@ -225,8 +298,9 @@ class StreamSink:
         head = self.heads[index]
         if finish_reason is None:
             if meta.continuous_usage:
-                pending.append(head + text + tail + b',"usage":'
-                               + _usage_bytes(meta.prompt_tokens, self.generated) + b"}\n\n")
+                pending.append(
+                    head + text + tail + b',"usage":' + _usage_bytes(meta.prompt_tokens, self.generated) + b"}\n\n"
+                )
             else:
                 pending.append(head + text + tail)
             return fresh
@@ -244,9 +318,12 @@ class StreamSink:
         # vLLM names its build on the stream's last chunk: the usage chunk, else the last
         # choice's finish chunk.
         if meta.include_usage:
-            parts += [self._envelope(b'[],"usage":'),
-                      _usage_bytes(meta.prompt_tokens, self.generated, meta.cached_tokens),
-                      FINGERPRINT_MEMBER, b"}\n\n"]
+            parts += [
+                self._envelope(b'[],"usage":'),
+                _usage_bytes(meta.prompt_tokens, self.generated, meta.cached_tokens),
+                FINGERPRINT_MEMBER,
+                b"}\n\n",
+            ]
         else:
             parts.insert(len(parts) - 1, FINGERPRINT_MEMBER)
         parts.append(DONE)
@@ -334,8 +411,7 @@ class StreamSink:
 class WholeSink:
     """Collects a whole (non-streamed) response."""
 
-    __slots__ = ("meta", "tokens", "finish_reasons", "error", "done", "keep", "stop_reasons", "remaining",
-                 "logprobs")
+    __slots__ = ("meta", "tokens", "finish_reasons", "error", "done", "keep", "stop_reasons", "remaining", "logprobs")
 
     def __init__(self, meta: RequestMeta, done: asyncio.Future, n: int = 1, logprobs: int | None = None) -> None:
         self.meta = meta
@@ -388,26 +464,58 @@ class WholeSink:
         for i, tokens in enumerate(self.tokens):
             text = render_text(tokens)
             if self.keep[i] >= 0:
-                text = text[:self.keep[i]]
+                text = text[: self.keep[i]]
             # vLLM 0.32's members, in its order, with the nulls it writes for what is off.
             if m.chat:
                 lp = None if k is None else {"content": [chat_logprobs(t, k) for t in tokens]}
-                choices.append({"index": i, "message": {"role": "assistant", "content": text, "refusal": None,
-                                                        "annotations": None, "audio": None, "function_call": None,
-                                                        "reasoning": None},
-                                "logprobs": lp, "finish_reason": self.finish_reasons[i],
-                                "stop_reason": self.stop_reasons[i], "token_ids": None, "routed_experts": None})
+                choices.append(
+                    {
+                        "index": i,
+                        "message": {
+                            "role": "assistant",
+                            "content": text,
+                            "refusal": None,
+                            "annotations": None,
+                            "audio": None,
+                            "function_call": None,
+                            "reasoning": None,
+                        },
+                        "logprobs": lp,
+                        "finish_reason": self.finish_reasons[i],
+                        "stop_reason": self.stop_reasons[i],
+                        "token_ids": None,
+                        "routed_experts": None,
+                    }
+                )
             else:
                 lp = None if k is None else completion_logprobs(tokens, k)
-                choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": self.finish_reasons[i],
-                                "stop_reason": self.stop_reasons[i], "token_ids": None, "prompt_logprobs": None,
-                                "prompt_token_ids": None, "routed_experts": None})
+                choices.append(
+                    {
+                        "index": i,
+                        "text": text,
+                        "logprobs": lp,
+                        "finish_reason": self.finish_reasons[i],
+                        "stop_reason": self.stop_reasons[i],
+                        "token_ids": None,
+                        "prompt_logprobs": None,
+                        "prompt_token_ids": None,
+                        "routed_experts": None,
+                    }
+                )
         obj = "chat.completion" if m.chat else "text_completion"
         usage = m.usage(sum(len(t) for t in self.tokens))
         usage.setdefault("prompt_tokens_details", None)
         usage["completion_tokens_details"] = None
-        out = {"id": m.id, "object": obj, "created": m.created, "model": m.model, "choices": choices,
-               "service_tier": None, "system_fingerprint": system_fingerprint, "usage": usage}
+        out = {
+            "id": m.id,
+            "object": obj,
+            "created": m.created,
+            "model": m.model,
+            "choices": choices,
+            "service_tier": None,
+            "system_fingerprint": system_fingerprint,
+            "usage": usage,
+        }
         if m.chat:
             out.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
         out.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)

@@ -3,6 +3,7 @@
 Unknown fields are ignored, as vLLM tolerates them; wrong types are a 400 naming the
 field. ``priority`` is decoded because vLLM refuses it without priority scheduling.
 """
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -47,7 +48,7 @@ class _Common(msgspec.Struct):
     n: int | None = 1
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    seed: Annotated[int, msgspec.Meta(ge=-2**63, le=2**63 - 1)] | None = None
+    seed: Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)] | None = None
     # Features the sim does not implement: a request that needs them is refused.
     response_format: dict | None = None
 

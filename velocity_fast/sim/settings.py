@@ -3,6 +3,7 @@
 Kept free of heavy imports: ``flags.py`` reads the defaults from here when the CLI
 builds its parser.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -82,6 +83,7 @@ class SimConfig:
             raise ValueError("--max-num-batched-tokens must be >= 1")
         if self.kv_events_config:
             from .kvevents import KVEventsConfig
+
             KVEventsConfig.parse(self.kv_events_config)
 
     @classmethod

@@ -5,6 +5,7 @@ Prompts are counted and hashed from their bytes (or the tokenizer's ids); genera
 text is drawn from a fixed vocabulary of pseudo-words, so the same seed and request
 give the same text.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -44,12 +45,14 @@ VOCAB, VOCAB_BYTES = _build_vocab()
 
 #: The words loadgen writes prompts from (loadgen/workload.py), kept here so that the
 #: sim's tokenizer (``write_tokenizer``) knows every one of them.
-PROMPT_WORDS = tuple((
-    "the of and to in is was that for on are with as be at by this had not but from "
-    "or have an they which one you were all we her she there been if more when will "
-    "would who so no model token cache engine queue batch prefill decode latency "
-    "tenant band request stream router gateway scheduler throughput"
-).split())
+PROMPT_WORDS = tuple(
+    (
+        "the of and to in is was that for on are with as be at by this had not but from "
+        "or have an they which one you were all we her she there been if more when will "
+        "would who so no model token cache engine queue batch prefill decode latency "
+        "tenant band request stream router gateway scheduler throughput"
+    ).split()
+)
 
 
 def write_tokenizer(folder: str) -> str:
@@ -62,8 +65,9 @@ def write_tokenizer(folder: str) -> str:
     try:
         from tokenizers import Tokenizer, models, pre_tokenizers
     except ImportError:
-        raise ValueError("the sim's tokenizer needs the `tokenizers` package "
-                         "(pip install velocityllm[tokenizers])") from None
+        raise ValueError(
+            "the sim's tokenizer needs the `tokenizers` package (pip install velocityllm[tokenizers])"
+        ) from None
     vocab = {"[UNK]": 0, "<|im_start|>": 1, "<|im_end|>": 2}
     for w in ("system", "user", "assistant") + PROMPT_WORDS + tuple(v.strip() for v in VOCAB):
         vocab.setdefault(w, len(vocab))
@@ -92,7 +96,7 @@ def block_hashes(data: bytes, block_size: int, seed: bytes = b"") -> list[int]:
     out: list[int] = []
     parent = hash(seed)
     for i in range(0, len(data) - step + 1, step):
-        parent = hash((parent, data[i:i + step]))
+        parent = hash((parent, data[i : i + step]))
         out.append(parent)
     return out
 
@@ -153,8 +157,10 @@ def pseudo_token_ids(data: bytes) -> list[int]:
     """Token ids for ``data`` without a tokenizer: one per four bytes, from the bytes
     they stand for (stable for the same text; as many as ``count_tokens`` says)."""
     n = count_tokens(data)
-    return [int.from_bytes(data[i:i + BYTES_PER_TOKEN], "little") % 151_936
-            for i in range(0, BYTES_PER_TOKEN * n, BYTES_PER_TOKEN)]
+    return [
+        int.from_bytes(data[i : i + BYTES_PER_TOKEN], "little") % 151_936
+        for i in range(0, BYTES_PER_TOKEN * n, BYTES_PER_TOKEN)
+    ]
 
 
 def token_block_hashes(token_ids: list[int], block_size: int, seed: bytes = b"") -> list[int]:
@@ -162,7 +168,7 @@ def token_block_hashes(token_ids: list[int], block_size: int, seed: bytes = b"")
     out: list[int] = []
     parent = hash(seed)
     for i in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash((parent, tuple(token_ids[i:i + block_size])))
+        parent = hash((parent, tuple(token_ids[i : i + block_size])))
         out.append(parent)
     return out
 

@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.state.bucket (a token bucket and its three homes)."""
+
 from typing import Any
 
 SHARE_S: float

@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.state.shm (the state worker processes share in memory)."""
+
 from typing import Any
 
 class SharedState:

@@ -44,12 +44,12 @@ __all__ = ["StateStore", "StoreBucket", "check_url", "SHARE_S"]
 
 log = logging.getLogger("velocity.statestore")
 
-_TIMEOUT_S = 0.25        # a store slower than this to answer is taken for down
+_TIMEOUT_S = 0.25  # a store slower than this to answer is taken for down
 _BACKOFF_S = (0.05, 1.0)  # first and longest wait between attempts while it is down
 _KEY = "velocity:tenant:{}:{}"
-HOLD_S = 10.0      # a share not confirmed for this long is given back (a replica gone)
-_KEEP_S = 3.0      # a replica confirms the shares it holds at least this often
-_LONE_S = 0.5      # and this often where it is alone (it draws on its view of the level)
+HOLD_S = 10.0  # a share not confirmed for this long is given back (a replica gone)
+_KEEP_S = 3.0  # a replica confirms the shares it holds at least this often
+_LONE_S = 0.5  # and this often where it is alone (it draws on its view of the level)
 
 # KEYS[1]: the bucket (hash: level, stamp, and per replica "o:ID" = "held seen joined":
 # the share it held when it last said, when, and when it first did). ARGV: rate a second, capacity, units asked,
@@ -143,8 +143,14 @@ class StateStore:
         except ImportError:  # config.validate says so first; this is for direct use
             raise RuntimeError("state_store needs the redis package: pip install 'velocityllm[redis]'") from None
         self.url = url
-        self._redis = aioredis.from_url(url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S,
-                                        retry_on_timeout=False, retry=None, health_check_interval=0)
+        self._redis = aioredis.from_url(
+            url,
+            socket_timeout=_TIMEOUT_S,
+            socket_connect_timeout=_TIMEOUT_S,
+            retry_on_timeout=False,
+            retry=None,
+            health_check_interval=0,
+        )
         from redis.exceptions import NoScriptError
 
         self._noscript = NoScriptError
@@ -155,21 +161,30 @@ class StateStore:
         self.errors = 0
         self.calls = 0
         self._pending: dict[StoreBucket, None] = {}  # refills queued (ordered, unique)
-        self._owing: dict[StoreBucket, None] = {}    # settlements queued
+        self._owing: dict[StoreBucket, None] = {}  # settlements queued
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._down_logged = False
         self._flush_timer = False
         if registry is not None:
-            registry.gauge_fn("velocity_state_store_up", "1 while the state store (Redis) answers, else 0: "
-                              "tenant buckets are then local to this replica.", lambda: float(self.up),
-                              merge=MAX)
-            registry.counter_fn("velocity_state_store_errors_total", "State store calls that failed "
-                                "(unreachable, timed out, refused).", lambda: float(self.errors),
-                                merge=SUM)
-            registry.counter_fn("velocity_state_store_calls_total", "Round trips to the state store "
-                                "(each a pipeline of bucket refills and settlements).", lambda: float(self.calls),
-                                merge=SUM)
+            registry.gauge_fn(
+                "velocity_state_store_up",
+                "1 while the state store (Redis) answers, else 0: tenant buckets are then local to this replica.",
+                lambda: float(self.up),
+                merge=MAX,
+            )
+            registry.counter_fn(
+                "velocity_state_store_errors_total",
+                "State store calls that failed (unreachable, timed out, refused).",
+                lambda: float(self.errors),
+                merge=SUM,
+            )
+            registry.counter_fn(
+                "velocity_state_store_calls_total",
+                "Round trips to the state store (each a pipeline of bucket refills and settlements).",
+                lambda: float(self.calls),
+                merge=SUM,
+            )
 
     @property
     def up(self) -> bool:
@@ -333,8 +348,19 @@ class StateStore:
             self.calls += 1
         async with self._redis.pipeline(transaction=False) as pipe:
             for (b, ask, debt, _), charge in zip(sent, charges):
-                pipe.evalsha(self._sha, 1, b.key, repr(b.rate), repr(b.cap), repr(ask), repr(debt), repr(charge),
-                             self.replica, repr(max(0.0, b.held)), repr(HOLD_S))
+                pipe.evalsha(
+                    self._sha,
+                    1,
+                    b.key,
+                    repr(b.rate),
+                    repr(b.cap),
+                    repr(ask),
+                    repr(debt),
+                    repr(charge),
+                    self.replica,
+                    repr(max(0.0, b.held)),
+                    repr(HOLD_S),
+                )
             replies = await pipe.execute()
         self.calls += 1
         return replies
@@ -387,8 +413,11 @@ class StateStore:
     def _went_down(self, e: BaseException) -> None:
         self.errors += 1
         if self.up or not self._down_logged:
-            log.warning("state store %s unreachable (%s): tenant buckets are local to this replica until it "
-                        "answers", self._safe_url(), type(e).__name__ + (f": {e}" if str(e) else ""))
+            log.warning(
+                "state store %s unreachable (%s): tenant buckets are local to this replica until it answers",
+                self._safe_url(),
+                type(e).__name__ + (f": {e}" if str(e) else ""),
+            )
             self._down_logged = True
         if self.up:
             self.up = False

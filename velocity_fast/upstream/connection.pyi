@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.upstream.connection (one engine connection and its response handler)."""
+
 import asyncio
 from typing import Any
 
@@ -7,6 +8,7 @@ from velocity_fast.io.outbox import OutboxOwner
 class ResponseHandler:
     """What a callback-driven request is told (``UpstreamPool.request``): sent, head, then
     done or error. Every handler subclasses it and overrides the methods it needs."""
+
     relaying: bool
     raw_chunks: bool
     abandoned: bool
@@ -25,6 +27,7 @@ class ResponseHandler:
 
 class UpstreamConnection(OutboxOwner):
     """An asyncio Protocol for uvloop: one engine connection of an UpstreamPool."""
+
     pool: Any
     transport: Any
     status: int

@@ -7,6 +7,7 @@ def request_head(method: str, path: str, host: bytes, headers: list[tuple[str, s
 
 class UpstreamPool:
     """Idle keep-alive connections to one engine, reused most-recent first."""
+
     url: str
     host: str
     port: int
@@ -23,8 +24,15 @@ class UpstreamPool:
     async def connect(self) -> UpstreamConnection: ...
     async def open_request(self, data: bytes) -> UpstreamConnection:
         """Send a request; returns the connection once the response head arrived."""
-    async def fetch(self, method: str, path: str, *, body: bytes = b"",
-                    headers: list[tuple[str, str]] | None = None, timeout: float = 2.0) -> tuple[int, bytes]:
+    async def fetch(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes = b"",
+        headers: list[tuple[str, str]] | None = None,
+        timeout: float = 2.0,
+    ) -> tuple[int, bytes]:
         """A whole small request (health checks, scrapes, model lists): (status, body)."""
     def stats(self) -> dict[str, int]: ...
     def close(self) -> None: ...

@@ -1,5 +1,6 @@
 """routing/precise/affinity.score (precise routing's pick over known affinities) decides exactly as
 the approximate path's compiled choose_by_affinity does for the same affinities."""
+
 from __future__ import annotations
 
 import random
@@ -34,8 +35,9 @@ def test_score_agrees_with_choose_by_affinity(seed):
         gap, weight, rand = rng.choice([8.0, 2.0, 0.0]), rng.choice([0.25, 1.0]), rng.getrandbits(64)
         assert score(aff, loads, gap, weight, rand) == choose_by_affinity(index, hashes, eps, loads, gap, weight, rand)
         waits = [float(rng.choice([-1, 0, 1, 2, 5])) for _ in eps]
-        assert (score(aff, loads, gap, weight, rand, waits, 2.0)
-                == choose_by_affinity(index, hashes, eps, loads, gap, weight, rand, waits, 2.0))
+        assert score(aff, loads, gap, weight, rand, waits, 2.0) == choose_by_affinity(
+            index, hashes, eps, loads, gap, weight, rand, waits, 2.0
+        )
 
 
 def test_bad_lengths_are_an_error():

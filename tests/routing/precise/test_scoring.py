@@ -1,6 +1,7 @@
 """Precise prefix routing's decision (routing/precise/scoring.py): an endpoint whose KV-event index
 is exact is scored by what its engine holds; the approximate index stands in when the
 index is not exact or the request's tokens are not ready."""
+
 from __future__ import annotations
 
 import time
@@ -18,20 +19,22 @@ from velocity_fast.routing.router import Router
 from velocity_fast.routing.settings import RoutingSettings
 
 BS = 4
-WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma "
-         "tau upsilon phi chi psi omega system user assistant you are a helpful bot").split()
+WORDS = (
+    "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma "
+    "tau upsilon phi chi psi omega system user assistant you are a helpful bot"
+).split()
 
 
 @pytest.fixture(scope="module")
 def tokenizer_json(tmp_path_factory):
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator([" ".join(WORDS)], trainers.WordLevelTrainer(
-        special_tokens=["[UNK]", "<|im_start|>", "<|im_end|>"]))
+    tok.train_from_iterator(
+        [" ".join(WORDS)], trainers.WordLevelTrainer(special_tokens=["[UNK]", "<|im_start|>", "<|im_end|>"])
+    )
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     tok.save(str(path))
     return str(path)
-
 
 
 def chat(*turns):
@@ -49,7 +52,7 @@ def engine_holds(index: BlockIndex, key: str, ids: list[int]) -> None:
     """The engine of ``key`` cached the full blocks of ``ids`` (as its KV events say)."""
     n = len(ids) // BS
     index.set_state(key, EXACT)
-    index.apply(key, [Stored([f"{key}-{i}" for i in range(n)], None, ids[:n * BS], BS, None, "GPU", None, None)])
+    index.apply(key, [Stored([f"{key}-{i}" for i in range(n)], None, ids[: n * BS], BS, None, "GPU", None, None)])
 
 
 def wait_ready(info, timeout=5.0):
@@ -72,6 +75,7 @@ def setup(tokenizer_json):
         precise = PrecisePrefix(s, index, registry=reg, block_size=lambda model: BS)
         made.append(precise)
         return Router(s, registry=reg, precise=precise), index, precise, reg
+
     yield build
     for p in made:
         p.close()
@@ -129,7 +133,7 @@ def test_a_prefix_no_engine_holds_goes_to_the_emptiest_cache_among_the_least_loa
     pool = make_pool(3)
     e0, e1, e2 = pool.endpoints
     engine_holds(index, "e0", messages_ids(tokenizer_json, chat(SYSTEM, "alpha beta gamma")))
-    engine_holds(index, "e1", [])           # restarted: exact and empty
+    engine_holds(index, "e1", [])  # restarted: exact and empty
     index.stats("e2").state = "approximate"  # unknown: counts as full
     cold = chat("omega psi chi phi upsilon tau sigma rho pi omicron xi nu mu", "kappa iota")
     info = r.route_info("m", cold, {})
@@ -155,7 +159,7 @@ def test_prefixes_no_engine_holds_spread_over_full_caches_that_differ_by_a_few_b
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota"]
     for k, ep in enumerate(pool.endpoints):
         ids = messages_ids(tokenizer_json, chat(SYSTEM, " ".join(words[k:] + words[:k]) * 3))
-        engine_holds(index, ep.name, ids[:len(ids) - k * BS])   # 0, 1 and 2 blocks fewer
+        engine_holds(index, ep.name, ids[: len(ids) - k * BS])  # 0, 1 and 2 blocks fewer
     cap = index.size("e0")
     for ep in pool.endpoints:
         ep.num_gpu_blocks = cap
@@ -163,7 +167,7 @@ def test_prefixes_no_engine_holds_spread_over_full_caches_that_differ_by_a_few_b
     info = r.route_info("m", cold, {})
     wait_ready(info)
     assert {r.pick(pool, info).name for _ in range(60)} == {"e0", "e1", "e2"}
-    pool.endpoints[1].num_gpu_blocks = cap * 4                       # room for it: no eviction
+    pool.endpoints[1].num_gpu_blocks = cap * 4  # room for it: no eviction
     assert {r.pick(pool, info).name for _ in range(20)} == {"e1"}
 
 
@@ -181,7 +185,7 @@ def test_a_full_cache_holding_part_of_a_prompt_yields_it_to_an_emptied_engine(se
     half = ids[: (len(ids) // BS // 2) * BS]
     engine_holds(index, "e0", half)
     engine_holds(index, "e1", [])
-    e0.num_gpu_blocks = index.size("e0")   # full
+    e0.num_gpu_blocks = index.size("e0")  # full
     e1.num_gpu_blocks = index.size("e0")
     info = r.route_info("m", body, {})
     wait_ready(info)
@@ -208,7 +212,7 @@ def test_a_prompt_sent_counts_as_on_its_way_until_its_engine_reports_it(setup, t
     wait_ready(info)
     n = len(info.precise.chain)
     for ep in pool.endpoints:
-        ep.num_gpu_blocks = n + 1   # room for one such prompt each, and a block
+        ep.num_gpu_blocks = n + 1  # room for one such prompt each, and a block
     # Not sent: picks alone change nothing, the three engines stay equal.
     assert len({r.pick(pool, info).name for _ in range(30)}) > 1
     assert precise.stats()["on_way"] == {}
@@ -239,13 +243,13 @@ def test_a_prompt_sent_counts_as_on_its_way_until_its_engine_reports_it(setup, t
 def engine_also_holds(index: BlockIndex, key: str, ids: list[int], tag: str) -> None:
     """More blocks in the engine's cache (another tenant's), beside what it holds."""
     n = len(ids) // BS
-    index.apply(key, [Stored([f"{key}-{tag}-{i}" for i in range(n)], None, ids[:n * BS], BS, None, "GPU", None,
-                             None)])
+    index.apply(key, [Stored([f"{key}-{tag}-{i}" for i in range(n)], None, ids[: n * BS], BS, None, "GPU", None, None)])
 
 
 @pytest.mark.parametrize("kept, expect", [(0.7, "e1"), (0.95, "e0")])
 def test_a_full_cache_that_would_evict_for_the_rest_of_a_prompt_yields_it_to_one_with_room(
-        setup, tokenizer_json, kept, expect):
+    setup, tokenizer_json, kept, expect
+):
     """e0's cache is full and kept part of the prompt; e1 is a third full of another
     tenant's blocks. Prefilling the rest on e0 would push out other blocks, which counts
     against it: at 70 % kept, e1 (room for all of it) takes the prompt, where the match
@@ -257,11 +261,11 @@ def test_a_full_cache_that_would_evict_for_the_rest_of_a_prompt_yields_it_to_one
     ids = messages_ids(tokenizer_json, body)
     n = len(ids) // BS
     k = round(n * kept)
-    engine_holds(index, "e0", ids[:k * BS])
+    engine_holds(index, "e0", ids[: k * BS])
     engine_also_holds(index, "e0", list(range(1000, 1000 + 2 * n * BS)), "other")
     engine_holds(index, "e1", [])
     engine_also_holds(index, "e1", list(range(5000, 5000 + n * BS)), "other")
-    e0.num_gpu_blocks = e1.num_gpu_blocks = index.size("e0")   # e0 full
+    e0.num_gpu_blocks = e1.num_gpu_blocks = index.size("e0")  # e0 full
     info = r.route_info("m", body, {})
     wait_ready(info)
     assert abs(1 - index.size("e1") / e1.num_gpu_blocks - 0.63) < 0.05
@@ -333,15 +337,17 @@ def test_a_next_turn_is_precise_at_once_and_tokenizes_only_its_new_messages(setu
     # Ready on the event loop: the leading messages' blocks from the cache ...
     assert info2.precise.chain is not None
     whole2 = chain_hashes(messages_ids(tokenizer_json, turn2), BS)
-    assert whole2[:len(info2.precise.chain)] == info2.precise.chain and len(info2.precise.chain) > 0
+    assert whole2[: len(info2.precise.chain)] == info2.precise.chain and len(info2.precise.chain) > 0
     wait_until = time.monotonic() + 5
     while info2.precise.chain != whole2 and time.monotonic() < wait_until:
         time.sleep(0.005)
     # ... then the whole prompt's, tokenizing only the two new messages.
     assert info2.precise.chain == whole2
     tok = Tokenizer.from_file(tokenizer_json)
-    new = sum(len(tok.encode(f"<|im_start|>{r_}\n{c}<|im_end|>\n", add_special_tokens=False).ids)
-              for r_, c in [("assistant", "nu xi"), ("user", "omicron pi rho")])
+    new = sum(
+        len(tok.encode(f"<|im_start|>{r_}\n{c}<|im_end|>\n", add_special_tokens=False).ids)
+        for r_, c in [("assistant", "nu xi"), ("user", "omicron pi rho")]
+    )
     assert tokens() - before == new
     # The same prompt again is a whole hit: nothing to tokenize.
     info3 = r.route_info("m", turn2, {})
@@ -350,8 +356,13 @@ def test_a_next_turn_is_precise_at_once_and_tokenizes_only_its_new_messages(setu
 
 
 def test_approximate_and_off_pools_have_no_token_side(setup, tokenizer_json):
-    s = RoutingSettings(seed=1, default_profile="chat", prefix_modes={"a": "approximate", "o": "off"},
-                        prefix="precise", tokenizer=tokenizer_json)
+    s = RoutingSettings(
+        seed=1,
+        default_profile="chat",
+        prefix_modes={"a": "approximate", "o": "off"},
+        prefix="precise",
+        tokenizer=tokenizer_json,
+    )
     precise = PrecisePrefix(s, BlockIndex(), block_size=lambda m: BS)
     try:
         r = Router(s, registry=Registry(), precise=precise)
@@ -387,7 +398,7 @@ def test_a_shared_prefix_inside_one_message_is_matched_at_once(setup, tokenizer_
     got = info.precise.chain
     whole = chain_hashes(messages_ids(tokenizer_json, second), BS)
     context_blocks = len(messages_ids(tokenizer_json, {"messages": [{"role": "user", "content": context}]})) // BS
-    assert got is not None and whole[:len(got)] == got
+    assert got is not None and whole[: len(got)] == got
     assert len(got) >= context_blocks - 4, (len(got), context_blocks)  # a byte block and the margin
     assert 'result="prefix"} 1' in reg.render().decode()
 
@@ -399,7 +410,7 @@ def test_completions_prompts_share_prefixes_too(setup, tokenizer_json):
     info = r.route_info("m", {"prompt": context + " omega"}, {})
     tok = Tokenizer.from_file(tokenizer_json)
     whole = chain_hashes(tok.encode(context + " omega").ids, BS)
-    assert info.precise.chain is not None and whole[:len(info.precise.chain)] == info.precise.chain
+    assert info.precise.chain is not None and whole[: len(info.precise.chain)] == info.precise.chain
     assert len(info.precise.chain) >= len(tok.encode(context).ids) // BS - 4
     wait_ready(info)
     deadline = time.monotonic() + 5
@@ -439,10 +450,10 @@ def test_a_group_tokenized_twice_at_once_keeps_its_prefix_for_the_next_request(s
     # the message boundary and the start of the user's question (common to all three).
     head = len(b"\x1esystem\x1f")
     content = " ".join(WORDS * 4)
-    content = content[:64 * 4 - 6 - head].rstrip() + " "
+    content = content[: 64 * 4 - 6 - head].rstrip() + " "
     content += "x" * (64 * 4 - 6 - head - len(content))
     jobs = []
-    precise.tokens._submit = jobs.append   # hold the tokenizer's jobs, then run them in order
+    precise.tokens._submit = jobs.append  # hold the tokenizer's jobs, then run them in order
     a = r.route_info("m", chat(content, "tau upsilon phi chi"), {})
     b = r.route_info("m", chat(content, "tau upsilon psi omega"), {})
     assert a.precise.chain is None and b.precise.chain is None and len(jobs) == 2
@@ -453,4 +464,4 @@ def test_a_group_tokenized_twice_at_once_keeps_its_prefix_for_the_next_request(s
     system_blocks = len(messages_ids(tokenizer_json, chat(content))) // BS - 1
     assert c.precise.chain is not None and len(c.precise.chain) >= system_blocks
     whole = chain_hashes(messages_ids(tokenizer_json, chat(content, "tau upsilon alpha beta")), BS)
-    assert whole[:len(c.precise.chain)] == c.precise.chain
+    assert whole[: len(c.precise.chain)] == c.precise.chain

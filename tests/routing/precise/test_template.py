@@ -1,6 +1,7 @@
 """The chat template and tokenizer loading that precise routing and the sim engine share
 (routing/precise/template.py): one rendering, so the gateway's token blocks are the
 engine's, and one loader, whose refusals say who needs the tokenizer and why."""
+
 from __future__ import annotations
 
 import json
@@ -25,14 +26,21 @@ def tokenizer_json(tmp_path):
 
 def test_the_template_is_chatml_with_the_assistants_opening():
     text = chat_template([("system", "be brief"), ("user", "hi")])
-    assert text == ("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
-                    "<|im_start|>assistant\n")
+    assert text == ("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_only_text_parts_of_a_content_list_count():
-    msgs = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}},
-                                         {"type": "text", "text": "b"}]},
-            {"role": "assistant", "content": None}]
+    msgs = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "a"},
+                {"type": "image_url", "image_url": {}},
+                {"type": "text", "text": "b"},
+            ],
+        },
+        {"role": "assistant", "content": None},
+    ]
     assert message_texts(msgs) == [("user", "ab"), ("assistant", "")]
 
 
@@ -52,31 +60,38 @@ def test_a_missing_or_broken_tokenizer_is_refused_naming_who_needs_it(tmp_path):
         TextTokenizer(str(tmp_path))
 
 
-LLAMA3 = ("{{ bos_token }}{% for m in messages %}"
-          "{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}"
-          "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
-          "{% endif %}")
+LLAMA3 = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{% endif %}"
+)
 
 
 def test_a_models_own_template_is_rendered_as_vllm_renders_it(tmp_path):
     # chat_template.jinja first (what transformers saves), with the special tokens of
     # tokenizer_config.json; the rendering a non-ChatML model's engine tokenizes.
     (tmp_path / "chat_template.jinja").write_text(LLAMA3)
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": {"content": "<|begin_of_text|>"},
-                                                                 "chat_template": "ignored: the .jinja wins"}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": {"content": "<|begin_of_text|>"}, "chat_template": "ignored: the .jinja wins"})
+    )
     r = load_renderer(str(tmp_path))
     texts = [("system", "be brief "), ("user", "hi")]
-    assert r.render(texts) == ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nbe brief<|eot_id|>"
-                               "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
-                               "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert r.render(texts) == (
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nbe brief<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
     assert r.stable and not r.chatml
     assert "".join(r.pieces(texts)) + r.gen == r.render(texts)
     assert r.pieces(texts)[0].startswith("<|begin_of_text|>")
 
 
 def test_tokenizer_configs_template_and_chatml_without_one(tmp_path):
-    cfg = {"chat_template": [{"name": "tool_use", "template": "x"}, {"name": "default", "template": LLAMA3}],
-           "bos_token": "<s>"}
+    cfg = {
+        "chat_template": [{"name": "tool_use", "template": "x"}, {"name": "default", "template": LLAMA3}],
+        "bos_token": "<s>",
+    }
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
     assert load_renderer(str(tmp_path / "tokenizer.json")).render([("user", "hi")]).startswith("<s><|start_header_id|>")
     bare = tmp_path / "bare"

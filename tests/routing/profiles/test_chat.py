@@ -2,6 +2,7 @@
 prefix's share of a pool's recent requests (the hot-spot guard's gate), and the engine
 queues the guard reads. Its picks through the router (prefix affinity, sessions, the
 guard) are tested in tests/routing/test_router.py and tests/routing/test_session_affinity.py."""
+
 from __future__ import annotations
 
 import time
@@ -22,7 +23,7 @@ def chain(tag: int, n: int = 40) -> BlockHashes:
 def test_share_is_the_prefix_part_of_recent_requests_keyed_at_the_demand_depth():
     d = PrefixDemand()
     for i in range(30):
-        d.share(chain(1 + i % 3))                   # three prefixes, a third each
+        d.share(chain(1 + i % 3))  # three prefixes, a third each
     assert d.share(chain(1)) == pytest.approx(11 / 31, rel=1e-3)
     # the same first DEMAND_DEPTH blocks, another tail: the same prefix
     tail = BlockHashes.of(chain(1).tolist()[:DEMAND_DEPTH] + [99, 98, 97])
@@ -36,7 +37,7 @@ def test_the_table_stays_bounded_under_ever_new_prefixes():
     d = PrefixDemand()
     for i in range(3 * DEMAND_KEYS):
         d.share(chain(i, 2))
-    hot = chain(10 ** 9, 2)
+    hot = chain(10**9, 2)
     for _ in range(50):
         d.share(hot)
     assert len(d) <= DEMAND_KEYS
@@ -52,10 +53,10 @@ def test_an_engine_seen_full_is_hot_by_what_this_gateway_sent_beyond_it():
     e = make_pool(4).endpoints
     for ep in e[:3]:
         scrape(ep)
-    e[0].inflight = 20                          # never seen full: its own queue (0) alone
+    e[0].inflight = 20  # never seen full: its own queue (0) alone
     e[1].running_cap, e[1].inflight = 12.0, 15  # 3 sent beyond what it runs at once
     e[2].running_cap, e[2].inflight = 12.0, 10  # room left: its gauge (0)
-    scrape(e[3], at=time.monotonic() - 60)      # stale gauges: the gap decides
+    scrape(e[3], at=time.monotonic() - 60)  # stale gauges: the gap decides
     assert engine_queues(e, 2.0) == [0.0, 3.0, 0.0, -1.0]
     scrape(e[0], waiting=4)
     assert engine_queues(e, 2.0)[0] == 4.0

@@ -6,6 +6,7 @@ hides any real NVML (``pynvml``), and returns a FakeMachine whose ``launches()``
 each fake ``vllm serve`` was started with. ``machine_env`` builds the same environment as
 a dict for a subprocess.
 """
+
 from __future__ import annotations
 
 import glob

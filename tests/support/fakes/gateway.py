@@ -6,6 +6,7 @@ an exception (``--then fail``: the try/finally of ``async with`` must stop the e
 Run as ``python -m tests.support.fakes.gateway --model-path M --base-port P --then serve``
 with the environment of ``machine_env``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,7 @@ from velocity_fast.engines.supervisor import EngineSupervisor
 async def main(ns: argparse.Namespace) -> int:
     detection = await detect_gpus_async()
     model = resolve_model(ns.model_path, interactive=False)
-    plan = plan_engines(detection.gpus, model, base_port=ns.base_port, log_dir=ns.log_dir,
-                        tensor_parallel_size=ns.tp)
+    plan = plan_engines(detection.gpus, model, base_port=ns.base_port, log_dir=ns.log_dir, tensor_parallel_size=ns.tp)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     async with EngineSupervisor(plan.specs, stop_grace=5.0) as sup:

@@ -12,6 +12,7 @@ replay socket on a loopback port). Its output
 goes to a log file, shown when it fails to start. Stopped with SIGTERM, then SIGKILL, as
 a process group (vLLM starts an engine-core child).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,8 +38,14 @@ MAX_NUM_SEQS = 16
 MAX_MODEL_LEN = 4096
 # The settings that run vLLM's CPU build on a small shared machine: no thread pinning, one
 # OpenMP thread, 1 GiB of KV cache (8192 blocks of 128 tokens for the tiny model).
-ENGINE_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-              "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+ENGINE_ENV = {
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+}
 START_TIMEOUT_S = 240.0
 
 
@@ -66,8 +73,9 @@ def build_models(py: Path) -> dict[str, str]:
 class VllmEngine:
     """One vLLM CPU engine on 127.0.0.1: HTTP, KV event and replay ports of its own."""
 
-    def __init__(self, py: Path, model_dir: str, name: str, served: str, log_dir: Path,
-                 buffer_steps: int | None = None) -> None:
+    def __init__(
+        self, py: Path, model_dir: str, name: str, served: str, log_dir: Path, buffer_steps: int | None = None
+    ) -> None:
         self.name = name
         self.model = served
         self.model_dir = model_dir
@@ -78,15 +86,38 @@ class VllmEngine:
         # always bound: a loopback port.
         self.pub = f"ipc://{log_dir}/{name}.kv"
         self.replay = f"tcp://127.0.0.1:{replay}"
-        kv = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": self.pub,
-              "replay_endpoint": self.replay, "topic": "kv"}
+        kv = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": self.pub,
+            "replay_endpoint": self.replay,
+            "topic": "kv",
+        }
         if buffer_steps is not None:
             kv["buffer_steps"] = buffer_steps
-        self.argv = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-                     "--served-model-name", served, "--host", "127.0.0.1", "--port", str(self.port),
-                     "--enforce-eager", "--dtype", "bfloat16", "--max-num-seqs", str(MAX_NUM_SEQS),
-                     "--max-model-len", str(MAX_MODEL_LEN), "--enable-prefix-caching",
-                     "--kv-events-config", json.dumps(kv)]
+        self.argv = [
+            str(py),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model_dir,
+            "--served-model-name",
+            served,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--enforce-eager",
+            "--dtype",
+            "bfloat16",
+            "--max-num-seqs",
+            str(MAX_NUM_SEQS),
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--enable-prefix-caching",
+            "--kv-events-config",
+            json.dumps(kv),
+        ]
         self.log = log_dir / f"{name}.log"
         self.proc: subprocess.Popen | None = None
 
@@ -120,8 +151,13 @@ class VllmEngine:
         """One request of a few dozen tokens first: vLLM 0.32's CPU worker dies of SIGILL
         when the first batch it ever runs is a prompt of two or three tokens (a warmed-up
         engine runs such prompts fine)."""
-        body = json.dumps({"model": self.model, "max_tokens": 2,
-                           "prompt": "the gateway keeps work until an engine has room for it, " * 3}).encode()
+        body = json.dumps(
+            {
+                "model": self.model,
+                "max_tokens": 2,
+                "prompt": "the gateway keeps work until an engine has room for it, " * 3,
+            }
+        ).encode()
         req = urllib.request.Request(self.url + "/v1/completions", body, {"content-type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:
             assert r.status == 200
@@ -152,8 +188,9 @@ class VllmEngine:
 class EnginePair:
     """Two engines of one model, started in parallel; ``stop()`` ends both."""
 
-    def __init__(self, py: Path, model_dir: str, served: str, log_dir: Path, prefix: str = "e",
-                 buffer_steps: int | None = None) -> None:
+    def __init__(
+        self, py: Path, model_dir: str, served: str, log_dir: Path, prefix: str = "e", buffer_steps: int | None = None
+    ) -> None:
         self.model = served
         self.model_dir = model_dir
         self.engines = [VllmEngine(py, model_dir, f"{prefix}{i}", served, log_dir, buffer_steps) for i in (1, 2)]

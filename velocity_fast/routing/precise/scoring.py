@@ -15,6 +15,7 @@ request, by the engines' own KV events (docs/kv-events.md, "Precise routing in t
 - ``dispatched`` and ``forget``: prompts sent to an engine count as held there until its
   events report them.
 """
+
 from __future__ import annotations
 
 import time
@@ -68,20 +69,36 @@ def _common(a: list[int], b: list[int]) -> int:
 class PrecisePrefix:
     """The token side of precise pools (``tokens``) and their scoring; see the module doc."""
 
-    def __init__(self, settings: RoutingSettings, index: BlockIndex, *, registry: Registry | None = None,
-                 block_size: Callable[[str], int] | None = None) -> None:
+    def __init__(
+        self,
+        settings: RoutingSettings,
+        index: BlockIndex,
+        *,
+        registry: Registry | None = None,
+        block_size: Callable[[str], int] | None = None,
+    ) -> None:
         self.index = index
         reg = registry if registry is not None else Registry()
         self.tokens = TokenSide(settings, registry=reg, block_size=block_size)
         self._settings = settings
-        self._picks = adopt(reg, "counter", "velocity_prefix_precise_picks_total",
-                            "Chat-profile picks in precise pools, by how they were scored: precise (the "
-                            "engines' KV events), not_ready (tokens not ready: approximate), not_exact (no "
-                            "candidate's index exact: approximate).", ("model", "how"), merge=SUM)
+        self._picks = adopt(
+            reg,
+            "counter",
+            "velocity_prefix_precise_picks_total",
+            "Chat-profile picks in precise pools, by how they were scored: precise (the "
+            "engines' KV events), not_ready (tokens not ready: approximate), not_exact (no "
+            "candidate's index exact: approximate).",
+            ("model", "how"),
+            merge=SUM,
+        )
         share = self.precise_share
         if reg.get("velocity_prefix_precise_share") is None:
-            reg.gauge_fn("velocity_prefix_precise_share", "Share of chat-profile picks in precise pools that "
-                         "were scored by the engines' KV events.", share, merge=MEAN)  # of each worker's own picks
+            reg.gauge_fn(
+                "velocity_prefix_precise_share",
+                "Share of chat-profile picks in precise pools that were scored by the engines' KV events.",
+                share,
+                merge=MEAN,
+            )  # of each worker's own picks
         else:
             reg.get("velocity_prefix_precise_share").fn = share
         self._pick_children: dict[tuple[str, str], Any] = {}
@@ -105,8 +122,17 @@ class PrecisePrefix:
         approximately)."""
         self.tokens.close()
 
-    def choose(self, req: PreciseRequest, cands: list, loads: list, info: Any, state: Any,
-               rand: int, waits: list | None = None, hotspot_waiting: float | None = None) -> tuple[int, str]:
+    def choose(
+        self,
+        req: PreciseRequest,
+        cands: list,
+        loads: list,
+        info: Any,
+        state: Any,
+        rand: int,
+        waits: list | None = None,
+        hotspot_waiting: float | None = None,
+    ) -> tuple[int, str]:
         """(position in cands, basis), as ``choose_by_affinity``; endpoints whose KV index
         is exact score the engine's own blocks, the others the approximate index. ``waits``
         and ``hotspot_waiting`` are the hot-spot guard's (the settings' by default)."""
@@ -115,15 +141,16 @@ class PrecisePrefix:
         chain = req.chain
         if chain is None:
             self._count(info.model, "not_ready")
-            return choose_by_affinity(state.index, info.hashes, cands, loads, s.hotspot_gap, s.load_weight, rand,
-                                      waits, hw)
+            return choose_by_affinity(
+                state.index, info.hashes, cands, loads, s.hotspot_gap, s.load_weight, rand, waits, hw
+            )
         index = self.index
         bs = req.block_size
         n = len(chain)
         now = time.monotonic()
         aff: list[float] = []
-        free: list[float] = []   # the share of each engine's cache its events leave free; 0 unknown
-        need: list[float] = []   # blocks the prompt would evict there, cold; inf where not exact
+        free: list[float] = []  # the share of each engine's cache its events leave free; 0 unknown
+        need: list[float] = []  # blocks the prompt would evict there, cold; inf where not exact
         evict: list[float] = []  # the share of the prompt whose prefill there evicts others' blocks
         approx = None
         used = False
@@ -152,8 +179,9 @@ class PrecisePrefix:
             aff.append(approx[slot] / info.nblocks if 0 <= slot < len(approx) else 0.0)
         if not used:
             self._count(info.model, "not_exact")
-            return choose_by_affinity(state.index, info.hashes, cands, loads, s.hotspot_gap, s.load_weight, rand,
-                                      waits, hw)
+            return choose_by_affinity(
+                state.index, info.hashes, cands, loads, s.hotspot_gap, s.load_weight, rand, waits, hw
+            )
         self._count(info.model, "precise")
         if max(aff) == 0.0:
             # No engine holds the prefix or has it on its way, as the events tell. Requests
@@ -237,8 +265,11 @@ class PrecisePrefix:
         return precise / total if total else 0.0
 
     def stats(self) -> dict:
-        return {"share": round(self.precise_share(), 4), "pools": pool_stats(self.tokens.pools),
-                "on_way": {name: p.blocks for name, p in self._placed.items() if p.blocks}}
+        return {
+            "share": round(self.precise_share(), 4),
+            "pools": pool_stats(self.tokens.pools),
+            "on_way": {name: p.blocks for name, p in self._placed.items() if p.blocks},
+        }
 
 
 INF = float("inf")
@@ -260,4 +291,3 @@ def _place_cold(need: list[float], loads: list, rand: int, slack: float) -> int:
             least = x
     best = [i for i, x in enumerate(need) if loads[i] <= low + 1e-9 and x <= least + slack]
     return best[rand % len(best)]
-

@@ -8,6 +8,7 @@ jinja2 (``load_renderer``), so that the gateway's token blocks are the engine's.
     r = load_renderer("/models/my-model")     # a ChatRenderer: the model's template, else ChatML
     r.render(texts), r.pieces(texts), r.gen
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,17 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["chat_template", "chatml_one", "GEN_PROMPT", "get", "message_texts", "load_tokenizer", "ChatRenderer",
-           "load_renderer", "find_template"]
+__all__ = [
+    "chat_template",
+    "chatml_one",
+    "GEN_PROMPT",
+    "get",
+    "message_texts",
+    "load_tokenizer",
+    "ChatRenderer",
+    "load_renderer",
+    "find_template",
+]
 
 #: The assistant's opening, after the messages (``add_generation_prompt``).
 GEN_PROMPT = "<|im_start|>assistant\n"
@@ -66,8 +76,7 @@ def load_tokenizer(path: str, who: str = "precise prefix routing"):
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise ValueError(f"{who} needs the `tokenizers` package "
-                         "(pip install velocityllm[tokenizers])") from None
+        raise ValueError(f"{who} needs the `tokenizers` package (pip install velocityllm[tokenizers])") from None
     file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     try:
         return Tokenizer.from_file(file)
@@ -97,14 +106,18 @@ class ChatRenderer:
         except Exception as e:
             raise ValueError(f"chat template of {source}: cannot render a conversation: {e}") from None
         self.stable = all(b.startswith(a) for a, b in zip(prefixes, prefixes[1:])) and whole.startswith(prefixes[-1])
-        self.gen = whole[len(prefixes[-1]):] if self.stable else ""
+        self.gen = whole[len(prefixes[-1]) :] if self.stable else ""
         self.chatml = whole == chat_template(probe)
 
     def _render(self, texts: list[tuple[str, str]], gen: bool) -> str:
         if self._tmpl is None:
             return "".join(chatml_one(r, t) for r, t in texts) + (GEN_PROMPT if gen else "")
-        return self._tmpl.render(messages=[{"role": r, "content": t} for r, t in texts],
-                                 add_generation_prompt=gen, tools=None, **self._tokens)
+        return self._tmpl.render(
+            messages=[{"role": r, "content": t} for r, t in texts],
+            add_generation_prompt=gen,
+            tools=None,
+            **self._tokens,
+        )
 
     def render(self, texts: list[tuple[str, str]]) -> str:
         """The prompt vLLM renders for these messages (``add_generation_prompt``)."""
@@ -160,8 +173,10 @@ def load_renderer(path: str, who: str = "precise prefix routing") -> ChatRendere
     try:
         import jinja2  # noqa: F401
     except ImportError:
-        raise ValueError(f"{who}: {source} is a jinja2 template, and rendering it needs the `jinja2` "
-                         "package (pip install velocityllm[tokenizers])") from None
+        raise ValueError(
+            f"{who}: {source} is a jinja2 template, and rendering it needs the `jinja2` "
+            "package (pip install velocityllm[tokenizers])"
+        ) from None
     return ChatRenderer(template, tokens, source)
 
 

@@ -23,6 +23,7 @@ a conversation as its leading messages' rendering and more, and the per-message 
 are the whole prompt's (the markers are special tokens), which a probe checks once per
 tokenizer (otherwise each prompt is tokenized whole and cached whole).
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,7 +43,7 @@ __all__ = ["TokenSide", "PreciseRequest", "DEFAULT_BLOCK_SIZE", "MAX_PENDING", "
 
 log = logging.getLogger("velocity.precise")
 
-_MSG = b"\x1e"          # the message separator of routing/prefix_render.py
+_MSG = b"\x1e"  # the message separator of routing/prefix_render.py
 _STOP = object()
 #: Bytes before a byte block's end within which a token is not taken as decided (a word
 #: cut by the block's end could tokenize otherwise once the rest of it comes).
@@ -69,16 +70,24 @@ class _Entry:
     __slots__ = ("chain", "rest", "full")
 
     def __init__(self, chain: list[int] | None, rest: tuple, full: list[int]) -> None:
-        self.chain = chain   # blocks of the messages up to here (None: not split by message)
-        self.rest = rest     # their tokens after the last full block
-        self.full = full     # blocks of the prompt that ends here (with the assistant's opening)
+        self.chain = chain  # blocks of the messages up to here (None: not split by message)
+        self.rest = rest  # their tokens after the last full block
+        self.full = full  # blocks of the prompt that ends here (with the assistant's opening)
 
 
 class _PoolTokens:
     """One precise pool's tokenizer, block size and caches (see the module doc)."""
 
-    def __init__(self, model: str, tokenizer: Any, split_ok: bool, gen_ids: tuple, capacity: int,
-                 block_size: int, renderer: ChatRenderer | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        tokenizer: Any,
+        split_ok: bool,
+        gen_ids: tuple,
+        capacity: int,
+        block_size: int,
+        renderer: ChatRenderer | None = None,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.renderer = renderer if renderer is not None else ChatRenderer()
@@ -129,29 +138,47 @@ def _split_ok(tok: Any, renderer: ChatRenderer) -> bool:
     return whole == parts
 
 
-
 class TokenSide:
     """The token side of precise pools (see the module doc): their tokenizers, caches and
     the thread that tokenizes."""
 
-    def __init__(self, settings: RoutingSettings, *, registry: Registry | None = None,
-                 block_size: Callable[[str], int] | None = None) -> None:
+    def __init__(
+        self,
+        settings: RoutingSettings,
+        *,
+        registry: Registry | None = None,
+        block_size: Callable[[str], int] | None = None,
+    ) -> None:
         self.settings = settings
         self._block_size = block_size or (lambda model: DEFAULT_BLOCK_SIZE)
-        self._tokenizers: dict[str, Any] = {}   # path -> (Tokenizer, split_ok, gen ids, renderer)
+        self._tokenizers: dict[str, Any] = {}  # path -> (Tokenizer, split_ok, gen ids, renderer)
         self.pools: dict[str, _PoolTokens | None] = {}
         for path in {settings.tokenizer, *settings.tokenizers.values()} - {None}:
             self._load(path)
         reg = registry if registry is not None else Registry()
-        self._lookups = adopt(reg, "counter", "velocity_prefix_token_cache_total",
-                              "Token-cache look-ups of precise pools: hit (the whole prompt), prefix (its "
-                              "leading messages), miss.", ("result",), merge=SUM)
-        self._jobs = adopt(reg, "counter", "velocity_prefix_tokenize_total",
-                           "Prompts handed to the tokenizer thread: done, dropped (queue full), failed.",
-                           ("result",), merge=SUM)
-        self._tokens = adopt(reg, "counter", "velocity_prefix_tokenized_tokens_total",
-                             "Tokens the tokenizer thread produced (a next turn counts only its new messages).",
-                             merge=SUM)
+        self._lookups = adopt(
+            reg,
+            "counter",
+            "velocity_prefix_token_cache_total",
+            "Token-cache look-ups of precise pools: hit (the whole prompt), prefix (its leading messages), miss.",
+            ("result",),
+            merge=SUM,
+        )
+        self._jobs = adopt(
+            reg,
+            "counter",
+            "velocity_prefix_tokenize_total",
+            "Prompts handed to the tokenizer thread: done, dropped (queue full), failed.",
+            ("result",),
+            merge=SUM,
+        )
+        self._tokens = adopt(
+            reg,
+            "counter",
+            "velocity_prefix_tokenized_tokens_total",
+            "Tokens the tokenizer thread produced (a next turn counts only its new messages).",
+            merge=SUM,
+        )
         self._hit = self._lookups.labels("hit")
         self._prefix_hit = self._lookups.labels("prefix")
         self._miss = self._lookups.labels("miss")
@@ -164,8 +191,12 @@ class TokenSide:
         if got is None:
             tok = load_tokenizer(path)
             renderer = load_renderer(path)
-            got = self._tokenizers[path] = (tok, _split_ok(tok, renderer),
-                                            tuple(tok.encode(renderer.gen, add_special_tokens=False).ids), renderer)
+            got = self._tokenizers[path] = (
+                tok,
+                _split_ok(tok, renderer),
+                tuple(tok.encode(renderer.gen, add_special_tokens=False).ids),
+                renderer,
+            )
         return got
 
     def close(self) -> None:
@@ -181,14 +212,26 @@ class TokenSide:
             pool = None
         else:
             tok, split_ok, gen, renderer = self._load(path)
-            pool = _PoolTokens(model, tok, split_ok, gen, self.settings.token_cache_entries,
-                               self._block_size(model) or DEFAULT_BLOCK_SIZE, renderer)
-            pool.chat_ok = renderer.source != "ChatML" or all(tok.token_to_id(t) is not None
-                                                              for t in ("<|im_start|>", "<|im_end|>"))
+            pool = _PoolTokens(
+                model,
+                tok,
+                split_ok,
+                gen,
+                self.settings.token_cache_entries,
+                self._block_size(model) or DEFAULT_BLOCK_SIZE,
+                renderer,
+            )
+            pool.chat_ok = renderer.source != "ChatML" or all(
+                tok.token_to_id(t) is not None for t in ("<|im_start|>", "<|im_end|>")
+            )
             if not pool.chat_ok:
-                log.warning("precise prefix routing, model %s: no chat template beside its tokenizer (%s) and no "
-                            "ChatML markers in it, so chat prompts cannot be rendered as the engine renders them: "
-                            "chat requests are routed approximately, completions precisely", model, path)
+                log.warning(
+                    "precise prefix routing, model %s: no chat template beside its tokenizer (%s) and no "
+                    "ChatML markers in it, so chat prompts cannot be rendered as the engine renders them: "
+                    "chat requests are routed approximately, completions precisely",
+                    model,
+                    path,
+                )
         self.pools[model] = pool
         return pool
 
@@ -214,7 +257,7 @@ class TokenSide:
             data = bytes(data)
         hashes = info.hashes
         n = len(hashes)  # a precise pool's chain is not thinned: n byte blocks
-        wkey = hash((hashes[n - 1] if n else pool.seed, data[n * hashes.block_bytes:]))
+        wkey = hash((hashes[n - 1] if n else pool.seed, data[n * hashes.block_bytes :]))
         full = pool.whole.get(wkey)
         if full is not None:
             req.chain = full
@@ -224,7 +267,7 @@ class TokenSide:
         lo = leading_in(blocks, hashes)  # (it caches runs of leading byte blocks: whole from the root)
         got = blocks.get(hashes[lo - 1]) if lo else None
         if got is not None and got[1]:
-            req.chain = got[0][:got[1]]  # the leading part now; the thread adds the rest
+            req.chain = got[0][: got[1]]  # the leading part now; the thread adds the rest
             self._prefix_hit.inc()
         else:
             self._miss.inc()
@@ -251,8 +294,9 @@ class TokenSide:
             else:
                 self._jobs.labels("done").inc()
 
-    def _tokenize(self, req: PreciseRequest, is_chat: bool, what: Any, data: bytes, hashes: Any,
-                  wkey: int, known: int) -> None:
+    def _tokenize(
+        self, req: PreciseRequest, is_chat: bool, what: Any, data: bytes, hashes: Any, wkey: int, known: int
+    ) -> None:
         pool = req.pool
         bs = self._block_size(pool.model) or DEFAULT_BLOCK_SIZE
         if bs != pool.block_size:  # the engines' block size became known: earlier chains are void
@@ -270,8 +314,9 @@ class TokenSide:
         self._register(pool, hashes, full, ends, since, known)
         req.chain = full
 
-    def _register(self, pool: _PoolTokens, hashes: Any, full: list[int], ends: list[float], since: int,
-                  known: int) -> None:
+    def _register(
+        self, pool: _PoolTokens, hashes: Any, full: list[int], ends: list[float], since: int, known: int
+    ) -> None:
         """Enter the prompt's byte blocks ending after byte ``since`` and from block
         ``known`` on (earlier ones were entered by the requests that tokenized those bytes
         first): each with how many token blocks end, with a margin, within the bytes up to
@@ -339,9 +384,14 @@ class TokenSide:
             cbytes = text.encode("utf-8", "surrogatepass")
             # The content's bytes end the piece (no name or tool fields after it), else the
             # message's tokens are decided only where the next message starts.
-            c0 = rendered[m].rfind(text) if text else -1   # where the content is in the message's rendering
-            plain = isinstance(get(what[m], "content"), str) and piece.endswith(cbytes) and c0 >= 0 \
-                and not get(what[m], "tool_calls") and not get(what[m], "tool_call_id")
+            c0 = rendered[m].rfind(text) if text else -1  # where the content is in the message's rendering
+            plain = (
+                isinstance(get(what[m], "content"), str)
+                and piece.endswith(cbytes)
+                and c0 >= 0
+                and not get(what[m], "tool_calls")
+                and not get(what[m], "tool_call_id")
+            )
             msg_end = starts[m] + 1 + len(piece)
             c_at = msg_end - len(cbytes)
             conv = _char_to_byte(text) if plain and not text.isascii() else None
@@ -361,8 +411,8 @@ class TokenSide:
             new = extend_chain(chain, ids, bs)
             nb = len(new) - len(chain)
             ends += [idx_ends[(b + 1) * bs - 1] for b in range(nb)]
-            rest = ids[nb * bs:]
-            rest_ends = idx_ends[nb * bs:]
+            rest = ids[nb * bs :]
+            rest_ends = idx_ends[nb * bs :]
             chain = new
             full = extend_chain(chain, rest + pool.gen_ids, bs)
             pool.put(keys[m], _Entry(chain, rest, full))
@@ -392,8 +442,11 @@ class TokenSide:
 
 def pool_stats(pools: dict) -> dict:
     """What /stats shows of each precise pool's token side."""
-    return {m: {"cached": len(p.cache), "block_size": p.block_size, "split_by_message": p.split_ok}
-            for m, p in pools.items() if p is not None}
+    return {
+        m: {"cached": len(p.cache), "block_size": p.block_size, "split_by_message": p.split_ok}
+        for m, p in pools.items()
+        if p is not None
+    }
 
 
 def _char_to_byte(text: str) -> list[int]:

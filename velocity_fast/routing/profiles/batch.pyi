@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.routing.profiles.batch (the ``batch`` routing profile)."""
+
 from velocity_fast.routing.plugins import Profile
 
 class BatchProfile(Profile):

@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.routing.profiles.chat (the chat profile: sessions, prefix affinity against load)."""
+
 import random
 
 from velocity_fast.routing.plugins import Profile

@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.routing.profiles.least_loaded (the ``least-loaded`` routing profile)."""
+
 from velocity_fast.routing.plugins import Profile
 
 class LeastLoadedProfile(Profile):

@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.routing.profiles.long_context (the ``long-context`` routing profile)."""
+
 from velocity_fast.routing.plugins import Profile
 
 class LongContextProfile(Profile):

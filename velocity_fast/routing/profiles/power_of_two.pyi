@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.routing.profiles.power_of_two (the ``power-of-two`` routing profile)."""
+
 from velocity_fast.routing.plugins import Profile
 
 class PowerOfTwoProfile(Profile):

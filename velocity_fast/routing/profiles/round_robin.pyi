@@ -1,4 +1,5 @@
 """Stubs for velocity_fast.routing.profiles.round_robin (the ``round-robin`` routing profile)."""
+
 from velocity_fast.routing.plugins import Profile
 
 class RoundRobinProfile(Profile):
