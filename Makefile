@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test test-vllm test-fast bench bench-smoke build clean venv vllm-env vllm-models
+.PHONY: run test test-vllm test-fast lint bench bench-smoke build clean venv vllm-env vllm-models
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ test: build
 	$(BIN)/python -m pytest -q -n 4 -m "not timed and not serial and not vllm" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(BIN)/python -m pytest -q -n 3 --dist worksteal -m "timed and not vllm" --durations=15 $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(BIN)/python -m pytest -q -m "serial and not vllm" --durations=10 $(PYTEST_ARGS) || [ $$? -eq 5 ]
+
+# ruff's lint and its formatter (pyproject.toml, [tool.ruff]); `ruff format .` fixes the latter.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # The tests against real vLLM engines on CPU (tests/vllm/; they skip without `make vllm-env`,
 # and fail so under CI=true).
