@@ -6,14 +6,12 @@ client's models.retrieve, embeddings.create and responses.create, and the error 
 
 from __future__ import annotations
 
-import json
-
 import openai
 import pytest
 from openai import AsyncOpenAI
 
 from tests.support.gateway import running_gateway, wait_until
-from tests.support.sim import http_request, open_request, start_sim_engine
+from tests.support.sim import http_request, open_request, sse_events, start_sim_engine
 
 MODEL = "sim-model"
 LONG_SLA = {"x-velocity-sla-ms": "600000"}
@@ -36,21 +34,6 @@ def _error(r) -> dict:
     body = r.json()
     assert set(body) == {"error"}, body
     return body["error"]
-
-
-async def _events(port: int, path: str, body: dict, headers: dict) -> list[tuple[str, dict]]:
-    s = await open_request(port, "POST", path, body, headers, timeout=30)
-    assert s.status == 200
-    try:
-        raw = (await s.body()).decode()
-    finally:
-        await s.close()
-    out = []
-    for block in raw.split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
-        if "data" in lines:
-            out.append((lines.get("event", ""), json.loads(lines["data"])))
-    return out
 
 
 # -- the openai client -----------------------------------------------------------------------
@@ -97,7 +80,7 @@ async def test_responses_whole_and_streamed_settle_the_tenant_from_their_usage(e
         await wait_until(lambda: t.served_completion == 7, 5.0, what="the answer settled")
         assert t.served_prompt == r.json()["usage"]["input_tokens"]
 
-        evs = await _events(
+        evs = await sse_events(
             gw.port,
             "/v1/responses",
             {"model": MODEL, "input": "hello again", "max_output_tokens": 5, "stream": True},
@@ -127,7 +110,7 @@ async def test_messages_whole_and_streamed_settle_the_tenant_from_their_usage(en
         await wait_until(lambda: t.served_completion == 6, 5.0, what="the answer settled")
         assert t.served_prompt == got["usage"]["input_tokens"]
 
-        evs = await _events(gw.port, "/v1/messages", {**body, "max_tokens": 3, "stream": True}, AUTH)
+        evs = await sse_events(gw.port, "/v1/messages", {**body, "max_tokens": 3, "stream": True}, AUTH)
         assert [k for k, _ in evs][0] == "message_start" and evs[-1][0] == "message_stop"
         await wait_until(lambda: t.served_completion == 9, 5.0, what="the stream settled")
         assert gw.metrics.requests.by_values[("/v1/messages", 200, "high")].value == 2

@@ -33,6 +33,7 @@ __all__ = [
     "sim_command",
     "open_request",
     "http_request",
+    "sse_events",
     "OpenStream",
     "HTTPResponse",
 ]
@@ -189,6 +190,25 @@ async def open_request(
             k, v = ln.split(":", 1)
             hdrs[k.strip().lower()] = v.strip()
     return OpenStream(reader, writer, status, hdrs)
+
+
+async def sse_events(
+    port: int, path: str, body: dict, headers: dict | None = None, timeout: float = 30.0
+) -> list[tuple[str, dict]]:
+    """POST a streamed request and read its whole answer as (event name, data) pairs: the
+    Responses and Messages APIs name their events; chat's have no name ("")."""
+    s = await open_request(port, "POST", path, body, headers, timeout=timeout)
+    assert s.status == 200
+    try:
+        raw = (await s.body()).decode()
+    finally:
+        await s.close()
+    out = []
+    for block in raw.split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if "data" in lines:
+            out.append((lines.get("event", ""), json.loads(lines["data"])))
+    return out
 
 
 async def http_request(

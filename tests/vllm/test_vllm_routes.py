@@ -11,7 +11,7 @@ import json
 import pytest
 
 from tests.support.gateway import wait_until
-from tests.support.sim import http_request, open_request
+from tests.support.sim import http_request, sse_events
 from tests.vllm.support.gateway import vllm_gateway
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
@@ -22,21 +22,6 @@ AUTH = {"authorization": "Bearer k-t", "x-velocity-sla-ms": "600000"}
 
 def gateway(pair, **keys):
     return vllm_gateway(pair.engines, **keys)
-
-
-async def _events(port: int, path: str, body: dict, headers: dict) -> list[tuple[str, dict]]:
-    s = await open_request(port, "POST", path, body, headers, timeout=60)
-    assert s.status == 200
-    try:
-        raw = (await s.body()).decode()
-    finally:
-        await s.close()
-    out = []
-    for block in raw.split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
-        if "data" in lines:
-            out.append((lines.get("event", ""), json.loads(lines["data"])))
-    return out
 
 
 async def test_responses_and_messages_settle_the_tenant_from_vllms_usage(chatml):
@@ -58,11 +43,12 @@ async def test_responses_and_messages_settle_the_tenant_from_vllms_usage(chatml)
         await wait_until(lambda: t.served_completion == 7, 10.0, what="the answer settled")
         assert t.served_prompt == got["usage"]["input_tokens"] > 0
 
-        evs = await _events(
+        evs = await sse_events(
             gw.port,
             "/v1/responses",
             {"model": model, "input": "hello again", "max_output_tokens": 5, "stream": True},
             AUTH,
+            timeout=60,
         )
         done = [d for k, d in evs if k == "response.completed"]
         assert done and done[0]["response"]["usage"]["output_tokens"] == 5
@@ -74,7 +60,7 @@ async def test_responses_and_messages_settle_the_tenant_from_vllms_usage(chatml)
         assert r.json()["type"] == "message" and r.json()["usage"]["output_tokens"] == 6
         await wait_until(lambda: t.served_completion == 18, 10.0, what="the Messages answer settled")
 
-        evs = await _events(gw.port, "/v1/messages", {**body, "max_tokens": 3, "stream": True}, AUTH)
+        evs = await sse_events(gw.port, "/v1/messages", {**body, "max_tokens": 3, "stream": True}, AUTH, timeout=60)
         assert evs[0][0] == "message_start" and evs[-1][0] == "message_stop"
         await wait_until(lambda: t.served_completion == 21, 10.0, what="the Messages stream settled")
 
