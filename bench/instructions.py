@@ -25,6 +25,7 @@ Needs valgrind, wrk and nginx (apt-get install valgrind wrk nginx-light).
     python -m bench.instructions [--duration 10] [--json out.json]
     python -m bench.instructions --smoke [--json out.json]   # 1 s windows: it works, figures rough
     python -m bench.instructions --tenants 1000   # the gateway with tenants budgeted in tokens
+    python -m bench.instructions --workers 2      # the supervisor and its workers, counted together
     python -m bench.instructions --keep /tmp/cg   # then: callgrind_annotate /tmp/cg/callgrind.gateway*
 
 --state-store (with --tenants): the same tenants' buckets shared through a redis-server
@@ -60,8 +61,25 @@ from velocity_fast.harness.redis import RedisServer, redis_binary
 SMOKE = {"duration": 3.0, "warmup": 2.0}  # under valgrind a loaded machine may finish nothing in 1 s
 
 
-def _callgrind(out: Path) -> list[str]:
+def _callgrind(out: Path, children: bool = False) -> list[str]:
+    """valgrind's command line; ``children``: follow the processes it spawns (the gateway's
+    workers), one file each (``%p``: the pid)."""
+    if children:
+        return [
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            "--trace-children=yes",
+            f"--callgrind-out-file={out}.%p",
+        ]
     return ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
+
+
+def _family(pid: int) -> list[str]:
+    """The pid and its children's (a supervisor and its workers): counting is switched for
+    them together."""
+    kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [str(pid), *kids]
 
 
 TENANT_LUA = """\
@@ -131,10 +149,11 @@ def measure(name: str, start, args, work: Path) -> dict:
         target = start(procs, out)
         tenants = args.tenants if name == "gateway" else 0
         _wrk(work, target.port, args.warmup, args.load_cpu, tenants)
-        subprocess.run(["callgrind_control", "-i", "on", str(target.pid)], capture_output=True, check=True)
+        pids = _family(target.pid) if name == "gateway" and args.workers > 1 else [str(target.pid)]
+        subprocess.run(["callgrind_control", "-i", "on", *pids], capture_output=True, check=True)
         w = _wrk(work, target.port, args.duration, args.load_cpu, tenants)
-        subprocess.run(["callgrind_control", "-i", "off", str(target.pid)], capture_output=True, check=True)
-        subprocess.run(["callgrind_control", "-d", str(target.pid)], capture_output=True, check=True)
+        subprocess.run(["callgrind_control", "-i", "off", *pids], capture_output=True, check=True)
+        subprocess.run(["callgrind_control", "-d", *pids], capture_output=True, check=True)
         time.sleep(1)
     finally:
         procs.stop_all()
@@ -173,12 +192,22 @@ def run(args) -> dict:
                 redis = RedisServer(redis_binary() or "/usr/bin/redis-server").start()
                 store = redis.url
             extra = ["--config", str(_tenant_config(work, args.tenants, store))] if args.tenants else []
+            if args.workers > 1:
+                extra += ["--workers", str(args.workers)]
+            res["workers"] = args.workers
             res["tenants"] = args.tenants
             res["state_store"] = bool(store)
             res["targets"]["gateway"] = measure(
                 "gateway",
                 lambda procs, out: start_gateway(
-                    procs, args.proxy_cpu, up_port, "dynamic", gw_dir, extra, wrap=_callgrind(out), ready_s=300
+                    procs,
+                    args.proxy_cpu,
+                    up_port,
+                    "dynamic",
+                    gw_dir,
+                    extra,
+                    wrap=_callgrind(out, children=args.workers > 1),
+                    ready_s=300,
                 ),
                 args,
                 work,
@@ -216,6 +245,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         help="give the gateway this many tenants budgeted in tokens, one a request in turn",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="the gateway's --workers; the supervisor and every worker are counted (on one core all)",
     )
     p.add_argument(
         "--state-store",
