@@ -50,8 +50,10 @@ WORDS = _words()
 
 
 def system_prompts(phase: str, n: int = GROUPS, words: int = 520) -> list[str]:
-    # The phase and group first: no two prompts share a 128-token block.
-    rng = random.Random(phase)
+    # The phase and group first: no two prompts share a 128-token block. The texts after
+    # them are the same in every phase of a model (seeded by the model's kind), and so is
+    # the order of the requests (run_phase): the routings are compared on one workload.
+    rng = random.Random(phase.split("-", 1)[0])
     out = []
     for g in range(n):
         start = rng.randrange(len(WORDS) - words)
@@ -77,7 +79,7 @@ async def run_phase(port: int, pair, phase: str, prompts_of: str | None = None) 
     """The workload with this phase's prompts (or those of phase ``prompts_of``, other
     questions); vLLM's hit rate over it."""
     prompts = system_prompts(prompts_of or phase)
-    rng = random.Random(phase + "/order")
+    rng = random.Random(phase.split("-", 1)[0] + "/order")
     order = [rng.randrange(GROUPS) for _ in range(REQUESTS)]
     q0, h0 = await asyncio.to_thread(counters, pair)
     sem = asyncio.Semaphore(CONCURRENCY)
