@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # 16 system prompts, about 6 requests each: how a router places a prefix decides how
 # often it is prefilled cold (round-robin: on both engines; by prefix: on one).
 GROUPS, REQUESTS, CONCURRENCY = 16, 96, 4
+NOISE = 0.02  # of vLLM's hit rate, between two routings that place alike (see the test)
 ROUTINGS = {
     "round-robin": {"default_profile": "round-robin"},
     "approximate": {"default_profile": "chat", "prefix": "approximate"},
@@ -160,7 +161,12 @@ async def test_precise_routing_from_vllms_events(kind, vllm_pairs):
         f"{ {k: {f: v[f] for f in ('joins', 'replayed', 'adopted', 'orphans')} for k, v in eps.items()} }"
     )
     assert share >= 0.9 and joined_share >= 0.9, (share, joined_share)
-    assert hits["precise"] >= hits["approximate"] > hits["round-robin"], hits
+    # On this workload both prefix routings place each group on one engine, so they tie:
+    # which requests meet a busy engine (and go to the other) moves either by up to about
+    # 0.01 from run to run (fresh clones saw precise 0.741 against 0.750, and 0.738
+    # against 0.746, the other way round in runs between). Precise must not fall behind
+    # by more than that; round-robin, which prefills each group on both, is 15 % behind.
+    assert hits["precise"] >= hits["approximate"] - NOISE and hits["approximate"] > hits["round-robin"], hits
     assert hits["precise"] >= 1.15 * hits["round-robin"], hits
     assert hits["joined"] >= hits["precise"], hits  # its prompts were cached: none placed cold again
     if kind == "chatml":
