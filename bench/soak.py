@@ -5,7 +5,8 @@ A `velocityllm serve` process in front of three sim engines of mixed speed (time
 kept in a real `redis-server` (`state_store`) when one is installed. After a calibration
 (closed loop at twice the engines' slots, ``--calibrate`` seconds) the load is Poisson at
 ``--load`` (0.7) of the capacity measured: a quarter of the requests on a fresh client
-connection each, the rest on keep-alive ones, one in twenty streamed and dropped by its
+connection each, the rest on keep-alive ones (one idle past 15 s, or closed by the gateway,
+is closed, not reused, as HTTP clients do), one in twenty streamed and dropped by its
 client after its first event (a cancelled upstream request).
 
 Every ``--interval`` (5) seconds the gateway's fds are read from /proc/PID/fd and each is
@@ -58,6 +59,7 @@ POOL_SPARE = 2  # gateway/app.py's POOL_SPARE: a health check and a scrape
 KINDS = ("client", "pool", "store", "events", "other")
 FLAT = ("store", "events", "other")  # these never pass their first minute's largest
 SMOKE = {"minutes": 1.25, "calibrate": 5.0}
+CLIENT_KEEPALIVE_S = 15.0  # a kept connection idle longer is closed, not reused (aiohttp's default)
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 
 
@@ -211,15 +213,20 @@ class Load:
         self.rng = random.Random(seed)
         self.kept: list[tuple] = []
         self.done = self.failed = self.dropped = 0
+        self.why: dict[str, int] = {}  # each failure by kind: a status, or what broke and on which connection
+
+    def _fail(self, why: str) -> None:
+        self.failed += 1
+        self.why[why] = self.why.get(why, 0) + 1
 
     async def one(self) -> None:
         stream = self.rng.random() < 0.05
         fresh = stream or self.rng.random() < 0.25 or not self.kept
         body = _body(self.rng, stream)
-        if fresh:
+        conn = None if fresh else self._reuse()
+        if conn is None:
+            fresh = True
             conn = await asyncio.open_connection("127.0.0.1", self.port)
-        else:
-            conn = self.kept.pop()
         reader, writer = conn
         ok = False
         try:
@@ -241,18 +248,30 @@ class Load:
             if status == 200:
                 self.done += 1
             else:
-                self.failed += 1
+                self._fail(f"status {status}")
             ok = True
-        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError, IndexError):
-            self.failed += 1
+        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError, IndexError) as e:
+            self._fail(f"{type(e).__name__} on a {'fresh' if fresh else 'kept'} connection")
         finally:
             if ok and len(self.kept) < 64:
-                self.kept.append(conn)
+                self.kept.append((reader, writer, time.monotonic()))
             else:
                 writer.close()
 
+    def _reuse(self) -> tuple | None:
+        """The most recently used kept connection that is still good, as HTTP clients pick
+        one: one idle past the client's own keep-alive (aiohttp's 15 s), or that the gateway
+        closed (its keepalive_timeout_s), is closed, never sent a request."""
+        while self.kept:
+            reader, writer, used = self.kept.pop()
+            if reader.at_eof() or writer.is_closing() or time.monotonic() - used > CLIENT_KEEPALIVE_S:
+                writer.close()
+                continue
+            return reader, writer
+        return None
+
     def close(self) -> None:
-        for _, w in self.kept:
+        for _, w, _ in self.kept:
             w.close()
         self.kept.clear()
 
@@ -362,13 +381,14 @@ def run(args) -> dict:
                         flush=True,
                     )
                     before = (load.done, load.failed, load.dropped)
+                    load.why.clear()
                     samples = await _soak(load, rate, args.minutes * 60, args.interval, sample)
                     done = [a - b for a, b in zip((load.done, load.failed, load.dropped), before)]
-                    return capacity, rate, samples, done
+                    return capacity, rate, samples, done, dict(load.why)
                 finally:
                     load.close()
 
-            capacity, rate, samples, done = asyncio.run(drive())
+            capacity, rate, samples, done, why = asyncio.run(drive())
             if gw.poll() is not None:
                 raise RuntimeError("the gateway exited: " + (work / "gateway.log").read_text()[-800:])
             with_conns = _get_json(admin, "/stats")
@@ -379,6 +399,7 @@ def run(args) -> dict:
                 "minutes": args.minutes,
                 "completed": done[0],
                 "failed": done[1],
+                "failed_why": why,
                 "dropped": done[2],
                 "pool_bound": pool_bound,
                 "store": store_port is not None,
@@ -423,6 +444,7 @@ def report(res: dict, first_s: float) -> tuple[bool, list[str]]:
         f"total fds: {total[0]} at the start, {max(total)} at most, {total[-1]} at the end; "
         f"{res['completed']} answered, {res['failed']} failed, {res['dropped']} dropped by their clients "
         f"at {res['rate_rps']:.1f}/s ({res['load']:.0%} of {res['capacity_rps']:.1f}/s)"
+        + "".join(f"; {n} {why}" for why, n in sorted(res.get("failed_why", {}).items()))
     )
     print(
         f"pool: at most {max(s['counts']['pool'] for s in samples)} connections, bound {res['pool_bound']} "

@@ -112,6 +112,8 @@ def test_a_short_soak_through_the_gateway_meets_the_verdict(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     res = json.loads(out.read_text())
-    assert res["ok"] and res["completed"] > 0 and res["failed"] == 0, {k: res[k] for k in ("ok", "completed", "failed")}
+    assert res["ok"] and res["completed"] > 0 and res["failed"] == 0, {
+        k: res[k] for k in ("ok", "completed", "failed", "failed_why")
+    }
     assert len(res["samples"]) >= 12
     assert all(c is not None and c["open"] <= c["max_idle"] for c in res["connections"].values()), res["connections"]
