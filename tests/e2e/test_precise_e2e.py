@@ -182,6 +182,100 @@ async def test_a_prefix_goes_to_the_engine_that_holds_it(engines, tokenizer_json
         assert f'velocity_endpoint_prefix_cache_hit_ratio{{endpoint="{other}"}}' in text
 
 
+@pytest.mark.timeout(90)
+async def test_a_prompt_new_to_the_gateway_goes_to_the_engine_that_holds_it(engines, tokenizer_json):
+    """Prompts another replica sent (here: straight to each engine) are new to this
+    gateway's token cache: the first request of each waits the millisecond or two its
+    tokens take (``precise_token_wait_ms``) and goes where the engines' events say the
+    prefix is. Picked at once, approximately, it went by load: half of them to the engine
+    that holds nothing of it, a cold prefill."""
+    by_name = {e.name: e for e in engines}
+    rng = random.Random(7)
+    systems = [system_prompt(rng, 10 + g) for g in range(8)]
+    holder = {}
+    for g, system in enumerate(systems):
+        holder[g] = ("e1", "e2")[g % 2]
+        status, _ = by_name[holder[g]].sim.request(
+            "POST", CHAT, orjson.dumps(chat(system, "from another replica")), {"content-type": "application/json"}
+        )
+        assert status == 200
+    async with running_gateway(settings=None, **settings_keys(engines, tokenizer_json)) as gw:
+        await wait_until(
+            lambda: all(gw.kv.index.exact(n) and gw.kv.index.size(n) >= 4 * 10 for n in ("e1", "e2")),
+            10.0,
+            what="both engines' KV indexes exact, with the prompts they hold",
+        )
+        went = {}
+        for g, system in enumerate(systems):
+            r = await send(gw.port, chat(system, "question 0"))
+            assert r.status == 200, r.body
+            went[g] = r.headers["x-velocity-endpoint"]
+        assert went == holder, (went, holder)
+        text = (await http_request(gw.admin_port, "GET", "/metrics")).body.decode()
+        assert 'velocity_prefix_precise_picks_total{model="sim-model",how="precise"} 8' in text, text
+        assert 'velocity_prefix_token_waits_total{result="ready"} 8' in text
+
+
+def slow_tokenizer(monkeypatch, delay_s: float) -> None:
+    """The tokenizer thread takes ``delay_s`` per prompt (as behind a long queue or a
+    busy machine): what the pick does when its tokens come late."""
+    from velocity_fast.routing.precise.tokens import TokenSide
+
+    real = TokenSide._tokenize
+
+    def late(self, *job):
+        time.sleep(delay_s)
+        return real(self, *job)
+
+    monkeypatch.setattr(TokenSide, "_tokenize", late)
+
+
+@pytest.mark.timeout(90)
+async def test_a_pick_waits_for_its_tokens_no_longer_than_the_setting(engines, tokenizer_json, monkeypatch):
+    slow_tokenizer(monkeypatch, 0.5)
+    keys = settings_keys(engines, tokenizer_json)
+    keys["routing"] = {**keys["routing"], "precise_token_wait_ms": 30}
+    async with running_gateway(settings=None, **keys) as gw:
+        await wait_until(lambda: all(gw.kv.index.exact(n) for n in ("e1", "e2")), 10.0, what="exact indexes")
+        t0 = time.monotonic()
+        r = await send(gw.port, chat(system_prompt(random.Random(3), 30), "question 0"))
+        took = time.monotonic() - t0
+        assert r.status == 200, r.body
+        assert took < 0.4, f"the pick waited {took:.2f} s for tokens that took 0.5 s"
+        text = (await http_request(gw.admin_port, "GET", "/metrics")).body.decode()
+        assert 'velocity_prefix_token_waits_total{result="timeout"} 1' in text
+        assert 'velocity_prefix_precise_picks_total{model="sim-model",how="not_ready"} 1' in text
+
+
+@pytest.mark.timeout(90)
+async def test_a_client_that_leaves_while_its_pick_waits_frees_its_slot(engines, tokenizer_json, monkeypatch):
+    slow_tokenizer(monkeypatch, 0.4)
+    keys = settings_keys(engines, tokenizer_json)
+    keys["routing"] = {**keys["routing"], "precise_token_wait_ms": 300}
+    async with running_gateway(settings=None, **keys) as gw:
+        await wait_until(lambda: all(gw.kv.index.exact(n) for n in ("e1", "e2")), 10.0, what="exact indexes")
+        sent = [e.sim.metric("vllm:request_success_total") for e in engines]
+        body = orjson.dumps(chat(system_prompt(random.Random(4), 40), "question 0"))
+        _, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        try:
+            writer.write(
+                b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                % (CHAT.encode(), len(body))
+                + body
+            )
+            await writer.drain()
+            await asyncio.sleep(0.1)  # admitted, its pick waiting for the tokens
+            assert gw.admission.stats()["counters"]["in_flight"] == 1
+        finally:
+            writer.close()
+        await wait_until(lambda: gw.admission.stats()["counters"]["in_flight"] == 0, 2.0, what="the lease released")
+        await asyncio.sleep(0.5)  # past the wait: nothing is sent to an engine after all
+        assert [e.sim.metric("vllm:request_success_total") for e in engines] == sent
+        assert sum(e.sim.metric("vllm:num_requests_running") for e in engines) == 0
+        r = await send(gw.port, chat(system_prompt(random.Random(4), 41), "question 1"))
+        assert r.status == 200, r.body
+
+
 @pytest.mark.timeout(120)
 async def test_an_engine_restarted_under_load_empties_and_refills_its_index(engines, tokenizer_json):
     e1, e2 = engines

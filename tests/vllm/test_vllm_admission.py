@@ -1,4 +1,4 @@
-"""Admission on vLLM's real gauges, from a low flood's first second (issue 51, Deliver 3).
+"""Admission on vLLM's real gauges, from a low flood's first second.
 
 Two real vLLM CPU engines of ``--max-num-seqs 16``, a gateway at default flags (nothing
 told of their batch) and a flood as users start one: ``LOW_CLIENTS`` low-band clients

@@ -2,9 +2,9 @@
 and one whose template is not (Llama-3-style headers, a BOS token in the template).
 
 - the gateway renders and tokenizes a conversation as vLLM does (vLLM's ``/tokenize``);
-- the workload (8 shared system prompts of about 900 tokens, 96 requests at concurrency
-  4) through a precise gateway: precise share >= 0.9 of the picks after each group's
-  first (whose tokens cannot be ready yet), and vLLM's own hit rate
+- the workload (16 shared system prompts of about 900 tokens, 96 requests at concurrency
+  4) through a precise gateway: precise share >= 0.9 of all picks (a group's first waits
+  the millisecond or two its tokens take), and vLLM's own hit rate
   (``vllm:prefix_cache_hits / queries``) above round-robin's, precise and approximate alike;
 - the same through a second gateway started after the first had run traffic on the same
   engines: on the ChatML pair it rebuilds from vLLM's replay socket; on the other the
@@ -113,11 +113,10 @@ async def precise_phase(pair, phase: str, prompts_of: str | None = None) -> tupl
         st = gw.kv.stats()
         picks = {k[1]: v.value for k, v in gw.registry.get("velocity_prefix_precise_picks_total").children()}
         print(phase, "picks", picks, "share", st["precise"]["share"])
-        # A group's first request brings a prompt the tokenizer thread has not seen: it is
-        # picked before its tokens are ready (not_ready), by design (the event loop never
-        # waits for them). The share is of the picks after those.
+        # A group's first request brings a prompt new to the token cache: its pick waits
+        # for its tokens (routing.precise_token_wait_ms), so it too is precise.
         total = sum(picks.values())
-        return hit, picks.get("precise", 0.0) / (total - GROUPS), st["endpoints"]
+        return hit, picks.get("precise", 0.0) / total, st["endpoints"]
 
 
 def tokens_as_vllm(pair) -> None:

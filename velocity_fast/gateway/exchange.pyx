@@ -200,7 +200,20 @@ cdef class Exchange(ResponseHandler):
         self.state = _ADMITTED
         self.lease = lease
         self.queue_s = monotonic() - self.req.received_at
+        pr = self.info.precise
+        if pr is not None and pr.chain is None and pr.wait(self._tokens_ready):
+            return  # a prompt new to precise routing: its pick waits for its tokens (a ms or two)
         self._dispatch()
+
+    def _tokens_ready(self):
+        """The precise pick's tokens are ready (or its wait is over): the lease it holds
+        goes to its engine, unless the client left meanwhile (on_disconnect released it)."""
+        if self.abandoned or self.state != _ADMITTED or self.ep is not None:
+            return
+        try:
+            self._dispatch()
+        except Exception:
+            self._crashed()
 
     cdef _dispatch(self):
         cdef UpstreamPool up

@@ -94,6 +94,10 @@ class RoutingSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     # holds / its num_gpu_blocks) times this is added to its prefix score, so that an
     # emptied engine (a restart) takes back prompts that full caches only partly hold.
     free_cache_weight: _Weight = 1.0
+    # Precise routing: a prompt new to the token cache waits at most this long for the
+    # tokenizer thread before its pick (typically a millisecond or two); 0 picks it at once,
+    # approximately. Not while more than a few prompts wait in the thread's queue.
+    precise_token_wait_ms: Annotated[float, msgspec.Meta(ge=0, le=1000)] = 25.0
 
     @classmethod
     def from_config(

@@ -26,6 +26,7 @@ tokenizer (otherwise each prompt is tokenized whole and cached whole).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
@@ -50,6 +51,8 @@ _STOP = object()
 _MARGIN = 16
 #: Token jobs waiting at most; past it a request stays approximate (counted as dropped).
 MAX_PENDING = 4096
+#: A pick waits for its tokens only while at most this many jobs wait in the thread's queue.
+WAIT_QUEUE_MAX = 8
 DEFAULT_BLOCK_SIZE = 16
 
 
@@ -57,13 +60,53 @@ class PreciseRequest:
     """One request's token side. ``chain`` is None until its tokens are ready (then the
     token-block chain, possibly of a leading part of the prompt only)."""
 
-    __slots__ = ("owner", "pool", "chain", "block_size")
+    __slots__ = ("owner", "pool", "chain", "block_size", "side", "pending", "waiter", "timer")
 
-    def __init__(self, owner: Any, pool: "_PoolTokens") -> None:
+    def __init__(self, owner: Any, pool: "_PoolTokens", side: "TokenSide | None" = None) -> None:
         self.owner = owner
         self.pool = pool
         self.chain: list[int] | None = None
         self.block_size = pool.block_size
+        self.side = side
+        self.pending = False  # a job of it is with the tokenizer thread
+        self.waiter: tuple | None = None  # (loop, callback): the pick that waits for its tokens
+        self.timer = None
+
+    def wait(self, callback: Callable[[], Any]) -> bool:
+        """Whether the pick waits for the tokens (True: ``callback`` is called once, on this
+        event loop, when the thread is done with them or after ``precise_token_wait_ms``).
+
+        A prompt new to the token cache is otherwise picked approximately (``not_ready``),
+        which places a prompt another replica's traffic already cached by load alone, on
+        an engine that prefills it cold. Tokenizing it takes a millisecond or two; the pick
+        waits for that, not for a queue of other prompts (none when more than
+        WAIT_QUEUE_MAX are waiting in the thread's queue)."""
+        side = self.side
+        if not self.pending or side is None:
+            return False
+        wait_s = side.settings.precise_token_wait_ms / 1000.0
+        if wait_s <= 0.0 or side._queue.qsize() > WAIT_QUEUE_MAX:
+            return False
+        loop = asyncio.get_running_loop()
+        self.waiter = (loop, callback)
+        if not self.pending:  # the thread was done before the waiter was in place
+            self.waiter = None
+            return False
+        self.timer = loop.call_later(wait_s, self._wake)
+        return True
+
+    def _wake(self) -> None:
+        """On the loop: the tokens are ready, or the wait is over; the pick goes on once."""
+        w = self.waiter
+        if w is None:
+            return
+        self.waiter = None
+        side = self.side
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        side._waits.labels("ready" if self.chain is not None else "timeout").inc()
+        w[1]()
 
 
 class _Entry:
@@ -179,6 +222,15 @@ class TokenSide:
             "Tokens the tokenizer thread produced (a next turn counts only its new messages).",
             merge=SUM,
         )
+        self._waits = adopt(
+            reg,
+            "counter",
+            "velocity_prefix_token_waits_total",
+            "Picks of prompts new to the token cache that waited for their tokens: ready (picked "
+            "precisely) or timeout (precise_token_wait_ms passed: picked approximately).",
+            ("result",),
+            merge=SUM,
+        )
         self._hit = self._lookups.labels("hit")
         self._prefix_hit = self._lookups.labels("prefix")
         self._miss = self._lookups.labels("miss")
@@ -251,7 +303,7 @@ class TokenSide:
         is_chat = body is not None and not isinstance(body, (bytes, bytearray)) and bool(get(body, "messages"))
         if is_chat and not pool.chat_ok:
             return  # the engine's chat template is not the one applied here: no token match
-        req = PreciseRequest(owner, pool)
+        req = PreciseRequest(owner, pool, self)
         info.precise = req
         if type(data) is not bytes:
             data = bytes(data)
@@ -278,6 +330,7 @@ class TokenSide:
         if self._queue.qsize() >= MAX_PENDING:
             self._jobs.labels("dropped").inc()
             return
+        job[0].pending = True
         self._queue.put(job)
 
     # -- the tokenizer thread -----------------------------------------------------------------
@@ -286,6 +339,7 @@ class TokenSide:
             job = self._queue.get()
             if job is _STOP:
                 return
+            req = job[0]
             try:
                 self._tokenize(*job)
             except Exception:  # one odd prompt must not end the thread
@@ -293,6 +347,15 @@ class TokenSide:
                 self._jobs.labels("failed").inc()
             else:
                 self._jobs.labels("done").inc()
+            # pending first, then the waiter: a pick that registers between the two sees
+            # pending False and does not wait; one registered before is woken here.
+            req.pending = False
+            w = req.waiter
+            if w is not None:
+                try:
+                    w[0].call_soon_threadsafe(req._wake)
+                except RuntimeError:  # its loop is closed: nothing waits any more
+                    pass
 
     def _tokenize(
         self, req: PreciseRequest, is_chat: bool, what: Any, data: bytes, hashes: Any, wkey: int, known: int
