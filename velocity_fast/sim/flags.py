@@ -156,6 +156,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(ChatML chat template; needs the `tokenizers` extra)",
     )
     p.add_argument(
+        "--kv-transfer-ms-per-block",
+        type=float,
+        default=None,
+        help="disaggregation: milliseconds a decode engine's pull of one KV block takes "
+        f"(default {_D.kv_transfer_ms_per_block})",
+    )
+    p.add_argument(
+        "--kv-transfer-timeout",
+        type=float,
+        default=None,
+        help="disaggregation: seconds a prefill engine holds blocks nobody pulls (vLLM's "
+        f"VLLM_NIXL_ABORT_REQUEST_TIMEOUT; default {_D.kv_transfer_timeout:g})",
+    )
+    p.add_argument(
         "--write-tokenizer",
         default=None,
         metavar="FOLDER",
