@@ -440,3 +440,24 @@ def test_a_prefill_engine_refusing_the_request_answers_the_client_and_sends_no_d
             assert not [q for q in dec.requests if q[0] == "POST"]
 
     asyncio.run(go())
+
+
+def test_completions_and_generate_take_the_two_legs_too(engines):
+    p1, d1 = engines
+
+    async def go():
+        eps = _eps(p1=(p1, "prefill"), d1=(d1, "decode"))
+        async with running_gateway(settings=gateway_settings(endpoints=eps)) as gw:
+            r = await http_request(
+                gw.port, "POST", "/v1/completions", {"model": "sim-model", "prompt": "a " + LONG, "max_tokens": 4}
+            )
+            assert r.status == 200, r.body
+            assert r.json()["usage"]["completion_tokens"] == 4
+            r = await http_request(gw.port, "POST", "/generate", {"prompt": "b " + LONG, "max_tokens": 4})
+            assert r.status == 200, r.body
+            st = await _stats(gw)
+            assert st["pd"]["sim-model"]["disaggregated"] == 2
+
+    asyncio.run(go())
+    pk = _kv(p1)
+    assert pk["prefills"] == 2 and pk["pulled"] == 2 and pk["held_blocks"] == 0

@@ -158,16 +158,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kv-transfer-ms-per-block",
         type=float,
-        default=None,
-        help="disaggregation: milliseconds a decode engine's pull of one KV block takes "
-        f"(default {_D.kv_transfer_ms_per_block})",
+        default=_D.kv_transfer_ms_per_block,
+        help="disaggregation: milliseconds a decode engine's pull of one KV block takes (default %(default)s)",
     )
     p.add_argument(
         "--kv-transfer-timeout",
         type=float,
-        default=None,
-        help="disaggregation: seconds a prefill engine holds blocks nobody pulls (vLLM's "
-        f"VLLM_NIXL_ABORT_REQUEST_TIMEOUT; default {_D.kv_transfer_timeout:g})",
+        default=_D.kv_transfer_timeout,
+        help="disaggregation: seconds a prefill engine holds blocks nobody pulls, vLLM's "
+        "VLLM_NIXL_ABORT_REQUEST_TIMEOUT (default %(default)s)",
     )
     p.add_argument(
         "--write-tokenizer",
