@@ -23,6 +23,7 @@ second.
     python -m bench.pd                       # both workloads, 1P1D and 2P2D
     python -m bench.pd --smoke               # a few seconds each: it works, figures rough
     python -m bench.pd --topologies 1P1D --workloads long-prompt --min-uncached 0
+    python -m bench.pd --topologies 1P1D --workloads long-answer --prompt-tokens 128 --min-uncached 0
     python -m bench.pd --json out.json
 """
 
@@ -97,9 +98,17 @@ def _config(urls: list[str], roles: tuple[str, ...], min_uncached: int | None) -
 
 
 def run_one(
-    roles: tuple[str, ...], workload: str, *, seconds: float, scale: float, seed: int, min_uncached: int | None
+    roles: tuple[str, ...],
+    workload: str,
+    *,
+    seconds: float,
+    scale: float,
+    seed: int,
+    min_uncached: int | None,
+    prompt_tokens: int | None = None,
 ) -> dict:
-    prompt_tokens, out_tokens, rate = WORKLOADS[workload]
+    default_prompt, out_tokens, rate = WORKLOADS[workload]
+    prompt_tokens = prompt_tokens or default_prompt
     pairs = len(roles) / 2
     sims: list[SimEngine] = []
     gp = None
@@ -152,6 +161,7 @@ def run_one(
     return {
         "topology": "+".join(roles),
         "workload": workload,
+        "prompt_tokens": prompt_tokens,
         "sent": sent,
         "ok": len(ok),
         "failed": sent - len(ok),
@@ -178,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=None, help="scaled seconds of load a run (default 20)")
     ap.add_argument("--time-scale", type=float, default=None, help="the sim engines' speed-up (default 10)")
     ap.add_argument("--min-uncached", type=int, default=None, help="pd.min_uncached_tokens (default: the gateway's)")
+    ap.add_argument("--prompt-tokens", type=int, default=None, help="the prompts' length (default: the workload's)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--smoke", action="store_true", help="1P1D, 3 s a run, time scale 20: it works, figures rough")
     ap.add_argument("--json", default=None, help="write the runs here")
@@ -192,7 +203,15 @@ def main(argv: list[str] | None = None) -> int:
         for workload in args.workloads.split(","):
             for arrangement, rs in (("colocated", ("both",) * len(roles)), (topo, roles)):
                 t0 = time.monotonic()
-                r = run_one(rs, workload, seconds=seconds, scale=scale, seed=args.seed, min_uncached=args.min_uncached)
+                r = run_one(
+                    rs,
+                    workload,
+                    seconds=seconds,
+                    scale=scale,
+                    seed=args.seed,
+                    min_uncached=args.min_uncached,
+                    prompt_tokens=args.prompt_tokens,
+                )
                 r["setup"] = f"{topo} {arrangement}"
                 runs.append(r)
                 print(

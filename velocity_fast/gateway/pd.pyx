@@ -257,7 +257,11 @@ cdef class PdExchange(Exchange):
         cdef Endpoint ep
         cdef UpstreamPool up
         cdef PrefillLeg leg
-        excl = self.pd.not_prefill + self.p_tried if self.p_tried else self.pd.not_prefill
+        # Not the decode engine itself (a role-both one): its prefill would be the same
+        # work twice; none other left, it computes the prompt alone.
+        excl = self.pd.not_prefill + [self.ep]
+        if self.p_tried:
+            excl += self.p_tried
         ep = router.pick(self.pool, self.info, None, excl)
         if ep is None:
             return False
