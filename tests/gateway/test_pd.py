@@ -461,3 +461,72 @@ def test_completions_and_generate_take_the_two_legs_too(engines):
     asyncio.run(go())
     pk = _kv(p1)
     assert pk["prefills"] == 2 and pk["pulled"] == 2 and pk["held_blocks"] == 0
+
+
+def test_a_dead_decode_engine_is_retried_on_another_with_the_same_params(engines):
+    """The decode leg fails before its first byte (its engine is gone): it goes once more
+    to another decode engine with the prefill answer's params, which pulls the blocks."""
+    p1, d1 = engines
+    with sim_engine(time_scale=20) as d2:
+
+        async def go():
+            eps = _eps(p1=(p1, "prefill"), d1=(d1, "decode"), d2=(d2, "decode"))
+            settings = gateway_settings(endpoints=eps, health=SLOW_HEALTH)
+            async with running_gateway(settings=settings) as gw:
+                d2.proc.kill()
+                retried = 0.0
+                n = 0
+                while not retried and n < 12:
+                    r = await _chat(gw, f"{n} {LONG}")
+                    n += 1
+                    assert r.status == 200, r.body
+                    assert r.headers["x-velocity-endpoint"] == "d1"
+                    metrics = (await http_request(gw.admin_port, "GET", "/metrics")).body.decode()
+                    retried = sum(
+                        float(line.rsplit(" ", 1)[1])
+                        for line in metrics.splitlines()
+                        if line.startswith('velocity_upstream_errors_total{endpoint="d2"')
+                    )
+                assert retried == 1
+                st = await _stats(gw)
+                assert st["pd"]["sim-model"]["disaggregated"] == n
+                assert st["pd"]["sim-model"]["prefill_retries"] == 0
+                return n
+
+        n = asyncio.run(go())
+    pk, dk = _kv(p1), _kv(d1)
+    assert pk["prefills"] == pk["pulled"] == n and pk["held_blocks"] == 0
+    assert dk["remote_prefills"] == n
+
+
+def test_no_request_is_lost_when_a_prefill_engine_is_killed_under_load(engines):
+    """Eight requests at once, their prefill legs in flight on two slow prefill engines;
+    one engine is killed: every request is answered 200, and the other prefill engine
+    holds nothing after."""
+    _, d1 = engines
+    slow = ("--prefill-tps", "2000")
+    with sim_engine(*slow, time_scale=2) as pa, sim_engine(*slow, time_scale=2) as pb:
+
+        async def go():
+            eps = _eps(pa=(pa, "prefill"), pb=(pb, "prefill"), d1=(d1, "decode"))
+            settings = gateway_settings(endpoints=eps, health=SLOW_HEALTH)
+            async with running_gateway(settings=settings) as gw:
+                tasks = [asyncio.ensure_future(_chat(gw, f"{i} {LONG}")) for i in range(8)]
+                await wait_until(
+                    lambda: (
+                        pa.metric("vllm:num_requests_running") + pa.metric("vllm:num_requests_waiting") > 0
+                        and pb.metric("vllm:num_requests_running") + pb.metric("vllm:num_requests_waiting") > 0
+                    ),
+                    10.0,
+                    what="prefill legs on both engines",
+                )
+                pb.proc.kill()
+                rs = await asyncio.gather(*tasks)
+                assert [r.status for r in rs] == [200] * 8, [r.body for r in rs if r.status != 200]
+                st = await _stats(gw)
+                assert st["pd"]["sim-model"]["prefill_retries"] >= 1
+                assert st["pd"]["sim-model"]["prefill_failed"] == 0
+
+        asyncio.run(go())
+        assert _kv(pa)["held_blocks"] == 0
+    assert _kv(d1)["remote_prefills"] == 8
