@@ -530,3 +530,43 @@ def test_no_request_is_lost_when_a_prefill_engine_is_killed_under_load(engines):
         asyncio.run(go())
         assert _kv(pa)["held_blocks"] == 0
     assert _kv(d1)["remote_prefills"] == 8
+
+
+def test_a_decode_engine_dying_mid_stream_after_the_pull_ends_that_stream_only(engines):
+    """What vLLM 0.32 on CPU did: the decode engine pulled the blocks, then died. The
+    client's stream ends with vLLM's error event and [DONE]; the gateway goes on serving
+    through the other decode engine; the prefill engine holds nothing."""
+    p1, d1 = engines
+    with sim_engine("--decode-tps", "20", time_scale=1) as dying:
+
+        async def go():
+            eps = _eps(p1=(p1, "prefill"), dying=(dying, "decode"), d1=(d1, "decode"))
+            settings = gateway_settings(endpoints=eps, health=SLOW_HEALTH)
+            async with running_gateway(settings=settings) as gw:
+                gw.endpoints["d1"].healthy = False  # the first request goes to the engine that dies
+                body = {
+                    "model": "sim-model",
+                    "messages": [{"role": "user", "content": LONG}],
+                    "max_tokens": 200,
+                    "stream": True,
+                }
+                st = await open_request(gw.port, "POST", "/v1/chat/completions", body)
+                try:
+                    assert st.status == 200
+                    events = []
+                    async for e in st.events():
+                        events.append(e)
+                        if len(events) == 3:
+                            dying.proc.kill()
+                finally:
+                    await st.close()
+                assert events[-1] == "[DONE]"
+                assert "error" in json.loads(events[-2])
+                gw.endpoints["d1"].healthy = True
+                r = await _chat(gw, "again " + LONG)
+                assert r.status == 200, r.body
+                assert r.headers["x-velocity-endpoint"] == "d1"
+
+        asyncio.run(go())
+    pk = _kv(p1)
+    assert pk["prefills"] == pk["pulled"] == 2 and pk["held_blocks"] == 0
