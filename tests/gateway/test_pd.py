@@ -570,3 +570,36 @@ def test_a_decode_engine_dying_mid_stream_after_the_pull_ends_that_stream_only(e
         asyncio.run(go())
     pk = _kv(p1)
     assert pk["prefills"] == pk["pulled"] == 2 and pk["held_blocks"] == 0
+
+
+def test_the_tenants_books_settle_from_the_merged_usage(engines):
+    """A stream whose client asked no usage: the gateway asks the decode engine for it,
+    cuts it from the client's stream, and settles the tenant with the prompt as the
+    prefill engine computed it (nothing cached), not as the decode engine counted it (all
+    of it cached, pulled)."""
+    p1, d1 = engines
+
+    async def go():
+        eps = _eps(p1=(p1, "prefill"), d1=(d1, "decode"))
+        settings = gateway_settings(endpoints=eps, tenants=[{"name": "t", "api_key": "k"}])
+        async with running_gateway(settings=settings) as gw:
+            body = {
+                "model": "sim-model",
+                "messages": [{"role": "user", "content": LONG}],
+                "max_tokens": 8,
+                "stream": True,
+            }
+            st = await open_request(gw.port, "POST", "/v1/chat/completions", body, {"authorization": "Bearer k"})
+            try:
+                assert st.status == 200
+                events = [e async for e in st.events()]
+            finally:
+                await st.close()
+            assert events[-1] == "[DONE]"
+            assert not any('"usage"' in e and '"choices":[]' in e for e in events)  # not asked: cut
+            tokens = gw.tenant_stats()["t"]["tokens"]
+            assert tokens["prompt"] > 256 and tokens["completion"] == 8
+            assert tokens["cached"] == 0
+
+    asyncio.run(go())
+    assert _kv(d1)["remote_prefills"] == 1
