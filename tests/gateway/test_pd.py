@@ -105,6 +105,7 @@ def test_short_prompt_runs_on_the_decode_engine_alone(engines):
                 "colocated": 1,
                 "prefill_retries": 0,
                 "prefill_failed": 0,
+                "prefill_tokens_in_flight": {},
             }
 
     asyncio.run(go())
@@ -258,7 +259,8 @@ def test_prefill_engine_killed_is_retried_once_on_another(engines):
     with sim_engine(time_scale=20) as p2:
 
         async def go():
-            eps = _eps(p1=(p1, "prefill"), p2=(p2, "prefill"), d1=(d1, "decode"))
+            # p2 first: an equal pick (no load, no prefix anywhere) takes it.
+            eps = _eps(p2=(p2, "prefill"), p1=(p1, "prefill"), d1=(d1, "decode"))
             settings = gateway_settings(endpoints=eps, health=SLOW_HEALTH)
             async with running_gateway(settings=settings) as gw:
                 p2.proc.kill()  # the engine dies; the gateway's checks have not seen it yet
@@ -314,7 +316,7 @@ def test_prefill_leg_that_hangs_times_out_and_is_retried(engines):
     with sim_engine(time_scale=20) as p2:
 
         async def go():
-            eps = _eps(p1=(p1, "prefill"), p2=(p2, "prefill"), d1=(d1, "decode"))
+            eps = _eps(p2=(p2, "prefill"), p1=(p1, "prefill"), d1=(d1, "decode"))
             settings = gateway_settings(endpoints=eps, health=SLOW_HEALTH, pd={"prefill_timeout_s": 0.5})
             async with running_gateway(settings=settings) as gw:
                 os.kill(p2.proc.pid, signal.SIGSTOP)
@@ -603,3 +605,21 @@ def test_the_tenants_books_settle_from_the_merged_usage(engines):
 
     asyncio.run(go())
     assert _kv(d1)["remote_prefills"] == 1
+
+
+def test_prefill_legs_spread_by_the_tokens_in_flight(engines):
+    """Four long prompts at once, two prefill engines: the engines' gauges come a scrape
+    late, so the prefill pick counts the legs it has in flight on each (their uncached
+    tokens): two legs each."""
+    p1, d1 = engines
+    with sim_engine("--prefill-tps", "2000", time_scale=4) as p2:
+
+        async def go():
+            eps = _eps(p1=(p1, "prefill"), p2=(p2, "prefill"), d1=(d1, "decode"))
+            async with running_gateway(settings=gateway_settings(endpoints=eps, health=SLOW_HEALTH)) as gw:
+                rs = await asyncio.gather(*(_chat(gw, f"{i} {LONG}") for i in range(4)))
+                assert [r.status for r in rs] == [200] * 4
+                assert (await _stats(gw))["pd"]["sim-model"]["prefill_tokens_in_flight"] == {}
+
+        asyncio.run(go())
+        assert (_kv(p1)["prefills"], _kv(p2)["prefills"]) == (2, 2)

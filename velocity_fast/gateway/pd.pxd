@@ -19,14 +19,19 @@ cdef class PdPool:
     cdef public long colocated         # requests the decider ran on the decode engine alone
     cdef public long prefill_retries
     cdef public long prefill_failed    # requests answered 503 for their prefill legs
+    # endpoint name -> the uncached prompt tokens of the prefill legs in flight there
+    cdef public dict pending
 
 
 cdef class PrefillLeg(ResponseHandler):
     cdef PdExchange x
     cdef Endpoint ep
+    cdef PdPool pd                     # its tokens' pool, until settled
+    cdef double tokens
     cdef UpstreamConnection conn
     cdef object timer
     cdef bint over
+    cdef void _settle(self) except *
     cdef abort(self)
     cdef _finish(self, int status, body, err)
 
@@ -40,12 +45,14 @@ cdef class PdExchange(Exchange):
     cdef Endpoint p_ep                 # the prefill engine that answered (None: colocated)
     cdef long long p_prompt
     cdef long long p_cached
+    cdef double p_tokens               # the prompt's tokens the chosen prefill engine lacks
     cdef bint merged                   # a stream's usage merged
     cdef Endpoint _pick_claim(self)
     cdef _none_left(self)
     cdef _send(self, Endpoint ep)
     cdef _decide(self)
     cdef bint _start_prefill(self) except -1
+    cdef Endpoint _pick_prefill(self, list excl)
     cdef _prefilled(self, PrefillLeg leg, int status, body, err)
     cdef _after_prefill(self, PrefillLeg leg, int status, body, err)
     cdef _prefill_refused(self, Endpoint ep, int status, body)

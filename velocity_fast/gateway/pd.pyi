@@ -18,6 +18,7 @@ class PdPool:
     colocated: int
     prefill_retries: int
     prefill_failed: int
+    pending: dict
     def __init__(self, not_decode: list, not_prefill: list, min_uncached: int, prefill_timeout: float) -> None: ...
     def snapshot(self) -> dict: ...
 

@@ -73,6 +73,7 @@ cdef class PdPool:
     endpoints or the ``pd`` settings change; its counts outlive a rebuild."""
 
     def __init__(self, list not_decode, list not_prefill, long min_uncached, double prefill_timeout):
+        self.pending = {}
         self.not_decode = not_decode
         self.not_prefill = not_prefill
         self.min_uncached = min_uncached
@@ -81,7 +82,8 @@ cdef class PdPool:
     def snapshot(self):
         return {"min_uncached_tokens": self.min_uncached, "disaggregated": self.disaggregated,
                 "colocated": self.colocated, "prefill_retries": self.prefill_retries,
-                "prefill_failed": self.prefill_failed}
+                "prefill_failed": self.prefill_failed,
+                "prefill_tokens_in_flight": {k: round(v) for k, v in self.pending.items()}}
 
 
 def configure_pools(pools, settings):
@@ -103,6 +105,7 @@ def configure_pools(pools, settings):
             old = <PdPool>pool.pd
             pd.disaggregated, pd.colocated = old.disaggregated, old.colocated
             pd.prefill_retries, pd.prefill_failed = old.prefill_retries, old.prefill_failed
+            pd.pending = old.pending  # the legs in flight settle into the new one
         pool.pd = pd
 
 
@@ -152,9 +155,21 @@ cdef class PrefillLeg(ResponseHandler):
         self.over = False
         self._finish(0, None, f"no answer within {self.x.pd.prefill_timeout:g} s")
 
+    cdef void _settle(self) except *:
+        """Its tokens leave its engine's prefill load (once)."""
+        cdef double left
+        if self.pd is not None:
+            left = <double>self.pd.pending.get(self.ep.name, 0.0) - self.tokens
+            if left > 0.5:
+                self.pd.pending[self.ep.name] = left
+            else:
+                self.pd.pending.pop(self.ep.name, None)
+            self.pd = None
+
     cdef abort(self):
         """The leg ends unanswered: its engine connection closed (the engine aborts the
         request and frees its blocks)."""
+        self._settle()
         self.over = True
         self.abandoned = True
         if self.timer is not None:
@@ -169,6 +184,7 @@ cdef class PrefillLeg(ResponseHandler):
         if self.over:
             return
         self.over = True
+        self._settle()
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -262,12 +278,15 @@ cdef class PdExchange(Exchange):
         excl = self.pd.not_prefill + [self.ep]
         if self.p_tried:
             excl += self.p_tried
-        ep = router.pick(self.pool, self.info, None, excl)
+        ep = self._pick_prefill(excl)
         if ep is None:
             return False
         leg = PrefillLeg.__new__(PrefillLeg)
         leg.x = self
         leg.ep = ep
+        leg.pd = self.pd
+        leg.tokens = self.p_tokens
+        self.pd.pending[ep.name] = self.pd.pending.get(ep.name, 0.0) + leg.tokens
         self.leg = leg
         leg.timer = self.loop.call_later(self.pd.prefill_timeout, leg._timed_out)
         up = ep.upstream
@@ -275,6 +294,27 @@ cdef class PdExchange(Exchange):
         auth = f"authorization: Bearer {key}\r\n".encode("latin-1") if key else b""
         up.request(engine_request(up.json_post_head(self.up_path), self.rid, auth, self.prefill_body), leg)
         return True
+
+    cdef Endpoint _pick_prefill(self, list excl):
+        """The prefill engine by prefix and token load: the least prefill work there with
+        this prompt's added (its tokens not cached there, the router's prefix index, plus
+        the uncached tokens of the prefill legs in flight there); None when none is healthy.
+        The engines' own gauges come a scrape late; a burst's legs must spread at once."""
+        cdef Router router = self.ingress.router
+        cdef Endpoint ep, best = None
+        cdef double tokens = self.ticket.prompt_bytes / VF_BYTES_PER_TOKEN, score, best_score = 0.0
+        cdef double own
+        pending = self.pd.pending
+        for x in self.pool.endpoints:
+            ep = <Endpoint>x
+            if not ep.healthy or ep in excl:
+                continue
+            own = tokens * (1.0 - router.cached_on(self.pool, self.info, ep))
+            score = own + <double>pending.get(ep.name, 0.0)
+            if best is None or score < best_score:
+                best, best_score = ep, score
+                self.p_tokens = own
+        return best
 
     cdef _prefilled(self, PrefillLeg leg, int status, body, err):
         """The prefill leg's end: the decode leg with its params, a retry, or the 503."""
