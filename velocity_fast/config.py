@@ -79,6 +79,9 @@ class EndpointConfig(_S):
     model: str
     api_key: str | None = None  # the engine's own --api-key, sent upstream
     kv_events: KVEventsConfig | None = None  # for precise prefix routing
+    # What the engine does in prefill/decode disaggregation (docs/pd.md): prefill, decode,
+    # or both (a colocated engine, the default).
+    role: Literal["prefill", "decode", "both"] = "both"
 
 
 class ModelConfig(_S):
@@ -120,6 +123,18 @@ class ServerSettings(_S):
     first_byte_timeout_s: _Seconds | None = None
 
 
+class PdSettings(_S):
+    """Prefill/decode disaggregation (docs/pd.md): when a request of a pool with prefill
+    and decode endpoints takes two legs, and how long its prefill leg may take."""
+
+    # The prompt's part not cached on the chosen decode engine, in tokens, from which a
+    # request is disaggregated; below it runs on the decode engine alone (docs/pd.md, "The
+    # decider", for the measurement behind 256).
+    min_uncached_tokens: Annotated[int, msgspec.Meta(ge=0, le=16_777_216)] = 256
+    # The prefill leg's answer must come within this; else it is retried once elsewhere.
+    prefill_timeout_s: _Seconds = 60.0
+
+
 DEFAULT_BANDS = AdmissionSettings().bands
 
 
@@ -147,6 +162,7 @@ class Settings(_S):
     routing: dict[str, Any] = msgspec.field(default_factory=dict)
     health: HealthSettings = msgspec.field(default_factory=HealthSettings)
     server: ServerSettings = msgspec.field(default_factory=ServerSettings)
+    pd: PdSettings = msgspec.field(default_factory=PdSettings)
     sim: dict[str, Any] = msgspec.field(default_factory=dict)
     # redis://host:port/db: tenant buckets shared by every replica (None: each replica its own)
     state_store: str | None = None
@@ -228,6 +244,7 @@ class Settings(_S):
                             f"endpoints[{i}].kv_events.{key}: must be a tcp:// or ipc:// "
                             f"address to connect to, got {v!r}"
                         )
+        _check_roles(self.endpoints)
         keys = set()
         for i, t in enumerate(self.tenants):
             if t.max_band is not None and t.max_band not in names:
@@ -237,6 +254,28 @@ class Settings(_S):
                     raise ConfigError(f"tenants[{i}].api_key: the same key is given to two tenants")
                 keys.add(t.api_key)
         return self
+
+
+def _check_roles(endpoints: list[EndpointConfig]) -> None:
+    """A pool with a role that cannot be served is refused at start (and at a reload):
+    prefill endpoints need an engine that decodes, decode endpoints one that prefills."""
+    roles: dict[str, set[str]] = {}
+    for e in endpoints:
+        roles.setdefault(e.model, set()).add(e.role)
+    for model, have in sorted(roles.items()):
+        i = next(i for i, e in enumerate(endpoints) if e.model == model and e.role != "both") if have != {"both"} else 0
+        if "prefill" in have and not have & {"decode", "both"}:
+            raise ConfigError(
+                f"endpoints[{i}].role: model {model!r} has prefill endpoints but none that decodes: a "
+                f"prefilled request's KV blocks need a decode engine to pull them (give one endpoint "
+                f"role decode or both)"
+            )
+        if "decode" in have and not have & {"prefill", "both"}:
+            raise ConfigError(
+                f"endpoints[{i}].role: model {model!r} has decode endpoints but none that prefills: "
+                f"a decode engine serves only requests whose prompt another engine computed (give one "
+                f"endpoint role prefill or both)"
+            )
 
 
 def parse_endpoint_flag(value: str, source: str = "--endpoint") -> EndpointConfig:

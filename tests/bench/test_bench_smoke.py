@@ -296,3 +296,21 @@ def test_sim_throughput_relays_tokens_and_loses_no_stream(tmp_path):
     assert res["streams_lost"] == 0
     for key in ("tokens_per_s", "engine_cpu_fraction", "client_cpu_fraction", "tokens_per_engine_cpu_s"):
         number(res[key], key)
+
+
+@pytest.mark.timeout(120)
+def test_pd_runs_both_workloads_colocated_and_disaggregated_and_strands_no_kv(tmp_path):
+    out_json = tmp_path / "pd.json"
+    rc, out = run([sys.executable, "-m", "bench.pd", "--smoke", "--json", str(out_json)], timeout=100)
+    assert rc == 0, out[-4000:]
+    runs = json.loads(out_json.read_text())["runs"]
+    assert {(r["setup"], r["workload"]) for r in runs} == {
+        (s, w) for s in ("1P1D colocated", "1P1D 1P1D") for w in ("long-prompt", "long-answer")
+    }
+    for r in runs:
+        assert r["ok"] == r["sent"] > 0 and r["failed"] == 0, r
+        assert r["held_blocks_after"] == 0, r
+        for key in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "throughput_tok_s", "decider_skip_share"):
+            number(r[key], f"{r['setup']} {r['workload']} {key}")
+    # Colocated pools have no decider: every request ran whole on one engine.
+    assert all(r["decider_skip_share"] == 1.0 for r in runs if r["setup"].endswith("colocated"))

@@ -16,6 +16,7 @@ from velocity_fast.config import (
     BandConfig,
     ConfigError,
     EndpointConfig,
+    PdSettings,
     ServerSettings,
     Settings,
     TenantConfig,
@@ -176,6 +177,7 @@ def test_example_shows_every_key():
     data = yaml.safe_load(EXAMPLE.read_text())
     assert set(data) == _fields(Settings)
     assert set(data["server"]) == _fields(ServerSettings)
+    assert set(data["pd"]) == _fields(PdSettings)
     assert set(data["health"]) == _fields(HealthSettings)
     assert set(data["health"]["metrics"]) == _fields(MetricNames)
     assert all(set(t) == _fields(TenantConfig) for t in data["tenants"][:1])

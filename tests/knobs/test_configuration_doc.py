@@ -17,6 +17,7 @@ from velocity_fast.config import (
     ConfigError,
     EndpointConfig,
     ModelConfig,
+    PdSettings,
     ServerSettings,
     Settings,
     TenantConfig,
@@ -42,6 +43,7 @@ SECTIONS = [
     ("health.", HealthSettings),
     ("health.metrics.", MetricNames),
     ("server.", ServerSettings),
+    ("pd.", PdSettings),
 ]
 
 # Defaults that come from elsewhere, said in words in the table.

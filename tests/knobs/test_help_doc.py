@@ -130,5 +130,12 @@ def test_the_default_the_help_states_is_the_one_used(cmd):
 def test_charge_velocity_takes_endpoint_flags_as_the_doc_says():
     args = build_parser().parse_args(["chargeVelocity", "--endpoint", "e9=http://10.0.0.9:8000=llama"])
     assert [msgspec.to_builtins(e) for e in flag_overrides(args)["endpoints"]] == [
-        {"name": "e9", "url": "http://10.0.0.9:8000", "model": "llama", "api_key": None, "kv_events": None}
+        {
+            "name": "e9",
+            "url": "http://10.0.0.9:8000",
+            "model": "llama",
+            "api_key": None,
+            "kv_events": None,
+            "role": "both",
+        }
     ]

@@ -43,6 +43,8 @@ cdef class Endpoint:
     cdef public long served
     cdef public long errors
     cdef public object upstream
+    # prefill | decode | both: what the engine does in disaggregated serving (gateway/pd.pyx)
+    cdef public str role
     # The engine's slot in the workers' shared memory (NULL: one process; state/shm.pxd's
     # inflight_* functions keep ``inflight`` from it)
     cdef EndpointSlot *shm
@@ -51,6 +53,9 @@ cdef class Endpoint:
 cdef class Pool:
     cdef public str model
     cdef public list endpoints
+    # None: every endpoint does both (the common pool); else the pool's prefill/decode
+    # split (gateway/pd.pyx's PdPool), which the front door checks once per request.
+    cdef public object pd
 
     cpdef long context_length(self, long cap)
 

@@ -18,8 +18,9 @@ STATS_WHOLE = frozenset({"inflight", "limit", "running", "waiting", "kv_usage", 
 cdef class Endpoint:
     """What the gateway knows of one engine. See docs/internals.md."""
 
-    def __init__(self, str name, str url, str model, *, api_key=None, long limit=32):
+    def __init__(self, str name, str url, str model, *, api_key=None, long limit=32, str role="both"):
         self.name = name
+        self.role = role
         self.url = url.rstrip("/")
         self.model = model
         self.api_key = api_key
@@ -49,7 +50,8 @@ cdef class Endpoint:
                 "healthy": self.healthy, "inflight": self.inflight, "limit": self.limit,
                 "running": self.running, "waiting": self.waiting, "kv_usage": self.kv_usage,
                 "metrics_age_s": round(self.metrics_age(), 3) if self.scraped_at else None,
-                "num_gpu_blocks": self.num_gpu_blocks, "served": self.served, "errors": self.errors}
+                "num_gpu_blocks": self.num_gpu_blocks, "served": self.served, "errors": self.errors,
+                "role": self.role}
 
     def __repr__(self):
         return f"<Endpoint {self.name} {self.url} {self.model} {self.state} inflight={self.inflight}>"

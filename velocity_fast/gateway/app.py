@@ -21,6 +21,7 @@ from velocity_fast.gateway.identity import Identity
 from velocity_fast.gateway.ingress import Ingress, band_for, handle_client
 from velocity_fast.gateway.kv import KVFleet
 from velocity_fast.gateway.observability import GatewayMetrics
+from velocity_fast.gateway.pd import configure_pools
 from velocity_fast.gateway.routes import GENERATION_ROUTES, MODEL_PREFIX, RELAY_ROUTES, OtherRoutes
 from velocity_fast.http.message import Request
 from velocity_fast.metrics.registry import Registry
@@ -67,6 +68,7 @@ STATS_WHOLE = (
             "counter",
             "pending",
             "lifted",
+            "min_uncached_tokens",
         }
     )
     | ENDPOINT_WHOLE
@@ -162,7 +164,9 @@ class Gateway:
     def add_endpoint(self, cfg: EndpointConfig, *, watch: bool = True) -> Endpoint:
         if cfg.name in self.endpoints:
             raise ValueError(f"endpoint {cfg.name!r} exists")
-        ep = Endpoint(cfg.name, cfg.url, cfg.model, api_key=cfg.api_key, limit=self.settings.max_concurrency)
+        ep = Endpoint(
+            cfg.name, cfg.url, cfg.model, api_key=cfg.api_key, limit=self.settings.max_concurrency, role=cfg.role
+        )
         # Idle connections past what the endpoint can have in flight (its concurrency limit,
         # a health check and a scrape) would never all be used: the pool keeps no more.
         ep.upstream = UpstreamPool(
@@ -175,6 +179,7 @@ class Gateway:
         if pool is None:
             pool = self.pools[ep.model] = Pool(ep.model)
         pool.endpoints.append(ep)
+        configure_pools(self.pools, self.settings)
         if self.default_model is None:
             self.default_model = ep.model
         self.kv.add(cfg)
@@ -192,6 +197,7 @@ class Gateway:
         self.kv.remove(name)
         pool = self.pools[ep.model]
         pool.endpoints.remove(ep)
+        configure_pools(self.pools, self.settings)
         if not pool.endpoints:
             del self.pools[ep.model]
             if self.default_model == ep.model:
@@ -481,6 +487,8 @@ class Gateway:
                 for e in self.endpoints.values()
             ],
             "pools": {m: [e.name for e in p.endpoints] for m, p in self.pools.items()},
+            # The pools that serve disaggregated: their decider's threshold and counts.
+            "pd": {m: p.pd.snapshot() for m, p in self.pools.items() if p.pd is not None},
             "admission": self.admission.stats(),
             "routing": self.router.stats(),
             "kv_events": self.kv.stats(),

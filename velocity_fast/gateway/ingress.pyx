@@ -26,6 +26,7 @@ from velocity_fast.admission.controller cimport Admission, Lease, Ticket
 from velocity_fast.admission.estimators cimport OutputEstimate
 from velocity_fast.metrics.values cimport Value
 from velocity_fast.gateway.exchange cimport Exchange, new_exchange, start_generation
+from velocity_fast.gateway.pd cimport new_pd_exchange
 from velocity_fast.gateway.requests cimport (P_FIELDS, P_MAX_COMPLETION_TOKENS, P_MAX_TOKENS, P_MODEL, P_PRIORITY,
                                            P_SLA_MS, P_STREAM, P_STREAM_OPTIONS, P_USER, ask_usage, decode_fields,
                                            strip_own_fields)
@@ -406,7 +407,10 @@ cdef Exchange _exchange(Ingress ingress, Request req, Responder resp, str route,
     ticket.max_tokens = max_tokens
     ticket.prompt_bytes = len(body)
     ticket.model = model
-    x = new_exchange(ingress, req, resp, route, pool, ticket, info, body, rid)
+    if type(pool) is Pool and (<Pool>pool).pd is not None:  # prefill/decode roles (gateway/pd.pyx)
+        x = new_pd_exchange(ingress, req, resp, route, <Pool>pool, ticket, info, body, rid)
+    else:
+        x = new_exchange(ingress, req, resp, route, pool, ticket, info, body, rid)
     x.tenant = tenant
     x.q_est = q_est
     x.prompt_est = <long long>(ticket.prompt_bytes / VF_BYTES_PER_TOKEN)

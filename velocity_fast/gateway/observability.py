@@ -61,6 +61,31 @@ class GatewayMetrics:
             merge=MAX,
         )
         reg.gauge_fn(
+            "velocity_endpoint_role",
+            "1 for each endpoint, labelled with its prefill/decode role (prefill, decode or both).",
+            lambda: [((e.name, e.model, e.role), 1.0) for e in gw.endpoints.values()],
+            ("endpoint", "model", "role"),
+            merge=MAX,
+        )
+
+        def pd_ways():
+            out = []
+            for m, p in gw.pools.items():
+                if p.pd is not None:
+                    for way in ("disaggregated", "colocated", "prefill_failed"):
+                        out.append(((m, way), float(getattr(p.pd, way))))
+            return out
+
+        reg.counter_fn(
+            "velocity_pd_requests_total",
+            "Requests of a pool with prefill/decode roles: disaggregated (two legs), colocated "
+            "(the decider ran them on the decode engine alone), prefill_failed (503 after the "
+            "prefill leg failed twice).",
+            pd_ways,
+            ("model", "way"),
+            merge=SUM,
+        )
+        reg.gauge_fn(
             "velocity_endpoint_engine_running",
             "Engine-reported running requests (last scrape).",
             eps("running"),

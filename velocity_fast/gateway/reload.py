@@ -34,6 +34,7 @@ import msgspec
 from velocity_fast.admission.settings import AdmissionSettings
 from velocity_fast.gateway.assemble import build_admission, build_router, routing_settings
 from velocity_fast.gateway.identity import Identity
+from velocity_fast.gateway.pd import configure_pools
 from velocity_fast.upstream.pool import UpstreamPool
 
 from ..config import ConfigError, Settings
@@ -242,6 +243,8 @@ def apply_settings(gw: Any, new: Settings) -> tuple[list[str], list]:
         retired.append(gw.admission)
         gw.admission = build_admission(new, gw.pools, gw.registry)
         changes.append(f"admission rebuilt (policy {new.policy})")
+    if new.pd != old.pd:  # the pools' deciders take the new threshold and timeout
+        configure_pools(gw.pools, new)
     gw.default_band = gw.resolve_default_band()  # admission.default_band over the bands now in force
     # Compared with the values the gateway runs with (those it started with), not with the
     # last file read: a key set back to its running value is no change to report.

@@ -43,3 +43,5 @@ class Router:
         """Remember that info's prompt blocks were sent to ep (call once it is bound)."""
     def cached_room(self, pool: Any, info: RouteInfo) -> float:
         """The largest fraction of info's prompt an endpoint of pool with room holds."""
+    def cached_on(self, pool: Any, info: RouteInfo, ep: Any) -> float:
+        """The fraction of info's prompt blocks ep was sent recently."""

@@ -500,6 +500,27 @@ cdef class Router:
                     best = m
         return min(1.0, <double>best / info.nblocks)
 
+    cpdef double cached_on(self, pool, RouteInfo info, Endpoint ep) except? -1.0:
+        """The fraction of ``info``'s prompt blocks that ``ep`` was sent recently, 0 to 1
+        (the approximate index): how much of the prompt a disaggregation decider may take
+        as cached there (gateway/pd.pyx)."""
+        cdef RouterPool state
+        cdef PrefixIndex index
+        cdef int s
+        if info is None or not info.nblocks:
+            return 0.0
+        state = self._pools.get(pool_model(pool))
+        if state is None:
+            return 0.0
+        index = state.index
+        s = index.slot_of(ep.name)
+        if s < 0:
+            return 0.0
+        matched = index.match(info.hashes)
+        if s >= len(matched):
+            return 0.0
+        return min(1.0, <double>(<Py_ssize_t>matched[s]) / info.nblocks)
+
     cpdef void on_dispatch(self, Endpoint ep, RouteInfo info) except *:
         """Remember that info's prompt blocks were sent to ep (call once it is bound)."""
         cdef Py_ssize_t n, held

@@ -20,6 +20,7 @@ from velocity_fast.sim.errors import BadRequest
 
 from .engine import Engine, Sequence
 from .extra import MODEL_PREFIX, extra_routes
+from .pd import PULL_PATH, STATS_PATH, KVTransfer, role_of
 from .responses import SYSTEM_FINGERPRINT, VLLM_VERSION, Choice, RequestMeta, StreamSink, WholeSink
 from .schema import (
     ChatRequest,
@@ -61,6 +62,7 @@ class SimAPI:
         self._auth = f"Bearer {cfg.api_key}" if cfg.api_key else None
         self._keep_alive = cfg.sse_keep_alive_interval / cfg.time_scale if cfg.sse_keep_alive_interval else None
         self._hash_seed = cfg.model.encode()
+        self.kvx = KVTransfer(cfg, engine.kv)  # disaggregation's held blocks and pulls
         self._routes = {
             "/v1/chat/completions": (("POST",), self._chat),
             "/v1/completions": (("POST",), self._completions),
@@ -71,6 +73,8 @@ class SimAPI:
             "/version": (("GET",), self._version),
             "/tokenize": (("POST",), self._tokenize),
             "/reset_prefix_cache": (("POST",), self._reset_prefix_cache),
+            PULL_PATH: (("POST",), self._kv_pull),
+            STATS_PATH: (("GET",), self._kv_stats),
         }
         # /v1/embeddings, /detokenize, /v1/responses, /v1/messages, GET /v1/models/{id}: sim/extra.py.
         extra, self._model_by_id = extra_routes(self)
@@ -163,6 +167,14 @@ class SimAPI:
         resp.send_json(
             200, {"count": len(ids), "max_model_len": self.cfg.max_model_len, "tokens": ids, "token_strs": None}
         )
+
+    async def _kv_pull(self, req: Request, resp: Responder) -> None:
+        status, out = await self.kvx.serve_pull(req.body)
+        if not resp.disconnected:
+            resp.send_json(status, out)
+
+    async def _kv_stats(self, req: Request, resp: Responder) -> None:
+        resp.send_json(200, self.kvx.stats())
 
     async def _reset_prefix_cache(self, req: Request, resp: Responder) -> None:
         # vLLM's dev-mode route: ?reset_running_requests=true preempts what runs first.
@@ -326,6 +338,12 @@ class SimAPI:
             ids = pseudo_token_ids(prompt)
         headers = (("x-request-id", xid),) if xid else ()
         engine = self.engine
+        role = role_of(body.kv_transfer_params)
+        external = 0
+        if role == "decode" and await self.kvx.pull(body.kv_transfer_params):
+            external = prompt_tokens - 1  # the prompt's KV came over: its last token is computed
+        if resp.disconnected:
+            return
         sink = (
             StreamSink(resp, meta, n, logprobs)
             if body.stream
@@ -349,6 +367,12 @@ class SimAPI:
                     ids,
                 )
             )
+        if external:
+            for seq in seqs:
+                seq.external = external
+        hold = role == "prefill" and not body.stream and n == 1
+        if hold:
+            seqs[0].keep = lambda seq: self.kvx.keep(rid, seq)
         meta.seq = seqs[0]
         if n == 1:
             seq = seqs[0]
@@ -373,7 +397,10 @@ class SimAPI:
             status, type, message = sink.error
             resp.send_error(status, message, type=type, headers=headers)
             return
-        resp.send(200, orjson.dumps(sink.body(SYSTEM_FINGERPRINT)), headers=headers)
+        out = sink.body(SYSTEM_FINGERPRINT)
+        if hold:
+            out["kv_transfer_params"] = self.kvx.params_for(rid, prompt_tokens)
+        resp.send(200, orjson.dumps(out), headers=headers)
 
 
 class _Schema(BadRequest):

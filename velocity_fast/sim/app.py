@@ -79,6 +79,7 @@ def main(args: argparse.Namespace) -> int:
         except BaseException:
             await engine.stop()
             raise
+        api.kvx.bind(server.host, server.port)  # where decode engines pull held blocks
         # The one line on stdout: test helpers that pass --port 0 read the port from it.
         print(f"sim engine {cfg.model!r} listening on http://{server.host}:{server.port}", flush=True)
 

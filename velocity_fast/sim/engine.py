@@ -17,6 +17,7 @@ import asyncio
 import logging
 import random
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
 from .kvcache import Allocation, KVCache
@@ -105,6 +106,8 @@ class Sequence:
         "last_token",
         "cached_tokens",
         "token_ids",
+        "keep",
+        "external",
     )
 
     def __init__(
@@ -136,6 +139,10 @@ class Sequence:
         self.first_token = 0.0
         self.last_token = 0.0
         self.cached_tokens = 0  # prompt tokens served by the prefix cache
+        # Disaggregation (sim/pd.py): a prefill's keep(seq) takes its blocks when the reply
+        # ends at its max tokens; a decode's prompt tokens pulled from a prefill engine.
+        self.keep: Callable[[Sequence], None] | None = None
+        self.external = 0
 
 
 class Engine:
@@ -334,6 +341,8 @@ class Engine:
                 break
             waiting.popleft()
             seq.alloc, hit = got
+            if seq.external > hit:  # pulled from a prefill engine: only the last token is computed
+                hit = seq.external
             seq.prefill_left = seq.num_tokens - hit
             if seq.scheduled == 0.0:
                 seq.scheduled = now
@@ -427,7 +436,10 @@ class Engine:
             keep = []
             for seq in self.running:
                 if seq.state == DONE:
-                    self.kv.release(seq.alloc)
+                    if seq.keep is not None and seq.generated >= seq.target and seq.finish_reason == "length":
+                        seq.keep(seq)  # held for a decode engine to pull (sim/pd.py)
+                    else:
+                        self.kv.release(seq.alloc)
                 else:
                     keep.append(seq)
             self.running = keep

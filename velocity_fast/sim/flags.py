@@ -156,6 +156,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(ChatML chat template; needs the `tokenizers` extra)",
     )
     p.add_argument(
+        "--kv-transfer-ms-per-block",
+        type=float,
+        default=_D.kv_transfer_ms_per_block,
+        help="disaggregation: milliseconds a decode engine's pull of one KV block takes (default %(default)s)",
+    )
+    p.add_argument(
+        "--kv-transfer-timeout",
+        type=float,
+        default=_D.kv_transfer_timeout,
+        help="disaggregation: seconds a prefill engine holds blocks nobody pulls, vLLM's "
+        "VLLM_NIXL_ABORT_REQUEST_TIMEOUT (default %(default)s)",
+    )
+    p.add_argument(
         "--write-tokenizer",
         default=None,
         metavar="FOLDER",

@@ -51,6 +51,8 @@ class _Common(msgspec.Struct):
     seed: Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)] | None = None
     # Features the sim does not implement: a request that needs them is refused.
     response_format: dict | None = None
+    # Disaggregation (sim/pd.py): an object, as vLLM's request model types it.
+    kv_transfer_params: dict | None = None
 
 
 class ChatRequest(_Common):

@@ -56,6 +56,12 @@ class SimConfig:
     kv_events_config: str | None = None
     #: A ``tokenizer.json``: prompts are counted, hashed and published as its token ids.
     tokenizer: str | None = None
+    #: Disaggregation (sim/pd.py): the time a decode engine's pull takes per KV block. A
+    #: 16-token block of an 8B model is about 2 MB, which RDMA at ~20 GB/s moves in 0.1 ms.
+    kv_transfer_ms_per_block: float = 0.1
+    #: How long a prefill engine holds blocks no decode engine pulled (vLLM's
+    #: VLLM_NIXL_ABORT_REQUEST_TIMEOUT).
+    kv_transfer_timeout: float = 480.0
 
     def validate(self) -> None:
         """Refuse settings vLLM would refuse, with a message naming the flag."""
@@ -79,6 +85,8 @@ class SimConfig:
             )
         if not (0.0 <= self.fail_rate <= 1.0 and 0.0 <= self.oom_rate <= 1.0 and self.fail_rate + self.oom_rate <= 1.0):
             raise ValueError("--fail-rate and --oom-rate must be in [0, 1] and sum to at most 1")
+        if self.kv_transfer_ms_per_block < 0 or self.kv_transfer_timeout <= 0:
+            raise ValueError("--kv-transfer-ms-per-block must be >= 0 and --kv-transfer-timeout > 0")
         if self.max_num_batched_tokens < 1:
             raise ValueError("--max-num-batched-tokens must be >= 1")
         if self.kv_events_config:
