@@ -20,6 +20,7 @@ from velocity_fast.config import (
     ServerSettings,
     Settings,
     TenantConfig,
+    TracingSettings,
     key_range,
     load_settings,
 )
@@ -42,6 +43,7 @@ SECTIONS = [
     ("health.", HealthSettings),
     ("health.metrics.", MetricNames),
     ("server.", ServerSettings),
+    ("tracing.", TracingSettings),
 ]
 
 # Defaults that come from elsewhere, said in words in the table.

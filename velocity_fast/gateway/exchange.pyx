@@ -136,6 +136,8 @@ cdef class Exchange(ResponseHandler):
             self._account(0, 0, 0, True)  # nothing served: the quota's draw comes back
             self._reject_counted(e.reason)
             self._end()
+            if self.trace is not None:
+                self._trace_end(e.status, e.reason, e.retry_after, None)
             self.ingress.app.reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band,
                             self.base_headers(), e.retry_after, from_admission=True)
             return
@@ -192,6 +194,8 @@ cdef class Exchange(ResponseHandler):
         self._account(0, 0, 0, True)
         self._reject_counted(e.reason)
         self._end()
+        if self.trace is not None:
+            self._trace_end(e.status, e.reason, e.retry_after, None)
         self.ingress.app.reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band, self.base_headers(),
                         e.retry_after, from_admission=True)
 
@@ -209,6 +213,9 @@ cdef class Exchange(ResponseHandler):
         cdef Endpoint ep
         ingress, tried = self.ingress, self.tried
         router = ingress.router
+        trace = self.trace
+        if trace is not None:
+            trace.routing(router, self.info)
         # The lease's own band first, then any endpoint with room (the pool had headroom).
         ep = (router.pick(self.pool, self.info, lease, tried)  # the lease's has_room, as C
               or router.pick(self.pool, self.info, ingress.admission.has_room, tried))
@@ -235,6 +242,8 @@ cdef class Exchange(ResponseHandler):
         # The bytes request_head would build (same headers, same order), in one step.
         key = ep.api_key
         auth = f"authorization: Bearer {key}\r\n".encode("latin-1") if key else b""
+        if trace is not None:  # the engine's span becomes a child of this attempt's
+            auth += trace.attempt(ep, self.info)
         up.request(engine_request(up.json_post_head(self.up_path), self.rid, auth, self.body), self)
 
     # -- the engine connection's response handler: called as C (upstream/connection.pyx's
@@ -273,6 +282,8 @@ cdef class Exchange(ResponseHandler):
         """A piece of a stream: its data (framed: whole chunks, framing and all) to the client."""
         cdef Py_ssize_t err_at
         resp = self.resp
+        if self.trace is not None:
+            self.trace.piece(data, self.first)
         if self.first:
             self.first = False
             self.lease.first_byte()
@@ -358,6 +369,8 @@ cdef class Exchange(ResponseHandler):
             error_text = f"engine status {status}"
         elif ok:
             self._learn_open()
+        if self.trace is not None:
+            self._trace_end(status, None, None, None)
         settle(self.ingress, self.route, self.ticket.band, ep, self.lease, status, self.engine_failed, ok, error_text,
                         self.events)
 
@@ -370,6 +383,8 @@ cdef class Exchange(ResponseHandler):
             resp.write_nowait(stream_error_event(f"The engine failed during streaming: {e}", 500))
         resp.end()
         self._account_stream()
+        if self.trace is not None:
+            self._trace_end(self.status, "upstream", None, None)
         settle(self.ingress, self.route, self.ticket.band, self.ep, self.lease, self.status, True, False, str(e),
                         self.events)
 
@@ -415,8 +430,11 @@ cdef class Exchange(ResponseHandler):
             body = native
         settle(self.ingress, self.route, self.ticket.band, ep, self.lease, status, False, ok, error_text, tokens)
         # out_headers() as lines, written whole (http/heads.pyx)
-        resp.send(status, body, content_type=ct,
-                  headers=relay_lines(self.rid, self.ep.name, self.queue_s * 1000.0, self.ticket.band))
+        lines = relay_lines(self.rid, self.ep.name, self.queue_s * 1000.0, self.ticket.band)
+        if self.trace is not None:
+            self._trace_end(status, None, None, body)
+            lines += (<object>self.trace).header_line
+        resp.send(status, body, content_type=ct, headers=lines)
 
     cdef _invalid_status(self, UpstreamConnection conn, int status):
         """An engine status that is no final HTTP answer (1xx, or past 599): a 502, the
@@ -474,6 +492,8 @@ cdef class Exchange(ResponseHandler):
             self.state = _DONE
             self.adm.withdraw(self.ticket, self.qitem)
             self._account(0, 0, 0, True)  # never served: the quota's draw comes back
+            if self.trace is not None:
+                self._trace_end(499, "cancelled", None, None)
             return
         if self.state != _DONE:
             # What the engine produced up to the abort: a stream's relayed chunks (its
@@ -489,6 +509,8 @@ cdef class Exchange(ResponseHandler):
         self._drop_engine()
         if self.lease is not None:
             self.lease.release("cancelled")
+        if self.trace is not None:  # 499: the client closed the request (nginx's word)
+            self._trace_end(499, "cancelled", None, None)
 
     cdef void _drop_engine(self) except *:
         """The engine request ends here: its connection aborted (the engine aborts the
@@ -517,6 +539,8 @@ cdef class Exchange(ResponseHandler):
             error_text = f"engine status {status}"
         elif ok:
             self._learn_open()
+        if self.trace is not None:
+            self._trace_end(status, None, None, None)
         settle(self.ingress, self.route, self.ticket.band, self.ep, self.lease, status, self.engine_failed, ok,
                error_text, self.events)
 
@@ -535,11 +559,22 @@ cdef class Exchange(ResponseHandler):
             if self.lease is not None:
                 self.lease.release("failed", "the gateway shut down", self.events)
         self.qitem = None
+        if self.trace is not None:
+            self._trace_end(status, "shutdown", None, None)
         count_request(self.ingress, self.route, status, self.ticket.band)
 
     cpdef list base_headers(self):
         """The headers of every answer to this request, an error's too (made when needed)."""
+        if self.trace is not None:
+            return [("x-request-id", self.rid), ("traceparent", self.trace.traceparent)]
         return rid_header(self.rid)
+
+    cdef void _trace_end(self, int status, reason, retry_after, body) except *:
+        """The trace's spans end with the request (tracing on, this request sampled)."""
+        try:
+            self.trace.end(self, status, reason, retry_after, body)
+        except Exception:  # a trace must never fail the request it describes
+            log.exception("tracing: the spans of request %s could not be ended", self.rid)
 
     def out_headers(self):
         return self.base_headers() + [("x-velocity-endpoint", self.ep.name),
@@ -603,6 +638,8 @@ cdef class Exchange(ResponseHandler):
 
     cdef _refuse(self, int status, str reason, str message, retry_after=None):
         self._end()
+        if self.trace is not None:
+            self._trace_end(status, reason, retry_after, None)
         if not self.resp.started:
             self.ingress.app.reject(self.resp, self.route, status, reason, message, self.ticket.band, self.base_headers(),
                             retry_after)
@@ -616,6 +653,8 @@ cdef class Exchange(ResponseHandler):
                 self.conn = None
             self._fail_lease("gateway error")
             self._end()
+            if self.trace is not None:
+                self._trace_end(500, "internal", None, None)
         finally:
             internal_error(self.ingress, self.req, self.resp, self.rid, self.route,
                            self.ticket.band if self.ticket is not None else "-", None)

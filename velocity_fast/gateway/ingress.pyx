@@ -338,6 +338,8 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
     x.want_usage = want
     x.usage_strip = strip
     x.open_est = open_est
+    if ingress.tracing is not None:  # tracing on: this request's trace, if it is sampled
+        x.trace = ingress.tracing.begin(x, chat, asked)
     # No task: admission, the engine connection and the client meet in callbacks,
     # a stream's events included.
     x.start()

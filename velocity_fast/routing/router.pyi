@@ -41,5 +41,7 @@ class Router:
         """The endpoint of pool for this request, or None when none is healthy with room."""
     def on_dispatch(self, ep: Any, info: RouteInfo) -> None:
         """Remember that info's prompt blocks were sent to ep (call once it is bound)."""
+    def profile(self, name: str) -> Any:
+        """The profile called name (its basis: what decided its last choice), or None."""
     def cached_room(self, pool: Any, info: RouteInfo) -> float:
         """The largest fraction of info's prompt an endpoint of pool with room holds."""

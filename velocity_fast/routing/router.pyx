@@ -470,6 +470,11 @@ cdef class Router:
         (<Value>profile.picks[profile.basis]).value += 1.0
         return chosen
 
+    def profile(self, name):
+        """The profile called ``name``, or None: its ``basis`` says what decided its last
+        choice (a trace reads it; a pick with one candidate makes no choice)."""
+        return self._profiles.get(name)
+
     cpdef double cached_room(self, pool, RouteInfo info) except? -1.0:
         """The largest fraction of ``info``'s prompt blocks that an endpoint of ``pool``
         with room (healthy, in-flight below its limit) was sent recently, 0 to 1: what

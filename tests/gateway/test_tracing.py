@@ -1,0 +1,280 @@
+"""OpenTelemetry tracing (docs/tracing.md) against a real OTLP/HTTP receiver: an HTTP
+server in the test that decodes the ``ExportTraceServiceRequest`` protobuf the SDK's
+exporter posts to /v1/traces. The span tree, its attributes, the W3C context joined,
+returned and sent to the engine; a collector that is down costs the requests nothing."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+pytest.importorskip("opentelemetry.proto", reason="the otel extra (pip install 'velocityllm[otel]')")
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
+
+from tests.support.gateway import RecordingUpstream, running_gateway, wait_until  # noqa: E402
+from tests.support.sim import free_port, http_request, open_request, sim_engine  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+SERVER, CLIENT = 2, 3  # Span.SpanKind in the OTLP protobuf
+
+REPLY = json.dumps(
+    {
+        "id": "cmpl-1",
+        "object": "chat.completion",
+        "model": "m-served",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+    }
+).encode()
+
+
+def _value(v):
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(x) for x in v.array_value.values]
+    return getattr(v, kind)
+
+
+class Receiver:
+    """An OTLP/HTTP trace receiver on 127.0.0.1: every span it was sent, decoded."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict] = []
+        self.posts = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["content-length"]))
+                if self.headers.get("content-encoding") == "gzip":
+                    body = gzip.decompress(body)
+                assert self.path == "/v1/traces"
+                assert self.headers["content-type"] == "application/x-protobuf"
+                req = ExportTraceServiceRequest.FromString(body)
+                for rs in req.resource_spans:
+                    res = {a.key: _value(a.value) for a in rs.resource.attributes}
+                    for ss in rs.scope_spans:
+                        for s in ss.spans:
+                            outer.spans.append(
+                                {
+                                    "name": s.name,
+                                    "kind": s.kind,
+                                    "trace_id": s.trace_id.hex(),
+                                    "span_id": s.span_id.hex(),
+                                    "parent": s.parent_span_id.hex(),
+                                    "start": s.start_time_unix_nano,
+                                    "end": s.end_time_unix_nano,
+                                    "attrs": {a.key: _value(a.value) for a in s.attributes},
+                                    "error": s.status.code == 2,
+                                    "resource": res,
+                                }
+                            )
+                outer.posts += 1
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_port}"
+
+    def __enter__(self) -> "Receiver":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+def _tracing(url: str, **more) -> dict:
+    return {"sample_ratio": 1.0, "otlp_endpoint": url, **more}
+
+
+def _tree(spans: list[dict], trace_id: str) -> tuple[dict, dict[str, list[dict]]]:
+    mine = [s for s in spans if s["trace_id"] == trace_id]
+    (server,) = [s for s in mine if s["kind"] == SERVER]
+    children: dict[str, list[dict]] = {}
+    for s in mine:
+        if s is not server:
+            assert s["parent"] == server["span_id"], s
+            children.setdefault(s["name"], []).append(s)
+    return server, children
+
+
+async def test_span_tree_joins_the_callers_trace_and_reaches_the_engine():
+    """A request with a caller's traceparent: one server span in the caller's trace, its
+    parent the caller's span; admission.wait, route and one client span beneath it; the
+    engine got a traceparent naming the client span; the answer names the server span."""
+    caller_trace, caller_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    with Receiver() as rx:
+        async with RecordingUpstream(reply=REPLY) as up:
+            async with running_gateway(("e1", up.url, "m"), tracing=_tracing(rx.url)) as gw:
+                r = await http_request(
+                    gw.port,
+                    "POST",
+                    "/v1/chat/completions",
+                    {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 7},
+                    headers={
+                        "traceparent": f"00-{caller_trace}-{caller_span}-01",
+                        "tracestate": "vendor=x",
+                        "x-velocity-tenant": "alice",
+                    },
+                )
+                assert r.status == 200, r.body
+        # the gateway's stop exported what was queued
+    version, trace_id, server_id, flags = r.headers["traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", caller_trace, "01")
+    server, children = _tree(rx.spans, caller_trace)
+    assert server["span_id"] == server_id and server["parent"] == caller_span
+    assert server["name"] == "chat m"
+    assert server["resource"]["service.name"] == "velocityllm"
+    a = server["attrs"]
+    assert a["gen_ai.operation.name"] == "chat"
+    assert a["gen_ai.request.model"] == "m"
+    assert a["gen_ai.response.model"] == "m-served"
+    assert a["gen_ai.request.max_tokens"] == 7
+    assert a["gen_ai.usage.input_tokens"] == 11 and a["gen_ai.usage.output_tokens"] == 7
+    assert a["gen_ai.response.finish_reasons"] == ["length"]
+    assert a["http.response.status_code"] == 200
+    assert a["velocity.tenant"] == "alice" and a["velocity.band"] == "normal"
+    assert "velocity.decline_reason" not in a
+    assert sorted(children) == ["admission.wait", "chat m", "route"]
+    (wait,) = children["admission.wait"]
+    assert wait["attrs"]["velocity.band"] == "normal" and wait["attrs"]["velocity.wait_ms"] >= 0
+    (route,) = children["route"]
+    assert route["attrs"]["velocity.endpoint"] == "e1" and route["attrs"]["velocity.route.profile"] == "chat"
+    assert route["attrs"]["velocity.route.basis"] == "only"  # one engine: no choice made
+    (client,) = children["chat m"]
+    assert client["kind"] == CLIENT
+    assert client["attrs"]["velocity.endpoint"] == "e1" and client["attrs"]["velocity.retry"] == 0
+    assert client["attrs"]["http.response.status_code"] == 200
+    # the spans nest in time: each child within the server span
+    for s in (wait, route, client):
+        assert server["start"] <= s["start"] <= s["end"] <= server["end"], s
+    assert wait["end"] <= route["start"] <= client["start"]
+    # what the engine received: the client span as its parent, in the caller's trace
+    (engine_headers,) = [h for _, path, h, _ in up.requests if path == "/v1/chat/completions"]
+    assert engine_headers["traceparent"] == f"00-{caller_trace}-{client['span_id']}-01"
+
+
+async def test_stream_from_the_sim_engine_and_a_new_trace(monkeypatch):
+    """A stream from the sim engine, no caller context: a new trace, exported in the
+    background while the gateway runs (a short batch delay); the client span's TTFT, the
+    finish reasons and the usage read from the stream's chunks."""
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    with Receiver() as rx, sim_engine(model="sim-model") as eng:
+        async with running_gateway(eng, tracing=_tracing(rx.url)) as gw:
+            s = await open_request(
+                gw.port,
+                "POST",
+                "/v1/completions",
+                {
+                    "model": "sim-model",
+                    "prompt": "once upon a time",
+                    "max_tokens": 5,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                },
+            )
+            try:
+                assert s.status == 200
+                await s.body()
+            finally:
+                await s.close()
+            trace_id = s.headers["traceparent"].split("-")[1]
+            await wait_until(lambda: any(x["kind"] == SERVER for x in rx.spans), 10.0, what="the server span exported")
+    server, children = _tree(rx.spans, trace_id)
+    assert server["name"] == "text_completion sim-model" and server["parent"] == ""
+    a = server["attrs"]
+    assert a["gen_ai.operation.name"] == "text_completion"
+    assert a["gen_ai.response.finish_reasons"] == ["length"]
+    assert a["gen_ai.usage.output_tokens"] == 5 and a["gen_ai.usage.input_tokens"] > 0
+    (client,) = children["text_completion sim-model"]
+    assert 0 < client["attrs"]["velocity.ttft_ms"] < (client["end"] - client["start"]) / 1e6
+
+
+async def test_not_sampled_changes_nothing():
+    """A caller's traceparent that says not sampled: no traceparent back, none sent to the
+    engine, no span exported."""
+    with Receiver() as rx:
+        async with RecordingUpstream(reply=REPLY) as up:
+            async with running_gateway(("e1", up.url, "m"), tracing=_tracing(rx.url)) as gw:
+                r = await http_request(
+                    gw.port,
+                    "POST",
+                    "/v1/chat/completions",
+                    {"model": "m", "messages": [{"role": "user", "content": "x"}]},
+                    headers={"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"},
+                )
+                assert r.status == 200
+    assert "traceparent" not in r.headers
+    assert [h for _, path, h, _ in up.requests if path == "/v1/chat/completions" and "traceparent" in h] == []
+    assert any(path == "/v1/chat/completions" for _, path, _, _ in up.requests)
+    assert rx.spans == []
+
+
+async def test_a_decline_is_traced_with_its_reason_and_retry_after():
+    """A request no engine can take (its only engine is down): 503 no-endpoint; the trace
+    says why, with the Retry-After promised, and the answer carries its traceparent."""
+    port = free_port()  # nothing listens there
+    with Receiver() as rx:
+        async with running_gateway(("e1", f"http://127.0.0.1:{port}", "m"), healthy=0, tracing=_tracing(rx.url)) as gw:
+            r = await http_request(
+                gw.port, "POST", "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+            )
+    assert r.status == 503, r.body
+    trace_id = r.headers["traceparent"].split("-")[1]
+    server, children = _tree(rx.spans, trace_id)
+    assert server["attrs"]["http.response.status_code"] == 503
+    assert server["attrs"]["velocity.decline_reason"] == "no-endpoint"
+    assert server["error"]
+    (wait,) = children["admission.wait"]
+    assert wait["attrs"]["velocity.retry_after_s"] == 1.0
+
+
+@pytest.mark.timed
+async def test_collector_down_costs_the_requests_nothing_and_stays_bounded():
+    """No collector listening: every request still answers, about as fast as with tracing
+    off on the same engine, and the exporter's queue never holds more than its bound."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+    n = 200
+
+    async def run(gw) -> float:
+        t = time.monotonic()
+        for _ in range(n):
+            r = await http_request(gw.port, "POST", "/v1/chat/completions", body)
+            assert r.status == 200
+        return time.monotonic() - t
+
+    async with RecordingUpstream(reply=REPLY) as up:
+        async with running_gateway(("e1", up.url, "m")) as gw:
+            await run(gw)  # warm
+            off = await run(gw)
+        async with running_gateway(("e1", up.url, "m"), tracing=_tracing(dead, max_queue_size=64)) as gw:
+            t0 = time.monotonic()
+            on = await run(gw)
+            queue = gw.tracing.processor._batch_processor._queue
+            assert len(queue) <= 64
+            stop_at = time.monotonic()
+        stopped_in = time.monotonic() - stop_at
+    # each traced request makes four spans: 800 spans met a queue of 64 and a dead collector
+    assert on < off * 3 + 0.5, (on, off)
+    assert stopped_in < 10.0, stopped_in  # the stop waits for the exporter at most its bound
+    assert time.monotonic() - t0 < 30.0
