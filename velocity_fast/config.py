@@ -129,7 +129,7 @@ class TracingSettings(_S):
     # else OTEL_EXPORTER_OTLP_ENDPOINT (load_settings reads them).
     otlp_endpoint: str | None = None
     # The share of requests that start a trace; a request that comes with a traceparent
-    # follows its caller's sampled flag (OpenTelemetry's parentbased_traceidratio). 0: off.
+    # follows its caller's sampled flag (parent-based, as OpenTelemetry's parentbased_traceidratio). 0: off.
     sample_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
     # Finished spans waiting for the exporter: past it they are dropped, not kept (a
     # collector that is down cannot grow the gateway's memory).

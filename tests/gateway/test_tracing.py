@@ -278,3 +278,28 @@ async def test_collector_down_costs_the_requests_nothing_and_stays_bounded():
     assert on < off * 3 + 0.5, (on, off)
     assert stopped_in < 10.0, stopped_in  # the stop waits for the exporter at most its bound
     assert time.monotonic() - t0 < 30.0
+
+
+async def test_the_ratio_samples_a_share_and_an_invalid_traceparent_starts_a_trace():
+    """At ratio 0.5 about half of 100 requests are traced (each traced one answers with its
+    traceparent and has its server span); a malformed caller context is not joined: the
+    request starts a trace of its own, sampled as any other."""
+    with Receiver() as rx:
+        async with RecordingUpstream(reply=REPLY) as up:
+            async with running_gateway(("e1", up.url, "m"), tracing=_tracing(rx.url, sample_ratio=0.5)) as gw:
+                traced = []
+                for i in range(100):
+                    r = await http_request(
+                        gw.port,
+                        "POST",
+                        "/v1/chat/completions",
+                        {"model": "m", "messages": [{"role": "user", "content": "x"}]},
+                        headers={"traceparent": "00-zzzz-00f067aa0ba902b7-01"} if i % 2 else None,
+                    )
+                    assert r.status == 200
+                    if "traceparent" in r.headers:
+                        traced.append(r.headers["traceparent"].split("-")[1])
+    assert 20 <= len(traced) <= 80, len(traced)
+    servers = {s["trace_id"]: s for s in rx.spans if s["kind"] == SERVER}
+    assert set(servers) == set(traced)
+    assert all(s["parent"] == "" for s in servers.values())

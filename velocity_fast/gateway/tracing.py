@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import re
 import threading
 import time
@@ -32,8 +33,8 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+from opentelemetry.trace import SpanKind, Status, StatusCode, get_current_span, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from velocity_fast.config import TracingSettings, traces_url
@@ -56,9 +57,11 @@ class Tracing:
     def __init__(self, settings: TracingSettings) -> None:
         # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES name the service when given.
         own = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "velocityllm"}
-        self.provider = TracerProvider(
-            resource=Resource.create(own), sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio))
-        )
+        # The ratio is applied in begin(), before any span is made: a request not sampled
+        # costs a header look-up and a random number, not the SDK's start_span.
+        self.ratio = settings.sample_ratio
+        self._random = random.random
+        self.provider = TracerProvider(resource=Resource.create(own), sampler=ParentBased(ALWAYS_ON))
         self.exporter = OTLPSpanExporter(endpoint=traces_url(settings.otlp_endpoint or ""), timeout=EXPORT_TIMEOUT_S)
         self.processor = BatchSpanProcessor(
             self.exporter,
@@ -74,7 +77,16 @@ class Tracing:
         max tokens it named), or None when it is not sampled."""
         req = x.req
         headers = req.headers
-        ctx = self.propagator.extract(headers) if "traceparent" in headers else None
+        ctx = None
+        if "traceparent" in headers:  # the caller decided, unless its context is invalid
+            ctx = self.propagator.extract(headers)
+            sc = get_current_span(ctx).get_span_context()
+            if not sc.is_valid:
+                ctx = None
+            elif not sc.trace_flags.sampled:
+                return None
+        if ctx is None and self._random() >= self.ratio:
+            return None
         ticket = x.ticket
         op = "chat" if chat else "text_completion"
         offset = time.time_ns() - time.monotonic_ns()
@@ -97,8 +109,6 @@ class Tracing:
             start_time=offset + int(t0 * 1e9),
             attributes=attrs,
         )
-        if not span.is_recording():
-            return None
         predicted = None
         try:  # what the SLA check predicts for it now, at arrival (None: nothing known yet)
             got = x.ingress.admission.prediction(ticket.model, ticket.band, ticket.max_tokens, ticket.prompt_bytes)
