@@ -303,3 +303,72 @@ async def test_the_ratio_samples_a_share_and_an_invalid_traceparent_starts_a_tra
     servers = {s["trace_id"]: s for s in rx.spans if s["kind"] == SERVER}
     assert set(servers) == set(traced)
     assert all(s["parent"] == "" for s in servers.values())
+
+
+async def test_a_reload_that_turns_tracing_on_says_it_waits_for_the_next_start(caplog):
+    """Tracing is read once at start: a reload that turns it on is reported key by key as
+    taking effect at the next start, and requests stay untraced until then."""
+    import logging
+
+    from tests.support.gateway import gateway_settings
+    from velocity_fast.gateway.reload import apply_settings
+
+    with Receiver() as rx:
+        async with RecordingUpstream(reply=REPLY) as up:
+            async with running_gateway(("e1", up.url, "m")) as gw:
+                new = gateway_settings(("e1", up.url, "m"), tracing=_tracing(rx.url))
+                with caplog.at_level(logging.WARNING, logger="velocity.reload"):
+                    apply_settings(gw, new)
+                warned = sorted(r.getMessage() for r in caplog.records if r.name == "velocity.reload")
+                assert warned == [
+                    f"config reload: tracing.{k} changed; it takes effect at the next start"
+                    for k in ("otlp_endpoint", "sample_ratio")
+                ]
+                r = await http_request(
+                    gw.port,
+                    "POST",
+                    "/v1/chat/completions",
+                    {"model": "m", "messages": [{"role": "user", "content": "x"}]},
+                )
+                assert r.status == 200 and "traceparent" not in r.headers
+    assert rx.spans == []
+
+
+async def test_a_retry_on_another_engine_is_a_second_client_span():
+    """An engine gone: the request that met it is retried on the other; its trace holds
+    two route spans and two client spans, the first failed (retry 0, the dead engine),
+    the second answered (retry 1), and the engine that answered got the second's id."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    with Receiver() as rx:
+        async with RecordingUpstream(reply=REPLY) as good:
+            bad = await RecordingUpstream(reply=REPLY).__aenter__()
+            try:
+                health = {"check_interval_ms": 60000.0, "scrape_interval_ms": 60000.0}
+                async with running_gateway(
+                    ("e1", bad.url, "m"), ("e2", good.url, "m"), health=health, tracing=_tracing(rx.url)
+                ) as gw:
+                    await bad.__aexit__(None, None, None)
+                    for _ in range(30):
+                        r = await http_request(gw.port, "POST", "/v1/chat/completions", body)
+                        assert r.status == 200 and r.headers["x-velocity-endpoint"] == "e2"
+                        if not gw.endpoints["e1"].healthy:
+                            break
+                    assert not gw.endpoints["e1"].healthy
+                    _, retried, _, flags = r.headers["traceparent"].split("-")
+            finally:
+                await bad.__aexit__(None, None, None)
+    server, children = _tree(rx.spans, retried)
+    first, second = sorted(children["chat m"], key=lambda s: s["start"])
+    assert (first["attrs"]["velocity.endpoint"], first["attrs"]["velocity.retry"], first["error"]) == ("e1", 0, True)
+    assert (second["attrs"]["velocity.endpoint"], second["attrs"]["velocity.retry"], second["error"]) == (
+        "e2",
+        1,
+        False,
+    )
+    assert first["end"] <= second["start"]
+    assert [s["attrs"]["velocity.endpoint"] for s in sorted(children["route"], key=lambda s: s["start"])] == [
+        "e1",
+        "e2",
+    ]
+    sent = [h["traceparent"] for _, path, h, _ in good.requests if path == "/v1/chat/completions"]
+    assert f"00-{retried}-{second['span_id']}-{flags}" in sent
