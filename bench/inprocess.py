@@ -329,9 +329,16 @@ s.serve_forever()
 """
 
 
-def _sink() -> tuple[subprocess.Popen, str]:
+def otlp_sink() -> tuple[subprocess.Popen, str]:
+    """The collector stand-in's process and its OTLP/HTTP address (stop it with stop_sink)."""
     proc = subprocess.Popen([sys.executable, "-c", _SINK], stdout=subprocess.PIPE, text=True)
     return proc, f"http://127.0.0.1:{proc.stdout.readline().strip()}"
+
+
+def stop_sink(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -393,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {per / (a.stream_events + 1):,.0f} per event")
         return 0
     best = None
-    sink, url = _sink() if a.trace_ratio else (None, None)
+    sink, url = otlp_sink() if a.trace_ratio else (None, None)
     try:
         for _ in range(a.repeat):
             us, rps = uvloop.run(
@@ -403,8 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             best = us if best is None else min(best, us)
     finally:
         if sink is not None:
-            sink.kill()
-            sink.wait()
+            stop_sink(sink)
     print(f"best: {best:.1f} us per request over {a.requests} requests, {a.connections} connections")
     if a.profile:
         prof = cProfile.Profile()
