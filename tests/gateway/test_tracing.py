@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -372,3 +373,47 @@ async def test_a_retry_on_another_engine_is_a_second_client_span():
     ]
     sent = [h["traceparent"] for _, path, h, _ in good.requests if path == "/v1/chat/completions"]
     assert f"00-{retried}-{second['span_id']}-{flags}" in sent
+
+
+async def test_a_queued_wait_and_an_sla_decline_are_traced():
+    """One engine slot, busy: a request with a long SLA queues (its admission.wait spans
+    the queue wait, with the wait predicted at arrival); one under the server's 100 ms
+    SLA is declined at once (429 sla) and its trace says so, with the Retry-After
+    promised."""
+    import asyncio
+
+    long_sla = {"x-velocity-sla-ms": "60000"}
+
+    async def completion(headers=None, max_tokens=40):
+        body = {"model": "m1", "prompt": "hello there", "max_tokens": max_tokens}
+        return await http_request(gw.port, "POST", "/v1/completions", body, headers=headers, timeout=30)
+
+    with Receiver() as rx, sim_engine(model="m1", time_scale=4) as eng:
+        async with running_gateway(
+            eng, max_concurrency=1, sla_ms=100.0, policy="dynamic", tracing=_tracing(rx.url)
+        ) as gw:
+            for _ in range(3):  # the engine's pace, learned
+                assert (await completion(long_sla)).status == 200
+            busy = asyncio.create_task(completion(long_sla, max_tokens=200))
+            await wait_until(lambda: gw.admission.stats()["counters"]["in_flight"] == 1, 5.0, what="busy")
+            queued = asyncio.create_task(completion(long_sla))
+            await wait_until(lambda: gw.admission.stats()["queued"] == 1, 5.0, what="queued")
+            declined = await completion()
+            assert (declined.status, declined.headers["x-velocity-reject-reason"]) == (429, "sla")
+            waited = await queued
+            assert (await busy).status == 200 and waited.status == 200
+    server, children = _tree(rx.spans, declined.headers["traceparent"].split("-")[1])
+    assert server["attrs"]["velocity.decline_reason"] == "sla"
+    assert server["attrs"]["http.response.status_code"] == 429
+    assert sorted(children) == ["admission.wait"]  # never routed
+    (wait,) = children["admission.wait"]
+    assert wait["attrs"]["velocity.decline_reason"] == "sla" and wait["error"]
+    # the promise itself; the header rounds it up to whole seconds
+    assert math.ceil(wait["attrs"]["velocity.retry_after_s"]) == int(declined.headers["retry-after"])
+    assert wait["attrs"]["velocity.predicted_wait_ms"] > 0
+    server, children = _tree(rx.spans, waited.headers["traceparent"].split("-")[1])
+    (wait,) = children["admission.wait"]
+    queue_ms = float(waited.headers["x-velocity-queue-ms"])
+    assert queue_ms > 10 and abs(wait["attrs"]["velocity.wait_ms"] - queue_ms) < 1.0
+    assert (wait["end"] - wait["start"]) / 1e6 == pytest.approx(queue_ms, abs=1.0)
+    assert wait["attrs"]["velocity.predicted_wait_ms"] > 0
