@@ -411,9 +411,11 @@ async def test_a_queued_wait_and_an_sla_decline_are_traced():
     # the promise itself; the header rounds it up to whole seconds
     assert math.ceil(wait["attrs"]["velocity.retry_after_s"]) == int(declined.headers["retry-after"])
     assert wait["attrs"]["velocity.predicted_wait_ms"] > 0
+    assert wait["attrs"]["velocity.queued_ahead"] == 1  # the queued request, in the same band
     server, children = _tree(rx.spans, waited.headers["traceparent"].split("-")[1])
     (wait,) = children["admission.wait"]
     queue_ms = float(waited.headers["x-velocity-queue-ms"])
     assert queue_ms > 10 and abs(wait["attrs"]["velocity.wait_ms"] - queue_ms) < 1.0
     assert (wait["end"] - wait["start"]) / 1e6 == pytest.approx(queue_ms, abs=1.0)
     assert wait["attrs"]["velocity.predicted_wait_ms"] > 0
+    assert wait["attrs"]["velocity.queued_ahead"] == 0  # the busy one runs: none waited before it

@@ -109,13 +109,19 @@ class Tracing:
             start_time=offset + int(t0 * 1e9),
             attributes=attrs,
         )
-        predicted = None
+        adm = x.ingress.admission
+        predicted = ahead = None
         try:  # what the SLA check predicts for it now, at arrival (None: nothing known yet)
-            got = x.ingress.admission.prediction(ticket.model, ticket.band, ticket.max_tokens, ticket.prompt_bytes)
+            got = adm.prediction(ticket.model, ticket.band, ticket.max_tokens, ticket.prompt_bytes)
             predicted = got[0] if got is not None else None
-        except Exception:  # an admission without predictions (a policy of its own): no figure
-            predicted = None
-        return Trace(self, span, offset, t0, op, predicted)
+            # Its place in the queue: the requests of its pool already waiting in its band
+            # and the bands above (the bands are highest first).
+            ps = adm.known_pools().get(ticket.model)
+            if ps is not None:
+                ahead = sum(ps.queues.band(i).count for i in range(adm.band_names.index(ticket.band) + 1))
+        except Exception:  # an admission without these figures (a policy of its own): none
+            pass
+        return Trace(self, span, offset, t0, op, predicted, ahead)
 
     async def close(self, timeout: float = EXPORT_TIMEOUT_S + 1.0) -> None:
         """Export what is queued and stop the processor's thread, waiting at most ``timeout``
@@ -139,6 +145,7 @@ class Trace:
         "t0",
         "op",
         "predicted",
+        "ahead",
         "traceparent",
         "header_line",
         "route_t0",
@@ -154,7 +161,9 @@ class Trace:
         "ended",
     )
 
-    def __init__(self, tracing: Tracing, span: Any, offset: int, t0: float, op: str, predicted: float | None) -> None:
+    def __init__(
+        self, tracing: Tracing, span: Any, offset: int, t0: float, op: str, predicted: float | None, ahead: int | None
+    ) -> None:
         self.tracing = tracing
         self.span = span
         self.ctx = set_span_in_context(span)
@@ -162,6 +171,7 @@ class Trace:
         self.t0 = t0
         self.op = op
         self.predicted = predicted
+        self.ahead = ahead
         sc = span.get_span_context()
         self.traceparent = f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}"
         self.header_line = b"traceparent: " + self.traceparent.encode("ascii") + b"\r\n"
@@ -272,6 +282,8 @@ class Trace:
         attrs: dict[str, Any] = {"velocity.band": x.ticket.band, "velocity.wait_ms": waited * 1000.0}
         if self.predicted is not None:
             attrs["velocity.predicted_wait_ms"] = self.predicted * 1000.0
+        if self.ahead is not None:
+            attrs["velocity.queued_ahead"] = self.ahead
         if reason is not None and not granted:
             attrs["velocity.decline_reason"] = reason
         if retry_after is not None:
