@@ -419,3 +419,23 @@ async def test_a_queued_wait_and_an_sla_decline_are_traced():
     assert (wait["end"] - wait["start"]) / 1e6 == pytest.approx(queue_ms, abs=1.0)
     assert wait["attrs"]["velocity.predicted_wait_ms"] > 0
     assert wait["attrs"]["velocity.queued_ahead"] == 0  # the busy one runs: none waited before it
+
+
+async def test_the_route_span_says_how_much_of_the_prompt_the_engine_holds():
+    """The same long prompt twice: the first pick finds none of its blocks on the engine,
+    the second finds those the first sent (the gateway's prefix index)."""
+    prompt = "You are a careful assistant. " * 40
+    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": 3}
+    with Receiver() as rx:
+        async with RecordingUpstream(reply=REPLY) as up:
+            async with running_gateway(("e1", up.url, "m"), tracing=_tracing(rx.url)) as gw:
+                ids = []
+                for _ in range(2):
+                    r = await http_request(gw.port, "POST", "/v1/chat/completions", body)
+                    assert r.status == 200
+                    ids.append(r.headers["traceparent"].split("-")[1])
+    routes = [_tree(rx.spans, t)[1]["route"][0]["attrs"] for t in ids]
+    blocks = routes[0]["velocity.route.prompt_blocks"]
+    assert blocks > 4 and routes[1]["velocity.route.prompt_blocks"] == blocks
+    assert routes[0]["velocity.route.prefix_blocks_matched"] == 0
+    assert routes[1]["velocity.route.prefix_blocks_matched"] == blocks

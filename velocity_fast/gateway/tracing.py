@@ -149,6 +149,7 @@ class Trace:
         "traceparent",
         "header_line",
         "route_t0",
+        "router",
         "profile",
         "attempt_span",
         "attempt_t",
@@ -176,6 +177,7 @@ class Trace:
         self.traceparent = f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}"
         self.header_line = b"traceparent: " + self.traceparent.encode("ascii") + b"\r\n"
         self.route_t0 = 0.0
+        self.router = None
         self.profile = None
         self.attempt_span = None
         self.attempt_t = 0.0
@@ -195,6 +197,7 @@ class Trace:
         """A pick begins: its start, and the profile's basis cleared so that a pick without
         a choice (one candidate, which sets none) shows as such."""
         self.route_t0 = time.monotonic()
+        self.router = router
         profile = router.profile(info.profile)
         if profile is not None:
             profile.basis = None
@@ -206,16 +209,16 @@ class Trace:
         now = time.monotonic()
         tracer = self.tracing.tracer
         basis = getattr(self.profile, "basis", None) if self.profile is not None else None
+        attrs: dict[str, Any] = {
+            "velocity.route.profile": str(info.profile),
+            "velocity.route.basis": basis or "only",
+            "velocity.endpoint": ep.name,
+            "velocity.route.prompt_blocks": int(info.nblocks),
+        }
+        if self.router is not None and info.nblocks:
+            attrs["velocity.route.prefix_blocks_matched"] = int(self.router.matched_blocks(ep, info))
         route = tracer.start_span(
-            "route",
-            context=self.ctx,
-            start_time=self._ns(self.route_t0 or now),
-            attributes={
-                "velocity.route.profile": str(info.profile),
-                "velocity.route.basis": basis or "only",
-                "velocity.endpoint": ep.name,
-                "velocity.route.prompt_blocks": int(info.nblocks),
-            },
+            "route", context=self.ctx, start_time=self._ns(self.route_t0 or now), attributes=attrs
         )
         route.end(self._ns(now))
         if self.attempt_span is not None:

@@ -505,6 +505,24 @@ cdef class Router:
                     best = m
         return min(1.0, <double>best / info.nblocks)
 
+    def matched_blocks(self, Endpoint ep, RouteInfo info):
+        """How many of ``info``'s leading prompt blocks the prefix index says ``ep`` was sent
+        recently (0: none, or a request with no blocks); what a trace shows of a pick."""
+        cdef RouterPool state
+        cdef PrefixIndex index
+        cdef int s
+        if info is None or not info.nblocks:
+            return 0
+        state = self._pools.get(ep.model)
+        if state is None:
+            return 0
+        index = state.index
+        s = index.slot_of(ep.name)
+        if s < 0:
+            return 0
+        matched = index.match(info.hashes)
+        return matched[s] if s < len(matched) else 0
+
     cpdef void on_dispatch(self, Endpoint ep, RouteInfo info) except *:
         """Remember that info's prompt blocks were sent to ep (call once it is bound)."""
         cdef Py_ssize_t n, held
