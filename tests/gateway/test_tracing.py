@@ -439,3 +439,37 @@ async def test_the_route_span_says_how_much_of_the_prompt_the_engine_holds():
     assert blocks > 4 and routes[1]["velocity.route.prompt_blocks"] == blocks
     assert routes[0]["velocity.route.prefix_blocks_matched"] == 0
     assert routes[1]["velocity.route.prefix_blocks_matched"] == blocks
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_generate_responses_and_messages_are_traced(stream):
+    """The other generation routes through admission, on the sim engine: /generate (a
+    completion to the engine), the Responses API and the Messages API (chat); each its
+    server span with the max tokens asked and the usage the engine reported, whole or
+    streamed."""
+    asks = {
+        "/generate": ("text_completion", {"prompt": "once upon a time", "max_tokens": 4}),
+        "/v1/responses": ("chat", {"input": "once upon a time", "max_output_tokens": 4}),
+        "/v1/messages": ("chat", {"messages": [{"role": "user", "content": "once"}], "max_tokens": 4}),
+    }
+    with Receiver() as rx, sim_engine(model="sim-model") as eng:
+        async with running_gateway(eng, tracing=_tracing(rx.url)) as gw:
+            traces = {}
+            for path, (_, body) in asks.items():
+                body = {"model": "sim-model", **body, "stream": stream}
+                s = await open_request(gw.port, "POST", path, body)
+                try:
+                    assert s.status == 200, await s.body()
+                    await s.body()
+                finally:
+                    await s.close()
+                traces[path] = s.headers["traceparent"].split("-")[1]
+    for path, (op, _) in asks.items():
+        server, children = _tree(rx.spans, traces[path])
+        a = server["attrs"]
+        assert server["name"] == f"{op} sim-model" and a["url.path"] == path, path
+        assert a["gen_ai.request.max_tokens"] == 4, path
+        assert a["gen_ai.usage.output_tokens"] == 4 and a["gen_ai.usage.input_tokens"] > 0, (path, a)
+        assert sorted(children) == sorted(["admission.wait", f"{op} sim-model", "route"]), path
+    # the Messages API's stop reason, not a stop string
+    assert _tree(rx.spans, traces["/v1/messages"])[0]["attrs"]["gen_ai.response.finish_reasons"] == ["max_tokens"]

@@ -105,4 +105,4 @@ cdef class GenExchange(Exchange):
 
 # Starts one (the front door's place_generation, gateway/ingress.pyx).
 cpdef start_generation(Ingress ingress, Request req, Responder resp, str route, pool, Ticket ticket, RouteInfo info,
-                       bytes body, str rid, tenant, double q_est, bint stream)
+                       bytes body, str rid, tenant, double q_est, bint stream, asked=*)

@@ -403,6 +403,7 @@ cdef class Exchange(ResponseHandler):
         self._end()
         ok = 200 <= status < 300
         error_text = None
+        raw = body  # the engine's, for a trace (a /generate answer is reshaped below)
         if not ok and status >= 400:
             error_text = body[:2000].decode("utf-8", "replace") if body else f"engine status {status}"
         if not self.want_usage:
@@ -425,6 +426,8 @@ cdef class Exchange(ResponseHandler):
             if native is None:
                 settle(self.ingress, self.route, self.ticket.band, ep, self.lease, 502, True, False,
                        "engine answered with an unexpected body", 0)
+                if self.trace is not None:
+                    self._trace_end(502, "upstream", None, None)
                 return resp.send_error(502, "The engine answered with an unexpected body.",
                                        headers=self.out_headers())
             body = native
@@ -432,7 +435,7 @@ cdef class Exchange(ResponseHandler):
         # out_headers() as lines, written whole (http/heads.pyx)
         lines = relay_lines(self.rid, self.ep.name, self.queue_s * 1000.0, self.ticket.band)
         if self.trace is not None:
-            self._trace_end(status, None, None, body)
+            self._trace_end(status, None, None, raw)
             lines += (<object>self.trace).header_line
         resp.send(status, body, content_type=ct, headers=lines)
 
@@ -747,11 +750,12 @@ cdef class GenExchange(Exchange):
 
 
 cpdef start_generation(Ingress ingress, Request req, Responder resp, str route, pool, Ticket ticket, RouteInfo info,
-                       bytes body, str rid, tenant, double q_est, bint stream):
+                       bytes body, str rid, tenant, double q_est, bint stream, asked=None):
     """/v1/responses and /v1/messages on the same path as chat (gateway/routes.py):
     admission, routing, the engine's answer relayed as it comes, usage read from their
     own shapes (GenExchange). ``tenant``: the configured tenant, ``q_est``: the tokens
-    drawn from its quota (settled from the answer's usage)."""
+    drawn from its quota (settled from the answer's usage); ``asked``: the max tokens the
+    request named (None: none), for its trace."""
     cdef GenExchange x = <GenExchange>_fill(GenExchange.__new__(GenExchange), ingress, req, resp, route, pool,
                                             ticket, info, body, rid)
     x.tenant = tenant
@@ -760,4 +764,6 @@ cpdef start_generation(Ingress ingress, Request req, Responder resp, str route, 
     x.stream_req = stream
     x.want_usage = tenant is not None or x.adm.settle_usage
     x.tail = b""
+    if ingress.tracing is not None:  # tracing on: this request's trace, if it is sampled
+        x.trace = ingress.tracing.begin(x, True, asked)
     x.start()

@@ -1,8 +1,9 @@
 """OpenTelemetry traces of the proxied requests (docs/tracing.md).
 
 Imported only when ``tracing.sample_ratio`` is above 0: the gateway then keeps a
-``Tracing`` in its Ingress, and the front door asks it for a ``Trace`` for each chat and
-completions request (``begin``). A request that is not sampled gets None and goes on as
+``Tracing`` in its Ingress, and the front door asks it for a ``Trace`` for each request that
+goes through admission (``begin``: chat, completions, /generate, the Responses and
+Messages APIs). A request that is not sampled gets None and goes on as
 with tracing off. A sampled one:
 
 - joins the caller's ``traceparent``/``tracestate`` (W3C) or starts a trace, in a SERVER
@@ -45,10 +46,13 @@ __all__ = ["Tracing", "Trace"]
 EXPORT_TIMEOUT_S = 5.0
 
 # What a stream's chunks say of the answer, read only for sampled requests.
+# (OpenAI's finish_reason and token names; the Messages API's stop_reason, and its and the
+# Responses API's input_tokens and output_tokens.)
 _FINISH = re.compile(rb'"finish_reason":\s*"([^"]+)"')
+_STOP = re.compile(rb'"stop_reason":\s*"([^"]+)"')  # (vLLM's chat chunks name a stop string so)
 _MODEL = re.compile(rb'"model":\s*"([^"\\]*)"')
-_PROMPT = re.compile(rb'"prompt_tokens":\s*(\d+)')
-_COMPLETION = re.compile(rb'"completion_tokens":\s*(\d+)')
+_PROMPT = re.compile(rb'"(?:prompt|input)_tokens":\s*(\d+)')
+_COMPLETION = re.compile(rb'"(?:completion|output)_tokens":\s*(\d+)')
 
 
 class Tracing:
@@ -121,7 +125,7 @@ class Tracing:
                 ahead = sum(ps.queues.band(i).count for i in range(adm.band_names.index(ticket.band) + 1))
         except Exception:  # an admission without these figures (a policy of its own): none
             pass
-        return Trace(self, span, offset, t0, op, predicted, ahead)
+        return Trace(self, span, offset, t0, op, predicted, ahead, x.route)
 
     async def close(self, timeout: float = EXPORT_TIMEOUT_S + 1.0) -> None:
         """Export what is queued and stop the processor's thread, waiting at most ``timeout``
@@ -156,6 +160,7 @@ class Trace:
         "attempts",
         "first_at",
         "finish",
+        "finish_re",
         "model",
         "prompt_tokens",
         "completion_tokens",
@@ -163,7 +168,15 @@ class Trace:
     )
 
     def __init__(
-        self, tracing: Tracing, span: Any, offset: int, t0: float, op: str, predicted: float | None, ahead: int | None
+        self,
+        tracing: Tracing,
+        span: Any,
+        offset: int,
+        t0: float,
+        op: str,
+        predicted: float | None,
+        ahead: int | None,
+        route: str = "",
     ) -> None:
         self.tracing = tracing
         self.span = span
@@ -184,6 +197,7 @@ class Trace:
         self.attempts = 0
         self.first_at = 0.0
         self.finish: list[str] = []
+        self.finish_re = _STOP if route == "/v1/messages" else _FINISH
         self.model = None
         self.prompt_tokens = None
         self.completion_tokens = None
@@ -250,7 +264,7 @@ class Trace:
             self.first_at = time.monotonic()
         if self.model is None and (m := _MODEL.search(data)) is not None:
             self.model = m.group(1).decode("utf-8", "replace")
-        for m in _FINISH.finditer(data):
+        for m in self.finish_re.finditer(data):
             self.finish.append(m.group(1).decode("utf-8", "replace"))
         if (m := _PROMPT.search(data)) is not None:
             self.prompt_tokens = int(m.group(1))
@@ -263,9 +277,11 @@ class Trace:
             obj = orjson.loads(body)
             self.model = obj.get("model")
             self.finish = [c.get("finish_reason") for c in obj.get("choices") or () if c.get("finish_reason")]
+            if obj.get("stop_reason"):  # the Messages API's
+                self.finish = [obj["stop_reason"]]
             usage = obj.get("usage") or {}
-            self.prompt_tokens = usage.get("prompt_tokens")
-            self.completion_tokens = usage.get("completion_tokens")
+            self.prompt_tokens = usage.get("prompt_tokens", usage.get("input_tokens"))
+            self.completion_tokens = usage.get("completion_tokens", usage.get("output_tokens"))
         except (orjson.JSONDecodeError, AttributeError, TypeError):
             pass  # not an answer's shape: nothing to say of it
 
