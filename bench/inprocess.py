@@ -33,6 +33,12 @@ The client then asks `"stream": true`. --body-kb K sends bench/lib/bodies.py's K
 prompt; --tenant names one tenant (x-velocity-tenant) given a token quota too large to
 bind and token fairness; --policy sets the gateway's. bench/ratchet.py counts four of
 these scenarios against a committed baseline.
+
+--trace-ratio R: tracing on (docs/tracing.md), sampling R of the requests, exporting to a
+collector stand-in in another process (it answers every OTLP post 200 and keeps nothing);
+the export queue holds every span and the measured time ends once all are exported, so
+the figure is a traced request's whole cost in this process, its spans' encoding and
+posting (the exporter's thread) included. Needs the otel extra.
 """
 
 from __future__ import annotations
@@ -148,6 +154,8 @@ async def drive(
     body_kb: int = 0,
     policy: str | None = None,
     tenant: bool = False,
+    trace_url: str | None = None,
+    trace_ratio: float = 0.0,
 ) -> tuple[float, int]:
     """``body_kb``: a chat prompt of that many KiB (bench/lib/bodies.py) instead of BODY;
     ``policy``: the gateway's; ``tenant``: one tenant with a token quota (too large to
@@ -159,6 +167,8 @@ async def drive(
     if tenant:
         flags["tenants"] = [{"name": "t0", "tokens_per_minute": 1.0e12}]
         flags["admission"] = {"fairness": "tokens"}
+    if trace_ratio:
+        flags["tracing"] = {"sample_ratio": trace_ratio, "otlp_endpoint": trace_url, "max_queue_size": 1_000_000}
     settings = load_settings(None, flags, env={})
     body = chat_body(body_kb) if body_kb else (STREAM_BODY if stream_events else BODY)
     request = request_bytes(body, "t0" if tenant else None)
@@ -231,6 +241,8 @@ async def drive(
         stalls = 0 if progressed else stalls + 1
         if stalls > 1000:
             raise RuntimeError(f"stalled after {done} answers")
+    if gw.tracing is not None:  # the spans exported, in the measured time
+        await gw.tracing.close(timeout=600.0)
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
@@ -299,6 +311,35 @@ def instructions(
 # --smoke: one short run (CI: tests/bench/); flags given still win.
 SMOKE = {"requests": 500, "repeat": 1}
 
+# A collector stand-in: answers each OTLP/HTTP post 200, keeps nothing (--trace-ratio).
+_SINK = """
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers["content-length"]))
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+s = HTTPServer(("127.0.0.1", 0), H)
+print(s.server_port, flush=True)
+s.serve_forever()
+"""
+
+
+def otlp_sink() -> tuple[subprocess.Popen, str]:
+    """The collector stand-in's process and its OTLP/HTTP address (stop it with stop_sink)."""
+    proc = subprocess.Popen([sys.executable, "-c", _SINK], stdout=subprocess.PIPE, text=True)
+    return proc, f"http://127.0.0.1:{proc.stdout.readline().strip()}"
+
+
+def stop_sink(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -337,6 +378,13 @@ def main(argv: list[str] | None = None) -> int:
         help="one tenant with a token quota (too large to bind) and token fairness, named on each request",
     )
     p.add_argument(
+        "--trace-ratio",
+        type=float,
+        default=0.0,
+        metavar="R",
+        help="tracing on, sampling R of the requests, exported to a stand-in collector (needs the otel extra)",
+    )
+    p.add_argument(
         "--smoke",
         action="store_true",
         help="tiny counts (" + ", ".join(f"{k}={v}" for k, v in SMOKE.items()) + "): checks that it runs",
@@ -352,10 +400,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {per / (a.stream_events + 1):,.0f} per event")
         return 0
     best = None
-    for _ in range(a.repeat):
-        us, rps = uvloop.run(drive(a.requests, a.connections, a.stream_events, a.body_kb, a.policy, a.tenant))
-        print(f"{us:.1f} us CPU per {what} ({rps} requests/s of wall time, one core, no sockets)")
-        best = us if best is None else min(best, us)
+    sink, url = otlp_sink() if a.trace_ratio else (None, None)
+    try:
+        for _ in range(a.repeat):
+            us, rps = uvloop.run(
+                drive(a.requests, a.connections, a.stream_events, a.body_kb, a.policy, a.tenant, url, a.trace_ratio)
+            )
+            print(f"{us:.1f} us CPU per {what} ({rps} requests/s of wall time, one core, no sockets)")
+            best = us if best is None else min(best, us)
+    finally:
+        if sink is not None:
+            stop_sink(sink)
     print(f"best: {best:.1f} us per request over {a.requests} requests, {a.connections} connections")
     if a.profile:
         prof = cProfile.Profile()

@@ -32,6 +32,7 @@ __all__ = [
     "TenantConfig",
     "ModelConfig",
     "ServerSettings",
+    "TracingSettings",
     "ConfigError",
     "load_settings",
     "parse_endpoint_flag",
@@ -135,6 +136,21 @@ class PdSettings(_S):
     prefill_timeout_s: _Seconds = 60.0
 
 
+class TracingSettings(_S):
+    """OpenTelemetry traces of the proxied requests (docs/tracing.md); off at ratio 0."""
+
+    # The collector's OTLP/HTTP address: a URL with no path (http://host:4318) gets
+    # /v1/traces, one with a path is used as it is. None: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+    # else OTEL_EXPORTER_OTLP_ENDPOINT (load_settings reads them).
+    otlp_endpoint: str | None = None
+    # The share of requests that start a trace; a request that comes with a traceparent
+    # follows its caller's sampled flag (parent-based, as OpenTelemetry's parentbased_traceidratio). 0: off.
+    sample_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
+    # Finished spans waiting for the exporter: past it they are dropped, not kept (a
+    # collector that is down cannot grow the gateway's memory).
+    max_queue_size: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 2048
+
+
 DEFAULT_BANDS = AdmissionSettings().bands
 
 
@@ -169,6 +185,7 @@ class Settings(_S):
     # Gateway processes on the client port under a supervisor (gateway/workers.py); auto:
     # one per core. 1: the one process of old, no supervisor.
     workers: Annotated[int, msgspec.Meta(ge=1, le=1024)] | Literal["auto"] = 1
+    tracing: TracingSettings = msgspec.field(default_factory=TracingSettings)
 
     def validate(self) -> "Settings":
         """Check ranges and the relations between values; raise ConfigError naming the key."""
@@ -228,6 +245,10 @@ class Settings(_S):
 
             if importlib.util.find_spec("redis") is None:
                 raise ConfigError("state_store: needs the redis package (pip install 'velocityllm[redis]')")
+        if self.tracing.sample_ratio > 0:
+            wrong = _tracing_problem(self.tracing)
+            if wrong:
+                raise ConfigError(wrong)
         names = [b.name for b in self.bands]
         seen_ep = set()
         for i, e in enumerate(self.endpoints):
@@ -276,6 +297,39 @@ def _check_roles(endpoints: list[EndpointConfig]) -> None:
                 f"a decode engine serves only requests whose prompt another engine computed (give one "
                 f"endpoint role prefill or both)"
             )
+
+
+def _tracing_problem(t: TracingSettings) -> str | None:
+    """Why tracing that is on cannot start (its packages, its collector), or None."""
+    import importlib.util
+
+    try:
+        found = all(
+            importlib.util.find_spec(m) is not None
+            for m in ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter")
+        )
+    except (ImportError, ValueError):  # a parent package that cannot be imported
+        found = False
+    if not found:
+        return (
+            "tracing.sample_ratio: tracing needs the OpenTelemetry SDK and OTLP exporter "
+            "(pip install 'velocityllm[otel]')"
+        )
+    url = t.otlp_endpoint
+    if not url:
+        return (
+            "tracing.sample_ratio: tracing is on but has no collector (tracing.otlp_endpoint, "
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT)"
+        )
+    if not url.startswith(("http://", "https://")):
+        return f"tracing.otlp_endpoint: must be an http:// or https:// URL (OTLP/HTTP), got {url!r}"
+    return None
+
+
+def traces_url(endpoint: str) -> str:
+    """Where the OTLP/HTTP exporter posts: ``endpoint`` with /v1/traces when it names no path."""
+    rest = endpoint.split("://", 1)[-1]
+    return endpoint if rest.strip("/").count("/") else endpoint.rstrip("/") + "/v1/traces"
 
 
 def parse_endpoint_flag(value: str, source: str = "--endpoint") -> EndpointConfig:
@@ -416,7 +470,20 @@ def _env_overrides(env: dict[str, str]) -> dict[str, Any]:
     scalar = {
         f
         for f in Settings.__struct_fields__
-        if f not in ("endpoints", "models", "bands", "tenants", "admission", "routing", "health", "server", "sim")
+        if f
+        not in (
+            "endpoints",
+            "models",
+            "bands",
+            "tenants",
+            "admission",
+            "routing",
+            "health",
+            "server",
+            "sim",
+            "tracing",
+            "pd",
+        )
     }
     for key, value in env.items():
         if not key.startswith("VELOCITY_"):
@@ -490,6 +557,19 @@ def load_settings(
         else:
             data[key] = value
         origin[key] = _flag_name(key)
+
+    # OpenTelemetry's own variables, for a collector the file does not name (the traces
+    # one is a whole URL; the other a base, to which /v1/traces is added).
+    tracing = data.get("tracing")
+    if (tracing is None or isinstance(tracing, dict)) and not (tracing or {}).get("otlp_endpoint"):
+        for var in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+            url = env.get(var, "").strip()
+            if url:
+                if var == "OTEL_EXPORTER_OTLP_ENDPOINT":
+                    url = url.rstrip("/") + "/v1/traces"
+                data["tracing"] = {**(tracing or {}), "otlp_endpoint": url}
+                origin["tracing.otlp_endpoint"] = var
+                break
 
     def error(text: str) -> ConfigError:
         why = explain(text, data)

@@ -48,3 +48,16 @@ async def test_a_finished_request_leaves_no_reference_cycle_behind(stream_events
         gc.enable()
     per_request = {"Request", "Responder", "Exchange", "Ticket", "Lease", "Item", "ProxyRequest"}
     assert not {k: v for k, v in left.items() if k in per_request}, left.most_common(12)
+
+
+async def test_every_traced_request_is_answered_and_its_spans_exported():
+    """--trace-ratio 1: every request traced, its spans posted to the stand-in collector
+    before the figure is taken (drive waits for the export)."""
+    pytest.importorskip("opentelemetry.sdk", reason="the otel extra (pip install 'velocityllm[otel]')")
+    h = _harness()
+    sink, url = h.otlp_sink()
+    try:
+        us, rps = await h.drive(300, 16, trace_url=url, trace_ratio=1.0)
+    finally:
+        h.stop_sink(sink)
+    assert us > 0 and rps > 0

@@ -130,6 +130,35 @@ def test_configmap_is_a_config_the_gateway_loads(tmp_path):
     assert [e.url for e in s.endpoints] == [f"http://vllm-{i}.vllm:8000" for i in range(len(s.endpoints))]
 
 
+def test_tracing_example_wires_the_gateway_to_the_collector_and_jaeger(tmp_path):
+    """tracing.yaml: the collector's pipeline uses only what it defines and exports to the
+    Jaeger Service's OTLP port; the gateway settings its header gives load (tracing on) and
+    name the collector Service's OTLP/HTTP port."""
+    pytest.importorskip("opentelemetry.sdk", reason="the otel extra (pip install 'velocityllm[otel]')")
+    docs = _docs()
+    conf = yaml.safe_load(docs[("ConfigMap", "otel-collector-config")]["data"]["config.yaml"])
+    (pipe,) = conf["service"]["pipelines"].values()
+    for kind in ("receivers", "processors", "exporters"):
+        assert pipe[kind] and set(pipe[kind]) <= set(conf[kind]), kind
+    (exporter,) = [conf["exporters"][e] for e in pipe["exporters"]]
+    host, port = exporter["endpoint"].split(":")
+    jaeger = {p["port"] for p in docs[("Service", host)]["spec"]["ports"]}
+    assert int(port) in jaeger and conf["receivers"]["otlp"]["protocols"]["http"]["endpoint"].endswith(":4318")
+    dep = docs[("Deployment", "otel-collector")]["spec"]["template"]["spec"]
+    assert dep["volumes"][0]["configMap"]["name"] == "otel-collector-config"
+    header = (DEPLOY / "kubernetes" / "tracing.yaml").read_text().split("\napiVersion", 1)[0].splitlines()
+    start = header.index("#   tracing:")
+    snippet = [ln[2:] for ln in header[start:] if ln.startswith("#   ")]
+    snippet = snippet[: next(i for i, ln in enumerate(snippet[1:], 1) if not ln.startswith("    "))]
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("\n".join(ln[2:] for ln in snippet) + "\n")
+    s = load_settings(str(cfg), env={})
+    assert s.tracing.sample_ratio > 0
+    host, port = s.tracing.otlp_endpoint.split("//", 1)[1].split(":")
+    assert int(port) in {p["port"] for p in docs[("Service", host)]["spec"]["ports"]}
+    assert "EXTRAS" in (DEPLOY / "docker" / "Dockerfile").read_text()
+
+
 def test_engines_get_a_gpu_each_and_health_probes():
     sts = _docs()[("StatefulSet", "vllm")]
     assert sts["spec"]["serviceName"] == "vllm" and _docs()[("Service", "vllm")]["spec"]["clusterIP"] == "None"

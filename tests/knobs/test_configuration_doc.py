@@ -21,6 +21,7 @@ from velocity_fast.config import (
     ServerSettings,
     Settings,
     TenantConfig,
+    TracingSettings,
     key_range,
     load_settings,
 )
@@ -44,6 +45,7 @@ SECTIONS = [
     ("health.metrics.", MetricNames),
     ("server.", ServerSettings),
     ("pd.", PdSettings),
+    ("tracing.", TracingSettings),
 ]
 
 # Defaults that come from elsewhere, said in words in the table.

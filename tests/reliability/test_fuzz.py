@@ -1,8 +1,9 @@
 """The bounded fuzz run of CI: fixed seeds, a few thousand cases, against a
 gateway process in front of a sim engine (tests/reliability/harness.py).
 
-Asserted for every batch: no answer is a 500, no case hangs (every wait is bounded),
-the gateway process is alive, velocity_internal_errors_total stays 0, and a valid
+Run twice: as deployed, and with every request traced (docs/tracing.md). Asserted for
+every batch: no answer is a 500, no case hangs (every wait is bounded), the gateway
+process is alive, velocity_internal_errors_total stays 0, and a valid
 request on each route is served after the batch. bench/reliability.py runs the same
 generators for as many cases as asked (``--cases``).
 """
@@ -19,15 +20,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.reliability import harness as h
+from tests.support.sim import free_port
 
 HEAD_CASES = 2400
 BODY_CASES = 1500
 BATCH = 600
 
 
-@pytest.fixture(scope="module")
-def stack():
-    with h.gateway_stack() as s:
+@pytest.fixture(scope="module", params=["untraced", "traced"])
+def stack(request):
+    """The gateway as deployed, and again with every request traced (its collector down:
+    the spans are made and dropped, the answers must not change)."""
+    extra = ""
+    if request.param == "traced":
+        pytest.importorskip("opentelemetry.sdk", reason="the otel extra (pip install 'velocityllm[otel]')")
+        extra = f"tracing:\n  sample_ratio: 1.0\n  otlp_endpoint: http://127.0.0.1:{free_port()}\n"
+    with h.gateway_stack(extra_config=extra) as s:
         yield s
 
 

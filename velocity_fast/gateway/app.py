@@ -150,6 +150,12 @@ class Gateway:
         # KV events of the endpoints that publish them; the token side of precise pools.
         self.kv = KVFleet(self.registry, lambda: self.endpoints, lambda: self.monitor.prefix_cache)
         self.router = build_router(settings, self.registry, precise=self.kv.precise_for(routing_settings(settings)))
+        # OpenTelemetry only when tracing is on: its packages are imported only then.
+        self.tracing = None
+        if settings.tracing.sample_ratio > 0:
+            from velocity_fast.gateway.tracing import Tracing
+
+            self.tracing = self.ingress.tracing = Tracing(settings.tracing)
         self.band_names = [b.name for b in settings.bands]
         self.default_band = self.resolve_default_band()
         self.client_server: HTTPServer | None = None
@@ -322,6 +328,9 @@ class Gateway:
             await self.state_store.close()
         for ep in self.endpoints.values():
             ep.upstream.close()
+        if self.tracing is not None:  # the spans still queued, exported (bounded wait)
+            self.ingress.tracing = None
+            await self.tracing.close()
 
     # -- client port -----------------------------------------------------------------------------
 

@@ -59,6 +59,9 @@ cdef class Exchange(ResponseHandler):
     # The request named no max tokens: its pool's estimate of such replies, which the
     # answer's usage teaches (None: it named them).
     cdef OutputEstimate open_est
+    # A sampled request's trace (gateway/tracing.py's Trace); None: not traced, the
+    # request path as without tracing.
+    cdef object trace
 
     cdef bint waiting(self) except -1
     cdef void granted(self, Lease lease) except *
@@ -86,6 +89,7 @@ cdef class Exchange(ResponseHandler):
     cdef void _drop_engine(self) except *
     cdef _left_after_done(self)
     cpdef list base_headers(self)
+    cdef void _trace_end(self, int status, reason, retry_after, body) except *
 
 
 # A new exchange for the front door (gateway/ingress.pyx) to start.
@@ -101,4 +105,4 @@ cdef class GenExchange(Exchange):
 
 # Starts one (the front door's place_generation, gateway/ingress.pyx).
 cpdef start_generation(Ingress ingress, Request req, Responder resp, str route, pool, Ticket ticket, RouteInfo info,
-                       bytes body, str rid, tenant, double q_est, bint stream)
+                       bytes body, str rid, tenant, double q_est, bint stream, asked=*)

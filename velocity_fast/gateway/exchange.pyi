@@ -65,6 +65,7 @@ def start_generation(
     tenant: Any,
     q_est: float,
     stream: bool,
+    asked: int | None = None,
 ) -> None:
     """/v1/responses and /v1/messages through admission and routing, as chat."""
 

@@ -136,6 +136,8 @@ cdef class Exchange(ResponseHandler):
             self._account(0, 0, 0, True)  # nothing served: the quota's draw comes back
             self._reject_counted(e.reason)
             self._end()
+            if self.trace is not None:
+                self._trace_end(e.status, e.reason, e.retry_after, None)
             self.ingress.app.reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band,
                             self.base_headers(), e.retry_after, from_admission=True)
             return
@@ -192,6 +194,8 @@ cdef class Exchange(ResponseHandler):
         self._account(0, 0, 0, True)
         self._reject_counted(e.reason)
         self._end()
+        if self.trace is not None:
+            self._trace_end(e.status, e.reason, e.retry_after, None)
         self.ingress.app.reject(self.resp, self.route, e.status, e.reason, e.message, self.ticket.band, self.base_headers(),
                         e.retry_after, from_admission=True)
 
@@ -222,6 +226,9 @@ cdef class Exchange(ResponseHandler):
         cdef Endpoint ep
         ingress, tried = self.ingress, self.tried
         router = ingress.router
+        trace = self.trace
+        if trace is not None:
+            trace.routing(router, self.info)
         # The lease's own band first, then any endpoint with room (the pool had headroom).
         ep = (router.pick(self.pool, self.info, lease, tried)  # the lease's has_room, as C
               or router.pick(self.pool, self.info, ingress.admission.has_room, tried))
@@ -248,6 +255,8 @@ cdef class Exchange(ResponseHandler):
         # The bytes request_head would build (same headers, same order), in one step.
         key = ep.api_key
         auth = f"authorization: Bearer {key}\r\n".encode("latin-1") if key else b""
+        if trace is not None:  # the engine's span becomes a child of this attempt's
+            auth += trace.attempt(ep, self.info)
         up.request(engine_request(up.json_post_head(self.up_path), self.rid, auth, self.body), self)
 
     # -- the engine connection's response handler: called as C (upstream/connection.pyx's
@@ -286,6 +295,8 @@ cdef class Exchange(ResponseHandler):
         """A piece of a stream: its data (framed: whole chunks, framing and all) to the client."""
         cdef Py_ssize_t err_at
         resp = self.resp
+        if self.trace is not None:
+            self.trace.piece(data, self.first)
         if self.first:
             self.first = False
             self.lease.first_byte()
@@ -371,6 +382,8 @@ cdef class Exchange(ResponseHandler):
             error_text = f"engine status {status}"
         elif ok:
             self._learn_open()
+        if self.trace is not None:
+            self._trace_end(status, None, None, None)
         settle(self.ingress, self.route, self.ticket.band, ep, self.lease, status, self.engine_failed, ok, error_text,
                         self.events)
 
@@ -383,6 +396,8 @@ cdef class Exchange(ResponseHandler):
             resp.write_nowait(stream_error_event(f"The engine failed during streaming: {e}", 500))
         resp.end()
         self._account_stream()
+        if self.trace is not None:
+            self._trace_end(self.status, "upstream", None, None)
         settle(self.ingress, self.route, self.ticket.band, self.ep, self.lease, self.status, True, False, str(e),
                         self.events)
 
@@ -401,6 +416,7 @@ cdef class Exchange(ResponseHandler):
         self._end()
         ok = 200 <= status < 300
         error_text = None
+        raw = body  # the engine's, for a trace (a /generate answer is reshaped below)
         if not ok and status >= 400:
             error_text = body[:2000].decode("utf-8", "replace") if body else f"engine status {status}"
         if not self.want_usage:
@@ -423,13 +439,18 @@ cdef class Exchange(ResponseHandler):
             if native is None:
                 settle(self.ingress, self.route, self.ticket.band, ep, self.lease, 502, True, False,
                        "engine answered with an unexpected body", 0)
+                if self.trace is not None:
+                    self._trace_end(502, "upstream", None, None)
                 return resp.send_error(502, "The engine answered with an unexpected body.",
                                        headers=self.out_headers())
             body = native
         settle(self.ingress, self.route, self.ticket.band, ep, self.lease, status, False, ok, error_text, tokens)
         # out_headers() as lines, written whole (http/heads.pyx)
-        resp.send(status, body, content_type=ct,
-                  headers=relay_lines(self.rid, self.ep.name, self.queue_s * 1000.0, self.ticket.band))
+        lines = relay_lines(self.rid, self.ep.name, self.queue_s * 1000.0, self.ticket.band)
+        if self.trace is not None:
+            self._trace_end(status, None, None, raw)
+            lines += (<object>self.trace).header_line
+        resp.send(status, body, content_type=ct, headers=lines)
 
     cdef _invalid_status(self, UpstreamConnection conn, int status):
         """An engine status that is no final HTTP answer (1xx, or past 599): a 502, the
@@ -487,6 +508,8 @@ cdef class Exchange(ResponseHandler):
             self.state = _DONE
             self.adm.withdraw(self.ticket, self.qitem)
             self._account(0, 0, 0, True)  # never served: the quota's draw comes back
+            if self.trace is not None:
+                self._trace_end(499, "cancelled", None, None)
             return
         if self.state != _DONE:
             # What the engine produced up to the abort: a stream's relayed chunks (its
@@ -502,6 +525,8 @@ cdef class Exchange(ResponseHandler):
         self._drop_engine()
         if self.lease is not None:
             self.lease.release("cancelled")
+        if self.trace is not None:  # 499: the client closed the request (nginx's word)
+            self._trace_end(499, "cancelled", None, None)
 
     cdef void _drop_engine(self) except *:
         """The engine request ends here: its connection aborted (the engine aborts the
@@ -530,6 +555,8 @@ cdef class Exchange(ResponseHandler):
             error_text = f"engine status {status}"
         elif ok:
             self._learn_open()
+        if self.trace is not None:
+            self._trace_end(status, None, None, None)
         settle(self.ingress, self.route, self.ticket.band, self.ep, self.lease, status, self.engine_failed, ok,
                error_text, self.events)
 
@@ -548,11 +575,22 @@ cdef class Exchange(ResponseHandler):
             if self.lease is not None:
                 self.lease.release("failed", "the gateway shut down", self.events)
         self.qitem = None
+        if self.trace is not None:
+            self._trace_end(status, "shutdown", None, None)
         count_request(self.ingress, self.route, status, self.ticket.band)
 
     cpdef list base_headers(self):
         """The headers of every answer to this request, an error's too (made when needed)."""
+        if self.trace is not None:
+            return [("x-request-id", self.rid), ("traceparent", self.trace.traceparent)]
         return rid_header(self.rid)
+
+    cdef void _trace_end(self, int status, reason, retry_after, body) except *:
+        """The trace's spans end with the request (tracing on, this request sampled)."""
+        try:
+            self.trace.end(self, status, reason, retry_after, body)
+        except Exception:  # a trace must never fail the request it describes
+            log.exception("tracing: the spans of request %s could not be ended", self.rid)
 
     def out_headers(self):
         return self.base_headers() + [("x-velocity-endpoint", self.ep.name),
@@ -616,6 +654,8 @@ cdef class Exchange(ResponseHandler):
 
     cdef _refuse(self, int status, str reason, str message, retry_after=None):
         self._end()
+        if self.trace is not None:
+            self._trace_end(status, reason, retry_after, None)
         if not self.resp.started:
             self.ingress.app.reject(self.resp, self.route, status, reason, message, self.ticket.band, self.base_headers(),
                             retry_after)
@@ -629,6 +669,8 @@ cdef class Exchange(ResponseHandler):
                 self.conn = None
             self._fail_lease("gateway error")
             self._end()
+            if self.trace is not None:
+                self._trace_end(500, "internal", None, None)
         finally:
             internal_error(self.ingress, self.req, self.resp, self.rid, self.route,
                            self.ticket.band if self.ticket is not None else "-", None)
@@ -721,11 +763,12 @@ cdef class GenExchange(Exchange):
 
 
 cpdef start_generation(Ingress ingress, Request req, Responder resp, str route, pool, Ticket ticket, RouteInfo info,
-                       bytes body, str rid, tenant, double q_est, bint stream):
+                       bytes body, str rid, tenant, double q_est, bint stream, asked=None):
     """/v1/responses and /v1/messages on the same path as chat (gateway/routes.py):
     admission, routing, the engine's answer relayed as it comes, usage read from their
     own shapes (GenExchange). ``tenant``: the configured tenant, ``q_est``: the tokens
-    drawn from its quota (settled from the answer's usage)."""
+    drawn from its quota (settled from the answer's usage); ``asked``: the max tokens the
+    request named (None: none), for its trace."""
     cdef GenExchange x = <GenExchange>_fill(GenExchange.__new__(GenExchange), ingress, req, resp, route, pool,
                                             ticket, info, body, rid)
     x.tenant = tenant
@@ -734,4 +777,6 @@ cpdef start_generation(Ingress ingress, Request req, Responder resp, str route, 
     x.stream_req = stream
     x.want_usage = tenant is not None or x.adm.settle_usage
     x.tail = b""
+    if ingress.tracing is not None:  # tracing on: this request's trace, if it is sampled
+        x.trace = ingress.tracing.begin(x, True, asked)
     x.start()

@@ -21,6 +21,7 @@ cdef class Ingress:
     cdef public str default_band  # admission.default_band (None: "normal", else the middle band)
     cdef public long max_model_len
     cdef public object loop
+    cdef public object tracing    # gateway/tracing.py's Tracing when tracing is on, else None
     cdef list grants              # the exchanges granted since their run was scheduled (exchange.pyx)
     cdef object _requests_metric
     cdef str _last_route

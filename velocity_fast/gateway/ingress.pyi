@@ -21,6 +21,7 @@ class Ingress:
     band_names: list[str]
     max_model_len: int
     loop: Any
+    tracing: Any  # gateway/tracing.py's Tracing when tracing is on, else None
     def answer_internal_error(self, req: Any, resp: Any, what: Any = None) -> None:
         """The client server's on_error: a counted 500 with the request id."""
 

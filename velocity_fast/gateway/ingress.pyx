@@ -339,6 +339,8 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
     x.want_usage = want
     x.usage_strip = strip
     x.open_est = open_est
+    if ingress.tracing is not None:  # tracing on: this request's trace, if it is sampled
+        x.trace = ingress.tracing.begin(x, chat, asked)
     # No task: admission, the engine connection and the client meet in callbacks,
     # a stream's events included.
     x.start()
@@ -503,6 +505,8 @@ cpdef generate(Ingress ingress, Request req, Responder resp):
     x.reshape = _native_answer
     x.stream_req = r.stream
     x.want_usage = tenant is not None or x.adm.settle_usage
+    if ingress.tracing is not None:  # tracing on: this request's trace, if it is sampled
+        x.trace = ingress.tracing.begin(x, False, r.max_tokens)
     x.start()
 
 
@@ -522,7 +526,7 @@ cpdef place_generation(Ingress ingress, Request req, Responder resp, str route, 
         return None  # answered
     cdef Ticket ticket = Ticket(band=band, tenant=tenant_name, sla_ms=sla_ms, max_tokens=out,
                                 prompt_bytes=len(body), model=model)
-    start_generation(ingress, req, resp, route, pool, ticket, info, body, rid, tenant, q_est, stream)
+    start_generation(ingress, req, resp, route, pool, ticket, info, body, rid, tenant, q_est, stream, max_tokens)
 
 
 @cython.boundscheck(True)  # an engine's answer may hold an empty list: an IndexError, a 502

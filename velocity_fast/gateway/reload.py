@@ -4,7 +4,7 @@ What changes live: bands and their ceilings, capacities and TTLs; tenants, their
 rate limits and weights; the global API key; endpoints added, removed or changed; the
 admission section, thresholds, SLA and policy; routing profiles and settings. What needs a
 restart (said in a warning): the listening address and ports, server limits, health
-timings and the log settings.
+timings, the log settings and tracing.
 
 How a new configuration takes over without losing a request:
 - The file is read and validated in full (in a thread) before anything changes, so a
@@ -58,6 +58,7 @@ RESTART_KEYS = (
     "log_level",
     "state_store",
     "workers",
+    "tracing",
 )
 
 _DRAIN_POLL_S = 0.2

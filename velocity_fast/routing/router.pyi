@@ -39,8 +39,12 @@ class Router:
         self, pool: Any, info: RouteInfo, has_room: Callable[[Any], bool] | None = None, exclude: Container = ()
     ) -> Any:
         """The endpoint of pool for this request, or None when none is healthy with room."""
+    def matched_blocks(self, ep: Any, info: RouteInfo) -> int:
+        """How many of info's leading prompt blocks the prefix index says ep was sent recently."""
     def on_dispatch(self, ep: Any, info: RouteInfo) -> None:
         """Remember that info's prompt blocks were sent to ep (call once it is bound)."""
+    def profile(self, name: str) -> Any:
+        """The profile called name (its basis: what decided its last choice), or None."""
     def cached_room(self, pool: Any, info: RouteInfo) -> float:
         """The largest fraction of info's prompt an endpoint of pool with room holds."""
     def cached_on(self, pool: Any, info: RouteInfo, ep: Any) -> float:

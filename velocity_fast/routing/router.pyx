@@ -470,6 +470,11 @@ cdef class Router:
         (<Value>profile.picks[profile.basis]).value += 1.0
         return chosen
 
+    def profile(self, name):
+        """The profile called ``name``, or None: its ``basis`` says what decided its last
+        choice (a trace reads it; a pick with one candidate makes no choice)."""
+        return self._profiles.get(name)
+
     cpdef double cached_room(self, pool, RouteInfo info) except? -1.0:
         """The largest fraction of ``info``'s prompt blocks that an endpoint of ``pool``
         with room (healthy, in-flight below its limit) was sent recently, 0 to 1: what
@@ -520,6 +525,24 @@ cdef class Router:
         if s >= len(matched):
             return 0.0
         return min(1.0, <double>(<Py_ssize_t>matched[s]) / info.nblocks)
+
+    def matched_blocks(self, Endpoint ep, RouteInfo info):
+        """How many of ``info``'s leading prompt blocks the prefix index says ``ep`` was sent
+        recently (0: none, or a request with no blocks); what a trace shows of a pick."""
+        cdef RouterPool state
+        cdef PrefixIndex index
+        cdef int s
+        if info is None or not info.nblocks:
+            return 0
+        state = self._pools.get(ep.model)
+        if state is None:
+            return 0
+        index = state.index
+        s = index.slot_of(ep.name)
+        if s < 0:
+            return 0
+        matched = index.match(info.hashes)
+        return matched[s] if s < len(matched) else 0
 
     cpdef void on_dispatch(self, Endpoint ep, RouteInfo info) except *:
         """Remember that info's prompt blocks were sent to ep (call once it is bound)."""
