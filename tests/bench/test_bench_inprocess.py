@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 from tests.support.bench import bench_module
+from tests.support.otlp import need_otel
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -53,7 +54,7 @@ async def test_a_finished_request_leaves_no_reference_cycle_behind(stream_events
 async def test_every_traced_request_is_answered_and_its_spans_exported():
     """--trace-ratio 1: every request traced, its spans posted to the stand-in collector
     before the figure is taken (drive waits for the export)."""
-    pytest.importorskip("opentelemetry.sdk", reason="the otel extra (pip install 'velocityllm[otel]')")
+    need_otel()
     h = _harness()
     sink, url = h.otlp_sink()
     try:

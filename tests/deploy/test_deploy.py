@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.otlp import need_otel
 from velocity_fast.config import load_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -134,7 +135,7 @@ def test_tracing_example_wires_the_gateway_to_the_collector_and_jaeger(tmp_path)
     """tracing.yaml: the collector's pipeline uses only what it defines and exports to the
     Jaeger Service's OTLP port; the gateway settings its header gives load (tracing on) and
     name the collector Service's OTLP/HTTP port."""
-    pytest.importorskip("opentelemetry.sdk", reason="the otel extra (pip install 'velocityllm[otel]')")
+    need_otel()
     docs = _docs()
     conf = yaml.safe_load(docs[("ConfigMap", "otel-collector-config")]["data"]["config.yaml"])
     (pipe,) = conf["service"]["pipelines"].values()

@@ -5,25 +5,21 @@ returned and sent to the engine; a collector that is down costs the requests not
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-pytest.importorskip("opentelemetry.proto", reason="the otel extra (pip install 'velocityllm[otel]')")
+from tests.support.otlp import CLIENT, SERVER, Receiver, need_otel
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
+need_otel()
 
 from tests.support.gateway import RecordingUpstream, running_gateway, wait_until  # noqa: E402
 from tests.support.sim import free_port, http_request, open_request, sim_engine  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
-SERVER, CLIENT = 2, 3  # Span.SpanKind in the OTLP protobuf
 
 REPLY = json.dumps(
     {
@@ -34,73 +30,6 @@ REPLY = json.dumps(
         "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
     }
 ).encode()
-
-
-def _value(v):
-    kind = v.WhichOneof("value")
-    if kind == "array_value":
-        return [_value(x) for x in v.array_value.values]
-    return getattr(v, kind)
-
-
-class Receiver:
-    """An OTLP/HTTP trace receiver on 127.0.0.1: every span it was sent, decoded."""
-
-    def __init__(self) -> None:
-        self.spans: list[dict] = []
-        self.posts = 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["content-length"]))
-                if self.headers.get("content-encoding") == "gzip":
-                    body = gzip.decompress(body)
-                assert self.path == "/v1/traces"
-                assert self.headers["content-type"] == "application/x-protobuf"
-                req = ExportTraceServiceRequest.FromString(body)
-                for rs in req.resource_spans:
-                    res = {a.key: _value(a.value) for a in rs.resource.attributes}
-                    for ss in rs.scope_spans:
-                        for s in ss.spans:
-                            outer.spans.append(
-                                {
-                                    "name": s.name,
-                                    "kind": s.kind,
-                                    "trace_id": s.trace_id.hex(),
-                                    "span_id": s.span_id.hex(),
-                                    "parent": s.parent_span_id.hex(),
-                                    "start": s.start_time_unix_nano,
-                                    "end": s.end_time_unix_nano,
-                                    "attrs": {a.key: _value(a.value) for a in s.attributes},
-                                    "error": s.status.code == 2,
-                                    "resource": res,
-                                }
-                            )
-                outer.posts += 1
-                self.send_response(200)
-                self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_port}"
-
-    def __enter__(self) -> "Receiver":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
 
 
 def _tracing(url: str, **more) -> dict:

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.reliability import harness as h
+from tests.support.otlp import need_otel
 from tests.support.sim import free_port
 
 HEAD_CASES = 2400
@@ -33,7 +34,7 @@ def stack(request):
     the spans are made and dropped, the answers must not change)."""
     extra = ""
     if request.param == "traced":
-        pytest.importorskip("opentelemetry.sdk", reason="the otel extra (pip install 'velocityllm[otel]')")
+        need_otel()
         extra = f"tracing:\n  sample_ratio: 1.0\n  otlp_endpoint: http://127.0.0.1:{free_port()}\n"
     with h.gateway_stack(extra_config=extra) as s:
         yield s

@@ -74,9 +74,19 @@ class VllmEngine:
     """One vLLM CPU engine on 127.0.0.1: HTTP, KV event and replay ports of its own."""
 
     def __init__(
-        self, py: Path, model_dir: str, name: str, served: str, log_dir: Path, buffer_steps: int | None = None
+        self,
+        py: Path,
+        model_dir: str,
+        name: str,
+        served: str,
+        log_dir: Path,
+        buffer_steps: int | None = None,
+        *,
+        extra_args: tuple[str, ...] = (),
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         self.name = name
+        self.extra_env = dict(extra_env or {})
         self.model = served
         self.model_dir = model_dir
         base = free_port_range(2)
@@ -117,6 +127,7 @@ class VllmEngine:
             "--enable-prefix-caching",
             "--kv-events-config",
             json.dumps(kv),
+            *extra_args,
         ]
         self.log = log_dir / f"{name}.log"
         self.proc: subprocess.Popen | None = None
@@ -130,7 +141,7 @@ class VllmEngine:
         return EndpointConfig(name=self.name, url=self.url, model=self.model, kv_events=kv)
 
     def spawn(self) -> None:
-        env = {**os.environ, **ENGINE_ENV}
+        env = {**os.environ, **ENGINE_ENV, **self.extra_env}
         env.pop("PYTHONPATH", None)  # the vLLM venv imports nothing of the checkout
         self.proc = start(self.argv, log=self.log, append=False, cwd=ROOT, env=env)
 
