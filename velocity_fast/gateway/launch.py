@@ -123,6 +123,45 @@ def _check_sim_engines(plan, args: argparse.Namespace) -> None:
         raise ConfigError(f"{source}: sim: {e} (the sim engines' flags: `sim:`, --sim-args, max_model_len)") from None
 
 
+def _sim_defaults() -> dict:
+    """The sim engine's own flag defaults, by the `sim:` key that names each."""
+    from velocity_fast.sim.flags import add_arguments
+
+    parser = _RaisingParser(prog="sim-engine", add_help=False)
+    add_arguments(parser)
+    return {a.dest: a.default for a in parser._actions if a.dest and a.option_strings}
+
+
+def engines_only_keys(settings: Settings) -> list[str]:
+    """The keys set (away from their defaults) that only chargeVelocity's engines read:
+    `serve` starts no engine, so each would do nothing there. A `sim:` value equal to the
+    sim engine's default (as the example config lists them) changes nothing and passes."""
+    out = []
+    if settings.model_path:
+        out.append("model_path")
+    if settings.engine != "auto":
+        out.append("engine")
+    if settings.vllm_python:
+        out.append("vllm_python")
+    if settings.sim:
+        defaults = _sim_defaults()
+        for key, value in settings.sim.items():
+            if value is not None and defaults.get(str(key).replace("-", "_"), object()) != value:
+                out.append(f"sim.{key}")
+    return out
+
+
+def _engines_only_error(settings: Settings, source: str) -> ConfigError | None:
+    keys = engines_only_keys(settings)
+    if not keys:
+        return None
+    return ConfigError(
+        f"{source}: {', '.join(keys)}: only `velocityllm chargeVelocity` starts engines and reads "
+        f"{'it' if len(keys) == 1 else 'them'}; `serve` proxies to the endpoints it is given and would "
+        "ignore it. Remove it from the config (or its VELOCITY_* variable), or run chargeVelocity"
+    )
+
+
 def serve_main(args: argparse.Namespace) -> int:
     """The gateway alone, in front of engines that already run (--endpoint / config)."""
     from velocity_fast.server.run import run_until_signalled
@@ -141,6 +180,11 @@ def serve_main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    source = args.config or os.environ.get("VELOCITY_CONFIG") or "the environment"
+    wrong = _engines_only_error(settings, source)
+    if wrong is not None:
+        print(f"velocityllm: config error: {wrong}", file=sys.stderr)
+        return 2
     side = worker_side()  # a worker of a supervisor (gateway/workers.py), or the gateway itself
     setup_logging(settings.structured_logs, settings.log_level, None if side is None else side.index)
     workers = worker_count(settings)
@@ -152,6 +196,9 @@ def serve_main(args: argparse.Namespace) -> int:
                 f"{args.config or os.environ.get('VELOCITY_CONFIG') or 'defaults'}: endpoints: "
                 "none left; a gateway alone needs at least one"
             )
+        wrong = _engines_only_error(s, args.config or os.environ.get("VELOCITY_CONFIG") or "the environment")
+        if wrong is not None:  # a reload that adds one is refused as at start
+            raise wrong
         return s
 
     if side is None and workers > 1:
