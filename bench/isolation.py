@@ -33,29 +33,12 @@ import argparse
 import asyncio
 import tempfile
 
-from velocity_fast.loadgen.isolation import MODEL, SCENARIOS, matrix
+from velocity_fast.loadgen.isolation import KV_BOUND_LONG, LONG, SCENARIOS, matrix
 from velocity_fast.loadgen.report import write_json
 
 TARGET = 1.5
 STATIC_AT_LEAST = 10.0
-# --long: requests whose KV grows well past their prompt as they decode.
-LONG = dict(
-    sim_base=(),
-    low_body={
-        "model": MODEL,
-        "messages": [{"role": "user", "content": " ".join(["word"] * 110)}],
-        "max_tokens": 200,
-        "ignore_eos": True,
-    },
-    high_body={
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "status?"}],
-        "max_tokens": 8,
-        "stream": True,
-        "ignore_eos": True,
-    },
-)
-LONG_SCENARIOS = {**SCENARIOS, "kv-bound": [["--max-num-seqs", "256", "--num-gpu-blocks", "256"]] * 2}
+LONG_SCENARIOS = {**SCENARIOS, "kv-bound": KV_BOUND_LONG}
 
 
 def table(runs: list[dict]) -> str:

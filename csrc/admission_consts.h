@@ -24,6 +24,13 @@
  * is "saturated" (1.0). */
 #define VF_QUEUE_THRESHOLD 5.0
 #define VF_KV_THRESHOLD    0.8
+/* The KV an engine's cache will hold once this gateway's requests there have decoded
+ * what they may (its usage now plus their max_tokens left, at the engine's pace) is
+ * "saturated" at this share: a band of ceiling c admits while that is below 0.95 c. */
+#define VF_KV_PROJECTED    0.95
+/* An engine whose cache, as it will be, is past this share of that (the low band's
+ * soft ceiling) is held by its KV, not by a count: its probe is over (_in_turn). */
+#define VF_KV_HELD         0.7
 /* A scrape older than this is stale: fall back to the gateway's own counts.
  * Ten default scrape intervals (100 ms) leaves room for a slow engine. */
 #define VF_STALE_AFTER_S   1.0

@@ -265,3 +265,66 @@ def test_free_slots_count_healthy_endpoints_below_their_limit_less_pending():
     assert free_slots([a, b, c], 2) == 1
     assert free_slots([a, b, c], 5) == -2
     assert free_slots([], 1) == -1
+
+
+def test_the_kv_its_requests_will_still_decode_counts_before_the_cache_fills():
+    """A KV-bound engine whose cache is nearly empty now (0.1) with 10 batch requests
+    bound there that will each decode 200 tokens: 2000 of its 4096 token slots are
+    coming, so the cache as it will be (0.1 + 0.49) over 0.95 is the saturation, not the
+    usage's 0.1 / 0.8. As the engine decodes (its pace: 20 ms a token), that part shrinks."""
+    s = Saturation()
+    e = EndpointLoad(limit=64)
+    s.update(e, 10, 0, 0.1, 10.0, 10.0)
+    e.inflight = 10
+    assert s.endpoint(e, 10.0) == pytest.approx(max(10 / 64, 0.1 / 0.8))  # nothing known of what is coming
+    e.kv_tokens = 256 * 16
+    e.bound_n, e.bound_tokens, e.bound_t = 10.0, 2000.0, 10 * 10.0
+    assert e.kv_ahead(10.0) == pytest.approx(2000 / 4096)
+    low = 0.8 / 0.7  # the low band's ceiling over its soft ceiling
+    assert s.endpoint(e, 10.0, 0.0, low) == pytest.approx((0.1 + 2000 / 4096) / 0.95)
+    e.out_share = 0.5  # answers here end at half their max_tokens
+    assert e.kv_ahead(10.0) == pytest.approx(1000 / 4096)
+    e.out_share = 1.0
+    e.pace = 0.02  # 1 s later each has decoded 50 of its 200 (the usage gauge is not refreshed here)
+    assert e.kv_ahead(11.0) == pytest.approx(1500 / 4096)
+    assert e.kv_ahead(100.0) == 0.0  # past what they may decode: nothing more coming
+
+
+async def test_admission_keeps_each_engines_bound_decode_from_bind_to_release():
+    """The sums kv_ahead reads follow the leases: three low requests of 200 tokens bound
+    to a KV-bound engine (256 blocks of 16) show as 600 of its 4096 token slots coming
+    (no pace known yet), a fourth would pass the low band's share of the cache as it will
+    be, and once they are released nothing is coming."""
+    import asyncio
+
+    from velocity_fast.admission.controller import Admission, Ticket
+    from velocity_fast.admission.settings import AdmissionSettings
+    from velocity_fast.fleet.endpoint import Pool
+
+    t = [1000.0]
+    ep = Endpoint("e1", "http://127.0.0.1:9001", "m")
+    ep.healthy = True
+    ep.num_gpu_blocks, ep.block_size = 256, 16
+    adm = Admission(AdmissionSettings(aimd_max=64, aimd_initial=0), {"m": Pool("m", [ep])}, clock=lambda: t[0])
+    ep.running, ep.waiting, ep.kv_usage, ep.scraped_at = 0.0, 0.0, 0.1, t[0]
+    adm.on_metrics(ep)
+    leases = [await adm.admit(Ticket(band="low", max_tokens=1000)) for _ in range(3)]
+    for lease in leases:
+        lease.bind(ep)
+    assert adm.stats()["endpoints"]["e1"]["kv_ahead"] == pytest.approx(3000 / 4096, abs=1e-4)
+    # Work with a deadline is not counted in it: its clients often ask for far more
+    # max_tokens than the answer takes.
+    normal = await adm.admit(Ticket(band="normal", max_tokens=4000))
+    normal.bind(ep)
+    assert adm.stats()["endpoints"]["e1"]["kv_ahead"] == pytest.approx(3000 / 4096, abs=1e-4)
+    normal.release("completed")
+    # 0.1 + 4000/4096 over 0.95 is past the low band's ceiling (0.8): a fourth low one
+    # waits in the gateway's queue; a high one (ceiling 1.5) is granted at once.
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(adm.admit(Ticket(band="low", max_tokens=1000)), 0.05)
+    high = await asyncio.wait_for(adm.admit(Ticket(band="high", max_tokens=1000)), 1.0)
+    assert high.has_room(ep)
+    high.release("cancelled")
+    for lease in leases:
+        lease.release("completed")
+    assert adm.stats()["endpoints"]["e1"]["kv_ahead"] == 0.0

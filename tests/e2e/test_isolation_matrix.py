@@ -22,13 +22,20 @@ high requests of the first 5 s are held to the same bound. Before the engines' b
 are learned only one engine probes for its batch at a time (admission/controller.pyx,
 ``_in_turn``); when both probed together, low work overshot every batch and high p95
 in those seconds was 3.3-3.5x idle on engines of 8 and 16 sequences.
+
+An engine whose batch is bound by its KV cache is not learned by overshooting: its
+requests' KV grows as they decode, after admission saw the cache near empty. With long
+answers (200 tokens on 256 blocks, ``LONG``) a flood admitted in its first second filled
+the cache a few seconds later, and high requests 3 s into it waited behind the
+preempted ones: 5.3x idle p95. Admission now counts what the requests bound to an
+engine will still decode (saturation.pyx, ``kv_ahead``).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from velocity_fast.loadgen.isolation import SCENARIOS, run, static_verdict
+from velocity_fast.loadgen.isolation import KV_BOUND_LONG, LONG, SCENARIOS, run, static_verdict
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timed]  # latency ratios
 
@@ -103,6 +110,25 @@ async def test_high_band_isolated_from_the_first_second(scenario, tmp_path):
         f"\n{scenario} first 5 s: dynamic {dyn['p95_ratio']:.2f}x (bound {bound(dyn):.2f}x, "
         f"{dyn['idle_ms']['p95']:.0f} -> {dyn['loaded_ms']['p95']:.0f} ms), static {sta['p95_ratio']:.2f}x; "
         f"batch {dyn['batch_capacity']}, limits {dyn['limits']}"
+    )
+    assert dyn["idle_ms"]["failed"] == dyn["loaded_ms"]["failed"] == 0
+    assert sta["idle_ms"]["failed"] == sta["loaded_ms"]["failed"] == 0
+    assert dyn["p95_ratio"] <= bound(dyn), dyn
+    assert sta["p95_ratio"] >= 10.0, f"static only {sta['p95_ratio']:.2f}x: the load is not real"
+
+
+@pytest.mark.timeout(300)
+async def test_high_band_isolated_when_long_answers_fill_a_kv_bound_cache(tmp_path):
+    """Long answers on KV-bound engines: the high requests 3 s into the flood (when the
+    first second's low work has grown to fill the cache) keep within the bound; under
+    `static` the same seconds are at least 10x idle."""
+    kw = dict(low=300, high_samples=30, spacing=0.1, at=3.0, **LONG)
+    dyn = await dynamic_run(KV_BOUND_LONG, str(tmp_path), **kw)
+    sta = await run(KV_BOUND_LONG, "static", str(tmp_path), **kw, **static_verdict(dyn))
+    print(
+        f"\nkv-bound, long answers, 3 s into the flood: dynamic {dyn['p95_ratio']:.2f}x (bound {bound(dyn):.2f}x, "
+        f"{dyn['idle_ms']['p95']:.0f} -> {dyn['loaded_ms']['p95']:.0f} ms), static {sta['p95_ratio']:.2f}x; "
+        f"limits {dyn['limits']}, in flight {dyn['inflight']}"
     )
     assert dyn["idle_ms"]["failed"] == dyn["loaded_ms"]["failed"] == 0
     assert sta["idle_ms"]["failed"] == sta["loaded_ms"]["failed"] == 0

@@ -14,6 +14,8 @@ from velocity_fast.admission.sla cimport PoolWork, SlaModel
 cdef extern from "admission_consts.h":
     double VF_CONGESTION_FACTOR
     double VF_IDLE_RESET_S
+    double VF_KV_PROJECTED
+    double VF_KV_HELD
 
 
 cdef class Ticket:
@@ -40,6 +42,7 @@ cdef class PoolState:
     cdef readonly object pool
     cdef readonly BandQueues queues
     cdef public long pending
+    cdef public double pending_tokens  # the pending leases' max_tokens (kv_ahead's part of them)
     cdef public list states
     cdef public list loads
     cdef public list seen
@@ -76,6 +79,8 @@ ctypedef void (*granted_fn)(object waiter, Lease lease) except *
 
 cdef class Lease(RoomFilter):
     cdef readonly Admission _adm
+    # Deadline-free (batch) work's max_tokens, counted in the engine's kv_ahead; 0 for the rest.
+    cdef double _kv_tok
     cdef readonly PoolState _ps
     cdef readonly int band_index
     cdef readonly str band

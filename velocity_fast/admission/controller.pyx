@@ -206,6 +206,14 @@ cdef double _borrowed(PoolState ps, double now, double stale_after, double ceili
     return b if b > ceiling else ceiling
 
 
+cdef inline bint _kv_held(EndpointLoad load, double now, double stale_after) noexcept:
+    """The engine's KV cache, as it will be once its requests have decoded (kv_ahead), is
+    what holds work back there: its batch is bound by the cache, not by a count that a
+    probe could find, and its turn to probe is over. A fresh scrape only."""
+    return (load.kv_tokens > 0.0 and now - load.scraped_at <= stale_after
+            and load.kv + load.kv_ahead(now) >= VF_KV_HELD * VF_KV_PROJECTED)
+
+
 cdef bint _in_turn(PoolState ps, EndpointState st, double now, double stale_after) noexcept:
     """Whether ``st``'s limit may grow now. An engine whose batch is not learned finds it
     only by overshooting it, and the requests past its batch wait in its FIFO queue,
@@ -213,7 +221,8 @@ cdef bint _in_turn(PoolState ps, EndpointState st, double now, double stale_afte
     So the engines of a pool probe one at a time, in order: the others keep their limits,
     whose low share leaves slots free that the router sends high work to. An engine's
     turn comes once each before it is done probing (its batch learned, its limit at the
-    maximum, its slow start ended) and shows no queue of its own on a fresh scrape."""
+    maximum, its slow start ended, or its KV cache what holds it: ``_kv_held``) and shows
+    no queue of its own on a fresh scrape."""
     cdef EndpointState o
     cdef AimdLimit a
     if st.load.capacity_known:
@@ -225,7 +234,7 @@ cdef bint _in_turn(PoolState ps, EndpointState st, double now, double stale_afte
             continue
         a = o.aimd
         if (a is not None and not o.load.capacity_known and a.decreases == 0 and a.ooms == 0
-                and a.value < a.maximum):
+                and a.value < a.maximum and not _kv_held(o.load, now, stale_after)):
             return False  # still probing
         if now - o.load.scraped_at <= stale_after and o.load.waiting >= 1.0:
             return False  # its overshoot still waits there: no second engine without room
@@ -339,8 +348,16 @@ cdef class Lease(RoomFilter):
         load.limit = ep.limit
         # With this lease on it, as the pool's number counts the next grant.
         load.inflight = ep.inflight + 1
+        if self._kv_tok > 0.0:
+            load.bound_n += 1.0
+            load.bound_tokens += self._kv_tok
+            load.bound_t += now
         ok = adm._endpoint_sat(load, now, self.band_index) <= ceiling
         load.inflight = ep.inflight
+        if self._kv_tok > 0.0:
+            load.bound_n -= 1.0
+            load.bound_tokens -= self._kv_tok
+            load.bound_t -= now
         return ok
 
     cpdef first_byte(self):
@@ -631,6 +648,7 @@ cdef class Admission:
                 "saturation": round(self.policy.saturation.endpoint(st.load, now), 4),
                 # The engine's batch once learned (None: not yet shown), and the most seen running.
                 "batch_capacity": st.load.capacity if st.load.capacity_known else None,
+                "kv_ahead": round(st.load.kv_ahead(now), 4),
                 "running_max": st.load.capacity,
                 "frozen": bool(st.aimd is not None and st.aimd.frozen(now)),
                 # The engine's decode pace over the last second (ms a token; None: unknown).
@@ -760,7 +778,7 @@ cdef class Admission:
                     idle = True
                 if idle:
                     return 0.0
-            return self._sat.pool(ps.loads, ps.pending + 1, now, <double>self._soft_scales[band])
+            return self._sat.pool(ps.loads, ps.pending + 1, now, <double>self._soft_scales[band], ps.pending_tokens)
         if self._fixed:
             for e in ps.loads:
                 if e.healthy:
@@ -1171,6 +1189,11 @@ cdef class Admission:
                       double deadline, double arrived_at, double now):
         cdef Lease lease = Lease.__new__(Lease)
         ps.pending += 1
+        # The KV batch work will still decode counts against every band (kv_ahead): work
+        # with a deadline, whose clients often ask far more max_tokens than they use, is
+        # not counted in it, nor held back by its own.
+        lease._kv_tok = <double>max_tokens if self._soft_scales[band] > 1.0 else 0.0
+        ps.pending_tokens += lease._kv_tok
         cdef PoolWork w = ps.work
         # Admitted work: counted by its expected end until it is released.
         if service > 0.0:
@@ -1202,6 +1225,7 @@ cdef class Admission:
         cdef EndpointState st
         if not rebind:
             ps.pending -= 1
+            ps.pending_tokens = ps.pending_tokens - lease._kv_tok if ps.pending > 0 else 0.0
         if lease._claimed:  # the slot is taken already (claim)
             lease._claimed = False
             ep.inflight = inflight_total(ep.shm, ep.inflight)
@@ -1212,6 +1236,8 @@ cdef class Admission:
         # An endpoint admission knows already (the common case) needs no call.
         st = self._known_state(ep)
         lease._st = st if st is not None else self._ep_state(ep)
+        if lease._kv_tok > 0.0:
+            lease._st.load.bind_work(lease._kv_tok, lease.bound_at, 1.0)
         if not rebind and ps.queues.count:
             # Pending leases count in full on every endpoint (saturation.pool): now
             # that this one has a place, the others' headroom is known again. With
@@ -1220,6 +1246,9 @@ cdef class Admission:
 
     cdef void _on_unbind(self, Lease lease, Endpoint ep) except *:
         ep.inflight = inflight_add(ep.shm, ep.inflight, -1)
+        if lease._st is not None:
+            if lease._kv_tok > 0.0:
+                lease._st.load.bind_work(lease._kv_tok, lease.bound_at, -1.0)
         self._cycle(lease._ps, 0.0, False)
 
     cdef void _on_release(self, Lease lease, int outcome, error_text, long tokens) except *:
@@ -1249,8 +1278,14 @@ cdef class Admission:
             unreserve(ps.shm)
         if ep is None:
             ps.pending -= 1
+            ps.pending_tokens = ps.pending_tokens - lease._kv_tok if ps.pending > 0 else 0.0
         else:
             ep.inflight = inflight_add(ep.shm, ep.inflight, -1)
+            if lease._st is not None:
+                if lease._kv_tok > 0.0:
+                    lease._st.load.bind_work(lease._kv_tok, lease.bound_at, -1.0)
+                if outcome == COMPLETED and lease._kv_tok > 0.0:
+                    lease._st.load.ended(<double>tokens, <double>lease.max_tokens)
             self._learn(ps, lease, ep, outcome, error_text, tokens, now)
         self._cycle(ps, now, True)
 

@@ -5,6 +5,7 @@ from velocity_fast.fleet.endpoint cimport Endpoint
 cdef extern from "admission_consts.h":
     double VF_QUEUE_THRESHOLD
     double VF_KV_THRESHOLD
+    double VF_KV_PROJECTED
     double VF_STALE_AFTER_S
 
 
@@ -31,6 +32,17 @@ cdef class EndpointLoad:
     cdef readonly double others
     cdef double seen[OTHERS_SCRAPES]
     cdef int seen_at
+    # The decode this gateway's requests bound here have left, as sums (admission keeps
+    # them at bind and release): how many, their max_tokens, their bind times; with the
+    # engine's pace (s a token, 0 unknown) and its KV cache in tokens (0 unknown).
+    cdef public double bound_n
+    cdef public double bound_tokens
+    cdef public double bound_t
+    cdef public double pace
+    cdef public double kv_tokens
+    # The share of their max_tokens requests here decoded before they ended (a moving
+    # average; 1 until one ended with its count known): what kv_ahead expects of each.
+    cdef public double out_share
     # The gateway's own view, kept by admission.
     cdef public long inflight
     cdef public long limit
@@ -38,6 +50,9 @@ cdef class EndpointLoad:
     cdef readonly double value
 
     cpdef void observe(self, double running, double waiting, double kv, double scraped_at, double decoded=*)
+    cdef void bind_work(self, double max_tokens, double at, double sign) noexcept
+    cdef void ended(self, double tokens, double max_tokens) noexcept
+    cpdef double kv_ahead(self, double now) noexcept
 
 
 cdef void sync_shared(Endpoint ep, EndpointLoad load) noexcept
@@ -51,7 +66,8 @@ cdef class Saturation:
     cdef readonly double kv_threshold
     cdef readonly double stale_after
 
-    cpdef double endpoint(self, EndpointLoad load, double now, double extra=*, double soft_scale=*)
+    cpdef double endpoint(self, EndpointLoad load, double now, double extra=*, double soft_scale=*,
+                          double extra_tokens=*)
     cpdef double update(self, EndpointLoad load, double running, double waiting,
                         double kv, double scraped_at, double now)
-    cpdef double pool(self, list loads, double pending, double now, double soft_scale=*)
+    cpdef double pool(self, list loads, double pending, double now, double soft_scale=*, double pending_tokens=*)

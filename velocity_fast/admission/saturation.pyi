@@ -10,7 +10,15 @@ class EndpointLoad:
     inflight: int
     limit: int
     healthy: bool
+    bound_n: float
+    bound_tokens: float
+    bound_t: float
+    pace: float
+    kv_tokens: float
+    out_share: float
     def __init__(self, limit: int = 1) -> None: ...
+    def kv_ahead(self, now: float) -> float:
+        """The share of the KV cache the requests bound here will still add as they decode."""
     @property
     def running(self) -> float: ...
     @property
@@ -50,7 +58,9 @@ class Saturation:
     def kv_threshold(self) -> float: ...
     @property
     def stale_after(self) -> float: ...
-    def endpoint(self, load: EndpointLoad, now: float, extra: float = 0.0, soft_scale: float = 1.0) -> float: ...
+    def endpoint(
+        self, load: EndpointLoad, now: float, extra: float = 0.0, soft_scale: float = 1.0, extra_tokens: float = 0.0
+    ) -> float: ...
     def update(
         self,
         load: EndpointLoad,
@@ -60,4 +70,11 @@ class Saturation:
         scraped_at: float,
         now: float,
     ) -> float: ...
-    def pool(self, loads: list[EndpointLoad], pending: float, now: float, soft_scale: float = 1.0) -> float: ...
+    def pool(
+        self,
+        loads: list[EndpointLoad],
+        pending: float,
+        now: float,
+        soft_scale: float = 1.0,
+        pending_tokens: float = 0.0,
+    ) -> float: ...

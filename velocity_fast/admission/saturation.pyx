@@ -58,6 +58,7 @@ cdef class EndpointLoad:
     def __cinit__(self, long limit=1):
         self.limit = limit
         self.healthy = True
+        self.out_share = 1.0
 
     cpdef void observe(self, double running, double waiting, double kv, double scraped_at,
                        double decoded=-1.0):
@@ -84,6 +85,41 @@ cdef class EndpointLoad:
         else:
             self.queue_seen = False
 
+    cdef void bind_work(self, double max_tokens, double at, double sign) noexcept:
+        """A request bound here (sign 1, at its bind time) or gone (sign -1, the same
+        time): the sums ``kv_ahead`` reads."""
+        self.bound_n += sign
+        if self.bound_n <= 0.0:  # none left: no drift left behind by the sums
+            self.bound_n = self.bound_tokens = self.bound_t = 0.0
+            return
+        self.bound_tokens += sign * max_tokens
+        self.bound_t += sign * at
+
+    cdef void ended(self, double tokens, double max_tokens) noexcept:
+        """A request here ended having decoded ``tokens`` of its ``max_tokens``: clients
+        that ask for far more than the answer takes (a max_tokens of 4096 on chat) must
+        not hold the cache as if every answer ran to it."""
+        cdef double share
+        if tokens <= 0.0 or max_tokens <= 0.0:
+            return
+        share = tokens / max_tokens
+        self.out_share += 0.1 * ((share if share < 1.0 else 1.0) - self.out_share)
+
+    cpdef double kv_ahead(self, double now) noexcept:
+        """The share of the engine's KV cache this gateway's requests there will still
+        add as they decode: their max_tokens less what the engine's pace has decoded of
+        them since their bind (all of it while the pace is unknown). The usage gauge
+        shows only what they hold now; a flood admitted while it is low fills the cache
+        a few seconds later, and then the engine preempts and queues, higher work too.
+        Each is expected to decode ``out_share`` of its max_tokens, as those before did."""
+        cdef double left
+        if self.kv_tokens <= 0.0 or self.bound_n <= 0.0:
+            return 0.0
+        left = self.bound_tokens * self.out_share
+        if self.pace > 0.0:
+            left -= (self.bound_n * now - self.bound_t) / self.pace
+        return left / self.kv_tokens if left > 0.0 else 0.0
+
     def __repr__(self):
         return (f"EndpointLoad(running={self.running}, waiting={self.waiting}, "
                 f"kv={self.kv}, inflight={self.inflight}, limit={self.limit}, "
@@ -97,6 +133,9 @@ cpdef void observe_endpoint(EndpointLoad load, Endpoint ep):
     cdef double others
     cdef int i
     load.observe(ep.running, ep.waiting, ep.kv_usage, ep.scraped_at, ep.decoded)
+    load.pace = ep.pace
+    blocks, size = ep.num_gpu_blocks, ep.block_size
+    load.kv_tokens = <double>blocks * <double>size if blocks and size else 0.0
     if load.capacity_known:  # workers: the batch one learned is every one's
         learn_batch(ep.shm, load.capacity)
     # Running only: the engine's waiting requests, theirs and ours, are the queue term.
@@ -190,9 +229,11 @@ cdef class Saturation:
         self.kv_threshold = kv_threshold
         self.stale_after = stale_after
 
-    cpdef double endpoint(self, EndpointLoad load, double now, double extra=0.0, double soft_scale=1.0):
+    cpdef double endpoint(self, EndpointLoad load, double now, double extra=0.0, double soft_scale=1.0,
+                          double extra_tokens=0.0):
         """Saturation of one endpoint at ``now`` with ``extra`` in-flight requests
-        (outstanding leases) on top of its own: the worst of queued / queue
+        (outstanding leases, ``extra_tokens`` their max_tokens) on top of its own: the
+        worst of queued / queue
         threshold, KV / KV threshold (fresh scrapes only) and in-flight / limit. Also
         stored in ``load.value``.
 
@@ -219,6 +260,14 @@ cdef class Saturation:
             k = load.kv / self.kv_threshold * soft_scale
             if k > s:
                 s = k
+            # The cache as it will be once the batch work bound here has decoded
+            # (kv_ahead: deadline-free leases only, Lease._kv_tok): work that fills a
+            # KV-bound cache seconds after its admission must not crowd out better
+            # work, nor be granted more of it under a higher band's ceiling (aged up).
+            if (load.bound_n > 0.0 or extra_tokens > 0.0) and load.kv_tokens > 0.0:
+                k = (load.kv + load.kv_ahead(now) + extra_tokens * load.out_share / load.kv_tokens) / VF_KV_PROJECTED
+                if k > s:
+                    s = k
         else:
             s = queued / self.queue_threshold
         # In-flight against what the engine can actually run: its concurrency limit, or
@@ -242,7 +291,7 @@ cdef class Saturation:
         load.observe(running, waiting, kv, scraped_at)
         return self.endpoint(load, now, 0.0)
 
-    cpdef double pool(self, list loads, double pending, double now, double soft_scale=1.0):
+    cpdef double pool(self, list loads, double pending, double now, double soft_scale=1.0, double pending_tokens=0.0):
         """One number for a pool: the minimum over its eligible endpoints.
 
         Minimum, not an average: the router sends the next request to an endpoint
@@ -274,7 +323,7 @@ cdef class Saturation:
         for e in loads:
             if not e.healthy or (any_room and e.inflight >= e.limit):
                 continue
-            s = self.endpoint(e, now, pending, soft_scale)
+            s = self.endpoint(e, now, pending, soft_scale, pending_tokens)
             if s < best:
                 best = s
         return best

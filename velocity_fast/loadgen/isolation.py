@@ -47,6 +47,28 @@ SCENARIOS: dict[str, list[list[str]]] = {
     "mixed-8-64": [["--max-num-seqs", "8"], ["--max-num-seqs", "64"]],
 }
 
+# --long: requests whose KV grows well past their prompt as they decode.
+LONG = dict(
+    sim_base=(),
+    low_body={
+        "model": MODEL,
+        "messages": [{"role": "user", "content": " ".join(["word"] * 110)}],
+        "max_tokens": 200,
+        "ignore_eos": True,
+    },
+    high_body={
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "status?"}],
+        "max_tokens": 8,
+        "stream": True,
+        "ignore_eos": True,
+    },
+)
+#: Engines whose batch is bound by KV blocks, for LONG: 256 blocks of 16 tokens hold about
+#: 12 low requests once their 200 tokens are decoded (prompt blocks shared), at admission
+#: a few times that.
+KV_BOUND_LONG = [["--max-num-seqs", "256", "--num-gpu-blocks", "256"]] * 2
+
 
 def wire(port: int, body: dict, band: str) -> bytes:
     """The request bytes of one chat completion in ``band``."""
