@@ -505,11 +505,15 @@ cdef class Admission:
         retry = max(1, math.ceil(ps.overload_until - now))
         log.warning("engine %s ran out of memory: limit %d, shedding non-high work for %.1fs",
                     getattr(st.ep, "name", "?"), st.aimd.limit, ps.overload_until - now)
-        shed = [it for it in ps.queues if it.band > 0]
+        cdef PoolState pool = ps
+        shed = [it for it in pool.queues if it.band > 0]
         for it in shed:
-            ps.queues.cancel(it.id)
-            _unqueue(ps, it)
+            # (Admission's items are not indexed by id: removed as themselves, not by cancel.)
+            pool.queues.remove(it)
+            _unqueue(pool, it)
             self._fail_waiter(it, 503, "overload", "an engine ran out of memory; shedding non-high work", retry)
+        if shed and pool.shm != NULL:
+            _publish(pool)
 
     # -- housekeeping ----------------------------------------------------------------
 
@@ -561,13 +565,14 @@ cdef class Admission:
 
     def close(self) -> None:
         """Stop the housekeeping timer and fail whatever still waits (503)."""
+        cdef PoolState ps
         if self._tick is not None:
             self._tick.cancel()
             self._tick = None
         for ps in self._pools.values():
             ps.work.promises.clear()
             for it in list(ps.queues):
-                ps.queues.cancel(it.id)
+                ps.queues.remove(it)
                 _unqueue(ps, it)
                 self._fail_waiter(it, 503, "no-endpoint", "the gateway is shutting down", 1)
 
