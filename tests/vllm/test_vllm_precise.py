@@ -4,7 +4,8 @@ and one whose template is not (Llama-3-style headers, a BOS token in the templat
 - the gateway renders and tokenizes a conversation as vLLM does (vLLM's ``/tokenize``);
 - the workload (16 shared system prompts of about 900 tokens, 96 requests at concurrency
   4) through a precise gateway: precise share >= 0.9 of all picks (a group's first waits
-  the millisecond or two its tokens take), and vLLM's own hit rate
+  the millisecond or two its tokens take), no group placed on both engines (its requests
+  that come while its first is in prefill follow it), and vLLM's own hit rate
   (``vllm:prefix_cache_hits / queries``) above round-robin's, precise and approximate alike;
 - the same through a second gateway started after the first had run traffic on the same
   engines: on the ChatML pair it rebuilds from vLLM's replay socket; on the other the
@@ -36,9 +37,15 @@ ROOT = Path(__file__).resolve().parents[2]
 # often it is prefilled cold (round-robin: on both engines; by prefix: on one).
 GROUPS, REQUESTS, CONCURRENCY = 16, 96, 4
 NOISE = 0.02  # of vLLM's hit rate, between two routings that place alike (see the test)
+# The hot-spot guard spills a group onto the other engine when 2 requests wait on its own
+# (vLLM's num_requests_waiting). At concurrency 4 that happens by timing: 0 to 3 groups a
+# run, under every routing alike, which moved the hit rates of two routings that place
+# alike by up to 0.021 apart. These tests compare how a routing knows where a prefix is,
+# so the guard is set beyond this load; it is tested in tests/routing/test_router.py.
+GUARD = {"hotspot_waiting": 64}
 ROUTINGS = {
-    "round-robin": {"default_profile": "round-robin"},
-    "approximate": {"default_profile": "chat", "prefix": "approximate"},
+    "round-robin": {"default_profile": "round-robin", **GUARD},
+    "approximate": {"default_profile": "chat", "prefix": "approximate", **GUARD},
 }
 
 
@@ -63,11 +70,14 @@ def system_prompts(phase: str, n: int = GROUPS, words: int = 520) -> list[str]:
 
 
 def precise_routing(pair) -> dict:
-    return {"default_profile": "chat", "prefix": "precise", "tokenizer": pair.model_dir, "seed": 7}
+    return {"default_profile": "chat", "prefix": "precise", "tokenizer": pair.model_dir, "seed": 7, **GUARD}
 
 
 def gateway(pair, routing: dict):
-    return vllm_gateway(pair.engines, kv_events=True, routing=routing)
+    # Admission's limits at or above the workload's concurrency: an engine at its limit
+    # sends a group's request to the other, a cold prefill there, whichever engine the
+    # routing chose; these tests compare the choosing.
+    return vllm_gateway(pair.engines, kv_events=True, routing=routing, admission={"aimd_min": CONCURRENCY})
 
 
 def counters(pair) -> tuple[float, float]:
@@ -76,14 +86,16 @@ def counters(pair) -> tuple[float, float]:
     return q, h
 
 
-async def run_phase(port: int, pair, phase: str, prompts_of: str | None = None) -> float:
+async def run_phase(port: int, pair, phase: str, prompts_of: str | None = None) -> tuple[float, int]:
     """The workload with this phase's prompts (or those of phase ``prompts_of``, other
-    questions); vLLM's hit rate over it."""
+    questions); vLLM's hit rate over it, and the groups it placed twice: requests of a
+    group sent to both engines, a second cold prefill of its prompt."""
     prompts = system_prompts(prompts_of or phase)
     rng = random.Random(phase.split("-", 1)[0] + "/order")
     order = [rng.randrange(GROUPS) for _ in range(REQUESTS)]
     q0, h0 = await asyncio.to_thread(counters, pair)
     sem = asyncio.Semaphore(CONCURRENCY)
+    where: dict[int, set] = {}
 
     async def one(i: int, g: int) -> None:
         body = {
@@ -98,15 +110,16 @@ async def run_phase(port: int, pair, phase: str, prompts_of: str | None = None) 
         async with sem:
             r = await http_request(port, "POST", CHAT, body, timeout=120)
         assert r.status == 200, r.body
+        where.setdefault(g, set()).add(r.headers["x-velocity-endpoint"])
 
     await asyncio.gather(*(one(i, g) for i, g in enumerate(order)))
     # vLLM's counters are scraped from its last step's stats: wait until they settle.
     await asyncio.sleep(1.0)
     q1, h1 = await asyncio.to_thread(counters, pair)
-    return (h1 - h0) / (q1 - q0)
+    return (h1 - h0) / (q1 - q0), sum(len(v) - 1 for v in where.values())
 
 
-async def precise_phase(pair, phase: str, prompts_of: str | None = None) -> tuple[float, float, dict]:
+async def precise_phase(pair, phase: str, prompts_of: str | None = None) -> tuple[tuple[float, int], float, dict]:
     async with gateway(pair, precise_routing(pair)) as gw:
         await wait_until(lambda: all(gw.kv.index.exact(e.name) for e in pair.engines), 15.0, what="exact indexes")
         hit = await run_phase(gw.port, pair, phase, prompts_of)
@@ -146,25 +159,29 @@ async def test_precise_routing_from_vllms_events(kind, vllm_pairs):
     pair = vllm_pairs.get(kind)
     await asyncio.to_thread(tokens_as_vllm, pair)
 
-    hits = {}
+    runs = {}
     for name, routing in ROUTINGS.items():
         async with gateway(pair, routing) as gw:
-            hits[name] = await run_phase(gw.port, pair, f"{kind}-{name}")
-    hits["precise"], share, _ = await precise_phase(pair, f"{kind}-precise")
+            runs[name] = await run_phase(gw.port, pair, f"{kind}-{name}")
+    runs["precise"], share, _ = await precise_phase(pair, f"{kind}-precise")
     # A gateway that joins engines that have run traffic (a restart, a second replica),
     # with the prompts the engines already hold (other questions).
-    hits["joined"], joined_share, eps = await precise_phase(pair, f"{kind}-joined", f"{kind}-precise")
+    runs["joined"], joined_share, eps = await precise_phase(pair, f"{kind}-joined", f"{kind}-precise")
+    hits = {k: v[0] for k, v in runs.items()}
+    twice = {k: v[1] for k, v in runs.items()}
     print(
         f"{kind}: vLLM hit rate {', '.join(f'{k} {v:.3f}' for k, v in hits.items())}; "
+        f"groups placed twice {twice}; "
         f"precise share {share:.3f}, joined {joined_share:.3f}; joined endpoints "
         f"{ {k: {f: v[f] for f in ('joins', 'replayed', 'adopted', 'orphans')} for k, v in eps.items()} }"
     )
     assert share >= 0.9 and joined_share >= 0.9, (share, joined_share)
-    # On this workload both prefix routings place each group on one engine, so they tie:
-    # which requests meet a busy engine (and go to the other) moves either by up to about
-    # 0.01 from run to run (fresh clones saw precise 0.741 against 0.750, and 0.738
-    # against 0.746, the other way round in runs between). Precise must not fall behind
-    # by more than that; round-robin, which prefills each group on both, is 15 % behind.
+    # Both prefix routings place each group on one engine (its requests that come while
+    # the first is still in prefill follow it there); round-robin nearly every group on both.
+    assert twice["precise"] == twice["approximate"] == twice["joined"] == 0 and twice["round-robin"] >= 10, twice
+    # So they tie on vLLM's hit rate, but for what timing moves: a request that meets its
+    # group's first still in prefill prefills too. Precise must not fall behind by more
+    # than that; round-robin, which prefills each group on both, is 15 % behind.
     assert hits["precise"] >= hits["approximate"] - NOISE and hits["approximate"] > hits["round-robin"], hits
     assert hits["precise"] >= 1.15 * hits["round-robin"], hits
     assert hits["joined"] >= hits["precise"], hits  # its prompts were cached: none placed cold again
@@ -199,5 +216,5 @@ async def test_an_engine_killed_and_restarted_leaves_no_stale_blocks(vllm_pairs)
         # has stored since (the warm-up's prompt is shorter than one block: nothing).
         await wait_until(lambda: gw.kv.index.exact(e1.name), 15.0, what="the index resynced")
         assert gw.kv.index.size(e1.name) == 0
-        hit = await run_phase(gw.port, pair, "llama3-restart")
+        hit, _ = await run_phase(gw.port, pair, "llama3-restart")
         assert gw.kv.index.size(e1.name) > 0 and hit > 0

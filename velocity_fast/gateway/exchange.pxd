@@ -96,6 +96,11 @@ cdef class Exchange(ResponseHandler):
 cdef Exchange new_exchange(Ingress ingress, Request req, Responder resp, str route, pool, Ticket ticket, RouteInfo info,
                            bytes body, str rid)
 
+# Set a new exchange's fields (of Exchange or a subclass made with __new__): the front
+# door's state for it, as new_exchange does; gateway/pd.pyx's PdExchange is made with it.
+cdef Exchange fill_exchange(Exchange x, Ingress ingress, Request req, Responder resp, str route, pool, Ticket ticket,
+                            RouteInfo info, bytes body, str rid)
+
 
 # /v1/responses and /v1/messages: their usage read from their own events (exchange.pyx).
 cdef class GenExchange(Exchange):

@@ -87,10 +87,10 @@ cdef Exchange new_exchange(Ingress ingress, Request req, Responder resp, str rou
     0 or False: no lease, endpoint, engine connection or drain task yet; a streamed
     answer's fields (relaying, ct, status, events, first, engine_failed, error_text) are
     set in on_head when it begins, and only read after."""
-    return _fill(Exchange.__new__(Exchange), ingress, req, resp, route, pool, ticket, info, body, rid)
+    return fill_exchange(Exchange.__new__(Exchange), ingress, req, resp, route, pool, ticket, info, body, rid)
 
 
-cdef inline Exchange _fill(Exchange x, Ingress ingress, Request req, Responder resp, str route, pool, Ticket ticket,
+cdef Exchange fill_exchange(Exchange x, Ingress ingress, Request req, Responder resp, str route, pool, Ticket ticket,
                            RouteInfo info, bytes body, str rid):
     x.ingress = ingress
     x.loop = ingress.loop
@@ -257,6 +257,9 @@ cdef class Exchange(ResponseHandler):
         auth = f"authorization: Bearer {key}\r\n".encode("latin-1") if key else b""
         if trace is not None:  # the engine's span becomes a child of this attempt's
             auth += trace.attempt(ep, self.info)
+        # The prompt is on its way to ep: requests that share its prefix follow it from now,
+        # not from its answer's head (a whole answer's comes after the last token).
+        router.on_dispatch(ep, self.info)
         up.request(engine_request(up.json_post_head(self.up_path), self.rid, auth, self.body), self)
 
     # -- the engine connection's response handler: called as C (upstream/connection.pyx's
@@ -272,7 +275,6 @@ cdef class Exchange(ResponseHandler):
 
     cpdef on_head(self, UpstreamConnection conn):
         self.headed = True
-        (<Router?>self.ingress.router).on_dispatch(self.ep, self.info)
         if conn.status < 200 or conn.status > 599:
             return  # not an answer to relay: _answer makes it a 502 once the engine is done
         ct = _content_type(conn)
@@ -769,7 +771,7 @@ cpdef start_generation(Ingress ingress, Request req, Responder resp, str route, 
     own shapes (GenExchange). ``tenant``: the configured tenant, ``q_est``: the tokens
     drawn from its quota (settled from the answer's usage); ``asked``: the max tokens the
     request named (None: none), for its trace."""
-    cdef GenExchange x = <GenExchange>_fill(GenExchange.__new__(GenExchange), ingress, req, resp, route, pool,
+    cdef GenExchange x = <GenExchange>fill_exchange(GenExchange.__new__(GenExchange), ingress, req, resp, route, pool,
                                             ticket, info, body, rid)
     x.tenant = tenant
     x.q_est = q_est

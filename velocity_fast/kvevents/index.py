@@ -214,6 +214,9 @@ class BlockIndex:
         self._entries: dict[Hashable, _Entries] = {}
         self._stats: dict[Hashable, EndpointStats] = {}
         self._hints: dict[Hashable, deque] = {}
+        # endpoint -> own hash -> [stored since watched, watchers]: the blocks the router
+        # waits to see stored (``watch``), marked by the events that store them.
+        self._watch: dict[Hashable, dict[int, list]] = {}
 
     # -- the router's side ---------------------------------------------------------
     def match(self, endpoint_key: Hashable, chain: list[int]) -> int:
@@ -268,6 +271,32 @@ class BlockIndex:
             h = self._hints[endpoint_key] = deque(maxlen=HINTS)
         h.append(chain)
 
+    def watch(self, endpoint_key: Hashable, own: int) -> None:
+        """Note whether the endpoint's events store the block ``own`` from now on (``seen``),
+        even if they remove it again before anyone looks; ``unwatch`` once per call."""
+        w = self._watch.get(endpoint_key)
+        if w is None:
+            w = self._watch[endpoint_key] = {}
+        got = w.get(own)
+        if got is None:
+            w[own] = [False, 1]
+        else:
+            got[1] += 1
+
+    def seen(self, endpoint_key: Hashable, own: int) -> bool:
+        """True once the endpoint's events stored the watched block ``own``."""
+        w = self._watch.get(endpoint_key)
+        got = None if w is None else w.get(own)
+        return got is not None and got[0]
+
+    def unwatch(self, endpoint_key: Hashable, own: int) -> None:
+        w = self._watch.get(endpoint_key)
+        got = None if w is None else w.get(own)
+        if got is not None:
+            got[1] -= 1
+            if got[1] <= 0:
+                del w[own]
+
     def endpoints(self) -> list[Hashable]:
         return list(self._stats)
 
@@ -276,6 +305,7 @@ class BlockIndex:
         self._entries.pop(endpoint_key, None)
         self._stats.pop(endpoint_key, None)
         self._hints.pop(endpoint_key, None)
+        self._watch.pop(endpoint_key, None)
 
     # -- the subscriber's side -----------------------------------------------------
     def clear(self, endpoint_key: Hashable) -> None:
@@ -327,6 +357,7 @@ class BlockIndex:
                 return
         extra = ev.extra_keys
         tokens = tuple(ev.token_ids)
+        watch = self._watch.get(key)
         for i, eh in enumerate(ev.block_hashes):
             block = tokens[i * bs : (i + 1) * bs]
             x = extra[i] if extra is not None and i < len(extra) else None
@@ -339,6 +370,8 @@ class BlockIndex:
                 e.add(own, link)
             else:
                 got[1] += 1
+            if watch and (w := watch.get(own)) is not None:
+                w[0] = True
             parent = link = own
 
     def _removed(self, key: Hashable, ev: Removed) -> None:

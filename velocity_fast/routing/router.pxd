@@ -60,4 +60,5 @@ cdef class Router:
     cpdef object pick(self, pool, RouteInfo info, has_room=*, exclude=*)
     cpdef void on_dispatch(self, Endpoint ep, RouteInfo info) except *
     cpdef double cached_room(self, pool, RouteInfo info) except? -1.0
+    cdef Py_ssize_t _matched(self, key, RouteInfo info, Endpoint ep) except -1
     cpdef double cached_on(self, pool, RouteInfo info, Endpoint ep) except? -1.0

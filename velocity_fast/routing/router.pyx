@@ -505,44 +505,36 @@ cdef class Router:
                     best = m
         return min(1.0, <double>best / info.nblocks)
 
+    cdef Py_ssize_t _matched(self, key, RouteInfo info, Endpoint ep) except -1:
+        """``info``'s leading prompt blocks that the approximate index of the pool ``key``
+        says ``ep`` was sent recently (0: none, or a request with no blocks)."""
+        cdef RouterPool state
+        cdef PrefixIndex index
+        cdef int s
+        if info is None or not info.nblocks:
+            return 0
+        state = self._pools.get(key)
+        if state is None:
+            return 0
+        index = state.index
+        s = index.slot_of(ep.name)
+        if s < 0:
+            return 0
+        matched = index.match(info.hashes)
+        return <Py_ssize_t>matched[s] if s < len(matched) else 0
+
     cpdef double cached_on(self, pool, RouteInfo info, Endpoint ep) except? -1.0:
         """The fraction of ``info``'s prompt blocks that ``ep`` was sent recently, 0 to 1
         (the approximate index): how much of the prompt a disaggregation decider may take
         as cached there (gateway/pd.pyx)."""
-        cdef RouterPool state
-        cdef PrefixIndex index
-        cdef int s
         if info is None or not info.nblocks:
             return 0.0
-        state = self._pools.get(pool_model(pool))
-        if state is None:
-            return 0.0
-        index = state.index
-        s = index.slot_of(ep.name)
-        if s < 0:
-            return 0.0
-        matched = index.match(info.hashes)
-        if s >= len(matched):
-            return 0.0
-        return min(1.0, <double>(<Py_ssize_t>matched[s]) / info.nblocks)
+        return min(1.0, <double>self._matched(pool_model(pool), info, ep) / info.nblocks)
 
     def matched_blocks(self, Endpoint ep, RouteInfo info):
         """How many of ``info``'s leading prompt blocks the prefix index says ``ep`` was sent
         recently (0: none, or a request with no blocks); what a trace shows of a pick."""
-        cdef RouterPool state
-        cdef PrefixIndex index
-        cdef int s
-        if info is None or not info.nblocks:
-            return 0
-        state = self._pools.get(ep.model)
-        if state is None:
-            return 0
-        index = state.index
-        s = index.slot_of(ep.name)
-        if s < 0:
-            return 0
-        matched = index.match(info.hashes)
-        return matched[s] if s < len(matched) else 0
+        return self._matched(ep.model, info, ep)
 
     cpdef void on_dispatch(self, Endpoint ep, RouteInfo info) except *:
         """Remember that info's prompt blocks were sent to ep (call once it is bound)."""

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from tests.support.fleet import make_pool
 from velocity_fast.kvevents.index import EXACT, BlockIndex, chain_hashes
-from velocity_fast.kvevents.wire import Stored
+from velocity_fast.kvevents.wire import Cleared, Stored
 from velocity_fast.metrics.registry import Registry
 from velocity_fast.routing.precise.scoring import PrecisePrefix
 from velocity_fast.routing.precise.template import chat_template
@@ -238,6 +238,29 @@ def test_a_prompt_sent_counts_as_on_its_way_until_its_engine_reports_it(setup, t
     assert to.name in precise.stats()["on_way"]
     r.forget(to.name)
     assert precise.stats()["on_way"] == {} and to.name not in precise._placed
+
+
+def test_a_prompt_its_engine_stored_and_then_dropped_is_no_longer_on_its_way(setup, tokenizer_json):
+    """The engine's events store a prompt sent to it and then drop it (its cache reset,
+    or evicted) before the router next scores that engine: the events' word stands, the
+    prompt is not counted as still on its way there, and the engine that holds it now wins."""
+    r, index, precise, _ = setup()
+    pool = make_pool(2)
+    for ep in pool.endpoints:
+        engine_holds(index, ep.name, [])
+    body = chat(SYSTEM, "alpha beta gamma delta epsilon")
+    info = r.route_info("m", body, {})
+    wait_ready(info)
+    to = r.pick(pool, info)
+    other = next(ep for ep in pool.endpoints if ep is not to)
+    r.on_dispatch(to, info)
+    assert precise.stats()["on_way"] == {to.name: len(info.precise.chain)}
+    engine_holds(index, to.name, messages_ids(tokenizer_json, body))  # its prefill stored it
+    index.apply(to.name, [Cleared()])  # and its cache was emptied
+    engine_holds(index, other.name, messages_ids(tokenizer_json, body))  # the prompt came to the other
+    assert {r.pick(pool, info).name for _ in range(10)} == {other.name}
+    assert precise.stats()["on_way"] == {}
+    assert index._watch.get(to.name) == {}  # nothing left watched
 
 
 def engine_also_holds(index: BlockIndex, key: str, ids: list[int], tag: str) -> None:

@@ -44,7 +44,7 @@ class _Placed:
     events come after the prefill, and until then the index alone would see an empty
     cache where the router has just sent work. ``items``: (time, chain, blocks it adds,
     blocks the engine's events showed of it then), oldest first; ``blocks``: the sum of
-    the third."""
+    the third. The index watches each item's first block it adds (``chain[held]``)."""
 
     __slots__ = ("blocks", "items")
 
@@ -228,22 +228,36 @@ class PrecisePrefix:
         if held < len(chain):
             placed.items.append((now, chain, len(chain) - held, reported))
             placed.blocks += len(chain) - held
+            self.index.watch(name, chain[reported])
             if len(placed.items) > PLACED_MAX:
-                placed.blocks -= placed.items.popleft()[2]
+                old = placed.items.popleft()
+                placed.blocks -= old[2]
+                self.index.unwatch(name, old[1][old[3]])
 
     def forget(self, name: str) -> None:
         """The endpoint left (or its engine restarted): nothing is on its way there. An
         engine name that is gone keeps no chains (endpoints come and go with discovery)."""
-        self._placed.pop(name, None)
+        placed = self._placed.pop(name, None)
+        if placed is not None:
+            for item in placed.items:
+                self.index.unwatch(name, item[1][item[3]])
 
     def _on_way(self, placed: _Placed, name: str, chain: list[int], bs: int, now: float) -> int:
         """The leading blocks of ``chain`` that prompts sent to the engine carry there (0:
-        none). A prompt leaves once the engine's events report blocks of it past what it
-        held when sent (its prefill is done, or under way in chunks), or after
-        PLACED_TTL_S."""
+        none). A prompt leaves once the engine's events have stored its first block past
+        what it held when sent (its prefill is done, or under way in chunks: from then
+        the events say what the engine holds of it, even if it has evicted it since), or
+        after PLACED_TTL_S."""
         cutoff = now - PLACED_TTL_S
-        match = self.index.match_exact
-        live = [item for item in placed.items if item[0] >= cutoff and match(name, item[1], bs) <= item[3]]
+        index = self.index
+        match, seen = index.match_exact, index.seen
+        live = []
+        for item in placed.items:
+            first = item[1][item[3]]
+            if item[0] >= cutoff and not seen(name, first) and match(name, item[1], bs) <= item[3]:
+                live.append(item)
+            else:
+                index.unwatch(name, first)
         if len(live) != len(placed.items):
             placed.items = deque(live)
             placed.blocks = sum(item[2] for item in live)
