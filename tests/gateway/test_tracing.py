@@ -15,7 +15,7 @@ from tests.support.otlp import CLIENT, SERVER, Receiver, need_otel
 
 need_otel()
 
-from tests.support.gateway import RecordingUpstream, running_gateway, wait_until  # noqa: E402
+from tests.support.gateway import RecordingUpstream, gateway_settings, running_gateway, wait_until  # noqa: E402
 from tests.support.sim import free_port, http_request, open_request, sim_engine  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
@@ -402,3 +402,61 @@ async def test_generate_responses_and_messages_are_traced(stream):
         assert sorted(children) == sorted(["admission.wait", f"{op} sim-model", "route"]), path
     # the Messages API's stop reason, not a stop string
     assert _tree(rx.spans, traces["/v1/messages"])[0]["attrs"]["gen_ai.response.finish_reasons"] == ["max_tokens"]
+
+
+PREFILL_REPLY = (
+    b'{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":700,"total_tokens":701,'
+    b'"completion_tokens":1},"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[3],'
+    b'"remote_engine_id":"p","remote_host":"127.0.0.1","remote_port":5600}}'
+)
+LONG = "the quick brown fox jumps over the lazy dog " * 60  # past the P/D decider's 256 tokens
+
+
+async def test_each_pd_leg_is_a_client_span_and_each_engine_its_childs_parent():
+    """With P/D roles, a long prompt takes two legs: beneath the server span, one route span
+    (the decode engine, picked first), a client span for each prefill leg (the first, to an
+    engine gone, failed; the retry on the other answered) and one for the decode leg after
+    them; each engine got a traceparent naming its own leg's span."""
+    from velocity_fast.config import EndpointConfig
+
+    body = {"model": "m", "messages": [{"role": "user", "content": LONG}], "max_tokens": 7}
+    health = {"check_interval_ms": 60000.0, "scrape_interval_ms": 60000.0}
+    with Receiver() as rx:
+        async with RecordingUpstream(reply=PREFILL_REPLY) as pre, RecordingUpstream(reply=REPLY) as dec:
+            gone = await RecordingUpstream(reply=PREFILL_REPLY).__aenter__()
+            eps = [
+                EndpointConfig(name="p0", url=gone.url, model="m", role="prefill"),  # equal picks: the first
+                EndpointConfig(name="p1", url=pre.url, model="m", role="prefill"),
+                EndpointConfig(name="d", url=dec.url, model="m", role="decode"),
+            ]
+            async with running_gateway(
+                settings=gateway_settings(endpoints=eps, health=health, tracing=_tracing(rx.url))
+            ) as gw:
+                await gone.__aexit__(None, None, None)  # gone: the first leg fails, unseen by checks
+                r = await http_request(gw.port, "POST", "/v1/chat/completions", body)
+                assert r.status == 200, r.body
+                assert (await http_request(gw.admin_port, "GET", "/stats")).json()["pd"]["m"]["prefill_retries"] == 1
+    _, trace_id, _, flags = r.headers["traceparent"].split("-")
+    server, children = _tree(rx.spans, trace_id)
+    assert server["attrs"]["http.response.status_code"] == 200 and not server["error"]
+    assert r.json()["usage"]["prompt_tokens"] == 700, r.json()
+    assert server["attrs"]["gen_ai.usage.input_tokens"] == 700  # as the prefill engine counted the prompt
+    assert sorted(children) == ["admission.wait", "chat m", "route"]
+    ((route),) = children["route"]
+    assert route["attrs"]["velocity.endpoint"] == "d"
+    legs = sorted(children["chat m"], key=lambda s: s["start"])
+    assert [(s["kind"], s["attrs"]["velocity.pd.leg"], s["attrs"]["velocity.endpoint"], s["error"]) for s in legs] == [
+        (CLIENT, "prefill", "p0", True),
+        (CLIENT, "prefill", "p1", False),
+        (CLIENT, "decode", "d", False),
+    ]
+    assert legs[0]["end"] <= legs[1]["start"] and legs[1]["end"] <= legs[2]["start"]
+    assert (
+        legs[1]["attrs"]["http.response.status_code"] == 200 and legs[1]["attrs"]["velocity.pd.uncached_tokens"] > 256
+    )
+    assert legs[2]["attrs"]["http.response.status_code"] == 200
+    for s in legs:
+        assert server["start"] <= s["start"] <= s["end"] <= server["end"], s
+    for up, span in ((pre, legs[1]), (dec, legs[2])):
+        (sent,) = [h["traceparent"] for _, path, h, _ in up.requests if path == "/v1/chat/completions"]
+        assert sent == f"00-{trace_id}-{span['span_id']}-{flags}"

@@ -31,7 +31,10 @@ cdef class PrefillLeg(ResponseHandler):
     cdef UpstreamConnection conn
     cdef object timer
     cdef bint over
+    cdef object trace                  # its exchange's trace and the leg's span (tracing on)
+    cdef object span
     cdef void _settle(self) except *
+    cdef void _end_span(self, int status, err) except *
     cdef abort(self)
     cdef _finish(self, int status, body, err)
 

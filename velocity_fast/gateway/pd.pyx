@@ -28,7 +28,7 @@ import orjson
 from velocity_fast.admission.bands cimport VF_BYTES_PER_TOKEN
 from velocity_fast.admission.controller cimport Lease, Ticket
 from velocity_fast.fleet.endpoint cimport Endpoint, Pool
-from velocity_fast.gateway.exchange cimport Exchange
+from velocity_fast.gateway.exchange cimport Exchange, fill_exchange
 from velocity_fast.gateway.ingress cimport Ingress, settle
 from velocity_fast.gateway.usage cimport USAGE_EVENT_LEN, unframe, usage_event_at
 from velocity_fast.http.heads cimport engine_request
@@ -112,19 +112,8 @@ def configure_pools(pools, settings):
 cdef Exchange new_pd_exchange(Ingress ingress, Request req, Responder resp, str route, Pool pool, Ticket ticket,
                               RouteInfo info, bytes body, str rid):
     """The front door's exchange for a pool with roles (as exchange.pyx's new_exchange)."""
-    cdef PdExchange x = PdExchange.__new__(PdExchange)
-    x.ingress = ingress
-    x.loop = ingress.loop
-    x.req = req
-    x.resp = resp
-    x.route = route
-    x.pool = pool
-    x.ticket = ticket
-    x.info = info
-    x.body = body
-    x.rid = rid
-    x.adm = ingress.admission
-    x.up_path = req.path
+    cdef PdExchange x = <PdExchange>fill_exchange(PdExchange.__new__(PdExchange), ingress, req, resp, route, pool,
+                                                  ticket, info, body, rid)
     x.pd = <PdPool>pool.pd
     return x
 
@@ -151,6 +140,7 @@ cdef class PrefillLeg(ResponseHandler):
         self.timer = None
         if self.over:
             return
+        self._end_span(0, f"no answer within {self.x.pd.prefill_timeout:g} s")
         self.abort()
         self.over = False
         self._finish(0, None, f"no answer within {self.x.pd.prefill_timeout:g} s")
@@ -166,9 +156,19 @@ cdef class PrefillLeg(ResponseHandler):
                 self.pd.pending.pop(self.ep.name, None)
             self.pd = None
 
+    cdef void _end_span(self, int status, err) except *:
+        """Its span ends (once), with the engine's status or why there is none."""
+        span, self.span = self.span, None
+        if span is not None:
+            try:
+                self.trace.prefill_end(span, status, err)
+            except Exception:  # a trace must never fail the request it describes
+                pass
+
     cdef abort(self):
         """The leg ends unanswered: its engine connection closed (the engine aborts the
         request and frees its blocks)."""
+        self._end_span(0, "abandoned: the client left")
         self._settle()
         self.over = True
         self.abandoned = True
@@ -185,6 +185,7 @@ cdef class PrefillLeg(ResponseHandler):
             return
         self.over = True
         self._settle()
+        self._end_span(status, err)
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -203,6 +204,8 @@ cdef class PdExchange(Exchange):
         ep = self._pick_claim()
         if ep is None:
             return self._none_left()
+        if self.trace is not None:
+            self.trace.route(ep, self.info)
         self._send(ep)
 
     cdef Endpoint _pick_claim(self):
@@ -212,6 +215,8 @@ cdef class PdExchange(Exchange):
         cdef Router router = self.ingress.router
         cdef Endpoint ep, first
         excl = self.pd.not_decode + self.tried if self.tried else self.pd.not_decode
+        if self.trace is not None:
+            self.trace.routing(router, self.info)
         ep = (router.pick(self.pool, self.info, lease, excl)
               or router.pick(self.pool, self.info, self.ingress.admission.has_room, excl))
         if ep is None:
@@ -240,6 +245,9 @@ cdef class PdExchange(Exchange):
         self.ep = ep
         key = ep.api_key
         auth = f"authorization: Bearer {key}\r\n".encode("latin-1") if key else b""
+        if self.trace is not None:  # the engine's span becomes a child of this leg's
+            auth += self.trace.client(ep, "colocated" if self.p_ep is None else "decode")
+        (<Router>self.ingress.router).on_dispatch(ep, self.info)
         up.request(engine_request(up.json_post_head(self.up_path), self.rid, auth, self.body), self)
 
     cdef _decide(self):
@@ -250,6 +258,8 @@ cdef class PdExchange(Exchange):
         if ep is None:
             return self._none_left()
         self.ep = ep
+        if self.trace is not None:
+            self.trace.route(ep, self.info)
         share = (<Router>self.ingress.router).cached_on(self.pool, self.info, ep)
         uncached = <long>(self.ticket.prompt_bytes / VF_BYTES_PER_TOKEN * (1.0 - share))
         if uncached < self.pd.min_uncached:
@@ -292,6 +302,10 @@ cdef class PdExchange(Exchange):
         up = ep.upstream
         key = ep.api_key
         auth = f"authorization: Bearer {key}\r\n".encode("latin-1") if key else b""
+        if self.trace is not None:  # the prefill engine's span becomes a child of this leg's
+            leg.trace = self.trace
+            leg.span, line = self.trace.prefill(ep, leg.tokens)
+            auth += line
         up.request(engine_request(up.json_post_head(self.up_path), self.rid, auth, self.prefill_body), leg)
         return True
 
@@ -428,10 +442,20 @@ cdef bytes _with_params(bytes body, bytes params):
 cdef bytes _merge_usage(bytes data, long long prompt, long long cached, bint stream):
     """The answer (or stream piece) with its last usage object's prompt and cached tokens
     those the prefill engine reported, every other byte as it came."""
-    cdef Py_ssize_t at = data.rfind(b'"usage":{'), start, i, depth = 0, end = -1
-    if at < 0:
-        return data
-    start = at + 8
+    cdef Py_ssize_t at = len(data), start, i, depth = 0, end = -1, n = len(data)
+    while True:  # the last "usage" key whose value is an object (JSON may space its ':')
+        at = data.rfind(b'"usage"', 0, at)
+        if at < 0:
+            return data
+        start = at + 7
+        while start < n and data[start] in b" \t\r\n":
+            start += 1
+        if start < n and data[start] == 0x3A:  # ':'
+            start += 1
+            while start < n and data[start] in b" \t\r\n":
+                start += 1
+            if start < n and data[start] == 0x7B:
+                break
     for i in range(start, len(data)):
         c = data[i]
         if c == 0x7B:

@@ -137,6 +137,12 @@ class Tracing:
             await asyncio.sleep(0.02)
 
 
+def _traceparent_line(span: Any) -> bytes:
+    """The ``traceparent`` header line that makes an engine's span a child of ``span``."""
+    sc = span.get_span_context()
+    return f"traceparent: 00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}\r\n".encode("ascii")
+
+
 class Trace:
     """One sampled request's spans: the server span, live; its children made as their
     work ends."""
@@ -220,8 +226,12 @@ class Trace:
     def attempt(self, ep: Any, info: Any) -> bytes:
         """The pick chose ``ep``: the route span, and the client span of this attempt (the
         one before it, if any, failed); returns the engine's traceparent line."""
+        self.route(ep, info)
+        return self.client(ep)
+
+    def route(self, ep: Any, info: Any) -> None:
+        """The pick chose ``ep``: the route span, from ``routing`` to now."""
         now = time.monotonic()
-        tracer = self.tracing.tracer
         basis = getattr(self.profile, "basis", None) if self.profile is not None else None
         attrs: dict[str, Any] = {
             "velocity.route.profile": str(info.profile),
@@ -231,31 +241,56 @@ class Trace:
         }
         if self.router is not None and info.nblocks:
             attrs["velocity.route.prefix_blocks_matched"] = int(self.router.matched_blocks(ep, info))
-        route = tracer.start_span(
+        span = self.tracing.tracer.start_span(
             "route", context=self.ctx, start_time=self._ns(self.route_t0 or now), attributes=attrs
         )
-        route.end(self._ns(now))
+        span.end(self._ns(now))
+
+    def _client_span(self, ep: Any, now: float, attrs: dict[str, Any]) -> Any:
+        host, _, port = ep.url.split("://", 1)[-1].split("/", 1)[0].rpartition(":")
+        attrs["gen_ai.operation.name"] = self.op
+        attrs["velocity.endpoint"] = ep.name
+        attrs["server.address"] = host or port
+        if host and port.isdigit():
+            attrs["server.port"] = int(port)
+        return self.tracing.tracer.start_span(
+            self.span.name, context=self.ctx, kind=SpanKind.CLIENT, start_time=self._ns(now), attributes=attrs
+        )
+
+    def client(self, ep: Any, leg: str | None = None) -> bytes:
+        """The request (or, with P/D, its decode ``leg``: "decode" after a prefill leg,
+        "colocated" without one) is sent to ``ep``: its client span (the one before it, if
+        any, failed); returns the engine's traceparent line."""
+        now = time.monotonic()
         if self.attempt_span is not None:
             self.attempt_span.set_status(Status(StatusCode.ERROR, "the engine failed before answering"))
             self.attempt_span.end(self._ns(now))
-        host, _, port = ep.url.split("://", 1)[-1].split("/", 1)[0].rpartition(":")
-        attrs: dict[str, Any] = {
-            "gen_ai.operation.name": self.op,
-            "velocity.endpoint": ep.name,
-            "velocity.retry": self.attempts,
-            "server.address": host or port,
-        }
-        if host and port.isdigit():
-            attrs["server.port"] = int(port)
-        span = tracer.start_span(
-            self.span.name, context=self.ctx, kind=SpanKind.CLIENT, start_time=self._ns(now), attributes=attrs
-        )
+        attrs: dict[str, Any] = {"velocity.retry": self.attempts}
+        if leg is not None:
+            attrs["velocity.pd.leg"] = leg
+        span = self._client_span(ep, now, attrs)
         self.attempt_span = span
         self.attempt_t = now
         self.attempts += 1
         self.first_at = 0.0
-        sc = span.get_span_context()
-        return f"traceparent: 00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}\r\n".encode("ascii")
+        return _traceparent_line(span)
+
+    def prefill(self, ep: Any, tokens: float) -> tuple[Any, bytes]:
+        """A P/D prefill leg is sent to ``ep`` (``tokens``: the prompt's tokens it is
+        expected to compute): its client span, ended by ``prefill_end``, and the engine's
+        traceparent line (the prefill engine's span becomes its child)."""
+        span = self._client_span(
+            ep, time.monotonic(), {"velocity.pd.leg": "prefill", "velocity.pd.uncached_tokens": int(tokens)}
+        )
+        return span, _traceparent_line(span)
+
+    def prefill_end(self, span: Any, status: int, error: Any) -> None:
+        """The prefill leg's end: the engine's status, or why it has none (``error``)."""
+        if status:
+            span.set_attribute("http.response.status_code", status)
+        if error is not None or not 200 <= status < 300:
+            span.set_status(Status(StatusCode.ERROR, str(error) if error is not None else f"status {status}"))
+        span.end(self._ns(time.monotonic()))
 
     def piece(self, data: bytes, first: bool) -> None:
         """A piece of a stream relayed: its first is the first token's time; its chunks
