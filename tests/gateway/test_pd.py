@@ -623,3 +623,41 @@ def test_prefill_legs_spread_by_the_tokens_in_flight(engines):
 
         asyncio.run(go())
         assert (_kv(p1)["prefills"], _kv(p2)["prefills"]) == (2, 2)
+
+
+def test_a_burst_past_the_decode_engines_limits_waits_for_them_instead_of_failing():
+    """Admission's leases are decode slots: a prefill-only engine's limit is no room for
+    one. Sixteen long prompts at once on one prefill and one decode engine whose limits
+    start at 2: the requests past the decode engine's room wait in admission's queue and
+    are all served (before, the prefill engine's slots were counted as room, and each
+    lease granted past the decode engine's failed 503 "no healthy decode engine", which
+    freed it for the next to fail the same way)."""
+    with sim_engine(time_scale=1) as p1, sim_engine(time_scale=1) as d1:
+
+        async def go():
+            eps = _eps(p1=(p1, "prefill"), d1=(d1, "decode"))
+            settings = gateway_settings(endpoints=eps, admission={"aimd_initial": 2})
+            async with running_gateway(settings=settings) as gw:
+                rs = await asyncio.gather(
+                    *(
+                        http_request(
+                            gw.port,
+                            "POST",
+                            "/v1/chat/completions",
+                            {
+                                "model": "sim-model",
+                                "messages": [{"role": "user", "content": f"{i} {LONG}"}],
+                                "max_tokens": 40,
+                            },
+                            timeout=60,
+                        )
+                        for i in range(16)
+                    )
+                )
+                assert [r.status for r in rs] == [200] * 16, [r.body[:200] for r in rs if r.status != 200][:2]
+                st = await _stats(gw)
+                assert st["pd"]["sim-model"]["disaggregated"] == 16
+                assert st["admission"]["counters"]["completed"] == 16
+
+        asyncio.run(go())
+        assert _kv(p1)["held_blocks"] == 0

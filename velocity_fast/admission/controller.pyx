@@ -35,7 +35,7 @@ from libc.math cimport INFINITY, ceil, floor
 from velocity_fast.admission.aimd cimport AimdLimit
 from velocity_fast.admission.bands cimport BandQueue, BandQueues, Item, TenantQueue
 from velocity_fast.lowlevel.clock cimport monotonic
-from velocity_fast.fleet.endpoint cimport Endpoint, pool_endpoints, same_endpoints
+from velocity_fast.fleet.endpoint cimport Endpoint, lease_endpoints, same_endpoints
 from velocity_fast.state.shm cimport (inflight_add, inflight_claim, inflight_total, older_elsewhere, overcommitted,
                                       pool_slot, publish_limit, publish_queue, queued_elsewhere, reserve, unreserve)
 from velocity_fast.metrics.values cimport HistChild, Value
@@ -1068,7 +1068,7 @@ cdef class Admission:
     cdef bint _refresh(self, PoolState ps) except -1:
         """Refresh the compiled loads from the endpoints; True if any is healthy."""
         cdef EndpointState st
-        cdef list eps = pool_endpoints(ps.pool)
+        cdef list eps = lease_endpoints(ps.pool)
         # The pool has not changed since the last cycle: the same endpoints.
         if not same_endpoints(ps.seen, eps):
             ps.states = [self._ep_state(e) for e in eps]
@@ -1119,7 +1119,7 @@ cdef class Admission:
         # endpoints changed is refreshed first: a new endpoint may bring the room. The
         # same pool needs only its loads refreshed, which reads the endpoints without
         # changing them: the room counted before still holds.
-        if same_endpoints(ps.seen, pool_endpoints(ps.pool)):
+        if same_endpoints(ps.seen, lease_endpoints(ps.pool)):
             room = free_slots(ps.seen, ps.pending)
             if room <= 0:
                 return

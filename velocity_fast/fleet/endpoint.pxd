@@ -56,6 +56,9 @@ cdef class Pool:
     # None: every endpoint does both (the common pool); else the pool's prefill/decode
     # split (gateway/pd.pyx's PdPool), which the front door checks once per request.
     cdef public object pd
+    # None without roles; else the endpoints a lease may bind to (role decode or both), set
+    # with ``pd``: admission's limits, queue and saturation are over these alone.
+    cdef public list decoders
 
     cpdef long context_length(self, long cap)
 
@@ -71,6 +74,14 @@ cdef inline list pool_endpoints(pool):
         return (<Pool>pool).endpoints
     eps = pool.endpoints
     return eps if type(eps) is list else list(eps)
+
+
+cdef inline list lease_endpoints(pool):
+    """The endpoints a lease of ``pool`` may bind to: all of them, or with prefill/decode
+    roles the ones that decode (a prefill-only engine's slots are no room for a lease)."""
+    if type(pool) is Pool and (<Pool>pool).decoders is not None:
+        return (<Pool>pool).decoders
+    return pool_endpoints(pool)
 
 
 cdef inline object pool_model(pool):

@@ -96,8 +96,9 @@ def configure_pools(pools, settings):
         pool = <Pool?>p
         roles = {(<Endpoint>e).role for e in pool.endpoints}
         if roles <= {"both"}:
-            pool.pd = None
+            pool.pd = pool.decoders = None
             continue
+        pool.decoders = [e for e in pool.endpoints if (<Endpoint>e).role != "prefill"]
         pd = PdPool([e for e in pool.endpoints if (<Endpoint>e).role == "prefill"],
                     [e for e in pool.endpoints if (<Endpoint>e).role == "decode"],
                     settings.pd.min_uncached_tokens, settings.pd.prefill_timeout_s)
