@@ -188,7 +188,12 @@ async def test_a_prompt_new_to_the_gateway_goes_to_the_engine_that_holds_it(engi
     gateway's token cache: the first request of each waits the millisecond or two its
     tokens take (``precise_token_wait_ms``) and goes where the engines' events say the
     prefix is. Picked at once, approximately, it went by load: half of them to the engine
-    that holds nothing of it, a cold prefill."""
+    that holds nothing of it, a cold prefill. Each request's route span says so: the
+    engine's own blocks held (its KV events), where the gateway's approximate index knew
+    nothing of the prompt."""
+    from tests.support.otlp import Receiver, need_otel
+
+    need_otel()
     by_name = {e.name: e for e in engines}
     rng = random.Random(7)
     systems = [system_prompt(rng, 10 + g) for g in range(8)]
@@ -199,21 +204,33 @@ async def test_a_prompt_new_to_the_gateway_goes_to_the_engine_that_holds_it(engi
             "POST", CHAT, orjson.dumps(chat(system, "from another replica")), {"content-type": "application/json"}
         )
         assert status == 200
-    async with running_gateway(settings=None, **settings_keys(engines, tokenizer_json)) as gw:
-        await wait_until(
-            lambda: all(gw.kv.index.exact(n) and gw.kv.index.size(n) >= 4 * 10 for n in ("e1", "e2")),
-            10.0,
-            what="both engines' KV indexes exact, with the prompts they hold",
-        )
-        went = {}
-        for g, system in enumerate(systems):
-            r = await send(gw.port, chat(system, "question 0"))
-            assert r.status == 200, r.body
-            went[g] = r.headers["x-velocity-endpoint"]
-        assert went == holder, (went, holder)
-        text = (await http_request(gw.admin_port, "GET", "/metrics")).body.decode()
-        assert 'velocity_prefix_precise_picks_total{model="sim-model",how="precise"} 8' in text, text
-        assert 'velocity_prefix_token_waits_total{result="ready"} 8' in text
+    rx = Receiver().__enter__()
+    try:
+        keys = settings_keys(engines, tokenizer_json)
+        async with running_gateway(settings=None, tracing={"sample_ratio": 1.0, "otlp_endpoint": rx.url}, **keys) as gw:
+            await wait_until(
+                lambda: all(gw.kv.index.exact(n) and gw.kv.index.size(n) >= 4 * 10 for n in ("e1", "e2")),
+                10.0,
+                what="both engines' KV indexes exact, with the prompts they hold",
+            )
+            went, traces = {}, {}
+            for g, system in enumerate(systems):
+                r = await send(gw.port, chat(system, "question 0"))
+                assert r.status == 200, r.body
+                went[g] = r.headers["x-velocity-endpoint"]
+                traces[g] = r.headers["traceparent"].split("-")[1]
+            assert went == holder, (went, holder)
+            text = (await http_request(gw.admin_port, "GET", "/metrics")).body.decode()
+            assert 'velocity_prefix_precise_picks_total{model="sim-model",how="precise"} 8' in text, text
+            assert 'velocity_prefix_token_waits_total{result="ready"} 8' in text
+    finally:
+        rx.__exit__(None, None, None)
+    for g, trace_id in traces.items():
+        (route,) = [s for s in rx.spans if s["trace_id"] == trace_id and s["name"] == "route"]
+        a = route["attrs"]
+        assert a["velocity.endpoint"] == holder[g]
+        assert a["velocity.route.prefix_blocks_matched"] == 0  # the approximate index: never sent
+        assert 10 <= a["velocity.route.kv_blocks_held"] <= a["velocity.route.kv_blocks"], a
 
 
 def slow_tokenizer(monkeypatch, delay_s: float) -> None:
