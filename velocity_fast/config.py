@@ -134,6 +134,11 @@ class PdSettings(_S):
     min_uncached_tokens: Annotated[int, msgspec.Meta(ge=0, le=16_777_216)] = 256
     # The prefill leg's answer must come within this; else it is retried once elsewhere.
     prefill_timeout_s: _Seconds = 60.0
+    # Conditional disaggregation: the uncached prompt tokens of the prefill legs the
+    # gateway keeps in flight on one prefill engine. A request whose leg would take every
+    # prefill engine past it runs on its decode engine alone (counted prefill_busy), as
+    # Dynamo does past its prefill queue's bound; a lone leg always goes. 0: no bound.
+    max_prefill_tokens_in_flight: Annotated[int, msgspec.Meta(ge=0, le=16_777_216)] = 16384
 
 
 class TracingSettings(_S):

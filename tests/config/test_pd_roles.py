@@ -59,3 +59,5 @@ def test_pd_bounds_are_checked():
         _load([_ep("a")], pd={"min_uncached_tokens": -1})
     with pytest.raises(ConfigError, match="prefill_timeout_s"):
         _load([_ep("a")], pd={"prefill_timeout_s": 0})
+    with pytest.raises(ConfigError, match="max_prefill_tokens_in_flight"):
+        _load([_ep("a")], pd={"max_prefill_tokens_in_flight": -1})

@@ -101,10 +101,12 @@ def test_short_prompt_runs_on_the_decode_engine_alone(engines):
             st = await _stats(gw)
             assert st["pd"]["sim-model"] == {
                 "min_uncached_tokens": 256,
+                "max_prefill_tokens_in_flight": 16384,
                 "disaggregated": 0,
                 "colocated": 1,
                 "prefill_retries": 0,
                 "prefill_failed": 0,
+                "prefill_busy": 0,
                 "prefill_tokens_in_flight": {},
             }
 
@@ -658,6 +660,39 @@ def test_a_burst_past_the_decode_engines_limits_waits_for_them_instead_of_failin
                 st = await _stats(gw)
                 assert st["pd"]["sim-model"]["disaggregated"] == 16
                 assert st["admission"]["counters"]["completed"] == 16
+
+        asyncio.run(go())
+        assert _kv(p1)["held_blocks"] == 0
+
+
+def test_prefill_engines_at_their_bound_run_the_next_prompts_on_the_decode_engine():
+    """Conditional disaggregation: a slow prefill engine with one long leg in flight and
+    ``pd.max_prefill_tokens_in_flight`` below two legs' tokens. The prompts that arrive
+    meanwhile run on the decode engine alone (``prefill_busy``) instead of queueing
+    behind it; all are served, the first by two legs."""
+    with sim_engine("--prefill-tps", "300", time_scale=1) as p1, sim_engine(time_scale=20) as d1:
+
+        async def go():
+            eps = _eps(p1=(p1, "prefill"), d1=(d1, "decode"))
+            settings = gateway_settings(endpoints=eps, pd={"max_prefill_tokens_in_flight": 1000})
+            async with running_gateway(settings=settings) as gw:
+                first = asyncio.create_task(_chat(gw, f"first {LONG}"))
+                await wait_until(lambda: gw.pools["sim-model"].pd.pending, 5.0, what="the first leg in flight")
+                rest = await asyncio.gather(*(_chat(gw, f"{i} {LONG}") for i in range(3)))
+                assert [r.status for r in rest] == [200] * 3, [r.body[:200] for r in rest]
+                assert (await first).status == 200
+                st = (await _stats(gw))["pd"]["sim-model"]
+                assert (st["disaggregated"], st["prefill_busy"], st["colocated"]) == (1, 3, 0), st
+                assert st["max_prefill_tokens_in_flight"] == 1000
+                metrics = (await http_request(gw.admin_port, "GET", "/metrics")).body.decode()
+                assert 'velocity_pd_requests_total{model="sim-model",way="prefill_busy"} 3' in metrics
+            # Without the bound, the same three wait for the prefill engine: two legs each.
+            settings = gateway_settings(endpoints=eps, pd={"max_prefill_tokens_in_flight": 0})
+            async with running_gateway(settings=settings) as gw:
+                rs = await asyncio.gather(*(_chat(gw, f"again {i} {LONG}") for i in range(3)))
+                assert [r.status for r in rs] == [200] * 3
+                st = (await _stats(gw))["pd"]["sim-model"]
+                assert (st["disaggregated"], st["prefill_busy"]) == (3, 0), st
 
         asyncio.run(go())
         assert _kv(p1)["held_blocks"] == 0

@@ -69,6 +69,7 @@ STATS_WHOLE = (
             "pending",
             "lifted",
             "min_uncached_tokens",
+            "max_prefill_tokens_in_flight",
         }
     )
     | ENDPOINT_WHOLE

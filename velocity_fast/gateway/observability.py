@@ -72,15 +72,16 @@ class GatewayMetrics:
             out = []
             for m, p in gw.pools.items():
                 if p.pd is not None:
-                    for way in ("disaggregated", "colocated", "prefill_failed"):
+                    for way in ("disaggregated", "colocated", "prefill_busy", "prefill_failed"):
                         out.append(((m, way), float(getattr(p.pd, way))))
             return out
 
         reg.counter_fn(
             "velocity_pd_requests_total",
             "Requests of a pool with prefill/decode roles: disaggregated (two legs), colocated "
-            "(the decider ran them on the decode engine alone), prefill_failed (503 after the "
-            "prefill leg failed twice).",
+            "(the decider ran them on the decode engine alone), prefill_busy (on the decode "
+            "engine alone: every prefill engine at pd.max_prefill_tokens_in_flight), "
+            "prefill_failed (503 after the prefill leg failed twice).",
             pd_ways,
             ("model", "way"),
             merge=SUM,

@@ -15,10 +15,12 @@ cdef class PdPool:
     cdef readonly list not_prefill     # decode-only endpoints: never a prefill pick
     cdef readonly long min_uncached
     cdef readonly double prefill_timeout
+    cdef readonly double max_in_flight  # pd.max_prefill_tokens_in_flight (0: no bound)
     cdef public long disaggregated     # requests that took two legs
     cdef public long colocated         # requests the decider ran on the decode engine alone
     cdef public long prefill_retries
     cdef public long prefill_failed    # requests answered 503 for their prefill legs
+    cdef public long prefill_busy      # run on the decode engine alone: every prefill engine at its bound
     # endpoint name -> the uncached prompt tokens of the prefill legs in flight there
     cdef public dict pending
 
@@ -54,8 +56,8 @@ cdef class PdExchange(Exchange):
     cdef _none_left(self)
     cdef _send(self, Endpoint ep)
     cdef _decide(self)
-    cdef bint _start_prefill(self) except -1
-    cdef Endpoint _pick_prefill(self, list excl)
+    cdef int _start_prefill(self, bint first) except -2
+    cdef Endpoint _pick_prefill(self, list excl, double *least)
     cdef _prefilled(self, PrefillLeg leg, int status, body, err)
     cdef _after_prefill(self, PrefillLeg leg, int status, body, err)
     cdef _prefill_refused(self, Endpoint ep, int status, body)

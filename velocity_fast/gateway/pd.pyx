@@ -72,17 +72,20 @@ cdef class PdPool:
     """A pool's prefill/decode split (``Pool.pd``), rebuilt by ``configure_pools`` when its
     endpoints or the ``pd`` settings change; its counts outlive a rebuild."""
 
-    def __init__(self, list not_decode, list not_prefill, long min_uncached, double prefill_timeout):
+    def __init__(self, list not_decode, list not_prefill, long min_uncached, double prefill_timeout,
+                 double max_in_flight=0.0):
         self.pending = {}
         self.not_decode = not_decode
         self.not_prefill = not_prefill
         self.min_uncached = min_uncached
         self.prefill_timeout = prefill_timeout
+        self.max_in_flight = max_in_flight
 
     def snapshot(self):
         return {"min_uncached_tokens": self.min_uncached, "disaggregated": self.disaggregated,
                 "colocated": self.colocated, "prefill_retries": self.prefill_retries,
-                "prefill_failed": self.prefill_failed,
+                "prefill_failed": self.prefill_failed, "prefill_busy": self.prefill_busy,
+                "max_prefill_tokens_in_flight": round(self.max_in_flight),
                 "prefill_tokens_in_flight": {k: round(v) for k, v in self.pending.items()}}
 
 
@@ -101,11 +104,13 @@ def configure_pools(pools, settings):
         pool.decoders = [e for e in pool.endpoints if (<Endpoint>e).role != "prefill"]
         pd = PdPool([e for e in pool.endpoints if (<Endpoint>e).role == "prefill"],
                     [e for e in pool.endpoints if (<Endpoint>e).role == "decode"],
-                    settings.pd.min_uncached_tokens, settings.pd.prefill_timeout_s)
+                    settings.pd.min_uncached_tokens, settings.pd.prefill_timeout_s,
+                    settings.pd.max_prefill_tokens_in_flight)
         if pool.pd is not None:
             old = <PdPool>pool.pd
             pd.disaggregated, pd.colocated = old.disaggregated, old.colocated
             pd.prefill_retries, pd.prefill_failed = old.prefill_retries, old.prefill_failed
+            pd.prefill_busy = old.prefill_busy
             pd.pending = old.pending  # the legs in flight settle into the new one
         pool.pd = pd
 
@@ -256,6 +261,7 @@ cdef class PdExchange(Exchange):
         cdef Endpoint ep = self._pick_claim()
         cdef double share
         cdef long uncached
+        cdef int started
         if ep is None:
             return self._none_left()
         self.ep = ep
@@ -269,29 +275,41 @@ cdef class PdExchange(Exchange):
             return self._send(ep)
         self.phase = _PREFILL
         self.prefill_body = _prefill_body(self.body)
-        if self._start_prefill():
+        started = self._start_prefill(True)
+        if started == 1:
             self.pd.disaggregated += 1
             return
-        # No prefill engine is healthy: the decode engine computes the prompt itself.
+        # No prefill engine is healthy (0), or every one is at its bound (-1): the decode
+        # engine computes the prompt itself.
         self.prefill_body = None
-        self.pd.colocated += 1
+        if started < 0:
+            self.pd.prefill_busy += 1
+        else:
+            self.pd.colocated += 1
         self.phase = _DECODE
         self._send(ep)
 
-    cdef bint _start_prefill(self) except -1:
-        """The prefill leg to the best prefill engine not tried yet; False when none is left."""
+    cdef int _start_prefill(self, bint first) except -2:
+        """The prefill leg to the best prefill engine not tried yet: 1 sent, 0 none left;
+        -1 (``first``, the decision's own leg, not a retry) every prefill engine would pass
+        ``pd.max_prefill_tokens_in_flight`` with it (one with no leg in flight takes it
+        whatever its size)."""
         cdef Router router = self.ingress.router
         cdef Endpoint ep
         cdef UpstreamPool up
         cdef PrefillLeg leg
+        cdef double least = 0.0
         # Not the decode engine itself (a role-both one): its prefill would be the same
         # work twice; none other left, it computes the prompt alone.
         excl = self.pd.not_prefill + [self.ep]
         if self.p_tried:
             excl += self.p_tried
-        ep = self._pick_prefill(excl)
+        ep = self._pick_prefill(excl, &least)
         if ep is None:
-            return False
+            return 0
+        if (first and self.pd.max_in_flight > 0.0 and least > self.pd.max_in_flight
+                and least > self.p_tokens + 0.5):  # (a leg is in flight there already)
+            return -1
         leg = PrefillLeg.__new__(PrefillLeg)
         leg.x = self
         leg.ep = ep
@@ -308,13 +326,14 @@ cdef class PdExchange(Exchange):
             leg.span, line = self.trace.prefill(ep, leg.tokens)
             auth += line
         up.request(engine_request(up.json_post_head(self.up_path), self.rid, auth, self.prefill_body), leg)
-        return True
+        return 1
 
-    cdef Endpoint _pick_prefill(self, list excl):
+    cdef Endpoint _pick_prefill(self, list excl, double *least):
         """The prefill engine by prefix and token load: the least prefill work there with
         this prompt's added (its tokens not cached there, the router's prefix index, plus
-        the uncached tokens of the prefill legs in flight there); None when none is healthy.
-        The engines' own gauges come a scrape late; a burst's legs must spread at once."""
+        the uncached tokens of the prefill legs in flight there, set in ``least``); None
+        when none is healthy. The engines' own gauges come a scrape late; a burst's legs
+        must spread at once."""
         cdef Router router = self.ingress.router
         cdef Endpoint ep, best = None
         cdef double tokens = self.ticket.prompt_bytes / VF_BYTES_PER_TOKEN, score, best_score = 0.0
@@ -329,6 +348,7 @@ cdef class PdExchange(Exchange):
             if best is None or score < best_score:
                 best, best_score = ep, score
                 self.p_tokens = own
+        least[0] = best_score
         return best
 
     cdef _prefilled(self, PrefillLeg leg, int status, body, err):
@@ -376,7 +396,7 @@ cdef class PdExchange(Exchange):
             self.p_tried.append(ep)
         if len(self.p_tried) < 2:
             self.pd.prefill_retries += 1
-            if self._start_prefill():
+            if self._start_prefill(False) == 1:
                 return
         self.pd.prefill_failed += 1
         self._account(0, 0, 0, True)
