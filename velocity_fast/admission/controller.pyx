@@ -182,36 +182,42 @@ cdef class PoolState:
         self.open_text = OutputEstimate(OPEN_START_TEXT)
 
 
-cdef double _borrowed(PoolState ps, double now, double stale_after, double ceiling) noexcept:
-    """The ceiling a deadline-free band may fill while no higher band has asked for a
-    while: all of each engine's batch but one slot (of the smallest batch), or its own
-    ceiling when that is more. Only where the gateway knows every engine's batch and no
-    other gateway's work shows on them: a guessed batch, or another replica or worker
-    whose higher-band work this one cannot see, keeps the ceiling."""
-    cdef EndpointLoad e
-    cdef double cap, least = INFINITY, b
-    for e in ps.loads:
-        if not e.healthy:
-            continue
-        if not e.capacity_known:
-            return ceiling
-        if e.others > 0.0 and now - e.scraped_at <= stale_after:
-            return ceiling
-        cap = e.capacity if e.capacity < <double>e.limit else <double>e.limit
-        if cap < least:
-            least = cap
-    if least == INFINITY or least < 2.0:
-        return ceiling
-    b = 1.0 - 1.0 / least + 1e-9
-    return b if b > ceiling else ceiling
-
-
 cdef inline bint _kv_held(EndpointLoad load, double now, double stale_after) noexcept:
     """The engine's KV cache, as it will be once its requests have decoded (kv_ahead), is
     what holds work back there: its batch is bound by the cache, not by a count that a
     probe could find, and its turn to probe is over. A fresh scrape only."""
     return (load.kv_tokens > 0.0 and now - load.scraped_at <= stale_after
             and load.kv + load.kv_ahead(now) >= VF_KV_HELD * VF_KV_PROJECTED)
+
+
+cdef double _borrowed(PoolState ps, double now, double stale_after, double ceiling) noexcept:
+    """The ceiling a deadline-free band may fill while no higher band has asked for a
+    while: all of each engine's batch but one slot (of the smallest batch), or its own
+    ceiling when that is more. Only where the gateway knows every engine's batch and no
+    other gateway's work shows on them: a guessed batch, or another replica or worker
+    whose higher-band work this one cannot see, keeps the ceiling. An engine whose KV
+    cache is what holds its batch (``_kv_held``) is known by its cache: its batch is
+    what the cache, as it will be once its requests have decoded, has room for (the
+    saturation's projected KV term), under its limit, and that is borrowed as a count."""
+    cdef EndpointLoad e
+    cdef double cap, least = INFINITY, b
+    for e in ps.loads:
+        if not e.healthy:
+            continue
+        if e.others > 0.0 and now - e.scraped_at <= stale_after:
+            return ceiling
+        if e.capacity_known:
+            cap = e.capacity if e.capacity < <double>e.limit else <double>e.limit
+        elif _kv_held(e, now, stale_after):
+            cap = <double>e.limit
+        else:
+            return ceiling
+        if cap < least:
+            least = cap
+    if least == INFINITY or least < 2.0:
+        return ceiling
+    b = 1.0 - 1.0 / least + 1e-9
+    return b if b > ceiling else ceiling
 
 
 cdef bint _in_turn(PoolState ps, EndpointState st, double now, double stale_after) noexcept:

@@ -241,14 +241,11 @@ class Trace:
         }
         if self.router is not None and info.nblocks:
             attrs["velocity.route.prefix_blocks_matched"] = int(self.router.matched_blocks(ep, info))
-        pr = info.precise
-        if pr is not None and pr.chain is not None and self.router is not None:
+        held = self.router.kv_blocks_held(ep, info) if self.router is not None else None
+        if held is not None:
             # Precise routing: the engine's own blocks of the prompt, as its KV events say
             # (-1: its index is not exact, the pick went by the approximate one).
-            attrs["velocity.route.kv_blocks"] = len(pr.chain)
-            attrs["velocity.route.kv_blocks_held"] = int(
-                self.router._precise.index.match_exact(ep.name, pr.chain, pr.block_size)
-            )
+            attrs["velocity.route.kv_blocks"], attrs["velocity.route.kv_blocks_held"] = int(held[0]), int(held[1])
         span = self.tracing.tracer.start_span(
             "route", context=self.ctx, start_time=self._ns(self.route_t0 or now), attributes=attrs
         )

@@ -41,6 +41,8 @@ class Router:
         """The endpoint of pool for this request, or None when none is healthy with room."""
     def matched_blocks(self, ep: Any, info: RouteInfo) -> int:
         """How many of info's leading prompt blocks the prefix index says ep was sent recently."""
+    def kv_blocks_held(self, ep: Any, info: RouteInfo) -> tuple[int, int] | None:
+        """(prompt token blocks, how many ep's engine holds by its KV events, -1: not exact), or None."""
     def on_dispatch(self, ep: Any, info: RouteInfo) -> None:
         """Remember that info's prompt blocks were sent to ep (call once it is bound)."""
     def profile(self, name: str) -> Any:

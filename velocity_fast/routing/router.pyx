@@ -536,6 +536,15 @@ cdef class Router:
         recently (0: none, or a request with no blocks); what a trace shows of a pick."""
         return self._matched(ep.model, info, ep)
 
+    def kv_blocks_held(self, Endpoint ep, RouteInfo info):
+        """(the prompt's token blocks, how many of them ``ep``'s engine holds as its KV
+        events say, -1 where its index is not exact), or None: not a precise request, or
+        its tokens not ready; what a trace shows of a precise pick."""
+        pr = info.precise if info is not None else None
+        if pr is None or self._precise is None or pr.chain is None:
+            return None
+        return len(pr.chain), self._precise.index.match_exact(ep.name, pr.chain, pr.block_size)
+
     cpdef void on_dispatch(self, Endpoint ep, RouteInfo info) except *:
         """Remember that info's prompt blocks were sent to ep (call once it is bound)."""
         cdef Py_ssize_t n, held
