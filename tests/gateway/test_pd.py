@@ -696,3 +696,54 @@ def test_prefill_engines_at_their_bound_run_the_next_prompts_on_the_decode_engin
 
         asyncio.run(go())
         assert _kv(p1)["held_blocks"] == 0
+
+
+def test_roles_under_two_workers_serve_every_request_and_merge_their_counts(tmp_path):
+    """``serve --workers 2`` with a prefill and a decode endpoint: a burst of long prompts
+    spread over the workers by the kernel is served whole (each worker runs its own two
+    legs under its own leases, the decode engine's limit shared between them), and
+    /stats merges the workers' P/D counts; nothing is left held on the prefill engine."""
+    from velocity_fast.harness.gateway import GatewayProcess
+
+    with sim_engine(time_scale=4) as p1, sim_engine(time_scale=4) as d1:
+        cfg = tmp_path / "pd.yaml"
+        cfg.write_text(
+            "workers: 2\n"
+            "endpoints:\n"
+            f"  - {{name: p1, url: '{p1.url}', model: sim-model, role: prefill}}\n"
+            f"  - {{name: d1, url: '{d1.url}', model: sim-model, role: decode}}\n"
+        )
+        gp = GatewayProcess("serve", "--config", str(cfg))
+        try:
+            gp.start()
+
+            async def go():
+                await gp.wait_ready()
+                rs = await asyncio.gather(
+                    *(
+                        http_request(
+                            gp.port,
+                            "POST",
+                            "/v1/chat/completions",
+                            {
+                                "model": "sim-model",
+                                "messages": [{"role": "user", "content": f"{i} {LONG}"}],
+                                "max_tokens": 8,
+                            },
+                            timeout=60,
+                        )
+                        for i in range(24)
+                    )
+                )
+                assert [r.status for r in rs] == [200] * 24, [r.body[:200] for r in rs if r.status != 200][:2]
+                st = (await http_request(gp.admin_port, "GET", "/stats")).json()
+                pd = st["pd"]["sim-model"]
+                # (24 legs of about 660 tokens stay under the bound even in one worker.)
+                assert (pd["disaggregated"], pd["prefill_busy"], pd["prefill_failed"]) == (24, 0, 0), pd
+                assert pd["min_uncached_tokens"] == 256  # a setting: whole, not summed over workers
+
+            asyncio.run(go())
+        finally:
+            gp.close()
+        assert _kv(p1)["held_blocks"] == 0
+        assert _kv(p1)["pulled"] == _kv(p1)["prefills"]
