@@ -747,3 +747,26 @@ def test_roles_under_two_workers_serve_every_request_and_merge_their_counts(tmp_
             gp.close()
         assert _kv(p1)["held_blocks"] == 0
         assert _kv(p1)["pulled"] == _kv(p1)["prefills"]
+
+
+def test_a_slow_prefill_leg_is_not_counted_against_the_decode_engine():
+    """Prefill owns the time to first token up to the decode leg: prefill legs of about
+    2.2 s (past ``admission.ttft_slo_ms``, 2 s) on a slow prefill engine must not cut the
+    decode engine's limit for a slow first token, nor teach its estimates a first token
+    of seconds (before, each such request cut its limit by a quarter)."""
+    with sim_engine("--prefill-tps", "300", time_scale=1) as p1, sim_engine(time_scale=20) as d1:
+
+        async def go():
+            eps = _eps(p1=(p1, "prefill"), d1=(d1, "decode"))
+            async with running_gateway(settings=gateway_settings(endpoints=eps, health=SLOW_HEALTH)) as gw:
+                before = (await _stats(gw))["admission"]["endpoints"]["d1"]["limit"]
+                for i in range(3):
+                    r = await _chat(gw, f"{i} {LONG}", stream=i == 2)
+                    assert r.status == 200, r.body
+                d = (await _stats(gw))["admission"]["endpoints"]["d1"]
+                assert d["limit"] >= before, (before, d)
+                assert d["estimates"]["service_ms"] < 1000.0, d
+                assert d["estimates"]["ttft_ms"] < 1000.0, d  # the streamed one's first token
+                assert (await _stats(gw))["pd"]["sim-model"]["disaggregated"] == 3
+
+        asyncio.run(go())

@@ -93,6 +93,9 @@ cdef class Lease(RoomFilter):
     cdef readonly double granted_at
     cdef readonly double bound_at
     cdef readonly double first_byte_at
+    # P/D: the time from the bind to the decode leg's send (its prefill leg), which is not
+    # the bound engine's doing: its time to first byte and service start after it.
+    cdef readonly double handover_s
     cdef readonly Endpoint endpoint
     cdef readonly EndpointState _st
     cdef readonly bint done
@@ -113,6 +116,7 @@ cdef class Lease(RoomFilter):
     cpdef rebind(self, Endpoint ep)
     cpdef bint has_room(self, Endpoint ep) except -1
     cpdef first_byte(self)
+    cpdef handed_over(self)
     cpdef release(self, str outcome=*, error_text=*, long tokens=*)
     cpdef usage(self, double prompt, double cached, double completion)
 

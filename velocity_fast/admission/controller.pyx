@@ -371,9 +371,17 @@ cdef class Lease(RoomFilter):
         if not self.first_byte_at and not self.done:
             self.first_byte_at = self._adm._now()
             if self.endpoint is not None:
-                self._st.est.observe_first_byte(self.first_byte_at - self.bound_at)
+                self._st.est.observe_first_byte(self.first_byte_at - self.bound_at - self.handover_s)
                 # The pool's too: a gateway under its first long streams can already predict.
-                self._ps.est.observe_first_byte(self.first_byte_at - self.bound_at)
+                self._ps.est.observe_first_byte(self.first_byte_at - self.bound_at - self.handover_s)
+
+    cpdef handed_over(self):
+        """The bound engine's own part starts now (P/D: the decode leg is sent, after the
+        prefill leg that ran on another engine): its time to first byte and its service,
+        which its estimates learn and its limit is judged by, count from here. The prefill
+        leg owns the time before (gateway/pd.pyx)."""
+        if self.endpoint is not None and not self.done and not self.first_byte_at:
+            self.handover_s = self._adm._now() - self.bound_at
 
     cpdef usage(self, double prompt, double cached, double completion):
         """What the engine served this request (its ``usage``: prompt tokens, the cached
@@ -1303,8 +1311,9 @@ cdef class Admission:
     cdef void _learn(self, PoolState ps, Lease lease, Endpoint ep, int outcome, error_text, long tokens,
                      double now) except *:
         cdef EndpointState st = lease._st
-        cdef double engine_ttft = lease.first_byte_at - lease.bound_at if lease.first_byte_at else -1.0
-        cdef double engine_s = now - lease.bound_at
+        cdef double engine_ttft = (lease.first_byte_at - lease.bound_at - lease.handover_s
+                                   if lease.first_byte_at else -1.0)
+        cdef double engine_s = now - lease.bound_at - lease.handover_s
         cdef double expected = -1.0
         cdef long n = tokens if tokens else lease.max_tokens
         cdef AimdLimit aimd

@@ -380,6 +380,9 @@ cdef class PdExchange(Exchange):
                 self.body = _with_params(self.body, params)
                 self.prefill_body = None
                 self.phase = _DECODE
+                # The decode engine's own time starts here: the prefill leg owns the
+                # request's time to first token so far, not the decode engine's limit.
+                self.lease.handed_over()
                 return self._send(self.ep)
             err = "the prefill engine answered without kv_transfer_params (is its KV connector on?)"
         elif err is None and 400 <= status < 500:
