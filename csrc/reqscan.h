@@ -166,33 +166,93 @@ static inline void vr_escmasks64_avx2(const unsigned char *p, uint64_t *named, u
 #undef VR_ESCMASKS64
 #undef VR_STRING_NOINLINE
 #pragma GCC pop_options
-#endif
-#endif
 
-/* Which string walk vr_scan uses: -1 not yet decided, 0 SSE2 (or bytes), 1 AVX2. The
- * CPU decides at the first scan; vr_set_isa overrides it (tests walk both). */
-static int vr_use_avx2 = -1;
-
-/* 1 to use AVX2 where the CPU has it, 0 for SSE2, -1 for the CPU's choice; returns the
- * walk in use now (1 AVX2, 0 other). */
-static int vr_set_isa(int avx2)
+#if !defined(VR_NO_AVX512)
+#define VR_HAVE_AVX512 1
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,bmi,bmi2")
+/* vr_masks64_avx2's masks from one 64-byte register, each compare straight into a mask
+ * (no movemask, no shifts to join two halves). */
+static inline void vr_masks64_avx512(const unsigned char *p, uint64_t *quote, uint64_t *bslash, uint64_t *ctl)
 {
-#if defined(VR_HAVE_AVX2)
-    if (avx2 < 0 || avx2 == 1)
-        vr_use_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
-    else
-        vr_use_avx2 = 0;
-#else
-    (void)avx2;
-    vr_use_avx2 = 0;
+    __m512i v = _mm512_loadu_si512((const void *)p);
+    uint64_t q = (uint64_t)_mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8('"'));
+    uint64_t b = (uint64_t)_mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8('\\'));
+    uint64_t c = (uint64_t)_mm512_cmplt_epu8_mask(v, _mm512_set1_epi8(0x20));
+    /* Into general registers here: left as masks, the compiler folds the walk's
+     * `quote & ~escaped` into a masked compare, which puts the compare (and two moves
+     * between register files) on the chain that waits for the escapes. */
+    __asm__("" : "+r"(q), "+r"(b), "+r"(c));
+    *quote = q;
+    *bslash = b;
+    *ctl = c;
+}
+/* vr_escmasks64_avx2's two nibble look-ups over the 64 bytes at once. */
+static inline void vr_escmasks64_avx512(const unsigned char *p, uint64_t *named, uint64_t *u)
+{
+    const __m512i lo_tab = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(0, 0, 0x0D, 0, 0x08, 0x08, 0x04, 0, 0, 0, 0, 0, 0x02, 0, 0x04, 0x01));
+    const __m512i hi_tab = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(0, 0, 0x01, 0, 0, 0x02, 0x04, 0x08, 0, 0, 0, 0, 0, 0, 0, 0));
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    __m512i v = _mm512_loadu_si512((const void *)p);
+    __m512i c = _mm512_and_si512(_mm512_shuffle_epi8(lo_tab, _mm512_and_si512(v, nib)),
+                                 _mm512_shuffle_epi8(hi_tab, _mm512_and_si512(_mm512_srli_epi16(v, 4), nib)));
+    *named = (uint64_t)_mm512_test_epi8_mask(c, c);
+    *u = (uint64_t)_mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8('u'));
+}
+#define VR_STRING vr_string_avx512
+#define VR_MASKS64 vr_masks64_avx512
+#define VR_ESCMASKS64 vr_escmasks64_avx512
+#define VR_ESC_ALWAYS 1
+#define VR_STRING_NOINLINE 1
+#include "reqscan_string.h"
+#undef VR_STRING
+#undef VR_MASKS64
+#undef VR_ESCMASKS64
+#undef VR_ESC_ALWAYS
+#undef VR_STRING_NOINLINE
+#pragma GCC pop_options
 #endif
-    return vr_use_avx2;
+#endif
+#endif
+
+/* Which string walk vr_scan uses: -1 not yet decided, 0 SSE2 (or bytes), 1 AVX2, 2
+ * AVX-512 (BW). The CPU decides at the first scan; vr_set_isa overrides it (tests walk
+ * each). */
+static int vr_isa = -1;
+
+/* The best walk this build and CPU have (0, 1 or 2, as vr_isa). */
+static int vr_best_isa(void)
+{
+#if defined(VR_HAVE_AVX512)
+    if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512f"))
+        return 2;
+#endif
+#if defined(VR_HAVE_AVX2)
+    if (__builtin_cpu_supports("avx2"))
+        return 1;
+#endif
+    return 0;
+}
+
+/* The walk to use: 2 AVX-512, 1 AVX2, 0 SSE2, -1 the CPU's best; one the CPU lacks
+ * falls to the best below it. Returns the walk in use now (as vr_isa). */
+static int vr_set_isa(int isa)
+{
+    int best = vr_best_isa();
+    vr_isa = (isa < 0 || isa > best) ? best : isa;
+    return vr_isa;
 }
 
 static inline const unsigned char *vr_string(const unsigned char *p, const unsigned char *e)
 {
+#if defined(VR_HAVE_AVX512)
+    if (vr_isa == 2)
+        return vr_string_avx512(p, e);
+#endif
 #if defined(VR_HAVE_AVX2)
-    if (vr_use_avx2)
+    if (vr_isa == 1)
         return vr_string_avx2(p, e);
 #endif
 #if defined(__SSE2__)
@@ -237,7 +297,7 @@ static int vr_scan(const unsigned char *data, size_t len, vr_object *out)
 {
     const unsigned char *p = data, *e = data + len, *q;
     vr_member *m;
-    if (vr_use_avx2 < 0)
+    if (vr_isa < 0)
         vr_set_isa(-1);
     out->n = 0;
     out->messages = out->prompt = -1;

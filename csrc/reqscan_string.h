@@ -25,6 +25,19 @@ static inline const unsigned char *VR_STRING(const unsigned char *p, const unsig
 #endif
 {
     p++;
+#if defined(__SSE2__)
+    /* A key or a short value ("role", "user", "content") ends within 16 bytes with
+     * nothing to check on the way: one compare, and no 64-byte chunk set up for it. */
+    if (e - p >= 16) {
+        const __m128i v = _mm_loadu_si128((const __m128i *)p);
+        const __m128i c1f = _mm_set1_epi8(0x1F);
+        unsigned m = (unsigned)_mm_movemask_epi8(
+            _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')), _mm_cmpeq_epi8(v, _mm_set1_epi8('\\'))),
+                         _mm_cmpeq_epi8(_mm_max_epu8(v, c1f), c1f)));
+        if (m && p[__builtin_ctz(m)] == '"')
+            return p + __builtin_ctz(m) + 1;
+    }
+#endif
     {
         const unsigned char *skip = p; /* bytes before it were read by a \u escape */
         uint64_t carry = 0;            /* the chunk's first byte is escaped */
@@ -50,7 +63,18 @@ static inline const unsigned char *VR_STRING(const unsigned char *p, const unsig
             if (ctl & before)
                 return NULL;
             ev = esc & before;
-#if defined(VR_ESCMASKS64)
+#if defined(VR_ESCMASKS64) && defined(VR_ESC_ALWAYS)
+            {
+                /* All the escaped bytes at once, every chunk (no branch to mispredict on
+                 * whether it has one): each must be one an escape names; then only the
+                 * \u escapes need a closer look (their digits, surrogates). */
+                uint64_t named, us;
+                VR_ESCMASKS64(p, &named, &us);
+                if (ev & ~named)
+                    return NULL;
+                ev &= us;
+            }
+#elif defined(VR_ESCMASKS64)
             if (ev) {
                 /* All the escaped bytes at once: each must be one an escape names; then
                  * only the \u escapes need a closer look (their digits, surrogates). */

@@ -22,23 +22,31 @@ from velocity_fast.routing.prefix_render import json_text
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(autouse=True, params=["avx2", "sse2"])
+@pytest.fixture(autouse=True, params=["avx512", "avx2", "sse2"])
 def walk(request):
-    """Every test here runs with each of the scanner's string walks (AVX2 where the CPU
-    has it; the CPU's choice is restored after)."""
+    """Every test here runs with each of the scanner's string walks (AVX-512 and AVX2
+    where the CPU has them, else the best below; the CPU's choice is restored after)."""
     yield scan_isa(request.param)
     scan_isa("auto")
 
 
-def test_the_scanner_uses_the_cpus_best_walk_unless_told():
+def _cpu_flags() -> set[str]:
     import re
     from pathlib import Path
 
     info = Path("/proc/cpuinfo")
-    flags = info.read_text() if info.exists() else ""
-    has = re.search(r"^flags\s*:.*\bavx2\b", flags, re.M) is not None
-    assert scan_isa("auto") == ("avx2" if has else "sse2")
+    m = re.search(r"^flags\s*:(.*)$", info.read_text() if info.exists() else "", re.M)
+    return set(m.group(1).split()) if m else set()
+
+
+def test_the_scanner_uses_the_cpus_best_walk_unless_told():
+    flags = _cpu_flags()
+    best = "avx512" if {"avx512f", "avx512bw"} <= flags else "avx2" if "avx2" in flags else "sse2"
+    assert scan_isa("auto") == best
     assert scan_isa("sse2") == "sse2"
+    # One the CPU lacks gives the best below it.
+    assert scan_isa("avx512") == best
+    assert scan_isa("avx2") == ("sse2" if best == "sse2" else "avx2")
     with pytest.raises(ValueError):
         scan_isa("neon")
 

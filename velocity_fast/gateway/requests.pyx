@@ -49,7 +49,7 @@ cdef extern from "reqscan.h":
     size_t vr_strip_len(const vr_object *o) nogil
     void vr_strip(const unsigned char *data, const vr_object *o, unsigned char *dst) nogil
     size_t vr_compact(const unsigned char *data, size_t length, unsigned char *dst) nogil
-    int vr_set_isa(int avx2) nogil
+    int vr_set_isa(int isa) nogil
 
 # Bodies from this size on are scanned first: below it one msgspec decode is cheaper
 # than a scan and a decode of the members read (they cross between 2 and 4 KiB).
@@ -193,19 +193,23 @@ cdef object _compact_raw(bytes body, const vr_member *m):
     return _Raw(memoryview(out)[:n])
 
 
+_ISAS = ("sse2", "avx2", "avx512")
+
+
 def scan_isa(str which="auto") -> str:
-    """The string walk the request scanner uses from now on: "avx2" (where the CPU has
-    it), "sse2", or "auto" (the CPU's best, the default); returns the one in use. For
-    tests and benchmarks: both walks must take and refuse the same bodies."""
-    if which not in ("auto", "avx2", "sse2"):
-        raise ValueError(f"scan_isa: {which!r} is not auto, avx2 or sse2")
-    return "avx2" if vr_set_isa(-1 if which == "auto" else (1 if which == "avx2" else 0)) else "sse2"
+    """The string walk the request scanner uses from now on: "avx512" (AVX-512 BW),
+    "avx2", "sse2", or "auto" (the CPU's best, the default); a walk the CPU lacks gives
+    the best below it. Returns the one in use. For tests and benchmarks: every walk must
+    take and refuse the same bodies."""
+    if which != "auto" and which not in _ISAS:
+        raise ValueError(f"scan_isa: {which!r} is not auto, avx512, avx2 or sse2")
+    return _ISAS[vr_set_isa(-1 if which == "auto" else _ISAS.index(which))]
 
 
-# VELOCITY_SCAN_ISA=sse2 (or avx2, auto) picks the walk at start, as simdjson's
-# SIMDJSON_FORCE_IMPLEMENTATION does: to compare the two on one machine, or to step
+# VELOCITY_SCAN_ISA=sse2 (or avx2, avx512, auto) picks the walk at start, as simdjson's
+# SIMDJSON_FORCE_IMPLEMENTATION does: to compare them on one machine, or to step
 # around a CPU the detection misjudges.
-if os.environ.get("VELOCITY_SCAN_ISA", "auto") in ("avx2", "sse2"):
+if os.environ.get("VELOCITY_SCAN_ISA", "auto") in _ISAS:
     scan_isa(os.environ["VELOCITY_SCAN_ISA"])
 
 
