@@ -51,6 +51,10 @@ cdef extern from "reqscan.h":
     size_t vr_compact(const unsigned char *data, size_t length, unsigned char *dst) nogil
     int vr_set_isa(int isa) nogil
 
+# The GIL is let go for a walk over at least this many bytes: below it, letting go and
+# taking it back (two locks and a signal) costs more than another thread could gain.
+cdef size_t _NOGIL_MIN = 65536
+
 # Bodies from this size on are scanned first: below it one msgspec decode is cheaper
 # than a scan and a decode of the members read (they cross between 2 and 4 KiB).
 cdef Py_ssize_t _SCAN_MIN = 3072
@@ -151,7 +155,10 @@ cdef object _scanned(bytes body):
     cdef size_t n = <size_t>PyBytes_GET_SIZE(body)
     cdef size_t size
     cdef int rc
-    with nogil:
+    if n >= _NOGIL_MIN:
+        with nogil:
+            rc = vr_scan(p, n, &o)
+    else:
         rc = vr_scan(p, n, &o)
     if rc < 0:
         return None
@@ -386,7 +393,10 @@ cpdef bytes strip_own_fields(bytes body, r):
     cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(body)
     cdef size_t n = <size_t>PyBytes_GET_SIZE(body)
     cdef int rc
-    with nogil:
+    if n >= _NOGIL_MIN:
+        with nogil:
+            rc = vr_scan(p, n, &o)
+    else:
         rc = vr_scan(p, n, &o)
     if rc == 0:
         return _strip(p, &o) if o.own else body

@@ -52,6 +52,11 @@ cdef inline int _call(const unsigned char *p, size_t n, int what, size_t block, 
     return vb_render(p, n, what, block, seed, res)
 
 
+# The GIL is let go for a pass over at least this many bytes: below it, letting go and
+# taking it back (two locks and a signal) costs more than another thread could gain.
+cdef size_t _NOGIL_MIN = 65536
+
+
 cdef int _render(object data, int what, size_t block, uint64_t seed, vb_result *res) except -2:
     """vb_render (or vb_hash_json) over data's bytes (bytes, msgspec.Raw or any buffer):
     0, or -1 when not taken."""
@@ -62,12 +67,18 @@ cdef int _render(object data, int what, size_t block, uint64_t seed, vb_result *
     if type(data) is bytes:
         p = <const unsigned char *>PyBytes_AS_STRING(data)
         n = <size_t>PyBytes_GET_SIZE(data)
-        with nogil:
+        if n >= _NOGIL_MIN:
+            with nogil:
+                rc = _call(p, n, what, block, seed, res)
+        else:
             rc = _call(p, n, what, block, seed, res)
         return rc
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
     try:
-        with nogil:
+        if <size_t>view.len >= _NOGIL_MIN:
+            with nogil:
+                rc = _call(<const unsigned char *>view.buf, <size_t>view.len, what, block, seed, res)
+        else:
             rc = _call(<const unsigned char *>view.buf, <size_t>view.len, what, block, seed, res)
     finally:
         PyBuffer_Release(&view)
