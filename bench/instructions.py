@@ -51,7 +51,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.lib.bodies import BODY, PATH
+from bench.lib.bodies import BODY, PATH, chat_body
 from bench.lib.load import wrk_cmd
 from bench.lib.processes import Procs
 from bench.lib.targets import start_gateway, start_nginx, start_upstream
@@ -105,20 +105,20 @@ def _tenant_config(work: Path, tenants: int, state_store: str | None = None) -> 
     return out
 
 
-def _wrk_argv(work: Path, tenants: int) -> list[str]:
+def _wrk_argv(work: Path, tenants: int, body: bytes) -> list[str]:
     if not tenants:
-        return wrk_cmd(work, BODY)
+        return wrk_cmd(work, body)
     script = work / "tenants.lua"
     if not script.exists():
-        (work / "tenants.body").write_bytes(BODY)
+        (work / "tenants.body").write_bytes(body)
         script.write_text(TENANT_LUA.format(path=work / "tenants.body", tenants=tenants))
-    return [*wrk_cmd(work, BODY)[:5], str(script)]
+    return [*wrk_cmd(work, body)[:5], str(script)]
 
 
-def _wrk(work: Path, port: int, seconds: float, cpu: int | None, tenants: int = 0) -> dict:
+def _wrk(work: Path, port: int, seconds: float, cpu: int | None, tenants: int = 0, body: bytes = BODY) -> dict:
     """Requests wrk completed in ``seconds`` at 64 connections, and those that failed:
     answers other than 2xx/3xx, and socket errors (connect, read, write, timeout)."""
-    argv = [*_wrk_argv(work, tenants), "-c64", f"-d{seconds:g}s", f"http://127.0.0.1:{port}{PATH}"]
+    argv = [*_wrk_argv(work, tenants, body), "-c64", f"-d{seconds:g}s", f"http://127.0.0.1:{port}{PATH}"]
     if cpu is not None:
         argv = ["taskset", "-c", str(cpu), *argv]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60).stdout
@@ -148,10 +148,11 @@ def measure(name: str, start, args, work: Path) -> dict:
     try:
         target = start(procs, out)
         tenants = args.tenants if name == "gateway" else 0
-        _wrk(work, target.port, args.warmup, args.load_cpu, tenants)
+        body = chat_body(args.body_kb) if args.body_kb else BODY
+        _wrk(work, target.port, args.warmup, args.load_cpu, tenants, body)
         pids = _family(target.pid) if name == "gateway" and args.workers > 1 else [str(target.pid)]
         subprocess.run(["callgrind_control", "-i", "on", *pids], capture_output=True, check=True)
-        w = _wrk(work, target.port, args.duration, args.load_cpu, tenants)
+        w = _wrk(work, target.port, args.duration, args.load_cpu, tenants, body)
         subprocess.run(["callgrind_control", "-i", "off", *pids], capture_output=True, check=True)
         subprocess.run(["callgrind_control", "-d", *pids], capture_output=True, check=True)
         time.sleep(1)
@@ -195,6 +196,7 @@ def run(args) -> dict:
             if args.workers > 1:
                 extra += ["--workers", str(args.workers)]
             res["workers"] = args.workers
+            res["body_kb"] = args.body_kb
             res["tenants"] = args.tenants
             res["state_store"] = bool(store)
             res["targets"]["gateway"] = measure(
@@ -203,7 +205,7 @@ def run(args) -> dict:
                     procs,
                     args.proxy_cpu,
                     up_port,
-                    "dynamic",
+                    args.policy or ("smart" if args.body_kb else "dynamic"),
                     gw_dir,
                     extra,
                     wrap=_callgrind(out, children=args.workers > 1),
@@ -252,6 +254,15 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="the gateway's --workers; the supervisor and every worker are counted (on one core all)",
     )
+    p.add_argument(
+        "--body-kb",
+        type=int,
+        default=0,
+        metavar="K",
+        help="a K KiB chat prompt (bench/lib/bodies.py) instead of the small request; the gateway's policy "
+        "is then smart (prefix affinity on), as overhead.py --body-kb runs it",
+    )
+    p.add_argument("--policy", choices=("dynamic", "static", "smart"), default=None, help="the gateway's policy")
     p.add_argument(
         "--state-store",
         action="store_true",
