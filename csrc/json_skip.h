@@ -6,7 +6,10 @@
  *   JSON_SKIP          the function's name,
  *   JSON_SKIP_STRING   the string walk: p at its opening quote, one past its closing
  *                      quote back, NULL when invalid,
- *   JSON_SKIP_STACK    the most containers a call may hold open.
+ *   JSON_SKIP_STACK    the most containers a call may hold open,
+ * and optionally
+ *   JSON_SKIP_CTX      the type of one more argument, passed on to each string walk
+ *                      (reqscan.h: where the walk digests the prompt's blocks).
  * Numbers, literals and whitespace are json_lex.h's.
  */
 #include "json_lex.h"
@@ -22,7 +25,14 @@
 /* The value at p (no whitespace before it): one past it, NULL when invalid or nested
  * past depth levels; *spaced set when there is whitespace between its tokens.
  * Iterative: a stack of the open containers' kinds. */
+#if defined(JSON_SKIP_CTX)
+#define JSON_SKIP_STR(p) JSON_SKIP_STRING((p), e, ctx)
+static const unsigned char *JSON_SKIP(const unsigned char *p, const unsigned char *e, int depth, int *spaced,
+                                      JSON_SKIP_CTX ctx)
+#else
+#define JSON_SKIP_STR(p) JSON_SKIP_STRING((p), e)
 static const unsigned char *JSON_SKIP(const unsigned char *p, const unsigned char *e, int depth, int *spaced)
+#endif
 {
     unsigned char open[JSON_SKIP_STACK];
     int d = 0, sp = 0;
@@ -31,7 +41,7 @@ value:
         return NULL;
     switch (*p) {
     case '"':
-        p = JSON_SKIP_STRING(p, e);
+        p = JSON_SKIP_STR(p);
         break;
     case '{':
         if (d >= depth)
@@ -94,7 +104,7 @@ after:
 key:
     if (p >= e || *p != '"')
         return NULL;
-    p = JSON_SKIP_STRING(p, e);
+    p = JSON_SKIP_STR(p);
     if (p == NULL)
         return NULL;
     JSON_SKIP_WS(p);
@@ -106,3 +116,4 @@ key:
 }
 
 #undef JSON_SKIP_WS
+#undef JSON_SKIP_STR

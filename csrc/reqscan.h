@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "json_lex.h"
+#include "prefix_hash.h"
 
 /* Depth past which the caller's decoder decides (it refuses bodies nested about 1,000
  * levels; real requests nest fewer than ten). */
@@ -57,6 +58,26 @@ typedef struct {
     size_t read_bytes;    /* bytes of the members the decoder reads, prompts left out */
     vr_member m[VR_MAX_MEMBERS];
 } vr_object;
+
+/* The prompt member's 64-byte blocks digested as the walk passes them (prefix_hash.h's
+ * vp_digest_block: the part of a block's hash that needs no seed, so the model's name,
+ * which may come after the prompt, is not needed yet). vr_scan digests the first
+ * messages or prompt member it meets, from the value's first byte, block by block up to
+ * its last byte (left out, as routing/blockscan.pyx's hash_json leaves it out); the
+ * router chains them from the model's seed into that member's block hashes
+ * (routing/prefix.pyx, BlockDigests). The chain is serial, a multiply deep a block, so
+ * it is run here too, beside the walk, from the seed of the model the router last
+ * hashed for (the usual case: one model); the router takes those states when its seed
+ * is that one, and chains the digests itself when not. */
+typedef struct {
+    uint64_t *d;               /* room for (body length / 64) + 1 digests */
+    uint64_t *s;               /* as many: the chain's state after each, from the seed guessed */
+    uint64_t state;            /* the chain's state now (the seed guessed before the first) */
+    size_t n;                  /* digests made */
+    const unsigned char *next; /* the next block to digest */
+    int field;                 /* the member digested (VR_MESSAGES, VR_PROMPT), -1 none */
+    size_t vs, ve;             /* its value's span in the body */
+} vr_digests;
 
 /* The bytes that may follow a backslash as a one-letter escape. */
 static const unsigned char vr_escape1[256] = {
@@ -114,9 +135,11 @@ static inline void vr_masks64_sse2(const unsigned char *p, uint64_t *quote, uint
  */
 #define VR_STRING vr_string_sse2
 #define VR_MASKS64 vr_masks64_sse2
+#define VR_DIGEST64(b) vp_digest_block((b), 64)
 #include "reqscan_string.h"
 #undef VR_STRING
 #undef VR_MASKS64
+#undef VR_DIGEST64
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(VR_NO_AVX2)
 #define VR_HAVE_AVX2 1
@@ -159,11 +182,13 @@ static inline void vr_escmasks64_avx2(const unsigned char *p, uint64_t *named, u
 #define VR_STRING vr_string_avx2
 #define VR_MASKS64 vr_masks64_avx2
 #define VR_ESCMASKS64 vr_escmasks64_avx2
+#define VR_DIGEST64(b) vp_digest_block_avx2((b), 64)
 #define VR_STRING_NOINLINE 1
 #include "reqscan_string.h"
 #undef VR_STRING
 #undef VR_MASKS64
 #undef VR_ESCMASKS64
+#undef VR_DIGEST64
 #undef VR_STRING_NOINLINE
 #pragma GCC pop_options
 
@@ -204,12 +229,14 @@ static inline void vr_escmasks64_avx512(const unsigned char *p, uint64_t *named,
 #define VR_STRING vr_string_avx512
 #define VR_MASKS64 vr_masks64_avx512
 #define VR_ESCMASKS64 vr_escmasks64_avx512
+#define VR_DIGEST64(b) vp_digest_block_avx2((b), 64)
 #define VR_ESC_ALWAYS 1
 #define VR_STRING_NOINLINE 1
 #include "reqscan_string.h"
 #undef VR_STRING
 #undef VR_MASKS64
 #undef VR_ESCMASKS64
+#undef VR_DIGEST64
 #undef VR_ESC_ALWAYS
 #undef VR_STRING_NOINLINE
 #pragma GCC pop_options
@@ -245,19 +272,20 @@ static int vr_set_isa(int isa)
     return vr_isa;
 }
 
-static inline const unsigned char *vr_string(const unsigned char *p, const unsigned char *e)
+static inline const unsigned char *vr_string(const unsigned char *p, const unsigned char *e, vr_digests *dg)
 {
 #if defined(VR_HAVE_AVX512)
     if (vr_isa == 2)
-        return vr_string_avx512(p, e);
+        return vr_string_avx512(p, e, dg);
 #endif
 #if defined(VR_HAVE_AVX2)
     if (vr_isa == 1)
-        return vr_string_avx2(p, e);
+        return vr_string_avx2(p, e, dg);
 #endif
 #if defined(__SSE2__)
-    return vr_string_sse2(p, e);
+    return vr_string_sse2(p, e, dg);
 #else
+    (void)dg;
     return vr_string_tail(p + 1, e);
 #endif
 }
@@ -268,10 +296,12 @@ static inline const unsigned char *vr_string(const unsigned char *p, const unsig
 #define JSON_SKIP vr_value
 #define JSON_SKIP_STRING vr_string
 #define JSON_SKIP_STACK VR_MAX_DEPTH
+#define JSON_SKIP_CTX vr_digests *
 #include "json_skip.h"
 #undef JSON_SKIP
 #undef JSON_SKIP_STRING
 #undef JSON_SKIP_STACK
+#undef JSON_SKIP_CTX
 
 #define VR_IS(k, n, lit) ((n) == sizeof(lit) - 1 && memcmp((k), (lit), (n)) == 0)
 
@@ -292,10 +322,25 @@ static int vr_field(const unsigned char *k, size_t n)
     return VR_OTHER;
 }
 
-/* Scan data[0..len), a request body: 0 and out filled, or -1 (not taken, see above). */
-static int vr_scan(const unsigned char *data, size_t len, vr_object *out)
+/* The blocks of [dg->next, end) not digested yet. */
+static void vr_digest_to(vr_digests *dg, const unsigned char *end)
+{
+    while (dg->next + 64 <= end) {
+        uint64_t d = vp_digest_block(dg->next, 64);
+        dg->d[dg->n] = d;
+        dg->s[dg->n++] = dg->state = vp_step(dg->state, d);
+        dg->next += 64;
+    }
+}
+
+/* Scan data[0..len), a request body: 0 and out filled, or -1 (not taken, see above).
+ * dg, when not NULL (room for len / 64 + 1 digests): the first messages or prompt
+ * member's blocks digested too (vr_digests); dg->field -1 when there is none or its
+ * value has whitespace between its tokens (then it is hashed compacted, not here). */
+static int vr_scan(const unsigned char *data, size_t len, vr_object *out, vr_digests *dg)
 {
     const unsigned char *p = data, *e = data + len, *q;
+    vr_digests *walk;
     vr_member *m;
     if (vr_isa < 0)
         vr_set_isa(-1);
@@ -303,6 +348,11 @@ static int vr_scan(const unsigned char *data, size_t len, vr_object *out)
     out->messages = out->prompt = -1;
     out->own = 0;
     out->read_bytes = 0;
+    if (dg != NULL) {
+        dg->n = 0;
+        dg->field = -1;
+        dg->next = NULL; /* no member taken yet */
+    }
     p = vb_skip_space(p, e);
     if (p >= e || *p != '{')
         return -1;
@@ -316,7 +366,7 @@ static int vr_scan(const unsigned char *data, size_t len, vr_object *out)
             return -1;
         m = &out->m[out->n];
         m->ks = (size_t)(p - data);
-        q = vr_string(p, e);
+        q = vr_string(p, e, NULL);
         if (q == NULL || memchr(p + 1, '\\', (size_t)(q - p - 2)) != NULL)
             return -1;
         m->field = vr_field(p + 1, (size_t)(q - p - 2));
@@ -325,10 +375,26 @@ static int vr_scan(const unsigned char *data, size_t len, vr_object *out)
             return -1;
         p = vb_skip_space(p + 1, e);
         m->vs = (size_t)(p - data);
-        q = vr_value(p, e, VR_MAX_DEPTH - 1, &m->spaced);
+        walk = NULL;
+        if (dg != NULL && dg->next == NULL && (m->field == VR_MESSAGES || m->field == VR_PROMPT)) {
+            walk = dg;
+            dg->next = p;
+        }
+        q = vr_value(p, e, VR_MAX_DEPTH - 1, &m->spaced, walk);
         if (q == NULL)
             return -1;
         m->ve = (size_t)(q - data);
+        if (walk != NULL) {
+            /* the rest of its blocks, up to its last byte (left out) */
+            vr_digest_to(dg, q - 1);
+            if (m->spaced) {
+                dg->n = 0; /* hashed compacted instead; no later member is digested */
+            } else {
+                dg->field = m->field;
+                dg->vs = m->vs;
+                dg->ve = m->ve;
+            }
+        }
         switch (m->field) {
         case VR_MESSAGES:
             if (out->messages >= 0)

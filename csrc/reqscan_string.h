@@ -1,8 +1,12 @@
 /*
  * A template, included by reqscan.h once per instruction set, with VR_STRING (the
- * function's name) and VR_MASKS64 (its 64-byte mask reader) defined, and VR_ESCMASKS64
- * where the set can classify 64 bytes at once (AVX2: two nibble look-ups). No include
- * guard.
+ * function's name), VR_MASKS64 (its 64-byte mask reader) and VR_DIGEST64 (prefix_hash.h's
+ * digest of a 64-byte block in the same set) defined, and VR_ESCMASKS64 where the set
+ * can classify 64 bytes at once (AVX2: two nibble look-ups). No include guard.
+ *
+ * dg, when not NULL: the prompt member's blocks are digested as the walk goes, each
+ * once the walk is past it (vr_digests), so that the digest's multiplies run beside the
+ * walk's chain of bit operations instead of in a second pass.
  *
  * The string at p (its opening quote): one past its closing quote, NULL when invalid
  * (a control byte, an escape the grammar does not have, a lone surrogate).
@@ -19,9 +23,9 @@
 #define VR_EVEN_BITS 0x5555555555555555ULL
 #endif
 #if defined(VR_STRING_NOINLINE)
-static const unsigned char *VR_STRING(const unsigned char *p, const unsigned char *e)
+static const unsigned char *VR_STRING(const unsigned char *p, const unsigned char *e, vr_digests *dg)
 #else
-static inline const unsigned char *VR_STRING(const unsigned char *p, const unsigned char *e)
+static inline const unsigned char *VR_STRING(const unsigned char *p, const unsigned char *e, vr_digests *dg)
 #endif
 {
     p++;
@@ -45,6 +49,15 @@ static inline const unsigned char *VR_STRING(const unsigned char *p, const unsig
         while (e - p >= 64) {
             uint64_t quote, bslash, ctl, esc, bs, starts, even_ends, odd_ends, quotes, before, ev;
             unsigned long long odd_sum;
+            if (dg != NULL) {
+                /* the blocks wholly before this chunk: walked, and inside the member */
+                while (dg->next + 64 <= p) {
+                    uint64_t d = VR_DIGEST64(dg->next);
+                    dg->d[dg->n] = d;
+                    dg->s[dg->n++] = dg->state = vp_step(dg->state, d);
+                    dg->next += 64;
+                }
+            }
             VR_MASKS64(p, &quote, &bslash, &ctl);
             /* The escaped bytes, without a branch: a byte is escaped when the run of
              * backslashes before it is odd. Adding each run's first bit to the run ripples

@@ -29,7 +29,7 @@ from velocity_fast.gateway.exchange cimport Exchange, new_exchange, start_genera
 from velocity_fast.gateway.pd cimport new_pd_exchange
 from velocity_fast.gateway.requests cimport (P_FIELDS, P_MAX_COMPLETION_TOKENS, P_MAX_TOKENS, P_MODEL, P_PRIORITY,
                                            P_SLA_MS, P_STREAM, P_STREAM_OPTIONS, P_USER, ask_usage, decode_fields,
-                                           strip_own_fields)
+                                           strip_own_fields, take_digests)
 from velocity_fast.routing.route cimport RouteInfo
 from velocity_fast.routing.router cimport Router
 from velocity_fast.server.connection cimport Responder
@@ -296,7 +296,8 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
                 model = ingress._last_model
             else:
                 ingress._last_model = model
-        info = (<Router?>ingress.router).route_info(model, r, route_h, compact)
+        info = (<Router?>ingress.router).route_info(model, r, route_h, compact,
+                                                    take_digests(r) if compact else None)
     except (BadRequest, UnknownProfile) as e:
         count_request(ingress, route, 400, band)
         return resp.send_error(400, str(e), param=e.param, headers=rid_header(rid))

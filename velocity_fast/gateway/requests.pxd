@@ -22,3 +22,4 @@ cdef enum:
 
 cdef object proxy_field(object r, int which)
 cdef object decode_fields(bytes body, bint chat, PyObject** f, bint* compact)
+cdef object take_digests(object r)

@@ -16,10 +16,12 @@ from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.object cimport PyObject
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.stdint cimport uint64_t
 from libc.string cimport memcpy
 
 from velocity_fast.lowlevel.fmt cimport contains
 from velocity_fast.lowlevel.slots cimport slot, slot_offset
+from velocity_fast.routing.prefix cimport BlockDigests, digest_seed, new_digests
 
 import os
 
@@ -44,7 +46,15 @@ cdef extern from "reqscan.h":
         int own
         size_t read_bytes
         vr_member m[64]
-    int vr_scan(const unsigned char *data, size_t length, vr_object *out) nogil
+    ctypedef struct vr_digests:
+        uint64_t *d
+        uint64_t *s
+        uint64_t state
+        size_t n
+        int field
+        size_t vs
+        size_t ve
+    int vr_scan(const unsigned char *data, size_t length, vr_object *out, vr_digests *dg) nogil
     size_t vr_reduce(const unsigned char *data, const vr_object *o, unsigned char *dst) nogil
     size_t vr_strip_len(const vr_object *o) nogil
     void vr_strip(const unsigned char *data, const vr_object *o, unsigned char *dst) nogil
@@ -142,6 +152,21 @@ cdef object _DecodeError = msgspec.DecodeError
 # body is not scanned twice): the body it was cut from, and the result.
 cdef object _cut_from = None
 cdef object _cut = None
+# The digests of the prompt's blocks the decoder's scan made (csrc/reqscan.h), for the
+# router's hashes of that request (take_digests): the request they are of, and them.
+cdef object _digests_of = None
+cdef object _digests = None
+
+
+cdef object take_digests(object r):
+    """The BlockDigests the scan of r's body made of its prompt member (None when r is not
+    the last request scanned, or its prompt was not digested): taken once."""
+    global _digests_of, _digests
+    if r is not _digests_of:
+        return None
+    out = _digests
+    _digests_of = _digests = None
+    return out
 
 
 cdef object _scanned(bytes body):
@@ -149,17 +174,22 @@ cdef object _scanned(bytes body):
     decodes it whole): the members it reads decoded from a small object made of them,
     ``messages`` and ``prompt`` set to spans of ``body`` (msgspec.Raw over a memoryview:
     no copy)."""
-    global _cut_from, _cut
+    global _cut_from, _cut, _digests_of, _digests
     cdef vr_object o
+    cdef vr_digests dg
     cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(body)
     cdef size_t n = <size_t>PyBytes_GET_SIZE(body)
     cdef size_t size
     cdef int rc
+    cdef BlockDigests digests = new_digests(<Py_ssize_t>(n // 64 + 1))
+    dg.d = digests.d
+    dg.s = digests.s
+    dg.state = digests.guess = digest_seed()
     if n >= _NOGIL_MIN:
         with nogil:
-            rc = vr_scan(p, n, &o)
+            rc = vr_scan(p, n, &o, &dg)
     else:
-        rc = vr_scan(p, n, &o)
+        rc = vr_scan(p, n, &o, &dg)
     if rc < 0:
         return None
     size = o.read_bytes + 1 if o.read_bytes else 2
@@ -177,6 +207,12 @@ cdef object _scanned(bytes body):
         r.messages = _compact_raw(body, &o.m[o.messages])
     if o.prompt >= 0:
         r.prompt = _compact_raw(body, &o.m[o.prompt])
+    if dg.field >= 0:
+        digests.n = <Py_ssize_t>dg.n
+        digests.length = <Py_ssize_t>(dg.ve - dg.vs)
+        digests.prompt = dg.field == VR_PROMPT
+        _digests_of = r
+        _digests = digests
     return r
 
 
@@ -226,7 +262,7 @@ def scan_members(bytes body):
     decoder's own use is _scanned)."""
     cdef vr_object o
     cdef int i
-    if vr_scan(<const unsigned char *>PyBytes_AS_STRING(body), <size_t>PyBytes_GET_SIZE(body), &o) < 0:
+    if vr_scan(<const unsigned char *>PyBytes_AS_STRING(body), <size_t>PyBytes_GET_SIZE(body), &o, NULL) < 0:
         return None
     return [(o.m[i].ks, o.m[i].vs, o.m[i].ve) for i in range(o.n)]
 
@@ -328,15 +364,27 @@ def decode_proxy_compact(bytes body, bint chat):
     return r, compact
 
 
+def decode_proxy_digests(bytes body, bint chat):
+    """decode_proxy_compact, and the BlockDigests its scan made of the prompt (None when it
+    made none): what the front door hands the router (for tests and benchmarks)."""
+    cdef PyObject* f[P_FIELDS]
+    cdef bint compact
+    r = decode_fields(body, chat, f, &compact)
+    return r, compact, take_digests(r)
+
+
 cdef object decode_fields(bytes body, bint chat, PyObject** f, bint* compact):
     """decode_proxy for compiled callers: the fields it read are left in ``f[P_FIELDS]``
     (borrowed, alive while the returned ProxyRequest is), so they are read once; and
     ``compact[0]`` says whether messages and prompt (raw) are compact JSON text."""
+    global _digests_of, _digests
     r = None
     compact[0] = False
     if PyBytes_GET_SIZE(body) >= _SCAN_MIN:
         r = _scanned(body)
         compact[0] = r is not None
+    elif _digests_of is not None:
+        _digests_of = _digests = None  # a request past, its body let go
     if r is None:
         r = _decode(_proxy_decode, body)
     proxy_fields(r, f)  # (a TypeError if the decoder made anything else)
@@ -395,9 +443,9 @@ cpdef bytes strip_own_fields(bytes body, r):
     cdef int rc
     if n >= _NOGIL_MIN:
         with nogil:
-            rc = vr_scan(p, n, &o)
+            rc = vr_scan(p, n, &o, NULL)
     else:
-        rc = vr_scan(p, n, &o)
+        rc = vr_scan(p, n, &o, NULL)
     if rc == 0:
         return _strip(p, &o) if o.own else body
     try:

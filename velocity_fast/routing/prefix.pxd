@@ -10,6 +10,8 @@ cdef extern from "prefix_hash.h":
     uint64_t vp_hash_bytes(const unsigned char *data, size_t length, uint64_t seed) nogil
     int vp_digest_block_isa(const unsigned char *p, size_t n, int isa, uint64_t *out) nogil
     uint64_t vp_rendezvous(uint64_t key, uint64_t node) nogil
+    uint64_t vp_step(uint64_t state, uint64_t digest) nogil
+    uint64_t vp_avalanche(uint64_t h) nogil
 
 
 cdef extern from "prefix_index.h":
@@ -63,6 +65,23 @@ cdef class BlockHashes:
     cdef readonly Py_ssize_t tail
     cdef void thin(self, Py_ssize_t after, Py_ssize_t factor) noexcept
     cdef Py_ssize_t blocks_of(self, Py_ssize_t m) noexcept
+
+
+cdef class BlockDigests:
+    # The digests of one prompt member's 64-byte blocks, made by the request scanner as it
+    # validated them (csrc/reqscan.h, vr_digests); d has room for cap.
+    cdef uint64_t *d
+    cdef uint64_t *s  # the chain's states from guess, one a digest
+    cdef uint64_t guess
+    cdef Py_ssize_t n
+    cdef Py_ssize_t cap
+    cdef readonly Py_ssize_t length  # bytes of the member's value (its compact JSON text)
+    cdef readonly bint prompt  # the member is `prompt` (else `messages`)
+    cdef BlockHashes hashes_for(self, object raw, bint prompt, uint64_t seed)
+
+
+cdef BlockDigests new_digests(Py_ssize_t cap)
+cdef uint64_t digest_seed() noexcept
 
 
 cdef class PrefixHasher:

@@ -166,6 +166,89 @@ cdef class BlockHashes:
         return f"<BlockHashes n={self.n} block_bytes={self.block_bytes}>"
 
 
+cdef class BlockDigests:
+    """The digests of a prompt member's 64-byte blocks, made by the request scanner as it
+    validated the body (csrc/reqscan.h): prefix_hash.h's per-block digest, which needs no
+    seed, so the scanner makes them before it knows the model. Chained from a model's
+    seed they are that member's block hashes, as hash_json makes them from its compact
+    JSON text (less its last byte): hashes_for."""
+
+    def __dealloc__(self):
+        free(self.d)  # (s is its second half)
+
+    def __len__(self):
+        return self.n
+
+    cdef BlockHashes hashes_for(self, object raw, bint prompt, uint64_t seed):
+        """The block hashes of ``raw`` (the member's value, compact JSON text) from seed,
+        thinned as BlockHashes.thin(THIN_AFTER, THIN_FACTOR) thins them, each hash
+        avalanched only where it is kept; None when raw is not the member digested."""
+        global _last_seed
+        cdef BlockHashes out
+        cdef Py_ssize_t i, j, n = self.n, rem
+        cdef uint64_t s = seed
+        cdef bint chained = seed == self.guess  # the scanner ran the chain from this seed
+        if prompt != self.prompt or len(raw) != self.length:
+            return None
+        _last_seed = seed
+        out = BlockHashes.__new__(BlockHashes)
+        out.keys = <uint64_t *>malloc(max(n, 1) * sizeof(uint64_t))
+        if out.keys == NULL:
+            raise MemoryError()
+        out.seed = seed
+        out.block_bytes = 64
+        out.fine = THIN_AFTER
+        out.coarse = THIN_FACTOR
+        j = 0
+        if chained:  # the states are there: only the kept ones are read
+            for i in range(min(n, <Py_ssize_t>THIN_AFTER)):
+                out.keys[j] = vp_avalanche(self.s[i])
+                j += 1
+            i = THIN_AFTER + THIN_FACTOR - 1
+            while i < n:
+                out.keys[j] = vp_avalanche(self.s[i])
+                j += 1
+                i += THIN_FACTOR
+            if n:
+                s = self.s[n - 1]
+        else:
+            for i in range(n):
+                s = vp_step(s, self.d[i])
+                if i < THIN_AFTER or (i - THIN_AFTER) % THIN_FACTOR == THIN_FACTOR - 1:
+                    out.keys[j] = vp_avalanche(s)
+                    j += 1
+        if n > THIN_AFTER:
+            rem = (n - THIN_AFTER) % THIN_FACTOR
+            if rem:
+                out.keys[j] = vp_avalanche(s)
+                j += 1
+                out.tail = rem
+        out.n = j
+        return out
+
+
+# The seed hashes_for last chained from: the scanner's guess for the next request's.
+cdef uint64_t _last_seed = 0
+
+
+cdef uint64_t digest_seed() noexcept:
+    """The seed the request scanner runs the chain from (see BlockDigests): the one the
+    router last used. A wrong guess costs only the chain's run again."""
+    return _last_seed
+
+
+cdef BlockDigests new_digests(Py_ssize_t cap):
+    """Room for cap digests and their states, none made yet (the request scanner fills
+    it, guess the seed it chains from)."""
+    cdef BlockDigests out = BlockDigests.__new__(BlockDigests)
+    out.d = <uint64_t *>malloc(max(cap, 1) * 2 * sizeof(uint64_t))
+    if out.d == NULL:
+        raise MemoryError()
+    out.s = out.d + max(cap, 1)  # one allocation: s is d's second half
+    out.cap = cap
+    return out
+
+
 cdef class PrefixHasher:
     """Cuts bytes into blocks and chains their hashes, seeded per model name."""
 

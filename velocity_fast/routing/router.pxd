@@ -55,7 +55,7 @@ cdef class Router:
 
     cdef double _now(self) except? -1.0
     cdef RouterPool _pool_state(self, model, pool)
-    cpdef RouteInfo route_info(self, model, body_obj, headers, bint compact=*)
+    cpdef RouteInfo route_info(self, model, body_obj, headers, bint compact=*, digests=*)
     cdef RouteInfo _route_info_modes(self, model, profile, body_obj, session)
     cpdef object pick(self, pool, RouteInfo info, has_room=*, exclude=*)
     cpdef void on_dispatch(self, Endpoint ep, RouteInfo info) except *

@@ -5,6 +5,7 @@ from collections.abc import Callable, Container, Mapping
 from typing import Any
 
 from velocity_fast.metrics.registry import Registry
+from velocity_fast.routing.prefix import BlockDigests
 from velocity_fast.routing.route import RouteInfo
 from velocity_fast.routing.settings import RoutingSettings
 
@@ -32,7 +33,12 @@ class Router:
     def stats(self) -> dict:
         """Picks by profile and basis, filter outcomes, and the prefix index sizes."""
     def route_info(
-        self, model: str | None, body_obj: Any, headers: Mapping[str, str] | None, compact: bool = False
+        self,
+        model: str | None,
+        body_obj: Any,
+        headers: Mapping[str, str] | None,
+        compact: bool = False,
+        digests: BlockDigests | None = None,
     ) -> RouteInfo:
         """Profile, prefix block hashes and session of a request (UnknownProfile for a bad header)."""
     def pick(

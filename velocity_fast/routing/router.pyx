@@ -57,7 +57,7 @@ from velocity_fast.lowlevel.slots cimport slot_offset
 from velocity_fast.fleet.endpoint cimport RoomFilter, pool_endpoints, pool_model
 from velocity_fast.metrics.values cimport Value
 from velocity_fast.routing.blockscan cimport hash_json
-from velocity_fast.routing.prefix cimport THIN_AFTER, THIN_FACTOR, BlockHashes, PrefixHasher, PrefixIndex
+from velocity_fast.routing.prefix cimport THIN_AFTER, THIN_FACTOR, BlockDigests, BlockHashes, PrefixHasher, PrefixIndex
 from velocity_fast.routing.route cimport RouteInfo, RouterPool
 from velocity_fast.routing.plugins cimport DROP, FULL, KEEP, SATURATED, Filter, Pick, Profile
 from velocity_fast.routing.load cimport EngineLoad
@@ -278,11 +278,13 @@ cdef class Router:
 
     # -- per request -------------------------------------------------------------
 
-    cpdef RouteInfo route_info(self, model, body_obj, headers, bint compact=False):
+    cpdef RouteInfo route_info(self, model, body_obj, headers, bint compact=False, digests=None):
         """Profile, prefix block hashes and session of a request.
 
         body_obj is the decoded body (dict or Struct with `messages` or `prompt`), or the
-        prompt bytes already rendered. Raises UnknownProfile for a bad x-velocity-profile.
+        prompt bytes already rendered. digests: the BlockDigests the request scanner made
+        of its prompt (gateway/requests.pyx), chained here instead of hashing the prompt
+        again. Raises UnknownProfile for a bad x-velocity-profile.
         """
         cdef RouteInfo info
         cdef bint by_model = True
@@ -351,12 +353,20 @@ cdef class Router:
             # The prompt's JSON text as the client wrote it, hashed where it lies: the
             # request decoder keeps messages and prompt raw (gateway/requests.pyx).
             raw = _field(body_obj, True)
+            is_prompt = False
             if type(raw) is not _Raw or not len(raw):
+                is_prompt = True
                 raw = _field(body_obj, False)
                 if type(raw) is not _Raw:
                     raw = prompt_json(body_obj)  # a dict, /generate's request: encoded
-            hashes = hash_json(raw, self._hasher, model, compact)
-        hashes.thin(THIN_AFTER, THIN_FACTOR)  # a long prompt's tail in coarse steps
+            hashes = None
+            if digests is not None and compact and self._hasher.block_bytes == 64:
+                # Digested as the scanner validated it: chained from the model's seed, and
+                # thinned as they are made.
+                hashes = (<BlockDigests?>digests).hashes_for(raw, is_prompt, self._hasher.seed_for(model))
+            if hashes is None:
+                hashes = hash_json(raw, self._hasher, model, compact)
+        hashes.thin(THIN_AFTER, THIN_FACTOR)  # a long prompt's tail in coarse steps (no-op when thinned)
         return _new_info(model, profile, hashes, session,
                          _session_key(session) if session else None)
 
