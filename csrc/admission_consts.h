@@ -56,6 +56,12 @@
 #define VF_PACE_HOLD     1.1
 #define VF_PACE_CUT      1.3
 #define VF_PACE_WINDOW_S 5.0
+/* A need that only an engine within this share of its solo pace meets (one or two
+ * sequences: by the tenth of HOLD's slack, at most 1.25 x solo) holds no limit: holding
+ * a whole engine near one sequence for one request's deadline costs every other
+ * request its throughput, and a clients' mix of replies the engine ends (no max_tokens)
+ * keeps such needs coming. */
+#define VF_PACE_ROOM     1.25
 
 /* A Retry-After aims at a completion this share of the SLA before the deadline: the
  * queue model is an average, and a promise made at the edge is broken half the time. */

@@ -164,3 +164,25 @@ async def test_an_idle_engine_admits_a_burst_as_after_a_restart():
     assert fresh == 8
     assert await burst_after(60, cut=True) == fresh  # a quiet minute after the cuts
     assert await burst_after(5, cut=True) == 1  # not after a pause of a few seconds
+
+
+@pytest.mark.timeout(10)
+async def test_a_need_only_a_near_solo_engine_meets_holds_no_limit():
+    """The policy bench with its clients' mix (30 % send no max_tokens): the reply length
+    the pool learned, about 128 tokens, within a 3 s SLA needs 19 ms a token of an engine
+    that takes 20 ms alone. Held to one or two sequences for such needs, dynamic's engines
+    ran 6-7 each, its throughput halved and its share within the SLA fell to static's.
+    Such a need neither holds nor cuts: the limit grows at a fuller batch's pace."""
+    clock = Clock()
+    adm, (ep,) = make(limit=64, clock=clock, aimd_initial=8)
+    adm.stats()
+    _solo(adm, ep, clock, 0.020)
+    tasks, bound, bind = await _flood(adm, ep, lambda: Ticket(sla_ms=3000, max_tokens=142))
+    assert adm.stats()["pools"]["m"]["pace_need_ms"] is None  # 19 ms: within 1.25x of solo, by HOLD's tenth
+    for _ in range(3):
+        ep.pace, ep.pace_batch = 0.023, ep.inflight
+        scrape_engine(adm, ep, clock, ep.inflight, 0)
+        bind()
+    assert ep.limit > 8 and adm.stats()["pace_cuts"] == 0
+    await _drain(tasks, bound)
+    adm.close()

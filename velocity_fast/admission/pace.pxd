@@ -8,6 +8,7 @@ cdef extern from "admission_consts.h":
     double VF_PACE_HOLD
     double VF_PACE_CUT
     double VF_PACE_WINDOW_S
+    double VF_PACE_ROOM
 
 
 cdef class EndpointPace:
@@ -34,8 +35,8 @@ cdef class PoolPace:
 
 cdef inline void note_need(PoolPace p, double need, double now) noexcept:
     """A deadline request was granted that needs ``need`` seconds a token or less."""
-    if need * VF_PACE_HOLD < p.solo:
-        return  # no engine of the pool decodes that fast even alone: no limit serves it
+    if need * VF_PACE_HOLD < p.solo * VF_PACE_ROOM:
+        return  # no engine of the pool decodes that fast but near alone: no limit worth holding serves it
     if now - p.since >= VF_PACE_WINDOW_S:
         p.need_before = p.need if now - p.since < 2.0 * VF_PACE_WINDOW_S else INFINITY
         p.need = INFINITY

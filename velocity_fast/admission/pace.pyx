@@ -5,9 +5,9 @@ decoding needs (what is left of its deadline past the expected first token, with
 margin, a token: ``note_grant``); a pool keeps the tightest need of the last window or
 two. A scrape that shows an engine slower than that need holds its limit (no growth)
 and, well past it, cuts it: what runs there now would end late. A need that no engine
-of the pool meets even running one sequence (its solo pace) is no reason to hold or
-cut: no limit serves it, and a cut would only decline what can be served
-(docs/design.md, "Pace").
+of the pool meets but running one or two sequences (within VF_PACE_ROOM of its solo
+pace) is no reason to hold or cut: no limit worth holding serves it, and a cut would only
+decline what can be served (docs/design.md, "Pace").
 
 Admission (controller.pyx) holds a PoolPace per pool and an EndpointPace per endpoint
 and calls these as C; the constants live in csrc/admission_consts.h.
@@ -68,9 +68,9 @@ cdef bint observe(PoolPace p, EndpointPace e, double pace, double batch, list se
     if pace > 0.0 and batch <= 1.0 and pace != e.solo:
         _note_solo(p, e, pace, seen)
     need = need_now(p, now) if p is not None and pace > 0.0 else INFINITY
-    if need * VF_PACE_HOLD < e.solo:
-        # Slower than that even alone: no limit makes that work meet its need, and a
-        # cut would only decline what can be served.
+    if need * VF_PACE_HOLD < e.solo * VF_PACE_ROOM:
+        # Slower than that but near alone: no limit worth holding makes that work meet
+        # its need, and a cut would only decline what can be served.
         need = INFINITY
     e.high = pace > need * VF_PACE_HOLD
     return pace > need * VF_PACE_CUT
