@@ -249,11 +249,15 @@ static inline void vr_escmasks64_avx512(const unsigned char *p, uint64_t *named,
  * each). */
 static int vr_isa = -1;
 
-/* The best walk this build and CPU have (0, 1 or 2, as vr_isa). */
+/* The best walk this build and CPU have (0, 1 or 2, as vr_isa). AVX-512 only from Ice
+ * Lake and Zen 4 on (VBMI2 marks them, as simdjson's choice of its AVX-512 kernel does):
+ * on the first AVX-512 cores a burst of 512-bit work lowers the whole core's clock for a
+ * while, which every other request on it would pay. */
 static int vr_best_isa(void)
 {
 #if defined(VR_HAVE_AVX512)
-    if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512f"))
+    if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512f")
+        && __builtin_cpu_supports("avx512vbmi2"))
         return 2;
 #endif
 #if defined(VR_HAVE_AVX2)
