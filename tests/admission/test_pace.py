@@ -85,6 +85,15 @@ async def test_a_need_is_forgotten_two_windows_after_the_last_deadline_grant():
     adm.close()
 
 
+def _scrape_full(adm, ep, clock, bind, pace, times=3):
+    """``times`` scrapes of ``ep`` decoding at ``pace`` with all it holds running, each
+    followed by binding what admission granted since."""
+    for _ in range(times):
+        ep.pace, ep.pace_batch = pace, ep.inflight
+        scrape_engine(adm, ep, clock, ep.inflight, 0)
+        bind()
+
+
 def _solo(adm, ep, clock, pace):
     """A scrape of ``ep`` decoding at ``pace`` while it ran one sequence at most."""
     ep.pace, ep.pace_batch = pace, 1.0
@@ -110,10 +119,7 @@ async def test_a_need_no_batch_meets_is_never_cut():
     # the limit as any other work does, a fuller batch's slower pace notwithstanding.
     tasks, bound, bind = await _flood(adm, ep, lambda: Ticket(sla_ms=3000, max_tokens=200))
     assert adm.stats()["pools"]["m"]["pace_need_ms"] is None
-    for _ in range(3):
-        ep.pace, ep.pace_batch = 0.022, ep.inflight
-        scrape_engine(adm, ep, clock, ep.inflight, 0)
-        bind()
+    _scrape_full(adm, ep, clock, bind, 0.022)
     assert ep.limit > 8 and adm.stats()["pace_cuts"] == 0
     await _drain(tasks, bound)
     adm.close()
@@ -179,10 +185,7 @@ async def test_a_need_only_a_near_solo_engine_meets_holds_no_limit():
     _solo(adm, ep, clock, 0.020)
     tasks, bound, bind = await _flood(adm, ep, lambda: Ticket(sla_ms=3000, max_tokens=142))
     assert adm.stats()["pools"]["m"]["pace_need_ms"] is None  # 19 ms: within 1.25x of solo, by HOLD's tenth
-    for _ in range(3):
-        ep.pace, ep.pace_batch = 0.023, ep.inflight
-        scrape_engine(adm, ep, clock, ep.inflight, 0)
-        bind()
+    _scrape_full(adm, ep, clock, bind, 0.023)
     assert ep.limit > 8 and adm.stats()["pace_cuts"] == 0
     await _drain(tasks, bound)
     adm.close()
