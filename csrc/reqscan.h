@@ -230,14 +230,12 @@ static inline void vr_escmasks64_avx512(const unsigned char *p, uint64_t *named,
 #define VR_MASKS64 vr_masks64_avx512
 #define VR_ESCMASKS64 vr_escmasks64_avx512
 #define VR_DIGEST64(b) vp_digest_block_avx2((b), 64)
-#define VR_ESC_ALWAYS 1
 #define VR_STRING_NOINLINE 1
 #include "reqscan_string.h"
 #undef VR_STRING
 #undef VR_MASKS64
 #undef VR_ESCMASKS64
 #undef VR_DIGEST64
-#undef VR_ESC_ALWAYS
 #undef VR_STRING_NOINLINE
 #pragma GCC pop_options
 #endif

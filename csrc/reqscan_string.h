@@ -76,18 +76,7 @@ static inline const unsigned char *VR_STRING(const unsigned char *p, const unsig
             if (ctl & before)
                 return NULL;
             ev = esc & before;
-#if defined(VR_ESCMASKS64) && defined(VR_ESC_ALWAYS)
-            {
-                /* All the escaped bytes at once, every chunk (no branch to mispredict on
-                 * whether it has one): each must be one an escape names; then only the
-                 * \u escapes need a closer look (their digits, surrogates). */
-                uint64_t named, us;
-                VR_ESCMASKS64(p, &named, &us);
-                if (ev & ~named)
-                    return NULL;
-                ev &= us;
-            }
-#elif defined(VR_ESCMASKS64)
+#if defined(VR_ESCMASKS64)
             if (ev) {
                 /* All the escaped bytes at once: each must be one an escape names; then
                  * only the \u escapes need a closer look (their digits, surrogates). */
