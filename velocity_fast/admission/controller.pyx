@@ -34,7 +34,7 @@ from libc.math cimport INFINITY, ceil, floor
 
 from velocity_fast.admission.aimd cimport AimdLimit
 from velocity_fast.admission.bands cimport BandQueue, BandQueues, Item, TenantQueue
-from velocity_fast.lowlevel.clock cimport monotonic
+from velocity_fast.lowlevel.clock cimport event_now
 from velocity_fast.fleet.endpoint cimport Endpoint, lease_endpoints, same_endpoints
 from velocity_fast.state.shm cimport (inflight_add, inflight_claim, inflight_total, older_elsewhere, overcommitted,
                                       pool_slot, publish_limit, publish_queue, queued_elsewhere, reserve, unreserve)
@@ -767,7 +767,7 @@ cdef class Admission:
 
     cdef double _now(self) except? -1.0:
         if self._mono:
-            return monotonic()
+            return event_now()
         return self.clock()
 
     cdef double _pool_sat(self, PoolState ps, double now, int band) except? -1.0:

@@ -27,7 +27,7 @@ from velocity_fast.server.connection cimport Responder
 from velocity_fast.upstream.pool cimport UpstreamPool
 from velocity_fast.upstream.connection cimport ResponseHandler, UpstreamConnection
 
-from velocity_fast.lowlevel.clock cimport monotonic
+from velocity_fast.lowlevel.clock cimport event_begin, event_end, event_now
 from velocity_fast.fleet.endpoint cimport Endpoint
 from velocity_fast.gateway.identity cimport Tenant, tenant_settle_tokens
 from velocity_fast.http.heads cimport engine_request, relay_lines, rid_header
@@ -113,12 +113,16 @@ cdef Exchange fill_exchange(Exchange x, Ingress ingress, Request req, Responder 
 def _run_grants(Ingress ingress):
     """The exchanges granted a lease since the last run, in the order of their grants."""
     cdef Exchange x
+    cdef double prev = event_begin()  # one clock read for the whole run
     grants, ingress.grants = ingress.grants, []
-    for x in grants:
-        try:
-            x._granted()
-        except Exception:  # one exchange's failure must not strand the others
-            log.exception("granted exchange failed")
+    try:
+        for x in grants:
+            try:
+                x._granted()
+            except Exception:  # one exchange's failure must not strand the others
+                log.exception("granted exchange failed")
+    finally:
+        event_end(prev)
 
 
 # No @cython.freelist: Cython keeps one only for a base class, and Exchange extends ResponseHandler
@@ -203,7 +207,7 @@ cdef class Exchange(ResponseHandler):
     cdef _admitted(self, Lease lease):
         self.state = _ADMITTED
         self.lease = lease
-        self.queue_s = monotonic() - self.req.received_at
+        self.queue_s = event_now() - self.req.received_at
         pr = self.info.precise
         if pr is not None and pr.chain is None and pr.wait(self._tokens_ready):
             return  # a prompt new to precise routing: its pick waits for its tokens (a ms or two)

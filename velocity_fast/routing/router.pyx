@@ -52,7 +52,7 @@ from velocity_fast.metrics.registry import SUM, Registry, ratio
 
 from cpython.object cimport PyObject
 
-from velocity_fast.lowlevel.clock cimport monotonic
+from velocity_fast.lowlevel.clock cimport event_now
 from velocity_fast.lowlevel.slots cimport slot_offset
 from velocity_fast.fleet.endpoint cimport RoomFilter, pool_endpoints, pool_model
 from velocity_fast.metrics.values cimport Value
@@ -261,7 +261,7 @@ cdef class Router:
 
     cdef double _now(self) except? -1.0:
         if self._mono:
-            return monotonic()
+            return event_now()
         return self._clock_fn()
 
     cdef RouterPool _pool_state(self, model, pool):

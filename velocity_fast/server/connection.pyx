@@ -16,7 +16,7 @@ import weakref
 import httptools
 import orjson
 
-from velocity_fast.lowlevel.clock cimport monotonic
+from velocity_fast.lowlevel.clock cimport event_begin, event_end, event_now
 from velocity_fast.io.fdio cimport FdTransport
 from velocity_fast.lowlevel.fmt cimport str_eq
 
@@ -422,7 +422,7 @@ cdef class HttpProtocol(OutboxOwner):
         self._on_deadline = what
         # The C clock: the loop's own (loop.time()) is a Python call, and runs behind it by
         # at most its cache of one pass; _on_timer checks the loop's before acting.
-        deadline = monotonic() + delay
+        deadline = event_now() + delay
         self._deadline = deadline
         if self._timer is None or self._timer_at > deadline:
             self._schedule(deadline)
@@ -464,7 +464,11 @@ cdef class HttpProtocol(OutboxOwner):
 
     # -- parsing ------------------------------------------------------------
     def data_received(self, bytes data):
-        self.received(data)
+        cdef double prev = event_begin()
+        try:
+            self.received(data)
+        finally:
+            event_end(prev)
 
     cdef received(self, bytes data):
         cdef Py_ssize_t pos, n, have
@@ -483,7 +487,7 @@ cdef class HttpProtocol(OutboxOwner):
             n = len(data)
             while True:
                 req = take_request(data, pos, self._max_header_bytes, self._max_body_bytes, self._client,
-                                   monotonic(), &pos, &have)
+                                   event_now(), &pos, &have)
                 if req is None:
                     break
                 if self._wait_body(req, have):
@@ -530,7 +534,7 @@ cdef class HttpProtocol(OutboxOwner):
             return
         if self._pend is None and not self._in_message:
             req = take_request_at(buf, n, self._max_header_bytes, self._max_body_bytes, self._client,
-                                  monotonic(), &pos, &have)
+                                  event_now(), &pos, &have)
             if req is not None:
                 if self._wait_body(req, have):
                     return
@@ -650,7 +654,7 @@ cdef class HttpProtocol(OutboxOwner):
             path, query = url.decode("latin-1"), ""
         method = p.get_method().decode()
         req = new_request(method, path, query, headers, p.get_http_version(),
-                          p.should_keep_alive(), self._client, monotonic(), b"")
+                          p.should_keep_alive(), self._client, event_now(), b"")
         self._req = req
         cl = headers.get("content-length")
         if (method == "CONNECT" or "upgrade" in headers) and p.should_upgrade():

@@ -17,6 +17,7 @@ from velocity_fast.http.http1 cimport Head, take_response
 
 from velocity_fast.http.http1 import response_headers
 from velocity_fast.io.outbox cimport OutboxOwner, outbox_for
+from velocity_fast.lowlevel.clock cimport event_begin, event_end
 from velocity_fast.upstream.errors import UpstreamError
 
 
@@ -121,7 +122,11 @@ cdef class UpstreamConnection(OutboxOwner):
         self.transport = self._transport = transport
 
     def data_received(self, bytes data):
-        self.received(data)
+        cdef double prev = event_begin()
+        try:
+            self.received(data)
+        finally:
+            event_end(prev)
 
     cdef received(self, bytes data):
         cdef Head head
