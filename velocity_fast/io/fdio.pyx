@@ -28,6 +28,7 @@ from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport strerror
 from posix.unistd cimport close
+from velocity_fast.lowlevel.clock cimport event_begin, event_end
 
 import errno as _errno
 import logging
@@ -65,8 +66,6 @@ cdef extern from "<sys/epoll.h>" nogil:
 
 
 cdef extern from "<sys/socket.h>" nogil:
-    ssize_t send(int fd, const void* buf, size_t n, int flags)
-    ssize_t recv(int fd, void* buf, size_t n, int flags)
     int shutdown(int fd, int how)
     enum:
         MSG_NOSIGNAL
@@ -77,7 +76,13 @@ cdef extern from "<sys/uio.h>" nogil:
     struct iovec:
         void* iov_base
         size_t iov_len
-    ssize_t writev(int fd, const iovec* iov, int iovcnt)
+
+
+# recv, send and writev as plain system calls: no cancellation-point wrapper (sockcalls.h).
+cdef extern from "sockcalls.h" nogil:
+    ssize_t recv "sock_recv"(int fd, void* buf, size_t n, int flags)
+    ssize_t send "sock_send"(int fd, const void* buf, size_t n, int flags)
+    ssize_t writev "sock_writev"(int fd, const iovec* iov, int iovcnt)
 
 
 cdef enum:
@@ -234,6 +239,7 @@ cdef class FdTransport:
         cdef int err
         cdef char* target = NULL
         cdef Py_ssize_t room = 0
+        cdef double prev
         if not self._reading:
             return 0
         if self._fast is not None:
@@ -245,6 +251,7 @@ cdef class FdTransport:
         else:
             n = recv(self._fd, self._poller._buf, <size_t>room if 0 < room < READ_SIZE else READ_SIZE, 0)
         if n > 0:
+            prev = event_begin()
             try:
                 if target != NULL:
                     self._fast.received_into(n)
@@ -256,6 +263,8 @@ cdef class FdTransport:
                 raise
             except BaseException as exc:
                 self._fatal(exc, "Fatal error: protocol.data_received() call failed.")
+            finally:
+                event_end(prev)
             return 0
         if n == 0:
             self._reading = False
