@@ -11,7 +11,11 @@ cdef class UpstreamPool:
     cdef public set _all
     cdef public set _connecting
     cdef public long connects
+    # The idle connections are _idle[:_n_idle], most recent last; the slots past it hold
+    # None. The list keeps its length: a list that shrank and grew by one with each
+    # request reallocated its array at every crossing of half its capacity.
     cdef public list _idle
+    cdef public Py_ssize_t _n_idle
     cdef public dict _json_posts
     cdef public Py_ssize_t max_idle
     cdef public str base_path
@@ -21,5 +25,6 @@ cdef class UpstreamPool:
 
     cpdef bytes json_post_head(self, str path)
     cpdef UpstreamConnection idle_connection(self)
+    cdef void _keep_idle(self, UpstreamConnection conn)
     cpdef release(self, UpstreamConnection conn)
     cpdef request(self, data, ResponseHandler handler)

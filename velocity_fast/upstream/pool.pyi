@@ -18,7 +18,8 @@ class UpstreamPool:
     host_header: bytes
     _all: set[UpstreamConnection]
     _connecting: set
-    _idle: list[UpstreamConnection]
+    _idle: list[UpstreamConnection | None]
+    _n_idle: int
     _json_posts: dict[str, bytes]
     def __init__(self, url: str, *, max_idle: int = 256, connect_timeout: float = 3.0) -> None: ...
     async def connect(self) -> UpstreamConnection: ...

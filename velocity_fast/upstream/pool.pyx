@@ -29,6 +29,7 @@ cdef class UpstreamPool:
 
     def __cinit__(self):
         self._idle = []
+        self._n_idle = 0
         self._json_posts = {}
         self.max_idle = 256
         self.base_path = ""
@@ -53,15 +54,17 @@ cdef class UpstreamPool:
         """An open connection made elsewhere (a benchmark's, on a transport of its own)
         joins the pool as an idle one."""
         self._all.add(conn)
-        self._idle.append(conn)
+        self._keep_idle(conn)
 
     def forget(self, conn: UpstreamConnection) -> None:
         """The connection closed: no longer the pool's."""
+        cdef Py_ssize_t i
         self._all.discard(conn)
-        try:
-            self._idle.remove(conn)
-        except ValueError:
-            pass
+        for i in range(self._n_idle):
+            if self._idle[i] is conn:
+                del self._idle[i]
+                self._n_idle -= 1
+                return
 
     async def connect(self) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
@@ -129,8 +132,8 @@ cdef class UpstreamPool:
                 handler.on_error(None, UpstreamError(f"no connection to {self.url}", connect=True))
             raise
         if handler.abandoned:  # unused: kept for the next request, within the bound
-            if len(self._idle) < self.max_idle:
-                self._idle.append(conn)
+            if self._n_idle < self.max_idle:
+                self._keep_idle(conn)
             else:
                 conn.abort()
             return
@@ -167,7 +170,7 @@ cdef class UpstreamPool:
     def stats(self) -> dict:
         """The pool's size: connections open (in use, idle, or made and not yet sent on),
         idle ones, connects in progress, connects made, and the most kept idle."""
-        return {"open": len(self._all), "idle": len(self._idle), "connecting": len(self._connecting),
+        return {"open": len(self._all), "idle": self._n_idle, "connecting": len(self._connecting),
                 "connects": self.connects, "max_idle": self.max_idle}
 
     def close(self) -> None:
@@ -176,6 +179,7 @@ cdef class UpstreamPool:
         for conn in list(self._all):
             conn.abort()
         self._idle.clear()
+        self._n_idle = 0
         self._all.clear()
 
     cpdef bytes json_post_head(self, str path):
@@ -193,19 +197,28 @@ cdef class UpstreamPool:
 
     cpdef UpstreamConnection idle_connection(self):
         cdef UpstreamConnection conn
-        while self._idle:
-            conn = self._idle.pop()
+        while self._n_idle > 0:
+            self._n_idle -= 1
+            conn = <UpstreamConnection>self._idle[self._n_idle]
+            self._idle[self._n_idle] = None
             if not conn.closed:
                 return conn
         return None
+
+    cdef void _keep_idle(self, UpstreamConnection conn):
+        if self._n_idle < len(self._idle):
+            self._idle[self._n_idle] = conn
+        else:
+            self._idle.append(conn)
+        self._n_idle += 1
 
     cpdef release(self, UpstreamConnection conn):
         """Return a connection whose response completed; anything else is closed."""
         if conn.closed:
             return
-        if conn.done and conn.keep_alive and conn.error is None and len(self._idle) < self.max_idle:
+        if conn.done and conn.keep_alive and conn.error is None and self._n_idle < self.max_idle:
             conn.resume()
-            self._idle.append(conn)
+            self._keep_idle(conn)
         else:
             conn.abort()
 
