@@ -162,9 +162,11 @@ cdef class Identity:
         if name is self._last_name and name is not None:
             return self._last_tenant
         t = self.tenants.get(name)
-        if t is not None:
-            self._last_name = name
-            self._last_tenant = t
+        # Kept found or not: with no tenants configured every request names the default
+        # tenant, and its look-up would be repeated per request. The tenants are fixed
+        # once the Identity serves (a reload makes a new one).
+        self._last_name = name
+        self._last_tenant = t
         return t
 
     cdef Tenant by_header(self, const char* p, Py_ssize_t n):
