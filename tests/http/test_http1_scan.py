@@ -287,6 +287,95 @@ def test_a_bad_byte_anywhere_in_a_long_header_value_is_llhttps_to_judge(bad):
         assert scan_request(data, 0, MAX_HEAD, MAX_BODY) is None, (bad, at)
 
 
+def _llhttp_or_none(data: bytes):
+    try:
+        return _llhttp_request(data)
+    except (httptools.HttpParserError, AssertionError):
+        return None
+
+
+_TCHARS = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+# Bytes a name, a value or a path may hold or not, around the ranges the scanner skips
+# sixteen at a time (letters, digits, '-'; printable ASCII; a path's visible bytes).
+_ODD = [
+    0x00,
+    0x09,
+    0x0D,
+    0x1F,
+    0x20,
+    0x21,
+    0x2C,
+    0x2D,
+    0x2E,
+    0x2F,
+    0x30,
+    0x39,
+    0x3A,
+    0x3F,
+    0x40,
+    0x41,
+    0x5A,
+    0x5B,
+    0x5F,
+    0x60,
+    0x61,
+    0x7A,
+    0x7B,
+    0x7E,
+    0x7F,
+    0x80,
+    0xC3,
+    0xFF,
+]
+
+
+@pytest.mark.parametrize("odd", _ODD)
+def test_any_byte_anywhere_in_a_long_header_name_is_judged_as_llhttp_judges_it(odd):
+    # Names are skipped sixteen bytes at a time while they are letters, digits and '-':
+    # another byte, at any position of such a run or in what is left after it, is the
+    # byte scan's to judge, as it was.
+    for at in range(39):
+        name = bytearray(b"X-Abcdefghijklmnopqrstuvwxyz-0123456789")  # 39 bytes
+        name[at] = odd
+        for tail in (b"", b"Content-Type: application/json\r\n"):
+            data = b"GET / HTTP/1.1\r\nHost: t\r\n" + bytes(name) + b": v\r\n" + tail + b"\r\n"
+            r = scan_request(data, 0, MAX_HEAD, MAX_BODY)
+            if r is not None:
+                assert r[:6] == _llhttp_request(data), (odd, at)
+            if odd in _TCHARS or (odd == 0x3A and at > 0):
+                assert r is not None, (odd, at)  # a name of tchars (or one cut short by ':')
+            elif odd not in (0x0D,):
+                assert r is None, (odd, at)
+
+
+@pytest.mark.parametrize("odd", _ODD)
+def test_any_byte_anywhere_in_a_long_value_or_path_is_judged_as_llhttp_judges_it(odd):
+    for at in range(40):
+        value = bytearray(b"abcdefghijklmnopqrstuvwxyz 0123456789ABC")
+        value[at] = odd
+        data = b"GET / HTTP/1.1\r\nHost: t\r\nX-Long: " + bytes(value) + b"\r\nAccept: */*\r\n\r\n"
+        r = scan_request(data, 0, MAX_HEAD, MAX_BODY)
+        if r is not None:
+            assert r[:6] == _llhttp_request(data), (odd, at)
+        if 0x20 <= odd < 0x7F or (odd == 0x09 and at > 0):
+            assert r is not None, (odd, at)
+        elif odd != 0x09:
+            assert r is None, (odd, at)
+        path = bytearray(b"/v1/chat/completions/abcdefghijklmnopqrs")
+        path[at] = odd
+        if at == 0:
+            continue  # (not a path in origin form: llhttp's)
+        data = b"GET " + bytes(path) + b" HTTP/1.1\r\nHost: t\r\n\r\n"
+        r = scan_request(data, 0, MAX_HEAD, MAX_BODY)
+        if r is not None:
+            assert r[:6] == _llhttp_request(data), (odd, at)
+        if 0x21 <= odd < 0x7F:
+            assert r is not None, (odd, at)
+            assert r[1:3] == _llhttp_or_none(data)[1:3]
+        else:
+            assert r is None, (odd, at)
+
+
 def test_tabs_and_spaces_in_a_long_value_are_taken_as_llhttp_takes_them():
     for at in range(20):
         value = bytearray(b"abcdefghijklmnopqrst")

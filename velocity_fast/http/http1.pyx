@@ -24,6 +24,13 @@ from velocity_fast.http.message cimport OWN_DUP, OWN_N, OWN_PRIORITY, OWN_PROFIL
 from velocity_fast.http.message cimport OWN_TENANT, Request, new_request
 from velocity_fast.http.message cimport header_lines, short_text as _text
 
+# Runs of a name's, a value's and a path's common bytes, 16 at a time (csrc/headscan.h).
+cdef extern from "headscan.h" nogil:
+    Py_ssize_t hs_name_run(const char* s, Py_ssize_t pos, Py_ssize_t n)
+    Py_ssize_t hs_value_run(const char* s, Py_ssize_t pos, Py_ssize_t n)
+    Py_ssize_t hs_path_run(const char* s, Py_ssize_t pos, Py_ssize_t n)
+
+
 # RFC 9110 tchar: the bytes of a header name (and a method).
 cdef bint _TCHAR[256]
 cdef int _i, _at
@@ -232,6 +239,7 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
             # name: one or more tchar, then ':' at once (no space before it). The bytes
             # object ends in a NUL (CPython keeps one past every bytes' data), which is no
             # tchar, space or tab: these loops stop at the end without a bounds test.
+            pos = hs_name_run(s, pos, n)  # letters, digits, '-': the rest by the table
             while _TCHAR[<unsigned char>s[pos]]:
                 pos += 1
             if pos == ls or pos >= n or s[pos] != c':':
@@ -242,7 +250,9 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
             pos += 1
         vs = pos
         # value: printable ASCII, space or tab, up to CRLF (leading spaces skipped above);
-        # eight bytes at a time while all are plain (no control byte, DEL or high bit)
+        # sixteen, then eight bytes at a time while all are plain (no control byte, DEL
+        # or high bit)
+        pos = hs_value_run(s, pos, n)
         while pos + 8 <= n and _plain8(s + pos):
             pos += 8
         while True:  # (the NUL at the end is refused here: a control byte)
@@ -368,6 +378,7 @@ cdef Request _take(const char* s, Py_ssize_t n, bytes data, Py_ssize_t pos, Py_s
     if pos >= n or s[pos] != c'/':
         return None
     q = -1
+    pos = hs_path_run(s, pos, n)  # up to a '?' or the end, 16 bytes at a time
     while pos < n and <unsigned char>s[pos] > 0x20 and <unsigned char>s[pos] < 0x7f:
         if s[pos] == c'?' and q < 0:
             q = pos
