@@ -10,7 +10,7 @@
  * what it is (the ':' after a name, another tchar, the CR after a value, a byte that is
  * refused). So they change how fast the scan goes, never what it accepts.
  *
- * Neither reads past `n`: vectors are loaded only while 16 bytes remain.
+ * None reads past `n`: vectors are loaded only while 16 bytes remain.
  */
 #ifndef VELOCITY_HEADSCAN_H
 #define VELOCITY_HEADSCAN_H
