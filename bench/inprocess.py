@@ -23,7 +23,7 @@ minute; needs valgrind (apt-get install valgrind).
 
     python -m bench.inprocess [--requests 20000] [--connections 64] [--repeat 3] [--profile]
     python -m bench.inprocess --instructions [--stream-events 32]
-    python -m bench.inprocess --instructions [--tenant] [--body-kb 16 --policy smart]
+    python -m bench.inprocess --instructions [--tenant] [--body-kb 16 --policy smart] [--sdk-head]
     python -m bench.inprocess --smoke            # 500 requests, one run: it works, the figure is rough
 
 --stream-events N: each engine answer is instead a vLLM-style SSE stream of N token events
@@ -31,8 +31,9 @@ and [DONE], chunked, one event per read (as bench/overhead.py's SSE phase); the 
 per streamed request, and --instructions also prints them per event.
 The client then asks `"stream": true`. --body-kb K sends bench/lib/bodies.py's K KiB chat
 prompt; --tenant names one tenant (x-velocity-tenant) given a token quota too large to
-bind and token fairness; --policy sets the gateway's. bench/ratchet.py counts four of
-these scenarios against a committed baseline.
+bind and token fairness; --policy sets the gateway's; --sdk-head sends the head the OpenAI
+Python SDK sends (17 lines) instead of three. bench/ratchet.py counts five of these
+scenarios against a committed baseline.
 
 --trace-ratio R: tracing on (docs/tracing.md), sampling R of the requests, exporting to a
 collector stand-in in another process (it answers every OTLP post 200 and keeps nothing);
@@ -74,11 +75,25 @@ ANSWER = (
 )
 
 
-def request_bytes(body: bytes, tenant: str | None = None) -> bytes:
-    """The client's POST of ``body``, naming ``tenant`` by header when given."""
+# The other header lines the OpenAI Python SDK (1.54, over httpx) sends with a chat
+# completion: the head most real clients' requests carry (17 lines, about 550 bytes),
+# where wrk and the load generator send Host, Content-Type and Content-Length only.
+SDK_LINES = (
+    b"Accept-Encoding: gzip, deflate\r\nConnection: keep-alive\r\nAccept: application/json\r\n"
+    b"User-Agent: OpenAI/Python 1.54.4\r\nX-Stainless-Lang: python\r\nX-Stainless-Package-Version: 1.54.4\r\n"
+    b"X-Stainless-OS: Linux\r\nX-Stainless-Arch: x64\r\nX-Stainless-Runtime: CPython\r\n"
+    b"X-Stainless-Runtime-Version: 3.11.7\r\nAuthorization: Bearer sk-0123456789abcdef0123456789abcdef\r\n"
+    b"X-Stainless-Async: false\r\nx-stainless-retry-count: 0\r\nx-stainless-read-timeout: 600\r\n"
+)
+
+
+def request_bytes(body: bytes, tenant: str | None = None, sdk_head: bool = False) -> bytes:
+    """The client's POST of ``body``, naming ``tenant`` by header when given; with
+    ``sdk_head``, the head the OpenAI Python SDK sends (SDK_LINES)."""
     head = b"x-velocity-tenant: %s\r\n" % tenant.encode() if tenant else b""
     return (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Type: application/json\r\n"
+        + (SDK_LINES if sdk_head else b"")
         + head
         + b"Content-Length: %d\r\n\r\n" % len(body)
         + body
@@ -156,10 +171,12 @@ async def drive(
     tenant: bool = False,
     trace_url: str | None = None,
     trace_ratio: float = 0.0,
+    sdk_head: bool = False,
 ) -> tuple[float, int]:
     """``body_kb``: a chat prompt of that many KiB (bench/lib/bodies.py) instead of BODY;
     ``policy``: the gateway's; ``tenant``: one tenant with a token quota (too large to
-    bind) and token fairness, named by x-velocity-tenant on every request."""
+    bind) and token fairness, named by x-velocity-tenant on every request; ``sdk_head``:
+    each request with the OpenAI SDK's head (SDK_LINES)."""
     loop = asyncio.get_running_loop()
     flags: dict = {"endpoints": [parse_endpoint_flag("e1=http://127.0.0.1:9=fixed")]}
     if policy:
@@ -171,7 +188,7 @@ async def drive(
         flags["tracing"] = {"sample_ratio": trace_ratio, "otlp_endpoint": trace_url, "max_queue_size": 1_000_000}
     settings = load_settings(None, flags, env={})
     body = chat_body(body_kb) if body_kb else (STREAM_BODY if stream_events else BODY)
-    request = request_bytes(body, "t0" if tenant else None)
+    request = request_bytes(body, "t0" if tenant else None, sdk_head)
     gw = Gateway(settings)
     gw.loop = loop
     ep = gw.endpoints["e1"]
@@ -254,11 +271,17 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def scenario_argv(
-    connections: int, stream_events: int = 0, body_kb: int = 0, policy: str | None = None, tenant: bool = False
+    connections: int,
+    stream_events: int = 0,
+    body_kb: int = 0,
+    policy: str | None = None,
+    tenant: bool = False,
+    sdk_head: bool = False,
 ) -> list[str]:
     """The flags that give drive() these arguments."""
     argv = ["--connections", str(connections), "--stream-events", str(stream_events), "--body-kb", str(body_kb)]
-    return argv + (["--policy", policy] if policy else []) + (["--tenant"] if tenant else [])
+    argv += ["--policy", policy] if policy else []
+    return argv + (["--tenant"] if tenant else []) + (["--sdk-head"] if sdk_head else [])
 
 
 def _collected(n: int, argv: list[str], out: str) -> int:
@@ -300,9 +323,10 @@ def instructions(
     body_kb: int = 0,
     policy: str | None = None,
     tenant: bool = False,
+    sdk_head: bool = False,
 ) -> float:
     """Machine instructions per request: callgrind totals of two runs, differenced."""
-    argv = scenario_argv(connections, stream_events, body_kb, policy, tenant)
+    argv = scenario_argv(connections, stream_events, body_kb, policy, tenant, sdk_head)
     with tempfile.TemporaryDirectory(prefix="velocity-callgrind-") as tmp:
         totals = [_collected(n, argv, f"{tmp}/cg.{n}") for n in (small, large)]
     return (totals[1] - totals[0]) / (large - small)
@@ -378,6 +402,11 @@ def main(argv: list[str] | None = None) -> int:
         help="one tenant with a token quota (too large to bind) and token fairness, named on each request",
     )
     p.add_argument(
+        "--sdk-head",
+        action="store_true",
+        help="each request with the head the OpenAI Python SDK sends (17 lines) instead of three",
+    )
+    p.add_argument(
         "--trace-ratio",
         type=float,
         default=0.0,
@@ -394,7 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     what = f"streamed request of {a.stream_events} events + [DONE]" if a.stream_events else "request"
     if a.instructions:
-        per = instructions(a.connections, a.stream_events, body_kb=a.body_kb, policy=a.policy, tenant=a.tenant)
+        per = instructions(
+            a.connections, a.stream_events, body_kb=a.body_kb, policy=a.policy, tenant=a.tenant, sdk_head=a.sdk_head
+        )
         print(f"{per:,.0f} instructions per {what} (callgrind, {a.connections} connections, 2,500 - 500 requests)")
         if a.stream_events:
             print(f"  {per / (a.stream_events + 1):,.0f} per event")
@@ -404,7 +435,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for _ in range(a.repeat):
             us, rps = uvloop.run(
-                drive(a.requests, a.connections, a.stream_events, a.body_kb, a.policy, a.tenant, url, a.trace_ratio)
+                drive(
+                    a.requests,
+                    a.connections,
+                    a.stream_events,
+                    a.body_kb,
+                    a.policy,
+                    a.tenant,
+                    url,
+                    a.trace_ratio,
+                    sdk_head=a.sdk_head,
+                )
             )
             print(f"{us:.1f} us CPU per {what} ({rps} requests/s of wall time, one core, no sockets)")
             best = us if best is None else min(best, us)
@@ -415,7 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.profile:
         prof = cProfile.Profile()
         prof.enable()
-        uvloop.run(drive(a.requests, a.connections, a.stream_events, a.body_kb, a.policy, a.tenant))
+        uvloop.run(
+            drive(a.requests, a.connections, a.stream_events, a.body_kb, a.policy, a.tenant, sdk_head=a.sdk_head)
+        )
         prof.disable()
         st = pstats.Stats(prof)
         st.sort_stats("tottime").print_stats(a.top)

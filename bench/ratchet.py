@@ -44,6 +44,7 @@ SCENARIOS: dict[str, dict] = {
     "150b-tenant": {"tenant": True},  # one tenant named by header, a token quota, token fairness
     "16kib-smart": {"body_kb": 16, "policy": "smart"},  # a 16 KiB chat prompt, prefix affinity on
     "150b-stream": {"stream_events": 8},  # streamed: 8 token events, then [DONE]
+    "150b-sdk": {"sdk_head": True},  # the small request with the OpenAI SDK's 17-line head
 }
 
 
