@@ -53,6 +53,7 @@ cdef class Identity:
     cdef HeaderSlot _last_header
 
     cpdef tuple authenticate(self, dict headers)
+    cpdef tuple authenticate_key(self, key)
     cpdef tuple tenant_for(self, bound, header, user)
     cdef object tenant_name(self, bound, header, user)
     cdef object tenant_named(self, bound, name)

@@ -121,18 +121,28 @@ cdef class Identity:
 
     @staticmethod
     def presented_key(dict headers):
-        auth = headers.get("authorization")
+        return Identity.key_of(headers.get("authorization"), headers.get("x-api-key"))
+
+    @staticmethod
+    def key_of(auth, api_key):
+        """The key a request presents, from its Authorization and X-Api-Key values (None
+        for a header it lacks): a Bearer token first, else X-Api-Key, else None."""
         if auth is not None:
             scheme, _, token = auth.partition(" ")
             if scheme.lower() == "bearer" and token.strip():
                 return token.strip()
-        return headers.get("x-api-key")
+        return api_key
 
     cpdef tuple authenticate(self, dict headers):
         """(allowed, tenant bound to the key or None)."""
         if not self.required:
             return True, None
-        key = Identity.presented_key(headers)
+        return self.authenticate_key(Identity.presented_key(headers))
+
+    cpdef tuple authenticate_key(self, key):
+        """authenticate for the key a request presented (key_of; None: none)."""
+        if not self.required:
+            return True, None
         if key is None:
             return False, None
         t = self.by_key.get(key)

@@ -38,7 +38,8 @@ from velocity_fast.lowlevel.clock cimport monotonic
 from velocity_fast.fleet.endpoint cimport Endpoint, Pool
 from velocity_fast.gateway.identity cimport Identity, Tenant, tenant_by_header, tenant_draw_tokens, tenant_settle_tokens
 from velocity_fast.http.heads cimport rid_header
-from velocity_fast.http.message cimport OWN_PRIORITY, OWN_PROFILE, OWN_RID, OWN_SESSION, OWN_SLA, OWN_TENANT, Request
+from velocity_fast.http.message cimport OWN_APIKEY, OWN_AUTH, OWN_PRIORITY, OWN_PROFILE, OWN_RID, OWN_SESSION
+from velocity_fast.http.message cimport OWN_SLA, OWN_TENANT, Request, short_text
 from velocity_fast.lowlevel.fmt cimport str_eq
 
 import msgspec
@@ -139,6 +140,37 @@ cdef internal_error(Ingress ingress, Request req, Responder resp, str rid, str r
             resp.abort()  # a stream that cannot be finished: the client sees it cut short
 
 
+cdef object _UNCHECKED = object()  # proxy(): the key not checked yet
+
+
+cdef object _presented_key(Request req):
+    """The key the request presents, as Identity.key_of finds it: read where the scanner
+    found its Authorization and X-Api-Key values when it can, so that a client's whole
+    header dict (17 lines from the OpenAI SDK) is not made for one look-up; else from the
+    dict. A scanned value holds only printable ASCII and tabs, so key_of's steps are
+    these: the scheme is what comes before the first space, "bearer" in any case, and the
+    token what follows, stripped of spaces and tabs."""
+    cdef const char* p
+    cdef Py_ssize_t n, a, b
+    if not req.own_direct():
+        return Identity.presented_key(req.header_dict())
+    if req.own & (1u << OWN_AUTH):
+        p = PyBytes_AS_STRING(req.head_data) + req.own_vs[OWN_AUTH]
+        n = req.own_ve[OWN_AUTH] - req.own_vs[OWN_AUTH]
+        if (n > 7 and p[6] == c' ' and (p[0] | 0x20) == c'b' and (p[1] | 0x20) == c'e'
+                and (p[2] | 0x20) == c'a' and (p[3] | 0x20) == c'r' and (p[4] | 0x20) == c'e'
+                and (p[5] | 0x20) == c'r'):
+            a = 7
+            b = n
+            while a < b and (p[a] == c' ' or p[a] == c'\t'):
+                a += 1
+            while b > a and (p[b - 1] == c' ' or p[b - 1] == c'\t'):
+                b -= 1
+            if b > a:
+                return short_text(p + a, b - a)
+    return req.own_text(OWN_APIKEY)
+
+
 def handle_client(Ingress ingress, Request req, Responder resp):
     """Gateway.handle, the client port's handler: /health, the key check (every path but
     /health), the proxy routes (arranged from callbacks); the rest is Gateway.route_other's."""
@@ -147,8 +179,9 @@ def handle_client(Ingress ingress, Request req, Responder resp):
     if str_eq(path, _HEALTH):
         return ingress.app.health(resp)
     identity = ingress.identity
+    bound = None
     if identity.required:
-        ok, _ = identity.authenticate(req.header_dict())
+        ok, bound = identity.authenticate_key(_presented_key(req))
         if not ok:
             ingress.app.refuse_key("client", path)
             return resp.send_error(401, "Missing or invalid API key.", type="AuthenticationError")
@@ -164,7 +197,7 @@ def handle_client(Ingress ingress, Request req, Responder resp):
             return resp.send_error(405, f"Use POST for {path}.")
         if chat is _NATIVE:
             return generate(ingress, req, resp)
-        return proxy(ingress, req, resp, path, chat)
+        return proxy(ingress, req, resp, path, chat, bound)
     return ingress.app.route_other(req, resp)
 
 
@@ -212,9 +245,10 @@ cpdef str band_for(list names, raw, tenant, str default=None):
     return band
 
 
-cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
+cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat, bound=_UNCHECKED):
     """Gateway.handle's /v1/chat/completions and /v1/completions: validate, place in a band
-    and a pool, then an Exchange takes it from admission to the answer."""
+    and a pool, then an Exchange takes it from admission to the answer. ``bound``: the
+    tenant the request's key bound (None: none), where handle_client checked it."""
     cdef PyObject* f[P_FIELDS]  # the request's fields, read at once (borrowed: r holds them)
     cdef bint compact  # the decoder left messages and prompt as compact JSON text
     cdef Identity identity = ingress.identity
@@ -231,19 +265,20 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
     # read where the scanner found them, no dict (the router is given one only of what it
     # reads, when the request has any).
     rid = tenant_h = prio = sla = route_h = None
-    if identity.required:  # the key's header too
-        h = req.header_dict()
     if req.gateway_headers:
         if h is None and req.own_direct():
             own = req.own
             if own & (1u << OWN_RID):
                 rid = req.own_text(OWN_RID)
             if own & (1u << OWN_TENANT):
-                raw = req.head_data  # (held: tenant_p lies in it)
-                tenant_p = PyBytes_AS_STRING(raw) + req.own_vs[OWN_TENANT]
-                tenant_n = req.own_ve[OWN_TENANT] - req.own_vs[OWN_TENANT]
-                known = tenant_by_header(identity, tenant_p, tenant_n)
-                tenant_h = known.name if known is not None else req.own_text(OWN_TENANT)
+                if identity.required:  # a key's tenant wins over the header: no shortcut
+                    tenant_h = req.own_text(OWN_TENANT)
+                else:
+                    raw = req.head_data  # (held: tenant_p lies in it)
+                    tenant_p = PyBytes_AS_STRING(raw) + req.own_vs[OWN_TENANT]
+                    tenant_n = req.own_ve[OWN_TENANT] - req.own_vs[OWN_TENANT]
+                    known = tenant_by_header(identity, tenant_p, tenant_n)
+                    tenant_h = known.name if known is not None else req.own_text(OWN_TENANT)
             if own & (1u << OWN_PRIORITY):
                 prio = req.own_text(OWN_PRIORITY)
             if own & (1u << OWN_SLA):
@@ -267,7 +302,10 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat):
             tenant_name = tenant_h
             tenant = known
         else:
-            bound = identity.authenticate(h)[1] if identity.required else None
+            if not identity.required:
+                bound = None
+            elif bound is _UNCHECKED:
+                bound = identity.authenticate_key(_presented_key(req))[1]
             tenant_name = identity.tenant_name(bound, tenant_h, <object>f[P_USER])  # tenant_for, without a tuple
             tenant = identity.tenant_named(bound, tenant_name)
             if tenant is not None:

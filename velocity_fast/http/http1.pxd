@@ -21,7 +21,7 @@ cdef struct Head:
     Py_ssize_t ct_len
     bint ours                # a request header the gateway reads (x-velocity-*...)
     unsigned int own         # Request.own: which of those the proxy path reads were seen (OWN_*)
-    Py_ssize_t own_vs[6]     # where their values lie (only those seen)
-    Py_ssize_t own_ve[6]
+    Py_ssize_t own_vs[8]     # where their values lie (only those seen)
+    Py_ssize_t own_ve[8]
 
 cdef int take_response(bytes data, Py_ssize_t pos, Head* out) except -2

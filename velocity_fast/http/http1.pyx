@@ -20,7 +20,8 @@ from cpython.unicode cimport PyUnicode_DecodeLatin1
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcpy
 
-from velocity_fast.http.message cimport OWN_DUP, OWN_N, OWN_PRIORITY, OWN_PROFILE, OWN_RID, OWN_SESSION, OWN_SLA
+from velocity_fast.http.message cimport OWN_APIKEY, OWN_AUTH, OWN_DUP, OWN_N, OWN_PRIORITY, OWN_PROFILE, OWN_RID
+from velocity_fast.http.message cimport OWN_SESSION, OWN_SLA
 from velocity_fast.http.message cimport OWN_TENANT, Request, new_request
 from velocity_fast.http.message cimport header_lines, short_text as _text
 
@@ -139,7 +140,9 @@ cdef inline int _ours(const char* p, Py_ssize_t n) nogil:
     (-1: none of them). The request says whether it has any (``Request.gateway_headers``),
     so that the proxy path need not look each up in a dict that, from most clients, has
     none of them; and where the value lies of those it reads (OWN_*; OWN_N: another
-    x-velocity-* header), so that it reads them without a dict."""
+    x-velocity-* header), so that it reads them without a dict. x-api-key (OWN_APIKEY)
+    is kept too, as Authorization is, for the key check where keys are required; neither
+    counts as the gateway's own header."""
     if n > 11 and _is_word(p, 11, b"x-velocity-", 11):
         p += 11
         n -= 11
@@ -156,6 +159,8 @@ cdef inline int _ours(const char* p, Py_ssize_t n) nogil:
         return OWN_RID
     if _is_word(p, n, b"x-session-id", 12):
         return OWN_SESSION
+    if _is_word(p, n, b"x-api-key", 9):
+        return OWN_APIKEY
     return -1
 
 
@@ -286,10 +291,13 @@ cdef int _headers(const char* s, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t limit,
             out.ct_len = ve - vs
         elif kind != H_OTHER:
             return -1  # other transfer codings, upgrade, expect: llhttp's
-        if request and (s[ls] == c'x' or s[ls] == c'X'):
-            kind = own if own >= 0 else _ours(s + ls, colon - ls)
+        if request and (s[ls] == c'x' or s[ls] == c'X' or (
+                (s[ls] == c'a' or s[ls] == c'A') and _is_word(s + ls, colon - ls, b"authorization", 13))):
+            kind = own if own >= 0 else (_ours(s + ls, colon - ls) if s[ls] != c'a' and s[ls] != c'A'
+                                         else OWN_AUTH)
             if kind >= 0:
-                out.ours = True
+                if kind != OWN_AUTH and kind != OWN_APIKEY:
+                    out.ours = True  # (the key's headers are read only where keys are required)
                 if kind < OWN_N:
                     if out.own & (1u << kind):
                         out.own |= OWN_DUP  # the dict joins a repeated name's values: it reads them

@@ -9,8 +9,10 @@ cdef enum:
     OWN_SLA = 3        # x-velocity-sla-ms
     OWN_PROFILE = 4    # x-velocity-profile
     OWN_SESSION = 5    # x-session-id
-    OWN_N = 6
-    OWN_DUP = 64       # one of them named twice: the dict joins the values (own_direct() is False)
+    OWN_AUTH = 6       # authorization (the client's key, when keys are required)
+    OWN_APIKEY = 7     # x-api-key (the same)
+    OWN_N = 8
+    OWN_DUP = 256      # one of them named twice: the dict joins the values (own_direct() is False)
 
 cdef class Request:
     cdef public str method
@@ -28,8 +30,8 @@ cdef class Request:
     cdef public bint expect_continue
     cdef public bint gateway_headers
     cdef unsigned int own    # bit OWN_*: that header seen once, its value at [own_vs, own_ve) of head_data
-    cdef Py_ssize_t own_vs[6]
-    cdef Py_ssize_t own_ve[6]
+    cdef Py_ssize_t own_vs[8]
+    cdef Py_ssize_t own_ve[8]
 
     cdef dict header_dict(self)
     cdef dict own_headers(self)
