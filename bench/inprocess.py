@@ -32,7 +32,8 @@ per streamed request, and --instructions also prints them per event.
 The client then asks `"stream": true`. --body-kb K sends bench/lib/bodies.py's K KiB chat
 prompt; --tenant names one tenant (x-velocity-tenant) given a token quota too large to
 bind and token fairness; --policy sets the gateway's; --sdk-head sends the head the OpenAI
-Python SDK sends (17 lines) instead of three. bench/ratchet.py counts five of these
+Python SDK sends (17 lines) instead of three, its Bearer the API key the gateway then
+requires. bench/ratchet.py counts five of these
 scenarios against a committed baseline.
 
 --trace-ratio R: tracing on (docs/tracing.md), sampling R of the requests, exporting to a
@@ -78,11 +79,12 @@ ANSWER = (
 # The other header lines the OpenAI Python SDK (1.54, over httpx) sends with a chat
 # completion: the head most real clients' requests carry (17 lines, about 550 bytes),
 # where wrk and the load generator send Host, Content-Type and Content-Length only.
+SDK_KEY = "sk-0123456789abcdef0123456789abcdef"
 SDK_LINES = (
     b"Accept-Encoding: gzip, deflate\r\nConnection: keep-alive\r\nAccept: application/json\r\n"
     b"User-Agent: OpenAI/Python 1.54.4\r\nX-Stainless-Lang: python\r\nX-Stainless-Package-Version: 1.54.4\r\n"
     b"X-Stainless-OS: Linux\r\nX-Stainless-Arch: x64\r\nX-Stainless-Runtime: CPython\r\n"
-    b"X-Stainless-Runtime-Version: 3.11.7\r\nAuthorization: Bearer sk-0123456789abcdef0123456789abcdef\r\n"
+    b"X-Stainless-Runtime-Version: 3.11.7\r\nAuthorization: Bearer " + SDK_KEY.encode() + b"\r\n"
     b"X-Stainless-Async: false\r\nx-stainless-retry-count: 0\r\nx-stainless-read-timeout: 600\r\n"
 )
 
@@ -176,7 +178,8 @@ async def drive(
     """``body_kb``: a chat prompt of that many KiB (bench/lib/bodies.py) instead of BODY;
     ``policy``: the gateway's; ``tenant``: one tenant with a token quota (too large to
     bind) and token fairness, named by x-velocity-tenant on every request; ``sdk_head``:
-    each request with the OpenAI SDK's head (SDK_LINES)."""
+    each request with the OpenAI SDK's head (SDK_LINES), its Bearer the key the gateway
+    requires (SDK_KEY)."""
     loop = asyncio.get_running_loop()
     flags: dict = {"endpoints": [parse_endpoint_flag("e1=http://127.0.0.1:9=fixed")]}
     if policy:
@@ -184,6 +187,9 @@ async def drive(
     if tenant:
         flags["tenants"] = [{"name": "t0", "tokens_per_minute": 1.0e12}]
         flags["admission"] = {"fairness": "tokens"}
+    if sdk_head:
+        # Keys required, as where such clients call: the SDK's Bearer is the gateway's key.
+        flags["api_key"] = SDK_KEY
     if trace_ratio:
         flags["tracing"] = {"sample_ratio": trace_ratio, "otlp_endpoint": trace_url, "max_queue_size": 1_000_000}
     settings = load_settings(None, flags, env={})
@@ -404,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--sdk-head",
         action="store_true",
-        help="each request with the head the OpenAI Python SDK sends (17 lines) instead of three",
+        help="each request with the head the OpenAI Python SDK sends (17 lines) instead of three, "
+        "its Bearer the key the gateway then requires",
     )
     p.add_argument(
         "--trace-ratio",
