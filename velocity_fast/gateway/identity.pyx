@@ -135,8 +135,6 @@ cdef class Identity:
 
     cpdef tuple authenticate(self, dict headers):
         """(allowed, tenant bound to the key or None)."""
-        if not self.required:
-            return True, None
         return self.authenticate_key(Identity.presented_key(headers))
 
     cpdef tuple authenticate_key(self, key):

@@ -266,7 +266,7 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat, 
     # reads, when the request has any).
     rid = tenant_h = prio = sla = route_h = None
     if req.gateway_headers:
-        if h is None and req.own_direct():
+        if req.own_direct():
             own = req.own
             if own & (1u << OWN_RID):
                 rid = req.own_text(OWN_RID)
@@ -286,8 +286,7 @@ cpdef proxy(Ingress ingress, Request req, Responder resp, str route, bint chat, 
             if own & ((1u << OWN_PROFILE) | (1u << OWN_SESSION)):
                 route_h = {PROFILE_HEADER: req.own_text(OWN_PROFILE), SESSION_HEADER: req.own_text(OWN_SESSION)}
         else:
-            if h is None:
-                h = req.own_headers()
+            h = req.own_headers()
             rid = h.get("x-request-id")
             tenant_h = h.get("x-velocity-tenant")
             prio = h.get("x-velocity-priority")
