@@ -253,3 +253,16 @@ def test_band_stats_and_iteration():
 def test_needs_a_band():
     with pytest.raises(ValueError):
         BandQueues([])
+
+
+def test_the_aged_head_is_shown_in_place_and_a_band_can_take_its_own_before_it():
+    q = BandQueues([(0, 0, 0.0)] * 3, aging_step=1.0)
+    q.enqueue("low", "t", 2, 1, 1, INF, 0.0)
+    q.enqueue("normal", "t", 1, 1, 1, INF, 1.5)
+    assert q.aged_head(1, 0.5) is None  # not aged yet
+    assert q.aged_head(1, 2.0).waiter == "low"  # aged into normal, older than normal's own
+    assert q.aged_head(1, 2.0).waiter == "low"  # left in place
+    assert q.pop_own(1).waiter == "normal"  # the band's own, past the aged one
+    assert q.pop_own(1) is None
+    assert q.pop(1, 2.0).waiter == "low"
+    assert q.aged_head(0, 5.0) is None and q.aged_head(7, 5.0) is None

@@ -115,6 +115,8 @@ cdef class BandQueues:
     cdef Item push(self, object waiter, object tenant, int band, long long nbytes, double tokens,
                    double deadline, double now, long long* code)
     cpdef Item pop(self, int band, double now)
+    cpdef Item aged_head(self, int band, double now)
+    cpdef Item pop_own(self, int band)
     cpdef Py_ssize_t count_through(self, int band)
     cdef bint holds(self, Item it)
     cpdef Item cancel(self, long long item_id)

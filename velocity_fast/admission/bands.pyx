@@ -398,6 +398,27 @@ cdef class BandQueues:
                 return it
         return self._pop_fair(<BandQueue>self.bands[band])
 
+    cpdef Item aged_head(self, int band, double now):
+        """The item ``pop(band, now)`` would take from a lower band (aged up), left in
+        place; None when it would take one of the band's own."""
+        cdef int lower
+        cdef Item head, best = None
+        if self.aging_step <= 0 or band < 0 or band >= self.nbands:
+            return None
+        for lower in range(band + 1, self.nbands):
+            head = (<BandQueue>self.bands[lower]).age_head
+            if head is not None and self.effective_band(head, now) <= band:
+                if best is None or head.seq < best.seq:
+                    best = head
+        return best
+
+    cpdef Item pop_own(self, int band):
+        """Remove and return the next of the band's own items (none aged up), by tenant
+        fairness; None when it has none."""
+        if band < 0 or band >= self.nbands:
+            return None
+        return self._pop_fair(<BandQueue>self.bands[band])
+
     cdef Item _pop_aged(self, int band, double now):
         cdef int lower
         cdef Item head, best = None
