@@ -278,7 +278,8 @@ def test_the_kv_its_requests_will_still_decode_counts_before_the_cache_fills():
     e.inflight = 10
     assert s.endpoint(e, 10.0) == pytest.approx(max(10 / 64, 0.1 / 0.8))  # nothing known of what is coming
     e.kv_tokens = 256 * 16
-    e.bound_n, e.bound_tokens, e.bound_t = 10.0, 2000.0, 10 * 10.0
+    for _ in range(10):  # bound together: they end together, and then hold all 2000 at once
+        e.bind_work(200.0, 10.0, 1.0)
     assert e.kv_ahead(10.0) == pytest.approx(2000 / 4096)
     low = 0.8 / 0.7  # the low band's ceiling over its soft ceiling
     assert s.endpoint(e, 10.0, 0.0, low) == pytest.approx((0.1 + 2000 / 4096) / 0.95)
@@ -291,8 +292,8 @@ def test_the_kv_its_requests_will_still_decode_counts_before_the_cache_fills():
 
 
 async def test_admission_keeps_each_engines_bound_decode_from_bind_to_release():
-    """The sums kv_ahead reads follow the leases: three low requests of 200 tokens bound
-    to a KV-bound engine (256 blocks of 16) show as 600 of its 4096 token slots coming
+    """The sums kv_ahead reads follow the leases: three low requests of 800 tokens bound
+    to a KV-bound engine (256 blocks of 16) show as 2400 of its 4096 token slots coming
     (no pace known yet), a fourth would pass the low band's share of the cache as it will
     be, and once they are released nothing is coming."""
     import asyncio
@@ -308,20 +309,29 @@ async def test_admission_keeps_each_engines_bound_decode_from_bind_to_release():
     adm = Admission(AdmissionSettings(aimd_max=64, aimd_initial=0), {"m": Pool("m", [ep])}, clock=lambda: t[0])
     ep.running, ep.waiting, ep.kv_usage, ep.scraped_at = 0.0, 0.0, 0.1, t[0]
     adm.on_metrics(ep)
-    leases = [await adm.admit(Ticket(band="low", max_tokens=1000)) for _ in range(3)]
-    for lease in leases:
-        lease.bind(ep)
-    assert adm.stats()["endpoints"]["e1"]["kv_ahead"] == pytest.approx(3000 / 4096, abs=1e-4)
+    leases = []
+    for _ in range(3):
+        # Batch requests are bound one at a time, as the cache takes them (batch_interval):
+        # the clock moves past each one's turn.
+        t[0] += 30.0
+        ep.scraped_at = t[0]
+        adm.on_metrics(ep)
+        leases.append(await asyncio.wait_for(adm.admit(Ticket(band="low", max_tokens=800)), 1.0))
+        leases[-1].bind(ep)
+    assert adm.stats()["endpoints"]["e1"]["kv_ahead"] == pytest.approx(2400 / 4096, abs=1e-4)
     # Work with a deadline is not counted in it: its clients often ask for far more
     # max_tokens than the answer takes.
     normal = await adm.admit(Ticket(band="normal", max_tokens=4000))
     normal.bind(ep)
-    assert adm.stats()["endpoints"]["e1"]["kv_ahead"] == pytest.approx(3000 / 4096, abs=1e-4)
+    assert adm.stats()["endpoints"]["e1"]["kv_ahead"] == pytest.approx(2400 / 4096, abs=1e-4)
     normal.release("completed")
-    # 0.1 + 4000/4096 over 0.95 is past the low band's ceiling (0.8): a fourth low one
+    # 0.1 + 3200/4096 over 0.95 is past the low band's ceiling (0.8): a fourth low one
     # waits in the gateway's queue; a high one (ceiling 1.5) is granted at once.
+    t[0] += 30.0
+    ep.scraped_at = t[0]
+    adm.on_metrics(ep)
     with pytest.raises(asyncio.TimeoutError):
-        await asyncio.wait_for(adm.admit(Ticket(band="low", max_tokens=1000)), 0.05)
+        await asyncio.wait_for(adm.admit(Ticket(band="low", max_tokens=800)), 0.05)
     high = await asyncio.wait_for(adm.admit(Ticket(band="high", max_tokens=1000)), 1.0)
     assert high.has_room(ep)
     high.release("cancelled")

@@ -63,6 +63,10 @@ cdef class PoolState:
     # answers: chat, and /v1/completions (which vLLM stops at 16 by default).
     cdef readonly OutputEstimate open_chat
     cdef readonly OutputEstimate open_text
+    # Before this time no more batch work is granted (_space_batch).
+    cdef public double batch_next
+    # The last batch grant's max_tokens: what the next one is expected to bring (_pool_sat).
+    cdef public double last_kv_tok
 
 
 cdef class Admission

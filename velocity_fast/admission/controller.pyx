@@ -187,7 +187,7 @@ cdef inline bint _kv_held(EndpointLoad load, double now, double stale_after) noe
     what holds work back there: its batch is bound by the cache, not by a count that a
     probe could find, and its turn to probe is over. A fresh scrape only."""
     return (load.kv_tokens > 0.0 and now - load.scraped_at <= stale_after
-            and load.kv + load.kv_ahead(now) >= VF_KV_HELD * VF_KV_PROJECTED)
+            and load.kv_peak() >= VF_KV_HELD * VF_KV_PROJECTED)
 
 
 cdef double _borrowed(PoolState ps, double now, double stale_after, double ceiling) noexcept:
@@ -218,6 +218,39 @@ cdef double _borrowed(PoolState ps, double now, double stale_after, double ceili
         return ceiling
     b = 1.0 - 1.0 / least + 1e-9
     return b if b > ceiling else ceiling
+
+
+cdef void _space_batch(PoolState ps, double max_tokens, double now, double cap) noexcept:
+    """A batch request was granted: the next may follow once the pool's caches take one
+    more, at the rate of all its engines' batch_interval together. Batch requests
+    granted together end together, and then hold every answer whole at the same moment
+    (kv_peak's peak is their sum); bound one after another, evenly over an answer's time,
+    they hold half as much on average, and twice as many fit under the band's share of
+    the cache. The pool grants at that rate and each engine takes its turn
+    (Lease.has_room, batch_next), so the first wave of a flood is spread as well as the
+    waves that would follow it."""
+    cdef EndpointLoad e
+    cdef double rate = 0.0, dt
+    for e in ps.loads:
+        if e.healthy:
+            dt = e.batch_interval(max_tokens, cap)
+            if dt > 0.0:
+                rate += 1.0 / dt
+    if rate <= 0.0:
+        return
+    if ps.batch_next < now:
+        ps.batch_next = now
+    ps.batch_next += 1.0 / rate
+
+
+cdef void _space_engine(EndpointLoad e, double max_tokens, double now, double cap) noexcept:
+    """A batch request was bound to e: its next waits one batch_interval."""
+    cdef double dt = e.batch_interval(max_tokens, cap)
+    if dt <= 0.0:
+        return
+    if e.batch_next < now:
+        e.batch_next = now
+    e.batch_next += dt
 
 
 cdef bint _in_turn(PoolState ps, EndpointState st, double now, double stale_after) noexcept:
@@ -351,19 +384,17 @@ cdef class Lease(RoomFilter):
             # caught between its arrival and the engine's next step, and taking that for
             # an overshoot moved x-session-id sessions between engines on an idle pool.
             return False
+        if self._kv_tok > 0.0 and now < st.load.batch_next:
+            return False
         load.limit = ep.limit
         # With this lease on it, as the pool's number counts the next grant.
         load.inflight = ep.inflight + 1
         if self._kv_tok > 0.0:
-            load.bound_n += 1.0
-            load.bound_tokens += self._kv_tok
-            load.bound_t += now
+            load.bind_work(self._kv_tok, now, 1.0)
         ok = adm._endpoint_sat(load, now, self.band_index) <= ceiling
         load.inflight = ep.inflight
         if self._kv_tok > 0.0:
-            load.bound_n -= 1.0
-            load.bound_tokens -= self._kv_tok
-            load.bound_t -= now
+            load.bind_work(self._kv_tok, now, -1.0)
         return ok
 
     cpdef first_byte(self):
@@ -668,6 +699,8 @@ cdef class Admission:
                 # The engine's batch once learned (None: not yet shown), and the most seen running.
                 "batch_capacity": st.load.capacity if st.load.capacity_known else None,
                 "kv_ahead": round(st.load.kv_ahead(now), 4),
+                "kv_peak": round(st.load.kv_peak(), 4),
+                "kv_fixed": round(st.load.kv_fixed, 1),
                 "running_max": st.load.capacity,
                 "frozen": bool(st.aimd is not None and st.aimd.frozen(now)),
                 # The engine's decode pace over the last second (ms a token; None: unknown).
@@ -780,6 +813,8 @@ cdef class Admission:
         cdef EndpointLoad e
         cdef bint idle
         if self._sat is not None:
+            if self._soft_scales[band] > 1.0 and now < ps.batch_next:
+                return INFINITY  # batch work: no engine's turn yet (_space_batch)
             if ps.pending == 0:
                 # Work-conserving: an idle pool grants one whatever the band's ceilings (a
                 # ceiling below 1/limit would otherwise hold a band back with nothing running).
@@ -797,7 +832,10 @@ cdef class Admission:
                     idle = True
                 if idle:
                     return 0.0
-            return self._sat.pool(ps.loads, ps.pending + 1, now, <double>self._soft_scales[band], ps.pending_tokens)
+            # The grant's own tokens counted too (as the lease's has_room counts them at the
+            # pick), expected as the last batch grant's.
+            return self._sat.pool(ps.loads, ps.pending + 1, now, <double>self._soft_scales[band],
+                                  ps.pending_tokens + (ps.last_kv_tok if self._soft_scales[band] > 1.0 else 0.0))
         if self._fixed:
             for e in ps.loads:
                 if e.healthy:
@@ -1170,7 +1208,15 @@ cdef class Admission:
                         if not _reserve(ps):
                             return
                         ps.spare = True
-                item = q.pop(band, now)
+                # Batch work aged up into this band is still batch work: granted at its
+                # pace and with its tokens counted (_pool_sat for its own band, against
+                # this band's ceiling). While it may not go, the band's own items do.
+                held = False
+                if q.aging_step > 0.0 and self._soft_scales[band] <= 1.0:
+                    aged = q.aged_head(band, now)
+                    held = (aged is not None and self._soft_scales[(<Item>aged).band] > 1.0
+                            and self._pool_sat(ps, now, (<Item>aged).band) > ceiling)
+                item = q.pop_own(band) if held else q.pop(band, now)
                 if item is None:
                     break
                 _unqueue(ps, item)
@@ -1213,6 +1259,9 @@ cdef class Admission:
         # not counted in it, nor held back by its own.
         lease._kv_tok = <double>max_tokens if self._soft_scales[band] > 1.0 else 0.0
         ps.pending_tokens += lease._kv_tok
+        if lease._kv_tok > 0.0:
+            ps.last_kv_tok = lease._kv_tok
+            _space_batch(ps, lease._kv_tok, now, VF_KV_PROJECTED * self._ceilings[band])
         cdef PoolWork w = ps.work
         # Admitted work: counted by its expected end until it is released.
         if service > 0.0:
@@ -1257,6 +1306,7 @@ cdef class Admission:
         lease._st = st if st is not None else self._ep_state(ep)
         if lease._kv_tok > 0.0:
             lease._st.load.bind_work(lease._kv_tok, lease.bound_at, 1.0)
+            _space_engine(lease._st.load, lease._kv_tok, lease.bound_at, VF_KV_PROJECTED * self._ceilings[lease.band_index])
         if not rebind and ps.queues.count:
             # Pending leases count in full on every endpoint (saturation.pool): now
             # that this one has a place, the others' headroom is known again. With

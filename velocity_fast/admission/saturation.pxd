@@ -43,6 +43,16 @@ cdef class EndpointLoad:
     # The share of their max_tokens requests here decoded before they ended (a moving
     # average; 1 until one ended with its count known): what kv_ahead expects of each.
     cdef public double out_share
+    # Each bound request's bind time and max_tokens (bind_work), for kv_peak.
+    # Batch work is bound here one request at a time, at the pace the cache takes it
+    # (batch_interval): not before this time again. What a request holds of the cache
+    # besides its decoded tokens, learned from scrapes (learn_fixed).
+    cdef public double batch_next
+    cdef public double kv_fixed
+    cdef double* _b_at
+    cdef double* _b_tok
+    cdef int _b_n
+    cdef int _b_cap
     # The gateway's own view, kept by admission.
     cdef public long inflight
     cdef public long limit
@@ -50,9 +60,12 @@ cdef class EndpointLoad:
     cdef readonly double value
 
     cpdef void observe(self, double running, double waiting, double kv, double scraped_at, double decoded=*)
-    cdef void bind_work(self, double max_tokens, double at, double sign) noexcept
+    cpdef void bind_work(self, double max_tokens, double at, double sign) noexcept
     cdef void ended(self, double tokens, double max_tokens) noexcept
     cpdef double kv_ahead(self, double now) noexcept
+    cpdef double kv_peak(self, double extra_n=*, double extra_tokens=*) noexcept
+    cdef void learn_fixed(self, double block) noexcept
+    cdef double batch_interval(self, double max_tokens, double cap) noexcept
 
 
 cdef void sync_shared(Endpoint ep, EndpointLoad load) noexcept

@@ -16,9 +16,16 @@ class EndpointLoad:
     pace: float
     kv_tokens: float
     out_share: float
+    batch_next: float
+    kv_fixed: float
     def __init__(self, limit: int = 1) -> None: ...
     def kv_ahead(self, now: float) -> float:
         """The share of the KV cache the requests bound here will still add as they decode."""
+    def kv_peak(self, extra_n: float = 0.0, extra_tokens: float = 0.0) -> float:
+        """The most of the KV cache its usage will reach as the batch requests bound here
+        decode and end (``extra_tokens`` over ``extra_n`` more, not bound yet)."""
+    def bind_work(self, max_tokens: float, at: float, sign: float) -> None:
+        """A batch request bound here (sign 1) or gone (sign -1), at its bind time."""
     @property
     def running(self) -> float: ...
     @property

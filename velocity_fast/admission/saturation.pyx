@@ -43,6 +43,7 @@ so a scrape that hangs never halts dispatch.
 """
 
 from libc.math cimport INFINITY
+from libc.stdlib cimport free, qsort, realloc
 
 from velocity_fast.fleet.endpoint cimport Endpoint
 from velocity_fast.state.shm cimport batch_learned, inflight_total, learn_batch, shared_limit
@@ -52,6 +53,20 @@ KV_THRESHOLD = VF_KV_THRESHOLD
 STALE_AFTER_S = VF_STALE_AFTER_S
 
 
+# kv_peak's list of the bound requests (their tokens left and their answers), on the stack.
+cdef enum:
+    _PEAK_MAX = 512
+
+ctypedef struct _Left:
+    double left
+    double answer
+
+
+cdef int _by_left(const void* a, const void* b) noexcept nogil:
+    cdef double x = (<const _Left*>a).left, y = (<const _Left*>b).left
+    return -1 if x < y else (1 if x > y else 0)
+
+
 cdef class EndpointLoad:
     """What saturation knows of one endpoint: last scrape plus the gateway's counts."""
 
@@ -59,6 +74,10 @@ cdef class EndpointLoad:
         self.limit = limit
         self.healthy = True
         self.out_share = 1.0
+
+    def __dealloc__(self):
+        free(self._b_at)
+        free(self._b_tok)
 
     cpdef void observe(self, double running, double waiting, double kv, double scraped_at,
                        double decoded=-1.0):
@@ -85,12 +104,38 @@ cdef class EndpointLoad:
         else:
             self.queue_seen = False
 
-    cdef void bind_work(self, double max_tokens, double at, double sign) noexcept:
+    cpdef void bind_work(self, double max_tokens, double at, double sign) noexcept:
         """A request bound here (sign 1, at its bind time) or gone (sign -1, the same
         time): the sums ``kv_ahead`` reads."""
+        cdef int i, cap
+        cdef double* a
+        cdef double* t
+        if sign > 0.0:
+            if self._b_n == self._b_cap:
+                cap = self._b_cap * 2 if self._b_cap else 64
+                a = <double*>realloc(self._b_at, cap * sizeof(double))
+                if a != NULL:
+                    self._b_at = a
+                t = <double*>realloc(self._b_tok, cap * sizeof(double))
+                if t != NULL:
+                    self._b_tok = t
+                if a != NULL and t != NULL:
+                    self._b_cap = cap
+            if self._b_n < self._b_cap:
+                self._b_at[self._b_n] = at
+                self._b_tok[self._b_n] = max_tokens
+                self._b_n += 1
+        else:
+            for i in range(self._b_n):
+                if self._b_at[i] == at and self._b_tok[i] == max_tokens:
+                    self._b_n -= 1
+                    self._b_at[i] = self._b_at[self._b_n]
+                    self._b_tok[i] = self._b_tok[self._b_n]
+                    break
         self.bound_n += sign
         if self.bound_n <= 0.0:  # none left: no drift left behind by the sums
             self.bound_n = self.bound_tokens = self.bound_t = 0.0
+            self._b_n = 0
             return
         self.bound_tokens += sign * max_tokens
         self.bound_t += sign * at
@@ -120,6 +165,90 @@ cdef class EndpointLoad:
             left -= (self.bound_n * now - self.bound_t) / self.pace
         return left / self.kv_tokens if left > 0.0 else 0.0
 
+    cpdef double kv_peak(self, double extra_n=0.0, double extra_tokens=0.0) noexcept:
+        """The most of the engine's KV cache (a share) its usage will reach from the last
+        scrape on, as the batch requests bound here decode and end: each adds a token a
+        step until it has decoded ``out_share`` of its max_tokens, then frees what it
+        decoded. ``extra_tokens`` over ``extra_n`` requests not bound yet count as fresh
+        ones. Requests that end at different times do not all hold their whole answer
+        at once: the sum of their answers (kv_ahead) is the peak only of a batch that
+        ends together. Past _PEAK_MAX requests (or with no memory for the list), that
+        sum."""
+        cdef double T = self.kv_tokens, pace = self.pace, s = self.scraped_at
+        cdef _Left buf[_PEAK_MAX]
+        cdef int n = 0, i, j, k
+        cdef double x, y, peak, cum_r = 0.0, cum_m = 0.0, v, share = self.out_share
+        if T <= 0.0:
+            return self.kv
+        k = (<int>extra_n if extra_n >= 1.0 else 1) if extra_tokens > 0.0 else 0
+        if self._b_n + k > _PEAK_MAX or self._b_n < <int>self.bound_n:
+            return self.kv + self.kv_ahead(s) + extra_tokens * share / T
+        for i in range(self._b_n):
+            y = self._b_tok[i] * share
+            x = y
+            if pace > 0.0:
+                x = y - (s - self._b_at[i]) / pace
+                if x > y:
+                    x = y
+                if x < 1.0:  # due to end: one more step
+                    x = 1.0 if y >= 1.0 else y
+            buf[n].left = x
+            buf[n].answer = y
+            n += 1
+        if k:
+            y = extra_tokens * share / k
+            for i in range(k):
+                buf[n].left = y
+                buf[n].answer = y
+                n += 1
+        qsort(buf, n, sizeof(_Left), _by_left)  # in the order they end
+        peak = self.kv * T
+        for j in range(n):
+            # Just before the j-th ends: those still running have each decoded its left
+            # more, those ended before it all theirs and freed their answers.
+            v = self.kv * T + cum_r + (n - j) * buf[j].left - cum_m
+            if v > peak:
+                peak = v
+            cum_r += buf[j].left
+            cum_m += buf[j].answer
+        return peak / T
+
+    cdef void learn_fixed(self, double block) noexcept:
+        """What each request holds of the cache besides the tokens it decoded (kv_fixed):
+        its prompt's blocks not shared with others, its last block's unused part, its
+        share of a shared prefix. Read off a scrape: the cache in use less what the batch
+        requests bound here have decoded at the engine's pace, over their count. Starts
+        at two blocks (a prompt's last, partly shared, and the one its answer fills)."""
+        cdef double decoded = 0.0, x, y, f
+        cdef int i
+        if self.kv_fixed <= 0.0:
+            self.kv_fixed = 2.0 * block if block > 0.0 else 32.0
+        if self.kv_tokens <= 0.0 or self.pace <= 0.0 or self._b_n < 4:
+            return
+        for i in range(self._b_n):
+            y = self._b_tok[i] * self.out_share
+            x = (self.scraped_at - self._b_at[i]) / self.pace
+            decoded += x if x < y else y
+            if x < 0.0:
+                return  # bound after the scrape: not in what it shows
+        f = (self.kv * self.kv_tokens - decoded) / self._b_n
+        if f < 0.5 * block:
+            f = 0.5 * block
+        self.kv_fixed += 0.2 * (f - self.kv_fixed)
+
+    cdef double batch_interval(self, double max_tokens, double cap) noexcept:
+        """Seconds between two batch requests of ``max_tokens`` bound here, for such
+        requests to keep ``cap`` of the cache in use when they are spread evenly over
+        their answers' time: each holds kv_fixed and, on average, half its answer, so
+        cap C / (m / 2 + kv_fixed) fit, and each runs m tokens at the engine's pace. An
+        unknown pace is taken as 25 ms a token. 0: the cache is not known."""
+        cdef double m, pace
+        if self.kv_tokens <= 0.0 or cap <= 0.0 or max_tokens <= 0.0:
+            return 0.0
+        pace = self.pace if self.pace > 0.0 else 0.025
+        m = max_tokens * self.out_share
+        return m * pace * (0.5 * m + self.kv_fixed) / (cap * self.kv_tokens)
+
     def __repr__(self):
         return (f"EndpointLoad(running={self.running}, waiting={self.waiting}, "
                 f"kv={self.kv}, inflight={self.inflight}, limit={self.limit}, "
@@ -136,6 +265,7 @@ cpdef void observe_endpoint(EndpointLoad load, Endpoint ep):
     load.pace = ep.pace
     blocks, size = ep.num_gpu_blocks, ep.block_size
     load.kv_tokens = <double>blocks * <double>size if blocks and size else 0.0
+    load.learn_fixed(<double>size if size else 0.0)
     if load.capacity_known:  # workers: the batch one learned is every one's
         learn_batch(ep.shm, load.capacity)
     # Running only: the engine's waiting requests, theirs and ours, are the queue term.
@@ -265,7 +395,7 @@ cdef class Saturation:
             # KV-bound cache seconds after its admission must not crowd out better
             # work, nor be granted more of it under a higher band's ceiling (aged up).
             if (load.bound_n > 0.0 or extra_tokens > 0.0) and load.kv_tokens > 0.0:
-                k = (load.kv + load.kv_ahead(now) + extra_tokens * load.out_share / load.kv_tokens) / VF_KV_PROJECTED
+                k = load.kv_peak(extra - 1.0, extra_tokens) / VF_KV_PROJECTED
                 if k > s:
                     s = k
         else:

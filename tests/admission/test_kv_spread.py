@@ -1,0 +1,155 @@
+"""Batch work on a KV-bound engine: the cache's real peak (kv_peak), what each request holds
+besides its answer (kv_fixed), and batch requests bound one at a time (batch_interval), so
+that a flood's low requests do not end together and hold every answer at once."""
+
+import asyncio
+
+import pytest
+
+from velocity_fast.admission.controller import Admission, Ticket
+from velocity_fast.admission.saturation import EndpointLoad, observe_endpoint
+from velocity_fast.admission.settings import AdmissionSettings
+from velocity_fast.fleet.endpoint import Endpoint, Pool
+
+CACHE = 256 * 16
+
+
+def _peak_by_steps(kv: float, left: list[float], answers: list[float]) -> float:
+    """The cache's most, stepped token by token: every request adds one a step until it has
+    none left, then frees its answer."""
+    most = kv * CACHE
+    for t in range(0, int(max(left)) + 1):
+        held = kv * CACHE + sum(min(t, r) for r in left) - sum(m for r, m in zip(left, answers) if r < t)
+        most = max(most, held)
+    return most / CACHE
+
+
+def _load(kv: float, at: float, pace: float) -> EndpointLoad:
+    e = EndpointLoad(limit=256)
+    e.observe(0, 0, kv, at)
+    e.kv_tokens = CACHE
+    e.pace = pace
+    return e
+
+
+def test_requests_bound_apart_peak_below_the_sum_of_their_answers():
+    # Ten answers of 200 tokens, bound 0.4 s apart at 20 ms a token: at the scrape they
+    # have 200, 180 ... 20 tokens left, and hold the 900 they decoded.
+    e = _load(900 / CACHE, 10.0, 0.02)
+    for i in range(10):
+        e.bind_work(200.0, 10.0 - 0.4 * i, 1.0)
+    left = [200.0 - 20 * i for i in range(10)]
+    assert e.kv_peak() == pytest.approx(_peak_by_steps(900 / CACHE, left, [200.0] * 10))
+    # As they end they free what they decoded: the peak is well under every answer whole.
+    assert e.kv_peak() < (900 + sum(left)) / CACHE - 0.2
+    # The sums see only the total coming.
+    assert e.kv_ahead(10.0) == pytest.approx(sum(left) / CACHE)
+
+
+def test_requests_bound_together_peak_at_the_sum_of_their_answers():
+    e = _load(0.1, 10.0, 0.02)
+    for _ in range(10):
+        e.bind_work(200.0, 10.0, 1.0)
+    assert e.kv_peak() == pytest.approx(0.1 + 2000 / CACHE)
+    # Two more expected (a grant not bound yet) count as fresh ones.
+    assert e.kv_peak(2.0, 400.0) == pytest.approx(0.1 + 2400 / CACHE)
+    for _ in range(10):
+        e.bind_work(200.0, 10.0, -1.0)
+    assert e.kv_peak() == pytest.approx(0.1)
+
+
+def test_an_unknown_pace_counts_every_answer_whole():
+    e = _load(0.0, 10.0, 0.0)
+    for i in range(4):
+        e.bind_work(100.0, 10.0 - i, 1.0)
+    assert e.kv_peak() == pytest.approx(400 / CACHE)
+
+
+def test_what_each_request_holds_besides_its_answer_is_learned_from_scrapes():
+    ep = Endpoint("e1", "http://127.0.0.1:9001", "m")
+    ep.num_gpu_blocks, ep.block_size, ep.pace = 256, 16, 0.02
+    e = EndpointLoad(limit=256)
+    for _ in range(8):
+        e.bind_work(200.0, 0.0, 1.0)
+    ep.running, ep.waiting, ep.scraped_at = 8.0, 0.0, 0.0
+    ep.kv_usage = 8 * 40 / CACHE
+    observe_endpoint(e, ep)
+    assert e.kv_fixed == pytest.approx(40.0, abs=8.0)  # from two blocks toward the reading
+    for k in range(1, 40):
+        # At 20 ms a token each has decoded 50 a second; each holds 40 more.
+        ep.scraped_at = k * 0.05
+        ep.kv_usage = 8 * (40 + 2.5 * k) / CACHE
+        observe_endpoint(e, ep)
+    assert e.kv_fixed == pytest.approx(40.0, abs=0.5)
+
+
+def _kv_engine(name: str, port: int, now: float) -> Endpoint:
+    ep = Endpoint(name, f"http://127.0.0.1:{port}", "m")
+    ep.healthy = True
+    ep.num_gpu_blocks, ep.block_size = 256, 16
+    ep.running, ep.waiting, ep.kv_usage, ep.scraped_at, ep.pace = 0.0, 0.0, 0.0, now, 0.02
+    return ep
+
+
+async def test_a_flood_of_batch_work_is_bound_one_at_a_time_each_engine_in_its_turn():
+    """Two KV-bound engines at 20 ms a token, low requests of 200 tokens: each engine takes
+    one every m pace (m/2 + kv_fixed) / (0.76 C), the pool twice as often. A high request
+    is not held to that pace."""
+    t = [1000.0]
+    e1, e2 = _kv_engine("e1", 9001, t[0]), _kv_engine("e2", 9002, t[0])
+    adm = Admission(AdmissionSettings(aimd_max=64, aimd_initial=64), {"m": Pool("m", [e1, e2])}, clock=lambda: t[0])
+    adm.on_metrics(e1)
+    adm.on_metrics(e2)
+    one = 200 * 0.02 * (100 + 32) / (0.8 * 0.95 * CACHE)  # an engine's interval (kv_fixed: 2 blocks)
+    first = await asyncio.wait_for(adm.admit(Ticket(band="low", max_tokens=200)), 1.0)
+    first.bind(e1)
+    second = asyncio.ensure_future(adm.admit(Ticket(band="low", max_tokens=200)))
+    await asyncio.sleep(0.1)  # several dispatch ticks: the clock has not moved
+    assert not second.done()
+    high = await asyncio.wait_for(adm.admit(Ticket(band="high", max_tokens=200)), 1.0)
+    assert high.has_room(e1)
+    high.release("cancelled")
+    t[0] += one / 2 + 1e-6  # the pool's turn, not yet e1's
+    lease = await asyncio.wait_for(second, 1.0)
+    assert not lease.has_room(e1)
+    assert lease.has_room(e2)
+    lease.bind(e2)
+    third = asyncio.ensure_future(adm.admit(Ticket(band="low", max_tokens=200)))
+    await asyncio.sleep(0.1)
+    assert not third.done()
+    t[0] += one / 2
+    lease3 = await asyncio.wait_for(third, 1.0)
+    assert lease3.has_room(e1)  # e1's turn again
+    assert not lease3.has_room(e2)
+    for x in (first, lease, lease3):
+        x.release("completed")
+
+
+async def test_batch_work_aged_into_a_higher_band_keeps_its_pace():
+    """A low request that has waited into normal (aging) is still batch work: it is bound
+    at the cache's pace, not all at once with the others of its age under normal's rules."""
+    t = [1000.0]
+    ep = _kv_engine("e1", 9001, t[0])
+    s = AdmissionSettings(aimd_max=64, aimd_initial=64, aging_step_ms=1000.0)
+    adm = Admission(s, {"m": Pool("m", [ep])}, clock=lambda: t[0])
+    adm.on_metrics(ep)
+    one = 1000 * 0.02 * (500 + 32) / (0.8 * 0.95 * CACHE)  # 3.4 s
+    first = await asyncio.wait_for(adm.admit(Ticket(band="low", max_tokens=1000)), 1.0)
+    first.bind(ep)
+    second = asyncio.ensure_future(adm.admit(Ticket(band="low", max_tokens=1000)))
+    await asyncio.sleep(0.05)
+    t[0] += 1.5  # aged into normal, before its turn
+    await asyncio.sleep(0.1)
+    assert not second.done()
+    t[0] += one - 1.5
+    lease = await asyncio.wait_for(second, 1.0)
+    for x in (first, lease):
+        x.release("completed")
+
+
+def test_past_the_list_s_length_the_peak_is_every_answer_whole():
+    e = _load(0.0, 10.0, 0.02)
+    for i in range(600):  # more than kv_peak lists: the sum, which never under-counts
+        e.bind_work(1000.0, 10.0 - 0.01 * i, 1.0)
+    assert e.kv_peak() == pytest.approx(e.kv_ahead(10.0))
+    assert e.kv_peak() > 0.0
