@@ -30,10 +30,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timed]  # throughput and latency rati
 # Engines whose batch their KV cache bounds, never a count: 256 blocks of 16 tokens hold
 # about 18 of the low requests once each has decoded its 200 tokens.
 KV_BOUND = [["--max-num-seqs", "256", "--num-gpu-blocks", "256"]] * 2
-# Borrowing on KV-bound engines serves 1.17x what low's ceiling alone does (33.2 against
-# 28.3 requests a second, 19 in flight an engine against 16); asserted with a margin for
-# the machine's noise.
-BORROW_GAIN = 1.08
+# Borrowing on KV-bound engines serves 1.10-1.14x what low's ceiling alone does (37.1-38.3
+# against 32.7-34.7 requests a second, each bound at the pace of the share of the cache it
+# may fill; without borrowing the two measured 0.98x); asserted with a margin for the
+# machine's noise.
+BORROW_GAIN = 1.04
 
 # 4x real time: a 200-token request takes about 1.1 s at a full batch of 16.
 SIM = ("--time-scale", "4", "--decode-tps", "50", "--batch-contention", "0.005")
@@ -137,9 +138,10 @@ async def test_low_work_alone_borrows_the_engines_and_is_served_near_statics_rat
     [
         # 15 of each batch of 16 (low's ceiling alone: 12), back to 14 or fewer.
         ([["--max-num-seqs", "16"]] * 2, False, lambda e: e["inflight"] == 15, lambda e: e["inflight"] <= 14),
-        # 200-token answers: what the cache has room for (about 19 an engine; the ceiling
-        # alone: 16), back to what the ceiling alone allows or fewer.
-        (KV_BOUND, True, lambda e: e["inflight"] >= 18, lambda e: e["inflight"] <= 16),
+        # 200-token answers: the cache at its projected peak past low's share of it (0.8 of
+        # 95 %: 0.76), back under it. Counts tell nothing here: bound evenly apart, the
+        # requests low's share holds (about 19 an engine) are as many as borrowing holds.
+        (KV_BOUND, True, lambda e: e["kv_peak"] > 0.78, lambda e: e["kv_peak"] <= 0.78),
     ],
     ids=["count-bound", "kv-bound"],
 )
@@ -173,16 +175,17 @@ async def test_high_work_after_batch_borrowed_the_engines_keeps_its_latency(tmp_
 
             workers = [asyncio.create_task(low_client(i)) for i in range(200)]
             try:
-                # Borrowing: both engines run what the borrowed ceiling allows.
-                inflight: dict = {}
+                # Borrowing: each engine has run what the borrowed ceiling allows.
+                seen: dict = {}
                 deadline = time.monotonic() + 60.0
                 while time.monotonic() < deadline:
                     await asyncio.sleep(0.5)
                     eps = (await fleet.stats()).get("admission", {}).get("endpoints", {})
-                    inflight = {n: e.get("inflight") for n, e in eps.items()}
-                    if eps and all(borrowed(e) for e in eps.values()):
+                    for n, e in eps.items():
+                        seen[n] = seen.get(n, False) or borrowed(e)
+                    if seen and all(seen.values()):
                         break
-                assert eps and all(borrowed(e) for e in eps.values()), inflight
+                assert seen and all(seen.values()), (seen, eps)
                 await asyncio.sleep(1.0)
                 loaded, fl = await high_series(high, fleet.port, 30, 0.1)
                 after = (await fleet.stats()).get("admission", {}).get("endpoints", {})

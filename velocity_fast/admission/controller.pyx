@@ -183,11 +183,13 @@ cdef class PoolState:
 
 
 cdef inline bint _kv_held(EndpointLoad load, double now, double stale_after) noexcept:
-    """The engine's KV cache, as it will be once its requests have decoded (kv_ahead), is
+    """The engine's KV cache, with every answer of its batch requests whole (kv_ahead), is
     what holds work back there: its batch is bound by the cache, not by a count that a
-    probe could find, and its turn to probe is over. A fresh scrape only."""
+    probe could find, and its turn to probe is over. A fresh scrape only. The sum, not
+    the peak (kv_peak): requests bound evenly apart keep the peak just under the band's
+    share, and a test on it came and went with every bind, and borrowing with it."""
     return (load.kv_tokens > 0.0 and now - load.scraped_at <= stale_after
-            and load.kv_peak() >= VF_KV_HELD * VF_KV_PROJECTED)
+            and load.kv + load.kv_ahead(now) >= VF_KV_HELD * VF_KV_PROJECTED)
 
 
 cdef double _borrowed(PoolState ps, double now, double stale_after, double ceiling) noexcept:
@@ -1261,7 +1263,7 @@ cdef class Admission:
         ps.pending_tokens += lease._kv_tok
         if lease._kv_tok > 0.0:
             ps.last_kv_tok = lease._kv_tok
-            _space_batch(ps, lease._kv_tok, now, VF_KV_PROJECTED * self._ceilings[band])
+            _space_batch(ps, lease._kv_tok, now, VF_KV_PROJECTED * self._ceiling(ps, band, now))
         cdef PoolWork w = ps.work
         # Admitted work: counted by its expected end until it is released.
         if service > 0.0:
@@ -1306,7 +1308,9 @@ cdef class Admission:
         lease._st = st if st is not None else self._ep_state(ep)
         if lease._kv_tok > 0.0:
             lease._st.load.bind_work(lease._kv_tok, lease.bound_at, 1.0)
-            _space_engine(lease._st.load, lease._kv_tok, lease.bound_at, VF_KV_PROJECTED * self._ceilings[lease.band_index])
+            # At the band's share of the cache, or what it borrows (low work alone).
+            _space_engine(lease._st.load, lease._kv_tok, lease.bound_at,
+                          VF_KV_PROJECTED * self._ceiling(ps, lease.band_index, lease.bound_at))
         if not rebind and ps.queues.count:
             # Pending leases count in full on every endpoint (saturation.pool): now
             # that this one has a place, the others' headroom is known again. With
