@@ -125,6 +125,42 @@ async def test_a_flood_of_batch_work_is_bound_one_at_a_time_each_engine_in_its_t
         x.release("completed")
 
 
+async def test_batch_work_that_finds_no_engine_in_its_turn_takes_one_early_within_its_share():
+    """The pool grants at its engines' rates together, but their turns can drift apart from
+    the pool's: a grant may find no engine whose turn has come. It then takes one early
+    (skip_turn, asked by the gateway's pick), still under its band's share there; before,
+    the pick fell back to any engine below its limit, past low's share."""
+    t = [1000.0]
+    e1, e2 = _kv_engine("e1", 9001, t[0]), _kv_engine("e2", 9002, t[0])
+    adm = Admission(AdmissionSettings(aimd_max=64, aimd_initial=64), {"m": Pool("m", [e1, e2])}, clock=lambda: t[0])
+    adm.on_metrics(e1)
+    adm.on_metrics(e2)
+    one = 200 * 0.02 * (100 + 32) / (0.8 * 0.95 * CACHE)
+    held = []
+    # Bound out of their turns (as by an earlier early pick): e1 twice, then e2, so that
+    # both engines' next turns are at 2 x one while the pool's is at 1.5 x one.
+    for at, ep in ((0.0, e1), (0.5, e1), (1.0, e2)):
+        t[0] = 1000.0 + at * one + 1e-6
+        lease = await asyncio.wait_for(adm.admit(Ticket(band="low", max_tokens=200)), 1.0)
+        lease.bind(ep)
+        held.append(lease)
+    t[0] = 1000.0 + 1.5 * one + 1e-6
+    lease = await asyncio.wait_for(adm.admit(Ticket(band="low", max_tokens=200)), 1.0)
+    assert not lease.has_room(e1) and not lease.has_room(e2)  # neither engine's turn
+    e2.inflight += 50  # low's share of e2 taken: 52 of 64, past 0.8
+    try:
+        assert lease.skip_turn()
+        assert lease.has_room(e1)  # early, within low's share
+        assert not lease.has_room(e2)  # the turn was all it skipped, not the share
+        assert not lease.skip_turn()  # once
+    finally:
+        e2.inflight -= 50
+    high = await asyncio.wait_for(adm.admit(Ticket(band="high", max_tokens=200)), 1.0)
+    assert not high.skip_turn()  # work with a deadline never waits for a turn
+    for x in held + [lease, high]:
+        x.release("cancelled")
+
+
 async def test_batch_work_aged_into_a_higher_band_keeps_its_pace():
     """A low request that has waited into normal (aging) is still batch work: it is bound
     at the cache's pace, not all at once with the others of its age under normal's rules."""

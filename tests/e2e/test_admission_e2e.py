@@ -24,7 +24,7 @@ import time
 import pytest
 
 from tests.support.gateway import GatewayProcess, ScriptedServer, real_client, running_gateway, wait_until
-from tests.support.sim import http_request, start_sim_engine
+from tests.support.sim import http_request, sim_engine, start_sim_engine
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
@@ -154,7 +154,9 @@ class FakeEngine(ScriptedServer):
             self.active -= 1
 
 
-async def stop_tasks(*tasks: asyncio.Task) -> None:
+async def stop_tasks(*tasks: asyncio.Task, wait: float = 0.0) -> None:
+    """Cancel ``tasks`` (after ``wait`` seconds) and wait for them to end."""
+    await asyncio.sleep(wait)
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -493,3 +495,46 @@ def test_serve_with_ceilings_rising_as_priority_falls_exits_2_with_a_clear_error
     line = err.splitlines()[-1]
     assert "bands[2].ceiling" in line and "'bulk'" in line and "'standard'" in line, line
     assert "must not rise" in line, line
+
+
+# -- a flood's batch work on an engine that waits its turn to probe -------------------------
+
+
+async def test_a_low_flood_leaves_the_waiting_engine_slots_for_high_work():
+    """Two engines of 16 the gateway is not told about: the first probes for its batch,
+    the second keeps its starting limit of 8, of which low may hold its soft ceiling's
+    share (5) and high finds the rest. Low work is also bound one request at a time at
+    each engine's turn (batch_next); a low request granted when no engine's turn had come
+    went to any engine below its limit, past low's share, and filled the second engine's 8:
+    high work then had only the probe's overshoot to wait behind (seconds, in front of
+    real vLLM engines)."""
+    flags = ("--max-num-seqs", "16", "--decode-tps", "50")
+    with sim_engine(*flags, model=MODEL) as a, sim_engine(*flags, model=MODEL) as b:
+        async with running_gateway(a, b, policy="dynamic") as gw:
+            low = chat("summarize the whole history of the project in detail", max_tokens=600)
+
+            async def client():
+                while True:
+                    r = await post(gw, low, timeout=60, x_velocity_priority="low")
+                    if r.status != 200:
+                        await asyncio.sleep(0.2)
+
+            most = {"e1": 0, "e2": 0}
+
+            async def watch():
+                while True:
+                    for name, e in gw.admission.stats()["endpoints"].items():
+                        most[name] = max(most[name], e["inflight"])
+                    await asyncio.sleep(0.005)
+
+            lows = [asyncio.create_task(client()) for _ in range(64)]
+            try:
+                await stop_tasks(asyncio.create_task(watch()), wait=2.0)  # 600 tokens at 50 a second: none ends
+                high = await post(gw, chat("is the gateway up?", max_tokens=8), x_velocity_priority="high")
+            finally:
+                await stop_tasks(*lows)
+        assert high.status == 200
+        # The probe's engine held more than the other's share: the flood was real.
+        assert most["e1"] > 8, most
+        assert most["e2"] <= 5, most
+        assert high.headers["x-velocity-endpoint"] == "e2"

@@ -85,6 +85,9 @@ cdef class Lease(RoomFilter):
     cdef readonly Admission _adm
     # Deadline-free (batch) work's max_tokens, counted in the engine's kv_ahead; 0 for the rest.
     cdef double _kv_tok
+    # Batch work: the pick takes only an engine whose turn has come (batch_next) until
+    # skip_turn says none had.
+    cdef bint _any_turn
     cdef readonly PoolState _ps
     cdef readonly int band_index
     cdef readonly str band
@@ -119,6 +122,7 @@ cdef class Lease(RoomFilter):
     cpdef force(self, Endpoint ep)
     cpdef rebind(self, Endpoint ep)
     cpdef bint has_room(self, Endpoint ep) except -1
+    cpdef bint skip_turn(self) except -1
     cpdef first_byte(self)
     cpdef handed_over(self)
     cpdef release(self, str outcome=*, error_text=*, long tokens=*)

@@ -386,7 +386,7 @@ cdef class Lease(RoomFilter):
             # caught between its arrival and the engine's next step, and taking that for
             # an overshoot moved x-session-id sessions between engines on an idle pool.
             return False
-        if self._kv_tok > 0.0 and now < st.load.batch_next:
+        if self._kv_tok > 0.0 and now < st.load.batch_next and not self._any_turn:
             return False
         load.limit = ep.limit
         # With this lease on it, as the pool's number counts the next grant.
@@ -398,6 +398,20 @@ cdef class Lease(RoomFilter):
         if self._kv_tok > 0.0:
             load.bind_work(self._kv_tok, now, -1.0)
         return ok
+
+    cpdef bint skip_turn(self) except -1:
+        """The pick found no engine with room for this lease: True when it was batch work
+        waiting for an engine's turn (``batch_next``), which from now on it may take early
+        (ask the pick again); False when turns were not what held it. The pool granted it
+        at all its engines' rates together (``_space_batch``), so it is not early for the
+        pool: its engines' turns only fell apart from the pool's. Without this the pick
+        fell back to any engine below its limit, past the band's ceiling: a flood's low
+        work filled a whole engine that kept its starting limit while another probed, and
+        high work then had only the probe's overshoot to wait behind."""
+        if self._kv_tok > 0.0 and not self._any_turn:
+            self._any_turn = True
+            return True
+        return False
 
     cpdef first_byte(self):
         """The first byte of the response came back (time-to-first-token)."""

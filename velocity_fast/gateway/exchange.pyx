@@ -234,8 +234,11 @@ cdef class Exchange(ResponseHandler):
         if trace is not None:
             trace.routing(router, self.info)
         # The lease's own band first, then any endpoint with room (the pool had headroom).
-        ep = (router.pick(self.pool, self.info, lease, tried)  # the lease's has_room, as C
-              or router.pick(self.pool, self.info, ingress.admission.has_room, tried))
+        ep = router.pick(self.pool, self.info, lease, tried)  # the lease's has_room, as C
+        if ep is None and lease.skip_turn():  # batch work: no engine's turn had come
+            ep = router.pick(self.pool, self.info, lease, tried)
+        if ep is None:
+            ep = router.pick(self.pool, self.info, ingress.admission.has_room, tried)
         if ep is None:
             self._account(0, 0, 0, True)  # no engine produced anything
             self._fail_lease(None)
