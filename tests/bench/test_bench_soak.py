@@ -70,6 +70,22 @@ def test_one_more_store_or_other_fd_than_in_the_first_minute_fails_but_a_client_
 
 
 @pytest.mark.timeout(30)
+def test_client_fds_are_judged_beyond_the_connections_the_load_holds_open():
+    # The load's own connections grow (kept-alive ones filling up, more in flight on a slow
+    # moment): the gateway's client fds follow them, and that is no leak.
+    samples = _steady(client=1)
+    for s in samples:
+        s["held"] = s["counts"]["client"] - 1
+    ok, problems = verdict(samples, 60.0, 100)
+    assert ok, problems
+    # The same fds while the load holds a steady 10: the gateway keeps what clients closed.
+    for s in samples:
+        s["held"] = 10
+    ok, problems = verdict(samples, 60.0, 100)
+    assert not ok and problems[0].startswith("client: grew") and "held open" in problems[0], problems
+
+
+@pytest.mark.timeout(30)
 def test_a_pool_past_its_bound_fails_naming_its_connections():
     ok, problems = verdict(_steady(pool=1), 60.0, 20)
     assert not ok and problems[0].startswith("pool: ") and "past its bound 20" in problems[0], problems
