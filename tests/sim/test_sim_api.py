@@ -161,7 +161,7 @@ async def test_empty_model_means_the_default_one(eng):
             b'{"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": true}}',
             "Stream options can only be defined when `stream=True`.",
         ),
-        (b'{"messages": [{"role": "user", "content": "x"}], "priority": 1}', "priority"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "priority": "x"}', "priority"),
         (
             b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 600}',
             "cannot be greater than max_model_len",
@@ -185,6 +185,24 @@ async def test_bad_requests_are_400_in_vllm_shape(eng, body, needle):
     # and the engine keeps serving
     ok = await post(eng, "/v1/completions", {"prompt": "x", "max_tokens": 1})
     assert ok.status == 200
+
+
+async def test_any_integer_priority_is_taken_as_vllm_takes_it(eng):
+    # vLLM 0.32 takes a priority under either scheduling policy (fcfs ignores it), in the
+    # body or its X-Vllm-Priority header; an unparsable header is ignored.
+    for body, headers in (
+        ({"priority": 1}, {}),
+        ({"priority": -3}, {}),
+        ({}, {"x-vllm-priority": "7"}),
+        ({}, {"x-vllm-priority": "abc"}),
+    ):
+        r = await post(
+            eng,
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1, **body},
+            headers=headers,
+        )
+        assert r.status == 200, (body, headers, r.body)
 
 
 async def test_auth_only_on_v1_paths(eng):

@@ -212,3 +212,54 @@ async def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(en
     await asyncio.wait_for(k2.done, 5)
     assert len(k2.tokens) == 5 and k2.error is None
     assert eng.kv.used == 0
+
+
+# -- vLLM's --scheduling-policy priority ------------------------------------------------------
+
+
+async def test_priority_scheduling_runs_the_lowest_value_first_then_by_arrival(engine_factory):
+    eng = engine_factory(max_num_seqs=1, time_scale=100.0, scheduling_policy="priority")
+    run, krun = make(eng.cfg, "running", 50)
+    eng.submit(run)
+    queued = []
+    for name, prio in (("late-low", 2), ("high", 0), ("normal", 1), ("high-2", 0)):
+        seq, sink = make(eng.cfg, name, 3)
+        seq.priority = prio
+        eng.submit(seq)
+        queued.append((name, sink))
+    await asyncio.wait_for(asyncio.gather(krun.done, *(k.done for _, k in queued)), 20)
+    order = [name for name, sink in sorted(queued, key=lambda x: x[1].times[0])]
+    assert order == ["high", "high-2", "normal", "late-low"]
+
+
+async def test_fcfs_ignores_priority(engine_factory):
+    eng = engine_factory(max_num_seqs=1, time_scale=100.0)
+    run, krun = make(eng.cfg, "running", 20)
+    eng.submit(run)
+    queued = []
+    for name, prio in (("first", 2), ("second", 0)):
+        seq, sink = make(eng.cfg, name, 3)
+        seq.priority = prio
+        eng.submit(seq)
+        queued.append((name, sink))
+    await asyncio.wait_for(asyncio.gather(krun.done, *(k.done for _, k in queued)), 20)
+    assert queued[0][1].times[0] < queued[1][1].times[0]
+
+
+@pytest.mark.parametrize("policy, victim", [("fcfs", "high"), ("priority", "low")])
+async def test_a_cache_out_of_blocks_preempts_the_newest_or_by_priority_the_lowest(engine_factory, policy, victim):
+    """Two sequences outgrow a cache of 10 blocks: fcfs preempts the newest (here the high
+    one, admitted second), priority scheduling the lowest priority's (the low one, older)."""
+    eng = engine_factory(num_gpu_blocks=10, max_model_len=160, time_scale=100.0, scheduling_policy=policy)
+    low, klow = make(eng.cfg, "l" * 40, 140)
+    low.priority = 5
+    eng.submit(low)
+    await asyncio.sleep(0.01)  # low runs first
+    high, khigh = make(eng.cfg, "h" * 40, 140)
+    eng.submit(high)
+    await asyncio.wait_for(asyncio.gather(klow.done, khigh.done), 20)
+    assert eng.metrics.preemptions >= 1
+    assert [len(klow.tokens), len(khigh.tokens)] == [140, 140]
+    # The preempted one finished last: it recomputed after the other had its blocks.
+    last = "low" if klow.times[-1] > khigh.times[-1] else "high"
+    assert last == victim, (klow.times[-1], khigh.times[-1])

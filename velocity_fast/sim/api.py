@@ -51,6 +51,19 @@ _UNAUTHORIZED = b'{"error":"Unauthorized"}'
 _METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+def _priority(req: Request, body: ChatRequest | CompletionRequest) -> int:
+    """The request's priority as vLLM 0.32 reads it: its ``X-Vllm-Priority`` header when that
+    is an integer, else the body's ``priority`` (0 by default; lower runs first under
+    ``--scheduling-policy priority``, and ``fcfs`` ignores it)."""
+    h = req.headers.get("x-vllm-priority")
+    if h is not None:
+        try:
+            return int(h)
+        except ValueError:
+            pass
+    return body.priority
+
+
 class SimAPI:
     """Routes requests to the engine; ``handle`` is the HTTPServer handler."""
 
@@ -230,8 +243,6 @@ class SimAPI:
         cfg = self.cfg
         if body.stream_options is not None and not body.stream:
             raise BadRequest("Stream options can only be defined when `stream=True`.", "stream_options")
-        if body.priority != 0:
-            raise BadRequest(f"Got priority {body.priority} but Priority scheduling is not enabled.")
         if max_tokens is not None and max_tokens < 1:
             raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", max_tokens)
         _check_sampling(body)
@@ -370,6 +381,10 @@ class SimAPI:
         if external:
             for seq in seqs:
                 seq.external = external
+        prio = _priority(req, body)
+        if prio:
+            for seq in seqs:
+                seq.priority = prio
         hold = role == "prefill" and not body.stream and n == 1
         if hold:
             seqs[0].keep = lambda seq: self.kvx.keep(rid, seq)

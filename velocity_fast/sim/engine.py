@@ -84,6 +84,12 @@ class Failure:
         self.message = message
 
 
+def _rank(seq: "Sequence") -> tuple[int, float]:
+    """A sequence's place under priority scheduling: lower priority values first, then
+    earlier arrivals (vLLM's Request ordering); the preemption victim is the largest."""
+    return seq.priority, seq.arrival
+
+
 class Sequence:
     """One request inside the engine."""
 
@@ -108,6 +114,7 @@ class Sequence:
         "token_ids",
         "keep",
         "external",
+        "priority",
     )
 
     def __init__(
@@ -143,6 +150,7 @@ class Sequence:
         # ends at its max tokens; a decode's prompt tokens pulled from a prefill engine.
         self.keep: Callable[[Sequence], None] | None = None
         self.external = 0
+        self.priority = 0  # the body's priority (lower runs first under priority scheduling)
 
 
 class Engine:
@@ -150,6 +158,7 @@ class Engine:
 
     def __init__(self, cfg: SimConfig, metrics: SimMetrics | None = None, publisher: Publisher | None = None) -> None:
         self.cfg = cfg
+        self._by_priority = cfg.scheduling_policy == "priority"
         lru = cfg.num_gpu_blocks if cfg.prefix_cache_blocks is None else cfg.prefix_cache_blocks
         self.kv = KVCache(cfg.num_gpu_blocks, cfg.block_size, lru, cfg.enable_prefix_caching)
         # KV events (--kv-events-config): the cache collects them, _flush publishes them.
@@ -228,7 +237,10 @@ class Engine:
         loop = self._loop or asyncio.get_running_loop()
         seq.arrival = loop.time()
         seq.state = WAITING
-        self.waiting.append(seq)
+        if self._by_priority:
+            self._wait_in_order(seq)
+        else:
+            self.waiting.append(seq)
         w = self._wake
         if w is not None and not w.done():
             w.set_result(None)
@@ -366,8 +378,16 @@ class Engine:
                 need = kv.blocks_for(seq.num_tokens + 1) - seq.alloc.num_blocks
                 if need > 0 and not kv.grow(seq.alloc, need):
                     # Out of blocks: preempt the newest running sequence (vLLM's
-                    # recompute preemption) and try again.
-                    self._preempt(running[-1])
+                    # recompute preemption; by priority, the lowest priority's latest)
+                    # and try again.
+                    victim = max(running, key=_rank) if self._by_priority else running[-1]
+                    if running.index(victim) < i:
+                        # Already planned into this step: it emits nothing (the step
+                        # keeps the length planned with it).
+                        i -= 1
+                        if victim in emitting:
+                            emitting.remove(victim)
+                    self._preempt(victim)
                     continue
                 emitting.append(seq)
                 budget -= 1
@@ -392,8 +412,20 @@ class Engine:
         seq.alloc = None
         seq.prefill_left = 0
         seq.state = WAITING
-        self.waiting.appendleft(seq)
+        if self._by_priority:
+            self._wait_in_order(seq)  # by its priority and first arrival
+        else:
+            self.waiting.appendleft(seq)
         self.metrics.preempted()
+
+    def _wait_in_order(self, seq: Sequence) -> None:
+        """Queue ``seq`` at its place by (priority, arrival), as vLLM's priority queue."""
+        waiting = self.waiting
+        key = _rank(seq)
+        i = len(waiting)
+        while i > 0 and _rank(waiting[i - 1]) > key:
+            i -= 1
+        waiting.insert(i, seq)
 
     def _emit(self, emitting: list[Sequence], now: float) -> None:
         bits = VOCAB_BITS

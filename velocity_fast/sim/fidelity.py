@@ -281,6 +281,8 @@ def _calls(model: str, max_len: int) -> list[tuple[str, str, str, Any, bytes | N
         ("embeddings", "POST", "/v1/embeddings", {"model": model, "input": "Say something."}, None, False),
         ("tokenize", "POST", "/tokenize", {"model": model, "prompt": "Once upon a time"}, None, False),
         ("detokenize", "POST", "/detokenize", {"model": model, "tokens": [1, 2, 3]}, None, False),
+        # vLLM 0.32 takes any integer priority under its default fcfs policy (and ignores it).
+        ("chat-priority", "POST", "/v1/chat/completions", {**chat, "priority": 3}, None, False),
         ("err-unknown-model", "POST", "/v1/chat/completions", {**chat, "model": "no-such-model"}, None, False),
         ("err-past-context", "POST", "/v1/chat/completions", {**chat, "max_tokens": max_len + 1}, None, False),
         ("err-bad-json", "POST", "/v1/chat/completions", None, b"{not json", False),
@@ -288,6 +290,7 @@ def _calls(model: str, max_len: int) -> list[tuple[str, str, str, Any, bytes | N
         ("err-bad-temperature", "POST", "/v1/chat/completions", {**chat, "temperature": -1}, None, False),
         ("err-bad-max-tokens", "POST", "/v1/completions", {**comp, "max_tokens": "four"}, None, False),
         ("err-n-zero", "POST", "/v1/completions", {**comp, "n": 0}, None, False),
+        ("err-bad-priority", "POST", "/v1/chat/completions", {**chat, "priority": "first"}, None, False),
         ("err-unknown-route", "GET", "/v1/no-such-route", None, None, False),
     ]
 

@@ -175,6 +175,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write the sim's own tokenizer.json (a word each, for precise prefix routing "
         "without a download) into FOLDER, print its path and exit",
     )
+    p.add_argument(
+        "--scheduling-policy",
+        choices=("fcfs", "priority"),
+        default=_D.scheduling_policy,
+        help="fcfs: first come, first served; priority: by the request's `priority` (lower "
+        "first), and a full cache preempts the lowest priority's latest (default %(default)s)",
+    )
     # vLLM launcher flags that a fake `vllm serve` passes through: accepted, no effect.
     ignored = p.add_argument_group("accepted for vLLM compatibility, ignored")
     ignored.add_argument("-tp", "--tensor-parallel-size", type=int, default=None, help=argparse.SUPPRESS)
@@ -196,7 +203,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--download-dir",
         "--load-format",
         "--distributed-executor-backend",
-        "--scheduling-policy",
         "--uvicorn-log-level",
         "--swap-space",
         "--max-logprobs",

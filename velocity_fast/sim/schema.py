@@ -1,7 +1,8 @@
 """Request bodies the sim engine reads: msgspec Structs with only the fields it uses.
 
 Unknown fields are ignored, as vLLM tolerates them; wrong types are a 400 naming the
-field. ``priority`` is decoded because vLLM refuses it without priority scheduling.
+field. ``priority`` orders the queue under ``--scheduling-policy priority``; vLLM 0.32
+takes any integer under either policy (``fcfs`` ignores it).
 """
 
 from __future__ import annotations

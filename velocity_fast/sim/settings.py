@@ -62,6 +62,11 @@ class SimConfig:
     #: How long a prefill engine holds blocks no decode engine pulled (vLLM's
     #: VLLM_NIXL_ABORT_REQUEST_TIMEOUT).
     kv_transfer_timeout: float = 480.0
+    #: vLLM's ``--scheduling-policy``: ``fcfs`` (its default) or ``priority``: waiting
+    #: requests by their body's ``priority`` (lower first), then arrival, and a cache out
+    #: of blocks preempts the running request of the lowest priority (highest value),
+    #: latest arrival, not the newest.
+    scheduling_policy: str = "fcfs"
 
     def validate(self) -> None:
         """Refuse settings vLLM would refuse, with a message naming the flag."""
@@ -89,6 +94,8 @@ class SimConfig:
             raise ValueError("--kv-transfer-ms-per-block must be >= 0 and --kv-transfer-timeout > 0")
         if self.max_num_batched_tokens < 1:
             raise ValueError("--max-num-batched-tokens must be >= 1")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"--scheduling-policy must be fcfs or priority, got {self.scheduling_policy!r}")
         if self.kv_events_config:
             from .kvevents import KVEventsConfig
 
