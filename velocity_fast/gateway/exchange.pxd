@@ -8,6 +8,7 @@ from velocity_fast.http.message cimport Request
 from velocity_fast.admission.controller cimport Admission, Lease, Ticket
 from velocity_fast.admission.estimators cimport OutputEstimate
 from velocity_fast.routing.route cimport RouteInfo
+from velocity_fast.routing.router cimport Router
 from velocity_fast.server.connection cimport Responder
 from velocity_fast.upstream.connection cimport ResponseHandler, UpstreamConnection
 
@@ -69,6 +70,7 @@ cdef class Exchange(ResponseHandler):
     cpdef start(self)
     cdef _admitted(self, Lease lease)
     cdef _dispatch(self)
+    cdef Endpoint _pick(self, Router router, exclude)
     # on_sent .. on_error: ResponseHandler's, overridden (upstream/connection.pxd).
     cdef _relay(self, UpstreamConnection conn, bytes data, bint framed)
     cdef bytes _usage_event(self, bytes data, bint framed)

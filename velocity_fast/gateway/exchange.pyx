@@ -233,12 +233,7 @@ cdef class Exchange(ResponseHandler):
         trace = self.trace
         if trace is not None:
             trace.routing(router, self.info)
-        # The lease's own band first, then any endpoint with room (the pool had headroom).
-        ep = router.pick(self.pool, self.info, lease, tried)  # the lease's has_room, as C
-        if ep is None and lease.skip_turn():  # batch work: no engine's turn had come
-            ep = router.pick(self.pool, self.info, lease, tried)
-        if ep is None:
-            ep = router.pick(self.pool, self.info, ingress.admission.has_room, tried)
+        ep = self._pick(router, tried)
         if ep is None:
             self._account(0, 0, 0, True)  # no engine produced anything
             self._fail_lease(None)
@@ -268,6 +263,19 @@ cdef class Exchange(ResponseHandler):
         # not from its answer's head (a whole answer's comes after the last token).
         router.on_dispatch(ep, self.info)
         up.request(engine_request(up.json_post_head(self.up_path), self.rid, auth, self.body), self)
+
+    cdef Endpoint _pick(self, Router router, exclude):
+        """The engine for this request, ``exclude`` left out: the lease's own band first
+        (its has_room, as C); batch work that found no engine whose turn had come then
+        takes one early within its share (Lease.skip_turn); last, any endpoint with room
+        (the pool had headroom). None: none has."""
+        cdef Lease lease = self.lease
+        cdef Endpoint ep = router.pick(self.pool, self.info, lease, exclude)
+        if ep is None and lease.skip_turn():
+            ep = router.pick(self.pool, self.info, lease, exclude)
+        if ep is None:
+            ep = router.pick(self.pool, self.info, self.ingress.admission.has_room, exclude)
+        return ep
 
     # -- the engine connection's response handler: called as C (upstream/connection.pyx's
     # ResponseHandler) --

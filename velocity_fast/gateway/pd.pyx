@@ -223,11 +223,7 @@ cdef class PdExchange(Exchange):
         excl = self.pd.not_decode + self.tried if self.tried else self.pd.not_decode
         if self.trace is not None:
             self.trace.routing(router, self.info)
-        ep = router.pick(self.pool, self.info, lease, excl)
-        if ep is None and lease.skip_turn():  # as Exchange._dispatch
-            ep = router.pick(self.pool, self.info, lease, excl)
-        if ep is None:
-            ep = router.pick(self.pool, self.info, self.ingress.admission.has_room, excl)
+        ep = self._pick(router, excl)
         if ep is None:
             return None
         if not lease.claim(ep):  # workers: as Exchange._dispatch
