@@ -291,6 +291,32 @@ def test_the_kv_its_requests_will_still_decode_counts_before_the_cache_fills():
     assert e.kv_ahead(100.0) == 0.0  # past what they may decode: nothing more coming
 
 
+def test_batch_work_is_held_by_the_cache_as_it_will_be_not_by_a_guess_from_the_gauge():
+    """Five low requests of 200 tokens bound to a KV-bound engine 2 s ago have decoded half
+    their answers: the gauge reads 0.58 of the cache, and 500 more tokens are coming (0.70
+    at the peak, under low's 0.76). The gauge weighed as a guess (0.58 / 0.8 x 0.8 / 0.7 =
+    0.83) would hold low back past its ceiling of 0.8, though the projection, which starts
+    from the same gauge, leaves it room: low then stopped each time its work had decoded
+    halfway, and bound its next wave when that work ended. Where nothing is projected, and
+    for the bands with a deadline, the gauge still counts."""
+    s = Saturation()
+    e = EndpointLoad(limit=64)
+    s.update(e, 5, 0, 0.58, 10.0, 10.0)
+    e.inflight = 5
+    low = 0.8 / 0.7  # the low band's ceiling over its soft ceiling
+    assert s.endpoint(e, 10.0, 0.0, low) == pytest.approx(0.58 / 0.8 * low)  # nothing projected
+    e.kv_tokens = 256 * 16
+    e.pace = 0.02
+    for _ in range(5):
+        e.bind_work(200.0, 8.0, 1.0)
+    peak = e.kv_peak(-1.0, 0.0)
+    assert 0.68 < peak < 0.76
+    assert s.endpoint(e, 10.0, 0.0, low) == pytest.approx(peak / 0.95)
+    assert s.endpoint(e, 10.0, 0.0, low) <= 0.8  # room for low within its ceiling
+    # Normal's saturation still counts the gauge (its work is not projected).
+    assert s.endpoint(e, 10.0, 0.0, 1.0) == pytest.approx(max(0.58 / 0.8, peak / 0.95))
+
+
 async def test_admission_keeps_each_engines_bound_decode_from_bind_to_release():
     """The sums kv_ahead reads follow the leases: three low requests of 800 tokens bound
     to a KV-bound engine (256 blocks of 16) show as 2400 of its 4096 token slots coming

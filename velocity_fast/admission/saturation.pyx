@@ -372,6 +372,7 @@ cdef class Saturation:
         and in-flight over the concurrency limit while it stands in for a batch not yet
         learned. In-flight over a learned batch is exact: it is not scaled."""
         cdef double cap, queued, s, k, room
+        cdef bint projected
         cdef bint fresh = load.scraped_at > 0.0 and now - load.scraped_at <= self.stale_after
         cap = load.capacity
         if not load.capacity_known and cap < load.limit:
@@ -387,14 +388,23 @@ cdef class Saturation:
             if load.waiting > queued:
                 queued = load.waiting
             s = queued / self.queue_threshold
-            k = load.kv / self.kv_threshold * soft_scale
-            if k > s:
-                s = k
+            projected = (load.bound_n > 0.0 or extra_tokens > 0.0) and load.kv_tokens > 0.0
+            # The usage gauge, for batch work (soft_scale above 1) a guess of what the
+            # cache will hold: not where the cache as it will be is projected below, which
+            # starts from the same gauge and adds what the bound work will decode. Both
+            # held batch work to the lower (the guess's 0.56 of the cache, the peak's 0.76
+            # at low's ceiling): the gauge stopped it whenever the work already bound had
+            # decoded halfway, it came back in a burst when that work ended, and the cache
+            # swung between a quarter and three quarters full, in waves an answer apart.
+            if not (projected and soft_scale > 1.0):
+                k = load.kv / self.kv_threshold * soft_scale
+                if k > s:
+                    s = k
             # The cache as it will be once the batch work bound here has decoded
             # (kv_ahead: deadline-free leases only, Lease._kv_tok): work that fills a
             # KV-bound cache seconds after its admission must not crowd out better
             # work, nor be granted more of it under a higher band's ceiling (aged up).
-            if (load.bound_n > 0.0 or extra_tokens > 0.0) and load.kv_tokens > 0.0:
+            if projected:
                 k = load.kv_peak(extra - 1.0, extra_tokens) / VF_KV_PROJECTED
                 if k > s:
                     s = k
