@@ -368,9 +368,10 @@ cdef class Saturation:
         stored in ``load.value``.
 
         ``soft_scale`` (a band's ceiling over its soft ceiling) weighs what the gateway
-        only guesses of the engine: its KV use, which grows as the requests running decode,
-        and in-flight over the concurrency limit while it stands in for a batch not yet
-        learned. In-flight over a learned batch is exact: it is not scaled."""
+        only guesses of the engine: its KV use, which grows as the requests running decode
+        (not for batch work where the cache as it will be is projected: that holds it
+        alone), and in-flight over the concurrency limit while it stands in for a batch not
+        yet learned. In-flight over a learned batch is exact: it is not scaled."""
         cdef double cap, queued, s, k, room
         cdef bint projected
         cdef bint fresh = load.scraped_at > 0.0 and now - load.scraped_at <= self.stale_after
