@@ -189,3 +189,60 @@ def test_past_the_list_s_length_the_peak_is_every_answer_whole():
         e.bind_work(1000.0, 10.0 - 0.01 * i, 1.0)
     assert e.kv_peak() == pytest.approx(e.kv_ahead(10.0))
     assert e.kv_peak() > 0.0
+
+
+async def _low_granted(adm: Admission, t: list, ep: Endpoint, step: float) -> object:
+    """A low request after the engine's next turn, on a fresh scrape: its lease, or None
+    when it still waits after several dispatch ticks (then withdrawn)."""
+    t[0] += step
+    ep.scraped_at = t[0]
+    adm.on_metrics(ep)
+    fut = asyncio.ensure_future(adm.admit(Ticket(band="low", max_tokens=200)))
+    await asyncio.sleep(0.1)
+    if fut.done():
+        return fut.result()
+    fut.cancel()
+    await asyncio.gather(fut, return_exceptions=True)
+    return None
+
+
+@pytest.mark.parametrize("borrow_after_ms", [60000.0, 0.0])
+async def test_batch_work_passes_its_share_of_the_cache_until_a_band_it_holds_back_asks(borrow_after_ms):
+    """The pace aims batch work at its share of the cache (0.76 for low); held there at its
+    peak too, work bound just before a wave of answers ended would pass it, so the next
+    wave began where the last ended. While no band the cache holds back (normal, which its
+    KV term stops at 0.8 of it) has asked, the cache as it will be may pass the share, up
+    to the engine's margin (95 %): a high request does not end that, a normal one does.
+    ``admission.borrow_after_ms: 0`` (never borrow) keeps the share."""
+    t = [1000.0]
+    ep = _kv_engine("e1", 9001, t[0])
+    s = AdmissionSettings(aimd_max=64, aimd_initial=64, borrow_after_ms=borrow_after_ms)
+    adm = Admission(s, {"m": Pool("m", [ep])}, clock=lambda: t[0])
+    adm.on_metrics(ep)
+    one = 200 * 0.02 * (100 + 32) / (0.8 * 0.95 * CACHE)
+    first = await asyncio.wait_for(adm.admit(Ticket(band="low", max_tokens=200)), 1.0)
+    first.bind(ep)
+    held = [first]
+    ep.kv_usage = 0.72  # other work: with one more low request the peak passes 0.76
+    lease = await _low_granted(adm, t, ep, one + 1e-6)
+    peak = adm.stats()["endpoints"]["e1"]["kv_peak"]
+    try:
+        if not borrow_after_ms:
+            assert lease is None  # the share holds
+            return
+        assert lease is not None
+        lease.bind(ep)
+        held.append(lease)
+        assert 0.76 < adm.stats()["endpoints"]["e1"]["kv_peak"] < 0.95, peak
+        high = await asyncio.wait_for(adm.admit(Ticket(band="high", max_tokens=8)), 1.0)
+        high.release("completed")
+        lease = await _low_granted(adm, t, ep, one + 1e-6)
+        assert lease is not None  # high asked: it needs only the margin
+        lease.bind(ep)
+        held.append(lease)
+        normal = await asyncio.wait_for(adm.admit(Ticket(band="normal", max_tokens=8)), 1.0)
+        normal.release("completed")
+        assert await _low_granted(adm, t, ep, one + 1e-6) is None  # normal asked: the share holds
+    finally:
+        for x in held:
+            x.release("completed")

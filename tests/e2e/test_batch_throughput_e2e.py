@@ -30,11 +30,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timed]  # throughput and latency rati
 # Engines whose batch their KV cache bounds, never a count: 256 blocks of 16 tokens hold
 # about 18 of the low requests once each has decoded its 200 tokens.
 KV_BOUND = [["--max-num-seqs", "256", "--num-gpu-blocks", "256"]] * 2
-# Borrowing on KV-bound engines serves 1.10-1.14x what low's ceiling alone does (37.1-38.3
-# against 32.7-34.7 requests a second, each bound at the pace of the share of the cache it
-# may fill; without borrowing the two measured 0.98x); asserted with a margin for the
-# machine's noise.
-BORROW_GAIN = 1.04
+# Borrowing on KV-bound engines serves 1.31x what low's ceiling alone does (46.9 against
+# 35.8 requests a second, each bound at the pace of the share of the cache it may fill,
+# its peak up to 95 % of the cache; 1.10-1.14x while the peak was held at the pace's own
+# share, in waves); asserted with a margin for the machine's noise.
+BORROW_GAIN = 1.15
 
 # 4x real time: a 200-token request takes about 1.1 s at a full batch of 16.
 SIM = ("--time-scale", "4", "--decode-tps", "50", "--batch-contention", "0.005")
@@ -216,10 +216,13 @@ async def test_low_work_alone_borrows_what_a_kv_bound_cache_has_room_for(tmp_pat
     """On KV-bound engines the batch is never learned as a count, so low work alone used
     to keep its ceiling: the cache as it will be once its requests have decoded held
     below 0.76. An engine held by its cache is known by it: low borrows all of its room
-    (the projection under 0.95) and is served faster than with borrowing off. ``static``
-    serves more still, by overcommitting the cache (the engines preempt and recompute),
-    which is what puts high work 150x behind on these engines (bench/isolation.py --long
-    --scenario kv-bound): asserted too, so that the load is real."""
+    (the projection under 0.95) and is served faster than with borrowing off, and, bound
+    evenly apart at the pace of that room, about as fast as ``static``, which overcommits
+    the cache (the engines preempt and recompute; what puts high work 150x behind on
+    these engines, bench/isolation.py --long --scenario kv-bound). Before the projected
+    peak could pass the pace's share, batch work ran in waves and borrowing served
+    0.80-0.82x ``static``. ``static`` runs every slot its limit gives it, so that the load
+    is real."""
     off = tmp_path / "off.yaml"
     off.write_text("admission:\n  borrow_after_ms: 0\n")
     dyn = await served_per_second("dynamic", engines=KV_BOUND)
@@ -229,4 +232,6 @@ async def test_low_work_alone_borrows_what_a_kv_bound_cache_has_room_for(tmp_pat
     assert dyn["failed"] == held["failed"] == sta["failed"] == 0
     assert dyn["declined"] == 0, dyn
     assert dyn["rps"] >= BORROW_GAIN * held["rps"], (dyn, held)
-    assert sta["rps"] >= dyn["rps"], (sta, dyn)
+    assert dyn["rps"] >= 0.9 * sta["rps"], (dyn, sta)
+    # The load is real: static keeps 32 requests on each engine, past what its cache holds.
+    assert all(v >= 30 for v in sta["inflight"].values()), sta

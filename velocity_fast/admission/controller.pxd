@@ -57,6 +57,9 @@ cdef class PoolState:
     cdef bint spare
     # When a request of a band above the borrowing ones last arrived (-inf: never).
     cdef public double higher_at
+    # When a request of a band the KV cache can hold back (one with a deadline and a
+    # ceiling under 1 / kv_threshold: normal, not high) last arrived (-inf: never).
+    cdef public double held_at
     # The pace the deadline work granted lately needs, and the engines' best (pace.pyx).
     cdef readonly PoolPace pace
     # The output tokens of a request that names no max tokens, learned from the pool's
@@ -169,6 +172,7 @@ cdef class Admission:
     cdef list _soft_scales        # per band: its ceiling over its soft ceiling (1: the same)
     cdef unsigned long long _soft_breaks  # bit b: band b's soft scale differs from band b-1's
     cdef int _borrow_from         # the first band that may borrow past its ceiling (nbands: none)
+    cdef list _held_bands         # per band: the KV cache can hold it back (sets held_at)
     cdef double _borrow_after     # seconds without a higher band's request before it may
     # The waiter class driven as C, and its two functions (set_waiter; None, NULL: none).
     cdef type _waiter_type
@@ -181,7 +185,8 @@ cdef class Admission:
     cdef void set_locality(self, locality_fn fn) except *
     cdef double _now(self) except? -1.0
     cdef double _pool_sat(self, PoolState ps, double now, int band) except? -1.0
-    cdef double _endpoint_sat(self, EndpointLoad load, double now, int band) except? -1.0
+    cdef double _endpoint_sat(self, PoolState ps, EndpointLoad load, double now, int band) except? -1.0
+    cdef double _peak_cap(self, PoolState ps, int band, double now) noexcept
     cdef double _ceiling(self, PoolState ps, int band, double now) except? -1.0
     cpdef object admit_nowait(self, Ticket ticket, waiter)
     cpdef OutputEstimate open_estimate(self, model, bint chat)

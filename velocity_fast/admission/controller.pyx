@@ -178,6 +178,7 @@ cdef class PoolState:
         self.work = PoolWork(queues)
         self.pace = PoolPace()
         self.higher_at = -INFINITY
+        self.held_at = -INFINITY
         self.open_chat = OutputEstimate(OPEN_START_CHAT)
         self.open_text = OutputEstimate(OPEN_START_TEXT)
 
@@ -393,7 +394,7 @@ cdef class Lease(RoomFilter):
         load.inflight = ep.inflight + 1
         if self._kv_tok > 0.0:
             load.bind_work(self._kv_tok, now, 1.0)
-        ok = adm._endpoint_sat(load, now, self.band_index) <= ceiling
+        ok = adm._endpoint_sat(self._ps, load, now, self.band_index) <= ceiling
         load.inflight = ep.inflight
         if self._kv_tok > 0.0:
             load.bind_work(self._kv_tok, now, -1.0)
@@ -773,6 +774,12 @@ cdef class Admission:
         # (``_ceiling``). Not with one band (nothing above to keep room for), nor where
         # saturation is not the engines' (fixed concurrency, a policy's own).
         nb = len(p.bands)
+        # The bands the KV term can hold back (a ceiling under 1 / kv_threshold: normal's
+        # 1.0 stops at 0.8 of the cache, high's 1.5 never), other than batch work itself:
+        # while none has asked for admission.borrow_after_ms, batch work's projected cache
+        # may pass its share up to the engine's margin (_peak_cap).
+        self._held_bands = [math.isfinite(b.ceiling) and b.ceiling * s.kv_threshold < 1.0
+                            and self._soft_scales[i] <= 1.0 for i, b in enumerate(p.bands)]
         self._borrow_from = nb
         self._borrow_after = s.borrow_after_ms / 1000.0
         if sat_model is not None and s.borrow_after_ms > 0:
@@ -851,7 +858,8 @@ cdef class Admission:
             # The grant's own tokens counted too (as the lease's has_room counts them at the
             # pick), expected as the last batch grant's.
             return self._sat.pool(ps.loads, ps.pending + 1, now, <double>self._soft_scales[band],
-                                  ps.pending_tokens + (ps.last_kv_tok if self._soft_scales[band] > 1.0 else 0.0))
+                                  ps.pending_tokens + (ps.last_kv_tok if self._soft_scales[band] > 1.0 else 0.0),
+                                  self._peak_cap(ps, band, now))
         if self._fixed:
             for e in ps.loads:
                 if e.healthy:
@@ -859,12 +867,34 @@ cdef class Admission:
             return INFINITY
         return self._sat_obj.pool(ps.loads, ps.pending + 1, now)
 
-    cdef double _endpoint_sat(self, EndpointLoad load, double now, int band) except? -1.0:
+    cdef double _endpoint_sat(self, PoolState ps, EndpointLoad load, double now, int band) except? -1.0:
         if self._sat is not None:
-            return self._sat.endpoint(load, now, 0.0, <double>self._soft_scales[band])
+            return self._sat.endpoint(load, now, 0.0, <double>self._soft_scales[band], 0.0,
+                                      self._peak_cap(ps, band, now))
         if self._fixed:
             return 0.0
         return self._sat_obj.endpoint(load, now)
+
+    cdef double _peak_cap(self, PoolState ps, int band, double now) noexcept:
+        """1.0 where batch work's projected cache may pass its band's share of it up to the
+        engine's margin (95 %), 0 where the share holds (Saturation.endpoint's peak_cap).
+        The pace still aims batch work at its share (_space_batch): held at the same share
+        as the pace aims at, work bound just before a wave of answers ends passed it, so
+        the next wave began where the last ended and the cache swung between a quarter and
+        three quarters full. What the share keeps free is for the bands the cache can hold
+        back (``_held_bands``: normal, which stops at 0.8 of it); high is never held back
+        by the cache and needs only the blocks of its own short requests, which the margin
+        keeps. So the peak may pass the share while none of those has asked in the pool for
+        admission.borrow_after_ms, and only where this gateway sees all the work: not
+        across workers, nor beside another replica's work (as _borrowed)."""
+        cdef EndpointLoad e
+        if (self._soft_scales[band] <= 1.0 or self._borrow_after <= 0.0 or ps.shm != NULL
+                or now - ps.held_at < self._borrow_after or self._sat is None):
+            return 0.0
+        for e in ps.loads:
+            if e.healthy and e.others > 0.0 and now - e.scraped_at <= self._sat.stale_after:
+                return 0.0
+        return 1.0
 
     cdef double _ceiling(self, PoolState ps, int band, double now) except? -1.0:
         """``band``'s ceiling in ``ps`` now: its own, or what it borrows (``_borrowed``)
@@ -906,6 +936,8 @@ cdef class Admission:
         band = self._band_of.get(name, self._default_band) if name else self._default_band
         if band < self._borrow_from:
             ps.higher_at = now
+        if self._held_bands[band]:
+            ps.held_at = now
         if self._oom_throttle and band > 0 and now < ps.overload_until:
             raise self._reject(503, "overload", "an engine ran out of memory; shedding non-high work",
                                max(1, <long>ceil(ps.overload_until - now)))

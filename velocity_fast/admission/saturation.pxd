@@ -80,7 +80,8 @@ cdef class Saturation:
     cdef readonly double stale_after
 
     cpdef double endpoint(self, EndpointLoad load, double now, double extra=*, double soft_scale=*,
-                          double extra_tokens=*)
+                          double extra_tokens=*, double peak_cap=*)
     cpdef double update(self, EndpointLoad load, double running, double waiting,
                         double kv, double scraped_at, double now)
-    cpdef double pool(self, list loads, double pending, double now, double soft_scale=*, double pending_tokens=*)
+    cpdef double pool(self, list loads, double pending, double now, double soft_scale=*, double pending_tokens=*,
+                      double peak_cap=*)

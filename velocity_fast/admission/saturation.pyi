@@ -66,7 +66,13 @@ class Saturation:
     @property
     def stale_after(self) -> float: ...
     def endpoint(
-        self, load: EndpointLoad, now: float, extra: float = 0.0, soft_scale: float = 1.0, extra_tokens: float = 0.0
+        self,
+        load: EndpointLoad,
+        now: float,
+        extra: float = 0.0,
+        soft_scale: float = 1.0,
+        extra_tokens: float = 0.0,
+        peak_cap: float = 0.0,
     ) -> float: ...
     def update(
         self,
@@ -84,4 +90,5 @@ class Saturation:
         now: float,
         soft_scale: float = 1.0,
         pending_tokens: float = 0.0,
+        peak_cap: float = 0.0,
     ) -> float: ...

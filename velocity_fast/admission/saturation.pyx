@@ -360,7 +360,7 @@ cdef class Saturation:
         self.stale_after = stale_after
 
     cpdef double endpoint(self, EndpointLoad load, double now, double extra=0.0, double soft_scale=1.0,
-                          double extra_tokens=0.0):
+                          double extra_tokens=0.0, double peak_cap=0.0):
         """Saturation of one endpoint at ``now`` with ``extra`` in-flight requests
         (outstanding leases, ``extra_tokens`` their max_tokens) on top of its own: the
         worst of queued / queue
@@ -371,7 +371,11 @@ cdef class Saturation:
         only guesses of the engine: its KV use, which grows as the requests running decode
         (not for batch work where the cache as it will be is projected: that holds it
         alone), and in-flight over the concurrency limit while it stands in for a batch not
-        yet learned. In-flight over a learned batch is exact: it is not scaled."""
+        yet learned. In-flight over a learned batch is exact: it is not scaled.
+
+        ``peak_cap`` above 0: the projected cache (its peak over 95 %) counts only past
+        this, where it counts as itself, instead of against the band's ceiling (batch work
+        while no band the cache holds back has asked: Admission._peak_cap)."""
         cdef double cap, queued, s, k, room
         cdef bint projected
         cdef bint fresh = load.scraped_at > 0.0 and now - load.scraped_at <= self.stale_after
@@ -407,7 +411,7 @@ cdef class Saturation:
             # work, nor be granted more of it under a higher band's ceiling (aged up).
             if projected:
                 k = load.kv_peak(extra - 1.0, extra_tokens) / VF_KV_PROJECTED
-                if k > s:
+                if k > s and (peak_cap <= 0.0 or k > peak_cap):
                     s = k
         else:
             s = queued / self.queue_threshold
@@ -432,7 +436,8 @@ cdef class Saturation:
         load.observe(running, waiting, kv, scraped_at)
         return self.endpoint(load, now, 0.0)
 
-    cpdef double pool(self, list loads, double pending, double now, double soft_scale=1.0, double pending_tokens=0.0):
+    cpdef double pool(self, list loads, double pending, double now, double soft_scale=1.0, double pending_tokens=0.0,
+                      double peak_cap=0.0):
         """One number for a pool: the minimum over its eligible endpoints.
 
         Minimum, not an average: the router sends the next request to an endpoint
@@ -464,7 +469,7 @@ cdef class Saturation:
         for e in loads:
             if not e.healthy or (any_room and e.inflight >= e.limit):
                 continue
-            s = self.endpoint(e, now, pending, soft_scale, pending_tokens)
+            s = self.endpoint(e, now, pending, soft_scale, pending_tokens, peak_cap)
             if s < best:
                 best = s
         return best
