@@ -227,9 +227,12 @@ async def test_batch_work_passes_its_share_of_the_cache_until_a_band_it_holds_ba
     lease = await _low_granted(adm, t, ep, one + 1e-6)
     peak = adm.stats()["endpoints"]["e1"]["kv_peak"]
     try:
+        past = adm.stats()["pools"]["m"]["batch_peak_past_share"]
         if not borrow_after_ms:
             assert lease is None  # the share holds
+            assert past is False  # and /stats says so
             return
+        assert past is True
         assert lease is not None
         lease.bind(ep)
         held.append(lease)
@@ -243,6 +246,7 @@ async def test_batch_work_passes_its_share_of_the_cache_until_a_band_it_holds_ba
         normal = await asyncio.wait_for(adm.admit(Ticket(band="normal", max_tokens=8)), 1.0)
         normal.release("completed")
         assert await _low_granted(adm, t, ep, one + 1e-6) is None  # normal asked: the share holds
+        assert adm.stats()["pools"]["m"]["batch_peak_past_share"] is False
     finally:
         for x in held:
             x.release("completed")

@@ -692,6 +692,11 @@ cdef class Admission:
                            "oldest_wait_ms": None if oldest is None else round((now - oldest) * 1000.0, 3),
                            "wait_ms": percentiles(tel.waits[i])}
         pools = {}
+        batch = -1  # the lowest band paced as batch work (a soft ceiling under its ceiling)
+        for i in range(len(self.band_names) - 1, -1, -1):
+            if self._soft_scales[i] > 1.0:
+                batch = i
+                break
         for model, ps in self.known_pools().items():
             self._refresh(ps)
             sat = self.policy.saturation.pool(ps.loads, ps.pending, now)
@@ -704,7 +709,11 @@ cdef class Admission:
                             # for, learned from the pool's answers to such requests.
                             "open_tokens": {"chat": ps.open_chat.snapshot(),
                                             "completions": ps.open_text.snapshot()},
-                            "overload_s": round(max(0.0, ps.overload_until - now), 3)}
+                            "overload_s": round(max(0.0, ps.overload_until - now), 3),
+                            # Whether batch work's projected KV peak may pass its share of
+                            # the cache now (no band the cache holds back has asked lately:
+                            # _peak_cap); None where no band is paced as batch work.
+                            "batch_peak_past_share": None if batch < 0 else self._peak_cap(ps, batch, now) > 0.0}
         endpoints = {}
         for st in self._eps.values():
             ep = st.ep
