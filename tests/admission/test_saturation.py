@@ -317,6 +317,40 @@ def test_batch_work_is_held_by_the_cache_as_it_will_be_not_by_a_guess_from_the_g
     assert s.endpoint(e, 10.0, 0.0, 1.0) == pytest.approx(max(0.58 / 0.8, peak / 0.95))
 
 
+def test_batch_work_on_an_engine_its_cache_holds_is_not_held_to_a_guessed_batch():
+    """An engine of unlearned batch (limit 32) whose KV cache holds it: 24 low requests of
+    200 tokens bound there at 0.65 of the cache, 1,300 tokens still to come. The limit
+    stands in for a batch the cache never lets it reach, and held to low's soft ceiling
+    (24 / 32 x 0.8 / 0.7 = 0.86, past low's 0.8) it kept batch work at 22 in flight where
+    the pace aims at 24: 0.87x `static`'s requests/s beside high traffic, 0.96x since. The
+    projected cache bounds it there. Where the cache does not hold the engine, and for a
+    band with a deadline, the limit is still weighed as the guess it is."""
+    s = Saturation()
+    low = 0.8 / 0.7  # the low band's ceiling over its soft ceiling
+    e = EndpointLoad(limit=32)
+    s.update(e, 24, 0, 0.65, 10.0, 10.0)
+    e.inflight = 24
+    e.kv_tokens = 256 * 16
+    e.pace = 0.02
+    for i in range(24):
+        e.bind_work(200.0, 10.0 - 0.2 * (i + 1), 1.0)  # one every 0.2 s: 10 to 190 tokens decoded
+    assert e.kv + e.kv_ahead(10.0) >= 0.7 * 0.95  # the cache holds it
+    sat = s.endpoint(e, 10.0, 0.0, low)
+    assert sat == pytest.approx(max(24 / 32, e.kv_peak(-1.0, 0.0) / 0.95))
+    assert sat < 24 / 32 * low
+    # Normal (no soft ceiling of its own, and the gauge counts for it): unchanged.
+    assert s.endpoint(e, 10.0, 0.0, 1.0) >= 24 / 32
+    # A cache far from full (the same count, nothing much coming): the limit is a guess.
+    f = EndpointLoad(limit=32)
+    s.update(f, 24, 0, 0.1, 10.0, 10.0)
+    f.inflight = 24
+    f.kv_tokens = 100000 * 16
+    f.pace = 0.02
+    for i in range(24):
+        f.bind_work(200.0, 10.0 - 0.2 * (i + 1), 1.0)
+    assert s.endpoint(f, 10.0, 0.0, low) == pytest.approx(24 / 32 * low)
+
+
 async def test_admission_keeps_each_engines_bound_decode_from_bind_to_release():
     """The sums kv_ahead reads follow the leases: three low requests of 800 tokens bound
     to a KV-bound engine (256 blocks of 16) show as 2400 of its 4096 token slots coming

@@ -26,7 +26,7 @@ held behind the cache would be past it in both. Then `static` (one FIFO, its idl
 the dynamic run's) under the same flood: normal p95 at least 5x idle, so the load is real.
 
 Measured here: normal p95 202-207 ms over its first 2 s and 202-206 ms after, high's
-203-205 ms, against 164 ms idle (1.23-1.26x, high 1.24-1.25x); low 8.8-8.9 requests a
+203-205 ms, against 164 ms idle (1.23-1.26x, high 1.24-1.25x); low 9.5-9.6 requests a
 second; low's projected peak past its share before normal arrived (0.84-0.92 of the
 cache); `static` past 5x (its cap). The same beside a process that keeps a core busy.
 """
@@ -52,7 +52,7 @@ FIRST_S = 2.0  # normal's first seconds, judged apart from the rest
 LOW_SHARE = 0.76  # low's share of the cache: its ceiling 0.8 of the 95 % margin
 TARGET = 1.5
 # Low completions a second over the flood once the caches have filled (from LOW_FROM s):
-# 8.7-8.9 on a 2-core machine; half of that, or the engines were not busy.
+# 9.5-9.6 on a 2-core machine; half of that, or the engines were not busy.
 LOW_FROM = 5.0
 LOW_RPS_FLOOR = 5.0
 STATIC_AT_LEAST = 5.0

@@ -6,6 +6,7 @@ cdef extern from "admission_consts.h":
     double VF_QUEUE_THRESHOLD
     double VF_KV_THRESHOLD
     double VF_KV_PROJECTED
+    double VF_KV_HELD
     double VF_STALE_AFTER_S
 
 
