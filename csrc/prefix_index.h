@@ -76,6 +76,7 @@ typedef struct {
     vp_node *nodes;
     uint64_t nodes_cap, nodes_top; /* allocated, ever used */
     uint32_t free_head;
+    uint32_t max_weight; /* the heaviest key ever stored: what one eviction may free at most */
     uint64_t live; /* nodes in use = pairs stored */
     vp_lru lru[VP_MAX_SLOTS];
 } vp_index;
@@ -305,6 +306,27 @@ static inline void vp_lru_push_head(vp_index *ix, uint32_t n)
     l->head = n;
 }
 
+/* Link n into its slot's list right behind `after` (the head when VP_NIL). */
+static inline void vp_lru_link_after(vp_index *ix, uint32_t n, uint32_t after)
+{
+    vp_node *x, *a;
+    vp_lru *l;
+    if (after == VP_NIL) {
+        vp_lru_push_head(ix, n);
+        return;
+    }
+    x = &ix->nodes[n];
+    a = &ix->nodes[after];
+    l = &ix->lru[x->slot];
+    x->prev = after;
+    x->next = a->next;
+    if (a->next != VP_NIL)
+        ix->nodes[a->next].prev = n;
+    else
+        l->tail = n;
+    a->next = n;
+}
+
 static void vp_evict_tail(vp_index *ix, uint32_t slot)
 {
     vp_lru *l = &ix->lru[slot];
@@ -362,7 +384,8 @@ static uint32_t vp_node_alloc(vp_index *ix)
  * whole capacity is not kept. Returns 0, or -1 when memory ran out (the index is left
  * consistent).
  */
-static int vp_touch(vp_index *ix, uint32_t slot, uint64_t key, uint32_t weight)
+static inline __attribute__((always_inline)) int vp_touch(vp_index *ix, uint32_t slot, uint64_t key,
+                                                          uint32_t weight, uint32_t after)
 {
     vp_lru *l = &ix->lru[slot];
     uint32_t n;
@@ -370,9 +393,11 @@ static int vp_touch(vp_index *ix, uint32_t slot, uint64_t key, uint32_t weight)
         return 0;
     n = vp_ref_find(ix, key, slot);
     if (n != VP_NIL) {
-        if (l->head != n) {
+        if (n == after)
+            return 0; /* a key twice in one chain (only where hashes collide) */
+        if (after == VP_NIL ? l->head != n : ix->nodes[n].prev != after) {
             vp_lru_unlink(ix, n);
-            vp_lru_push_head(ix, n);
+            vp_lru_link_after(ix, n, after);
         }
         return 0;
     }
@@ -390,7 +415,9 @@ static int vp_touch(vp_index *ix, uint32_t slot, uint64_t key, uint32_t weight)
     ix->nodes[n].key = key;
     ix->nodes[n].slot = slot;
     ix->nodes[n].weight = weight;
-    vp_lru_push_head(ix, n);
+    if (weight > ix->max_weight)
+        ix->max_weight = weight;
+    vp_lru_link_after(ix, n, after);
     vp_ref_insert(ix, key, slot, n);
     l->count += weight;
     l->keys++;
@@ -398,24 +425,70 @@ static int vp_touch(vp_index *ix, uint32_t slot, uint64_t key, uint32_t weight)
     return 0;
 }
 
+/* How many of the chain's leading keys head the slot's list, in the chain's order (the
+ * same prompt sent here again, or one that shares its head with the last one sent here:
+ * a system prompt, a conversation's earlier turns). */
+VP_API size_t vp_head_run(const vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n)
+{
+    uint32_t x = ix->lru[slot].head;
+    size_t run = 0;
+    while (run < n && x != VP_NIL && ix->nodes[x].key == keys[run]) {
+        x = ix->nodes[x].next;
+        run++;
+    }
+    return run;
+}
+
 /* Touch a prompt's chain, last block first, so that its leading blocks end up the most
  * recent and are evicted last (a longer prefix is useless once its head is gone;
  * vLLM frees a sequence's blocks tail first for the same reason). The first `fine` keys
  * weigh one block each, the others `coarse` blocks (a long prompt's thinned tail), the
- * last `tail` blocks when not 0 (the blocks after the last whole coarse step). */
+ * last `tail` blocks when not 0 (the blocks after the last whole coarse step).
+ *
+ * `run`: the chain's leading keys that head the slot's list already (vp_head_run). They
+ * stay where they are, and the rest go in right behind them: the order that touching
+ * each, last first, gives, without a lookup and a move for each of those keys. Only
+ * while the evictions the rest may cause cannot reach them: the blocks behind them are
+ * more than the rest weigh plus the heaviest key (an eviction frees at most that past
+ * what is needed), so the same pairs are evicted, in the same order; otherwise each key
+ * is touched. Returns 0, or -1 when memory ran out. */
 VP_API int vp_touch_chain(vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n,
-                          size_t fine, uint32_t coarse, uint32_t tail)
+                          size_t fine, uint32_t coarse, uint32_t tail, size_t run)
 {
-    size_t i = n;
-    while (i > 0) {
+    vp_lru *l = &ix->lru[slot];
+    size_t i;
+    uint32_t x = l->head, after = VP_NIL, w;
+    uint64_t held = 0, rest = 0;
+    if (run >= n)
+        return 0;
+    for (i = 0; i < run; i++) {
+        held += ix->nodes[x].weight;
+        after = x;
+        x = ix->nodes[x].next;
+    }
+    if (run > 0) {
+        for (i = run; i < n; i++) {
+            w = i < fine ? 1u : (tail && i == n - 1 ? tail : coarse);
+            if (w <= l->capacity)
+                rest += w;
+        }
+        if (l->count - held <= rest + ix->max_weight) {
+            after = VP_NIL; /* evictions could reach the head's keys: each is touched */
+            run = 0;
+        }
+    }
+    i = n;
+    while (i > run) {
         --i;
         /* The keys to come are known: start their cache misses now, so they overlap. */
-        if (i >= VP_PREFETCH) {
+        if (i >= run + VP_PREFETCH) {
             uint64_t k = keys[i - VP_PREFETCH];
             __builtin_prefetch(&ix->refs[vp_ref_home(k, slot, ix->refs_mask)]);
             __builtin_prefetch(&ix->ents[k & ix->ents_mask]);
         }
-        if (vp_touch(ix, slot, keys[i], i < fine ? 1u : (tail && i == n - 1 ? tail : coarse)) < 0)
+        w = i < fine ? 1u : (tail && i == n - 1 ? tail : coarse);
+        /* two calls, each inlined: the head's (after == VP_NIL) as plain as before */
+        if ((after == VP_NIL ? vp_touch(ix, slot, keys[i], w, VP_NIL) : vp_touch(ix, slot, keys[i], w, after)) < 0)
             return -1;
     }
     return 0;

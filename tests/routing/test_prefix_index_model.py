@@ -95,3 +95,64 @@ def test_index_behaves_like_per_endpoint_lrus(ops, probe, default_capacity):
         slot = ix.slot_of(name)
         got = matched[slot] if 0 <= slot < len(matched) else 0
         assert got == model.matched(name, probe)
+
+
+class WeightedModel:
+    """Per-endpoint LRUs counted in blocks, touched one key at a time, last key first:
+    the order and the evictions the index must give, however it gets there."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self.lru: dict[str, OrderedDict] = {}
+
+    def touch(self, name, keys, weights):
+        lru = self.lru.setdefault(name, OrderedDict())
+        held = 0
+        while held < len(keys) and keys[held] in lru:
+            held += 1
+        for k, w in reversed(list(zip(keys, weights))):
+            if w == 0 or w > self.capacity:
+                continue
+            if k in lru:
+                lru.move_to_end(k)
+                continue
+            while sum(lru.values()) + w > self.capacity and lru:
+                lru.popitem(last=False)
+            lru[k] = w
+        return sum(weights[:held])
+
+
+def _weights(n, fine, coarse, tail):
+    return [1 if i < fine else (tail if tail and i == n - 1 else coarse) for i in range(n)]
+
+
+# Chains that share their heads, as prompts do (a system prompt, a conversation's earlier
+# turns): each is a cut of one of a few bases, then a tail of its own, so that a chain
+# often finds its head leading an endpoint's list already and is spliced in behind it.
+BASES = [[b * 1000 + i for i in range(1, 41)] for b in range(1, 4)]
+CHAIN = st.tuples(st.integers(0, 2), st.integers(0, 40), st.lists(st.integers(500, 560), max_size=6, unique=True))
+CHAIN_OPS = st.lists(st.tuples(st.sampled_from(NAMES[:2]), CHAIN), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(CHAIN_OPS, st.integers(1, 90), st.sampled_from([(1000, 1), (8, 3), (4, 5)]))
+def test_chains_that_share_their_heads_keep_the_order_of_touching_each_key(ops, capacity, thin):
+    """A chain whose leading keys head the endpoint's list already leaves them in place and
+    goes in behind them (vp_head_run, vp_touch_chain), where no eviction can reach them;
+    the order, the blocks held, the evictions and the held count returned are those of
+    touching every key, last first, at every step, in blocks as thinned chains weigh."""
+    ix = PrefixIndex(capacity)
+    model = WeightedModel(capacity)
+    after, factor = thin
+    for name, (base, cut, own) in ops:
+        keys = BASES[base][:cut] + [k for k in own if k not in BASES[base][:cut]]
+        hashes = BlockHashes.of(keys)
+        if factor > 1:
+            hashes = hashes.thinned(after, factor)
+        kept = hashes.tolist()
+        weights = _weights(len(kept), hashes.fine, hashes.coarse, hashes.tail) if factor > 1 else [1] * len(kept)
+        assert ix.touch(name, hashes) == model.touch(name, kept, weights)
+        for n in NAMES[:2]:
+            want = list(reversed(model.lru.get(n, {})))
+            assert ix.lru_keys(n) == want, (n, keys)
+            assert ix.size(n) == sum(model.lru.get(n, {}).values())

@@ -32,8 +32,9 @@ cdef extern from "prefix_index.h":
 
     int vp_index_init(vp_index *ix) nogil
     void vp_index_free(vp_index *ix) nogil
+    size_t vp_head_run(const vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n) nogil
     int vp_touch_chain(vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n,
-                       size_t fine, uint32_t coarse, uint32_t tail) nogil
+                       size_t fine, uint32_t coarse, uint32_t tail, size_t run) nogil
     size_t vp_leading_held(const vp_index *ix, uint32_t slot, const uint64_t *keys, size_t n) nogil
     void vp_set_capacity(vp_index *ix, uint32_t slot, uint64_t capacity) nogil
     void vp_match(const vp_index *ix, const uint64_t *keys, size_t n, uint64_t alive,

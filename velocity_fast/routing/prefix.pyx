@@ -387,14 +387,16 @@ cdef class PrefixIndex:
         """Record that hashes were sent to name; return how many leading blocks it already
         held (0 when no slot is free for name)."""
         cdef int i = self.slot(name)
-        cdef size_t held
+        cdef size_t held, run
         if i < 0:
             return 0
-        held = vp_leading_held(&self._ix, <uint32_t>i, hashes.keys, <size_t>hashes.n)
+        # The leading keys that head the slot's list already are held, and stay put.
+        run = vp_head_run(&self._ix, <uint32_t>i, hashes.keys, <size_t>hashes.n)
+        held = run + vp_leading_held(&self._ix, <uint32_t>i, hashes.keys + run, <size_t>hashes.n - run)
         if vp_touch_chain(&self._ix, <uint32_t>i, hashes.keys, <size_t>hashes.n,
                           <size_t>(hashes.fine if hashes.coarse > 1 else hashes.n),
                           <uint32_t>(hashes.coarse if hashes.coarse > 1 else 1),
-                          <uint32_t>hashes.tail) < 0:
+                          <uint32_t>hashes.tail, run) < 0:
             raise MemoryError()
         return hashes.blocks_of(<Py_ssize_t>held)
 
