@@ -95,14 +95,21 @@ class Fleet(stack.Fleet):
 
 
 async def high_series(
-    client: Client, port: int, n: int, spacing: float, cap: float | None = None, body: dict = HIGH_BODY
+    client: Client,
+    port: int,
+    n: int,
+    spacing: float,
+    cap: float | None = None,
+    body: dict = HIGH_BODY,
+    band: str = "high",
 ) -> tuple[list[float], int]:
-    """n high streaming requests, one every ``spacing`` s: (latencies of the ok ones, failures).
+    """n streaming requests of ``band`` (high unless told), one every ``spacing`` s:
+    (latencies of the ok ones, failures).
 
     With ``cap`` (seconds), a request still unanswered then is given up and counts as
     ``cap``: its latency is at least that, which is all a verdict of "at least so much
     worse" needs (the static runs: :func:`measure`)."""
-    data = wire(port, body, "high")
+    data = wire(port, body, band)
 
     async def one(i: int):
         await asyncio.sleep(i * spacing)
