@@ -15,7 +15,6 @@ cdef extern from "admission_consts.h":
     double VF_CONGESTION_FACTOR
     double VF_IDLE_RESET_S
     double VF_KV_PROJECTED
-    double VF_KV_HELD
 
 
 cdef class Ticket:

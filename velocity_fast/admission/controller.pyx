@@ -184,13 +184,9 @@ cdef class PoolState:
 
 
 cdef inline bint _kv_held(EndpointLoad load, double now, double stale_after) noexcept:
-    """The engine's KV cache, with every answer of its batch requests whole (kv_ahead), is
-    what holds work back there: its batch is bound by the cache, not by a count that a
-    probe could find, and its turn to probe is over. A fresh scrape only. The sum, not
-    the peak (kv_peak): requests bound evenly apart keep the peak just under the band's
-    share, and a test on it came and went with every bind, and borrowing with it."""
-    return (load.kv_tokens > 0.0 and now - load.scraped_at <= stale_after
-            and load.kv + load.kv_ahead(now) >= VF_KV_HELD * VF_KV_PROJECTED)
+    """The engine's KV cache is what holds work back there (EndpointLoad.held_by_cache),
+    on a fresh scrape: its turn to probe is over."""
+    return now - load.scraped_at <= stale_after and load.held_by_cache(now)
 
 
 cdef double _borrowed(PoolState ps, double now, double stale_after, double ceiling) noexcept:

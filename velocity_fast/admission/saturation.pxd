@@ -65,6 +65,7 @@ cdef class EndpointLoad:
     cdef void ended(self, double tokens, double max_tokens) noexcept
     cpdef double kv_ahead(self, double now) noexcept
     cpdef double kv_peak(self, double extra_n=*, double extra_tokens=*) noexcept
+    cdef bint held_by_cache(self, double now) noexcept
     cdef void learn_fixed(self, double block) noexcept
     cdef double batch_interval(self, double max_tokens, double cap) noexcept
 

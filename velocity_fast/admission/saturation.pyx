@@ -213,6 +213,14 @@ cdef class EndpointLoad:
             cum_m += buf[j].answer
         return peak / T
 
+    cdef bint held_by_cache(self, double now) noexcept:
+        """The engine's KV cache, with every answer of its batch requests whole (kv_ahead),
+        is what holds work back there: its batch is bound by the cache, not by a count
+        that a probe could find (the caller judges the scrape fresh). The sum, not the peak
+        (kv_peak): requests bound evenly apart keep the peak just under the band's share,
+        and a test on it came and went with every bind, and borrowing with it."""
+        return self.kv_tokens > 0.0 and self.kv + self.kv_ahead(now) >= VF_KV_HELD * VF_KV_PROJECTED
+
     cdef void learn_fixed(self, double block) noexcept:
         """What each request holds of the cache besides the tokens it decoded (kv_fixed):
         its prompt's blocks not shared with others, its last block's unused part, its
@@ -413,12 +421,10 @@ cdef class Saturation:
                 k = load.kv_peak(extra - 1.0, extra_tokens) / VF_KV_PROJECTED
                 if k > s and (peak_cap <= 0.0 or k > peak_cap):
                     s = k
-                # Batch work on an engine its cache holds (its cache as it will be past
-                # VF_KV_HELD of the margin, as Admission's _kv_held): the projection above
-                # is what bounds it there, not the limit below, which stands in for a
-                # batch never reached.
-                by_cache = (soft_scale > 1.0 and load.kv_tokens > 0.0
-                            and load.kv + load.kv_ahead(now) >= VF_KV_HELD * VF_KV_PROJECTED)
+                # Batch work on an engine its cache holds: the projection above is what
+                # bounds it there, not the limit below, which stands in for a batch never
+                # reached.
+                by_cache = soft_scale > 1.0 and load.held_by_cache(now)
         else:
             s = queued / self.queue_threshold
         # In-flight against what the engine can actually run: its concurrency limit, or
